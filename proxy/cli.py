@@ -1,0 +1,39 @@
+"""The `kvgate` command line (SPEC.md section 2).
+
+Each part registers its own subcommands, so this module only assembles the parser:
+`proxy.commands` adds serve and check-config, `simulator.cli` adds replica and
+sim, `bench.cli` adds bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from bench import cli as bench_cli
+    from proxy import commands as proxy_commands
+    from simulator import cli as simulator_cli
+
+    parser = argparse.ArgumentParser(
+        prog="kvgate",
+        description="Session-aware admission proxy for vLLM: pins each agent session to one "
+        "replica and, under KV-cache pressure, holds back turns whose prefix is no longer "
+        "resident, so replicas keep serving sessions that reuse their prefix cache.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    proxy_commands.add_commands(sub)
+    simulator_cli.add_commands(sub)
+    bench_cli.add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The configuration schema of kvgate (SPEC.md section 3), as frozen dataclasses.
+
+Every field has the default SPEC.md gives, so `Settings()` is the configuration of an
+empty YAML file. Loading, environment overrides and validation live in
+`proxy.config`; the parts here are plain data that the balancer, the gates and the
+proxy receive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ListenSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+
+@dataclass(frozen=True)
+class ReplicaSettings:
+    name: str
+    url: str
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    header: str = "x-session-id"
+    body_fields: tuple[str, ...] = ("session_id", "prompt_cache_key", "metadata.session_id", "user")
+    forward_session_id: bool = True
+    finish_header: str = "x-session-finish"
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    interval_sec: float = 2.0
+    timeout_sec: float = 1.0
+    unhealthy_after: int = 2
+    healthy_after: int = 1
+
+
+@dataclass(frozen=True)
+class BalancerSettings:
+    algorithm: str = "rendezvous"  # rendezvous | bounded_load
+    load_factor: float = 1.25
+    health: HealthSettings = field(default_factory=HealthSettings)
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    timeout_sec: float = 1.0
+    usage_max_age_ms: float = 50.0
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    mode: str = "enforce"  # enforce | shadow | off
+    policy: str = "seed"  # seed | contract
+    high_watermark: float = 0.85
+    hit_threshold: float = 0.80
+    idle_grace_sec: float = 60.0
+    wait_poll_sec: float = 1.0
+    max_wait_sec: float = 0.0
+    retain_session: bool = True
+    headroom_blocks: int = 0
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+
+
+@dataclass(frozen=True)
+class UpstreamSettings:
+    connect_timeout_sec: float = 5.0
+    read_timeout_sec: float = 600.0
+    api_key: str | None = None
+
+
+@dataclass(frozen=True)
+class LimitsSettings:
+    max_body_bytes: int = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class AdminSettings:
+    token: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    listen: ListenSettings = field(default_factory=ListenSettings)
+    replicas: tuple[ReplicaSettings, ...] = ()
+    simulated_replicas: int = 2
+    session: SessionSettings = field(default_factory=SessionSettings)
+    balancer: BalancerSettings = field(default_factory=BalancerSettings)
+    gate: GateSettings = field(default_factory=GateSettings)
+    upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
+    limits: LimitsSettings = field(default_factory=LimitsSettings)
+    admin: AdminSettings = field(default_factory=AdminSettings)

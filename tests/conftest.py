@@ -1,0 +1,1 @@
+"""Shared test configuration. Part-specific fixtures live in each tests/<part>/conftest.py."""
