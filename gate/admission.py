@@ -1,0 +1,161 @@
+"""The proxy's entry point to admission (docs/ARCHITECTURE.md, Seam 1).
+
+`AdmissionController` keeps one `Gate` per replica, created lazily on the replica's
+first request and keyed by its name. It maps session ids to gate keys (ids longer
+than `MAX_SESSION_KEY_CHARS` are replaced by their SHA-256, so a 10 KB id costs 71
+bytes per record), and it builds each gate's `ReplicaProbe` over the proxy's aiohttp
+ClientSession.
+
+No metric carries a session id: the gates label metrics by replica and reason only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any, Callable, Union
+
+import aiohttp
+
+from gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from gate.gate import Gate, Lease
+from gate.policies import get_policy
+from gate.probe import Probe, ReplicaProbe
+from proxy.metrics import KvgateMetrics
+from proxy.settings import GateSettings
+
+__all__ = [
+    "AdmissionController",
+    "AdmissionError",
+    "AdmissionPreempted",
+    "AdmissionTimeout",
+    "Lease",
+    "PromptTooLong",
+    "ReplicaUnavailable",
+    "session_key",
+]
+
+MAX_SESSION_KEY_CHARS = 256
+
+HttpSource = Union[aiohttp.ClientSession, Callable[[], aiohttp.ClientSession], None]
+ProbeFactory = Callable[[str, str], Probe]  # (replica name, replica url) -> probe
+
+
+def session_key(session_id: str) -> str:
+    """The key a session is booked under: the id itself, or `sha256:<hex>` when it is long."""
+    if len(session_id) <= MAX_SESSION_KEY_CHARS:
+        return session_id
+    return "sha256:" + hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class AdmissionController:
+    """One admission gate per replica, behind the interface the proxy uses.
+
+    http: the proxy's aiohttp ClientSession, or a zero-argument callable returning it
+    (so the controller can be built before the app starts), or None to let the
+    controller open its own on first use (closed by `aclose()`); `set_http` replaces
+    it later. api_key: sent as a Bearer token to replicas' probe endpoints (vLLM's
+    --api-key guards every path under /v1). clock and probe_factory exist for tests
+    and the simulator.
+    """
+
+    def __init__(
+        self,
+        settings: GateSettings,
+        metrics: KvgateMetrics,
+        http: HttpSource = None,
+        *,
+        api_key: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        probe_factory: ProbeFactory | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.policy = get_policy(settings.policy)  # fail at start on an unknown name
+        self._api_key = api_key
+        self._clock = clock
+        self._probe_factory = probe_factory or self._replica_probe
+        self._gates: dict[str, Gate] = {}
+        self._urls: dict[str, str] = {}
+        self._own_http: aiohttp.ClientSession | None = None
+        self._http_source: HttpSource = None
+        self.set_http(http)
+
+    # ---------------------------------------------------------------- wiring
+
+    def set_http(self, http: HttpSource) -> None:
+        """Use this ClientSession (or callable returning one) for probes from now on."""
+        self._http_source = http
+
+    def _http(self) -> aiohttp.ClientSession:
+        source = self._http_source
+        if isinstance(source, aiohttp.ClientSession):
+            return source
+        if source is not None:
+            return source()
+        if self._own_http is None or self._own_http.closed:
+            self._own_http = aiohttp.ClientSession()
+        return self._own_http
+
+    def _replica_probe(self, name: str, url: str) -> Probe:
+        return ReplicaProbe(name, url, self._http, self.settings.probe, self.metrics, self._api_key, self._clock)
+
+    async def aclose(self) -> None:
+        """Fail every waiter (the proxy is stopping) and close the controller's own ClientSession."""
+        for name in list(self._gates):
+            self.remove_replica(name)
+        if self._own_http is not None:
+            await self._own_http.close()
+            self._own_http = None
+
+    def gate_for(self, name: str, url: str) -> Gate:
+        """The replica's gate, created on first use; a changed url gets a fresh probe."""
+        gate = self._gates.get(name)
+        if gate is None:
+            gate = Gate(name, self._probe_factory(name, url), self.settings, self.metrics, self._clock, self.policy)
+            self._gates[name] = gate
+            self._urls[name] = url
+        elif self._urls[name] != url:
+            gate.probe = self._probe_factory(name, url)
+            self._urls[name] = url
+        return gate
+
+    # -------------------------------------------------------------- Seam 1
+
+    async def acquire(self, replica: Any, session_id: str | None, route_kind: str, body: dict[str, Any]) -> Lease:
+        """Admit one request to `replica` (has .name and .url), or raise an AdmissionError.
+
+        session_id None is anonymous. `body` is read, never modified. Cancelling the
+        call (client gone) leaves nothing behind.
+        """
+        gate = self._gates.get(replica.name)
+        if gate is None or self._urls[replica.name] != replica.url:
+            gate = self.gate_for(replica.name, replica.url)
+        key = None if session_id is None else session_key(session_id)
+        return await gate.acquire(key, route_kind, body)
+
+    def finish_session(self, session_id: str) -> None:
+        """End the session's ownership window on every replica; unknown ids are a no-op."""
+        key = session_key(session_id)
+        for gate in self._gates.values():
+            gate.finish_session(key)
+
+    def remove_replica(self, name: str) -> None:
+        """The replica left: its waiters raise ReplicaUnavailable; its gate is forgotten."""
+        gate = self._gates.pop(name, None)
+        self._urls.pop(name, None)
+        if gate is not None:
+            gate.close(f"replica {name} was removed while this request waited for admission")
+
+    def state(self) -> dict[str, Any]:
+        """Per gate (by replica name): reserved sessions in flight and idle, pending
+        sessions, and per session its reason counts and num_preempted."""
+        return {name: gate.state() for name, gate in self._gates.items()}
+
+    def counts(self) -> dict[str, int]:
+        """Live leases, reservations, waiters, attempts and sessions over all gates."""
+        total = {"leases": 0, "reservations": 0, "waiters": 0, "attempts": 0, "sessions": 0}
+        for gate in self._gates.values():
+            for key, value in gate.counts().items():
+                total[key] += value
+        return total

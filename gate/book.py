@@ -1,0 +1,169 @@
+"""The gate's bookkeeping of sessions on one replica: synchronous, no I/O, no asyncio.
+
+One `SessionRecord` per named session that is active on the replica (acquiring, in
+flight) or was active within the last `idle_grace_sec`. A record carries the
+session's reservation (its ownership window), its admission reason counts and its
+`num_preempted`. The async gate (`gate.gate`) is the shell that probes and waits; every
+state change goes through a `SessionBook` method, which keeps these invariants:
+
+- `records` holds exactly the live records; `idle` holds, in the order they became
+  idle, exactly those with no lease in flight and no attempt acquiring.
+- A record is *ended* (removed, returned to the caller for metrics) when it is idle
+  and either finished or idle for `grace` seconds. Expired records are purged lazily:
+  `purge(now)` pops from the front of `idle` (O(1) per ended record).
+- `reserved_in_flight`, `reserved_idle` count reserved records with / without a lease
+  in flight; `idle_reserved_blocks` sums the resident blocks of the reserved idle ones.
+- `leases` counts every lease not yet released, anonymous ones included.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from gate.policies import Admit, GateView
+
+
+@dataclass(slots=True, eq=False)
+class SessionRecord:
+    key: str
+    in_flight: int = 0
+    reserved: bool = False
+    resident_blocks: int = 0
+    attempt: Any = None  # the newest attempt still acquiring (an opaque token of the shell)
+    finished: bool = False
+    idle_since: float = 0.0
+    reasons: dict[str, int] = field(default_factory=dict)
+    num_preempted: int = 0
+
+    @property
+    def is_idle(self) -> bool:
+        return self.in_flight == 0 and self.attempt is None
+
+
+class SessionBook:
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.records: dict[str, SessionRecord] = {}
+        self.idle: OrderedDict[str, SessionRecord] = OrderedDict()
+        self.reserved_in_flight = 0
+        self.reserved_idle = 0
+        self.idle_reserved_blocks = 0
+        self.leases = 0
+
+    # -- classification: every mutation is bracketed by _leave / _enter
+
+    def _leave(self, rec: SessionRecord) -> None:
+        if rec.reserved:
+            if rec.in_flight:
+                self.reserved_in_flight -= 1
+            else:
+                self.reserved_idle -= 1
+                self.idle_reserved_blocks -= rec.resident_blocks
+        self.idle.pop(rec.key, None)
+
+    def _enter(self, rec: SessionRecord, now: float) -> None:
+        if rec.reserved:
+            if rec.in_flight:
+                self.reserved_in_flight += 1
+            else:
+                self.reserved_idle += 1
+                self.idle_reserved_blocks += rec.resident_blocks
+        if rec.is_idle:
+            rec.idle_since = now
+            self.idle[rec.key] = rec
+
+    def _end(self, rec: SessionRecord) -> SessionRecord:
+        self._leave(rec)
+        del self.records[rec.key]
+        return rec
+
+    # -- operations
+
+    def view(self, rec: SessionRecord | None) -> GateView:
+        if rec is None:
+            return GateView(anonymous=True)
+        own = rec.resident_blocks if rec.reserved and not rec.in_flight else 0
+        return GateView(reserved=rec.reserved, idle_reserved_blocks=self.idle_reserved_blocks - own)
+
+    def begin_attempt(self, key: str, attempt: Any, now: float) -> tuple[SessionRecord, Any]:
+        """Make `attempt` the session's newest; return the record and the attempt it replaces."""
+        rec = self.records.get(key)
+        if rec is None:
+            rec = self.records[key] = SessionRecord(key)
+        self._leave(rec)
+        previous = rec.attempt
+        if previous is not None:
+            rec.num_preempted += 1
+        rec.attempt = attempt
+        rec.finished = False
+        self._enter(rec, now)
+        return rec, previous
+
+    def end_attempt(self, rec: SessionRecord, attempt: Any, now: float) -> SessionRecord | None:
+        """The attempt stopped acquiring without a lease; returns the record if that ended it."""
+        if rec.attempt is not attempt or self.records.get(rec.key) is not rec:
+            return None
+        self._leave(rec)
+        rec.attempt = None
+        self._enter(rec, now)
+        return self._end(rec) if rec.finished and rec.is_idle else None
+
+    def admit(self, rec: SessionRecord | None, attempt: Any, decision: Admit, reason: str, now: float) -> None:
+        """Record an admission under `reason` (the decision's, or its shadow_ form)."""
+        self.leases += 1
+        if rec is None:
+            return
+        self._leave(rec)
+        if rec.attempt is attempt:
+            rec.attempt = None
+        rec.in_flight += 1
+        rec.reserved = decision.reserve
+        if decision.resident_blocks is not None:
+            rec.resident_blocks = decision.resident_blocks
+        rec.reasons[reason] = rec.reasons.get(reason, 0) + 1
+        self._enter(rec, now)
+
+    def release(self, rec: SessionRecord | None, now: float) -> SessionRecord | None:
+        """A lease ended; returns the record if that ended the session (it was finished)."""
+        self.leases -= 1
+        if rec is None or self.records.get(rec.key) is not rec:
+            return None
+        self._leave(rec)
+        rec.in_flight -= 1
+        self._enter(rec, now)
+        return self._end(rec) if rec.finished and rec.is_idle else None
+
+    def finish(self, key: str, now: float) -> tuple[bool, SessionRecord | None]:
+        """End the session's window; returns (it held a reservation, the record if it ended now).
+
+        A session with a lease in flight or an attempt acquiring ends when that stops.
+        Unknown sessions are a no-op.
+        """
+        rec = self.records.get(key)
+        if rec is None:
+            return False, None
+        self._leave(rec)
+        was_reserved = rec.reserved
+        rec.reserved = False
+        rec.finished = True
+        self._enter(rec, now)
+        return was_reserved, (self._end(rec) if rec.is_idle else None)
+
+    def purge(self, now: float) -> list[SessionRecord]:
+        """End every record idle for `grace` seconds or more, oldest first."""
+        ended: list[SessionRecord] = []
+        idle = self.idle
+        while idle:
+            rec = next(iter(idle.values()))
+            if now - rec.idle_since < self.grace:
+                break
+            ended.append(self._end(rec))
+        return ended
+
+    def next_expiry(self) -> float | None:
+        """When the oldest idle record expires, or None if none is idle."""
+        if not self.idle:
+            return None
+        return next(iter(self.idle.values())).idle_since + self.grace

@@ -1,0 +1,351 @@
+"""One replica's admission gate: the asyncio shell around a policy and a SessionBook.
+
+`Gate.acquire(session_key, route_kind, body)` returns a `Lease` or raises an
+`AdmissionError`. Per attempt it loops: read usage (shared, cached), ask the prefix
+probe only if the policy needs it, decide, then admit, reject, or wait in FIFO order
+until woken and decide again.
+
+Invariants (each has a test):
+- Every lease is counted until released; `Lease.release()` is idempotent.
+- A session has at most one attempt acquiring: a newer attempt aborts the older one,
+  which raises `AdmissionPreempted` at its next checkpoint (before and after each
+  probe, and on waking); so a retry storm leaves at most one waiter per session.
+- Cancelling an acquire (client disconnect) leaves no waiter, attempt or lease.
+- Waiters are woken in arrival order: one per released lease, finished window or
+  expired window, and each admitted waiter (or `open` admission) wakes the next; each
+  waiter also wakes itself every `wait_poll_sec` (and when the oldest idle window is
+  due), so no wake-up is ever needed for liveness.
+- Expired windows are purged lazily, by whichever acquire, wake, release or look at
+  the state comes next; purging a reservation wakes a waiter.
+- mode `off`: admit `open` with no probe and no session bookkeeping. mode `shadow`:
+  decide as `enforce` would (reservations included), record `shadow_<reason>`
+  (`shadow_wait`, `shadow_prompt_too_long`), never hold or reject.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import OrderedDict
+from typing import Any, Callable
+
+from gate.book import SessionBook, SessionRecord
+from gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from gate.policies import ANONYMOUS, OPEN, Admit, Policy, Reject, Wait, get_policy
+from gate.probe import Probe
+from proxy.metrics import KvgateMetrics
+from proxy.settings import GateSettings
+
+Clock = Callable[[], float]
+MODES = ("enforce", "shadow", "off")
+MIN_WAIT_SEC = 0.001  # a waiter never spins, whatever the knobs or the clock say
+
+
+class Attempt:
+    """One acquire call in progress. `abort` set means: raise it at the next checkpoint."""
+
+    __slots__ = ("event", "abort", "queued")
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.abort: AdmissionError | None = None
+        self.queued = False
+
+    def checkpoint(self) -> None:
+        if self.abort is not None:
+            raise self.abort
+
+
+class Lease:
+    """The right to have one request in flight on the replica, until `release()`."""
+
+    __slots__ = ("reason", "wait_ms", "replica", "_gate", "_record", "_released")
+
+    def __init__(self, gate: Gate, record: SessionRecord | None, reason: str, wait_ms: float) -> None:
+        self.reason = reason
+        self.wait_ms = wait_ms
+        self.replica = gate.name
+        self._gate = gate
+        self._record = record
+        self._released = False
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        """End the lease (response fully relayed, client gone or upstream failed). Idempotent."""
+        if self._released:
+            return
+        self._released = True
+        self._gate._release(self._record)
+
+    def __repr__(self) -> str:
+        return f"Lease({self.replica!r}, {self.reason!r}, released={self._released})"
+
+
+class Gate:
+    def __init__(
+        self,
+        name: str,
+        probe: Probe,
+        settings: GateSettings,
+        metrics: KvgateMetrics,
+        clock: Clock = time.monotonic,
+        policy: Policy | None = None,
+    ) -> None:
+        if settings.mode not in MODES:
+            raise ValueError(f"unknown gate.mode {settings.mode!r}; choose one of: {', '.join(MODES)}")
+        self.name = name
+        self.probe = probe
+        self.settings = settings
+        self.policy = policy or get_policy(settings.policy)
+        self._now = clock
+        self._book = SessionBook(settings.idle_grace_sec)
+        self._queue: OrderedDict[Attempt, None] = OrderedDict()  # waiters, arrival order
+        self._attempts: set[Attempt] = set()
+        self._closed: AdmissionError | None = None
+        self._metrics = metrics
+        self._admissions: dict[str, Any] = {}
+        self._wait_hist = metrics.admission_wait.labels(name)
+        self._pending_gauge = metrics.pending_sessions.labels(name)
+        self._reserved_gauges = (
+            metrics.reserved_sessions.labels(name, "in_flight"),
+            metrics.reserved_sessions.labels(name, "idle"),
+        )
+        self._preempted = metrics.preempted_attempts.labels(name)
+        self._retry_after = max(1, math.ceil(settings.wait_poll_sec))
+        self._max_wait = settings.max_wait_sec if settings.max_wait_sec > 0 else None
+
+    # ------------------------------------------------------------------ acquire
+
+    async def acquire(self, session_key: str | None, route_kind: str, body: dict[str, Any]) -> Lease:
+        """Admit one request of `session_key` (None: anonymous) or raise an AdmissionError."""
+        if self._closed is not None:
+            raise self._closed
+        if self.settings.mode == "off":
+            return self._grant(None, None, Admit(OPEN), OPEN, None)
+        start = self._now()
+        self._purge(start)
+        attempt = Attempt()
+        record: SessionRecord | None = None
+        if session_key is not None:
+            record, previous = self._book.begin_attempt(session_key, attempt, start)
+            if previous is not None:
+                self._preempt(previous)
+        self._attempts.add(attempt)
+        deadline = start + self._max_wait if self._max_wait is not None else None
+        try:
+            while True:
+                attempt.checkpoint()
+                usage = await self.probe.usage()
+                attempt.checkpoint()
+                view = self._book.view(record)
+                prefix = None
+                if self.policy.needs_prefix_probe(view, usage, self.settings):
+                    prefix = await self.probe.prefix(route_kind, body)
+                    attempt.checkpoint()
+                    view = self._book.view(record)  # windows may have changed during the probe
+                decision = self.policy.decide(view, usage, prefix, self.settings)
+                if self.settings.mode == "shadow":
+                    return self._grant_shadow(record, attempt, decision, start)
+                if isinstance(decision, Admit):
+                    return self._grant(record, attempt, decision, decision.reason, start)
+                if isinstance(decision, Reject):
+                    raise PromptTooLong(decision.message)
+                await self._wait(attempt, deadline)
+        finally:
+            self._attempts.discard(attempt)
+            if attempt.queued:
+                self._dequeue(attempt)
+            if record is not None:
+                ended = self._book.end_attempt(record, attempt, self._now())
+                if ended is not None:
+                    self._session_ended(ended)
+                self._publish_reserved()
+
+    def _grant_shadow(self, record: SessionRecord | None, attempt: Attempt, decision: Any, start: float) -> Lease:
+        if isinstance(decision, Admit):
+            return self._grant(record, attempt, decision, "shadow_" + decision.reason, start)
+        reason = "shadow_wait" if isinstance(decision, Wait) else "shadow_" + decision.code
+        return self._grant(record, attempt, Admit(reason), reason, start)
+
+    def _grant(
+        self, record: SessionRecord | None, attempt: Attempt | None, decision: Admit, reason: str, start: float | None
+    ) -> Lease:
+        if start is None:
+            wait = 0.0
+        else:
+            now = self._now()
+            wait = max(0.0, now - start)
+            self._book.admit(record, attempt, decision, reason, now)
+        if start is None:
+            self._book.leases += 1
+        counter = self._admissions.get(reason)
+        if counter is None:
+            counter = self._admissions[reason] = self._metrics.admissions.labels(self.name, reason)
+        counter.inc()
+        self._wait_hist.observe(wait)
+        if record is not None:
+            self._publish_reserved()
+        if self._queue and attempt is not None and (attempt.queued or reason in (OPEN, ANONYMOUS)):
+            # A waiter that passed, or usage below the watermark: the next waiter may pass too.
+            if attempt.queued:
+                self._dequeue(attempt)
+            self._wake_one()
+        return Lease(self, record, reason, wait * 1000.0)
+
+    # --------------------------------------------------------------------- wait
+
+    async def _wait(self, attempt: Attempt, deadline: float | None) -> None:
+        if not attempt.queued:
+            self._queue[attempt] = None
+            attempt.queued = True
+            self._pending_gauge.set(len(self._queue))
+        now = self._now()
+        timeout = self.settings.wait_poll_sec
+        if deadline is not None:
+            if now >= deadline:
+                raise AdmissionTimeout(
+                    f"not admitted to replica {self.name} within gate.max_wait_sec="
+                    f"{self.settings.max_wait_sec}s (its KV cache is under pressure); retry later",
+                    retry_after=self._retry_after,
+                )
+            timeout = min(timeout, deadline - now)
+        expiry = self._book.next_expiry()
+        if expiry is not None and expiry > now:
+            timeout = min(timeout, expiry - now)
+        try:
+            async with asyncio.timeout(max(timeout, MIN_WAIT_SEC)):
+                await attempt.event.wait()
+        except TimeoutError:
+            pass
+        attempt.event.clear()
+        attempt.checkpoint()
+        self._purge(self._now())
+
+    def _dequeue(self, attempt: Attempt) -> None:
+        if self._queue.pop(attempt, False) is None:
+            self._pending_gauge.set(len(self._queue))
+        attempt.queued = False
+
+    def _wake_one(self) -> None:
+        for waiter in self._queue:
+            if not waiter.event.is_set():
+                waiter.event.set()
+                return
+
+    def _preempt(self, previous: Attempt) -> None:
+        previous.abort = AdmissionPreempted(
+            "a newer request of the same session arrived while this one waited for admission; "
+            "only the newest attempt of a session is served"
+        )
+        if previous.queued:
+            self._dequeue(previous)
+        previous.event.set()
+        self._preempted.inc()
+
+    # ------------------------------------------------------------- windows/leases
+
+    def _release(self, record: SessionRecord | None) -> None:
+        now = self._now()
+        ended = self._book.release(record, now)
+        if ended is not None:
+            self._session_ended(ended)
+        self._purge(now)
+        if record is not None:
+            self._publish_reserved()
+        if self._queue:
+            self._wake_one()
+
+    def finish_session(self, session_key: str) -> None:
+        """End the session's window here; no-op for a session this gate does not know."""
+        was_reserved, ended = self._book.finish(session_key, self._now())
+        if ended is not None:
+            self._session_ended(ended)
+        self._publish_reserved()
+        if was_reserved and self._queue:
+            self._wake_one()
+
+    def _purge(self, now: float) -> None:
+        if not self._book.idle:
+            return
+        ended = self._book.purge(now)
+        if not ended:
+            return
+        for record in ended:
+            self._session_ended(record)
+        self._publish_reserved()
+        if self._queue and any(r.reserved for r in ended):
+            self._wake_one()
+
+    def _session_ended(self, record: SessionRecord) -> None:
+        self._metrics.session_preemptions.observe(record.num_preempted)
+
+    def _publish_reserved(self) -> None:
+        in_flight, idle = self._reserved_gauges
+        in_flight.set(self._book.reserved_in_flight)
+        idle.set(self._book.reserved_idle)
+
+    # -------------------------------------------------------------------- close
+
+    def close(self, message: str) -> None:
+        """The replica is gone: fail every acquiring attempt with ReplicaUnavailable.
+
+        Leases still out keep working (release is still required); from now on every
+        record ends as soon as it is idle.
+        """
+        self._closed = ReplicaUnavailable(message, retry_after=1)
+        for attempt in list(self._attempts):
+            attempt.abort = ReplicaUnavailable(message, retry_after=1)
+            if attempt.queued:
+                self._dequeue(attempt)
+            attempt.event.set()
+        self._book.grace = 0.0
+        for key in list(self._book.records):
+            self.finish_session(key)
+        self._purge(self._now())
+        self._pending_gauge.set(0)
+
+    # ------------------------------------------------------------ introspection
+
+    def counts(self) -> dict[str, int]:
+        """Live objects, for leak checks: all zero when nothing is in flight or held."""
+        self._purge(self._now())
+        return {
+            "leases": self._book.leases,
+            "reservations": self._book.reserved_in_flight + self._book.reserved_idle,
+            "waiters": len(self._queue),
+            "attempts": len(self._attempts),
+            "sessions": len(self._book.records),
+        }
+
+    def state(self) -> dict[str, Any]:
+        """This gate's part of /admin/state."""
+        self._purge(self._now())
+        now = self._now()
+        in_flight, idle, sessions = [], [], {}
+        for key, rec in self._book.records.items():
+            if rec.reserved:
+                (in_flight if rec.in_flight else idle).append(key)
+            sessions[key] = {
+                "reasons": dict(rec.reasons),
+                "num_preempted": rec.num_preempted,
+                "in_flight": rec.in_flight,
+                "reserved": rec.reserved,
+                "resident_blocks": rec.resident_blocks,
+                "idle_sec": round(now - rec.idle_since, 3) if rec.is_idle else None,
+            }
+        pending = [k for k, rec in self._book.records.items() if rec.attempt is not None and rec.attempt.queued]
+        anonymous_waiting = len(self._queue) - len(pending)
+        return {
+            "mode": self.settings.mode,
+            "policy": self.policy.name,
+            "closed": self._closed is not None,
+            "leases": self._book.leases,
+            "reserved": {"in_flight": in_flight, "idle": idle},
+            "pending": pending,
+            "pending_anonymous": anonymous_waiting,
+            "sessions": sessions,
+        }

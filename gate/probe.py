@@ -1,0 +1,199 @@
+"""The probe client: reads one replica's KV usage and a prompt's prefix residency.
+
+`ReplicaProbe` speaks SPEC.md section 6 over the proxy's aiohttp ClientSession:
+
+- `usage()`: `GET /v1/kvgate/kv`. Concurrent callers share one in-flight request,
+  and a result (or a failure) younger than `gate.probe.usage_max_age_ms` is reused,
+  so a burst of acquires costs one probe. A 404 switches the replica to the
+  `/metrics` fallback (`vllm:kv_cache_usage_perc`, no block counts, no prefix probe);
+  the probe API is tried again every `KV_RECHECK_SEC`, in case the replica restarts
+  with the plugin.
+- `prefix(route_kind, body)`: `POST /v1/kvgate/prefix` with `{"chat": body}` or
+  `{"completion": body}`, so the replica renders the prompt exactly as for
+  generation. Other route kinds (messages, responses) have no prefix reading.
+
+Every failure (timeout, connection error, non-200, garbage JSON, values out of range)
+counts in `kvgate_probe_errors_total{replica, probe}` and yields None: the policy
+treats it as unavailable. Latency goes to `kvgate_probe_seconds`, the last usage to
+`kvgate_replica_kv_usage`. Nothing here raises to the gate except cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable, Protocol
+
+import aiohttp
+import orjson
+
+from gate.readings import (
+    PrefixReading,
+    ProbeAnswerError,
+    UsageReading,
+    parse_kv_answer,
+    parse_metrics_usage,
+    parse_prefix_answer,
+)
+from proxy.metrics import KvgateMetrics
+from proxy.settings import ProbeSettings
+
+log = logging.getLogger("kvgate.gate.probe")
+
+KV_PATH = "/v1/kvgate/kv"
+PREFIX_PATH = "/v1/kvgate/prefix"
+METRICS_PATH = "/metrics"
+KV_RECHECK_SEC = 30.0
+PREFIX_BODY_KEYS = {"chat": "chat", "completion": "completion"}
+
+Clock = Callable[[], float]
+
+
+class Probe(Protocol):
+    """What the gate needs from a probe (the tests' fakes implement the same)."""
+
+    async def usage(self) -> UsageReading | None: ...
+
+    async def prefix(self, route_kind: str, body: dict[str, Any]) -> PrefixReading | None: ...
+
+
+class _Failed(Exception):
+    """A probe failed; the message says how (logged once per replica state change)."""
+
+
+class ReplicaProbe:
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        http: Callable[[], aiohttp.ClientSession],
+        settings: ProbeSettings,
+        metrics: KvgateMetrics,
+        api_key: str | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.url = url.rstrip("/")
+        self._http = http
+        self._timeout = aiohttp.ClientTimeout(total=settings.timeout_sec)
+        self._max_age = settings.usage_max_age_ms / 1000.0
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._clock = clock
+        self._cached: UsageReading | None = None
+        self._cached_at = float("-inf")
+        self._inflight: asyncio.Future[UsageReading | None] | None = None
+        self._fallback_since: float | None = None  # set while the replica has no probe API
+        self._seconds = {p: metrics.probe_seconds.labels(name, p) for p in ("kv", "prefix")}
+        self._errors = {p: metrics.probe_errors.labels(name, p) for p in ("kv", "prefix")}
+        self._usage_gauge = metrics.replica_kv_usage.labels(name)
+        self._last_error: str | None = None
+
+    @property
+    def has_probe_api(self) -> bool:
+        return self._fallback_since is None
+
+    # ------------------------------------------------------------------ usage
+
+    async def usage(self) -> UsageReading | None:
+        """The replica's usage, at most usage_max_age_ms old; None when unknown."""
+        if self._clock() - self._cached_at < self._max_age:
+            return self._cached
+        if self._inflight is None:
+            self._inflight = asyncio.ensure_future(self._refresh_usage())
+        # shield: a cancelled caller must not cancel the probe the others share.
+        return await asyncio.shield(self._inflight)
+
+    async def _refresh_usage(self) -> UsageReading | None:
+        try:
+            reading = await self._read_usage()
+        finally:
+            self._inflight = None
+        self._cached, self._cached_at = reading, self._clock()
+        return reading
+
+    async def _read_usage(self) -> UsageReading | None:
+        started = time.perf_counter()
+        try:
+            if self._fallback_since is not None and self._clock() - self._fallback_since < KV_RECHECK_SEC:
+                reading = await self._usage_from_metrics()
+            else:
+                reading = await self._usage_from_kv()
+        except _Failed as failure:
+            self._errors["kv"].inc()
+            self._note_error(f"kv probe failed: {failure}")
+            return None
+        self._seconds["kv"].observe(time.perf_counter() - started)
+        self._usage_gauge.set(reading.kv_cache_usage)
+        self._last_error = None
+        return reading
+
+    async def _usage_from_kv(self) -> UsageReading:
+        status, payload = await self._request("GET", KV_PATH, None)
+        if status == 404:
+            if self._fallback_since is None:
+                log.info("replica %s has no %s; reading usage from %s", self.name, KV_PATH, METRICS_PATH)
+            self._fallback_since = self._clock()
+            return await self._usage_from_metrics()
+        self._fallback_since = None
+        return _parse(status, payload, parse_kv_answer)
+
+    async def _usage_from_metrics(self) -> UsageReading:
+        status, payload = await self._request("GET", METRICS_PATH, None)
+        if status != 200:
+            raise _Failed(f"GET {METRICS_PATH} answered {status}")
+        try:
+            return parse_metrics_usage(payload.decode("utf-8", "replace"))
+        except ProbeAnswerError as err:
+            raise _Failed(str(err)) from None
+
+    # ----------------------------------------------------------------- prefix
+
+    async def prefix(self, route_kind: str, body: dict[str, Any]) -> PrefixReading | None:
+        """The prompt's residency on the replica; None when unavailable."""
+        key = PREFIX_BODY_KEYS.get(route_kind)
+        if key is None or self._fallback_since is not None:
+            return None
+        started = time.perf_counter()
+        try:
+            status, payload = await self._request("POST", PREFIX_PATH, orjson.dumps({key: body}))
+            reading = _parse(status, payload, parse_prefix_answer)
+        except _Failed as failure:
+            self._errors["prefix"].inc()
+            self._note_error(f"prefix probe failed: {failure}")
+            return None
+        self._seconds["prefix"].observe(time.perf_counter() - started)
+        return reading
+
+    # ------------------------------------------------------------------- http
+
+    async def _request(self, method: str, path: str, data: bytes | None) -> tuple[int, bytes]:
+        headers = self._headers
+        if data is not None:
+            headers = {**headers, "Content-Type": "application/json"}
+        try:
+            async with self._http().request(
+                method, self.url + path, data=data, headers=headers, timeout=self._timeout
+            ) as resp:
+                return resp.status, await resp.read()
+        except asyncio.TimeoutError:
+            raise _Failed(f"{method} {path} took longer than gate.probe.timeout_sec") from None
+        except (aiohttp.ClientError, OSError) as err:
+            raise _Failed(f"{method} {path}: {type(err).__name__}: {err}") from None
+
+    def _note_error(self, message: str) -> None:
+        if message != self._last_error:
+            log.warning("replica %s (%s): %s; deciding as if unavailable", self.name, self.url, message)
+        self._last_error = message
+
+
+def _parse(status: int, payload: bytes, parser: Callable[[Any], Any]) -> Any:
+    if status != 200:
+        raise _Failed(f"answered HTTP {status}: {payload[:200]!r}")
+    try:
+        return parser(orjson.loads(payload))
+    except orjson.JSONDecodeError as err:
+        raise _Failed(f"answered invalid JSON ({err})") from None
+    except ProbeAnswerError as err:
+        raise _Failed(str(err)) from None
+
