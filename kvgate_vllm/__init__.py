@@ -1,0 +1,13 @@
+"""kvgate's vLLM plugin: the probe API of SPEC.md section 6 on every vLLM server.
+
+Two entry points (declared in pyproject.toml), both enabled with ``VLLM_PLUGINS=kvgate``:
+
+- ``vllm.general_plugins: kvgate = kvgate_vllm.engine_plugin:register`` adds two
+  UTILITY methods to vLLM's ``EngineCore`` (``engine_plugin.KV_USAGE_METHOD`` and
+  ``engine_plugin.PREFIX_HITS_METHOD``), computed by ``engine_probes``.
+- ``vllm.endpoint_plugins: kvgate = kvgate_vllm.endpoint_plugin:KvgateEndpointPlugin``
+  adds ``GET /v1/kvgate/kv`` and ``POST /v1/kvgate/prefix`` to the API server.
+
+Invariant: importing this package (or any module of it except the ones vLLM itself
+loads) never imports vLLM, so the proxy's own environment works without vLLM.
+"""

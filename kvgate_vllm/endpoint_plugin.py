@@ -1,0 +1,183 @@
+"""``vllm.endpoint_plugins`` entry point: ``GET /v1/kvgate/kv`` and ``POST /v1/kvgate/prefix``.
+
+vLLM instantiates ``KvgateEndpointPlugin`` in the API server only, and only when
+``kvgate`` is named in ``VLLM_PLUGINS``; it calls ``attach_router(app)`` while
+building the app and ``init_state(engine_client, state, args)`` once the engine
+client exists. The routes live under ``/v1`` so vLLM's ``--api-key`` guards them.
+
+Each probe is one UTILITY call per engine (``call_utility_all_async``: under data
+parallelism the single-engine call would answer for engine 0 only), bounded by
+``KVGATE_PROBE_TIMEOUT_SEC`` (default 5). Status codes: 200 answer; 400 bad body
+(OpenAI-shaped error naming the field); 501 the engine cannot answer (prefix
+caching off, unsupported vLLM build); 503 engine error; 504 timeout.
+"""
+
+# No "from __future__ import annotations": FastAPI must see the real ``Request``
+# class on the route closures defined in ``attach_router``.
+import asyncio
+import logging
+import os
+from typing import Any
+
+from kvgate_vllm import jsonio
+from kvgate_vllm.engine_plugin import KV_USAGE_METHOD, PREFIX_HITS_METHOD
+from kvgate_vllm.prefix_query import ProbeRequestError, parse_prefix_query
+from kvgate_vllm.probe_results import merge_kv_usage, merge_prefix
+
+logger = logging.getLogger(__name__)
+
+KV_PATH = "/v1/kvgate/kv"
+PREFIX_PATH = "/v1/kvgate/prefix"
+DEFAULT_TIMEOUT_SEC = 5.0
+_STATE_ATTR = "kvgate_probes"
+
+
+def probe_timeout_sec() -> float:
+    """``KVGATE_PROBE_TIMEOUT_SEC`` as a positive float, else the default."""
+    raw = os.environ.get("KVGATE_PROBE_TIMEOUT_SEC", "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return DEFAULT_TIMEOUT_SEC
+    return value if value > 0 else DEFAULT_TIMEOUT_SEC
+
+
+def error_body(status: int, message: str, code: str, param: str | None = None) -> dict:
+    """OpenAI-shaped error, as vLLM and the kvgate proxy send them."""
+    error_type = "BadRequestError" if status == 400 else "ServiceUnavailableError"
+    return {"error": {"message": message, "type": error_type, "code": code, "param": param}}
+
+
+class ProbeUnavailable(RuntimeError):
+    """The engine could not answer; ``status`` and ``code`` go to the client."""
+
+    def __init__(self, message: str, status: int, code: str):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class ProbeService:
+    """The imperative shell: engine utility calls with a timeout, per-engine merge."""
+
+    def __init__(self, engine_client: Any, state: Any, timeout_sec: float):
+        self.engine_client = engine_client
+        self.state = state
+        self.timeout_sec = timeout_sec
+
+    async def _call_all_engines(self, method: str, *args: Any) -> list[dict]:
+        engine_core = getattr(self.engine_client, "engine_core", None)
+        if engine_core is None:
+            raise ProbeUnavailable("this vLLM server has no engine core to probe", 501, "no_engine")
+        if hasattr(engine_core, "call_utility_all_async"):
+            call = engine_core.call_utility_all_async(method, *args)
+        else:
+            call = _as_list(engine_core.call_utility_async(method, *args))
+        try:
+            results = await asyncio.wait_for(call, self.timeout_sec)
+        except asyncio.TimeoutError as exc:
+            raise ProbeUnavailable(
+                f"the engine did not answer {method} within {self.timeout_sec}s "
+                "(raise KVGATE_PROBE_TIMEOUT_SEC if the engine is busy with long steps)",
+                504,
+                "probe_timeout",
+            ) from exc
+        except Exception as exc:  # the engine reports failures as exceptions
+            raise ProbeUnavailable(
+                f"the engine failed {method}: {exc}. Is the kvgate general plugin loaded in "
+                "the engine core? Start vLLM with VLLM_PLUGINS=kvgate.",
+                503,
+                "engine_error",
+            ) from exc
+        for result in results:
+            if isinstance(result, dict) and "error" in result:
+                raise ProbeUnavailable(result["error"], 501, "probe_unsupported")
+        return list(results)
+
+    async def kv_usage(self) -> dict:
+        return merge_kv_usage(await self._call_all_engines(KV_USAGE_METHOD))
+
+    async def prefix(self, body: object) -> dict:
+        from kvgate_vllm.rendering import render_prefix_query
+
+        query = parse_prefix_query(body)
+        prompt = await render_prefix_query(self.state, query)
+        results = await self._call_all_engines(
+            PREFIX_HITS_METHOD, prompt.token_ids, prompt.cache_salt, prompt.lora
+        )
+        return merge_prefix(results)
+
+
+async def _as_list(awaitable: Any) -> list:
+    return [await awaitable]
+
+
+def _json_response(status: int, payload: dict):
+    from starlette.responses import Response
+
+    return Response(content=jsonio.dumps(payload), status_code=status, media_type="application/json")
+
+
+def _service(request: Any) -> ProbeService | None:
+    return getattr(request.app.state, _STATE_ATTR, None)
+
+
+def _not_ready():
+    return _json_response(
+        503, error_body(503, "the kvgate probes are not initialised yet; retry shortly", "not_ready")
+    )
+
+
+async def kv_route(raw_request: Any):
+    service = _service(raw_request)
+    if service is None:
+        return _not_ready()
+    try:
+        return _json_response(200, await service.kv_usage())
+    except ProbeUnavailable as exc:
+        return _json_response(exc.status, error_body(exc.status, str(exc), exc.code))
+
+
+async def prefix_route(raw_request: Any):
+    service = _service(raw_request)
+    if service is None:
+        return _not_ready()
+    try:
+        body = jsonio.loads(await raw_request.body())
+    except ValueError as exc:
+        return _json_response(400, error_body(400, f"the body is not valid JSON: {exc}", "invalid_json"))
+    try:
+        return _json_response(200, await service.prefix(body))
+    except ProbeRequestError as exc:
+        return _json_response(exc.status, error_body(exc.status, exc.message, "invalid_request", exc.param))
+    except ProbeUnavailable as exc:
+        return _json_response(exc.status, error_body(exc.status, str(exc), exc.code))
+
+
+class KvgateEndpointPlugin:
+    """The endpoint plugin object vLLM's ``load_endpoint_plugins`` instantiates."""
+
+    name = "kvgate"
+    required_tasks = ("generate",)
+
+    def attach_router(self, app: Any) -> None:
+        from fastapi import APIRouter, Request
+
+        router = APIRouter()
+
+        @router.get(KV_PATH)
+        async def kvgate_kv(raw_request: Request):
+            return await kv_route(raw_request)
+
+        @router.post(PREFIX_PATH)
+        async def kvgate_prefix(raw_request: Request):
+            return await prefix_route(raw_request)
+
+        app.include_router(router)
+
+    async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
+        if engine_client is None:
+            logger.warning("kvgate: no engine client (render-only server); probes disabled")
+            return
+        setattr(state, _STATE_ATTR, ProbeService(engine_client, state, probe_timeout_sec()))
+        logger.info("kvgate: probe endpoints %s and %s ready", KV_PATH, PREFIX_PATH)

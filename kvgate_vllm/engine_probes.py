@@ -1,0 +1,135 @@
+"""The two probes, computed inside vLLM's engine core (vLLM 0.32, V1 engine).
+
+Both functions take an ``EngineCore`` (or anything with the same ``scheduler`` and
+``request_block_hasher`` attributes) and only *read* it. Invariants, checked by
+tests/vllm against the real ``KVCacheManager``/``BlockPool``:
+
+- no block is allocated, freed or touched: the free queue's LRU order, every ref
+  count and the block-hash map are unchanged;
+- no prefix-cache statistic is recorded (``make_stats``/``make_prefix_cache_stats``
+  reset counters and are never called) and no KV event is queued;
+- the throw-away ``Request`` built to hash the prompt is never registered anywhere.
+
+vLLM internals used (feature-detected; a missing one yields ``{"error": ...}``):
+``scheduler.kv_cache_manager.block_pool`` (``num_gpu_blocks``,
+``get_num_free_blocks()``, ``cached_block_hashes_by_block``),
+``scheduler.get_request_counts()``, ``scheduler.block_size``,
+``kv_cache_manager.coordinator.find_longest_cache_hit(block_hashes, max_length)``,
+``EngineCore.request_block_hasher`` and ``vllm.v1.request.Request``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvgate_vllm.probe_results import kv_usage_result, prefix_result
+
+SUPPORTED_VLLM = "vLLM >=0.32,<0.34"
+PROBE_REQUEST_ID = "kvgate-prefix-probe"
+
+
+def _unsupported(what: str, exc: BaseException) -> dict:
+    return {
+        "error": (
+            f"kvgate_vllm cannot {what} on this vLLM build ({type(exc).__name__}: {exc}); "
+            f"the plugin is tested on {SUPPORTED_VLLM}: install a matching kvgate or vLLM version"
+        )
+    }
+
+
+def _cached_block_count(block_pool: Any) -> int:
+    """Blocks that carry a prefix-cache hash (in use or evictable), in O(1)."""
+    by_block = getattr(block_pool, "cached_block_hashes_by_block", None)
+    if by_block is not None:
+        return len(by_block)
+    return len(block_pool.cached_block_hash_to_block)
+
+
+def read_kv_usage(engine_core: Any) -> dict:
+    """KV usage of one engine in constant time; see ``probe_results.kv_usage_result``."""
+    try:
+        scheduler = engine_core.scheduler
+        block_pool = scheduler.kv_cache_manager.block_pool
+        num_running, num_waiting = scheduler.get_request_counts()
+        return kv_usage_result(
+            num_gpu_blocks=int(block_pool.num_gpu_blocks),
+            num_free_blocks=int(block_pool.get_num_free_blocks()),
+            num_cached_blocks=_cached_block_count(block_pool),
+            block_size=int(scheduler.block_size),
+            num_running=int(num_running),
+            num_waiting=int(num_waiting),
+        )
+    except (AttributeError, TypeError, ValueError) as exc:
+        return _unsupported("read KV usage", exc)
+
+
+def build_probe_request(
+    token_ids: list[int],
+    cache_salt: str | None,
+    lora: dict | None,
+    block_hasher: Any,
+) -> Any:
+    """A ``vllm.v1.request.Request`` whose constructor computes the prompt's block
+    hashes with the engine's own hasher (same hash function, NONE_HASH and extra
+    keys: LoRA on every block, ``cache_salt`` on the first). Never scheduled."""
+    from vllm.lora.request import LoRARequest
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    lora_request = LoRARequest(**lora) if lora else None
+    return Request(
+        request_id=PROBE_REQUEST_ID,
+        prompt_token_ids=list(token_ids),
+        sampling_params=SamplingParams(max_tokens=1),
+        pooling_params=None,
+        lora_request=lora_request,
+        cache_salt=cache_salt or None,
+        block_hasher=block_hasher,
+    )
+
+
+def count_prefix_hits(
+    engine_core: Any,
+    token_ids: list[int],
+    cache_salt: str | None = None,
+    lora: dict | None = None,
+) -> dict:
+    """How much of this prompt's prefix one engine holds; see ``probe_results.prefix_result``.
+
+    ``hit_blocks`` counts resident leading full blocks (lookup up to the whole
+    prompt); ``hit_tokens`` repeats the scheduler's own lookup (up to the prompt
+    length minus one, because the last token is always recomputed).
+    """
+    if not isinstance(token_ids, list) or not all(type(t) is int for t in token_ids):
+        return {"error": "token_ids must be a list of integers"}
+    try:
+        scheduler = engine_core.scheduler
+        manager = scheduler.kv_cache_manager
+        block_size = int(scheduler.block_size)
+        block_hasher = engine_core.request_block_hasher
+        caching_enabled = bool(manager.enable_caching)
+    except AttributeError as exc:
+        return _unsupported("look up prefix-cache residency", exc)
+    if block_hasher is None or not caching_enabled:
+        return {
+            "error": (
+                "prefix caching is disabled on this vLLM server; start it without "
+                "--no-enable-prefix-caching to use the prefix probe"
+            )
+        }
+    try:
+        request = build_probe_request(token_ids, cache_salt, lora, block_hasher)
+        coordinator = manager.coordinator
+        resident, _, _ = coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens)
+        _, reusable_tokens, _ = coordinator.find_longest_cache_hit(
+            request.block_hashes, max(request.num_tokens - 1, 0)
+        )
+    except (AttributeError, TypeError) as exc:
+        return _unsupported("look up prefix-cache residency", exc)
+    first_group = resident[0] if resident else []
+    return prefix_result(
+        total_tokens=len(token_ids),
+        block_size=block_size,
+        hit_block_ref_counts=[block.ref_cnt for block in first_group],
+        hit_tokens=int(reusable_tokens),
+    )

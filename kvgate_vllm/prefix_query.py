@@ -1,0 +1,79 @@
+"""Validate a ``POST /v1/kvgate/prefix`` body (pure; no vLLM imports).
+
+Accepted bodies (SPEC.md section 6), exactly one of:
+
+- ``{"token_ids": [int, ...], "cache_salt"?: str, "model"?: str}``
+- ``{"chat": <a /v1/chat/completions body>}``
+- ``{"completion": <a /v1/completions body>}``
+
+Anything else raises ``ProbeRequestError``, which the endpoint turns into a 400.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+PROMPT_KINDS = ("token_ids", "chat", "completion")
+
+
+class ProbeRequestError(ValueError):
+    """A probe body the server cannot answer; ``status`` is the HTTP status to send."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+
+
+@dataclass(frozen=True)
+class PrefixQuery:
+    """A validated prefix probe. ``token_ids`` is set for kind "token_ids";
+    ``body`` (the chat or completion request dict) for the other two kinds."""
+
+    kind: Literal["token_ids", "chat", "completion"]
+    token_ids: list[int] | None = None
+    cache_salt: str | None = None
+    model: str | None = None
+    body: dict | None = None
+
+
+def _optional_str(body: dict, key: str) -> str | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ProbeRequestError(f"'{key}' must be a string", param=key)
+    return value
+
+
+def parse_prefix_query(body: object) -> PrefixQuery:
+    """The validated query, or ``ProbeRequestError`` naming the offending field."""
+    if not isinstance(body, dict):
+        raise ProbeRequestError("the prefix probe body must be a JSON object")
+    present = [kind for kind in PROMPT_KINDS if kind in body]
+    if len(present) != 1:
+        raise ProbeRequestError(
+            "give exactly one of 'token_ids', 'chat' (a /v1/chat/completions body) "
+            f"or 'completion' (a /v1/completions body); got {present or 'none'}"
+        )
+    kind = present[0]
+    if kind == "token_ids":
+        token_ids = body["token_ids"]
+        if (
+            not isinstance(token_ids, list)
+            or not token_ids
+            or not all(type(token) is int and token >= 0 for token in token_ids)
+        ):
+            raise ProbeRequestError(
+                "'token_ids' must be a non-empty list of non-negative integers", param="token_ids"
+            )
+        return PrefixQuery(
+            kind="token_ids",
+            token_ids=token_ids,
+            cache_salt=_optional_str(body, "cache_salt"),
+            model=_optional_str(body, "model"),
+        )
+    request_body = body[kind]
+    if not isinstance(request_body, dict):
+        raise ProbeRequestError(f"'{kind}' must be a JSON object (a request body)", param=kind)
+    return PrefixQuery(kind=kind, body=request_body)
