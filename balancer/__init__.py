@@ -1,0 +1,12 @@
+"""The global load balancer: replica registry, health checks, sticky hashing, failover.
+
+`Replica` is the object the proxy and the gates receive (it has `.name` and `.url`);
+`ReplicaRegistry` owns the set of replicas and their health; `Balancer` picks a
+replica for a session (rendezvous or bounded_load) or for an anonymous request
+(least loaded).
+"""
+
+from balancer.registry import Replica, ReplicaRegistry
+from balancer.balancer import Balancer
+
+__all__ = ["Balancer", "Replica", "ReplicaRegistry"]

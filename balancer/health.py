@@ -1,0 +1,97 @@
+"""Replica health: the pure state machine, and the asyncio loop that feeds it.
+
+A replica turns unhealthy after `unhealthy_after` consecutive failed checks and
+healthy again after `healthy_after` consecutive successful ones; a check result that
+agrees with the current state resets the opposite streak. Passive marking (a
+connection error seen by the proxy) turns a replica unhealthy at once; the active
+checks bring it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import aiohttp
+
+from proxy.settings import HealthSettings
+
+log = logging.getLogger("kvgate.balancer")
+
+
+@dataclass(frozen=True)
+class HealthState:
+    healthy: bool = True
+    ok_streak: int = 0
+    fail_streak: int = 0
+
+
+def next_health(state: HealthState, ok: bool, unhealthy_after: int, healthy_after: int) -> HealthState:
+    """The state after one check result."""
+    if ok:
+        streak = state.ok_streak + 1
+        healthy = state.healthy or streak >= healthy_after
+        return HealthState(healthy=healthy, ok_streak=streak, fail_streak=0)
+    streak = state.fail_streak + 1
+    healthy = state.healthy and streak < unhealthy_after
+    return HealthState(healthy=healthy, ok_streak=0, fail_streak=streak)
+
+
+class HealthChecker:
+    """Polls GET {url}/health of every registered replica every `interval_sec`.
+
+    All replicas are checked concurrently each round, each with `timeout_sec`; a
+    replica answers healthy with any 2xx status. The loop survives every error.
+    """
+
+    def __init__(self, registry, settings: HealthSettings) -> None:
+        self._registry = registry
+        self._settings = settings
+        self._task: asyncio.Task | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self._settings.timeout_sec),
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+        )
+        self._task = asyncio.create_task(self._loop(), name="kvgate-health")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def check_all(self) -> None:
+        """One round of checks over the replicas registered now."""
+        replicas = self._registry.all()
+        results = await asyncio.gather(*(self._check(r.url) for r in replicas))
+        for replica, ok in zip(replicas, results):
+            self._registry.record_check(replica, ok)
+
+    async def _check(self, url: str) -> bool:
+        assert self._session is not None, "HealthChecker.start() must run first"
+        try:
+            async with self._session.get(f"{url}/health") as resp:
+                await resp.read()
+                return 200 <= resp.status < 300
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.check_all()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let one odd round stop health checking
+                log.exception("health check round failed; retrying next interval")
+            await asyncio.sleep(self._settings.interval_sec)

@@ -1,0 +1,40 @@
+"""Recognising the gate's AdmissionError family without importing gate/ (duck typing).
+
+Seam 1: an admission error carries `status`, `code`, `message` and `retry_after`;
+`ReplicaUnavailable` (by class name anywhere in its MRO, or code
+`replica_unavailable`) asks the proxy to re-route once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AdmissionRefusal:
+    status: int
+    code: str
+    message: str
+    retry_after: float | None
+    replica_unavailable: bool
+
+
+def as_refusal(exc: BaseException) -> AdmissionRefusal | None:
+    """The refusal an admission exception stands for, or None if it is not one."""
+    status = getattr(exc, "status", None)
+    if not isinstance(status, int) or isinstance(status, bool):
+        return None
+    code = getattr(exc, "code", None) or "admission_refused"
+    message = getattr(exc, "message", None) or str(exc) or code
+    retry_after = getattr(exc, "retry_after", None)
+    unavailable = code == "replica_unavailable" or any(
+        cls.__name__ == "ReplicaUnavailable" for cls in type(exc).__mro__)
+    return AdmissionRefusal(status, str(code), str(message),
+                            float(retry_after) if isinstance(retry_after, (int, float)) else None,
+                            unavailable)
+
+
+def retry_after_header(seconds: float | None) -> dict[str, str] | None:
+    if seconds is None:
+        return None
+    return {"Retry-After": str(max(1, int(seconds + 0.999)))}

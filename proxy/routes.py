@@ -1,0 +1,30 @@
+"""The forwarded routes (SPEC.md section 4) and the kind each one is to the gate."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class RouteSpec(NamedTuple):
+    method: str
+    path: str  # the upstream path, also the proxy path without the /sess/{id} prefix
+    kind: str  # Seam 1 route_kind: chat | completion | messages | responses | models
+    has_body: bool
+
+
+ROUTES = (
+    RouteSpec("POST", "/v1/chat/completions", "chat", True),
+    RouteSpec("POST", "/v1/completions", "completion", True),
+    RouteSpec("POST", "/v1/messages", "messages", True),
+    RouteSpec("POST", "/v1/responses", "responses", True),
+    RouteSpec("GET", "/v1/models", "models", False),
+)
+
+# `[^/]*` rather than aiohttp's default `[^{}/]+`, so `/sess//v1/...` reaches the
+# handler and gets a 400 that names the problem instead of a bare 404.
+SESSION_PREFIX = "/sess/{session_id:[^/]*}"
+
+# Kinds that are turns of a session (counted for kvgate_turn_seconds).
+TURN_KINDS = frozenset({"chat", "completion", "messages", "responses"})
+# Kinds whose vLLM body accepts vLLM's own `session_id` field.
+SESSION_FIELD_KINDS = frozenset({"chat", "completion"})

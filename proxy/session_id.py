@@ -1,0 +1,76 @@
+"""Which session a request belongs to (SPEC.md section 4), as pure functions.
+
+First match wins: the `/sess/{id}` path, the configured header, then the configured
+body fields in order (dotted paths such as `metadata.session_id` walk nested
+objects). Empty values count as absent. A value of a body field the proxy reads that
+is not a string is rejected (400), never coerced.
+
+Long ids: an id longer than MAX_SESSION_ID_BYTES (UTF-8) is replaced by its SHA-256
+hex digest for routing, gating and the `session_id` forwarded upstream. Hashing
+rather than rejecting keeps clients working whose ids embed long tokens, and keeps
+memory per session bounded; the digest is stable, so stickiness is unaffected.
+"""
+
+from __future__ import annotations
+
+from hashlib import sha256
+from typing import Mapping, Sequence
+
+from proxy.errors import RequestRejected
+
+MAX_SESSION_ID_BYTES = 512
+
+
+def split_body_fields(fields: Sequence[str]) -> tuple[tuple[str, ...], ...]:
+    """Pre-split dotted field paths once, at start-up."""
+    return tuple(tuple(f.split(".")) for f in fields)
+
+
+def bounded_session_id(raw: str) -> str:
+    """The id used internally: itself, or its sha256 hex when longer than the limit."""
+    if len(raw) <= MAX_SESSION_ID_BYTES // 4:  # fast path: cannot exceed the byte limit
+        return raw
+    encoded = raw.encode("utf-8", "surrogatepass")
+    if len(encoded) <= MAX_SESSION_ID_BYTES:
+        return raw
+    return sha256(encoded).hexdigest()
+
+
+def _body_value(body: dict, path: tuple[str, ...]):
+    node = body
+    for key in path[:-1]:
+        node = node.get(key)
+        if not isinstance(node, dict):
+            return None
+    return node.get(path[-1])
+
+
+def session_id_from_body(body: dict, fields: tuple[tuple[str, ...], ...]) -> str | None:
+    for path in fields:
+        value = _body_value(body, path)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise RequestRejected(400, f"field '{'.'.join(path)}' must be a string session id, got "
+                                  f"{type(value).__name__}", "invalid_type")
+        if value:
+            return value
+    return None
+
+
+def resolve_session_id(path_id: str | None, headers: Mapping[str, str], header_name: str,
+                       body: dict | None, fields: tuple[tuple[str, ...], ...]) -> str | None:
+    """The session id of a request (bounded, see module doc), or None for anonymous."""
+    if path_id is not None:
+        if not path_id:
+            raise RequestRejected(400, "empty session id in the /sess/{session_id}/ path; put the id "
+                                  "between /sess/ and /v1", "invalid_session_id")
+        return bounded_session_id(path_id)
+    value = headers.get(header_name)
+    if value:
+        return bounded_session_id(value)
+    if body:
+        found = session_id_from_body(body, fields)
+        if found is not None:
+            return bounded_session_id(found)
+    return None
