@@ -1,5 +1,114 @@
-"""Placeholder: the owner of this part replaces it with real subcommands."""
+"""`kvgate replica` and `kvgate sim admission` (SPEC.md section 2)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from simulator.config import ConfigError, CostModel, EngineConfig
+
+
+def _add_engine_options(parser: argparse.ArgumentParser, defaults: EngineConfig) -> None:
+    parser.add_argument("--num-blocks", type=int, default=defaults.num_blocks, help=f"usable KV cache blocks (default {defaults.num_blocks})")
+    parser.add_argument("--block-size", type=int, default=defaults.block_size, help=f"tokens per block (default {defaults.block_size})")
+    parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs, help=f"sequence slots per step (default {defaults.max_num_seqs})")
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens,
+        help=f"token budget per step (default {defaults.max_num_batched_tokens})",
+    )
+
+
+def _add_replica_command(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "replica",
+        help="run one simulated vLLM replica (engine model behind vLLM's HTTP API and the probe API)",
+        description="Run one simulated vLLM replica: the simulator's engine model (paged KV cache, prefix "
+        "cache, continuous-batching scheduler) in real time behind vLLM's OpenAI routes, /metrics with vLLM "
+        "metric names, and the kvgate probe API (/v1/kvgate/kv, /v1/kvgate/prefix).",
+    )
+    defaults = EngineConfig()
+    costs = CostModel()
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8100, help="port to bind; 0 picks a free one (default 8100)")
+    parser.add_argument("--name", default="sim0", help="replica name used in logs (default sim0)")
+    parser.add_argument("--model-name", default="kvgate-sim", help="served model name (default kvgate-sim)")
+    _add_engine_options(parser, defaults)
+    parser.add_argument(
+        "--max-model-len", type=int, default=None,
+        help="longest prompt + output in tokens; longer requests get a 400 (default: the whole cache)",
+    )
+    parser.add_argument(
+        "--time-scale", type=float, default=1.0,
+        help="multiplies the cost model's step times; 0 = as fast as possible (default 1.0)",
+    )
+    parser.add_argument("--step-overhead-s", type=float, default=costs.step_overhead_s, help=f"cost model: fixed seconds per step (default {costs.step_overhead_s})")
+    parser.add_argument("--prefill-token-s", type=float, default=costs.prefill_token_s, help=f"cost model: seconds per prompt token computed (default {costs.prefill_token_s})")
+    parser.add_argument("--decode-seq-s", type=float, default=costs.decode_seq_s, help=f"cost model: seconds per decoding sequence (default {costs.decode_seq_s})")
+    parser.add_argument("--context-token-s", type=float, default=costs.context_token_s, help=f"cost model: seconds per context token read by attention (default {costs.context_token_s})")
+    parser.set_defaults(func=run_replica)
+
+
+def run_replica(args: argparse.Namespace) -> int:
+    try:
+        config = EngineConfig(
+            num_blocks=args.num_blocks,
+            block_size=args.block_size,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+        ).validate()
+        cost_model = CostModel(args.step_overhead_s, args.prefill_token_s, args.decode_seq_s, args.context_token_s).validate()
+        if args.time_scale < 0:
+            raise ConfigError(f"time_scale must be >= 0 (got {args.time_scale})")
+        if not 0 <= args.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535 (got {args.port})")
+    except ConfigError as error:
+        print(f"kvgate replica: error: {error}", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve_replica(args, config, cost_model))
+
+
+async def _serve_replica(args: argparse.Namespace, config: EngineConfig, cost_model: CostModel) -> int:
+    from simulator.replica_server import SimulatedReplica
+
+    try:
+        replica = await SimulatedReplica.start(
+            args.name, args.host, args.port, time_scale=args.time_scale, cost_model=cost_model,
+            model_name=args.model_name, **vars_of(config),
+        )
+    except OSError as error:
+        print(f"kvgate replica: error: cannot bind {args.host}:{args.port}: {error.strerror or error}; "
+              "choose another --port (0 picks a free one)", file=sys.stderr)
+        return 1
+    print(
+        f"kvgate replica {args.name}: simulated vLLM serving '{args.model_name}' on {replica.url} "
+        f"(num_blocks={config.num_blocks}, block_size={config.block_size}, max_num_seqs={config.max_num_seqs}, "
+        f"max_num_batched_tokens={config.max_num_batched_tokens}, max_model_len={config.effective_max_model_len}, "
+        f"time_scale={args.time_scale})",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await replica.stop()
+    return 0
+
+
+def vars_of(config: EngineConfig) -> dict:
+    return {
+        "num_blocks": config.num_blocks,
+        "block_size": config.block_size,
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "max_model_len": config.max_model_len,
+    }
 
 
 def add_commands(subparsers) -> None:
-    return None
+    _add_replica_command(subparsers)

@@ -1,0 +1,168 @@
+"""The engine model in real time: the scheduler's step loop as an asyncio task.
+
+Each step: schedule, wait the cost model's step time x `time_scale` (minus the time
+the step's own bookkeeping took; time_scale 0 still yields to the event loop once per
+step), then sample one token for every request whose known tokens are computed and wake
+its reader. The loop sleeps on an event when there is no work.
+
+Invariant: the scheduler is only touched from the event loop thread, between awaits,
+so probes (`kv_state`, `probe_prefix`) see a consistent state and change nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+from simulator.admission_policies import AdmissionPolicy, naive
+from simulator.config import CostModel, EngineConfig
+from simulator.kv_cache_manager import PrefixProbe
+from simulator.request import RequestStatus, SimRequest, compute_block_hashes
+from simulator.scheduler import Scheduler
+from simulator.tokenizer import output_token
+
+log = logging.getLogger(__name__)
+
+
+class RequestHandle:
+    """A reader's view of one request: new tokens appear in `request.output_token_ids`;
+    `changed` is set after every step that added a token or finished the request."""
+
+    __slots__ = ("request", "changed", "finish_reason")
+
+    def __init__(self, request: SimRequest) -> None:
+        self.request = request
+        self.changed = asyncio.Event()
+        self.finish_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+def _next_token(request: SimRequest) -> int:
+    return output_token(request.num_tokens)
+
+
+class AsyncEngine:
+    def __init__(
+        self,
+        config: EngineConfig = EngineConfig(),
+        cost_model: CostModel = CostModel(),
+        time_scale: float = 1.0,
+        policy: AdmissionPolicy = naive,
+    ) -> None:
+        if time_scale < 0:
+            raise ValueError(f"time_scale must be >= 0 (got {time_scale})")
+        self.config = config.validate()
+        self.cost_model = cost_model.validate()
+        self.time_scale = time_scale
+        self.scheduler = Scheduler(config, policy)
+        self._handles: dict[str, RequestHandle] = {}
+        self._ids = itertools.count()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="kvgate-sim-engine")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        for request_id in list(self._handles):
+            self.abort(request_id)
+
+    # -- requests ----------------------------------------------------------------------
+
+    def add_request(self, prompt_token_ids: list[int], max_tokens: int, cache_salt: str | None = None) -> RequestHandle:
+        """Queue a request. Raises ValueError if it can never fit the cache (the HTTP
+        layer checks max_model_len first, which the config keeps within the cache)."""
+        request_id = f"req-{next(self._ids)}"
+        request = SimRequest(request_id, prompt_token_ids, max_tokens, self.config.block_size, cache_salt)
+        if not self.scheduler.add_request(request):
+            raise ValueError(
+                f"request of {len(prompt_token_ids)} prompt + {max_tokens} output tokens can never fit the "
+                f"KV cache of {self.config.cache_tokens} tokens"
+            )
+        handle = RequestHandle(request)
+        self._handles[request_id] = handle
+        self._wake.set()
+        return handle
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request (client gone): frees its blocks now. Unknown or finished ids are a no-op."""
+        handle = self._handles.pop(request_id, None)
+        if handle is None:
+            return
+        self.scheduler.abort_request(request_id)
+        handle.finish_reason = "abort"
+        handle.changed.set()
+
+    # -- probes (no side effects) --------------------------------------------------------
+
+    def kv_state(self) -> dict:
+        scheduler = self.scheduler
+        pool = scheduler.kv_cache_manager.block_pool
+        return {
+            "kv_cache_usage": pool.get_usage(),
+            "num_total_blocks": pool.num_blocks,
+            "num_free_blocks": pool.get_num_free_blocks(),
+            "num_cached_blocks": len(pool.cached_block_hash_to_block),
+            "block_size": self.config.block_size,
+            "num_running": len(scheduler.running),
+            "num_waiting": len(scheduler.waiting),
+        }
+
+    def probe_prefix(self, token_ids: list[int], cache_salt: str | None = None) -> PrefixProbe:
+        hashes = compute_block_hashes(token_ids, self.config.block_size, cache_salt)
+        return self.scheduler.kv_cache_manager.probe_prefix(hashes, len(token_ids))
+
+    # -- the step loop ---------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            await self._step_loop()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A bug in the model must not leave readers hanging: end every request.
+            log.exception("simulated engine step loop failed; aborting all requests")
+            for request_id in list(self._handles):
+                self.abort(request_id)
+            raise
+
+    async def _step_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        scheduler = self.scheduler
+        while True:
+            if not scheduler.has_unfinished_requests():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            started = loop.time()
+            output = scheduler.schedule()
+            step_seconds = self.cost_model.step_seconds(
+                output.num_prefill_tokens, output.num_decode_seqs, output.num_context_tokens
+            )
+            delay = step_seconds * self.time_scale - (loop.time() - started)
+            await asyncio.sleep(delay if delay > 0 else 0)
+            finished = scheduler.update_from_output(output, _next_token)
+            handles = self._handles
+            for request, _ in output.scheduled:
+                handle = handles.get(request.request_id)
+                if handle is not None and request.status == RequestStatus.RUNNING:
+                    handle.changed.set()
+            for request in finished:
+                handle = handles.pop(request.request_id, None)
+                if handle is not None:
+                    handle.finish_reason = "length"
+                    handle.changed.set()

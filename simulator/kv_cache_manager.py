@@ -1,0 +1,157 @@
+"""vLLM v1's KV cache manager for one full-attention group: per-request block tables on
+top of the block pool, prefix-cache lookups, and the counters vLLM exposes.
+
+`allocate_slots` either allocates everything a step needs for a request or nothing
+(returns None), like vLLM's; the scheduler then preempts or stops admitting.
+`probe_prefix` is the side-effect-free residency query behind POST /v1/kvgate/prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.block_pool import BlockPool, KVCacheBlock
+from simulator.request import SimRequest
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class PrefixCacheStats:
+    """Token counts, as vLLM's `vllm:prefix_cache_queries`/`_hits` counters.
+
+    Requests resuming after a preemption are counted apart (vLLM does the same), so
+    the main hit rate describes first admissions only.
+    """
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += num_hits
+
+
+@dataclass(frozen=True)
+class PrefixProbe:
+    total_tokens: int
+    block_size: int
+    total_blocks: int  # full blocks of the prompt
+    hit_blocks: int  # longest resident prefix, in full blocks
+    hit_blocks_in_use: int  # of which held by a live request
+    hit_blocks_evictable: int  # of which cached with ref_cnt 0
+
+    @property
+    def hit_tokens(self) -> int:
+        return self.hit_blocks * self.block_size
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hit_blocks / self.total_blocks if self.total_blocks else 0.0
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.block_pool = BlockPool(num_blocks)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_blocks: dict[str, int] = {}
+        self.prefix_cache_stats = PrefixCacheStats()
+
+    # -- lookups (no side effects) ---------------------------------------------------
+
+    def find_longest_cache_hit(self, block_hashes: list[int], max_length: int) -> list[KVCacheBlock]:
+        hits = []
+        get = self.block_pool.cached_block_hash_to_block.get
+        for block_hash in block_hashes[: max_length // self.block_size]:
+            block = get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def probe_prefix(self, block_hashes: list[int], num_tokens: int) -> PrefixProbe:
+        hits = self.find_longest_cache_hit(block_hashes, num_tokens)
+        in_use = sum(1 for block in hits if block.ref_cnt > 0)
+        return PrefixProbe(
+            total_tokens=num_tokens,
+            block_size=self.block_size,
+            total_blocks=num_tokens // self.block_size,
+            hit_blocks=len(hits),
+            hit_blocks_in_use=in_use,
+            hit_blocks_evictable=len(hits) - in_use,
+        )
+
+    def get_computed_blocks(self, request: SimRequest) -> tuple[list[KVCacheBlock], int]:
+        """Cached blocks a waiting request (num_computed_tokens == 0) can reuse.
+
+        At most num_tokens - 1 tokens hit: the last token is always computed, to get logits.
+        """
+        blocks = self.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        return blocks, len(blocks) * self.block_size
+
+    def num_blocks_to_allocate(self, request: SimRequest, num_tokens: int, new_computed_blocks: list[KVCacheBlock]) -> int:
+        held = len(self.req_to_blocks.get(request.request_id, ()))
+        return max(0, cdiv(num_tokens, self.block_size) - held - len(new_computed_blocks))
+
+    # -- allocation -------------------------------------------------------------------
+
+    def allocate_slots(
+        self,
+        request: SimRequest,
+        num_new_tokens: int,
+        new_computed_blocks: list[KVCacheBlock] = (),
+        num_new_computed_tokens: int = 0,
+    ) -> list[KVCacheBlock] | None:
+        """Blocks for `num_new_tokens` more tokens after the computed ones, or None if they don't fit."""
+        pool = self.block_pool
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        total = num_computed + num_new_tokens
+        num_new_blocks = self.num_blocks_to_allocate(request, total, new_computed_blocks)
+        num_evictable_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
+        if num_new_blocks > pool.get_num_free_blocks() - num_evictable_hits:
+            return None
+        req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        if new_computed_blocks:
+            pool.touch(new_computed_blocks)
+            req_blocks.extend(new_computed_blocks)
+        new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
+        req_blocks.extend(new_blocks)
+        self._cache_blocks(request, total)
+        return new_blocks
+
+    def _cache_blocks(self, request: SimRequest, num_computed_tokens: int) -> None:
+        """Register the request's blocks that are full and computed (their hash is known)."""
+        rid = request.request_id
+        start = self.num_cached_blocks.get(rid, 0)
+        end = min(num_computed_tokens // self.block_size, len(request.block_hashes))
+        if end <= start:
+            return
+        blocks = self.req_to_blocks[rid]
+        hashes = request.block_hashes
+        cache = self.block_pool.cache_full_block
+        for index in range(start, end):
+            cache(blocks[index], hashes[index])
+        self.num_cached_blocks[rid] = end
+
+    def free(self, request: SimRequest) -> None:
+        """Release a request's blocks, last block first (so it is evicted first)."""
+        blocks = self.req_to_blocks.pop(request.request_id, None)
+        self.num_cached_blocks.pop(request.request_id, None)
+        if blocks:
+            self.block_pool.free_blocks(reversed(blocks))
+
+    def num_held_blocks(self, request: SimRequest) -> int:
+        return len(self.req_to_blocks.get(request.request_id, ()))

@@ -1,0 +1,192 @@
+"""Pure request parsing and response shaping for the simulated replica's OpenAI routes.
+
+No I/O here: `parse_generation` turns a parsed JSON body into `GenerationParams` or
+raises `ApiError` (rendered as vLLM's error body); the `*_response` / `*_chunk` functions
+build the exact JSON objects vLLM returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.tokenizer import TemplateError, render_chat, render_completion_prompt
+
+DEFAULT_MAX_TOKENS = 16
+
+
+class ApiError(Exception):
+    """An error answered as vLLM does: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, message: str, status: int = 400, error_type: str = "BadRequestError", param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.error_type = error_type
+        self.param = param
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.status}}
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    kind: str  # "chat" | "completion"
+    model: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    cache_salt: str | None
+
+
+def _optional(body: dict, key: str, types: tuple, what: str):
+    value = body.get(key)
+    if value is not None and (not isinstance(value, types) or isinstance(value, bool) and bool not in types):
+        raise ApiError(f"'{key}' must be {what}", param=key)
+    return value
+
+
+def render_prompt(kind: str, body) -> tuple[list[int], str | None]:
+    """Prompt token ids and cache_salt of a chat or completion body, as generation renders them."""
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object")
+    cache_salt = _optional(body, "cache_salt", (str,), "a string")
+    try:
+        if kind == "chat":
+            if "messages" not in body:
+                raise ApiError("'messages' is required", param="messages")
+            ids = render_chat(body)
+        else:
+            if "prompt" not in body:
+                raise ApiError("'prompt' is required", param="prompt")
+            ids = render_completion_prompt(body["prompt"])
+    except TemplateError as error:
+        raise ApiError(str(error)) from None
+    return ids, cache_salt
+
+
+def parse_generation(kind: str, body, served_model: str, max_model_len: int) -> GenerationParams:
+    prompt_ids, cache_salt = render_prompt(kind, body)
+    model = _optional(body, "model", (str,), "a string") or served_model
+    stream = _optional(body, "stream", (bool,), "a boolean") or False
+    stream_options = _optional(body, "stream_options", (dict,), "an object") or {}
+    include_usage = bool(stream_options.get("include_usage", False))
+    n = _optional(body, "n", (int,), "an integer")
+    if n is not None and n != 1:
+        raise ApiError("the simulated replica supports n=1 only", param="n")
+    _optional(body, "ignore_eos", (bool,), "a boolean")  # accepted: output length is always max_tokens
+    _optional(body, "session_id", (str,), "a string")  # vLLM's field: accepted and ignored
+    max_tokens = None
+    for key in ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",):
+        value = _optional(body, key, (int,), "an integer")
+        if value is not None:
+            if value < 1:
+                raise ApiError(f"'{key}' must be at least 1, got {value}", param=key)
+            max_tokens = value
+            break
+    prompt_len = len(prompt_ids)
+    if prompt_len >= max_model_len:
+        raise ApiError(
+            f"The decoder prompt (length {prompt_len}) is longer than the maximum model length of {max_model_len}. "
+            "Make sure that `max_model_len` is no smaller than the number of text tokens."
+        )
+    if max_tokens is None:
+        max_tokens = min(DEFAULT_MAX_TOKENS, max_model_len - prompt_len)
+    elif prompt_len + max_tokens > max_model_len:
+        where = "messages" if kind == "chat" else "prompt"
+        raise ApiError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the {where}, {max_tokens} in the completion). "
+            f"Please reduce the length of the {where} or completion."
+        )
+    return GenerationParams(kind, model, prompt_ids, max_tokens, stream, include_usage, cache_salt)
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    body = {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
+
+
+def chat_response(request_id: str, created: int, model: str, text: str, finish_reason: str, usage_body: dict) -> dict:
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "tool_calls": []},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": None,
+            }
+        ],
+        "usage": usage_body,
+    }
+
+
+def completion_response(request_id: str, created: int, model: str, text: str, finish_reason: str, usage_body: dict) -> dict:
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}],
+        "usage": usage_body,
+    }
+
+
+def chat_chunk(request_id: str, created: int, model: str, delta: dict, finish_reason: str | None) -> dict:
+    return {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+def completion_chunk(request_id: str, created: int, model: str, text: str, finish_reason: str | None) -> dict:
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}],
+    }
+
+
+def usage_chunk(request_id: str, created: int, model: str, kind: str, usage_body: dict) -> dict:
+    return {
+        "id": request_id,
+        "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage_body,
+    }
+
+
+def models_response(model: str, created: int, max_model_len: int) -> dict:
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": model,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": model,
+                "parent": None,
+                "max_model_len": max_model_len,
+                "permission": [],
+            }
+        ],
+    }

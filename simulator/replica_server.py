@@ -1,0 +1,340 @@
+"""The simulated vLLM replica: the real-time engine model behind vLLM's HTTP surface.
+
+Routes (docs/ARCHITECTURE.md seam 3): POST /v1/chat/completions, POST /v1/completions
+(streaming and not), GET /v1/models, GET /health, GET /metrics, and the probe API of
+SPEC.md section 6 (GET /v1/kvgate/kv, POST /v1/kvgate/prefix), answered from the engine
+model without side effects.
+
+A client that disconnects aborts its request in the engine: streaming handlers see the
+failed write, non-streaming handlers are cancelled (the runner is built with
+`handler_cancellation=True`); either way the `finally` aborts the request, freeing its blocks.
+
+Entry points: `build_replica_app(...)` (one app, for tests and benchmarks),
+`SimulatedReplica.start(...)` (one bound server) and `start_simulated_replicas(count)`
+(seam 2, used by `kvgate serve`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+from simulator.async_engine import AsyncEngine, RequestHandle
+from simulator.config import CostModel, EngineConfig
+from simulator.openai_api import (
+    ApiError,
+    GenerationParams,
+    chat_chunk,
+    chat_response,
+    completion_chunk,
+    completion_response,
+    models_response,
+    parse_generation,
+    render_prompt,
+    usage,
+    usage_chunk,
+)
+from simulator.replica_metrics import CONTENT_TYPE, render_metrics
+from simulator.tokenizer import VOCAB_SIZE, decode_token
+
+DEFAULT_MODEL_NAME = "kvgate-sim"
+MAX_BODY_BYTES = 64 * 1024 * 1024
+ENGINE_CONFIG_KEYS = ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    model_name: str
+    created: int
+
+
+ENGINE_KEY = web.AppKey("kvgate_sim_engine", AsyncEngine)
+INFO_KEY = web.AppKey("kvgate_sim_info", ReplicaInfo)
+
+
+def _json(body, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def _error(error: ApiError) -> web.Response:
+    return _json(error.body(), status=error.status)
+
+
+async def _read_json(request: web.Request):
+    raw = await request.read()
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(f"the request body is not valid JSON: {exc}") from None
+
+
+# -- generation -------------------------------------------------------------------------
+
+
+def _text(token_ids: list[int]) -> str:
+    return "".join(decode_token(token) for token in token_ids)
+
+
+async def _until_finished(handle: RequestHandle) -> None:
+    while not handle.finished:
+        await handle.changed.wait()
+        handle.changed.clear()
+
+
+async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY]
+    info = request.app[INFO_KEY]
+    try:
+        body = await _read_json(request)
+        params = parse_generation(kind, body, info.model_name, engine.config.effective_max_model_len)
+        handle = engine.add_request(params.prompt_token_ids, params.max_tokens, params.cache_salt)
+    except ApiError as error:
+        return _error(error)
+    except ValueError as error:
+        return _error(ApiError(str(error)))
+    request_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+    created = int(time.time())
+    try:
+        if params.stream:
+            return await _stream(request, params, handle, request_id, created)
+        await _until_finished(handle)
+        if handle.finish_reason == "abort":
+            return _error(ApiError("the request was aborted: the replica is shutting down", 503, "ServiceUnavailableError"))
+        sim_request = handle.request
+        usage_body = usage(sim_request.num_prompt_tokens, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens)
+        build = chat_response if kind == "chat" else completion_response
+        return _json(build(request_id, created, params.model, _text(sim_request.output_token_ids), handle.finish_reason, usage_body))
+    finally:
+        if not handle.finished:
+            engine.abort(handle.request.request_id)
+
+
+async def _stream(
+    request: web.Request, params: GenerationParams, handle: RequestHandle, request_id: str, created: int
+) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    model, kind = params.model, params.kind
+
+    async def send(obj) -> None:
+        await response.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+
+    if kind == "chat":
+        await send(chat_chunk(request_id, created, model, {"role": "assistant", "content": ""}, None))
+    sim_request = handle.request
+    sent = 0
+    while True:
+        await handle.changed.wait()
+        handle.changed.clear()
+        tokens = sim_request.output_token_ids
+        finish_reason = handle.finish_reason if handle.finish_reason == "length" else None
+        if len(tokens) > sent or finish_reason:
+            text = _text(tokens[sent:])
+            sent = len(tokens)
+            if kind == "chat":
+                await send(chat_chunk(request_id, created, model, {"content": text} if text else {}, finish_reason))
+            else:
+                await send(completion_chunk(request_id, created, model, text, finish_reason))
+        if handle.finished:
+            break
+    if handle.finish_reason == "abort":
+        error = ApiError("the request was aborted: the replica is shutting down", 503, "ServiceUnavailableError")
+        await send(error.body())
+    elif params.include_usage:
+        usage_body = usage(sim_request.num_prompt_tokens, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens)
+        await send(usage_chunk(request_id, created, model, kind, usage_body))
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "completion")
+
+
+# -- plain routes ----------------------------------------------------------------------------
+
+
+async def models(request: web.Request) -> web.Response:
+    info = request.app[INFO_KEY]
+    return _json(models_response(info.model_name, info.created, request.app[ENGINE_KEY].config.effective_max_model_len))
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    manager = engine.scheduler.kv_cache_manager
+    text = render_metrics(
+        request.app[INFO_KEY].model_name,
+        engine.config.block_size,
+        engine.config.num_blocks,
+        engine.kv_state(),
+        engine.scheduler.counters,
+        manager.prefix_cache_stats,
+        manager.block_pool.num_evictions,
+    )
+    return web.Response(text=text, headers={"Content-Type": CONTENT_TYPE})
+
+
+# -- probe API (SPEC.md section 6) -------------------------------------------------------------
+
+
+async def probe_kv(request: web.Request) -> web.Response:
+    state = request.app[ENGINE_KEY].kv_state()
+    return _json({"version": 1, **state, "engines": [{"engine": 0, **state}]})
+
+
+def parse_prefix_probe(body) -> tuple[list[int], str | None]:
+    """Token ids and cache_salt of a POST /v1/kvgate/prefix body (one of token_ids, chat, completion)."""
+    if not isinstance(body, dict):
+        raise ApiError("the probe body must be a JSON object with one of 'token_ids', 'chat' or 'completion'")
+    forms = [key for key in ("token_ids", "chat", "completion") if key in body]
+    if len(forms) != 1:
+        raise ApiError("the probe body needs exactly one of 'token_ids', 'chat' or 'completion'")
+    if forms[0] == "token_ids":
+        token_ids = body["token_ids"]
+        if not isinstance(token_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < VOCAB_SIZE for t in token_ids
+        ):
+            raise ApiError(f"'token_ids' must be a list of integers in [0, {VOCAB_SIZE})", param="token_ids")
+        salt = body.get("cache_salt")
+        if salt is not None and not isinstance(salt, str):
+            raise ApiError("'cache_salt' must be a string", param="cache_salt")
+        return token_ids, salt
+    return render_prompt(forms[0], body[forms[0]])
+
+
+async def probe_prefix(request: web.Request) -> web.Response:
+    try:
+        token_ids, cache_salt = parse_prefix_probe(await _read_json(request))
+    except ApiError as error:
+        return _error(error)
+    probe = request.app[ENGINE_KEY].probe_prefix(token_ids, cache_salt)
+    return _json({
+        "version": 1,
+        "total_tokens": probe.total_tokens,
+        "total_blocks": probe.total_blocks,
+        "hit_blocks": probe.hit_blocks,
+        "hit_tokens": probe.hit_tokens,
+        "hit_ratio": round(probe.hit_ratio, 6),
+        "hit_blocks_in_use": probe.hit_blocks_in_use,
+        "hit_blocks_evictable": probe.hit_blocks_evictable,
+    })
+
+
+# -- app and servers -------------------------------------------------------------------------------
+
+
+def build_replica_app(
+    config: EngineConfig | None = None,
+    *,
+    time_scale: float = 1.0,
+    cost_model: CostModel | None = None,
+    model_name: str = DEFAULT_MODEL_NAME,
+) -> web.Application:
+    """One simulated replica as an aiohttp app; its engine starts and stops with the app.
+
+    The engine is `app[ENGINE_KEY]` (tests read its scheduler and counters directly).
+    Raises simulator.config.ConfigError for an invalid configuration.
+    """
+    engine = AsyncEngine(config or EngineConfig(), cost_model or CostModel(), time_scale)
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[ENGINE_KEY] = engine
+    app[INFO_KEY] = ReplicaInfo(model_name, int(time.time()))
+
+    async def start_engine(_app: web.Application) -> None:
+        engine.start()
+
+    async def stop_engine(_app: web.Application) -> None:
+        await engine.stop()
+
+    app.on_startup.append(start_engine)
+    app.on_cleanup.append(stop_engine)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/kvgate/kv", probe_kv)
+    app.router.add_post("/v1/kvgate/prefix", probe_prefix)
+    return app
+
+
+def split_options(options: dict) -> tuple[EngineConfig, dict]:
+    """Split keyword options into an EngineConfig and the app's other knobs
+    (time_scale, cost_model, model_name); unknown keys raise TypeError naming them."""
+    engine_keys = {key: options[key] for key in ENGINE_CONFIG_KEYS if key in options and options[key] is not None}
+    app_keys = {key: options[key] for key in ("time_scale", "cost_model", "model_name") if key in options}
+    unknown = set(options) - set(ENGINE_CONFIG_KEYS) - set(app_keys)
+    if unknown:
+        raise TypeError(f"unknown simulated replica option(s): {', '.join(sorted(unknown))}")
+    return EngineConfig(**engine_keys).validate(), app_keys
+
+
+class SimulatedReplica:
+    """A running simulated replica bound to a port: `.name`, `.url`, `.engine`, `await .stop()`."""
+
+    def __init__(self, name: str, url: str, app: web.Application, runner: web.AppRunner) -> None:
+        self.name = name
+        self.url = url
+        self.app = app
+        self._runner = runner
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self.app[ENGINE_KEY]
+
+    @classmethod
+    async def start(cls, name: str = "sim0", host: str = "127.0.0.1", port: int = 0, **options) -> "SimulatedReplica":
+        config, app_options = split_options(options)
+        app = build_replica_app(config, **app_options)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        bound_host, bound_port = runner.addresses[0][:2]
+        url_host = f"[{bound_host}]" if ":" in bound_host else bound_host
+        return cls(name, f"http://{url_host}:{bound_port}", app, runner)
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    def __repr__(self) -> str:
+        return f"SimulatedReplica({self.name}, {self.url})"
+
+
+async def start_simulated_replicas(count: int, host: str = "127.0.0.1", **engine_options) -> list[SimulatedReplica]:
+    """Start `count` replicas named sim0, sim1, ... on free ports of `host` (seam 2).
+
+    engine_options: num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
+    max_model_len, time_scale, cost_model, model_name. If one fails to start, the ones
+    already started are stopped and the error propagates.
+    """
+    if count < 1:
+        raise ValueError(f"count must be >= 1 (got {count})")
+    replicas: list[SimulatedReplica] = []
+    try:
+        for index in range(count):
+            replicas.append(await SimulatedReplica.start(f"sim{index}", host, 0, **engine_options))
+    except BaseException:
+        await asyncio.gather(*(replica.stop() for replica in replicas), return_exceptions=True)
+        raise
+    return replicas

@@ -1,0 +1,257 @@
+"""vLLM v1's scheduler, reduced to what decides KV-cache behaviour.
+
+One step (`schedule`, then `update_from_output` once the step's tokens exist):
+1. running requests first, in order, each gets min(remaining known tokens, budget):
+   one token when decoding, the next chunk when prefilling (chunked prefill). If its
+   blocks do not fit, the newest running request is preempted (blocks freed, computed
+   state reset to 0, put back at the head of the waiting queue) until they do, or until
+   the request itself was the one preempted;
+2. if nothing was preempted, waiting requests in FCFS order while a sequence slot, token
+   budget and the admission policy allow; a request reuses its longest prefix-cache hit
+   and is allocated its first chunk; a failed allocation stops admission (head of line).
+A request whose prompt plus output can never fit the cache is rejected on arrival.
+
+The same code runs in virtual time (the admission experiment) and in real time (the
+async engine behind the simulated replica). It does no I/O and reads no clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from simulator.admission_policies import AdmissionPolicy, AdmissionView, naive
+from simulator.config import EngineConfig
+from simulator.kv_cache_manager import KVCacheManager, cdiv
+from simulator.request import RequestStatus, SimRequest
+
+
+@dataclass
+class SchedulerOutput:
+    step: int
+    scheduled: list[tuple[SimRequest, int]] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_seqs: int = 0
+    num_context_tokens: int = 0  # KV tokens read by attention this step
+    num_recomputed_tokens: int = 0
+    preempted: list[SimRequest] = field(default_factory=list)
+    admitted: list[SimRequest] = field(default_factory=list)
+    shadow_decisions: int = 0
+    shadow_disagreements: int = 0
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_seqs
+
+
+@dataclass
+class SchedulerCounters:
+    """Monotonic totals; vLLM has the first three, the rest are the simulator's own."""
+
+    num_prompt_tokens: int = 0  # prompt tokens of admitted requests (first admission)
+    num_generation_tokens: int = 0
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0  # tokens computed again after a preemption
+    num_computed_prefill_tokens: int = 0  # prompt (and resumed) tokens actually computed
+    num_finished: int = 0
+    num_aborted: int = 0
+    num_rejected: int = 0
+    num_steps: int = 0
+    shadow_decisions: int = 0
+    shadow_disagreements: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: EngineConfig,
+        policy: AdmissionPolicy = naive,
+        shadow_policy: AdmissionPolicy | None = None,
+    ) -> None:
+        self.config = config.validate()
+        self.block_size = config.block_size
+        self.kv_cache_manager = KVCacheManager(config.num_blocks, config.block_size)
+        self.policy = policy
+        self.shadow_policy = shadow_policy
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.requests: dict[str, SimRequest] = {}
+        self.counters = SchedulerCounters()
+        self.step_index = 0
+
+    # -- queue management -----------------------------------------------------------------
+
+    def can_ever_fit(self, num_prompt_tokens: int, max_tokens: int) -> bool:
+        """The last output token is never computed, so prompt + max_tokens - 1 tokens need KV."""
+        return cdiv(num_prompt_tokens + max_tokens - 1, self.block_size) <= self.config.num_blocks
+
+    def add_request(self, request: SimRequest) -> bool:
+        """Queue a request; False (and status REJECTED) if it can never fit the cache."""
+        if not self.can_ever_fit(request.num_prompt_tokens, request.max_tokens):
+            request.status = RequestStatus.REJECTED
+            self.counters.num_rejected += 1
+            return False
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+        return True
+
+    def abort_request(self, request_id: str) -> bool:
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return False
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+            self.kv_cache_manager.free(request)
+        else:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED_ABORTED
+        self.counters.num_aborted += 1
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def obligation_blocks(self) -> int:
+        """Blocks running requests still need to compute the tokens they already have."""
+        manager = self.kv_cache_manager
+        size = self.block_size
+        total = 0
+        for request in self.running:
+            total += max(0, cdiv(request.num_tokens, size) - manager.num_held_blocks(request))
+        return total
+
+    def obligation_tokens(self) -> int:
+        """Known tokens (mostly prompt) of running requests not yet computed."""
+        return sum(request.num_tokens - request.num_computed_tokens for request in self.running)
+
+    # -- one step -----------------------------------------------------------------------
+
+    def _preempt(self, request: SimRequest, output: SchedulerOutput) -> None:
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+        output.preempted.append(request)
+        self.counters.num_preemptions += 1
+
+    def _admission_view(self, request: SimRequest, hit_blocks: list) -> AdmissionView:
+        evictable_hits = sum(1 for block in hit_blocks if block.ref_cnt == 0)
+        return AdmissionView(
+            num_total_blocks=self.config.num_blocks,
+            num_free_blocks=self.num_free_blocks - evictable_hits,
+            uncached_blocks=max(0, cdiv(request.num_tokens, self.block_size) - len(hit_blocks)),
+            obligation_blocks=self.obligation_blocks(),
+        )
+
+    def schedule(self) -> SchedulerOutput:
+        config = self.config
+        manager = self.kv_cache_manager
+        output = SchedulerOutput(step=self.step_index)
+        token_budget = config.max_num_batched_tokens
+        scheduled = output.scheduled
+
+        index = 0
+        while index < len(self.running) and token_budget > 0:
+            request = self.running[index]
+            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
+            while manager.allocate_slots(request, num_new_tokens) is None:
+                victim = self.running.pop()
+                self._preempt(victim, output)
+                if victim is request:
+                    break
+            else:
+                scheduled.append((request, num_new_tokens))
+                token_budget -= num_new_tokens
+                index += 1
+                continue
+            break  # the request itself was preempted: nothing behind it runs either
+
+        if not output.preempted:
+            while self.waiting and token_budget > 0 and len(self.running) < config.max_num_seqs:
+                request = self.waiting[0]
+                hit_blocks, num_hit_tokens = manager.get_computed_blocks(request)
+                num_new_tokens = min(request.num_tokens - num_hit_tokens, token_budget)
+                view = None
+                if self.shadow_policy is not None:
+                    view = self._admission_view(request, hit_blocks)
+                    output.shadow_decisions += 1
+                    if self.shadow_policy(view) != self.policy(view):
+                        output.shadow_disagreements += 1
+                # With nothing running, waiting cannot free anything: admit regardless of policy.
+                if self.running:
+                    view = view or self._admission_view(request, hit_blocks)
+                    if not self.policy(view):
+                        break
+                if manager.allocate_slots(request, num_new_tokens, hit_blocks, num_hit_tokens) is None:
+                    break
+                self.waiting.popleft()
+                if not request.prefix_stats_recorded or request.num_preemptions:
+                    manager.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
+                if not request.prefix_stats_recorded:
+                    request.prefix_stats_recorded = True
+                    request.num_cached_prompt_tokens = num_hit_tokens
+                    request.admitted_step = self.step_index
+                    self.counters.num_prompt_tokens += request.num_prompt_tokens
+                request.num_computed_tokens = num_hit_tokens
+                request.status = RequestStatus.RUNNING
+                self.running.append(request)
+                output.admitted.append(request)
+                scheduled.append((request, num_new_tokens))
+                token_budget -= num_new_tokens
+
+        self._account(output)
+        return output
+
+    def _account(self, output: SchedulerOutput) -> None:
+        """Advance computed-token state of every scheduled request and tally the step."""
+        for request, num_new in output.scheduled:
+            start = request.num_computed_tokens
+            end = start + num_new
+            if request.output_token_ids and start == request.num_tokens - 1 and num_new == 1:
+                output.num_decode_seqs += 1
+            else:
+                output.num_prefill_tokens += num_new
+            if start < request.max_computed_tokens:
+                output.num_recomputed_tokens += min(end, request.max_computed_tokens) - start
+            output.num_context_tokens += end
+            request.num_computed_tokens = end
+            if end > request.max_computed_tokens:
+                request.max_computed_tokens = end
+        counters = self.counters
+        counters.num_recomputed_tokens += output.num_recomputed_tokens
+        counters.num_computed_prefill_tokens += output.num_prefill_tokens
+        counters.shadow_decisions += output.shadow_decisions
+        counters.shadow_disagreements += output.shadow_disagreements
+
+    def update_from_output(self, output: SchedulerOutput, next_token: Callable[[SimRequest], int]) -> list[SimRequest]:
+        """Sample one token for every scheduled request whose known tokens are all computed;
+        finish those that reached max_tokens. Requests aborted meanwhile are skipped."""
+        finished = []
+        for request, _ in output.scheduled:
+            if request.status != RequestStatus.RUNNING or request.num_computed_tokens < request.num_tokens:
+                continue
+            request.append_output_token(next_token(request))
+            self.counters.num_generation_tokens += 1
+            if request.first_token_step is None:
+                request.first_token_step = self.step_index
+            if request.num_output_tokens >= request.max_tokens:
+                finished.append(request)
+        if finished:
+            done = set(id(request) for request in finished)
+            self.running = [request for request in self.running if id(request) not in done]
+            for request in finished:
+                self.kv_cache_manager.free(request)
+                request.status = RequestStatus.FINISHED_LENGTH
+                request.finish_step = self.step_index
+                self.requests.pop(request.request_id, None)
+                self.counters.num_finished += 1
+        self.step_index += 1
+        self.counters.num_steps += 1
+        return finished
