@@ -1,0 +1,222 @@
+"""`kvgate bench agentic`: options, and the invocation that runs the modes and writes the report.
+
+A regime preset (`--regime`) sets the workload, the replica shape and the gate knobs;
+every other option overrides one of them. Output in `--out`: `results.json` (the
+configuration, the ceiling, one summary per mode, comparisons against `sticky`, the
+issue's targets met or not, the sweep), `attempts_<mode>.jsonl` (every HTTP attempt),
+`hit_rate_over_time.png`, `turn_latency_by_turn.png`, and `logs/<mode>/` (server logs
+and the proxy's config). The table goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from bench.agentic.ceiling import WORDS, simulator_token_model, workload_ceiling
+from bench.agentic.plots import write_plots
+from bench.agentic.regimes import REGIMES, get_regime
+from bench.agentic.report import compare_to, evaluate_targets, format_table, format_targets
+from bench.agentic.runner import MODES, RunPlan, run_mode, run_plan
+from bench.agentic.sweep import DEFAULT_GRID, KNOBS, best_point, format_sweep, grid_points, parse_values
+from bench.agentic.workload import generate_workload
+
+# option name -> (type, help); each sets the WorkloadSpec / ReplicaShape / gate field of that name
+_WORKLOAD_OPTIONS = {
+    "sessions": (int, "sessions in the whole run"),
+    "concurrency": (int, "sessions active at once (a rolling rollout step)"),
+    "turns_min": (int, "fewest turns of a session"),
+    "turns_max": (int, "most turns of a session"),
+    "system_prompt_words": (int, "system prompt length"),
+    "task_words": (int, "first user message length"),
+    "tool_result_words_min": (int, "shortest tool result appended per turn"),
+    "tool_result_words_max": (int, "longest tool result appended per turn"),
+    "reply_tokens": (int, "max_tokens of every turn (the reply length)"),
+    "tool_latency_median_s": (float, "median tool latency between turns (lognormal body)"),
+    "tool_latency_sigma": (float, "lognormal sigma of the tool latency"),
+    "tool_tail_prob": (float, "share of tool calls in the heavy tail"),
+    "tool_tail_s": (float, "a heavy-tail tool call lasts this x uniform(1, 2) seconds"),
+    "retry_prob": (float, "share of turns re-sent 5-50 ms after their first attempt if unanswered"),
+}
+_SHAPE_OPTIONS = {
+    "num_blocks": (int, "KV blocks per replica"),
+    "block_size": (int, "tokens per block"),
+    "max_num_seqs": (int, "sequence slots per replica"),
+    "max_num_batched_tokens": (int, "token budget per engine step"),
+    "max_model_len": (int, "longest prompt + reply"),
+    "time_scale": (float, "multiplies the cost model's step times (0 = as fast as possible)"),
+}
+_GATE_OPTIONS = {
+    "high_watermark": (float, "KV usage at or above which the gate checks prefixes"),
+    "hit_threshold": (float, "prefix hit ratio that admits a session under pressure"),
+    "idle_grace_sec": (float, "how long a session keeps its reservation between turns"),
+    "wait_poll_sec": (float, "re-evaluation interval of a waiting turn"),
+    "headroom_blocks": (int, "contract policy: blocks kept free"),
+    "max_wait_sec": (float, "0: wait as long as needed; >0: then 503"),
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--regime", default="thrash", choices=sorted(REGIMES),
+                        help="preset of workload, replica shape and gate knobs (default: thrash); "
+                             + "; ".join(f"{r.name}: {r.description}" for r in REGIMES.values()).replace("%", "%%"))
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated modes to run, in order (default: all: {','.join(MODES)})")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--out", default="results/agentic", help="output folder (default results/agentic)")
+    parser.add_argument("--replicas", type=int, default=None, help="simulated replicas to start (regime default)")
+    parser.add_argument("--replica-url", action="append", default=[], metavar="URL",
+                        help="run against this vLLM server instead of simulated replicas (repeatable). "
+                             "Servers are not restarted between modes: the runner POSTs /reset_prefix_cache "
+                             "(vLLM needs VLLM_SERVER_DEV_MODE=1), else run one mode per invocation")
+    parser.add_argument("--model", default=None, help="model name to send (default: the first of /v1/models)")
+    parser.add_argument("--request-timeout", type=float, default=300.0,
+                        help="seconds before an attempt counts as stranded (default 300)")
+    parser.add_argument("--sample-interval", type=float, default=1.0,
+                        help="seconds between counter samples for the hit-rate plot (default 1)")
+    parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    work = parser.add_argument_group("workload (overrides the regime; lengths in words ~ tokens)")
+    for name, (kind, text) in _WORKLOAD_OPTIONS.items():
+        work.add_argument("--" + name.replace("_", "-"), type=kind, default=None, dest="w_" + name, help=text,
+                          metavar="N" if kind is int else "X")
+    work.add_argument("--shared-system-prompt", choices=("yes", "no"), default=None,
+                      help="one system prompt for all sessions (yes) or one each (no)")
+    shape = parser.add_argument_group("simulated replicas (overrides the regime; `kvgate replica` options)")
+    for name, (kind, text) in _SHAPE_OPTIONS.items():
+        shape.add_argument("--" + name.replace("_", "-"), type=kind, default=None, dest="r_" + name, help=text,
+                          metavar="N" if kind is int else "X")
+    gate = parser.add_argument_group("gate knobs for the kvgate modes (overrides the regime; SPEC.md section 3)")
+    for name, (kind, text) in _GATE_OPTIONS.items():
+        gate.add_argument("--" + name.replace("_", "-"), type=kind, default=None, dest="g_" + name, help=text,
+                          metavar="N" if kind is int else "X")
+    sweep = parser.add_argument_group("sweep")
+    sweep.add_argument("--sweep", action="store_true",
+                       help="run sticky once, then every kvgate mode of --modes over a grid of "
+                            "high_watermark x hit_threshold x idle_grace_sec, and print the best settings")
+    for name in KNOBS:
+        sweep.add_argument("--sweep-" + name.replace("_", "-"), default=None, dest="s_" + name,
+                           help=f"comma-separated values (default {','.join(map(str, DEFAULT_GRID[name]))})")
+    return parser
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the `agentic` subcommand under `kvgate bench`."""
+    parser = subparsers.add_parser(
+        "agentic", help="the multi-turn agentic benchmark: direct vs sticky vs kvgate (SPEC.md section 8)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    configure(parser)
+    parser.set_defaults(func=main)
+    return parser
+
+
+def _overrides(args, prefix: str, names) -> dict:
+    return {n: getattr(args, prefix + n) for n in names if getattr(args, prefix + n) is not None}
+
+
+def build_plan(args) -> tuple[RunPlan, str]:
+    """The run plan of parsed `args` (regime preset + overrides); raises ValueError on bad options."""
+    regime = get_regime(args.regime)
+    spec = regime.workload.replace(**_overrides(args, "w_", _WORKLOAD_OPTIONS))
+    if args.shared_system_prompt is not None:
+        spec = spec.replace(shared_system_prompt=args.shared_system_prompt == "yes")
+    shape = replace(regime.shape, **_overrides(args, "r_", _SHAPE_OPTIONS))
+    knobs = {**regime.gate, **_overrides(args, "g_", _GATE_OPTIONS)}
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ValueError(f"--modes: unknown {unknown or 'empty'}; choose from {', '.join(MODES)}")
+    replicas = args.replicas if args.replicas is not None else regime.replicas
+    if replicas < 1:
+        raise ValueError("--replicas must be >= 1")
+    plan = RunPlan(
+        workload=generate_workload(spec, args.seed), modes=modes, out_dir=Path(args.out), shape=shape,
+        num_replicas=replicas, replica_urls=tuple(u.rstrip("/") for u in args.replica_url), gate_knobs=knobs,
+        model=args.model, request_timeout_s=args.request_timeout, sample_interval_s=args.sample_interval)
+    return plan, regime.name
+
+
+def main(args) -> int:
+    try:
+        plan, regime = build_plan(args)
+    except ValueError as exc:
+        print(f"kvgate bench agentic: {exc}", file=sys.stderr)
+        return 2
+    if plan.replica_urls and args.sweep:
+        print("kvgate bench agentic: --sweep needs fresh replicas per point; it runs on simulated "
+              "replicas only (drop --replica-url)", file=sys.stderr)
+        return 2
+    if not plan.replica_urls:
+        from bench.agentic.processes import replica_subcommand_exists
+
+        if not replica_subcommand_exists():
+            print("kvgate bench agentic: this installation has no `kvgate replica` (the simulator); "
+                  "pass --replica-url URL to run against vLLM servers", file=sys.stderr)
+            return 2
+    return asyncio.run(_run(args, plan, regime))
+
+
+async def _run(args, plan: RunPlan, regime: str) -> int:
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    token_model = WORDS if plan.replica_urls else (simulator_token_model() or WORDS)
+    ceiling = workload_ceiling(plan.workload, plan.block_size, token_model)
+    spec = plan.workload.spec
+    print(f"[agentic] regime {regime}, seed {plan.workload.seed}: {spec.sessions} sessions "
+          f"({spec.concurrency} at once), {plan.workload.num_turns} turns; ceiling hit rate "
+          f"{ceiling.hit_rate:.3f} ({token_model.name} tokens)")
+    started = time.time()
+    runs = await run_plan(plan, ceiling.hit_rate)
+    results = {mode: run.summary for mode, run in runs.items()}
+    comparisons = compare_to(results)
+    targets = evaluate_targets(regime, results)
+    document = {
+        "regime": regime, "seed": plan.workload.seed, "command": " ".join(sys.argv),
+        "started_unix": started, "workload": asdict(spec),
+        "replicas": list(plan.replica_urls) or {"count": plan.num_replicas, "shape": plan.shape.to_json()},
+        "gate_knobs": plan.gate_knobs,
+        "ceiling": {"hit_rate": ceiling.hit_rate, "prompt_tokens": ceiling.prompt_tokens,
+                    "hit_tokens": ceiling.hit_tokens, "token_model": token_model.name},
+        "modes": results, "vs_sticky": comparisons, "targets": targets,
+        "timelines": {mode: run.timeline for mode, run in runs.items()},
+    }
+    for mode, run in runs.items():
+        with open(plan.out_dir / f"attempts_{mode}.jsonl", "w") as f:
+            for a in run.attempts:
+                f.write(json.dumps(a.to_json()) + "\n")
+    print()
+    print(format_table(results, comparisons))
+    if targets:
+        print(f"\ntargets ({regime}):")
+        print(format_targets(targets))
+    if args.sweep:
+        document["sweep"] = await _sweep(args, plan, ceiling.hit_rate, results.get("sticky"))
+    (plan.out_dir / "results.json").write_text(json.dumps(document, indent=2))
+    if not args.no_plots:
+        write_plots(results, document["timelines"], plan.out_dir)
+    print(f"\n[agentic] wrote {plan.out_dir / 'results.json'}")
+    return 0
+
+
+async def _sweep(args, plan: RunPlan, ceiling_rate: float, sticky: dict | None) -> dict:
+    grid = {k: (parse_values(getattr(args, "s_" + k), k) if getattr(args, "s_" + k) else DEFAULT_GRID[k])
+            for k in KNOBS}
+    if sticky is None:
+        print("[agentic] sweep: running sticky once as the baseline")
+        sticky = (await run_mode(plan, "sticky", ceiling_rate, first=True)).summary
+    baseline = sticky["makespan_s"]
+    out = {"grid": grid, "baseline_sticky_makespan_s": baseline, "modes": {}}
+    for mode in (m for m in plan.modes if m.startswith("kvgate")):
+        rows = []
+        for knobs in grid_points(grid):
+            point_plan = replace(plan, gate_knobs={**plan.gate_knobs, **knobs})
+            s = (await run_mode(point_plan, mode, ceiling_rate, first=True)).summary
+            rows.append({"knobs": knobs, "makespan_s": s["makespan_s"], "hit_rate": s["hit_rate"],
+                         "failed": s["turns_failed"] + s["turns_not_run"]})
+            print(f"[agentic] sweep {mode} {knobs}: hit {s['hit_rate']:.3f}, makespan {s['makespan_s']:.1f}s")
+        print(format_sweep(mode, rows, baseline))
+        out["modes"][mode] = {"rows": rows, "best": best_point(rows)}
+    return out

@@ -1,0 +1,248 @@
+"""The client side of a run: agent sessions sending their turns over HTTP.
+
+A pool of `spec.concurrency` workers takes sessions in index order (a rolling rollout:
+when a session ends, the next one starts). Each turn is one streaming
+`/v1/chat/completions` request carrying the session id header; the last turn also
+carries the finish header, as a rollout client that knows its episode ended would.
+
+Retries: a turn planned with `retry_after_s` is re-sent if its first attempt has not
+answered after that delay. The session continues with whichever attempt completes
+first; the other one runs to its end in the background (through kvgate a superseded
+attempt still waiting at the gate gets 409 `admission_preempted`). Every attempt is
+recorded, and the run waits for all of them, so an attempt that never ends shows up
+as a `timeout` (a stranded waiter) instead of hanging the benchmark.
+
+Invariant: the reply text appended to the history is the text the server returned,
+so turn k+1's prompt starts with what the replica computed for turn k.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import aiohttp
+import orjson
+
+from bench.agentic.workload import SessionPlan, TurnPlan, Workload, build_messages
+
+SESSION_HEADER = "x-session-id"
+FINISH_HEADER = "x-session-finish"
+
+
+@dataclass
+class AttemptRecord:
+    """One HTTP attempt of one turn. Times are seconds since the run started."""
+
+    session_index: int
+    turn: int
+    attempt: int  # 1 = first send, 2 = retry
+    start_s: float
+    end_s: float
+    ttft_s: float | None  # first content token, relative to this attempt's start
+    status: int | str  # HTTP status, or "timeout" / "error" / "stream_error"
+    error_code: str | None
+    replica: str | None  # x-kvgate-replica, or the URL picked in direct mode
+    admission: str | None  # x-kvgate-admission
+    wait_ms: float | None  # x-kvgate-wait-ms
+    prompt_tokens: int | None  # usage.prompt_tokens
+    cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens, when given
+    used: bool = False  # this attempt's reply continued the session
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TurnRecord:
+    """One turn as the agent saw it: from its first send to the reply it used."""
+
+    session_index: int
+    turn: int
+    start_s: float
+    end_s: float
+    ttft_s: float | None  # from the turn's start to the used attempt's first token
+    ok: bool
+    attempts: int
+
+    @property
+    def latency_s(self) -> float:
+        return self.end_s - self.start_s
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "latency_s": self.latency_s}
+
+
+@dataclass
+class _Outcome:
+    record: AttemptRecord
+    text: str
+
+
+class WorkloadDriver:
+    """Runs a workload against base URLs; `target(session)` picks a session's base URL."""
+
+    def __init__(self, workload: Workload, target: Callable[[SessionPlan], str], model: str,
+                 http: aiohttp.ClientSession, request_timeout_s: float = 300.0) -> None:
+        self.workload = workload
+        self.target = target
+        self.model = model
+        self.http = http
+        self.request_timeout_s = request_timeout_s
+        self.attempts: list[AttemptRecord] = []
+        self.turns: list[TurnRecord] = []
+        self._background: set[asyncio.Task] = set()
+        self._t0 = 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    async def run(self) -> float:
+        """Run every session; return the makespan (first send to last attempt's end)."""
+        self._t0 = time.perf_counter()
+        queue: asyncio.Queue[SessionPlan] = asyncio.Queue()
+        for session in self.workload.sessions:
+            queue.put_nowait(session)
+
+        async def worker() -> None:
+            while True:
+                try:
+                    session = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                await self._run_session(session)
+
+        workers = min(self.workload.spec.concurrency, len(self.workload.sessions))
+        await asyncio.gather(*(worker() for _ in range(workers)))
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        return self.now()
+
+    async def _run_session(self, session: SessionPlan) -> None:
+        replies: list[str] = []
+        base_url = self.target(session)
+        for turn in session.turns:
+            text = await self._run_turn(session, turn, replies, base_url)
+            if text is None:
+                return  # a failed turn ends its session: there is no reply to build on
+            replies.append(text)
+            if turn.tool_latency_s > 0:
+                await asyncio.sleep(turn.tool_latency_s)
+
+    async def _run_turn(self, session: SessionPlan, turn: TurnPlan, replies: list[str],
+                        base_url: str) -> str | None:
+        body = {
+            "model": self.model,
+            "messages": build_messages(session, replies, turn.index),
+            "max_tokens": self.workload.spec.reply_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        headers = {SESSION_HEADER: session.session_id}
+        if turn.index == len(session.turns):
+            headers[FINISH_HEADER] = "true"
+        payload = orjson.dumps(body)
+        start = self.now()
+
+        def launch(attempt: int) -> asyncio.Task:
+            task = asyncio.create_task(self._send(session, turn, attempt, base_url, payload, headers))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return task
+
+        pending = {launch(1)}
+        attempts = 1
+        retry_sent = turn.retry_after_s is None  # no retry planned: nothing left to send
+        used: _Outcome | None = None
+        while pending and used is None:
+            timeout = None if retry_sent else max(0.0, start + turn.retry_after_s - self.now())
+            done, pending = await asyncio.wait(pending, timeout=timeout,
+                                               return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                outcome = task.result()
+                if outcome.record.ok and used is None:
+                    used = outcome
+            if not done and not retry_sent:
+                pending.add(launch(2))
+                attempts = 2
+                retry_sent = True
+        if used is None:
+            self.turns.append(TurnRecord(session.index, turn.index, start, self.now(), None, False, attempts))
+            return None
+        used.record.used = True
+        record = used.record
+        ttft = None if record.ttft_s is None else record.start_s + record.ttft_s - start
+        self.turns.append(TurnRecord(session.index, turn.index, start, record.end_s, ttft, True, attempts))
+        return used.text
+
+    async def _send(self, session: SessionPlan, turn: TurnPlan, attempt: int, base_url: str,
+                    payload: bytes, headers: dict) -> _Outcome:
+        start = self.now()
+        record = AttemptRecord(session.index, turn.index, attempt, start, start, None, "error",
+                               None, None, None, None, None, None)
+        text_parts: list[str] = []
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                async with self.http.post(base_url + "/v1/chat/completions", data=payload,
+                                          headers={**headers, "content-type": "application/json"}) as resp:
+                    record.replica = resp.headers.get("x-kvgate-replica", base_url)
+                    record.admission = resp.headers.get("x-kvgate-admission")
+                    wait = resp.headers.get("x-kvgate-wait-ms")
+                    record.wait_ms = float(wait) if wait else None
+                    if resp.status != 200:
+                        record.status = resp.status
+                        record.error_code = _error_code(await resp.read())
+                    else:
+                        record.status = await self._read_stream(resp, record, start, text_parts)
+        except TimeoutError:
+            record.status = "timeout"
+        except aiohttp.ClientError as exc:
+            record.status = "error"
+            record.error_code = type(exc).__name__
+        record.end_s = self.now()
+        self.attempts.append(record)
+        return _Outcome(record, "".join(text_parts))
+
+    async def _read_stream(self, resp, record: AttemptRecord, start: float, parts: list[str]) -> int | str:
+        """Consume the SSE stream, filling TTFT, usage and the reply text; return the status."""
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            try:
+                event = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                continue
+            if "error" in event:
+                record.error_code = _error_code(data)
+                return "stream_error"
+            for choice in event.get("choices") or ():
+                content = (choice.get("delta") or {}).get("content")
+                if content:
+                    if record.ttft_s is None:
+                        record.ttft_s = self.now() - start
+                    parts.append(content)
+            usage = event.get("usage")
+            if usage:
+                record.prompt_tokens = usage.get("prompt_tokens")
+                details = usage.get("prompt_tokens_details") or {}
+                record.cached_tokens = details.get("cached_tokens")
+        return 200
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        error = orjson.loads(body).get("error") or {}
+        return error.get("code") or error.get("type")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None

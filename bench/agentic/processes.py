@@ -1,0 +1,145 @@
+"""Starting and stopping the servers of a run: simulated replicas and the kvgate proxy.
+
+Each is a subprocess of the current interpreter (`python -m proxy.cli ...`, the same
+code as the `kvgate` console script), bound to a free port on 127.0.0.1, with its
+output in a log file under the run's folder. `ServerGroup` owns every process it
+started and stops them all on exit, also when the run fails, so a benchmark never
+leaves a server behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+
+@dataclass(frozen=True)
+class ReplicaShape:
+    """The `kvgate replica` options of every simulated replica of a run."""
+
+    num_blocks: int = 512
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 8192
+    time_scale: float = 1.0
+
+    def args(self) -> list[str]:
+        return ["--num-blocks", str(self.num_blocks), "--block-size", str(self.block_size),
+                "--max-num-seqs", str(self.max_num_seqs),
+                "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+                "--max-model-len", str(self.max_model_len), "--time-scale", str(self.time_scale)]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def kvgate_command() -> list[str]:
+    return [sys.executable, "-m", "proxy.cli"]
+
+
+def replica_subcommand_exists() -> bool:
+    """Whether this installation has `kvgate replica` (the simulator part)."""
+    result = subprocess.run(kvgate_command() + ["replica", "--help"], capture_output=True, timeout=60)
+    return result.returncode == 0
+
+
+def kvgate_config(replica_urls: list[str], port: int, gate: dict) -> dict:
+    """The YAML config of a benchmark proxy: the given replicas, the gate knobs, fast health."""
+    return {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "replicas": [{"name": f"r{i}", "url": url} for i, url in enumerate(replica_urls)],
+        "balancer": {"health": {"interval_sec": 1.0}},
+        "gate": gate,
+    }
+
+
+class ServerGroup:
+    """Processes started for one run; `async with` stops them all at exit."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self._procs: list[tuple[str, subprocess.Popen]] = []
+
+    async def __aenter__(self) -> "ServerGroup":
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop_all()
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {k: v for k, v in env.items() if not k.startswith("KVGATE_")}  # the config file rules
+        proc = subprocess.Popen(kvgate_command() + args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        self._procs.append((name, proc))
+        return proc
+
+    async def start_replica(self, name: str, shape: ReplicaShape) -> str:
+        port = free_port()
+        proc = self._spawn(name, ["replica", "--host", "127.0.0.1", "--port", str(port)] + shape.args())
+        url = f"http://127.0.0.1:{port}"
+        await self._wait_ok(name, proc, url + "/health")
+        return url
+
+    async def start_kvgate(self, name: str, replica_urls: list[str], gate: dict) -> str:
+        port = free_port()
+        config_path = self.log_dir / f"{name}.yaml"
+        config_path.write_text(yaml.safe_dump(kvgate_config(replica_urls, port, gate), sort_keys=False))
+        proc = self._spawn(name, ["serve", "--config", str(config_path)])
+        url = f"http://127.0.0.1:{port}"
+        await self._wait_ok(name, proc, url + "/ready")
+        return url
+
+    async def _wait_ok(self, name: str, proc: subprocess.Popen, url: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        async with aiohttp.ClientSession() as http:
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode} before {url} answered; "
+                                       f"see {self.log_dir / (name + '.log')}:\n{self._log_tail(name)}")
+                try:
+                    async with http.get(url, timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
+                        if resp.status == 200:
+                            return
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    pass
+                await asyncio.sleep(0.1)
+        raise RuntimeError(f"{name}: {url} did not answer 200 within {timeout_s:.0f}s; "
+                           f"see {self.log_dir / (name + '.log')}")
+
+    def _log_tail(self, name: str, lines: int = 20) -> str:
+        try:
+            return "\n".join((self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    async def stop_all(self) -> None:
+        for _, proc in self._procs:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + 10.0
+        for _, proc in self._procs:
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self._procs.clear()

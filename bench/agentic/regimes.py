@@ -1,0 +1,93 @@
+"""Regime presets: a workload, a replica shape and gate knobs that put the cache in one regime.
+
+Sizing rules (so a regime runs in about 1-3 minutes of wall time per invocation on a
+2-core machine, and the simulated cost model, not Python overhead, dominates a turn):
+- cache per replica = `num_blocks * block_size` tokens; the "active prompt tokens" of a
+  regime are `concurrency` sessions at their average prompt length;
+- replies are short (agent turns are mostly tool calls) and tool results long, so a
+  turn's cost is dominated by prefill, the part a prefix-cache hit saves;
+- `time_scale` stretches the cost model until one turn costs tens of milliseconds of
+  simulated engine time, well above the proxy's and the simulator's own overhead.
+
+`tiny` exists for the end-to-end test: seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bench.agentic.processes import ReplicaShape
+from bench.agentic.workload import WorkloadSpec
+
+
+@dataclass(frozen=True)
+class Regime:
+    name: str
+    description: str
+    workload: WorkloadSpec
+    shape: ReplicaShape
+    replicas: int = 2
+    gate: dict = field(default_factory=dict)  # gate knobs shared by the kvgate modes
+
+
+def _thrash_workload(**changes) -> WorkloadSpec:
+    base = WorkloadSpec(
+        sessions=32, concurrency=16, turns_min=8, turns_max=12,
+        system_prompt_words=300, shared_system_prompt=False, task_words=100,
+        tool_result_words_min=150, tool_result_words_max=350, reply_tokens=8,
+        tool_latency_median_s=0.05, tool_latency_sigma=0.5,
+    )
+    return base.replace(**changes)
+
+
+_SMALL_CACHE = ReplicaShape(num_blocks=256, block_size=16, max_num_seqs=64,
+                            max_num_batched_tokens=2048, max_model_len=4096, time_scale=2.0)
+
+REGIMES: dict[str, Regime] = {
+    "no-pressure": Regime(
+        "no-pressure",
+        "every active session's prompt fits in its replica's cache: the gate must cost nothing",
+        _thrash_workload(),
+        ReplicaShape(num_blocks=4096, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048,
+                     max_model_len=8192, time_scale=2.0),
+        gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
+    ),
+    "thrash": Regime(
+        "thrash",
+        "active sessions' prompts need >= 3x the cache: sticky routing thrashes",
+        _thrash_workload(),
+        _SMALL_CACHE,
+        gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
+    ),
+    "heavy-tail": Regime(
+        "heavy-tail",
+        "thrash sizes, and 15% of tool calls outlast idle_grace_sec (windows expire mid-session)",
+        _thrash_workload(tool_tail_prob=0.15, tool_tail_s=2.0),
+        _SMALL_CACHE,
+        gate={"idle_grace_sec": 1.0, "wait_poll_sec": 0.25},
+    ),
+    "retry-storm": Regime(
+        "retry-storm",
+        "thrash sizes, and 10% of turns are re-sent 5-50 ms after the first attempt",
+        _thrash_workload(retry_prob=0.10),
+        _SMALL_CACHE,
+        gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
+    ),
+    "tiny": Regime(
+        "tiny",
+        "a few short sessions on small replicas: seconds, for the end-to-end test",
+        WorkloadSpec(sessions=4, concurrency=4, turns_min=3, turns_max=4, system_prompt_words=40,
+                     task_words=20, tool_result_words_min=20, tool_result_words_max=40, reply_tokens=4,
+                     tool_latency_median_s=0.01, tool_latency_sigma=0.3, retry_prob=0.2),
+        ReplicaShape(num_blocks=64, block_size=16, max_num_seqs=16, max_num_batched_tokens=512,
+                     max_model_len=1024, time_scale=0.0),
+        gate={"idle_grace_sec": 2.0, "wait_poll_sec": 0.1},
+    ),
+}
+
+
+def get_regime(name: str) -> Regime:
+    try:
+        return REGIMES[name]
+    except KeyError:
+        raise ValueError(f"unknown regime {name!r}; choose from {', '.join(REGIMES)}") from None

@@ -1,0 +1,182 @@
+"""Aggregating a run into the per-mode report, comparing modes, and printing the table.
+
+Everything here is a pure function of records and counter deltas, so the report is
+tested on canned data. Definitions:
+
+- hit rate: delta prefix-cache hits / delta queries over all replicas (tokens);
+- prefilled tokens: queries - hits (prompt tokens the replicas computed);
+- re-prefilled tokens: prefilled tokens an infinite cache would not have computed,
+  estimated as ceiling_hit_rate * queries - hits (never below 0);
+- makespan: from the first send to the end of the last attempt;
+- turn latency: from a turn's first send to the end of the reply the agent used;
+  TTFT: from the turn's first send to that reply's first content token;
+- preemptions: attempts answered 409 (superseded at the gate) and the replicas'
+  engine preemptions (simulator counters whose name contains "preempt");
+- failed turns: turns with no successful attempt; stranded attempts: attempts that
+  hit the client timeout (a waiter nobody released).
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from typing import Iterable
+
+from bench.agentic.driver import AttemptRecord, TurnRecord
+from bench.agentic.scrape import Counters
+
+TURN_BUCKETS = ("1", "2-3", "4-7", "8-15", "16+")
+
+
+def turn_bucket(turn_index: int) -> str:
+    """The turn-index bucket of SPEC.md section 9 (`kvgate_turn_seconds`)."""
+    if turn_index <= 1:
+        return "1"
+    if turn_index <= 3:
+        return "2-3"
+    if turn_index <= 7:
+        return "4-7"
+    if turn_index <= 15:
+        return "8-15"
+    return "16+"
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The q-th percentile (0..100) by linear interpolation; None for no values."""
+    data = sorted(values)
+    if not data:
+        return None
+    if len(data) == 1:
+        return data[0]
+    pos = (len(data) - 1) * q / 100.0
+    low = int(pos)
+    high = min(low + 1, len(data) - 1)
+    return data[low] + (data[high] - data[low]) * (pos - low)
+
+
+def _stats(values: list[float]) -> dict:
+    return {"n": len(values), "mean": sum(values) / len(values) if values else None,
+            "p50": percentile(values, 50), "p95": percentile(values, 95),
+            "max": max(values) if values else None}
+
+
+def _sim_sum(sim: dict[str, float], needle: str) -> float:
+    return sum(v for k, v in sim.items() if needle in k)
+
+
+def summarize_mode(mode: str, attempts: list[AttemptRecord], turns: list[TurnRecord],
+                   counters: Counters, makespan_s: float, ceiling_hit_rate: float,
+                   planned_turns: int) -> dict:
+    """The report of one mode's run (see the module docstring for every definition)."""
+    ok_turns = [t for t in turns if t.ok]
+    by_bucket_latency: dict[str, list[float]] = {}
+    by_bucket_ttft: dict[str, list[float]] = {}
+    by_turn_latency: dict[int, list[float]] = {}
+    for t in ok_turns:
+        by_bucket_latency.setdefault(turn_bucket(t.turn), []).append(t.latency_s)
+        by_turn_latency.setdefault(t.turn, []).append(t.latency_s)
+        if t.ttft_s is not None:
+            by_bucket_ttft.setdefault(turn_bucket(t.turn), []).append(t.ttft_s)
+    reasons = Tally(a.admission for a in attempts if a.admission)
+    waits = [a.wait_ms for a in attempts if a.wait_ms is not None]
+    statuses = Tally(str(a.status) for a in attempts)
+    prefilled = counters.queries - counters.hits
+    reprefilled = max(0.0, ceiling_hit_rate * counters.queries - counters.hits)
+    return {
+        "mode": mode,
+        "makespan_s": makespan_s,
+        "hit_rate": counters.hit_rate,
+        "ceiling_hit_rate": ceiling_hit_rate,
+        "hit_rate_of_ceiling": counters.hit_rate / ceiling_hit_rate if ceiling_hit_rate else None,
+        "prompt_tokens_queried": counters.queries,
+        "prompt_tokens_hit": counters.hits,
+        "prompt_tokens_prefilled": prefilled,
+        "prompt_tokens_reprefilled_est": reprefilled,
+        "turns_planned": planned_turns,
+        "turns_ok": len(ok_turns),
+        "turns_failed": sum(1 for t in turns if not t.ok),
+        "turns_not_run": planned_turns - len(turns),
+        "attempts": len(attempts),
+        "retries": sum(1 for a in attempts if a.attempt > 1),
+        "attempt_statuses": dict(sorted(statuses.items())),
+        "attempts_preempted_409": sum(1 for a in attempts if a.status == 409),
+        "attempts_stranded": sum(1 for a in attempts if a.status == "timeout"),
+        "engine_preemptions": _sim_sum(counters.sim, "preempt"),
+        "engine_recomputed_tokens": _sim_sum(counters.sim, "recomput"),
+        "sim_counters": dict(sorted(counters.sim.items())),
+        "turn_latency_s": _stats([t.latency_s for t in ok_turns]),
+        "ttft_s": _stats([t.ttft_s for t in ok_turns if t.ttft_s is not None]),
+        "turn_latency_s_by_bucket": {b: _stats(by_bucket_latency[b]) for b in TURN_BUCKETS if b in by_bucket_latency},
+        "ttft_s_by_bucket": {b: _stats(by_bucket_ttft[b]) for b in TURN_BUCKETS if b in by_bucket_ttft},
+        "turn_latency_mean_s_by_turn": {str(k): sum(v) / len(v) for k, v in sorted(by_turn_latency.items())},
+        "admission_reasons": dict(sorted(reasons.items())),
+        "admission_wait_ms": _stats(waits),
+        "admission_wait_ms_total": sum(waits),
+    }
+
+
+def compare_to(results: dict[str, dict], baseline: str = "sticky") -> dict[str, dict]:
+    """Per mode: makespan ratio and hit-rate difference against `baseline` (if it ran)."""
+    base = results.get(baseline)
+    if not base:
+        return {}
+    out = {}
+    for mode, r in results.items():
+        out[mode] = {
+            "makespan_ratio": r["makespan_s"] / base["makespan_s"] if base["makespan_s"] else None,
+            "hit_rate_delta": r["hit_rate"] - base["hit_rate"],
+        }
+    return out
+
+
+def evaluate_targets(regime: str, results: dict[str, dict]) -> list[dict]:
+    """The issue's targets for `regime`, per kvgate mode that ran: each met or not, with the number.
+
+    no-pressure: makespan within 5% of sticky and the same hit rate (within 1 point);
+    thrash: hit rate >= 85% of the ceiling, makespan <= 0.6x sticky, no failed turn.
+    """
+    checks = []
+    sticky = results.get("sticky")
+    for mode in ("kvgate", "kvgate-contract"):
+        r = results.get(mode)
+        if not r or not sticky:
+            continue
+        ratio = r["makespan_s"] / sticky["makespan_s"] if sticky["makespan_s"] else float("inf")
+        if regime == "no-pressure":
+            checks.append({"mode": mode, "target": "makespan <= 1.05x sticky", "value": ratio, "met": ratio <= 1.05})
+            delta = r["hit_rate"] - sticky["hit_rate"]
+            checks.append({"mode": mode, "target": "hit rate = sticky (+-0.01)", "value": delta,
+                           "met": abs(delta) <= 0.01})
+        elif regime == "thrash":
+            of_ceiling = r["hit_rate_of_ceiling"] or 0.0
+            checks.append({"mode": mode, "target": "hit rate >= 0.85x ceiling", "value": of_ceiling,
+                           "met": of_ceiling >= 0.85})
+            checks.append({"mode": mode, "target": "makespan <= 0.6x sticky", "value": ratio, "met": ratio <= 0.6})
+            failed = r["turns_failed"] + r["turns_not_run"]
+            checks.append({"mode": mode, "target": "no failed turn", "value": failed, "met": failed == 0})
+    return checks
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(results: dict[str, dict], comparisons: dict[str, dict]) -> str:
+    """A fixed-width table, one row per mode."""
+    header = (f"{'mode':<16}{'hit':>7}{'/ceil':>7}{'makespan':>10}{'x sticky':>9}{'turn p50':>9}"
+              f"{'turn p95':>9}{'ttft p50':>9}{'reprefill':>11}{'409':>5}{'eng.pre':>8}{'failed':>7}{'wait p95':>9}")
+    lines = [header, "-" * len(header)]
+    for mode, r in results.items():
+        cmp = comparisons.get(mode, {})
+        lines.append(
+            f"{mode:<16}{_fmt(r['hit_rate'], '.3f'):>7}{_fmt(r['hit_rate_of_ceiling'], '.2f'):>7}"
+            f"{_fmt(r['makespan_s'], '.1f'):>9}s{_fmt(cmp.get('makespan_ratio'), '.2f'):>9}"
+            f"{_fmt(r['turn_latency_s']['p50'], '.2f'):>9}{_fmt(r['turn_latency_s']['p95'], '.2f'):>9}"
+            f"{_fmt(r['ttft_s']['p50'], '.2f'):>9}{_fmt(r['prompt_tokens_reprefilled_est'], '.0f'):>11}"
+            f"{r['attempts_preempted_409']:>5}{_fmt(r['engine_preemptions'], '.0f'):>8}"
+            f"{r['turns_failed'] + r['turns_not_run']:>7}{_fmt(r['admission_wait_ms']['p95'], '.0f'):>9}")
+    return "\n".join(lines)
+
+
+def format_targets(checks: list[dict]) -> str:
+    return "\n".join(f"  {c['mode']:<16}{c['target']:<30}{c['value']:>8.3f}  {'met' if c['met'] else 'NOT met'}"
+                     for c in checks)

@@ -1,0 +1,166 @@
+"""One benchmark invocation: every requested mode on the same workload, each on fresh replicas.
+
+Modes (SPEC.md section 8):
+- `direct`: no proxy; session i goes to replica i mod R (round-robin);
+- `sticky`: kvgate with `gate.mode: off` (sticky routing only);
+- `kvgate`: kvgate enforcing the seed policy;
+- `kvgate-contract`: kvgate enforcing the contract policy.
+
+With simulated replicas every mode starts its own replicas (and proxy), so no mode
+inherits another's cache. With `--replica-url` the servers are given and cannot be
+restarted: before every mode but the first the runner asks each for
+`POST /reset_prefix_cache` (vLLM answers it when started with `VLLM_SERVER_DEV_MODE=1`)
+and records whether that worked; if not, run one mode per invocation instead.
+
+While a mode runs, a sampler reads the replicas' counters every `sample_interval_s`
+for the hit-rate-over-time plot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from bench.agentic.driver import WorkloadDriver
+from bench.agentic.processes import ReplicaShape, ServerGroup
+from bench.agentic.report import summarize_mode
+from bench.agentic.scrape import Counters, fetch_counters, sum_counters
+from bench.agentic.workload import Workload
+
+MODES = ("direct", "sticky", "kvgate", "kvgate-contract")
+
+
+def gate_config(mode: str, knobs: dict) -> dict | None:
+    """The `gate:` config of a mode (None: no proxy). `knobs` are shared gate settings."""
+    if mode == "direct":
+        return None
+    if mode == "sticky":
+        return {"mode": "off"}
+    if mode == "kvgate":
+        return {**knobs, "mode": "enforce", "policy": "seed"}
+    if mode == "kvgate-contract":
+        return {**knobs, "mode": "enforce", "policy": "contract"}
+    raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+
+
+@dataclass
+class RunPlan:
+    workload: Workload
+    modes: tuple[str, ...]
+    out_dir: Path
+    shape: ReplicaShape = field(default_factory=ReplicaShape)
+    num_replicas: int = 2
+    replica_urls: tuple[str, ...] = ()  # given servers: no simulated replicas are started
+    gate_knobs: dict = field(default_factory=dict)
+    model: str | None = None
+    request_timeout_s: float = 300.0
+    sample_interval_s: float = 1.0
+
+    @property
+    def block_size(self) -> int:
+        return self.shape.block_size
+
+
+@dataclass
+class ModeRun:
+    summary: dict
+    timeline: list[dict]  # {"t": s, "queries": cumulative delta, "hits": cumulative delta}
+    attempts: list
+    turns: list
+
+
+async def _snapshot(http: aiohttp.ClientSession, urls: list[str]) -> Counters:
+    return sum_counters(await asyncio.gather(*(fetch_counters(http, u) for u in urls)))
+
+
+async def _model_name(http: aiohttp.ClientSession, url: str) -> str:
+    try:
+        async with http.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            data = await resp.json()
+            return data["data"][0]["id"]
+    except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, IndexError, ValueError) as exc:
+        raise RuntimeError(f"could not read the model name from {url}/v1/models ({exc!r}); "
+                           "pass --model") from exc
+
+
+async def _reset_prefix_cache(http: aiohttp.ClientSession, urls: list[str]) -> str:
+    results = []
+    for url in urls:
+        try:
+            async with http.post(url + "/reset_prefix_cache", timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                results.append(f"{url}: {resp.status}")
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            results.append(f"{url}: {type(exc).__name__}")
+    return "; ".join(results)
+
+
+async def _sample(http, urls, start: Counters, t0: float, interval: float, into: list[dict]) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            now = (await _snapshot(http, urls)).minus(start)
+        except RuntimeError:
+            continue  # a missed sample only thins the plot
+        into.append({"t": time.perf_counter() - t0, "queries": now.queries, "hits": now.hits})
+
+
+async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float, first: bool) -> ModeRun:
+    """Run the workload once in `mode` and summarise it."""
+    gate = gate_config(mode, plan.gate_knobs)
+    mode_dir = plan.out_dir / "logs" / mode
+    async with ServerGroup(mode_dir) as servers, aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)) as http:
+        reset = None
+        if plan.replica_urls:
+            urls = list(plan.replica_urls)
+            if not first:
+                reset = await _reset_prefix_cache(http, urls)
+        else:
+            urls = list(await asyncio.gather(*(servers.start_replica(f"replica{i}", plan.shape)
+                                               for i in range(plan.num_replicas))))
+        model = plan.model or await _model_name(http, urls[0])
+        if gate is None:
+            def target(session, urls=urls):
+                return urls[session.index % len(urls)]
+        else:
+            proxy_url = await servers.start_kvgate("kvgate", urls, gate)
+
+            def target(session, proxy_url=proxy_url):
+                return proxy_url
+        before = await _snapshot(http, urls)
+        driver = WorkloadDriver(plan.workload, target, model, http, plan.request_timeout_s)
+        timeline: list[dict] = []
+        t0 = time.perf_counter()
+        sampler = asyncio.create_task(_sample(http, urls, before, t0, plan.sample_interval_s, timeline))
+        try:
+            makespan = await driver.run()
+        finally:
+            sampler.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
+        delta = (await _snapshot(http, urls)).minus(before)
+        timeline.append({"t": time.perf_counter() - t0, "queries": delta.queries, "hits": delta.hits})
+    summary = summarize_mode(mode, driver.attempts, driver.turns, delta, makespan, ceiling_hit_rate,
+                             plan.workload.num_turns)
+    summary["gate"] = gate
+    if reset is not None:
+        summary["prefix_cache_reset"] = reset
+    return ModeRun(summary, timeline, driver.attempts, driver.turns)
+
+
+async def run_plan(plan: RunPlan, ceiling_hit_rate: float, log=print) -> dict[str, ModeRun]:
+    """Run every mode of `plan` in order; returns the runs by mode."""
+    runs: dict[str, ModeRun] = {}
+    for i, mode in enumerate(plan.modes):
+        log(f"[agentic] mode {mode}: {len(plan.workload.sessions)} sessions, "
+            f"{plan.workload.num_turns} turns ...")
+        started = time.perf_counter()
+        runs[mode] = await run_mode(plan, mode, ceiling_hit_rate, first=(i == 0))
+        s = runs[mode].summary
+        log(f"[agentic] mode {mode}: hit rate {s['hit_rate']:.3f}, makespan {s['makespan_s']:.1f}s, "
+            f"failed turns {s['turns_failed'] + s['turns_not_run']} "
+            f"(wall {time.perf_counter() - started:.0f}s)")
+    return runs

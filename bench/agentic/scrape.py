@@ -1,0 +1,101 @@
+"""Reading the replicas' Prometheus counters that the benchmark reports.
+
+The hit rate of a run is the delta of `vllm:prefix_cache_hits_total` over the delta of
+`vllm:prefix_cache_queries_total` (both in tokens), summed over replicas, between a
+snapshot before and one after the run. Counters of the simulated replica that vLLM
+lacks live under the `kvgate_sim:` prefix; every one of them is kept, so the report
+shows whatever the simulator exports (preemptions, recomputed tokens, evictions).
+
+Parsing is a pure function of the exposition text; only `fetch_counters` does I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+QUERIES = "vllm:prefix_cache_queries_total"
+HITS = "vllm:prefix_cache_hits_total"
+SIM_PREFIX = "kvgate_sim:"
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Sum every sample of the exposition text by metric name, across label sets.
+
+    Comments, `_created` samples and unparsable lines are skipped: the benchmark only
+    needs totals, and a malformed line must not abort a run that took minutes.
+    """
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "{" in line:
+            name, _, rest = line.partition("{")
+            _, _, value_part = rest.rpartition("}")
+        else:
+            name, _, value_part = line.partition(" ")
+        if name.endswith("_created"):
+            continue
+        parts = value_part.split()
+        if not parts:
+            continue
+        try:
+            value = float(parts[0])
+        except ValueError:
+            continue
+        if math.isnan(value):
+            continue
+        totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+@dataclass(frozen=True)
+class Counters:
+    """The counters of one or more replicas at one instant."""
+
+    queries: float = 0.0
+    hits: float = 0.0
+    sim: dict[str, float] = field(default_factory=dict)  # kvgate_sim:* counters by name
+
+    @classmethod
+    def from_metrics(cls, totals: dict[str, float]) -> "Counters":
+        sim = {k: v for k, v in totals.items() if k.startswith(SIM_PREFIX)}
+        return cls(totals.get(QUERIES, 0.0), totals.get(HITS, 0.0), sim)
+
+    def __add__(self, other: "Counters") -> "Counters":
+        sim = dict(self.sim)
+        for k, v in other.sim.items():
+            sim[k] = sim.get(k, 0.0) + v
+        return Counters(self.queries + other.queries, self.hits + other.hits, sim)
+
+    def minus(self, earlier: "Counters") -> "Counters":
+        """The delta since `earlier` (a counter missing earlier counts from 0)."""
+        sim = {k: v - earlier.sim.get(k, 0.0) for k, v in self.sim.items()}
+        return Counters(self.queries - earlier.queries, self.hits - earlier.hits, sim)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+def sum_counters(items) -> Counters:
+    total = Counters()
+    for item in items:
+        total = total + item
+    return total
+
+
+async def fetch_counters(session, url: str, timeout_s: float = 5.0) -> Counters:
+    """GET `url`/metrics and extract the counters; raises with the URL on failure."""
+    import aiohttp
+
+    try:
+        async with session.get(url.rstrip("/") + "/metrics",
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            text = await resp.text()
+            if resp.status != 200:
+                raise RuntimeError(f"GET {url}/metrics answered {resp.status}: {text[:200]}")
+    except aiohttp.ClientError as exc:
+        raise RuntimeError(f"GET {url}/metrics failed: {exc!r}; is the replica up?") from exc
+    return Counters.from_metrics(parse_prometheus(text))

@@ -1,0 +1,170 @@
+"""The agentic workload: sessions of many turns whose prompt grows every turn.
+
+A session is a system prompt, a task, and then turns. Turn k sends the whole history
+(system, task, and for every earlier turn j the assistant reply j followed by tool
+result j) and receives reply k. Between turn k and k+1 the agent "runs a tool" for
+`tool_latency_s` seconds and appends its result. So prompt k+1 starts with prompt k
+plus reply k: exactly what a prefix cache can reuse.
+
+Invariants:
+- `generate_workload(spec, seed)` is a pure function: the same spec and seed give an
+  identical `Workload` (one `random.Random(seed)`, consumed in a fixed order).
+- Text is made of "token-ish" words: short lowercase words joined by single spaces,
+  so one word is about one token for any simple tokenizer. Lengths in the spec are in
+  these words.
+- Tool results are unique per session (random words), so sessions share nothing but
+  the system prompt when `shared_system_prompt` is set.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field, fields
+
+# Consonant-vowel syllables give pronounceable words that simple tokenizers keep whole.
+_CONSONANTS = "bdfgklmnprstvz"
+_VOWELS = "aeiou"
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Shape of an agentic workload. Lengths are in words (about one token each)."""
+
+    sessions: int = 16  # sessions in the whole run
+    concurrency: int = 8  # active sessions at once (a rolling rollout step)
+    turns_min: int = 6
+    turns_max: int = 10
+    system_prompt_words: int = 200
+    shared_system_prompt: bool = True  # one system prompt for all sessions, or one each
+    task_words: int = 100
+    tool_result_words_min: int = 100
+    tool_result_words_max: int = 300
+    reply_tokens: int = 16  # max_tokens of every turn: the replica's reply length
+    tool_latency_median_s: float = 0.2  # lognormal body of the tool-latency distribution
+    tool_latency_sigma: float = 0.5
+    tool_tail_prob: float = 0.0  # share of tool calls in the heavy tail
+    tool_tail_s: float = 0.0  # tail calls take tool_tail_s * uniform(1, 2)
+    retry_prob: float = 0.0  # share of turns re-sent before their answer came back
+    retry_after_s_min: float = 0.005
+    retry_after_s_max: float = 0.05
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first field that cannot describe a workload."""
+        checks = [
+            ("sessions", self.sessions >= 1),
+            ("concurrency", self.concurrency >= 1),
+            ("turns_min", self.turns_min >= 1),
+            ("turns_max", self.turns_max >= self.turns_min),
+            ("system_prompt_words", self.system_prompt_words >= 0),
+            ("task_words", self.task_words >= 1),
+            ("tool_result_words_min", self.tool_result_words_min >= 1),
+            ("tool_result_words_max", self.tool_result_words_max >= self.tool_result_words_min),
+            ("reply_tokens", self.reply_tokens >= 1),
+            ("tool_latency_median_s", self.tool_latency_median_s >= 0),
+            ("tool_latency_sigma", self.tool_latency_sigma >= 0),
+            ("tool_tail_prob", 0 <= self.tool_tail_prob <= 1),
+            ("tool_tail_s", self.tool_tail_s >= 0),
+            ("retry_prob", 0 <= self.retry_prob <= 1),
+            ("retry_after_s_min", self.retry_after_s_min >= 0),
+            ("retry_after_s_max", self.retry_after_s_max >= self.retry_after_s_min),
+        ]
+        for name, ok in checks:
+            if not ok:
+                raise ValueError(f"workload: {name}={getattr(self, name)!r} is out of range")
+
+    def replace(self, **changes) -> "WorkloadSpec":
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ValueError(f"workload: unknown field(s) {unknown}; known: {sorted(known)}")
+        return WorkloadSpec(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes})
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    """One turn. `tool_result` is appended after this turn's reply (None on the last turn)."""
+
+    index: int  # 1-based turn index in the session
+    tool_result: str | None
+    tool_latency_s: float  # time between this turn's reply and the next turn
+    retry_after_s: float | None  # re-send the turn after this delay if it has not answered
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    session_id: str
+    index: int
+    system_prompt: str
+    task: str
+    turns: tuple[TurnPlan, ...]
+
+
+@dataclass(frozen=True)
+class Workload:
+    spec: WorkloadSpec
+    seed: int
+    sessions: tuple[SessionPlan, ...] = field(default_factory=tuple)
+
+    @property
+    def num_turns(self) -> int:
+        return sum(len(s.turns) for s in self.sessions)
+
+
+def random_words(rng: random.Random, count: int) -> str:
+    """`count` token-ish words, space separated."""
+    words = []
+    for _ in range(count):
+        syllables = rng.randint(1, 3)
+        words.append("".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(syllables)))
+    return " ".join(words)
+
+
+def sample_tool_latency(rng: random.Random, spec: WorkloadSpec) -> float:
+    """Lognormal body around the median, and with `tool_tail_prob` a heavy-tail call."""
+    if spec.tool_tail_prob > 0 and rng.random() < spec.tool_tail_prob:
+        return spec.tool_tail_s * rng.uniform(1.0, 2.0)
+    if spec.tool_latency_median_s == 0:
+        return 0.0
+    return spec.tool_latency_median_s * math.exp(rng.gauss(0.0, spec.tool_latency_sigma))
+
+
+def generate_workload(spec: WorkloadSpec, seed: int) -> Workload:
+    """The deterministic workload of `spec` for `seed` (see the module invariants)."""
+    spec.validate()
+    rng = random.Random(seed)
+    shared_system = "You are agent. " + random_words(rng, spec.system_prompt_words)
+    sessions = []
+    for index in range(spec.sessions):
+        system = shared_system if spec.shared_system_prompt else (
+            f"You are agent {index}. " + random_words(rng, spec.system_prompt_words))
+        task = f"Task {index}: " + random_words(rng, spec.task_words)
+        num_turns = rng.randint(spec.turns_min, spec.turns_max)
+        turns = []
+        for turn_index in range(1, num_turns + 1):
+            last = turn_index == num_turns
+            tool_result = None if last else random_words(
+                rng, rng.randint(spec.tool_result_words_min, spec.tool_result_words_max))
+            latency = 0.0 if last else sample_tool_latency(rng, spec)
+            retry_after = None
+            if spec.retry_prob > 0 and rng.random() < spec.retry_prob:
+                retry_after = rng.uniform(spec.retry_after_s_min, spec.retry_after_s_max)
+            turns.append(TurnPlan(turn_index, tool_result, latency, retry_after))
+        sessions.append(SessionPlan(f"s{seed}-{index:04d}", index, system, task, tuple(turns)))
+    return Workload(spec, seed, tuple(sessions))
+
+
+def build_messages(session: SessionPlan, replies: list[str], turn_index: int) -> list[dict]:
+    """The chat messages of turn `turn_index` (1-based), given the replies received so far.
+
+    `replies[j]` is the reply text of turn j+1 exactly as the server returned it, so the
+    rendered prompt repeats what the replica cached for the previous turn.
+    """
+    if len(replies) < turn_index - 1:
+        raise ValueError(f"turn {turn_index} needs {turn_index - 1} earlier replies, got {len(replies)}")
+    messages = [{"role": "system", "content": session.system_prompt},
+                {"role": "user", "content": session.task}]
+    for earlier in session.turns[: turn_index - 1]:
+        messages.append({"role": "assistant", "content": replies[earlier.index - 1]})
+        messages.append({"role": "user", "content": "Tool result: " + (earlier.tool_result or "")})
+    return messages

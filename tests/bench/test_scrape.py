@@ -1,0 +1,38 @@
+"""Reading replica counters from Prometheus text."""
+
+from bench.agentic.scrape import Counters, parse_prometheus, sum_counters
+
+TEXT = """\
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+vllm:prefix_cache_queries_total{engine="1",model_name="m"} 500.0
+vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 600.0
+vllm:kv_cache_usage_perc{engine="0"} 0.5
+kvgate_sim:preemptions_total 3
+kvgate_sim:recomputed_tokens_total{engine="0"} 120
+garbage line without value
+vllm:num_requests_running{label="a b"} NaN
+"""
+
+
+def test_parse_sums_label_sets_and_skips_noise():
+    totals = parse_prometheus(TEXT)
+    assert totals["vllm:prefix_cache_queries_total"] == 1500.0
+    assert totals["vllm:prefix_cache_hits_total"] == 600.0
+    assert "vllm:prefix_cache_queries_created" not in totals
+    assert "vllm:num_requests_running" not in totals
+
+
+def test_counters_delta_and_sum():
+    after = Counters.from_metrics(parse_prometheus(TEXT))
+    assert after.hit_rate == 0.4
+    assert after.sim == {"kvgate_sim:preemptions_total": 3.0, "kvgate_sim:recomputed_tokens_total": 120.0}
+    before = Counters(queries=500.0, hits=100.0, sim={"kvgate_sim:preemptions_total": 1.0})
+    delta = after.minus(before)
+    assert (delta.queries, delta.hits) == (1000.0, 500.0)
+    assert delta.sim == {"kvgate_sim:preemptions_total": 2.0, "kvgate_sim:recomputed_tokens_total": 120.0}
+    total = sum_counters([delta, before])
+    assert (total.queries, total.hits, total.sim["kvgate_sim:preemptions_total"]) == (1500.0, 600.0, 3.0)
+    assert Counters().hit_rate == 0.0

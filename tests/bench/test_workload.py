@@ -1,0 +1,70 @@
+"""The agentic workload: deterministic per seed, shaped by its spec, prefix-stable histories."""
+
+import pytest
+
+from bench.agentic.workload import WorkloadSpec, build_messages, generate_workload
+
+SPEC = WorkloadSpec(sessions=5, concurrency=2, turns_min=2, turns_max=6, tool_tail_prob=0.3,
+                    tool_tail_s=4.0, retry_prob=0.5)
+
+
+def test_same_seed_same_workload():
+    assert generate_workload(SPEC, 7) == generate_workload(SPEC, 7)
+
+
+def test_other_seed_other_workload():
+    assert generate_workload(SPEC, 7).sessions != generate_workload(SPEC, 8).sessions
+
+
+def test_spec_shapes_the_sessions():
+    workload = generate_workload(SPEC, 1)
+    assert len(workload.sessions) == 5
+    assert len({s.session_id for s in workload.sessions}) == 5
+    assert len({s.system_prompt for s in workload.sessions}) == 1  # shared by default
+    for session in workload.sessions:
+        assert 2 <= len(session.turns) <= 6
+        assert [t.index for t in session.turns] == list(range(1, len(session.turns) + 1))
+        assert session.turns[-1].tool_result is None and session.turns[-1].tool_latency_s == 0
+        for turn in session.turns[:-1]:
+            assert SPEC.tool_result_words_min <= len(turn.tool_result.split()) <= SPEC.tool_result_words_max
+        for turn in session.turns:
+            if turn.retry_after_s is not None:
+                assert SPEC.retry_after_s_min <= turn.retry_after_s <= SPEC.retry_after_s_max
+    latencies = [t.tool_latency_s for s in workload.sessions for t in s.turns[:-1]]
+    assert any(x >= SPEC.tool_tail_s for x in latencies)  # the heavy tail is drawn
+    assert any(x < SPEC.tool_tail_s for x in latencies)
+
+
+def test_private_system_prompts():
+    workload = generate_workload(SPEC.replace(shared_system_prompt=False), 1)
+    assert len({s.system_prompt for s in workload.sessions}) == 5
+
+
+def test_history_grows_by_reply_and_tool_result():
+    session = generate_workload(SPEC, 2).sessions[0]
+    replies = [f"reply {i}" for i in range(len(session.turns))]
+    previous = build_messages(session, replies, 1)
+    for turn in session.turns[1:]:
+        messages = build_messages(session, replies, turn.index)
+        assert messages[: len(previous)] == previous
+        assert messages[len(previous)] == {"role": "assistant", "content": replies[turn.index - 2]}
+        assert messages[-1]["content"].endswith(session.turns[turn.index - 2].tool_result)
+        previous = messages
+
+
+def test_build_messages_needs_earlier_replies():
+    session = generate_workload(SPEC, 2).sessions[0]
+    with pytest.raises(ValueError, match="earlier replies"):
+        build_messages(session, [], 2)
+
+
+@pytest.mark.parametrize("field,value", [("sessions", 0), ("turns_max", 0), ("tool_tail_prob", 1.5),
+                                         ("retry_after_s_max", 0.0)])
+def test_bad_spec_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        generate_workload(SPEC.replace(**{field: value}), 0)
+
+
+def test_replace_rejects_unknown_fields():
+    with pytest.raises(ValueError, match="unknown"):
+        SPEC.replace(sesions=3)
