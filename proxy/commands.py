@@ -1,5 +1,77 @@
-"""Placeholder: the owner of this part replaces it with real subcommands."""
+"""`kvgate serve` and `kvgate check-config` (SPEC.md section 2)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+
+from proxy.config import ConfigError, load_settings
 
 
 def add_commands(subparsers) -> None:
-    return None
+    serve = subparsers.add_parser(
+        "serve", help="run the proxy",
+        description="Run the kvgate proxy. With no `replicas` configured it starts `simulated_replicas` "
+        "simulated vLLM replicas in-process and serves them.")
+    serve.add_argument("--config", metavar="FILE", help="YAML config file (default: built-in defaults); "
+                       "KVGATE_<PATH> environment variables override it")
+    serve.add_argument("--host", help="listen address (overrides listen.host)")
+    serve.add_argument("--port", type=int, help="listen port, 0 for a free one (overrides listen.port)")
+    serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                       help="log level (default INFO)")
+    serve.set_defaults(func=serve_command)
+
+    check = subparsers.add_parser(
+        "check-config", help="validate a config file",
+        description="Validate a config file (with KVGATE_* environment overrides applied): exit 0 when "
+        "valid, else exit 2 with one line per problem naming the key.")
+    check.add_argument("file", metavar="FILE", help="YAML config file")
+    check.set_defaults(func=check_config_command)
+
+
+def _settings_or_exit(path: str | None):
+    try:
+        return load_settings(path)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"kvgate: config: {problem}", file=sys.stderr)
+        return None
+
+
+def check_config_command(args: argparse.Namespace) -> int:
+    settings = _settings_or_exit(args.file)
+    if settings is None:
+        return 2
+    replicas = (f"{len(settings.replicas)} replicas" if settings.replicas
+                else f"no replicas (serve starts {settings.simulated_replicas} simulated)")
+    print(f"{args.file}: ok ({replicas}, gate {settings.gate.mode}/{settings.gate.policy}, "
+          f"balancer {settings.balancer.algorithm})")
+    return 0
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    settings = _settings_or_exit(args.config)
+    if settings is None:
+        return 2
+    listen = settings.listen
+    if args.host is not None:
+        listen = dataclasses.replace(listen, host=args.host)
+    if args.port is not None:
+        if not 0 <= args.port <= 65535:
+            print(f"kvgate: --port must be 0..65535, got {args.port}", file=sys.stderr)
+            return 2
+        listen = dataclasses.replace(listen, port=args.port)
+    settings = dataclasses.replace(settings, listen=listen)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from proxy.server import run, serve
+    try:
+        run(serve(settings))
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        logging.getLogger("kvgate").error("kvgate: cannot serve: %s", exc)
+        return 1
+    return 0

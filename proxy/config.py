@@ -1,0 +1,343 @@
+"""Loading the configuration: YAML file + `KVGATE_*` environment overrides -> Settings.
+
+The schema is `proxy.settings` (frozen dataclasses); this module walks it, so a
+field added there is loaded and type-checked here with no further change. Ranges and
+choices that types cannot express live in RULES, keyed by dotted path.
+
+Environment overrides: `KVGATE_<PATH>` with `__` between levels
+(`KVGATE_GATE__HIGH_WATERMARK=0.9`); the value is read as a YAML scalar or flow
+collection (`true`, `0.9`, `[a, b]`, `[{name: r0, url: ...}]`). Only variables whose
+first segment names a top-level key are overrides, so unrelated `KVGATE_*`
+variables (of other tools) are left alone; within those, an unknown path is an error.
+
+Every problem is collected, not just the first: `ConfigError.problems` holds one
+line per problem, each naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Callable, Mapping
+from urllib.parse import urlparse
+
+import yaml
+
+from proxy.settings import Settings
+
+ENV_PREFIX = "KVGATE_"
+
+
+class ConfigError(ValueError):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _in_range(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+              hi_open: bool = False) -> Callable[[Any], str | None]:
+    def check(value) -> str | None:
+        if lo is not None and (value <= lo if lo_open else value < lo):
+            return f"must be {'>' if lo_open else '>='} {lo}"
+        if hi is not None and (value >= hi if hi_open else value > hi):
+            return f"must be {'<' if hi_open else '<='} {hi}"
+        return None
+    return check
+
+
+def _one_of(*choices: str) -> Callable[[Any], str | None]:
+    def check(value) -> str | None:
+        return None if value in choices else f"must be one of {', '.join(choices)}"
+    return check
+
+
+def _http_url(value: str) -> str | None:
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return "must be an http:// or https:// URL with a host"
+    return None
+
+
+def _non_empty(value) -> str | None:
+    return "must not be empty" if not value else None
+
+
+RULES: dict[str, Callable[[Any], str | None]] = {
+    "listen.host": _non_empty,
+    "listen.port": _in_range(0, 65535),
+    "replicas[].name": _non_empty,
+    "replicas[].url": _http_url,
+    "replicas[].weight": _in_range(0, lo_open=True),
+    "simulated_replicas": _in_range(1, 64),
+    "session.header": _non_empty,
+    "session.body_fields[]": _non_empty,
+    "session.finish_header": _non_empty,
+    "balancer.algorithm": _one_of("rendezvous", "bounded_load"),
+    "balancer.load_factor": _in_range(1),
+    "balancer.health.interval_sec": _in_range(0, lo_open=True),
+    "balancer.health.timeout_sec": _in_range(0, lo_open=True),
+    "balancer.health.unhealthy_after": _in_range(1),
+    "balancer.health.healthy_after": _in_range(1),
+    "gate.mode": _one_of("enforce", "shadow", "off"),
+    "gate.policy": _one_of("seed", "contract"),
+    "gate.high_watermark": _in_range(0, 1, lo_open=True),
+    "gate.hit_threshold": _in_range(0, 1),
+    "gate.idle_grace_sec": _in_range(0),
+    "gate.wait_poll_sec": _in_range(0, lo_open=True),
+    "gate.max_wait_sec": _in_range(0),
+    "gate.headroom_blocks": _in_range(0),
+    "gate.probe.timeout_sec": _in_range(0, lo_open=True),
+    "gate.probe.usage_max_age_ms": _in_range(0),
+    "upstream.connect_timeout_sec": _in_range(0, lo_open=True),
+    "upstream.read_timeout_sec": _in_range(0, lo_open=True),
+    "limits.max_body_bytes": _in_range(1),
+}
+
+
+# ---- reading the sources ------------------------------------------------------------
+
+def read_yaml(path: str | Path) -> dict:
+    """The YAML file as a mapping (an empty file is {}); ConfigError if unreadable."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError([f"config file {path}: cannot read it ({exc.strerror or exc})"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"config file {path}: not valid YAML ({exc})".replace("\n", " ")]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"config file {path}: the top level must be a mapping of keys, got "
+                           f"{type(data).__name__}"])
+    return data
+
+
+def apply_env_overrides(data: dict, environ: Mapping[str, str]) -> tuple[dict, list[str], dict[str, str]]:
+    """`data` with the KVGATE_* overrides applied, the problems found in them, and
+    which variable set each dotted path."""
+    origins: dict[str, str] = {}
+    top = {f.name for f in dataclasses.fields(Settings)}
+    problems: list[str] = []
+    merged = _deep_copy(data)
+    for var in sorted(environ):
+        if not var.startswith(ENV_PREFIX):
+            continue
+        parts = [p.lower() for p in var[len(ENV_PREFIX):].split("__")]
+        if parts[0] not in top:
+            continue
+        value = _env_value(environ[var], _leaf_type(parts))
+        node = merged
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                problems.append(f"{var}: {'.'.join(parts[:i + 1])} is not a section, cannot set {'.'.join(parts)}")
+                break
+            node = child
+        else:
+            node[parts[-1]] = value
+            origins[".".join(parts)] = var
+    return merged, problems, origins
+
+
+def _leaf_type(parts: list[str]):
+    """The annotation of the setting at `parts`, or None when the path is unknown."""
+    cls = Settings
+    tp = None
+    for part in parts:
+        if not dataclasses.is_dataclass(cls):
+            return None
+        tp = typing.get_type_hints(cls).get(part)
+        if tp is None:
+            return None
+        cls = tp
+    return tp
+
+
+def _env_value(text: str, tp):
+    """An environment value: raw text for string settings, else read as YAML."""
+    stripped = text.strip()
+    if stripped.lower() in ("", "null", "~"):
+        return None
+    if tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)):
+        return text
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text  # reported by validation as a wrong type, naming the key
+
+
+def _deep_copy(data):
+    if isinstance(data, dict):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(v) for v in data]
+    return data
+
+
+# ---- building and checking ---------------------------------------------------------
+
+def _type_name(tp) -> str:
+    if tp is type(None):
+        return "null"
+    if dataclasses.is_dataclass(tp):
+        return "mapping"
+    origin = typing.get_origin(tp)
+    if origin in (tuple, list):
+        return "list"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    return {bool: "boolean", int: "integer", float: "number", str: "string"}.get(tp, str(tp))
+
+
+def _convert(value, tp, path: str, problems: list[str]):
+    """`value` checked against annotation `tp`; problems appended, _INVALID on failure."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            sub: list[str] = []
+            out = _convert(value, arg, path, sub)
+            if not sub:
+                return out
+        problems.append(f"{path}: must be {_type_name(tp)}, got {_describe(value)}")
+        return _INVALID
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            problems.append(f"{path}: must be a mapping of keys, got {_describe(value)}")
+            return _INVALID
+        return _build(tp, value, path + ".", problems)
+    if origin in (tuple, list):
+        (item_tp, *_rest) = typing.get_args(tp)
+        if not isinstance(value, list):
+            problems.append(f"{path}: must be a list, got {_describe(value)}")
+            return _INVALID
+        items = [_convert(v, item_tp, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+        rule = RULES.get(_rule_key(path) + "[]")
+        for i, item in enumerate(items):
+            if rule is not None and item is not _INVALID:
+                msg = rule(item)
+                if msg:
+                    problems.append(f"{path}[{i}]: {msg}, got {item!r}")
+        return tuple(items)
+    ok = {
+        bool: lambda v: isinstance(v, bool),
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        str: lambda v: isinstance(v, str),
+    }.get(tp)
+    if ok is None:
+        raise TypeError(f"proxy.config cannot check annotation {tp!r} of {path}; extend _convert")
+    if not ok(value):
+        problems.append(f"{path}: must be {_type_name(tp)}, got {_describe(value)}")
+        return _INVALID
+    return float(value) if tp is float else value
+
+
+def _describe(value) -> str:
+    if value is None:
+        return "null"
+    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
+            dict: "mapping"}.get(type(value), type(value).__name__)
+    text = repr(value)
+    return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _rule_key(path: str) -> str:
+    """`replicas[2].url` -> `replicas[].url`."""
+    out, depth = [], 0
+    for ch in path:
+        if ch == "[":
+            depth += 1
+            out.append("[]")
+        elif ch == "]":
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
+
+
+class _Invalid:
+    pass
+
+
+_INVALID = _Invalid()
+
+
+def _build(cls, data: dict, prefix: str, problems: list[str]):
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            problems.append(f"{prefix}{key}: unknown key; known keys here: {', '.join(fields)}")
+    kwargs = {}
+    missing = False
+    problems_before = len(problems)
+    for name, f in fields.items():
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                problems.append(f"{prefix}{name}: required key is missing")
+                missing = True
+            continue
+        path = prefix + name
+        value = _convert(data[name], hints[name], path, problems)
+        if value is _INVALID:
+            continue
+        rule = RULES.get(_rule_key(path))
+        if rule is not None and value is not None:
+            msg = rule(value)
+            if msg:
+                problems.append(f"{path}: {msg}, got {value!r}")
+                continue
+        kwargs[name] = value
+    if missing or len(problems) > problems_before:
+        return _INVALID
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        problems.append(f"{prefix.rstrip('.') or 'config'}: {exc}")
+        return _INVALID
+
+
+def settings_from_dict(data: dict) -> Settings:
+    """A validated Settings, or ConfigError listing every problem."""
+    problems: list[str] = []
+    settings = _build(Settings, data, "", problems)
+    if not problems and isinstance(settings, Settings):
+        names = [r.name for r in settings.replicas]
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            problems.append(f"replicas: name {name!r} is used more than once; names must be unique")
+    if problems:
+        raise ConfigError(problems)
+    return settings
+
+
+def _with_origin(problem: str, origins: dict[str, str]) -> str:
+    key = _rule_key(problem.split(":", 1)[0]).replace("[]", "")
+    for path, var in origins.items():
+        if key == path or key.startswith(path + "."):
+            return f"{problem} (set by {var})"
+    return problem
+
+
+def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """The configuration of `path` (None: defaults only) with environment overrides applied."""
+    data = read_yaml(path) if path is not None else {}
+    merged, env_problems, origins = apply_env_overrides(data, os.environ if environ is None else environ)
+    try:
+        settings = settings_from_dict(merged)
+    except ConfigError as exc:
+        raise ConfigError(env_problems + [_with_origin(p, origins) for p in exc.problems]) from None
+    if env_problems:
+        raise ConfigError(env_problems)
+    return settings

@@ -1,0 +1,80 @@
+"""`kvgate serve`: the process around the app (replicas, event loop, signals).
+
+`make_admission` is the one place that decides which admission controller serves
+(Seam 1); the gate replaces its body with `AdmissionController(...)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+from proxy.app import create_app
+from proxy.metrics import KvgateMetrics
+from proxy.open_admission import OpenAdmission
+from proxy.settings import ReplicaSettings, Settings
+
+log = logging.getLogger("kvgate")
+
+
+def make_admission(settings: Settings, metrics: KvgateMetrics):
+    """The admission controller `serve` runs with (Seam 1 of docs/ARCHITECTURE.md)."""
+    return OpenAdmission(metrics)
+
+
+async def start_replicas(settings: Settings) -> tuple[tuple[ReplicaSettings, ...], list]:
+    """The replicas to serve, and the simulated ones started for them (to stop later)."""
+    if settings.replicas:
+        log.info("serving %d configured replicas: %s", len(settings.replicas),
+                 ", ".join(f"{r.name}={r.url}" for r in settings.replicas))
+        return settings.replicas, []
+    log.info("no replicas configured: starting %d simulated replicas in-process "
+             "(simulator.replica_server); set `replicas` in the config to serve vLLM",
+             settings.simulated_replicas)
+    from simulator.replica_server import start_simulated_replicas
+    sims = await start_simulated_replicas(settings.simulated_replicas, host="127.0.0.1")
+    log.info("simulated replicas up: %s", ", ".join(f"{s.name}={s.url}" for s in sims))
+    return tuple(ReplicaSettings(s.name, s.url) for s in sims), sims
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Run the proxy until `stop` is set (by default: SIGINT or SIGTERM)."""
+    loop = asyncio.get_running_loop()
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    replicas, sims = await start_replicas(settings)
+    runner = None
+    try:
+        metrics = KvgateMetrics()
+        app = create_app(settings, metrics=metrics, admission=make_admission(settings, metrics),
+                         replicas=replicas)
+        # handler_cancellation: a client that disconnects cancels its handler, which is
+        # how a pending admission is withdrawn and an upstream generation aborted.
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, settings.listen.host, settings.listen.port, backlog=2048)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        log.info("listening on http://%s:%d (OpenAI base URL http://%s:%d/v1)", host, port, host, port)
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await asyncio.gather(*(s.stop() for s in sims), return_exceptions=True)
+
+
+def run(coro) -> None:
+    """Run `coro` on uvloop when it is installed, else on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(coro)
