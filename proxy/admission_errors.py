@@ -1,6 +1,7 @@
 """Recognising the gate's AdmissionError family without importing gate/ (duck typing).
 
 Seam 1: an admission error carries `status`, `code`, `message` and `retry_after`;
+`error_type`, when present, becomes the error's `type`.
 `ReplicaUnavailable` (by class name anywhere in its MRO, or code
 `replica_unavailable`) asks the proxy to re-route once.
 """
@@ -17,6 +18,7 @@ class AdmissionRefusal:
     message: str
     retry_after: float | None
     replica_unavailable: bool
+    error_type: str | None = None
 
 
 def as_refusal(exc: BaseException) -> AdmissionRefusal | None:
@@ -29,9 +31,10 @@ def as_refusal(exc: BaseException) -> AdmissionRefusal | None:
     retry_after = getattr(exc, "retry_after", None)
     unavailable = code == "replica_unavailable" or any(
         cls.__name__ == "ReplicaUnavailable" for cls in type(exc).__mro__)
+    error_type = getattr(exc, "error_type", None)
     return AdmissionRefusal(status, str(code), str(message),
                             float(retry_after) if isinstance(retry_after, (int, float)) else None,
-                            unavailable)
+                            unavailable, error_type if isinstance(error_type, str) else None)
 
 
 def retry_after_header(seconds: float | None) -> dict[str, str] | None:

@@ -37,13 +37,13 @@ def error_payload(message: str, type_: str, code: str | None) -> dict:
     return {"error": {"message": message, "type": type_, "code": code}}
 
 
-def error_json(status: int, message: str, code: str | None) -> bytes:
-    return orjson.dumps(error_payload(message, _STATUS_TYPES.get(status, "api_error"), code))
+def error_json(status: int, message: str, code: str | None, type_: str | None = None) -> bytes:
+    return orjson.dumps(error_payload(message, type_ or _STATUS_TYPES.get(status, "api_error"), code))
 
 
 def error_response(status: int, message: str, code: str | None,
-                   headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=error_json(status, message, code),
+                   headers: Mapping[str, str] | None = None, type_: str | None = None) -> web.Response:
+    return web.Response(status=status, body=error_json(status, message, code, type_),
                         content_type="application/json", headers=headers)
 
 

@@ -162,7 +162,8 @@ class Forwarder:
                 self._count(kind, replica.name, refusal.status)
                 extra = retry_after_header(refusal.retry_after) or {}
                 extra[H_REPLICA] = replica.name
-                return error_response(refusal.status, refusal.message, refusal.code, headers=extra)
+                return error_response(refusal.status, refusal.message, refusal.code, headers=extra,
+                                      type_=refusal.error_type)
 
             replica.in_flight += 1
             try:

@@ -4,7 +4,7 @@ Answers the OpenAI/Anthropic routes the proxy forwards, streaming and not, plus
 /health and /metrics, names itself in every answer (`x-fake-replica` header and the
 content), records what it received, and has knobs to misbehave:
 
-  mode = "ok" | "status500" | "close_mid_stream" | "slow"
+  mode = "ok" | "status500" | "close_mid_stream" | "truncate_body" | "slow"
   healthy = False  -> /health answers 503
   await refuse()   -> stop listening (connections are refused)
 """
@@ -24,6 +24,7 @@ class FakeUpstream:
         self.mode = "ok"
         self.healthy = True
         self.chunks = chunks
+        self.chunk_delay = 0.0  # seconds between stream chunks
         self.slow_sec = slow_sec
         self.requests: list[dict] = []  # {"path", "headers", "body"}
         self.cancelled = 0  # handlers cancelled because the proxy dropped the connection
@@ -89,6 +90,13 @@ class FakeUpstream:
                                                 "code": "internal"}}, status=500,
                                      headers={"x-fake-replica": self.name})
         kind = request.path.rsplit("/", 1)[-1]
+        if self.mode == "truncate_body":  # announces 1000 bytes, sends 10, hangs up
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            response.content_length = 1000
+            await response.prepare(request)
+            await response.write(b'{"id": "x"')
+            request.transport.close()
+            return response
         if not body.get("stream"):
             return web.Response(body=orjson.dumps(self._full(kind, body)), content_type="application/json",
                                 headers={"x-fake-replica": self.name})
@@ -100,7 +108,7 @@ class FakeUpstream:
             if self.mode == "close_mid_stream" and i == 1:
                 request.transport.close()  # abrupt: no terminating chunk
                 return response
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.chunk_delay)
         await response.write(self._chunk(kind, -1, body))
         if kind != "messages":
             await response.write(b"data: [DONE]\n\n")

@@ -1,0 +1,237 @@
+"""The proxy's side of Seam 1: how it calls an AdmissionController and handles its errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from gate.errors import AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from proxy.app import REGISTRY
+ADMIN_TOKEN = "test-admin-token"  # as in conftest.py
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+class RecordedLease:
+    def __init__(self, replica, reason="reserved_session", wait_ms=12.5):
+        self.replica = replica
+        self.reason = reason
+        self.wait_ms = wait_ms
+        self.releases = 0
+
+    def release(self):
+        self.releases += 1
+
+
+class RecordingAdmission:
+    """Admits everything, records every call; `refuse` maps replica name -> exception to raise."""
+
+    def __init__(self):
+        self.acquired: list[tuple] = []
+        self.leases: list[RecordedLease] = []
+        self.finished: list[str] = []
+        self.removed: list[str] = []
+        self.refuse: dict[str, list[BaseException]] = {}
+        self.hold = None  # an asyncio.Event acquire waits on, when set
+        self.cancelled = 0
+
+    async def acquire(self, replica, session_id, route_kind, body):
+        self.acquired.append((replica.name, session_id, route_kind, dict(body)))
+        errors = self.refuse.get(replica.name)
+        if errors:
+            raise errors.pop(0)
+        if self.hold is not None:
+            try:
+                await self.hold.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        lease = RecordedLease(replica)
+        self.leases.append(lease)
+        return lease
+
+    def finish_session(self, session_id):
+        self.finished.append(session_id)
+
+    def remove_replica(self, name):
+        self.removed.append(name)
+
+    def state(self):
+        return {"r0": {"pending": [], "marker": "from-admission"}}
+
+
+@pytest.fixture
+def admission():
+    return RecordingAdmission()
+
+
+@pytest.fixture
+async def gated(upstreams, make_proxy, admission):
+    return await make_proxy(upstreams, admission=admission)
+
+
+async def test_acquire_gets_replica_session_kind_and_body_and_headers_report_the_lease(gated, admission):
+    resp = await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "s1"})
+    assert resp.status == 200
+    name, session_id, kind, body = admission.acquired[0]
+    assert (session_id, kind) == ("s1", "chat")
+    assert body["messages"] == CHAT["messages"]
+    assert resp.headers["x-kvgate-replica"] == name
+    assert resp.headers["x-kvgate-admission"] == "reserved_session"
+    assert resp.headers["x-kvgate-wait-ms"] == "12.5"
+    assert [l.releases for l in admission.leases] == [1]
+
+
+async def test_anonymous_requests_acquire_with_none(gated, admission):
+    await gated.get("/v1/models")
+    assert admission.acquired[0][1:3] == (None, "models")
+
+
+@pytest.mark.parametrize("error, status, code", [
+    (AdmissionPreempted("a newer attempt of this session arrived"), 409, "admission_preempted"),
+    (AdmissionTimeout("waited gate.max_wait_sec", retry_after=7), 503, "admission_timeout"),
+    (PromptTooLong("prompt of 9000 blocks can never fit"), 400, "prompt_too_long"),
+])
+async def test_admission_errors_become_openai_errors(gated, admission, upstreams, error, status, code):
+    admission.refuse = {"r0": [error], "r1": [error]}
+    resp = await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "s"})
+    assert resp.status == status
+    body = await resp.json()
+    assert body["error"]["code"] == code
+    assert body["error"]["message"] == error.message
+    assert body["error"]["type"] == error.error_type
+    assert resp.headers["x-kvgate-replica"] in ("r0", "r1")
+    if error.retry_after:
+        assert resp.headers["Retry-After"] == "7"
+    assert not any(f.requests for f in upstreams)
+
+
+async def test_duck_typed_admission_error_without_gate_classes(gated, admission):
+    class Refused(Exception):
+        status, code, message, retry_after = 503, "busy", "come back later", 2.2
+
+    admission.refuse = {"r0": [Refused()], "r1": [Refused()]}
+    resp = await gated.post("/v1/completions", json={"model": "m", "prompt": "x"}, headers={"x-session-id": "d"})
+    assert resp.status == 503
+    assert resp.headers["Retry-After"] == "3"
+    assert (await resp.json())["error"]["code"] == "busy"
+
+
+async def test_replica_unavailable_reroutes_once(gated, admission):
+    first = (await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "u"})).headers[
+        "x-kvgate-replica"]
+    other = "r1" if first == "r0" else "r0"
+    admission.refuse = {first: [ReplicaUnavailable("removed while waiting")]}
+    resp = await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "u"})
+    assert resp.status == 200
+    assert resp.headers["x-kvgate-replica"] == other
+    assert [a[0] for a in admission.acquired[1:]] == [first, other]
+
+
+async def test_replica_unavailable_twice_is_503(gated, admission):
+    admission.refuse = {"r0": [ReplicaUnavailable("gone")], "r1": [ReplicaUnavailable("gone too")]}
+    resp = await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "u2"})
+    assert resp.status == 503
+    assert (await resp.json())["error"]["code"] == "replica_unavailable"
+    assert len(admission.acquired) == 2
+
+
+async def test_client_disconnect_while_waiting_cancels_the_acquire(gated, admission, upstreams):
+    admission.hold = asyncio.Event()
+    with pytest.raises(asyncio.TimeoutError):
+        await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "w"},
+                         timeout=aiohttp.ClientTimeout(total=0.3))
+    for _ in range(100):
+        if admission.cancelled:
+            break
+        await asyncio.sleep(0.02)
+    assert admission.cancelled == 1
+    assert admission.leases == []
+    assert not any(f.requests for f in upstreams)
+    assert all(r.in_flight == 0 for r in gated.app[REGISTRY].all())
+
+
+async def test_lease_released_when_the_stream_ends_not_at_headers(gated, admission, upstreams):
+    for fake in upstreams:
+        fake.chunk_delay = 0.05
+    resp = await gated.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers={"x-session-id": "st"})
+    assert resp.status == 200
+    first = await resp.content.readany()
+    assert first
+    assert admission.leases[0].releases == 0
+    assert gated.app[REGISTRY].get(resp.headers["x-kvgate-replica"]).in_flight == 1
+    await resp.read()
+    await asyncio.sleep(0.01)
+    assert admission.leases[0].releases == 1
+    assert gated.app[REGISTRY].get(resp.headers["x-kvgate-replica"]).in_flight == 0
+
+
+async def test_client_disconnect_mid_stream_aborts_upstream_and_releases(gated, admission, upstreams):
+    for fake in upstreams:
+        fake.chunk_delay = 0.5
+        fake.chunks = 50
+    resp = await gated.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers={"x-session-id": "dc"})
+    await resp.content.readany()
+    fake = next(f for f in upstreams if f.name == resp.headers["x-kvgate-replica"])
+    resp.close()  # the client goes away mid-stream
+    await asyncio.wait_for(fake.cancelled_event.wait(), timeout=5)
+    for _ in range(100):
+        if admission.leases[0].releases:
+            break
+        await asyncio.sleep(0.02)
+    assert admission.leases[0].releases == 1
+    assert gated.app[REGISTRY].get(fake.name).in_flight == 0
+    text = await (await gated.get("/metrics")).text()
+    assert 'kind="client_disconnect"' in text
+
+
+async def test_lease_released_on_upstream_failure_and_reacquired_on_failover(gated, admission, upstreams):
+    first = (await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "ff"})).headers[
+        "x-kvgate-replica"]
+    await next(f for f in upstreams if f.name == first).refuse()
+    resp = await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "ff"})
+    assert resp.status == 200
+    assert resp.headers["x-kvgate-replica"] != first
+    assert [l.releases for l in admission.leases] == [1, 1, 1]
+    assert [a[0] for a in admission.acquired] == [first, first, resp.headers["x-kvgate-replica"]]
+
+
+async def test_finish_header_finishes_the_session_after_the_turn(gated, admission):
+    await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "fin"})
+    assert admission.finished == []
+    await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "fin", "x-session-finish": "true"})
+    assert admission.finished == ["fin"]
+    await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "fin", "x-session-finish": "no"})
+    assert admission.finished == ["fin"]
+
+
+async def test_admin_finish_and_state_use_the_controller(gated, admission):
+    resp = await gated.post("/admin/sessions/abc/finish", headers=ADMIN)
+    assert resp.status == 200
+    assert admission.finished == ["abc"]
+    state = await (await gated.get("/admin/state", headers=ADMIN)).json()
+    assert state["gates"] == admission.state()
+    assert {r["name"] for r in state["replicas"]} == {"r0", "r1"}
+
+
+async def test_admin_remove_replica_tells_the_controller(gated, admission):
+    resp = await gated.delete("/admin/replicas/r0", headers=ADMIN)
+    assert resp.status == 200
+    assert admission.removed == ["r0"]
+
+
+async def test_real_gate_controller_admits_through_the_proxy(upstreams, make_proxy):
+    """The gate's AdmissionController plugged into the app factory (fakes have low usage)."""
+    from gate.admission import AdmissionController
+    from proxy.metrics import KvgateMetrics
+    from proxy.settings import GateSettings
+
+    metrics = KvgateMetrics()
+    controller = AdmissionController(GateSettings(), metrics)
+    client = await make_proxy(upstreams, admission=controller)
+    resp = await client.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "real"})
+    assert resp.status == 200
+    assert resp.headers["x-kvgate-admission"]
