@@ -1,0 +1,87 @@
+"""`kvgate serve` as a process: the command the container image runs."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[2]
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+async def start_serve(*args: str) -> tuple[asyncio.subprocess.Process, list[str], str]:
+    """Start `kvgate serve --port 0 ...`; return the process, its log lines so far, its URL."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy.cli", "serve", "--port", "0", *args, cwd=REPO,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    lines: list[str] = []
+    try:
+        while True:
+            line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
+            if not line:
+                raise AssertionError("kvgate serve exited early:\n" + "".join(lines))
+            lines.append(line)
+            found = re.search(r"listening on (http://[\d.]+:\d+)", line)
+            if found:
+                return proc, lines, found.group(1)
+    except BaseException:
+        proc.kill()
+        await proc.wait()
+        raise
+
+
+async def stop_serve(proc) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return await asyncio.wait_for(proc.wait(), timeout=30)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+
+
+async def test_serve_forwards_to_configured_replicas(upstreams, tmp_path):
+    config = tmp_path / "kvgate.yaml"
+    config.write_text("replicas:\n" + "".join(f"  - {{name: {f.name}, url: '{f.url}'}}\n" for f in upstreams))
+    proc, lines, url = await start_serve("--config", str(config))
+    try:
+        assert "2 configured replicas" in lines[0]
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/v1/chat/completions", json=CHAT, headers={"x-session-id": "x"}) as resp:
+                assert resp.status == 200
+                assert resp.headers["x-kvgate-replica"] in ("r0", "r1")
+            async with http.get(url + "/ready") as resp:
+                assert resp.status == 200
+    finally:
+        assert await stop_serve(proc) == 0
+
+
+async def test_serve_without_replicas_starts_simulated_ones_and_says_so_first(tmp_path):
+    config = tmp_path / "empty.yaml"
+    config.write_text("simulated_replicas: 2\n")
+    proc, lines, url = await start_serve("--config", str(config))
+    try:
+        assert "no replicas configured: starting 2 simulated replicas" in lines[0]
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/v1/chat/completions", json=CHAT, headers={"x-session-id": "y"}) as resp:
+                assert resp.status == 200
+                assert resp.headers["x-kvgate-replica"].startswith("sim")
+                assert (await resp.json())["object"] == "chat.completion"
+    finally:
+        assert await stop_serve(proc) == 0
+
+
+async def test_serve_with_an_invalid_config_exits_2(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("gate: {high_watermark: 3}\n")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy.cli", "serve", "--config", str(config), cwd=REPO,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode == 2
+    assert b"gate.high_watermark" in err
