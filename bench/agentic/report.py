@@ -11,7 +11,8 @@ tested on canned data. Definitions:
 - turn latency: from a turn's first send to the end of the reply the agent used;
   TTFT: from the turn's first send to that reply's first content token;
 - preemptions: attempts answered 409 (superseded at the gate) and the replicas'
-  engine preemptions (simulator counters whose name contains "preempt");
+  engine preemptions (`vllm:num_preemptions_total`); the simulator's recomputed
+  tokens (`kvgate_sim:recomputed_tokens_total`) when it exports them;
 - failed turns: turns with no successful attempt; stranded attempts: attempts that
   hit the client timeout (a waiter nobody released).
 """
@@ -59,8 +60,7 @@ def _stats(values: list[float]) -> dict:
             "max": max(values) if values else None}
 
 
-def _sim_sum(sim: dict[str, float], needle: str) -> float:
-    return sum(v for k, v in sim.items() if needle in k)
+RECOMPUTED = "kvgate_sim:recomputed_tokens_total"
 
 
 def summarize_mode(mode: str, attempts: list[AttemptRecord], turns: list[TurnRecord],
@@ -100,8 +100,8 @@ def summarize_mode(mode: str, attempts: list[AttemptRecord], turns: list[TurnRec
         "attempt_statuses": dict(sorted(statuses.items())),
         "attempts_preempted_409": sum(1 for a in attempts if a.status == 409),
         "attempts_stranded": sum(1 for a in attempts if a.status == "timeout"),
-        "engine_preemptions": _sim_sum(counters.sim, "preempt"),
-        "engine_recomputed_tokens": _sim_sum(counters.sim, "recomput"),
+        "engine_preemptions": counters.preemptions,
+        "engine_recomputed_tokens": counters.sim.get(RECOMPUTED),
         "sim_counters": dict(sorted(counters.sim.items())),
         "turn_latency_s": _stats([t.latency_s for t in ok_turns]),
         "ttft_s": _stats([t.ttft_s for t in ok_turns if t.ttft_s is not None]),

@@ -2,9 +2,11 @@
 
 The hit rate of a run is the delta of `vllm:prefix_cache_hits_total` over the delta of
 `vllm:prefix_cache_queries_total` (both in tokens), summed over replicas, between a
-snapshot before and one after the run. Counters of the simulated replica that vLLM
-lacks live under the `kvgate_sim:` prefix; every one of them is kept, so the report
-shows whatever the simulator exports (preemptions, recomputed tokens, evictions).
+snapshot before and one after the run. Engine preemptions come from vLLM's
+`vllm:num_preemptions_total`. Counters of the simulated replica that vLLM lacks live
+under the `kvgate_sim:` prefix; every one of them (`*_total` samples; gauges are not
+deltas) is kept, so the report shows whatever the simulator exports (recomputed
+tokens, computed prefill tokens, evictions).
 
 Parsing is a pure function of the exposition text; only `fetch_counters` does I/O.
 """
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 
 QUERIES = "vllm:prefix_cache_queries_total"
 HITS = "vllm:prefix_cache_hits_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
 SIM_PREFIX = "kvgate_sim:"
 
 
@@ -56,23 +59,26 @@ class Counters:
 
     queries: float = 0.0
     hits: float = 0.0
-    sim: dict[str, float] = field(default_factory=dict)  # kvgate_sim:* counters by name
+    preemptions: float = 0.0
+    sim: dict[str, float] = field(default_factory=dict)  # kvgate_sim:*_total counters by name
 
     @classmethod
     def from_metrics(cls, totals: dict[str, float]) -> "Counters":
-        sim = {k: v for k, v in totals.items() if k.startswith(SIM_PREFIX)}
-        return cls(totals.get(QUERIES, 0.0), totals.get(HITS, 0.0), sim)
+        sim = {k: v for k, v in totals.items() if k.startswith(SIM_PREFIX) and k.endswith("_total")}
+        return cls(totals.get(QUERIES, 0.0), totals.get(HITS, 0.0), totals.get(PREEMPTIONS, 0.0), sim)
 
     def __add__(self, other: "Counters") -> "Counters":
         sim = dict(self.sim)
         for k, v in other.sim.items():
             sim[k] = sim.get(k, 0.0) + v
-        return Counters(self.queries + other.queries, self.hits + other.hits, sim)
+        return Counters(self.queries + other.queries, self.hits + other.hits,
+                        self.preemptions + other.preemptions, sim)
 
     def minus(self, earlier: "Counters") -> "Counters":
         """The delta since `earlier` (a counter missing earlier counts from 0)."""
         sim = {k: v - earlier.sim.get(k, 0.0) for k, v in self.sim.items()}
-        return Counters(self.queries - earlier.queries, self.hits - earlier.hits, sim)
+        return Counters(self.queries - earlier.queries, self.hits - earlier.hits,
+                        self.preemptions - earlier.preemptions, sim)
 
     @property
     def hit_rate(self) -> float:

@@ -27,8 +27,8 @@ def canned():
         TurnRecord(1, 1, 0.0, 2.0, None, True, 2),
         TurnRecord(1, 2, 3.0, 9.0, None, False, 1),
     ]
-    counters = Counters(queries=1000, hits=600, sim={"kvgate_sim:num_preemptions_total": 3,
-                                                       "kvgate_sim:recomputed_tokens_total": 120})
+    counters = Counters(queries=1000, hits=600, preemptions=3,
+                        sim={"kvgate_sim:recomputed_tokens_total": 120, "kvgate_sim:preempted_prefix_cache_hits_total": 7})
     return attempts, turns, counters
 
 

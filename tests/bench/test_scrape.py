@@ -11,6 +11,8 @@ vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9
 vllm:prefix_cache_hits_total{engine="0",model_name="m"} 600.0
 vllm:kv_cache_usage_perc{engine="0"} 0.5
 kvgate_sim:preemptions_total 3
+vllm:num_preemptions_total{engine="0"} 3
+kvgate_sim:num_free_blocks{engine="0"} 17
 kvgate_sim:recomputed_tokens_total{engine="0"} 120
 garbage line without value
 vllm:num_requests_running{label="a b"} NaN
@@ -29,9 +31,10 @@ def test_counters_delta_and_sum():
     after = Counters.from_metrics(parse_prometheus(TEXT))
     assert after.hit_rate == 0.4
     assert after.sim == {"kvgate_sim:preemptions_total": 3.0, "kvgate_sim:recomputed_tokens_total": 120.0}
-    before = Counters(queries=500.0, hits=100.0, sim={"kvgate_sim:preemptions_total": 1.0})
+    assert after.preemptions == 3.0
+    before = Counters(queries=500.0, hits=100.0, preemptions=1.0, sim={"kvgate_sim:preemptions_total": 1.0})
     delta = after.minus(before)
-    assert (delta.queries, delta.hits) == (1000.0, 500.0)
+    assert (delta.queries, delta.hits, delta.preemptions) == (1000.0, 500.0, 2.0)
     assert delta.sim == {"kvgate_sim:preemptions_total": 2.0, "kvgate_sim:recomputed_tokens_total": 120.0}
     total = sum_counters([delta, before])
     assert (total.queries, total.hits, total.sim["kvgate_sim:preemptions_total"]) == (1500.0, 600.0, 3.0)
