@@ -1,0 +1,255 @@
+"""The probe endpoints on a real vLLM CPU server (SPEC.md section 6).
+
+All tests share one server (conftest.vllm_server). Tests that need a known cache
+state reset vLLM's prefix cache first; the others use prompts no other test sends.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+
+import pytest
+
+from vllm_harness import http_json, prefix_counters, scrape_metrics
+
+pytestmark = pytest.mark.vllm
+
+MODEL = "tiny"
+
+
+def words(count: int, seed: object) -> str:
+    rng = random.Random(str(seed))
+    syllables = ["ka", "lo", "mi", "ren", "to", "sa", "vel", "dor", "in", "ex", "qu", "ab", "ze", "pol"]
+    return " ".join("".join(rng.choice(syllables) for _ in range(rng.randint(1, 3))) for _ in range(count))
+
+
+def token_prompt(num_tokens: int, seed: object) -> list[int]:
+    rng = random.Random(str(seed))
+    return [rng.randrange(10, 500) for _ in range(num_tokens)]
+
+
+def chat_body(system: str, user: str, **extra) -> dict:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "max_tokens": 2,
+    }
+    body.update(extra)
+    return body
+
+
+def probe_prefix(server, payload: dict) -> dict:
+    status, body = http_json("POST", server.url + "/v1/kvgate/prefix", payload)
+    assert status == 200, body
+    return body
+
+
+def probe_kv(server) -> dict:
+    status, body = http_json("GET", server.url + "/v1/kvgate/kv")
+    assert status == 200, body
+    return body
+
+
+def serve(server, route: str, body: dict) -> dict:
+    status, response = http_json("POST", server.url + route, body)
+    assert status == 200, response
+    return response
+
+
+def chat_tokens(server, body: dict) -> list[int]:
+    status, response = http_json("POST", server.url + "/tokenize", {"model": MODEL, "messages": body["messages"]})
+    assert status == 200, response
+    return response["tokens"]
+
+
+def settled_counters(server) -> tuple[float, float]:
+    """Prefix-cache counters once the last request's stats have reached /metrics."""
+    previous = prefix_counters(server.url)
+    for _ in range(20):
+        time.sleep(0.25)
+        current = prefix_counters(server.url)
+        if current == previous:
+            return current
+        previous = current
+    return previous
+
+
+def test_kv_probe_block_totals_match_cache_config_info(vllm_server):
+    kv = probe_kv(vllm_server)
+    info = [labels for name, labels, _ in scrape_metrics(vllm_server.url) if name == "vllm:cache_config_info"]
+    assert info, "vllm:cache_config_info missing from /metrics"
+    assert kv["num_total_blocks"] == int(info[0]["num_gpu_blocks"]) == vllm_server.num_blocks
+    assert kv["block_size"] == int(info[0]["block_size"]) == vllm_server.block_size
+    assert kv["num_usable_blocks"] == kv["num_total_blocks"] - 1
+    assert kv["version"] == 1 and [engine["engine"] for engine in kv["engines"]] == [0]
+
+
+def test_chat_prefix_hit_ratio_lifecycle(vllm_server):
+    tag = uuid.uuid4().hex
+    system = f"{tag} " + words(180, tag)
+    first = chat_body(system, "first question " + words(20, tag + "q1"))
+    before = probe_prefix(vllm_server, {"chat": first})
+    assert before["total_blocks"] >= 3
+    assert (before["hit_blocks"], before["hit_ratio"]) == (0, 0.0)
+
+    serve(vllm_server, "/v1/chat/completions", first)
+    after = probe_prefix(vllm_server, {"chat": first})
+    assert after["hit_ratio"] == 1.0 and after["hit_blocks"] == after["total_blocks"]
+    assert after["hit_blocks_evictable"] == after["hit_blocks"]  # nothing running holds them
+
+    second = chat_body(system, "another question " + words(20, tag + "q2"))
+    shared = 0
+    for a, b in zip(chat_tokens(vllm_server, first), chat_tokens(vllm_server, second)):
+        if a != b:
+            break
+        shared += 1
+    other = probe_prefix(vllm_server, {"chat": second})
+    assert other["hit_blocks"] == shared // vllm_server.block_size
+    assert 0 < other["hit_blocks"] < other["total_blocks"]
+
+    salted = probe_prefix(vllm_server, {"chat": dict(first, cache_salt="tenant-" + tag)})
+    assert salted["total_blocks"] == after["total_blocks"] and salted["hit_blocks"] == 0
+
+
+def test_token_ids_and_chat_probe_agree(vllm_server):
+    tag = uuid.uuid4().hex
+    body = chat_body(f"{tag} " + words(120, tag), "question")
+    serve(vllm_server, "/v1/chat/completions", body)
+    by_chat = probe_prefix(vllm_server, {"chat": body})
+    by_tokens = probe_prefix(vllm_server, {"token_ids": chat_tokens(vllm_server, body), "model": MODEL})
+    for key in ("total_tokens", "total_blocks", "hit_blocks", "hit_tokens"):
+        assert by_chat[key] == by_tokens[key], key
+
+
+@pytest.mark.parametrize(
+    "route,body",
+    [
+        ("/v1/chat/completions", chat_body("sys " + words(90, "tt1"), "hi " + words(10, "tt2"))),
+        (
+            "/v1/chat/completions",
+            chat_body(
+                "tools " + words(60, "tt3"), "call it",
+                tools=[{"type": "function", "function": {"name": "read_file", "description": "read",
+                                                         "parameters": {"type": "object", "properties": {}}}}],
+                tool_choice="none",
+            ),
+        ),
+        ("/v1/completions", {"model": MODEL, "prompt": words(150, "tt4"), "max_tokens": 2}),
+        ("/v1/completions", {"model": MODEL, "prompt": token_prompt(77, "tt5"), "max_tokens": 2}),
+    ],
+    ids=["chat", "chat-with-tools", "completion-text", "completion-token-ids"],
+)
+def test_total_tokens_equal_vllm_prompt_tokens(vllm_server, route, body):
+    kind = "chat" if "chat" in route else "completion"
+    probed = probe_prefix(vllm_server, {kind: body})
+    response = serve(vllm_server, route, body)
+    assert probed["total_tokens"] == response["usage"]["prompt_tokens"]
+    assert probed["total_blocks"] == probed["total_tokens"] // vllm_server.block_size
+
+
+def test_probes_leave_counters_and_eviction_order_alone(vllm_server):
+    """Twenty probes of an old prompt change no counter and do not save it from eviction.
+
+    After a reset, A (20 blocks) then B (20 blocks) are served and freed, so A is
+    older in vLLM's LRU free queue. C (30 blocks) then has to evict part of A and
+    none of B, unless a probe had touched A's blocks.
+    """
+    server = vllm_server
+    server.reset_prefix_cache()
+    tag = uuid.uuid4().hex
+    block = server.block_size
+    prompt_a, prompt_b, prompt_c = (token_prompt(n * block, tag + name) for n, name in ((20, "a"), (20, "b"), (30, "c")))
+    complete = lambda prompt: serve(server, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1})
+
+    complete(prompt_a)
+    complete(prompt_b)
+    counters_before = settled_counters(server)
+    for index in range(20):
+        probe = probe_prefix(server, {"token_ids": prompt_a} if index % 2 else {"completion": {"model": MODEL, "prompt": prompt_a}})
+        assert probe["hit_blocks"] == 20
+        probe_kv(server)
+    time.sleep(0.5)
+    assert prefix_counters(server.url) == counters_before
+
+    complete(prompt_c)
+    resident_a = probe_prefix(server, {"token_ids": prompt_a})
+    resident_b = probe_prefix(server, {"token_ids": prompt_b})
+    assert resident_b["hit_blocks"] == 20
+    assert resident_a["hit_blocks"] < 20
+
+    # The probe's hit_tokens is exactly what the scheduler then reuses.
+    queries_before, hits_before = settled_counters(server)
+    complete(prompt_b)
+    queries_after, hits_after = settled_counters(server)
+    assert queries_after - queries_before == len(prompt_b)
+    assert hits_after - hits_before == resident_b["hit_tokens"] == 19 * block
+
+
+def test_kv_usage_rises_while_requests_run_and_returns_to_zero(vllm_server):
+    server = vllm_server
+    tag = uuid.uuid4().hex
+
+    def long_request(index: int) -> None:
+        body = {"model": MODEL, "prompt": token_prompt(100, f"{tag}{index}"), "max_tokens": 400, "ignore_eos": True}
+        serve(server, "/v1/completions", body)
+
+    threads = [threading.Thread(target=long_request, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    busy = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and any(thread.is_alive() for thread in threads):
+        kv = probe_kv(server)
+        if kv["num_running"] > 0 and kv["kv_cache_usage"] > 0:
+            busy = kv
+            break
+        time.sleep(0.05)
+    for thread in threads:
+        thread.join(timeout=300)
+    assert busy is not None, "never saw a running request in the KV probe"
+    assert busy["num_free_blocks"] < busy["num_usable_blocks"]
+
+    idle = probe_kv(server)
+    for _ in range(50):
+        if idle["num_running"] == 0:
+            break
+        time.sleep(0.1)
+        idle = probe_kv(server)
+    assert (idle["num_running"], idle["num_waiting"]) == (0, 0)
+    assert idle["kv_cache_usage"] == 0.0
+    assert idle["num_free_blocks"] == idle["num_usable_blocks"]
+    assert idle["num_cached_blocks"] > 0  # the finished requests' blocks stay cached
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not json",
+        b"[1, 2]",
+        b"{}",
+        b'{"token_ids": "abc"}',
+        b'{"token_ids": [1, "a"]}',
+        b'{"token_ids": []}',
+        b'{"token_ids": [1, 2], "cache_salt": 5}',
+        b'{"token_ids": [1, 2], "model": "no-such-model"}',
+        b'{"token_ids": [1, 2], "chat": {"messages": []}}',
+        b'{"chat": "hello"}',
+        b'{"chat": {"messages": "hello"}}',
+        b'{"chat": {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}}',
+        b'{"chat": {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}}]}]}}',
+        b'{"completion": {"prompt": 5}}',
+        b'{"completion": {"prompt": ["a", "b"]}}',
+    ],
+)
+def test_bad_prefix_bodies_get_400(vllm_server, raw):
+    status, body = http_json("POST", vllm_server.url + "/v1/kvgate/prefix", raw=raw)
+    assert status == 400, body
+    assert body["error"]["message"]
+
+
+def test_server_still_answers_after_bad_bodies(vllm_server):
+    http_json("POST", vllm_server.url + "/v1/kvgate/prefix", raw=b'{"token_ids": [1, "a"]}')
+    assert probe_kv(vllm_server)["version"] == 1
