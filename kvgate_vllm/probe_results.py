@@ -24,18 +24,19 @@ def kv_usage_result(
 ) -> dict:
     """One engine's KV figures.
 
-    ``num_gpu_blocks`` is vLLM's ``num_gpu_blocks`` (what ``vllm:cache_config_info``
-    reports) and includes the null block, so usable blocks are one fewer.
+    ``num_gpu_blocks`` is vLLM's own figure (what ``vllm:cache_config_info`` reports);
+    it includes vLLM's reserved null block, so ``num_total_blocks``, the blocks
+    requests can use, is one fewer (the simulated replica reports the same).
     ``kv_cache_usage`` equals vLLM's ``BlockPool.get_usage()``: blocks held by live
     requests over usable blocks; cached blocks no live request holds count as free.
     """
-    num_usable_blocks = max(num_gpu_blocks - 1, 0)
-    usage = 1.0 - num_free_blocks / num_usable_blocks if num_usable_blocks else 0.0
+    num_total_blocks = max(num_gpu_blocks - 1, 0)
+    usage = 1.0 - num_free_blocks / num_total_blocks if num_total_blocks else 0.0
     return {
         "version": PROBE_API_VERSION,
         "kv_cache_usage": usage,
-        "num_total_blocks": num_gpu_blocks,
-        "num_usable_blocks": num_usable_blocks,
+        "num_total_blocks": num_total_blocks,
+        "num_gpu_blocks": num_gpu_blocks,
         "num_free_blocks": num_free_blocks,
         "num_cached_blocks": num_cached_blocks,
         "block_size": block_size,
@@ -88,10 +89,10 @@ def merge_kv_usage(per_engine: Sequence[dict]) -> dict:
         raise ValueError("merge_kv_usage needs at least one engine result")
     totals = {
         key: sum(result[key] for result in per_engine)
-        for key in ("num_total_blocks", "num_usable_blocks", "num_free_blocks",
+        for key in ("num_total_blocks", "num_gpu_blocks", "num_free_blocks",
                     "num_cached_blocks", "num_running", "num_waiting")
     }
-    usable = totals["num_usable_blocks"]
+    usable = totals["num_total_blocks"]
     merged = {
         "version": PROBE_API_VERSION,
         "kv_cache_usage": 1.0 - totals["num_free_blocks"] / usable if usable else 0.0,

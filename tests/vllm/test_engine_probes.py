@@ -72,7 +72,7 @@ def test_unseen_and_sub_block_prompts_hit_nothing(side_effects):
 
 def test_kv_usage_reads_the_block_pool(side_effects):
     kv = side_effects["probes"]["kv"]
-    assert kv["num_total_blocks"] == 32 and kv["num_usable_blocks"] == 31
+    assert kv["num_gpu_blocks"] == 32 and kv["num_total_blocks"] == 31  # minus the null block
     assert kv["num_free_blocks"] == 27  # B's 4 blocks are held; A's 5 are free (evictable)
     assert kv["num_cached_blocks"] == 9
     assert kv["kv_cache_usage"] == pytest.approx(4 / 31)

@@ -81,9 +81,9 @@ def test_kv_probe_block_totals_match_cache_config_info(vllm_server):
     kv = probe_kv(vllm_server)
     info = [labels for name, labels, _ in scrape_metrics(vllm_server.url) if name == "vllm:cache_config_info"]
     assert info, "vllm:cache_config_info missing from /metrics"
-    assert kv["num_total_blocks"] == int(info[0]["num_gpu_blocks"]) == vllm_server.num_blocks
+    assert kv["num_gpu_blocks"] == int(info[0]["num_gpu_blocks"]) == vllm_server.num_blocks
+    assert kv["num_total_blocks"] == kv["num_gpu_blocks"] - 1  # vLLM's null block is not usable
     assert kv["block_size"] == int(info[0]["block_size"]) == vllm_server.block_size
-    assert kv["num_usable_blocks"] == kv["num_total_blocks"] - 1
     assert kv["version"] == 1 and [engine["engine"] for engine in kv["engines"]] == [0]
 
 
@@ -210,7 +210,7 @@ def test_kv_usage_rises_while_requests_run_and_returns_to_zero(vllm_server):
     for thread in threads:
         thread.join(timeout=300)
     assert busy is not None, "never saw a running request in the KV probe"
-    assert busy["num_free_blocks"] < busy["num_usable_blocks"]
+    assert busy["num_free_blocks"] < busy["num_total_blocks"]
 
     idle = probe_kv(server)
     for _ in range(50):
@@ -220,7 +220,7 @@ def test_kv_usage_rises_while_requests_run_and_returns_to_zero(vllm_server):
         idle = probe_kv(server)
     assert (idle["num_running"], idle["num_waiting"]) == (0, 0)
     assert idle["kv_cache_usage"] == 0.0
-    assert idle["num_free_blocks"] == idle["num_usable_blocks"]
+    assert idle["num_free_blocks"] == idle["num_total_blocks"]
     assert idle["num_cached_blocks"] > 0  # the finished requests' blocks stay cached
 
 
