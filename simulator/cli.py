@@ -111,4 +111,7 @@ def vars_of(config: EngineConfig) -> dict:
 
 
 def add_commands(subparsers) -> None:
+    from simulator.experiment_cli import add_sim_command
+
     _add_replica_command(subparsers)
+    add_sim_command(subparsers)

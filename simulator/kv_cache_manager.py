@@ -117,13 +117,23 @@ class KVCacheManager:
     ) -> list[KVCacheBlock] | None:
         """Blocks for `num_new_tokens` more tokens after the computed ones, or None if they don't fit."""
         pool = self.block_pool
-        num_computed = request.num_computed_tokens + num_new_computed_tokens
-        total = num_computed + num_new_tokens
-        num_new_blocks = self.num_blocks_to_allocate(request, total, new_computed_blocks)
-        num_evictable_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
+        rid = request.request_id
+        total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        req_blocks = self.req_to_blocks.get(rid)
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[rid] = []
+        num_new_blocks = -(-total // self.block_size) - len(req_blocks) - len(new_computed_blocks)
+        if num_new_blocks <= 0 and not new_computed_blocks:
+            # Fast path (most decode steps): no block to allocate, maybe one to cache.
+            if total // self.block_size > self.num_cached_blocks.get(rid, 0):
+                self._cache_blocks(request, total)
+            return []
+        num_new_blocks = max(0, num_new_blocks)
+        num_evictable_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0) if new_computed_blocks else 0
         if num_new_blocks > pool.get_num_free_blocks() - num_evictable_hits:
+            if not req_blocks:
+                del self.req_to_blocks[rid]
             return None
-        req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
         if new_computed_blocks:
             pool.touch(new_computed_blocks)
             req_blocks.extend(new_computed_blocks)
