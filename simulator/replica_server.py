@@ -1,7 +1,7 @@
 """The simulated vLLM replica: the real-time engine model behind vLLM's HTTP surface.
 
 Routes (docs/ARCHITECTURE.md seam 3): POST /v1/chat/completions, POST /v1/completions
-(streaming and not), GET /v1/models, GET /health, GET /metrics, and the probe API of
+(streaming and not), POST /v1/messages (Anthropic, as vLLM serves it), GET /v1/models, GET /health, GET /metrics, and the probe API of
 SPEC.md section 6 (GET /v1/kvgate/kv, POST /v1/kvgate/prefix), answered from the engine
 model without side effects.
 
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
+from simulator import anthropic_api
 from simulator.async_engine import AsyncEngine, RequestHandle
 from simulator.config import CostModel, EngineConfig
 from simulator.openai_api import (
@@ -86,46 +87,96 @@ async def _until_finished(handle: RequestHandle) -> None:
         handle.changed.clear()
 
 
+def _error_for(kind: str, error: ApiError) -> web.Response:
+    body = anthropic_api.anthropic_error_body(error) if kind == "messages" else error.body()
+    return _json(body, status=error.status)
+
+
+def _parse(kind: str, body, model_name: str, max_model_len: int) -> GenerationParams:
+    if kind == "messages":
+        return anthropic_api.parse_messages(body, model_name, max_model_len)
+    return parse_generation(kind, body, model_name, max_model_len)
+
+
+ABORTED = ApiError("the request was aborted: the replica is shutting down", 503, "ServiceUnavailableError")
+ID_PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-", "messages": "msg_"}
+
+
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
     info = request.app[INFO_KEY]
     try:
         body = await _read_json(request)
-        params = parse_generation(kind, body, info.model_name, engine.config.effective_max_model_len)
+        params = _parse(kind, body, info.model_name, engine.config.effective_max_model_len)
         handle = engine.add_request(params.prompt_token_ids, params.max_tokens, params.cache_salt)
     except ApiError as error:
-        return _error(error)
+        return _error_for(kind, error)
     except ValueError as error:
-        return _error(ApiError(str(error)))
-    request_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        return _error_for(kind, ApiError(str(error)))
+    request_id = ID_PREFIX[kind] + uuid.uuid4().hex
     created = int(time.time())
     try:
         if params.stream:
             return await _stream(request, params, handle, request_id, created)
         await _until_finished(handle)
         if handle.finish_reason == "abort":
-            return _error(ApiError("the request was aborted: the replica is shutting down", 503, "ServiceUnavailableError"))
+            return _error_for(kind, ABORTED)
         sim_request = handle.request
-        usage_body = usage(sim_request.num_prompt_tokens, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens)
+        text = _text(sim_request.output_token_ids)
+        prompt, output, cached = sim_request.num_prompt_tokens, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens
+        if kind == "messages":
+            return _json(anthropic_api.message_response(request_id, params.model, text, handle.finish_reason, prompt, output, cached))
         build = chat_response if kind == "chat" else completion_response
-        return _json(build(request_id, created, params.model, _text(sim_request.output_token_ids), handle.finish_reason, usage_body))
+        return _json(build(request_id, created, params.model, text, handle.finish_reason, usage(prompt, output, cached)))
     finally:
         if not handle.finished:
             engine.abort(handle.request.request_id)
 
 
+def _sse(obj) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _opening_events(params: GenerationParams, request_id: str, created: int) -> list[bytes]:
+    if params.kind == "messages":
+        return anthropic_api.stream_opening(request_id, params.model, len(params.prompt_token_ids))
+    if params.kind == "chat":
+        return [_sse(chat_chunk(request_id, created, params.model, {"role": "assistant", "content": ""}, None))]
+    return []
+
+
+def _delta_events(params: GenerationParams, request_id: str, created: int, text: str, finish_reason: str | None) -> list[bytes]:
+    if params.kind == "messages":
+        return [anthropic_api.stream_delta(text)] if text else []
+    if params.kind == "chat":
+        return [_sse(chat_chunk(request_id, created, params.model, {"content": text} if text else {}, finish_reason))]
+    return [_sse(completion_chunk(request_id, created, params.model, text, finish_reason))]
+
+
+def _closing_events(params: GenerationParams, request_id: str, created: int, handle: RequestHandle) -> list[bytes]:
+    sim_request = handle.request
+    if handle.finish_reason == "abort":
+        if params.kind == "messages":
+            return [anthropic_api.event("error", anthropic_api.anthropic_error_body(ABORTED))]
+        return [_sse(ABORTED.body()), b"data: [DONE]\n\n"]
+    if params.kind == "messages":
+        return anthropic_api.stream_closing(handle.finish_reason, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens)
+    events = []
+    if params.include_usage:
+        usage_body = usage(sim_request.num_prompt_tokens, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens)
+        events.append(_sse(usage_chunk(request_id, created, params.model, params.kind, usage_body)))
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
 async def _stream(
     request: web.Request, params: GenerationParams, handle: RequestHandle, request_id: str, created: int
 ) -> web.StreamResponse:
+    """Relay tokens as they are generated: one event per engine step (one token per step)."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
-    model, kind = params.model, params.kind
-
-    async def send(obj) -> None:
-        await response.write(b"data: " + orjson.dumps(obj) + b"\n\n")
-
-    if kind == "chat":
-        await send(chat_chunk(request_id, created, model, {"role": "assistant", "content": ""}, None))
+    for chunk in _opening_events(params, request_id, created):
+        await response.write(chunk)
     sim_request = handle.request
     sent = 0
     while True:
@@ -136,19 +187,12 @@ async def _stream(
         if len(tokens) > sent or finish_reason:
             text = _text(tokens[sent:])
             sent = len(tokens)
-            if kind == "chat":
-                await send(chat_chunk(request_id, created, model, {"content": text} if text else {}, finish_reason))
-            else:
-                await send(completion_chunk(request_id, created, model, text, finish_reason))
+            for chunk in _delta_events(params, request_id, created, text, finish_reason):
+                await response.write(chunk)
         if handle.finished:
             break
-    if handle.finish_reason == "abort":
-        error = ApiError("the request was aborted: the replica is shutting down", 503, "ServiceUnavailableError")
-        await send(error.body())
-    elif params.include_usage:
-        usage_body = usage(sim_request.num_prompt_tokens, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens)
-        await send(usage_chunk(request_id, created, model, kind, usage_body))
-    await response.write(b"data: [DONE]\n\n")
+    for chunk in _closing_events(params, request_id, created, handle):
+        await response.write(chunk)
     await response.write_eof()
     return response
 
@@ -159,6 +203,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "completion")
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "messages")
 
 
 # -- plain routes ----------------------------------------------------------------------------
@@ -264,6 +312,7 @@ def build_replica_app(
     app.on_cleanup.append(stop_engine)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/messages", messages)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

@@ -1,0 +1,110 @@
+"""Pure request parsing and response shaping for POST /v1/messages (Anthropic Messages
+API, which vLLM also serves), so Anthropic clients can use the embedded default.
+
+An Anthropic body is rendered through the same chat template as /v1/chat/completions:
+`system` becomes a leading system message; content blocks keep their text, and other
+blocks (tool_use, tool_result, images) render as their sorted JSON. A growing
+conversation therefore keeps its earlier rendering as an exact token prefix.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from simulator.openai_api import ApiError, GenerationParams, _optional
+from simulator.tokenizer import TemplateError, render_chat
+
+STOP_REASONS = {"length": "max_tokens"}
+
+
+def anthropic_error_body(error: ApiError) -> dict:
+    kind = "invalid_request_error" if error.status == 400 else "overloaded_error" if error.status == 503 else "api_error"
+    return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+def to_chat_body(body: dict) -> dict:
+    """The /v1/chat/completions body the template renders for an Anthropic body."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError("messages: must be a non-empty list of {role, content} objects", param="messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            raise ApiError(f"messages.{index}.role: must be 'user' or 'assistant'", param="messages")
+    system = body.get("system")
+    if system is not None and not isinstance(system, (str, list)):
+        raise ApiError("system: must be a string or a list of text blocks", param="system")
+    chat_messages = ([{"role": "system", "content": system}] if system else []) + messages
+    chat = {"messages": chat_messages}
+    if body.get("tools") is not None:
+        chat["tools"] = body["tools"]
+    return chat
+
+
+def render_messages(body) -> tuple[list[int], None]:
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object")
+    try:
+        return render_chat(to_chat_body(body)), None
+    except TemplateError as error:
+        raise ApiError(str(error)) from None
+
+
+def parse_messages(body, served_model: str, max_model_len: int) -> GenerationParams:
+    prompt_ids, _ = render_messages(body)
+    model = _optional(body, "model", (str,), "a string") or served_model
+    stream = _optional(body, "stream", (bool,), "a boolean") or False
+    max_tokens = _optional(body, "max_tokens", (int,), "an integer")
+    if max_tokens is None or max_tokens < 1:
+        raise ApiError("max_tokens: must be an integer >= 1 (it is required)", param="max_tokens")
+    prompt_len = len(prompt_ids)
+    if prompt_len + max_tokens > max_model_len:
+        raise ApiError(
+            f"prompt is too long: {prompt_len} tokens + max_tokens {max_tokens} > the maximum context length "
+            f"{max_model_len}. Reduce the conversation or max_tokens."
+        )
+    return GenerationParams("messages", model, prompt_ids, max_tokens, stream, True, None)
+
+
+def message_response(message_id: str, model: str, text: str, finish_reason: str,
+                     prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": STOP_REASONS.get(finish_reason, "end_turn"),
+        "stop_sequence": None,
+        "usage": {"input_tokens": prompt_tokens, "output_tokens": output_tokens, "cache_read_input_tokens": cached_tokens},
+    }
+
+
+def event(name: str, data: dict) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def stream_opening(message_id: str, model: str, prompt_tokens: int) -> list[bytes]:
+    message = {
+        "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+    }
+    return [
+        event("message_start", {"type": "message_start", "message": message}),
+        event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+    ]
+
+
+def stream_delta(text: str) -> bytes:
+    return event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}})
+
+
+def stream_closing(finish_reason: str, output_tokens: int, cached_tokens: int) -> list[bytes]:
+    return [
+        event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        event("message_delta", {
+            "type": "message_delta",
+            "delta": {"stop_reason": STOP_REASONS.get(finish_reason, "end_turn"), "stop_sequence": None},
+            "usage": {"output_tokens": output_tokens, "cache_read_input_tokens": cached_tokens},
+        }),
+        event("message_stop", {"type": "message_stop"}),
+    ]
