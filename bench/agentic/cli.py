@@ -18,11 +18,12 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from bench.agentic.ceiling import WORDS, simulator_token_model, workload_ceiling
+from bench.agentic.ceiling import WORDS, TokenModel, simulator_token_model, workload_ceiling
 from bench.agentic.plots import write_plots
 from bench.agentic.regimes import REGIMES, get_regime
 from bench.agentic.report import compare_to, evaluate_targets, format_table, format_targets
-from bench.agentic.runner import MODES, RunPlan, run_mode, run_plan
+from bench.agentic.remote_tokens import server_token_model
+from bench.agentic.runner import MODES, RunPlan, model_name, run_mode, run_plan
 from bench.agentic.sweep import DEFAULT_GRID, KNOBS, best_point, format_sweep, grid_points, parse_values
 from bench.agentic.workload import generate_workload
 
@@ -162,7 +163,7 @@ def main(args) -> int:
 
 async def _run(args, plan: RunPlan, regime: str) -> int:
     plan.out_dir.mkdir(parents=True, exist_ok=True)
-    token_model = WORDS if plan.replica_urls else (simulator_token_model() or WORDS)
+    token_model = await _token_model(plan)
     ceiling = workload_ceiling(plan.workload, plan.block_size, token_model)
     spec = plan.workload.spec
     print(f"[agentic] regime {regime}, seed {plan.workload.seed}: {spec.sessions} sessions "
@@ -201,19 +202,35 @@ async def _run(args, plan: RunPlan, regime: str) -> int:
     return 0
 
 
+async def _token_model(plan: RunPlan) -> TokenModel:
+    """The simulator's tokenizer for simulated replicas; the server's /tokenize for given URLs."""
+    if not plan.replica_urls:
+        return simulator_token_model() or WORDS
+    import aiohttp
+
+    url = plan.replica_urls[0]
+    try:
+        async with aiohttp.ClientSession() as http:
+            name = plan.model or await model_name(http, url)
+            return await server_token_model(http, url, name, plan.workload)
+    except (RuntimeError, aiohttp.ClientError, asyncio.TimeoutError, KeyError) as exc:
+        print(f"[agentic] {url}/tokenize unusable ({exc!r}); the ceiling uses the words estimate")
+        return WORDS
+
+
 async def _sweep(args, plan: RunPlan, ceiling_rate: float, sticky: dict | None) -> dict:
     grid = {k: (parse_values(getattr(args, "s_" + k), k) if getattr(args, "s_" + k) else DEFAULT_GRID[k])
             for k in KNOBS}
     if sticky is None:
         print("[agentic] sweep: running sticky once as the baseline")
-        sticky = (await run_mode(plan, "sticky", ceiling_rate, first=True)).summary
+        sticky = (await run_mode(plan, "sticky", ceiling_rate)).summary
     baseline = sticky["makespan_s"]
     out = {"grid": grid, "baseline_sticky_makespan_s": baseline, "modes": {}}
     for mode in (m for m in plan.modes if m.startswith("kvgate")):
         rows = []
         for knobs in grid_points(grid):
             point_plan = replace(plan, gate_knobs={**plan.gate_knobs, **knobs})
-            s = (await run_mode(point_plan, mode, ceiling_rate, first=True)).summary
+            s = (await run_mode(point_plan, mode, ceiling_rate)).summary
             rows.append({"knobs": knobs, "makespan_s": s["makespan_s"], "hit_rate": s["hit_rate"],
                          "failed": s["turns_failed"] + s["turns_not_run"]})
             print(f"[agentic] sweep {mode} {knobs}: hit {s['hit_rate']:.3f}, makespan {s['makespan_s']:.1f}s")

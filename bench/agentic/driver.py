@@ -41,7 +41,7 @@ class AttemptRecord:
     attempt: int  # 1 = first send, 2 = retry
     start_s: float
     end_s: float
-    ttft_s: float | None  # first content token, relative to this attempt's start
+    ttft_s: float | None  # first generated-token chunk, relative to this attempt's start
     status: int | str  # HTTP status, or "timeout" / "error" / "stream_error"
     error_code: str | None
     replica: str | None  # x-kvgate-replica, or the URL picked in direct mode
@@ -227,11 +227,13 @@ class WorkloadDriver:
                 record.error_code = _error_code(data)
                 return "stream_error"
             for choice in event.get("choices") or ():
-                content = (choice.get("delta") or {}).get("content")
-                if content:
-                    if record.ttft_s is None:
-                        record.ttft_s = self.now() - start
-                    parts.append(content)
+                delta = choice.get("delta") or {}
+                # A token chunk: not the role announcement; its text may be empty (special tokens).
+                is_token = "role" not in delta and ("content" in delta or choice.get("finish_reason"))
+                if is_token and record.ttft_s is None:
+                    record.ttft_s = self.now() - start
+                if delta.get("content"):
+                    parts.append(delta["content"])
             usage = event.get("usage")
             if usage:
                 record.prompt_tokens = usage.get("prompt_tokens")

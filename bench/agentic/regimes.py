@@ -73,6 +73,19 @@ REGIMES: dict[str, Regime] = {
         _SMALL_CACHE,
         gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
     ),
+    "vllm-small": Regime(
+        "vllm-small",
+        "for --replica-url against the tiny real-vLLM CPU server (block 32, 64 blocks, ~3 tokens "
+        "per word): 8 sessions at once need ~2.5x its 2016-token cache",
+        WorkloadSpec(sessions=16, concurrency=8, turns_min=5, turns_max=7, system_prompt_words=20,
+                     shared_system_prompt=False, task_words=10, tool_result_words_min=40,
+                     tool_result_words_max=60, reply_tokens=8, tool_latency_median_s=0.05,
+                     tool_latency_sigma=0.5),
+        ReplicaShape(num_blocks=63, block_size=32, max_num_seqs=8, max_num_batched_tokens=2048,
+                     max_model_len=2016, time_scale=1.0),
+        replicas=1,
+        gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
+    ),
     "tiny": Regime(
         "tiny",
         "a few short sessions on small replicas: seconds, for the end-to-end test",

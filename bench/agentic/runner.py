@@ -8,9 +8,9 @@ Modes (SPEC.md section 8):
 
 With simulated replicas every mode starts its own replicas (and proxy), so no mode
 inherits another's cache. With `--replica-url` the servers are given and cannot be
-restarted: before every mode but the first the runner asks each for
-`POST /reset_prefix_cache` (vLLM answers it when started with `VLLM_SERVER_DEV_MODE=1`)
-and records whether that worked; if not, run one mode per invocation instead.
+restarted: before every mode the runner asks each for `POST /reset_prefix_cache`
+(vLLM answers it when started with `VLLM_SERVER_DEV_MODE=1`) and records whether that
+worked; if not, restart the servers and run one mode per invocation instead.
 
 While a mode runs, a sampler reads the replicas' counters every `sample_interval_s`
 for the hit-rate-over-time plot.
@@ -77,7 +77,7 @@ async def _snapshot(http: aiohttp.ClientSession, urls: list[str]) -> Counters:
     return sum_counters(await asyncio.gather(*(fetch_counters(http, u) for u in urls)))
 
 
-async def _model_name(http: aiohttp.ClientSession, url: str) -> str:
+async def model_name(http: aiohttp.ClientSession, url: str) -> str:
     try:
         async with http.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
             data = await resp.json()
@@ -87,14 +87,24 @@ async def _model_name(http: aiohttp.ClientSession, url: str) -> str:
                            "pass --model") from exc
 
 
-async def _reset_prefix_cache(http: aiohttp.ClientSession, urls: list[str]) -> str:
+async def _reset_prefix_cache(http: aiohttp.ClientSession, urls: list[str], attempts: int = 25) -> str:
+    """POST /reset_prefix_cache to every server; vLLM refuses while requests run, so retry a while."""
     results = []
     for url in urls:
-        try:
-            async with http.post(url + "/reset_prefix_cache", timeout=aiohttp.ClientTimeout(total=30)) as resp:
-                results.append(f"{url}: {resp.status}")
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            results.append(f"{url}: {type(exc).__name__}")
+        outcome = "not tried"
+        for _ in range(attempts):
+            try:
+                async with http.post(url + "/reset_prefix_cache",
+                                     timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                    outcome = f"{resp.status}"
+                    if resp.status == 200:
+                        break
+                    if resp.status in (404, 405):
+                        break  # not enabled (vLLM needs VLLM_SERVER_DEV_MODE=1): retrying cannot help
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                outcome = type(exc).__name__
+            await asyncio.sleep(0.2)
+        results.append(f"{url}: {outcome}")
     return "; ".join(results)
 
 
@@ -108,7 +118,7 @@ async def _sample(http, urls, start: Counters, t0: float, interval: float, into:
         into.append({"t": time.perf_counter() - t0, "queries": now.queries, "hits": now.hits})
 
 
-async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float, first: bool) -> ModeRun:
+async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun:
     """Run the workload once in `mode` and summarise it."""
     gate = gate_config(mode, plan.gate_knobs)
     mode_dir = plan.out_dir / "logs" / mode
@@ -117,12 +127,15 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float, first: boo
         reset = None
         if plan.replica_urls:
             urls = list(plan.replica_urls)
-            if not first:
-                reset = await _reset_prefix_cache(http, urls)
+            reset = await _reset_prefix_cache(http, urls)
+            if any(not part.endswith(": 200") for part in reset.split("; ")):
+                print(f"[agentic] warning: could not reset the prefix cache before {mode} ({reset}); "
+                      "this mode starts with whatever the servers cached before: restart them and run one "
+                      "mode per invocation, or start vLLM with VLLM_SERVER_DEV_MODE=1")
         else:
             urls = list(await asyncio.gather(*(servers.start_replica(f"replica{i}", plan.shape)
                                                for i in range(plan.num_replicas))))
-        model = plan.model or await _model_name(http, urls[0])
+        model = plan.model or await model_name(http, urls[0])
         if gate is None:
             def target(session, urls=urls):
                 return urls[session.index % len(urls)]
@@ -154,11 +167,11 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float, first: boo
 async def run_plan(plan: RunPlan, ceiling_hit_rate: float, log=print) -> dict[str, ModeRun]:
     """Run every mode of `plan` in order; returns the runs by mode."""
     runs: dict[str, ModeRun] = {}
-    for i, mode in enumerate(plan.modes):
+    for mode in plan.modes:
         log(f"[agentic] mode {mode}: {len(plan.workload.sessions)} sessions, "
             f"{plan.workload.num_turns} turns ...")
         started = time.perf_counter()
-        runs[mode] = await run_mode(plan, mode, ceiling_hit_rate, first=(i == 0))
+        runs[mode] = await run_mode(plan, mode, ceiling_hit_rate)
         s = runs[mode].summary
         log(f"[agentic] mode {mode}: hit rate {s['hit_rate']:.3f}, makespan {s['makespan_s']:.1f}s, "
             f"failed turns {s['turns_failed'] + s['turns_not_run']} "
