@@ -22,13 +22,12 @@ def _json(data, status: int = 200) -> web.Response:
 
 
 class AdminApi:
-    def __init__(self, token: str, registry, admission, clients, sessions, forwarder) -> None:
+    def __init__(self, token: str, registry, admission, clients, sessions) -> None:
         self._expected = f"Bearer {token}".encode()
         self.registry = registry
         self.admission = admission
         self.clients = clients
         self.sessions = sessions
-        self.forwarder = forwarder
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/admin/sessions/{session_id}/finish", self._guard(self.finish_session))
@@ -81,7 +80,6 @@ class AdminApi:
             return error_response(404, str(exc), "unknown_replica")
         self.admission.remove_replica(name)
         self.sessions.forget_replica(replica)
-        self.forwarder.forget_replica(replica)
         self.clients.retire(replica)
         return _json({"removed": name})
 

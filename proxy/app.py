@@ -80,7 +80,7 @@ def create_app(settings: Settings | None = None, *, metrics: KvgateMetrics | Non
     app.router.add_get("/ready", ready_route)
     app.router.add_get("/metrics", metrics_route)
     if settings.admin.token:
-        AdminApi(settings.admin.token, registry, admission, clients, sessions, forwarder).add_routes(app)
+        AdminApi(settings.admin.token, registry, admission, clients, sessions).add_routes(app)
 
     known = {}
     for route in ROUTES:

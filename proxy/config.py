@@ -97,6 +97,10 @@ RULES: dict[str, Callable[[Any], str | None]] = {
 }
 
 
+# YAML 1.1 reads a bare `off` as the boolean false; SPEC.md spells the value `off`.
+YAML_BOOL_WORDS: dict[str, dict[bool, str]] = {"gate.mode": {False: "off"}}
+
+
 # ---- reading the sources ------------------------------------------------------------
 
 def read_yaml(path: str | Path) -> dict:
@@ -290,7 +294,10 @@ def _build(cls, data: dict, prefix: str, problems: list[str]):
                 missing = True
             continue
         path = prefix + name
-        value = _convert(data[name], hints[name], path, problems)
+        raw = data[name]
+        if isinstance(raw, bool) and path in YAML_BOOL_WORDS:
+            raw = YAML_BOOL_WORDS[path].get(raw, raw)
+        value = _convert(raw, hints[name], path, problems)
         if value is _INVALID:
             continue
         rule = RULES.get(_rule_key(path))

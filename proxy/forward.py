@@ -21,7 +21,6 @@ import time
 
 import orjson
 from aiohttp import web
-from yarl import URL
 
 from balancer import Balancer, Replica
 from proxy.admission_errors import as_refusal, retry_after_header
@@ -84,7 +83,6 @@ class Forwarder:
         self._max_body = settings.limits.max_body_bytes
         self._api_key = settings.upstream.api_key
         self._counters: dict[tuple, object] = {}
-        self._urls: dict[tuple, URL] = {}
 
     def handler_for(self, route: RouteSpec):
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -141,7 +139,7 @@ class Forwarder:
         if replica is None:
             return self._no_replica(kind)
         turn_index = entry.turns + 1 if entry is not None else 0
-        headers = upstream_request_headers(request.headers, self._api_key)
+        headers = upstream_request_headers(request.raw_headers, self._api_key)
         query = request.query_string
         rerouted_unavailable = rerouted_connect = False
         while True:
@@ -168,7 +166,7 @@ class Forwarder:
             replica.in_flight += 1
             try:
                 upstream = await self.clients.for_replica(replica).request(
-                    route.method, self._url(replica, route.path, query), data=raw, headers=headers)
+                    route.method, f"{route.path}?{query}" if query else route.path, headers, raw)
             except CONNECT_ERRORS as exc:
                 replica.in_flight -= 1
                 lease.release()
@@ -239,10 +237,9 @@ class Forwarder:
 
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         await response.prepare(request)
-        content = upstream.content
         while True:
             try:
-                chunk = await content.readany()
+                chunk = await upstream.readany()
             except EXCHANGE_ERRORS as exc:
                 self.metrics.upstream_errors.labels(replica.name, "mid_stream").inc()
                 if is_sse:
@@ -261,19 +258,6 @@ class Forwarder:
         return response, upstream.status, True
 
     # ---- helpers ---------------------------------------------------------------------
-
-    def _url(self, replica: Replica, path: str, query: str) -> URL:
-        if query:
-            return URL(f"{replica.url}{path}?{query}", encoded=True)
-        key = (replica, path)
-        url = self._urls.get(key)
-        if url is None:
-            url = self._urls[key] = URL(replica.url + path)
-        return url
-
-    def forget_replica(self, replica: Replica) -> None:
-        for key in [k for k in self._urls if k[0] is replica]:
-            del self._urls[key]
 
     def _count(self, kind: str, replica: str, status: int) -> None:
         key = (kind, replica, status)

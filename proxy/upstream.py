@@ -1,9 +1,9 @@
-"""HTTP clients to the replicas and the header rules for relaying through them.
+"""Connections to the replicas and the header rules for relaying through them.
 
-One aiohttp ClientSession per replica, with a keep-alive pool and no connection cap
-(the gate, not the pool, decides how much work a replica gets). Responses are
-relayed as raw bytes: `auto_decompress` is off, so a compressed body passes through
-with its Content-Encoding untouched.
+One keep-alive pool (`proxy.http_client.UpstreamPool`) per replica, with no cap on
+connections: the gate, not the pool, decides how much work a replica gets.
+Bodies are relayed as raw bytes; a compressed body passes through with its
+Content-Encoding untouched.
 """
 
 from __future__ import annotations
@@ -11,84 +11,77 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import aiohttp
 from multidict import CIMultiDict
 
+from proxy.http_client import UpstreamConnectError, UpstreamError, UpstreamPool
 from proxy.settings import UpstreamSettings
 
 log = logging.getLogger("kvgate.proxy")
 
-# Hop-by-hop headers (RFC 9110 7.6.1) and the ones the client library recomputes.
+# Hop-by-hop headers (RFC 9110 7.6.1) and the ones the proxy recomputes.
 _REQUEST_DROP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "trailers", "transfer-encoding", "upgrade", "host", "content-length", "expect",
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
+    b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length", b"expect",
 })
 _RESPONSE_DROP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "trailers", "transfer-encoding", "upgrade", "content-length", "date", "server",
 })
 
-# Errors that mean the request never reached the replica: safe to send elsewhere.
-CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
-# Errors of an upstream exchange once the connection exists.
-EXCHANGE_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+# The request never reached the replica: safe to send it elsewhere.
+CONNECT_ERRORS = (UpstreamConnectError,)
+# The exchange broke once the connection existed.
+EXCHANGE_ERRORS = (UpstreamError, OSError)
 
 
-def upstream_request_headers(headers, api_key: str | None) -> dict[str, str]:
-    """The client's headers minus hop-by-hop ones; `api_key` replaces Authorization."""
-    out = {k: v for k, v in headers.items() if k.lower() not in _REQUEST_DROP}
+def upstream_request_headers(raw_headers, api_key: str | None) -> list[tuple[bytes, bytes]]:
+    """The client's raw headers minus hop-by-hop ones; `api_key` replaces Authorization."""
     if api_key:
-        for key in [k for k in out if k.lower() == "authorization"]:
-            del out[key]
-        out["Authorization"] = f"Bearer {api_key}"
-    return out
+        out = [(k, v) for k, v in raw_headers if k.lower() not in _REQUEST_DROP and k.lower() != b"authorization"]
+        out.append((b"Authorization", b"Bearer " + api_key.encode()))
+        return out
+    return [(k, v) for k, v in raw_headers if k.lower() not in _REQUEST_DROP]
 
 
 def relayed_response_headers(headers) -> CIMultiDict:
     """The upstream's headers minus hop-by-hop ones and those the proxy's server sets."""
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _RESPONSE_DROP)
+    return CIMultiDict([(k, v) for k, v in headers if k.lower() not in _RESPONSE_DROP])
 
 
 class UpstreamClients:
-    """Owns the ClientSession of each replica (keyed by the Replica object)."""
+    """Owns the connection pool of each replica (keyed by the Replica object)."""
 
     def __init__(self, settings: UpstreamSettings) -> None:
         self._settings = settings
-        self._sessions: dict[object, aiohttp.ClientSession] = {}
+        self._pools: dict[object, UpstreamPool] = {}
         self._closing: set[asyncio.Task] = set()
-        self.timeout = aiohttp.ClientTimeout(
-            total=None, connect=settings.connect_timeout_sec,
-            sock_connect=settings.connect_timeout_sec, sock_read=settings.read_timeout_sec)
 
-    def for_replica(self, replica) -> aiohttp.ClientSession:
-        session = self._sessions.get(replica)
-        if session is None:
-            session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60,
-                                               enable_cleanup_closed=False),
-                timeout=self.timeout, auto_decompress=False,
-                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"))
-            self._sessions[replica] = session
-        return session
+    def for_replica(self, replica) -> UpstreamPool:
+        pool = self._pools.get(replica)
+        if pool is None:
+            pool = self._pools[replica] = UpstreamPool(
+                replica.url, self._settings.connect_timeout_sec, self._settings.read_timeout_sec)
+        return pool
 
     def retire(self, replica) -> None:
         """Close a removed replica's pool once its in-flight requests have ended."""
-        session = self._sessions.pop(replica, None)
-        if session is None:
+        pool = self._pools.pop(replica, None)
+        if pool is None:
             return
-        task = asyncio.ensure_future(self._close_when_idle(replica, session))
+        task = asyncio.ensure_future(self._close_when_idle(replica, pool))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    async def _close_when_idle(self, replica, session: aiohttp.ClientSession) -> None:
+    async def _close_when_idle(self, replica, pool: UpstreamPool) -> None:
         waited = 0.0
         while replica.in_flight > 0 and waited < self._settings.read_timeout_sec:
             await asyncio.sleep(0.5)
             waited += 0.5
-        await session.close()
+        pool.close()
 
     async def close(self) -> None:
         for task in list(self._closing):
             task.cancel()
-        sessions, self._sessions = list(self._sessions.values()), {}
-        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()

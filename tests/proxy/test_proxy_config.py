@@ -48,6 +48,14 @@ def test_values_are_read(tmp_path):
     assert (settings.gate.high_watermark, settings.gate.mode) == (0.5, "shadow")
 
 
+def test_bare_off_is_the_gate_mode_off(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("gate: {mode: off}\n")
+    assert load_settings(path, {}).gate.mode == "off"
+    assert load_settings(None, {"KVGATE_GATE__MODE": "off"}).gate.mode == "off"
+    assert any("gate.mode" in p for p in problems_of({"gate": {"mode": True}}))
+
+
 def test_environment_overrides_file_values(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("gate: {high_watermark: 0.5}\n")

@@ -1,0 +1,494 @@
+"""A minimal HTTP/1.1 client for the relay path: keep-alive pool, raw bytes, no magic.
+
+Why not aiohttp's client: on this path it spends more CPU per request than the whole
+rest of the proxy (URL objects, cookie jars, tracing hooks, header multidicts,
+timers per request). The relay needs much less: write one request, read a status
+line and headers, then the body (Content-Length, chunked, or until close) either
+whole or chunk by chunk as it arrives. Bodies pass through untouched (no
+decompression, no decoding); chunked framing is removed, as the proxy's server side
+re-frames what it writes.
+
+Invariants:
+- A connection carries one exchange at a time; it returns to the pool only after a
+  complete response that allows keep-alive, otherwise it is closed.
+- `UpstreamResponse.close()` drops the connection at once (an upstream generation
+  whose client left is aborted by vLLM when its connection closes).
+- Idle pooled connections are dropped after IDLE_SEC, below uvicorn's 5 s keep-alive,
+  so the pool rarely races a server closing an idle connection; when a request on a
+  reused connection fails before any response byte, it is retried once on a fresh
+  connection (the server closed it idle and never saw the request).
+- Reads pause the socket above HIGH_WATER buffered bytes (a slow client slows the
+  upstream instead of growing memory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl as ssl_module
+import time
+from collections import deque
+from urllib.parse import urlsplit
+
+IDLE_SEC = 4.0
+HIGH_WATER = 256 * 1024
+MAX_HEAD_BYTES = 64 * 1024
+
+_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
+
+
+class UpstreamError(Exception):
+    """The exchange failed after the connection existed; `kind` names where."""
+
+    def __init__(self, message: str, kind: str = "exchange") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class UpstreamConnectError(UpstreamError):
+    """The connection could not be opened: the request never reached the upstream."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "connect")
+
+
+class UpstreamTimeout(UpstreamError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "timeout")
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection to the upstream and the state of its current response."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout: float) -> None:
+        self._loop = loop
+        self._read_timeout = read_timeout
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self.reused = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self._state = _HEAD
+        self._buf = bytearray()
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._remaining = 0
+        self._paused = False
+        self._waiter: asyncio.Future | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._error: UpstreamError | None = None
+        self.got_bytes = False
+        self.status = 0
+        self.reason = ""
+        self.headers: list[tuple[str, str]] = []
+        self.keep_alive = True
+
+    # ---- asyncio.Protocol ------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        if self._state == _UNTIL_CLOSE:
+            self._state = _DONE
+        elif self._state != _DONE:
+            where = "before the response headers" if self._state == _HEAD else "in the middle of the body"
+            self._error = UpstreamError(f"upstream closed the connection {where}",
+                                        "before_headers" if self._state == _HEAD else "mid_body")
+        self._wake()
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self._feed(data)
+        except UpstreamError as exc:
+            self._error = exc
+            self._state = _DONE
+            self.keep_alive = False
+            self.transport.close()
+        if self._buffered > HIGH_WATER and not self._paused and self._state != _DONE:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self):
+        return False
+
+    # ---- parsing ---------------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        if self._state == _HEAD:
+            self._buf += data
+            end = self._buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._buf) > MAX_HEAD_BYTES:
+                    raise UpstreamError("upstream response headers exceed 64 KiB", "before_headers")
+                return
+            head = bytes(self._buf[:end])
+            rest = bytes(self._buf[end + 4:])
+            self._buf = bytearray()
+            if self._parse_head(head):  # 1xx: another head follows
+                if rest:
+                    self._feed(rest)
+                return
+            if rest:
+                self._body(rest)
+            return
+        self._body(data)
+
+    def _parse_head(self, head: bytes) -> bool:
+        """Parse a response head; True when it was an interim 1xx response."""
+        lines = head.split(b"\r\n")
+        status_line = lines[0]
+        try:
+            version, code, *reason = status_line.split(b" ", 2)
+            status = int(code)
+        except ValueError:
+            raise UpstreamError(f"malformed upstream status line {status_line[:80]!r}", "before_headers") from None
+        if 100 <= status < 200:
+            return True
+        headers = []
+        length = None
+        chunked = False
+        keep_alive = version == b"HTTP/1.1"
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep:
+                continue
+            name_s = name.strip().decode("latin-1")
+            value_s = value.strip().decode("utf-8", "surrogateescape")
+            lower = name_s.lower()
+            if lower == "content-length":
+                try:
+                    length = int(value_s)
+                except ValueError:
+                    raise UpstreamError(f"bad upstream Content-Length {value_s!r}", "before_headers") from None
+            elif lower == "transfer-encoding":
+                chunked = "chunked" in value_s.lower()
+            elif lower == "connection":
+                token = value_s.lower()
+                if "close" in token:
+                    keep_alive = False
+                elif "keep-alive" in token:
+                    keep_alive = True
+            headers.append((name_s, value_s))
+        self.status = status
+        self.reason = reason[0].decode("latin-1") if reason else ""
+        self.headers = headers
+        self.keep_alive = keep_alive
+        if status in (204, 304):
+            self._state = _DONE
+        elif chunked:
+            self._state = _CHUNK_SIZE
+        elif length is not None:
+            self._remaining = length
+            self._state = _LENGTH if length else _DONE
+        else:
+            self._state = _UNTIL_CLOSE
+            self.keep_alive = False
+        return False
+
+    def _push(self, data: bytes) -> None:
+        if data:
+            self._chunks.append(data)
+            self._buffered += len(data)
+
+    def _body(self, data: bytes) -> None:
+        state = self._state
+        if state == _LENGTH:
+            if len(data) >= self._remaining:
+                self._push(data[:self._remaining])
+                self._remaining = 0
+                self._state = _DONE
+            else:
+                self._push(data)
+                self._remaining -= len(data)
+            return
+        if state == _UNTIL_CLOSE:
+            self._push(data)
+            return
+        if state == _DONE:
+            return
+        self._chunked(data)
+
+    def _chunked(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        pos = 0
+        n = len(buf)
+        while pos < n:
+            state = self._state
+            if state == _CHUNK_DATA:
+                take = min(self._remaining, n - pos)
+                self._push(bytes(buf[pos:pos + take]))
+                pos += take
+                self._remaining -= take
+                if self._remaining == 0:
+                    self._state = _CHUNK_CRLF
+            elif state == _CHUNK_SIZE or state == _CHUNK_CRLF or state == _TRAILER:
+                end = buf.find(b"\r\n", pos)
+                if end < 0:
+                    if n - pos > 4096:
+                        raise UpstreamError("malformed chunked framing from upstream", "mid_body")
+                    break
+                line = bytes(buf[pos:end])
+                pos = end + 2
+                if state == _CHUNK_CRLF:
+                    if line:
+                        raise UpstreamError("malformed chunked framing from upstream", "mid_body")
+                    self._state = _CHUNK_SIZE
+                elif state == _TRAILER:
+                    if not line:
+                        self._state = _DONE
+                        break
+                else:
+                    try:
+                        size = int(line.split(b";", 1)[0].strip(), 16)
+                    except ValueError:
+                        raise UpstreamError(f"malformed chunk size {line[:40]!r} from upstream", "mid_body") from None
+                    if size == 0:
+                        self._state = _TRAILER
+                    else:
+                        self._remaining = size
+                        self._state = _CHUNK_DATA
+            else:  # _DONE
+                break
+        del buf[:pos]
+
+    # ---- waiting ---------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _on_timeout(self) -> None:
+        self._timer = None
+        self._error = UpstreamTimeout(f"upstream sent nothing for {self._read_timeout:g} s "
+                                      "(upstream.read_timeout_sec)")
+        self.keep_alive = False
+        self._state = _DONE
+        if self.transport is not None:
+            self.transport.close()
+        self._wake()
+
+    async def _wait(self) -> None:
+        waiter = self._waiter = self._loop.create_future()
+        self._timer = self._loop.call_later(self._read_timeout, self._on_timeout)
+        try:
+            await waiter
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._waiter = None
+
+    async def read_head(self) -> None:
+        while self._state == _HEAD:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+        if self._error is not None and self.status == 0:
+            raise self._error
+
+    def take(self) -> bytes:
+        """Everything buffered now (b"" if nothing), resuming a paused socket."""
+        if not self._chunks:
+            return b""
+        data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    async def readany(self) -> bytes:
+        while True:
+            data = self.take()
+            if data:
+                return data
+            if self._error is not None:
+                raise self._error
+            if self._state == _DONE:
+                return b""
+            await self._wait()
+
+    @property
+    def complete(self) -> bool:
+        return self._state == _DONE and self._error is None and not self._chunks
+
+
+class UpstreamResponse:
+    """The response of one exchange. Read it with `read()` or `readany()`; then it
+    releases its connection itself. `close()` aborts it."""
+
+    __slots__ = ("_conn", "_pool", "status", "reason", "headers", "_finished")
+
+    def __init__(self, conn: _Connection, pool: "UpstreamPool") -> None:
+        self._conn = conn
+        self._pool = pool
+        self.status = conn.status
+        self.reason = conn.reason
+        self.headers = conn.headers
+        self._finished = False
+
+    def header(self, name: str) -> str | None:
+        lower = name.lower()
+        for key, value in self.headers:
+            if key.lower() == lower:
+                return value
+        return None
+
+    @property
+    def content_type(self) -> str:
+        value = self.header("content-type")
+        return value.split(";", 1)[0].strip().lower() if value else ""
+
+    @property
+    def content_length(self) -> int | None:
+        value = self.header("content-length")
+        return int(value) if value is not None and value.isdigit() else None
+
+    async def read(self) -> bytes:
+        parts = []
+        while True:
+            data = await self.readany()
+            if not data:
+                break
+            parts.append(data)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def readany(self) -> bytes:
+        if self._finished:
+            return b""
+        try:
+            data = await self._conn.readany()
+        except BaseException:
+            self.close()
+            raise
+        if not data:
+            self._finish()
+        return data
+
+    def _finish(self) -> None:
+        self._finished = True
+        self._pool._release(self._conn)
+
+    def close(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self._pool._discard(self._conn)
+
+
+class UpstreamPool:
+    """Keep-alive connections to one upstream base URL (http or https)."""
+
+    def __init__(self, base_url: str, connect_timeout: float, read_timeout: float) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"upstream URL {base_url!r} must be http(s)://host[:port]")
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._ssl = ssl_module.create_default_context() if parts.scheme == "https" else None
+        self.prefix = parts.path.rstrip("/").encode()
+        default_port = (parts.scheme == "https" and self.port == 443) or (parts.scheme == "http" and self.port == 80)
+        self._host_header = (self.host if default_port else f"{self.host}:{self.port}").encode()
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._idle: list[_Connection] = []
+        self._open: set[_Connection] = set()
+        self.closed = False
+
+    async def request(self, method: str, target: str, headers: list[tuple[bytes, bytes]],
+                      body: bytes | None) -> UpstreamResponse:
+        """Send one request; return once the response head has arrived."""
+        lines = [method.encode(), b" ", self.prefix, target.encode("utf-8", "surrogateescape"),
+                 b" HTTP/1.1\r\nHost: ", self._host_header, b"\r\n"]
+        for name, value in headers:
+            lines += (name, b": ", value, b"\r\n")
+        if body is not None:
+            lines += (b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body)
+        else:
+            lines.append(b"\r\n")
+        payload = b"".join(lines)
+        conn = await self._acquire()
+        try:
+            conn.transport.write(payload)
+            await conn.read_head()
+        except UpstreamError as exc:
+            self._discard(conn)
+            if conn.reused and not conn.got_bytes and exc.kind == "before_headers":
+                conn = await self._connect()  # stale keep-alive connection: the server never saw it
+                try:
+                    conn.transport.write(payload)
+                    await conn.read_head()
+                except BaseException:
+                    self._discard(conn)
+                    raise
+            else:
+                raise
+        except BaseException:
+            self._discard(conn)
+            raise
+        return UpstreamResponse(conn, self)
+
+    async def _acquire(self) -> _Connection:
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.closed or now - conn.idle_since > IDLE_SEC:
+                self._discard(conn)
+                continue
+            conn.reused = True
+            return conn
+        return await self._connect()
+
+    async def _connect(self) -> _Connection:
+        if self.closed:
+            raise UpstreamConnectError("upstream pool is closed (replica removed)")
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: _Connection(loop, self._read_timeout), self.host, self.port,
+                                       ssl=self._ssl), self._connect_timeout)
+        except asyncio.TimeoutError:
+            raise UpstreamConnectError(f"connecting to {self.host}:{self.port} timed out after "
+                                       f"{self._connect_timeout:g} s") from None
+        except OSError as exc:
+            raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: "
+                                       f"{exc.strerror or exc}") from None
+        self._open.add(conn)
+        return conn
+
+    def _release(self, conn: _Connection) -> None:
+        if conn.keep_alive and conn.complete and not conn.closed and not self.closed:
+            conn._reset()
+            conn.idle_since = time.monotonic()
+            self._idle.append(conn)
+        else:
+            self._discard(conn)
+
+    def _discard(self, conn: _Connection) -> None:
+        self._open.discard(conn)
+        if conn.transport is not None and not conn.closed:
+            conn.transport.close()
+        conn.closed = True
+
+    @property
+    def in_use(self) -> int:
+        return len(self._open) - len(self._idle)
+
+    def close(self) -> None:
+        """Close every connection, idle or busy."""
+        self.closed = True
+        for conn in list(self._open):
+            self._discard(conn)
+        self._idle.clear()
