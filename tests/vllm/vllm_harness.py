@@ -303,3 +303,70 @@ class VllmServer:
                 return
             time.sleep(0.2)
         raise RuntimeError("vLLM refused to reset its prefix cache (requests still running?)")
+
+
+# ---------------------------------------------------------------- kvgate in front
+
+@dataclass
+class KvgateProxy:
+    """``python -m proxy.cli serve --config FILE`` (the main venv's kvgate) as a subprocess."""
+
+    config_path: Path
+    log_path: Path
+    port: int = 0
+    process: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @staticmethod
+    def write_config(path: Path, port: int, replica_url: str, gate: dict) -> None:
+        """A kvgate YAML config (SPEC.md section 3) with one vLLM replica named v0."""
+        lines = [
+            f"listen: {{host: 127.0.0.1, port: {port}}}",
+            "replicas:",
+            f"  - {{name: v0, url: {replica_url}}}",
+            "gate:",
+            *(f"  {key}: {json.dumps(value)}" for key, value in gate.items()),
+        ]
+        path.write_text("\n".join(lines) + "\n")
+
+    def start(self, timeout: float = 60) -> "KvgateProxy":
+        log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "proxy.cli", "serve", "--config", str(self.config_path)],
+            stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"kvgate exited with {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/ready", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"kvgate was not ready within {timeout}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        if self.process is None or self.process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
