@@ -1,24 +1,25 @@
 """The admin API (SPEC.md section 5): sessions, replicas, state.
 
-Mounted only when `admin.token` is set; every call needs `Authorization: Bearer
+Served only when `admin.token` is set; every call needs `Authorization: Bearer
 <token>` (401 otherwise, compared in constant time).
 """
 
 from __future__ import annotations
 
 import hmac
+from urllib.parse import unquote
 
 import orjson
-from aiohttp import web
 
 from balancer.registry import RegistryError
-from proxy.errors import RequestRejected, error_response
+from proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
+from proxy.http_server import HttpRequest, Responder
 from proxy.request_body import parse_json_object
 from proxy.session_id import bounded_session_id
 
 
-def _json(data, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
+def _json(responder: Responder, data, status: int = 200) -> None:
+    responder.send(status, orjson.dumps(data), [JSON_CONTENT_TYPE])
 
 
 class AdminApi:
@@ -29,63 +30,75 @@ class AdminApi:
         self.clients = clients
         self.sessions = sessions
 
-    def add_routes(self, app: web.Application) -> None:
-        app.router.add_post("/admin/sessions/{session_id}/finish", self._guard(self.finish_session))
-        app.router.add_get("/admin/state", self._guard(self.state))
-        app.router.add_post("/admin/replicas", self._guard(self.add_replica))
-        app.router.add_delete("/admin/replicas/{name}", self._guard(self.remove_replica))
-        app.router.add_post("/admin/replicas/{name}/drain", self._guard(self.drain_replica))
+    async def handle(self, request: HttpRequest, responder: Responder) -> None:
+        """Answer a request whose path starts with /admin/."""
+        given = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(given, self._expected):
+            send_error(responder, 401, "admin API needs 'Authorization: Bearer <admin.token>'", "unauthorized",
+                       [(b"WWW-Authenticate", b"Bearer")])
+            return
+        parts = request.path.split("/")[2:]  # after "", "admin"
+        method = request.method
+        if parts == ["state"] and method == "GET":
+            self.state(responder)
+        elif parts == ["replicas"] and method == "POST":
+            self.add_replica(request, responder)
+        elif len(parts) == 2 and parts[0] == "replicas" and parts[1] and method == "DELETE":
+            self.remove_replica(unquote(parts[1]), responder)
+        elif len(parts) == 3 and parts[0] == "replicas" and parts[2] == "drain" and method == "POST":
+            self.drain_replica(unquote(parts[1]), responder)
+        elif len(parts) == 3 and parts[0] == "sessions" and parts[1] and parts[2] == "finish" and method == "POST":
+            self.finish_session(unquote(parts[1]), responder)
+        else:
+            send_error(responder, 404, f"unknown admin route {method} {request.path}; see SPEC.md section 5",
+                       "unknown_route")
 
-    def _guard(self, handler):
-        async def guarded(request: web.Request) -> web.StreamResponse:
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, self._expected):
-                return error_response(401, "admin API needs 'Authorization: Bearer <admin.token>'",
-                                      "unauthorized", headers={"WWW-Authenticate": "Bearer"})
-            return await handler(request)
-        return guarded
-
-    async def finish_session(self, request: web.Request) -> web.Response:
-        session_id = bounded_session_id(request.match_info["session_id"])
+    def finish_session(self, raw_id: str, responder: Responder) -> None:
+        session_id = bounded_session_id(raw_id)
         self.admission.finish_session(session_id)
         self.sessions.forget(session_id)
-        return _json({"finished": True})
+        _json(responder, {"finished": True})
 
-    async def state(self, request: web.Request) -> web.Response:
-        return _json({"replicas": [r.describe() for r in self.registry.all()],
-                      "tracked_sessions": len(self.sessions),
-                      "gates": self.admission.state()})
+    def state(self, responder: Responder) -> None:
+        _json(responder, {"replicas": [r.describe() for r in self.registry.all()],
+                          "tracked_sessions": len(self.sessions),
+                          "gates": self.admission.state()})
 
-    async def add_replica(self, request: web.Request) -> web.Response:
+    def add_replica(self, request: HttpRequest, responder: Responder) -> None:
         try:
-            body = parse_json_object(await request.read())
+            body = parse_json_object(request.body)
         except RequestRejected as exc:
-            return error_response(exc.status, exc.message, exc.code)
+            send_error(responder, exc.status, exc.message, exc.code)
+            return
         name, url, weight = body.get("name"), body.get("url"), body.get("weight", 1)
         if not isinstance(name, str) or not isinstance(url, str):
-            return error_response(400, "send {\"name\": str, \"url\": str, \"weight\"?: number}", "invalid_body")
+            send_error(responder, 400, 'send {"name": str, "url": str, "weight"?: number}', "invalid_body")
+            return
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            return error_response(400, "field 'weight' must be a number > 0", "invalid_type")
+            send_error(responder, 400, "field 'weight' must be a number > 0", "invalid_type")
+            return
         try:
             replica = self.registry.add(name, url, weight)
         except RegistryError as exc:
-            return error_response(409 if "already exists" in str(exc) else 400, str(exc), "invalid_replica")
-        return _json(replica.describe(), status=201)
+            send_error(responder, 409 if "already exists" in str(exc) else 400, str(exc), "invalid_replica")
+            return
+        _json(responder, replica.describe(), status=201)
 
-    async def remove_replica(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
+    def remove_replica(self, name: str, responder: Responder) -> None:
         try:
             replica = self.registry.remove(name)
         except RegistryError as exc:
-            return error_response(404, str(exc), "unknown_replica")
+            send_error(responder, 404, str(exc), "unknown_replica")
+            return
         self.admission.remove_replica(name)
         self.sessions.forget_replica(replica)
         self.clients.retire(replica)
-        return _json({"removed": name})
+        _json(responder, {"removed": name})
 
-    async def drain_replica(self, request: web.Request) -> web.Response:
+    def drain_replica(self, name: str, responder: Responder) -> None:
         try:
-            replica = self.registry.drain(request.match_info["name"])
+            replica = self.registry.drain(name)
         except RegistryError as exc:
-            return error_response(404, str(exc), "unknown_replica")
-        return _json(replica.describe())
+            send_error(responder, 404, str(exc), "unknown_replica")
+            return
+        _json(responder, replica.describe())

@@ -35,9 +35,3 @@ def as_refusal(exc: BaseException) -> AdmissionRefusal | None:
     return AdmissionRefusal(status, str(code), str(message),
                             float(retry_after) if isinstance(retry_after, (int, float)) else None,
                             unavailable, error_type if isinstance(error_type, str) else None)
-
-
-def retry_after_header(seconds: float | None) -> dict[str, str] | None:
-    if seconds is None:
-        return None
-    return {"Retry-After": str(max(1, int(seconds + 0.999)))}

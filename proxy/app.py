@@ -1,118 +1,129 @@
-"""The aiohttp application: forwarded routes, own routes, admin API, lifecycle.
+"""The proxy application: routes, own endpoints, admin API, lifecycle.
 
 `create_app` wires the parts; every collaborator with a seam can be injected
 (`admission` is Seam 1's AdmissionController; `replicas` overrides
 `settings.replicas`, which is how `serve` hands over simulated replicas).
+`await app.start(host, port)` listens (port 0: a free port) and starts health
+checks; `await app.close()` stops everything it started.
 """
 
 from __future__ import annotations
 
 import inspect
+from urllib.parse import unquote
 
 import orjson
-from aiohttp import web
 
 from balancer import Balancer, ReplicaRegistry
 from balancer.health import HealthChecker
 from proxy.admin import AdminApi
-from proxy.errors import error_response
+from proxy.errors import JSON_CONTENT_TYPE, send_error
 from proxy.forward import Forwarder
+from proxy.http_server import FrontServer, HttpRequest, Responder
 from proxy.metrics import CONTENT_TYPE, KvgateMetrics
 from proxy.open_admission import OpenAdmission
-from proxy.routes import ROUTES, SESSION_PREFIX
+from proxy.routes import ROUTES
 from proxy.session_tracker import SessionTracker
 from proxy.settings import ReplicaSettings, Settings
 from proxy.upstream import UpstreamClients
 
-REGISTRY = web.AppKey("kvgate_registry", ReplicaRegistry)
-BALANCER = web.AppKey("kvgate_balancer", Balancer)
-METRICS = web.AppKey("kvgate_metrics", KvgateMetrics)
-FORWARDER = web.AppKey("kvgate_forwarder", Forwarder)
-HEALTH = web.AppKey("kvgate_health", HealthChecker)
-ADMISSION = web.AppKey("kvgate_admission", object)
-SESSIONS = web.AppKey("kvgate_sessions", SessionTracker)
-
 _JSON_OK = orjson.dumps({"status": "ok"})
+_METRICS_TYPE = (b"Content-Type", CONTENT_TYPE.encode())
+_ROUTE_LIST = ", ".join(f"{r.method} {r.path}" for r in ROUTES) + " (also under /sess/{session_id}/)"
 
 
-def create_app(settings: Settings | None = None, *, metrics: KvgateMetrics | None = None, admission=None,
-               replicas: list[ReplicaSettings] | tuple[ReplicaSettings, ...] | None = None,
-               health_checks: bool = True) -> web.Application:
-    """The proxy app. `health_checks=False` leaves health to passive marking (tests)."""
-    settings = settings or Settings()
-    metrics = metrics or KvgateMetrics()
-    admission = admission if admission is not None else OpenAdmission(metrics)
-    registry = ReplicaRegistry(settings.balancer.health, metrics)
-    for r in (settings.replicas if replicas is None else replicas):
-        registry.add(r.name, r.url, r.weight)
-    balancer = Balancer(registry, settings.balancer)
-    clients = UpstreamClients(settings.upstream)
-    sessions = SessionTracker()
-    forwarder = Forwarder(settings, balancer, admission, clients, metrics, sessions)
-    health = HealthChecker(registry, settings.balancer.health)
+class ProxyApp:
+    def __init__(self, settings: Settings, metrics: KvgateMetrics, admission,
+                 replicas, health_checks: bool) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.admission = admission
+        self.registry = ReplicaRegistry(settings.balancer.health, metrics)
+        for r in replicas:
+            self.registry.add(r.name, r.url, r.weight)
+        self.balancer = Balancer(self.registry, settings.balancer)
+        self.clients = UpstreamClients(settings.upstream)
+        self.sessions = SessionTracker()
+        self.forwarder = Forwarder(settings, self.balancer, admission, self.clients, metrics, self.sessions)
+        self.health = HealthChecker(self.registry, settings.balancer.health)
+        self._health_checks = health_checks
+        self.admin = (AdminApi(settings.admin.token, self.registry, admission, self.clients, self.sessions)
+                      if settings.admin.token else None)
+        self._routes = {r.path: r for r in ROUTES}
+        self._server: FrontServer | None = None
 
-    app = web.Application(client_max_size=settings.limits.max_body_bytes)
-    app[REGISTRY] = registry
-    app[BALANCER] = balancer
-    app[METRICS] = metrics
-    app[FORWARDER] = forwarder
-    app[HEALTH] = health
-    app[ADMISSION] = admission
-    app[SESSIONS] = sessions
+    # ---- lifecycle ---------------------------------------------------------------
 
-    for route in ROUTES:
-        handler = forwarder.handler_for(route)
-        app.router.add_route(route.method, route.path, handler)
-        app.router.add_route(route.method, SESSION_PREFIX + route.path, handler)
+    async def start(self, host: str | None = None, port: int | None = None) -> tuple[str, int]:
+        """Listen (defaults: settings.listen) and start health checks; the bound address."""
+        self._server = FrontServer(self.handle, self.settings.limits.max_body_bytes)
+        address = await self._server.start(self.settings.listen.host if host is None else host,
+                                           self.settings.listen.port if port is None else port)
+        if self._health_checks:
+            await self.health.start()
+        return address
 
-    async def health_route(request: web.Request) -> web.Response:
-        return web.Response(body=_JSON_OK, content_type="application/json")
-
-    async def ready_route(request: web.Request) -> web.Response:
-        if registry.any_healthy():
-            return web.Response(body=_JSON_OK, content_type="application/json")
-        return error_response(503, "no healthy replica; see GET /admin/state", "no_healthy_replica")
-
-    async def metrics_route(request: web.Request) -> web.Response:
-        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
-
-    app.router.add_get("/health", health_route)
-    app.router.add_get("/ready", ready_route)
-    app.router.add_get("/metrics", metrics_route)
-    if settings.admin.token:
-        AdminApi(settings.admin.token, registry, admission, clients, sessions).add_routes(app)
-
-    known = {}
-    for route in ROUTES:
-        known.setdefault(route.path, []).append(route.method)
-
-    async def unknown_route(request: web.Request) -> web.Response:
-        path = request.path
-        if path.startswith("/sess/"):
-            _, _, rest = path[len("/sess/"):].partition("/")
-            path = "/" + rest
-        if path in known:
-            return error_response(405, f"{request.method} is not allowed on {request.path}; use "
-                                  f"{', '.join(known[path])}", "method_not_allowed")
-        return error_response(404, f"unknown route {request.method} {request.path}; kvgate forwards "
-                              + ", ".join(f"{r.method} {r.path}" for r in ROUTES)
-                              + " (also under /sess/{session_id}/)", "unknown_route")
-
-    app.router.add_route("*", "/{tail:.*}", unknown_route)
-
-    async def on_startup(app: web.Application) -> None:
-        if health_checks:
-            await health.start()
-
-    async def on_cleanup(app: web.Application) -> None:
-        await health.close()
-        await clients.close()
-        close = getattr(admission, "close", None) or getattr(admission, "aclose", None)
+    async def close(self) -> None:
+        if self._server is not None:
+            await self._server.close()
+            self._server = None
+        await self.health.close()
+        await self.clients.close()
+        close = getattr(self.admission, "aclose", None) or getattr(self.admission, "close", None)
         if close is not None:
             result = close()
             if inspect.isawaitable(result):
                 await result
 
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
-    return app
+    # ---- dispatch ----------------------------------------------------------------
+
+    async def handle(self, request: HttpRequest, responder: Responder) -> None:
+        path = request.path
+        route = self._routes.get(path)
+        if route is not None:
+            if request.method == route.method:
+                await self.forwarder.forward(request, responder, route, None)
+            else:
+                self._wrong_method(request, responder, route)
+            return
+        if path.startswith("/sess/"):
+            raw_id, slash, rest = path[6:].partition("/")
+            route = self._routes.get("/" + rest) if slash else None
+            if route is not None:
+                if request.method == route.method:
+                    await self.forwarder.forward(request, responder, route, unquote(raw_id))
+                else:
+                    self._wrong_method(request, responder, route)
+                return
+        elif path == "/health" and request.method == "GET":
+            responder.send(200, _JSON_OK, [JSON_CONTENT_TYPE])
+            return
+        elif path == "/ready" and request.method == "GET":
+            if self.registry.any_healthy():
+                responder.send(200, _JSON_OK, [JSON_CONTENT_TYPE])
+            else:
+                send_error(responder, 503, "no healthy replica; see GET /admin/state", "no_healthy_replica")
+            return
+        elif path == "/metrics" and request.method == "GET":
+            responder.send(200, self.metrics.render(), [_METRICS_TYPE])
+            return
+        elif path.startswith("/admin/") and self.admin is not None:
+            await self.admin.handle(request, responder)
+            return
+        send_error(responder, 404, f"unknown route {request.method} {path}; kvgate forwards {_ROUTE_LIST}",
+                   "unknown_route")
+
+    def _wrong_method(self, request: HttpRequest, responder: Responder, route) -> None:
+        send_error(responder, 405, f"{request.method} is not allowed on {request.path}; use {route.method}",
+                   "method_not_allowed", [(b"Allow", route.method.encode())])
+
+
+def create_app(settings: Settings | None = None, *, metrics: KvgateMetrics | None = None, admission=None,
+               replicas: list[ReplicaSettings] | tuple[ReplicaSettings, ...] | None = None,
+               health_checks: bool = True) -> ProxyApp:
+    """The proxy app. `health_checks=False` leaves health to passive marking (tests)."""
+    settings = settings or Settings()
+    metrics = metrics or KvgateMetrics()
+    admission = admission if admission is not None else OpenAdmission(metrics)
+    return ProxyApp(settings, metrics, admission, settings.replicas if replicas is None else replicas,
+                    health_checks)

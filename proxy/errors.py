@@ -1,15 +1,14 @@
 """OpenAI-shaped error responses: `{"error": {"message", "type", "code"}}`.
 
 Pure request checks raise `RequestRejected`; the HTTP shell turns it into a response
-with `error_response`. Every message says what the client should do about it.
+with `send_error`. Every message says what the client should do about it.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Iterable
 
 import orjson
-from aiohttp import web
 
 _STATUS_TYPES = {
     400: "invalid_request_error",
@@ -17,6 +16,8 @@ _STATUS_TYPES = {
     404: "not_found_error",
     409: "conflict_error",
     405: "invalid_request_error",
+    431: "invalid_request_error",
+    500: "api_error",
     413: "invalid_request_error",
     502: "upstream_error",
     503: "service_unavailable",
@@ -41,10 +42,13 @@ def error_json(status: int, message: str, code: str | None, type_: str | None = 
     return orjson.dumps(error_payload(message, type_ or _STATUS_TYPES.get(status, "api_error"), code))
 
 
-def error_response(status: int, message: str, code: str | None,
-                   headers: Mapping[str, str] | None = None, type_: str | None = None) -> web.Response:
-    return web.Response(status=status, body=error_json(status, message, code, type_),
-                        content_type="application/json", headers=headers)
+JSON_CONTENT_TYPE = (b"Content-Type", b"application/json")
+
+
+def send_error(responder, status: int, message: str, code: str | None,
+               headers: Iterable[tuple[bytes, bytes]] = (), type_: str | None = None, close: bool = False) -> None:
+    """Answer with an OpenAI-shaped error through a `proxy.http_server.Responder`."""
+    responder.send(status, error_json(status, message, code, type_), [JSON_CONTENT_TYPE, *headers], close=close)
 
 
 def sse_error_event(message: str, code: str, anthropic: bool = False) -> bytes:

@@ -80,8 +80,8 @@ class _Connection(asyncio.Protocol):
         self._error: UpstreamError | None = None
         self.got_bytes = False
         self.status = 0
-        self.reason = ""
-        self.headers: list[tuple[str, str]] = []
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
         self.keep_alive = True
 
     # ---- asyncio.Protocol ------------------------------------------------------------
@@ -157,25 +157,25 @@ class _Connection(asyncio.Protocol):
             name, sep, value = line.partition(b":")
             if not sep:
                 continue
-            name_s = name.strip().decode("latin-1")
-            value_s = value.strip().decode("utf-8", "surrogateescape")
-            lower = name_s.lower()
-            if lower == "content-length":
+            name = name.strip()
+            value = value.strip()
+            lower = name.lower()
+            if lower == b"content-length":
                 try:
-                    length = int(value_s)
+                    length = int(value)
                 except ValueError:
-                    raise UpstreamError(f"bad upstream Content-Length {value_s!r}", "before_headers") from None
-            elif lower == "transfer-encoding":
-                chunked = "chunked" in value_s.lower()
-            elif lower == "connection":
-                token = value_s.lower()
-                if "close" in token:
+                    raise UpstreamError(f"bad upstream Content-Length {value[:40]!r}", "before_headers") from None
+            elif lower == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif lower == b"connection":
+                token = value.lower()
+                if b"close" in token:
                     keep_alive = False
-                elif "keep-alive" in token:
+                elif b"keep-alive" in token:
                     keep_alive = True
-            headers.append((name_s, value_s))
+            headers.append((name, value))
         self.status = status
-        self.reason = reason[0].decode("latin-1") if reason else ""
+        self.reason = reason[0] if reason else b""
         self.headers = headers
         self.keep_alive = keep_alive
         if status in (204, 304):
@@ -340,21 +340,21 @@ class UpstreamResponse:
         self.headers = conn.headers
         self._finished = False
 
-    def header(self, name: str) -> str | None:
-        lower = name.lower()
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of header `name` (lower-case bytes), or None."""
         for key, value in self.headers:
-            if key.lower() == lower:
+            if key.lower() == name:
                 return value
         return None
 
     @property
-    def content_type(self) -> str:
-        value = self.header("content-type")
-        return value.split(";", 1)[0].strip().lower() if value else ""
+    def content_type(self) -> bytes:
+        value = self.header(b"content-type")
+        return value.split(b";", 1)[0].strip().lower() if value else b""
 
     @property
     def content_length(self) -> int | None:
-        value = self.header("content-length")
+        value = self.header(b"content-length")
         return int(value) if value is not None and value.isdigit() else None
 
     async def read(self) -> bytes:

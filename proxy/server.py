@@ -10,8 +10,6 @@ import asyncio
 import logging
 import signal
 
-from aiohttp import web
-
 from proxy.app import create_app
 from proxy.metrics import KvgateMetrics
 from proxy.open_admission import OpenAdmission
@@ -48,24 +46,18 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
     replicas, sims = await start_replicas(settings)
-    runner = None
+    app = None
     try:
         metrics = KvgateMetrics()
         app = create_app(settings, metrics=metrics, admission=make_admission(settings, metrics),
                          replicas=replicas)
-        # handler_cancellation: a client that disconnects cancels its handler, which is
-        # how a pending admission is withdrawn and an upstream generation aborted.
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, settings.listen.host, settings.listen.port, backlog=2048)
-        await site.start()
-        host, port = runner.addresses[0][:2]
+        host, port = await app.start()
         log.info("listening on http://%s:%d (OpenAI base URL http://%s:%d/v1)", host, port, host, port)
         await stop.wait()
         log.info("shutting down")
     finally:
-        if runner is not None:
-            await runner.cleanup()
+        if app is not None:
+            await app.close()
         await asyncio.gather(*(s.stop() for s in sims), return_exceptions=True)
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from multidict import CIMultiDict
-
 from proxy.http_client import UpstreamConnectError, UpstreamError, UpstreamPool
 from proxy.settings import UpstreamSettings
 
@@ -24,8 +22,8 @@ _REQUEST_DROP = frozenset({
     b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length", b"expect",
 })
 _RESPONSE_DROP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "trailers", "transfer-encoding", "upgrade", "content-length", "date", "server",
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
+    b"trailers", b"transfer-encoding", b"upgrade", b"content-length", b"date",
 })
 
 # The request never reached the replica: safe to send it elsewhere.
@@ -43,9 +41,9 @@ def upstream_request_headers(raw_headers, api_key: str | None) -> list[tuple[byt
     return [(k, v) for k, v in raw_headers if k.lower() not in _REQUEST_DROP]
 
 
-def relayed_response_headers(headers) -> CIMultiDict:
+def relayed_response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The upstream's headers minus hop-by-hop ones and those the proxy's server sets."""
-    return CIMultiDict([(k, v) for k, v in headers if k.lower() not in _RESPONSE_DROP])
+    return [(k, v) for k, v in headers if k.lower() not in _RESPONSE_DROP]
 
 
 class UpstreamClients:

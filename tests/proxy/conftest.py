@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
+import aiohttp
 import pytest
 
 from proxy.app import create_app
-from proxy.settings import AdminSettings, LimitsSettings, ReplicaSettings, Settings
+from proxy.settings import AdminSettings, ReplicaSettings, Settings
 from fake_upstream import FakeUpstream
 
 ADMIN_TOKEN = "test-admin-token"
@@ -28,19 +30,53 @@ def proxy_settings(fakes, **overrides) -> Settings:
     return dataclasses.replace(base, **overrides)
 
 
+class ProxyClient:
+    """A started proxy app and an aiohttp ClientSession pointed at it.
+
+    `await client.post(path, ...)` etc. return aiohttp ClientResponses; `client.app` is
+    the ProxyApp (registry, sessions, ...); `client.server.host/.port` its address.
+    """
+
+    def __init__(self, app, host: str, port: int) -> None:
+        self.app = app
+        self.server = SimpleNamespace(host=host, port=port)
+        self.session = aiohttp.ClientSession(base_url=f"http://{host}:{port}")
+
+    def request(self, method: str, path: str, **kwargs):
+        return self.session.request(method, path, **kwargs)
+
+    def get(self, path: str, **kwargs):
+        return self.session.get(path, **kwargs)
+
+    def post(self, path: str, **kwargs):
+        return self.session.post(path, **kwargs)
+
+    def delete(self, path: str, **kwargs):
+        return self.session.delete(path, **kwargs)
+
+    async def close(self) -> None:
+        await self.session.close()
+        await self.app.close()
+
+
 @pytest.fixture
-async def make_proxy(aiohttp_client):
-    """make_proxy(fakes, **settings_overrides, admission=None) -> aiohttp test client."""
+async def make_proxy():
+    """make_proxy(fakes, admission=None, **settings_overrides) -> ProxyClient (closed after the test)."""
+    clients: list[ProxyClient] = []
+
     async def make(fakes, admission=None, **overrides):
         app = create_app(proxy_settings(fakes, **overrides), admission=admission, health_checks=False)
-        return await aiohttp_client(app)
-    return make
+        host, port = await app.start("127.0.0.1", 0)
+        client = ProxyClient(app, host, port)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        await client.close()
 
 
 @pytest.fixture
 async def proxy(upstreams, make_proxy):
     return await make_proxy(upstreams)
 
-
-def small_body_limit(n: int) -> LimitsSettings:
-    return LimitsSettings(max_body_bytes=n)

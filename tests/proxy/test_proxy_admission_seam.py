@@ -8,7 +8,6 @@ import aiohttp
 import pytest
 
 from gate.errors import AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
-from proxy.app import REGISTRY
 ADMIN_TOKEN = "test-admin-token"  # as in conftest.py
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -151,7 +150,7 @@ async def test_client_disconnect_while_waiting_cancels_the_acquire(gated, admiss
     assert admission.cancelled == 1
     assert admission.leases == []
     assert not any(f.requests for f in upstreams)
-    assert all(r.in_flight == 0 for r in gated.app[REGISTRY].all())
+    assert all(r.in_flight == 0 for r in gated.app.registry.all())
 
 
 async def test_lease_released_when_the_stream_ends_not_at_headers(gated, admission, upstreams):
@@ -162,11 +161,11 @@ async def test_lease_released_when_the_stream_ends_not_at_headers(gated, admissi
     first = await resp.content.readany()
     assert first
     assert admission.leases[0].releases == 0
-    assert gated.app[REGISTRY].get(resp.headers["x-kvgate-replica"]).in_flight == 1
+    assert gated.app.registry.get(resp.headers["x-kvgate-replica"]).in_flight == 1
     await resp.read()
     await asyncio.sleep(0.01)
     assert admission.leases[0].releases == 1
-    assert gated.app[REGISTRY].get(resp.headers["x-kvgate-replica"]).in_flight == 0
+    assert gated.app.registry.get(resp.headers["x-kvgate-replica"]).in_flight == 0
 
 
 async def test_client_disconnect_mid_stream_aborts_upstream_and_releases(gated, admission, upstreams):
@@ -183,7 +182,7 @@ async def test_client_disconnect_mid_stream_aborts_upstream_and_releases(gated, 
             break
         await asyncio.sleep(0.02)
     assert admission.leases[0].releases == 1
-    assert gated.app[REGISTRY].get(fake.name).in_flight == 0
+    assert gated.app.registry.get(fake.name).in_flight == 0
     text = await (await gated.get("/metrics")).text()
     assert 'kind="client_disconnect"' in text
 

@@ -112,16 +112,15 @@ async def test_empty_sess_id_is_400(proxy, path):
 
 
 async def test_no_healthy_replica_is_503_and_ready_503(proxy, upstreams):
-    from proxy.app import REGISTRY
-    for replica in proxy.app[REGISTRY].all():
-        proxy.app[REGISTRY].mark_failed(replica)
+    for replica in proxy.app.registry.all():
+        proxy.app.registry.mark_failed(replica)
     resp = await proxy.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "s"})
     await assert_error(resp, 503, "no_healthy_replica")
     assert resp.headers["Retry-After"]
     await assert_error(await proxy.get("/ready"), 503)
     assert (await proxy.get("/health")).status == 200
-    for replica in proxy.app[REGISTRY].all():
-        proxy.app[REGISTRY].record_check(replica, True)
+    for replica in proxy.app.registry.all():
+        proxy.app.registry.record_check(replica, True)
     assert (await proxy.get("/ready")).status == 200
     await still_serving(proxy)
 
