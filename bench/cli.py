@@ -1,5 +1,17 @@
-"""Placeholder: the owner of this part replaces it with real subcommands."""
+"""`kvgate bench ...`: the benchmark subcommands.
+
+Each benchmark module has `add_command(bench_subparsers)`, which adds its parser and
+sets `func`. To add a benchmark, import its module here and add one line to
+`add_commands`.
+"""
+
+from __future__ import annotations
+
+from bench import overhead
 
 
 def add_commands(subparsers) -> None:
-    return None
+    bench = subparsers.add_parser("bench", help="benchmarks",
+                                  description="Benchmarks of kvgate. Each prints its numbers; none asserts them.")
+    benchmarks = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    overhead.add_command(benchmarks)

@@ -1,0 +1,196 @@
+"""`kvgate bench overhead`: what kvgate adds on top of talking to the upstream directly.
+
+One invocation starts a fast local upstream (`bench.overhead_upstream`) and kvgate in
+front of it (`kvgate serve`, each in its own process), then runs closed-loop load
+(`bench.overhead_load`, a third process) at each concurrency, non-streaming and
+streaming, alternating direct and proxied runs of `--duration` seconds, `--repeats`
+times. It prints, per case, the median requests/s, p50 and p99 of each, the added
+p50 (proxied - direct) and the throughput ratio (proxied / direct).
+
+`--target URL` points the proxied runs at another router instead (started by you in
+front of the upstream this command starts on `--upstream-port`), so any router can be
+measured the same way. This prints numbers; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT_CONCURRENCY = (1, 64, 256)
+MODES = ("non-streaming", "streaming")
+
+
+def add_command(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "overhead", help="measure the latency and throughput kvgate adds over a direct connection",
+        description=__doc__.split("\n\n")[0] + " Direct and proxied runs alternate against the same "
+        "upstream; medians over --repeats are reported.")
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds of load per run (default 2)")
+    parser.add_argument("--warmup", type=float, default=0.5, help="seconds of load before timing (default 0.5)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per case and target; medians reported (default 3)")
+    parser.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCY)),
+                        help="comma-separated concurrent clients (default 1,64,256)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma-separated: non-streaming,streaming (default both)")
+    parser.add_argument("--target", metavar="URL",
+                        help="measure this router instead of kvgate (it must forward to the upstream on "
+                        "--upstream-port)")
+    parser.add_argument("--upstream-port", type=int, default=0,
+                        help="port of the benchmark upstream (default: a free one; fix it for --target)")
+    parser.add_argument("--gate-mode", default="enforce", choices=["enforce", "shadow", "off"],
+                        help="kvgate's gate.mode for the proxied runs (default enforce; the upstream reports an "
+                        "idle replica, so every request is admitted)")
+    parser.add_argument("--out", metavar="FILE", help="also write the results as JSON to FILE")
+    parser.set_defaults(func=overhead_command)
+
+
+# ---- processes --------------------------------------------------------------------
+
+def _python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def start_upstream(port: int) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(_python_module("bench.overhead_upstream", "--port", str(port)),
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not line.startswith("READY "):
+        proc.kill()
+        raise RuntimeError(f"benchmark upstream did not start (said {line!r})")
+    return proc, f"http://127.0.0.1:{int(line.split()[1])}"
+
+
+def start_kvgate(upstream_url: str, gate_mode: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+    config = workdir / "kvgate-bench.yaml"
+    config.write_text(f"replicas: [{{name: upstream, url: '{upstream_url}'}}]\ngate: {{mode: {gate_mode}}}\n")
+    log = open(workdir / "kvgate.log", "w+")
+    proc = subprocess.Popen(_python_module("proxy.cli", "serve", "--config", str(config), "--port", "0"),
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        log.seek(0)
+        found = re.search(r"listening on (http://[\d.]+:\d+)", log.read())
+        if found:
+            return proc, found.group(1)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    log.seek(0)
+    raise RuntimeError("kvgate did not start:\n" + log.read())
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def run_load(url: str, concurrency: int, duration: float, warmup: float, stream: bool) -> dict:
+    args = ["--url", url, "--concurrency", str(concurrency), "--duration", str(duration), "--warmup", str(warmup)]
+    if stream:
+        args.append("--stream")
+    out = subprocess.run(_python_module("bench.overhead_load", *args), capture_output=True, text=True,
+                         timeout=duration + warmup + 60)
+    if out.returncode != 0:
+        raise RuntimeError(f"load generator failed against {url}:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---- the measurement ------------------------------------------------------------------
+
+def summarize(runs: list[dict]) -> dict:
+    """Medians over repeated runs of one (mode, concurrency, target)."""
+    return {key: statistics.median(r[key] for r in runs) for key in ("rps", "p50_ms", "p99_ms")} | {
+        "errors": sum(r["errors"] for r in runs), "runs": len(runs)}
+
+
+def compare(direct: dict, proxied: dict) -> dict:
+    return {"added_p50_ms": proxied["p50_ms"] - direct["p50_ms"],
+            "throughput_ratio": proxied["rps"] / direct["rps"] if direct["rps"] else float("nan")}
+
+
+def format_table(results: list[dict], proxied_name: str) -> str:
+    header = (f"{'mode':<14}{'clients':>8} | {'direct rps':>11}{'p50 ms':>9}{'p99 ms':>9} | "
+              f"{proxied_name + ' rps':>12}{'p50 ms':>9}{'p99 ms':>9} | {'added p50 ms':>13}{'ratio':>7}")
+    lines = [header, "-" * len(header)]
+    for r in results:
+        d, p = r["direct"], r["proxied"]
+        lines.append(f"{r['mode']:<14}{r['concurrency']:>8} | {d['rps']:>11.0f}{d['p50_ms']:>9.3f}{d['p99_ms']:>9.3f} | "
+                     f"{p['rps']:>12.0f}{p['p50_ms']:>9.3f}{p['p99_ms']:>9.3f} | "
+                     f"{r['added_p50_ms']:>13.3f}{r['throughput_ratio']:>7.2f}")
+    errors = sum(r["direct"]["errors"] + r["proxied"]["errors"] for r in results)
+    if errors:
+        lines.append(f"WARNING: {errors} requests failed or answered non-200; see the JSON output")
+    return "\n".join(lines)
+
+
+def measure(direct_url: str, proxied_url: str, concurrencies: list[int], modes: list[str], duration: float,
+            warmup: float, repeats: int, progress=print) -> list[dict]:
+    runs: dict[tuple, list[dict]] = {}
+    for repeat in range(repeats):
+        for mode in modes:
+            for concurrency in concurrencies:
+                for target, url in (("direct", direct_url), ("proxied", proxied_url)):
+                    result = run_load(url, concurrency, duration, warmup, mode == "streaming")
+                    runs.setdefault((mode, concurrency, target), []).append(result)
+                    progress(f"  run {repeat + 1}/{repeats} {mode:<13} c={concurrency:<4} {target:<8} "
+                             f"{result['rps']:8.0f} rps  p50 {result['p50_ms']:.3f} ms")
+    results = []
+    for mode in modes:
+        for concurrency in concurrencies:
+            direct = summarize(runs[(mode, concurrency, "direct")])
+            proxied = summarize(runs[(mode, concurrency, "proxied")])
+            results.append({"mode": mode, "concurrency": concurrency, "direct": direct, "proxied": proxied,
+                            **compare(direct, proxied)})
+    return results
+
+
+def overhead_command(args: argparse.Namespace) -> int:
+    try:
+        concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except ValueError:
+        print(f"--concurrency must be comma-separated integers, got {args.concurrency!r}", file=sys.stderr)
+        return 2
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes or not concurrencies or min(concurrencies) < 1 or args.repeats < 1:
+        print(f"--modes must name {' and/or '.join(MODES)}; --concurrency and --repeats must be >= 1",
+              file=sys.stderr)
+        return 2
+    started = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvgate-bench-") as tmp:
+            upstream, upstream_url = start_upstream(args.upstream_port)
+            started.append(upstream)
+            if args.target:
+                proxied_url, proxied_name = args.target.rstrip("/"), "target"
+            else:
+                kvgate, proxied_url = start_kvgate(upstream_url, args.gate_mode, Path(tmp))
+                started.append(kvgate)
+                proxied_name = "kvgate"
+            print(f"upstream {upstream_url}, {proxied_name} {proxied_url}; {args.repeats} x {args.duration:g} s "
+                  f"per case, cpus={os.cpu_count()}", flush=True)
+            results = measure(upstream_url, proxied_url, concurrencies, modes, args.duration, args.warmup,
+                              args.repeats, progress=lambda line: print(line, flush=True))
+    finally:
+        for proc in reversed(started):
+            stop(proc)
+    print()
+    print(format_table(results, proxied_name))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"target": proxied_name, "results": results}, indent=2))
+        print(f"\nwrote {args.out}")
+    return 0

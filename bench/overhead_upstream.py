@@ -1,0 +1,86 @@
+"""The overhead benchmark's upstream: a vLLM stand-in that answers at once.
+
+`POST /v1/chat/completions` (and `/v1/completions`) answer a fixed small JSON body,
+or, with `"stream": true`, STREAM_CHUNKS SSE events and `data: [DONE]`, written as
+separate chunks with no delay. `/health`, `/metrics` and the probe `GET /v1/kvgate/kv`
+report an idle replica, so a gate in front of it admits everything as `open`.
+Built on aiohttp's low-level server (no router) under uvloop, to spend as little of
+the shared CPUs as possible. Prints `READY <port>` once listening.
+
+Run: python -m bench.overhead_upstream [--host H] [--port P]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+import orjson
+from aiohttp import web
+
+STREAM_CHUNKS = 20
+
+_FULL = orjson.dumps({
+    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok " * 16},
+                 "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 8, "completion_tokens": 16, "total_tokens": 24}})
+_CHUNK = b"data: " + orjson.dumps({
+    "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "bench",
+    "choices": [{"index": 0, "delta": {"content": "ok "}, "finish_reason": None}]}) + b"\n\n"
+_DONE = b"data: [DONE]\n\n"
+_KV = orjson.dumps({"version": 1, "kv_cache_usage": 0.0, "num_total_blocks": 4096, "num_free_blocks": 4096,
+                    "num_cached_blocks": 0, "block_size": 16, "num_running": 0, "num_waiting": 0,
+                    "engines": []})
+_METRICS = (b"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.0\n"
+            b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n")
+
+
+async def handle(request: web.BaseRequest) -> web.StreamResponse:
+    path = request.path
+    if request.method == "POST":
+        body = await request.read()
+        if b'"stream":true' in body.replace(b" ", b""):
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for _ in range(STREAM_CHUNKS):
+                await response.write(_CHUNK)
+            await response.write(_DONE)
+            await response.write_eof()
+            return response
+        return web.Response(body=_FULL, content_type="application/json")
+    if path == "/v1/kvgate/kv":
+        return web.Response(body=_KV, content_type="application/json")
+    if path == "/metrics":
+        return web.Response(body=_METRICS, content_type="text/plain")
+    if path == "/v1/models":
+        return web.Response(body=b'{"object":"list","data":[{"id":"bench","object":"model"}]}',
+                            content_type="application/json")
+    return web.Response(text="ok")  # /health and anything else
+
+
+async def main(host: str, port: int) -> None:
+    server = web.Server(handle, access_log=None)
+    loop = asyncio.get_running_loop()
+    tcp = await loop.create_server(server, host, port, backlog=2048, reuse_address=True)
+    print(f"READY {tcp.sockets[0].getsockname()[1]}", flush=True)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    tcp.close()
+    await server.shutdown(1)
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    from proxy.server import run
+    run(main(args.host, args.port))
+
+
+if __name__ == "__main__":
+    cli()
