@@ -1,0 +1,180 @@
+"""AdmissionController (Seam 1) with real probes against fake replicas over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+
+import aiohttp
+import pytest
+
+from gate.admission import (
+    MAX_SESSION_KEY_CHARS, AdmissionController, AdmissionPreempted, ReplicaUnavailable, session_key,
+)
+from tests.gate.conftest import CLEAN, FakeProbe, sample, settings, until
+from tests.gate.fake_replica import ReplicaScript, fake_replica_app
+
+
+@dataclass(frozen=True)
+class Replica:
+    name: str
+    url: str
+
+
+@pytest.fixture
+async def http():
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def start_replica(aiohttp_server, script: ReplicaScript, name: str) -> Replica:
+    server = await aiohttp_server(fake_replica_app(script), host="127.0.0.1")
+    return Replica(name, str(server.make_url("")).rstrip("/"))
+
+
+def chat(session: str) -> dict:
+    return {"id": session, "model": "m", "messages": [{"role": "user", "content": f"turn of {session}"}]}
+
+
+def assert_clean(controller: AdmissionController, clock) -> None:
+    clock.advance(controller.settings.idle_grace_sec + 1)
+    assert controller.counts() == CLEAN
+
+
+async def test_whole_decision_tree_through_http(aiohttp_server, http, metrics, clock):
+    script = ReplicaScript()
+    replica = await start_replica(aiohttp_server, script, "r0")
+    knobs = settings(wait_poll_sec=60, idle_grace_sec=10, probe=replace(settings().probe, usage_max_age_ms=0))
+    controller = AdmissionController(knobs, metrics, lambda: http, clock=clock)
+
+    # below the watermark: open, no prefix probe
+    busy = await controller.acquire(replica, "busy", "chat", chat("busy"))
+    assert busy.reason == "open" and script.prefix_requests == []
+
+    # above it: a resident session passes and gets a window
+    script.usage(0.9)
+    script.prefix("hot", total=20, hit=19)
+    hot = await controller.acquire(replica, "hot", "chat", chat("hot"))
+    assert hot.reason == "resident_prefix"
+    hot.release()
+
+    # a cold session waits
+    cold = asyncio.create_task(controller.acquire(replica, "cold", "chat", chat("cold")))
+    await until(lambda: controller.counts()["waiters"] == 1)
+    assert controller.state()["r0"]["pending"] == ["cold"]
+
+    # the reserved session passes without a prefix probe
+    probed = len(script.prefix_requests)
+    again = await controller.acquire(replica, "hot", "chat", chat("hot"))
+    assert again.reason == "reserved_session" and len(script.prefix_requests) == probed
+    again.release()
+
+    # a retry of the cold session gets the older attempt a 409
+    retry = asyncio.create_task(controller.acquire(replica, "cold", "chat", chat("cold")))
+    with pytest.raises(AdmissionPreempted):
+        await cold
+    await until(lambda: controller.counts()["waiters"] == 1 and controller.counts()["attempts"] == 1)
+
+    # a release lets the waiter in once usage drops
+    script.usage(0.5)
+    busy.release()
+    lease = await retry
+    assert lease.reason == "open" and lease.wait_ms >= 0
+    lease.release()
+
+    # the window expires: the next look purges it
+    state = controller.state()["r0"]
+    assert state["reserved"]["idle"] == ["hot"]
+    assert state["sessions"]["cold"]["num_preempted"] == 1
+    assert state["sessions"]["hot"]["reasons"] == {"resident_prefix": 1, "reserved_session": 1}
+    clock.advance(11)
+    assert controller.state()["r0"]["reserved"] == {"in_flight": [], "idle": []}
+    assert controller.counts() == CLEAN
+    assert sample(metrics, "kvgate_session_preemptions_sum") == 1
+
+
+async def test_gates_are_per_replica_and_created_lazily(metrics, clock):
+    probes: dict[str, FakeProbe] = {}
+
+    def factory(name: str, url: str) -> FakeProbe:
+        probes[name] = FakeProbe(usage=0.9 if name == "hot" else 0.1)
+        return probes[name]
+
+    controller = AdmissionController(settings(), metrics, probe_factory=factory, clock=clock)
+    assert controller.state() == {}
+    a = await controller.acquire(Replica("calm", "http://calm"), "s1", "chat", chat("s1"))
+    b = await controller.acquire(Replica("hot", "http://hot"), "s1", "messages", chat("s1"))
+    assert (a.reason, a.replica, b.reason, b.replica) == ("open", "calm", "prefix_probe_unavailable", "hot")
+    assert set(controller.state()) == {"calm", "hot"}
+    # a replica re-added under the same name with a new url gets a fresh probe, same gate
+    old = probes["calm"]
+    c = await controller.acquire(Replica("calm", "http://calm2"), "s2", "chat", chat("s2"))
+    assert probes["calm"] is not old and c.reason == "open"
+    for lease in (a, b, c):
+        lease.release()
+    controller.finish_session("s1")  # on every replica
+    controller.finish_session("s2")
+    controller.finish_session("unknown")
+    assert controller.counts() == CLEAN
+
+
+async def test_remove_replica_fails_its_waiters_not_others(metrics, clock):
+    probe = FakeProbe(usage=0.9)
+    controller = AdmissionController(settings(wait_poll_sec=60), metrics, probe_factory=lambda n, u: probe, clock=clock)
+    r0, r1 = Replica("r0", "http://r0"), Replica("r1", "http://r1")
+    waiters = [asyncio.create_task(controller.acquire(r0, f"s{i}", "chat", chat(f"s{i}"))) for i in range(3)]
+    other = asyncio.create_task(controller.acquire(r1, "t", "chat", chat("t")))
+    await until(lambda: controller.counts()["waiters"] == 4)
+    controller.remove_replica("r0")
+    controller.remove_replica("never-added")
+    for task in waiters:
+        with pytest.raises(ReplicaUnavailable) as info:
+            await task
+        assert (info.value.status, info.value.code, info.value.retry_after) == (503, "replica_unavailable", 1)
+    assert set(controller.state()) == {"r1"} and not other.done()
+    other.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await other
+    assert_clean(controller, clock)
+
+
+async def test_a_10kb_session_id_is_booked_hashed_and_never_in_metrics(metrics, clock):
+    probe = FakeProbe(usage=0.9)
+    probe.set_prefix("big", total=10, hit=10)
+    controller = AdmissionController(settings(), metrics, probe_factory=lambda n, u: probe, clock=clock)
+    huge = "x" * 10_240
+    lease = await controller.acquire(Replica("r0", "http://r0"), huge, "chat", chat("big"))
+    assert lease.reason == "resident_prefix"
+    [key] = controller.state()["r0"]["sessions"]
+    assert key == session_key(huge) and key.startswith("sha256:") and len(key) == 71
+    assert session_key("short") == "short" and len(session_key("y" * MAX_SESSION_KEY_CHARS)) == MAX_SESSION_KEY_CHARS
+    assert b"xxxxxxxx" not in metrics.render()
+    lease.release()
+    controller.finish_session(huge)
+    assert controller.counts() == CLEAN
+
+
+async def test_controller_opens_and_closes_its_own_client_session(aiohttp_server, metrics, clock):
+    script = ReplicaScript()
+    replica = await start_replica(aiohttp_server, script, "r0")
+    controller = AdmissionController(settings(), metrics, clock=clock)
+    lease = await controller.acquire(replica, None, "chat", chat("a"))
+    assert lease.reason == "anonymous" and script.kv_hits == 1
+    lease.release()
+    await controller.aclose()
+    assert controller.state() == {}
+
+
+async def test_set_http_uses_a_session_made_at_app_startup(aiohttp_server, http, metrics, clock):
+    script = ReplicaScript()
+    replica = await start_replica(aiohttp_server, script, "r0")
+    controller = AdmissionController(settings(), metrics, clock=clock)
+    controller.set_http(http)
+    (await controller.acquire(replica, "s", "chat", chat("s"))).release()
+    assert controller._own_http is None and script.kv_hits == 1
+    await controller.aclose()
+
+
+def test_unknown_policy_fails_at_construction(metrics):
+    with pytest.raises(ValueError, match="unknown gate.policy"):
+        AdmissionController(settings(policy="fifo"), metrics)

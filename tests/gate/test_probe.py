@@ -1,0 +1,171 @@
+"""The probe client against a fake replica: answers, sharing, fallbacks and every fault."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from gate.probe import ReplicaProbe
+from gate.readings import PrefixReading, UsageReading
+from proxy.settings import ProbeSettings
+from tests.gate.conftest import FakeClock, sample
+from tests.gate.fake_replica import ReplicaScript, fake_replica_app
+
+
+@pytest.fixture
+async def http():
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+def script():
+    return ReplicaScript()
+
+
+@pytest.fixture
+async def replica_url(aiohttp_server, script):
+    server = await aiohttp_server(fake_replica_app(script), host="127.0.0.1")
+    return str(server.make_url("")).rstrip("/")
+
+
+def make_probe(url, http, metrics, clock, api_key=None, **settings) -> ReplicaProbe:
+    return ReplicaProbe("r0", url, lambda: http, ProbeSettings(**settings), metrics, api_key, clock)
+
+
+async def test_kv_reading_and_metrics(replica_url, http, script, metrics, clock):
+    probe = make_probe(replica_url, http, metrics, clock)
+    reading = await probe.usage()
+    assert reading == UsageReading(0.1, 100, 90, 16, "kv")
+    assert sample(metrics, "kvgate_replica_kv_usage", replica="r0") == 0.1
+    assert sample(metrics, "kvgate_probe_seconds_count", replica="r0", probe="kv") == 1
+    assert script.authorization == [None]
+
+
+async def test_api_key_is_sent_as_bearer(replica_url, http, script, metrics, clock):
+    probe = make_probe(replica_url, http, metrics, clock, api_key="sekrit")
+    await probe.usage()
+    assert script.authorization == ["Bearer sekrit"]
+
+
+async def test_concurrent_callers_share_one_probe_and_reuse_a_fresh_result(replica_url, http, script, metrics, clock):
+    probe = make_probe(replica_url, http, metrics, clock, usage_max_age_ms=50)
+    readings = await asyncio.gather(*(probe.usage() for _ in range(25)))
+    assert script.kv_hits == 1 and len(set(readings)) == 1
+    clock.advance(0.049)
+    await probe.usage()
+    assert script.kv_hits == 1
+    clock.advance(0.002)
+    script.usage(0.7)
+    assert (await probe.usage()).kv_cache_usage == 0.7
+    assert script.kv_hits == 2
+
+
+async def test_a_cancelled_caller_does_not_cancel_the_shared_probe(replica_url, http, script, metrics, clock):
+    script.kv_delay = 0.05
+    probe = make_probe(replica_url, http, metrics, clock)
+    first = asyncio.create_task(probe.usage())
+    second = asyncio.create_task(probe.usage())
+    await asyncio.sleep(0.01)
+    first.cancel()
+    assert (await second).kv_cache_usage == 0.1
+    assert script.kv_hits == 1
+
+
+async def test_prefix_sends_chat_and_completion_bodies(replica_url, http, script, metrics, clock):
+    probe = make_probe(replica_url, http, metrics, clock)
+    script.prefix("s1", total=20, hit=18)
+    chat = {"id": "s1", "model": "m", "messages": [{"role": "user", "content": "hello"}]}
+    assert await probe.prefix("chat", chat) == PrefixReading(20, 18, 0.9, 320)
+    completion = {"id": "s2", "model": "m", "prompt": "hello"}
+    assert (await probe.prefix("completion", completion)).hit_blocks == 0
+    assert script.prefix_requests == [{"chat": chat}, {"completion": completion}]
+    assert sample(metrics, "kvgate_probe_seconds_count", replica="r0", probe="prefix") == 2
+
+
+@pytest.mark.parametrize("route_kind", ["messages", "responses", "models"])
+async def test_prefix_unavailable_for_routes_the_replica_cannot_render(replica_url, http, script, metrics, clock, route_kind):
+    probe = make_probe(replica_url, http, metrics, clock)
+    assert await probe.prefix(route_kind, {"id": "s1"}) is None
+    assert script.prefix_requests == []
+    assert sample(metrics, "kvgate_probe_errors_total", replica="r0", probe="prefix") == 0
+
+
+async def test_missing_probe_api_falls_back_to_metrics(replica_url, http, script, metrics, clock):
+    script.has_probe_api = False
+    probe = make_probe(replica_url, http, metrics, clock)
+    assert await probe.usage() == UsageReading(0.42, source="metrics")
+    assert not probe.has_probe_api
+    assert await probe.prefix("chat", {"id": "s1"}) is None  # not even asked
+    clock.advance(1)
+    await probe.usage()
+    assert (script.kv_hits, script.metrics_hits) == (1, 2)  # the probe API is not re-asked at once
+    assert sample(metrics, "kvgate_probe_errors_total", replica="r0", probe="kv") == 0
+    # the replica restarts with the plugin: found again after KV_RECHECK_SEC
+    script.has_probe_api = True
+    clock.advance(60)
+    assert (await probe.usage()).source == "kv" and probe.has_probe_api
+
+
+async def test_missing_metrics_gauge_counts_an_error(replica_url, http, script, metrics, clock):
+    script.has_probe_api = False
+    script.metrics_text = "vllm:num_requests_running 1\n"
+    probe = make_probe(replica_url, http, metrics, clock)
+    assert await probe.usage() is None
+    assert sample(metrics, "kvgate_probe_errors_total", replica="r0", probe="kv") == 1
+
+
+async def test_slow_kv_probe_times_out_as_unavailable(replica_url, http, script, metrics, clock):
+    script.kv_delay = 0.5
+    probe = make_probe(replica_url, http, metrics, clock, timeout_sec=0.05)
+    assert await probe.usage() is None
+    assert sample(metrics, "kvgate_probe_errors_total", replica="r0", probe="kv") == 1
+    # the failure is cached like a result, so a dead replica is not hammered
+    assert await probe.usage() is None and script.kv_hits == 1
+
+
+async def test_slow_prefix_probe_times_out_as_unavailable(replica_url, http, script, metrics, clock):
+    script.prefix_delay = 0.5
+    probe = make_probe(replica_url, http, metrics, clock, timeout_sec=0.05)
+    assert await probe.prefix("chat", {"id": "s1"}) is None
+    assert sample(metrics, "kvgate_probe_errors_total", replica="r0", probe="prefix") == 1
+
+
+@pytest.mark.parametrize(
+    "raw, status",
+    [
+        (b"{not json", 200),
+        (b'{"kv_cache_usage": 1.5}', 200),
+        (b'{"kv_cache_usage": -0.2}', 200),
+        (b'{"kv_cache_usage": "high"}', 200),
+        (b"[0.5]", 200),
+        (b'{"kv_cache_usage": 0.5}', 500),
+    ],
+)
+async def test_garbage_kv_answers_are_errors(replica_url, http, script, metrics, clock, raw, status):
+    script.kv_raw, script.kv_status = raw, status
+    probe = make_probe(replica_url, http, metrics, clock)
+    assert await probe.usage() is None
+    assert sample(metrics, "kvgate_probe_errors_total", replica="r0", probe="kv") == 1
+    assert sample(metrics, "kvgate_probe_seconds_count", replica="r0", probe="kv") == 0
+
+
+@pytest.mark.parametrize(
+    "raw, status",
+    [(b"<html>", 200), (b'{"total_blocks": 1, "hit_blocks": 2, "hit_ratio": 1}', 200), (b'{"error": "x"}', 400)],
+)
+async def test_garbage_prefix_answers_are_errors(replica_url, http, script, metrics, clock, raw, status):
+    script.prefix_raw, script.prefix_status = raw, status
+    probe = make_probe(replica_url, http, metrics, clock)
+    assert await probe.prefix("chat", {"id": "s1"}) is None
+    assert sample(metrics, "kvgate_probe_errors_total", replica="r0", probe="prefix") == 1
+
+
+async def test_unreachable_replica_is_an_error_not_an_exception(http, metrics, clock, unused_tcp_port):
+    probe = make_probe(f"http://127.0.0.1:{unused_tcp_port}", http, metrics, clock)
+    assert await probe.usage() is None
+    assert await probe.prefix("chat", {"id": "s1"}) is None
+    assert sample(metrics, "kvgate_probe_errors_total", replica="r0", probe="kv") == 1
+    assert sample(metrics, "kvgate_probe_errors_total", replica="r0", probe="prefix") == 1
