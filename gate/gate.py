@@ -43,14 +43,21 @@ MIN_WAIT_SEC = 0.001  # a waiter never spins, whatever the knobs or the clock sa
 
 
 class Attempt:
-    """One acquire call in progress. `abort` set means: raise it at the next checkpoint."""
+    """One acquire call in progress. `abort` set means: raise it at the next checkpoint.
+
+    `event` (what wakes it) is made on its first wait: most attempts never wait.
+    """
 
     __slots__ = ("event", "abort", "queued")
 
     def __init__(self) -> None:
-        self.event = asyncio.Event()
+        self.event: asyncio.Event | None = None
         self.abort: AdmissionError | None = None
         self.queued = False
+
+    def wake(self) -> None:
+        if self.event is not None:
+            self.event.set()
 
     def checkpoint(self) -> None:
         if self.abort is not None:
@@ -115,6 +122,7 @@ class Gate:
             metrics.reserved_sessions.labels(name, "idle"),
         )
         self._preempted = metrics.preempted_attempts.labels(name)
+        self._published = (-1, -1)
         self._retry_after = max(1, math.ceil(settings.wait_poll_sec))
         self._max_wait = settings.max_wait_sec if settings.max_wait_sec > 0 else None
 
@@ -199,6 +207,8 @@ class Gate:
     # --------------------------------------------------------------------- wait
 
     async def _wait(self, attempt: Attempt, deadline: float | None) -> None:
+        if attempt.event is None:
+            attempt.event = asyncio.Event()
         if not attempt.queued:
             self._queue[attempt] = None
             attempt.queued = True
@@ -232,7 +242,7 @@ class Gate:
 
     def _wake_one(self) -> None:
         for waiter in self._queue:
-            if not waiter.event.is_set():
+            if not waiter.event.is_set():  # queued waiters always have an event
                 waiter.event.set()
                 return
 
@@ -243,7 +253,7 @@ class Gate:
         )
         if previous.queued:
             self._dequeue(previous)
-        previous.event.set()
+        previous.wake()
         self._preempted.inc()
 
     # ------------------------------------------------------------- windows/leases
@@ -284,9 +294,11 @@ class Gate:
         self._metrics.session_preemptions.observe(record.num_preempted)
 
     def _publish_reserved(self) -> None:
-        in_flight, idle = self._reserved_gauges
-        in_flight.set(self._book.reserved_in_flight)
-        idle.set(self._book.reserved_idle)
+        counts = (self._book.reserved_in_flight, self._book.reserved_idle)
+        if counts != self._published:  # most calls change nothing: skip the gauges' locks
+            self._published = counts
+            self._reserved_gauges[0].set(counts[0])
+            self._reserved_gauges[1].set(counts[1])
 
     # -------------------------------------------------------------------- close
 
@@ -301,7 +313,7 @@ class Gate:
             attempt.abort = ReplicaUnavailable(message, retry_after=1)
             if attempt.queued:
                 self._dequeue(attempt)
-            attempt.event.set()
+            attempt.wake()
         self._book.grace = 0.0
         for key in list(self._book.records):
             self.finish_session(key)
