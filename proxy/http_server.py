@@ -30,6 +30,7 @@ from typing import Awaitable, Callable, Iterable
 log = logging.getLogger("kvgate.http")
 
 MAX_HEAD_BYTES = 64 * 1024
+LINGER_SEC = 2.0
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _CHUNKED_END = b"0\r\n\r\n"
 
@@ -206,6 +207,8 @@ class FrontProtocol(asyncio.Protocol):
         self._drain_waiter = None
 
     def data_received(self, data: bytes) -> None:
+        if self._state == _S_CLOSED:
+            return  # lingering after a rejected request: discard
         self._buf += data
         if self._state == _S_BUSY:
             if len(self._buf) > MAX_HEAD_BYTES + self._max_body and not self._reading_paused:
@@ -369,12 +372,23 @@ class FrontProtocol(asyncio.Protocol):
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def _reject(self, status: int, message: str, code: str = "invalid_request") -> None:
-        """Answer a request the server cannot read, then close (the stream is out of sync)."""
+        """Answer a request the server cannot read, then close (the stream is out of sync).
+
+        The close lingers: the write side shuts first and whatever the client still
+        sends is discarded for LINGER_SEC, so a client busy uploading a body reads the
+        error instead of a connection reset.
+        """
         from proxy.errors import error_json  # the error shape is the proxy's, kept in one place
         self._state = _S_CLOSED
+        self._buf.clear()
         responder = Responder(self, keep_alive=False, chunked_ok=True)
         responder.send(status, error_json(status, message, code), [(b"Content-Type", b"application/json")])
-        self._transport.close()
+        transport = self._transport
+        if transport.can_write_eof():
+            transport.write_eof()
+            self._loop.call_later(LINGER_SEC, transport.close)
+        else:
+            transport.close()
 
     # ---- running the handler -------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -216,3 +217,51 @@ async def test_slow_upstream_past_read_timeout_is_502(make_proxy, upstreams):
     for fake in upstreams:
         fake.mode = "ok"
     await still_serving(client)
+
+
+async def test_413_reaches_a_client_still_uploading(make_proxy, upstreams):
+    """The client keeps sending after the 413: it still reads the error, not a reset."""
+    client = await make_proxy(upstreams, limits=LimitsSettings(max_body_bytes=1000))
+    reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 3000000\r\n\r\n")
+    for _ in range(20):
+        writer.write(b"x" * 100_000)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+    assert head.startswith(b"HTTP/1.1 413")
+    body = await asyncio.wait_for(reader.read(), timeout=10)
+    assert b"body_too_large" in body
+    writer.close()
+
+
+async def test_malformed_request_line_and_headers_are_400(proxy):
+    for raw in (b"NONSENSE\r\n\r\n", b"GET /health HTTP/1.1\r\nno-colon-here\r\n\r\n",
+                b"POST /v1/completions HTTP/1.1\r\nContent-Length: abc\r\n\r\n"):
+        reader, writer = await asyncio.open_connection(proxy.server.host, proxy.server.port)
+        writer.write(raw)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+        assert head.startswith(b"HTTP/1.1 400"), head
+        writer.close()
+    await still_serving(proxy)
+
+
+async def test_pipelined_requests_are_answered_in_order(proxy):
+    reader, writer = await asyncio.open_connection(proxy.server.host, proxy.server.port)
+    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
+                 b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    data = await asyncio.wait_for(reader.read(), timeout=10)
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", data)
+    assert statuses == [b"200", b"404", b"200"]
+    writer.close()
+
+
+async def test_expect_100_continue_and_chunked_request_body(proxy):
+    reader, writer = await asyncio.open_connection(proxy.server.host, proxy.server.port)
+    body = b'{"model": "m", "prompt": "hi"}'
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                 b"Transfer-Encoding: chunked\r\nx-session-id: e\r\n\r\n")
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+    assert interim.startswith(b"HTTP/1.1 100")
+    writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+    assert head.startswith(b"HTTP/1.1 200")
+    writer.close()
