@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 import pytest
 
@@ -135,3 +137,29 @@ async def test_health_ready_and_metrics(proxy):
     assert 'kvgate_turn_seconds_count{turn="2-3"} 1.0' in text
     assert 'kvgate_replica_healthy{replica="r0"} 1.0' in text
     assert 'kvgate_admissions_total{reason="open"' in text
+
+
+async def test_http10_client_gets_a_close_delimited_stream(proxy):
+    reader, writer = await asyncio.open_connection(proxy.server.host, proxy.server.port)
+    body = orjson.dumps({**CHAT, "stream": True})
+    writer.write(b"POST /v1/chat/completions HTTP/1.0\r\nx-session-id: old\r\nContent-Length: %d\r\n\r\n%s"
+                 % (len(body), body))
+    data = await asyncio.wait_for(reader.read(), timeout=10)  # the proxy closes at the end
+    head, _, payload = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"chunked" not in head.lower()
+    assert payload.rstrip().endswith(b"data: [DONE]")
+    writer.close()
+
+
+async def test_keep_alive_connection_serves_many_requests(proxy):
+    reader, writer = await asyncio.open_connection(proxy.server.host, proxy.server.port)
+    body = orjson.dumps(CHAT)
+    for _ in range(3):
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-session-id: ka\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+        assert head.startswith(b"HTTP/1.1 200")
+        length = int(next(l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length:")).split(b":")[1])
+        assert b"hello from" in await reader.readexactly(length)
+    writer.close()
