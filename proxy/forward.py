@@ -129,7 +129,9 @@ class Forwarder:
         while True:
             try:
                 lease = await self.admission.acquire(replica, session_id, kind, body)
-            except asyncio.CancelledError:
+            except asyncio.CancelledError:  # the client left while waiting at the gate
+                self.metrics.upstream_errors.labels(replica.name, "client_disconnect").inc()
+                self._count(kind, replica.name, CLIENT_CLOSED)
                 raise
             except Exception as exc:
                 refusal = as_refusal(exc)

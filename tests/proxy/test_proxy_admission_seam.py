@@ -149,6 +149,8 @@ async def test_client_disconnect_while_waiting_cancels_the_acquire(gated, admiss
         await asyncio.sleep(0.02)
     assert admission.cancelled == 1
     assert admission.leases == []
+    text = await (await gated.get("/metrics")).text()
+    assert 'kind="client_disconnect"' in text and 'status="499"' in text
     assert not any(f.requests for f in upstreams)
     assert all(r.in_flight == 0 for r in gated.app.registry.all())
 
