@@ -102,6 +102,9 @@ def _model_lora(state: Any, model: str | None) -> dict | None:
 
 
 async def _render_with(serving: Any, request: Any, kind: str, render) -> RenderedPrompt:
+    """Model check, rendering and LoRA lookup in the order generation does them."""
+    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
     if serving is None:
         raise ProbeRequestError(f"this server does not serve {kind} requests", param=kind)
     error = await serving._check_model(request)
@@ -111,11 +114,12 @@ async def _render_with(serving: Any, request: Any, kind: str, render) -> Rendere
         result = await render(request, skip_mm_cache=True)
     except (ValueError, TypeError, KeyError) as exc:
         raise ProbeRequestError(f"cannot render the {kind} body: {exc}", param=kind) from exc
-    if hasattr(result, "error"):
+    if isinstance(result, ErrorResponse):
         raise ProbeRequestError(_error_message(result), param=kind)
     engine_inputs = result[1] if kind == "chat" else result
     rendered = _single_token_input(list(engine_inputs), kind)
-    lora = lora_fields(serving._maybe_get_adapters(request))
+    # Chat generation also picks a default multimodal LoRA; completions do not.
+    lora = lora_fields(serving._maybe_get_adapters(request, supports_default_mm_loras=kind == "chat"))
     return RenderedPrompt(rendered.token_ids, rendered.cache_salt, lora)
 
 

@@ -112,7 +112,7 @@ def _repo_installed(python: Path) -> bool:
 def ensure_vllm_venv(venv: Path = VENV_DIR) -> Path:
     """The vLLM venv's python, creating the venv and installing this repo as needed."""
     python = venv_python(venv)
-    with file_lock(CACHE_ROOT / "vllm-venv.lock"):
+    with file_lock(venv.parent / f"{venv.name}.lock"):
         sentinel = venv / SENTINEL_NAME
         if not sentinel.exists():
             if not _imports_vllm(python):
