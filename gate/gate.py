@@ -123,6 +123,7 @@ class Gate:
         )
         self._preempted = metrics.preempted_attempts.labels(name)
         self._published = (-1, -1)
+        self._changed_at = float("-inf")  # last release, finish or expiry that may free blocks
         self._retry_after = max(1, math.ceil(settings.wait_poll_sec))
         self._max_wait = settings.max_wait_sec if settings.max_wait_sec > 0 else None
 
@@ -144,10 +145,11 @@ class Gate:
                 self._preempt(previous)
         self._attempts.add(attempt)
         deadline = start + self._max_wait if self._max_wait is not None else None
+        newer_than: float | None = None  # a re-evaluation needs usage read after the last release
         try:
             while True:
                 attempt.checkpoint()
-                usage = await self.probe.usage()
+                usage = await self.probe.usage(newer_than)
                 attempt.checkpoint()
                 view = self._book.view(record)
                 prefix = None
@@ -163,6 +165,7 @@ class Gate:
                 if isinstance(decision, Reject):
                     raise PromptTooLong(decision.message)
                 await self._wait(attempt, deadline)
+                newer_than = self._changed_at
         finally:
             self._attempts.discard(attempt)
             if attempt.queued:
@@ -259,7 +262,7 @@ class Gate:
     # ------------------------------------------------------------- windows/leases
 
     def _release(self, record: SessionRecord | None) -> None:
-        now = self._now()
+        now = self._changed_at = self._now()
         ended = self._book.release(record, now)
         if ended is not None:
             self._session_ended(ended)
@@ -276,6 +279,7 @@ class Gate:
             self._session_ended(ended)
         self._publish_reserved()
         if was_reserved and self._queue:
+            self._changed_at = self._now()
             self._wake_one()
 
     def _purge(self, now: float) -> None:
@@ -288,6 +292,7 @@ class Gate:
             self._session_ended(record)
         self._publish_reserved()
         if self._queue and any(r.reserved for r in ended):
+            self._changed_at = now
             self._wake_one()
 
     def _session_ended(self, record: SessionRecord) -> None:
@@ -319,6 +324,9 @@ class Gate:
             self.finish_session(key)
         self._purge(self._now())
         self._pending_gauge.set(0)
+        close_probe = getattr(self.probe, "close", None)
+        if close_probe is not None:
+            close_probe()
 
     # ------------------------------------------------------------ introspection
 

@@ -4,8 +4,11 @@
 
 - `usage()`: `GET /v1/kvgate/kv`. Concurrent callers share one in-flight request,
   and a result (or a failure) younger than `gate.probe.usage_max_age_ms` is reused,
-  so a burst of acquires costs one probe. A 404 switches the replica to the
-  `/metrics` fallback (`vllm:kv_cache_usage_perc`, no block counts, no prefix probe);
+  so a burst of acquires costs one probe. An older result, up to twice
+  `usage_max_age_ms` old, is still used while a refresh runs in the background, so
+  an acquire does not wait on a probe round trip under steady load;
+  `usage(newer_than=T)` insists on a probe started after T. A 404 switches the
+  replica to the `/metrics` fallback (`vllm:kv_cache_usage_perc`, no block counts, no prefix probe);
   the probe API is tried again every `KV_RECHECK_SEC`, in case the replica restarts
   with the plugin.
 - `prefix(route_kind, body)`: `POST /v1/kvgate/prefix` with `{"chat": body}` or
@@ -53,7 +56,7 @@ Clock = Callable[[], float]
 class Probe(Protocol):
     """What the gate needs from a probe (the tests' fakes implement the same)."""
 
-    async def usage(self) -> UsageReading | None: ...
+    async def usage(self, newer_than: float | None = None) -> UsageReading | None: ...
 
     async def prefix(self, route_kind: str, body: dict[str, Any]) -> PrefixReading | None: ...
 
@@ -82,7 +85,9 @@ class ReplicaProbe:
         self._clock = clock
         self._cached: UsageReading | None = None
         self._cached_at = float("-inf")
+        self._stale_limit = 2 * self._max_age
         self._inflight: asyncio.Future[UsageReading | None] | None = None
+        self._inflight_started = float("-inf")
         self._fallback_since: float | None = None  # set while the replica has no probe API
         self._seconds = {p: metrics.probe_seconds.labels(name, p) for p in ("kv", "prefix")}
         self._errors = {p: metrics.probe_errors.labels(name, p) for p in ("kv", "prefix")}
@@ -95,22 +100,53 @@ class ReplicaProbe:
 
     # ------------------------------------------------------------------ usage
 
-    async def usage(self) -> UsageReading | None:
-        """The replica's usage, at most usage_max_age_ms old; None when unknown."""
-        if self._clock() - self._cached_at < self._max_age:
-            return self._cached
-        if self._inflight is None:
-            self._inflight = asyncio.ensure_future(self._refresh_usage())
-        # shield: a cancelled caller must not cancel the probe the others share.
-        return await asyncio.shield(self._inflight)
+    async def usage(self, newer_than: float | None = None) -> UsageReading | None:
+        """The replica's usage; None when unknown (the probe failed).
 
-    async def _refresh_usage(self) -> UsageReading | None:
+        A reading younger than usage_max_age_ms is returned as is; an older one, up
+        to twice that age, is returned at once while one shared refresh runs in the
+        background (stale-while-revalidate: the uncontended path never waits on a
+        probe round trip, which on vLLM lasts up to one scheduler step); anything
+        older, or nothing, waits for the shared refresh.
+        newer_than T (a waiter woken by a release at T): the reading must also come
+        from a probe started after T, so it sees the blocks that release freed.
+        Concurrent callers share one in-flight probe.
+        """
+        now = self._clock()
+        age = now - self._cached_at
+        if newer_than is None or self._cached_at > newer_than:
+            if age < self._max_age:
+                return self._cached
+            if age < self._stale_limit:
+                if self._inflight is None:
+                    self._start_refresh(now)
+                return self._cached
+        inflight = self._inflight
+        if inflight is None or self._inflight_started <= (now - self._max_age if newer_than is None else newer_than):
+            inflight = self._start_refresh(now)
+        # shield: a cancelled caller must not cancel the probe the others share.
+        return await asyncio.shield(inflight)
+
+    def _start_refresh(self, now: float) -> asyncio.Future[UsageReading | None]:
+        task = asyncio.ensure_future(self._refresh_usage(now))
+        self._inflight, self._inflight_started = task, now
+        return task
+
+    async def _refresh_usage(self, started: float) -> UsageReading | None:
         try:
             reading = await self._read_usage()
         finally:
-            self._inflight = None
-        self._cached, self._cached_at = reading, self._clock()
+            if self._inflight_started == started:
+                self._inflight = None
+        if started >= self._cached_at:  # an older probe that finished late does not win
+            self._cached, self._cached_at = reading, started
         return reading
+
+    def close(self) -> None:
+        """Cancel a refresh still in flight (the gate is going away)."""
+        if self._inflight is not None:
+            self._inflight.cancel()
+            self._inflight = None
 
     async def _read_usage(self) -> UsageReading | None:
         started = time.perf_counter()

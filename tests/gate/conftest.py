@@ -45,11 +45,13 @@ class FakeProbe:
         self.free = free
         self.prefixes: dict[str, PrefixReading] = {}
         self.usage_calls = 0
+        self.newer_than: list[float | None] = []
         self.prefix_calls: list[str] = []
         self.hold: asyncio.Event | None = None
 
-    async def usage(self) -> UsageReading | None:
+    async def usage(self, newer_than: float | None = None) -> UsageReading | None:
         self.usage_calls += 1
+        self.newer_than.append(newer_than)
         if self.hold is not None:
             await self.hold.wait()
         if self.usage_value is None:

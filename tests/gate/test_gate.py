@@ -75,6 +75,8 @@ async def test_cold_session_waits_and_a_release_lets_it_in(probe, metrics, clock
     holder.release()
     lease = await task
     assert lease.reason == "open" and lease.wait_ms == pytest.approx(2500)
+    # first look: any recent reading; after the wake: one read after the release
+    assert probe.newer_than[0] is None and probe.newer_than[-1] == clock()
     assert sample(metrics, "kvgate_pending_sessions", replica="r0") == 0
     lease.release()
     assert_clean(gate, clock)

@@ -10,7 +10,7 @@ import pytest
 from gate.probe import ReplicaProbe
 from gate.readings import PrefixReading, UsageReading
 from proxy.settings import ProbeSettings
-from tests.gate.conftest import FakeClock, sample
+from tests.gate.conftest import sample, until
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
 
 
@@ -59,7 +59,29 @@ async def test_concurrent_callers_share_one_probe_and_reuse_a_fresh_result(repli
     assert script.kv_hits == 1
     clock.advance(0.002)
     script.usage(0.7)
+    # stale: answered at once from the cache, while one refresh runs in the background
+    stale = await asyncio.gather(*(probe.usage() for _ in range(10)))
+    assert {r.kv_cache_usage for r in stale} == {0.1}
+    await until(lambda: script.kv_hits == 2 and probe._inflight is None, "the background refresh")
     assert (await probe.usage()).kv_cache_usage == 0.7
+    assert script.kv_hits == 2
+    # past twice usage_max_age_ms a reading is not used: callers wait for a fresh one
+    clock.advance(2.0)
+    script.usage(0.3)
+    assert (await probe.usage()).kv_cache_usage == 0.3
+    assert script.kv_hits == 3
+
+
+async def test_newer_than_insists_on_a_probe_started_after_a_release(replica_url, http, script, metrics, clock):
+    probe = make_probe(replica_url, http, metrics, clock, usage_max_age_ms=50)
+    assert (await probe.usage()).kv_cache_usage == 0.1
+    released_at = clock()
+    clock.advance(0.001)
+    script.usage(0.5)
+    assert (await probe.usage()).kv_cache_usage == 0.1  # fresh enough for a first look
+    assert (await probe.usage(newer_than=released_at)).kv_cache_usage == 0.5
+    assert script.kv_hits == 2
+    assert (await probe.usage(newer_than=released_at)).kv_cache_usage == 0.5  # now cached
     assert script.kv_hits == 2
 
 
