@@ -73,5 +73,7 @@ def test_kvgate_at_least_doubles_the_prefix_cache_hit_rate(vllm_server, tmp_path
     assert direct.turns_ok == gated.turns_ok == total_turns
     assert gated.admissions, "no x-kvgate-admission header: did the requests go through kvgate?"
     assert gated_hit_rate > direct_hit_rate and gated_hit_rate >= 2 * direct_hit_rate, (
-        f"kvgate hit rate {gated_hit_rate:.3f} is not at least twice the direct {direct_hit_rate:.3f}"
+        f"kvgate hit rate {gated_hit_rate:.3f} is not at least twice the direct {direct_hit_rate:.3f}; "
+        f"admission reasons {dict(gated.admissions)} (all 'open' means no gate held anything back: "
+        "is the gate wired into `kvgate serve` and does its policy price reserved sessions' blocks?)"
     )
