@@ -31,6 +31,7 @@ from bench.agentic.workload import generate_workload
 _WORKLOAD_OPTIONS = {
     "sessions": (int, "sessions in the whole run"),
     "concurrency": (int, "sessions active at once (a rolling rollout step)"),
+    "start_interval_s": (float, "session i starts no earlier than i x this (staggered arrivals)"),
     "turns_min": (int, "fewest turns of a session"),
     "turns_max": (int, "most turns of a session"),
     "system_prompt_words": (int, "system prompt length"),

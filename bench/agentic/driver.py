@@ -1,7 +1,7 @@
 """The client side of a run: agent sessions sending their turns over HTTP.
 
 A pool of `spec.concurrency` workers takes sessions in index order (a rolling rollout:
-when a session ends, the next one starts). Each turn is one streaming
+when a session ends, the next one starts; session i never before i * start_interval_s). Each turn is one streaming
 `/v1/chat/completions` request carrying the session id header; the last turn also
 carries the finish header, as a rollout client that knows its episode ended would.
 
@@ -116,6 +116,9 @@ class WorkloadDriver:
                     session = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
+                not_before = session.index * self.workload.spec.start_interval_s
+                if not_before > self.now():
+                    await asyncio.sleep(not_before - self.now())
                 await self._run_session(session)
 
         workers = min(self.workload.spec.concurrency, len(self.workload.sessions))

@@ -33,6 +33,7 @@ class WorkloadSpec:
 
     sessions: int = 16  # sessions in the whole run
     concurrency: int = 8  # active sessions at once (a rolling rollout step)
+    start_interval_s: float = 0.0  # session i starts no earlier than i * start_interval_s
     turns_min: int = 6
     turns_max: int = 10
     system_prompt_words: int = 200
@@ -54,6 +55,7 @@ class WorkloadSpec:
         checks = [
             ("sessions", self.sessions >= 1),
             ("concurrency", self.concurrency >= 1),
+            ("start_interval_s", self.start_interval_s >= 0),
             ("turns_min", self.turns_min >= 1),
             ("turns_max", self.turns_max >= self.turns_min),
             ("system_prompt_words", self.system_prompt_words >= 0),

@@ -59,3 +59,11 @@ async def test_an_unanswered_attempt_fails_its_turn_and_ends_the_session(scripte
     driver, _ = await drive(url, workload, timeout=0.5)
     assert [(t.turn, t.ok) for t in driver.turns] == [(1, True), (2, False)]
     assert [a.status for a in driver.attempts] == [200, "timeout"]
+
+
+async def test_sessions_start_no_earlier_than_their_interval(scripted_replica):
+    replica, url = await scripted_replica()
+    workload = generate_workload(SPEC.replace(turns_min=1, turns_max=1, concurrency=3, start_interval_s=0.05), 4)
+    driver, _ = await drive(url, workload)
+    first_send = {a.session_index: a.start_s for a in driver.attempts}
+    assert all(first_send[i] >= i * 0.05 for i in range(3))
