@@ -113,8 +113,12 @@ def run_load(url: str, concurrency: int, duration: float, warmup: float, stream:
 
 def summarize(runs: list[dict]) -> dict:
     """Medians over repeated runs of one (mode, concurrency, target)."""
+    kinds: dict[str, int] = {}
+    for r in runs:
+        for kind, n in r.get("error_kinds", {}).items():
+            kinds[kind] = kinds.get(kind, 0) + n
     return {key: statistics.median(r[key] for r in runs) for key in ("rps", "p50_ms", "p99_ms")} | {
-        "errors": sum(r["errors"] for r in runs), "runs": len(runs)}
+        "errors": sum(r["errors"] for r in runs), "error_kinds": kinds, "runs": len(runs)}
 
 
 def compare(direct: dict, proxied: dict) -> dict:
@@ -131,9 +135,12 @@ def format_table(results: list[dict], proxied_name: str) -> str:
         lines.append(f"{r['mode']:<14}{r['concurrency']:>8} | {d['rps']:>11.0f}{d['p50_ms']:>9.3f}{d['p99_ms']:>9.3f} | "
                      f"{p['rps']:>12.0f}{p['p50_ms']:>9.3f}{p['p99_ms']:>9.3f} | "
                      f"{r['added_p50_ms']:>13.3f}{r['throughput_ratio']:>7.2f}")
-    errors = sum(r["direct"]["errors"] + r["proxied"]["errors"] for r in results)
-    if errors:
-        lines.append(f"WARNING: {errors} requests failed or answered non-200; see the JSON output")
+    for r in results:
+        for target in ("direct", "proxied"):
+            if r[target]["errors"]:
+                kinds = ", ".join(f"{k}: {n}" for k, n in r[target].get("error_kinds", {}).items())
+                lines.append(f"WARNING: {r['mode']} c={r['concurrency']} {target}: {r[target]['errors']} requests "
+                             f"failed or answered non-200 ({kinds or 'see the JSON output'})")
     return "\n".join(lines)
 
 

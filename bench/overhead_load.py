@@ -6,7 +6,7 @@ counted) and time each full response (the last byte of a stream). A minimal clie
 on asyncio streams under uvloop: it parses only the status line, Content-Length or
 chunked framing, so the load generator costs little of the CPUs it shares with the
 upstream and the router under test. Prints one JSON line:
-{"requests", "errors", "seconds", "rps", "p50_ms", "p99_ms"}.
+{"requests", "errors", "error_kinds", "seconds", "rps", "p50_ms", "p99_ms"}.
 
 Run: python -m bench.overhead_load --url http://127.0.0.1:8000 [--stream] [--concurrency N] [--duration S]
 """
@@ -63,8 +63,8 @@ async def worker(host: str, port: int, request: bytes, start: float, stop: float
             writer.write(request)
             try:
                 status = await read_response(reader)
-            except (asyncio.IncompleteReadError, ConnectionError, ValueError):
-                errors.append(1)
+            except (asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
+                errors.append(type(exc).__name__)
                 writer.close()
                 reader, writer = await asyncio.open_connection(host, port)
                 continue
@@ -73,7 +73,7 @@ async def worker(host: str, port: int, request: bytes, start: float, stop: float
                 if status == 200:
                     latencies.append(t1 - t0)
                 else:
-                    errors.append(1)
+                    errors.append(f"status {status}")
     finally:
         writer.close()
 
@@ -91,11 +91,14 @@ async def run(url: str, concurrency: int, duration: float, warmup: float, stream
     now = time.perf_counter()
     start, stop = now + warmup, now + warmup + duration
     latencies: list[float] = []
-    errors: list[int] = []
+    errors: list[str] = []
     await asyncio.gather(*(worker(host, port, build_request(host, port, stream, f"bench-{i}"), start, stop,
                                   latencies, errors) for i in range(concurrency)))
     latencies.sort()
-    return {"requests": len(latencies), "errors": len(errors), "seconds": duration,
+    kinds: dict[str, int] = {}
+    for kind in errors:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return {"requests": len(latencies), "errors": len(errors), "error_kinds": kinds, "seconds": duration,
             "rps": len(latencies) / duration, "p50_ms": percentile(latencies, 0.5) * 1000,
             "p99_ms": percentile(latencies, 0.99) * 1000}
 

@@ -13,15 +13,17 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_summary_takes_medians_and_compare_derives_added_p50_and_ratio():
-    runs = [{"rps": r, "p50_ms": p, "p99_ms": p * 2, "errors": e}
+    runs = [{"rps": r, "p50_ms": p, "p99_ms": p * 2, "errors": e, "error_kinds": {"status 502": e} if e else {}}
             for r, p, e in ((100, 1.0, 0), (300, 3.0, 1), (200, 2.0, 0))]
     summary = summarize(runs)
-    assert summary == {"rps": 200, "p50_ms": 2.0, "p99_ms": 4.0, "errors": 1, "runs": 3}
+    assert summary == {"rps": 200, "p50_ms": 2.0, "p99_ms": 4.0, "errors": 1, "error_kinds": {"status 502": 1},
+                       "runs": 3}
     cmp = compare({"rps": 200, "p50_ms": 2.0}, {"rps": 100, "p50_ms": 2.5})
     assert cmp == {"added_p50_ms": 0.5, "throughput_ratio": 0.5}
     table = format_table([{"mode": "streaming", "concurrency": 64, "direct": summary, "proxied": summary,
                            **cmp}], "kvgate")
-    assert "streaming" in table and "0.50" in table and "WARNING: 2 requests failed" in table
+    assert "streaming" in table and "0.50" in table
+    assert "WARNING: streaming c=64 direct: 1 requests failed or answered non-200 (status 502: 1)" in table
 
 
 def test_short_run_through_kvgate_prints_the_table_and_writes_json(tmp_path):
