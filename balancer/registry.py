@@ -113,6 +113,15 @@ class ReplicaRegistry:
             log.warning("replica %s is now %s", replica.name, "healthy" if replica.healthy else "unhealthy")
             self._changed(replica)
 
+    def record_answer(self, replica: Replica) -> None:
+        """The replica answered a forwarded request: evidence of health as good as a check.
+
+        It resets the failure streak of a healthy replica, so that health checks timing
+        out on a replica that is busy but answering do not take it out of rotation.
+        """
+        if replica.health.fail_streak and replica.healthy:
+            replica.health = HealthState(healthy=True, ok_streak=replica.health.ok_streak, fail_streak=0)
+
     def mark_failed(self, replica: Replica) -> None:
         """Passive marking: the proxy could not connect, so stop routing to it now."""
         if replica.removed or not replica.healthy:

@@ -182,6 +182,8 @@ class Forwarder:
                 raise
             break
 
+        if replica.health.fail_streak:
+            self.registry.record_answer(replica)
         if entry is not None:
             entry.replica = replica
         status = CLIENT_CLOSED

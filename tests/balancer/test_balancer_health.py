@@ -48,6 +48,19 @@ def test_passive_marking_is_immediate_and_checks_bring_it_back():
     assert metrics.replica_healthy.labels("r0")._value.get() == 1
 
 
+def test_answered_requests_keep_a_busy_replica_in_rotation():
+    registry = ReplicaRegistry(HealthSettings(unhealthy_after=2))
+    r0 = registry.add("r0", "http://127.0.0.1:1")
+    registry.record_check(r0, False)  # a check timed out while the replica was busy...
+    registry.record_answer(r0)        # ...but it answered a forwarded request
+    registry.record_check(r0, False)
+    assert r0.healthy
+    registry.record_check(r0, False)
+    assert not r0.healthy
+    registry.record_answer(r0)  # an answer does not revive an unhealthy replica: checks do
+    assert not r0.healthy
+
+
 async def test_checker_polls_health_and_follows_the_answers():
     state = {"ok": True}
 
