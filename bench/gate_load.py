@@ -1,7 +1,8 @@
 """The gate's load test: many concurrent multi-turn sessions through one proxy, no pressure.
 
 Starts simulated replicas (default 2, `time_scale` 0, caches far larger than the
-load needs) and, per gate mode (default `off` then `enforce`, `--repeats` times,
+load needs; each in its own `kvgate replica` process unless `--in-process-replicas`)
+and, per gate mode (default `off` then `enforce`, `--repeats` times,
 alternating), a kvgate proxy app in this process with the real
 `gate.admission.AdmissionController`. `--sessions` sessions (default 1,000) each
 run `--turns` turns (default 10) back to back on their own keep-alive connection:
@@ -17,7 +18,7 @@ milliseconds and as a ratio (the goal is < 1 ms at p50). It prints numbers and
 asserts none; the exit status is 1 only if a turn failed or something leaked.
 
 Run: python -m bench.gate_load [--sessions 1000] [--turns 10] [--replicas 2]
-     [--modes off,enforce] [--policy seed] [--repeats 1] [--out FILE]
+     [--modes off,enforce] [--policy seed] [--repeats 1] [--in-process-replicas] [--out FILE]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import re
 import statistics
 import sys
 import time
@@ -207,10 +209,58 @@ async def run_mode(mode: str, policy: str, replicas: list, args: argparse.Namesp
     return result
 
 
+@dataclass
+class ReplicaProcess:
+    """A `kvgate replica` subprocess: `.name`, `.url`, `await .stop()`."""
+
+    name: str
+    url: str
+    process: asyncio.subprocess.Process
+
+    @classmethod
+    async def start(cls, name: str, args: argparse.Namespace) -> "ReplicaProcess":
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "proxy.cli", "replica", "--name", name, "--host", "127.0.0.1", "--port", "0",
+            "--time-scale", "0", "--num-blocks", str(args.num_blocks), "--max-num-seqs", str(args.max_num_seqs),
+            stdout=asyncio.subprocess.PIPE)
+        try:
+            line = (await asyncio.wait_for(process.stdout.readline(), timeout=60)).decode()
+            match = re.search(r" on (http://\S+) ", line)
+            if match is None:
+                raise RuntimeError(f"kvgate replica {name} did not report its URL (said {line!r})")
+        except BaseException:
+            process.kill()
+            await process.wait()
+            raise
+        return cls(name, match.group(1), process)
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.terminate()
+            try:
+                await asyncio.wait_for(self.process.wait(), timeout=10)
+            except asyncio.TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+
+
+async def start_replicas(args: argparse.Namespace) -> list:
+    if args.in_process_replicas:
+        return await start_simulated_replicas(
+            args.replicas, host="127.0.0.1", time_scale=0.0, num_blocks=args.num_blocks,
+            max_num_seqs=args.max_num_seqs)
+    started: list[ReplicaProcess] = []
+    try:
+        for index in range(args.replicas):
+            started.append(await ReplicaProcess.start(f"sim{index}", args))
+    except BaseException:
+        await asyncio.gather(*(r.stop() for r in started), return_exceptions=True)
+        raise
+    return started
+
+
 async def run(args: argparse.Namespace) -> list[RunResult]:
-    replicas = await start_simulated_replicas(
-        args.replicas, host="127.0.0.1", time_scale=0.0, num_blocks=args.num_blocks,
-        max_num_seqs=args.max_num_seqs)
+    replicas = await start_replicas(args)
     try:
         results = []
         index = 0
@@ -275,6 +325,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-blocks", type=int, default=65536,
                         help="KV blocks per simulated replica, large so there is no pressure (default 65536)")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="simulated replica batch size (default 256)")
+    parser.add_argument("--in-process-replicas", action="store_true",
+                        help="run the simulated replicas in this process (default: one subprocess each)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", metavar="FILE", help="also write the runs and summary as JSON to FILE")
     args = parser.parse_args(argv)

@@ -4,9 +4,9 @@
 
 - `usage()`: `GET /v1/kvgate/kv`. Concurrent callers share one in-flight request,
   and a result (or a failure) younger than `gate.probe.usage_max_age_ms` is reused,
-  so a burst of acquires costs one probe. An older result, up to twice
-  `usage_max_age_ms` old, is still used while a refresh runs in the background, so
-  an acquire does not wait on a probe round trip under steady load;
+  so a burst of acquires costs one probe. An older result, up to
+  `usage_max_age_ms + timeout_sec` old, is still used while a refresh runs in the
+  background, so an acquire does not wait on a probe round trip under steady load;
   `usage(newer_than=T)` insists on a probe started after T. A 404 switches the
   replica to the `/metrics` fallback (`vllm:kv_cache_usage_perc`, no block counts, no prefix probe);
   the probe API is tried again every `KV_RECHECK_SEC`, in case the replica restarts
@@ -85,7 +85,9 @@ class ReplicaProbe:
         self._clock = clock
         self._cached: UsageReading | None = None
         self._cached_at = float("-inf")
-        self._stale_limit = 2 * self._max_age
+        # A reading older than this is never used: the refresh that should have replaced
+        # it started at least timeout_sec ago, so it failed or the gate was idle.
+        self._stale_limit = self._max_age + settings.timeout_sec
         self._inflight: asyncio.Future[UsageReading | None] | None = None
         self._inflight_started = float("-inf")
         self._fallback_since: float | None = None  # set while the replica has no probe API
@@ -104,7 +106,7 @@ class ReplicaProbe:
         """The replica's usage; None when unknown (the probe failed).
 
         A reading younger than usage_max_age_ms is returned as is; an older one, up
-        to twice that age, is returned at once while one shared refresh runs in the
+        to usage_max_age_ms + timeout_sec old, is returned at once while one shared refresh runs in the
         background (stale-while-revalidate: the uncontended path never waits on a
         probe round trip, which on vLLM lasts up to one scheduler step); anything
         older, or nothing, waits for the shared refresh.

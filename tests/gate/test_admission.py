@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import aiohttp
 import pytest
+
+from proxy.settings import ProbeSettings
 
 from gate.admission import (
     MAX_SESSION_KEY_CHARS, AdmissionController, AdmissionPreempted, ReplicaUnavailable, session_key,
@@ -44,7 +46,8 @@ def assert_clean(controller: AdmissionController, clock) -> None:
 async def test_whole_decision_tree_through_http(aiohttp_server, http, metrics, clock):
     script = ReplicaScript()
     replica = await start_replica(aiohttp_server, script, "r0")
-    knobs = settings(wait_poll_sec=60, idle_grace_sec=10, probe=replace(settings().probe, usage_max_age_ms=0))
+    # every look reads usage afresh: readings are stale at once and unusable after 0.5 s
+    knobs = settings(wait_poll_sec=60, idle_grace_sec=10, probe=ProbeSettings(timeout_sec=0.5, usage_max_age_ms=0))
     controller = AdmissionController(knobs, metrics, lambda: http, clock=clock)
 
     # below the watermark: open, no prefix probe
@@ -53,6 +56,7 @@ async def test_whole_decision_tree_through_http(aiohttp_server, http, metrics, c
 
     # above it: a resident session passes and gets a window
     script.usage(0.9)
+    clock.advance(1)
     script.prefix("hot", total=20, hit=19)
     hot = await controller.acquire(replica, "hot", "chat", chat("hot"))
     assert hot.reason == "resident_prefix"
@@ -77,7 +81,7 @@ async def test_whole_decision_tree_through_http(aiohttp_server, http, metrics, c
 
     # a release lets the waiter in once usage drops
     script.usage(0.5)
-    busy.release()
+    busy.release()  # the woken waiter insists on a reading probed after this release
     lease = await retry
     assert lease.reason == "open" and lease.wait_ms >= 0
     lease.release()

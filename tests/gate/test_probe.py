@@ -65,7 +65,7 @@ async def test_concurrent_callers_share_one_probe_and_reuse_a_fresh_result(repli
     await until(lambda: script.kv_hits == 2 and probe._inflight is None, "the background refresh")
     assert (await probe.usage()).kv_cache_usage == 0.7
     assert script.kv_hits == 2
-    # past twice usage_max_age_ms a reading is not used: callers wait for a fresh one
+    # past usage_max_age_ms + timeout_sec a reading is not used: callers wait for a fresh one
     clock.advance(2.0)
     script.usage(0.3)
     assert (await probe.usage()).kv_cache_usage == 0.3
@@ -121,7 +121,7 @@ async def test_missing_probe_api_falls_back_to_metrics(replica_url, http, script
     assert await probe.usage() == UsageReading(0.42, source="metrics")
     assert not probe.has_probe_api
     assert await probe.prefix("chat", {"id": "s1"}) is None  # not even asked
-    clock.advance(1)
+    clock.advance(2)
     await probe.usage()
     assert (script.kv_hits, script.metrics_hits) == (1, 2)  # the probe API is not re-asked at once
     assert sample(metrics, "kvgate_probe_errors_total", replica="r0", probe="kv") == 0
