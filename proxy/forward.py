@@ -16,7 +16,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 
 import orjson
@@ -33,8 +32,6 @@ from proxy.session_tracker import SessionTracker
 from proxy.settings import Settings
 from proxy.upstream import (CONNECT_ERRORS, EXCHANGE_ERRORS, UpstreamClients, relayed_response_headers,
                             upstream_request_headers)
-
-log = logging.getLogger("kvgate.proxy")
 
 H_REPLICA = b"x-kvgate-replica"
 H_ADMISSION = b"x-kvgate-admission"

@@ -9,12 +9,9 @@ Content-Encoding untouched.
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from proxy.http_client import UpstreamConnectError, UpstreamError, UpstreamPool
 from proxy.settings import UpstreamSettings
-
-log = logging.getLogger("kvgate.proxy")
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the proxy recomputes.
 _REQUEST_DROP = frozenset({
