@@ -6,7 +6,10 @@ the shared server, with the prefix cache reset before each run: once straight to
 vLLM, once through ``kvgate serve`` with the gate enforcing. The prefix-cache hit
 rate of each run comes from vLLM's own counters (``vllm:prefix_cache_hits_total``
 over ``vllm:prefix_cache_queries_total``, deltas), and kvgate's must be at least
-twice the direct one. Run with ``-s`` to see the numbers.
+twice the direct one. Direct often thrashes down to 0 here, where "twice" proves
+nothing, so kvgate must also reach ``MIN_GATED_HIT_RATE``: half of the ~0.80 that two
+sessions alone reach on this cache (measured), i.e. most sessions' prefixes kept
+resident. Run with ``-s`` to see the numbers.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from vllm_harness import KvgateProxy, free_port, prefix_counters
 pytestmark = pytest.mark.vllm
 
 SHAPE = WorkloadShape()
+MIN_GATED_HIT_RATE = 0.40
 # The contract policy by default: the seed policy reads only live-request usage, which
 # is low exactly while idle sessions' prefixes are being evicted (DESIGN.md section 3).
 GATE_POLICY = os.environ.get("KVGATE_E2E_POLICY", "contract")
@@ -72,8 +76,9 @@ def test_kvgate_at_least_doubles_the_prefix_cache_hit_rate(vllm_server, tmp_path
     )
     assert direct.turns_ok == gated.turns_ok == total_turns
     assert gated.admissions, "no x-kvgate-admission header: did the requests go through kvgate?"
-    assert gated_hit_rate > direct_hit_rate and gated_hit_rate >= 2 * direct_hit_rate, (
-        f"kvgate hit rate {gated_hit_rate:.3f} is not at least twice the direct {direct_hit_rate:.3f}; "
+    assert gated_hit_rate >= max(2 * direct_hit_rate, MIN_GATED_HIT_RATE), (
+        f"kvgate hit rate {gated_hit_rate:.3f} is not at least twice the direct {direct_hit_rate:.3f} "
+        f"and at least {MIN_GATED_HIT_RATE}; "
         f"admission reasons {dict(gated.admissions)} (all 'open' means no gate held anything back: "
         "is the gate wired into `kvgate serve` and does its policy price reserved sessions' blocks?)"
     )
