@@ -45,7 +45,7 @@ def piece_id(piece: str) -> int:
     return NUM_SPECIAL + zlib.crc32(piece.encode("utf-8")) % (VOCAB_SIZE - NUM_SPECIAL)
 
 
-@lru_cache(maxsize=16384)
+@lru_cache(maxsize=4096)
 def _encode_cached(text: str) -> tuple[int, ...]:
     return tuple(piece_id(piece) for piece in _PIECE.findall(text))
 
