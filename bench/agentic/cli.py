@@ -81,6 +81,9 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="seconds before an attempt counts as stranded (default 300)")
     parser.add_argument("--sample-interval", type=float, default=1.0,
                         help="seconds between counter samples for the hit-rate plot (default 1)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds of all modes (interleaved); each mode reports its median-makespan "
+                             "round and lists every round (default 1)")
     parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     work = parser.add_argument_group("workload (overrides the regime; lengths in words ~ tokens)")
     for name, (kind, text) in _WORKLOAD_OPTIONS.items():
@@ -132,6 +135,8 @@ def build_plan(args) -> tuple[RunPlan, str]:
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
         raise ValueError(f"--modes: unknown {unknown or 'empty'}; choose from {', '.join(MODES)}")
+    if args.repeat < 1:
+        raise ValueError("--repeat must be >= 1")
     replicas = args.replicas if args.replicas is not None else regime.replicas
     if replicas < 1:
         raise ValueError("--replicas must be >= 1")
@@ -171,7 +176,7 @@ async def _run(args, plan: RunPlan, regime: str) -> int:
           f"({spec.concurrency} at once), {plan.workload.num_turns} turns; ceiling hit rate "
           f"{ceiling.hit_rate:.3f} ({token_model.name} tokens)")
     started = time.time()
-    runs = await run_plan(plan, ceiling.hit_rate)
+    runs = await run_plan(plan, ceiling.hit_rate, repeat=args.repeat)
     results = {mode: run.summary for mode, run in runs.items()}
     comparisons = compare_to(results)
     targets = evaluate_targets(regime, results)

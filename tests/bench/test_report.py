@@ -96,3 +96,11 @@ def test_percentile_and_buckets():
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert [turn_bucket(i) for i in (1, 2, 3, 4, 7, 8, 15, 16, 40)] == ["1", "2-3", "2-3", "4-7", "4-7",
                                                                        "8-15", "8-15", "16+", "16+"]
+
+
+def test_median_run_picks_the_middle_makespan():
+    from bench.agentic.runner import ModeRun, median_run
+
+    runs = [ModeRun({"makespan_s": m}, [], [], []) for m in (9.0, 3.0, 5.0, 7.0)]
+    assert median_run(runs).summary["makespan_s"] == 5.0
+    assert median_run(runs[:3]).summary["makespan_s"] == 5.0
