@@ -4,9 +4,9 @@
 
 - `usage()`: `GET /v1/kvgate/kv`. Concurrent callers share one in-flight request,
   and a result (or a failure) younger than `gate.probe.usage_max_age_ms` is reused,
-  so a burst of acquires costs one probe. An older result, up to
-  `usage_max_age_ms + timeout_sec` old, is still used while a refresh runs in the
-  background, so an acquire does not wait on a probe round trip under steady load;
+  so a burst of acquires costs one probe. An older result is still used while its
+  refresh runs in the background (bounded: see `usage`), so an acquire does not
+  wait on a probe round trip under steady load;
   `usage(newer_than=T)` insists on a probe started after T. A 404 switches the
   replica to the `/metrics` fallback (`vllm:kv_cache_usage_perc`, no block counts, no prefix probe);
   the probe API is tried again every `KV_RECHECK_SEC`, in case the replica restarts
@@ -105,11 +105,14 @@ class ReplicaProbe:
     async def usage(self, newer_than: float | None = None) -> UsageReading | None:
         """The replica's usage; None when unknown (the probe failed).
 
-        A reading younger than usage_max_age_ms is returned as is; an older one, up
-        to usage_max_age_ms + timeout_sec old, is returned at once while one shared refresh runs in the
-        background (stale-while-revalidate: the uncontended path never waits on a
-        probe round trip, which on vLLM lasts up to one scheduler step); anything
-        older, or nothing, waits for the shared refresh.
+        A reading younger than usage_max_age_ms is returned as is. An older one is
+        returned at once while one shared refresh runs in the background, if that
+        refresh started before the reading was usage_max_age_ms + timeout_sec old
+        (stale-while-revalidate: a busy gate never waits on a probe round trip,
+        which on vLLM lasts up to one scheduler step, and since a refresh ends within
+        timeout_sec, no reading older than usage_max_age_ms + 2 * timeout_sec is
+        used). Otherwise (no reading yet, or a gate idle for a while) the caller
+        waits for the shared refresh.
         newer_than T (a waiter woken by a release at T): the reading must also come
         from a probe started after T, so it sees the blocks that release freed.
         Concurrent callers share one in-flight probe.
@@ -119,9 +122,11 @@ class ReplicaProbe:
         if newer_than is None or self._cached_at > newer_than:
             if age < self._max_age:
                 return self._cached
-            if age < self._stale_limit:
-                if self._inflight is None:
-                    self._start_refresh(now)
+            if self._inflight is not None:
+                if self._inflight_started - self._cached_at < self._stale_limit:
+                    return self._cached  # its revalidation is under way
+            elif age < self._stale_limit:
+                self._start_refresh(now)
                 return self._cached
         inflight = self._inflight
         if inflight is None or self._inflight_started <= (now - self._max_age if newer_than is None else newer_than):

@@ -191,3 +191,20 @@ async def test_unreachable_replica_is_an_error_not_an_exception(http, metrics, c
     assert await probe.prefix("chat", {"id": "s1"}) is None
     assert sample(metrics, "kvgate_probe_errors_total", replica="r0", probe="kv") == 1
     assert sample(metrics, "kvgate_probe_errors_total", replica="r0", probe="prefix") == 1
+
+
+async def test_a_reading_under_revalidation_is_used_until_the_refresh_ends(replica_url, http, script, metrics, clock):
+    probe = make_probe(replica_url, http, metrics, clock, usage_max_age_ms=50, timeout_sec=0.5)
+    assert (await probe.usage()).kv_cache_usage == 0.1
+    script.usage(0.6)
+    script.kv_delay = 0.1
+    clock.advance(0.06)
+    assert (await probe.usage()).kv_cache_usage == 0.1  # stale: refresh started in the background
+    clock.advance(5)  # far past the limit, but its revalidation started in time: no waiting
+    assert (await probe.usage()).kv_cache_usage == 0.1
+    await until(lambda: probe._inflight is None, "the refresh to end")
+    assert script.kv_hits == 2
+    # an idle gate: the reading is too old and nothing refreshes it, so the caller waits
+    script.usage(0.2)
+    clock.advance(10)
+    assert (await probe.usage()).kv_cache_usage == 0.2 and script.kv_hits == 3
