@@ -102,10 +102,6 @@ class KVCacheManager:
         blocks = self.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
         return blocks, len(blocks) * self.block_size
 
-    def num_blocks_to_allocate(self, request: SimRequest, num_tokens: int, new_computed_blocks: list[KVCacheBlock]) -> int:
-        held = len(self.req_to_blocks.get(request.request_id, ()))
-        return max(0, cdiv(num_tokens, self.block_size) - held - len(new_computed_blocks))
-
     # -- allocation -------------------------------------------------------------------
 
     def allocate_slots(
