@@ -1,4 +1,8 @@
-"""A small aiohttp replica whose probe answers the test controls (SPEC.md section 6)."""
+"""A small aiohttp replica whose probe answers the test controls (SPEC.md section 6).
+
+It also answers POST /v1/chat/completions at once with a fixed reply, so a proxy can
+forward to it.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ class ReplicaScript:
     kv_delay: float = 0.0
     has_probe_api: bool = True
     metrics_text: str = 'vllm:kv_cache_usage_perc{engine="0"} 0.42\n'
-    prefix_by_id: dict[str, dict] = field(default_factory=dict)  # keyed by body["id"]
+    prefix_by_id: dict[str, dict] = field(default_factory=dict)  # by body["id"], else body["session_id"]
     prefix_status: int = 200
     prefix_raw: bytes | None = None
     prefix_delay: float = 0.0
@@ -29,6 +33,7 @@ class ReplicaScript:
     kv_hits: int = 0
     metrics_hits: int = 0
     prefix_requests: list[dict] = field(default_factory=list)
+    chat_requests: list[dict] = field(default_factory=list)
     authorization: list[str | None] = field(default_factory=list)
 
     def usage(self, value: float) -> None:
@@ -61,14 +66,24 @@ def fake_replica_app(script: ReplicaScript) -> web.Application:
         if script.prefix_raw is not None:
             return web.Response(body=script.prefix_raw, status=script.prefix_status, content_type="application/json")
         inner = next(iter(doc.values()))
-        answer = script.prefix_by_id.get(inner.get("id", ""), {"total_blocks": 10, "hit_blocks": 0, "hit_ratio": 0.0})
+        body_id = inner.get("id") or inner.get("session_id") or ""
+        answer = script.prefix_by_id.get(body_id, {"total_blocks": 10, "hit_blocks": 0, "hit_ratio": 0.0})
         return web.Response(body=orjson.dumps(answer), status=script.prefix_status, content_type="application/json")
 
     async def metrics(request: web.Request) -> web.Response:
         script.metrics_hits += 1
         return web.Response(text=script.metrics_text)
 
+    async def chat(request: web.Request) -> web.Response:
+        doc = orjson.loads(await request.read())
+        script.chat_requests.append(doc)
+        answer = {"id": "chatcmpl-fake", "object": "chat.completion", "model": doc.get("model", "m"),
+                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                               "finish_reason": "stop"}]}
+        return web.Response(body=orjson.dumps(answer), content_type="application/json")
+
     app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/kvgate/kv", kv)
     app.router.add_post("/v1/kvgate/prefix", prefix)
     app.router.add_get("/metrics", metrics)

@@ -182,3 +182,22 @@ async def test_set_http_uses_a_session_made_at_app_startup(aiohttp_server, http,
 def test_unknown_policy_fails_at_construction(metrics):
     with pytest.raises(ValueError, match="unknown gate.policy"):
         AdmissionController(settings(policy="fifo"), metrics)
+
+
+async def test_waiters_on_a_replica_that_dies_are_not_stranded(aiohttp_server, http, metrics, clock):
+    script = ReplicaScript()
+    script.usage(0.95)
+    server = await aiohttp_server(fake_replica_app(script), host="127.0.0.1")
+    replica = Replica("r0", str(server.make_url("")).rstrip("/"))
+    knobs = settings(wait_poll_sec=0.02, probe=ProbeSettings(timeout_sec=0.5, usage_max_age_ms=0))
+    controller = AdmissionController(knobs, metrics, lambda: http, clock=clock)
+    waiters = [asyncio.create_task(controller.acquire(replica, f"s{i}", "chat", chat(f"s{i}"))) for i in range(3)]
+    await until(lambda: controller.counts()["waiters"] == 3)
+    await server.close()  # the replica dies: probes fail, usage is unknown
+    clock.advance(1)
+    leases = [await task for task in waiters]  # admitted `open`; the proxy's upstream error handling takes over
+    assert [lease.reason for lease in leases] == ["open"] * 3
+    assert sample(metrics, "kvgate_probe_errors_total", replica="r0", probe="kv") >= 1
+    for lease in leases:
+        lease.release()
+    assert_clean(controller, clock)
