@@ -185,14 +185,14 @@ class Gate:
     def _grant(
         self, record: SessionRecord | None, attempt: Attempt | None, decision: Admit, reason: str, start: float | None
     ) -> Lease:
+        """Book the admission (start None: mode off, nothing but the lease is booked)."""
         if start is None:
             wait = 0.0
+            self._book.leases += 1
         else:
             now = self._now()
             wait = max(0.0, now - start)
             self._book.admit(record, attempt, decision, reason, now)
-        if start is None:
-            self._book.leases += 1
         counter = self._admissions.get(reason)
         if counter is None:
             counter = self._admissions[reason] = self._metrics.admissions.labels(self.name, reason)
