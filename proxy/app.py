@@ -21,7 +21,7 @@ from proxy.errors import JSON_CONTENT_TYPE, send_error
 from proxy.forward import Forwarder
 from proxy.http_server import FrontServer, HttpRequest, Responder
 from proxy.metrics import CONTENT_TYPE, KvgateMetrics
-from proxy.open_admission import OpenAdmission
+from gate.admission import AdmissionController
 from proxy.routes import ROUTES
 from proxy.session_tracker import SessionTracker
 from proxy.settings import ReplicaSettings, Settings
@@ -124,6 +124,7 @@ def create_app(settings: Settings | None = None, *, metrics: KvgateMetrics | Non
     """The proxy app. `health_checks=False` leaves health to passive marking (tests)."""
     settings = settings or Settings()
     metrics = metrics or KvgateMetrics()
-    admission = admission if admission is not None else OpenAdmission(metrics)
+    if admission is None:
+        admission = AdmissionController(settings.gate, metrics, api_key=settings.upstream.api_key)
     return ProxyApp(settings, metrics, admission, settings.replicas if replicas is None else replicas,
                     health_checks)

@@ -1,7 +1,7 @@
 """`kvgate serve`: the process around the app (replicas, event loop, signals).
 
-`make_admission` is the one place that decides which admission controller serves
-(Seam 1); the gate replaces its body with `AdmissionController(...)`.
+The admission gate is the app's default controller (`proxy.app.create_app`); its
+`gate.mode` setting turns it to shadow or off.
 """
 
 from __future__ import annotations
@@ -12,15 +12,9 @@ import signal
 
 from proxy.app import create_app
 from proxy.metrics import KvgateMetrics
-from proxy.open_admission import OpenAdmission
 from proxy.settings import ReplicaSettings, Settings
 
 log = logging.getLogger("kvgate")
-
-
-def make_admission(settings: Settings, metrics: KvgateMetrics):
-    """The admission controller `serve` runs with (Seam 1 of docs/ARCHITECTURE.md)."""
-    return OpenAdmission(metrics)
 
 
 async def start_replicas(settings: Settings) -> tuple[tuple[ReplicaSettings, ...], list]:
@@ -49,8 +43,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     app = None
     try:
         metrics = KvgateMetrics()
-        app = create_app(settings, metrics=metrics, admission=make_admission(settings, metrics),
-                         replicas=replicas)
+        app = create_app(settings, metrics=metrics, replicas=replicas)
         host, port = await app.start()
         log.info("listening on http://%s:%d (OpenAI base URL http://%s:%d/v1)", host, port, host, port)
         await stop.wait()

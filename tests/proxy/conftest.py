@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from proxy.app import create_app
-from proxy.settings import AdminSettings, ReplicaSettings, Settings
+from proxy.settings import AdminSettings, GateSettings, ReplicaSettings, Settings
 from fake_upstream import FakeUpstream
 
 ADMIN_TOKEN = "test-admin-token"
@@ -25,8 +25,9 @@ async def upstreams():
 
 
 def proxy_settings(fakes, **overrides) -> Settings:
+    """Settings for forwarding tests: the gate is off (gate tests live in tests/gate)."""
     base = Settings(replicas=tuple(ReplicaSettings(f.name, f.url) for f in fakes),
-                    admin=AdminSettings(token=ADMIN_TOKEN))
+                    admin=AdminSettings(token=ADMIN_TOKEN), gate=GateSettings(mode="off"))
     return dataclasses.replace(base, **overrides)
 
 

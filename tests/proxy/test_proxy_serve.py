@@ -72,6 +72,10 @@ async def test_serve_without_replicas_starts_simulated_ones_and_says_so_first(tm
                 assert resp.status == 200
                 assert resp.headers["x-kvgate-replica"].startswith("sim")
                 assert (await resp.json())["object"] == "chat.completion"
+            async with http.get(url + "/metrics") as resp:
+                metrics = await resp.text()
+        # The admission gate is on by default: it probed the replica's KV usage.
+        assert re.search(r'kvgate_probe_seconds_count\{probe="kv",replica="sim\d"\} [1-9]', metrics), metrics
     finally:
         assert await stop_serve(proc) == 0
 
