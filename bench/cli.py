@@ -1,13 +1,14 @@
 """`kvgate bench ...`: the benchmark subcommands.
 
-Each benchmark module has `add_command(bench_subparsers)`, which adds its parser and
+Each benchmark module has `add_command(bench_subparsers)` (`add_parser` for agentic), which adds its parser and
 sets `func`. To add a benchmark, import its module here and add one line to
 `add_commands`.
 """
 
 from __future__ import annotations
 
-from bench import overhead
+from bench import gate_load, overhead
+from bench.agentic import cli as agentic_cli
 
 
 def add_commands(subparsers) -> None:
@@ -15,3 +16,5 @@ def add_commands(subparsers) -> None:
                                   description="Benchmarks of kvgate. Each prints its numbers; none asserts them.")
     benchmarks = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
     overhead.add_command(benchmarks)
+    gate_load.add_command(benchmarks)
+    agentic_cli.add_parser(benchmarks)

@@ -308,11 +308,11 @@ def summarize(results: list[RunResult], modes: list[str]) -> dict[str, Any]:
     return summary
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.gate_load",
-        description="Load test of the admission gate: concurrent multi-turn sessions through one proxy to "
-                    "simulated replicas with no KV pressure; reports leaks and the gate's added latency.")
+DESCRIPTION = ("Load test of the admission gate: concurrent multi-turn sessions through one proxy to "
+               "simulated replicas with no KV pressure; reports leaks and the gate's added latency.")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=int, default=1000, help="concurrent sessions (default 1000)")
     parser.add_argument("--turns", type=int, default=10, help="turns per session (default 10)")
     parser.add_argument("--replicas", type=int, default=2, help="simulated replicas (default 2)")
@@ -329,8 +329,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="run the simulated replicas in this process (default: one subprocess each)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", metavar="FILE", help="also write the runs and summary as JSON to FILE")
-    args = parser.parse_args(argv)
-    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+
+
+def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()] if isinstance(args.modes, str) else args.modes
     bad = [m for m in args.modes if m not in ("off", "enforce", "shadow")]
     if bad or not args.modes:
         parser.error(f"--modes takes off, enforce and shadow; got {args.modes}")
@@ -339,8 +341,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.gate_load", description=DESCRIPTION)
+    configure(parser)
+    return validate(parser, parser.parse_args(argv))
+
+
+def add_command(subparsers) -> None:
+    """`kvgate bench gate-load`."""
+    parser = subparsers.add_parser("gate-load", help="1,000-session load test of the gate (leaks, added latency)",
+                                   description=DESCRIPTION)
+    configure(parser)
+    parser.set_defaults(func=lambda args: report(validate(parser, args)))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    return report(parse_args(argv))
+
+
+def report(args: argparse.Namespace) -> int:
+    """Run the load test of parsed `args`, print the summary; exit 1 on failed turns or leaks."""
     print(f"gate load: {args.sessions} sessions x {args.turns} turns, {args.replicas} simulated replicas, "
           f"modes {','.join(args.modes)} x{args.repeats}, policy {args.policy}", flush=True)
     try:
