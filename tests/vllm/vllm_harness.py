@@ -201,6 +201,53 @@ def prefix_counters(base_url: str) -> tuple[float, float]:
 
 # ---------------------------------------------------------------- the server
 
+def start_service(command: list[str], log_path: Path, ready_url: str, timeout: float, poll: float,
+                  what: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
+    """Start `command` in its own process group, logging to `log_path`; return once
+    `ready_url` answers 200. On exit or timeout the group is stopped and RuntimeError
+    carries the log's tail."""
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   cwd=str(cwd or log_path.parent), start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode} while starting:\n{log_tail(log_path)}")
+        try:
+            with urllib.request.urlopen(ready_url, timeout=5) as response:
+                if response.status == 200:
+                    return process
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        time.sleep(poll)
+    stop_process_group(process)
+    raise RuntimeError(f"{what} was not ready within {timeout}s:\n{log_tail(log_path)}")
+
+
+def log_tail(log_path: Path, lines: int = 60) -> str:
+    try:
+        return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def stop_process_group(process: subprocess.Popen | None, grace: float = 30) -> None:
+    """SIGTERM the process group, SIGKILL it after `grace` seconds, and reap the process.
+    Children (vLLM's engine core and workers) share the group; none outlives it."""
+    if process is None or process.returncode is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
 @dataclass
 class VllmServer:
     """A running ``vllm.entrypoints.openai.api_server`` with the kvgate plugin."""
@@ -253,47 +300,15 @@ class VllmServer:
 
     def start(self, timeout: float = 600) -> "VllmServer":
         self.port = self.port or free_port()
-        log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment(),
-            cwd=str(self.log_path.parent), start_new_session=True,
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.process.returncode} while starting:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
-                    if response.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            time.sleep(1.0)
-        self.stop()
-        raise RuntimeError(f"vLLM did not become healthy within {timeout}s:\n{self.log_tail()}")
+        self.process = start_service(self.command(), self.log_path, self.url + "/health", timeout, poll=1.0,
+                                     what="vLLM", env=self.environment())
+        return self
 
     def log_tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def stop(self) -> None:
-        """SIGTERM the process group, SIGKILL it after 30 s, and reap the process."""
-        if self.process is None or self.process.returncode is not None:
-            return
-        for sig, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, sig)
-            try:
-                self.process.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        # Engine-core and worker children share the group; make sure none outlives us.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        stop_process_group(self.process)
 
     def reset_prefix_cache(self, attempts: int = 50) -> None:
         """Empty vLLM's prefix cache (dev-mode route); retries while requests still run."""
@@ -333,40 +348,13 @@ class KvgateProxy:
         path.write_text("\n".join(lines) + "\n")
 
     def start(self, timeout: float = 60) -> "KvgateProxy":
-        log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", "serve", "--config", str(self.config_path)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), start_new_session=True,
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"kvgate exited with {self.process.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/ready", timeout=2) as response:
-                    if response.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"kvgate was not ready within {timeout}s:\n{self.log_tail()}")
+        command = [sys.executable, "-m", "proxy.cli", "serve", "--config", str(self.config_path)]
+        self.process = start_service(command, self.log_path, self.url + "/ready", timeout, poll=0.3,
+                                     what="kvgate", cwd=REPO_ROOT)
+        return self
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def stop(self) -> None:
-        if self.process is None or self.process.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+        stop_process_group(self.process, grace=15)
