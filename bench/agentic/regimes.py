@@ -32,16 +32,16 @@ class Regime:
 
 def _thrash_workload(**changes) -> WorkloadSpec:
     base = WorkloadSpec(
-        sessions=32, concurrency=16, turns_min=8, turns_max=12,
+        sessions=36, concurrency=18, turns_min=8, turns_max=12,
         system_prompt_words=300, shared_system_prompt=False, task_words=100,
-        tool_result_words_min=150, tool_result_words_max=350, reply_tokens=8,
+        tool_result_words_min=300, tool_result_words_max=600, reply_tokens=8,
         tool_latency_median_s=0.05, tool_latency_sigma=0.5,
     )
     return base.replace(**changes)
 
 
-_SMALL_CACHE = ReplicaShape(num_blocks=256, block_size=16, max_num_seqs=64,
-                            max_num_batched_tokens=2048, max_model_len=4096, time_scale=2.0)
+_SMALL_CACHE = ReplicaShape(num_blocks=512, block_size=16, max_num_seqs=64,
+                            max_num_batched_tokens=2048, max_model_len=8192, time_scale=1.5)
 
 REGIMES: dict[str, Regime] = {
     "no-pressure": Regime(
@@ -49,7 +49,7 @@ REGIMES: dict[str, Regime] = {
         "every active session's prompt fits in its replica's cache: the gate must cost nothing",
         _thrash_workload(),
         ReplicaShape(num_blocks=4096, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048,
-                     max_model_len=8192, time_scale=2.0),
+                     max_model_len=8192, time_scale=1.5),
         gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
     ),
     "thrash": Regime(
