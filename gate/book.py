@@ -14,6 +14,10 @@ state change goes through a `SessionBook` method, which keeps these invariants:
 - `reserved_in_flight`, `reserved_idle` count reserved records with / without a lease
   in flight; `idle_reserved_blocks` sums the resident blocks of the reserved idle ones.
 - `leases` counts every lease not yet released, anonymous ones included.
+- `windows` holds exactly the reserved records, in the order their ownership began
+  (a window that ends and begins again goes to the back). A record's
+  `resident_blocks` is its window's footprint; `window_blocks` sums them, and
+  `older_window_blocks(rec)` sums those ranked before `rec` (O(windows): tens).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class SessionRecord:
     idle_since: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
     num_preempted: int = 0
+    windows_lost: int = 0  # windows the contract policy took back (older sessions grew)
 
     @property
     def is_idle(self) -> bool:
@@ -51,6 +56,7 @@ class SessionBook:
         self.reserved_idle = 0
         self.idle_reserved_blocks = 0
         self.leases = 0
+        self.windows: OrderedDict[str, SessionRecord] = OrderedDict()
 
     # -- classification: every mutation is bracketed by _leave / _enter
 
@@ -76,16 +82,49 @@ class SessionBook:
 
     def _end(self, rec: SessionRecord) -> SessionRecord:
         self._leave(rec)
+        self.windows.pop(rec.key, None)  # rec.reserved stays: the caller reads it
         del self.records[rec.key]
         return rec
 
+    def _set_reserved(self, rec: SessionRecord, reserved: bool) -> None:
+        """Begin or end the record's window (call between _leave and _enter)."""
+        if reserved and not rec.reserved:
+            self.windows[rec.key] = rec
+        elif rec.reserved and not reserved:
+            self.windows.pop(rec.key, None)
+        rec.reserved = reserved
+
+    # -- the contract policy's books
+
+    @property
+    def window_blocks(self) -> int:
+        """Footprints of every window, in flight or idle."""
+        return sum(rec.resident_blocks for rec in self.windows.values())
+
+    def older_window_blocks(self, rec: SessionRecord | None) -> int:
+        """Footprints of the windows whose ownership began before `rec`'s; all of them if it owns none."""
+        if rec is None or not rec.reserved:
+            return self.window_blocks
+        total = 0
+        for other in self.windows.values():
+            if other is rec:
+                return total
+            total += other.resident_blocks
+        raise AssertionError(f"reserved record {rec.key!r} missing from the windows")
+
     # -- operations
 
-    def view(self, rec: SessionRecord | None) -> GateView:
+    def view(self, rec: SessionRecord | None, max_output_tokens: int = 0, waiters_ahead: int = 0) -> GateView:
         if rec is None:
-            return GateView(anonymous=True)
+            return GateView(anonymous=True, max_output_tokens=max_output_tokens)
         own = rec.resident_blocks if rec.reserved and not rec.in_flight else 0
-        return GateView(reserved=rec.reserved, idle_reserved_blocks=self.idle_reserved_blocks - own)
+        return GateView(
+            reserved=rec.reserved,
+            idle_reserved_blocks=self.idle_reserved_blocks - own,
+            older_window_blocks=self.older_window_blocks(rec),
+            max_output_tokens=max_output_tokens,
+            waiters_ahead=waiters_ahead,
+        )
 
     def begin_attempt(self, key: str, attempt: Any, now: float) -> tuple[SessionRecord, Any]:
         """Make `attempt` the session's newest; return the record and the attempt it replaces."""
@@ -119,7 +158,7 @@ class SessionBook:
         if rec.attempt is attempt:
             rec.attempt = None
         rec.in_flight += 1
-        rec.reserved = decision.reserve
+        self._set_reserved(rec, decision.reserve)
         if decision.resident_blocks is not None:
             rec.resident_blocks = decision.resident_blocks
         rec.reasons[reason] = rec.reasons.get(reason, 0) + 1
@@ -146,10 +185,20 @@ class SessionBook:
             return False, None
         self._leave(rec)
         was_reserved = rec.reserved
-        rec.reserved = False
+        self._set_reserved(rec, False)
         rec.finished = True
         self._enter(rec, now)
         return was_reserved, (self._end(rec) if rec.is_idle else None)
+
+    def drop_window(self, rec: SessionRecord, now: float) -> bool:
+        """Take the session's window back (the session keeps its record); True if it had one."""
+        if not rec.reserved or self.records.get(rec.key) is not rec:
+            return False
+        self._leave(rec)
+        self._set_reserved(rec, False)
+        rec.windows_lost += 1
+        self._enter(rec, now)
+        return True
 
     def purge(self, now: float) -> list[SessionRecord]:
         """End every record idle for `grace` seconds or more, oldest first."""

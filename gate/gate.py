@@ -11,10 +11,16 @@ Invariants (each has a test):
   which raises `AdmissionPreempted` at its next checkpoint (before and after each
   probe, and on waking); so a retry storm leaves at most one waiter per session.
 - Cancelling an acquire (client disconnect) leaves no waiter, attempt or lease.
-- Waiters are woken in arrival order: one per released lease, finished window or
-  expired window, and each admitted waiter (or `open` admission) wakes the next; each
-  waiter also wakes itself every `wait_poll_sec` (and when the oldest idle window is
-  due), so no wake-up is ever needed for liveness.
+- Waiters are woken in arrival order: one per released lease, finished, expired or
+  lost window, or shrunk window footprint (anything that lowers the blocks committed
+  to windows), and each admitted waiter (or `open` admission), or a head waiter that
+  leaves, wakes the next; each waiter also wakes itself every `wait_poll_sec` (and
+  when the oldest idle window is due), so no wake-up is ever needed for liveness.
+- The policy sees how many named waiters are ahead of the attempt (the contract
+  policy serves newcomers in strict FIFO order) and the request's output allowance,
+  read once from the body.
+- A `Wait(drop_window=True)` takes the session's window back before it waits; so does
+  a `Reject`: a session never holds a window while it waits or after it was refused.
 - Expired windows are purged lazily, by whichever acquire, wake, release or look at
   the state comes next; purging a reservation wakes a waiter.
 - mode `off`: admit `open` with no probe and no session bookkeeping. mode `shadow`:
@@ -32,7 +38,7 @@ from typing import Any, Callable
 
 from gate.book import SessionBook, SessionRecord
 from gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
-from gate.policies import ANONYMOUS, OPEN, Admit, Policy, Reject, Wait, get_policy
+from gate.policies import ANONYMOUS, OPEN, Admit, GateView, Policy, Reject, Wait, get_policy, output_allowance
 from gate.probe import Probe
 from proxy.metrics import KvgateMetrics
 from proxy.settings import GateSettings
@@ -48,12 +54,13 @@ class Attempt:
     `event` (what wakes it) is made on its first wait: most attempts never wait.
     """
 
-    __slots__ = ("event", "abort", "queued")
+    __slots__ = ("event", "abort", "queued", "named")
 
-    def __init__(self) -> None:
+    def __init__(self, named: bool = True) -> None:
         self.event: asyncio.Event | None = None
         self.abort: AdmissionError | None = None
         self.queued = False
+        self.named = named
 
     def wake(self) -> None:
         if self.event is not None:
@@ -137,7 +144,8 @@ class Gate:
             return self._grant(None, None, Admit(OPEN), OPEN, None)
         start = self._now()
         self._purge(start)
-        attempt = Attempt()
+        attempt = Attempt(named=session_key is not None)
+        allowance = output_allowance(body)
         record: SessionRecord | None = None
         if session_key is not None:
             record, previous = self._book.begin_attempt(session_key, attempt, start)
@@ -151,30 +159,45 @@ class Gate:
                 attempt.checkpoint()
                 usage = await self.probe.usage(newer_than)
                 attempt.checkpoint()
-                view = self._book.view(record)
+                view = self._view(record, attempt, allowance)
                 prefix = None
                 if self.policy.needs_prefix_probe(view, usage, self.settings):
                     prefix = await self.probe.prefix(route_kind, body)
                     attempt.checkpoint()
-                    view = self._book.view(record)  # windows may have changed during the probe
+                    view = self._view(record, attempt, allowance)  # windows may have changed during the probe
                 decision = self.policy.decide(view, usage, prefix, self.settings)
                 if self.settings.mode == "shadow":
                     return self._grant_shadow(record, attempt, decision, start)
                 if isinstance(decision, Admit):
                     return self._grant(record, attempt, decision, decision.reason, start)
                 if isinstance(decision, Reject):
+                    self._drop_window(record)
                     raise PromptTooLong(decision.message)
+                if decision.drop_window:
+                    self._drop_window(record)
                 await self._wait(attempt, deadline)
                 newer_than = self._changed_at
         finally:
             self._attempts.discard(attempt)
             if attempt.queued:
-                self._dequeue(attempt)
+                self._leave_queue(attempt)
             if record is not None:
                 ended = self._book.end_attempt(record, attempt, self._now())
                 if ended is not None:
                     self._session_ended(ended)
                 self._publish_reserved()
+
+    def _view(self, record: SessionRecord | None, attempt: Attempt, allowance: int) -> GateView:
+        return self._book.view(record, allowance, self._waiters_ahead(attempt))
+
+    def _waiters_ahead(self, attempt: Attempt) -> int:
+        """Named waiters queued before `attempt` (all of them if it is not queued). O(queue)."""
+        ahead = 0
+        for waiter in self._queue:
+            if waiter is attempt:
+                break
+            ahead += waiter.named
+        return ahead
 
     def _grant_shadow(self, record: SessionRecord | None, attempt: Attempt, decision: Any, start: float) -> Lease:
         if isinstance(decision, Admit):
@@ -192,7 +215,10 @@ class Gate:
         else:
             now = self._now()
             wait = max(0.0, now - start)
+            committed = self._book.window_blocks if record is not None else 0
             self._book.admit(record, attempt, decision, reason, now)
+            if record is not None and self._book.window_blocks < committed:
+                self._blocks_freed(now)  # a window shrank or ended: a waiter may fit now
         counter = self._admissions.get(reason)
         if counter is None:
             counter = self._admissions[reason] = self._metrics.admissions.labels(self.name, reason)
@@ -238,6 +264,13 @@ class Gate:
         attempt.checkpoint()
         self._purge(self._now())
 
+    def _leave_queue(self, attempt: Attempt) -> None:
+        """A waiter leaves without a lease (cancelled, preempted, timed out, rejected)."""
+        was_head = next(iter(self._queue), None) is attempt
+        self._dequeue(attempt)
+        if was_head and self._queue:
+            self._wake_one()  # strict FIFO: the next waiter must not wait for a poll
+
     def _dequeue(self, attempt: Attempt) -> None:
         if self._queue.pop(attempt, False) is None:
             self._pending_gauge.set(len(self._queue))
@@ -255,7 +288,7 @@ class Gate:
             "only the newest attempt of a session is served"
         )
         if previous.queued:
-            self._dequeue(previous)
+            self._leave_queue(previous)
         previous.wake()
         self._preempted.inc()
 
@@ -272,15 +305,29 @@ class Gate:
         if self._queue:
             self._wake_one()
 
+    def _blocks_freed(self, now: float) -> None:
+        """Fewer blocks are committed (or live): let the head waiter re-decide on a fresh reading."""
+        self._changed_at = now
+        if self._queue:
+            self._wake_one()
+
+    def _drop_window(self, record: SessionRecord | None) -> None:
+        """Take a session's window back (contract: it no longer fits, or its prompt never will)."""
+        if record is None:
+            return
+        now = self._now()
+        if self._book.drop_window(record, now):
+            self._publish_reserved()
+            self._blocks_freed(now)
+
     def finish_session(self, session_key: str) -> None:
         """End the session's window here; no-op for a session this gate does not know."""
         was_reserved, ended = self._book.finish(session_key, self._now())
         if ended is not None:
             self._session_ended(ended)
         self._publish_reserved()
-        if was_reserved and self._queue:
-            self._changed_at = self._now()
-            self._wake_one()
+        if was_reserved:
+            self._blocks_freed(self._now())
 
     def _purge(self, now: float) -> None:
         if not self._book.idle:
@@ -291,9 +338,8 @@ class Gate:
         for record in ended:
             self._session_ended(record)
         self._publish_reserved()
-        if self._queue and any(r.reserved for r in ended):
-            self._changed_at = now
-            self._wake_one()
+        if any(r.reserved for r in ended):
+            self._blocks_freed(now)
 
     def _session_ended(self, record: SessionRecord) -> None:
         self._metrics.session_preemptions.observe(record.num_preempted)
@@ -346,12 +392,13 @@ class Gate:
         self._purge(self._now())
         now = self._now()
         in_flight, idle, sessions = [], [], {}
+        for key, rec in self._book.windows.items():  # oldest window first
+            (in_flight if rec.in_flight else idle).append(key)
         for key, rec in self._book.records.items():
-            if rec.reserved:
-                (in_flight if rec.in_flight else idle).append(key)
             sessions[key] = {
                 "reasons": dict(rec.reasons),
                 "num_preempted": rec.num_preempted,
+                "windows_lost": rec.windows_lost,
                 "in_flight": rec.in_flight,
                 "reserved": rec.reserved,
                 "resident_blocks": rec.resident_blocks,
@@ -365,6 +412,7 @@ class Gate:
             "closed": self._closed is not None,
             "leases": self._book.leases,
             "reserved": {"in_flight": in_flight, "idle": idle},
+            "window_blocks": self._book.window_blocks,
             "pending": pending,
             "pending_anonymous": anonymous_waiting,
             "sessions": sessions,

@@ -12,6 +12,12 @@ the prefix probe is unavailable (not asked, unsupported route, replica without t
 probe API, or a failed probe). Invariant tested for every policy: whenever
 `needs_prefix_probe` is False, `decide` gives the same answer for any `prefix`.
 
+The contract policy is a working-set admission control priced by the gate's own
+books (docs/gate.md): every ownership window has a footprint in blocks, windows rank
+by when ownership began, and a turn fits if its footprint plus the footprints of the
+windows older than its own fits the usable blocks. `footprint_blocks` and
+`output_allowance` are the pure helpers it uses.
+
 `POLICIES` maps `gate.policy` names to policies, so adding or comparing one is a
 dict entry. Nothing here touches asyncio, clocks or I/O: the simulator can call the
 same functions in virtual time.
@@ -20,7 +26,7 @@ same functions in virtual time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Any, Callable, Union
 
 from gate.readings import PrefixReading, UsageReading
 from proxy.settings import GateSettings
@@ -41,12 +47,23 @@ class GateView:
 
     anonymous: the request has no session id (never reserved).
     reserved: the session holds a live (unexpired) reservation on this replica.
-    idle_reserved_blocks: resident blocks of *other* sessions in idle grace windows.
+    idle_reserved_blocks: resident blocks (footprints) of *other* sessions in idle
+      grace windows.
+    older_window_blocks: the footprints of the windows that rank before this session's
+      own (ownership began earlier), in flight or idle; all windows when the session
+      owns none. Only the contract policy reads it.
+    max_output_tokens: the request's output allowance (`output_allowance(body)`).
+    waiters_ahead: named sessions queued at the gate ahead of this attempt (all of
+      them for an attempt not queued yet). Only the contract policy reads it: its
+      newcomers are served in strict FIFO order.
     """
 
     anonymous: bool = False
     reserved: bool = False
     idle_reserved_blocks: int = 0
+    older_window_blocks: int = 0
+    max_output_tokens: int = 0
+    waiters_ahead: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +82,14 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """Hold the request and decide again when woken."""
+    """Hold the request and decide again when woken.
+
+    drop_window: the session loses its ownership window before it waits (an owner
+    that no longer fits behind the older windows); it then waits as a newcomer.
+    """
 
     why: str
+    drop_window: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +108,34 @@ class Policy:
     name: str
     needs_prefix_probe: Callable[[GateView, UsageReading | None, GateSettings], bool]
     decide: Callable[[GateView, UsageReading | None, PrefixReading | None, GateSettings], Decision]
+
+
+def output_allowance(body: dict[str, Any]) -> int:
+    """Output tokens a request may generate: `max_completion_tokens`, else `max_tokens`, else 0.
+
+    vLLM reads the same fields (the first wins). Anything that is not a non-negative
+    integer counts as absent (vLLM rejects such a request itself).
+    """
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return 0
+
+
+def footprint_blocks(prefix: PrefixReading, usage: UsageReading, max_output_tokens: int) -> int:
+    """Blocks a turn occupies by the end of its generation: ceil((prompt + output) / block_size).
+
+    Needs `prefix.total_tokens` and `usage.block_size`; without the first it is the
+    prompt's full blocks plus the output's blocks, without the block size only the
+    prompt's full blocks (the probe API always reports both).
+    """
+    block_size = usage.block_size
+    if not block_size:
+        return prefix.total_blocks
+    if prefix.total_tokens:
+        return -(-(prefix.total_tokens + max_output_tokens) // block_size)
+    return prefix.total_blocks + -(-max_output_tokens // block_size)
 
 
 def _keep(view: GateView, knobs: GateSettings) -> bool:
@@ -142,41 +192,54 @@ SEED = Policy("seed", seed_needs_prefix_probe, seed_decide)
 
 
 def contract_needs_prefix_probe(view: GateView, usage: UsageReading | None, knobs: GateSettings) -> bool:
-    """At any usage, for named sessions without a reservation: pricing needs the prompt.
+    """For every named turn the contract prices, owners included: the price is the prompt.
 
-    The watermark is exactly what this policy distrusts (idle windows hold no live
-    blocks, so usage reads low while their prefixes are about to be evicted). Without
-    block counts (the /metrics fallback) it falls back to the seed policy.
+    At any usage: the watermark is exactly what this policy distrusts (idle windows
+    hold no live blocks, so usage reads low while their prefixes are about to be
+    evicted). Owners are probed too, so their footprint follows their growing prompt.
+    Not for a newcomer with named waiters ahead (it waits its turn in FIFO order) nor
+    without block counts (the /metrics fallback: the seed policy decides).
     """
-    if usage is None or view.anonymous or view.reserved:
+    if usage is None or view.anonymous:
         return False
     if not usage.has_blocks:
         return seed_needs_prefix_probe(view, usage, knobs)
-    return True
+    return view.reserved or view.waiters_ahead == 0
 
 
 def contract_decide(
     view: GateView, usage: UsageReading | None, prefix: PrefixReading | None, knobs: GateSettings
 ) -> Decision:
-    """DESIGN.md section 3: price a turn's uncached blocks against what is truly free.
+    """A working-set admission control priced by the gate's own books (docs/gate.md).
 
     - usage unknown: `open`. anonymous: watermark only, as in the seed policy.
-    - a session with a window: `reserved_session` at any usage (its blocks are already
-      priced in the other sessions' budgets while it is idle).
-    - no block counts or no prefix reading: the seed policy decides.
-    - usable = num_total_blocks - headroom_blocks; total_blocks > usable: reject
-      `prompt_too_long` (it could never be admitted, waiting would strand it).
-    - admit `contract_fits` iff new_blocks <= num_free_blocks - idle_reserved_blocks
-      - headroom_blocks, else wait. With retain_session it holds a reservation priced
-      at the prompt's total blocks.
+      No block counts: the seed policy decides.
+    - a newcomer (no window) with named waiters ahead: wait (strict FIFO; no probe).
+    - no prefix reading: an owner is `reserved_session` with its window as last
+      priced; a newcomer is decided by the seed policy.
+    - usable = num_total_blocks - headroom_blocks; a prompt whose full blocks exceed
+      it: reject `prompt_too_long` (it could never be admitted, waiting would strand it).
+    - footprint = `footprint_blocks` (prompt + output allowance), capped at usable so
+      that a large allowance alone never strands a turn.
+    - an owner: `reserved_session` iff footprint + older_window_blocks <= usable, and
+      its window is re-priced at this footprint; else it loses its window and waits
+      (`Wait(drop_window=True)`): the older sessions grew, they go first.
+    - a newcomer: `contract_fits` iff footprint + older_window_blocks (every window)
+      <= usable AND new_blocks <= num_free_blocks - idle_reserved_blocks -
+      headroom_blocks (vLLM's own view, which also sees traffic the gate does not);
+      else wait. With retain_session its window begins now, priced at the footprint.
+    Invariant: the windows' footprints, summed in ownership order, stay within usable
+    for every window that was admitted or renewed against them.
     """
     if usage is None:
         return Admit(OPEN, reserve=_keep(view, knobs))
-    if view.anonymous:
+    if view.anonymous or not usage.has_blocks:
         return seed_decide(view, usage, prefix, knobs)
-    if view.reserved:
-        return Admit(RESERVED_SESSION, reserve=knobs.retain_session)
-    if not usage.has_blocks or prefix is None:
+    if not view.reserved and view.waiters_ahead:
+        return Wait(f"behind {view.waiters_ahead} waiting sessions (first come, first served)")
+    if prefix is None:
+        if view.reserved:  # cannot re-price it: keep the window at its last footprint
+            return Admit(RESERVED_SESSION, reserve=knobs.retain_session)
         return seed_decide(view, usage, prefix, knobs)
     assert usage.num_total_blocks is not None and usage.num_free_blocks is not None
     usable = usage.num_total_blocks - knobs.headroom_blocks
@@ -187,9 +250,23 @@ def contract_decide(
             f"{usage.num_total_blocks} (minus gate.headroom_blocks={knobs.headroom_blocks}); "
             "shorten the prompt or serve it from a replica with a larger KV cache",
         )
+    footprint = min(footprint_blocks(prefix, usage, view.max_output_tokens), usable)
+    working_set = footprint + view.older_window_blocks
+    if view.reserved:
+        if working_set <= usable:
+            return Admit(RESERVED_SESSION, reserve=knobs.retain_session, resident_blocks=footprint)
+        return Wait(
+            f"window lost: footprint {footprint} blocks + {view.older_window_blocks} in older windows "
+            f"exceeds {usable} usable blocks",
+            drop_window=True,
+        )
+    if working_set > usable:
+        return Wait(
+            f"footprint {footprint} blocks + {view.older_window_blocks} in windows exceeds {usable} usable blocks"
+        )
     budget = usage.num_free_blocks - view.idle_reserved_blocks - knobs.headroom_blocks
     if prefix.new_blocks <= budget:
-        return Admit(CONTRACT_FITS, reserve=knobs.retain_session, resident_blocks=prefix.total_blocks)
+        return Admit(CONTRACT_FITS, reserve=knobs.retain_session, resident_blocks=footprint)
     return Wait(f"needs {prefix.new_blocks} new blocks, {budget} free outside idle windows and headroom")
 
 

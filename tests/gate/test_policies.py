@@ -8,7 +8,8 @@ import pytest
 
 from gate.policies import (
     ANONYMOUS, CONTRACT, CONTRACT_FITS, OPEN, POLICIES, PREFIX_PROBE_UNAVAILABLE, PROMPT_TOO_LONG,
-    RESERVED_SESSION, RESIDENT_PREFIX, SEED, Admit, GateView, Reject, Wait, get_policy,
+    RESERVED_SESSION, RESIDENT_PREFIX, SEED, Admit, GateView, Reject, Wait, footprint_blocks, get_policy,
+    output_allowance,
 )
 from gate.readings import PrefixReading, UsageReading
 from proxy.settings import GateSettings
@@ -84,8 +85,10 @@ def test_seed_asks_prefix_only_above_watermark_for_unreserved_sessions(view, usa
         (RESERVED, None, None, Admit(OPEN, reserve=True)),
         (ANON, LOW, None, Admit(ANONYMOUS)),
         (ANON, HIGH, None, Wait("anonymous request above the watermark")),
-        (RESERVED, LOW, None, Admit(RESERVED_SESSION, reserve=True)),     # at any usage
+        # an owner whose prefix probe failed keeps its window as last priced, at any usage
+        (RESERVED, LOW, None, Admit(RESERVED_SESSION, reserve=True)),
         (RESERVED, HIGH, None, Admit(RESERVED_SESSION, reserve=True)),
+        (RESERVED, HIGH_NO_BLOCKS, None, Admit(RESERVED_SESSION, reserve=True)),
         # no block counts (/metrics fallback): the seed policy decides
         (NAMED, LOW_NO_BLOCKS, None, Admit(OPEN)),
         (NAMED, HIGH_NO_BLOCKS, None, Admit(PREFIX_PROBE_UNAVAILABLE)),
@@ -146,22 +149,169 @@ def test_contract_without_retain_session_does_not_reserve():
         (NAMED, None, False),
         (NAMED, LOW, True),       # at any usage
         (NAMED, HIGH, True),
-        (RESERVED, HIGH, False),
+        (RESERVED, LOW, True),    # owners too: their footprint follows their prompt
+        (RESERVED, HIGH, True),
         (ANON, HIGH, False),
+        (GateView(waiters_ahead=1), LOW, False),                 # waits its turn, unprobed
+        (GateView(reserved=True, waiters_ahead=3), LOW, True),   # owners do not queue
         (NAMED, LOW_NO_BLOCKS, False),   # seed fallback
         (NAMED, HIGH_NO_BLOCKS, True),
+        (RESERVED, HIGH_NO_BLOCKS, False),
     ],
 )
 def test_contract_needs_prefix_probe(view, usage, expected):
     assert CONTRACT.needs_prefix_probe(view, usage, KNOBS) is expected
 
 
+# ------------------------------------------- contract: the working set
+
+# 100 blocks of 16 tokens, headroom 4: 96 usable. Plenty free in vLLM's view unless said.
+ROOMY = UsageReading(0.1, 100, 100, block_size=16)
+
+
+def tokens(count: int, hit_blocks: int = 0) -> PrefixReading:
+    """A prompt of `count` tokens (full blocks of 16), `hit_blocks` of them resident."""
+    total = count // 16
+    return PrefixReading(total, hit_blocks, hit_blocks / total if total else 0.0, total_tokens=count)
+
+
+@pytest.mark.parametrize(
+    "prefix, block_size, allowance, expected",
+    [
+        (tokens(330), 16, 0, 21),      # 20 full blocks + a partial one
+        (tokens(330), 16, 22, 22),     # 352 tokens: exactly 22 blocks
+        (tokens(330), 16, 23, 23),
+        (tokens(320), 16, 0, 20),
+        (tokens(330), None, 500, 20),  # no block size: the prompt's full blocks
+        (PrefixReading(20, 0, 0.0), 16, 17, 22),  # no token count: full blocks + the output's blocks
+    ],
+)
+def test_footprint_blocks(prefix, block_size, allowance, expected):
+    assert footprint_blocks(prefix, UsageReading(0.1, 100, 100, block_size), allowance) == expected
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ({}, 0),
+        ({"max_tokens": 16}, 16),
+        ({"max_tokens": 16, "max_completion_tokens": 40}, 40),   # vLLM's order: the newer field wins
+        ({"max_completion_tokens": None, "max_tokens": 16}, 16),
+        ({"max_tokens": True}, 0),
+        ({"max_tokens": -3}, 0),
+        ({"max_tokens": "16"}, 0),
+        ({"max_tokens": 2.5}, 0),
+    ],
+)
+def test_output_allowance(body, expected):
+    assert output_allowance(body) == expected
+
+
+def test_contract_owner_is_priced_behind_the_older_windows_only():
+    # 60 blocks in older windows; a 36-block footprint fits 96 exactly, even with no block free
+    # in vLLM's view (an owner's blocks are its own) and younger windows ignored.
+    owner = GateView(reserved=True, older_window_blocks=60, idle_reserved_blocks=90)
+    full = UsageReading(1.0, 100, 0, block_size=16)
+    assert CONTRACT.decide(owner, full, tokens(36 * 16), KNOBS) == Admit(
+        RESERVED_SESSION, reserve=True, resident_blocks=36
+    )
+
+
+def test_contract_owner_that_no_longer_fits_loses_its_window():
+    owner = GateView(reserved=True, older_window_blocks=60)
+    decision = CONTRACT.decide(owner, ROOMY, tokens(36 * 16 + 1), KNOBS)  # 37 blocks: 97 > 96
+    assert isinstance(decision, Wait) and decision.drop_window
+    assert "window lost" in decision.why and "37" in decision.why and "60" in decision.why
+    # the oldest owner (nothing older) always fits: it makes progress
+    oldest = GateView(reserved=True, older_window_blocks=0, idle_reserved_blocks=95)
+    assert CONTRACT.decide(oldest, ROOMY, tokens(96 * 16), KNOBS) == Admit(
+        RESERVED_SESSION, reserve=True, resident_blocks=96
+    )
+
+
+def test_contract_owner_footprint_is_refreshed_from_every_turn():
+    owner = GateView(reserved=True, max_output_tokens=16)
+    grown = CONTRACT.decide(owner, ROOMY, tokens(600), KNOBS)       # ceil(616 / 16) = 39
+    shrunk = CONTRACT.decide(owner, ROOMY, tokens(100), KNOBS)      # ceil(116 / 16) = 8
+    assert (grown.resident_blocks, shrunk.resident_blocks) == (39, 8)
+
+
+def test_contract_newcomer_needs_both_the_books_and_vllms_view():
+    prompt = tokens(30 * 16)  # 30 blocks, all cold
+    # books: 66 + 30 = 96 fits; vLLM: 100 free - 60 idle - 4 headroom = 36 >= 30 fits
+    assert CONTRACT.decide(GateView(older_window_blocks=66, idle_reserved_blocks=60), ROOMY, prompt, KNOBS) == Admit(
+        CONTRACT_FITS, reserve=True, resident_blocks=30
+    )
+    # books: 67 + 30 = 97 > 96, although vLLM reads everything free (windows not yet scheduled)
+    books = CONTRACT.decide(GateView(older_window_blocks=67), ROOMY, prompt, KNOBS)
+    assert isinstance(books, Wait) and not books.drop_window and "67" in books.why
+    # vLLM's view: traffic the gate does not see holds 70 blocks
+    busy = UsageReading(0.7, 100, 30, block_size=16)
+    seen = CONTRACT.decide(GateView(), busy, prompt, KNOBS)
+    assert isinstance(seen, Wait) and "30 new blocks, 26 free" in seen.why
+    # a resident prefix needs only its new blocks from vLLM's view, but its whole footprint in the books
+    hot = tokens(30 * 16, hit_blocks=26)
+    assert CONTRACT.decide(GateView(), busy, hot, KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=30)
+    assert isinstance(CONTRACT.decide(GateView(older_window_blocks=67), busy, hot, KNOBS), Wait)
+
+
+def test_contract_burst_admits_only_what_fits_because_each_admission_counts_at_once():
+    # 8 newcomers of 30 blocks arrive together; vLLM has scheduled none of them, so it reads
+    # 100 free for all eight. Each admission joins the books before the next decision.
+    windows: list[int] = []
+    decisions = []
+    for _ in range(8):
+        view = GateView(older_window_blocks=sum(windows))
+        decision = CONTRACT.decide(view, ROOMY, tokens(30 * 16), KNOBS)
+        decisions.append(decision)
+        if isinstance(decision, Admit):
+            windows.append(decision.resident_blocks)
+    assert [d.reason if isinstance(d, Admit) else "wait" for d in decisions] == ["contract_fits"] * 3 + ["wait"] * 5
+    assert windows == [30, 30, 30]
+
+
+def test_contract_output_allowance_counts_in_the_footprint():
+    prompt = tokens(30 * 16)
+    view = GateView(older_window_blocks=60)
+    assert CONTRACT.decide(view, ROOMY, prompt, KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=30)
+    with_output = GateView(older_window_blocks=60, max_output_tokens=6 * 16 + 1)  # 30 + 7 = 37 blocks
+    assert isinstance(CONTRACT.decide(with_output, ROOMY, prompt, KNOBS), Wait)
+
+
+def test_contract_footprint_is_capped_at_usable_so_a_large_allowance_never_strands_a_turn():
+    huge = GateView(max_output_tokens=1_000_000)
+    assert CONTRACT.decide(huge, ROOMY, tokens(160), KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=96)
+    assert isinstance(CONTRACT.decide(GateView(older_window_blocks=1, max_output_tokens=1_000_000),
+                                      ROOMY, tokens(160), KNOBS), Wait)
+
+
+def test_contract_prompt_too_long_for_owners_too():
+    decision = CONTRACT.decide(RESERVED, ROOMY, tokens(97 * 16), KNOBS)
+    assert isinstance(decision, Reject) and decision.code == PROMPT_TOO_LONG
+
+
+def test_contract_newcomers_wait_in_fifo_order_owners_do_not():
+    behind = CONTRACT.decide(GateView(waiters_ahead=2), ROOMY, None, KNOBS)
+    assert behind == Wait("behind 2 waiting sessions (first come, first served)")
+    owner = GateView(reserved=True, waiters_ahead=2)
+    assert CONTRACT.decide(owner, ROOMY, tokens(160), KNOBS) == Admit(RESERVED_SESSION, reserve=True, resident_blocks=10)
+    # the fallbacks ignore the queue, as the seed policy does
+    assert CONTRACT.decide(GateView(waiters_ahead=2), LOW_NO_BLOCKS, None, KNOBS) == Admit(OPEN)
+
+
 # ------------------------------------------------- invariants, registry
 
 
-VIEWS = [NAMED, RESERVED, ANON, GateView(idle_reserved_blocks=50), GateView(reserved=True, idle_reserved_blocks=5)]
-USAGES = [None, LOW, AT, HIGH, LOW_NO_BLOCKS, HIGH_NO_BLOCKS, UsageReading(0.0, 100, 100), UsageReading(1.0, 100, 0)]
-PREFIXES = [None, COLD, HOT, EDGE, PrefixReading(400, 0, 0.0)]
+VIEWS = [
+    NAMED, RESERVED, ANON, GateView(idle_reserved_blocks=50), GateView(reserved=True, idle_reserved_blocks=5),
+    GateView(waiters_ahead=2), GateView(reserved=True, waiters_ahead=2, older_window_blocks=90),
+    GateView(older_window_blocks=80, max_output_tokens=64), GateView(anonymous=True, waiters_ahead=1),
+]
+USAGES = [
+    None, LOW, AT, HIGH, LOW_NO_BLOCKS, HIGH_NO_BLOCKS, UsageReading(0.0, 100, 100), UsageReading(1.0, 100, 0),
+    UsageReading(0.3, 100, 70, block_size=16),
+]
+PREFIXES = [None, COLD, HOT, EDGE, PrefixReading(400, 0, 0.0), PrefixReading(20, 0, 0.0, total_tokens=330)]
 
 
 @pytest.mark.parametrize("policy", list(POLICIES.values()), ids=list(POLICIES))
