@@ -39,10 +39,14 @@ class FakeProbe:
     the test sets it, to catch an attempt in the middle of a probe.
     """
 
-    def __init__(self, usage: float | None = 0.1, total: int | None = None, free: int | None = None) -> None:
+    def __init__(
+        self, usage: float | None = 0.1, total: int | None = None, free: int | None = None,
+        block_size: int | None = None,
+    ) -> None:
         self.usage_value = usage
         self.total = total
         self.free = free
+        self.block_size = block_size
         self.prefixes: dict[str, PrefixReading] = {}
         self.usage_calls = 0
         self.newer_than: list[float | None] = []
@@ -56,7 +60,7 @@ class FakeProbe:
             await self.hold.wait()
         if self.usage_value is None:
             return None
-        return UsageReading(self.usage_value, self.total, self.free)
+        return UsageReading(self.usage_value, self.total, self.free, self.block_size)
 
     async def prefix(self, route_kind: str, body: dict[str, Any]) -> PrefixReading | None:
         self.prefix_calls.append(body.get("id", ""))
@@ -64,8 +68,8 @@ class FakeProbe:
             return None
         return self.prefixes.get(body.get("id", ""), COLD)
 
-    def set_prefix(self, body_id: str, total: int, hit: int) -> None:
-        self.prefixes[body_id] = PrefixReading(total, hit, hit / total if total else 0.0)
+    def set_prefix(self, body_id: str, total: int, hit: int, tokens: int = 0) -> None:
+        self.prefixes[body_id] = PrefixReading(total, hit, hit / total if total else 0.0, tokens)
 
 
 def settings(**overrides: Any) -> GateSettings:

@@ -1,0 +1,221 @@
+"""The contract policy in the asyncio gate: a working set priced by the gate's own books.
+
+Fake clock, fake probe, no real waits: `wait_poll_sec` is 60 s, so every admission of a
+waiter below comes from a wake-up (a finish, a lost or shrunk window, a waiter leaving),
+never from polling. Every test ends with nothing left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gate.errors import PromptTooLong
+from gate.gate import Gate, Lease
+from tests.gate.conftest import FakeProbe, assert_clean, sample, settings, until
+
+
+def contract_gate(metrics, clock, total: int = 100, free: int = 100, **knobs) -> tuple[Gate, FakeProbe]:
+    """A contract gate on a replica of `total` blocks (headroom 0: all usable), `free` of them free."""
+    probe = FakeProbe(usage=0.1, total=total, free=free)
+    gate = Gate("r0", probe, settings(policy="contract", wait_poll_sec=60, **knobs), metrics, clock)
+    return gate, probe
+
+
+def body(session: str, **fields) -> dict:
+    return {"id": session, "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+def waiting(gate: Gate) -> int:
+    return gate.counts()["waiters"]
+
+
+async def turn(gate: Gate, probe: FakeProbe, session: str, blocks: int, hit: int = 0) -> Lease:
+    """Admit one turn of `session` whose prompt is `blocks` blocks (`hit` resident) at once."""
+    probe.set_prefix(session, total=blocks, hit=hit)
+    return await gate.acquire(session, "chat", body(session))
+
+
+async def admitted(task: asyncio.Task) -> Lease:
+    """The task's lease, which a wake-up must deliver within `until`'s budget (no 60 s poll)."""
+    await until(task.done, "a wake-up to admit the waiter")
+    return task.result()
+
+
+async def drain(gate: Gate, tasks: dict[str, asyncio.Task]) -> None:
+    """Finish sessions as their turns are admitted until every task has a released lease."""
+    finished: set[str] = set()
+    while len(finished) < len(tasks):
+        await until(lambda: any(t.done() for s, t in tasks.items() if s not in finished), "another admission")
+        for session, task in tasks.items():
+            if task.done() and session not in finished:
+                task.result().release()
+                gate.finish_session(session)
+                finished.add(session)
+
+
+async def test_burst_of_eight_on_a_cache_for_three_admits_three_and_holds_five(metrics, clock):
+    gate, probe = contract_gate(metrics, clock)
+    names = [f"s{i}" for i in range(8)]
+    for name in names:
+        probe.set_prefix(name, total=30, hit=0)  # 30 blocks each: three fit 100, four do not
+    tasks = {name: asyncio.create_task(gate.acquire(name, "chat", body(name))) for name in names}
+    await until(lambda: waiting(gate) == 5, "five sessions to wait")
+    assert [name for name, task in tasks.items() if task.done()] == ["s0", "s1", "s2"]
+    assert {tasks[name].result().reason for name in ("s0", "s1", "s2")} == {"contract_fits"}
+    state = gate.state()
+    assert state["reserved"]["in_flight"] == ["s0", "s1", "s2"] and state["window_blocks"] == 90
+    # vLLM read 100 free blocks for every one of them: the books, not vLLM, stopped the fourth.
+    # The head waiter was probed; the four behind it wait their turn unprobed (strict FIFO).
+    assert probe.prefix_calls == ["s0", "s1", "s2", "s3"]
+    assert sample(metrics, "kvgate_pending_sessions", replica="r0") == 5
+
+    # The oldest finishes its turn: its window stays (idle), so the head still does not fit.
+    tasks["s0"].result().release()
+    await until(lambda: len(probe.prefix_calls) == 5, "the head to re-decide")
+    assert waiting(gate) == 5
+    # The oldest finishes its session: its 30 blocks come back, the head waiter is admitted.
+    gate.finish_session("s0")
+    lease = await admitted(tasks["s3"])
+    assert lease.reason == "contract_fits"
+    await until(lambda: len(probe.prefix_calls) == 7, "the next waiter to re-decide")  # woken by s3's admission
+    assert waiting(gate) == 4 and sum(task.done() for task in tasks.values()) == 4
+    assert gate.state()["reserved"]["in_flight"] == ["s1", "s2", "s3"]
+
+    del tasks["s0"]
+    await drain(gate, tasks)
+    assert_clean(gate, clock)
+
+
+async def test_owner_whose_growth_no_longer_fits_loses_its_window_and_waits(metrics, clock):
+    gate, probe = contract_gate(metrics, clock)
+    (await turn(gate, probe, "old", 50)).release()
+    (await turn(gate, probe, "young", 40)).release()
+    assert gate.state()["reserved"]["idle"] == ["old", "young"]
+
+    # young grows to 60: behind old's 50 that is 110 > 100. It must not keep its window while it waits.
+    task = asyncio.create_task(turn(gate, probe, "young", 60, hit=40))
+    await until(lambda: waiting(gate) == 1, "young to wait")
+    state = gate.state()
+    assert state["reserved"] == {"in_flight": [], "idle": ["old"]} and state["window_blocks"] == 50
+    assert state["pending"] == ["young"]
+    assert state["sessions"]["young"]["reserved"] is False and state["sessions"]["young"]["windows_lost"] == 1
+
+    # old grows too and still passes: nothing ranks before it, whoever waits.
+    lease = await turn(gate, probe, "old", 55)
+    assert lease.reason == "reserved_session" and gate.state()["sessions"]["old"]["resident_blocks"] == 55
+    assert not task.done()
+    gate.finish_session("old")  # in flight: the window ends now, the record after the release
+    young = await admitted(task)
+    assert young.reason == "contract_fits"  # back as a newcomer, with a new window
+    assert gate.state()["reserved"]["in_flight"] == ["young"]
+    for held in (lease, young):
+        held.release()
+    gate.finish_session("young")
+    assert_clean(gate, clock)
+
+
+async def test_a_lost_window_wakes_the_head_waiter_and_the_loser_queues_behind_it(metrics, clock):
+    gate, probe = contract_gate(metrics, clock)
+    (await turn(gate, probe, "a", 50)).release()
+    (await turn(gate, probe, "b", 40)).release()
+    newcomer = asyncio.create_task(turn(gate, probe, "c", 20))  # 90 + 20 > 100
+    await until(lambda: waiting(gate) == 1)
+    loser = asyncio.create_task(turn(gate, probe, "b", 60))  # 50 + 60 > 100: b loses its 40 blocks
+    lease_c = await admitted(newcomer)  # ... which lets c in (50 + 20), first in line
+    assert lease_c.reason == "contract_fits"
+    await until(lambda: waiting(gate) == 1)
+    assert gate.state()["pending"] == ["b"] and not loser.done()  # 50 + 20 + 60 > 100
+    gate.finish_session("a")  # 20 + 60 fits
+    lease_b = await admitted(loser)
+    assert lease_b.reason == "contract_fits"
+    assert gate.state()["reserved"]["in_flight"] == ["c", "b"]
+    for session, held in (("c", lease_c), ("b", lease_b)):
+        held.release()
+        gate.finish_session(session)
+    assert_clean(gate, clock)
+
+
+async def test_a_shrinking_footprint_wakes_a_waiter(metrics, clock):
+    gate, probe = contract_gate(metrics, clock)
+    (await turn(gate, probe, "owner", 60)).release()
+    task = asyncio.create_task(turn(gate, probe, "cold", 50))  # 60 + 50 > 100
+    await until(lambda: waiting(gate) == 1)
+    owner = await turn(gate, probe, "owner", 40)  # e.g. its context was compacted
+    assert owner.reason == "reserved_session"
+    cold = await admitted(task)
+    assert cold.reason == "contract_fits"
+    for session, held in (("owner", owner), ("cold", cold)):
+        held.release()
+        gate.finish_session(session)
+    assert_clean(gate, clock)
+
+
+async def test_newcomers_queue_in_fifo_order_and_a_head_that_leaves_wakes_the_next(metrics, clock):
+    gate, probe = contract_gate(metrics, clock)
+    holder = await turn(gate, probe, "holder", 70)
+    big = asyncio.create_task(turn(gate, probe, "big", 40))  # 70 + 40 > 100
+    await until(lambda: waiting(gate) == 1)
+    small = asyncio.create_task(turn(gate, probe, "small", 10))  # would fit, but big came first
+    await until(lambda: waiting(gate) == 2)
+    assert probe.prefix_calls == ["holder", "big"]  # small is not probed while it waits behind big
+    big.cancel()  # the client of big went away
+    with pytest.raises(asyncio.CancelledError):
+        await big
+    lease = await admitted(small)
+    assert lease.reason == "contract_fits"
+    for session, held in (("holder", holder), ("small", lease)):
+        held.release()
+        gate.finish_session(session)
+    assert_clean(gate, clock)
+
+
+async def test_owners_are_probed_every_turn_and_priced_with_their_output_allowance(metrics, clock):
+    gate, probe = contract_gate(metrics, clock)
+    probe.block_size = 16
+    probe.set_prefix("s1", total=20, hit=0, tokens=330)
+    first = await gate.acquire("s1", "chat", body("s1", max_tokens=22))  # ceil((330 + 22) / 16) = 22
+    assert first.reason == "contract_fits" and gate.state()["sessions"]["s1"]["resident_blocks"] == 22
+    first.release()
+    probe.set_prefix("s1", total=25, hit=20, tokens=410)
+    second = await gate.acquire("s1", "chat", body("s1", max_completion_tokens=30, max_tokens=1))
+    assert second.reason == "reserved_session"
+    assert gate.state()["sessions"]["s1"]["resident_blocks"] == 28  # ceil((410 + 30) / 16)
+    assert probe.prefix_calls == ["s1", "s1"]
+    second.release()
+    gate.finish_session("s1")
+    assert_clean(gate, clock)
+
+
+async def test_an_owner_whose_prompt_outgrew_the_cache_is_rejected_and_loses_its_window(metrics, clock):
+    gate, probe = contract_gate(metrics, clock)
+    (await turn(gate, probe, "s1", 90)).release()
+    with pytest.raises(PromptTooLong):
+        await turn(gate, probe, "s1", 101)
+    assert gate.counts()["reservations"] == 0 and gate.state()["window_blocks"] == 0
+    assert_clean(gate, clock)
+
+
+async def test_without_block_counts_contract_falls_back_to_seed(metrics, clock):
+    probe = FakeProbe(usage=0.9)  # the /metrics fallback: usage only
+    gate = Gate("r0", probe, settings(policy="contract", wait_poll_sec=60), metrics, clock)
+    probe.set_prefix("hot", total=10, hit=10)
+    lease = await gate.acquire("hot", "chat", body("hot"))
+    assert lease.reason == "resident_prefix"
+    lease.release()
+    again = await gate.acquire("hot", "chat", body("hot"))
+    assert again.reason == "reserved_session" and probe.prefix_calls == ["hot"]  # seed: owners unprobed
+    again.release()
+    assert_clean(gate, clock)
+
+
+async def test_shadow_mode_drops_a_window_as_enforce_would(metrics, clock):
+    gate, probe = contract_gate(metrics, clock, mode="shadow")
+    (await turn(gate, probe, "a", 60)).release()
+    (await turn(gate, probe, "b", 30)).release()
+    lease = await turn(gate, probe, "b", 50)  # 60 + 50 > 100: enforce would take the window and hold it
+    assert lease.reason == "shadow_wait"
+    assert gate.state()["reserved"]["in_flight"] == [] and gate.state()["reserved"]["idle"] == ["a"]
+    lease.release()
+    assert_clean(gate, clock)
