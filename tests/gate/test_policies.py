@@ -294,7 +294,9 @@ def test_contract_newcomers_wait_in_fifo_order_owners_do_not():
     behind = CONTRACT.decide(GateView(waiters_ahead=2), ROOMY, None, KNOBS)
     assert behind == Wait("behind 2 waiting sessions (first come, first served)")
     owner = GateView(reserved=True, waiters_ahead=2)
-    assert CONTRACT.decide(owner, ROOMY, tokens(160), KNOBS) == Admit(RESERVED_SESSION, reserve=True, resident_blocks=10)
+    assert CONTRACT.decide(owner, ROOMY, tokens(160), KNOBS) == Admit(
+        RESERVED_SESSION, reserve=True, resident_blocks=10
+    )
     # the fallbacks ignore the queue, as the seed policy does
     assert CONTRACT.decide(GateView(waiters_ahead=2), LOW_NO_BLOCKS, None, KNOBS) == Admit(OPEN)
 
