@@ -164,7 +164,11 @@ def main(args) -> int:
             print("kvgate bench agentic: this installation has no `kvgate replica` (the simulator); "
                   "pass --replica-url URL to run against vLLM servers", file=sys.stderr)
             return 2
-    return asyncio.run(_run(args, plan, regime))
+    try:
+        return asyncio.run(_run(args, plan, regime))
+    except RuntimeError as exc:  # a server that would not start or answer: the message names it
+        print(f"kvgate bench agentic: {exc}", file=sys.stderr)
+        return 1
 
 
 async def _run(args, plan: RunPlan, regime: str) -> int:
@@ -199,9 +203,10 @@ async def _run(args, plan: RunPlan, regime: str) -> int:
     if targets:
         print(f"\ntargets ({regime}):")
         print(format_targets(targets))
-    if args.sweep:
-        document["sweep"] = await _sweep(args, plan, ceiling.hit_rate, results.get("sticky"))
     (plan.out_dir / "results.json").write_text(json.dumps(document, indent=2))
+    if args.sweep:  # minutes more: the modes' results are already on disk
+        document["sweep"] = await _sweep(args, plan, ceiling.hit_rate, results.get("sticky"))
+        (plan.out_dir / "results.json").write_text(json.dumps(document, indent=2))
     if not args.no_plots:
         write_plots(results, document["timelines"], plan.out_dir)
     print(f"\n[agentic] wrote {plan.out_dir / 'results.json'}")
