@@ -102,7 +102,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     sweep = parser.add_argument_group("sweep")
     sweep.add_argument("--sweep", action="store_true",
                        help="run sticky once, then every kvgate mode of --modes over a grid of "
-                            "high_watermark x hit_threshold x idle_grace_sec, and print the best settings")
+                            "high_watermark x hit_threshold x idle_grace_sec (x headroom_blocks), and print the best settings")
     for name in KNOBS:
         sweep.add_argument("--sweep-" + name.replace("_", "-"), default=None, dest="s_" + name,
                            help=f"comma-separated values (default {','.join(map(str, DEFAULT_GRID[name]))})")

@@ -14,7 +14,11 @@ tested on canned data. Definitions:
   engine preemptions (`vllm:num_preemptions_total`); the simulator's recomputed
   tokens (`kvgate_sim:recomputed_tokens_total`) when it exports them;
 - failed turns: turns with no successful attempt; stranded attempts: attempts that
-  hit the client timeout (a waiter nobody released).
+  hit the client timeout (a waiter nobody released);
+- per-turn hit rates come from the replies' `usage.prompt_tokens_details.cached_tokens`
+  (the simulated replica and vLLM with `--enable-prompt-tokens-details` report it):
+  `usage_hit_rate_by_bucket`, and `cold_turns_by_admission`, the later turns (index >= 2)
+  that found under half their prompt cached, by the admission reason that let them in.
 """
 
 from __future__ import annotations
@@ -77,6 +81,16 @@ def summarize_mode(mode: str, attempts: list[AttemptRecord], turns: list[TurnRec
         if t.ttft_s is not None:
             by_bucket_ttft.setdefault(turn_bucket(t.turn), []).append(t.ttft_s)
     reasons = Tally(a.admission for a in attempts if a.admission)
+    usage_by_bucket: dict[str, list[int]] = {}
+    cold_turns: Tally = Tally()
+    for a in attempts:
+        if not a.ok or a.cached_tokens is None or not a.prompt_tokens:
+            continue
+        totals = usage_by_bucket.setdefault(turn_bucket(a.turn), [0, 0])
+        totals[0] += a.prompt_tokens
+        totals[1] += a.cached_tokens
+        if a.used and a.turn >= 2 and a.cached_tokens < 0.5 * a.prompt_tokens:
+            cold_turns[a.admission or "none"] += 1
     waits = [a.wait_ms for a in attempts if a.wait_ms is not None]
     statuses = Tally(str(a.status) for a in attempts)
     prefilled = counters.queries - counters.hits
@@ -108,6 +122,9 @@ def summarize_mode(mode: str, attempts: list[AttemptRecord], turns: list[TurnRec
         "turn_latency_s_by_bucket": {b: _stats(by_bucket_latency[b]) for b in TURN_BUCKETS if b in by_bucket_latency},
         "ttft_s_by_bucket": {b: _stats(by_bucket_ttft[b]) for b in TURN_BUCKETS if b in by_bucket_ttft},
         "turn_latency_mean_s_by_turn": {str(k): sum(v) / len(v) for k, v in sorted(by_turn_latency.items())},
+        "usage_hit_rate_by_bucket": {b: usage_by_bucket[b][1] / usage_by_bucket[b][0]
+                                     for b in TURN_BUCKETS if b in usage_by_bucket},
+        "cold_turns_by_admission": dict(sorted(cold_turns.items())),
         "admission_reasons": dict(sorted(reasons.items())),
         "admission_wait_ms": _stats(waits),
         "admission_wait_ms_total": sum(waits),

@@ -1,5 +1,9 @@
 """`--sweep`: a grid over the gate's knobs, and the choice of the best settings.
 
+The grid is `high_watermark` x `hit_threshold` x `idle_grace_sec` (the seed policy's
+knobs; the contract policy reads `idle_grace_sec`), plus `headroom_blocks` (the
+contract policy's W) when asked for more than its one default value.
+
 Each grid point is one run of a kvgate mode on fresh replicas with the same workload.
 The best point of a mode is the one with the smallest makespan among those with no
 failed turn, ties broken by the higher hit rate; a grid where every point failed a
@@ -10,12 +14,14 @@ from __future__ import annotations
 
 import itertools
 
-KNOBS = ("high_watermark", "hit_threshold", "idle_grace_sec")
+KNOBS = ("high_watermark", "hit_threshold", "idle_grace_sec", "headroom_blocks")
 DEFAULT_GRID = {
     "high_watermark": (0.75, 0.9),
     "hit_threshold": (0.5, 0.8),
     "idle_grace_sec": (1.0, 5.0),
+    "headroom_blocks": (0,),  # the contract policy's watermark W; a single value unless asked
 }
+INTEGER_KNOBS = {"headroom_blocks"}
 
 
 def grid_points(grid: dict[str, tuple[float, ...]]) -> list[dict]:
@@ -25,8 +31,9 @@ def grid_points(grid: dict[str, tuple[float, ...]]) -> list[dict]:
 
 
 def parse_values(text: str, name: str) -> tuple[float, ...]:
+    kind = int if name in INTEGER_KNOBS else float
     try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
+        values = tuple(kind(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise ValueError(f"--sweep-{name.replace('_', '-')}: expected comma-separated numbers, got {text!r}") from None
     if not values:
@@ -45,12 +52,14 @@ def best_point(rows: list[dict]) -> dict | None:
 
 
 def format_sweep(mode: str, rows: list[dict], baseline_makespan: float | None) -> str:
-    lines = [f"sweep {mode}:", f"  {'high_wm':>8}{'hit_thr':>8}{'grace':>7}{'hit':>7}{'makespan':>10}{'x sticky':>9}{'failed':>7}"]
+    lines = [f"sweep {mode}:", f"  {'high_wm':>8}{'hit_thr':>8}{'grace':>7}{'headroom':>9}{'hit':>7}{'makespan':>10}"
+                               f"{'x sticky':>9}{'failed':>7}"]
     for r in rows:
         k = r["knobs"]
         ratio = r["makespan_s"] / baseline_makespan if baseline_makespan else None
         lines.append(f"  {k.get('high_watermark', '-'):>8}{k.get('hit_threshold', '-'):>8}"
-                     f"{k.get('idle_grace_sec', '-'):>7}{r['hit_rate']:>7.3f}{r['makespan_s']:>9.1f}s"
+                     f"{k.get('idle_grace_sec', '-'):>7}{k.get('headroom_blocks', '-'):>9}"
+                     f"{r['hit_rate']:>7.3f}{r['makespan_s']:>9.1f}s"
                      f"{'-' if ratio is None else format(ratio, '.2f'):>9}{r['failed']:>7}")
     best = best_point(rows)
     if best:

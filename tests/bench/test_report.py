@@ -8,17 +8,17 @@ from bench.agentic.report import (compare_to, evaluate_targets, format_table, pe
 from bench.agentic.scrape import Counters
 
 
-def attempt(session, turn, status=200, attempt_no=1, admission="open", wait_ms=0.0, used=True):
+def attempt(session, turn, status=200, attempt_no=1, admission="open", wait_ms=0.0, used=True, cached=None):
     return AttemptRecord(session, turn, attempt_no, 0.0, 1.0, 0.1, status, None, "r0", admission,
-                         wait_ms, 100, None, used)
+                         wait_ms, 100, cached, used)
 
 
 def canned():
     attempts = [
-        attempt(0, 1, admission="open", wait_ms=0.0),
-        attempt(0, 2, admission="reserved_session", wait_ms=10.0),
+        attempt(0, 1, admission="open", wait_ms=0.0, cached=0),
+        attempt(0, 2, admission="reserved_session", wait_ms=10.0, cached=40),  # cold: < half cached
         attempt(1, 1, status=409, admission=None, wait_ms=None, used=False),  # superseded at the gate
-        attempt(1, 1, attempt_no=2, admission="resident_prefix", wait_ms=30.0),
+        attempt(1, 1, attempt_no=2, admission="resident_prefix", wait_ms=30.0, cached=20),
         attempt(1, 2, status="timeout", admission=None, wait_ms=None, used=False),  # stranded
     ]
     turns = [
@@ -54,6 +54,8 @@ def test_summary_of_canned_run():
     assert s["turn_latency_mean_s_by_turn"] == {"1": 1.5, "2": 3.0}
     assert s["ttft_s_by_bucket"]["1"]["n"] == 1 and s["ttft_s"]["n"] == 2
     assert s["makespan_s"] == 9.5
+    assert s["usage_hit_rate_by_bucket"] == {"1": 0.1, "2-3": 0.4}  # turn 1: 20 of 200; turn 2: 40 of 100
+    assert s["cold_turns_by_admission"] == {"reserved_session": 1}
 
 
 def test_reprefilled_never_negative():

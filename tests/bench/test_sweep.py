@@ -30,5 +30,7 @@ def test_best_prefers_no_failures_then_makespan_then_hit_rate():
 
 def test_parse_values():
     assert parse_values("0.7, 0.9", "high_watermark") == (0.7, 0.9)
+    assert parse_values("0,32", "headroom_blocks") == (0, 32)
+    assert all(isinstance(v, int) for v in parse_values("0,32", "headroom_blocks"))
     with pytest.raises(ValueError, match="--sweep-high-watermark"):
         parse_values("a,b", "high_watermark")
