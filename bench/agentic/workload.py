@@ -8,7 +8,10 @@ plus reply k: exactly what a prefix cache can reuse.
 
 Invariants:
 - `generate_workload(spec, seed)` is a pure function: the same spec and seed give an
-  identical `Workload` (one `random.Random(seed)`, consumed in a fixed order).
+  identical `Workload`. Three `random.Random` streams, each consumed in a fixed order:
+  content (prompts, turn counts), tool latencies, retries. So changing only the
+  latency or retry knobs keeps every session's text and turn count: the heavy-tail
+  and retry-storm regimes run the very sessions of the thrash regime.
 - Text is made of "token-ish" words: short lowercase words joined by single spaces,
   so one word is about one token for any simple tokenizer. Lengths in the spec are in
   these words.
@@ -135,6 +138,8 @@ def generate_workload(spec: WorkloadSpec, seed: int) -> Workload:
     """The deterministic workload of `spec` for `seed` (see the module invariants)."""
     spec.validate()
     rng = random.Random(seed)
+    latency_rng = random.Random(f"{seed}:tool-latency")
+    retry_rng = random.Random(f"{seed}:retries")
     shared_system = "You are agent. " + random_words(rng, spec.system_prompt_words)
     sessions = []
     for index in range(spec.sessions):
@@ -147,10 +152,10 @@ def generate_workload(spec: WorkloadSpec, seed: int) -> Workload:
             last = turn_index == num_turns
             tool_result = None if last else random_words(
                 rng, rng.randint(spec.tool_result_words_min, spec.tool_result_words_max))
-            latency = 0.0 if last else sample_tool_latency(rng, spec)
+            latency = 0.0 if last else sample_tool_latency(latency_rng, spec)
             retry_after = None
-            if spec.retry_prob > 0 and rng.random() < spec.retry_prob:
-                retry_after = rng.uniform(spec.retry_after_s_min, spec.retry_after_s_max)
+            if spec.retry_prob > 0 and retry_rng.random() < spec.retry_prob:
+                retry_after = retry_rng.uniform(spec.retry_after_s_min, spec.retry_after_s_max)
             turns.append(TurnPlan(turn_index, tool_result, latency, retry_after))
         sessions.append(SessionPlan(f"s{seed}-{index:04d}", index, system, task, tuple(turns)))
     return Workload(spec, seed, tuple(sessions))

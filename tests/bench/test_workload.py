@@ -68,3 +68,13 @@ def test_bad_spec_names_the_field(field, value):
 def test_replace_rejects_unknown_fields():
     with pytest.raises(ValueError, match="unknown"):
         SPEC.replace(sesions=3)
+
+
+def test_latency_and_retry_knobs_keep_the_sessions():
+    base = SPEC.replace(tool_tail_prob=0.0, retry_prob=0.0)
+    stormy = generate_workload(base.replace(tool_tail_prob=0.5, retry_prob=0.5), 9)
+    calm = generate_workload(base, 9)
+    assert [(s.system_prompt, s.task, [t.tool_result for t in s.turns]) for s in stormy.sessions] == \
+           [(s.system_prompt, s.task, [t.tool_result for t in s.turns]) for s in calm.sessions]
+    assert [t.tool_latency_s for s in stormy.sessions for t in s.turns] != \
+           [t.tool_latency_s for s in calm.sessions for t in s.turns]
