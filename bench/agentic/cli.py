@@ -1,9 +1,10 @@
 """`kvgate bench agentic`: options, and the invocation that runs the modes and writes the report.
 
 A regime preset (`--regime`) sets the workload, the replica shape and the gate knobs;
-every other option overrides one of them. Output in `--out`: `results.json` (the
-configuration, the ceiling, one summary per mode, comparisons against `sticky`, the
-issue's targets met or not, the sweep), `attempts_<mode>.jsonl` (every HTTP attempt),
+every other option overrides one of them. Output in `--out`: `results.md` (the table
+in Markdown), `results.json` (the configuration, the ceiling, one summary per mode,
+comparisons against `sticky`, the issue's targets met or not, the sweep),
+`attempts_<mode>.jsonl` (every HTTP attempt),
 `hit_rate_over_time.png`, `turn_latency_by_turn.png`, and `logs/<mode>/` (server logs
 and the proxy's config). The table goes to stdout.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 from bench.agentic.ceiling import WORDS, TokenModel, simulator_token_model, workload_ceiling
 from bench.agentic.plots import write_plots
 from bench.agentic.regimes import REGIMES, get_regime
-from bench.agentic.report import compare_to, evaluate_targets, format_table, format_targets
+from bench.agentic.report import compare_to, evaluate_targets, format_markdown, format_table, format_targets
 from bench.agentic.remote_tokens import server_token_model
 from bench.agentic.runner import MODES, RunPlan, model_name, run_mode, run_plan
 from bench.agentic.sweep import DEFAULT_GRID, KNOBS, best_point, format_sweep, grid_points, parse_values
@@ -204,6 +205,7 @@ async def _run(args, plan: RunPlan, regime: str) -> int:
         print(f"\ntargets ({regime}):")
         print(format_targets(targets))
     (plan.out_dir / "results.json").write_text(json.dumps(document, indent=2))
+    (plan.out_dir / "results.md").write_text(format_markdown(results, comparisons, targets))
     if args.sweep:  # minutes more: the modes' results are already on disk
         document["sweep"] = await _sweep(args, plan, ceiling.hit_rate, results.get("sticky"))
         (plan.out_dir / "results.json").write_text(json.dumps(document, indent=2))

@@ -197,3 +197,24 @@ def format_table(results: dict[str, dict], comparisons: dict[str, dict]) -> str:
 def format_targets(checks: list[dict]) -> str:
     return "\n".join(f"  {c['mode']:<16}{c['target']:<30}{c['value']:>8.3f}  {'met' if c['met'] else 'NOT met'}"
                      for c in checks)
+
+
+def format_markdown(results: dict[str, dict], comparisons: dict[str, dict], checks: list[dict]) -> str:
+    """The table as Markdown (written to results.md, pasted into docs), then the targets."""
+    lines = ["| mode | hit rate | of ceiling | makespan s | × sticky | turn p50 s | turn p95 s | "
+             "re-prefilled tokens | 409 | engine preemptions | failed turns | gate wait p95 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for mode, r in results.items():
+        cmp = comparisons.get(mode, {})
+        lines.append(
+            f"| {mode} | {_fmt(r['hit_rate'], '.3f')} | {_fmt(r['hit_rate_of_ceiling'], '.2f')} "
+            f"| {_fmt(r['makespan_s'], '.1f')} | {_fmt(cmp.get('makespan_ratio'), '.2f')} "
+            f"| {_fmt(r['turn_latency_s']['p50'], '.2f')} | {_fmt(r['turn_latency_s']['p95'], '.2f')} "
+            f"| {_fmt(r['prompt_tokens_reprefilled_est'], '.0f')} | {r['attempts_preempted_409']} "
+            f"| {_fmt(r['engine_preemptions'], '.0f')} | {r['turns_failed'] + r['turns_not_run']} "
+            f"| {_fmt(r['admission_wait_ms']['p95'], '.0f')} |")
+    if checks:
+        lines.append("")
+        lines.extend(f"- {c['mode']}: {c['target']}: {c['value']:.3f}, {'met' if c['met'] else 'NOT met'}"
+                     for c in checks)
+    return "\n".join(lines) + "\n"

@@ -92,6 +92,17 @@ def test_table_has_a_row_per_mode():
     assert [line.split()[0] for line in table.splitlines()[2:]] == ["sticky", "kvgate"]
 
 
+def test_markdown_table_has_a_row_per_mode_and_the_targets():
+    from bench.agentic.report import format_markdown
+
+    attempts, turns, counters = canned()
+    results = {m: summarize_mode(m, attempts, turns, counters, 9.5, 0.8, 5) for m in ("sticky", "kvgate")}
+    text = format_markdown(results, compare_to(results), evaluate_targets("thrash", results))
+    rows = [line for line in text.splitlines() if line.startswith("| sticky") or line.startswith("| kvgate")]
+    assert len(rows) == 2 and "| 9.5 | 1.00 |" in rows[1]
+    assert "- kvgate: no failed turn: 2.000, NOT met" in text
+
+
 def test_percentile_and_buckets():
     assert percentile([], 50) is None
     assert percentile([3.0], 95) == 3.0
