@@ -37,6 +37,7 @@ from typing import Any
 import orjson
 
 from gate.admission import AdmissionController
+from gate.policies import POLICIES
 from proxy.app import create_app
 from proxy.metrics import KvgateMetrics
 from proxy.settings import GateSettings, ReplicaSettings, Settings
@@ -318,7 +319,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=2, help="simulated replicas (default 2)")
     parser.add_argument("--modes", default="off,enforce",
                         help="comma-separated gate modes, run in this order each repeat (default off,enforce)")
-    parser.add_argument("--policy", default="seed", choices=["seed", "contract"], help="gate.policy (default seed)")
+    parser.add_argument("--policy", default=GateSettings().policy, choices=sorted(POLICIES),
+                        help=f"gate.policy (default {GateSettings().policy}, kvgate's default)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per mode, alternating (default 1)")
     parser.add_argument("--ramp-sec", type=float, default=1.0,
                         help="sessions start at random times within this many seconds (default 1)")

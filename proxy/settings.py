@@ -56,7 +56,7 @@ class ProbeSettings:
 @dataclass(frozen=True)
 class GateSettings:
     mode: str = "enforce"  # enforce | shadow | off
-    policy: str = "seed"  # seed | contract
+    policy: str = "contract"  # contract | seed; the agentic benchmark chose contract (docs/bench.md)
     high_watermark: float = 0.85
     hit_threshold: float = 0.80
     idle_grace_sec: float = 60.0

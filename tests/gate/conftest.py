@@ -73,8 +73,9 @@ class FakeProbe:
 
 
 def settings(**overrides: Any) -> GateSettings:
-    """GateSettings with test-friendly defaults: long grace, short real-time poll."""
-    base = GateSettings(wait_poll_sec=0.02, idle_grace_sec=60.0)
+    """GateSettings with test-friendly defaults: the seed policy (tests of the contract
+    policy ask for it by name), long grace, short real-time poll."""
+    base = GateSettings(policy="seed", wait_poll_sec=0.02, idle_grace_sec=60.0)
     return replace(base, **overrides)
 
 

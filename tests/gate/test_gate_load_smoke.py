@@ -9,6 +9,16 @@ import pytest
 from bench import gate_load
 
 
+def test_gate_load_small_run_seed_policy(tmp_path, capsys):
+    out = tmp_path / "gate_load.json"
+    code = gate_load.main(["--sessions", "4", "--turns", "2", "--ramp-sec", "0.05", "--in-process-replicas",
+                           "--modes", "enforce,shadow", "--policy", "seed", "--out", str(out)])
+    assert code == 0, capsys.readouterr().out
+    runs = json.loads(out.read_text())["runs"]
+    assert runs[0]["reasons"] == {"open": 8}
+    assert runs[1]["reasons"] == {"shadow_open": 8}
+
+
 def test_gate_load_small_run(tmp_path, capsys):
     out = tmp_path / "gate_load.json"
     code = gate_load.main(["--sessions", "6", "--turns", "3", "--ramp-sec", "0.05", "--in-process-replicas",
@@ -20,7 +30,10 @@ def test_gate_load_small_run(tmp_path, capsys):
     for run in result["runs"]:
         assert (run["turns"], run["failed"], run["leaked"]) == (18, 0, {})
     assert result["runs"][0]["reasons"] == {"open": 18}
-    assert result["runs"][2]["reasons"] == {"shadow_open": 18}
+    # No pressure under the default contract policy: each session's first turn fits,
+    # the rest come back to their window; shadow records the same decisions.
+    assert result["runs"][1]["reasons"] == {"contract_fits": 6, "reserved_session": 12}
+    assert result["runs"][2]["reasons"] == {"shadow_contract_fits": 6, "shadow_reserved_session": 12}
     assert "added gate p50" in printed
 
 
