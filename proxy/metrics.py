@@ -12,10 +12,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 PROBE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
-TURN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+TURN_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 PREEMPTION_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+TURN_LABELS = ("1", "2-3", "4-7", "8-15", "16+")  # the `turn` label's values, in order
 
 
 def turn_bucket(turn_index: int) -> str:
@@ -67,7 +70,7 @@ class KvgateMetrics:
             ["replica", "kind"], registry=r)
         self.turn_seconds = Histogram(
             "kvgate_turn_seconds", "End-to-end time of a turn, by its index in the session.",
-            ["turn"], buckets=TURN_BUCKETS, registry=r)
+            ["turn"], buckets=TURN_SECONDS_BUCKETS, registry=r)
         self.session_preemptions = Histogram(
             "kvgate_session_preemptions", "Preempted attempts per session, observed when a session ends.",
             buckets=PREEMPTION_BUCKETS, registry=r)

@@ -28,21 +28,8 @@ from typing import Iterable
 
 from bench.agentic.driver import AttemptRecord, TurnRecord
 from bench.agentic.scrape import Counters
-
-TURN_BUCKETS = ("1", "2-3", "4-7", "8-15", "16+")
-
-
-def turn_bucket(turn_index: int) -> str:
-    """The turn-index bucket of SPEC.md section 9 (`kvgate_turn_seconds`)."""
-    if turn_index <= 1:
-        return "1"
-    if turn_index <= 3:
-        return "2-3"
-    if turn_index <= 7:
-        return "4-7"
-    if turn_index <= 15:
-        return "8-15"
-    return "16+"
+from proxy.metrics import TURN_LABELS as TURN_BUCKETS  # the report's turn buckets are the metric's
+from proxy.metrics import turn_bucket
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
