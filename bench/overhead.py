@@ -25,6 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from gate.policies import POLICIES
+from proxy.settings import GateSettings
+
 DEFAULT_CONCURRENCY = (1, 64, 256)
 MODES = ("non-streaming", "streaming")
 
@@ -49,6 +52,9 @@ def add_command(subparsers) -> None:
     parser.add_argument("--gate-mode", default="enforce", choices=["enforce", "shadow", "off"],
                         help="kvgate's gate.mode for the proxied runs (default enforce; the upstream reports an "
                         "idle replica, so every request is admitted)")
+    parser.add_argument("--gate-policy", default=GateSettings().policy, choices=sorted(POLICIES),
+                        help=f"kvgate's gate.policy for the proxied runs (default {GateSettings().policy}: "
+                        "contract probes every named turn's prefix, seed only above the watermark)")
     parser.add_argument("--out", metavar="FILE", help="also write the results as JSON to FILE")
     parser.set_defaults(func=overhead_command)
 
@@ -69,9 +75,10 @@ def start_upstream(port: int) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{int(line.split()[1])}"
 
 
-def start_kvgate(upstream_url: str, gate_mode: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+def start_kvgate(upstream_url: str, gate_mode: str, gate_policy: str, workdir: Path) -> tuple[subprocess.Popen, str]:
     config = workdir / "kvgate-bench.yaml"
-    config.write_text(f"replicas: [{{name: upstream, url: '{upstream_url}'}}]\ngate: {{mode: {gate_mode}}}\n")
+    config.write_text(f"replicas: [{{name: upstream, url: '{upstream_url}'}}]\n"
+                      f"gate: {{mode: {gate_mode}, policy: {gate_policy}}}\n")
     log = open(workdir / "kvgate.log", "w+")
     proc = subprocess.Popen(_python_module("proxy.cli", "serve", "--config", str(config), "--port", "0"),
                             stdout=log, stderr=subprocess.STDOUT, text=True)
@@ -185,7 +192,7 @@ def overhead_command(args: argparse.Namespace) -> int:
             if args.target:
                 proxied_url, proxied_name = args.target.rstrip("/"), "target"
             else:
-                kvgate, proxied_url = start_kvgate(upstream_url, args.gate_mode, Path(tmp))
+                kvgate, proxied_url = start_kvgate(upstream_url, args.gate_mode, args.gate_policy, Path(tmp))
                 started.append(kvgate)
                 proxied_name = "kvgate"
             print(f"upstream {upstream_url}, {proxied_name} {proxied_url}; {args.repeats} x {args.duration:g} s "

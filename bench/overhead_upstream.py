@@ -2,8 +2,9 @@
 
 `POST /v1/chat/completions` (and `/v1/completions`) answer a fixed small JSON body,
 or, with `"stream": true`, STREAM_CHUNKS SSE events and `data: [DONE]`, written as
-separate chunks with no delay. `/health`, `/metrics` and the probe `GET /v1/kvgate/kv`
-report an idle replica, so a gate in front of it admits everything as `open`.
+separate chunks with no delay. `/health`, `/metrics` and the probes (`GET /v1/kvgate/kv`,
+`POST /v1/kvgate/prefix`) report an idle replica with an empty prefix cache, so a gate
+in front of it admits everything, and each policy pays exactly its probes.
 Built on aiohttp's low-level server (no router) under uvloop, to spend as little of
 the shared CPUs as possible. Prints `READY <port>` once listening.
 
@@ -33,6 +34,8 @@ _DONE = b"data: [DONE]\n\n"
 _KV = orjson.dumps({"version": 1, "kv_cache_usage": 0.0, "num_total_blocks": 4096, "num_free_blocks": 4096,
                     "num_cached_blocks": 0, "block_size": 16, "num_running": 0, "num_waiting": 0,
                     "engines": []})
+_PREFIX = orjson.dumps({"version": 1, "total_tokens": 8, "total_blocks": 0, "hit_blocks": 0, "hit_tokens": 0,
+                        "hit_ratio": 0.0, "hit_blocks_in_use": 0, "hit_blocks_evictable": 0, "block_size": 16})
 _METRICS = (b"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.0\n"
             b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n")
 
@@ -41,6 +44,8 @@ async def handle(request: web.BaseRequest) -> web.StreamResponse:
     path = request.path
     if request.method == "POST":
         body = await request.read()
+        if path == "/v1/kvgate/prefix":
+            return web.Response(body=_PREFIX, content_type="application/json")
         if b'"stream":true' in body.replace(b" ", b""):
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
