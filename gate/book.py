@@ -18,6 +18,11 @@ state change goes through a `SessionBook` method, which keeps these invariants:
   (a window that ends and begins again goes to the back). A record's
   `resident_blocks` is its window's footprint; `window_blocks` sums them, and
   `older_window_blocks(rec)` sums those ranked before `rec` (O(windows): tens).
+- A record's `prompt_tokens` / `growth_tokens` are the session's recorded sizes (the
+  prompt of its last admitted turn with a prefix reading, and how much it grew since
+  the turn before); `mean_growth_tokens` is the mean of every growth observed on the
+  replica (a turn whose prompt differs from the session's last), the contract policy's
+  price for the growth of a session without history.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class SessionRecord:
     reasons: dict[str, int] = field(default_factory=dict)
     num_preempted: int = 0
     windows_lost: int = 0  # windows the contract policy took back (older sessions grew)
+    prompt_tokens: int | None = None  # prompt tokens of the last admitted turn with a prefix reading
+    growth_tokens: int = 0  # tokens its prompt grew by between its last two such turns
 
     @property
     def is_idle(self) -> bool:
@@ -57,6 +64,8 @@ class SessionBook:
         self.idle_reserved_blocks = 0
         self.leases = 0
         self.windows: OrderedDict[str, SessionRecord] = OrderedDict()
+        self.growth_observed = 0  # growth observations, and their sum in tokens
+        self.growth_sum = 0
 
     # -- classification: every mutation is bracketed by _leave / _enter
 
@@ -112,6 +121,23 @@ class SessionBook:
             total += other.resident_blocks
         raise AssertionError(f"reserved record {rec.key!r} missing from the windows")
 
+    @property
+    def mean_growth_tokens(self) -> int:
+        """Mean growth per turn observed on this replica, rounded up; 0 before any observation."""
+        if not self.growth_observed:
+            return 0
+        return -(-self.growth_sum // self.growth_observed)
+
+    def _record_size(self, rec: SessionRecord, prompt_tokens: int | None) -> None:
+        """Record an admitted turn's prompt size; a size that differs from the last is a growth observation."""
+        if not prompt_tokens:
+            return
+        if rec.prompt_tokens is not None and prompt_tokens != rec.prompt_tokens:
+            rec.growth_tokens = max(0, prompt_tokens - rec.prompt_tokens)
+            self.growth_observed += 1
+            self.growth_sum += rec.growth_tokens
+        rec.prompt_tokens = prompt_tokens
+
     # -- operations
 
     def view(self, rec: SessionRecord | None, max_output_tokens: int = 0, waiters_ahead: int = 0) -> GateView:
@@ -124,6 +150,9 @@ class SessionBook:
             older_window_blocks=self.older_window_blocks(rec),
             max_output_tokens=max_output_tokens,
             waiters_ahead=waiters_ahead,
+            last_prompt_tokens=rec.prompt_tokens,
+            last_growth_tokens=rec.growth_tokens,
+            mean_growth_tokens=self.mean_growth_tokens,
         )
 
     def begin_attempt(self, key: str, attempt: Any, now: float) -> tuple[SessionRecord, Any]:
@@ -149,8 +178,19 @@ class SessionBook:
         self._enter(rec, now)
         return self._end(rec) if rec.finished and rec.is_idle else None
 
-    def admit(self, rec: SessionRecord | None, attempt: Any, decision: Admit, reason: str, now: float) -> None:
-        """Record an admission under `reason` (the decision's, or its shadow_ form)."""
+    def admit(
+        self,
+        rec: SessionRecord | None,
+        attempt: Any,
+        decision: Admit,
+        reason: str,
+        now: float,
+        prompt_tokens: int | None = None,
+    ) -> None:
+        """Record an admission under `reason` (the decision's, or its shadow_ form).
+
+        prompt_tokens: the turn's prompt size from its prefix reading (None: not probed).
+        """
         self.leases += 1
         if rec is None:
             return
@@ -162,6 +202,7 @@ class SessionBook:
         if decision.resident_blocks is not None:
             rec.resident_blocks = decision.resident_blocks
         rec.reasons[reason] = rec.reasons.get(reason, 0) + 1
+        self._record_size(rec, prompt_tokens)
         self._enter(rec, now)
 
     def release(self, rec: SessionRecord | None, now: float) -> SessionRecord | None:

@@ -166,10 +166,11 @@ class Gate:
                     attempt.checkpoint()
                     view = self._view(record, attempt, allowance)  # windows may have changed during the probe
                 decision = self.policy.decide(view, usage, prefix, self.settings)
+                tokens = prefix.total_tokens if prefix is not None else None
                 if self.settings.mode == "shadow":
-                    return self._grant_shadow(record, attempt, decision, start)
+                    return self._grant_shadow(record, attempt, decision, start, tokens)
                 if isinstance(decision, Admit):
-                    return self._grant(record, attempt, decision, decision.reason, start)
+                    return self._grant(record, attempt, decision, decision.reason, start, tokens)
                 if isinstance(decision, Reject):
                     self._drop_window(record)
                     raise PromptTooLong(decision.message)
@@ -199,16 +200,27 @@ class Gate:
             ahead += waiter.named
         return ahead
 
-    def _grant_shadow(self, record: SessionRecord | None, attempt: Attempt, decision: Any, start: float) -> Lease:
+    def _grant_shadow(
+        self, record: SessionRecord | None, attempt: Attempt, decision: Any, start: float, tokens: int | None
+    ) -> Lease:
         if isinstance(decision, Admit):
-            return self._grant(record, attempt, decision, "shadow_" + decision.reason, start)
+            return self._grant(record, attempt, decision, "shadow_" + decision.reason, start, tokens)
         reason = "shadow_wait" if isinstance(decision, Wait) else "shadow_" + decision.code
-        return self._grant(record, attempt, Admit(reason), reason, start)
+        return self._grant(record, attempt, Admit(reason), reason, start, tokens)
 
     def _grant(
-        self, record: SessionRecord | None, attempt: Attempt | None, decision: Admit, reason: str, start: float | None
+        self,
+        record: SessionRecord | None,
+        attempt: Attempt | None,
+        decision: Admit,
+        reason: str,
+        start: float | None,
+        tokens: int | None = None,
     ) -> Lease:
-        """Book the admission (start None: mode off, nothing but the lease is booked)."""
+        """Book the admission (start None: mode off, nothing but the lease is booked).
+
+        tokens: the prompt size of the turn's prefix reading, recorded for the session's growth.
+        """
         if start is None:
             wait = 0.0
             self._book.leases += 1
@@ -216,7 +228,7 @@ class Gate:
             now = self._now()
             wait = max(0.0, now - start)
             committed = self._book.window_blocks if record is not None else 0
-            self._book.admit(record, attempt, decision, reason, now)
+            self._book.admit(record, attempt, decision, reason, now, tokens)
             if record is not None and self._book.window_blocks < committed:
                 self._blocks_freed(now)  # a window shrank or ended: a waiter may fit now
         counter = self._admissions.get(reason)
@@ -402,6 +414,7 @@ class Gate:
                 "in_flight": rec.in_flight,
                 "reserved": rec.reserved,
                 "resident_blocks": rec.resident_blocks,
+                "growth_tokens": rec.growth_tokens,
                 "idle_sec": round(now - rec.idle_since, 3) if rec.is_idle else None,
             }
         pending = [k for k, rec in self._book.records.items() if rec.attempt is not None and rec.attempt.queued]

@@ -13,10 +13,11 @@ probe API, or a failed probe). Invariant tested for every policy: whenever
 `needs_prefix_probe` is False, `decide` gives the same answer for any `prefix`.
 
 The contract policy is a working-set admission control priced by the gate's own
-books (docs/gate.md): every ownership window has a footprint in blocks, windows rank
+books (docs/gate.md): every ownership window has a footprint in blocks (anticipated:
+the prompt, the output allowance and the session's growth per turn), windows rank
 by when ownership began, and a turn fits if its footprint plus the footprints of the
-windows older than its own fits the usable blocks. `footprint_blocks` and
-`output_allowance` are the pure helpers it uses.
+windows older than its own fits the usable blocks. `footprint_blocks`,
+`turn_growth_tokens` and `output_allowance` are the pure helpers it uses.
 
 `POLICIES` maps `gate.policy` names to policies, so adding or comparing one is a
 dict entry. Nothing here touches asyncio, clocks or I/O: the simulator can call the
@@ -53,6 +54,12 @@ class GateView:
       own (ownership began earlier), in flight or idle; all windows when the session
       owns none. Only the contract policy reads it.
     max_output_tokens: the request's output allowance (`output_allowance(body)`).
+    last_prompt_tokens: the prompt tokens of the session's last admitted turn on this
+      replica with a prefix reading (None: no history). Only the contract policy reads it.
+    last_growth_tokens: the growth per turn the session last showed (`turn_growth_tokens`),
+      kept for a re-sent turn whose prompt did not change.
+    mean_growth_tokens: the replica's mean observed growth per turn, the price of a
+      session's growth before it has any history.
     waiters_ahead: named sessions queued at the gate ahead of this attempt (all of
       them for an attempt not queued yet). Only the contract policy reads it: its
       newcomers are served in strict FIFO order.
@@ -64,6 +71,9 @@ class GateView:
     older_window_blocks: int = 0
     max_output_tokens: int = 0
     waiters_ahead: int = 0
+    last_prompt_tokens: int | None = None
+    last_growth_tokens: int = 0
+    mean_growth_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,19 +133,42 @@ def output_allowance(body: dict[str, Any]) -> int:
     return 0
 
 
-def footprint_blocks(prefix: PrefixReading, usage: UsageReading, max_output_tokens: int) -> int:
+def footprint_blocks(
+    prefix: PrefixReading, usage: UsageReading, max_output_tokens: int, growth_tokens: int = 0
+) -> int:
     """Blocks a turn occupies by the end of its generation: ceil((prompt + output) / block_size).
 
-    Needs `prefix.total_tokens` and `usage.block_size`; without the first it is the
-    prompt's full blocks plus the output's blocks, without the block size only the
-    prompt's full blocks (the probe API always reports both).
+    With `growth_tokens` it is the *anticipated* footprint: ceil((prompt + output +
+    growth) / block_size), what the session will need on its next turn if it grows as
+    it did on its last (`turn_growth_tokens`). Needs `prefix.total_tokens` and
+    `usage.block_size`; without the first it is the prompt's full blocks plus the
+    output's and the growth's blocks, without the block size only the prompt's full
+    blocks (the probe API always reports both).
     """
     block_size = usage.block_size
     if not block_size:
         return prefix.total_blocks
     if prefix.total_tokens:
-        return -(-(prefix.total_tokens + max_output_tokens) // block_size)
-    return prefix.total_blocks + -(-max_output_tokens // block_size)
+        return -(-(prefix.total_tokens + max_output_tokens + growth_tokens) // block_size)
+    return prefix.total_blocks + -(-(max_output_tokens + growth_tokens) // block_size)
+
+
+def turn_growth_tokens(
+    prompt_tokens: int | None, last_prompt_tokens: int | None, last_growth_tokens: int, mean_growth_tokens: int
+) -> int:
+    """Prompt tokens a session added per turn, from its recorded sizes; never negative.
+
+    - no history (`last_prompt_tokens` None) or no token count: `mean_growth_tokens`
+      (the replica's mean observed growth per turn; 0 before any observation).
+    - a prompt larger than the last: the difference (tokens added since the last turn).
+    - the same prompt (a re-sent turn): `last_growth_tokens`, the growth it last showed.
+    - a smaller prompt (the context was compacted): 0.
+    """
+    if last_prompt_tokens is None or not prompt_tokens:
+        return max(0, mean_growth_tokens)
+    if prompt_tokens == last_prompt_tokens:
+        return max(0, last_growth_tokens)
+    return max(0, prompt_tokens - last_prompt_tokens)
 
 
 def _keep(view: GateView, knobs: GateSettings) -> bool:
@@ -219,8 +252,11 @@ def contract_decide(
       priced; a newcomer is decided by the seed policy.
     - usable = num_total_blocks - headroom_blocks; a prompt whose full blocks exceed
       it: reject `prompt_too_long` (it could never be admitted, waiting would strand it).
-    - footprint = `footprint_blocks` (prompt + output allowance), capped at usable so
-      that a large allowance alone never strands a turn.
+    - footprint = the anticipated footprint, `footprint_blocks` of prompt + output
+      allowance + the session's growth per turn (`turn_growth_tokens`: its last turn's
+      growth; the replica's mean for a session without history), capped at usable so
+      that a large allowance alone never strands a turn. `prompt_too_long` looks at
+      the real prompt only.
     - an owner: `reserved_session` iff footprint + older_window_blocks <= usable, and
       its window is re-priced at this footprint; else it loses its window and waits
       (`Wait(drop_window=True)`): the older sessions grew, they go first.
@@ -250,7 +286,10 @@ def contract_decide(
             f"{usage.num_total_blocks} (minus gate.headroom_blocks={knobs.headroom_blocks}); "
             "shorten the prompt or serve it from a replica with a larger KV cache",
         )
-    footprint = min(footprint_blocks(prefix, usage, view.max_output_tokens), usable)
+    growth = turn_growth_tokens(
+        prefix.total_tokens, view.last_prompt_tokens, view.last_growth_tokens, view.mean_growth_tokens
+    )
+    footprint = min(footprint_blocks(prefix, usage, view.max_output_tokens, growth), usable)
     working_set = footprint + view.older_window_blocks
     if view.reserved:
         if working_set <= usable:

@@ -181,7 +181,9 @@ async def test_owners_are_probed_every_turn_and_priced_with_their_output_allowan
     probe.set_prefix("s1", total=25, hit=20, tokens=410)
     second = await gate.acquire("s1", "chat", body("s1", max_completion_tokens=30, max_tokens=1))
     assert second.reason == "reserved_session"
-    assert gate.state()["sessions"]["s1"]["resident_blocks"] == 28  # ceil((410 + 30) / 16)
+    # anticipated: its prompt grew by 410 - 330 = 80 tokens, so ceil((410 + 30 + 80) / 16) = 33
+    assert gate.state()["sessions"]["s1"]["resident_blocks"] == 33
+    assert gate.state()["sessions"]["s1"]["growth_tokens"] == 80
     assert probe.prefix_calls == ["s1", "s1"]
     second.release()
     gate.finish_session("s1")
@@ -218,4 +220,34 @@ async def test_shadow_mode_drops_a_window_as_enforce_would(metrics, clock):
     assert lease.reason == "shadow_wait"
     assert gate.state()["reserved"]["in_flight"] == [] and gate.state()["reserved"]["idle"] == ["a"]
     lease.release()
+    assert_clean(gate, clock)
+
+
+async def test_windows_are_priced_at_the_anticipated_footprint(metrics, clock):
+    gate, probe = contract_gate(metrics, clock)
+    probe.block_size = 16
+    probe.set_prefix("a", total=20, hit=0, tokens=320)
+    first = await gate.acquire("a", "chat", body("a"))  # no history, nothing observed: 20 blocks
+    assert gate.state()["sessions"]["a"]["resident_blocks"] == 20
+    first.release()
+    probe.set_prefix("a", total=40, hit=20, tokens=640)
+    second = await gate.acquire("a", "chat", body("a"))  # grew 320 tokens: ceil((640 + 320) / 16) = 60
+    assert second.reason == "reserved_session"
+    assert gate.state()["sessions"]["a"]["resident_blocks"] == 60 and gate.state()["window_blocks"] == 60
+    second.release()
+
+    # b's first turn is 40 blocks, priced with the replica's mean growth (320 tokens): 60.
+    # At the current prompts 40 + 40 = 80 would fit; anticipated, 60 + 60 = 120 does not.
+    probe.set_prefix("b", total=40, hit=0, tokens=640)
+    task = asyncio.create_task(gate.acquire("b", "chat", body("b")))
+    await until(lambda: waiting(gate) == 1, "b to wait")
+    # a's turn re-sent (same prompt): it keeps its growth, and the mean is not diluted
+    resent = await gate.acquire("a", "chat", body("a"))
+    assert gate.state()["sessions"]["a"]["resident_blocks"] == 60 and not task.done()
+    resent.release()
+    gate.finish_session("a")
+    lease = await admitted(task)
+    assert lease.reason == "contract_fits" and gate.state()["sessions"]["b"]["resident_blocks"] == 60
+    lease.release()
+    gate.finish_session("b")
     assert_clean(gate, clock)

@@ -9,7 +9,7 @@ import pytest
 from gate.policies import (
     ANONYMOUS, CONTRACT, CONTRACT_FITS, OPEN, POLICIES, PREFIX_PROBE_UNAVAILABLE, PROMPT_TOO_LONG,
     RESERVED_SESSION, RESIDENT_PREFIX, SEED, Admit, GateView, Reject, Wait, footprint_blocks, get_policy,
-    output_allowance,
+    output_allowance, turn_growth_tokens,
 )
 from gate.readings import PrefixReading, UsageReading
 from proxy.settings import GateSettings
@@ -191,6 +191,37 @@ def test_footprint_blocks(prefix, block_size, allowance, expected):
 
 
 @pytest.mark.parametrize(
+    "prefix, block_size, allowance, growth, expected",
+    [
+        (tokens(330), 16, 22, 0, 22),
+        (tokens(330), 16, 22, 1, 23),    # 353 tokens: one more block
+        (tokens(330), 16, 22, 160, 32),  # 512 tokens
+        (tokens(330), None, 22, 160, 20),  # no block size: the prompt's full blocks
+        (PrefixReading(20, 0, 0.0), 16, 17, 15, 22),  # no token count: + ceil((17 + 15) / 16)
+    ],
+)
+def test_anticipated_footprint_blocks(prefix, block_size, allowance, growth, expected):
+    assert footprint_blocks(prefix, UsageReading(0.1, 100, 100, block_size), allowance, growth) == expected
+
+
+@pytest.mark.parametrize(
+    "prompt, last, last_growth, mean, expected",
+    [
+        (480, None, 0, 0, 0),        # first turn, nothing observed on the replica yet
+        (480, None, 0, 112, 112),    # first turn: the replica's mean growth per turn
+        (480, None, 50, 112, 112),
+        (800, 480, 0, 112, 320),     # grew by 320 since its last turn: its own growth, not the mean
+        (480, 480, 320, 112, 320),   # the same turn re-sent: the growth it last showed
+        (300, 480, 320, 112, 0),     # compacted: never negative
+        (0, 480, 320, 112, 112),     # no token count: the mean
+        (None, None, 0, -5, 0),
+    ],
+)
+def test_turn_growth_tokens(prompt, last, last_growth, mean, expected):
+    assert turn_growth_tokens(prompt, last, last_growth, mean) == expected
+
+
+@pytest.mark.parametrize(
     "body, expected",
     [
         ({}, 0),
@@ -234,6 +265,47 @@ def test_contract_owner_footprint_is_refreshed_from_every_turn():
     grown = CONTRACT.decide(owner, ROOMY, tokens(600), KNOBS)       # ceil(616 / 16) = 39
     shrunk = CONTRACT.decide(owner, ROOMY, tokens(100), KNOBS)      # ceil(116 / 16) = 8
     assert (grown.resident_blocks, shrunk.resident_blocks) == (39, 8)
+
+
+def test_contract_owner_is_priced_at_its_anticipated_footprint():
+    # Its last turn was 320 tokens, this one is 480: it grows 160 tokens (10 blocks) a turn.
+    # Footprint 30 blocks now, anticipated ceil((480 + 160) / 16) = 40.
+    grown = GateView(reserved=True, older_window_blocks=50, last_prompt_tokens=320)
+    assert CONTRACT.decide(grown, ROOMY, tokens(480), KNOBS) == Admit(
+        RESERVED_SESSION, reserve=True, resident_blocks=40
+    )
+    # Behind 60 blocks: 60 + 30 = 90 would fit at the current prompt, 60 + 40 = 100 > 96 does not.
+    behind = GateView(reserved=True, older_window_blocks=60, last_prompt_tokens=320)
+    decision = CONTRACT.decide(behind, ROOMY, tokens(480), KNOBS)
+    assert isinstance(decision, Wait) and decision.drop_window and "40" in decision.why
+    # The same turn re-sent keeps the growth it showed; a compacted prompt anticipates none.
+    resent = GateView(reserved=True, last_prompt_tokens=480, last_growth_tokens=160)
+    assert CONTRACT.decide(resent, ROOMY, tokens(480), KNOBS).resident_blocks == 40
+    compacted = GateView(reserved=True, last_prompt_tokens=800, last_growth_tokens=160)
+    assert CONTRACT.decide(compacted, ROOMY, tokens(480), KNOBS).resident_blocks == 30
+
+
+def test_contract_newcomer_without_history_is_priced_with_the_mean_growth():
+    # 30 blocks, mean growth 7 blocks a turn: 37 behind 60 > 96; with no growth observed it fits.
+    prompt = tokens(30 * 16)
+    fresh = GateView(older_window_blocks=60, mean_growth_tokens=7 * 16)
+    books = CONTRACT.decide(fresh, ROOMY, prompt, KNOBS)
+    assert isinstance(books, Wait) and not books.drop_window and "37" in books.why
+    assert CONTRACT.decide(GateView(older_window_blocks=59, mean_growth_tokens=7 * 16), ROOMY, prompt, KNOBS) == Admit(
+        CONTRACT_FITS, reserve=True, resident_blocks=37
+    )
+    # a session with history (e.g. back after losing its window) is priced at its own growth
+    known = GateView(older_window_blocks=60, mean_growth_tokens=7 * 16, last_prompt_tokens=30 * 16 - 5)
+    assert CONTRACT.decide(known, ROOMY, prompt, KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=31)
+
+
+def test_contract_prompt_too_long_looks_at_the_real_prompt_only():
+    # 96 blocks fit 96 usable; the growth would not, but the footprint is capped at usable
+    growing = GateView(reserved=True, last_prompt_tokens=50 * 16)
+    assert CONTRACT.decide(growing, ROOMY, tokens(96 * 16), KNOBS) == Admit(
+        RESERVED_SESSION, reserve=True, resident_blocks=96
+    )
+    assert isinstance(CONTRACT.decide(growing, ROOMY, tokens(97 * 16), KNOBS), Reject)
 
 
 def test_contract_newcomer_needs_both_the_books_and_vllms_view():
