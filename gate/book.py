@@ -140,7 +140,8 @@ class SessionBook:
 
     # -- operations
 
-    def view(self, rec: SessionRecord | None, max_output_tokens: int = 0, waiters_ahead: int = 0) -> GateView:
+    def view(self, rec: SessionRecord | None, max_output_tokens: int = 0, waiters_ahead: int = 0,
+             prompt_bound_tokens: int | None = None) -> GateView:
         if rec is None:
             return GateView(anonymous=True, max_output_tokens=max_output_tokens)
         own = rec.resident_blocks if rec.reserved and not rec.in_flight else 0
@@ -153,6 +154,7 @@ class SessionBook:
             last_prompt_tokens=rec.prompt_tokens,
             last_growth_tokens=rec.growth_tokens,
             mean_growth_tokens=self.mean_growth_tokens,
+            prompt_bound_tokens=prompt_bound_tokens,
         )
 
     def begin_attempt(self, key: str, attempt: Any, now: float) -> tuple[SessionRecord, Any]:

@@ -36,9 +36,22 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable
 
+import orjson
+
 from gate.book import SessionBook, SessionRecord
 from gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
-from gate.policies import ANONYMOUS, OPEN, Admit, GateView, Policy, Reject, Wait, get_policy, output_allowance
+from gate.policies import (
+    ANONYMOUS,
+    OPEN,
+    Admit,
+    GateView,
+    Policy,
+    Reject,
+    Wait,
+    get_policy,
+    output_allowance,
+    prompt_token_bound,
+)
 from gate.probe import Probe
 from proxy.metrics import KvgateMetrics
 from proxy.settings import GateSettings
@@ -115,6 +128,7 @@ class Gate:
         self.probe = probe
         self.settings = settings
         self.policy = policy or get_policy(settings.policy)
+        self._prices_bodies = self.policy.reads_prompt_bound
         self._now = clock
         self._book = SessionBook(settings.idle_grace_sec)
         self._queue: OrderedDict[Attempt, None] = OrderedDict()  # waiters, arrival order
@@ -146,6 +160,8 @@ class Gate:
         self._purge(start)
         attempt = Attempt(named=session_key is not None)
         allowance = output_allowance(body)
+        # Only named turns are priced; one compact encoding of the body bounds its prompt.
+        bound = prompt_token_bound(orjson.dumps(body)) if session_key is not None and self._prices_bodies else None
         record: SessionRecord | None = None
         if session_key is not None:
             record, previous = self._book.begin_attempt(session_key, attempt, start)
@@ -159,12 +175,12 @@ class Gate:
                 attempt.checkpoint()
                 usage = await self.probe.usage(newer_than)
                 attempt.checkpoint()
-                view = self._view(record, attempt, allowance)
+                view = self._view(record, attempt, allowance, bound)
                 prefix = None
                 if self.policy.needs_prefix_probe(view, usage, self.settings):
                     prefix = await self.probe.prefix(route_kind, body)
                     attempt.checkpoint()
-                    view = self._view(record, attempt, allowance)  # windows may have changed during the probe
+                    view = self._view(record, attempt, allowance, bound)  # windows may have changed during the probe
                 decision = self.policy.decide(view, usage, prefix, self.settings)
                 tokens = prefix.total_tokens if prefix is not None else None
                 if self.settings.mode == "shadow":
@@ -188,8 +204,8 @@ class Gate:
                     self._session_ended(ended)
                 self._publish_reserved()
 
-    def _view(self, record: SessionRecord | None, attempt: Attempt, allowance: int) -> GateView:
-        return self._book.view(record, allowance, self._waiters_ahead(attempt))
+    def _view(self, record: SessionRecord | None, attempt: Attempt, allowance: int, bound: int | None) -> GateView:
+        return self._book.view(record, allowance, self._waiters_ahead(attempt), bound)
 
     def _waiters_ahead(self, attempt: Attempt) -> int:
         """Named waiters queued before `attempt` (all of them if it is not queued). O(queue)."""

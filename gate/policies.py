@@ -63,6 +63,9 @@ class GateView:
     waiters_ahead: named sessions queued at the gate ahead of this attempt (all of
       them for an attempt not queued yet). Only the contract policy reads it: its
       newcomers are served in strict FIFO order.
+    prompt_bound_tokens: an upper bound on the prompt's tokens read off the body
+      (`prompt_token_bound`), or None when the body admits no cheap bound. The
+      contract policy admits without a prefix probe when even the bound fits.
     """
 
     anonymous: bool = False
@@ -74,6 +77,7 @@ class GateView:
     last_prompt_tokens: int | None = None
     last_growth_tokens: int = 0
     mean_growth_tokens: int = 0
+    prompt_bound_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +119,13 @@ Decision = Union[Admit, Wait, Reject]
 
 @dataclass(frozen=True, slots=True)
 class Policy:
+    """A policy's two functions; `reads_prompt_bound`: the gate must fill
+    `GateView.prompt_bound_tokens` (it costs one encoding of the body per turn)."""
+
     name: str
     needs_prefix_probe: Callable[[GateView, UsageReading | None, GateSettings], bool]
     decide: Callable[[GateView, UsageReading | None, PrefixReading | None, GateSettings], Decision]
+    reads_prompt_bound: bool = False
 
 
 def output_allowance(body: dict[str, Any]) -> int:
@@ -131,6 +139,31 @@ def output_allowance(body: dict[str, Any]) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value
     return 0
+
+
+# Tokens a chat template may add that are not in the request body (role markers, a
+# default system prompt, tool-use instructions). Generous: a low bound would let the
+# no-probe path under-price a turn, a high one only makes it probe sooner.
+TEMPLATE_MARGIN_TOKENS = 512
+
+# Content types whose tokens are not bounded by their bytes in the body (an image URL
+# of 100 bytes renders to hundreds of tokens). orjson writes no spaces, and a quote
+# inside a string is escaped, so these only match real JSON keys and values.
+_MEDIA_MARKERS = (b'"type":"image', b'"type":"input_image', b'"type":"audio', b'"type":"input_audio',
+                  b'"type":"video', b'"type":"file', b'"type":"document', b'"image_url"', b'"prompt_embeds"')
+
+
+def prompt_token_bound(body_json: bytes) -> int | None:
+    """An upper bound on the tokens a text request renders to, from its JSON bytes.
+
+    A token stands for at least one byte of the text it encodes, and the body holds
+    every byte of the messages (JSON escaping only adds bytes), so the body's length
+    plus TEMPLATE_MARGIN_TOKENS bounds the prompt. None when the body carries media,
+    whose tokens its bytes do not bound.
+    """
+    if any(marker in body_json for marker in _MEDIA_MARKERS):
+        return None
+    return len(body_json) + TEMPLATE_MARGIN_TOKENS
 
 
 def footprint_blocks(
@@ -224,20 +257,50 @@ SEED = Policy("seed", seed_needs_prefix_probe, seed_decide)
 # ------------------------------------------------------------ contract policy
 
 
+def bounded_footprint(view: GateView, usage: UsageReading, knobs: GateSettings) -> int | None:
+    """The footprint to admit a turn at without a prefix probe, or None to probe.
+
+    The turn is priced at its upper bound (`prompt_bound_tokens` + output allowance +
+    growth, in blocks). If even that fits behind the older windows, and, for a
+    newcomer, fits vLLM's free blocks outside idle windows and headroom, the exact
+    price cannot change the answer, so the probe (a round trip into the engine
+    core, up to one scheduler step) is skipped: when caches are not full a turn
+    costs one shared usage reading. Windows priced this way are over-priced until
+    their owner's next probed turn re-prices them; that only makes the policy probe
+    sooner.
+    """
+    if view.prompt_bound_tokens is None or not usage.block_size:
+        return None
+    assert usage.num_total_blocks is not None and usage.num_free_blocks is not None
+    growth = view.last_growth_tokens if view.last_prompt_tokens is not None else view.mean_growth_tokens
+    tokens = view.prompt_bound_tokens + view.max_output_tokens + growth
+    footprint = -(-tokens // usage.block_size)
+    if footprint + view.older_window_blocks > usage.num_total_blocks - knobs.headroom_blocks:
+        return None
+    if not view.reserved:
+        prompt_blocks = view.prompt_bound_tokens // usage.block_size
+        if prompt_blocks > usage.num_free_blocks - view.idle_reserved_blocks - knobs.headroom_blocks:
+            return None
+    return footprint
+
+
 def contract_needs_prefix_probe(view: GateView, usage: UsageReading | None, knobs: GateSettings) -> bool:
     """For every named turn the contract prices, owners included: the price is the prompt.
 
     At any usage: the watermark is exactly what this policy distrusts (idle windows
     hold no live blocks, so usage reads low while their prefixes are about to be
     evicted). Owners are probed too, so their footprint follows their growing prompt.
-    Not for a newcomer with named waiters ahead (it waits its turn in FIFO order) nor
+    Not for a newcomer with named waiters ahead (it waits its turn in FIFO order), nor
+    for a turn whose upper bound already fits (`bounded_footprint`: no pressure), nor
     without block counts (the /metrics fallback: the seed policy decides).
     """
     if usage is None or view.anonymous:
         return False
     if not usage.has_blocks:
         return seed_needs_prefix_probe(view, usage, knobs)
-    return view.reserved or view.waiters_ahead == 0
+    if not (view.reserved or view.waiters_ahead == 0):
+        return False
+    return bounded_footprint(view, usage, knobs) is None
 
 
 def contract_decide(
@@ -248,6 +311,8 @@ def contract_decide(
     - usage unknown: `open`. anonymous: watermark only, as in the seed policy.
       No block counts: the seed policy decides.
     - a newcomer (no window) with named waiters ahead: wait (strict FIFO; no probe).
+    - a turn whose upper bound fits (`bounded_footprint`): admitted without a probe,
+      `reserved_session` or `contract_fits`, its window priced at the bound.
     - no prefix reading: an owner is `reserved_session` with its window as last
       priced; a newcomer is decided by the seed policy.
     - usable = num_total_blocks - headroom_blocks; a prompt whose full blocks exceed
@@ -273,6 +338,10 @@ def contract_decide(
         return seed_decide(view, usage, prefix, knobs)
     if not view.reserved and view.waiters_ahead:
         return Wait(f"behind {view.waiters_ahead} waiting sessions (first come, first served)")
+    bounded = bounded_footprint(view, usage, knobs)
+    if bounded is not None:
+        return Admit(RESERVED_SESSION if view.reserved else CONTRACT_FITS, reserve=knobs.retain_session,
+                     resident_blocks=bounded)
     if prefix is None:
         if view.reserved:  # cannot re-price it: keep the window at its last footprint
             return Admit(RESERVED_SESSION, reserve=knobs.retain_session)
@@ -309,7 +378,7 @@ def contract_decide(
     return Wait(f"needs {prefix.new_blocks} new blocks, {budget} free outside idle windows and headroom")
 
 
-CONTRACT = Policy("contract", contract_needs_prefix_probe, contract_decide)
+CONTRACT = Policy("contract", contract_needs_prefix_probe, contract_decide, reads_prompt_bound=True)
 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (SEED, CONTRACT)}

@@ -27,6 +27,12 @@ def body(session: str, **fields) -> dict:
     return {"id": session, "messages": [{"role": "user", "content": "hi"}], **fields}
 
 
+def unbounded_body(session: str, **fields) -> dict:
+    """A body whose byte-length bound on its prompt (over 2,000 tokens: 125 blocks of 16)
+    exceeds a 100-block replica, so the contract policy must probe to price it."""
+    return {"id": session, "messages": [{"role": "user", "content": "x" * 2000}], **fields}
+
+
 def waiting(gate: Gate) -> int:
     return gate.counts()["waiters"]
 
@@ -175,11 +181,11 @@ async def test_owners_are_probed_every_turn_and_priced_with_their_output_allowan
     gate, probe = contract_gate(metrics, clock)
     probe.block_size = 16
     probe.set_prefix("s1", total=20, hit=0, tokens=330)
-    first = await gate.acquire("s1", "chat", body("s1", max_tokens=22))  # ceil((330 + 22) / 16) = 22
+    first = await gate.acquire("s1", "chat", unbounded_body("s1", max_tokens=22))  # ceil((330 + 22) / 16) = 22
     assert first.reason == "contract_fits" and gate.state()["sessions"]["s1"]["resident_blocks"] == 22
     first.release()
     probe.set_prefix("s1", total=25, hit=20, tokens=410)
-    second = await gate.acquire("s1", "chat", body("s1", max_completion_tokens=30, max_tokens=1))
+    second = await gate.acquire("s1", "chat", unbounded_body("s1", max_completion_tokens=30, max_tokens=1))
     assert second.reason == "reserved_session"
     # anticipated: its prompt grew by 410 - 330 = 80 tokens, so ceil((410 + 30 + 80) / 16) = 33
     assert gate.state()["sessions"]["s1"]["resident_blocks"] == 33
@@ -227,11 +233,11 @@ async def test_windows_are_priced_at_the_anticipated_footprint(metrics, clock):
     gate, probe = contract_gate(metrics, clock)
     probe.block_size = 16
     probe.set_prefix("a", total=20, hit=0, tokens=320)
-    first = await gate.acquire("a", "chat", body("a"))  # no history, nothing observed: 20 blocks
+    first = await gate.acquire("a", "chat", unbounded_body("a"))  # no history, nothing observed: 20 blocks
     assert gate.state()["sessions"]["a"]["resident_blocks"] == 20
     first.release()
     probe.set_prefix("a", total=40, hit=20, tokens=640)
-    second = await gate.acquire("a", "chat", body("a"))  # grew 320 tokens: ceil((640 + 320) / 16) = 60
+    second = await gate.acquire("a", "chat", unbounded_body("a"))  # grew 320 tokens: ceil((640 + 320) / 16) = 60
     assert second.reason == "reserved_session"
     assert gate.state()["sessions"]["a"]["resident_blocks"] == 60 and gate.state()["window_blocks"] == 60
     second.release()
@@ -239,10 +245,10 @@ async def test_windows_are_priced_at_the_anticipated_footprint(metrics, clock):
     # b's first turn is 40 blocks, priced with the replica's mean growth (320 tokens): 60.
     # At the current prompts 40 + 40 = 80 would fit; anticipated, 60 + 60 = 120 does not.
     probe.set_prefix("b", total=40, hit=0, tokens=640)
-    task = asyncio.create_task(gate.acquire("b", "chat", body("b")))
+    task = asyncio.create_task(gate.acquire("b", "chat", unbounded_body("b")))
     await until(lambda: waiting(gate) == 1, "b to wait")
     # a's turn re-sent (same prompt): it keeps its growth, and the mean is not diluted
-    resent = await gate.acquire("a", "chat", body("a"))
+    resent = await gate.acquire("a", "chat", unbounded_body("a"))
     assert gate.state()["sessions"]["a"]["resident_blocks"] == 60 and not task.done()
     resent.release()
     gate.finish_session("a")
@@ -250,4 +256,44 @@ async def test_windows_are_priced_at_the_anticipated_footprint(metrics, clock):
     assert lease.reason == "contract_fits" and gate.state()["sessions"]["b"]["resident_blocks"] == 60
     lease.release()
     gate.finish_session("b")
+    assert_clean(gate, clock)
+
+
+async def test_a_turn_whose_upper_bound_fits_is_admitted_without_a_prefix_probe(metrics, clock):
+    """No pressure: the body's byte-length bound (a short chat: about 600 tokens, 38
+    blocks of 16) fits the idle 100-block replica, so no probe round trip is made; the
+    window is priced at the bound. Once older windows leave no room for the bound,
+    the exact price is probed."""
+    gate, probe = contract_gate(metrics, clock)
+    probe.block_size = 16
+    first = await gate.acquire("s1", "chat", body("s1"))
+    assert first.reason == "contract_fits" and probe.prefix_calls == []
+    bound_blocks = gate.state()["sessions"]["s1"]["resident_blocks"]
+    assert 36 <= bound_blocks <= 40
+    first.release()
+    again = await gate.acquire("s1", "chat", body("s1"))  # an owner whose bound still fits
+    assert again.reason == "reserved_session" and probe.prefix_calls == []
+    again.release()
+    second = await gate.acquire("s2", "chat", body("s2"))  # 38 + 38 <= 100: still no probe
+    assert second.reason == "contract_fits" and probe.prefix_calls == []
+    second.release()
+    probe.set_prefix("s3", total=5, hit=0, tokens=70)  # 38 + 38 + 38 > 100: priced exactly
+    third = await gate.acquire("s3", "chat", body("s3"))
+    assert third.reason == "contract_fits" and probe.prefix_calls == ["s3"]
+    assert gate.state()["sessions"]["s3"]["resident_blocks"] == 5
+    third.release()
+    for session in ("s1", "s2", "s3"):
+        gate.finish_session(session)
+    assert_clean(gate, clock)
+
+
+async def test_media_bodies_are_always_priced_by_the_probe(metrics, clock):
+    gate, probe = contract_gate(metrics, clock)
+    probe.block_size = 16
+    probe.set_prefix("m", total=30, hit=0, tokens=480)
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/cat.png"}}]}
+    lease = await gate.acquire("m", "chat", {"id": "m", "messages": [image]})
+    assert lease.reason == "contract_fits" and probe.prefix_calls == ["m"]
+    lease.release()
+    gate.finish_session("m")
     assert_clean(gate, clock)

@@ -9,7 +9,8 @@ import pytest
 from gate.policies import (
     ANONYMOUS, CONTRACT, CONTRACT_FITS, OPEN, POLICIES, PREFIX_PROBE_UNAVAILABLE, PROMPT_TOO_LONG,
     RESERVED_SESSION, RESIDENT_PREFIX, SEED, Admit, GateView, Reject, Wait, footprint_blocks, get_policy,
-    output_allowance, turn_growth_tokens,
+    TEMPLATE_MARGIN_TOKENS, bounded_footprint, contract_decide, contract_needs_prefix_probe, output_allowance,
+    prompt_token_bound, turn_growth_tokens,
 )
 from gate.readings import PrefixReading, UsageReading
 from proxy.settings import GateSettings
@@ -373,6 +374,52 @@ def test_contract_newcomers_wait_in_fifo_order_owners_do_not():
     assert CONTRACT.decide(GateView(waiters_ahead=2), LOW_NO_BLOCKS, None, KNOBS) == Admit(OPEN)
 
 
+# ------------------------------------------ no-pressure path (bounded price)
+
+SMALL_BLOCKS = UsageReading(0.3, 100, 70, block_size=16)
+
+
+def test_prompt_token_bound_is_the_body_bytes_plus_the_template_margin():
+    body = b'{"messages":[{"role":"user","content":"hi"}]}'
+    assert prompt_token_bound(body) == len(body) + TEMPLATE_MARGIN_TOKENS
+    # a quoted marker inside a message is escaped by JSON, so it is still text
+    assert prompt_token_bound(b'{"content":"say \\"type\\":\\"image\\""}') is not None
+    assert prompt_token_bound(b'{"content":[{"type":"image_url","image_url":{"url":"u"}}]}') is None
+    assert prompt_token_bound(b'{"content":[{"type":"input_audio"}]}') is None
+
+
+@pytest.mark.parametrize(
+    "view, expected",
+    [
+        (GateView(prompt_bound_tokens=600), 38),                               # ceil(600 / 16)
+        (GateView(prompt_bound_tokens=600, max_output_tokens=32), 40),         # + the output allowance
+        (GateView(prompt_bound_tokens=600, mean_growth_tokens=160), 48),       # + the mean growth (no history)
+        (GateView(prompt_bound_tokens=600, last_prompt_tokens=500, last_growth_tokens=80,
+                  mean_growth_tokens=999), 43),                               # + its own growth
+        (GateView(prompt_bound_tokens=600, older_window_blocks=62), 38),       # 38 + 62 = 100: fits
+        (GateView(prompt_bound_tokens=600, older_window_blocks=63), None),     # 101 > 100: probe
+        (GateView(prompt_bound_tokens=600, idle_reserved_blocks=33), 38),         # 37 prompt blocks <= 70 - 33
+        (GateView(prompt_bound_tokens=600, idle_reserved_blocks=34), None),    # 37 > 70 - 34: vLLM's view says no
+        (GateView(reserved=True, prompt_bound_tokens=600, idle_reserved_blocks=60), 38),  # owners skip vLLM's view
+        (GateView(prompt_bound_tokens=None), None),                            # media: always probe
+    ],
+)
+def test_bounded_footprint(view, expected):
+    assert bounded_footprint(view, SMALL_BLOCKS, GateSettings()) == expected
+
+
+def test_contract_admits_a_bounded_turn_without_the_probe_and_prices_it_at_the_bound():
+    view = GateView(prompt_bound_tokens=600)
+    assert not contract_needs_prefix_probe(view, SMALL_BLOCKS, GateSettings())
+    assert contract_decide(view, SMALL_BLOCKS, None, GateSettings()) == Admit(
+        CONTRACT_FITS, reserve=True, resident_blocks=38)
+    owner = GateView(reserved=True, prompt_bound_tokens=600)
+    assert contract_decide(owner, SMALL_BLOCKS, None, GateSettings()) == Admit(
+        RESERVED_SESSION, reserve=True, resident_blocks=38)
+    crowded = GateView(prompt_bound_tokens=600, older_window_blocks=80)
+    assert contract_needs_prefix_probe(crowded, SMALL_BLOCKS, GateSettings())
+
+
 # ------------------------------------------------- invariants, registry
 
 
@@ -380,6 +427,8 @@ VIEWS = [
     NAMED, RESERVED, ANON, GateView(idle_reserved_blocks=50), GateView(reserved=True, idle_reserved_blocks=5),
     GateView(waiters_ahead=2), GateView(reserved=True, waiters_ahead=2, older_window_blocks=90),
     GateView(older_window_blocks=80, max_output_tokens=64), GateView(anonymous=True, waiters_ahead=1),
+    GateView(prompt_bound_tokens=600), GateView(reserved=True, prompt_bound_tokens=600, older_window_blocks=40),
+    GateView(prompt_bound_tokens=600, idle_reserved_blocks=60), GateView(prompt_bound_tokens=600, waiters_ahead=1),
 ]
 USAGES = [
     None, LOW, AT, HIGH, LOW_NO_BLOCKS, HIGH_NO_BLOCKS, UsageReading(0.0, 100, 100), UsageReading(1.0, 100, 0),
