@@ -207,6 +207,21 @@ class SessionBook:
         self._record_size(rec, prompt_tokens)
         self._enter(rec, now)
 
+    def reprice(self, rec: SessionRecord, footprint: int, prompt_tokens: int) -> bool:
+        """Replace the price of an in-flight window admitted at an upper bound by its exact
+        one (contract policy, no-pressure path); True if the window shrank.
+
+        Only while the turn is in flight: an idle window's price counts in
+        `idle_reserved_blocks` and its place in `idle`, which this must not disturb (its
+        next turn prices it again).
+        """
+        if self.records.get(rec.key) is not rec or not rec.reserved or not rec.in_flight:
+            return False
+        shrank = footprint < rec.resident_blocks
+        rec.resident_blocks = footprint
+        self._record_size(rec, prompt_tokens)
+        return shrank
+
     def release(self, rec: SessionRecord | None, now: float) -> SessionRecord | None:
         """A lease ended; returns the record if that ended the session (it was finished)."""
         self.leases -= 1

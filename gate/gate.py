@@ -49,8 +49,10 @@ from gate.policies import (
     Reject,
     Wait,
     get_policy,
+    footprint_blocks,
     output_allowance,
     prompt_token_bound,
+    turn_growth_tokens,
 )
 from gate.probe import Probe
 from proxy.metrics import KvgateMetrics
@@ -129,6 +131,7 @@ class Gate:
         self.settings = settings
         self.policy = policy or get_policy(settings.policy)
         self._prices_bodies = self.policy.reads_prompt_bound
+        self._repricing: set[asyncio.Future[None]] = set()
         self._now = clock
         self._book = SessionBook(settings.idle_grace_sec)
         self._queue: OrderedDict[Attempt, None] = OrderedDict()  # waiters, arrival order
@@ -186,7 +189,10 @@ class Gate:
                 if self.settings.mode == "shadow":
                     return self._grant_shadow(record, attempt, decision, start, tokens)
                 if isinstance(decision, Admit):
-                    return self._grant(record, attempt, decision, decision.reason, start, tokens)
+                    lease = self._grant(record, attempt, decision, decision.reason, start, tokens)
+                    if bound is not None and prefix is None and decision.resident_blocks is not None:
+                        self._reprice_later(record, route_kind, body, allowance, usage)
+                    return lease
                 if isinstance(decision, Reject):
                     self._drop_window(record)
                     raise PromptTooLong(decision.message)
@@ -203,6 +209,31 @@ class Gate:
                 if ended is not None:
                     self._session_ended(ended)
                 self._publish_reserved()
+
+    def _reprice_later(
+        self, record: SessionRecord | None, route_kind: str, body: dict[str, Any], allowance: int, usage: Any
+    ) -> None:
+        """A window admitted at its upper bound (no probe on the turn's path) gets its exact
+        price from a prefix probe that runs beside the forwarded turn."""
+        if record is None or usage is None or not usage.block_size:
+            return
+        task = asyncio.ensure_future(self._reprice(record, route_kind, body, allowance, usage))
+        self._repricing.add(task)
+        task.add_done_callback(self._repricing.discard)
+
+    async def _reprice(
+        self, record: SessionRecord, route_kind: str, body: dict[str, Any], allowance: int, usage: Any
+    ) -> None:
+        prefix = await self.probe.prefix(route_kind, body)
+        if prefix is None or not prefix.total_tokens:
+            return
+        growth = turn_growth_tokens(prefix.total_tokens, record.prompt_tokens, record.growth_tokens,
+                                    self._book.mean_growth_tokens)
+        usable = usage.num_total_blocks - self.settings.headroom_blocks
+        footprint = min(footprint_blocks(prefix, usage, allowance, growth), max(usable, 0))
+        if self._book.reprice(record, footprint, prefix.total_tokens):
+            self._blocks_freed(self._now())
+            self._publish_reserved()
 
     def _view(self, record: SessionRecord | None, attempt: Attempt, allowance: int, bound: int | None) -> GateView:
         return self._book.view(record, allowance, self._waiters_ahead(attempt), bound)
@@ -398,6 +429,8 @@ class Gate:
             self.finish_session(key)
         self._purge(self._now())
         self._pending_gauge.set(0)
+        for task in list(self._repricing):
+            task.cancel()
         close_probe = getattr(self.probe, "close", None)
         if close_probe is not None:
             close_probe()

@@ -259,31 +259,36 @@ async def test_windows_are_priced_at_the_anticipated_footprint(metrics, clock):
     assert_clean(gate, clock)
 
 
-async def test_a_turn_whose_upper_bound_fits_is_admitted_without_a_prefix_probe(metrics, clock):
+async def test_a_turn_whose_upper_bound_fits_is_admitted_at_once_and_repriced_beside_it(metrics, clock):
     """No pressure: the body's byte-length bound (a short chat: about 600 tokens, 38
-    blocks of 16) fits the idle 100-block replica, so no probe round trip is made; the
-    window is priced at the bound. Once older windows leave no room for the bound,
-    the exact price is probed."""
+    blocks of 16) fits the idle 100-block replica, so the turn is admitted without
+    waiting for a probe, priced at the bound; the exact price arrives from a probe run
+    beside the forwarded turn. Once the older windows leave no room for a bound, the
+    exact price is probed before deciding."""
     gate, probe = contract_gate(metrics, clock)
     probe.block_size = 16
+
+    def price(session: str) -> int:
+        return gate.state()["sessions"][session]["resident_blocks"]
+
+    probe.set_prefix("s1", total=4, hit=0, tokens=70)
     first = await gate.acquire("s1", "chat", body("s1"))
     assert first.reason == "contract_fits" and probe.prefix_calls == []
-    bound_blocks = gate.state()["sessions"]["s1"]["resident_blocks"]
-    assert 36 <= bound_blocks <= 40
+    assert 36 <= price("s1") <= 40
+    await until(lambda: price("s1") == 5, "the exact price (ceil(70 / 16))")
+    assert probe.prefix_calls == ["s1"]
     first.release()
-    again = await gate.acquire("s1", "chat", body("s1"))  # an owner whose bound still fits
-    assert again.reason == "reserved_session" and probe.prefix_calls == []
-    again.release()
-    second = await gate.acquire("s2", "chat", body("s2"))  # 38 + 38 <= 100: still no probe
-    assert second.reason == "contract_fits" and probe.prefix_calls == []
-    second.release()
-    probe.set_prefix("s3", total=5, hit=0, tokens=70)  # 38 + 38 + 38 > 100: priced exactly
-    third = await gate.acquire("s3", "chat", body("s3"))
-    assert third.reason == "contract_fits" and probe.prefix_calls == ["s3"]
-    assert gate.state()["sessions"]["s3"]["resident_blocks"] == 5
-    third.release()
-    for session in ("s1", "s2", "s3"):
+
+    probe.set_prefix("big", total=70, hit=0, tokens=1120)
+    big = await gate.acquire("big", "chat", unbounded_body("big"))  # its bound never fits: probed first
+    assert big.reason == "contract_fits" and price("big") == 70 and probe.prefix_calls == ["s1", "big"]
+    probe.set_prefix("s2", total=1, hit=0, tokens=20)
+    second = await gate.acquire("s2", "chat", body("s2"))  # 38 + 75 > 100: priced before deciding
+    assert second.reason == "contract_fits" and probe.prefix_calls == ["s1", "big", "s2"] and price("s2") == 2
+    for lease, session in ((big, "big"), (second, "s2")):
+        lease.release()
         gate.finish_session(session)
+    gate.finish_session("s1")
     assert_clean(gate, clock)
 
 
