@@ -214,8 +214,12 @@ class Gate:
         self, record: SessionRecord | None, route_kind: str, body: dict[str, Any], allowance: int, usage: Any
     ) -> None:
         """A window admitted at its upper bound (no probe on the turn's path) gets its exact
-        price from a prefix probe that runs beside the forwarded turn."""
+        price from a prefix probe that runs beside the forwarded turn, once the windows
+        hold more than half the usable blocks: below that, over-priced windows cannot
+        hold anyone back (a bound that fits skips the probe), so no probe is spent."""
         if record is None or usage is None or not usage.block_size:
+            return
+        if 2 * self._book.window_blocks <= usage.num_total_blocks - self.settings.headroom_blocks:
             return
         task = asyncio.ensure_future(self._reprice(record, route_kind, body, allowance, usage))
         self._repricing.add(task)

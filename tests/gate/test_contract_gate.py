@@ -261,11 +261,11 @@ async def test_windows_are_priced_at_the_anticipated_footprint(metrics, clock):
 
 async def test_a_turn_whose_upper_bound_fits_is_admitted_at_once_and_repriced_beside_it(metrics, clock):
     """No pressure: the body's byte-length bound (a short chat: about 600 tokens, 38
-    blocks of 16) fits the idle 100-block replica, so the turn is admitted without
-    waiting for a probe, priced at the bound; the exact price arrives from a probe run
-    beside the forwarded turn. Once the older windows leave no room for a bound, the
-    exact price is probed before deciding."""
-    gate, probe = contract_gate(metrics, clock)
+    blocks of 16) fits the idle 70-block replica, so the turn is admitted without
+    waiting for a probe, priced at the bound; as the windows now hold over half the
+    cache, the exact price arrives from a probe run beside the forwarded turn. Once the
+    older windows leave no room for a bound, the exact price is probed before deciding."""
+    gate, probe = contract_gate(metrics, clock, total=70, free=70)
     probe.block_size = 16
 
     def price(session: str) -> int:
@@ -279,15 +279,27 @@ async def test_a_turn_whose_upper_bound_fits_is_admitted_at_once_and_repriced_be
     assert probe.prefix_calls == ["s1"]
     first.release()
 
-    probe.set_prefix("big", total=70, hit=0, tokens=1120)
+    probe.set_prefix("big", total=60, hit=0, tokens=960)
     big = await gate.acquire("big", "chat", unbounded_body("big"))  # its bound never fits: probed first
-    assert big.reason == "contract_fits" and price("big") == 70 and probe.prefix_calls == ["s1", "big"]
+    assert big.reason == "contract_fits" and price("big") == 60 and probe.prefix_calls == ["s1", "big"]
     probe.set_prefix("s2", total=1, hit=0, tokens=20)
-    second = await gate.acquire("s2", "chat", body("s2"))  # 38 + 75 > 100: priced before deciding
+    second = await gate.acquire("s2", "chat", body("s2"))  # 38 + 65 > 70: priced before deciding
     assert second.reason == "contract_fits" and probe.prefix_calls == ["s1", "big", "s2"] and price("s2") == 2
     for lease, session in ((big, "big"), (second, "s2")):
         lease.release()
         gate.finish_session(session)
+    gate.finish_session("s1")
+    assert_clean(gate, clock)
+
+
+async def test_a_bounded_window_is_not_repriced_while_the_windows_hold_under_half_the_cache(metrics, clock):
+    gate, probe = contract_gate(metrics, clock)  # 100 blocks: one 38-block bound is under half
+    probe.block_size = 16
+    lease = await gate.acquire("s1", "chat", body("s1"))
+    for _ in range(5):
+        await asyncio.sleep(0)  # a background re-price, had one been started, would run now
+    assert lease.reason == "contract_fits" and probe.prefix_calls == []
+    lease.release()
     gate.finish_session("s1")
     assert_clean(gate, clock)
 
