@@ -48,6 +48,7 @@ class SessionRecord:
     windows_lost: int = 0  # windows the contract policy took back (older sessions grew)
     prompt_tokens: int | None = None  # prompt tokens of the last admitted turn with a prefix reading
     growth_tokens: int = 0  # tokens its prompt grew by between its last two such turns
+    prompt_bound: int | None = None  # the body-length bound of the turn `prompt_tokens` was read for
 
     @property
     def is_idle(self) -> bool:
@@ -128,7 +129,7 @@ class SessionBook:
             return 0
         return -(-self.growth_sum // self.growth_observed)
 
-    def _record_size(self, rec: SessionRecord, prompt_tokens: int | None) -> None:
+    def _record_size(self, rec: SessionRecord, prompt_tokens: int | None, prompt_bound: int | None = None) -> None:
         """Record an admitted turn's prompt size; a size that differs from the last is a growth observation."""
         if not prompt_tokens:
             return
@@ -137,6 +138,7 @@ class SessionBook:
             self.growth_observed += 1
             self.growth_sum += rec.growth_tokens
         rec.prompt_tokens = prompt_tokens
+        rec.prompt_bound = prompt_bound
 
     # -- operations
 
@@ -153,6 +155,7 @@ class SessionBook:
             waiters_ahead=waiters_ahead,
             last_prompt_tokens=rec.prompt_tokens,
             last_growth_tokens=rec.growth_tokens,
+            last_prompt_bound=rec.prompt_bound,
             mean_growth_tokens=self.mean_growth_tokens,
             prompt_bound_tokens=prompt_bound_tokens,
         )
@@ -188,6 +191,7 @@ class SessionBook:
         reason: str,
         now: float,
         prompt_tokens: int | None = None,
+        prompt_bound: int | None = None,
     ) -> None:
         """Record an admission under `reason` (the decision's, or its shadow_ form).
 
@@ -204,10 +208,10 @@ class SessionBook:
         if decision.resident_blocks is not None:
             rec.resident_blocks = decision.resident_blocks
         rec.reasons[reason] = rec.reasons.get(reason, 0) + 1
-        self._record_size(rec, prompt_tokens)
+        self._record_size(rec, prompt_tokens, prompt_bound)
         self._enter(rec, now)
 
-    def reprice(self, rec: SessionRecord, footprint: int, prompt_tokens: int) -> bool:
+    def reprice(self, rec: SessionRecord, footprint: int, prompt_tokens: int, prompt_bound: int | None) -> bool:
         """Replace the price of an in-flight window admitted at an upper bound by its exact
         one (contract policy, no-pressure path); True if the window shrank.
 
@@ -219,7 +223,7 @@ class SessionBook:
             return False
         shrank = footprint < rec.resident_blocks
         rec.resident_blocks = footprint
-        self._record_size(rec, prompt_tokens)
+        self._record_size(rec, prompt_tokens, prompt_bound)
         return shrank
 
     def release(self, rec: SessionRecord | None, now: float) -> SessionRecord | None:

@@ -187,11 +187,11 @@ class Gate:
                 decision = self.policy.decide(view, usage, prefix, self.settings)
                 tokens = prefix.total_tokens if prefix is not None else None
                 if self.settings.mode == "shadow":
-                    return self._grant_shadow(record, attempt, decision, start, tokens)
+                    return self._grant_shadow(record, attempt, decision, start, tokens, bound)
                 if isinstance(decision, Admit):
-                    lease = self._grant(record, attempt, decision, decision.reason, start, tokens)
+                    lease = self._grant(record, attempt, decision, decision.reason, start, tokens, bound)
                     if bound is not None and prefix is None and decision.resident_blocks is not None:
-                        self._reprice_later(record, route_kind, body, allowance, usage)
+                        self._reprice_later(record, route_kind, body, allowance, usage, bound)
                     return lease
                 if isinstance(decision, Reject):
                     self._drop_window(record)
@@ -211,7 +211,8 @@ class Gate:
                 self._publish_reserved()
 
     def _reprice_later(
-        self, record: SessionRecord | None, route_kind: str, body: dict[str, Any], allowance: int, usage: Any
+        self, record: SessionRecord | None, route_kind: str, body: dict[str, Any], allowance: int, usage: Any,
+        bound: int,
     ) -> None:
         """A window admitted at its upper bound (no probe on the turn's path) gets its exact
         price from a prefix probe that runs beside the forwarded turn, once the windows
@@ -221,12 +222,12 @@ class Gate:
             return
         if 2 * self._book.window_blocks <= usage.num_total_blocks - self.settings.headroom_blocks:
             return
-        task = asyncio.ensure_future(self._reprice(record, route_kind, body, allowance, usage))
+        task = asyncio.ensure_future(self._reprice(record, route_kind, body, allowance, usage, bound))
         self._repricing.add(task)
         task.add_done_callback(self._repricing.discard)
 
     async def _reprice(
-        self, record: SessionRecord, route_kind: str, body: dict[str, Any], allowance: int, usage: Any
+        self, record: SessionRecord, route_kind: str, body: dict[str, Any], allowance: int, usage: Any, bound: int
     ) -> None:
         prefix = await self.probe.prefix(route_kind, body)
         if prefix is None or not prefix.total_tokens:
@@ -235,7 +236,7 @@ class Gate:
                                     self._book.mean_growth_tokens)
         usable = usage.num_total_blocks - self.settings.headroom_blocks
         footprint = min(footprint_blocks(prefix, usage, allowance, growth), max(usable, 0))
-        if self._book.reprice(record, footprint, prefix.total_tokens):
+        if self._book.reprice(record, footprint, prefix.total_tokens, bound):
             self._blocks_freed(self._now())
             self._publish_reserved()
 
@@ -252,12 +253,13 @@ class Gate:
         return ahead
 
     def _grant_shadow(
-        self, record: SessionRecord | None, attempt: Attempt, decision: Any, start: float, tokens: int | None
+        self, record: SessionRecord | None, attempt: Attempt, decision: Any, start: float, tokens: int | None,
+        bound: int | None,
     ) -> Lease:
         if isinstance(decision, Admit):
-            return self._grant(record, attempt, decision, "shadow_" + decision.reason, start, tokens)
+            return self._grant(record, attempt, decision, "shadow_" + decision.reason, start, tokens, bound)
         reason = "shadow_wait" if isinstance(decision, Wait) else "shadow_" + decision.code
-        return self._grant(record, attempt, Admit(reason), reason, start, tokens)
+        return self._grant(record, attempt, Admit(reason), reason, start, tokens, bound)
 
     def _grant(
         self,
@@ -267,10 +269,12 @@ class Gate:
         reason: str,
         start: float | None,
         tokens: int | None = None,
+        bound: int | None = None,
     ) -> Lease:
         """Book the admission (start None: mode off, nothing but the lease is booked).
 
-        tokens: the prompt size of the turn's prefix reading, recorded for the session's growth.
+        tokens: the prompt size of the turn's prefix reading, recorded for the session's growth
+        (with `bound`, the turn's body-length bound, which later turns' bounds are measured from).
         """
         if start is None:
             wait = 0.0
@@ -279,7 +283,7 @@ class Gate:
             now = self._now()
             wait = max(0.0, now - start)
             committed = self._book.window_blocks if record is not None else 0
-            self._book.admit(record, attempt, decision, reason, now, tokens)
+            self._book.admit(record, attempt, decision, reason, now, tokens, bound)
             if record is not None and self._book.window_blocks < committed:
                 self._blocks_freed(now)  # a window shrank or ended: a waiter may fit now
         counter = self._admissions.get(reason)

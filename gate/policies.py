@@ -66,6 +66,9 @@ class GateView:
     prompt_bound_tokens: an upper bound on the prompt's tokens read off the body
       (`prompt_token_bound`), or None when the body admits no cheap bound. The
       contract policy admits without a prefix probe when even the bound fits.
+    last_prompt_bound: the body-length bound of the turn `last_prompt_tokens` was read
+      for; a session with history is bounded by its exact size plus its body's growth
+      since (`history_bound`).
     """
 
     anonymous: bool = False
@@ -78,6 +81,7 @@ class GateView:
     last_growth_tokens: int = 0
     mean_growth_tokens: int = 0
     prompt_bound_tokens: int | None = None
+    last_prompt_bound: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +168,23 @@ def prompt_token_bound(body_json: bytes) -> int | None:
     if any(marker in body_json for marker in _MEDIA_MARKERS):
         return None
     return len(body_json) + TEMPLATE_MARGIN_TOKENS
+
+
+# Tokens a session's prompt may have gained since its last exact size beyond its body's
+# byte growth: the template markers of appended messages are fewer than the bytes of
+# their JSON wrappers, so this only covers small rewrites of earlier messages.
+HISTORY_MARGIN_TOKENS = 64
+
+
+def history_bound(view: GateView) -> int | None:
+    """The tightest upper bound on the prompt's tokens: the body-length bound, or, for a
+    session with an exact size on record, that size plus the body's growth since
+    (+ HISTORY_MARGIN_TOKENS), whichever is smaller. None: no bound (media)."""
+    bound = view.prompt_bound_tokens
+    if bound is None or view.last_prompt_tokens is None or view.last_prompt_bound is None:
+        return bound
+    grown = view.last_prompt_tokens + max(0, bound - view.last_prompt_bound) + HISTORY_MARGIN_TOKENS
+    return min(bound, grown)
 
 
 def footprint_blocks(
@@ -260,7 +281,7 @@ SEED = Policy("seed", seed_needs_prefix_probe, seed_decide)
 def bounded_footprint(view: GateView, usage: UsageReading, knobs: GateSettings) -> int | None:
     """The footprint to admit a turn at without a prefix probe, or None to probe.
 
-    The turn is priced at its upper bound (`prompt_bound_tokens` + output allowance +
+    The turn is priced at its upper bound (`history_bound` + output allowance +
     growth, in blocks). If even that fits behind the older windows, and, for a
     newcomer, fits vLLM's free blocks outside idle windows and headroom, the exact
     price cannot change the answer, so the probe (a round trip into the engine
@@ -269,16 +290,17 @@ def bounded_footprint(view: GateView, usage: UsageReading, knobs: GateSettings) 
     their owner's next probed turn re-prices them; that only makes the policy probe
     sooner.
     """
-    if view.prompt_bound_tokens is None or not usage.block_size:
+    bound = history_bound(view)
+    if bound is None or not usage.block_size:
         return None
     assert usage.num_total_blocks is not None and usage.num_free_blocks is not None
     growth = view.last_growth_tokens if view.last_prompt_tokens is not None else view.mean_growth_tokens
-    tokens = view.prompt_bound_tokens + view.max_output_tokens + growth
+    tokens = bound + view.max_output_tokens + growth
     footprint = -(-tokens // usage.block_size)
     if footprint + view.older_window_blocks > usage.num_total_blocks - knobs.headroom_blocks:
         return None
     if not view.reserved:
-        prompt_blocks = view.prompt_bound_tokens // usage.block_size
+        prompt_blocks = bound // usage.block_size
         if prompt_blocks > usage.num_free_blocks - view.idle_reserved_blocks - knobs.headroom_blocks:
             return None
     return footprint

@@ -27,10 +27,12 @@ def body(session: str, **fields) -> dict:
     return {"id": session, "messages": [{"role": "user", "content": "hi"}], **fields}
 
 
-def unbounded_body(session: str, **fields) -> dict:
-    """A body whose byte-length bound on its prompt (over 2,000 tokens: 125 blocks of 16)
-    exceeds a 100-block replica, so the contract policy must probe to price it."""
-    return {"id": session, "messages": [{"role": "user", "content": "x" * 2000}], **fields}
+def unbounded_body(session: str, size: int = 2000, **fields) -> dict:
+    """A body whose byte-length bound on its prompt (over `size` tokens; 2,000: 125
+    blocks of 16) exceeds a 100-block replica, so the contract policy must probe to
+    price it. A later turn of the same session must grow by as many bytes as it grows
+    in tokens, or more (as real prompts do), else its history bound fits."""
+    return {"id": session, "messages": [{"role": "user", "content": "x" * size}], **fields}
 
 
 def waiting(gate: Gate) -> int:
@@ -185,7 +187,7 @@ async def test_owners_are_probed_every_turn_and_priced_with_their_output_allowan
     assert first.reason == "contract_fits" and gate.state()["sessions"]["s1"]["resident_blocks"] == 22
     first.release()
     probe.set_prefix("s1", total=25, hit=20, tokens=410)
-    second = await gate.acquire("s1", "chat", unbounded_body("s1", max_completion_tokens=30, max_tokens=1))
+    second = await gate.acquire("s1", "chat", unbounded_body("s1", 4000, max_completion_tokens=30, max_tokens=1))
     assert second.reason == "reserved_session"
     # anticipated: its prompt grew by 410 - 330 = 80 tokens, so ceil((410 + 30 + 80) / 16) = 33
     assert gate.state()["sessions"]["s1"]["resident_blocks"] == 33
@@ -237,7 +239,7 @@ async def test_windows_are_priced_at_the_anticipated_footprint(metrics, clock):
     assert gate.state()["sessions"]["a"]["resident_blocks"] == 20
     first.release()
     probe.set_prefix("a", total=40, hit=20, tokens=640)
-    second = await gate.acquire("a", "chat", unbounded_body("a"))  # grew 320 tokens: ceil((640 + 320) / 16) = 60
+    second = await gate.acquire("a", "chat", unbounded_body("a", 4000))  # grew 320 tokens: ceil((640 + 320) / 16) = 60
     assert second.reason == "reserved_session"
     assert gate.state()["sessions"]["a"]["resident_blocks"] == 60 and gate.state()["window_blocks"] == 60
     second.release()
@@ -248,8 +250,11 @@ async def test_windows_are_priced_at_the_anticipated_footprint(metrics, clock):
     task = asyncio.create_task(gate.acquire("b", "chat", unbounded_body("b")))
     await until(lambda: waiting(gate) == 1, "b to wait")
     # a's turn re-sent (same prompt): it keeps its growth, and the mean is not diluted
-    resent = await gate.acquire("a", "chat", unbounded_body("a"))
-    assert gate.state()["sessions"]["a"]["resident_blocks"] == 60 and not task.done()
+    # Its body did not grow, so its history bound (640 + 64 tokens, + 320 growth: 64
+    # blocks) fits: admitted at once at the bound, then re-priced exactly beside the turn.
+    resent = await gate.acquire("a", "chat", unbounded_body("a", 4000))
+    await until(lambda: gate.state()["sessions"]["a"]["resident_blocks"] == 60, "a re-priced")
+    assert not task.done()
     resent.release()
     gate.finish_session("a")
     lease = await admitted(task)

@@ -9,7 +9,7 @@ import pytest
 from gate.policies import (
     ANONYMOUS, CONTRACT, CONTRACT_FITS, OPEN, POLICIES, PREFIX_PROBE_UNAVAILABLE, PROMPT_TOO_LONG,
     RESERVED_SESSION, RESIDENT_PREFIX, SEED, Admit, GateView, Reject, Wait, footprint_blocks, get_policy,
-    TEMPLATE_MARGIN_TOKENS, bounded_footprint, contract_decide, contract_needs_prefix_probe, output_allowance,
+    HISTORY_MARGIN_TOKENS, TEMPLATE_MARGIN_TOKENS, bounded_footprint, history_bound, contract_decide, contract_needs_prefix_probe, output_allowance,
     prompt_token_bound, turn_growth_tokens,
 )
 from gate.readings import PrefixReading, UsageReading
@@ -406,6 +406,22 @@ def test_prompt_token_bound_is_the_body_bytes_plus_the_template_margin():
 )
 def test_bounded_footprint(view, expected):
     assert bounded_footprint(view, SMALL_BLOCKS, GateSettings()) == expected
+
+
+@pytest.mark.parametrize(
+    "view, expected",
+    [
+        (GateView(prompt_bound_tokens=None, last_prompt_tokens=100, last_prompt_bound=600), None),  # media
+        (GateView(prompt_bound_tokens=3000), 3000),                                   # no history
+        (GateView(prompt_bound_tokens=3000, last_prompt_tokens=500, last_prompt_bound=2600),
+         500 + 400 + HISTORY_MARGIN_TOKENS),                                           # exact size + byte growth
+        (GateView(prompt_bound_tokens=2000, last_prompt_tokens=500, last_prompt_bound=2600),
+         500 + HISTORY_MARGIN_TOKENS),                                                 # a shrunk body adds nothing
+        (GateView(prompt_bound_tokens=700, last_prompt_tokens=650, last_prompt_bound=690), 700),  # never above the body's
+    ],
+)
+def test_history_bound(view, expected):
+    assert history_bound(view) == expected
 
 
 def test_contract_admits_a_bounded_turn_without_the_probe_and_prices_it_at_the_bound():
