@@ -49,10 +49,9 @@ from gate.policies import (
     Reject,
     Wait,
     get_policy,
-    footprint_blocks,
     output_allowance,
     prompt_token_bound,
-    turn_growth_tokens,
+    window_footprint,
 )
 from gate.probe import Probe
 from proxy.metrics import KvgateMetrics
@@ -232,10 +231,7 @@ class Gate:
         prefix = await self.probe.prefix(route_kind, body)
         if prefix is None or not prefix.total_tokens:
             return
-        growth = turn_growth_tokens(prefix.total_tokens, record.prompt_tokens, record.growth_tokens,
-                                    self._book.mean_growth_tokens)
-        usable = usage.num_total_blocks - self.settings.headroom_blocks
-        footprint = min(footprint_blocks(prefix, usage, allowance, growth), max(usable, 0))
+        footprint = max(window_footprint(self._book.view(record, allowance), usage, prefix, self.settings), 0)
         if self._book.reprice(record, footprint, prefix.total_tokens, bound):
             self._blocks_freed(self._now())
             self._publish_reserved()

@@ -306,6 +306,18 @@ def bounded_footprint(view: GateView, usage: UsageReading, knobs: GateSettings) 
     return footprint
 
 
+def window_footprint(view: GateView, usage: UsageReading, prefix: PrefixReading, knobs: GateSettings) -> int:
+    """The exact price of the deciding session's window: the anticipated footprint
+    (prompt + output allowance + its growth per turn), capped at the usable blocks so
+    that a large allowance alone never strands a turn. Needs block counts."""
+    assert usage.num_total_blocks is not None
+    growth = turn_growth_tokens(
+        prefix.total_tokens, view.last_prompt_tokens, view.last_growth_tokens, view.mean_growth_tokens
+    )
+    usable = usage.num_total_blocks - knobs.headroom_blocks
+    return min(footprint_blocks(prefix, usage, view.max_output_tokens, growth), usable)
+
+
 def contract_needs_prefix_probe(view: GateView, usage: UsageReading | None, knobs: GateSettings) -> bool:
     """For every named turn the contract prices, owners included: the price is the prompt.
 
@@ -377,10 +389,7 @@ def contract_decide(
             f"{usage.num_total_blocks} (minus gate.headroom_blocks={knobs.headroom_blocks}); "
             "shorten the prompt or serve it from a replica with a larger KV cache",
         )
-    growth = turn_growth_tokens(
-        prefix.total_tokens, view.last_prompt_tokens, view.last_growth_tokens, view.mean_growth_tokens
-    )
-    footprint = min(footprint_blocks(prefix, usage, view.max_output_tokens, growth), usable)
+    footprint = window_footprint(view, usage, prefix, knobs)
     working_set = footprint + view.older_window_blocks
     if view.reserved:
         if working_set <= usable:
