@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from bench.agentic.processes import free_port
+from bench.agentic.scrape import HITS, QUERIES, parse_prometheus
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -146,12 +148,6 @@ def ensure_tiny_model(python: Path) -> Path:
     return target
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # ---------------------------------------------------------------- HTTP helpers
 
 def http_json(method: str, url: str, body: object | None = None, timeout: float = 120,
@@ -188,15 +184,12 @@ def scrape_metrics(base_url: str) -> list[tuple[str, dict, float]]:
     return samples
 
 
-def metric_total(samples: list[tuple[str, dict, float]], name: str) -> float:
-    return sum(value for sample_name, _, value in samples if sample_name == name)
-
-
 def prefix_counters(base_url: str) -> tuple[float, float]:
-    """(vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total), in tokens."""
-    samples = scrape_metrics(base_url)
-    return (metric_total(samples, "vllm:prefix_cache_queries_total"),
-            metric_total(samples, "vllm:prefix_cache_hits_total"))
+    """(vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total), in tokens, summed
+    over label sets by the benchmark's own parser."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=30) as response:
+        totals = parse_prometheus(response.read().decode())
+    return totals.get(QUERIES, 0.0), totals.get(HITS, 0.0)
 
 
 # ---------------------------------------------------------------- the server
