@@ -96,6 +96,10 @@ class ReplicaProbe:
         self._usage_gauge = metrics.replica_kv_usage.labels(name)
         self._last_error: str | None = None
 
+    @property
+    def has_probe_api(self) -> bool:
+        return self._fallback_since is None
+
     # ------------------------------------------------------------------ usage
 
     async def usage(self, newer_than: float | None = None) -> UsageReading | None:
