@@ -1,6 +1,6 @@
 """Block pool and KV cache manager semantics, hand-worked on tiny pools."""
 
-from simulator.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
+from simulator.block_pool import FreeKVCacheBlockQueue, KVCacheBlock
 from simulator.kv_cache_manager import KVCacheManager
 from simulator.request import SimRequest, compute_block_hashes
 
