@@ -9,7 +9,8 @@ Each probe is one UTILITY call per engine (``call_utility_all_async``: under dat
 parallelism the single-engine call would answer for engine 0 only), bounded by
 ``KVGATE_PROBE_TIMEOUT_SEC`` (default 5). Status codes: 200 answer; 400 bad body
 (OpenAI-shaped error naming the field); 501 the engine cannot answer (prefix
-caching off, unsupported vLLM build); 503 engine error; 504 timeout.
+caching off, unsupported vLLM build); 503 engine error; 504 timeout; 404 a Responses
+body whose ``previous_response_id`` this server does not hold.
 """
 
 # No "from __future__ import annotations": FastAPI must see the real ``Request``
@@ -44,7 +45,7 @@ def probe_timeout_sec() -> float:
 
 def error_body(status: int, message: str, code: str, param: str | None = None) -> dict:
     """OpenAI-shaped error, as vLLM and the kvgate proxy send them."""
-    error_type = "BadRequestError" if status == 400 else "ServiceUnavailableError"
+    error_type = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "ServiceUnavailableError")
     return {"error": {"message": message, "type": error_type, "code": code, "param": param}}
 
 

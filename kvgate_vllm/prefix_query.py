@@ -5,6 +5,8 @@ Accepted bodies (SPEC.md section 6), exactly one of:
 - ``{"token_ids": [int, ...], "cache_salt"?: str, "model"?: str}``
 - ``{"chat": <a /v1/chat/completions body>}``
 - ``{"completion": <a /v1/completions body>}``
+- ``{"messages": <an Anthropic /v1/messages body>}``
+- ``{"responses": <a /v1/responses body>}``
 
 Anything else raises ``ProbeRequestError``, which the endpoint turns into a 400.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-PROMPT_KINDS = ("token_ids", "chat", "completion")
+PROMPT_KINDS = ("token_ids", "chat", "completion", "messages", "responses")
 
 
 class ProbeRequestError(ValueError):
@@ -30,9 +32,9 @@ class ProbeRequestError(ValueError):
 @dataclass(frozen=True)
 class PrefixQuery:
     """A validated prefix probe. ``token_ids`` is set for kind "token_ids";
-    ``body`` (the chat or completion request dict) for the other two kinds."""
+    ``body`` (the request dict of that route) for the other kinds."""
 
-    kind: Literal["token_ids", "chat", "completion"]
+    kind: Literal["token_ids", "chat", "completion", "messages", "responses"]
     token_ids: list[int] | None = None
     cache_salt: str | None = None
     model: str | None = None
@@ -53,8 +55,9 @@ def parse_prefix_query(body: object) -> PrefixQuery:
     present = [kind for kind in PROMPT_KINDS if kind in body]
     if len(present) != 1:
         raise ProbeRequestError(
-            "give exactly one of 'token_ids', 'chat' (a /v1/chat/completions body) "
-            f"or 'completion' (a /v1/completions body); got {present or 'none'}"
+            "give exactly one of 'token_ids', 'chat' (a /v1/chat/completions body), "
+            "'completion' (a /v1/completions body), 'messages' (an Anthropic /v1/messages body) "
+            f"or 'responses' (a /v1/responses body); got {present or 'none'}"
         )
     kind = present[0]
     if kind == "token_ids":

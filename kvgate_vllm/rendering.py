@@ -8,6 +8,18 @@ and ``openai_serving_models``. Chat bodies are rendered by the same renderer
 generation uses (same chat template, tools, ``cache_salt``), so the token ids,
 and hence the block hashes, are the ones a real request would have. ``/tokenize``
 is not used: it renders slightly differently (no cache_salt or tool_choice handling).
+
+Anthropic and Responses bodies go through vLLM's own serving objects, exactly as
+their generation routes do (nothing is reimplemented here):
+
+- ``messages``: ``state.anthropic_serving_messages`` (``AnthropicServingMessages``)
+  converts the body to a chat request with ``to_chat_completion_request`` (with the
+  server's inline-system merge and disabled-thinking effort), which is then rendered
+  like a chat body; ``create_messages`` does the same before generating.
+- ``responses``: ``state.openai_serving_responses`` (``OpenAIServingResponses``)
+  checks the body like ``create_responses``, looks up ``previous_response_id`` in its
+  in-memory ``response_store`` (404 when this server does not hold it) and renders
+  with ``_render_resolved_response_inputs``, which adds the stored conversation.
 """
 
 from __future__ import annotations
@@ -46,20 +58,28 @@ def _error_message(error_response: Any) -> str:
     return getattr(error, "message", None) or str(error_response)
 
 
-def _reject_multimodal_messages(body: dict) -> None:
-    """400 before rendering, so a probe never downloads or processes media."""
-    for message in body.get("messages") or []:
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
+def _reject_multimodal_parts(items: Any, param: str) -> None:
+    """400 before rendering, so a probe never downloads or processes media.
+
+    ``items``: chat messages, Anthropic messages or Responses input items; each one's
+    ``content`` list (or the item itself, for Responses) is checked for media parts."""
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
             continue
-        for part in content:
+        content = item.get("content")
+        parts = [item] + (content if isinstance(content, list) else [])
+        for part in parts:
             part_type = part.get("type", "") if isinstance(part, dict) else ""
             if any(marker in str(part_type) for marker in _MULTIMODAL_PART_MARKERS):
                 raise ProbeRequestError(
                     f"multimodal content ('{part_type}') is not supported by the prefix "
                     "probe yet; probe the text-only prompt or its token_ids",
-                    param="chat.messages",
+                    param=param,
                 )
+
+
+def _reject_multimodal_messages(body: dict) -> None:
+    _reject_multimodal_parts(body.get("messages"), "chat.messages")
 
 
 def _single_token_input(engine_inputs: list, kind: str) -> RenderedPrompt:
@@ -101,8 +121,12 @@ def _model_lora(state: Any, model: str | None) -> dict | None:
     return lora_fields(lora_request)
 
 
-async def _render_with(serving: Any, request: Any, kind: str, render) -> RenderedPrompt:
-    """Model check, rendering and LoRA lookup in the order generation does them."""
+async def _render_with(serving: Any, request: Any, kind: str, render, chat_shaped: bool | None = None) -> RenderedPrompt:
+    """Model check, rendering and LoRA lookup in the order generation does them.
+
+    ``chat_shaped``: ``render`` returns (conversation, engine inputs) as ``render_chat``
+    does (default: ``kind == "chat"``)."""
+    chat_shaped = kind == "chat" if chat_shaped is None else chat_shaped
     from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
     if serving is None:
@@ -116,10 +140,10 @@ async def _render_with(serving: Any, request: Any, kind: str, render) -> Rendere
         raise ProbeRequestError(f"cannot render the {kind} body: {exc}", param=kind) from exc
     if isinstance(result, ErrorResponse):
         raise ProbeRequestError(_error_message(result), param=kind)
-    engine_inputs = result[1] if kind == "chat" else result
+    engine_inputs = result[1] if chat_shaped else result
     rendered = _single_token_input(list(engine_inputs), kind)
     # Chat generation also picks a default multimodal LoRA; completions do not.
-    lora = lora_fields(serving._maybe_get_adapters(request, supports_default_mm_loras=kind == "chat"))
+    lora = lora_fields(serving._maybe_get_adapters(request, supports_default_mm_loras=chat_shaped))
     return RenderedPrompt(rendered.token_ids, rendered.cache_salt, lora)
 
 
@@ -139,6 +163,10 @@ async def render_prefix_query(state: Any, query: PrefixQuery) -> RenderedPrompt:
             lora=_model_lora(state, query.model),
         )
     renderer = state.online_renderer
+    if query.kind == "messages":
+        return await _render_messages(state, query.body or {})
+    if query.kind == "responses":
+        return await _render_responses(state, query.body or {})
     if query.kind == "chat":
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
@@ -155,3 +183,68 @@ async def render_prefix_query(state: Any, query: PrefixQuery) -> RenderedPrompt:
         )
     serving = getattr(state, "openai_serving_completion", None)
     return await _render_with(serving, request, "completion", renderer.render_completion)
+
+
+async def _render_messages(state: Any, body: dict) -> RenderedPrompt:
+    """An Anthropic body, converted and rendered by vLLM's ``AnthropicServingMessages``
+    exactly as ``create_messages`` does before it generates."""
+    from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+
+    serving = getattr(state, "anthropic_serving_messages", None)
+    if serving is None:
+        raise ProbeRequestError("this server does not serve Anthropic /v1/messages requests", param="messages")
+    _reject_multimodal_parts(body.get("messages"), "messages.messages")
+    request = _validate(AnthropicMessagesRequest, body, "messages")
+    effort = "none"
+    if request.thinking is not None and request.thinking.type == "disabled":
+        effort = await serving._get_disabled_thinking_effort()
+    try:
+        chat_request = serving.to_chat_completion_request(
+            request, merge_inline_system=serving._merge_inline_system, disabled_thinking_effort=effort
+        )
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ProbeRequestError(f"cannot convert the messages body: {exc}", param="messages") from exc
+    return await _render_with(serving, chat_request, "messages", state.online_renderer.render_chat, chat_shaped=True)
+
+
+def _previous_response_not_found(response_id: str) -> ProbeRequestError:
+    return ProbeRequestError(
+        f"Response with id '{response_id}' not found on this server: vLLM keeps Responses state "
+        "in the memory of the server that produced it (and only with VLLM_ENABLE_RESPONSES_API_STORE=1)",
+        param="responses.previous_response_id",
+        status=404,
+    )
+
+
+async def _render_responses(state: Any, body: dict) -> RenderedPrompt:
+    """A Responses body rendered by vLLM's ``OpenAIServingResponses`` as ``create_responses``
+    does: model and input checks, the stored ``previous_response_id`` state, the render."""
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+    serving = getattr(state, "openai_serving_responses", None)
+    if serving is None:
+        raise ProbeRequestError("this server does not serve /v1/responses requests", param="responses")
+    _reject_multimodal_parts(body.get("input"), "responses.input")
+    request = _validate(ResponsesRequest, body, "responses")
+    error = await serving._check_model(request)
+    if error is not None:
+        raise ProbeRequestError(_error_message(error), param="responses.model")
+    error = serving._validate_create_responses_input(request)
+    if error is not None:
+        raise ProbeRequestError(_error_message(error), param="responses")
+    previous = None
+    if request.previous_response_id is not None:
+        async with serving.response_store_lock:
+            previous = serving.response_store.get(request.previous_response_id)
+        if previous is None:
+            raise _previous_response_not_found(request.previous_response_id)
+    try:
+        result = await serving._render_resolved_response_inputs(request, previous, skip_mm_cache=True)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ProbeRequestError(f"cannot render the responses body: {exc}", param="responses") from exc
+    if isinstance(result, ErrorResponse):
+        raise ProbeRequestError(_error_message(result), param="responses")
+    rendered = _single_token_input([result.engine_input], "responses")
+    lora = lora_fields(serving._maybe_get_adapters(request))
+    return RenderedPrompt(rendered.token_ids, rendered.cache_salt, lora)

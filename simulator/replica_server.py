@@ -1,7 +1,9 @@
 """The simulated vLLM replica: the real-time engine model behind vLLM's HTTP surface.
 
 Routes (docs/ARCHITECTURE.md seam 3): POST /v1/chat/completions, POST /v1/completions
-(streaming and not), POST /v1/messages (Anthropic, as vLLM serves it), GET /v1/models, GET /health, GET /metrics, and the probe API of
+(streaming and not), POST /v1/messages (Anthropic, as vLLM serves it), POST /v1/responses
+(streaming and not, with `previous_response_id` state held in this replica's memory),
+GET /v1/models, GET /health, GET /metrics, and the probe API of
 SPEC.md section 6 (GET /v1/kvgate/kv, POST /v1/kvgate/prefix), answered from the engine
 model without side effects.
 
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from simulator import anthropic_api
+from simulator import anthropic_api, responses_api
 from simulator.async_engine import AsyncEngine, RequestHandle
 from simulator.config import CostModel, EngineConfig
 from simulator.openai_api import (
@@ -56,6 +58,7 @@ class ReplicaInfo:
 
 ENGINE_KEY = web.AppKey("kvgate_sim_engine", AsyncEngine)
 INFO_KEY = web.AppKey("kvgate_sim_info", ReplicaInfo)
+RESPONSES_KEY = web.AppKey("kvgate_sim_responses", responses_api.ResponseStore)
 
 
 def _json(body, status: int = 200) -> web.Response:
@@ -209,6 +212,76 @@ async def messages(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "messages")
 
 
+async def responses(request: web.Request) -> web.StreamResponse:
+    """POST /v1/responses: generation as for chat; the answer is a Responses object or its
+    event stream; with `store` (the default) the turn is kept for `previous_response_id`."""
+    engine = request.app[ENGINE_KEY]
+    store = request.app[RESPONSES_KEY]
+    try:
+        body = await _read_json(request)
+        params = responses_api.parse_responses(body, request.app[INFO_KEY].model_name,
+                                               engine.config.effective_max_model_len, store)
+        generation = params.generation
+        handle = engine.add_request(generation.prompt_token_ids, generation.max_tokens, generation.cache_salt)
+    except ApiError as error:
+        return _error(error)
+    except ValueError as error:
+        return _error(ApiError(str(error)))
+    created = int(time.time())
+    try:
+        if generation.stream:
+            stream, text = await _stream_response(request, params, handle, created)
+        else:
+            await _until_finished(handle)
+            if handle.finish_reason == "abort":
+                return _error(ABORTED)
+            text = _text(handle.request.output_token_ids)
+        if params.store and handle.finish_reason != "abort":
+            store.put(params.response_id, responses_api.StoredResponse(params.messages, text))
+        if generation.stream:
+            return stream
+        sim_request = handle.request
+        usage_body = responses_api.response_usage(sim_request.num_prompt_tokens, sim_request.num_output_tokens,
+                                                  sim_request.num_cached_prompt_tokens)
+        item = responses_api.output_message(f"msg_{uuid.uuid4().hex}", text, "completed")
+        status = responses_api.final_status(handle.finish_reason)
+        return _json(responses_api.response_object(params, created, status, [item], usage_body))
+    finally:
+        if not handle.finished:
+            engine.abort(handle.request.request_id)
+
+
+async def _stream_response(request: web.Request, params, handle: RequestHandle,
+                           created: int) -> tuple[web.StreamResponse, str]:
+    """Relay a response's events as tokens are generated; returns the response and the text."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    events = responses_api.ResponseStream(params, created)
+    for chunk in events.opening():
+        await response.write(chunk)
+    sim_request = handle.request
+    sent = 0
+    while not handle.finished:
+        await handle.changed.wait()
+        handle.changed.clear()
+        tokens = sim_request.output_token_ids
+        if len(tokens) > sent:
+            text = _text(tokens[sent:])
+            sent = len(tokens)
+            for chunk in events.delta(text):
+                await response.write(chunk)
+    if handle.finish_reason == "abort":
+        closing = events.failed(ABORTED)
+    else:
+        usage_body = responses_api.response_usage(sim_request.num_prompt_tokens, sim_request.num_output_tokens,
+                                                  sim_request.num_cached_prompt_tokens)
+        closing = events.closing(handle.finish_reason, usage_body)
+    for chunk in closing:
+        await response.write(chunk)
+    await response.write_eof()
+    return response, "".join(events.text_parts)
+
+
 # -- plain routes ----------------------------------------------------------------------------
 
 
@@ -244,13 +317,18 @@ async def probe_kv(request: web.Request) -> web.Response:
     return _json({"version": 1, **state, "engines": [{"engine": 0, **state}]})
 
 
-def parse_prefix_probe(body) -> tuple[list[int], str | None]:
-    """Token ids and cache_salt of a POST /v1/kvgate/prefix body (one of token_ids, chat, completion)."""
+PROBE_FORMS = ("token_ids", "chat", "completion", "messages", "responses")
+
+
+def parse_prefix_probe(body, store: responses_api.ResponseStore | None = None) -> tuple[list[int], str | None]:
+    """Token ids and cache_salt of a POST /v1/kvgate/prefix body (one of PROBE_FORMS), rendered
+    as generation renders it; a `responses` body continuing a response reads `store` (404 if
+    this replica does not hold it)."""
     if not isinstance(body, dict):
-        raise ApiError("the probe body must be a JSON object with one of 'token_ids', 'chat' or 'completion'")
-    forms = [key for key in ("token_ids", "chat", "completion") if key in body]
+        raise ApiError(f"the probe body must be a JSON object with one of {', '.join(PROBE_FORMS)}")
+    forms = [key for key in PROBE_FORMS if key in body]
     if len(forms) != 1:
-        raise ApiError("the probe body needs exactly one of 'token_ids', 'chat' or 'completion'")
+        raise ApiError(f"the probe body needs exactly one of {', '.join(PROBE_FORMS)}")
     if forms[0] == "token_ids":
         token_ids = body["token_ids"]
         if not isinstance(token_ids, list) or not all(
@@ -261,12 +339,18 @@ def parse_prefix_probe(body) -> tuple[list[int], str | None]:
         if salt is not None and not isinstance(salt, str):
             raise ApiError("'cache_salt' must be a string", param="cache_salt")
         return token_ids, salt
+    if forms[0] == "messages":
+        return anthropic_api.render_messages(body["messages"])
+    if forms[0] == "responses":
+        ids, _messages, salt = responses_api.render_responses(
+            body["responses"], store if store is not None else responses_api.ResponseStore())
+        return ids, salt
     return render_prompt(forms[0], body[forms[0]])
 
 
 async def probe_prefix(request: web.Request) -> web.Response:
     try:
-        token_ids, cache_salt = parse_prefix_probe(await _read_json(request))
+        token_ids, cache_salt = parse_prefix_probe(await _read_json(request), request.app[RESPONSES_KEY])
     except ApiError as error:
         return _error(error)
     probe = request.app[ENGINE_KEY].probe_prefix(token_ids, cache_salt)
@@ -301,6 +385,7 @@ def build_replica_app(
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[ENGINE_KEY] = engine
     app[INFO_KEY] = ReplicaInfo(model_name, int(time.time()))
+    app[RESPONSES_KEY] = responses_api.ResponseStore()
 
     async def start_engine(_app: web.Application) -> None:
         engine.start()
@@ -313,6 +398,7 @@ def build_replica_app(
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/responses", responses)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
