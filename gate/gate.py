@@ -54,6 +54,7 @@ from gate.policies import (
     window_footprint,
 )
 from gate.probe import Probe
+from gate.route_prompts import body_holds_prompt
 from proxy.metrics import KvgateMetrics
 from proxy.settings import GateSettings
 
@@ -163,7 +164,9 @@ class Gate:
         attempt = Attempt(named=session_key is not None)
         allowance = output_allowance(body)
         # Only named turns are priced; one compact encoding of the body bounds its prompt.
-        bound = prompt_token_bound(orjson.dumps(body)) if session_key is not None and self._prices_bodies else None
+        # A body that does not hold its whole prompt (a Responses continuation) has no bound.
+        bound = (prompt_token_bound(orjson.dumps(body))
+                 if session_key is not None and self._prices_bodies and body_holds_prompt(route_kind, body) else None)
         record: SessionRecord | None = None
         if session_key is not None:
             record, previous = self._book.begin_attempt(session_key, attempt, start)

@@ -133,12 +133,13 @@ class Policy:
 
 
 def output_allowance(body: dict[str, Any]) -> int:
-    """Output tokens a request may generate: `max_completion_tokens`, else `max_tokens`, else 0.
+    """Output tokens a request may generate: `max_completion_tokens`, else `max_tokens`
+    (chat, completion, Anthropic messages), else `max_output_tokens` (Responses), else 0.
 
     vLLM reads the same fields (the first wins). Anything that is not a non-negative
     integer counts as absent (vLLM rejects such a request itself).
     """
-    for key in ("max_completion_tokens", "max_tokens"):
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value

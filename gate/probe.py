@@ -11,9 +11,11 @@
   replica to the `/metrics` fallback (`vllm:kv_cache_usage_perc`, no block counts, no prefix probe);
   the probe API is tried again every `KV_RECHECK_SEC`, in case the replica restarts
   with the plugin.
-- `prefix(route_kind, body)`: `POST /v1/kvgate/prefix` with `{"chat": body}` or
-  `{"completion": body}`, so the replica renders the prompt exactly as for
-  generation. Other route kinds (messages, responses) have no prefix reading.
+- `prefix(route_kind, body)`: `POST /v1/kvgate/prefix` with `{"chat": body}`,
+  `{"completion": body}`, `{"messages": body}` (Anthropic) or `{"responses": body}`,
+  so the replica renders the prompt exactly as for generation (a Responses body that
+  continues a `previous_response_id` with the state that replica holds; a replica
+  that does not hold it answers 404: unavailable). Other kinds have no reading.
 
 Every failure (timeout, connection error, non-200, garbage JSON, values out of range)
 counts in `kvgate_probe_errors_total{replica, probe}` and yields None: the policy
@@ -48,7 +50,7 @@ KV_PATH = "/v1/kvgate/kv"
 PREFIX_PATH = "/v1/kvgate/prefix"
 METRICS_PATH = "/metrics"
 KV_RECHECK_SEC = 30.0
-PREFIX_BODY_KEYS = {"chat": "chat", "completion": "completion"}
+PREFIX_BODY_KEYS = {"chat": "chat", "completion": "completion", "messages": "messages", "responses": "responses"}
 
 Clock = Callable[[], float]
 

@@ -33,7 +33,8 @@ class FakeClock:
 class FakeProbe:
     """A probe whose answers the test sets; prefix readings are keyed by body["id"].
 
-    A body id without a reading set is cold (no hit); chat and completion only.
+    A body id without a reading set is cold (no hit); prompt routes only (chat,
+    completion, messages, responses), as the real probe.
 
     `hold` (an asyncio.Event), when set to an unset event, makes usage() block until
     the test sets it, to catch an attempt in the middle of a probe.
@@ -64,7 +65,7 @@ class FakeProbe:
 
     async def prefix(self, route_kind: str, body: dict[str, Any]) -> PrefixReading | None:
         self.prefix_calls.append(body.get("id", ""))
-        if route_kind not in ("chat", "completion"):
+        if route_kind not in ("chat", "completion", "messages", "responses"):
             return None
         return self.prefixes.get(body.get("id", ""), COLD)
 

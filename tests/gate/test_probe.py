@@ -107,7 +107,25 @@ async def test_prefix_sends_chat_and_completion_bodies(replica_url, http, script
     assert sample(metrics, "kvgate_probe_seconds_count", replica="r0", probe="prefix") == 2
 
 
-@pytest.mark.parametrize("route_kind", ["messages", "responses", "models"])
+async def test_prefix_sends_messages_and_responses_bodies(replica_url, http, script, metrics, clock):
+    probe = make_probe(replica_url, http, metrics, clock)
+    script.prefix("s1", total=20, hit=18)
+    messages = {"id": "s1", "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]}
+    assert await probe.prefix("messages", messages) == PrefixReading(20, 18, 0.9, 320)
+    responses = {"id": "s2", "model": "m", "input": "hello", "previous_response_id": "resp_1"}
+    assert (await probe.prefix("responses", responses)).hit_blocks == 0
+    assert script.prefix_requests == [{"messages": messages}, {"responses": responses}]
+
+
+async def test_prefix_not_held_by_the_replica_is_unavailable(replica_url, http, script, metrics, clock):
+    """vLLM answers 404 for a previous_response_id it does not hold: no reading, counted."""
+    probe = make_probe(replica_url, http, metrics, clock)
+    script.prefix_status = 404
+    assert await probe.prefix("responses", {"id": "s1", "input": "x", "previous_response_id": "resp_gone"}) is None
+    assert sample(metrics, "kvgate_probe_errors_total", replica="r0", probe="prefix") == 1
+
+
+@pytest.mark.parametrize("route_kind", ["models"])
 async def test_prefix_unavailable_for_routes_the_replica_cannot_render(replica_url, http, script, metrics, clock, route_kind):
     probe = make_probe(replica_url, http, metrics, clock)
     assert await probe.prefix(route_kind, {"id": "s1"}) is None
