@@ -26,6 +26,7 @@ from proxy.errors import RequestRejected, send_error, sse_error_event
 from proxy.http_server import HttpRequest, Responder
 from proxy.metrics import KvgateMetrics, turn_bucket
 from proxy.request_body import parse_json_object, stream_flag
+from proxy.response_chains import TurnPlan, plan_turn
 from proxy.routes import SESSION_FIELD_KINDS, TURN_KINDS, RouteSpec
 from proxy.session_id import resolve_session_id, split_body_fields
 from proxy.session_tracker import SessionTracker
@@ -85,21 +86,29 @@ class Forwarder:
             else:
                 raw, body, stream = None, {}, False
             session_id = resolve_session_id(path_session_id, request.headers, self._header, body, self._fields)
+            chain = plan_turn(body, session_id, self.sessions.responses.lookup) if kind == "responses" else None
         except RequestRejected as exc:
             self._count(kind, "none", exc.status)
             send_error(responder, exc.status, exc.message, exc.code)
             return
+        if chain is not None:
+            session_id = chain.session_id
+            if chain.set_request_id:  # vLLM answers with id = request_id: the link is known up front
+                body["request_id"] = chain.response_id
+                raw = orjson.dumps(body)
 
         if session_id is None:
-            await self._relay_turn(request, responder, route, raw, body, stream, None, None, started)
+            await self._relay_turn(request, responder, route, raw, body, stream, None, None, started, chain)
             return
         if self._forward_session_id and kind in SESSION_FIELD_KINDS and "session_id" not in body:
             body["session_id"] = session_id
             raw = orjson.dumps(body)
         entry = self.sessions.touch(session_id)
+        if chain is not None and chain.link is not None:
+            entry.replica = chain.link.replica  # the replica that holds the continued response
         finish = request.headers.get(self._finish_header, "").lower() == "true"
         try:
-            await self._relay_turn(request, responder, route, raw, body, stream, session_id, entry, started)
+            await self._relay_turn(request, responder, route, raw, body, stream, session_id, entry, started, chain)
         finally:
             if finish:
                 self.admission.finish_session(session_id)
@@ -113,7 +122,7 @@ class Forwarder:
         return self.balancer.choose(session_id)
 
     async def _relay_turn(self, request: HttpRequest, responder: Responder, route: RouteSpec, raw, body,
-                          stream: bool, session_id, entry, started: float) -> None:
+                          stream: bool, session_id, entry, started: float, chain: TurnPlan | None = None) -> None:
         kind = route.kind
         replica = self._route(session_id, entry)
         if replica is None:
@@ -199,6 +208,8 @@ class Forwarder:
         if turn_index and kind in TURN_KINDS and status < 400 and completed:
             entry.turns = turn_index
             self._observe_turn(turn_index, time.perf_counter() - started)
+        if chain is not None and chain.response_id is not None and status < 400 and completed:
+            self.sessions.responses.record(chain.response_id, chain.chain_session, replica)
 
     # ---- relaying the response --------------------------------------------------
 

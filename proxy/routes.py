@@ -27,4 +27,4 @@ SESSION_PREFIX = "/sess/{session_id:[^/]*}"
 # Kinds that are turns of a session (counted for kvgate_turn_seconds).
 TURN_KINDS = frozenset({"chat", "completion", "messages", "responses"})
 # Kinds whose vLLM body accepts vLLM's own `session_id` field.
-SESSION_FIELD_KINDS = frozenset({"chat", "completion"})
+SESSION_FIELD_KINDS = frozenset({"chat", "completion", "responses"})

@@ -5,6 +5,13 @@ body fields in order (dotted paths such as `metadata.session_id` walk nested
 objects). Empty values count as absent. A value of a body field the proxy reads that
 is not a string is rejected (400), never coerced.
 
+JSON-encoded values: a string field whose value is a JSON object with a non-empty
+string `session_id` names that session (Claude Code >= 2.1.78 sends
+`metadata.user_id = '{"device_id": ..., "account_uuid": ..., "session_id": ...}'`;
+the device and account parts are the same for every session of a user, so only
+`session_id` identifies one). Any other string is the id as it is (older Claude
+Code sends `user_<hash>_account_<uuid>_session_<uuid>`, unique per session).
+
 Long ids: an id longer than MAX_SESSION_ID_BYTES (UTF-8) is replaced by its SHA-256
 hex digest for routing, gating and the `session_id` forwarded upstream. Hashing
 rather than rejecting keeps clients working whose ids embed long tokens, and keeps
@@ -15,6 +22,8 @@ from __future__ import annotations
 
 from hashlib import sha256
 from typing import Mapping, Sequence
+
+import orjson
 
 from proxy.errors import RequestRejected
 
@@ -45,6 +54,21 @@ def _body_value(body: dict, path: tuple[str, ...]):
     return node.get(path[-1])
 
 
+def embedded_session_id(value: str) -> str:
+    """The `session_id` of a JSON-object string (see module doc), else `value` itself."""
+    if not value.startswith("{"):
+        return value
+    try:
+        decoded = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return value
+    if isinstance(decoded, dict):
+        inner = decoded.get("session_id")
+        if isinstance(inner, str) and inner:
+            return inner
+    return value
+
+
 def session_id_from_body(body: dict, fields: tuple[tuple[str, ...], ...]) -> str | None:
     for path in fields:
         value = _body_value(body, path)
@@ -54,7 +78,7 @@ def session_id_from_body(body: dict, fields: tuple[tuple[str, ...], ...]) -> str
             raise RequestRejected(400, f"field '{'.'.join(path)}' must be a string session id, got "
                                   f"{type(value).__name__}", "invalid_type")
         if value:
-            return value
+            return embedded_session_id(value)
     return None
 
 

@@ -3,7 +3,8 @@
 Bounded: at most `max_sessions` entries (least recently used dropped first), and an
 entry idle longer than `idle_ttl_sec` is treated as gone. A session is forgotten when
 it finishes. Forgetting only costs a restart of the turn count at 1 and a fresh
-rendezvous choice, so the bound is safe.
+rendezvous choice, so the bound is safe. `responses` (proxy.response_chains) maps
+Responses ids to their session and replica and is forgotten with the session.
 
 The remembered replica makes stickiness stronger than the hash alone: a session
 keeps its replica while that replica is healthy and registered, even when it drains
@@ -16,6 +17,8 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from typing import Callable
+
+from proxy.response_chains import ResponseChains
 
 
 class SessionEntry:
@@ -36,6 +39,8 @@ class SessionTracker:
         self._max = max_sessions
         self._ttl = idle_ttl_sec
         self._clock = clock
+        # Responses chains live and die with their sessions (same TTL; forgotten with them).
+        self.responses = ResponseChains(max_sessions, idle_ttl_sec, clock)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -65,9 +70,11 @@ class SessionTracker:
 
     def forget(self, session_id: str) -> None:
         self._entries.pop(session_id, None)
+        self.responses.forget_session(session_id)
 
     def forget_replica(self, replica) -> None:
         """Drop the pin of every session on a removed replica (they re-hash next turn)."""
         for entry in self._entries.values():
             if entry.replica is replica:
                 entry.replica = None
+        self.responses.forget_replica(replica)

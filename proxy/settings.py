@@ -27,7 +27,7 @@ class ReplicaSettings:
 @dataclass(frozen=True)
 class SessionSettings:
     header: str = "x-session-id"
-    body_fields: tuple[str, ...] = ("session_id", "prompt_cache_key", "metadata.session_id", "user")
+    body_fields: tuple[str, ...] = ("session_id", "prompt_cache_key", "metadata.session_id", "metadata.user_id", "user")
     forward_session_id: bool = True
     finish_header: str = "x-session-finish"
 
