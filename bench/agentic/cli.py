@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from bench.agentic.apis import APIS
 from bench.agentic.ceiling import WORDS, TokenModel, simulator_token_model, workload_ceiling
 from bench.agentic.plots import write_plots
 from bench.agentic.regimes import REGIMES, get_regime
@@ -71,6 +72,11 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"comma-separated modes to run, in order (default: all: {','.join(MODES)})")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--api", default="chat", choices=APIS,
+                        help="the client API of every turn: chat (/v1/chat/completions, session header), "
+                             "messages (Anthropic /v1/messages, session in metadata.user_id as Claude Code "
+                             "sends it) or responses (/v1/responses chained by previous_response_id, "
+                             "session in prompt_cache_key); the same conversation in each (default chat)")
     parser.add_argument("--out", default="results/agentic", help="output folder (default results/agentic)")
     parser.add_argument("--replicas", type=int, default=None, help="simulated replicas to start (regime default)")
     parser.add_argument("--replica-url", action="append", default=[], metavar="URL",
@@ -144,7 +150,8 @@ def build_plan(args) -> tuple[RunPlan, str]:
     plan = RunPlan(
         workload=generate_workload(spec, args.seed), modes=modes, out_dir=Path(args.out), shape=shape,
         num_replicas=replicas, replica_urls=tuple(u.rstrip("/") for u in args.replica_url), gate_knobs=knobs,
-        model=args.model, request_timeout_s=args.request_timeout, sample_interval_s=args.sample_interval)
+        model=args.model, request_timeout_s=args.request_timeout, sample_interval_s=args.sample_interval,
+        api=args.api)
     return plan, regime.name
 
 
@@ -177,7 +184,7 @@ async def _run(args, plan: RunPlan, regime: str) -> int:
     token_model = await _token_model(plan)
     ceiling = workload_ceiling(plan.workload, plan.block_size, token_model)
     spec = plan.workload.spec
-    print(f"[agentic] regime {regime}, seed {plan.workload.seed}: {spec.sessions} sessions "
+    print(f"[agentic] regime {regime}, api {plan.api}, seed {plan.workload.seed}: {spec.sessions} sessions "
           f"({spec.concurrency} at once), {plan.workload.num_turns} turns; ceiling hit rate "
           f"{ceiling.hit_rate:.3f} ({token_model.name} tokens)")
     started = time.time()
@@ -186,7 +193,7 @@ async def _run(args, plan: RunPlan, regime: str) -> int:
     comparisons = compare_to(results)
     targets = evaluate_targets(regime, results)
     document = {
-        "regime": regime, "seed": plan.workload.seed, "command": " ".join(sys.argv),
+        "regime": regime, "api": plan.api, "seed": plan.workload.seed, "command": " ".join(sys.argv),
         "started_unix": started, "workload": asdict(spec),
         "replicas": list(plan.replica_urls) or {"count": plan.num_replicas, "shape": plan.shape.to_json()},
         "gate_knobs": plan.gate_knobs,

@@ -2,8 +2,10 @@
 
 A pool of `spec.concurrency` workers takes sessions in index order (a rolling rollout:
 when a session ends, the next one starts; session i never before i * start_interval_s). Each turn is one streaming
-`/v1/chat/completions` request carrying the session id header; the last turn also
-carries the finish header, as a rollout client that knows its episode ended would.
+request of the driver's API (`bench.agentic.apis`: `/v1/chat/completions` with the
+session id header by default, or Anthropic `/v1/messages`, or `/v1/responses` chained by
+`previous_response_id`); the last turn also carries the finish header, as a rollout
+client that knows its episode ended would.
 
 Retries: a turn planned with `retry_after_s` is re-sent if its first attempt has not
 answered after that delay. The session continues with whichever attempt completes
@@ -26,9 +28,9 @@ from typing import Callable
 import aiohttp
 import orjson
 
-from bench.agentic.workload import SessionPlan, TurnPlan, Workload, build_messages
+from bench.agentic.apis import API_PATHS, StreamState, turn_request
+from bench.agentic.workload import SessionPlan, TurnPlan, Workload
 
-SESSION_HEADER = "x-session-id"
 FINISH_HEADER = "x-session-finish"
 
 
@@ -83,13 +85,17 @@ class TurnRecord:
 class _Outcome:
     record: AttemptRecord
     text: str
+    response_id: str | None = None  # the answer's id (a Responses chain continues it)
 
 
 class WorkloadDriver:
     """Runs a workload against base URLs; `target(session)` picks a session's base URL."""
 
     def __init__(self, workload: Workload, target: Callable[[SessionPlan], str], model: str,
-                 http: aiohttp.ClientSession, request_timeout_s: float = 300.0) -> None:
+                 http: aiohttp.ClientSession, request_timeout_s: float = 300.0, api: str = "chat") -> None:
+        if api not in API_PATHS:
+            raise ValueError(f"unknown api {api!r}; choose from {', '.join(API_PATHS)}")
+        self.api = api
         self.workload = workload
         self.target = target
         self.model = model
@@ -129,9 +135,10 @@ class WorkloadDriver:
 
     async def _run_session(self, session: SessionPlan) -> None:
         replies: list[str] = []
+        previous_response_id: list[str | None] = [None]  # the last used answer's id
         base_url = self.target(session)
         for turn in session.turns:
-            text = await self._run_turn(session, turn, replies, base_url)
+            text = await self._run_turn(session, turn, replies, base_url, previous_response_id)
             if text is None:
                 return  # a failed turn ends its session: there is no reply to build on
             replies.append(text)
@@ -139,16 +146,9 @@ class WorkloadDriver:
                 await asyncio.sleep(turn.tool_latency_s)
 
     async def _run_turn(self, session: SessionPlan, turn: TurnPlan, replies: list[str],
-                        base_url: str) -> str | None:
-        body = {
-            "model": self.model,
-            "messages": build_messages(session, replies, turn.index),
-            "max_tokens": self.workload.spec.reply_tokens,
-            "temperature": 0.0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        headers = {SESSION_HEADER: session.session_id}
+                        base_url: str, previous_response_id: list[str | None]) -> str | None:
+        body, headers = turn_request(self.api, self.model, session, turn.index, replies,
+                                     self.workload.spec.reply_tokens, previous_response_id[0])
         if turn.index == len(session.turns):
             headers[FINISH_HEADER] = "true"
         payload = orjson.dumps(body)
@@ -180,6 +180,7 @@ class WorkloadDriver:
             self.turns.append(TurnRecord(session.index, turn.index, start, self.now(), None, False, attempts))
             return None
         used.record.used = True
+        previous_response_id[0] = used.response_id
         record = used.record
         ttft = None if record.ttft_s is None else record.start_s + record.ttft_s - start
         self.turns.append(TurnRecord(session.index, turn.index, start, record.end_s, ttft, True, attempts))
@@ -190,10 +191,10 @@ class WorkloadDriver:
         start = self.now()
         record = AttemptRecord(session.index, turn.index, attempt, start, start, None, "error",
                                None, None, None, None, None, None)
-        text_parts: list[str] = []
+        state = StreamState(self.api)
         try:
             async with asyncio.timeout(self.request_timeout_s):
-                async with self.http.post(base_url + "/v1/chat/completions", data=payload,
+                async with self.http.post(base_url + API_PATHS[self.api], data=payload,
                                           headers={**headers, "content-type": "application/json"}) as resp:
                     record.replica = resp.headers.get("x-kvgate-replica", base_url)
                     record.admission = resp.headers.get("x-kvgate-admission")
@@ -203,7 +204,7 @@ class WorkloadDriver:
                         record.status = resp.status
                         record.error_code = _error_code(await resp.read())
                     else:
-                        record.status = await self._read_stream(resp, record, start, text_parts)
+                        record.status = await self._read_stream(resp, record, start, state)
         except TimeoutError:
             record.status = "timeout"
         except aiohttp.ClientError as exc:
@@ -211,9 +212,9 @@ class WorkloadDriver:
             record.error_code = type(exc).__name__
         record.end_s = self.now()
         self.attempts.append(record)
-        return _Outcome(record, "".join(text_parts))
+        return _Outcome(record, state.text, state.response_id)
 
-    async def _read_stream(self, resp, record: AttemptRecord, start: float, parts: list[str]) -> int | str:
+    async def _read_stream(self, resp, record: AttemptRecord, start: float, state: StreamState) -> int | str:
         """Consume the SSE stream, filling TTFT, usage and the reply text; return the status."""
         async for raw in resp.content:
             line = raw.strip()
@@ -226,28 +227,20 @@ class WorkloadDriver:
                 event = orjson.loads(data)
             except orjson.JSONDecodeError:
                 continue
-            if "error" in event:
+            if state.on_event(event) and record.ttft_s is None:
+                record.ttft_s = self.now() - start
+            if state.error is not None:
                 record.error_code = _error_code(data)
                 return "stream_error"
-            for choice in event.get("choices") or ():
-                delta = choice.get("delta") or {}
-                # A token chunk: not the role announcement; its text may be empty (special tokens).
-                is_token = "role" not in delta and ("content" in delta or choice.get("finish_reason"))
-                if is_token and record.ttft_s is None:
-                    record.ttft_s = self.now() - start
-                if delta.get("content"):
-                    parts.append(delta["content"])
-            usage = event.get("usage")
-            if usage:
-                record.prompt_tokens = usage.get("prompt_tokens")
-                details = usage.get("prompt_tokens_details") or {}
-                record.cached_tokens = details.get("cached_tokens")
+        record.prompt_tokens = state.prompt_tokens
+        record.cached_tokens = state.cached_tokens
         return 200
 
 
 def _error_code(body: bytes) -> str | None:
     try:
-        error = orjson.loads(body).get("error") or {}
+        document = orjson.loads(body)
+        error = document.get("error") or document  # a Responses "error" event carries code at the top
         return error.get("code") or error.get("type")
     except (orjson.JSONDecodeError, AttributeError):
         return None

@@ -59,6 +59,7 @@ class RunPlan:
     model: str | None = None
     request_timeout_s: float = 300.0
     sample_interval_s: float = 1.0
+    api: str = "chat"  # the client API every turn speaks (bench.agentic.apis)
 
     @property
     def block_size(self) -> int:
@@ -145,7 +146,7 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
             def target(session, proxy_url=proxy_url):
                 return proxy_url
         before = await _snapshot(http, urls)
-        driver = WorkloadDriver(plan.workload, target, model, http, plan.request_timeout_s)
+        driver = WorkloadDriver(plan.workload, target, model, http, plan.request_timeout_s, plan.api)
         timeline: list[dict] = []
         t0 = time.perf_counter()
         sampler = asyncio.create_task(_sample(http, urls, before, t0, plan.sample_interval_s, timeline))
@@ -159,6 +160,7 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
     summary = summarize_mode(mode, driver.attempts, driver.turns, delta, makespan, ceiling_hit_rate,
                              plan.workload.num_turns)
     summary["gate"] = gate
+    summary["api"] = plan.api
     if reset is not None:
         summary["prefix_cache_reset"] = reset
     return ModeRun(summary, timeline, driver.attempts, driver.turns)
