@@ -39,3 +39,23 @@ def test_tiny_regime_direct_and_kvgate(has_replica, tmp_path):
     assert document["modes"]["direct"]["admission_reasons"] == {}
     assert "kvgate" in result.stdout and "direct" in result.stdout  # the table was printed
     assert (out / "attempts_kvgate.jsonl").read_text().count("\n") == document["modes"]["kvgate"]["attempts"]
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_tiny_regime_speaks_each_client_api(has_replica, tmp_path, api):
+    """The same conversation through /v1/messages and /v1/responses: every turn answered,
+    the same prompt tokens as through chat (one rendering), sessions recognised by kvgate."""
+    documents = {}
+    for which in ("chat", api):
+        out = tmp_path / which
+        result = subprocess.run(
+            [sys.executable, "-m", "bench.agentic", "--regime", "tiny", "--modes", "kvgate-contract",
+             "--api", which, "--retry-prob", "0", "--out", str(out), "--no-plots", "--request-timeout", "60"],
+            capture_output=True, text=True, timeout=240)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        documents[which] = json.loads((out / "results.json").read_text())
+    summary, chat = documents[api]["modes"]["kvgate-contract"], documents["chat"]["modes"]["kvgate-contract"]
+    assert documents[api]["api"] == api and summary["api"] == api
+    assert summary["turns_ok"] == summary["turns_planned"] > 0 and summary["turns_failed"] == 0
+    assert summary["prompt_tokens_queried"] == chat["prompt_tokens_queried"]
+    assert "anonymous" not in summary["admission_reasons"]  # every turn was a named session
