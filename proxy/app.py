@@ -56,7 +56,7 @@ class ProxyApp:
 
     async def start(self, host: str | None = None, port: int | None = None) -> tuple[str, int]:
         """Listen (defaults: settings.listen) and start health checks; the bound address."""
-        self._server = FrontServer(self.handle, self.settings.limits.max_body_bytes)
+        self._server = FrontServer(self.handle, self.settings.limits)
         address = await self._server.start(self.settings.listen.host if host is None else host,
                                            self.settings.listen.port if port is None else port)
         if self._health_checks:

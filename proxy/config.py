@@ -94,6 +94,14 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "upstream.connect_timeout_sec": _in_range(0, lo_open=True),
     "upstream.read_timeout_sec": _in_range(0, lo_open=True),
     "limits.max_body_bytes": _in_range(1),
+    "limits.max_head_bytes": _in_range(1024),
+    "limits.max_headers": _in_range(1),
+    "limits.header_timeout_sec": _in_range(0, lo_open=True),
+    "limits.body_timeout_sec": _in_range(0, lo_open=True),
+    "limits.keepalive_timeout_sec": _in_range(0, lo_open=True),
+    "limits.write_timeout_sec": _in_range(0, lo_open=True),
+    "limits.max_connections": _in_range(1),
+    "limits.max_buffered_response_bytes": _in_range(0),
 }
 
 
