@@ -36,3 +36,13 @@ def stream_flag(body: dict) -> bool:
         return value
     raise RequestRejected(400, f"field 'stream' must be a boolean, got {type(value).__name__}",
                           "invalid_type")
+
+
+def with_session_id(raw: bytes, body: dict, session_id: str) -> bytes:
+    """`raw` (the bytes `body` was parsed from) with `"session_id": <id>` spliced in as
+    its first member: the client's bytes are kept as sent (big integers, number
+    spelling, duplicate keys, key order), and nothing is encoded twice. The caller
+    adds the field only when `body` lacks it, so the splice never duplicates a key."""
+    start = raw.index(b"{") + 1  # a JSON object: only whitespace comes before its brace
+    member = b'"session_id":' + orjson.dumps(session_id)
+    return b"".join((raw[:start], member, b"," if body else b"", raw[start:]))
