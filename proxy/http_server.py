@@ -563,11 +563,12 @@ def connection_limit(configured: int, upstream_per_client: int = 1, reserved: in
     needed = configured * (1 + upstream_per_client) + reserved
     if soft != resource.RLIM_INFINITY and soft < needed:
         target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
+        if target > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+            except (ValueError, OSError):
+                pass
     if soft == resource.RLIM_INFINITY or soft >= needed:
         return configured
     fitted = max(1, (soft - reserved) // (1 + upstream_per_client))
