@@ -9,7 +9,10 @@ p50 (proxied - direct) and the throughput ratio (proxied / direct).
 
 `--target URL` points the proxied runs at another router instead (started by you in
 front of the upstream this command starts on `--upstream-port`), so any router can be
-measured the same way. This prints numbers; it asserts nothing.
+measured the same way. `--baseline-repo DIR` also starts the kvgate of another
+checkout (say, the previous commit) and measures it in the same run, alternating
+with this one, so that a change is compared under the same machine load. This prints
+numbers; it asserts nothing.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ def add_command(subparsers) -> None:
     parser.add_argument("--gate-policy", default=GateSettings().policy, choices=sorted(POLICIES),
                         help=f"kvgate's gate.policy for the proxied runs (default {GateSettings().policy}: "
                         "contract probes every named turn's prefix, seed only above the watermark)")
+    parser.add_argument("--baseline-repo", metavar="DIR",
+                        help="also measure the kvgate of this checkout (e.g. the previous commit, via git "
+                        "worktree), alternating with this one in the same run")
     parser.add_argument("--out", metavar="FILE", help="also write the results as JSON to FILE")
     parser.set_defaults(func=overhead_command)
 
@@ -75,13 +81,18 @@ def start_upstream(port: int) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{int(line.split()[1])}"
 
 
-def start_kvgate(upstream_url: str, gate_mode: str, gate_policy: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+def start_kvgate(upstream_url: str, gate_mode: str, gate_policy: str, workdir: Path,
+                 repo: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """kvgate in front of the upstream: this checkout's, or (`repo`) another's, whose
+    packages `python -m` imports first from its working directory."""
+    workdir = workdir / (repo.name if repo else "this")
+    workdir.mkdir(exist_ok=True)
     config = workdir / "kvgate-bench.yaml"
     config.write_text(f"replicas: [{{name: upstream, url: '{upstream_url}'}}]\n"
                       f"gate: {{mode: {gate_mode}, policy: {gate_policy}}}\n")
     log = open(workdir / "kvgate.log", "w+")
     proc = subprocess.Popen(_python_module("proxy.cli", "serve", "--config", str(config), "--port", "0"),
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
+                            stdout=log, stderr=subprocess.STDOUT, text=True, cwd=repo)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         log.seek(0)
@@ -152,12 +163,15 @@ def format_table(results: list[dict], proxied_name: str) -> str:
 
 
 def measure(direct_url: str, proxied_url: str, concurrencies: list[int], modes: list[str], duration: float,
-            warmup: float, repeats: int, progress=print) -> list[dict]:
+            warmup: float, repeats: int, progress=print, baseline_url: str | None = None) -> list[dict]:
     runs: dict[tuple, list[dict]] = {}
+    targets = [("direct", direct_url), ("proxied", proxied_url)]
+    if baseline_url:
+        targets.append(("baseline", baseline_url))
     for repeat in range(repeats):
         for mode in modes:
             for concurrency in concurrencies:
-                for target, url in (("direct", direct_url), ("proxied", proxied_url)):
+                for target, url in targets:
                     result = run_load(url, concurrency, duration, warmup, mode == "streaming")
                     runs.setdefault((mode, concurrency, target), []).append(result)
                     progress(f"  run {repeat + 1}/{repeats} {mode:<13} c={concurrency:<4} {target:<8} "
@@ -169,7 +183,25 @@ def measure(direct_url: str, proxied_url: str, concurrencies: list[int], modes: 
             proxied = summarize(runs[(mode, concurrency, "proxied")])
             results.append({"mode": mode, "concurrency": concurrency, "direct": direct, "proxied": proxied,
                             **compare(direct, proxied)})
+            if baseline_url:
+                baseline = summarize(runs[(mode, concurrency, "baseline")])
+                results[-1]["baseline"] = baseline
+                results[-1]["baseline_vs_direct"] = compare(direct, baseline)
     return results
+
+
+def format_baseline_table(results: list[dict], proxied_name: str) -> str:
+    """Each case: the baseline against direct, and this kvgate against the baseline."""
+    header = (f"{'mode':<14}{'clients':>8} | {'baseline rps':>13}{'p50 ms':>9}{'added p50':>10}{'ratio':>7} | "
+              f"{proxied_name + ' rps':>12}{'p50 ms':>9}{'added p50':>10}{'ratio':>7} | {'rps vs baseline':>16}")
+    lines = [header, "-" * len(header)]
+    for r in results:
+        b, p, vs = r["baseline"], r["proxied"], r["baseline_vs_direct"]
+        lines.append(f"{r['mode']:<14}{r['concurrency']:>8} | {b['rps']:>13.0f}{b['p50_ms']:>9.3f}"
+                     f"{vs['added_p50_ms']:>10.3f}{vs['throughput_ratio']:>7.2f} | {p['rps']:>12.0f}{p['p50_ms']:>9.3f}"
+                     f"{r['added_p50_ms']:>10.3f}{r['throughput_ratio']:>7.2f} | "
+                     f"{(p['rps'] / b['rps'] if b['rps'] else float('nan')):>16.2f}")
+    return "\n".join(lines)
 
 
 def overhead_command(args: argparse.Namespace) -> int:
@@ -195,15 +227,24 @@ def overhead_command(args: argparse.Namespace) -> int:
                 kvgate, proxied_url = start_kvgate(upstream_url, args.gate_mode, args.gate_policy, Path(tmp))
                 started.append(kvgate)
                 proxied_name = "kvgate"
+            baseline_url = None
+            if args.baseline_repo:
+                baseline, baseline_url = start_kvgate(upstream_url, args.gate_mode, args.gate_policy, Path(tmp),
+                                                      Path(args.baseline_repo).resolve())
+                started.append(baseline)
+                print(f"baseline kvgate of {args.baseline_repo}: {baseline_url}", flush=True)
             print(f"upstream {upstream_url}, {proxied_name} {proxied_url}; {args.repeats} x {args.duration:g} s "
                   f"per case, cpus={os.cpu_count()}", flush=True)
             results = measure(upstream_url, proxied_url, concurrencies, modes, args.duration, args.warmup,
-                              args.repeats, progress=lambda line: print(line, flush=True))
+                              args.repeats, progress=lambda line: print(line, flush=True), baseline_url=baseline_url)
     finally:
         for proc in reversed(started):
             stop(proc)
     print()
     print(format_table(results, proxied_name))
+    if any("baseline" in r for r in results):
+        print()
+        print(format_baseline_table(results, proxied_name))
     if args.out:
         Path(args.out).write_text(json.dumps({"target": proxied_name, "results": results}, indent=2))
         print(f"\nwrote {args.out}")

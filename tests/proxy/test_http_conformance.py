@@ -117,7 +117,9 @@ REFUSED_REQUESTS = [
     ("f1_at_in_name", post_cl(b"X@A: a\r\n"), 400),
     ("f1_obs_fold", post_cl(b"X-A: a\r\n Evil: 1\r\n"), 400),
     ("f1_control_byte_in_query", b"GET /v1/models?a=\x01b HTTP/1.1\r\nHost: k\r\n\r\n", 400),
-    ("f4_negative_chunk_size", chunked(b"-FFFFFFFFFFFF", b"x" * 64), 400),
+    # the reproducer: a negative chunk consumes nothing and drives the body counter negative
+    ("f4_negative_chunk_size", post(b"Transfer-Encoding: chunked\r\n", b"-FFFFFFFFFFFF\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+                                    % (len(CHAT), CHAT)), 400),
     ("f9_te_xchunked", chunked(b"%x" % len(CHAT)).replace(b": chunked", b": xchunked"), 400),
     ("f9_te_chunked_gzip", chunked(b"%x" % len(CHAT)).replace(b": chunked", b": chunked, gzip"), 400),
     ("f9_te_gzip_chunked", chunked(b"%x" % len(CHAT)).replace(b": chunked", b": gzip, chunked"), 400),
@@ -164,9 +166,11 @@ async def test_f1_smuggled_request_never_reaches_the_upstream_and_the_pool_stays
 
 
 async def test_f3_huge_pipelined_head_behind_a_first_request_is_431_without_blocking(stack_factory):
-    first = b"GET /health HTTP/1.1\r\nHost: k\r\n\r\n"
+    """The first request waits 0.5 s on its upstream, so the whole second head is
+    buffered behind it before it is read."""
+    first = post_cl()
     second = b"GET /health HTTP/1.1\r\nHost: k\r\n" + b"a: b\r\n" * 200_000 + b"\r\n"
-    stack = await stack_factory()
+    stack = await stack_factory(reply=lambda i: [0.5, UP_OK])
     started = time.monotonic()
     data, closed = await exchange(stack.address, first + second, timeout=10)
     assert statuses(data) == [200, 431] and closed
@@ -191,8 +195,8 @@ async def test_f3_header_count_limit(stack_factory):
 
 async def test_f4_chunked_body_cannot_pass_the_body_limit(stack_factory):
     stack = await stack_factory(max_body_bytes=1000)
-    raw = post(b"Transfer-Encoding: chunked\r\n", b"-FFFFFFFFFFFF\r\n" + b"x" * 10 + b"\r\n"
-               + b"800\r\n" + b"x" * 2048 + b"\r\n0\r\n\r\n")
+    big = CHAT[:-1] + b" " * 2048 + b"}"  # valid JSON, twice the limit
+    raw = post(b"Transfer-Encoding: chunked\r\n", b"-FFFFFFFFFFFF\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(big), big))
     data, closed = await exchange(stack.address, raw)
     assert statuses(data) == [400] and closed
     raw = post(b"Transfer-Encoding: chunked\r\n", b"400\r\n" + b"x" * 1024 + b"\r\n0\r\n\r\n")
@@ -387,3 +391,30 @@ def test_limits_defaults_follow_nginx():
             limits.write_timeout_sec) == (60, 60, 75, 60)
     assert limits.max_head_bytes == 4 * 8 * 1024
     assert dataclasses.fields(LimitsSettings)[0].name == "max_body_bytes"
+
+
+async def test_a_client_that_stops_reading_is_dropped_after_the_write_timeout(stack_factory):
+    """Backpressure holds the upstream while the client reads nothing; after
+    limits.write_timeout_sec the client is dropped and its upstream connection closed."""
+    size = 64 * 1024 * 1024
+    stack = await stack_factory(reply=lambda i: [H + b"Content-Length: %d\r\n\r\n" % size] + [b"z" * (1 << 20)] * 64,
+                                write_timeout_sec=0.5, max_buffered_response_bytes=1 << 20)
+    reader, writer = await asyncio.open_connection(*stack.address, limit=1 << 16)
+    writer.transport.pause_reading()  # read nothing at all
+    writer.write(post_cl())
+    replica = stack.app.registry.get("r0")
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline and not (replica.in_flight == 0 and stack.upstream.requests):
+        await asyncio.sleep(0.1)
+    assert stack.upstream.requests and replica.in_flight == 0
+    assert stack.app.clients.for_replica(replica).in_use == 0
+    writer.transport.resume_reading()  # what reached the client socket before the drop, then the end
+    received = 0
+    try:
+        while piece := await asyncio.wait_for(reader.read(1 << 20), 5):
+            received += len(piece)
+    except ConnectionError:
+        pass
+    writer.close()
+    assert received < size  # dropped mid-answer, not served whole
+    assert await stack.health_ok()
