@@ -5,7 +5,7 @@ router, middleware chain and payload streams cost as much CPU per request as the
 whole upstream being proxied; the relay needs much less. Why llhttp: a proxy sits on
 the trust boundary, and a hand-written parser let one client smuggle a request onto
 a pooled upstream connection. llhttp (Node's parser, the one uvicorn uses) is strict
-by default; `RequestHead` adds the checks it leaves to us (see its doc). This module
+by default; `FrontProtocol` adds the checks it leaves to us (see its doc). This module
 knows HTTP framing only; what a request means is the handler's business.
 
 Contract with the handler, `async handler(request: HttpRequest, responder: Responder)`:
@@ -51,6 +51,7 @@ _CHUNKED_END = b"0\r\n\r\n"
 RESERVED_FDS = 64
 
 Header = tuple[bytes, bytes]
+_FRAMING_NAME_LENGTHS = frozenset({len("transfer-encoding"), len("content-length"), len("expect")})
 
 
 class HttpRequest:
@@ -187,71 +188,21 @@ def body_too_large(size: int | None, limit: int) -> _Refusal:
                     "the limit", "body_too_large")
 
 
-class RequestHead:
-    """The head of one request as llhttp delivers it, with the checks llhttp leaves to us.
+class FrontProtocol(asyncio.Protocol):
+    """One client connection: parse requests with llhttp, run the handler for each, in order.
 
     llhttp (strict mode, httptools' default) already rejects: CR, LF, NUL and other
     control bytes in field values; invalid field names; obs-fold; bare LF line ends;
     Content-Length that is not all ASCII digits, duplicated, or sent with
     Transfer-Encoding; a chunked coding that is not last; malformed chunk sizes;
-    control bytes and non-ASCII bytes in the request target. Checked here:
+    control bytes and non-ASCII bytes in the request target. Checked here, in the
+    callbacks (the head's state lives on the protocol: one call per header is the
+    hot path):
     - the head size (request target plus header lines) and the header count;
     - Transfer-Encoding must be exactly `chunked` (llhttp accepts `gzip, chunked`,
       a coding nobody here can undo) and only on HTTP/1.1;
     - the HTTP version: 1.0 or 1.1;
     - optional whitespace is stripped from the end of values (llhttp strips the start).
-    """
-
-    __slots__ = ("url", "size", "pending", "raw_headers", "headers", "chunked", "content_length", "expect_continue",
-                 "_limits")
-
-    def __init__(self, limits: LimitsSettings) -> None:
-        self._limits = limits
-        self.url = b""
-        self.size = 0  # bytes of the target and header lines parsed so far
-        self.pending = 0  # bytes received in packets that ended inside this head
-        self.raw_headers: list[Header] = []
-        self.headers: dict[str, str] = {}
-        self.chunked = False
-        self.content_length: int | None = None
-        self.expect_continue = False
-
-    def add_url(self, piece: bytes) -> None:
-        self.url += piece
-        self.size += len(piece)
-        if self.size > self._limits.max_head_bytes:
-            raise self.too_large()
-
-    def too_large(self) -> _Refusal:
-        return _Refusal(431, f"request head exceeds limits.max_head_bytes ({self._limits.max_head_bytes} bytes)",
-                        "head_too_large")
-
-    def add_header(self, name: bytes, value: bytes) -> None:
-        self.size += len(name) + len(value) + 4
-        if self.size > self._limits.max_head_bytes:
-            raise self.too_large()
-        if len(self.raw_headers) >= self._limits.max_headers:
-            raise _Refusal(431, f"request has more than limits.max_headers ({self._limits.max_headers}) headers",
-                           "too_many_headers")
-        value = value.rstrip(b" \t")
-        key = name.decode("latin-1").lower()
-        if key == "transfer-encoding":
-            if self.chunked or value.lower() != b"chunked":
-                raise _Refusal(400, f"Transfer-Encoding {value[:40]!r} is not supported; send the body with "
-                               "Content-Length or as 'Transfer-Encoding: chunked' alone", "bad_framing")
-            self.chunked = True
-        elif key == "content-length":
-            self.content_length = int(value)  # llhttp checked: digits only, one header
-        elif key == "expect":
-            self.expect_continue = value.lower() == b"100-continue"
-        self.raw_headers.append((name, value))
-        text = value.decode("utf-8", "surrogateescape")
-        previous = self.headers.get(key)
-        self.headers[key] = text if previous is None else f"{previous}, {text}"
-
-
-class FrontProtocol(asyncio.Protocol):
-    """One client connection: parse requests with llhttp, run the handler for each, in order.
 
     Phases, for the timeouts the server's sweeper enforces: "idle" (waiting for a
     request: keep-alive timeout), "head" (a request began: header timeout), "body"
@@ -266,7 +217,18 @@ class FrontProtocol(asyncio.Protocol):
         self._loop = asyncio.get_event_loop()
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
-        self._head: RequestHead | None = None
+        self._max_head = limits.max_head_bytes
+        self._max_headers = limits.max_headers
+        self._in_head = False  # between the start of a request and the end of its head
+        self._messages = 0  # requests begun on this connection
+        self._url = b""
+        self._head_size = 0  # bytes of the target and header lines parsed so far
+        self._head_pending = 0  # bytes received in packets that ended inside the head
+        self._raw_headers: list[Header] = []
+        self._headers: dict[str, str] = {}
+        self._chunked = False
+        self._content_length: int | None = None
+        self._expect_continue = False
         self._request: HttpRequest | None = None
         self._body_parts: list[bytes] = []
         self._body_size = 0
@@ -322,7 +284,7 @@ class FrontProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._reading_done:
             return  # lingering after a refused request, or after an upgrade request: discard
-        head = self._head
+        in_head, begun = self._in_head, self._messages
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -340,13 +302,13 @@ class FrontProtocol(asyncio.Protocol):
             self._refuse(_Refusal(400, f"malformed request target ({exc}); percent-encode it"))
         except httptools.HttpParserError as exc:
             self._refuse(_Refusal(400, f"malformed request ({exc})"))
-        if head is not None and self._head is head and not self._reading_done:
+        if in_head and self._in_head and self._messages == begun and not self._reading_done:
             # llhttp buffers a header line until it ends, out of the callbacks' sight:
             # count the packets that arrive wholly inside one head, so that a
             # never-ending header value is bounded too.
-            head.pending += len(data)
-            if head.pending > self._limits.max_head_bytes:
-                self._refuse(head.too_large())
+            self._head_pending += len(data)
+            if self._head_pending > self._max_head:
+                self._refuse(self._head_too_large())
                 return
         if self._queued_bytes > self._limits.max_head_bytes + self._limits.max_body_bytes \
                 and not self._reading_paused and not self._closed:
@@ -356,38 +318,75 @@ class FrontProtocol(asyncio.Protocol):
     # ---- llhttp callbacks -------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        self._head = RequestHead(self._limits)
+        self._messages += 1
+        self._in_head = True
+        self._url = b""
+        self._head_size = self._head_pending = 0
+        self._raw_headers = []
+        self._headers = {}
+        self._chunked = self._expect_continue = False
+        self._content_length = None
         self.phase = "head"
         self.deadline = time.monotonic() + self._limits.header_timeout_sec
 
+    def _head_too_large(self) -> _Refusal:
+        return _Refusal(431, f"request head exceeds limits.max_head_bytes ({self._max_head} bytes)",
+                        "head_too_large")
+
     def on_url(self, url: bytes) -> None:
-        self._head.add_url(url)
+        self._url += url
+        self._head_size += len(url)
+        if self._head_size > self._max_head:
+            raise self._head_too_large()
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._head.add_header(name, value)
+        size = self._head_size = self._head_size + len(name) + len(value) + 4
+        if size > self._max_head:
+            raise self._head_too_large()
+        raw_headers = self._raw_headers
+        if len(raw_headers) >= self._max_headers:
+            raise _Refusal(431, f"request has more than limits.max_headers ({self._max_headers}) headers",
+                           "too_many_headers")
+        value = value.rstrip(b" \t")
+        key = name.decode("latin-1").lower()
+        if len(key) in _FRAMING_NAME_LENGTHS:
+            if key == "transfer-encoding":
+                if self._chunked or value.lower() != b"chunked":
+                    raise _Refusal(400, f"Transfer-Encoding {value[:40]!r} is not supported; send the body with "
+                                   "Content-Length or as 'Transfer-Encoding: chunked' alone", "bad_framing")
+                self._chunked = True
+            elif key == "content-length":
+                self._content_length = int(value)  # llhttp checked: digits only, one header
+            elif key == "expect":
+                self._expect_continue = value.lower() == b"100-continue"
+        raw_headers.append((name, value))
+        text = value.decode("utf-8", "surrogateescape")
+        headers = self._headers
+        previous = headers.get(key)
+        headers[key] = text if previous is None else f"{previous}, {text}"
 
     def on_headers_complete(self) -> None:
-        head = self._head
-        self._head = None
+        self._in_head = False
         parser = self._parser
         version = parser.get_http_version()
         if version != "1.1" and version != "1.0":
             raise _Refusal(505, f"HTTP/{version} is not supported; use HTTP/1.1", "http_version_not_supported")
-        if head.chunked and version == "1.0":
+        if self._chunked and version == "1.0":
             raise _Refusal(400, "Transfer-Encoding is not allowed in an HTTP/1.0 request", "bad_framing")
-        if head.content_length is not None and head.content_length > self._limits.max_body_bytes:
-            raise body_too_large(head.content_length, self._limits.max_body_bytes)
-        target = head.url.decode("latin-1")  # llhttp admits only ASCII here
+        length = self._content_length
+        if length is not None and length > self._limits.max_body_bytes:
+            raise body_too_large(length, self._limits.max_body_bytes)
+        target = self._url.decode("latin-1")  # llhttp admits only ASCII here
         path, _, query = target.partition("?")
-        query = query.partition("#")[0]
+        if "#" in query:
+            query = query.partition("#")[0]
         self._request = HttpRequest(parser.get_method().decode("latin-1"), path, query, "HTTP/" + version,
-                                    head.raw_headers, head.headers, parser.should_keep_alive())
+                                    self._raw_headers, self._headers, parser.should_keep_alive())
         self._body_parts = []
         self._body_size = 0
         self.phase = "body"
         self.deadline = time.monotonic() + self._limits.body_timeout_sec
-        if head.expect_continue and (head.chunked or head.content_length) and self._task is None \
-                and not self._queue:
+        if self._expect_continue and (self._chunked or length) and self._task is None and not self._queue:
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, data: bytes) -> None:
@@ -434,7 +433,7 @@ class FrontProtocol(asyncio.Protocol):
     def _refuse(self, refusal: _Refusal) -> None:
         """Stop reading; answer `refusal` once the requests before it are answered."""
         self._reading_done = True
-        self._head = None
+        self._in_head = False
         if self._task is None and not self._queue:
             self._send_refusal(refusal)
         else:
@@ -537,22 +536,38 @@ def too_many_connections_response(limit: int) -> bytes:
                     [b"Content-Length: ", str(len(body)).encode(), b"\r\nConnection: close\r\n\r\n", body])
 
 
-class _Refused(asyncio.Protocol):
-    """A connection beyond limits.max_connections: answered 503 and closed at once."""
+MAX_LINGERING_REFUSALS = 64
 
-    def __init__(self, answer: bytes) -> None:
+
+class _Refused(asyncio.Protocol):
+    """A connection beyond limits.max_connections: answered 503 and closed.
+
+    The close lingers (so that a client still sending its request reads the 503
+    rather than a reset) for at most MAX_LINGERING_REFUSALS connections at a time;
+    beyond that, refused connections close at once, so that a flood of them cannot
+    take the descriptors kept for upstream connections and health checks."""
+
+    def __init__(self, answer: bytes, server: "FrontServer") -> None:
         self._answer = answer
+        self._server = server
+        self._lingering = False
 
     def connection_made(self, transport) -> None:
         transport.write(self._answer)
-        if transport.can_write_eof():
-            transport.write_eof()  # lingers, so that a client still sending reads the 503
+        if transport.can_write_eof() and self._server.lingering_refusals < MAX_LINGERING_REFUSALS:
+            self._lingering = True
+            self._server.lingering_refusals += 1
+            transport.write_eof()
             asyncio.get_event_loop().call_later(LINGER_SEC, transport.close)
         else:
             transport.close()
 
     def data_received(self, data: bytes) -> None:
         pass
+
+    def connection_lost(self, exc) -> None:
+        if self._lingering:
+            self._server.lingering_refusals -= 1
 
 
 def connection_limit(configured: int, upstream_per_client: int = 1, reserved: int = RESERVED_FDS) -> int:
@@ -586,11 +601,12 @@ class FrontServer:
         self.connections: set[FrontProtocol] = set()
         self._max_connections = self._limits.max_connections
         self._refusal = b""
+        self.lingering_refusals = 0
         self._sweeper: asyncio.Task | None = None
 
     def _protocol(self) -> asyncio.Protocol:
         if len(self.connections) >= self._max_connections:
-            return _Refused(self._refusal)
+            return _Refused(self._refusal, self)
         return FrontProtocol(self._handler, self._limits, self)
 
     async def start(self, host: str, port: int, backlog: int = 2048) -> tuple[str, int]:
