@@ -135,8 +135,10 @@ def summarize(runs: list[dict]) -> dict:
     for r in runs:
         for kind, n in r.get("error_kinds", {}).items():
             kinds[kind] = kinds.get(kind, 0) + n
+    cpu = [r["cpu_us_per_request"] for r in runs if "cpu_us_per_request" in r]
     return {key: statistics.median(r[key] for r in runs) for key in ("rps", "p50_ms", "p99_ms")} | {
-        "errors": sum(r["errors"] for r in runs), "error_kinds": kinds, "runs": len(runs)}
+        "errors": sum(r["errors"] for r in runs), "error_kinds": kinds, "runs": len(runs)} | (
+        {"cpu_us_per_request": statistics.median(cpu)} if cpu else {})
 
 
 def compare(direct: dict, proxied: dict) -> dict:
@@ -162,17 +164,37 @@ def format_table(results: list[dict], proxied_name: str) -> str:
     return "\n".join(lines)
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far (Linux /proc), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(direct_url: str, proxied_url: str, concurrencies: list[int], modes: list[str], duration: float,
-            warmup: float, repeats: int, progress=print, baseline_url: str | None = None) -> list[dict]:
+            warmup: float, repeats: int, progress=print, baseline_url: str | None = None,
+            pids: dict[str, int] | None = None) -> list[dict]:
+    """Alternating runs; with `pids` (target -> router process), each run also records
+    the router's CPU per request, a figure that the machine's other load moves far
+    less than requests/s."""
     runs: dict[tuple, list[dict]] = {}
     targets = [("direct", direct_url), ("proxied", proxied_url)]
     if baseline_url:
         targets.append(("baseline", baseline_url))
+    pids = pids or {}
     for repeat in range(repeats):
         for mode in modes:
             for concurrency in concurrencies:
                 for target, url in targets:
+                    pid = pids.get(target)
+                    before = process_cpu_seconds(pid) if pid else None
                     result = run_load(url, concurrency, duration, warmup, mode == "streaming")
+                    after = process_cpu_seconds(pid) if pid else None
+                    if before is not None and after is not None and result["requests"]:
+                        # the warmup's requests are not counted, its CPU is: an upper bound
+                        result["cpu_us_per_request"] = (after - before) / result["requests"] * 1e6
                     runs.setdefault((mode, concurrency, target), []).append(result)
                     progress(f"  run {repeat + 1}/{repeats} {mode:<13} c={concurrency:<4} {target:<8} "
                              f"{result['rps']:8.0f} rps  p50 {result['p50_ms']:.3f} ms")
@@ -192,15 +214,18 @@ def measure(direct_url: str, proxied_url: str, concurrencies: list[int], modes: 
 
 def format_baseline_table(results: list[dict], proxied_name: str) -> str:
     """Each case: the baseline against direct, and this kvgate against the baseline."""
-    header = (f"{'mode':<14}{'clients':>8} | {'baseline rps':>13}{'p50 ms':>9}{'added p50':>10}{'ratio':>7} | "
-              f"{proxied_name + ' rps':>12}{'p50 ms':>9}{'added p50':>10}{'ratio':>7} | {'rps vs baseline':>16}")
+    header = (f"{'mode':<14}{'clients':>8} | {'baseline rps':>13}{'p50 ms':>9}{'added p50':>10}{'cpu us/req':>11} | "
+              f"{proxied_name + ' rps':>12}{'p50 ms':>9}{'added p50':>10}{'cpu us/req':>11} | "
+              f"{'rps vs baseline':>16}{'cpu vs baseline':>16}")
     lines = [header, "-" * len(header)]
+    nan = float("nan")
     for r in results:
         b, p, vs = r["baseline"], r["proxied"], r["baseline_vs_direct"]
+        b_cpu, p_cpu = b.get("cpu_us_per_request", nan), p.get("cpu_us_per_request", nan)
         lines.append(f"{r['mode']:<14}{r['concurrency']:>8} | {b['rps']:>13.0f}{b['p50_ms']:>9.3f}"
-                     f"{vs['added_p50_ms']:>10.3f}{vs['throughput_ratio']:>7.2f} | {p['rps']:>12.0f}{p['p50_ms']:>9.3f}"
-                     f"{r['added_p50_ms']:>10.3f}{r['throughput_ratio']:>7.2f} | "
-                     f"{(p['rps'] / b['rps'] if b['rps'] else float('nan')):>16.2f}")
+                     f"{vs['added_p50_ms']:>10.3f}{b_cpu:>11.0f} | {p['rps']:>12.0f}{p['p50_ms']:>9.3f}"
+                     f"{r['added_p50_ms']:>10.3f}{p_cpu:>11.0f} | "
+                     f"{(p['rps'] / b['rps'] if b['rps'] else nan):>16.2f}{(p_cpu / b_cpu if b_cpu else nan):>16.2f}")
     return "\n".join(lines)
 
 
@@ -221,22 +246,26 @@ def overhead_command(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="kvgate-bench-") as tmp:
             upstream, upstream_url = start_upstream(args.upstream_port)
             started.append(upstream)
+            pids: dict[str, int] = {}
             if args.target:
                 proxied_url, proxied_name = args.target.rstrip("/"), "target"
             else:
                 kvgate, proxied_url = start_kvgate(upstream_url, args.gate_mode, args.gate_policy, Path(tmp))
                 started.append(kvgate)
+                pids["proxied"] = kvgate.pid
                 proxied_name = "kvgate"
             baseline_url = None
             if args.baseline_repo:
                 baseline, baseline_url = start_kvgate(upstream_url, args.gate_mode, args.gate_policy, Path(tmp),
                                                       Path(args.baseline_repo).resolve())
                 started.append(baseline)
+                pids["baseline"] = baseline.pid
                 print(f"baseline kvgate of {args.baseline_repo}: {baseline_url}", flush=True)
             print(f"upstream {upstream_url}, {proxied_name} {proxied_url}; {args.repeats} x {args.duration:g} s "
                   f"per case, cpus={os.cpu_count()}", flush=True)
             results = measure(upstream_url, proxied_url, concurrencies, modes, args.duration, args.warmup,
-                              args.repeats, progress=lambda line: print(line, flush=True), baseline_url=baseline_url)
+                              args.repeats, progress=lambda line: print(line, flush=True), baseline_url=baseline_url,
+                              pids=pids)
     finally:
         for proc in reversed(started):
             stop(proc)
