@@ -44,6 +44,7 @@ from proxy.settings import LimitsSettings
 log = logging.getLogger("kvgate.http")
 
 LINGER_SEC = 2.0
+MAX_PIPELINED = 64  # parsed requests waiting behind the one being answered before reading pauses
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _CHUNKED_END = b"0\r\n\r\n"
 # Descriptors kept free beyond one upstream connection per client connection:
@@ -310,10 +311,15 @@ class FrontProtocol(asyncio.Protocol):
             if self._head_pending > self._max_head:
                 self._refuse(self._head_too_large())
                 return
-        if self._queued_bytes > self._limits.max_head_bytes + self._limits.max_body_bytes \
-                and not self._reading_paused and not self._closed:
+        if not self._reading_paused and not self._closed and self._backlogged():
             self._reading_paused = True
             self._transport.pause_reading()  # a client pipelining without limit waits
+
+    def _backlogged(self) -> bool:
+        """A client pipelining without limit waits: too many requests, or too many body
+        bytes, are parsed and waiting behind the one being answered."""
+        return (len(self._queue) >= MAX_PIPELINED
+                or self._queued_bytes > self._limits.max_head_bytes + self._limits.max_body_bytes)
 
     # ---- llhttp callbacks -------------------------------------------------------------
 
@@ -523,7 +529,7 @@ class FrontProtocol(asyncio.Protocol):
         elif self._reading_done:
             self._transport.close()  # after an upgrade request: nothing more to read
             return
-        if self._reading_paused and self._queued_bytes <= self._limits.max_head_bytes + self._limits.max_body_bytes:
+        if self._reading_paused and not self._backlogged():
             self._reading_paused = False
             self._transport.resume_reading()
 

@@ -416,3 +416,15 @@ async def test_a_client_that_stops_reading_is_dropped_after_the_write_timeout(st
     writer.close()
     assert received < size  # dropped mid-answer, not served whole
     assert await stack.health_ok()
+
+
+async def test_deep_pipelining_is_answered_in_order_with_bounded_queue(stack_factory):
+    """2000 pipelined requests in one write: reading pauses while 64 wait, every one is
+    answered, in order."""
+    stack = await stack_factory()
+    raw = b"".join(b"GET /nope-%d HTTP/1.1\r\nHost: k\r\n\r\n" % i for i in range(2000))
+    raw += b"GET /health HTTP/1.1\r\nHost: k\r\nConnection: close\r\n\r\n"
+    data, closed = await exchange(stack.address, raw, timeout=20)
+    assert closed and statuses(data) == [404] * 2000 + [200]
+    paths = re.findall(rb"unknown route GET /nope-(\d+)", data)
+    assert [int(p) for p in paths] == list(range(2000))
