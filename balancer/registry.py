@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from balancer.health import HealthState, next_health
+from proxy.http_fields import replica_name_problem, replica_url_problem
 from proxy.settings import HealthSettings
 
 log = logging.getLogger("kvgate.balancer")
@@ -56,12 +57,14 @@ class ReplicaRegistry:
         self._routable: tuple[Replica, ...] = ()
 
     def add(self, name: str, url: str, weight: float = 1.0) -> Replica:
-        if not name:
-            raise RegistryError("replica name must be a non-empty string")
+        problem = replica_name_problem(name)
+        if problem:
+            raise RegistryError(f"replica name {name!r} {problem}")
         if name in self._replicas:
             raise RegistryError(f"replica {name!r} already exists; remove it first or pick another name")
-        if not (url.startswith("http://") or url.startswith("https://")):
-            raise RegistryError(f"replica url {url!r} must start with http:// or https://")
+        problem = replica_url_problem(url)
+        if problem:
+            raise RegistryError(f"replica url {url!r} {problem}")
         if not weight > 0:
             raise RegistryError(f"replica weight must be > 0, got {weight!r}")
         replica = Replica(name, url, weight)

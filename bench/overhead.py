@@ -9,7 +9,10 @@ p50 (proxied - direct) and the throughput ratio (proxied / direct).
 
 `--target URL` points the proxied runs at another router instead (started by you in
 front of the upstream this command starts on `--upstream-port`), so any router can be
-measured the same way. This prints numbers; it asserts nothing.
+measured the same way. `--baseline-repo DIR` also starts the kvgate of another
+checkout (say, the previous commit) and measures it in the same run, alternating
+with this one, so that a change is compared under the same machine load. This prints
+numbers; it asserts nothing.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ def add_command(subparsers) -> None:
     parser.add_argument("--gate-policy", default=GateSettings().policy, choices=sorted(POLICIES),
                         help=f"kvgate's gate.policy for the proxied runs (default {GateSettings().policy}: "
                         "contract probes every named turn's prefix, seed only above the watermark)")
+    parser.add_argument("--baseline-repo", metavar="DIR",
+                        help="also measure the kvgate of this checkout (e.g. the previous commit, via git "
+                        "worktree), alternating with this one in the same run")
     parser.add_argument("--out", metavar="FILE", help="also write the results as JSON to FILE")
     parser.set_defaults(func=overhead_command)
 
@@ -75,13 +81,18 @@ def start_upstream(port: int) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{int(line.split()[1])}"
 
 
-def start_kvgate(upstream_url: str, gate_mode: str, gate_policy: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+def start_kvgate(upstream_url: str, gate_mode: str, gate_policy: str, workdir: Path,
+                 repo: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """kvgate in front of the upstream: this checkout's, or (`repo`) another's, whose
+    packages `python -m` imports first from its working directory."""
+    workdir = workdir / (repo.name if repo else "this")
+    workdir.mkdir(exist_ok=True)
     config = workdir / "kvgate-bench.yaml"
     config.write_text(f"replicas: [{{name: upstream, url: '{upstream_url}'}}]\n"
                       f"gate: {{mode: {gate_mode}, policy: {gate_policy}}}\n")
     log = open(workdir / "kvgate.log", "w+")
     proc = subprocess.Popen(_python_module("proxy.cli", "serve", "--config", str(config), "--port", "0"),
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
+                            stdout=log, stderr=subprocess.STDOUT, text=True, cwd=repo)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         log.seek(0)
@@ -124,8 +135,10 @@ def summarize(runs: list[dict]) -> dict:
     for r in runs:
         for kind, n in r.get("error_kinds", {}).items():
             kinds[kind] = kinds.get(kind, 0) + n
+    cpu = [r["cpu_us_per_request"] for r in runs if "cpu_us_per_request" in r]
     return {key: statistics.median(r[key] for r in runs) for key in ("rps", "p50_ms", "p99_ms")} | {
-        "errors": sum(r["errors"] for r in runs), "error_kinds": kinds, "runs": len(runs)}
+        "errors": sum(r["errors"] for r in runs), "error_kinds": kinds, "runs": len(runs)} | (
+        {"cpu_us_per_request": statistics.median(cpu)} if cpu else {})
 
 
 def compare(direct: dict, proxied: dict) -> dict:
@@ -151,14 +164,37 @@ def format_table(results: list[dict], proxied_name: str) -> str:
     return "\n".join(lines)
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far (Linux /proc), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(direct_url: str, proxied_url: str, concurrencies: list[int], modes: list[str], duration: float,
-            warmup: float, repeats: int, progress=print) -> list[dict]:
+            warmup: float, repeats: int, progress=print, baseline_url: str | None = None,
+            pids: dict[str, int] | None = None) -> list[dict]:
+    """Alternating runs; with `pids` (target -> router process), each run also records
+    the router's CPU per request, a figure that the machine's other load moves far
+    less than requests/s."""
     runs: dict[tuple, list[dict]] = {}
+    targets = [("direct", direct_url), ("proxied", proxied_url)]
+    if baseline_url:
+        targets.append(("baseline", baseline_url))
+    pids = pids or {}
     for repeat in range(repeats):
         for mode in modes:
             for concurrency in concurrencies:
-                for target, url in (("direct", direct_url), ("proxied", proxied_url)):
+                for target, url in targets:
+                    pid = pids.get(target)
+                    before = process_cpu_seconds(pid) if pid else None
                     result = run_load(url, concurrency, duration, warmup, mode == "streaming")
+                    after = process_cpu_seconds(pid) if pid else None
+                    if before is not None and after is not None and result["requests"]:
+                        # the warmup's requests are not counted, its CPU is: an upper bound
+                        result["cpu_us_per_request"] = (after - before) / result["requests"] * 1e6
                     runs.setdefault((mode, concurrency, target), []).append(result)
                     progress(f"  run {repeat + 1}/{repeats} {mode:<13} c={concurrency:<4} {target:<8} "
                              f"{result['rps']:8.0f} rps  p50 {result['p50_ms']:.3f} ms")
@@ -169,7 +205,28 @@ def measure(direct_url: str, proxied_url: str, concurrencies: list[int], modes: 
             proxied = summarize(runs[(mode, concurrency, "proxied")])
             results.append({"mode": mode, "concurrency": concurrency, "direct": direct, "proxied": proxied,
                             **compare(direct, proxied)})
+            if baseline_url:
+                baseline = summarize(runs[(mode, concurrency, "baseline")])
+                results[-1]["baseline"] = baseline
+                results[-1]["baseline_vs_direct"] = compare(direct, baseline)
     return results
+
+
+def format_baseline_table(results: list[dict], proxied_name: str) -> str:
+    """Each case: the baseline against direct, and this kvgate against the baseline."""
+    header = (f"{'mode':<14}{'clients':>8} | {'baseline rps':>13}{'p50 ms':>9}{'added p50':>10}{'cpu us/req':>11} | "
+              f"{proxied_name + ' rps':>12}{'p50 ms':>9}{'added p50':>10}{'cpu us/req':>11} | "
+              f"{'rps vs baseline':>16}{'cpu vs baseline':>16}")
+    lines = [header, "-" * len(header)]
+    nan = float("nan")
+    for r in results:
+        b, p, vs = r["baseline"], r["proxied"], r["baseline_vs_direct"]
+        b_cpu, p_cpu = b.get("cpu_us_per_request", nan), p.get("cpu_us_per_request", nan)
+        lines.append(f"{r['mode']:<14}{r['concurrency']:>8} | {b['rps']:>13.0f}{b['p50_ms']:>9.3f}"
+                     f"{vs['added_p50_ms']:>10.3f}{b_cpu:>11.0f} | {p['rps']:>12.0f}{p['p50_ms']:>9.3f}"
+                     f"{r['added_p50_ms']:>10.3f}{p_cpu:>11.0f} | "
+                     f"{(p['rps'] / b['rps'] if b['rps'] else nan):>16.2f}{(p_cpu / b_cpu if b_cpu else nan):>16.2f}")
+    return "\n".join(lines)
 
 
 def overhead_command(args: argparse.Namespace) -> int:
@@ -189,21 +246,34 @@ def overhead_command(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="kvgate-bench-") as tmp:
             upstream, upstream_url = start_upstream(args.upstream_port)
             started.append(upstream)
+            pids: dict[str, int] = {}
             if args.target:
                 proxied_url, proxied_name = args.target.rstrip("/"), "target"
             else:
                 kvgate, proxied_url = start_kvgate(upstream_url, args.gate_mode, args.gate_policy, Path(tmp))
                 started.append(kvgate)
+                pids["proxied"] = kvgate.pid
                 proxied_name = "kvgate"
+            baseline_url = None
+            if args.baseline_repo:
+                baseline, baseline_url = start_kvgate(upstream_url, args.gate_mode, args.gate_policy, Path(tmp),
+                                                      Path(args.baseline_repo).resolve())
+                started.append(baseline)
+                pids["baseline"] = baseline.pid
+                print(f"baseline kvgate of {args.baseline_repo}: {baseline_url}", flush=True)
             print(f"upstream {upstream_url}, {proxied_name} {proxied_url}; {args.repeats} x {args.duration:g} s "
                   f"per case, cpus={os.cpu_count()}", flush=True)
             results = measure(upstream_url, proxied_url, concurrencies, modes, args.duration, args.warmup,
-                              args.repeats, progress=lambda line: print(line, flush=True))
+                              args.repeats, progress=lambda line: print(line, flush=True), baseline_url=baseline_url,
+                              pids=pids)
     finally:
         for proc in reversed(started):
             stop(proc)
     print()
     print(format_table(results, proxied_name))
+    if any("baseline" in r for r in results):
+        print()
+        print(format_baseline_table(results, proxied_name))
     if args.out:
         Path(args.out).write_text(json.dumps({"target": proxied_name, "results": results}, indent=2))
         print(f"\nwrote {args.out}")

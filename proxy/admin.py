@@ -7,12 +7,12 @@ Served only when `admin.token` is set; every call needs `Authorization: Bearer
 from __future__ import annotations
 
 import hmac
-from urllib.parse import unquote
 
 import orjson
 
 from balancer.registry import RegistryError
 from proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
+from proxy.http_fields import decode_path_segment
 from proxy.http_server import HttpRequest, Responder
 from proxy.request_body import parse_json_object
 from proxy.session_id import bounded_session_id
@@ -37,6 +37,12 @@ class AdminApi:
             send_error(responder, 401, "admin API needs 'Authorization: Bearer <admin.token>'", "unauthorized",
                        [(b"WWW-Authenticate", b"Bearer")])
             return
+        try:
+            self._route(request, responder)
+        except RequestRejected as exc:  # a path segment or id that is not UTF-8 text
+            send_error(responder, exc.status, exc.message, exc.code)
+
+    def _route(self, request: HttpRequest, responder: Responder) -> None:
         parts = request.path.split("/")[2:]  # after "", "admin"
         method = request.method
         if parts == ["state"] and method == "GET":
@@ -44,11 +50,11 @@ class AdminApi:
         elif parts == ["replicas"] and method == "POST":
             self.add_replica(request, responder)
         elif len(parts) == 2 and parts[0] == "replicas" and parts[1] and method == "DELETE":
-            self.remove_replica(unquote(parts[1]), responder)
+            self.remove_replica(decode_path_segment(parts[1], "replica name"), responder)
         elif len(parts) == 3 and parts[0] == "replicas" and parts[2] == "drain" and method == "POST":
-            self.drain_replica(unquote(parts[1]), responder)
+            self.drain_replica(decode_path_segment(parts[1], "replica name"), responder)
         elif len(parts) == 3 and parts[0] == "sessions" and parts[1] and parts[2] == "finish" and method == "POST":
-            self.finish_session(unquote(parts[1]), responder)
+            self.finish_session(decode_path_segment(parts[1]), responder)
         else:
             send_error(responder, 404, f"unknown admin route {method} {request.path}; see SPEC.md section 5",
                        "unknown_route")

@@ -10,15 +10,15 @@ checks; `await app.close()` stops everything it started.
 from __future__ import annotations
 
 import inspect
-from urllib.parse import unquote
 
 import orjson
 
 from balancer import Balancer, ReplicaRegistry
 from balancer.health import HealthChecker
 from proxy.admin import AdminApi
-from proxy.errors import JSON_CONTENT_TYPE, send_error
+from proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
 from proxy.forward import Forwarder
+from proxy.http_fields import decode_path_segment
 from proxy.http_server import FrontServer, HttpRequest, Responder
 from proxy.metrics import CONTENT_TYPE, KvgateMetrics
 from gate.admission import AdmissionController
@@ -56,7 +56,7 @@ class ProxyApp:
 
     async def start(self, host: str | None = None, port: int | None = None) -> tuple[str, int]:
         """Listen (defaults: settings.listen) and start health checks; the bound address."""
-        self._server = FrontServer(self.handle, self.settings.limits.max_body_bytes)
+        self._server = FrontServer(self.handle, self.settings.limits)
         address = await self._server.start(self.settings.listen.host if host is None else host,
                                            self.settings.listen.port if port is None else port)
         if self._health_checks:
@@ -91,7 +91,12 @@ class ProxyApp:
             route = self._routes.get("/" + rest) if slash else None
             if route is not None:
                 if request.method == route.method:
-                    await self.forwarder.forward(request, responder, route, unquote(raw_id))
+                    try:
+                        session_id = decode_path_segment(raw_id)
+                    except RequestRejected as exc:
+                        send_error(responder, exc.status, exc.message, exc.code)
+                        return
+                    await self.forwarder.forward(request, responder, route, session_id)
                 else:
                     self._wrong_method(request, responder, route)
                 return

@@ -22,10 +22,10 @@ import types
 import typing
 from pathlib import Path
 from typing import Any, Callable, Mapping
-from urllib.parse import urlparse
 
 import yaml
 
+from proxy.http_fields import field_value_problem, replica_name_problem, replica_url_problem
 from proxy.settings import Settings
 
 ENV_PREFIX = "KVGATE_"
@@ -54,13 +54,6 @@ def _one_of(*choices: str) -> Callable[[Any], str | None]:
     return check
 
 
-def _http_url(value: str) -> str | None:
-    parsed = urlparse(value)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        return "must be an http:// or https:// URL with a host"
-    return None
-
-
 def _non_empty(value) -> str | None:
     return "must not be empty" if not value else None
 
@@ -68,8 +61,8 @@ def _non_empty(value) -> str | None:
 RULES: dict[str, Callable[[Any], str | None]] = {
     "listen.host": _non_empty,
     "listen.port": _in_range(0, 65535),
-    "replicas[].name": _non_empty,
-    "replicas[].url": _http_url,
+    "replicas[].name": replica_name_problem,
+    "replicas[].url": replica_url_problem,
     "replicas[].weight": _in_range(0, lo_open=True),
     "simulated_replicas": _in_range(1, 64),
     "session.header": _non_empty,
@@ -94,6 +87,15 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "upstream.connect_timeout_sec": _in_range(0, lo_open=True),
     "upstream.read_timeout_sec": _in_range(0, lo_open=True),
     "limits.max_body_bytes": _in_range(1),
+    "limits.max_head_bytes": _in_range(1024),
+    "limits.max_headers": _in_range(1),
+    "limits.header_timeout_sec": _in_range(0, lo_open=True),
+    "limits.body_timeout_sec": _in_range(0, lo_open=True),
+    "limits.keepalive_timeout_sec": _in_range(0, lo_open=True),
+    "limits.write_timeout_sec": _in_range(0, lo_open=True),
+    "limits.max_connections": _in_range(1),
+    "limits.max_buffered_response_bytes": _in_range(0),
+    "upstream.api_key": field_value_problem,
 }
 
 

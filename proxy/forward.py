@@ -18,14 +18,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-import orjson
-
 from balancer import Balancer, Replica
 from proxy.admission_errors import as_refusal
 from proxy.errors import RequestRejected, send_error, sse_error_event
 from proxy.http_server import HttpRequest, Responder
 from proxy.metrics import KvgateMetrics, turn_bucket
-from proxy.request_body import parse_json_object, stream_flag
+from proxy.request_body import parse_json_object, stream_flag, with_member
 from proxy.response_chains import TurnPlan, plan_turn
 from proxy.routes import SESSION_FIELD_KINDS, TURN_KINDS, RouteSpec
 from proxy.session_id import resolve_session_id, split_body_fields
@@ -69,6 +67,7 @@ class Forwarder:
         self._finish_header = settings.session.finish_header.lower()
         self._forward_session_id = settings.session.forward_session_id
         self._api_key = settings.upstream.api_key
+        self._max_buffered = settings.limits.max_buffered_response_bytes
         self._counters: dict[tuple, object] = {}
         self._turn_children: dict[str, object] = {}
 
@@ -94,15 +93,15 @@ class Forwarder:
         if chain is not None:
             session_id = chain.session_id
             if chain.set_request_id:  # vLLM answers with id = request_id: the link is known up front
+                raw = with_member(raw, body, "request_id", chain.response_id)
                 body["request_id"] = chain.response_id
-                raw = orjson.dumps(body)
 
         if session_id is None:
             await self._relay_turn(request, responder, route, raw, body, stream, None, None, started, chain)
             return
         if self._forward_session_id and kind in SESSION_FIELD_KINDS and "session_id" not in body:
+            raw = with_member(raw, body, "session_id", session_id)
             body["session_id"] = session_id
-            raw = orjson.dumps(body)
         entry = self.sessions.touch(session_id)
         if chain is not None and chain.link is not None:
             entry.replica = chain.link.replica  # the replica that holds the continued response
@@ -219,18 +218,30 @@ class Forwarder:
         headers = relayed_response_headers(upstream.headers)
         headers += lease_headers(replica, lease)
         is_sse = upstream.content_type == b"text/event-stream"
+        pending: list[bytes] = []
         if not (is_sse or (stream and upstream.content_length is None)):
-            try:
-                data = await upstream.read()
-            except EXCHANGE_ERRORS as exc:
-                self.metrics.upstream_errors.labels(replica.name, "mid_body").inc()
-                send_error(responder, 502, f"replica {replica.name} broke off its response ({exc}); "
-                           "retry the request", "upstream_failed", lease_headers(replica, lease))
-                return 502, False
-            responder.send(upstream.status, data, headers, upstream.reason)
-            return upstream.status, True
+            # Buffered, so that an upstream failing mid-body still gets a clean 502; past
+            # limits.max_buffered_response_bytes the answer is relayed as it arrives.
+            size = 0
+            while size <= self._max_buffered:
+                try:
+                    data = await upstream.readany()
+                except EXCHANGE_ERRORS as exc:
+                    self.metrics.upstream_errors.labels(replica.name, "mid_body").inc()
+                    send_error(responder, 502, f"replica {replica.name} broke off its response ({exc}); "
+                               "retry the request", "upstream_failed", lease_headers(replica, lease))
+                    return 502, False
+                if not data:
+                    responder.send(upstream.status, b"".join(pending), headers, upstream.reason)
+                    return upstream.status, True
+                pending.append(data)
+                size += len(data)
 
-        await responder.start(upstream.status, headers, upstream.reason)
+        await responder.start(upstream.status, headers, upstream.reason,
+                              None if is_sse else upstream.content_length)
+        for data in pending:
+            await responder.write(data)
+        pending.clear()
         while True:
             try:
                 chunk = await upstream.readany()

@@ -2,15 +2,15 @@
 
 Why not aiohttp's client: on this path it spends more CPU per request than the whole
 rest of the proxy (URL objects, cookie jars, tracing hooks, header multidicts,
-timers per request). The relay needs much less: write one request, read a status
-line and headers, then the body (Content-Length, chunked, or until close) either
-whole or chunk by chunk as it arrives. Bodies pass through untouched (no
-decompression, no decoding); chunked framing is removed, as the proxy's server side
-re-frames what it writes.
+timers per request). The relay needs much less: write one request, read the response
+with llhttp (httptools), the body whole or piece by piece as it arrives. Bodies
+pass through untouched (no decompression, no decoding); chunked framing is removed,
+as the proxy's server side re-frames what it writes.
 
 Invariants:
 - A connection carries one exchange at a time; it returns to the pool only after a
-  complete response that allows keep-alive, otherwise it is closed.
+  complete response that allows keep-alive and nothing after it, otherwise it is
+  closed. A malformed response fails the exchange (UpstreamError) and its connection.
 - `UpstreamResponse.close()` drops the connection at once (an upstream generation
   whose client left is aborted by vLLM when its connection closes).
 - Idle pooled connections are dropped after IDLE_SEC, below uvicorn's 5 s keep-alive,
@@ -24,16 +24,20 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl as ssl_module
 import time
 from collections import deque
 from urllib.parse import urlsplit
 
+import httptools
+
 IDLE_SEC = 4.0
 HIGH_WATER = 256 * 1024
 MAX_HEAD_BYTES = 64 * 1024
+_REASON_PHRASE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")  # RFC 9112 4
 
-_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
+_HEAD, _BODY, _UNTIL_CLOSE, _DONE = range(4)
 
 
 class UpstreamError(Exception):
@@ -56,8 +60,21 @@ class UpstreamTimeout(UpstreamError):
         super().__init__(message, "timeout")
 
 
+class _BadResponse(Exception):
+    """Raised from a parser callback: the upstream's response is malformed."""
+
+
 class _Connection(asyncio.Protocol):
-    """One TCP connection to the upstream and the state of its current response."""
+    """One TCP connection to the upstream and the state of its current response.
+
+    Parsed by llhttp (strict mode), plus what llhttp accepts and a proxy must not
+    relay: a status outside 100-599, a Transfer-Encoding other than `chunked`, a
+    second response head nobody asked for. Any of these (and anything llhttp rejects:
+    bad or duplicate Content-Length, bad chunk, bad header bytes) fails the exchange
+    and closes the connection. Bytes after a complete response, or arriving while the
+    connection idles in the pool, mean the stream is out of step with the requests:
+    the connection is closed, never reused.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout: float) -> None:
         self._loop = loop
@@ -66,18 +83,21 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.reused = False
+        self.idle = False
+        self._parser = httptools.HttpResponseParser(self)  # llhttp starts afresh after each message
         self._reset()
 
     def _reset(self) -> None:
         self._state = _HEAD
-        self._buf = bytearray()
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
-        self._remaining = 0
         self._paused = False
         self._waiter: asyncio.Future | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._error: UpstreamError | None = None
+        self._head_bytes = 0
+        self._length: int | None = None
+        self._chunked = False
         self.got_bytes = False
         self.status = 0
         self.reason = b""
@@ -100,14 +120,21 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def data_received(self, data: bytes) -> None:
+        if self.idle or self._state == _DONE:
+            self._stray()  # nobody asked: the next exchange would read these bytes as its answer
+            return
         self.got_bytes = True
+        if self._state == _HEAD:
+            self._head_bytes += len(data)
         try:
-            self._feed(data)
-        except UpstreamError as exc:
-            self._error = exc
-            self._state = _DONE
-            self.keep_alive = False
-            self.transport.close()
+            self._parser.feed_data(data)
+            if self._state == _HEAD and self._head_bytes > MAX_HEAD_BYTES:
+                raise UpstreamError("upstream response headers exceed 64 KiB", "before_headers")
+        except (httptools.HttpParserError, UpstreamError) as exc:
+            if self._state == _DONE and self._error is None:
+                self._stray()  # the response was whole; what followed it was not asked for
+            else:
+                self._fail(exc)
         if self._buffered > HIGH_WATER and not self._paused and self._state != _DONE:
             self._paused = True
             self.transport.pause_reading()
@@ -116,146 +143,70 @@ class _Connection(asyncio.Protocol):
     def eof_received(self):
         return False
 
-    # ---- parsing ---------------------------------------------------------------------
+    def _stray(self) -> None:
+        self.keep_alive = False
+        if self.transport is not None:
+            self.transport.close()
 
-    def _feed(self, data: bytes) -> None:
-        if self._state == _HEAD:
-            self._buf += data
-            end = self._buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self._buf) > MAX_HEAD_BYTES:
-                    raise UpstreamError("upstream response headers exceed 64 KiB", "before_headers")
-                return
-            head = bytes(self._buf[:end])
-            rest = bytes(self._buf[end + 4:])
-            self._buf = bytearray()
-            if self._parse_head(head):  # 1xx: another head follows
-                if rest:
-                    self._feed(rest)
-                return
-            if rest:
-                self._body(rest)
+    def _fail(self, exc: Exception) -> None:
+        if isinstance(exc, UpstreamError):
+            error = exc
+        else:
+            cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else exc
+            kind = "before_headers" if self._state == _HEAD else "mid_body"
+            error = UpstreamError(f"malformed response from upstream ({cause})", kind)
+        self._error = error
+        self._state = _DONE
+        self.keep_alive = False
+        self.transport.close()
+
+    # ---- llhttp callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._state != _HEAD:
+            raise _BadResponse("a second response followed the first one")
+
+    def on_status(self, reason: bytes) -> None:
+        # llhttp lets control bytes through in the reason phrase; kvgate then writes its own.
+        self.reason = reason if _REASON_PHRASE.fullmatch(reason) else b""
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        value = value.rstrip(b" \t")
+        lower = name.lower()
+        if lower == b"transfer-encoding":
+            if self._chunked or value.lower() != b"chunked":
+                raise _BadResponse(f"unsupported Transfer-Encoding {value[:40]!r}")
+            self._chunked = True
+        elif lower == b"content-length":
+            self._length = int(value)  # llhttp checked: digits only, one header
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if not 100 <= status <= 599:
+            raise _BadResponse(f"status {status} is outside 100-599")
+        if status < 200:
+            if status == 101:
+                raise _BadResponse("101 Switching Protocols was not asked for")
+            self.headers = []  # interim: the final response follows
+            self._length = None
+            self._chunked = False
             return
-        self._body(data)
-
-    def _parse_head(self, head: bytes) -> bool:
-        """Parse a response head; True when it was an interim 1xx response."""
-        lines = head.split(b"\r\n")
-        status_line = lines[0]
-        try:
-            version, code, *reason = status_line.split(b" ", 2)
-            status = int(code)
-        except ValueError:
-            raise UpstreamError(f"malformed upstream status line {status_line[:80]!r}", "before_headers") from None
-        if 100 <= status < 200:
-            return True
-        headers = []
-        length = None
-        chunked = False
-        keep_alive = version == b"HTTP/1.1"
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep:
-                continue
-            name = name.strip()
-            value = value.strip()
-            lower = name.lower()
-            if lower == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    raise UpstreamError(f"bad upstream Content-Length {value[:40]!r}", "before_headers") from None
-            elif lower == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif lower == b"connection":
-                token = value.lower()
-                if b"close" in token:
-                    keep_alive = False
-                elif b"keep-alive" in token:
-                    keep_alive = True
-            headers.append((name, value))
         self.status = status
-        self.reason = reason[0] if reason else b""
-        self.headers = headers
-        self.keep_alive = keep_alive
-        if status in (204, 304):
-            self._state = _DONE
-        elif chunked:
-            self._state = _CHUNK_SIZE
-        elif length is not None:
-            self._remaining = length
-            self._state = _LENGTH if length else _DONE
+        self.keep_alive = self._parser.should_keep_alive()
+        if status in (204, 304) or self._chunked or self._length is not None:
+            self._state = _BODY
         else:
             self._state = _UNTIL_CLOSE
             self.keep_alive = False
-        return False
 
-    def _push(self, data: bytes) -> None:
-        if data:
-            self._chunks.append(data)
-            self._buffered += len(data)
+    def on_body(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
 
-    def _body(self, data: bytes) -> None:
-        state = self._state
-        if state == _LENGTH:
-            if len(data) >= self._remaining:
-                self._push(data[:self._remaining])
-                self._remaining = 0
-                self._state = _DONE
-            else:
-                self._push(data)
-                self._remaining -= len(data)
-            return
-        if state == _UNTIL_CLOSE:
-            self._push(data)
-            return
-        if state == _DONE:
-            return
-        self._chunked(data)
-
-    def _chunked(self, data: bytes) -> None:
-        buf = self._buf
-        buf += data
-        pos = 0
-        n = len(buf)
-        while pos < n:
-            state = self._state
-            if state == _CHUNK_DATA:
-                take = min(self._remaining, n - pos)
-                self._push(bytes(buf[pos:pos + take]))
-                pos += take
-                self._remaining -= take
-                if self._remaining == 0:
-                    self._state = _CHUNK_CRLF
-            elif state == _CHUNK_SIZE or state == _CHUNK_CRLF or state == _TRAILER:
-                end = buf.find(b"\r\n", pos)
-                if end < 0:
-                    if n - pos > 4096:
-                        raise UpstreamError("malformed chunked framing from upstream", "mid_body")
-                    break
-                line = bytes(buf[pos:end])
-                pos = end + 2
-                if state == _CHUNK_CRLF:
-                    if line:
-                        raise UpstreamError("malformed chunked framing from upstream", "mid_body")
-                    self._state = _CHUNK_SIZE
-                elif state == _TRAILER:
-                    if not line:
-                        self._state = _DONE
-                        break
-                else:
-                    try:
-                        size = int(line.split(b";", 1)[0].strip(), 16)
-                    except ValueError:
-                        raise UpstreamError(f"malformed chunk size {line[:40]!r} from upstream", "mid_body") from None
-                    if size == 0:
-                        self._state = _TRAILER
-                    else:
-                        self._remaining = size
-                        self._state = _CHUNK_DATA
-            else:  # _DONE
-                break
-        del buf[:pos]
+    def on_message_complete(self) -> None:
+        if self.status:  # not an interim 1xx
+            self._state = _DONE
 
     # ---- waiting ---------------------------------------------------------------------
 
@@ -448,6 +399,7 @@ class UpstreamPool:
                 self._discard(conn)
                 continue
             conn.reused = True
+            conn.idle = False
             return conn
         return await self._connect()
 
@@ -471,6 +423,7 @@ class UpstreamPool:
     def _release(self, conn: _Connection) -> None:
         if conn.keep_alive and conn.complete and not conn.closed and not self.closed:
             conn._reset()
+            conn.idle = True
             conn.idle_since = time.monotonic()
             self._idle.append(conn)
         else:

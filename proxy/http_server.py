@@ -1,9 +1,12 @@
-"""A lean HTTP/1.1 server core for the front door (asyncio.Protocol, no framework).
+"""A lean HTTP/1.1 server core for the front door: llhttp (httptools) on asyncio.Protocol.
 
 Why not aiohttp.web: on this path a framework's request and response objects,
 router, middleware chain and payload streams cost as much CPU per request as the
-whole upstream being proxied; the relay needs much less. This module knows HTTP
-framing only; what a request means is the handler's business.
+whole upstream being proxied; the relay needs much less. Why llhttp: a proxy sits on
+the trust boundary, and a hand-written parser let one client smuggle a request onto
+a pooled upstream connection. llhttp (Node's parser, the one uvicorn uses) is strict
+by default; `FrontProtocol` adds the checks it leaves to us (see its doc). This module
+knows HTTP framing only; what a request means is the handler's business.
 
 Contract with the handler, `async handler(request: HttpRequest, responder: Responder)`:
 - The request arrives with its whole body read (bounded by `max_body_bytes`; a
@@ -11,35 +14,51 @@ Contract with the handler, `async handler(request: HttpRequest, responder: Respo
   closed). `Expect: 100-continue` is answered before the body is read.
 - The handler answers once: `responder.send(...)` for a whole body, or
   `await responder.start(...)`, `await responder.write(chunk)`..., `await responder.end()`
-  for a streamed one (chunked framing; close-delimited for HTTP/1.0 clients).
-  `write` waits while the client's socket buffer is full (backpressure) and raises
-  ConnectionResetError once the client is gone.
+  for a streamed one (chunked framing, or the given Content-Length; close-delimited
+  for HTTP/1.0 clients). `write` waits while the client's socket buffer is full
+  (backpressure) and raises ConnectionResetError once the client is gone.
 - When the client disconnects, the handler task is cancelled at once.
-- Requests on one connection are handled one at a time, in order (pipelining safe).
+- Requests on one connection are handled one at a time, in order (pipelining safe);
+  a request that cannot be read is answered in its turn, then the connection closes.
+
+Limits (`proxy.settings.LimitsSettings`, the `limits` config section): head size and header count
+per request, body size, header-read, body-read, idle keep-alive and client write
+timeouts, and the number of client connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import time
+from collections import deque
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Awaitable, Callable, Iterable
 
+import httptools
+
+from proxy.settings import LimitsSettings
+
 log = logging.getLogger("kvgate.http")
 
-MAX_HEAD_BYTES = 64 * 1024
 LINGER_SEC = 2.0
+MAX_PIPELINED = 64  # parsed requests waiting behind the one being answered before reading pauses
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _CHUNKED_END = b"0\r\n\r\n"
+# Descriptors kept free beyond one upstream connection per client connection:
+# health checks, probes, listening sockets, log files.
+RESERVED_FDS = 64
 
 Header = tuple[bytes, bytes]
+_FRAMING_NAME_LENGTHS = frozenset({len("transfer-encoding"), len("content-length"), len("expect")})
 
 
 class HttpRequest:
-    """One parsed request. `headers` maps lower-case names to values (str); `raw_headers`
-    keeps the received (name, value) byte pairs in order, for relaying."""
+    """One parsed request. `headers` maps lower-case names to values (str, repeated
+    headers joined by ", "); `raw_headers` keeps the received (name, value) byte pairs
+    in order, for relaying."""
 
     __slots__ = ("method", "path", "query", "version", "raw_headers", "headers", "body", "keep_alive")
 
@@ -108,14 +127,20 @@ class Responder:
                   b"\r\n\r\n" if self._keep_alive else b"\r\nConnection: close\r\n\r\n", body)
         self._protocol.write(b"".join(parts))
 
-    async def start(self, status: int, headers: Iterable[Header] = (), reason: bytes | None = None) -> None:
-        """Send the head of a streamed response."""
+    async def start(self, status: int, headers: Iterable[Header] = (), reason: bytes | None = None,
+                    content_length: int | None = None) -> None:
+        """Send the head of a streamed response: chunked, or exactly `content_length`
+        bytes written with `write` when that is given."""
         if self.started:
             raise RuntimeError("response already started")
         self.started = True
         self.status = status
         parts = response_head(status, headers, reason)
-        if self._chunked:
+        if content_length is not None:
+            self._chunked = False
+            parts += (b"Content-Length: ", str(content_length).encode(),
+                      b"\r\n\r\n" if self._keep_alive else b"\r\nConnection: close\r\n\r\n")
+        elif self._chunked:
             parts.append(b"Transfer-Encoding: chunked\r\n\r\n" if self._keep_alive
                          else b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
         else:
@@ -147,41 +172,91 @@ class Responder:
 
 Handler = Callable[[HttpRequest, Responder], Awaitable[None]]
 
-_S_HEAD, _S_BODY, _S_CHUNK_SIZE, _S_CHUNK_DATA, _S_CHUNK_CRLF, _S_TRAILER, _S_BUSY, _S_CLOSED = range(8)
+
+class _Refusal(Exception):
+    """A request the server answers itself with an error, then closes the connection."""
+
+    def __init__(self, status: int, message: str, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+def body_too_large(size: int | None, limit: int) -> _Refusal:
+    what = f"request body of {size} bytes" if size is not None else "request body"
+    return _Refusal(413, f"{what} exceeds limits.max_body_bytes ({limit}); send a smaller body or raise "
+                    "the limit", "body_too_large")
 
 
 class FrontProtocol(asyncio.Protocol):
-    """One client connection: parse requests, run the handler for each, in order."""
+    """One client connection: parse requests with llhttp, run the handler for each, in order.
 
-    def __init__(self, handler: Handler, max_body_bytes: int, connections: set) -> None:
+    llhttp (strict mode, httptools' default) already rejects: CR, LF, NUL and other
+    control bytes in field values; invalid field names; obs-fold; bare LF line ends;
+    Content-Length that is not all ASCII digits, duplicated, or sent with
+    Transfer-Encoding; a chunked coding that is not last; malformed chunk sizes;
+    control bytes and non-ASCII bytes in the request target. Checked here, in the
+    callbacks (the head's state lives on the protocol: one call per header is the
+    hot path):
+    - the head size (request target plus header lines) and the header count;
+    - Transfer-Encoding must be exactly `chunked` (llhttp accepts `gzip, chunked`,
+      a coding nobody here can undo) and only on HTTP/1.1;
+    - the HTTP version: 1.0 or 1.1;
+    - optional whitespace is stripped from the end of values (llhttp strips the start).
+
+    Phases, for the timeouts the server's sweeper enforces: "idle" (waiting for a
+    request: keep-alive timeout), "head" (a request began: header timeout), "body"
+    (body-read timeout, restarted by every read), "busy" (the handler runs; the write
+    timeout applies while the client's socket buffer stays full).
+    """
+
+    def __init__(self, handler: Handler, limits: LimitsSettings, server: "FrontServer") -> None:
         self._handler = handler
-        self._max_body = max_body_bytes
-        self._connections = connections
+        self._limits = limits
+        self._server = server
         self._loop = asyncio.get_event_loop()
         self._transport: asyncio.Transport | None = None
-        self._buf = bytearray()
-        self._state = _S_HEAD
+        self._parser = httptools.HttpRequestParser(self)
+        self._max_head = limits.max_head_bytes
+        self._max_headers = limits.max_headers
+        self._in_head = False  # between the start of a request and the end of its head
+        self._messages = 0  # requests begun on this connection
+        self._url = b""
+        self._head_size = 0  # bytes of the target and header lines parsed so far
+        self._head_pending = 0  # bytes received in packets that ended inside the head
+        self._raw_headers: list[Header] = []
+        self._headers: dict[str, str] = {}
+        self._chunked = False
+        self._content_length: int | None = None
+        self._expect_continue = False
         self._request: HttpRequest | None = None
         self._body_parts: list[bytes] = []
         self._body_size = 0
-        self._remaining = 0
+        self._queue: deque = deque()  # parsed requests (or a final _Refusal) waiting their turn
+        self._queued_bytes = 0
         self._task: asyncio.Task | None = None
         self._closed = False
+        self._reading_done = False  # nothing more is parsed: a refusal or an upgrade ended the stream
         self._eof = False
         self._paused_writing = False
         self._drain_waiter: asyncio.Future | None = None
         self._reading_paused = False
+        self.phase = "idle"
+        self.deadline = 0.0  # when the current phase's timeout expires (monotonic)
+        self.write_blocked_since = 0.0
 
     # ---- transport events ------------------------------------------------------------
 
     def connection_made(self, transport) -> None:
         self._transport = transport
-        self._connections.add(self)
+        self._server.connections.add(self)
+        self.deadline = time.monotonic() + self._limits.header_timeout_sec
 
     def connection_lost(self, exc) -> None:
         self._closed = True
-        self._state = _S_CLOSED
-        self._connections.discard(self)
+        self._reading_done = True
+        self._server.connections.discard(self)
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client left: withdraw the admission, abort the upstream
         waiter = self._drain_waiter
@@ -198,6 +273,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._paused_writing = True
+        self.write_blocked_since = time.monotonic()
 
     def resume_writing(self) -> None:
         self._paused_writing = False
@@ -207,15 +283,139 @@ class FrontProtocol(asyncio.Protocol):
         self._drain_waiter = None
 
     def data_received(self, data: bytes) -> None:
-        if self._state == _S_CLOSED:
-            return  # lingering after a rejected request: discard
-        self._buf += data
-        if self._state == _S_BUSY:
-            if len(self._buf) > MAX_HEAD_BYTES + self._max_body and not self._reading_paused:
-                self._reading_paused = True
-                self._transport.pause_reading()  # a client pipelining without limit waits
-            return
-        self._parse()
+        if self._reading_done:
+            return  # lingering after a refused request, or after an upgrade request: discard
+        in_head, begun = self._in_head, self._messages
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # An upgrade request (h2c, websocket) was answered as plain HTTP/1.1; what
+            # follows it is in the other protocol: stop reading, close after the answers.
+            self._reading_done = True
+        except httptools.HttpParserCallbackError as exc:
+            refusal = exc.__context__
+            if not isinstance(refusal, _Refusal):
+                raise
+            self._refuse(refusal)
+        except httptools.HttpParserInvalidMethodError:
+            self._refuse(_Refusal(400, "malformed request line (unknown method)"))
+        except httptools.HttpParserInvalidURLError as exc:
+            self._refuse(_Refusal(400, f"malformed request target ({exc}); percent-encode it"))
+        except httptools.HttpParserError as exc:
+            self._refuse(_Refusal(400, f"malformed request ({exc})"))
+        if in_head and self._in_head and self._messages == begun and not self._reading_done:
+            # llhttp buffers a header line until it ends, out of the callbacks' sight:
+            # count the packets that arrive wholly inside one head, so that a
+            # never-ending header value is bounded too.
+            self._head_pending += len(data)
+            if self._head_pending > self._max_head:
+                self._refuse(self._head_too_large())
+                return
+        if not self._reading_paused and not self._closed and self._backlogged():
+            self._reading_paused = True
+            self._transport.pause_reading()  # a client pipelining without limit waits
+
+    def _backlogged(self) -> bool:
+        """A client pipelining without limit waits: too many requests, or too many body
+        bytes, are parsed and waiting behind the one being answered."""
+        return (len(self._queue) >= MAX_PIPELINED
+                or self._queued_bytes > self._limits.max_head_bytes + self._limits.max_body_bytes)
+
+    # ---- llhttp callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._messages += 1
+        self._in_head = True
+        self._url = b""
+        self._head_size = self._head_pending = 0
+        self._raw_headers = []
+        self._headers = {}
+        self._chunked = self._expect_continue = False
+        self._content_length = None
+        self.phase = "head"
+        self.deadline = time.monotonic() + self._limits.header_timeout_sec
+
+    def _head_too_large(self) -> _Refusal:
+        return _Refusal(431, f"request head exceeds limits.max_head_bytes ({self._max_head} bytes)",
+                        "head_too_large")
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._head_size += len(url)
+        if self._head_size > self._max_head:
+            raise self._head_too_large()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        size = self._head_size = self._head_size + len(name) + len(value) + 4
+        if size > self._max_head:
+            raise self._head_too_large()
+        raw_headers = self._raw_headers
+        if len(raw_headers) >= self._max_headers:
+            raise _Refusal(431, f"request has more than limits.max_headers ({self._max_headers}) headers",
+                           "too_many_headers")
+        value = value.rstrip(b" \t")
+        key = name.decode("latin-1").lower()
+        if len(key) in _FRAMING_NAME_LENGTHS:
+            if key == "transfer-encoding":
+                if self._chunked or value.lower() != b"chunked":
+                    raise _Refusal(400, f"Transfer-Encoding {value[:40]!r} is not supported; send the body with "
+                                   "Content-Length or as 'Transfer-Encoding: chunked' alone", "bad_framing")
+                self._chunked = True
+            elif key == "content-length":
+                self._content_length = int(value)  # llhttp checked: digits only, one header
+            elif key == "expect":
+                self._expect_continue = value.lower() == b"100-continue"
+        raw_headers.append((name, value))
+        text = value.decode("utf-8", "surrogateescape")
+        headers = self._headers
+        previous = headers.get(key)
+        headers[key] = text if previous is None else f"{previous}, {text}"
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        parser = self._parser
+        version = parser.get_http_version()
+        if version != "1.1" and version != "1.0":
+            raise _Refusal(505, f"HTTP/{version} is not supported; use HTTP/1.1", "http_version_not_supported")
+        if self._chunked and version == "1.0":
+            raise _Refusal(400, "Transfer-Encoding is not allowed in an HTTP/1.0 request", "bad_framing")
+        length = self._content_length
+        if length is not None and length > self._limits.max_body_bytes:
+            raise body_too_large(length, self._limits.max_body_bytes)
+        target = self._url.decode("latin-1")  # llhttp admits only ASCII here
+        path, _, query = target.partition("?")
+        if "#" in query:
+            query = query.partition("#")[0]
+        self._request = HttpRequest(parser.get_method().decode("latin-1"), path, query, "HTTP/" + version,
+                                    self._raw_headers, self._headers, parser.should_keep_alive())
+        self._body_parts = []
+        self._body_size = 0
+        self.phase = "body"
+        self.deadline = time.monotonic() + self._limits.body_timeout_sec
+        if self._expect_continue and (self._chunked or length) and self._task is None and not self._queue:
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, data: bytes) -> None:
+        self._body_size += len(data)
+        if self._body_size > self._limits.max_body_bytes:
+            raise body_too_large(None, self._limits.max_body_bytes)
+        self._body_parts.append(data)
+        self._queued_bytes += len(data)
+        self.deadline = time.monotonic() + self._limits.body_timeout_sec
+
+    def on_message_complete(self) -> None:
+        request = self._request
+        self._request = None
+        parts = self._body_parts
+        if parts:
+            request.body = parts[0] if len(parts) == 1 else b"".join(parts)
+            self._body_parts = []
+        self.phase = "idle"
+        self.deadline = time.monotonic() + self._limits.keepalive_timeout_sec
+        if self._task is None and not self._queue:
+            self._dispatch(request)
+        else:
+            self._queue.append(request)
 
     # ---- writing (used by Responder) -------------------------------------------------
 
@@ -234,144 +434,18 @@ class FrontProtocol(asyncio.Protocol):
             waiter = self._drain_waiter = self._loop.create_future()
         await waiter
 
-    # ---- parsing ---------------------------------------------------------------------
+    # ---- refusing --------------------------------------------------------------------
 
-    def _parse(self) -> None:
-        buf = self._buf
-        while not self._closed:
-            state = self._state
-            if state == _S_HEAD:
-                end = buf.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(buf) > MAX_HEAD_BYTES:
-                        self._reject(431, "request headers exceed 64 KiB")
-                    elif self._eof and not buf.strip():
-                        self._transport.close()
-                    return
-                head = bytes(buf[:end])
-                del buf[:end + 4]
-                if not head.strip():
-                    continue  # stray CRLF between requests
-                if not self._start_request(head):
-                    return
-            elif state == _S_BODY:
-                if len(buf) < self._remaining:
-                    return
-                self._request.body = bytes(buf[:self._remaining])
-                del buf[:self._remaining]
-                self._dispatch()
-                return
-            elif state == _S_CHUNK_DATA:
-                take = min(self._remaining, len(buf))
-                if take == 0:
-                    return
-                self._body_parts.append(bytes(buf[:take]))
-                del buf[:take]
-                self._remaining -= take
-                if self._remaining == 0:
-                    self._state = _S_CHUNK_CRLF
-            elif state in (_S_CHUNK_SIZE, _S_CHUNK_CRLF, _S_TRAILER):
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    if len(buf) > 4096:
-                        self._reject(400, "malformed chunked request body")
-                    return
-                line = bytes(buf[:end])
-                del buf[:end + 2]
-                if state == _S_CHUNK_CRLF:
-                    if line:
-                        self._reject(400, "malformed chunked request body")
-                        return
-                    self._state = _S_CHUNK_SIZE
-                elif state == _S_TRAILER:
-                    if not line:
-                        self._request.body = b"".join(self._body_parts)
-                        self._body_parts = []
-                        self._dispatch()
-                        return
-                else:
-                    try:
-                        size = int(line.split(b";", 1)[0].strip(), 16)
-                    except ValueError:
-                        self._reject(400, "malformed chunk size in the request body")
-                        return
-                    if size == 0:
-                        self._state = _S_TRAILER
-                        continue
-                    self._body_size += size
-                    if self._body_size > self._max_body:
-                        self._reject(413, f"request body exceeds limits.max_body_bytes ({self._max_body}); "
-                                     "send a smaller body or raise the limit", "body_too_large")
-                        return
-                    self._remaining = size
-                    self._state = _S_CHUNK_DATA
-            else:
-                return
+    def _refuse(self, refusal: _Refusal) -> None:
+        """Stop reading; answer `refusal` once the requests before it are answered."""
+        self._reading_done = True
+        self._in_head = False
+        if self._task is None and not self._queue:
+            self._send_refusal(refusal)
+        else:
+            self._queue.append(refusal)
 
-    def _start_request(self, head: bytes) -> bool:
-        lines = head.split(b"\r\n")
-        try:
-            method, target, version = lines[0].split(b" ")
-        except ValueError:
-            self._reject(400, "malformed request line")
-            return False
-        if not version.startswith(b"HTTP/1."):
-            self._reject(505, "only HTTP/1.x is supported")
-            return False
-        raw_headers: list[Header] = []
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep or not name or name[-1:] in (b" ", b"\t"):
-                self._reject(400, "malformed request header line")
-                return False
-            value = value.strip()
-            raw_headers.append((name, value))
-            key = name.decode("latin-1").lower()
-            text = value.decode("utf-8", "surrogateescape")
-            if key in headers:
-                headers[key] = f"{headers[key]}, {text}"
-            else:
-                headers[key] = text
-        target_s = target.decode("utf-8", "surrogateescape")
-        path, _, query = target_s.partition("?")
-        http10 = version == b"HTTP/1.0"
-        connection = headers.get("connection", "").lower()
-        keep_alive = ("keep-alive" in connection) if http10 else ("close" not in connection)
-        request = HttpRequest(method.decode("latin-1"), path, query, version.decode("latin-1"), raw_headers,
-                              headers, keep_alive)
-        self._request = request
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            self._state = _S_CHUNK_SIZE
-            self._body_parts = []
-            self._body_size = 0
-            self._continue(headers)
-            return True
-        length_text = headers.get("content-length")
-        if length_text is None:
-            self._dispatch()
-            return False
-        if not length_text.isdigit():
-            self._reject(400, f"bad Content-Length {length_text[:40]!r}")
-            return False
-        length = int(length_text)
-        if length > self._max_body:
-            self._reject(413, f"request body of {length} bytes exceeds limits.max_body_bytes ({self._max_body}); "
-                         "send a smaller body or raise the limit", "body_too_large")
-            return False
-        if length == 0:
-            self._dispatch()
-            return False
-        self._remaining = length
-        self._state = _S_BODY
-        self._continue(headers)
-        return True
-
-    def _continue(self, headers: dict[str, str]) -> None:
-        if headers.get("expect", "").lower() == "100-continue" and not self._buf:
-            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    def _reject(self, status: int, message: str, code: str = "invalid_request") -> None:
+    def _send_refusal(self, refusal: _Refusal) -> None:
         """Answer a request the server cannot read, then close (the stream is out of sync).
 
         The close lingers: the write side shuts first and whatever the client still
@@ -379,23 +453,42 @@ class FrontProtocol(asyncio.Protocol):
         error instead of a connection reset.
         """
         from proxy.errors import error_json  # the error shape is the proxy's, kept in one place
-        self._state = _S_CLOSED
-        self._buf.clear()
+        self.phase = "closing"
+        if self._closed:
+            return
         responder = Responder(self, keep_alive=False, chunked_ok=True)
-        responder.send(status, error_json(status, message, code), [(b"Content-Type", b"application/json")])
+        responder.send(refusal.status, error_json(refusal.status, refusal.message, refusal.code),
+                       [(b"Content-Type", b"application/json")])
         transport = self._transport
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()  # keep draining what the client sends while lingering
         if transport.can_write_eof():
             transport.write_eof()
             self._loop.call_later(LINGER_SEC, transport.close)
         else:
             transport.close()
 
+    def expire(self, now: float) -> None:
+        """Called by the server's sweeper: close a connection whose phase timed out."""
+        if self._closed:
+            return
+        if self._paused_writing and now - self.write_blocked_since > self._limits.write_timeout_sec:
+            self._transport.abort()  # the client stopped reading: drop it and what it holds
+            return
+        if self._task is not None or self._queue or self.phase == "closing" or now < self.deadline:
+            return
+        if self.phase == "idle":
+            self._transport.close()
+        else:
+            what = "request head" if self.phase == "head" else "request body"
+            key = "header_timeout_sec" if self.phase == "head" else "body_timeout_sec"
+            self._refuse(_Refusal(408, f"the {what} did not arrive within limits.{key}", "request_timeout"))
+
     # ---- running the handler -------------------------------------------------------
 
-    def _dispatch(self) -> None:
-        request = self._request
-        self._request = None
-        self._state = _S_BUSY
+    def _dispatch(self, request: HttpRequest) -> None:
+        self._queued_bytes -= len(request.body)
         responder = Responder(self, request.keep_alive and not self._eof, request.version == "HTTP/1.1")
         self._task = self._loop.create_task(self._run(request, responder))
 
@@ -423,37 +516,133 @@ class FrontProtocol(asyncio.Protocol):
             return
         if not responder.finished or not responder.keep_alive or self._eof:
             self._transport.close()
-            self._state = _S_CLOSED
+            self._reading_done = True
             return
-        self._state = _S_HEAD
-        if self._reading_paused:
+        if self.phase == "idle":
+            self.deadline = time.monotonic() + self._limits.keepalive_timeout_sec
+        if self._queue:
+            item = self._queue.popleft()
+            if isinstance(item, _Refusal):
+                self._send_refusal(item)
+                return
+            self._dispatch(item)
+        elif self._reading_done:
+            self._transport.close()  # after an upgrade request: nothing more to read
+            return
+        if self._reading_paused and not self._backlogged():
             self._reading_paused = False
             self._transport.resume_reading()
-        if self._buf:
-            self._parse()
+
+
+def too_many_connections_response(limit: int) -> bytes:
+    from proxy.errors import error_json
+    body = error_json(503, f"kvgate serves at most limits.max_connections ({limit}) client connections; "
+                      "retry later", "too_many_connections")
+    return b"".join(response_head(503, [(b"Content-Type", b"application/json"), (b"Retry-After", b"1")]) +
+                    [b"Content-Length: ", str(len(body)).encode(), b"\r\nConnection: close\r\n\r\n", body])
+
+
+MAX_LINGERING_REFUSALS = 64
+
+
+class _Refused(asyncio.Protocol):
+    """A connection beyond limits.max_connections: answered 503 and closed.
+
+    The close lingers (so that a client still sending its request reads the 503
+    rather than a reset) for at most MAX_LINGERING_REFUSALS connections at a time;
+    beyond that, refused connections close at once, so that a flood of them cannot
+    take the descriptors kept for upstream connections and health checks."""
+
+    def __init__(self, answer: bytes, server: "FrontServer") -> None:
+        self._answer = answer
+        self._server = server
+        self._lingering = False
+
+    def connection_made(self, transport) -> None:
+        transport.write(self._answer)
+        if transport.can_write_eof() and self._server.lingering_refusals < MAX_LINGERING_REFUSALS:
+            self._lingering = True
+            self._server.lingering_refusals += 1
+            transport.write_eof()
+            asyncio.get_event_loop().call_later(LINGER_SEC, transport.close)
+        else:
+            transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def connection_lost(self, exc) -> None:
+        if self._lingering:
+            self._server.lingering_refusals -= 1
+
+
+def connection_limit(configured: int, upstream_per_client: int = 1, reserved: int = RESERVED_FDS) -> int:
+    """The client connections this process can hold: `configured`, lowered when the
+    descriptor limit (raised to its hard limit first) cannot also hold one upstream
+    connection per client connection plus `reserved` for health checks and probes."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = configured * (1 + upstream_per_client) + reserved
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        if target > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+            except (ValueError, OSError):
+                pass
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return configured
+    fitted = max(1, (soft - reserved) // (1 + upstream_per_client))
+    log.warning("limits.max_connections %d lowered to %d: the descriptor limit is %d", configured, fitted, soft)
+    return fitted
 
 
 class FrontServer:
     """Listens and hands every request to `handler`; `close()` stops and drops connections."""
 
-    def __init__(self, handler: Handler, max_body_bytes: int) -> None:
+    def __init__(self, handler: Handler, limits: LimitsSettings | int) -> None:
         self._handler = handler
-        self._max_body = max_body_bytes
+        self._limits = limits if isinstance(limits, LimitsSettings) else LimitsSettings(max_body_bytes=limits)
         self._server: asyncio.base_events.Server | None = None
-        self._connections: set[FrontProtocol] = set()
+        self.connections: set[FrontProtocol] = set()
+        self._max_connections = self._limits.max_connections
+        self._refusal = b""
+        self.lingering_refusals = 0
+        self._sweeper: asyncio.Task | None = None
+
+    def _protocol(self) -> asyncio.Protocol:
+        if len(self.connections) >= self._max_connections:
+            return _Refused(self._refusal, self)
+        return FrontProtocol(self._handler, self._limits, self)
 
     async def start(self, host: str, port: int, backlog: int = 2048) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: FrontProtocol(self._handler, self._max_body, self._connections), host, port,
-            backlog=backlog, reuse_address=True)
+        self._max_connections = connection_limit(self._limits.max_connections)
+        self._refusal = too_many_connections_response(self._max_connections)
+        self._server = await loop.create_server(self._protocol, host, port, backlog=backlog, reuse_address=True)
+        self._sweeper = loop.create_task(self._sweep())
         address = self._server.sockets[0].getsockname()
         return address[0], address[1]
 
+    async def _sweep(self) -> None:
+        """Enforce the timeouts: one pass over the connections, a few times per shortest timeout."""
+        limits = self._limits
+        shortest = min(limits.header_timeout_sec, limits.body_timeout_sec, limits.keepalive_timeout_sec,
+                       limits.write_timeout_sec)
+        interval = min(1.0, max(0.02, shortest / 4))
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                conn.expire(now)
+
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._server is not None:
             self._server.close()
-            for conn in list(self._connections):
+            for conn in list(self.connections):
                 if conn._transport is not None:
                     conn._transport.close()
             await self._server.wait_closed()

@@ -36,3 +36,13 @@ def stream_flag(body: dict) -> bool:
         return value
     raise RequestRejected(400, f"field 'stream' must be a boolean, got {type(value).__name__}",
                           "invalid_type")
+
+
+def with_member(raw: bytes, body: dict, name: str, value: str) -> bytes:
+    """`raw` (the bytes `body` was parsed from) with `"<name>": <value>` spliced in as
+    its first member: the client's bytes are kept as sent (big integers, number
+    spelling, duplicate keys, key order), and nothing is encoded twice. The caller
+    adds the member only when `body` lacks it, so the splice never duplicates a key."""
+    start = raw.index(b"{") + 1  # a JSON object: only whitespace comes before its brace
+    member = orjson.dumps(name) + b":" + orjson.dumps(value)
+    return b"".join((raw[:start], member, b"," if body else b"", raw[start:]))

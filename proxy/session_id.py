@@ -36,10 +36,14 @@ def split_body_fields(fields: Sequence[str]) -> tuple[tuple[str, ...], ...]:
 
 
 def bounded_session_id(raw: str) -> str:
-    """The id used internally: itself, or its sha256 hex when longer than the limit."""
-    if len(raw) <= MAX_SESSION_ID_BYTES // 4:  # fast path: cannot exceed the byte limit
-        return raw
-    encoded = raw.encode("utf-8", "surrogatepass")
+    """The id used internally: itself, or its sha256 hex when longer than the limit.
+    An id that is not UTF-8 text (a header's bytes decoded with surrogateescape) is a 400."""
+    if raw.isascii():  # fast path: one byte per character
+        return raw if len(raw) <= MAX_SESSION_ID_BYTES else sha256(raw.encode()).hexdigest()
+    try:
+        encoded = raw.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestRejected(400, "session id is not valid UTF-8; send UTF-8 text", "invalid_session_id") from None
     if len(encoded) <= MAX_SESSION_ID_BYTES:
         return raw
     return sha256(encoded).hexdigest()

@@ -76,7 +76,16 @@ class UpstreamSettings:
 
 @dataclass(frozen=True)
 class LimitsSettings:
+    """The front door's limits and timeouts; defaults follow nginx's (docs/proxy.md)."""
     max_body_bytes: int = 32 * 1024 * 1024
+    max_head_bytes: int = 32 * 1024  # nginx: large_client_header_buffers 4 x 8k
+    max_headers: int = 100  # Apache's LimitRequestFields; nginx bounds headers by size only
+    header_timeout_sec: float = 60.0  # nginx client_header_timeout
+    body_timeout_sec: float = 60.0  # nginx client_body_timeout (between two reads)
+    keepalive_timeout_sec: float = 75.0  # nginx keepalive_timeout
+    write_timeout_sec: float = 60.0  # nginx send_timeout (between two writes the client takes)
+    max_connections: int = 4096  # client connections; nginx: worker_connections per worker
+    max_buffered_response_bytes: int = 1024 * 1024  # larger non-streamed answers are relayed as they arrive
 
 
 @dataclass(frozen=True)

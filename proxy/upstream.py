@@ -29,18 +29,35 @@ CONNECT_ERRORS = (UpstreamConnectError,)
 EXCHANGE_ERRORS = (UpstreamError, OSError)
 
 
+def connection_named(headers) -> frozenset[bytes]:
+    """The lower-case header names listed in Connection headers (RFC 9110 7.6.1):
+    hop-by-hop by declaration, so never relayed."""
+    names = frozenset()
+    for name, value in headers:
+        if len(name) == 10 and name.lower() == b"connection":
+            names |= {token.strip().lower() for token in value.split(b",")}
+    return names
+
+
 def upstream_request_headers(raw_headers, api_key: str | None) -> list[tuple[bytes, bytes]]:
-    """The client's raw headers minus hop-by-hop ones; `api_key` replaces Authorization."""
+    """The client's raw headers minus hop-by-hop ones (fixed, and those Connection
+    names); `api_key` replaces Authorization."""
+    named = connection_named(raw_headers)
+    drop = _REQUEST_DROP | named if named else _REQUEST_DROP
     if api_key:
-        out = [(k, v) for k, v in raw_headers if k.lower() not in _REQUEST_DROP and k.lower() != b"authorization"]
+        drop = drop | {b"authorization"}
+    out = [(k, v) for k, v in raw_headers if k.lower() not in drop]
+    if api_key:
         out.append((b"Authorization", b"Bearer " + api_key.encode()))
-        return out
-    return [(k, v) for k, v in raw_headers if k.lower() not in _REQUEST_DROP]
+    return out
 
 
 def relayed_response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The upstream's headers minus hop-by-hop ones and those the proxy's server sets."""
-    return [(k, v) for k, v in headers if k.lower() not in _RESPONSE_DROP]
+    """The upstream's headers minus hop-by-hop ones (fixed, and those Connection names)
+    and those the proxy's server sets."""
+    named = connection_named(headers)
+    drop = _RESPONSE_DROP | named if named else _RESPONSE_DROP
+    return [(k, v) for k, v in headers if k.lower() not in drop]
 
 
 class UpstreamClients:

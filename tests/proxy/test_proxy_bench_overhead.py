@@ -47,3 +47,18 @@ def test_bad_arguments_exit_2():
     result = subprocess.run([sys.executable, "-m", "proxy.cli", "bench", "overhead", "--modes", "sideways"],
                             cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
+
+
+def test_baseline_repo_is_measured_in_the_same_run_with_cpu_per_request(tmp_path):
+    """The plumbing of --baseline-repo, with this checkout as its own baseline."""
+    out = tmp_path / "overhead.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "bench", "overhead", "--duration", "0.3", "--warmup", "0.1",
+         "--repeats", "1", "--concurrency", "2", "--modes", "non-streaming", "--gate-mode", "off",
+         "--baseline-repo", str(REPO), "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert "rps vs baseline" in result.stdout and "cpu vs baseline" in result.stdout
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["baseline"]["errors"] == 0 and row["baseline"]["rps"] > 0
+    assert row["proxied"]["cpu_us_per_request"] > 0 and row["baseline"]["cpu_us_per_request"] > 0

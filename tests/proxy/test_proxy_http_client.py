@@ -7,56 +7,7 @@ import asyncio
 import pytest
 
 from proxy.http_client import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamTimeout
-
-
-class ScriptedServer:
-    """Answers the i-th request on a connection with `reply(i)`: bytes, or a list of bytes
-    (written in turn), floats (pauses) and None (close the connection there); a reply
-    of None closes the connection without answering."""
-
-    def __init__(self, reply):
-        self.reply = reply
-        self.connections = 0
-        self.requests: list[bytes] = []
-
-    async def start(self):
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.url = "http://127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def _serve(self, reader, writer):
-        self.connections += 1
-        index = 0
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(l.split(b":")[1]) for l in head.split(b"\r\n")
-                               if l.lower().startswith(b"content-length:")), 0)
-                body = await reader.readexactly(length)
-                self.requests.append(head + body)
-                answer = self.reply(index)
-                index += 1
-                if answer is None:
-                    break
-                parts = answer if isinstance(answer, list) else [answer]
-                if None in parts:
-                    parts = parts[:parts.index(None)]
-                for part in parts:
-                    if isinstance(part, float):
-                        await asyncio.sleep(part)
-                    else:
-                        writer.write(part)
-                        await writer.drain()
-                if len(parts) < len(answer if isinstance(answer, list) else [answer]):
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    async def stop(self):
-        self.server.close()
-        await self.server.wait_closed()
+from scripted_server import ScriptedServer
 
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,20 +96,52 @@ def _create_venv(venv: Path) -> None:
     _run([python, "-m", "pip", "uninstall", "-y", *BROKEN_EXTRAS], 300, "removing torchvision/torchaudio/torchcodec")
 
 
-def _repo_installed(python: Path) -> bool:
-    """True when the venv's ``kvgate_vllm`` is this checkout and its entry points exist."""
-    check = (
-        "import json, kvgate_vllm, os\n"
-        "from importlib.metadata import entry_points\n"
-        "print(json.dumps([os.path.dirname(os.path.realpath(kvgate_vllm.__file__)),\n"
-        "  [e.value for e in entry_points(group='vllm.general_plugins') if e.name == 'kvgate'],\n"
-        "  [e.value for e in entry_points(group='vllm.endpoint_plugins') if e.name == 'kvgate']]))"
-    )
-    result = subprocess.run([str(python), "-c", check], capture_output=True, text=True, timeout=120)
-    if result.returncode != 0:
+# Run by the venv's python in isolated mode (-I: neither the working directory nor
+# PYTHON* variables on sys.path) from an empty directory, so that only what is really
+# installed in the venv answers: run from the checkout, `kvgate_vllm` would import from
+# the working directory and `kvgate.egg-info` there would supply the entry points, and
+# the check would pass on a venv where the plugin is not installed at all.
+_INSTALLED_CHECK = """
+import json, os, importlib.util
+from importlib.metadata import PackageNotFoundError, distribution
+try:
+    dist = distribution("kvgate")
+except PackageNotFoundError:
+    print(json.dumps(None)); raise SystemExit
+spec = importlib.util.find_spec("kvgate_vllm")
+eps = {(e.group, e.name) for e in dist.entry_points}
+print(json.dumps({
+    "direct_url": json.loads(dist.read_text("direct_url.json") or "null"),
+    "package": os.path.dirname(os.path.realpath(spec.origin)) if spec and spec.origin else None,
+    "general": ("vllm.general_plugins", "kvgate") in eps,
+    "endpoint": ("vllm.endpoint_plugins", "kvgate") in eps,
+}))
+"""
+
+
+def installed_checkout(report: dict | None, repo_root: Path) -> bool:
+    """Whether the check's report says the venv's kvgate is `repo_root`, installed
+    editable, with both vLLM plugin entry points (pure, table-tested)."""
+    if not report or not report.get("general") or not report.get("endpoint"):
         return False
-    location, general, endpoint = json.loads(result.stdout.strip().splitlines()[-1])
-    return location == str((REPO_ROOT / "kvgate_vllm").resolve()) and bool(general) and bool(endpoint)
+    url = urllib.parse.urlsplit((report.get("direct_url") or {}).get("url") or "")
+    if url.scheme != "file":
+        return False
+    root = str(repo_root.resolve())
+    return (os.path.realpath(urllib.request.url2pathname(url.path)) == root
+            and report.get("package") == str((repo_root / "kvgate_vllm").resolve()))
+
+
+def _repo_installed(python: Path) -> bool:
+    """True when the venv's installed ``kvgate`` is this checkout (see _INSTALLED_CHECK)."""
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="kvgate-check-") as empty:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        result = subprocess.run([str(python), "-I", "-c", _INSTALLED_CHECK], capture_output=True, text=True,
+                                timeout=120, cwd=empty, env=env)
+    if result.returncode != 0 or not result.stdout.strip():
+        return False
+    return installed_checkout(json.loads(result.stdout.strip().splitlines()[-1]), REPO_ROOT)
 
 
 def ensure_vllm_venv(venv: Path = VENV_DIR) -> Path:
