@@ -45,9 +45,10 @@ class HealthChecker:
     replica answers healthy with any 2xx status. The loop survives every error.
     """
 
-    def __init__(self, registry, settings: HealthSettings) -> None:
+    def __init__(self, registry, settings: HealthSettings, path: str = "/health") -> None:
         self._registry = registry
         self._settings = settings
+        self._path = path  # a front door asks replica gates for /ready (proxy/topology.py)
         self._task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -80,7 +81,7 @@ class HealthChecker:
     async def _check(self, url: str) -> bool:
         assert self._session is not None, "HealthChecker.start() must run first"
         try:
-            async with self._session.get(f"{url}/health") as resp:
+            async with self._session.get(url + self._path) as resp:
                 await resp.read()
                 return 200 <= resp.status < 300
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
