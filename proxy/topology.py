@@ -91,3 +91,38 @@ def merge_kvgate_headers(relayed: list[tuple[bytes, bytes]],
         return relayed, False
     relayed.extend(h for h in own if h[0] not in present)
     return relayed, True
+
+
+# ---- check-config --contact-replicas: what a replica's answers say about the config (pure) ----
+
+def replica_findings(settings: Settings, index: int, name: str, *, reachable: bool, is_kvgate: bool,
+                     owner_status: int | None, owner: dict | None) -> tuple[list[str], list[str]]:
+    """(problems, notes) for replica `index` from what it answered: `is_kvgate` (its /metrics has
+    kvgate's metrics), `owner_status`/`owner` (GET /v1/kvgate/owner: status and JSON, None if unreached)."""
+    key = f"replicas[{index}] ({name})"
+    if not reachable:
+        return [f"{key}: unreachable, so this check could not look at it"], []
+    problems: list[str] = []
+    notes: list[str] = []
+    if settings.role == FRONT_DOOR:
+        if not is_kvgate:
+            problems.append(f"{key}: is not a kvgate (no kvgate metrics on /metrics); a front door routes to "
+                            "replica gates (role: replica_gate beside each vLLM), or use role: standalone")
+        return problems, notes
+    if settings.gate.mode == "off":
+        return problems, notes
+    if is_kvgate:
+        problems.append(f"{key}: is a kvgate, so this gate would gate a second time; give this kvgate role: "
+                        "front_door with gate.mode: off, or point it at the vLLM server")
+        return problems, notes
+    if owner_status != 200 or owner is None:
+        notes.append(f"{key}: no owner record (GET /v1/kvgate/owner answered {owner_status}); start vLLM with "
+                     "the kvgate plugin, or a second gate enforcing on it cannot be detected")
+        return problems, notes
+    holder = owner.get("owner")
+    if holder and holder != settings.ownership.gate_id and settings.gate.mode == "enforce":
+        problems.append(f"{key}: kvgate {holder} already enforces on it (lease {owner.get('expires_in_sec', 0)}s "
+                        "left); this one would only shadow it. One gate per replica: see docs/ARCHITECTURE.md")
+    else:
+        notes.append(f"{key}: owner record {'held by ' + holder if holder else 'free'}")
+    return problems, notes

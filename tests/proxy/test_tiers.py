@@ -232,3 +232,40 @@ async def test_front_door_failover_keeps_sessions_on_their_replicas(tiers):
     assert len(lost) <= in_flight_at_kill[0]
     assert all(len(replicas) == 1 for replicas in seen.values()), seen
     await until(lambda: t.gate_counts() == CLEAN, "every gate clean")
+
+
+async def test_check_config_contact_replicas(tiers, http, tmp_path, capsys):
+    """`kvgate check-config --contact-replicas` flags configs that cannot be right on these replicas."""
+    import argparse
+
+    import yaml
+
+    from proxy.commands import check_config_command
+
+    t = await tiers(1, 1, time_scale=0.0)
+    replica, gate = t.replicas[0], t.replica_gates[0]
+
+    async def check(config: dict) -> tuple[int, str]:
+        path = tmp_path / "kvgate.yaml"
+        path.write_text(yaml.safe_dump(config))
+        code = await asyncio.to_thread(check_config_command, argparse.Namespace(file=str(path), contact_replicas=True))
+        out = capsys.readouterr()
+        return code, out.out + out.err
+
+    # the replica gate holds the simulated replica's record: a second enforcing gate is refused
+    code, out = await check({"replicas": [{"name": "sim0", "url": replica.url}]})
+    assert code == 2 and "already enforces on it" in out and "replicas[0] (sim0)" in out
+    # ... a shadowing one is fine
+    code, out = await check({"replicas": [{"name": "sim0", "url": replica.url}], "gate": {"mode": "shadow"}})
+    assert code == 0, out
+    # a front door must point at replica gates, and a gate must not point at a kvgate
+    code, out = await check({"role": "front_door", "gate": {"mode": "off"},
+                             "replicas": [{"name": "sim0", "url": replica.url}]})
+    assert code == 2 and "is not a kvgate" in out
+    code, out = await check({"role": "front_door", "gate": {"mode": "off"},
+                             "replicas": [{"name": "sim0", "url": gate.url}]})
+    assert code == 0, out
+    code, out = await check({"replicas": [{"name": "sim0", "url": gate.url}]})
+    assert code == 2 and "gate a second time" in out
+    code, out = await check({"replicas": [{"name": "gone", "url": "http://127.0.0.1:9"}]})
+    assert code == 2 and "unreachable" in out
