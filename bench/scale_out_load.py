@@ -44,7 +44,7 @@ import aiohttp
 import orjson
 
 from bench.agentic.processes import ServerGroup
-from bench.gate_load import quantile, run_session, start_replicas
+from bench.gate_load import SYSTEM_PROMPT, TOOL_RESULT, TurnResult, quantile, send_turn, start_replicas
 
 LAYOUTS = ("single", "tiers")
 ADMIN_TOKEN = "scale-out-load"
@@ -64,6 +64,77 @@ class LayoutRun:
     leaked: dict[str, int] = field(default_factory=dict)
     conflicts: float = 0.0
     moved_sessions: int = 0
+    killed_door_outstanding: int | None = None  # requests in flight at front door 0 when it was killed
+    resent_turns: int = 0  # turns re-sent to another front door (at most the number above)
+
+
+async def kill_door(servers: ServerGroup, doors: Doors, after_sec: float) -> None:
+    """SIGKILL front door 0 (a crash, not a clean stop) `after_sec` into the run."""
+    await asyncio.sleep(after_sec)
+    doors.outstanding_at_kill = doors.outstanding[0]
+    servers.kill("door0")
+    doors.dead.add(0)
+
+
+class Doors:
+    """The front doors clients use, which are still up, and how many requests each has outstanding."""
+
+    def __init__(self, addresses: list[tuple[str, int]]) -> None:
+        self.addresses = addresses
+        self.outstanding = [0] * len(addresses)
+        self.dead: set[int] = set()
+        self.outstanding_at_kill: int | None = None
+        self.resent = 0  # turns that were in flight at a killed door, re-sent to another one
+
+    def next_alive(self, door: int) -> int:
+        for step in range(1, len(self.addresses) + 1):
+            candidate = (door + step) % len(self.addresses)
+            if candidate not in self.dead:
+                return candidate
+        raise RuntimeError("no front door left")
+
+
+async def run_session(doors: Doors, door: int, name: str, turns: int, start_delay: float) -> list[TurnResult]:
+    """bench/gate_load.py's session, failing over to the next front door when its own goes away:
+    a turn that was in flight there is re-sent (counted in `doors.resent`)."""
+    await asyncio.sleep(start_delay)
+    messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM_PROMPT}]
+    results: list[TurnResult] = []
+    writer = None
+    try:
+        for turn in range(1, turns + 1):
+            messages.append({"role": "user", "content": f"tool result {turn} of {name}: {TOOL_RESULT}"})
+            while True:
+                if door in doors.dead:
+                    door = doors.next_alive(door)
+                    if writer is not None:
+                        writer.close()
+                        writer = None
+                if writer is None:
+                    try:
+                        reader, writer = await asyncio.open_connection(*doors.addresses[door])
+                    except OSError:
+                        doors.dead.add(door)
+                        continue
+                doors.outstanding[door] += 1
+                try:
+                    result = await send_turn(reader, writer, *doors.addresses[door], name, messages,
+                                             finish=turn == turns)
+                except (OSError, asyncio.IncompleteReadError):
+                    doors.resent += 1
+                    doors.dead.add(door)
+                    continue
+                finally:
+                    doors.outstanding[door] -= 1
+                break
+            results.append(result)
+            if result.status != 200:
+                break
+            messages.append({"role": "assistant", "content": result.reply})
+    finally:
+        if writer is not None:
+            writer.close()
+    return results
 
 
 async def start_layout(servers: ServerGroup, layout: str, replicas: list, front_doors: int) -> tuple[list[str], list[str]]:
@@ -118,13 +189,21 @@ async def run_layout(layout: str, replicas: list, args: argparse.Namespace, inde
     async with ServerGroup(log_dir / f"{layout}-{index}") as servers:
         targets, kvgates = await start_layout(servers, layout, replicas, args.front_doors)
         rng = random.Random(args.seed + index)
-        addresses = [(u.split("//")[1].split(":")[0], int(u.rsplit(":", 1)[1])) for u in targets]
+        doors = Doors([(u.split("//")[1].split(":")[0], int(u.rsplit(":", 1)[1])) for u in targets])
+        killer = None
+        if args.kill_front_door_after is not None and layout == "tiers":
+            killer = asyncio.ensure_future(kill_door(servers, doors, args.kill_front_door_after))
         started = time.perf_counter()
         sessions = await asyncio.gather(*(
-            run_session(*addresses[i % len(addresses)], f"{layout}-{index}-s{i}", args.turns,
+            run_session(doors, i % len(doors.addresses), f"{layout}-{index}-s{i}", args.turns,
                         rng.uniform(0, args.ramp_sec))
             for i in range(args.sessions)), return_exceptions=True)
         result.seconds = time.perf_counter() - started
+        if killer is not None:
+            await killer
+            result.killed_door_outstanding = doors.outstanding_at_kill
+            result.resent_turns = doors.resent
+            kvgates = [u for u in kvgates if u != targets[0]]
         errors = [s for s in sessions if isinstance(s, BaseException)]
         done = [s for s in sessions if not isinstance(s, BaseException)]
         turns = [t for session in done for t in session]
@@ -165,9 +244,11 @@ async def run(args: argparse.Namespace) -> list[LayoutRun]:
 def format_run(r: LayoutRun) -> str:
     reasons = ", ".join(f"{k}={v}" for k, v in sorted(r.reasons.items()))
     leaked = "none" if not r.leaked else ", ".join(f"{k}={v}" for k, v in r.leaked.items())
+    killed = ("" if r.killed_door_outstanding is None else
+              f" killed door0 with {r.killed_door_outstanding} in flight, re-sent {r.resent_turns}")
     return (f"{r.layout:6s} sessions={r.sessions} turns={r.turns} failed={r.failed} wall={r.seconds:.1f}s "
             f"{r.turns_per_sec:.0f} turns/s turn p50={r.turn_p50_ms:.2f}ms p95={r.turn_p95_ms:.2f}ms "
-            f"reasons[{reasons}] leaked[{leaked}] conflicts={r.conflicts:g} moved={r.moved_sessions}")
+            f"reasons[{reasons}] leaked[{leaked}] conflicts={r.conflicts:g} moved={r.moved_sessions}{killed}")
 
 
 def summarize(results: list[LayoutRun], layouts: list[str]) -> dict[str, Any]:
@@ -195,6 +276,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ramp-sec", type=float, default=2.0, help="sessions start within this many seconds")
     parser.add_argument("--num-blocks", type=int, default=65536, help="KV blocks per replica (no pressure)")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="simulated replica batch size")
+    parser.add_argument("--kill-front-door-after", type=float, metavar="SEC",
+                        help="tiers: SIGKILL front door 0 this many seconds into each run; its clients fail "
+                        "over to the next front door, re-sending only the turns that were in flight there")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-dir", help="kvgate logs and configs (default: a new temporary folder)")
     parser.add_argument("--out", metavar="FILE", help="also write the runs and summary as JSON to FILE")
@@ -228,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"(ratio {s['turn_p50_ratio_vs_single']:.3f}), throughput ratio "
                      f"{s['throughput_ratio_vs_single']:.3f}")
         print(line)
-    bad = [r for r in results if r.failed or r.leaked or r.conflicts or r.moved_sessions]
+    bad = [r for r in results if r.failed or r.leaked or r.conflicts or r.moved_sessions
+           or (r.killed_door_outstanding is not None and r.resent_turns > r.killed_door_outstanding)]
     print(f"failed turns: {sum(r.failed for r in results)}; runs with leaks, conflicts or moved sessions: {len(bad)}")
     if args.out:
         Path(args.out).write_bytes(orjson.dumps({"args": vars(args), "runs": [vars(r) for r in results],

@@ -137,6 +137,13 @@ class ServerGroup:
         except OSError:
             return "(no log)"
 
+    def kill(self, name: str) -> None:
+        """SIGKILL the process started as `name` (a crash: nothing runs its shutdown)."""
+        for proc_name, proc in self._procs:
+            if proc_name == name and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
     async def stop_all(self) -> None:
         for _, proc in self._procs:
             if proc.poll() is None:

@@ -55,3 +55,20 @@ def test_scale_out_load_small(has_replica, tmp_path):
         assert run["turns"] == 450 and run["failed"] == 0 and run["leaked"] == {} and run["conflicts"] == 0
         assert run["moved_sessions"] == 0
         assert set(run["reasons"]) <= {"contract_fits", "reserved_session"}  # the gate's own, through the doors
+
+
+def test_scale_out_load_front_door_killed(has_replica, tmp_path):
+    """Front door 0 is SIGKILLed mid-run: its clients fail over, re-sending only the turns that were
+    in flight there, every turn completes, and every session stays on its replica."""
+    out = tmp_path / "load.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.scale_out_load", "--sessions", "200", "--turns", "8", "--replicas", "2",
+         "--front-doors", "2", "--layouts", "tiers", "--ramp-sec", "1", "--kill-front-door-after", "0.5",
+         "--log-dir", str(tmp_path / "logs"), "--out", str(out)],
+        capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["killed_door_outstanding"] is not None
+    assert run["resent_turns"] <= run["killed_door_outstanding"]
+    assert run["turns"] == 1600 and run["failed"] == 0 and run["moved_sessions"] == 0
+    assert run["leaked"] == {} and run["conflicts"] == 0
