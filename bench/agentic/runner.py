@@ -144,10 +144,10 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
             def target(session, urls=urls):
                 return urls[session.index % len(urls)]
         elif mode in TOPOLOGY_MODES:
-            kvgates = await start_topology(servers, mode, urls, plan.gate_knobs)
+            entry_points, kvgates = await start_topology(servers, mode, urls, plan.gate_knobs)
 
-            def target(session, kvgates=kvgates):
-                return kvgates[session.index % len(kvgates)]
+            def target(session, entry_points=entry_points):
+                return entry_points[session.index % len(entry_points)]
         else:
             proxy_url = await servers.start_kvgate("kvgate", urls, gate)
 
