@@ -181,10 +181,10 @@ class OwnershipClaims:
     async def round(self) -> None:
         """Claim (or renew) every replica's record once, concurrently."""
         replicas = dict(self._replicas())
-        for name in [n for n in self._state if n not in replicas]:  # removed replicas
+        for name in [n for n in self._state if n not in replicas]:  # removed replicas: release, forget
             self._state.pop(name)
-            url = self._urls.pop(name)
-            await self._claim(url, 0)
+            await self._claim(self._urls.pop(name), 0)
+            self._apply(name, Ownership())
         self._urls.update(replicas)
         names = list(replicas)
         outcomes = await asyncio.gather(*(self._claim(replicas[n], self.ttl_sec) for n in names))
