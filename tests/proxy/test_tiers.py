@@ -269,3 +269,27 @@ async def test_check_config_contact_replicas(tiers, http, tmp_path, capsys):
     assert code == 2 and "gate a second time" in out
     code, out = await check({"replicas": [{"name": "gone", "url": "http://127.0.0.1:9"}]})
     assert code == 2 and "unreachable" in out
+
+
+async def test_removed_replica_record_is_released(http):
+    t = await start_single(2, extra={"ownership": {"ttl_sec": 0.3, "gate_id": "g"}, "admin": {"token": "t"}},
+                           time_scale=0.0)
+    try:
+        kvgate = t.front_doors[0]
+        for replica in t.replicas:
+            async with http.get(replica.url + "/v1/kvgate/owner") as resp:
+                assert (await resp.json())["owner"] == "g"
+        async with http.delete(kvgate.url + "/admin/replicas/sim1", headers={"Authorization": "Bearer t"}) as resp:
+            assert resp.status == 200
+
+        async def owner_of(replica):
+            async with http.get(replica.url + "/v1/kvgate/owner") as resp:
+                return (await resp.json())["owner"]
+
+        for _ in range(100):
+            if await owner_of(t.replicas[1]) is None:
+                break
+            await asyncio.sleep(0.05)
+        assert await owner_of(t.replicas[1]) is None and await owner_of(t.replicas[0]) == "g"
+    finally:
+        await t.close()
