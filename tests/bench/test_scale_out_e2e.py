@@ -6,16 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
-from bench.agentic.processes import replica_subcommand_exists
-
-
-@pytest.fixture(scope="module")
-def has_replica():
-    if not replica_subcommand_exists():
-        pytest.skip("`kvgate replica` (the simulator part) is not installed yet")
-
 
 def test_tiny_regime_tiers_and_naive_detected(has_replica, tmp_path):
     out = tmp_path / "agentic"
