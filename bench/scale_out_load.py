@@ -66,6 +66,7 @@ class LayoutRun:
     moved_sessions: int = 0
     killed_door_outstanding: int | None = None  # requests in flight at front door 0 when it was killed
     resent_turns: int = 0  # turns re-sent to another front door (at most the number above)
+    peak_concurrent_sessions: int = 0  # sessions started and not yet finished, at most at once
 
 
 async def kill_door(servers: ServerGroup, doors: Doors, after_sec: float) -> None:
@@ -85,6 +86,8 @@ class Doors:
         self.dead: set[int] = set()
         self.outstanding_at_kill: int | None = None
         self.resent = 0  # turns that were in flight at a killed door, re-sent to another one
+        self.alive = 0  # sessions started and not finished
+        self.peak_alive = 0
 
     def next_alive(self, door: int) -> int:
         for step in range(1, len(self.addresses) + 1):
@@ -94,10 +97,14 @@ class Doors:
         raise RuntimeError("no front door left")
 
 
-async def run_session(doors: Doors, door: int, name: str, turns: int, start_delay: float) -> list[TurnResult]:
+async def run_session(doors: Doors, door: int, name: str, turns: int, start_delay: float,
+                      think: list[float]) -> list[TurnResult]:
     """bench/gate_load.py's session, failing over to the next front door when its own goes away:
-    a turn that was in flight there is re-sent (counted in `doors.resent`)."""
+    a turn that was in flight there is re-sent (counted in `doors.resent`). `think[i]`: seconds
+    between turn i+1 and turn i+2 (the agent's tool call)."""
     await asyncio.sleep(start_delay)
+    doors.alive += 1
+    doors.peak_alive = max(doors.peak_alive, doors.alive)
     messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM_PROMPT}]
     results: list[TurnResult] = []
     writer = None
@@ -131,7 +138,10 @@ async def run_session(doors: Doors, door: int, name: str, turns: int, start_dela
             if result.status != 200:
                 break
             messages.append({"role": "assistant", "content": result.reply})
+            if turn < turns and think[turn - 1]:
+                await asyncio.sleep(think[turn - 1])
     finally:
+        doors.alive -= 1
         if writer is not None:
             writer.close()
     return results
@@ -196,8 +206,9 @@ async def run_layout(layout: str, replicas: list, args: argparse.Namespace, inde
         started = time.perf_counter()
         sessions = await asyncio.gather(*(
             run_session(doors, i % len(doors.addresses), f"{layout}-{index}-s{i}", args.turns,
-                        rng.uniform(0, args.ramp_sec))
+                        rng.uniform(0, args.ramp_sec), [rng.uniform(0.5, 1.5) * args.think_sec for _ in range(args.turns)])
             for i in range(args.sessions)), return_exceptions=True)
+        result.peak_concurrent_sessions = doors.peak_alive
         result.seconds = time.perf_counter() - started
         if killer is not None:
             await killer
@@ -246,7 +257,7 @@ def format_run(r: LayoutRun) -> str:
     leaked = "none" if not r.leaked else ", ".join(f"{k}={v}" for k, v in r.leaked.items())
     killed = ("" if r.killed_door_outstanding is None else
               f" killed door0 with {r.killed_door_outstanding} in flight, re-sent {r.resent_turns}")
-    return (f"{r.layout:6s} sessions={r.sessions} turns={r.turns} failed={r.failed} wall={r.seconds:.1f}s "
+    return (f"{r.layout:6s} sessions={r.sessions} (peak {r.peak_concurrent_sessions} at once) turns={r.turns} failed={r.failed} wall={r.seconds:.1f}s "
             f"{r.turns_per_sec:.0f} turns/s turn p50={r.turn_p50_ms:.2f}ms p95={r.turn_p95_ms:.2f}ms "
             f"reasons[{reasons}] leaked[{leaked}] conflicts={r.conflicts:g} moved={r.moved_sessions}{killed}")
 
@@ -274,6 +285,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--layouts", default="tiers", help="comma-separated: single, tiers (default tiers)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per layout, alternating (default 1)")
     parser.add_argument("--ramp-sec", type=float, default=2.0, help="sessions start within this many seconds")
+    parser.add_argument("--think-sec", type=float, default=0.0,
+                        help="mean tool time between a session's turns (uniform 0.5x-1.5x; default 0: back to back)")
     parser.add_argument("--num-blocks", type=int, default=65536, help="KV blocks per replica (no pressure)")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="simulated replica batch size")
     parser.add_argument("--kill-front-door-after", type=float, metavar="SEC",
