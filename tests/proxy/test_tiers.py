@@ -293,3 +293,42 @@ async def test_removed_replica_record_is_released(http):
         assert await owner_of(t.replicas[1]) is None and await owner_of(t.replicas[0]) == "g"
     finally:
         await t.close()
+
+
+async def test_front_door_health_timeouts_under_load_are_no_evidence(aiohttp_server):
+    """A front door keeps a replica gate that is slow to answer /ready while requests to it are in
+    flight (a loaded gate, or this front door's own loop lag); a timeout with nothing in flight, or a
+    definitive 503, still counts."""
+    from aiohttp import web
+
+    from balancer import ReplicaRegistry
+    from balancer.health import HealthChecker
+    from proxy.settings import HealthSettings
+
+    answer = {"delay": 0.3, "status": 200}
+
+    async def ready(_request):
+        await asyncio.sleep(answer["delay"])
+        return web.json_response({}, status=answer["status"])
+
+    app = web.Application()
+    app.router.add_get("/ready", ready)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    health = HealthSettings(interval_sec=60, timeout_sec=0.1, unhealthy_after=1)
+    for busy_is_alive, in_flight, delay, status, healthy in [
+        (True, 1, 0.3, 200, True),     # timed out, but busy: no evidence
+        (True, 0, 0.3, 200, False),    # timed out, idle: a failure
+        (True, 1, 0.0, 503, False),    # a definitive answer always counts
+        (False, 1, 0.3, 200, False),   # standalone kvgates keep the strict rule
+    ]:
+        registry = ReplicaRegistry(health)
+        replica = registry.add("g0", str(server.make_url("")).rstrip("/"))
+        replica.in_flight = in_flight
+        answer.update(delay=delay, status=status)
+        checker = HealthChecker(registry, health, "/ready", busy_is_alive=busy_is_alive)
+        await checker.start()
+        try:
+            await checker.check_all()
+        finally:
+            await checker.close()
+        assert replica.healthy is healthy, (busy_is_alive, in_flight, delay, status)
