@@ -16,6 +16,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from balancer import Balancer, Replica
@@ -29,8 +30,11 @@ from proxy.routes import SESSION_FIELD_KINDS, TURN_KINDS, RouteSpec
 from proxy.session_id import resolve_session_id, split_body_fields
 from proxy.session_tracker import SessionTracker
 from proxy.settings import Settings
+from proxy.topology import FRONT_DOOR, REPLICA_GATE, merge_kvgate_headers, with_session_header
 from proxy.upstream import (CONNECT_ERRORS, EXCHANGE_ERRORS, UpstreamClients, relayed_response_headers,
                             upstream_request_headers)
+
+log = logging.getLogger("kvgate.proxy")
 
 H_REPLICA = b"x-kvgate-replica"
 H_ADMISSION = b"x-kvgate-admission"
@@ -68,6 +72,10 @@ class Forwarder:
         self._forward_session_id = settings.session.forward_session_id
         self._api_key = settings.upstream.api_key
         self._max_buffered = settings.limits.max_buffered_response_bytes
+        self._front_door = settings.role == FRONT_DOOR  # the session id travels on in the header
+        self._tiered = settings.role in (FRONT_DOOR, REPLICA_GATE)
+        self._gates = settings.gate.mode != "off"
+        self._double_gating_warned: set[str] = set()
         self._counters: dict[tuple, object] = {}
         self._turn_children: dict[str, object] = {}
 
@@ -129,6 +137,8 @@ class Forwarder:
             return
         turn_index = entry.turns + 1 if entry is not None else 0
         headers = upstream_request_headers(request.raw_headers, self._api_key)
+        if self._front_door and session_id is not None:
+            headers = with_session_header(headers, self._header.encode(), session_id)
         target = f"{route.path}?{request.query}" if request.query else route.path
         rerouted_unavailable = rerouted_connect = False
         while True:
@@ -161,16 +171,23 @@ class Forwarder:
             except CONNECT_ERRORS as exc:
                 replica.in_flight -= 1
                 lease.release()
-                self.registry.mark_failed(replica)
+                # Tiers: a replica with other requests in flight is alive, only slow to accept (an
+                # overloaded replica gate): not marked failed, and this request (which never reached
+                # it) is re-sent to it once rather than moving the session (proxy/topology.py).
+                busy = self._tiered and replica.in_flight > 0
+                if not busy:
+                    self.registry.mark_failed(replica)
                 self.metrics.upstream_errors.labels(replica.name, "connect").inc()
-                other = None if rerouted_connect else self.balancer.choose(session_id, exclude=replica)
+                other = (None if rerouted_connect else
+                         replica if busy else self.balancer.choose(session_id, exclude=replica))
                 if other is not None:
                     rerouted_connect = True
                     replica = other
                     continue
                 self._count(kind, replica.name, 502)
                 send_error(responder, 502, f"could not connect to replica {replica.name} ({exc}); it is marked "
-                           "unhealthy until its health checks pass; retry later", "upstream_connect_failed",
+                           "unhealthy until its health checks pass (unless it has requests in flight); retry later",
+                           "upstream_connect_failed",
                            lease_headers(replica, lease))
                 return
             except EXCHANGE_ERRORS as exc:
@@ -215,8 +232,13 @@ class Forwarder:
     async def _relay(self, responder: Responder, upstream, replica: Replica, lease, stream: bool,
                      kind: str) -> tuple[int, bool]:
         """Relay the upstream's answer: (status for metrics, completed normally)."""
-        headers = relayed_response_headers(upstream.headers)
-        headers += lease_headers(replica, lease)
+        headers, upstream_gated = merge_kvgate_headers(relayed_response_headers(upstream.headers),
+                                                       lease_headers(replica, lease))
+        if upstream_gated and self._gates and replica.name not in self._double_gating_warned:
+            self._double_gating_warned.add(replica.name)
+            log.error("replica %s answers with x-kvgate-* headers: it is a kvgate, and this kvgate gates it a "
+                      "second time; give this one role: front_door with gate.mode: off (docs/ARCHITECTURE.md)",
+                      replica.name)
         is_sse = upstream.content_type == b"text/event-stream"
         pending: list[bytes] = []
         if not (is_sse or (stream and upstream.content_length is None)):

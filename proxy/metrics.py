@@ -75,5 +75,9 @@ class KvgateMetrics:
             "kvgate_session_preemptions", "Preempted attempts per session, observed when a session ends.",
             buckets=PREEMPTION_BUCKETS, registry=r)
 
+        self.gate_conflict = Gauge(
+            "kvgate_gate_conflict", "1 while another gate also enforces (or tries to) on the replica.",
+            ["replica"], registry=r)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
