@@ -53,6 +53,7 @@ _SHAPE_OPTIONS = {
     "max_num_batched_tokens": (int, "token budget per engine step"),
     "max_model_len": (int, "longest prompt + reply"),
     "time_scale": (float, "multiplies the cost model's step times (0 = as fast as possible)"),
+    "prefill_token_s": (float, "cost model: seconds per prompt token computed (default: the replica's)"),
 }
 _GATE_OPTIONS = {
     "high_watermark": (float, "KV usage at or above which the gate checks prefixes"),
@@ -90,6 +91,8 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     for name, (kind, text) in _WORKLOAD_OPTIONS.items():
         work.add_argument("--" + name.replace("_", "-"), type=kind, default=None, dest="w_" + name, help=text,
                           metavar="N" if kind is int else "X")
+    work.add_argument("--no-finish", action="store_true",
+                      help="sessions end silently: no turn carries x-session-finish (as an OpenAI-SDK agent)")
     work.add_argument("--shared-system-prompt", choices=("yes", "no"), default=None,
                       help="one system prompt for all sessions (yes) or one each (no)")
     shape = parser.add_argument_group("simulated replicas (overrides the regime; `kvgate replica` options)")
@@ -130,6 +133,8 @@ def build_plan(args) -> tuple[RunPlan, str]:
     spec = regime.workload.replace(**_overrides(args, "w_", _WORKLOAD_OPTIONS))
     if args.shared_system_prompt is not None:
         spec = spec.replace(shared_system_prompt=args.shared_system_prompt == "yes")
+    if args.no_finish:
+        spec = spec.replace(send_finish=False)
     shape = replace(regime.shape, **_overrides(args, "r_", _SHAPE_OPTIONS))
     knobs = {**regime.gate, **_overrides(args, "g_", _GATE_OPTIONS)}
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
