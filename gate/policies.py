@@ -289,6 +289,22 @@ def work_conserving(view: GateView, usage: UsageReading, evicted_blocks: int, kn
     return Wait(f"re-prefill {reprefill:.3f}s > holding cost {holding:.3f}s", recheck_sec=recheck)
 
 
+def evicted_window_blocks(view: GateView, usage: UsageReading, prefix: PrefixReading, budget: int) -> int:
+    """Blocks of other sessions' idle windows that admitting this turn would evict now.
+
+    The turn allocates its prompt's new blocks and its output's; vLLM takes them from
+    the free blocks, first those outside idle windows (`budget`: free minus idle
+    windows minus headroom, when positive), then cached blocks of idle windows, of
+    which at most min(idle_reserved_blocks, num_free_blocks) are in the free queue.
+    Growth of the windows in flight is not counted: it is theirs, admitted or not.
+    """
+    assert usage.num_free_blocks is not None
+    block_size = usage.block_size or 1
+    need = prefix.new_blocks + -(-view.max_output_tokens // block_size)
+    evictable = min(view.idle_reserved_blocks, usage.num_free_blocks)
+    return max(0, min(need - max(0, budget), evictable))
+
+
 def _keep(view: GateView, knobs: GateSettings) -> bool:
     """A session that already owns a window keeps it through any admission."""
     return knobs.retain_session and view.reserved and not view.anonymous
@@ -455,23 +471,20 @@ def contract_decide(
         )
     footprint = window_footprint(view, usage, prefix, knobs)
     working_set = footprint + view.older_window_blocks
+    budget = usage.num_free_blocks - view.idle_reserved_blocks - knobs.headroom_blocks
+    if view.reserved and working_set <= usable:
+        return Admit(RESERVED_SESSION, reserve=knobs.retain_session, resident_blocks=footprint)
+    if not view.reserved and working_set <= usable and prefix.new_blocks <= budget:
+        return Admit(CONTRACT_FITS, reserve=knobs.retain_session, resident_blocks=footprint)
+    held = work_conserving(view, usage, evicted_window_blocks(view, usage, prefix, budget), knobs)
+    if held is None:  # admitted without a window: the windows' books stay within usable
+        return Admit(WORK_CONSERVING)
     if view.reserved:
-        if working_set <= usable:
-            return Admit(RESERVED_SESSION, reserve=knobs.retain_session, resident_blocks=footprint)
-        held = work_conserving(view, usage, working_set - usable, knobs)
-        if held is None:
-            return Admit(WORK_CONSERVING, reserve=knobs.retain_session, resident_blocks=footprint)
         return Wait(
             f"window lost: footprint {footprint} blocks + {view.older_window_blocks} in older windows "
             f"exceeds {usable} usable blocks; {held.why}",
-            drop_window=True,
+            drop_window=True, recheck_sec=held.recheck_sec,
         )
-    budget = usage.num_free_blocks - view.idle_reserved_blocks - knobs.headroom_blocks
-    if working_set <= usable and prefix.new_blocks <= budget:
-        return Admit(CONTRACT_FITS, reserve=knobs.retain_session, resident_blocks=footprint)
-    held = work_conserving(view, usage, max(working_set - usable, prefix.new_blocks - budget), knobs)
-    if held is None:
-        return Admit(WORK_CONSERVING, reserve=knobs.retain_session, resident_blocks=footprint)
     if working_set > usable:
         why = f"footprint {footprint} blocks + {view.older_window_blocks} in windows exceeds {usable} usable blocks"
     else:
