@@ -259,13 +259,16 @@ def reprefill_sec(evicted_blocks: int, usage: UsageReading) -> float | None:
 def holding_cost_sec(view: GateView, usage: UsageReading) -> float:
     """Engine time that holding the turn back leaves unused.
 
-    - its decode (`max_output_tokens` x the measured decode step): joining the running
-      batch costs the replica almost nothing, run later it costs a step each token;
-    - while the replica sits idle, also the idle time ahead (the replica's expected gap
-      before an owner in a tool call returns) and the idle time it already waited
-      (the ski-rental rule: never wait longer, idle, than the re-prefill it would cause).
+    - on a busy replica: the part of its decode (`max_output_tokens` x the measured
+      decode step) that batching would give for free, i.e. outside the engine's
+      measured prefill share: a decode-bound engine takes another sequence into its
+      batch at almost no cost, a prefill-bound one has no such slack;
+    - on an idle replica, also the idle time ahead (the replica's expected gap before
+      an owner in a tool call returns) and the idle time it already waited (the
+      ski-rental rule: never wait, idle, longer than the re-prefill it would cause).
     """
-    cost = view.max_output_tokens * (usage.decode_step_sec or 0.0)
+    slack = 1.0 - (usage.prefill_share or 0.0)
+    cost = view.max_output_tokens * (usage.decode_step_sec or 0.0) * slack
     if view.replica_idle_sec is not None:
         cost = max(cost, view.expected_gap_sec or 0.0, min(view.replica_idle_sec, view.waited_sec))
     return cost
@@ -289,20 +292,24 @@ def work_conserving(view: GateView, usage: UsageReading, evicted_blocks: int, kn
     return Wait(f"re-prefill {reprefill:.3f}s > holding cost {holding:.3f}s", recheck_sec=recheck)
 
 
-def evicted_window_blocks(view: GateView, usage: UsageReading, prefix: PrefixReading, budget: int) -> int:
-    """Blocks of other sessions' idle windows that admitting this turn would evict now.
+def evicted_window_blocks(view: GateView, usage: UsageReading, prefix: PrefixReading, budget: int, usable: int) -> int:
+    """Blocks of other sessions' windows that admitting this turn (without a window)
+    pushes out of the cache, now or when they go idle.
 
-    The turn allocates its prompt's new blocks and its output's; vLLM takes them from
-    the free blocks, first those outside idle windows (`budget`: free minus idle
-    windows minus headroom, when positive), then cached blocks of idle windows, of
-    which at most min(idle_reserved_blocks, num_free_blocks) are in the free queue.
-    Growth of the windows in flight is not counted: it is theirs, admitted or not.
+    The turn allocates its prompt's new blocks and its output's (`need`). In the gate's
+    books the windows older than it (all of them for a newcomer) own their footprints;
+    what `need` takes beyond the rest of the `usable` blocks comes out of theirs. In
+    vLLM's view, what it takes beyond `budget` (the free blocks outside idle windows
+    and headroom) comes out of idle windows' cached blocks now. The larger of the two,
+    at most the windows' blocks.
     """
-    assert usage.num_free_blocks is not None
     block_size = usage.block_size or 1
     need = prefix.new_blocks + -(-view.max_output_tokens // block_size)
-    evictable = min(view.idle_reserved_blocks, usage.num_free_blocks)
-    return max(0, min(need - max(0, budget), evictable))
+    windows = view.older_window_blocks
+    spare = usable - windows
+    by_books = min(windows, need - max(0, spare))
+    by_engine = min(view.idle_reserved_blocks, need - max(0, budget))
+    return max(0, by_books, by_engine)
 
 
 def _keep(view: GateView, knobs: GateSettings) -> bool:
@@ -476,7 +483,7 @@ def contract_decide(
         return Admit(RESERVED_SESSION, reserve=knobs.retain_session, resident_blocks=footprint)
     if not view.reserved and working_set <= usable and prefix.new_blocks <= budget:
         return Admit(CONTRACT_FITS, reserve=knobs.retain_session, resident_blocks=footprint)
-    held = work_conserving(view, usage, evicted_window_blocks(view, usage, prefix, budget), knobs)
+    held = work_conserving(view, usage, evicted_window_blocks(view, usage, prefix, budget, usable), knobs)
     if held is None:  # admitted without a window: the windows' books stay within usable
         return Admit(WORK_CONSERVING)
     if view.reserved:

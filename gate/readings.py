@@ -40,11 +40,13 @@ class UsageReading:
     # Measured by the replica (optional fields of the probe API; None: no measurement yet).
     # prefill_tokens_per_sec: prompt tokens the engine computes per second of prefill;
     # decode_step_sec: seconds per decode step (one output token of every running request);
-    # num_running / num_waiting: the engine's running and waiting requests.
+    # num_running / num_waiting: the engine's running and waiting requests;
+    # prefill_share: the share of the engine's recent time spent prefilling, in [0, 1].
     prefill_tokens_per_sec: float | None = None
     decode_step_sec: float | None = None
     num_running: int | None = None
     num_waiting: int | None = None
+    prefill_share: float | None = None
 
     @property
     def has_blocks(self) -> bool:
@@ -102,7 +104,8 @@ def parse_kv_answer(doc: Any) -> UsageReading:
         raise ProbeAnswerError(f"num_free_blocks {free} exceeds num_total_blocks {total}")
     return UsageReading(usage, total, free, block_size, "kv",
                         _positive(doc, "prefill_tokens_per_sec"), _positive(doc, "decode_step_sec"),
-                        _count(doc, "num_running", required=False), _count(doc, "num_waiting", required=False))
+                        _count(doc, "num_running", required=False), _count(doc, "num_waiting", required=False),
+                        _ratio(doc, "prefill_share") if doc.get("prefill_share") is not None else None)
 
 
 def _positive(doc: dict[str, Any], key: str) -> float | None:

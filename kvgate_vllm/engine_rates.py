@@ -13,6 +13,8 @@ in-process, no HTTP:
   re-prefill: it holds a little more, never less).
 - decode step = `vllm:request_decode_time_seconds` (sum) / `vllm:generation_tokens`,
   between two reads: the mean time between a request's output tokens.
+- prefill share = prefill seconds / (prefill + decode seconds) of the requests, between
+  two reads: how much of the engine's time goes to prefill.
 
 `RateMeter.update(totals)` is pure (totals in, figures out, smoothed by an EWMA);
 `read_totals(registry)` is the only part that touches prometheus-client. A figure
@@ -39,6 +41,7 @@ class RateMeter:
     weight: float = 0.3
     prefill_tokens_per_sec: float | None = None
     decode_step_sec: float | None = None
+    prefill_share: float | None = None
     _last: dict[str, float] = field(default_factory=dict)
 
     def update(self, totals: dict[str, float]) -> dict:
@@ -53,7 +56,11 @@ class RateMeter:
             if delta["decode_sec"] > 0 and delta["generation_tokens"] > 0:
                 self.decode_step_sec = self._smooth(self.decode_step_sec,
                                                     delta["decode_sec"] / delta["generation_tokens"])
-        return {"prefill_tokens_per_sec": self.prefill_tokens_per_sec, "decode_step_sec": self.decode_step_sec}
+            busy = delta["prefill_sec"] + delta["decode_sec"]
+            if busy > 0 and delta["prefill_sec"] >= 0 and delta["decode_sec"] >= 0:
+                self.prefill_share = self._smooth(self.prefill_share, delta["prefill_sec"] / busy)
+        return {"prefill_tokens_per_sec": self.prefill_tokens_per_sec, "decode_step_sec": self.decode_step_sec,
+                "prefill_share": self.prefill_share}
 
     def _smooth(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.weight * (new - old)

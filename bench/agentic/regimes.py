@@ -17,7 +17,7 @@ silently, as an OpenAI-SDK agent's do); `cheap-prefill` makes holding back unabl
 pay (short contexts, prefill 10x cheaper than the default cost model: a turn is mostly
 decode); `prefill-bound` makes one full re-prefill of a session's context cost about
 its turn's decode (long contexts, longer replies); `issue-9` is the issue's
-reproduction. `--no-finish` turns any regime into its silent-finish form.
+reproduction. `--send-finish no` turns any regime into its silent-finish form.
 """
 
 from __future__ import annotations

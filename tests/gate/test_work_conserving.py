@@ -98,20 +98,28 @@ BUSY = GateView(idle_reserved_blocks=60, older_window_blocks=80, max_output_toke
 
 
 def test_reprefill_and_holding_cost_by_hand():
-    # needs 30 + 2 blocks; none free outside idle windows (20 - 60 < 0); the idle windows have
-    # at most 20 blocks in the free queue: 20 evicted
-    assert evicted_window_blocks(BUSY, MEASURED, PROMPT, 20 - 60) == 20
-    # 10 free outside idle windows: 22 of the 32 come out of them, capped at the 20 evictable
-    assert evicted_window_blocks(GateView(idle_reserved_blocks=10, max_output_tokens=32), MEASURED, PROMPT, 10) == 10
+    # needs 30 + 2 blocks. Books: 80 in windows, 20 spare -> 12 out of the windows. vLLM:
+    # none free outside idle windows (20 - 60 < 0) -> all 32 out of idle windows. The larger: 32.
+    assert evicted_window_blocks(BUSY, MEASURED, PROMPT, 20 - 60, 100) == 32
+    # no window in the books; 10 free outside idle windows: 22 out of them, at most their 10
+    assert evicted_window_blocks(GateView(idle_reserved_blocks=10, max_output_tokens=32), MEASURED, PROMPT,
+                                 10, 100) == 10
+    # books only: 90 in windows (none idle), 10 spare: 22 of theirs
+    assert evicted_window_blocks(GateView(older_window_blocks=90, max_output_tokens=32), MEASURED, PROMPT,
+                                 20, 100) == 22
     assert reprefill_sec(32, MEASURED) == pytest.approx(0.032)     # 512 tokens at 16,000/s
     assert reprefill_sec(32, UNMEASURED) is None
     assert holding_cost_sec(BUSY, MEASURED) == pytest.approx(0.32)  # its 32-token decode at 10 ms a step
+    # ... of which a prefill-bound engine (75% of its time prefilling) has a quarter to spare
+    prefill_bound = UsageReading(0.8, 100, 20, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01,
+                                 prefill_share=0.75)
+    assert holding_cost_sec(BUSY, prefill_bound) == pytest.approx(0.08)
     idle = GateView(max_output_tokens=1, replica_idle_sec=0.2, expected_gap_sec=0.5, waited_sec=0.1)
     assert holding_cost_sec(idle, MEASURED) == pytest.approx(0.5)   # idle: the gap before an owner returns
 
 
 def test_a_work_conserving_admission():
-    """Re-prefill 20 ms < the 320 ms of decode that holding the turn back would leave unused."""
+    """Re-prefill 32 ms < the 320 ms of decode that holding the turn back would leave unused."""
     assert contract_decide(BUSY, MEASURED, PROMPT, KNOBS) == Admit(WORK_CONSERVING)
 
 
@@ -133,6 +141,23 @@ def test_a_held_admission():
     # ... and once it has waited, idle, as long as the re-prefill (ski rental): admitted
     assert contract_decide(GateView(**{**_fields(idle), "replica_idle_sec": 0.06, "waited_sec": 0.07}), usage,
                            long_prompt, KNOBS) == Admit(WORK_CONSERVING)
+
+
+def test_a_prefill_bound_engine_holds_what_a_decode_bound_one_admits():
+    """A 160-block prompt (all new) + 8 output tokens (1 block) behind 500 blocks of windows
+    on 512: 149 blocks of the windows go (2,384 tokens: 0.149 s at 16,000 tokens/s), against
+    8 decode steps of 20 ms (0.16 s). A decode-bound engine (prefill share 0) has all of it
+    to spare: admitted. A prefill-bound one (share 0.8) only 0.032 s: held."""
+    prompt = PrefixReading(total_blocks=160, hit_blocks=0, hit_ratio=0.0, total_tokens=2560)
+    view = GateView(older_window_blocks=500, idle_reserved_blocks=0, max_output_tokens=8, last_prompt_tokens=2400)
+
+    def usage(share):
+        return UsageReading(0.9, 512, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.02,
+                            prefill_share=share)
+
+    assert contract_decide(view, usage(0.0), prompt, KNOBS) == Admit(WORK_CONSERVING)
+    held = contract_decide(view, usage(0.8), prompt, KNOBS)
+    assert isinstance(held, Wait) and "re-prefill 0.149s > holding cost 0.032s" in held.why
 
 
 def test_no_measurement_yet_holds_and_the_knob_turns_it_off():
