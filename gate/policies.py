@@ -483,7 +483,10 @@ def contract_decide(
         return Admit(RESERVED_SESSION, reserve=knobs.retain_session, resident_blocks=footprint)
     if not view.reserved and working_set <= usable and prefix.new_blocks <= budget:
         return Admit(CONTRACT_FITS, reserve=knobs.retain_session, resident_blocks=footprint)
-    held = work_conserving(view, usage, evicted_window_blocks(view, usage, prefix, budget, usable), knobs)
+    # Admitted without a window, its own prefix is unprotected: its next turn is expected
+    # to compute it again, so it counts with the windows' blocks it pushes out.
+    at_risk = evicted_window_blocks(view, usage, prefix, budget, usable) + prefix.total_blocks
+    held = work_conserving(view, usage, at_risk, knobs)
     if held is None:  # admitted without a window: the windows' books stay within usable
         return Admit(WORK_CONSERVING)
     if view.reserved:
