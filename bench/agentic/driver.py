@@ -5,7 +5,8 @@ when a session ends, the next one starts; session i never before i * start_inter
 request of the driver's API (`bench.agentic.apis`: `/v1/chat/completions` with the
 session id header by default, or Anthropic `/v1/messages`, or `/v1/responses` chained by
 `previous_response_id`); the last turn also carries the finish header, as a rollout
-client that knows its episode ended would.
+client that knows its episode ended would (unless `spec.send_finish` is False: an
+OpenAI-SDK agent sends none).
 
 Retries: a turn planned with `retry_after_s` is re-sent if its first attempt has not
 answered after that delay. The session continues with whichever attempt completes
@@ -149,7 +150,7 @@ class WorkloadDriver:
                         base_url: str, previous_response_id: list[str | None]) -> str | None:
         body, headers = turn_request(self.api, self.model, session, turn.index, replies,
                                      self.workload.spec.reply_tokens, previous_response_id[0])
-        if turn.index == len(session.turns):
+        if turn.index == len(session.turns) and self.workload.spec.send_finish:
             headers[FINISH_HEADER] = "true"
         payload = orjson.dumps(body)
         start = self.now()

@@ -34,7 +34,8 @@ class FakeProbe:
     """A probe whose answers the test sets; prefix readings are keyed by body["id"].
 
     A body id without a reading set is cold (no hit); prompt routes only (chat,
-    completion, messages, responses), as the real probe.
+    completion, messages, responses), as the real probe. A body id in `unavailable`
+    gets no reading, as when the replica cannot render the body.
 
     `hold` (an asyncio.Event), when set to an unset event, makes usage() block until
     the test sets it, to catch an attempt in the middle of a probe.
@@ -52,6 +53,7 @@ class FakeProbe:
         self.usage_calls = 0
         self.newer_than: list[float | None] = []
         self.prefix_calls: list[str] = []
+        self.unavailable: set[str] = set()
         self.hold: asyncio.Event | None = None
 
     async def usage(self, newer_than: float | None = None) -> UsageReading | None:
@@ -67,6 +69,8 @@ class FakeProbe:
         self.prefix_calls.append(body.get("id", ""))
         if route_kind not in ("chat", "completion", "messages", "responses"):
             return None
+        if body.get("id", "") in self.unavailable:
+            return None
         return self.prefixes.get(body.get("id", ""), COLD)
 
     def set_prefix(self, body_id: str, total: int, hit: int, tokens: int = 0) -> None:
@@ -75,8 +79,10 @@ class FakeProbe:
 
 def settings(**overrides: Any) -> GateSettings:
     """GateSettings with test-friendly defaults: the seed policy (tests of the contract
-    policy ask for it by name), long grace, short real-time poll."""
-    base = GateSettings(policy="seed", wait_poll_sec=0.02, idle_grace_sec=60.0)
+    policy ask for it by name), long grace, short real-time poll. Quiet expiry is off
+    (its floor is the grace: a window lives `idle_grace_sec`) unless a test sets
+    `quiet_floor_sec`: the tests of the grace rules keep their hand-worked clocks."""
+    base = GateSettings(policy="seed", wait_poll_sec=0.02, idle_grace_sec=60.0, quiet_floor_sec=60.0)
     return replace(base, **overrides)
 
 

@@ -101,12 +101,13 @@ async def test_gates_are_per_replica_and_created_lazily(metrics, clock):
 
     def factory(name: str, url: str) -> FakeProbe:
         probes[name] = FakeProbe(usage=0.9 if name == "hot" else 0.1)
+        probes[name].unavailable.add("s1")
         return probes[name]
 
     controller = AdmissionController(settings(), metrics, probe_factory=factory, clock=clock)
     assert controller.state() == {}
     a = await controller.acquire(Replica("calm", "http://calm"), "s1", "chat", chat("s1"))
-    b = await controller.acquire(Replica("hot", "http://hot"), "s1", "models", chat("s1"))
+    b = await controller.acquire(Replica("hot", "http://hot"), "s1", "chat", chat("s1"))
     assert (a.reason, a.replica, b.reason, b.replica) == ("open", "calm", "prefix_probe_unavailable", "hot")
     assert set(controller.state()) == {"calm", "hot"}
     # a replica re-added under the same name with a new url gets a fresh probe, same gate

@@ -84,8 +84,9 @@ async def test_cold_session_waits_and_a_release_lets_it_in(probe, metrics, clock
 
 async def test_prefix_unavailable_admits_without_reservation(probe, metrics, clock):
     gate = make_gate(probe, metrics, clock)
-    probe.usage_value = HIGH  # no prefix reading set: unavailable
-    lease = await gate.acquire("s1", "models", body("s1"))
+    probe.usage_value = HIGH
+    probe.unavailable.add("s1")
+    lease = await gate.acquire("s1", "chat", body("s1"))
     assert lease.reason == "prefix_probe_unavailable"
     assert gate.counts()["reservations"] == 0
     lease.release()
