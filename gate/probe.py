@@ -94,6 +94,9 @@ class ReplicaProbe:
         self._seconds = {p: metrics.probe_seconds.labels(name, p) for p in ("kv", "prefix")}
         self._errors = {p: metrics.probe_errors.labels(name, p) for p in ("kv", "prefix")}
         self._usage_gauge = metrics.replica_kv_usage.labels(name)
+        # 1 while the replica answers the probe API, 0 on the /metrics fallback (gate degraded);
+        # no series until the replica has answered either way.
+        self._probe_api_gauge = metrics.operator.replica_probe_api
         self._last_error: str | None = None
 
     @property
@@ -177,8 +180,10 @@ class ReplicaProbe:
             if self._fallback_since is None:
                 log.info("replica %s has no %s; reading usage from %s", self.name, KV_PATH, METRICS_PATH)
             self._fallback_since = self._clock()
+            self._probe_api_gauge.labels(self.name).set(0)
             return await self._usage_from_metrics()
         self._fallback_since = None
+        self._probe_api_gauge.labels(self.name).set(1)
         return _parse(status, payload, parse_kv_answer)
 
     async def _usage_from_metrics(self) -> UsageReading:

@@ -16,6 +16,7 @@ import orjson
 
 from balancer import Balancer, ReplicaRegistry
 from balancer.health import HealthChecker
+from balancer.replica_metrics import ReplicaMetricsScraper
 from proxy.admin import AdminApi
 from proxy.errors import JSON_CONTENT_TYPE, send_error
 from proxy.forward import Forwarder
@@ -47,6 +48,10 @@ class ProxyApp:
         self.forwarder = Forwarder(settings, self.balancer, admission, self.clients, metrics, self.sessions)
         self.health = HealthChecker(self.registry, settings.balancer.health)
         self._health_checks = health_checks
+        # The replicas' own prefix-cache counters, mirrored into /metrics (docs/observability.md).
+        self.replica_metrics = ReplicaMetricsScraper(self.registry, metrics, settings.balancer.health)
+        metrics.registry.register(self.replica_metrics)
+        metrics.operator  # the operator series exist from the first scrape
         self.admin = (AdminApi(settings.admin.token, self.registry, admission, self.clients, self.sessions)
                       if settings.admin.token else None)
         self._routes = {r.path: r for r in ROUTES}
@@ -61,6 +66,7 @@ class ProxyApp:
                                            self.settings.listen.port if port is None else port)
         if self._health_checks:
             await self.health.start()
+            await self.replica_metrics.start()
         return address
 
     async def close(self) -> None:
@@ -68,6 +74,7 @@ class ProxyApp:
             await self._server.close()
             self._server = None
         await self.health.close()
+        await self.replica_metrics.close()
         await self.clients.close()
         close = getattr(self.admission, "aclose", None) or getattr(self.admission, "close", None)
         if close is not None:
