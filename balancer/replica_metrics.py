@@ -1,7 +1,7 @@
 """The replicas' own counters, mirrored into kvgate's `/metrics` under the replica label.
 
 An operator who scrapes only kvgate still sees each replica's prefix-cache hit rate
-as vLLM counts it: every `interval_sec` (the health-check interval) kvgate reads each
+as vLLM counts it: every `balancer.health.interval_sec`, in the health checker's loop, kvgate reads each
 replica's `GET /metrics` and re-exports the few series the dashboard and the alert
 rules need (`MIRRORED`), summed over the replica's engines and models:
 
@@ -20,13 +20,12 @@ gauges are dropped (a stale "0 running" would mislead the starvation alert). Eac
 read is timed in `kvgate_probe_seconds{probe="metrics"}`; a failed one counts in
 `kvgate_probe_errors_total{probe="metrics"}`.
 
-The parser is pure (`read_mirrored`); `ReplicaMetricsScraper` is the asyncio shell.
+The parser is pure (`read_mirrored`); `ReplicaMetricsScraper.read_all` is the I/O.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 from dataclasses import dataclass
@@ -34,10 +33,6 @@ from dataclasses import dataclass
 import aiohttp
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
-
-from proxy.settings import HealthSettings
-
-log = logging.getLogger("kvgate.balancer")
 
 
 @dataclass(frozen=True)
@@ -83,18 +78,16 @@ def read_mirrored(text: str) -> dict[str, float]:
 class ReplicaMetricsScraper:
     """Reads every registered replica's /metrics each round; a prometheus-client collector.
 
-    Register it on the proxy's registry (`registry.register(scraper)`); `start()` runs
-    the loop, `close()` stops it. `read_all()` is one round (tests call it directly).
+    Register it on the proxy's registry (`registry.register(scraper)`) and hand
+    `read_all` to the health checker (`HealthChecker.add_round`), whose loop runs it
+    every `interval_sec` over its own ClientSession (timeout `timeout_sec`).
     """
 
-    def __init__(self, registry, metrics, settings: HealthSettings) -> None:
+    def __init__(self, registry, metrics) -> None:
         self._registry = registry
-        self._settings = settings
         self._values: dict[str, dict[str, float]] = {}  # replica name -> source name -> value
         self._seconds = metrics.probe_seconds
         self._errors = metrics.probe_errors
-        self._task: asyncio.Task | None = None
-        self._session: aiohttp.ClientSession | None = None
 
     # ---- prometheus-client collector ----------------------------------------------
 
@@ -115,59 +108,28 @@ class ReplicaMetricsScraper:
         cls = CounterMetricFamily if mirrored.kind == "counter" else GaugeMetricFamily
         return cls(mirrored.name, mirrored.documentation, labels=["replica"])
 
-    # ---- the loop ---------------------------------------------------------------
+    # ---- one round (run by the health checker's loop) --------------------------------
 
-    async def start(self) -> None:
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self._settings.timeout_sec),
-            connector=aiohttp.TCPConnector(limit=0, force_close=True),
-        )
-        self._task = asyncio.create_task(self._loop(), name="kvgate-replica-metrics")
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def read_all(self) -> None:
+    async def read_all(self, session: aiohttp.ClientSession) -> None:
         """One round over the replicas registered now; forgets removed replicas."""
         replicas = self._registry.all()
         names = {r.name for r in replicas}
         for gone in set(self._values) - names:
             del self._values[gone]
-        await asyncio.gather(*(self._read(r.name, r.url) for r in replicas))
+        await asyncio.gather(*(self._read(session, r.name, r.url) for r in replicas))
 
-    async def _read(self, name: str, url: str) -> None:
-        assert self._session is not None, "ReplicaMetricsScraper.start() must run first"
+    async def _read(self, session: aiohttp.ClientSession, name: str, url: str) -> None:
         started = time.perf_counter()
         try:
-            async with self._session.get(f"{url}/metrics") as resp:
+            async with session.get(f"{url}/metrics") as resp:
                 text = await resp.text()
                 if resp.status != 200:
                     raise ValueError(f"answered HTTP {resp.status}")
             values = read_mirrored(text)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as err:
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
             self._errors.labels(name, "metrics").inc()
             previous = self._values.get(name, {})
             self._values[name] = {k: v for k, v in previous.items() if _BY_SOURCE[k].kind == "counter"}
-            log.debug("replica %s: GET /metrics failed: %s", name, err)
             return
         self._seconds.labels(name, "metrics").observe(time.perf_counter() - started)
         self._values[name] = values
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.read_all()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # never let one odd round stop the mirror
-                log.exception("replica metrics round failed; retrying next interval")
-            await asyncio.sleep(self._settings.interval_sec)

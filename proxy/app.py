@@ -49,8 +49,9 @@ class ProxyApp:
         self.health = HealthChecker(self.registry, settings.balancer.health)
         self._health_checks = health_checks
         # The replicas' own prefix-cache counters, mirrored into /metrics (docs/observability.md).
-        self.replica_metrics = ReplicaMetricsScraper(self.registry, metrics, settings.balancer.health)
+        self.replica_metrics = ReplicaMetricsScraper(self.registry, metrics)
         metrics.registry.register(self.replica_metrics)
+        self.health.add_round(self.replica_metrics.read_all)
         metrics.operator  # the operator series exist from the first scrape
         self.admin = (AdminApi(settings.admin.token, self.registry, admission, self.clients, self.sessions)
                       if settings.admin.token else None)
@@ -66,7 +67,6 @@ class ProxyApp:
                                            self.settings.listen.port if port is None else port)
         if self._health_checks:
             await self.health.start()
-            await self.replica_metrics.start()
         return address
 
     async def close(self) -> None:
@@ -74,7 +74,6 @@ class ProxyApp:
             await self._server.close()
             self._server = None
         await self.health.close()
-        await self.replica_metrics.close()
         await self.clients.close()
         close = getattr(self.admission, "aclose", None) or getattr(self.admission, "close", None)
         if close is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
+from balancer.health import HealthChecker
 from balancer.registry import ReplicaRegistry
 from balancer.replica_metrics import ReplicaMetricsScraper, read_mirrored
 from proxy.metrics import KvgateMetrics
@@ -60,17 +61,20 @@ async def test_scraper_mirrors_each_replicas_own_counters():
     registry = ReplicaRegistry(HealthSettings(), metrics)
     for r in replicas:
         registry.add(r.name, r.url)
-    # one round when the loop starts, then the test's own rounds (the next is an hour away)
-    scraper = ReplicaMetricsScraper(registry, metrics, HealthSettings(interval_sec=3600, timeout_sec=2.0))
+    scraper = ReplicaMetricsScraper(registry, metrics)
     metrics.registry.register(scraper)
-    await scraper.start()
+    # the health checker runs the mirror's round beside its checks: one round when its loop
+    # starts, then the test's own rounds (the next loop round is an hour away)
+    checker = HealthChecker(registry, HealthSettings(interval_sec=3600, timeout_sec=2.0))
+    checker.add_round(scraper.read_all)
+    await checker.start()
     try:
         async with aiohttp.ClientSession() as session:
             prompt = "the same long shared prefix of an agent session " * 8
             for _ in range(3):
                 await chat(session, replicas[0].url, prompt)
             await chat(session, replicas[1].url, "something else entirely")
-            await scraper.read_all()
+            await scraper.read_all(session)
             for r in replicas:
                 async with session.get(r.url + "/metrics") as resp:
                     own = read_mirrored(await resp.text())
@@ -86,16 +90,16 @@ async def test_scraper_mirrors_each_replicas_own_counters():
             # a replica that stops answering: its counters stay (monotonic), its gauges go
             hits = sample(metrics, "kvgate_replica_prefix_cache_hits_total", replica="sim1")
             await replicas[1].stop()
-            await scraper.read_all()
+            await scraper.read_all(session)
             assert sample(metrics, "kvgate_replica_prefix_cache_hits_total", replica="sim1") == hits
             assert sample(metrics, "kvgate_replica_num_requests_running", replica="sim1") is None
             assert sample(metrics, "kvgate_probe_errors_total", replica="sim1", probe="metrics") == 1
             # a removed replica is forgotten
             registry.remove("sim1")
-            await scraper.read_all()
+            await scraper.read_all(session)
             assert sample(metrics, "kvgate_replica_prefix_cache_hits_total", replica="sim1") is None
             assert b"kvgate_replica_prefix_cache_queries_total{replica=\"sim0\"}" in metrics.render()
     finally:
-        await scraper.close()
+        await checker.close()
         for r in replicas:
             await r.stop()
