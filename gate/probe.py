@@ -153,10 +153,14 @@ class ReplicaProbe:
         return reading
 
     def close(self) -> None:
-        """Cancel a refresh still in flight (the gate is going away)."""
+        """Cancel a refresh still in flight and drop the replica's series (the gate is going away)."""
         if self._inflight is not None:
             self._inflight.cancel()
             self._inflight = None
+        try:  # a replica that is gone must not keep a "probe API missing" alert firing
+            self._probe_api_gauge.remove(self.name)
+        except KeyError:
+            pass
 
     async def _read_usage(self) -> UsageReading | None:
         started = time.perf_counter()

@@ -91,6 +91,8 @@ async def test_probe_api_gauge_follows_the_fallback(replica_url, http, script, m
     clock.advance(60)
     await probe.usage()
     assert sample(metrics, "kvgate_replica_probe_api", replica="r0") == 1
+    probe.close()  # the replica was removed: no series left to alert on
+    assert metrics.registry.get_sample_value("kvgate_replica_probe_api", {"replica": "r0"}) is None
 
 
 async def test_unreachable_replica_sets_no_probe_api_series(http, metrics, clock, unused_tcp_port):
