@@ -257,7 +257,9 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometh
             assert hit_rate and all(0 <= v <= 1 for v in hit_rate)
             waits = finite_values(await prometheus.query(
                 http, "sum(kvgate_admission_reason_wait_seconds_count)"))
-            assert waits and waits[0] >= len(driver.attempts) - 3  # every admitted attempt observed
+            admissions = finite_values(await prometheus.query(http, "sum(kvgate_admissions_total)"))
+            admitted = sum(1 for a in driver.attempts if a.admission) + len(disconnects)
+            assert waits == admissions and waits[0] >= admitted, (waits, admissions, admitted)
             errors = await prometheus.query(http, 'kvgate_upstream_errors_total{kind="client_disconnect"}')
             assert sum(finite_values(errors)) >= 1
 
