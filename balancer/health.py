@@ -45,9 +45,15 @@ class HealthChecker:
     replica answers healthy with any 2xx status. The loop survives every error.
     """
 
-    def __init__(self, registry, settings: HealthSettings) -> None:
+    def __init__(self, registry, settings: HealthSettings, path: str = "/health",
+                 busy_is_alive: bool = False) -> None:
         self._registry = registry
         self._settings = settings
+        self._path = path  # a front door asks replica gates for /ready (proxy/topology.py)
+        # A front door: a check that times out while requests to the replica gate are in flight
+        # is no evidence (the replica gate answers /ready with a definitive 503 when its vLLM is
+        # down; a timeout under load mostly measures this process's own event-loop lag).
+        self._busy_is_alive = busy_is_alive
         self._task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
         self._rounds: list = []  # other per-round reads of the replicas, over the same session
@@ -81,15 +87,22 @@ class HealthChecker:
         replicas = self._registry.all()
         results = await asyncio.gather(*(self._check(r.url) for r in replicas))
         for replica, ok in zip(replicas, results):
+            if ok is None:
+                if self._busy_is_alive and replica.in_flight > 0:
+                    continue
+                ok = False
             self._registry.record_check(replica, ok)
 
-    async def _check(self, url: str) -> bool:
+    async def _check(self, url: str) -> bool | None:
+        """True on 2xx, False on another status or a failed connection, None on a timeout."""
         assert self._session is not None, "HealthChecker.start() must run first"
         try:
-            async with self._session.get(f"{url}/health") as resp:
+            async with self._session.get(url + self._path) as resp:
                 await resp.read()
                 return 200 <= resp.status < 300
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except asyncio.TimeoutError:
+            return None
+        except (aiohttp.ClientError, OSError):
             return False
 
     async def _loop(self) -> None:

@@ -57,6 +57,7 @@ class TurnResult:
     seconds: float
     reason: str
     reply: str
+    replica: str = ""  # x-kvgate-replica (bench/scale_out_load.py checks sessions stay on theirs)
 
 
 async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes], bytes]:
@@ -93,7 +94,8 @@ async def send_turn(reader, writer, host: str, port: int, session: str, messages
     reply = ""
     if status == 200:
         reply = orjson.loads(payload)["choices"][0]["message"]["content"] or ""
-    return TurnResult(status, seconds, headers.get(b"x-kvgate-admission", b"-").decode(), reply)
+    return TurnResult(status, seconds, headers.get(b"x-kvgate-admission", b"-").decode(), reply,
+                      headers.get(b"x-kvgate-replica", b"-").decode())
 
 
 async def run_session(host: str, port: int, name: str, turns: int, start_delay: float) -> list[TurnResult]:

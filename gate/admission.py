@@ -11,6 +11,7 @@ No metric carries a session id: the gates label metrics by replica and reason on
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from typing import Any, Callable, Union
@@ -77,6 +78,7 @@ class AdmissionController:
         self._probe_factory = probe_factory or self._replica_probe
         self._gates: dict[str, Gate] = {}
         self._urls: dict[str, str] = {}
+        self._modes: dict[str, str] = {}  # per-replica mode overrides (gate/ownership.py: conflict -> shadow)
         self._own_http: aiohttp.ClientSession | None = None
         self._http_source: HttpSource = None
         self.set_http(http)
@@ -112,13 +114,29 @@ class AdmissionController:
         """The replica's gate, created on first use; a changed url gets a fresh probe."""
         gate = self._gates.get(name)
         if gate is None:
-            gate = Gate(name, self._probe_factory(name, url), self.settings, self.metrics, self._clock, self.policy)
+            gate = Gate(name, self._probe_factory(name, url), self._settings_for(name), self.metrics, self._clock,
+                        self.policy)
             self._gates[name] = gate
             self._urls[name] = url
         elif self._urls[name] != url:
             gate.probe = self._probe_factory(name, url)
             self._urls[name] = url
         return gate
+
+    def _settings_for(self, name: str) -> GateSettings:
+        mode = self._modes.get(name)
+        return self.settings if mode is None else dataclasses.replace(self.settings, mode=mode)
+
+    def set_replica_mode(self, name: str, mode: str) -> None:
+        """Run the replica's gate in `mode` from now on (`gate.ownership`: a gate that does not hold
+        the replica's owner record shadows it). Waiters re-decide at their next wake-up or poll."""
+        if mode == self.settings.mode:
+            self._modes.pop(name, None)
+        else:
+            self._modes[name] = mode
+        gate = self._gates.get(name)
+        if gate is not None:
+            gate.settings = self._settings_for(name)
 
     # -------------------------------------------------------------- Seam 1
 

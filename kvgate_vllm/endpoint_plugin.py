@@ -31,6 +31,8 @@ KV_PATH = "/v1/kvgate/kv"
 PREFIX_PATH = "/v1/kvgate/prefix"
 DEFAULT_TIMEOUT_SEC = 5.0
 _STATE_ATTR = "kvgate_probes"
+_OWNER_ATTR = "kvgate_owner"
+OWNER_PATH = "/v1/kvgate/owner"
 
 
 def probe_timeout_sec() -> float:
@@ -161,6 +163,39 @@ async def prefix_route(raw_request: Any):
         return _json_response(exc.status, error_body(exc.status, str(exc), exc.code))
 
 
+def _owner_book(request: Any):
+    """The server's owner record, made on first use (conflict detection, kvgate_vllm/owner_record.py).
+
+    Kept in this API server process: with ``--api-server-count`` > 1 each API server
+    process has its own record (docs/vllm-plugin.md, limits)."""
+    import time
+
+    from kvgate_vllm.owner_record import OwnerBook
+
+    book = getattr(request.app.state, _OWNER_ATTR, None)
+    if book is None:
+        book = OwnerBook(time.monotonic)
+        setattr(request.app.state, _OWNER_ATTR, book)
+    return book
+
+
+async def owner_claim_route(raw_request: Any):
+    from kvgate_vllm.owner_record import OwnerClaimError
+
+    try:
+        body = jsonio.loads(await raw_request.body())
+    except ValueError as exc:
+        return _json_response(400, error_body(400, f"the body is not valid JSON: {exc}", "invalid_json"))
+    try:
+        return _json_response(200, _owner_book(raw_request).claim(body))
+    except OwnerClaimError as exc:
+        return _json_response(400, error_body(400, exc.message, "invalid_request", exc.param))
+
+
+async def owner_read_route(raw_request: Any):
+    return _json_response(200, _owner_book(raw_request).read())
+
+
 class KvgateEndpointPlugin:
     """The endpoint plugin object vLLM's ``load_endpoint_plugins`` instantiates."""
 
@@ -179,6 +214,14 @@ class KvgateEndpointPlugin:
         @router.post(PREFIX_PATH)
         async def kvgate_prefix(raw_request: Request):
             return await prefix_route(raw_request)
+
+        @router.post(OWNER_PATH)
+        async def kvgate_owner_claim(raw_request: Request):
+            return await owner_claim_route(raw_request)
+
+        @router.get(OWNER_PATH)
+        async def kvgate_owner_read(raw_request: Request):
+            return await owner_read_route(raw_request)
 
         app.include_router(router)
 

@@ -23,9 +23,11 @@ from proxy.forward import Forwarder
 from proxy.http_server import FrontServer, HttpRequest, Responder
 from proxy.metrics import CONTENT_TYPE, KvgateMetrics
 from gate.admission import AdmissionController
+from gate.ownership import Ownership, OwnershipClaims, conflict_flag, default_gate_id, gate_mode, readiness
 from proxy.routes import ROUTES
 from proxy.session_tracker import SessionTracker
 from proxy.settings import ReplicaSettings, Settings
+from proxy.topology import FRONT_DOOR, claims_ownership, health_path
 from proxy.upstream import UpstreamClients
 
 _JSON_OK = orjson.dumps({"status": "ok"})
@@ -46,7 +48,13 @@ class ProxyApp:
         self.clients = UpstreamClients(settings.upstream)
         self.sessions = SessionTracker()
         self.forwarder = Forwarder(settings, self.balancer, admission, self.clients, metrics, self.sessions)
-        self.health = HealthChecker(self.registry, settings.balancer.health)
+        self.health = HealthChecker(self.registry, settings.balancer.health, health_path(settings.role),
+                                    busy_is_alive=settings.role == FRONT_DOOR)
+        self.ownership = (OwnershipClaims(settings.ownership.gate_id or default_gate_id(), settings.ownership.ttl_sec,
+                                          self._replica_urls, self._apply_ownership,
+                                          timeout_sec=settings.gate.probe.timeout_sec,
+                                          api_key=settings.upstream.api_key)
+                          if claims_ownership(settings) else None)
         self._health_checks = health_checks
         # The replicas' own prefix-cache counters, mirrored into /metrics (docs/observability.md).
         self.replica_metrics = ReplicaMetricsScraper(self.registry, metrics)
@@ -67,6 +75,8 @@ class ProxyApp:
                                            self.settings.listen.port if port is None else port)
         if self._health_checks:
             await self.health.start()
+        if self.ownership is not None:
+            await self.ownership.start()
         return address
 
     async def close(self) -> None:
@@ -74,12 +84,40 @@ class ProxyApp:
             await self._server.close()
             self._server = None
         await self.health.close()
+        if self.ownership is not None:
+            await self.ownership.close()
         await self.clients.close()
         close = getattr(self.admission, "aclose", None) or getattr(self.admission, "close", None)
         if close is not None:
             result = close()
             if inspect.isawaitable(result):
                 await result
+
+    # ---- ownership (gate/ownership.py) ---------------------------------------------
+
+    def _replica_urls(self) -> list[tuple[str, str]]:
+        return [(r.name, r.url) for r in self.registry.all()]
+
+    def _apply_ownership(self, name: str, ownership: Ownership) -> None:
+        """A claim changed this gate's standing on `name`: its gate's mode and the conflict gauge."""
+        set_mode = getattr(self.admission, "set_replica_mode", None)
+        if set_mode is not None:
+            set_mode(name, gate_mode(self.settings.gate.mode, ownership))
+        self.metrics.gate_conflict.labels(name).set(conflict_flag(ownership))
+
+    def _ready(self, responder: Responder) -> None:
+        ownership = self.ownership.ownership() if self.ownership is not None else {}
+        ready, conflicts = readiness({r.name: r.healthy for r in self.registry.all()}, ownership)
+        if ready:
+            body = {"status": "ok", "gate_conflicts": conflicts} if conflicts else None
+            responder.send(200, orjson.dumps(body) if body else _JSON_OK, [JSON_CONTENT_TYPE])
+        elif conflicts and self.registry.any_healthy():
+            send_error(responder, 503, "every healthy replica is gated by another kvgate ("
+                       + ", ".join(f"{n}: {owner}" for n, owner in sorted(conflicts.items()))
+                       + "); this one only shadows them: see kvgate_gate_conflict and docs/ARCHITECTURE.md",
+                       "gate_conflict")
+        else:
+            send_error(responder, 503, "no healthy replica; see GET /admin/state", "no_healthy_replica")
 
     # ---- dispatch ----------------------------------------------------------------
 
@@ -105,10 +143,7 @@ class ProxyApp:
             responder.send(200, _JSON_OK, [JSON_CONTENT_TYPE])
             return
         elif path == "/ready" and request.method == "GET":
-            if self.registry.any_healthy():
-                responder.send(200, _JSON_OK, [JSON_CONTENT_TYPE])
-            else:
-                send_error(responder, 503, "no healthy replica; see GET /admin/state", "no_healthy_replica")
+            self._ready(responder)
             return
         elif path == "/metrics" and request.method == "GET":
             responder.send(200, self.metrics.render(), [_METRICS_TYPE])

@@ -28,6 +28,9 @@ def add_commands(subparsers) -> None:
         description="Validate a config file (with KVGATE_* environment overrides applied): exit 0 when "
         "valid, else exit 2 with one line per problem naming the key.")
     check.add_argument("file", metavar="FILE", help="YAML config file")
+    check.add_argument("--contact-replicas", action="store_true",
+                       help="also ask every configured replica: is it a kvgate (a front door needs one, a "
+                       "gate must not have one), and does another gate already own it (GET /v1/kvgate/owner)")
     check.set_defaults(func=check_config_command)
 
 
@@ -46,8 +49,17 @@ def check_config_command(args: argparse.Namespace) -> int:
         return 2
     replicas = (f"{len(settings.replicas)} replicas" if settings.replicas
                 else f"no replicas (serve starts {settings.simulated_replicas} simulated)")
+    if getattr(args, "contact_replicas", False):
+        from proxy.replica_check import contact_replicas
+        problems, notes = contact_replicas(settings)
+        for note in notes:
+            print(f"kvgate: note: {note}")
+        if problems:
+            for problem in problems:
+                print(f"kvgate: config: {problem}", file=sys.stderr)
+            return 2
     print(f"{args.file}: ok ({replicas}, gate {settings.gate.mode}/{settings.gate.policy}, "
-          f"balancer {settings.balancer.algorithm})")
+          f"balancer {settings.balancer.algorithm}, role {settings.role})")
     return 0
 
 

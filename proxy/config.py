@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 import yaml
 
 from proxy.settings import Settings
+from proxy.topology import role_problems
 
 ENV_PREFIX = "KVGATE_"
 
@@ -96,6 +97,9 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "upstream.connect_timeout_sec": _in_range(0, lo_open=True),
     "upstream.read_timeout_sec": _in_range(0, lo_open=True),
     "limits.max_body_bytes": _in_range(1),
+    "role": _one_of("standalone", "front_door", "replica_gate"),
+    "ownership.ttl_sec": _in_range(0, 3600),
+    "ownership.gate_id": _non_empty,
 }
 
 
@@ -326,6 +330,7 @@ def settings_from_dict(data: dict) -> Settings:
         names = [r.name for r in settings.replicas]
         for name in sorted({n for n in names if names.count(n) > 1}):
             problems.append(f"replicas: name {name!r} is used more than once; names must be unique")
+        problems.extend(role_problems(settings))
     if problems:
         raise ConfigError(problems)
     return settings

@@ -16,6 +16,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import orjson
@@ -30,8 +31,11 @@ from proxy.routes import SESSION_FIELD_KINDS, TURN_KINDS, RouteSpec
 from proxy.session_id import resolve_session_id, split_body_fields
 from proxy.session_tracker import SessionTracker
 from proxy.settings import Settings
+from proxy.topology import FRONT_DOOR, merge_kvgate_headers, with_session_header
 from proxy.upstream import (CONNECT_ERRORS, EXCHANGE_ERRORS, UpstreamClients, relayed_response_headers,
                             upstream_request_headers)
+
+log = logging.getLogger("kvgate.proxy")
 
 H_REPLICA = b"x-kvgate-replica"
 H_ADMISSION = b"x-kvgate-admission"
@@ -68,6 +72,9 @@ class Forwarder:
         self._finish_header = settings.session.finish_header.lower()
         self._forward_session_id = settings.session.forward_session_id
         self._api_key = settings.upstream.api_key
+        self._front_door = settings.role == FRONT_DOOR  # the session id travels on in the header
+        self._gates = settings.gate.mode != "off"
+        self._double_gating_warned: set[str] = set()
         self._counters: dict[tuple, object] = {}
         self._turn_children: dict[str, object] = {}
 
@@ -121,6 +128,8 @@ class Forwarder:
             return
         turn_index = entry.turns + 1 if entry is not None else 0
         headers = upstream_request_headers(request.raw_headers, self._api_key)
+        if self._front_door and session_id is not None:
+            headers = with_session_header(headers, self._header.encode(), session_id)
         target = f"{route.path}?{request.query}" if request.query else route.path
         rerouted_unavailable = rerouted_connect = False
         while True:
@@ -205,8 +214,13 @@ class Forwarder:
     async def _relay(self, responder: Responder, upstream, replica: Replica, lease, stream: bool,
                      kind: str) -> tuple[int, bool]:
         """Relay the upstream's answer: (status for metrics, completed normally)."""
-        headers = relayed_response_headers(upstream.headers)
-        headers += lease_headers(replica, lease)
+        headers, upstream_gated = merge_kvgate_headers(relayed_response_headers(upstream.headers),
+                                                       lease_headers(replica, lease))
+        if upstream_gated and self._gates and replica.name not in self._double_gating_warned:
+            self._double_gating_warned.add(replica.name)
+            log.error("replica %s answers with x-kvgate-* headers: it is a kvgate, and this kvgate gates it a "
+                      "second time; give this one role: front_door with gate.mode: off (docs/ARCHITECTURE.md)",
+                      replica.name)
         is_sse = upstream.content_type == b"text/event-stream"
         if not (is_sse or (stream and upstream.content_length is None)):
             try:

@@ -78,6 +78,10 @@ class KvgateMetrics:
             "kvgate_window_ends", "Ownership windows ended, by cause (finish|quiet|grace|lost|revoked).",
             ["replica", "cause"], registry=r)
 
+        self.gate_conflict = Gauge(
+            "kvgate_gate_conflict", "1 while another gate also enforces (or tries to) on the replica.",
+            ["replica"], registry=r)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

@@ -88,6 +88,15 @@ class AdminSettings:
 
 
 @dataclass(frozen=True)
+class OwnershipSettings:
+    """Conflict detection (docs/ARCHITECTURE.md, Topologies): an enforcing gate claims each
+    replica's owner record (`POST /v1/kvgate/owner`) and renews it every third of `ttl_sec`."""
+
+    ttl_sec: float = 15.0  # 0: never claim (no conflict detection)
+    gate_id: str | None = None  # None: <hostname>:<pid>:<random>, new at every start
+
+
+@dataclass(frozen=True)
 class Settings:
     listen: ListenSettings = field(default_factory=ListenSettings)
     replicas: tuple[ReplicaSettings, ...] = ()
@@ -98,3 +107,5 @@ class Settings:
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)
+    role: str = "standalone"  # standalone | front_door | replica_gate (proxy/topology.py)
+    ownership: OwnershipSettings = field(default_factory=OwnershipSettings)

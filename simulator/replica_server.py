@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
+from kvgate_vllm.owner_record import OWNER_PATH, OwnerBook, OwnerClaimError
 from simulator import anthropic_api
 from simulator.async_engine import AsyncEngine, RequestHandle
 from simulator.config import CostModel, EngineConfig
@@ -282,6 +283,24 @@ async def probe_prefix(request: web.Request) -> web.Response:
     })
 
 
+# -- owner record (conflict detection: kvgate_vllm/owner_record.py) ---------------------------
+
+OWNER_KEY = web.AppKey("kvgate_sim_owner", OwnerBook)
+
+
+async def owner_claim(request: web.Request) -> web.Response:
+    try:
+        return _json(request.app[OWNER_KEY].claim(await _read_json(request)))
+    except ApiError as error:
+        return _error(error)
+    except OwnerClaimError as error:
+        return _error(ApiError(error.message, param=error.param))
+
+
+async def owner_read(request: web.Request) -> web.Response:
+    return _json(request.app[OWNER_KEY].read())
+
+
 # -- app and servers -------------------------------------------------------------------------------
 
 
@@ -318,6 +337,9 @@ def build_replica_app(
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/kvgate/kv", probe_kv)
     app.router.add_post("/v1/kvgate/prefix", probe_prefix)
+    app[OWNER_KEY] = OwnerBook(time.monotonic)
+    app.router.add_post(OWNER_PATH, owner_claim)
+    app.router.add_get(OWNER_PATH, owner_read)
     return app
 
 

@@ -25,6 +25,7 @@ from bench.agentic.regimes import REGIMES, get_regime
 from bench.agentic.report import compare_to, evaluate_targets, format_markdown, format_table, format_targets
 from bench.agentic.remote_tokens import server_token_model
 from bench.agentic.runner import MODES, RunPlan, model_name, run_mode, run_plan
+from bench.agentic.topologies import TOPOLOGY_MODES
 from bench.agentic.sweep import DEFAULT_GRID, KNOBS, best_point, format_sweep, grid_points, parse_values
 from bench.agentic.workload import generate_workload
 
@@ -72,7 +73,8 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="preset of workload, replica shape and gate knobs (default: thrash); "
                              + "; ".join(f"{r.name}: {r.description}" for r in REGIMES.values()).replace("%", "%%"))
     parser.add_argument("--modes", default=",".join(MODES),
-                        help=f"comma-separated modes to run, in order (default: all: {','.join(MODES)})")
+                        help=f"comma-separated modes to run, in order (default: all: {','.join(MODES)}; "
+                        f"scale-out layouts, not in the default: {','.join(TOPOLOGY_MODES)})")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     parser.add_argument("--out", default="results/agentic", help="output folder (default results/agentic)")
     parser.add_argument("--replicas", type=int, default=None, help="simulated replicas to start (regime default)")
@@ -141,9 +143,9 @@ def build_plan(args) -> tuple[RunPlan, str]:
     shape = replace(regime.shape, **_overrides(args, "r_", _SHAPE_OPTIONS))
     knobs = {**regime.gate, **_overrides(args, "g_", _GATE_OPTIONS)}
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    unknown = [m for m in modes if m not in MODES]
+    unknown = [m for m in modes if m not in MODES + TOPOLOGY_MODES]
     if unknown or not modes:
-        raise ValueError(f"--modes: unknown {unknown or 'empty'}; choose from {', '.join(MODES)}")
+        raise ValueError(f"--modes: unknown {unknown or 'empty'}; choose from {', '.join(MODES + TOPOLOGY_MODES)}")
     if args.repeat < 1:
         raise ValueError("--repeat must be >= 1")
     replicas = args.replicas if args.replicas is not None else regime.replicas

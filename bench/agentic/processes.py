@@ -63,13 +63,17 @@ def replica_subcommand_exists() -> bool:
     return result.returncode == 0
 
 
-def kvgate_config(replica_urls: list[str], port: int, gate: dict) -> dict:
-    """The YAML config of a benchmark proxy: the given replicas, the gate knobs, fast health."""
+def kvgate_config(replica_urls: list[str], port: int, gate: dict, extra: dict | None = None,
+                  names: list[str] | None = None) -> dict:
+    """The YAML config of a benchmark proxy: the given replicas (named r0, r1, ... unless `names`),
+    the gate knobs, fast health, and `extra` top-level keys (role, ownership: bench/agentic/topologies.py)."""
+    names = names or [f"r{i}" for i in range(len(replica_urls))]
     return {
         "listen": {"host": "127.0.0.1", "port": port},
-        "replicas": [{"name": f"r{i}", "url": url} for i, url in enumerate(replica_urls)],
+        "replicas": [{"name": name, "url": url} for name, url in zip(names, replica_urls)],
         "balancer": {"health": {"interval_sec": 1.0}},
         "gate": gate,
+        **(extra or {}),
     }
 
 
@@ -103,13 +107,15 @@ class ServerGroup:
         await self._wait_ok(name, proc, url + "/health")
         return url
 
-    async def start_kvgate(self, name: str, replica_urls: list[str], gate: dict) -> str:
+    async def start_kvgate(self, name: str, replica_urls: list[str], gate: dict, extra: dict | None = None,
+                           names: list[str] | None = None, ready_path: str = "/ready") -> str:
         port = free_port()
         config_path = self.log_dir / f"{name}.yaml"
-        config_path.write_text(yaml.safe_dump(kvgate_config(replica_urls, port, gate), sort_keys=False))
+        config_path.write_text(yaml.safe_dump(kvgate_config(replica_urls, port, gate, extra, names),
+                                              sort_keys=False))
         proc = self._spawn(name, ["serve", "--config", str(config_path)])
         url = f"http://127.0.0.1:{port}"
-        await self._wait_ok(name, proc, url + "/ready")
+        await self._wait_ok(name, proc, url + ready_path)
         return url
 
     async def _wait_ok(self, name: str, proc: subprocess.Popen, url: str, timeout_s: float = 60.0) -> None:
@@ -134,6 +140,13 @@ class ServerGroup:
             return "\n".join((self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the process started as `name` (a crash: nothing runs its shutdown)."""
+        for proc_name, proc in self._procs:
+            if proc_name == name and proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
     async def stop_all(self) -> None:
         for _, proc in self._procs:

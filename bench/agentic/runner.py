@@ -29,6 +29,7 @@ from bench.agentic.driver import WorkloadDriver
 from bench.agentic.processes import ReplicaShape, ServerGroup
 from bench.agentic.report import summarize_mode
 from bench.agentic.scrape import Counters, fetch_counters, sum_counters
+from bench.agentic.topologies import TOPOLOGY_MODES, gate_conflicts, start_topology, topology_gate
 from bench.agentic.workload import Workload
 
 MODES = ("direct", "sticky", "kvgate", "kvgate-contract")
@@ -44,6 +45,8 @@ def gate_config(mode: str, knobs: dict) -> dict | None:
         return {**knobs, "mode": "enforce", "policy": "seed"}
     if mode == "kvgate-contract":
         return {**knobs, "mode": "enforce", "policy": "contract"}
+    if mode in TOPOLOGY_MODES:
+        return topology_gate(mode, knobs)
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
 
 
@@ -136,9 +139,15 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
             urls = list(await asyncio.gather(*(servers.start_replica(f"replica{i}", plan.shape)
                                                for i in range(plan.num_replicas))))
         model = plan.model or await model_name(http, urls[0])
+        kvgates: list[str] = []
         if gate is None:
             def target(session, urls=urls):
                 return urls[session.index % len(urls)]
+        elif mode in TOPOLOGY_MODES:
+            entry_points, kvgates = await start_topology(servers, mode, urls, plan.gate_knobs)
+
+            def target(session, entry_points=entry_points):
+                return entry_points[session.index % len(entry_points)]
         else:
             proxy_url = await servers.start_kvgate("kvgate", urls, gate)
 
@@ -155,10 +164,13 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
         delta = (await _snapshot(http, urls)).minus(before)
+        conflicts = await gate_conflicts(http, kvgates) if kvgates else None
         timeline.append({"t": time.perf_counter() - t0, "queries": delta.queries, "hits": delta.hits})
     summary = summarize_mode(mode, driver.attempts, driver.turns, delta, makespan, ceiling_hit_rate,
                              plan.workload.num_turns)
     summary["gate"] = gate
+    if conflicts is not None:  # kvgate_gate_conflict summed over replicas, per kvgate the clients used
+        summary["gate_conflicts"] = list(conflicts.values())
     if reset is not None:
         summary["prefix_cache_reset"] = reset
     return ModeRun(summary, timeline, driver.attempts, driver.turns)

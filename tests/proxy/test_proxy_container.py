@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from proxy.config import load_settings, settings_from_dict
+from proxy.config import apply_env_overrides, load_settings, settings_from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -48,15 +48,108 @@ def test_compose_environment_is_a_valid_kvgate_config():
     assert settings.replicas[0].url == "http://vllm:8100"
 
 
+def _k8s_docs() -> list[dict]:
+    return list(yaml.safe_load_all((DOCKER / "kubernetes-sidecar.yaml").read_text()))
+
+
+def _k8s_env(container: dict, values: dict[str, str]) -> dict[str, str]:
+    """A container's literal env, with Kubernetes' $(VAR) references expanded from `values`."""
+    env = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = re.sub(r"\$\((\w+)\)", lambda m: values.get(m.group(1), m.group(0)), item["value"])
+    return env
+
+
+def _config_map(docs: list[dict], name: str) -> dict:
+    cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == name)
+    return yaml.safe_load(cm["data"]["kvgate.yaml"])
+
+
+def _mounted_config(docs: list[dict], pod_spec: dict) -> dict:
+    volume = next(v for v in pod_spec["volumes"] if v["name"] == "kvgate-config")
+    return _config_map(docs, volume["configMap"]["name"])
+
+
 def test_kubernetes_sidecar_config_is_valid_and_runs_serve():
-    docs = list(yaml.safe_load_all((DOCKER / "kubernetes-sidecar.yaml").read_text()))
-    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
-    settings = settings_from_dict(yaml.safe_load(config_map["data"]["kvgate.yaml"]))
-    assert len(settings.replicas) == 2
-    pod = next(d for d in docs if d["kind"] == "Pod")
-    sidecar = next(c for c in pod["spec"]["containers"] if c["name"] == "kvgate")
-    assert sidecar["args"] == ["serve", "--config", "/etc/kvgate/kvgate.yaml"]
-    assert sidecar["securityContext"]["runAsNonRoot"] is True
+    docs = _k8s_docs()
+    for config_map in (d for d in docs if d["kind"] == "ConfigMap"):
+        settings_from_dict(yaml.safe_load(config_map["data"]["kvgate.yaml"]))
+    for doc in docs:
+        spec = doc["spec"]["template"]["spec"] if doc["kind"] in ("StatefulSet", "Deployment") else doc.get("spec")
+        if doc["kind"] not in ("StatefulSet", "Deployment", "Pod"):
+            continue
+        sidecar = next(c for c in spec["containers"] if c["name"] == "kvgate")
+        assert sidecar["args"] == ["serve", "--config", "/etc/kvgate/kvgate.yaml"]
+        assert sidecar["securityContext"]["runAsNonRoot"] is True
+        assert sidecar["readinessProbe"]["httpGet"]["path"] == "/ready"
+
+
+def test_kubernetes_has_one_gate_per_replica_and_front_doors_that_agree():
+    """Right by construction: the gate enforcing on a vLLM server is the one beside it; every
+    front door routes with the gate off to exactly those gates, under the pods' names."""
+    docs = _k8s_docs()
+    sts = next(d for d in docs if d["kind"] == "StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
+    vllm_port = vllm["args"][vllm["args"].index("--port") + 1]
+    assert vllm["args"][vllm["args"].index("--host") + 1] == "127.0.0.1"  # nothing bypasses its gate
+    assert "kvgate" in next(e["value"] for e in vllm["env"] if e["name"] == "VLLM_PLUGINS")
+    gate = next(c for c in pod["containers"] if c["name"] == "kvgate")
+    gate_port = next(p["containerPort"] for p in gate["ports"])
+    pod_names = [f"{sts['metadata']['name']}-{i}" for i in range(sts["spec"]["replicas"])]
+    for pod_name in pod_names:
+        merged, problems, _ = apply_env_overrides(_mounted_config(docs, pod), _k8s_env(gate, {"POD_NAME": pod_name}))
+        assert not problems
+        settings = settings_from_dict(merged)
+        assert settings.role == "replica_gate" and settings.gate.mode == "enforce"
+        assert settings.gate.policy == "contract"  # the default, not pinned
+        assert [(r.name, r.url) for r in settings.replicas] == [(pod_name, f"http://127.0.0.1:{vllm_port}")]
+
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == sts["spec"]["serviceName"])
+    assert service["spec"]["clusterIP"] == "None"
+    expected = [(name, f"http://{name}.{service['metadata']['name']}:{gate_port}") for name in pod_names]
+    front_doors = [d for d in docs if d["kind"] in ("Deployment", "Pod")]
+    assert {d["kind"] for d in front_doors} == {"Deployment", "Pod"}
+    for doc in front_doors:
+        spec = doc["spec"]["template"]["spec"] if doc["kind"] == "Deployment" else doc["spec"]
+        settings = settings_from_dict(_mounted_config(docs, spec))
+        assert (settings.role, settings.gate.mode) == ("front_door", "off")
+        assert [(r.name, r.url) for r in settings.replicas] == expected
+    # no kvgate config anywhere enforces on more than one replica (the old example did)
+    for config_map in (d for d in docs if d["kind"] == "ConfigMap"):
+        settings = settings_from_dict(yaml.safe_load(config_map["data"]["kvgate.yaml"]))
+        assert settings.gate.mode == "off" or len(settings.replicas) == 1
+        assert "policy" not in yaml.safe_load(config_map["data"]["kvgate.yaml"]).get("gate", {})
+
+
+def test_compose_tiers_gate_per_replica_and_front_doors_agree():
+    from proxy.cli import build_parser
+
+    compose = yaml.safe_load((DOCKER / "compose-tiers.yaml").read_text())
+    services = compose["services"]
+    replicas, gates, doors = {}, {}, {}
+    for name, service in services.items():
+        command = service.get("command")
+        if command and command[0] == "replica":
+            args = build_parser().parse_args(command)
+            replicas[name] = f"http://{name}:{args.port}"
+            continue
+        settings = load_settings(None, {k: str(v) for k, v in service["environment"].items()})
+        {"replica_gate": gates, "front_door": doors}[settings.role][name] = settings
+    assert len(replicas) == len(gates) == 2 and len(doors) == 2
+    gate_names = {}
+    for name, settings in gates.items():
+        assert settings.gate.mode == "enforce" and len(settings.replicas) == 1
+        assert settings.replicas[0].url in replicas.values()
+        gate_names[f"http://{name}:{settings.listen.port}"] = settings.replicas[0].name
+        assert "ready" in " ".join(services[name]["healthcheck"]["test"])
+    assert len(set(s.replicas[0].url for s in gates.values())) == 2  # one gate per replica
+    lists = {tuple((r.name, r.url) for r in s.replicas) for s in doors.values()}
+    assert len(lists) == 1  # every front door lists the same replicas: rendezvous agrees
+    (listed,) = lists
+    assert sorted(listed) == sorted((gate_names[url], url) for url in gate_names)  # named like the gate's replica
+    assert all(s.gate.mode == "off" for s in doors.values())
 
 
 def test_compose_observability_services_mount_files_that_exist_and_agree():

@@ -1,0 +1,128 @@
+"""Tiers of kvgate (docs/ARCHITECTURE.md, Topologies): what a `role` means, pure.
+
+- `standalone`: one kvgate routes to its replicas and gates them (the default).
+- `replica_gate`: runs beside exactly one vLLM server and gates it; its `/ready` is that
+  server's health (and no ownership conflict).
+- `front_door`: routes sessions (rendezvous hashing agrees across front doors that share
+  a replica list and weights) to replica gates, with its own gate off: it never gates a
+  second time. It health-checks the replica gates' `/ready` (their vLLM), forwards the
+  resolved session id in the session header, and relays the replica gate's
+  `x-kvgate-*` headers instead of writing its own.
+
+Invariants: a config whose role and gate contradict each other is refused at load
+(`role_problems`); the `x-kvgate-*` headers a client sees come from the innermost
+kvgate that answered (`merge_kvgate_headers`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from proxy.settings import Settings
+
+STANDALONE = "standalone"
+FRONT_DOOR = "front_door"
+REPLICA_GATE = "replica_gate"
+ROLES = (STANDALONE, FRONT_DOOR, REPLICA_GATE)
+
+KVGATE_HEADER_PREFIX = b"x-kvgate-"
+
+
+def role_problems(settings: Settings) -> list[str]:
+    """Combinations of role, replicas and gate that cannot be right; one line each, naming the key."""
+    problems: list[str] = []
+    role, mode, replicas = settings.role, settings.gate.mode, settings.replicas
+    if role == FRONT_DOOR:
+        if mode != "off":
+            problems.append(
+                f"gate.mode: role front_door forwards to replica gates that already gate their vLLM; a front "
+                f"door must not gate a second time: set gate.mode: off (got {mode})")
+        if not replicas:
+            problems.append(
+                "replicas: role front_door needs the replica gates' URLs (with none, serve would start "
+                "simulated replicas and gate nothing)")
+    elif role == REPLICA_GATE:
+        if len(replicas) != 1:
+            problems.append(
+                f"replicas: role replica_gate runs beside one vLLM server and keeps that server's books: "
+                f"configure exactly one replica (got {len(replicas)})")
+        if mode == "off":
+            problems.append(
+                "gate.mode: role replica_gate exists to gate its vLLM: set gate.mode: enforce or shadow "
+                "(got off); a kvgate that only routes is role front_door")
+    return problems
+
+
+def health_path(role: str) -> str:
+    """The path a kvgate polls on its replicas: a front door asks replica gates whether their vLLM is up."""
+    return "/ready" if role == FRONT_DOOR else "/health"
+
+
+def claims_ownership(settings: Settings) -> bool:
+    """Whether this kvgate claims its replicas' owner records: it enforces and detection is on.
+    (A shadow gate holds nothing back, so it must not take the record from one that enforces.)"""
+    return settings.gate.mode == "enforce" and settings.ownership.ttl_sec > 0
+
+
+def session_header_value(session_id: str) -> bytes:
+    """The session id as a header value for the next tier: as is when it is visible ASCII,
+    else `sha256:<hex>` (deterministic, so every front door sends the same key)."""
+    if session_id.isascii() and session_id.isprintable():
+        return session_id.encode()
+    return b"sha256:" + hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest().encode()
+
+
+def with_session_header(headers: list[tuple[bytes, bytes]], header: bytes, session_id: str) -> list[tuple[bytes, bytes]]:
+    """`headers` with `header` (lower case) set to the resolved session id, replacing any the client sent
+    (a `/sess/{id}` path outranks the header, and the next tier only sees headers and body)."""
+    out = [(k, v) for k, v in headers if k.lower() != header]
+    out.append((header, session_header_value(session_id)))
+    return out
+
+
+def merge_kvgate_headers(relayed: list[tuple[bytes, bytes]],
+                         own: list[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bool]:
+    """The response headers: the upstream's, plus each of this kvgate's own `x-kvgate-*` headers
+    that the upstream did not send (a replica gate's admission reason and wait win over a front
+    door's `open`). Returns (headers, whether the upstream is itself a kvgate)."""
+    present = {k.lower() for k, _ in relayed if k[:9].lower() == KVGATE_HEADER_PREFIX}
+    if not present:
+        relayed.extend(own)
+        return relayed, False
+    relayed.extend(h for h in own if h[0] not in present)
+    return relayed, True
+
+
+# ---- check-config --contact-replicas: what a replica's answers say about the config (pure) ----
+
+def replica_findings(settings: Settings, index: int, name: str, *, reachable: bool, is_kvgate: bool,
+                     owner_status: int | None, owner: dict | None) -> tuple[list[str], list[str]]:
+    """(problems, notes) for replica `index` from what it answered: `is_kvgate` (its /metrics has
+    kvgate's metrics), `owner_status`/`owner` (GET /v1/kvgate/owner: status and JSON, None if unreached)."""
+    key = f"replicas[{index}] ({name})"
+    if not reachable:
+        return [f"{key}: unreachable, so this check could not look at it"], []
+    problems: list[str] = []
+    notes: list[str] = []
+    if settings.role == FRONT_DOOR:
+        if not is_kvgate:
+            problems.append(f"{key}: is not a kvgate (no kvgate metrics on /metrics); a front door routes to "
+                            "replica gates (role: replica_gate beside each vLLM), or use role: standalone")
+        return problems, notes
+    if settings.gate.mode == "off":
+        return problems, notes
+    if is_kvgate:
+        problems.append(f"{key}: is a kvgate, so this gate would gate a second time; give this kvgate role: "
+                        "front_door with gate.mode: off, or point it at the vLLM server")
+        return problems, notes
+    if owner_status != 200 or owner is None:
+        notes.append(f"{key}: no owner record (GET /v1/kvgate/owner answered {owner_status}); start vLLM with "
+                     "the kvgate plugin, or a second gate enforcing on it cannot be detected")
+        return problems, notes
+    holder = owner.get("owner")
+    if holder and holder != settings.ownership.gate_id and settings.gate.mode == "enforce":
+        problems.append(f"{key}: kvgate {holder} already enforces on it (lease {owner.get('expires_in_sec', 0)}s "
+                        "left); this one would only shadow it. One gate per replica: see docs/ARCHITECTURE.md")
+    else:
+        notes.append(f"{key}: owner record {'held by ' + holder if holder else 'free'}")
+    return problems, notes

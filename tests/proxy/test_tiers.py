@@ -1,0 +1,334 @@
+"""Front doors over replica gates, end to end on loopback with simulated replicas.
+
+Every part is real: `kvgate replica`'s app, kvgate apps with role replica_gate and
+front_door, the owner record. Each test ends by asserting that no gate keeps a lease,
+window, waiter or attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from bench.tiers import start_kvgate, start_single, start_tiered
+from tests.gate.fake_replica import ReplicaScript, fake_replica_app
+
+CLEAN = {"leases": 0, "reservations": 0, "waiters": 0, "attempts": 0, "sessions": 0}
+
+
+def chat(session: str, text: str = "hello", **extra) -> dict:
+    return {"model": "kvgate-sim", "max_tokens": 4, **extra,
+            "messages": [{"role": "user", "content": f"{session}: {text}"}]}
+
+
+async def post(http, url, path, body, headers=None):
+    async with http.post(url + path, json=body, headers=headers or {}) as resp:
+        return resp.status, resp.headers.copy(), await resp.json(content_type=None)
+
+
+async def until(condition, what: str, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def sample(app, name: str, **labels) -> float:
+    return app.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture
+async def http():
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+async def tiers():
+    made = []
+
+    async def make(*args, **kwargs):
+        topology = await start_tiered(*args, **kwargs)
+        made.append(topology)
+        return topology
+
+    yield make
+    for topology in made:
+        await topology.close()
+
+
+async def test_session_semantics_across_tiers(tiers, http):
+    t = await tiers(2, 2, gate={"idle_grace_sec": 30}, time_scale=0.0)
+    a, b = (d.url for d in t.front_doors)
+    replica_of = {}
+    for i in range(12):
+        sid = f"s{i}"
+        status, headers, _ = await post(http, a, "/v1/chat/completions", chat(sid), {"x-session-id": sid})
+        assert status == 200
+        # the replica gate's admission, not the front door's "open"
+        assert headers["x-kvgate-admission"] in ("contract_fits", "reserved_session")
+        assert headers.getall("x-kvgate-admission") == [headers["x-kvgate-admission"]]
+        replica_of[sid] = headers["x-kvgate-replica"]
+        # the other front door sends the session to the same replica (rendezvous agrees)
+        status, headers, _ = await post(http, b, "/v1/chat/completions", chat(sid, "again"), {"x-session-id": sid})
+        assert (status, headers["x-kvgate-replica"], headers["x-kvgate-admission"]) == \
+            (200, replica_of[sid], "reserved_session")
+    assert set(replica_of.values()) == {"sim0", "sim1"}
+    gates = {g.name: g.app.admission for g in t.replica_gates}
+    # the session id reached the replica gate also from a /sess/ path on a route without a session body field
+    status, headers, _ = await post(http, a, "/sess/s0/v1/messages",
+                                    {"model": "kvgate-sim", "max_tokens": 4,
+                                     "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200 and headers["x-kvgate-replica"] == replica_of["s0"]
+    assert gates[replica_of["s0"]].state()[replica_of["s0"]]["sessions"]["s0"]["reasons"]["reserved_session"] >= 2
+    # the front doors gated nothing
+    for door in t.front_doors:
+        assert all(g["mode"] == "off" and not g["sessions"] for g in door.app.admission.state().values())
+    # x-session-finish reaches the replica gate: the window closes there
+    for sid, replica in replica_of.items():
+        status, _, _ = await post(http, b, "/v1/chat/completions", chat(sid, "bye"),
+                                  {"x-session-id": sid, "x-session-finish": "true"})
+        assert status == 200
+    assert t.gate_counts() == CLEAN
+
+
+async def test_refusals_pass_through_a_front_door_unchanged(http, aiohttp_server):
+    """409 admission_preempted and 503 admission_timeout + Retry-After from the replica gate."""
+    script = ReplicaScript()
+    script.usage(0.99)  # under pressure; every prompt cold: the seed policy holds every named turn
+    fake = await aiohttp_server(fake_replica_app(script), host="127.0.0.1")
+    gate = await start_kvgate("fake0", {
+        "role": "replica_gate", "replicas": [{"name": "fake0", "url": str(fake.make_url("")).rstrip("/")}],
+        "gate": {"mode": "enforce", "policy": "seed", "max_wait_sec": 0.3, "wait_poll_sec": 0.05,
+                 "probe": {"usage_max_age_ms": 0}}}, health_checks=False)
+    door = await start_kvgate("door", {"role": "front_door", "replicas": [{"name": "fake0", "url": gate.url}],
+                                       "gate": {"mode": "off"}}, health_checks=False)
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "cold"}], "id": "cold"}
+        script.prefix("cold", 10, 0)
+        status, headers, err = await post(http, door.url, "/v1/chat/completions", body, {"x-session-id": "s"})
+        direct = await post(http, gate.url, "/v1/chat/completions", body, {"x-session-id": "s2"})
+        assert (status, err["error"]["code"]) == (503, "admission_timeout") == (direct[0], direct[2]["error"]["code"])
+        assert headers["Retry-After"] == direct[1]["Retry-After"] and headers["x-kvgate-replica"] == "fake0"
+
+        first = asyncio.ensure_future(post(http, door.url, "/v1/chat/completions", body, {"x-session-id": "p"}))
+        await until(lambda: gate.app.admission.state()["fake0"]["pending"] == ["p"], "a waiter")
+        second = asyncio.ensure_future(post(http, door.url, "/v1/chat/completions", body, {"x-session-id": "p"}))
+        status, _, err = await first
+        assert (status, err["error"]["code"]) == (409, "admission_preempted")
+        assert (await second)[0] == 503
+    finally:
+        await door.close()
+        await gate.close()
+    assert gate.app.admission.counts() == CLEAN
+
+
+async def test_replica_gate_readiness_follows_its_vllm(tiers, http):
+    t = await tiers(2, 1, time_scale=0.0, health_interval_sec=0.05)
+    gate0, door = t.replica_gates[0], t.front_doors[0]
+    async with http.get(gate0.url + "/ready") as resp:
+        assert resp.status == 200
+    await t.replicas[0].stop()
+    await until(lambda: not gate0.app.registry.any_healthy(), "the replica gate to see its vLLM down")
+    async with http.get(gate0.url + "/ready") as resp:
+        assert resp.status == 503
+    async with http.get(gate0.url + "/health") as resp:
+        assert resp.status == 200  # the process is alive: liveness is not readiness
+    # the front door checks the replica gate's /ready, so it stops routing there
+    await until(lambda: [r.name for r in door.app.registry.all() if r.healthy] == ["sim1"], "the front door")
+    for i in range(6):
+        status, headers, _ = await post(http, door.url, "/v1/chat/completions", chat(f"x{i}"), {"x-session-id": f"x{i}"})
+        assert (status, headers["x-kvgate-replica"]) == (200, "sim1")
+
+
+async def test_conflict_is_detected_and_the_late_gate_shadows(http):
+    """Two standalone kvgates enforcing on the same replicas: the naive layout."""
+    base = await start_single(1, gate={"idle_grace_sec": 30}, extra={"ownership": {"ttl_sec": 0.6, "gate_id": "early"}},
+                              time_scale=0.0)
+    replica = base.replicas[0]
+    early = base.front_doors[0]
+    late = await start_kvgate("late", {"replicas": [{"name": replica.name, "url": replica.url}],
+                                       "ownership": {"ttl_sec": 0.6, "gate_id": "late"}})
+    try:
+        # at start: the late gate knows, says so in the metric and /ready, and only shadows
+        assert sample(late.app, "kvgate_gate_conflict", replica="sim0") == 1
+        async with http.get(late.url + "/ready") as resp:
+            assert resp.status == 503 and (await resp.json())["error"]["code"] == "gate_conflict"
+        status, headers, _ = await post(http, late.url, "/v1/chat/completions", chat("a"), {"x-session-id": "a"})
+        assert status == 200 and headers["x-kvgate-admission"].startswith("shadow_")
+        status, headers, _ = await post(http, early.url, "/v1/chat/completions", chat("b"), {"x-session-id": "b"})
+        assert not headers["x-kvgate-admission"].startswith("shadow_")
+        # the owner learns of the contender at its next renewal
+        await until(lambda: sample(early.app, "kvgate_gate_conflict", replica="sim0") == 1, "the owner's gauge")
+        async with http.get(early.url + "/ready") as resp:
+            assert resp.status == 200
+        async with http.get(replica.url + "/v1/kvgate/owner") as resp:
+            record = await resp.json()
+        assert (record["owner"], record["contenders"]) == ("early", ["late"])
+        # the owner stops (releasing its record): the late gate takes over and enforces
+        for sid in ("a", "b"):
+            await post(http, early.url if sid == "b" else late.url, "/v1/chat/completions", chat(sid),
+                       {"x-session-id": sid, "x-session-finish": "true"})
+        assert early.app.admission.counts() == CLEAN
+        await early.close()
+        base.front_doors.clear()
+        await until(lambda: sample(late.app, "kvgate_gate_conflict", replica="sim0") == 0, "the take-over")
+        status, headers, _ = await post(http, late.url, "/v1/chat/completions", chat("c"),
+                                        {"x-session-id": "c", "x-session-finish": "true"})
+        assert status == 200 and not headers["x-kvgate-admission"].startswith("shadow_")
+        async with http.get(late.url + "/ready") as resp:
+            assert resp.status == 200
+    finally:
+        await late.close()
+        await base.close()
+    assert late.app.admission.counts() == CLEAN
+
+
+async def test_front_door_failover_keeps_sessions_on_their_replicas(tiers):
+    """One front door is stopped mid-run: only the turns in flight there fail, and every session
+    continues through the other front door on the replica it had."""
+    t = await tiers(2, 2, gate={"idle_grace_sec": 30}, time_scale=0.2)
+    doors = [d.url for d in t.front_doors]
+    sessions = [f"f{i}" for i in range(16)]
+    seen: dict[str, set[str]] = {s: set() for s in sessions}
+    lost, refused, moved = [], [], set()
+    killed = asyncio.Event()
+    in_flight_at_kill = []
+
+    async def agent(http, index: int, sid: str) -> None:
+        door = index % 2
+        for turn in range(6):
+            headers = {"x-session-id": sid, **({"x-session-finish": "true"} if turn == 5 else {})}
+            body = chat(sid, "x" * (40 * turn))
+            while True:
+                try:
+                    status, answer, _ = await post(http, doors[door], "/v1/chat/completions", body, headers)
+                    break
+                except aiohttp.ClientConnectorError:
+                    refused.append(sid)  # never reached the stopped front door: nothing lost
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    lost.append((sid, turn))  # was in flight there: the client re-sends it
+                assert door == 0
+                door = 1
+                moved.add(sid)
+            assert status == 200
+            seen[sid].add(answer["x-kvgate-replica"])
+            if turn == 2 and index == 0:
+                killed.set()
+
+    async def kill() -> None:
+        await killed.wait()
+        in_flight_at_kill.append(sum(r.in_flight for r in t.front_doors[0].app.registry.all()))
+        await t.front_doors[0].app.close()
+
+    # a connection per request, so a refused connection is told apart from a request in flight
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+        await asyncio.gather(kill(), *(agent(http, i, s) for i, s in enumerate(sessions)))
+    assert moved, "sessions of the stopped front door moved to the other one"
+    assert len(lost) <= in_flight_at_kill[0]
+    assert all(len(replicas) == 1 for replicas in seen.values()), seen
+    await until(lambda: t.gate_counts() == CLEAN, "every gate clean")
+
+
+async def test_check_config_contact_replicas(tiers, http, tmp_path, capsys):
+    """`kvgate check-config --contact-replicas` flags configs that cannot be right on these replicas."""
+    import argparse
+
+    import yaml
+
+    from proxy.commands import check_config_command
+
+    t = await tiers(1, 1, time_scale=0.0)
+    replica, gate = t.replicas[0], t.replica_gates[0]
+
+    async def check(config: dict) -> tuple[int, str]:
+        path = tmp_path / "kvgate.yaml"
+        path.write_text(yaml.safe_dump(config))
+        code = await asyncio.to_thread(check_config_command, argparse.Namespace(file=str(path), contact_replicas=True))
+        out = capsys.readouterr()
+        return code, out.out + out.err
+
+    # the replica gate holds the simulated replica's record: a second enforcing gate is refused
+    code, out = await check({"replicas": [{"name": "sim0", "url": replica.url}]})
+    assert code == 2 and "already enforces on it" in out and "replicas[0] (sim0)" in out
+    # ... a shadowing one is fine
+    code, out = await check({"replicas": [{"name": "sim0", "url": replica.url}], "gate": {"mode": "shadow"}})
+    assert code == 0, out
+    # a front door must point at replica gates, and a gate must not point at a kvgate
+    code, out = await check({"role": "front_door", "gate": {"mode": "off"},
+                             "replicas": [{"name": "sim0", "url": replica.url}]})
+    assert code == 2 and "is not a kvgate" in out
+    code, out = await check({"role": "front_door", "gate": {"mode": "off"},
+                             "replicas": [{"name": "sim0", "url": gate.url}]})
+    assert code == 0, out
+    code, out = await check({"replicas": [{"name": "sim0", "url": gate.url}]})
+    assert code == 2 and "gate a second time" in out
+    code, out = await check({"replicas": [{"name": "gone", "url": "http://127.0.0.1:9"}]})
+    assert code == 2 and "unreachable" in out
+
+
+async def test_removed_replica_record_is_released(http):
+    t = await start_single(2, extra={"ownership": {"ttl_sec": 0.3, "gate_id": "g"}, "admin": {"token": "t"}},
+                           time_scale=0.0)
+    try:
+        kvgate = t.front_doors[0]
+        for replica in t.replicas:
+            async with http.get(replica.url + "/v1/kvgate/owner") as resp:
+                assert (await resp.json())["owner"] == "g"
+        async with http.delete(kvgate.url + "/admin/replicas/sim1", headers={"Authorization": "Bearer t"}) as resp:
+            assert resp.status == 200
+
+        async def owner_of(replica):
+            async with http.get(replica.url + "/v1/kvgate/owner") as resp:
+                return (await resp.json())["owner"]
+
+        for _ in range(100):
+            if await owner_of(t.replicas[1]) is None:
+                break
+            await asyncio.sleep(0.05)
+        assert await owner_of(t.replicas[1]) is None and await owner_of(t.replicas[0]) == "g"
+    finally:
+        await t.close()
+
+
+async def test_front_door_health_timeouts_under_load_are_no_evidence(aiohttp_server):
+    """A front door keeps a replica gate that is slow to answer /ready while requests to it are in
+    flight (a loaded gate, or this front door's own loop lag); a timeout with nothing in flight, or a
+    definitive 503, still counts."""
+    from aiohttp import web
+
+    from balancer import ReplicaRegistry
+    from balancer.health import HealthChecker
+    from proxy.settings import HealthSettings
+
+    answer = {"delay": 0.3, "status": 200}
+
+    async def ready(_request):
+        await asyncio.sleep(answer["delay"])
+        return web.json_response({}, status=answer["status"])
+
+    app = web.Application()
+    app.router.add_get("/ready", ready)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    health = HealthSettings(interval_sec=60, timeout_sec=0.1, unhealthy_after=1)
+    for busy_is_alive, in_flight, delay, status, healthy in [
+        (True, 1, 0.3, 200, True),     # timed out, but busy: no evidence
+        (True, 0, 0.3, 200, False),    # timed out, idle: a failure
+        (True, 1, 0.0, 503, False),    # a definitive answer always counts
+        (False, 1, 0.3, 200, False),   # standalone kvgates keep the strict rule
+    ]:
+        registry = ReplicaRegistry(health)
+        replica = registry.add("g0", str(server.make_url("")).rstrip("/"))
+        replica.in_flight = in_flight
+        answer.update(delay=delay, status=status)
+        checker = HealthChecker(registry, health, "/ready", busy_is_alive=busy_is_alive)
+        await checker.start()
+        try:
+            await checker.check_all()
+        finally:
+            await checker.close()
+        assert replica.healthy is healthy, (busy_is_alive, in_flight, delay, status)

@@ -1,0 +1,80 @@
+"""Conflict detection on a real vLLM CPU server: the plugin's owner record, and two kvgates
+enforcing on the same server (the late one detects it, shadows, and says so in /ready and
+its metrics)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from vllm_harness import REPO_ROOT, free_port, http_json, scrape_metrics, start_service, stop_process_group
+
+pytestmark = pytest.mark.vllm
+
+OWNER = "/v1/kvgate/owner"
+
+
+def test_owner_record_claim_renew_conflict_release(vllm_server):
+    url = vllm_server.url + OWNER
+    a, b = f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"
+    status, body = http_json("POST", url, {"gate_id": a, "ttl_sec": 30})
+    assert status == 200 and (body["owner"], body["held"]) == (a, True), body
+    assert 29 <= body["expires_in_sec"] <= 30
+    status, body = http_json("POST", url, {"gate_id": b, "ttl_sec": 30})
+    assert (status, body["owner"], body["held"], body["contenders"]) == (200, a, False, [b])
+    status, body = http_json("POST", url, {"gate_id": a, "ttl_sec": 30})  # renewal: a learns of b
+    assert (body["held"], body["contenders"]) == (True, [b])
+    status, body = http_json("GET", url)
+    assert (status, body["owner"], body["held"]) == (200, a, False)
+    assert http_json("POST", url, {"gate_id": a, "ttl_sec": 0})[1]["owner"] is None  # release
+    status, body = http_json("POST", url, {"gate_id": b, "ttl_sec": 30})
+    assert (body["owner"], body["held"]) == (b, True)
+    http_json("POST", url, {"gate_id": b, "ttl_sec": 0})
+    status, body = http_json("POST", url, {"gate_id": "", "ttl_sec": 1})
+    assert status == 400 and body["error"]["param"] == "gate_id"
+
+
+def _gate_metric(base_url: str, name: str, replica: str) -> float | None:
+    for sample, labels, value in scrape_metrics(base_url):
+        if sample == name and labels.get("replica") == replica:
+            return value
+    return None
+
+
+def test_second_enforcing_kvgate_is_detected(vllm_server, tmp_path: Path):
+    procs, urls = [], []
+    try:
+        for name in ("early", "late"):
+            port = free_port()
+            config = tmp_path / f"{name}.yaml"
+            config.write_text(f"listen: {{host: 127.0.0.1, port: {port}}}\n"
+                              f"replicas: [{{name: v0, url: \"{vllm_server.url}\"}}]\n"
+                              f"ownership: {{ttl_sec: 6, gate_id: {name}-{uuid.uuid4().hex[:6]}}}\n")
+            urls.append(f"http://127.0.0.1:{port}")
+            # the early gate must be ready (it holds the record) before the late one starts
+            procs.append(start_service([sys.executable, "-m", "proxy.cli", "serve", "--config", str(config)],
+                                       tmp_path / f"{name}.log", urls[-1] + ("/ready" if name == "early" else "/health"),
+                                       90, poll=0.3, what=f"kvgate {name}", cwd=REPO_ROOT))
+        early, late = urls
+        assert _gate_metric(late, "kvgate_gate_conflict", "v0") == 1
+        status, body = http_json("GET", late + "/ready")
+        assert status == 503 and body["error"]["code"] == "gate_conflict", body
+        assert http_json("GET", early + "/ready")[0] == 200
+        log = (tmp_path / "late.log").read_text()
+        assert "gate conflict on replica v0" in log and "shadow" in log
+        chat = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        request = urllib.request.Request(late + "/v1/chat/completions", data=json.dumps(chat).encode(),
+                                         headers={"content-type": "application/json", "x-session-id": "s1",
+                                                  "x-session-finish": "true"})
+        with urllib.request.urlopen(request, timeout=120) as resp:
+            assert resp.status == 200 and resp.headers["x-kvgate-admission"].startswith("shadow_")
+    finally:
+        for proc in reversed(procs):
+            stop_process_group(proc, grace=15)
+    # both stopped cleanly: the record is free again
+    assert http_json("GET", vllm_server.url + OWNER)[1]["owner"] is None
