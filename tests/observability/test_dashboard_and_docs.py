@@ -11,7 +11,7 @@ import yaml
 from balancer.replica_metrics import MIRRORED
 from proxy.metrics import KvgateMetrics
 from tests.observability.conftest import ALERT_RULES, DASHBOARD, REPO
-from tests.observability.test_dashboard_prometheus import FROM_OTHER_BRANCHES, awaits_other_branch, dashboard_queries
+from tests.observability.test_dashboard_prometheus import dashboard_queries
 
 DOCS = REPO / "docs" / "observability.md"
 METRIC = re.compile(r"\b(kvgate_[a-z_]+)")
@@ -45,8 +45,8 @@ def test_dashboard_is_templated_on_datasource_and_replica():
                 assert 'replica=~"$replica"' in target["expr"], panel["title"]
 
 
-def test_dashboard_reads_only_metrics_that_exist_or_are_agreed_with_another_branch():
-    known = exported_metric_names() | set(FROM_OTHER_BRANCHES)
+def test_dashboard_reads_only_metrics_that_kvgate_exports():
+    known = exported_metric_names()
     for title, expr in dashboard_queries(json.loads(DASHBOARD.read_text())):
         for name in METRIC.findall(expr):
             family = re.sub(r"_(bucket|sum|count)$", "", name)
@@ -68,12 +68,3 @@ def test_docs_list_every_metric_and_every_alert():
 def test_readme_links_the_observability_docs():
     assert "docs/observability.md" in (REPO / "README.md").read_text()
 
-
-def test_a_panel_waits_for_another_branch_only_while_its_metric_is_not_exported():
-    conflict = 'kvgate_gate_conflict{replica=~".*"}'
-    assert awaits_other_branch(conflict, "# TYPE kvgate_requests_total counter\n") == (
-        FROM_OTHER_BRANCHES["kvgate_gate_conflict"])
-    assert awaits_other_branch(conflict, "# TYPE kvgate_gate_conflict gauge\n") is None  # merged: needs data
-    ends = "sum by (cause) (rate(kvgate_window_ends_total[1m]))"
-    assert awaits_other_branch(ends, "# TYPE kvgate_window_ends_total counter\n") is None
-    assert awaits_other_branch("kvgate_pending_sessions", "") is None  # this branch's own: never excused
