@@ -58,21 +58,32 @@ MIRRORED = (
              "The replica's vllm:num_requests_waiting at kvgate's last read."),
 )
 _BY_SOURCE = {m.source: m for m in MIRRORED}
+_SOURCES = tuple(_BY_SOURCE)
 
 
 def read_mirrored(text: str) -> dict[str, float]:
     """The mirrored series' values in a replica's exposition text, by source name.
 
     Samples of one series with different labels (engines, models) are summed; a series
-    the replica does not export is absent from the result; NaN samples are skipped.
-    Raises ValueError on text that is not Prometheus exposition format.
+    the replica does not export is absent from the result (text with none of them, an
+    error page say, gives {}); NaN samples are skipped. Raises ValueError on a mirrored
+    sample line that does not parse.
     """
     values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families("\n".join(_mirrored_lines(text)) + "\n"):
         for sample in family.samples:
             if sample.name in _BY_SOURCE and not math.isnan(sample.value):
                 values[sample.name] = values.get(sample.name, 0.0) + sample.value
     return values
+
+
+def _mirrored_lines(text: str):
+    """The sample lines of the mirrored series. vLLM's /metrics is tens of KB of
+    histograms and this runs on the proxy's event loop, so only these lines are parsed
+    (a prefix test per line first: C speed)."""
+    for line in text.splitlines():
+        if line.startswith(_SOURCES) and line.split("{", 1)[0].split(None, 1)[0] in _BY_SOURCE:
+            yield line
 
 
 class ReplicaMetricsScraper:

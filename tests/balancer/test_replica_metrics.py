@@ -40,9 +40,12 @@ def test_read_mirrored_sums_engines_and_skips_what_is_absent():
     }
 
 
-def test_read_mirrored_rejects_what_is_not_exposition_text():
+def test_read_mirrored_ignores_other_series_and_pages_and_rejects_a_broken_sample():
+    assert read_mirrored("<html>not metrics</html>\n") == {}
+    assert read_mirrored("vllm:num_requests_running_total_x 5\nvllm:num_requests_waiting 2\n") == {
+        "vllm:num_requests_waiting": 2.0}  # a longer name that merely starts the same is not it
     with pytest.raises(ValueError):
-        read_mirrored("<html>not metrics</html>\n")
+        read_mirrored("vllm:num_requests_running{engine=\"0\" oops\n")
 
 
 def sample(metrics: KvgateMetrics, name: str, **labels) -> float | None:
