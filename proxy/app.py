@@ -59,7 +59,8 @@ class ProxyApp:
         # The replicas' own prefix-cache counters, mirrored into /metrics (docs/observability.md).
         self.replica_metrics = ReplicaMetricsScraper(self.registry, metrics)
         metrics.registry.register(self.replica_metrics)
-        self.health.add_round(self.replica_metrics.read_all)
+        if settings.role != FRONT_DOOR:  # a front door's replicas are kvgates: nothing of vLLM's to mirror
+            self.health.add_round(self.replica_metrics.read_all)
         metrics.operator  # the operator series exist from the first scrape
         self.admin = (AdminApi(settings.admin.token, self.registry, admission, self.clients, self.sessions)
                       if settings.admin.token else None)

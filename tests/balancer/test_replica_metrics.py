@@ -3,14 +3,18 @@ scraper against real simulated replicas."""
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
+
 import aiohttp
 import pytest
 
 from balancer.health import HealthChecker
 from balancer.registry import ReplicaRegistry
 from balancer.replica_metrics import ReplicaMetricsScraper, read_mirrored
+from proxy.app import create_app
 from proxy.metrics import KvgateMetrics
-from proxy.settings import HealthSettings
+from proxy.settings import BalancerSettings, GateSettings, HealthSettings, ReplicaSettings, Settings
 from simulator.replica_server import start_simulated_replicas
 
 VLLM_TEXT = """\
@@ -106,3 +110,24 @@ async def test_scraper_mirrors_each_replicas_own_counters():
         await checker.close()
         for r in replicas:
             await r.stop()
+
+
+@pytest.mark.parametrize("role, mirrors", [("standalone", True), ("replica_gate", True), ("front_door", False)])
+async def test_only_a_process_in_front_of_vllm_mirrors_it(role, mirrors):
+    """A front door's replicas are replica gates (kvgates): it reads no /metrics of theirs."""
+    replicas = await start_simulated_replicas(1, host="127.0.0.1", num_blocks=64, time_scale=0.0)
+    gate = GateSettings(mode="off") if role == "front_door" else GateSettings()
+    settings = replace(Settings(), role=role, gate=gate,
+                       balancer=BalancerSettings(health=HealthSettings(interval_sec=0.05, timeout_sec=2.0)))
+    app = create_app(settings, replicas=[ReplicaSettings("r0", replicas[0].url)])
+    try:
+        await app.start("127.0.0.1", 0)
+        for _ in range(100):  # several health rounds
+            if app.metrics.registry.get_sample_value("kvgate_probe_seconds_count", {"replica": "r0", "probe": "metrics"}):
+                break
+            await asyncio.sleep(0.02)
+        read = app.metrics.registry.get_sample_value("kvgate_probe_seconds_count", {"replica": "r0", "probe": "metrics"})
+        assert bool(read) is mirrors
+    finally:
+        await app.close()
+        await replicas[0].stop()
