@@ -61,8 +61,6 @@ from proxy.settings import GateSettings
 
 Clock = Callable[[], float]
 MODES = ("enforce", "shadow", "off")
-import os
-_DEBUG = bool(os.environ.get("GPDEBUG_DECISIONS"))
 MIN_WAIT_SEC = 0.001  # a waiter never spins, whatever the knobs or the clock say
 # Route kinds that carry a prompt. Anything else (GET /v1/models) never touches the
 # session books: it neither opens nor renews a window.
@@ -208,12 +206,6 @@ class Gate:
                     # windows may have changed during the probe
                     view = self._view(record, attempt, allowance, bound, usage, start)
                 decision = self.policy.decide(view, usage, prefix, self.settings)
-                if _DEBUG:  # TEMP
-                    import sys
-                    print(f"DBG {self._now():.3f} {self.name} {session_key} leases={self._book.leases} "
-                          f"idle={view.replica_idle_sec} gap={view.expected_gap_sec} waited={view.waited_sec:.3f} "
-                          f"tps={usage and usage.prefill_tokens_per_sec} step={usage and usage.decode_step_sec} "
-                          f"run={usage and usage.num_running} -> {decision}", file=sys.stderr)
                 tokens = prefix.total_tokens if prefix is not None else None
                 if prefix is not None and record is not None and (
                         self.settings.mode == "shadow" or isinstance(decision, Admit)):

@@ -88,8 +88,8 @@ async def test_a_held_turn_goes_in_work_conserving_once_the_idle_replica_waited_
     """100 blocks of 16, measured 16,000 prefill tokens/s: `a` owns an idle window of 80
     blocks; `b` (50 new blocks) does not fit. The replica is idle, so b's holding cost is
     the idle time it waited (no gap measured yet); its admission evicts 30 of a's blocks
-    (30 ms of re-prefill): it waits until that much idle time passed, then goes in
-    `work_conserving` without a window."""
+    and leaves its own 50 unprotected (80 ms of re-prefill): it waits until that much
+    idle time passed, then goes in `work_conserving` without a window."""
 
     class MeasuredProbe(FakeProbe):
         async def usage(self, newer_than=None):
@@ -106,7 +106,7 @@ async def test_a_held_turn_goes_in_work_conserving_once_the_idle_replica_waited_
     task = asyncio.create_task(gate.acquire("b", "chat", {"id": "b", "max_tokens": 0,
                                                           "messages": [{"role": "user", "content": "y" * 2000}]}))
     await until(lambda: gate.counts()["waiters"] == 1, "b to be held")
-    clock.advance(0.031)  # the replica stayed idle longer than the re-prefill b causes (30 ms)
+    clock.advance(0.081)  # the replica stayed idle longer than the re-prefill b causes (80 ms)
     lease = await asyncio.wait_for(task, 5)  # the recheck fires on its own (not the 60 s poll)
     assert lease.reason == "work_conserving" and gate.state()["reserved"]["in_flight"] == []
     lease.release()
