@@ -50,9 +50,10 @@ class HealthChecker:
         self._registry = registry
         self._settings = settings
         self._path = path  # a front door asks replica gates for /ready (proxy/topology.py)
-        # A front door: a check that times out while requests to the replica gate are in flight
-        # is no evidence (the replica gate answers /ready with a definitive 503 when its vLLM is
-        # down; a timeout under load mostly measures this process's own event-loop lag).
+        # Tiers (proxy/topology.py): a check that times out while requests to the replica are in
+        # flight is no evidence. A front door's replica gate answers /ready with a definitive 503
+        # when its vLLM is down; a replica gate that drops its one replica refuses all its traffic.
+        # Under load a timeout mostly measures event-loop lag (this process's or the replica's).
         self._busy_is_alive = busy_is_alive
         self._task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None

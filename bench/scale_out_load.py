@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import statistics
 import sys
@@ -61,12 +62,32 @@ class LayoutRun:
     turn_p50_ms: float = 0.0
     turn_p95_ms: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
+    statuses: dict[str, int] = field(default_factory=dict)
     leaked: dict[str, int] = field(default_factory=dict)
     conflicts: float = 0.0
     moved_sessions: int = 0
     killed_door_outstanding: int | None = None  # requests in flight at front door 0 when it was killed
     resent_turns: int = 0  # turns re-sent to another front door (at most the number above)
     peak_concurrent_sessions: int = 0  # sessions started and not yet finished, at most at once
+    cpu_us_per_turn: dict[str, float] = field(default_factory=dict)  # kvgate CPU per turn, by tier
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_tier(servers: ServerGroup) -> dict[str, float]:
+    """CPU seconds so far of the kvgate processes, summed per tier (door, gate, single)."""
+    out: dict[str, float] = {}
+    for name, pid in servers.pids().items():
+        tier = "door" if name.startswith("door") else "gate" if name.startswith("gate") else "single"
+        out[tier] = out.get(tier, 0.0) + cpu_seconds(pid)
+    return out
 
 
 async def kill_door(servers: ServerGroup, doors: Doors, after_sec: float) -> None:
@@ -203,12 +224,14 @@ async def run_layout(layout: str, replicas: list, args: argparse.Namespace, inde
         killer = None
         if args.kill_front_door_after is not None and layout == "tiers":
             killer = asyncio.ensure_future(kill_door(servers, doors, args.kill_front_door_after))
+        cpu_before = cpu_by_tier(servers)
         started = time.perf_counter()
         sessions = await asyncio.gather(*(
             run_session(doors, i % len(doors.addresses), f"{layout}-{index}-s{i}", args.turns,
                         rng.uniform(0, args.ramp_sec), [rng.uniform(0.5, 1.5) * args.think_sec for _ in range(args.turns)])
             for i in range(args.sessions)), return_exceptions=True)
         result.peak_concurrent_sessions = doors.peak_alive
+        cpu_after = cpu_by_tier(servers)
         result.seconds = time.perf_counter() - started
         if killer is not None:
             await killer
@@ -222,10 +245,14 @@ async def run_layout(layout: str, replicas: list, args: argparse.Namespace, inde
         result.failed = (sum(t.status != 200 for t in turns) + sum(args.turns - len(s) for s in done)
                          + args.turns * len(errors))
         ok = [t.seconds for t in turns if t.status == 200]
+        if ok and args.kill_front_door_after is None:
+            result.cpu_us_per_turn = {tier: round((cpu_after[tier] - cpu_before.get(tier, 0.0)) / len(ok) * 1e6, 1)
+                                      for tier in cpu_after}
         result.turns_per_sec = len(ok) / result.seconds if result.seconds else 0.0
         result.turn_p50_ms = quantile(ok, 0.5) * 1000
         result.turn_p95_ms = quantile(ok, 0.95) * 1000
         result.reasons = dict(Counter(t.reason for t in turns))
+        result.statuses = {str(k): v for k, v in sorted(Counter(t.status for t in turns).items())}
         result.moved_sessions = sum(len({t.replica for t in s}) > 1 for s in done)
         await asyncio.sleep(0.2)  # let the last releases land
         result.leaked, result.conflicts = await inspect(kvgates)
@@ -259,7 +286,7 @@ def format_run(r: LayoutRun) -> str:
               f" killed door0 with {r.killed_door_outstanding} in flight, re-sent {r.resent_turns}")
     return (f"{r.layout:6s} sessions={r.sessions} (peak {r.peak_concurrent_sessions} at once) turns={r.turns} failed={r.failed} wall={r.seconds:.1f}s "
             f"{r.turns_per_sec:.0f} turns/s turn p50={r.turn_p50_ms:.2f}ms p95={r.turn_p95_ms:.2f}ms "
-            f"reasons[{reasons}] leaked[{leaked}] conflicts={r.conflicts:g} moved={r.moved_sessions}{killed}")
+            f"kvgate cpu/turn {r.cpu_us_per_turn}us statuses{r.statuses} reasons[{reasons}] leaked[{leaked}] conflicts={r.conflicts:g} moved={r.moved_sessions}{killed}")
 
 
 def summarize(results: list[LayoutRun], layouts: list[str]) -> dict[str, Any]:
@@ -268,6 +295,9 @@ def summarize(results: list[LayoutRun], layouts: list[str]) -> dict[str, Any]:
         runs = [r for r in results if r.layout == layout]
         summary[layout] = {key: statistics.median(getattr(r, key) for r in runs)
                            for key in ("turn_p50_ms", "turn_p95_ms", "turns_per_sec")}
+        tiers = {tier for r in runs for tier in r.cpu_us_per_turn}
+        summary[layout]["cpu_us_per_turn"] = {tier: statistics.median(r.cpu_us_per_turn.get(tier, 0.0) for r in runs)
+                                              for tier in sorted(tiers)}
     if "single" in summary and "tiers" in summary:
         s, t = summary["single"], summary["tiers"]
         t["added_turn_p50_ms"] = t["turn_p50_ms"] - s["turn_p50_ms"]
@@ -324,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             line += (f" | vs single: added turn p50={s['added_turn_p50_ms']:+.2f}ms "
                      f"(ratio {s['turn_p50_ratio_vs_single']:.3f}), throughput ratio "
                      f"{s['throughput_ratio_vs_single']:.3f}")
-        print(line)
+        print(line + f" | kvgate CPU per turn (us, by tier) {s['cpu_us_per_turn']}")
     bad = [r for r in results if r.failed or r.leaked or r.conflicts or r.moved_sessions
            or (r.killed_door_outstanding is not None and r.resent_turns > r.killed_door_outstanding)]
     print(f"failed turns: {sum(r.failed for r in results)}; runs with leaks, conflicts or moved sessions: {len(bad)}")

