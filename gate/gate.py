@@ -23,6 +23,12 @@ Invariants (each has a test):
   a `Reject`: a session never holds a window while it waits or after it was refused.
 - Expired windows are purged lazily, by whichever acquire, wake, release or look at
   the state comes next; purging a reservation wakes a waiter.
+- A route without a prompt (`GET /v1/models`) is admitted `open` with no probe and no
+  session bookkeeping: it neither opens nor renews a window. A lease released with
+  `served=False` (no prompt was served) ends the window its admission opened.
+- Every window end is counted in `kvgate_window_ends_total{replica,cause}`; an idle
+  window ends when its session goes quiet (`SessionBook`), and a waiter whose policy
+  names a `recheck_sec` (the work-conserving rule) re-decides by then.
 - mode `off`: admit `open` with no probe and no session bookkeeping. mode `shadow`:
   decide as `enforce` would (reservations included), record `shadow_<reason>`
   (`shadow_wait`, `shadow_prompt_too_long`), never hold or reject.

@@ -9,20 +9,23 @@ work-conserving rule weighs (docs/gate.md):
   step: a step that computed prompt tokens, minus the decode step it also was;
 - `prefill_share`: of the engine's recent busy time, the part prefill added.
 
-Each is smoothed (EWMA, `weight` on the newest step; the share decays its two sums by
-the same weight), so one slow step moves them little, and each is None until a step of
-its kind ran: the gate then knows it has no measurement yet. Pure: no clock, the
-caller passes the step's seconds.
+The rates are smoothed per step (EWMA, `weight` on the newest step); the share over
+busy time (its two sums decay by exp(-seconds / `horizon_sec`) each step, so it
+follows the last few seconds of work, not the last few steps: a run of short decode
+steps does not swing it). Each is None until a step of its kind ran: the gate then
+knows it has no measurement yet. Pure: no clock, the caller passes the step's seconds.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
 @dataclass
 class StepMeter:
     weight: float = 0.2
+    horizon_sec: float = 2.0
     prefill_tokens_per_sec: float | None = None
     decode_step_sec: float | None = None
     _prefill_time: float = 0.0  # decayed seconds that prefill added, and decayed busy seconds
@@ -41,7 +44,7 @@ class StepMeter:
             added = max(0.0, added)
         elif decode_seqs > 0:
             self.decode_step_sec = self._smooth(self.decode_step_sec, seconds)
-        keep = 1.0 - self.weight
+        keep = math.exp(-seconds / self.horizon_sec)
         self._busy_time = self._busy_time * keep + seconds
         self._prefill_time = self._prefill_time * keep + added
 
