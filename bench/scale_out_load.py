@@ -45,6 +45,7 @@ import aiohttp
 import orjson
 
 from bench.agentic.processes import ServerGroup
+from proxy.server import run as serve_loop
 from bench.gate_load import SYSTEM_PROMPT, TOOL_RESULT, TurnResult, quantile, send_turn, start_replicas
 
 LAYOUTS = ("single", "tiers")
@@ -339,13 +340,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(f"scale-out load: {args.sessions} sessions x {args.turns} turns, {args.replicas} simulated replicas, "
           f"{args.front_doors} front doors, layouts {','.join(args.layouts)} x{args.repeats}", flush=True)
-    try:
-        import uvloop
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:
-        runner = asyncio.Runner()
-    with runner:
-        results = runner.run(run(args))
+    results: list[LayoutRun] = []
+
+    async def collect() -> None:
+        results.extend(await run(args))
+
+    serve_loop(collect())  # uvloop when installed, as `kvgate serve`
     summary = summarize(results, args.layouts)
     for layout, s in summary.items():
         line = (f"{layout:6s} median turn p50={s['turn_p50_ms']:.2f}ms p95={s['turn_p95_ms']:.2f}ms "

@@ -31,7 +31,7 @@ from proxy.routes import SESSION_FIELD_KINDS, TURN_KINDS, RouteSpec
 from proxy.session_id import resolve_session_id, split_body_fields
 from proxy.session_tracker import SessionTracker
 from proxy.settings import Settings
-from proxy.topology import FRONT_DOOR, merge_kvgate_headers, with_session_header
+from proxy.topology import FRONT_DOOR, REPLICA_GATE, merge_kvgate_headers, with_session_header
 from proxy.upstream import (CONNECT_ERRORS, EXCHANGE_ERRORS, UpstreamClients, relayed_response_headers,
                             upstream_request_headers)
 
@@ -73,6 +73,7 @@ class Forwarder:
         self._forward_session_id = settings.session.forward_session_id
         self._api_key = settings.upstream.api_key
         self._front_door = settings.role == FRONT_DOOR  # the session id travels on in the header
+        self._tiered = settings.role in (FRONT_DOOR, REPLICA_GATE)
         self._gates = settings.gate.mode != "off"
         self._double_gating_warned: set[str] = set()
         self._counters: dict[tuple, object] = {}
@@ -162,16 +163,23 @@ class Forwarder:
             except CONNECT_ERRORS as exc:
                 replica.in_flight -= 1
                 lease.release(served=False)  # no prompt served: the turn leaves no new window
-                self.registry.mark_failed(replica)
+                # Tiers: a replica with other requests in flight is alive, only slow to accept (an
+                # overloaded replica gate): not marked failed, and this request (which never reached
+                # it) is re-sent to it once rather than moving the session (proxy/topology.py).
+                busy = self._tiered and replica.in_flight > 0
+                if not busy:
+                    self.registry.mark_failed(replica)
                 self.metrics.upstream_errors.labels(replica.name, "connect").inc()
-                other = None if rerouted_connect else self.balancer.choose(session_id, exclude=replica)
+                other = (None if rerouted_connect else
+                         replica if busy else self.balancer.choose(session_id, exclude=replica))
                 if other is not None:
                     rerouted_connect = True
                     replica = other
                     continue
                 self._count(kind, replica.name, 502)
                 send_error(responder, 502, f"could not connect to replica {replica.name} ({exc}); it is marked "
-                           "unhealthy until its health checks pass; retry later", "upstream_connect_failed",
+                           "unhealthy until its health checks pass (unless it has requests in flight); retry later",
+                           "upstream_connect_failed",
                            lease_headers(replica, lease))
                 return
             except EXCHANGE_ERRORS as exc:

@@ -45,6 +45,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         metrics = KvgateMetrics()
         app = create_app(settings, metrics=metrics, replicas=replicas)
         host, port = await app.start()
+        log.info("role %s, gate %s/%s", settings.role, settings.gate.mode, settings.gate.policy)
         log.info("listening on http://%s:%d (OpenAI base URL http://%s:%d/v1)", host, port, host, port)
         await stop.wait()
         log.info("shutting down")

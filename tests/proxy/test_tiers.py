@@ -332,3 +332,24 @@ async def test_front_door_health_timeouts_under_load_are_no_evidence(aiohttp_ser
         finally:
             await checker.close()
         assert replica.healthy is healthy, (busy_is_alive, in_flight, delay, status)
+
+
+async def test_tiers_keep_a_busy_replica_on_a_failed_connect(http):
+    """A connect failure to a replica that has requests in flight (a replica gate too loaded to
+    accept in time) does not mark it failed or move the session: the turn is tried on it once more."""
+    from bench.agentic.processes import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: every connect fails
+    for role, in_flight, healthy in [("front_door", 1, True), ("front_door", 0, False), ("standalone", 1, False)]:
+        config = {"role": role, "replicas": [{"name": "g0", "url": url}, {"name": "g1", "url": url}],
+                  "gate": {"mode": "off"}}
+        kvgate = await start_kvgate("door", config, health_checks=False)
+        try:
+            replica = kvgate.app.balancer.choose("s")
+            replica.in_flight = in_flight
+            status, _, body = await post(http, kvgate.url, "/v1/chat/completions", chat("s"), {"x-session-id": "s"})
+            assert (status, body["error"]["code"]) == (502, "upstream_connect_failed")
+            assert replica.healthy is healthy, (role, in_flight)
+            replica.in_flight = 0
+        finally:
+            await kvgate.close()
