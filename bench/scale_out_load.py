@@ -69,6 +69,7 @@ class LayoutRun:
     moved_sessions: int = 0
     killed_door_outstanding: int | None = None  # requests in flight at front door 0 when it was killed
     resent_turns: int = 0  # turns re-sent to another front door (at most the number above)
+    sent_after_kill: int = 0  # turns written after the kill on a connection opened just before it
     peak_concurrent_sessions: int = 0  # sessions started and not yet finished, at most at once
     cpu_us_per_turn: dict[str, float] = field(default_factory=dict)  # kvgate CPU per turn, by tier
 
@@ -95,6 +96,7 @@ async def kill_door(servers: ServerGroup, doors: Doors, after_sec: float) -> Non
     """SIGKILL front door 0 (a crash, not a clean stop) `after_sec` into the run."""
     await asyncio.sleep(after_sec)
     doors.outstanding_at_kill = doors.outstanding[0]
+    doors.killed_at = time.perf_counter()
     servers.kill("door0")
     doors.dead.add(0)
 
@@ -108,6 +110,8 @@ class Doors:
         self.dead: set[int] = set()
         self.outstanding_at_kill: int | None = None
         self.resent = 0  # turns that were in flight at a killed door, re-sent to another one
+        self.killed_at: float | None = None
+        self.sent_after_kill = 0  # turns written to a killed door's connection after it died (never in flight)
         self.alive = 0  # sessions started and not finished
         self.peak_alive = 0
 
@@ -146,11 +150,15 @@ async def run_session(doors: Doors, door: int, name: str, turns: int, start_dela
                         doors.dead.add(door)
                         continue
                 doors.outstanding[door] += 1
+                sent_at = time.perf_counter()
                 try:
                     result = await send_turn(reader, writer, *doors.addresses[door], name, messages,
                                              finish=turn == turns)
                 except (OSError, asyncio.IncompleteReadError):
-                    doors.resent += 1
+                    if doors.killed_at is not None and sent_at > doors.killed_at:
+                        doors.sent_after_kill += 1  # a connection opened just before the kill
+                    else:
+                        doors.resent += 1
                     doors.dead.add(door)
                     continue
                 finally:
@@ -238,6 +246,7 @@ async def run_layout(layout: str, replicas: list, args: argparse.Namespace, inde
             await killer
             result.killed_door_outstanding = doors.outstanding_at_kill
             result.resent_turns = doors.resent
+            result.sent_after_kill = doors.sent_after_kill
             kvgates = [u for u in kvgates if u != targets[0]]
         errors = [s for s in sessions if isinstance(s, BaseException)]
         done = [s for s in sessions if not isinstance(s, BaseException)]
@@ -284,7 +293,8 @@ def format_run(r: LayoutRun) -> str:
     reasons = ", ".join(f"{k}={v}" for k, v in sorted(r.reasons.items()))
     leaked = "none" if not r.leaked else ", ".join(f"{k}={v}" for k, v in r.leaked.items())
     killed = ("" if r.killed_door_outstanding is None else
-              f" killed door0 with {r.killed_door_outstanding} in flight, re-sent {r.resent_turns}")
+              f" killed door0 with {r.killed_door_outstanding} in flight, re-sent {r.resent_turns}"
+              f" (+{r.sent_after_kill} written after the kill to a connection opened before it)")
     return (f"{r.layout:6s} sessions={r.sessions} (peak {r.peak_concurrent_sessions} at once) turns={r.turns} failed={r.failed} wall={r.seconds:.1f}s "
             f"{r.turns_per_sec:.0f} turns/s turn p50={r.turn_p50_ms:.2f}ms p95={r.turn_p95_ms:.2f}ms "
             f"kvgate cpu/turn {r.cpu_us_per_turn}us statuses{r.statuses} reasons[{reasons}] leaked[{leaked}] conflicts={r.conflicts:g} moved={r.moved_sessions}{killed}")
