@@ -57,6 +57,12 @@ class HealthChecker:
         self._busy_is_alive = busy_is_alive
         self._task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._rounds: list = []  # other per-round reads of the replicas, over the same session
+
+    def add_round(self, read) -> None:
+        """Also run `await read(session)` every round, beside the health checks (the replica
+        metrics mirror). `read` must handle its own per-replica failures."""
+        self._rounds.append(read)
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -103,7 +109,7 @@ class HealthChecker:
     async def _loop(self) -> None:
         while True:
             try:
-                await self.check_all()
+                await asyncio.gather(self.check_all(), *(read(self._session) for read in self._rounds))
             except asyncio.CancelledError:
                 raise
             except Exception:  # never let one odd round stop health checking

@@ -46,6 +46,7 @@ from typing import Any, Callable
 import orjson
 
 from gate.book import LOST, REVOKED, SessionBook, SessionRecord
+from gate.observations import reprefill_tokens
 from gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 from gate.policies import (
     ANONYMOUS,
@@ -79,13 +80,14 @@ class Attempt:
     `event` (what wakes it) is made on its first wait: most attempts never wait.
     """
 
-    __slots__ = ("event", "abort", "queued", "named")
+    __slots__ = ("event", "abort", "queued", "named", "queued_at")
 
     def __init__(self, named: bool = True) -> None:
         self.event: asyncio.Event | None = None
         self.abort: AdmissionError | None = None
         self.queued = False
         self.named = named
+        self.queued_at = 0.0  # when it joined the queue (clock seconds): the oldest waiter's age
 
     def wake(self) -> None:
         if self.event is not None:
@@ -168,6 +170,13 @@ class Gate:
         self._changed_at = float("-inf")  # last release, finish or expiry that may free blocks
         self._retry_after = max(1, math.ceil(settings.wait_poll_sec))
         self._max_wait = settings.max_wait_sec if settings.max_wait_sec > 0 else None
+        # Operator metrics (docs/observability.md): wait by reason, oldest waiter, re-prefill.
+        operator = metrics.operator
+        self._reason_wait_metric = operator.admission_reason_wait
+        self._reason_waits: dict[str, Any] = {}
+        self._reprefill = operator.reprefill_tokens.labels(name)
+        self._oldest_waiter = operator.oldest_waiter_seconds.labels(name)
+        self._oldest_waiter.set_function(self.oldest_waiter_age)
 
     # ------------------------------------------------------------------ acquire
 
@@ -207,6 +216,9 @@ class Gate:
                     view = self._view(record, attempt, allowance, bound, usage, start)
                 decision = self.policy.decide(view, usage, prefix, self.settings)
                 tokens = prefix.total_tokens if prefix is not None else None
+                if prefix is not None and record is not None and (
+                        self.settings.mode == "shadow" or isinstance(decision, Admit)):
+                    self._count_reprefill(record, prefix, usage)
                 if self.settings.mode == "shadow":
                     return self._grant_shadow(record, attempt, decision, start, tokens, bound)
                 if isinstance(decision, Admit):
@@ -318,6 +330,10 @@ class Gate:
             counter = self._admissions[reason] = self._metrics.admissions.labels(self.name, reason)
         counter.inc()
         self._wait_hist.observe(wait)
+        reason_wait = self._reason_waits.get(reason)
+        if reason_wait is None:
+            reason_wait = self._reason_waits[reason] = self._reason_wait_metric.labels(self.name, reason)
+        reason_wait.observe(wait)
         if record is not None:
             self._publish_reserved()
         if self._queue and attempt is not None and (attempt.queued or reason in (OPEN, ANONYMOUS)):
@@ -335,6 +351,7 @@ class Gate:
         if not attempt.queued:
             self._queue[attempt] = None
             attempt.queued = True
+            attempt.queued_at = self._now()
             self._pending_gauge.set(len(self._queue))
         now = self._now()
         timeout = self.settings.wait_poll_sec
@@ -470,11 +487,26 @@ class Gate:
             self.finish_session(key, REVOKED)
         self._purge(self._now())
         self._pending_gauge.set(0)
+        self._oldest_waiter.set_function(lambda: 0.0)  # let go of this gate
         for task in list(self._repricing):
             task.cancel()
         close_probe = getattr(self.probe, "close", None)
         if close_probe is not None:
             close_probe()
+
+    # ------------------------------------------------------------ operator metrics
+
+    def oldest_waiter_age(self) -> float:
+        """Seconds the longest-queued waiter has waited (0 when none); read at scrape time."""
+        oldest = next(iter(self._queue), None)  # the queue keeps arrival order
+        return max(0.0, self._now() - oldest.queued_at) if oldest is not None else 0.0
+
+    def _count_reprefill(self, record: SessionRecord, prefix: Any, usage: Any) -> None:
+        """Count the tokens this admitted turn prefills again (before its size is recorded)."""
+        block_size = usage.block_size if usage is not None else None
+        tokens = reprefill_tokens(record.prompt_tokens, prefix.total_tokens, prefix.hit_blocks, block_size)
+        if tokens:
+            self._reprefill.inc(tokens)
 
     # ------------------------------------------------------------ introspection
 

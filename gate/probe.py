@@ -105,6 +105,9 @@ class ReplicaProbe:
         self._seconds = {p: metrics.probe_seconds.labels(name, p) for p in ("kv", "prefix")}
         self._errors = {p: metrics.probe_errors.labels(name, p) for p in ("kv", "prefix")}
         self._usage_gauge = metrics.replica_kv_usage.labels(name)
+        # 1 while the replica answers the probe API, 0 on the /metrics fallback (gate degraded);
+        # no series until the replica has answered either way.
+        self._probe_api_gauge = metrics.operator.replica_probe_api
         self._last_error: str | None = None
         self._last_good: UsageReading | None = None  # the last reading a probe returned, and when
         self._last_good_at = float("-inf")
@@ -163,10 +166,14 @@ class ReplicaProbe:
         return reading
 
     def close(self) -> None:
-        """Cancel a refresh still in flight (the gate is going away)."""
+        """Cancel a refresh still in flight and drop the replica's series (the gate is going away)."""
         if self._inflight is not None:
             self._inflight.cancel()
             self._inflight = None
+        try:  # a replica that is gone must not keep a "probe API missing" alert firing
+            self._probe_api_gauge.remove(self.name)
+        except KeyError:
+            pass
 
     async def _read_usage(self) -> UsageReading | None:
         started = time.perf_counter()
@@ -196,8 +203,10 @@ class ReplicaProbe:
             if self._fallback_since is None:
                 log.info("replica %s has no %s; reading usage from %s", self.name, KV_PATH, METRICS_PATH)
             self._fallback_since = self._clock()
+            self._probe_api_gauge.labels(self.name).set(0)
             return await self._usage_from_metrics()
         self._fallback_since = None
+        self._probe_api_gauge.labels(self.name).set(1)
         return _parse(status, payload, parse_kv_answer)
 
     async def _usage_from_metrics(self) -> UsageReading:

@@ -15,6 +15,7 @@ import orjson
 
 from balancer import Balancer, ReplicaRegistry
 from balancer.health import HealthChecker
+from balancer.replica_metrics import ReplicaMetricsScraper
 from proxy.admin import AdminApi
 from proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
 from proxy.forward import Forwarder
@@ -55,6 +56,12 @@ class ProxyApp:
                                           api_key=settings.upstream.api_key)
                           if claims_ownership(settings) else None)
         self._health_checks = health_checks
+        # The replicas' own prefix-cache counters, mirrored into /metrics (docs/observability.md).
+        self.replica_metrics = ReplicaMetricsScraper(self.registry, metrics)
+        metrics.registry.register(self.replica_metrics)
+        if settings.role != FRONT_DOOR:  # a front door's replicas are kvgates: nothing of vLLM's to mirror
+            self.health.add_round(self.replica_metrics.read_all)
+        metrics.operator  # the operator series exist from the first scrape
         self.admin = (AdminApi(settings.admin.token, self.registry, admission, self.clients, self.sessions)
                       if settings.admin.token else None)
         self._routes = {r.path: r for r in ROUTES}

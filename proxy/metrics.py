@@ -84,3 +84,50 @@ class KvgateMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+# ---------------------------------------------------------------- operator metrics (issue 13)
+# Added for the dashboard and alert rules in docker/grafana and docker/prometheus
+# (docs/observability.md). Kept as a separate block so other branches' additions merge.
+
+class OperatorMetrics:
+    """The metrics an operator's dashboard and alerts read, beyond SPEC.md section 9.
+
+    Gate-side series are labelled by replica (and admission reason); the replicas'
+    own counters, mirrored by `balancer.replica_metrics.ReplicaMetricsScraper`, are
+    exported by that scraper's collector on the same registry.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.admission_reason_wait = Histogram(
+            "kvgate_admission_reason_wait_seconds", "Time a request was held at the gate, by admission reason.",
+            ["replica", "reason"], buckets=WAIT_BUCKETS, registry=r)
+        self.oldest_waiter_seconds = Gauge(
+            "kvgate_oldest_waiter_seconds", "How long the oldest request waiting at the gate has waited (0: none).",
+            ["replica"], registry=r)
+        self.reprefill_tokens = Counter(
+            "kvgate_reprefill_tokens_estimated",
+            "Prompt tokens a session had prefilled on its replica before, found evicted by the prefix probe "
+            "when its next turn was admitted (a lower bound: only probed turns count).",
+            ["replica"], registry=r)
+        self.replica_probe_api = Gauge(
+            "kvgate_replica_probe_api", "1 while the replica answers the probe API; 0 on the /metrics fallback "
+            "(the gate is degraded: no block counts, no prefix probe).", ["replica"], registry=r)
+
+
+def _operator_metrics(self: KvgateMetrics) -> OperatorMetrics:
+    """`metrics.operator`: built on first use, on the app's own registry.
+
+    A property attached from outside the class, rather than a line in
+    `KvgateMetrics.__init__`, so branches that add metrics there merge without
+    conflicts. The proxy app touches it when it is built, so the series exist from
+    the first scrape.
+    """
+    operator = self.__dict__.get("_operator")
+    if operator is None:
+        operator = self.__dict__["_operator"] = OperatorMetrics(self.registry)
+    return operator
+
+
+KvgateMetrics.operator = property(_operator_metrics)

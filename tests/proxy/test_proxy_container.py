@@ -150,3 +150,39 @@ def test_compose_tiers_gate_per_replica_and_front_doors_agree():
     (listed,) = lists
     assert sorted(listed) == sorted((gate_names[url], url) for url in gate_names)  # named like the gate's replica
     assert all(s.gate.mode == "off" for s in doors.values())
+
+
+def test_compose_observability_services_mount_files_that_exist_and_agree():
+    """Prometheus and Grafana in the compose example (docs/observability.md): every mounted
+    file exists, Prometheus scrapes the compose services kvgate and vllm at their ports and
+    loads the rules where they are mounted, Grafana's datasource is that Prometheus and its
+    dashboard provider reads the directory the dashboard is mounted in."""
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    services = compose["services"]
+    mounts = {}
+    for name in ("prometheus", "grafana"):
+        for volume in services[name]["volumes"]:
+            source, target = volume.split(":")[:2]
+            assert (DOCKER / source).exists(), f"{name} mounts missing {source}"
+            mounts[target] = DOCKER / source
+    prometheus = yaml.safe_load(mounts["/etc/prometheus/prometheus.yml"].read_text())
+    assert all(path in mounts for path in prometheus["rule_files"])
+    targets = {t for job in prometheus["scrape_configs"] for c in job["static_configs"] for t in c["targets"]}
+    kvgate_port = load_settings(None, {"KVGATE_LISTEN__HOST": "0.0.0.0"}).listen.port
+    vllm_port = services["vllm"]["command"][services["vllm"]["command"].index("--port") + 1]
+    assert targets == {f"kvgate:{kvgate_port}", f"vllm:{vllm_port}"}
+    vllm_job = next(j for j in prometheus["scrape_configs"] if j["job_name"] == "vllm")
+    kvgate_env = services["kvgate"]["environment"]
+    replica_names = {r.name for r in load_settings(None, {"KVGATE_REPLICAS": kvgate_env["KVGATE_REPLICAS"]}).replicas}
+    assert {c["labels"]["replica"] for c in vllm_job["static_configs"]} <= replica_names
+    assert services["prometheus"]["ports"] == ["9090:9090"]  # the port Grafana's datasource uses
+
+    provisioning = mounts["/etc/grafana/provisioning"]
+    datasource = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"][0]
+    assert datasource["type"] == "prometheus" and datasource["url"] == "http://prometheus:9090"
+    provider = yaml.safe_load((provisioning / "dashboards" / "kvgate.yml").read_text())["providers"][0]
+    dashboard_path = next(t for t in mounts if t.endswith("kvgate.json"))
+    assert dashboard_path.startswith(provider["options"]["path"].rstrip("/") + "/")
+    dashboard = json.loads(mounts[dashboard_path].read_text())
+    assert dashboard["uid"] == "kvgate"
+    assert services["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"] == dashboard_path
