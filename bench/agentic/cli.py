@@ -92,6 +92,9 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                           metavar="N" if kind is int else "X")
     work.add_argument("--shared-system-prompt", choices=("yes", "no"), default=None,
                       help="one system prompt for all sessions (yes) or one each (no)")
+    work.add_argument("--send-finish", choices=("yes", "no"), default=None,
+                      help="the last turn carries x-session-finish (yes) or no turn does (no: a client "
+                           "that never says its session ended)")
     shape = parser.add_argument_group("simulated replicas (overrides the regime; `kvgate replica` options)")
     for name, (kind, text) in _SHAPE_OPTIONS.items():
         shape.add_argument("--" + name.replace("_", "-"), type=kind, default=None, dest="r_" + name, help=text,
@@ -130,6 +133,8 @@ def build_plan(args) -> tuple[RunPlan, str]:
     spec = regime.workload.replace(**_overrides(args, "w_", _WORKLOAD_OPTIONS))
     if args.shared_system_prompt is not None:
         spec = spec.replace(shared_system_prompt=args.shared_system_prompt == "yes")
+    if args.send_finish is not None:
+        spec = spec.replace(send_finish=args.send_finish == "yes")
     shape = replace(regime.shape, **_overrides(args, "r_", _SHAPE_OPTIONS))
     knobs = {**regime.gate, **_overrides(args, "g_", _GATE_OPTIONS)}
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())

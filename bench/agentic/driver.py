@@ -3,7 +3,8 @@
 A pool of `spec.concurrency` workers takes sessions in index order (a rolling rollout:
 when a session ends, the next one starts; session i never before i * start_interval_s). Each turn is one streaming
 `/v1/chat/completions` request carrying the session id header; the last turn also
-carries the finish header, as a rollout client that knows its episode ended would.
+carries the finish header, as a rollout client that knows its episode ended would
+(unless the workload's `send_finish` is off: then no turn carries it).
 
 Retries: a turn planned with `retry_after_s` is re-sent if its first attempt has not
 answered after that delay. The session continues with whichever attempt completes
@@ -149,7 +150,7 @@ class WorkloadDriver:
             "stream_options": {"include_usage": True},
         }
         headers = {SESSION_HEADER: session.session_id}
-        if turn.index == len(session.turns):
+        if turn.index == len(session.turns) and self.workload.spec.send_finish:
             headers[FINISH_HEADER] = "true"
         payload = orjson.dumps(body)
         start = self.now()

@@ -28,6 +28,11 @@ class Regime:
     shape: ReplicaShape
     replicas: int = 2
     gate: dict = field(default_factory=dict)  # gate knobs shared by the kvgate modes
+    # For --replica-url regimes: the random-weight model preset of
+    # tests/vllm/scripts/build_tiny_model.py the vLLM server should serve ("tiny" or
+    # "prefill"); `shape` then gives the server's cache flags (num_blocks + 1 blocks,
+    # one is vLLM's null block). tests/vllm/scripts/run_vllm_bench.py starts it.
+    vllm_model: str | None = None
 
 
 def _thrash_workload(**changes) -> WorkloadSpec:
@@ -42,6 +47,20 @@ def _thrash_workload(**changes) -> WorkloadSpec:
 
 _SMALL_CACHE = ReplicaShape(num_blocks=512, block_size=16, max_num_seqs=64,
                             max_num_batched_tokens=2048, max_model_len=8192, time_scale=1.5)
+
+# The real-vLLM regimes' server: 64 blocks of 32 tokens (63 usable), 8 sequences.
+_VLLM_CACHE = ReplicaShape(num_blocks=63, block_size=32, max_num_seqs=8, max_num_batched_tokens=2048,
+                           max_model_len=2016, time_scale=1.0)
+_VLLM_SMALL_WORKLOAD = WorkloadSpec(
+    sessions=16, concurrency=8, turns_min=5, turns_max=7, system_prompt_words=20,
+    shared_system_prompt=False, task_words=10, tool_result_words_min=40, tool_result_words_max=60,
+    reply_tokens=8, tool_latency_median_s=0.05, tool_latency_sigma=0.5)
+# Contexts of ~250 tokens growing ~170 a turn to ~1,100: one full re-prefill (~0.3-1 s
+# on 2 cores) outweighs a turn's 8 decode steps; tool calls of ~0.3 s, as in issue 9.
+_VLLM_PREFILL_WORKLOAD = WorkloadSpec(
+    sessions=12, concurrency=6, turns_min=4, turns_max=6, system_prompt_words=40,
+    shared_system_prompt=False, task_words=10, tool_result_words_min=25, tool_result_words_max=40,
+    reply_tokens=8, tool_latency_median_s=0.3, tool_latency_sigma=0.5)
 
 REGIMES: dict[str, Regime] = {
     "no-pressure": Regime(
@@ -77,14 +96,40 @@ REGIMES: dict[str, Regime] = {
         "vllm-small",
         "for --replica-url against the tiny real-vLLM CPU server (block 32, 64 blocks, ~3 tokens "
         "per word): 8 sessions at once need ~2.5x its 2016-token cache",
-        WorkloadSpec(sessions=16, concurrency=8, turns_min=5, turns_max=7, system_prompt_words=20,
-                     shared_system_prompt=False, task_words=10, tool_result_words_min=40,
-                     tool_result_words_max=60, reply_tokens=8, tool_latency_median_s=0.05,
-                     tool_latency_sigma=0.5),
-        ReplicaShape(num_blocks=63, block_size=32, max_num_seqs=8, max_num_batched_tokens=2048,
-                     max_model_len=2016, time_scale=1.0),
+        _VLLM_SMALL_WORKLOAD,
+        _VLLM_CACHE,
         replicas=1,
         gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
+        vllm_model="tiny",
+    ),
+    "vllm-small-no-finish": Regime(
+        "vllm-small-no-finish",
+        "vllm-small, and no turn carries x-session-finish (an agent on a plain OpenAI SDK)",
+        _VLLM_SMALL_WORKLOAD.replace(send_finish=False),
+        _VLLM_CACHE,
+        replicas=1,
+        gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
+        vllm_model="tiny",
+    ),
+    "vllm-prefill": Regime(
+        "vllm-prefill",
+        "for --replica-url against the prefill-bound real-vLLM CPU server (8 layers of width 512, "
+        "block 32, 64 blocks, ~4.5 tokens per word): a cold re-prefill of a context costs more than "
+        "a turn's decode, and 6 sessions at once need ~2x the 2016-token cache",
+        _VLLM_PREFILL_WORKLOAD,
+        _VLLM_CACHE,
+        replicas=1,
+        gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
+        vllm_model="prefill",
+    ),
+    "vllm-prefill-no-finish": Regime(
+        "vllm-prefill-no-finish",
+        "vllm-prefill, and no turn carries x-session-finish (an agent on a plain OpenAI SDK)",
+        _VLLM_PREFILL_WORKLOAD.replace(send_finish=False),
+        _VLLM_CACHE,
+        replicas=1,
+        gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
+        vllm_model="prefill",
     ),
     "tiny": Regime(
         "tiny",

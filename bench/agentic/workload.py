@@ -52,6 +52,9 @@ class WorkloadSpec:
     retry_prob: float = 0.0  # share of turns re-sent before their answer came back
     retry_after_s_min: float = 0.005
     retry_after_s_max: float = 0.05
+    # The last turn carries `x-session-finish: true`. False: the client never says a
+    # session ended (an agent on a plain OpenAI SDK), so the gate must notice by itself.
+    send_finish: bool = True
 
     def validate(self) -> None:
         """Raise ValueError naming the first field that cannot describe a workload."""
