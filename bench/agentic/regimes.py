@@ -99,7 +99,7 @@ REGIMES: dict[str, Regime] = {
         _VLLM_SMALL_WORKLOAD,
         _VLLM_CACHE,
         replicas=1,
-        gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
+        gate={},  # the default gate, as issue 9 measures it
         vllm_model="tiny",
     ),
     "vllm-small-no-finish": Regime(
@@ -108,7 +108,7 @@ REGIMES: dict[str, Regime] = {
         _VLLM_SMALL_WORKLOAD.replace(send_finish=False),
         _VLLM_CACHE,
         replicas=1,
-        gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
+        gate={},  # the default gate, as issue 9 measures it
         vllm_model="tiny",
     ),
     "vllm-prefill": Regime(
@@ -119,7 +119,7 @@ REGIMES: dict[str, Regime] = {
         _VLLM_PREFILL_WORKLOAD,
         _VLLM_CACHE,
         replicas=1,
-        gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
+        gate={},  # the default gate, as issue 9 measures it
         vllm_model="prefill",
     ),
     "vllm-prefill-no-finish": Regime(
@@ -128,7 +128,7 @@ REGIMES: dict[str, Regime] = {
         _VLLM_PREFILL_WORKLOAD.replace(send_finish=False),
         _VLLM_CACHE,
         replicas=1,
-        gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
+        gate={},  # the default gate, as issue 9 measures it
         vllm_model="prefill",
     ),
     "tiny": Regime(
