@@ -2,8 +2,9 @@
 
 The same multi-turn workload (8 sessions x 8 turns, ~60 new prompt tokens a turn,
 contexts of ~400-900 tokens that together outgrow the 63-usable-block x 32-token
-cache about 2.5x) runs twice on one server, with the prefix cache reset before each
-run: once straight to vLLM, once through ``kvgate serve`` with the default gate.
+cache about 2.5x) runs on one server, with the prefix cache reset before each run:
+straight to vLLM, then through a fresh ``kvgate serve`` with the default gate, for
+``ROUNDS`` interleaved rounds (2; ``KVGATE_E2E_ROUNDS``) with one seed per round.
 No turn carries ``x-session-finish``: the sessions end silently, as an agent built on
 a plain OpenAI SDK does, so the gate has to notice by itself that a session is over.
 
@@ -14,14 +15,15 @@ as it is for agent contexts on GPUs. (On the tiny model re-prefill costs about
 nothing, so a gate that gives up little may rightly admit everything.)
 
 Two assertions, from vLLM's own counters and the client's clock:
-- the hit rate (``vllm:prefix_cache_hits_total`` over ``..._queries_total``, deltas)
-  is at least twice the direct one and at least ``MIN_GATED_HIT_RATE``: half of the
+- the hit rate, averaged over the rounds (``vllm:prefix_cache_hits_total`` over
+  ``..._queries_total``, deltas), is at least twice the direct one and at least ``MIN_GATED_HIT_RATE``: half of the
   ~0.80 that two sessions alone reach on this cache (measured), since direct often
   thrashes down to near 0, where "twice" proves nothing;
-- the makespan is at most ``MAX_MAKESPAN_VS_DIRECT`` x the direct one (issue 9). A
-  gate that holds sessions back for a window that outlives them fails this by minutes.
-  Each run is ~30 s of prefill-bound work, and the server is warmed up first, so the
-  fixed overheads (startup, HTTP, the proxy) stay far below the 10% margin.
+- the makespan, summed over the rounds, is at most ``MAX_MAKESPAN_VS_DIRECT`` x the
+  direct one (issue 9). A gate that holds sessions back for a window that outlives
+  them fails this by minutes. Each run is tens of seconds of prefill-bound work, the
+  server is warmed up first and the rounds interleave, so fixed overheads (HTTP, the
+  proxy) and bursts of other load on the machine stay well below the 10% margin.
 Run with ``-s`` to see the numbers.
 """
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +46,8 @@ MIN_GATED_HIT_RATE = 0.40
 MAX_MAKESPAN_VS_DIRECT = 1.1
 # The default policy unless overridden, for comparing policies by hand.
 GATE_POLICY = os.environ.get("KVGATE_E2E_POLICY", "contract")
+# Rounds of (direct, kvgate), interleaved; walls are summed and hit rates averaged.
+ROUNDS = int(os.environ.get("KVGATE_E2E_ROUNDS", "2"))
 
 
 def measured_run(server, base_url: str, seed: int, shape: WorkloadShape = SHAPE):
@@ -62,6 +67,20 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
+def gated_run(server, tmp_path: Path, seed: int):
+    """A measured run through a fresh ``kvgate serve`` with the default gate (policy aside)."""
+    config = tmp_path / f"kvgate-{seed}.yaml"
+    proxy = KvgateProxy(config_path=config, log_path=tmp_path / f"kvgate-{seed}.log", port=free_port())
+    KvgateProxy.write_config(config, proxy.port, server.url, {"mode": "enforce", "policy": GATE_POLICY})
+    proxy.start()
+    try:
+        result, hit_rate = measured_run(server, proxy.url, seed=seed)
+    finally:
+        proxy.stop()
+    assert not result.failures, result.failures[:3] + [proxy.log_tail()]
+    return result, hit_rate
+
+
 def test_kvgate_doubles_the_hit_rate_and_is_no_slower_without_finish_headers(vllm_prefill_server, tmp_path):
     server = vllm_prefill_server
     # Warm-up: vLLM's first batches of a new shape are slow; whichever run came first would pay it.
@@ -69,42 +88,41 @@ def test_kvgate_doubles_the_hit_rate_and_is_no_slower_without_finish_headers(vll
                              shape=WorkloadShape(model="prefill", sessions=4, turns=2, tool_latency_sec=0.0))
     assert not warmup.failures, warmup.failures[:3]
 
-    direct, direct_hit_rate = measured_run(server, server.url, seed=1)
-    assert not direct.failures, direct.failures[:3]
+    direct_runs, gated_runs = [], []
+    for round_index in range(ROUNDS):  # interleaved, so a burst of load elsewhere hits both alike
+        seed = 1 + round_index
+        direct_runs.append(measured_run(server, server.url, seed=seed))
+        assert not direct_runs[-1][0].failures, direct_runs[-1][0].failures[:3]
+        gated_runs.append(gated_run(server, tmp_path, seed))
 
-    config = tmp_path / "kvgate.yaml"
-    proxy = KvgateProxy(config_path=config, log_path=tmp_path / "kvgate.log", port=free_port())
-    KvgateProxy.write_config(config, proxy.port, server.url, {"mode": "enforce", "policy": GATE_POLICY})
-    proxy.start()
-    try:
-        gated, gated_hit_rate = measured_run(server, proxy.url, seed=1)
-    finally:
-        proxy.stop()
-    assert not gated.failures, gated.failures[:3] + [proxy.log_tail()]
-
-    total_turns = SHAPE.sessions * SHAPE.turns
-    makespan_ratio = gated.wall_sec / direct.wall_sec
+    direct_wall = sum(result.wall_sec for result, _ in direct_runs)
+    gated_wall = sum(result.wall_sec for result, _ in gated_runs)
+    direct_hit_rate = sum(rate for _, rate in direct_runs) / ROUNDS
+    gated_hit_rate = sum(rate for _, rate in gated_runs) / ROUNDS
+    makespan_ratio = gated_wall / direct_wall
+    admissions = sum((result.admissions for result, _ in gated_runs), Counter())
+    waits = [w for result, _ in gated_runs for w in result.wait_ms]
     print(
-        f"\n[e2e] {SHAPE.sessions} sessions x {SHAPE.turns} turns, no finish header, on "
+        f"\n[e2e] {ROUNDS} rounds of {SHAPE.sessions} sessions x {SHAPE.turns} turns, no finish header, on "
         f"{server.num_blocks - 1} usable x {server.block_size}-token blocks, model {SHAPE.model}, "
         f"gate policy {GATE_POLICY}\n"
-        f"[e2e] direct: hit rate {direct_hit_rate:.3f}, wall {direct.wall_sec:.1f}s, "
-        f"turn p50 {percentile(direct.turn_sec, 0.5):.2f}s\n"
-        f"[e2e] kvgate: hit rate {gated_hit_rate:.3f}, wall {gated.wall_sec:.1f}s "
-        f"({makespan_ratio:.2f}x direct), turn p50 {percentile(gated.turn_sec, 0.5):.2f}s, "
-        f"admissions {dict(Counter(gated.admissions))}, "
-        f"wait p50/p95 {percentile(gated.wait_ms, 0.5):.0f}/{percentile(gated.wait_ms, 0.95):.0f} ms"
+        f"[e2e] direct: hit rates {[round(rate, 3) for _, rate in direct_runs]}, "
+        f"walls {[round(result.wall_sec, 1) for result, _ in direct_runs]} s\n"
+        f"[e2e] kvgate: hit rates {[round(rate, 3) for _, rate in gated_runs]}, "
+        f"walls {[round(result.wall_sec, 1) for result, _ in gated_runs]} s ({makespan_ratio:.2f}x direct), "
+        f"admissions {dict(admissions)}, wait p50/p95 {percentile(waits, 0.5):.0f}/{percentile(waits, 0.95):.0f} ms"
     )
-    assert direct.turns_ok == gated.turns_ok == total_turns
-    assert gated.admissions, "no x-kvgate-admission header: did the requests go through kvgate?"
+    total_turns = SHAPE.sessions * SHAPE.turns
+    assert all(result.turns_ok == total_turns for result, _ in direct_runs + gated_runs)
+    assert admissions, "no x-kvgate-admission header: did the requests go through kvgate?"
     assert gated_hit_rate >= max(2 * direct_hit_rate, MIN_GATED_HIT_RATE), (
         f"kvgate hit rate {gated_hit_rate:.3f} is not at least twice the direct {direct_hit_rate:.3f} "
         f"and at least {MIN_GATED_HIT_RATE}; "
-        f"admission reasons {dict(gated.admissions)} (all 'open' means no gate held anything back: "
+        f"admission reasons {dict(admissions)} (all 'open' means no gate held anything back: "
         "is the gate wired into `kvgate serve` and does its policy price reserved sessions' blocks?)"
     )
     assert makespan_ratio <= MAX_MAKESPAN_VS_DIRECT, (
-        f"kvgate took {gated.wall_sec:.1f}s, {makespan_ratio:.2f}x the direct {direct.wall_sec:.1f}s "
-        f"(allowed {MAX_MAKESPAN_VS_DIRECT}x); gate wait p95 {percentile(gated.wait_ms, 0.95):.0f} ms: "
+        f"kvgate took {gated_wall:.1f}s, {makespan_ratio:.2f}x the direct {direct_wall:.1f}s "
+        f"(allowed {MAX_MAKESPAN_VS_DIRECT}x); gate wait p95 {percentile(waits, 0.95):.0f} ms: "
         "do windows of sessions that went quiet without x-session-finish outlive them?"
     )
