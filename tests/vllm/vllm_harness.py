@@ -223,16 +223,20 @@ def start_service(command: list[str], log_path: Path, ready_url: str, timeout: f
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    cwd=str(cwd or log_path.parent), start_new_session=True)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode} while starting:\n{log_tail(log_path)}")
-        try:
-            with urllib.request.urlopen(ready_url, timeout=5) as response:
-                if response.status == 200:
-                    return process
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            pass
-        time.sleep(poll)
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"{what} exited with {process.returncode} while starting:\n{log_tail(log_path)}")
+            try:
+                with urllib.request.urlopen(ready_url, timeout=5) as response:
+                    if response.status == 200:
+                        return process
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(poll)
+    except BaseException:  # Ctrl-C or SIGTERM while starting: the caller never gets the process to stop
+        stop_process_group(process)
+        raise
     stop_process_group(process)
     raise RuntimeError(f"{what} was not ready within {timeout}s:\n{log_tail(log_path)}")
 

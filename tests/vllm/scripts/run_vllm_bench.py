@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vllm: the 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo: bench, proxy
 
 from bench.agentic.regimes import REGIMES  # noqa: E402
-from vllm_harness import REPO_ROOT, VllmServer, ensure_model, ensure_vllm_venv  # noqa: E402
+from vllm_harness import REPO_ROOT, VllmServer, ensure_model, ensure_vllm_venv, stop_process_group  # noqa: E402
 
 VLLM_REGIMES = sorted(name for name, regime in REGIMES.items() if regime.vllm_model)
 
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-log", type=Path, default=None,
                         help="the server's log file (default: a temporary folder, printed)")
     args, bench_args = parser.parse_known_args(argv)
+    # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the finally blocks stop both groups.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     python = ensure_vllm_venv()
     model_dir = ensure_model(python, REGIMES[args.regime].vllm_model)
     log_path = args.vllm_log or Path(tempfile.mkdtemp(prefix="kvgate-vllm-")) / "vllm.log"
@@ -62,7 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         command = [sys.executable, "-m", "bench.agentic", "--regime", args.regime,
                    "--replica-url", server.url, *bench_args]
         print(f"[run_vllm_bench] {shlex.join(command)}", flush=True)
-        return subprocess.run(command, cwd=REPO_ROOT).returncode
+        # Its own process group: stopping it also stops the kvgate proxies it started.
+        bench = subprocess.Popen(command, cwd=REPO_ROOT, start_new_session=True)
+        try:
+            return bench.wait()
+        finally:
+            stop_process_group(bench, grace=15)
     finally:
         server.stop()
 
