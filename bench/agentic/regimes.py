@@ -62,6 +62,17 @@ _VLLM_PREFILL_WORKLOAD = WorkloadSpec(
     shared_system_prompt=False, task_words=10, tool_result_words_min=25, tool_result_words_max=40,
     reply_tokens=8, tool_latency_median_s=0.3, tool_latency_sigma=0.5)
 
+
+def _real_vllm_pair(name: str, description: str, workload: WorkloadSpec, model: str) -> dict[str, Regime]:
+    """`name` (the last turn carries x-session-finish) and `name`-no-finish (no turn does: an
+    agent on a plain OpenAI SDK), both against one given vLLM server with the default gate."""
+    regime = Regime(name, description, workload, _VLLM_CACHE, replicas=1, gate={}, vllm_model=model)
+    silent = Regime(f"{name}-no-finish", f"{name}, and no turn carries x-session-finish (an agent on a "
+                    "plain OpenAI SDK)", workload.replace(send_finish=False), _VLLM_CACHE, replicas=1,
+                    gate={}, vllm_model=model)
+    return {name: regime, silent.name: silent}
+
+
 REGIMES: dict[str, Regime] = {
     "no-pressure": Regime(
         "no-pressure",
@@ -92,45 +103,17 @@ REGIMES: dict[str, Regime] = {
         _SMALL_CACHE,
         gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
     ),
-    "vllm-small": Regime(
+    **_real_vllm_pair(
         "vllm-small",
         "for --replica-url against the tiny real-vLLM CPU server (block 32, 64 blocks, ~3 tokens "
         "per word): 8 sessions at once need ~2.5x its 2016-token cache",
-        _VLLM_SMALL_WORKLOAD,
-        _VLLM_CACHE,
-        replicas=1,
-        gate={},  # the default gate, as issue 9 measures it
-        vllm_model="tiny",
-    ),
-    "vllm-small-no-finish": Regime(
-        "vllm-small-no-finish",
-        "vllm-small, and no turn carries x-session-finish (an agent on a plain OpenAI SDK)",
-        _VLLM_SMALL_WORKLOAD.replace(send_finish=False),
-        _VLLM_CACHE,
-        replicas=1,
-        gate={},  # the default gate, as issue 9 measures it
-        vllm_model="tiny",
-    ),
-    "vllm-prefill": Regime(
+        _VLLM_SMALL_WORKLOAD, "tiny"),
+    **_real_vllm_pair(
         "vllm-prefill",
         "for --replica-url against the prefill-bound real-vLLM CPU server (8 layers of width 512, "
         "block 32, 64 blocks, ~4.5 tokens per word): a cold re-prefill of a context costs more than "
         "a turn's decode, and 6 sessions at once need ~2x the 2016-token cache",
-        _VLLM_PREFILL_WORKLOAD,
-        _VLLM_CACHE,
-        replicas=1,
-        gate={},  # the default gate, as issue 9 measures it
-        vllm_model="prefill",
-    ),
-    "vllm-prefill-no-finish": Regime(
-        "vllm-prefill-no-finish",
-        "vllm-prefill, and no turn carries x-session-finish (an agent on a plain OpenAI SDK)",
-        _VLLM_PREFILL_WORKLOAD.replace(send_finish=False),
-        _VLLM_CACHE,
-        replicas=1,
-        gate={},  # the default gate, as issue 9 measures it
-        vllm_model="prefill",
-    ),
+        _VLLM_PREFILL_WORKLOAD, "prefill"),
     "tiny": Regime(
         "tiny",
         "a few short sessions on small replicas: seconds, for the end-to-end test",

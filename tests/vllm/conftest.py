@@ -26,15 +26,21 @@ def tiny_model(vllm_python: Path) -> Path:
     return ensure_tiny_model(vllm_python)
 
 
-@pytest.fixture(scope="session")
-def vllm_server(vllm_python: Path, tiny_model: Path, tmp_path_factory) -> VllmServer:
-    log_dir = tmp_path_factory.mktemp("vllm-server")
-    server = VllmServer(python=vllm_python, model_dir=tiny_model, log_path=log_dir / "vllm.log")
+def _served(python: Path, model_dir: Path, tmp_path_factory, served_model_name: str):
+    """One started server for the test session, stopped (with its process group) at its end."""
+    log_dir = tmp_path_factory.mktemp(f"vllm-{served_model_name}-server")
+    server = VllmServer(python=python, model_dir=model_dir, log_path=log_dir / "vllm.log",
+                        served_model_name=served_model_name)
     server.start()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_python: Path, tiny_model: Path, tmp_path_factory) -> VllmServer:
+    yield from _served(vllm_python, tiny_model, tmp_path_factory, "tiny")
 
 
 @pytest.fixture(scope="session")
@@ -45,11 +51,4 @@ def prefill_model(vllm_python: Path) -> Path:
 @pytest.fixture(scope="session")
 def vllm_prefill_server(vllm_python: Path, prefill_model: Path, tmp_path_factory) -> VllmServer:
     """The prefill-bound model on the tiny server's cache shape (64 x 32-token blocks)."""
-    log_dir = tmp_path_factory.mktemp("vllm-prefill-server")
-    server = VllmServer(python=vllm_python, model_dir=prefill_model, log_path=log_dir / "vllm.log",
-                        served_model_name="prefill")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _served(vllm_python, prefill_model, tmp_path_factory, "prefill")
