@@ -142,11 +142,11 @@ class _TimedLease:
         self.lease, self.samples = lease, samples
         self.reason, self.wait_ms = lease.reason, lease.wait_ms
 
-    def release(self) -> None:
+    def release(self, served: bool = True) -> None:
         if self.lease.released:
             return
         started = time.perf_counter()
-        self.lease.release()
+        self.lease.release(served)
         self.samples.append(time.perf_counter() - started)
 
 

@@ -9,11 +9,22 @@ state change goes through a `SessionBook` method, which keeps these invariants:
 - `records` holds exactly the live records; `idle` holds, in the order they became
   idle, exactly those with no lease in flight and no attempt acquiring.
 - A record is *ended* (removed, returned to the caller for metrics) when it is idle
-  and either finished or idle for `grace` seconds. Expired records are purged lazily:
-  `purge(now)` pops from the front of `idle` (O(1) per ended record).
+  and either finished or idle for `grace` seconds. An idle window ends earlier, when
+  its session has gone quiet: at `quiet_deadline`, `idle_since` + `quiet_lifetime`
+  of the session's recent gaps between turns (its own, else the replica's mean),
+  never later than `grace` (the record then lives on, without its window, until
+  `grace`). Expired records and windows are purged lazily: `purge(now)` pops due
+  deadlines from a heap (O(log n) per deadline; entries of a record that became
+  active again are stale and skipped).
+- A session's *gap* is the time from the end of its last turn (its last lease
+  released) to the start of its next attempt; `gap_ewma` / `last_gap` are the
+  session's, `replica_gap_ewma` the replica's over every session.
+- Every window that ends is counted under its cause in `window_ends` (finish, quiet,
+  grace, lost, revoked); `take_window_ends()` hands the new ones to the shell.
+- `leases` counts every lease not yet released, anonymous ones included;
+  `idle_since_replica` is when it last dropped to 0 (None while a lease is out).
 - `reserved_in_flight`, `reserved_idle` count reserved records with / without a lease
   in flight; `idle_reserved_blocks` sums the resident blocks of the reserved idle ones.
-- `leases` counts every lease not yet released, anonymous ones included.
 - `windows` holds exactly the reserved records, in the order their ownership began
   (a window that ends and begins again goes to the back). A record's
   `resident_blocks` is its window's footprint; `window_blocks` sums them, and
@@ -27,11 +38,21 @@ state change goes through a `SessionBook` method, which keeps these invariants:
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from gate.policies import Admit, GateView
+from gate.policies import Admit, GateView, quiet_lifetime
+
+# Window-end causes (kvgate_window_ends_total{cause}).
+FINISH = "finish"  # x-session-finish or POST /admin/sessions/{id}/finish
+QUIET = "quiet"  # idle well past the session's usual gap between turns
+GRACE = "grace"  # idle for idle_grace_sec (the ceiling of the quiet lifetime)
+LOST = "lost"  # contract policy: no longer fits behind the older windows
+REVOKED = "revoked"  # the turn that opened it served no prompt, its prompt can never fit, or the replica left
+WINDOW_END_CAUSES = (FINISH, QUIET, GRACE, LOST, REVOKED)
+GAP_EWMA_WEIGHT = 0.5  # weight of the newest gap: a session's rhythm follows its recent turns
 
 
 @dataclass(slots=True, eq=False)
@@ -49,6 +70,13 @@ class SessionRecord:
     prompt_tokens: int | None = None  # prompt tokens of the last admitted turn with a prefix reading
     growth_tokens: int = 0  # tokens its prompt grew by between its last two such turns
     prompt_bound: int | None = None  # the body-length bound of the turn `prompt_tokens` was read for
+    turn_ended_at: float | None = None  # when its last lease was released (a gap starts)
+    gap_ewma: float | None = None  # its gaps between turns: smoothed, and the last one
+    last_gap: float | None = None
+    quiet_deadline: float | None = None  # while idle with a window: when the window ends
+    idle_gen: int = 0  # bumped at every idle period: heap entries of older periods are stale
+    opener: Any = None  # the attempt whose admission opened the window, until a turn of it is served
+    last_window_end: str | None = None  # the cause its last window ended with
 
     @property
     def is_idle(self) -> bool:
@@ -56,8 +84,16 @@ class SessionRecord:
 
 
 class SessionBook:
-    def __init__(self, grace: float) -> None:
+    def __init__(self, grace: float, quiet_factor: float = 4.0, quiet_floor: float = 0.5) -> None:
         self.grace = grace
+        self.quiet_factor = quiet_factor
+        self.quiet_floor = quiet_floor
+        self._deadlines: list[tuple[float, int, str, int]] = []  # (when, seq, key, idle_gen)
+        self._seq = 0
+        self.replica_gap_ewma: float | None = None
+        self.window_ends: dict[str, int] = {cause: 0 for cause in WINDOW_END_CAUSES}
+        self._new_window_ends: list[str] = []
+        self.idle_since_replica: float | None = 0.0
         self.records: dict[str, SessionRecord] = {}
         self.idle: OrderedDict[str, SessionRecord] = OrderedDict()
         self.reserved_in_flight = 0
@@ -88,12 +124,42 @@ class SessionBook:
                 self.idle_reserved_blocks += rec.resident_blocks
         if rec.is_idle:
             rec.idle_since = now
+            rec.idle_gen += 1
             self.idle[rec.key] = rec
+            rec.quiet_deadline = None
+            if rec.reserved:
+                rec.quiet_deadline = now + self.quiet_lifetime(rec)
+                self._schedule(rec, rec.quiet_deadline)
+            self._schedule(rec, now + self.grace)
+
+    def _schedule(self, rec: SessionRecord, when: float) -> None:
+        self._seq += 1
+        heapq.heappush(self._deadlines, (when, self._seq, rec.key, rec.idle_gen))
+
+    def quiet_lifetime(self, rec: SessionRecord) -> float:
+        """How long the record's window may stay idle (`policies.quiet_lifetime`)."""
+        gap = rec.gap_ewma if rec.last_gap is None else max(rec.gap_ewma or 0.0, rec.last_gap)
+        return quiet_lifetime(gap, self.replica_gap_ewma, self.quiet_factor, self.quiet_floor, self.grace)
+
+    def _window_ended(self, cause: str, rec: SessionRecord) -> None:
+        rec.last_window_end = cause
+        rec.opener = None
+        self.window_ends[cause] += 1
+        self._new_window_ends.append(cause)
+
+    def take_window_ends(self) -> list[str]:
+        """The causes of the windows ended since the last call (for the shell's metrics)."""
+        ended, self._new_window_ends = self._new_window_ends, []
+        return ended
 
     def _end(self, rec: SessionRecord) -> SessionRecord:
         self._leave(rec)
         self.windows.pop(rec.key, None)  # rec.reserved stays: the caller reads it
+        if rec.reserved:
+            self._window_ended(GRACE, rec)
         del self.records[rec.key]
+        if not self.records:
+            self._deadlines.clear()
         return rec
 
     def _set_reserved(self, rec: SessionRecord, reserved: bool) -> None:
@@ -166,6 +232,9 @@ class SessionBook:
         if rec is None:
             rec = self.records[key] = SessionRecord(key)
         self._leave(rec)
+        if rec.turn_ended_at is not None and rec.is_idle:
+            self._observe_gap(rec, max(0.0, now - rec.turn_ended_at))
+        rec.turn_ended_at = None
         previous = rec.attempt
         if previous is not None:
             rec.num_preempted += 1
@@ -173,6 +242,12 @@ class SessionBook:
         rec.finished = False
         self._enter(rec, now)
         return rec, previous
+
+    def _observe_gap(self, rec: SessionRecord, gap: float) -> None:
+        rec.last_gap = gap
+        rec.gap_ewma = gap if rec.gap_ewma is None else rec.gap_ewma + GAP_EWMA_WEIGHT * (gap - rec.gap_ewma)
+        replica = self.replica_gap_ewma
+        self.replica_gap_ewma = gap if replica is None else replica + GAP_EWMA_WEIGHT * (gap - replica)
 
     def end_attempt(self, rec: SessionRecord, attempt: Any, now: float) -> SessionRecord | None:
         """The attempt stopped acquiring without a lease; returns the record if that ended it."""
@@ -198,12 +273,17 @@ class SessionBook:
         prompt_tokens: the turn's prompt size from its prefix reading (None: not probed).
         """
         self.leases += 1
+        self.idle_since_replica = None
         if rec is None:
             return
         self._leave(rec)
         if rec.attempt is attempt:
             rec.attempt = None
         rec.in_flight += 1
+        if decision.reserve and not rec.reserved:
+            rec.opener = attempt
+        elif not decision.reserve and rec.reserved:
+            self._window_ended(REVOKED, rec)
         self._set_reserved(rec, decision.reserve)
         if decision.resident_blocks is not None:
             rec.resident_blocks = decision.resident_blocks
@@ -226,17 +306,34 @@ class SessionBook:
         self._record_size(rec, prompt_tokens, prompt_bound)
         return shrank
 
-    def release(self, rec: SessionRecord | None, now: float) -> SessionRecord | None:
-        """A lease ended; returns the record if that ended the session (it was finished)."""
+    def release(self, rec: SessionRecord | None, now: float, attempt: Any = None,
+                served: bool = True) -> SessionRecord | None:
+        """A lease ended; returns the record if that ended the session (it was finished).
+
+        served False: the turn's prompt was never served (routing or the upstream
+        failed, or it answered an error status); a window that this lease's admission
+        opened (`attempt` is its opener) ends, cause `revoked`: a failed turn leaves no
+        new window behind. A served turn confirms the window it opened.
+        """
         self.leases -= 1
+        if not self.leases:
+            self.idle_since_replica = now
         if rec is None or self.records.get(rec.key) is not rec:
             return None
         self._leave(rec)
         rec.in_flight -= 1
+        if attempt is not None and rec.opener is attempt:
+            if served:
+                rec.opener = None
+            elif rec.reserved:
+                self._window_ended(REVOKED, rec)
+                self._set_reserved(rec, False)
+        if served and not rec.in_flight:
+            rec.turn_ended_at = now
         self._enter(rec, now)
         return self._end(rec) if rec.finished and rec.is_idle else None
 
-    def finish(self, key: str, now: float) -> tuple[bool, SessionRecord | None]:
+    def finish(self, key: str, now: float, cause: str = FINISH) -> tuple[bool, SessionRecord | None]:
         """End the session's window; returns (it held a reservation, the record if it ended now).
 
         A session with a lease in flight or an attempt acquiring ends when that stops.
@@ -247,34 +344,50 @@ class SessionBook:
             return False, None
         self._leave(rec)
         was_reserved = rec.reserved
+        if was_reserved:
+            self._window_ended(cause, rec)
         self._set_reserved(rec, False)
         rec.finished = True
         self._enter(rec, now)
         return was_reserved, (self._end(rec) if rec.is_idle else None)
 
-    def drop_window(self, rec: SessionRecord, now: float) -> bool:
+    def drop_window(self, rec: SessionRecord, now: float, cause: str = LOST) -> bool:
         """Take the session's window back (the session keeps its record); True if it had one."""
         if not rec.reserved or self.records.get(rec.key) is not rec:
             return False
         self._leave(rec)
+        self._window_ended(cause, rec)
         self._set_reserved(rec, False)
-        rec.windows_lost += 1
+        if cause == LOST:
+            rec.windows_lost += 1
         self._enter(rec, now)
         return True
 
-    def purge(self, now: float) -> list[SessionRecord]:
-        """End every record idle for `grace` seconds or more, oldest first."""
+    def purge(self, now: float) -> tuple[list[SessionRecord], bool]:
+        """End every window whose session went quiet, and every record idle for `grace`
+        seconds or more, in deadline order. Returns the ended records and whether any
+        window ended (blocks were uncommitted)."""
         ended: list[SessionRecord] = []
-        idle = self.idle
-        while idle:
-            rec = next(iter(idle.values()))
-            if now - rec.idle_since < self.grace:
-                break
-            ended.append(self._end(rec))
-        return ended
+        windows_ended = False
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _, _, key, gen = heapq.heappop(heap)
+            rec = self.records.get(key)
+            if rec is None or rec.idle_gen != gen or not rec.is_idle:
+                continue  # stale: the record ended, or became active since
+            if now - rec.idle_since >= self.grace:
+                windows_ended |= rec.reserved
+                ended.append(self._end(rec))
+            elif rec.reserved and rec.quiet_deadline is not None and rec.quiet_deadline <= now:
+                # The window ends; the record stays idle (same period) until its grace.
+                self.reserved_idle -= 1
+                self.idle_reserved_blocks -= rec.resident_blocks
+                self._window_ended(QUIET, rec)
+                self._set_reserved(rec, False)
+                rec.quiet_deadline = None
+                windows_ended = True
+        return ended, windows_ended
 
     def next_expiry(self) -> float | None:
-        """When the oldest idle record expires, or None if none is idle."""
-        if not self.idle:
-            return None
-        return next(iter(self.idle.values())).idle_since + self.grace
+        """The earliest pending deadline (possibly stale: an early wake-up only), or None."""
+        return self._deadlines[0][0] if self._deadlines else None

@@ -34,11 +34,12 @@ import asyncio
 import math
 import time
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any, Callable
 
 import orjson
 
-from gate.book import SessionBook, SessionRecord
+from gate.book import LOST, REVOKED, SessionBook, SessionRecord
 from gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 from gate.policies import (
     ANONYMOUS,
@@ -59,7 +60,12 @@ from proxy.settings import GateSettings
 
 Clock = Callable[[], float]
 MODES = ("enforce", "shadow", "off")
+import os
+_DEBUG = bool(os.environ.get("GPDEBUG_DECISIONS"))
 MIN_WAIT_SEC = 0.001  # a waiter never spins, whatever the knobs or the clock say
+# Route kinds that carry a prompt. Anything else (GET /v1/models) never touches the
+# session books: it neither opens nor renews a window.
+PROMPT_KINDS = frozenset({"chat", "completion", "messages", "responses"})
 
 
 class Attempt:
@@ -88,26 +94,33 @@ class Attempt:
 class Lease:
     """The right to have one request in flight on the replica, until `release()`."""
 
-    __slots__ = ("reason", "wait_ms", "replica", "_gate", "_record", "_released")
+    __slots__ = ("reason", "wait_ms", "replica", "_gate", "_record", "_attempt", "_released")
 
-    def __init__(self, gate: Gate, record: SessionRecord | None, reason: str, wait_ms: float) -> None:
+    def __init__(self, gate: Gate, record: SessionRecord | None, reason: str, wait_ms: float,
+                 attempt: Attempt | None = None) -> None:
         self.reason = reason
         self.wait_ms = wait_ms
         self.replica = gate.name
         self._gate = gate
         self._record = record
+        self._attempt = attempt
         self._released = False
 
     @property
     def released(self) -> bool:
         return self._released
 
-    def release(self) -> None:
-        """End the lease (response fully relayed, client gone or upstream failed). Idempotent."""
+    def release(self, served: bool = True) -> None:
+        """End the lease (response fully relayed, client gone or upstream failed). Idempotent.
+
+        served False: no prompt was served (the upstream could not be reached, failed
+        before answering, or answered an error status): a window this turn's admission
+        opened ends (`revoked`), so a failed turn leaves no new window behind.
+        """
         if self._released:
             return
         self._released = True
-        self._gate._release(self._record)
+        self._gate._release(self._record, self._attempt, served)
 
     def __repr__(self) -> str:
         return f"Lease({self.replica!r}, {self.reason!r}, released={self._released})"
@@ -132,7 +145,8 @@ class Gate:
         self._prices_bodies = self.policy.reads_prompt_bound
         self._repricing: set[asyncio.Future[None]] = set()
         self._now = clock
-        self._book = SessionBook(settings.idle_grace_sec)
+        self._book = SessionBook(settings.idle_grace_sec, settings.quiet_factor, settings.quiet_floor_sec)
+        self._window_ends = {cause: metrics.window_ends.labels(name, cause) for cause in self._book.window_ends}
         self._queue: OrderedDict[Attempt, None] = OrderedDict()  # waiters, arrival order
         self._attempts: set[Attempt] = set()
         self._closed: AdmissionError | None = None
@@ -156,7 +170,7 @@ class Gate:
         """Admit one request of `session_key` (None: anonymous) or raise an AdmissionError."""
         if self._closed is not None:
             raise self._closed
-        if self.settings.mode == "off":
+        if self.settings.mode == "off" or route_kind not in PROMPT_KINDS:
             return self._grant(None, None, Admit(OPEN), OPEN, None)
         start = self._now()
         self._purge(start)
@@ -177,13 +191,20 @@ class Gate:
                 attempt.checkpoint()
                 usage = await self.probe.usage(newer_than)
                 attempt.checkpoint()
-                view = self._view(record, attempt, allowance, bound)
+                view = self._view(record, attempt, allowance, bound, usage, start)
                 prefix = None
                 if self.policy.needs_prefix_probe(view, usage, self.settings):
                     prefix = await self.probe.prefix(route_kind, body)
                     attempt.checkpoint()
-                    view = self._view(record, attempt, allowance, bound)  # windows may have changed during the probe
+                    # windows may have changed during the probe
+                    view = self._view(record, attempt, allowance, bound, usage, start)
                 decision = self.policy.decide(view, usage, prefix, self.settings)
+                if _DEBUG:  # TEMP
+                    import sys
+                    print(f"DBG {self._now():.3f} {self.name} {session_key} leases={self._book.leases} "
+                          f"idle={view.replica_idle_sec} gap={view.expected_gap_sec} waited={view.waited_sec:.3f} "
+                          f"tps={usage and usage.prefill_tokens_per_sec} step={usage and usage.decode_step_sec} "
+                          f"run={usage and usage.num_running} -> {decision}", file=sys.stderr)
                 tokens = prefix.total_tokens if prefix is not None else None
                 if self.settings.mode == "shadow":
                     return self._grant_shadow(record, attempt, decision, start, tokens, bound)
@@ -193,11 +214,11 @@ class Gate:
                         self._reprice_later(record, route_kind, body, allowance, usage, bound)
                     return lease
                 if isinstance(decision, Reject):
-                    self._drop_window(record)
+                    self._drop_window(record, REVOKED)
                     raise PromptTooLong(decision.message)
                 if decision.drop_window:
                     self._drop_window(record)
-                await self._wait(attempt, deadline)
+                await self._wait(attempt, deadline, decision.recheck_sec)
                 newer_than = self._changed_at
         finally:
             self._attempts.discard(attempt)
@@ -236,8 +257,17 @@ class Gate:
             self._blocks_freed(self._now())
             self._publish_reserved()
 
-    def _view(self, record: SessionRecord | None, attempt: Attempt, allowance: int, bound: int | None) -> GateView:
-        return self._book.view(record, allowance, self._waiters_ahead(attempt), bound)
+    def _view(self, record: SessionRecord | None, attempt: Attempt, allowance: int, bound: int | None,
+              usage: Any = None, start: float | None = None) -> GateView:
+        view = self._book.view(record, allowance, self._waiters_ahead(attempt), bound)
+        if record is None or start is None:
+            return view
+        now = self._now()
+        idle_since = self._book.idle_since_replica
+        engine_busy = usage is not None and bool(usage.num_running or usage.num_waiting)
+        idle = None if idle_since is None or engine_busy else max(0.0, now - idle_since)
+        return replace(view, replica_idle_sec=idle, expected_gap_sec=self._book.replica_gap_ewma,
+                       waited_sec=max(0.0, now - start))
 
     def _waiters_ahead(self, attempt: Attempt) -> int:
         """Named waiters queued before `attempt` (all of them if it is not queued). O(queue)."""
@@ -294,11 +324,11 @@ class Gate:
             if attempt.queued:
                 self._dequeue(attempt)
             self._wake_one()
-        return Lease(self, record, reason, wait * 1000.0)
+        return Lease(self, record, reason, wait * 1000.0, attempt)
 
     # --------------------------------------------------------------------- wait
 
-    async def _wait(self, attempt: Attempt, deadline: float | None) -> None:
+    async def _wait(self, attempt: Attempt, deadline: float | None, recheck: float | None = None) -> None:
         if attempt.event is None:
             attempt.event = asyncio.Event()
         if not attempt.queued:
@@ -318,6 +348,8 @@ class Gate:
         expiry = self._book.next_expiry()
         if expiry is not None and expiry > now:
             timeout = min(timeout, expiry - now)
+        if recheck is not None:
+            timeout = min(timeout, recheck)
         try:
             async with asyncio.timeout(max(timeout, MIN_WAIT_SEC)):
                 await attempt.event.wait()
@@ -357,9 +389,9 @@ class Gate:
 
     # ------------------------------------------------------------- windows/leases
 
-    def _release(self, record: SessionRecord | None) -> None:
+    def _release(self, record: SessionRecord | None, attempt: Attempt | None = None, served: bool = True) -> None:
         now = self._changed_at = self._now()
-        ended = self._book.release(record, now)
+        ended = self._book.release(record, now, attempt, served)
         if ended is not None:
             self._session_ended(ended)
         self._purge(now)
@@ -374,18 +406,18 @@ class Gate:
         if self._queue:
             self._wake_one()
 
-    def _drop_window(self, record: SessionRecord | None) -> None:
+    def _drop_window(self, record: SessionRecord | None, cause: str = LOST) -> None:
         """Take a session's window back (contract: it no longer fits, or its prompt never will)."""
         if record is None:
             return
         now = self._now()
-        if self._book.drop_window(record, now):
+        if self._book.drop_window(record, now, cause):
             self._publish_reserved()
             self._blocks_freed(now)
 
-    def finish_session(self, session_key: str) -> None:
+    def finish_session(self, session_key: str, cause: str = "finish") -> None:
         """End the session's window here; no-op for a session this gate does not know."""
-        was_reserved, ended = self._book.finish(session_key, self._now())
+        was_reserved, ended = self._book.finish(session_key, self._now(), cause)
         if ended is not None:
             self._session_ended(ended)
         self._publish_reserved()
@@ -395,19 +427,23 @@ class Gate:
     def _purge(self, now: float) -> None:
         if not self._book.idle:
             return
-        ended = self._book.purge(now)
-        if not ended:
+        ended, windows_ended = self._book.purge(now)
+        if not ended and not windows_ended:
             return
         for record in ended:
             self._session_ended(record)
         self._publish_reserved()
-        if any(r.reserved for r in ended):
+        if windows_ended:
             self._blocks_freed(now)
 
     def _session_ended(self, record: SessionRecord) -> None:
         self._metrics.session_preemptions.observe(record.num_preempted)
 
     def _publish_reserved(self) -> None:
+        """Publish the reserved-session gauges and count the windows ended since the last call."""
+        if self._book._new_window_ends:
+            for cause in self._book.take_window_ends():
+                self._window_ends[cause].inc()
         counts = (self._book.reserved_in_flight, self._book.reserved_idle)
         if counts != self._published:  # most calls change nothing: skip the gauges' locks
             self._published = counts
@@ -430,7 +466,7 @@ class Gate:
             attempt.wake()
         self._book.grace = 0.0
         for key in list(self._book.records):
-            self.finish_session(key)
+            self.finish_session(key, REVOKED)
         self._purge(self._now())
         self._pending_gauge.set(0)
         for task in list(self._repricing):
@@ -469,6 +505,11 @@ class Gate:
                 "resident_blocks": rec.resident_blocks,
                 "growth_tokens": rec.growth_tokens,
                 "idle_sec": round(now - rec.idle_since, 3) if rec.is_idle else None,
+                "gap_sec": None if rec.gap_ewma is None else round(rec.gap_ewma, 3),
+                "quiet_in_sec": (round(rec.quiet_deadline - now, 3)
+                                 if rec.is_idle and rec.reserved and rec.quiet_deadline is not None else None),
+                "quiet_lifetime_sec": round(self._book.quiet_lifetime(rec), 3),
+                "last_window_end": rec.last_window_end,
             }
         pending = [k for k, rec in self._book.records.items() if rec.attempt is not None and rec.attempt.queued]
         anonymous_waiting = len(self._queue) - len(pending)
@@ -482,4 +523,6 @@ class Gate:
             "pending": pending,
             "pending_anonymous": anonymous_waiting,
             "sessions": sessions,
+            "window_ends": dict(self._book.window_ends),
+            "replica_gap_sec": None if self._book.replica_gap_ewma is None else round(self._book.replica_gap_ewma, 3),
         }

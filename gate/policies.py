@@ -40,6 +40,7 @@ RESIDENT_PREFIX = "resident_prefix"
 ANONYMOUS = "anonymous"
 CONTRACT_FITS = "contract_fits"
 PROMPT_TOO_LONG = "prompt_too_long"
+WORK_CONSERVING = "work_conserving"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,12 @@ class GateView:
     last_prompt_bound: the body-length bound of the turn `last_prompt_tokens` was read
       for; a session with history is bounded by its exact size plus its body's growth
       since (`history_bound`).
+    replica_idle_sec: how long the replica has had no turn in flight (through this gate,
+      and none running or waiting in the engine where it says so); None while busy.
+    expected_gap_sec: the replica's smoothed gap between a session's turns (the idle
+      time before an owner in a tool call comes back); None before any gap was seen.
+    waited_sec: how long this attempt has been held so far.
+    Only the contract policy's work-conserving rule reads the last three.
     """
 
     anonymous: bool = False
@@ -82,6 +89,9 @@ class GateView:
     mean_growth_tokens: int = 0
     prompt_bound_tokens: int | None = None
     last_prompt_bound: int | None = None
+    replica_idle_sec: float | None = None
+    expected_gap_sec: float | None = None
+    waited_sec: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +118,7 @@ class Wait:
 
     why: str
     drop_window: bool = False
+    recheck_sec: float | None = None  # decide again no later than this (the decision may change by then)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +234,82 @@ def turn_growth_tokens(
     if prompt_tokens == last_prompt_tokens:
         return max(0, last_growth_tokens)
     return max(0, prompt_tokens - last_prompt_tokens)
+
+
+def quiet_lifetime(session_gap: float | None, replica_gap: float | None, factor: float, floor: float,
+                   ceiling: float) -> float:
+    """How long an idle window lives: `factor` x the session's usual gap between turns
+    (else the replica's, for a session with no gap yet), at least `floor`, at most
+    `ceiling` (`idle_grace_sec`). A session that ends without saying so frees its
+    window about `factor` tool calls after its last turn instead of after the grace.
+    With no gap measured anywhere: the floor."""
+    gap = session_gap if session_gap is not None else replica_gap
+    lifetime = floor if gap is None else max(floor, factor * gap)
+    return max(0.0, min(lifetime, ceiling))
+
+
+def reprefill_sec(evicted_blocks: int, usage: UsageReading) -> float | None:
+    """Seconds the replica will spend computing again `evicted_blocks` of other sessions'
+    windows, at its measured prefill throughput; None without a measurement."""
+    if not usage.prefill_tokens_per_sec or not usage.block_size:
+        return None
+    return max(0, evicted_blocks) * usage.block_size / usage.prefill_tokens_per_sec
+
+
+def holding_cost_sec(view: GateView, usage: UsageReading) -> float:
+    """Engine time that holding the turn back leaves unused.
+
+    - on a busy replica: the part of its decode (`max_output_tokens` x the measured
+      decode step) that batching would give for free, i.e. outside the engine's
+      measured prefill share: a decode-bound engine takes another sequence into its
+      batch at almost no cost, a prefill-bound one has no such slack;
+    - on an idle replica, also the idle time ahead (the replica's expected gap before
+      an owner in a tool call returns) and the idle time it already waited (the
+      ski-rental rule: never wait, idle, longer than the re-prefill it would cause).
+    """
+    slack = 1.0 - (usage.prefill_share or 0.0)
+    cost = view.max_output_tokens * (usage.decode_step_sec or 0.0) * slack
+    if view.replica_idle_sec is not None:
+        cost = max(cost, view.expected_gap_sec or 0.0, min(view.replica_idle_sec, view.waited_sec))
+    return cost
+
+
+def work_conserving(view: GateView, usage: UsageReading, evicted_blocks: int, knobs: GateSettings) -> Wait | None:
+    """None: admit the held turn `work_conserving`, its admission causes less re-prefill
+    (`reprefill_sec` of the `evicted_blocks` it pushes out of other windows) than the
+    compute holding it leaves unused (`holding_cost_sec`). Else the Wait to return,
+    with a recheck time when waiting on an idle replica will tip the balance.
+    No prefill measurement yet: hold (as the contract always did)."""
+    reprefill = reprefill_sec(evicted_blocks, usage) if knobs.work_conserving else None
+    if reprefill is None:
+        return Wait("no prefill-throughput measurement: holding")
+    holding = holding_cost_sec(view, usage)
+    if reprefill <= holding:
+        return None
+    recheck = None
+    if view.replica_idle_sec is not None:
+        recheck = reprefill - min(view.replica_idle_sec, view.waited_sec)
+    return Wait(f"re-prefill {reprefill:.3f}s > holding cost {holding:.3f}s", recheck_sec=recheck)
+
+
+def evicted_window_blocks(view: GateView, usage: UsageReading, prefix: PrefixReading, budget: int, usable: int) -> int:
+    """Blocks of other sessions' windows that admitting this turn (without a window)
+    pushes out of the cache, now or when they go idle.
+
+    The turn allocates its prompt's new blocks and its output's (`need`). In the gate's
+    books the windows older than it (all of them for a newcomer) own their footprints;
+    what `need` takes beyond the rest of the `usable` blocks comes out of theirs. In
+    vLLM's view, what it takes beyond `budget` (the free blocks outside idle windows
+    and headroom) comes out of idle windows' cached blocks now. The larger of the two,
+    at most the windows' blocks.
+    """
+    block_size = usage.block_size or 1
+    need = prefix.new_blocks + -(-view.max_output_tokens // block_size)
+    windows = view.older_window_blocks
+    spare = usable - windows
+    by_books = min(windows, need - max(0, spare))
+    by_engine = min(view.idle_reserved_blocks, need - max(0, budget))
+    return max(0, by_books, by_engine)
 
 
 def _keep(view: GateView, knobs: GateSettings) -> bool:
@@ -391,22 +478,28 @@ def contract_decide(
         )
     footprint = window_footprint(view, usage, prefix, knobs)
     working_set = footprint + view.older_window_blocks
+    budget = usage.num_free_blocks - view.idle_reserved_blocks - knobs.headroom_blocks
+    if view.reserved and working_set <= usable:
+        return Admit(RESERVED_SESSION, reserve=knobs.retain_session, resident_blocks=footprint)
+    if not view.reserved and working_set <= usable and prefix.new_blocks <= budget:
+        return Admit(CONTRACT_FITS, reserve=knobs.retain_session, resident_blocks=footprint)
+    # Admitted without a window, its own prefix is unprotected: its next turn is expected
+    # to compute it again, so it counts with the windows' blocks it pushes out.
+    at_risk = evicted_window_blocks(view, usage, prefix, budget, usable) + prefix.total_blocks
+    held = work_conserving(view, usage, at_risk, knobs)
+    if held is None:  # admitted without a window: the windows' books stay within usable
+        return Admit(WORK_CONSERVING)
     if view.reserved:
-        if working_set <= usable:
-            return Admit(RESERVED_SESSION, reserve=knobs.retain_session, resident_blocks=footprint)
         return Wait(
             f"window lost: footprint {footprint} blocks + {view.older_window_blocks} in older windows "
-            f"exceeds {usable} usable blocks",
-            drop_window=True,
+            f"exceeds {usable} usable blocks; {held.why}",
+            drop_window=True, recheck_sec=held.recheck_sec,
         )
     if working_set > usable:
-        return Wait(
-            f"footprint {footprint} blocks + {view.older_window_blocks} in windows exceeds {usable} usable blocks"
-        )
-    budget = usage.num_free_blocks - view.idle_reserved_blocks - knobs.headroom_blocks
-    if prefix.new_blocks <= budget:
-        return Admit(CONTRACT_FITS, reserve=knobs.retain_session, resident_blocks=footprint)
-    return Wait(f"needs {prefix.new_blocks} new blocks, {budget} free outside idle windows and headroom")
+        why = f"footprint {footprint} blocks + {view.older_window_blocks} in windows exceeds {usable} usable blocks"
+    else:
+        why = f"needs {prefix.new_blocks} new blocks, {budget} free outside idle windows and headroom"
+    return Wait(f"{why}; {held.why}", recheck_sec=held.recheck_sec)
 
 
 CONTRACT = Policy("contract", contract_needs_prefix_probe, contract_decide, reads_prompt_bound=True)

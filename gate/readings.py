@@ -37,6 +37,16 @@ class UsageReading:
     num_free_blocks: int | None = None
     block_size: int | None = None
     source: str = "kv"  # "kv" (probe API) | "metrics" (vllm:kv_cache_usage_perc)
+    # Measured by the replica (optional fields of the probe API; None: no measurement yet).
+    # prefill_tokens_per_sec: prompt tokens the engine computes per second of prefill;
+    # decode_step_sec: seconds per decode step (one output token of every running request);
+    # num_running / num_waiting: the engine's running and waiting requests;
+    # prefill_share: the share of the engine's recent time spent prefilling, in [0, 1].
+    prefill_tokens_per_sec: float | None = None
+    decode_step_sec: float | None = None
+    num_running: int | None = None
+    num_waiting: int | None = None
+    prefill_share: float | None = None
 
     @property
     def has_blocks(self) -> bool:
@@ -92,7 +102,20 @@ def parse_kv_answer(doc: Any) -> UsageReading:
         raise ProbeAnswerError("num_total_blocks and num_free_blocks must come together")
     if total is not None and free is not None and free > total:
         raise ProbeAnswerError(f"num_free_blocks {free} exceeds num_total_blocks {total}")
-    return UsageReading(usage, total, free, block_size, "kv")
+    return UsageReading(usage, total, free, block_size, "kv",
+                        _positive(doc, "prefill_tokens_per_sec"), _positive(doc, "decode_step_sec"),
+                        _count(doc, "num_running", required=False), _count(doc, "num_waiting", required=False),
+                        _ratio(doc, "prefill_share") if doc.get("prefill_share") is not None else None)
+
+
+def _positive(doc: dict[str, Any], key: str) -> float | None:
+    """An optional measurement: a positive finite number, or None (absent, null: not measured yet)."""
+    value = doc.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ProbeAnswerError(f"field {key!r} must be a positive number or null, got {value!r:.80}")
+    return float(value)
 
 
 def parse_prefix_answer(doc: Any) -> PrefixReading:

@@ -21,6 +21,7 @@ from typing import Any
 
 from kvgate_vllm import jsonio
 from kvgate_vllm.engine_plugin import KV_USAGE_METHOD, PREFIX_HITS_METHOD
+from kvgate_vllm.engine_rates import RateMeter, read_totals
 from kvgate_vllm.prefix_query import ProbeRequestError, parse_prefix_query
 from kvgate_vllm.probe_results import merge_kv_usage, merge_prefix
 
@@ -64,6 +65,7 @@ class ProbeService:
         self.engine_client = engine_client
         self.state = state
         self.timeout_sec = timeout_sec
+        self.rates = RateMeter()
 
     async def _call_all_engines(self, method: str, *args: Any) -> list[dict]:
         engine_core = getattr(self.engine_client, "engine_core", None)
@@ -95,7 +97,12 @@ class ProbeService:
         return list(results)
 
     async def kv_usage(self) -> dict:
-        return merge_kv_usage(await self._call_all_engines(KV_USAGE_METHOD))
+        merged = merge_kv_usage(await self._call_all_engines(KV_USAGE_METHOD))
+        try:
+            merged.update(self.rates.update(read_totals()))
+        except Exception:  # the figures are optional: a registry surprise must not fail the probe
+            logger.debug("kvgate: could not read vLLM's rate counters", exc_info=True)
+        return merged
 
     async def prefix(self, body: object) -> dict:
         from kvgate_vllm.rendering import render_prefix_query

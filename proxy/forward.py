@@ -152,7 +152,7 @@ class Forwarder:
                 upstream = await self.clients.for_replica(replica).request(route.method, target, headers, raw)
             except CONNECT_ERRORS as exc:
                 replica.in_flight -= 1
-                lease.release()
+                lease.release(served=False)  # no prompt served: the turn leaves no new window
                 self.registry.mark_failed(replica)
                 self.metrics.upstream_errors.labels(replica.name, "connect").inc()
                 other = None if rerouted_connect else self.balancer.choose(session_id, exclude=replica)
@@ -167,7 +167,7 @@ class Forwarder:
                 return
             except EXCHANGE_ERRORS as exc:
                 replica.in_flight -= 1
-                lease.release()
+                lease.release(served=False)
                 self.metrics.upstream_errors.labels(replica.name, "before_headers").inc()
                 self._count(kind, replica.name, 502)
                 send_error(responder, 502, f"replica {replica.name} failed before answering ({exc}); "
@@ -175,7 +175,7 @@ class Forwarder:
                 return
             except BaseException:
                 replica.in_flight -= 1
-                lease.release()
+                lease.release(served=False)
                 raise
             break
 
@@ -194,7 +194,7 @@ class Forwarder:
             if not completed:
                 upstream.close()  # drop the connection: vLLM sees the disconnect and aborts
             replica.in_flight -= 1
-            lease.release()
+            lease.release(served=upstream.status < 400)  # an error answer (404...) served no prompt
             self._count(kind, replica.name, status)
         if turn_index and kind in TURN_KINDS and status < 400 and completed:
             entry.turns = turn_index

@@ -74,6 +74,9 @@ class KvgateMetrics:
         self.session_preemptions = Histogram(
             "kvgate_session_preemptions", "Preempted attempts per session, observed when a session ends.",
             buckets=PREEMPTION_BUCKETS, registry=r)
+        self.window_ends = Counter(
+            "kvgate_window_ends", "Ownership windows ended, by cause (finish|quiet|grace|lost|revoked).",
+            ["replica", "cause"], registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

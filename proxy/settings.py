@@ -65,6 +65,9 @@ class GateSettings:
     retain_session: bool = True
     headroom_blocks: int = 0
     probe: ProbeSettings = field(default_factory=ProbeSettings)
+    quiet_factor: float = 4.0  # a window ends once idle this many times its session's usual gap
+    quiet_floor_sec: float = 0.5  # ... but never sooner than this (idle_grace_sec is the ceiling)
+    work_conserving: bool = True  # contract: admit a held turn when holding costs more than the re-prefill
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from simulator.config import CostModel, EngineConfig
 from simulator.kv_cache_manager import PrefixProbe
 from simulator.request import RequestStatus, SimRequest, compute_block_hashes
 from simulator.scheduler import Scheduler
+from simulator.step_meter import StepMeter
 from simulator.tokenizer import output_token
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class AsyncEngine:
         self._ids = itertools.count()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self.meter = StepMeter()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -120,6 +122,7 @@ class AsyncEngine:
             "block_size": self.config.block_size,
             "num_running": len(scheduler.running),
             "num_waiting": len(scheduler.waiting),
+            **self.meter.reading(),
         }
 
     def probe_prefix(self, token_ids: list[int], cache_salt: str | None = None) -> PrefixProbe:
@@ -155,6 +158,7 @@ class AsyncEngine:
             )
             delay = step_seconds * self.time_scale - (loop.time() - started)
             await asyncio.sleep(delay if delay > 0 else 0)
+            self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, loop.time() - started)
             finished = scheduler.update_from_output(output, _next_token)
             handles = self._handles
             for request, _ in output.scheduled:

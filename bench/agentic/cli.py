@@ -54,6 +54,7 @@ _SHAPE_OPTIONS = {
     "max_num_batched_tokens": (int, "token budget per engine step"),
     "max_model_len": (int, "longest prompt + reply"),
     "time_scale": (float, "multiplies the cost model's step times (0 = as fast as possible)"),
+    "prefill_token_s": (float, "cost model: seconds per prompt token computed (default: the replica's)"),
 }
 _GATE_OPTIONS = {
     "high_watermark": (float, "KV usage at or above which the gate checks prefixes"),
@@ -62,6 +63,8 @@ _GATE_OPTIONS = {
     "wait_poll_sec": (float, "re-evaluation interval of a waiting turn"),
     "headroom_blocks": (int, "contract policy: blocks kept free"),
     "max_wait_sec": (float, "0: wait as long as needed; >0: then 503"),
+    "quiet_factor": (float, "an idle window ends after this many times its session's usual gap"),
+    "quiet_floor_sec": (float, "... but never sooner than this (idle_grace_sec is the ceiling)"),
 }
 
 
@@ -91,11 +94,11 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     for name, (kind, text) in _WORKLOAD_OPTIONS.items():
         work.add_argument("--" + name.replace("_", "-"), type=kind, default=None, dest="w_" + name, help=text,
                           metavar="N" if kind is int else "X")
+    work.add_argument("--send-finish", choices=("yes", "no"), default=None,
+                      help="whether the last turn carries x-session-finish (no: sessions end silently, "
+                           "as an OpenAI-SDK agent's do; default: the regime's)")
     work.add_argument("--shared-system-prompt", choices=("yes", "no"), default=None,
                       help="one system prompt for all sessions (yes) or one each (no)")
-    work.add_argument("--send-finish", choices=("yes", "no"), default=None,
-                      help="the last turn carries x-session-finish (yes) or no turn does (no: a client "
-                           "that never says its session ended)")
     shape = parser.add_argument_group("simulated replicas (overrides the regime; `kvgate replica` options)")
     for name, (kind, text) in _SHAPE_OPTIONS.items():
         shape.add_argument("--" + name.replace("_", "-"), type=kind, default=None, dest="r_" + name, help=text,

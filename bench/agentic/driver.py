@@ -4,7 +4,7 @@ A pool of `spec.concurrency` workers takes sessions in index order (a rolling ro
 when a session ends, the next one starts; session i never before i * start_interval_s). Each turn is one streaming
 `/v1/chat/completions` request carrying the session id header; the last turn also
 carries the finish header, as a rollout client that knows its episode ended would
-(unless the workload's `send_finish` is off: then no turn carries it).
+(unless `spec.send_finish` is False: an OpenAI-SDK agent sends none).
 
 Retries: a turn planned with `retry_after_s` is re-sent if its first attempt has not
 answered after that delay. The session continues with whichever attempt completes

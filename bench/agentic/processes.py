@@ -32,12 +32,16 @@ class ReplicaShape:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 8192
     time_scale: float = 1.0
+    prefill_token_s: float | None = None  # cost model: seconds per prompt token (None: the replica's default)
 
     def args(self) -> list[str]:
-        return ["--num-blocks", str(self.num_blocks), "--block-size", str(self.block_size),
+        args = ["--num-blocks", str(self.num_blocks), "--block-size", str(self.block_size),
                 "--max-num-seqs", str(self.max_num_seqs),
                 "--max-num-batched-tokens", str(self.max_num_batched_tokens),
                 "--max-model-len", str(self.max_model_len), "--time-scale", str(self.time_scale)]
+        if self.prefill_token_s is not None:
+            args += ["--prefill-token-s", str(self.prefill_token_s)]
+        return args
 
     def to_json(self) -> dict:
         return asdict(self)

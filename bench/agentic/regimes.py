@@ -10,6 +10,14 @@ Sizing rules (so a regime runs in about 1-3 minutes of wall time per invocation 
   simulated engine time, well above the proxy's and the simulator's own overhead.
 
 `tiny` exists for the end-to-end test: seconds, not minutes.
+
+Regimes that can catch a gate that loses (issue 9) run the gate with its *defaults*
+(no gate knobs): `*-no-finish` regimes send no `x-session-finish` (sessions end
+silently, as an OpenAI-SDK agent's do); `cheap-prefill` makes holding back unable to
+pay (short contexts, prefill 10x cheaper than the default cost model: a turn is mostly
+decode); `prefill-bound` makes one full re-prefill of a session's context cost about
+its turn's decode (long contexts, longer replies); `issue-9` is the issue's
+reproduction. `--send-finish no` turns any regime into its silent-finish form.
 """
 
 from __future__ import annotations
@@ -125,6 +133,78 @@ REGIMES: dict[str, Regime] = {
         gate={"idle_grace_sec": 2.0, "wait_poll_sec": 0.1},
     ),
 }
+
+
+def _cheap_prefill_workload(**changes) -> WorkloadSpec:
+    return _thrash_workload(system_prompt_words=100, task_words=50, tool_result_words_min=60,
+                            tool_result_words_max=120, reply_tokens=16).replace(**changes)
+
+
+def _prefill_bound_workload(**changes) -> WorkloadSpec:
+    return _thrash_workload(system_prompt_words=1000, task_words=200, reply_tokens=32).replace(**changes)
+
+
+# cheap-prefill: ~700-token contexts, 9 sessions per replica need ~3x the 2048-token cache;
+# prefill 5 us/token (10x cheaper): a full re-prefill (~5 ms) is a fraction of a turn's
+# 16-token decode (~0.15 s), so holding a session back can only lose.
+_CHEAP_PREFILL_CACHE = ReplicaShape(num_blocks=128, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048,
+                                    max_model_len=2048, time_scale=1.5, prefill_token_s=0.000005)
+# prefill-bound: contexts grow from ~1,300 to ~6,000 tokens; 9 sessions per replica need ~3x
+# the 10,240-token cache; a full re-prefill of a ~3,600-token context (~0.27 s at the default
+# 50 us/token x 1.5) costs about a turn's 32-token decode (~0.3 s).
+_PREFILL_BOUND_CACHE = ReplicaShape(num_blocks=640, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048,
+                                    max_model_len=8192, time_scale=1.5)
+
+REGIMES.update({
+    "no-pressure-no-finish": Regime(
+        "no-pressure-no-finish",
+        "no-pressure, sessions end silently (no x-session-finish), default gate knobs",
+        _thrash_workload(send_finish=False),
+        REGIMES["no-pressure"].shape,
+    ),
+    "thrash-no-finish": Regime(
+        "thrash-no-finish",
+        "thrash, sessions end silently (no x-session-finish), default gate knobs: windows must end "
+        "when sessions go quiet",
+        _thrash_workload(send_finish=False),
+        _SMALL_CACHE,
+    ),
+    "cheap-prefill": Regime(
+        "cheap-prefill",
+        "short contexts (~700 tokens) need ~3x the cache, prefill 10x cheaper: holding back cannot pay",
+        _cheap_prefill_workload(),
+        _CHEAP_PREFILL_CACHE,
+    ),
+    "cheap-prefill-no-finish": Regime(
+        "cheap-prefill-no-finish",
+        "cheap-prefill, sessions end silently",
+        _cheap_prefill_workload(send_finish=False),
+        _CHEAP_PREFILL_CACHE,
+    ),
+    "prefill-bound": Regime(
+        "prefill-bound",
+        "long contexts (1,300-6,000 tokens) need ~3x the cache; a full re-prefill costs about a turn's decode",
+        _prefill_bound_workload(),
+        _PREFILL_BOUND_CACHE,
+    ),
+    "prefill-bound-no-finish": Regime(
+        "prefill-bound-no-finish",
+        "prefill-bound, sessions end silently",
+        _prefill_bound_workload(send_finish=False),
+        _PREFILL_BOUND_CACHE,
+    ),
+    "issue-9": Regime(
+        "issue-9",
+        "issue 9's reproduction: 16 sessions x 8 turns all at once, 0.3 s tool calls, no x-session-finish, "
+        "2 replicas of 64 blocks x 32 tokens, default cost model and gate knobs (was: direct 4.5 s, kvgate 188 s)",
+        WorkloadSpec(sessions=16, concurrency=16, turns_min=8, turns_max=8, system_prompt_words=100,
+                     shared_system_prompt=False, task_words=50, tool_result_words_min=60,
+                     tool_result_words_max=120, reply_tokens=16, tool_latency_median_s=0.3,
+                     tool_latency_sigma=0.0, send_finish=False),
+        ReplicaShape(num_blocks=64, block_size=32, max_num_seqs=64, max_num_batched_tokens=2048,
+                     max_model_len=2048, time_scale=1.0),
+    ),
+})
 
 
 def get_regime(name: str) -> Regime:

@@ -52,9 +52,7 @@ class WorkloadSpec:
     retry_prob: float = 0.0  # share of turns re-sent before their answer came back
     retry_after_s_min: float = 0.005
     retry_after_s_max: float = 0.05
-    # The last turn carries `x-session-finish: true`. False: the client never says a
-    # session ended (an agent on a plain OpenAI SDK), so the gate must notice by itself.
-    send_finish: bool = True
+    send_finish: bool = True  # the last turn carries x-session-finish (False: sessions end silently)
 
     def validate(self) -> None:
         """Raise ValueError naming the first field that cannot describe a workload."""

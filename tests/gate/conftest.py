@@ -74,8 +74,10 @@ class FakeProbe:
 
 def settings(**overrides: Any) -> GateSettings:
     """GateSettings with test-friendly defaults: the seed policy (tests of the contract
-    policy ask for it by name), long grace, short real-time poll."""
-    base = GateSettings(policy="seed", wait_poll_sec=0.02, idle_grace_sec=60.0)
+    policy ask for it by name), long grace, short real-time poll. Quiet expiry is off
+    (its floor is the grace: a window lives `idle_grace_sec`) unless a test sets
+    `quiet_floor_sec`: the tests of the grace rules keep their hand-worked clocks."""
+    base = GateSettings(policy="seed", wait_poll_sec=0.02, idle_grace_sec=60.0, quiet_floor_sec=60.0)
     return replace(base, **overrides)
 
 

@@ -15,7 +15,10 @@ PREFIX = {"version": 1, "total_tokens": 5230, "total_blocks": 326, "hit_blocks":
 
 
 def test_kv_answer_of_the_spec():
-    assert parse_kv_answer(KV) == UsageReading(0.91, 4096, 368, 16, "kv")
+    assert parse_kv_answer(KV) == UsageReading(0.91, 4096, 368, 16, "kv", num_running=12, num_waiting=3)
+    measured = parse_kv_answer({**KV, "prefill_tokens_per_sec": 20000, "decode_step_sec": 0.006})
+    assert (measured.prefill_tokens_per_sec, measured.decode_step_sec) == (20000.0, 0.006)
+    assert parse_kv_answer({**KV, "prefill_tokens_per_sec": None}).prefill_tokens_per_sec is None  # not yet measured
     assert parse_kv_answer({"kv_cache_usage": 0}) == UsageReading(0.0)
     assert parse_kv_answer({"kv_cache_usage": 1}).kv_cache_usage == 1.0
 
@@ -34,6 +37,9 @@ def test_kv_answer_of_the_spec():
         ({"kv_cache_usage": 0.5, "num_total_blocks": 10, "num_free_blocks": 11}, "exceeds"),
         ({"kv_cache_usage": 0.5, "num_total_blocks": -1, "num_free_blocks": 0}, "non-negative integer"),
         ({"kv_cache_usage": 0.5, "num_total_blocks": 1.5, "num_free_blocks": 0}, "non-negative integer"),
+        ({"kv_cache_usage": 0.5, "prefill_tokens_per_sec": 0}, "positive number or null"),
+        ({"kv_cache_usage": 0.5, "decode_step_sec": "fast"}, "positive number or null"),
+        ({"kv_cache_usage": 0.5, "decode_step_sec": float("inf")}, "positive number or null"),
     ],
 )
 def test_kv_answer_garbage(doc, message):

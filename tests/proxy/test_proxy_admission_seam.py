@@ -20,9 +20,11 @@ class RecordedLease:
         self.reason = reason
         self.wait_ms = wait_ms
         self.releases = 0
+        self.served: list[bool] = []
 
-    def release(self):
+    def release(self, served=True):
         self.releases += 1
+        self.served.append(served)
 
 
 class RecordingAdmission:

@@ -1,0 +1,114 @@
+"""Windows in the asyncio gate (issue 9): quiet expiry, the window-end metric by cause,
+no window for a request without a prompt or for a turn that served none, and the
+work-conserving admission of a held turn. Fake clock; every test ends clean."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gate.gate import Gate
+from gate.readings import UsageReading
+from tests.gate.conftest import FakeProbe, assert_clean, sample, settings, until
+
+
+def body(session: str) -> dict:
+    return {"id": session, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def ends(metrics, cause: str) -> float:
+    return sample(metrics, "kvgate_window_ends_total", replica="r0", cause=cause) or 0.0
+
+
+async def test_a_silent_session_loses_its_window_once_quiet_and_the_metric_says_so(metrics, clock):
+    probe = FakeProbe(usage=0.9)
+    probe.set_prefix("s", total=20, hit=18)
+    gate = Gate("r0", probe, settings(quiet_floor_sec=0.5, quiet_factor=4.0), metrics, clock)
+    (await gate.acquire("s", "chat", body("s"))).release()   # no gap yet: window lives the floor (0.5 s)
+    clock.advance(0.3)
+    lease = await gate.acquire("s", "chat", body("s"))      # back after 0.3 s: window kept
+    assert lease.reason == "reserved_session"
+    lease.release()
+    state = gate.state()
+    assert state["sessions"]["s"]["gap_sec"] == 0.3 and state["sessions"]["s"]["quiet_in_sec"] == 1.2
+    clock.advance(1.2)                                      # 4 x 0.3 s idle: quiet
+    state = gate.state()
+    assert state["reserved"] == {"in_flight": [], "idle": []}
+    assert state["sessions"]["s"]["last_window_end"] == "quiet" and state["window_ends"]["quiet"] == 1
+    assert ends(metrics, "quiet") == 1 and ends(metrics, "grace") == 0
+    assert_clean(gate, clock)
+
+
+async def test_window_ends_by_finish_lost_and_grace(metrics, clock):
+    probe = FakeProbe(usage=0.9)
+    probe.set_prefix("a", total=20, hit=18)
+    probe.set_prefix("b", total=20, hit=18)
+    gate = Gate("r0", probe, settings(idle_grace_sec=10), metrics, clock)  # quiet floor = grace: grace rules
+    (await gate.acquire("a", "chat", body("a"))).release()
+    (await gate.acquire("b", "chat", body("b"))).release()
+    gate.finish_session("a")
+    clock.advance(10)
+    assert gate.counts()["reservations"] == 0
+    assert (ends(metrics, "finish"), ends(metrics, "grace"), ends(metrics, "quiet")) == (1, 1, 0)
+    assert_clean(gate, clock)
+
+
+async def test_a_request_without_a_prompt_neither_opens_nor_renews_a_window(metrics, clock):
+    probe = FakeProbe(usage=0.9)
+    probe.set_prefix("s", total=20, hit=18)
+    gate = Gate("r0", probe, settings(), metrics, clock)
+    models = await gate.acquire("s", "models", {})
+    assert models.reason == "open" and gate.counts()["sessions"] == 0 and probe.usage_calls == 0
+    models.release()
+    (await gate.acquire("s", "chat", body("s"))).release()
+    idle_since = gate.state()["sessions"]["s"]["idle_sec"]
+    clock.advance(5)
+    (await gate.acquire("s", "models", {})).release()       # does not renew the window
+    assert gate.state()["sessions"]["s"]["idle_sec"] == idle_since + 5
+    assert_clean(gate, clock)
+
+
+async def test_a_turn_that_served_no_prompt_leaves_no_new_window(metrics, clock):
+    probe = FakeProbe(usage=0.9)
+    probe.set_prefix("s", total=20, hit=18)
+    gate = Gate("r0", probe, settings(), metrics, clock)
+    lease = await gate.acquire("s", "chat", body("s"))
+    assert lease.reason == "resident_prefix" and gate.counts()["reservations"] == 1
+    lease.release(served=False)                            # e.g. the upstream answered 404
+    assert gate.counts()["reservations"] == 0 and ends(metrics, "revoked") == 1
+    # a served turn confirms its window; a later failed turn does not take it back
+    (await gate.acquire("s", "chat", body("s"))).release()
+    failed = await gate.acquire("s", "chat", body("s"))
+    assert failed.reason == "reserved_session"
+    failed.release(served=False)
+    assert gate.counts()["reservations"] == 1 and ends(metrics, "revoked") == 1
+    assert_clean(gate, clock)
+
+
+async def test_a_held_turn_goes_in_work_conserving_once_the_idle_replica_waited_out_the_reprefill(metrics, clock):
+    """100 blocks of 16, measured 16,000 prefill tokens/s: `a` owns an idle window of 80
+    blocks; `b` (50 new blocks) does not fit. The replica is idle, so b's holding cost is
+    the idle time it waited (no gap measured yet); its admission evicts 30 of a's blocks
+    and leaves its own 50 unprotected (80 ms of re-prefill): it waits until that much
+    idle time passed, then goes in `work_conserving` without a window."""
+
+    class MeasuredProbe(FakeProbe):
+        async def usage(self, newer_than=None):
+            reading = await super().usage(newer_than)
+            return UsageReading(reading.kv_cache_usage, 100, self.free, 16, prefill_tokens_per_sec=16000.0,
+                                decode_step_sec=0.001, num_running=0, num_waiting=0)
+
+    probe = MeasuredProbe(usage=0.1, total=100, free=100, block_size=16)
+    probe.set_prefix("a", total=80, hit=0, tokens=80 * 16)
+    gate = Gate("r0", probe, settings(policy="contract", wait_poll_sec=60), metrics, clock)
+    (await gate.acquire("a", "chat", {"id": "a", "max_tokens": 0, "messages": [{"role": "user", "content": "x" * 2000}]})).release()
+    probe.free = 100  # a's 80 blocks are cached and evictable
+    probe.set_prefix("b", total=50, hit=0, tokens=50 * 16)
+    task = asyncio.create_task(gate.acquire("b", "chat", {"id": "b", "max_tokens": 0,
+                                                          "messages": [{"role": "user", "content": "y" * 2000}]}))
+    await until(lambda: gate.counts()["waiters"] == 1, "b to be held")
+    clock.advance(0.081)  # the replica stayed idle longer than the re-prefill b causes (80 ms)
+    lease = await asyncio.wait_for(task, 5)  # the recheck fires on its own (not the 60 s poll)
+    assert lease.reason == "work_conserving" and gate.state()["reserved"]["in_flight"] == []
+    lease.release()
+    assert sample(metrics, "kvgate_admissions_total", replica="r0", reason="work_conserving") == 1
+    assert_clean(gate, clock)

@@ -1,0 +1,181 @@
+"""Issue 9's policy pieces as pure functions on hand-worked states: quiet expiry of an
+idle window, and the contract policy's work-conserving rule (a held turn that goes in
+because holding it costs more than the re-prefill it causes, and one that is held)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gate.book import SessionBook
+from gate.policies import (
+    CONTRACT_FITS, WORK_CONSERVING, Admit, GateView, Wait, contract_decide, evicted_window_blocks,
+    holding_cost_sec, quiet_lifetime, reprefill_sec, work_conserving,
+)
+from gate.readings import PrefixReading, UsageReading
+from proxy.settings import GateSettings
+
+KNOBS = GateSettings()  # the defaults: quiet_factor 4, quiet_floor_sec 0.5, idle_grace_sec 60
+
+
+# ---------------------------------------------------------------- quiet expiry
+
+
+@pytest.mark.parametrize(
+    "session_gap, replica_gap, expected",
+    [
+        (0.3, None, 1.2),     # 4 x its own gap
+        (0.3, 5.0, 1.2),      # its own gap wins over the replica's
+        (None, 2.0, 8.0),     # no gap yet: the replica's
+        (None, None, 0.5),    # nothing measured: the floor
+        (0.01, None, 0.5),    # a tiny gap: the floor
+        (30.0, None, 60.0),   # a long gap: the ceiling (idle_grace_sec)
+    ],
+)
+def test_quiet_lifetime(session_gap, replica_gap, expected):
+    assert quiet_lifetime(session_gap, replica_gap, 4.0, 0.5, 60.0) == pytest.approx(expected)
+
+
+class _Attempt:
+    pass
+
+
+def _turn(book: SessionBook, key: str, now: float, end: float, blocks: int = 10) -> None:
+    """One admitted turn of `key` from `now` to `end`, holding a window of `blocks`."""
+    attempt = _Attempt()
+    rec, _ = book.begin_attempt(key, attempt, now)
+    book.admit(rec, attempt, Admit(CONTRACT_FITS, reserve=True, resident_blocks=blocks), CONTRACT_FITS, now)
+    book.release(rec, end, attempt)
+
+
+def test_a_window_ends_when_its_session_goes_quiet_and_its_record_at_the_grace():
+    book = SessionBook(grace=60.0, quiet_factor=4.0, quiet_floor=0.5)
+    _turn(book, "s", 0.0, 1.0)        # idle from 1.0; no gap yet: floor 0.5
+    assert book.records["s"].quiet_deadline == pytest.approx(1.5)
+    _turn(book, "s", 1.3, 2.0)        # gap 0.3 -> lifetime 1.2 -> window ends at 3.2
+    rec = book.records["s"]
+    assert (rec.last_gap, rec.quiet_deadline) == (pytest.approx(0.3), pytest.approx(3.2))
+    assert book.purge(3.1) == ([], False) and rec.reserved  # not quiet yet
+    ended, windows_ended = book.purge(3.2)
+    assert ended == [] and windows_ended and not rec.reserved
+    assert (book.reserved_idle, book.idle_reserved_blocks, book.window_blocks) == (0, 0, 0)
+    assert book.window_ends["quiet"] == 1 and book.take_window_ends() == ["quiet"]
+    assert rec.last_window_end == "quiet" and "s" in book.records  # the record (gaps, sizes) lives on
+    ended, windows_ended = book.purge(62.0)  # idle for the grace: the record ends, no window left
+    assert [r.key for r in ended] == ["s"] and not windows_ended and not book.records
+
+
+def test_a_session_back_before_its_quiet_deadline_keeps_its_window():
+    book = SessionBook(grace=60.0, quiet_factor=4.0, quiet_floor=0.5)
+    _turn(book, "s", 0.0, 1.0)
+    _turn(book, "s", 1.3, 2.0)           # deadline 3.2
+    _turn(book, "s", 3.0, 4.0)           # back at 3.0 (gap 1.0): the window held
+    rec = book.records["s"]
+    assert rec.reserved and book.window_ends["quiet"] == 0
+    # gap EWMA (weight 0.5): 0.3 then 0.65; the last gap 1.0 is larger -> lifetime 4.0
+    assert rec.quiet_deadline == pytest.approx(8.0)
+    assert book.purge(7.9) == ([], False)  # the stale deadline of the earlier idle period is skipped
+
+
+def test_a_session_without_a_gap_uses_the_replicas():
+    book = SessionBook(grace=60.0, quiet_factor=4.0, quiet_floor=0.5)
+    _turn(book, "a", 0.0, 1.0)
+    _turn(book, "a", 3.0, 4.0)           # replica gap 2.0
+    _turn(book, "b", 4.0, 5.0)           # b has no gap: 4 x 2.0
+    assert book.records["b"].quiet_deadline == pytest.approx(13.0)
+
+
+# ------------------------------------------------------------ work-conserving
+
+# A replica of 100 blocks of 16 tokens, 20 free; measured prefill 16,000 tokens/s
+# (one block per millisecond) and 10 ms per decode step.
+MEASURED = UsageReading(0.8, 100, 20, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
+UNMEASURED = UsageReading(0.8, 100, 20, 16)
+# The turn: a 40-block prompt, 10 blocks cached (30 new), 32 output tokens (2 blocks).
+PROMPT = PrefixReading(total_blocks=40, hit_blocks=10, hit_ratio=0.25, total_tokens=640)
+# 60 blocks in idle windows of other sessions: none of them fit beside this turn.
+BUSY = GateView(idle_reserved_blocks=60, older_window_blocks=80, max_output_tokens=32, last_prompt_tokens=600,
+                last_growth_tokens=40)
+
+
+def test_reprefill_and_holding_cost_by_hand():
+    # needs 30 + 2 blocks. Books: 80 in windows, 20 spare -> 12 out of the windows. vLLM:
+    # none free outside idle windows (20 - 60 < 0) -> all 32 out of idle windows. The larger: 32.
+    assert evicted_window_blocks(BUSY, MEASURED, PROMPT, 20 - 60, 100) == 32
+    # no window in the books; 10 free outside idle windows: 22 out of them, at most their 10
+    assert evicted_window_blocks(GateView(idle_reserved_blocks=10, max_output_tokens=32), MEASURED, PROMPT,
+                                 10, 100) == 10
+    # books only: 90 in windows (none idle), 10 spare: 22 of theirs
+    assert evicted_window_blocks(GateView(older_window_blocks=90, max_output_tokens=32), MEASURED, PROMPT,
+                                 20, 100) == 22
+    assert reprefill_sec(32, MEASURED) == pytest.approx(0.032)     # 512 tokens at 16,000/s
+    assert reprefill_sec(32, UNMEASURED) is None
+    assert holding_cost_sec(BUSY, MEASURED) == pytest.approx(0.32)  # its 32-token decode at 10 ms a step
+    # ... of which a prefill-bound engine (75% of its time prefilling) has a quarter to spare
+    prefill_bound = UsageReading(0.8, 100, 20, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01,
+                                 prefill_share=0.75)
+    assert holding_cost_sec(BUSY, prefill_bound) == pytest.approx(0.08)
+    idle = GateView(max_output_tokens=1, replica_idle_sec=0.2, expected_gap_sec=0.5, waited_sec=0.1)
+    assert holding_cost_sec(idle, MEASURED) == pytest.approx(0.5)   # idle: the gap before an owner returns
+
+
+def test_a_work_conserving_admission():
+    """Re-prefill of 32 evicted blocks + its own 40 (unprotected without a window): 72 ms,
+    less than the 320 ms of decode that holding the turn back would leave unused."""
+    assert contract_decide(BUSY, MEASURED, PROMPT, KNOBS) == Admit(WORK_CONSERVING)
+
+
+def test_a_held_admission():
+    """A long prompt on a busy replica, short output: 60 evicted blocks + its own 110 (2,720
+    tokens) cost 0.17 s of re-prefill, more than the 10 ms of decode it would share: held."""
+    long_prompt = PrefixReading(total_blocks=110, hit_blocks=5, hit_ratio=0.05, total_tokens=1760)
+    view = GateView(idle_reserved_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700)
+    usage = UsageReading(0.8, 200, 60, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
+    decision = contract_decide(view, usage, long_prompt, KNOBS)
+    # needs 105 + 1 blocks, free outside idle windows 0 -> 60 come out of the idle windows (all of them)
+    assert isinstance(decision, Wait) and "re-prefill 0.170s > holding cost 0.010s" in decision.why
+    assert decision.recheck_sec is None  # busy: only a release can change the balance
+    # the same turn on an idle replica that has waited 40 ms of idle time: recheck in 130 ms
+    idle = GateView(idle_reserved_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700,
+                    replica_idle_sec=0.04, waited_sec=0.05, expected_gap_sec=0.01)
+    held = contract_decide(idle, usage, long_prompt, KNOBS)
+    assert isinstance(held, Wait) and held.recheck_sec == pytest.approx(0.13)
+    # ... and once it has waited, idle, as long as the re-prefill (ski rental): admitted
+    assert contract_decide(GateView(**{**_fields(idle), "replica_idle_sec": 0.17, "waited_sec": 0.2}), usage,
+                           long_prompt, KNOBS) == Admit(WORK_CONSERVING)
+
+
+def test_a_prefill_bound_engine_holds_what_a_decode_bound_one_admits():
+    """A 160-block prompt (all new) + 8 output tokens (1 block) behind 500 blocks of windows
+    on 512: 149 blocks of the windows go, and its own 160 are unprotected (4,944 tokens:
+    0.309 s at 16,000 tokens/s), against 8 decode steps of 50 ms (0.4 s). A decode-bound
+    engine (prefill share 0) has all of it to spare: admitted. A prefill-bound one (share
+    0.8) only 0.08 s: held."""
+    prompt = PrefixReading(total_blocks=160, hit_blocks=0, hit_ratio=0.0, total_tokens=2560)
+    view = GateView(older_window_blocks=500, idle_reserved_blocks=0, max_output_tokens=8, last_prompt_tokens=2400)
+
+    def usage(share):
+        return UsageReading(0.9, 512, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.05,
+                            prefill_share=share)
+
+    assert contract_decide(view, usage(0.0), prompt, KNOBS) == Admit(WORK_CONSERVING)
+    held = contract_decide(view, usage(0.8), prompt, KNOBS)
+    assert isinstance(held, Wait) and "re-prefill 0.309s > holding cost 0.080s" in held.why
+
+
+def test_no_measurement_yet_holds_and_the_knob_turns_it_off():
+    assert isinstance(contract_decide(BUSY, UNMEASURED, PROMPT, KNOBS), Wait)
+    off = GateSettings(work_conserving=False)
+    assert isinstance(contract_decide(BUSY, MEASURED, PROMPT, off), Wait)
+    assert work_conserving(BUSY, MEASURED, 32, off) is not None
+
+
+def test_an_owner_that_no_longer_fits_goes_in_work_conserving_without_its_window():
+    owner = GateView(reserved=True, idle_reserved_blocks=60, older_window_blocks=80, max_output_tokens=32,
+                     last_prompt_tokens=600, last_growth_tokens=40)
+    assert contract_decide(owner, MEASURED, PROMPT, KNOBS) == Admit(WORK_CONSERVING)
+    held = contract_decide(owner, UNMEASURED, PROMPT, KNOBS)
+    assert isinstance(held, Wait) and held.drop_window
+
+
+def _fields(view: GateView) -> dict:
+    return {name: getattr(view, name) for name in GateView.__slots__}
