@@ -22,7 +22,7 @@ reproduction. `--send-finish no` turns any regime into its silent-finish form.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bench.agentic.processes import ReplicaShape
 from bench.agentic.workload import WorkloadSpec
@@ -59,6 +59,10 @@ _SMALL_CACHE = ReplicaShape(num_blocks=512, block_size=16, max_num_seqs=64,
 # The real-vLLM regimes' server: 64 blocks of 32 tokens (63 usable), 8 sequences.
 _VLLM_CACHE = ReplicaShape(num_blocks=63, block_size=32, max_num_seqs=8, max_num_batched_tokens=2048,
                            max_model_len=2016, time_scale=1.0)
+# The prefill-bound model's engine steps are capped at 512 tokens (chunked prefill): an
+# uncapped step of 2,048 prompt tokens takes 1-4 s on 2 shared cores, and the gate's
+# probes, answered between steps, would time out (probe.timeout_sec 1) and admit `open`.
+_VLLM_PREFILL_CACHE = replace(_VLLM_CACHE, max_num_batched_tokens=512)
 _VLLM_SMALL_WORKLOAD = WorkloadSpec(
     sessions=16, concurrency=8, turns_min=5, turns_max=7, system_prompt_words=20,
     shared_system_prompt=False, task_words=10, tool_result_words_min=40, tool_result_words_max=60,
@@ -71,12 +75,13 @@ _VLLM_PREFILL_WORKLOAD = WorkloadSpec(
     reply_tokens=8, tool_latency_median_s=0.3, tool_latency_sigma=0.5)
 
 
-def _real_vllm_pair(name: str, description: str, workload: WorkloadSpec, model: str) -> dict[str, Regime]:
+def _real_vllm_pair(name: str, description: str, workload: WorkloadSpec, model: str,
+                    shape: ReplicaShape) -> dict[str, Regime]:
     """`name` (the last turn carries x-session-finish) and `name`-no-finish (no turn does: an
     agent on a plain OpenAI SDK), both against one given vLLM server with the default gate."""
-    regime = Regime(name, description, workload, _VLLM_CACHE, replicas=1, gate={}, vllm_model=model)
+    regime = Regime(name, description, workload, shape, replicas=1, gate={}, vllm_model=model)
     silent = Regime(f"{name}-no-finish", f"{name}, and no turn carries x-session-finish (an agent on a "
-                    "plain OpenAI SDK)", workload.replace(send_finish=False), _VLLM_CACHE, replicas=1,
+                    "plain OpenAI SDK)", workload.replace(send_finish=False), shape, replicas=1,
                     gate={}, vllm_model=model)
     return {name: regime, silent.name: silent}
 
@@ -115,13 +120,13 @@ REGIMES: dict[str, Regime] = {
         "vllm-small",
         "for --replica-url against the tiny real-vLLM CPU server (block 32, 64 blocks, ~3 tokens "
         "per word): 8 sessions at once need ~2.5x its 2016-token cache",
-        _VLLM_SMALL_WORKLOAD, "tiny"),
+        _VLLM_SMALL_WORKLOAD, "tiny", _VLLM_CACHE),
     **_real_vllm_pair(
         "vllm-prefill",
         "for --replica-url against the prefill-bound real-vLLM CPU server (8 layers of width 512, "
         "block 32, 64 blocks, ~4.5 tokens per word): a cold re-prefill of a context costs more than "
         "a turn's decode, and 6 sessions at once need ~2x the 2016-token cache",
-        _VLLM_PREFILL_WORKLOAD, "prefill"),
+        _VLLM_PREFILL_WORKLOAD, "prefill", _VLLM_PREFILL_CACHE),
     "tiny": Regime(
         "tiny",
         "a few short sessions on small replicas: seconds, for the end-to-end test",

@@ -39,6 +39,7 @@ def test_the_server_matches_the_regimes_cache_shape(regime, tmp_path):
     assert int(flag(command, "--max-model-len")) == shape.max_model_len == shape.num_blocks * shape.block_size
     assert int(flag(command, "--max-num-seqs")) == shape.max_num_seqs
     assert flag(command, "--served-model-name") == REGIMES[regime].vllm_model
+    assert int(flag(command, "--max-num-batched-tokens")) == shape.max_num_batched_tokens
     assert "--enable-prompt-tokens-details" in command
 
 

@@ -8,6 +8,7 @@ provisions what tests/vllm provisions (the vLLM CPU venv, `KVGATE_VLLM_VENV` ove
 its path, and the regime's random-weight model under ~/.cache/kvgate/models), starts
 one vLLM server with the kvgate plugin sized by the regime's replica shape
 (`--num-gpu-blocks-override num_blocks + 1`, block size, sequences, max model length,
+tokens per engine step,
 `VLLM_SERVER_DEV_MODE=1` so the benchmark can reset the prefix cache between modes),
 prints that server's command line, runs `python -m bench.agentic --regime R
 --replica-url URL` with every other option passed through, and stops the server
@@ -40,7 +41,8 @@ def server_for(regime_name: str, python: Path, model_dir: Path, log_path: Path) 
     return VllmServer(python=python, model_dir=model_dir, log_path=log_path, block_size=shape.block_size,
                       num_blocks=shape.num_blocks + 1, max_num_seqs=shape.max_num_seqs,
                       served_model_name=regime.vllm_model,
-                      extra_args=("--enable-prompt-tokens-details",))
+                      extra_args=("--enable-prompt-tokens-details",
+                                  "--max-num-batched-tokens", str(shape.max_num_batched_tokens)))
 
 
 def main(argv: list[str] | None = None) -> int:
