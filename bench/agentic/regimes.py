@@ -63,6 +63,12 @@ _VLLM_CACHE = ReplicaShape(num_blocks=63, block_size=32, max_num_seqs=8, max_num
 # uncapped step of 2,048 prompt tokens takes 1-4 s on 2 shared cores, and the gate's
 # probes, answered between steps, would time out (probe.timeout_sec 1) and admit `open`.
 _VLLM_PREFILL_CACHE = replace(_VLLM_CACHE, max_num_batched_tokens=512)
+# The default gate but for one knob: the engine core answers the gate's probes between two
+# scheduler steps, and on 2 shared CPU cores one step takes 0.5-2 s (the plugin measured
+# decode steps of 0.7-1.5 s under load), longer than the default probe.timeout_sec of 1 s
+# (sized for GPU steps of tens of ms). A probe that times out decides as if the replica
+# were unavailable, i.e. admits `open`: 43 of 62 turns in a vllm-prefill-no-finish run.
+_VLLM_CPU_GATE = {"probe": {"timeout_sec": 5.0}}
 _VLLM_SMALL_WORKLOAD = WorkloadSpec(
     sessions=16, concurrency=8, turns_min=5, turns_max=7, system_prompt_words=20,
     shared_system_prompt=False, task_words=10, tool_result_words_min=40, tool_result_words_max=60,
@@ -78,11 +84,12 @@ _VLLM_PREFILL_WORKLOAD = WorkloadSpec(
 def _real_vllm_pair(name: str, description: str, workload: WorkloadSpec, model: str,
                     shape: ReplicaShape) -> dict[str, Regime]:
     """`name` (the last turn carries x-session-finish) and `name`-no-finish (no turn does: an
-    agent on a plain OpenAI SDK), both against one given vLLM server with the default gate."""
-    regime = Regime(name, description, workload, shape, replicas=1, gate={}, vllm_model=model)
+    agent on a plain OpenAI SDK), both against one given vLLM server with the default gate
+    but for the probe deadline (`_VLLM_CPU_GATE`)."""
+    regime = Regime(name, description, workload, shape, replicas=1, gate=_VLLM_CPU_GATE, vllm_model=model)
     silent = Regime(f"{name}-no-finish", f"{name}, and no turn carries x-session-finish (an agent on a "
                     "plain OpenAI SDK)", workload.replace(send_finish=False), shape, replicas=1,
-                    gate={}, vllm_model=model)
+                    gate=_VLLM_CPU_GATE, vllm_model=model)
     return {name: regime, silent.name: silent}
 
 

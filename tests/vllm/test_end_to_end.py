@@ -46,6 +46,9 @@ MIN_GATED_HIT_RATE = 0.40
 MAX_MAKESPAN_VS_DIRECT = 1.1
 # The default policy unless overridden, for comparing policies by hand.
 GATE_POLICY = os.environ.get("KVGATE_E2E_POLICY", "contract")
+# The one knob off its default: CPU engine steps last 0.5-2 s on 2 shared cores and the
+# engine core answers probes between steps; a probe past its 1 s default admits `open`.
+PROBE_TIMEOUT_SEC = 5.0
 # Rounds of (direct, kvgate), interleaved; walls are summed and hit rates averaged.
 ROUNDS = int(os.environ.get("KVGATE_E2E_ROUNDS", "2"))
 
@@ -68,10 +71,12 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def gated_run(server, tmp_path: Path, seed: int):
-    """A measured run through a fresh ``kvgate serve`` with the default gate (policy aside)."""
+    """A measured run through a fresh ``kvgate serve`` with the default gate (policy and probe
+    deadline aside)."""
     config = tmp_path / f"kvgate-{seed}.yaml"
     proxy = KvgateProxy(config_path=config, log_path=tmp_path / f"kvgate-{seed}.log", port=free_port())
-    KvgateProxy.write_config(config, proxy.port, server.url, {"mode": "enforce", "policy": GATE_POLICY})
+    KvgateProxy.write_config(config, proxy.port, server.url,
+                             {"mode": "enforce", "policy": GATE_POLICY, "probe": {"timeout_sec": PROBE_TIMEOUT_SEC}})
     proxy.start()
     try:
         result, hit_rate = measured_run(server, proxy.url, seed=seed)
