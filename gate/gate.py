@@ -23,6 +23,12 @@ Invariants (each has a test):
   a `Reject`: a session never holds a window while it waits or after it was refused.
 - Expired windows are purged lazily, by whichever acquire, wake, release or look at
   the state comes next; purging a reservation wakes a waiter.
+- A route without a prompt (`GET /v1/models`) is admitted `open` with no probe and no
+  session bookkeeping: it neither opens nor renews a window. A lease released with
+  `served=False` (no prompt was served) ends the window its admission opened.
+- Every window end is counted in `kvgate_window_ends_total{replica,cause}`; an idle
+  window ends when its session goes quiet (`SessionBook`), and a waiter whose policy
+  names a `recheck_sec` (the work-conserving rule) re-decides by then.
 - mode `off`: admit `open` with no probe and no session bookkeeping. mode `shadow`:
   decide as `enforce` would (reservations included), record `shadow_<reason>`
   (`shadow_wait`, `shadow_prompt_too_long`), never hold or reject.
@@ -60,8 +66,6 @@ from proxy.settings import GateSettings
 
 Clock = Callable[[], float]
 MODES = ("enforce", "shadow", "off")
-import os
-_DEBUG = bool(os.environ.get("GPDEBUG_DECISIONS"))
 MIN_WAIT_SEC = 0.001  # a waiter never spins, whatever the knobs or the clock say
 # Route kinds that carry a prompt. Anything else (GET /v1/models) never touches the
 # session books: it neither opens nor renews a window.
@@ -199,12 +203,6 @@ class Gate:
                     # windows may have changed during the probe
                     view = self._view(record, attempt, allowance, bound, usage, start)
                 decision = self.policy.decide(view, usage, prefix, self.settings)
-                if _DEBUG:  # TEMP
-                    import sys
-                    print(f"DBG {self._now():.3f} {self.name} {session_key} leases={self._book.leases} "
-                          f"idle={view.replica_idle_sec} gap={view.expected_gap_sec} waited={view.waited_sec:.3f} "
-                          f"tps={usage and usage.prefill_tokens_per_sec} step={usage and usage.decode_step_sec} "
-                          f"run={usage and usage.num_running} -> {decision}", file=sys.stderr)
                 tokens = prefix.total_tokens if prefix is not None else None
                 if self.settings.mode == "shadow":
                     return self._grant_shadow(record, attempt, decision, start, tokens, bound)

@@ -256,19 +256,27 @@ def reprefill_sec(evicted_blocks: int, usage: UsageReading) -> float | None:
     return max(0, evicted_blocks) * usage.block_size / usage.prefill_tokens_per_sec
 
 
+# A busy replica's decode slack must exceed the re-prefill twice over (see holding_cost_sec).
+# Measured on the simulated regimes: at 1, prefill-bound sessions went in work-conserving
+# while their contexts were short and came back cold (0.73x sticky, 0.52 of the ceiling).
+DECODE_SLACK_MARGIN = 2.0
+
+
 def holding_cost_sec(view: GateView, usage: UsageReading) -> float:
     """Engine time that holding the turn back leaves unused.
 
     - on a busy replica: the part of its decode (`max_output_tokens` x the measured
       decode step) that batching would give for free, i.e. outside the engine's
-      measured prefill share: a decode-bound engine takes another sequence into its
-      batch at almost no cost, a prefill-bound one has no such slack;
+      measured prefill share (a decode-bound engine takes another sequence into its
+      batch at almost no cost, a prefill-bound one has no such slack), counted at
+      1 / DECODE_SLACK_MARGIN: the slack is a forecast, the re-prefill a certainty, and
+      a session admitted without a window grows into dearer turns;
     - on an idle replica, also the idle time ahead (the replica's expected gap before
       an owner in a tool call returns) and the idle time it already waited (the
       ski-rental rule: never wait, idle, longer than the re-prefill it would cause).
     """
     slack = 1.0 - (usage.prefill_share or 0.0)
-    cost = view.max_output_tokens * (usage.decode_step_sec or 0.0) * slack
+    cost = view.max_output_tokens * (usage.decode_step_sec or 0.0) * slack / DECODE_SLACK_MARGIN
     if view.replica_idle_sec is not None:
         cost = max(cost, view.expected_gap_sec or 0.0, min(view.replica_idle_sec, view.waited_sec))
     return cost

@@ -17,7 +17,11 @@
 
 Every failure (timeout, connection error, non-200, garbage JSON, values out of range)
 counts in `kvgate_probe_errors_total{replica, probe}` and yields None: the policy
-treats it as unavailable. Latency goes to `kvgate_probe_seconds`, the last usage to
+treats it as unavailable. Except one: a usage probe that *times out* on a replica that
+answered within the last `BUSY_READING_MAX_AGE_SEC` yields that last good reading. The
+engine answers probes between scheduler steps, so a timeout usually means a long step
+(a CPU engine's chunked prefill lasts seconds): the replica is busiest exactly then,
+and deciding `open` would let every turn in (issue 9, gate-bench's real-vLLM runs). Latency goes to `kvgate_probe_seconds`, the last usage to
 `kvgate_replica_kv_usage`. Nothing here raises to the gate except cancellation.
 """
 
@@ -48,6 +52,7 @@ KV_PATH = "/v1/kvgate/kv"
 PREFIX_PATH = "/v1/kvgate/prefix"
 METRICS_PATH = "/metrics"
 KV_RECHECK_SEC = 30.0
+BUSY_READING_MAX_AGE_SEC = 30.0  # a timed-out usage probe falls back to a good reading this recent
 PREFIX_BODY_KEYS = {"chat": "chat", "completion": "completion"}
 
 Clock = Callable[[], float]
@@ -63,6 +68,10 @@ class Probe(Protocol):
 
 class _Failed(Exception):
     """A probe failed; the message says how (logged once per replica state change)."""
+
+
+class _TimedOut(_Failed):
+    """The replica did not answer within gate.probe.timeout_sec (busy, or gone)."""
 
 
 class ReplicaProbe:
@@ -95,6 +104,8 @@ class ReplicaProbe:
         self._errors = {p: metrics.probe_errors.labels(name, p) for p in ("kv", "prefix")}
         self._usage_gauge = metrics.replica_kv_usage.labels(name)
         self._last_error: str | None = None
+        self._last_good: UsageReading | None = None  # the last reading a probe returned, and when
+        self._last_good_at = float("-inf")
 
     @property
     def has_probe_api(self) -> bool:
@@ -164,8 +175,14 @@ class ReplicaProbe:
                 reading = await self._usage_from_kv()
         except _Failed as failure:
             self._errors["kv"].inc()
+            recent = self._clock() - self._last_good_at < BUSY_READING_MAX_AGE_SEC
+            if isinstance(failure, _TimedOut) and recent:
+                self._note_error(f"kv probe timed out ({failure}): the replica is busy; deciding with its last "
+                                 "reading", unavailable=False)
+                return self._last_good
             self._note_error(f"kv probe failed: {failure}")
             return None
+        self._last_good, self._last_good_at = reading, self._clock()
         self._seconds["kv"].observe(time.perf_counter() - started)
         self._usage_gauge.set(reading.kv_cache_usage)
         self._last_error = None
@@ -220,13 +237,14 @@ class ReplicaProbe:
             ) as resp:
                 return resp.status, await resp.read()
         except asyncio.TimeoutError:
-            raise _Failed(f"{method} {path} took longer than gate.probe.timeout_sec") from None
+            raise _TimedOut(f"{method} {path} took longer than gate.probe.timeout_sec") from None
         except (aiohttp.ClientError, OSError) as err:
             raise _Failed(f"{method} {path}: {type(err).__name__}: {err}") from None
 
-    def _note_error(self, message: str) -> None:
+    def _note_error(self, message: str, unavailable: bool = True) -> None:
         if message != self._last_error:
-            log.warning("replica %s (%s): %s; deciding as if unavailable", self.name, self.url, message)
+            log.warning("replica %s (%s): %s%s", self.name, self.url, message,
+                        "; deciding as if unavailable" if unavailable else "")
         self._last_error = message
 
 

@@ -1,25 +1,34 @@
 """What the engine measures about its own speed, for the probe API's `GET /v1/kvgate/kv`.
 
-`StepMeter` turns the wall time of each engine step into the two figures the gate's
-work-conserving rule weighs (docs/gate.md): prefill throughput (prompt tokens per
-second of the steps that computed prompt tokens), the decode step time (seconds of
-a step that only decoded) and the prefill share (of the engine's recent busy time,
-the part spent in steps that computed prompt tokens). Both are smoothed (EWMA, `weight` on the newest step) so
-one slow step moves them little; both are None until a step of that kind ran: the
-gate then knows it has no measurement yet. Pure: no clock, the caller passes seconds.
+`StepMeter` turns the wall time of each engine step into the three figures the gate's
+work-conserving rule weighs (docs/gate.md):
+
+- `decode_step_sec`: the seconds of a step that only decoded (its fixed cost plus one
+  token of every running sequence);
+- `prefill_tokens_per_sec`: prompt tokens per second of the time prefill *added* to a
+  step: a step that computed prompt tokens, minus the decode step it also was;
+- `prefill_share`: of the engine's recent busy time, the part prefill added.
+
+The rates are smoothed per step (EWMA, `weight` on the newest step); the share over
+busy time (its two sums decay by exp(-seconds / `horizon_sec`) each step, so it
+follows the last few seconds of work, not the last few steps: a run of short decode
+steps does not swing it). Each is None until a step of its kind ran: the gate then
+knows it has no measurement yet. Pure: no clock, the caller passes the step's seconds.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
 @dataclass
 class StepMeter:
     weight: float = 0.2
+    horizon_sec: float = 2.0
     prefill_tokens_per_sec: float | None = None
     decode_step_sec: float | None = None
-    _prefill_time: float = 0.0  # decayed seconds of prefill steps, and of all steps
+    _prefill_time: float = 0.0  # decayed seconds that prefill added, and decayed busy seconds
     _busy_time: float = 0.0
 
     def observe(self, prefill_tokens: int, decode_seqs: int, seconds: float) -> None:
@@ -27,16 +36,20 @@ class StepMeter:
         decoded, `seconds` of wall time (a step of no measurable time is skipped)."""
         if seconds <= 0:
             return
-        keep = 1.0 - self.weight
-        self._busy_time = self._busy_time * keep + seconds
-        self._prefill_time = self._prefill_time * keep + (seconds if prefill_tokens > 0 else 0.0)
+        added = 0.0
         if prefill_tokens > 0:
-            rate = prefill_tokens / seconds
-            old = self.prefill_tokens_per_sec
-            self.prefill_tokens_per_sec = rate if old is None else old + self.weight * (rate - old)
+            added = seconds - (self.decode_step_sec or 0.0)
+            if added > 0:
+                self.prefill_tokens_per_sec = self._smooth(self.prefill_tokens_per_sec, prefill_tokens / added)
+            added = max(0.0, added)
         elif decode_seqs > 0:
-            old = self.decode_step_sec
-            self.decode_step_sec = seconds if old is None else old + self.weight * (seconds - old)
+            self.decode_step_sec = self._smooth(self.decode_step_sec, seconds)
+        keep = math.exp(-seconds / self.horizon_sec)
+        self._busy_time = self._busy_time * keep + seconds
+        self._prefill_time = self._prefill_time * keep + added
+
+    def _smooth(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.weight * (new - old)
 
     def reading(self) -> dict:
         """The probe API's optional fields (None: not measured yet)."""

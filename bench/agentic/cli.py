@@ -65,6 +65,8 @@ _GATE_OPTIONS = {
     "max_wait_sec": (float, "0: wait as long as needed; >0: then 503"),
     "quiet_factor": (float, "an idle window ends after this many times its session's usual gap"),
     "quiet_floor_sec": (float, "... but never sooner than this (idle_grace_sec is the ceiling)"),
+    "work_conserving": (lambda v: {"yes": True, "no": False}[v], "yes|no: contract policy admits a held turn "
+                        "when holding costs more than the re-prefill it causes"),
 }
 
 

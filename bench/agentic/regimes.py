@@ -167,30 +167,17 @@ _CHEAP_PREFILL_CACHE = ReplicaShape(num_blocks=128, block_size=16, max_num_seqs=
 _PREFILL_BOUND_CACHE = ReplicaShape(num_blocks=640, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048,
                                     max_model_len=8192, time_scale=1.5)
 
+def _silent(base: Regime, why: str = "") -> Regime:
+    """`base` with sessions that end silently (no x-session-finish) and the gate's default knobs."""
+    return Regime(base.name + "-no-finish", f"{base.name}, sessions end silently (no x-session-finish), "
+                  f"default gate knobs{why}", base.workload.replace(send_finish=False), base.shape, base.replicas)
+
+
 REGIMES.update({
-    "no-pressure-no-finish": Regime(
-        "no-pressure-no-finish",
-        "no-pressure, sessions end silently (no x-session-finish), default gate knobs",
-        _thrash_workload(send_finish=False),
-        REGIMES["no-pressure"].shape,
-    ),
-    "thrash-no-finish": Regime(
-        "thrash-no-finish",
-        "thrash, sessions end silently (no x-session-finish), default gate knobs: windows must end "
-        "when sessions go quiet",
-        _thrash_workload(send_finish=False),
-        _SMALL_CACHE,
-    ),
     "cheap-prefill": Regime(
         "cheap-prefill",
         "short contexts (~700 tokens) need ~3x the cache, prefill 10x cheaper: holding back cannot pay",
         _cheap_prefill_workload(),
-        _CHEAP_PREFILL_CACHE,
-    ),
-    "cheap-prefill-no-finish": Regime(
-        "cheap-prefill-no-finish",
-        "cheap-prefill, sessions end silently",
-        _cheap_prefill_workload(send_finish=False),
         _CHEAP_PREFILL_CACHE,
     ),
     "prefill-bound": Regime(
@@ -199,12 +186,12 @@ REGIMES.update({
         _prefill_bound_workload(),
         _PREFILL_BOUND_CACHE,
     ),
-    "prefill-bound-no-finish": Regime(
-        "prefill-bound-no-finish",
-        "prefill-bound, sessions end silently",
-        _prefill_bound_workload(send_finish=False),
-        _PREFILL_BOUND_CACHE,
-    ),
+})
+REGIMES.update({
+    "no-pressure-no-finish": _silent(REGIMES["no-pressure"]),
+    "thrash-no-finish": _silent(REGIMES["thrash"], ": windows must end when sessions go quiet"),
+    "cheap-prefill-no-finish": _silent(REGIMES["cheap-prefill"]),
+    "prefill-bound-no-finish": _silent(REGIMES["prefill-bound"]),
     "issue-9": Regime(
         "issue-9",
         "issue 9's reproduction: 16 sessions x 8 turns all at once, 0.3 s tool calls, no x-session-finish, "

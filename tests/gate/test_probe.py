@@ -148,6 +148,21 @@ async def test_slow_kv_probe_times_out_as_unavailable(replica_url, http, script,
     assert await probe.usage() is None and script.kv_hits == 1
 
 
+async def test_a_timed_out_kv_probe_of_a_replica_that_answered_recently_keeps_its_last_reading(
+        replica_url, http, script, metrics, clock):
+    """A probe timeout on a busy replica (a long engine step) is not 'usage unknown' (which
+    admits `open`): the last good reading stands for BUSY_READING_MAX_AGE_SEC."""
+    probe = make_probe(replica_url, http, metrics, clock, timeout_sec=0.05, usage_max_age_ms=0)
+    first = await probe.usage()
+    assert first is not None and first.kv_cache_usage == 0.1
+    script.kv_delay = 0.5
+    clock.advance(1)
+    assert await probe.usage(newer_than=clock()) == first  # timed out: the last reading
+    assert sample(metrics, "kvgate_probe_errors_total", replica="r0", probe="kv") == 1
+    clock.advance(31)  # too old to stand for the replica now
+    assert await probe.usage(newer_than=clock()) is None
+
+
 async def test_slow_prefix_probe_times_out_as_unavailable(replica_url, http, script, metrics, clock):
     script.prefix_delay = 0.5
     probe = make_probe(replica_url, http, metrics, clock, timeout_sec=0.05)

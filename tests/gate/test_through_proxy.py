@@ -101,3 +101,23 @@ async def test_timeout_and_prompt_too_long_over_http(stack):
     assert (status, body["error"]["code"], headers["Retry-After"]) == (503, "admission_timeout", "1")
     clock.advance(61)
     assert controller.counts() == CLEAN
+
+
+async def test_a_turn_the_upstream_answers_404_and_a_models_request_leave_no_window(stack):
+    """Issue 9 / 14: a request without a prompt (GET /v1/models) never touches the gate's
+    books; a turn whose upstream answers 404 (the fake replica serves no /v1/completions)
+    was admitted into a new window, which ends (`revoked`) when its lease is released."""
+    script, clock, controller, http = await stack(wait_poll_sec=60, idle_grace_sec=10)
+    script.usage(0.9)
+    script.prefix("lost", total=20, hit=19)
+    async with http.get("/v1/models", headers={"x-session-id": "lost"}) as resp:
+        assert resp.headers["x-kvgate-admission"] == "open"
+    assert controller.counts() == CLEAN  # no session record, no window
+    body = {"model": "m", "prompt": "hello"}
+    async with http.post("/v1/completions", json=body, headers={"x-session-id": "lost"}) as resp:
+        assert (resp.status, resp.headers["x-kvgate-admission"]) == (404, "resident_prefix")
+    assert controller.counts()["reservations"] == 0
+    state = controller.state()["r0"]
+    assert state["window_ends"]["revoked"] == 1 and state["sessions"]["lost"]["last_window_end"] == "revoked"
+    clock.advance(11)
+    assert controller.counts() == CLEAN

@@ -109,30 +109,33 @@ def test_reprefill_and_holding_cost_by_hand():
                                  20, 100) == 22
     assert reprefill_sec(32, MEASURED) == pytest.approx(0.032)     # 512 tokens at 16,000/s
     assert reprefill_sec(32, UNMEASURED) is None
-    assert holding_cost_sec(BUSY, MEASURED) == pytest.approx(0.32)  # its 32-token decode at 10 ms a step
+    # its 32-token decode at 10 ms a step (0.32 s), at half its worth (DECODE_SLACK_MARGIN)
+    assert holding_cost_sec(BUSY, MEASURED) == pytest.approx(0.16)
     # ... of which a prefill-bound engine (75% of its time prefilling) has a quarter to spare
     prefill_bound = UsageReading(0.8, 100, 20, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01,
                                  prefill_share=0.75)
-    assert holding_cost_sec(BUSY, prefill_bound) == pytest.approx(0.08)
+    assert holding_cost_sec(BUSY, prefill_bound) == pytest.approx(0.04)
     idle = GateView(max_output_tokens=1, replica_idle_sec=0.2, expected_gap_sec=0.5, waited_sec=0.1)
     assert holding_cost_sec(idle, MEASURED) == pytest.approx(0.5)   # idle: the gap before an owner returns
 
 
 def test_a_work_conserving_admission():
     """Re-prefill of 32 evicted blocks + its own 40 (unprotected without a window): 72 ms,
-    less than the 320 ms of decode that holding the turn back would leave unused."""
+    less than the 320 ms of decode that holding the turn back would leave unused (at half
+    its worth: 160 ms)."""
     assert contract_decide(BUSY, MEASURED, PROMPT, KNOBS) == Admit(WORK_CONSERVING)
 
 
 def test_a_held_admission():
     """A long prompt on a busy replica, short output: 60 evicted blocks + its own 110 (2,720
-    tokens) cost 0.17 s of re-prefill, more than the 10 ms of decode it would share: held."""
+    tokens) cost 0.17 s of re-prefill, more than the 10 ms of decode it would share (5 ms
+    at half its worth): held."""
     long_prompt = PrefixReading(total_blocks=110, hit_blocks=5, hit_ratio=0.05, total_tokens=1760)
     view = GateView(idle_reserved_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700)
     usage = UsageReading(0.8, 200, 60, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
     decision = contract_decide(view, usage, long_prompt, KNOBS)
     # needs 105 + 1 blocks, free outside idle windows 0 -> 60 come out of the idle windows (all of them)
-    assert isinstance(decision, Wait) and "re-prefill 0.170s > holding cost 0.010s" in decision.why
+    assert isinstance(decision, Wait) and "re-prefill 0.170s > holding cost 0.005s" in decision.why
     assert decision.recheck_sec is None  # busy: only a release can change the balance
     # the same turn on an idle replica that has waited 40 ms of idle time: recheck in 130 ms
     idle = GateView(idle_reserved_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700,
@@ -147,14 +150,14 @@ def test_a_held_admission():
 def test_a_prefill_bound_engine_holds_what_a_decode_bound_one_admits():
     """A 160-block prompt (all new) + 8 output tokens (1 block) behind 500 blocks of windows
     on 512: 149 blocks of the windows go, and its own 160 are unprotected (4,944 tokens:
-    0.309 s at 16,000 tokens/s), against 8 decode steps of 50 ms (0.4 s). A decode-bound
-    engine (prefill share 0) has all of it to spare: admitted. A prefill-bound one (share
-    0.8) only 0.08 s: held."""
+    0.309 s at 16,000 tokens/s), against 8 decode steps of 100 ms (0.8 s, 0.4 s at half its
+    worth). A decode-bound engine (prefill share 0) has all of it to spare: admitted. A
+    prefill-bound one (share 0.8) only 0.08 s: held."""
     prompt = PrefixReading(total_blocks=160, hit_blocks=0, hit_ratio=0.0, total_tokens=2560)
     view = GateView(older_window_blocks=500, idle_reserved_blocks=0, max_output_tokens=8, last_prompt_tokens=2400)
 
     def usage(share):
-        return UsageReading(0.9, 512, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.05,
+        return UsageReading(0.9, 512, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.1,
                             prefill_share=share)
 
     assert contract_decide(view, usage(0.0), prompt, KNOBS) == Admit(WORK_CONSERVING)

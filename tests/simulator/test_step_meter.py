@@ -5,16 +5,29 @@ import pytest
 from simulator.step_meter import StepMeter
 
 
-def test_step_meter_smooths_prefill_throughput_and_decode_step_time():
-    meter = StepMeter(weight=0.5)
+def test_step_meter_by_hand():
+    meter = StepMeter(weight=0.5, horizon_sec=1e9)  # the share without decay: plain sums
     assert meter.reading() == {"prefill_tokens_per_sec": None, "decode_step_sec": None,
                                "prefill_share": None}  # nothing measured yet
-    meter.observe(prefill_tokens=1000, decode_seqs=2, seconds=0.05)   # 20,000 tokens/s
-    meter.observe(prefill_tokens=0, decode_seqs=4, seconds=0.008)     # a decode-only step
-    meter.observe(prefill_tokens=500, decode_seqs=0, seconds=0.05)    # 10,000 tokens/s -> EWMA 15,000
-    meter.observe(prefill_tokens=0, decode_seqs=4, seconds=0.012)     # -> EWMA 0.010
+    meter.observe(prefill_tokens=0, decode_seqs=4, seconds=0.010)     # decode step 10 ms
+    meter.observe(prefill_tokens=1000, decode_seqs=2, seconds=0.060)  # prefill added 50 ms: 20,000 tokens/s
+    meter.observe(prefill_tokens=0, decode_seqs=4, seconds=0.014)     # decode EWMA 12 ms
+    meter.observe(prefill_tokens=500, decode_seqs=0, seconds=0.062)   # added 50 ms: 10,000/s -> EWMA 15,000
     meter.observe(prefill_tokens=0, decode_seqs=0, seconds=0.0)       # nothing: ignored
-    # busy time, decayed by half a step: ((0.05 * .5 + .008) * .5 + .05) * .5 + .012 = 0.04525;
-    # prefill steps' part: (0.05 * .25 + 0.05) * .5 = 0.03125
-    assert meter.reading() == {"prefill_tokens_per_sec": pytest.approx(15000.0), "decode_step_sec": pytest.approx(0.010),
-                               "prefill_share": pytest.approx(0.03125 / 0.04525)}
+    # busy seconds .010 + .060 + .014 + .062 = .146, of which prefill added .050 + .050
+    assert meter.reading() == {"prefill_tokens_per_sec": pytest.approx(15000.0),
+                               "decode_step_sec": pytest.approx(0.012),
+                               "prefill_share": pytest.approx(0.100 / 0.146)}
+
+
+def test_the_prefill_share_follows_the_last_seconds_of_work():
+    meter = StepMeter(horizon_sec=1.0)
+    meter.observe(prefill_tokens=0, decode_seqs=1, seconds=0.01)
+    meter.observe(prefill_tokens=2000, decode_seqs=1, seconds=1.01)  # 1 s of prefill
+    for _ in range(10):
+        meter.observe(prefill_tokens=0, decode_seqs=1, seconds=0.01)  # 0.1 s of decode steps
+    share = meter.reading()["prefill_share"]
+    assert 0.85 < share < 0.95  # ten short steps barely move it
+    for _ in range(300):
+        meter.observe(prefill_tokens=0, decode_seqs=1, seconds=0.01)  # 3 more seconds of decode
+    assert meter.reading()["prefill_share"] < 0.05
