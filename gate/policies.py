@@ -13,7 +13,9 @@ probe API, or a failed probe). Invariant tested for every policy: whenever
 `needs_prefix_probe` is False, `decide` gives the same answer for any `prefix`.
 
 The contract policy is a working-set admission control priced by the gate's own
-books (docs/gate.md): every ownership window has a footprint in blocks (anticipated:
+books (docs/gate.md), made work-conserving (`work_conserving`: a held turn goes in when
+holding it costs the replica more than the re-prefill its admission causes), with
+windows that end when their session goes quiet (`quiet_lifetime`): every ownership window has a footprint in blocks (anticipated:
 the prompt, the output allowance and the session's growth per turn), windows rank
 by when ownership began, and a turn fits if its footprint plus the footprints of the
 windows older than its own fits the usable blocks. `footprint_blocks`,
@@ -458,8 +460,14 @@ def contract_decide(
       <= usable AND new_blocks <= num_free_blocks - idle_reserved_blocks -
       headroom_blocks (vLLM's own view, which also sees traffic the gate does not);
       else wait. With retain_session its window begins now, priced at the footprint.
+    - either one that would wait (an owner that no longer fits, the head newcomer that
+      does not): `work_conserving` (admitted without a window; an owner's window ends)
+      when the re-prefill it risks (the windows' blocks it pushes out plus its own
+      prompt, at the measured prefill throughput) costs less than holding it
+      (`work_conserving`); else the wait, an owner losing its window first.
     Invariant: the windows' footprints, summed in ownership order, stay within usable
-    for every window that was admitted or renewed against them.
+    for every window that was admitted or renewed against them (work-conserving
+    admissions hold no window).
     """
     if usage is None:
         return Admit(OPEN, reserve=_keep(view, knobs))

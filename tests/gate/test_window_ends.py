@@ -112,3 +112,26 @@ async def test_a_held_turn_goes_in_work_conserving_once_the_idle_replica_waited_
     lease.release()
     assert sample(metrics, "kvgate_admissions_total", replica="r0", reason="work_conserving") == 1
     assert_clean(gate, clock)
+
+
+async def test_a_newcomer_held_behind_a_silent_sessions_window_gets_in_once_it_goes_quiet(metrics, clock):
+    """The lead's hang (bench overhead, 256 clients, no finish header): every held turn waited
+    with no lease out and the replica idle, behind windows of sessions that had ended without
+    saying so, for idle_grace_sec (60 s). Now the window ends once its session is quiet
+    (the floor: no gap measured), and the held turn's own timer (bounded by that deadline)
+    lets it re-decide: no release is needed to wake it."""
+    probe = FakeProbe(usage=0.1, total=100, free=100, block_size=16)
+    probe.set_prefix("gone", total=80, hit=0, tokens=80 * 16)
+    gate = Gate("r0", probe, settings(policy="contract", wait_poll_sec=60, quiet_floor_sec=0.05), metrics, clock)
+    big = {"max_tokens": 0, "messages": [{"role": "user", "content": "x" * 2000}]}
+    (await gate.acquire("gone", "chat", {"id": "gone", **big})).release()  # its last turn; no finish
+    probe.set_prefix("next", total=50, hit=0, tokens=50 * 16)
+    task = asyncio.create_task(gate.acquire("next", "chat", {"id": "next", **big}))
+    await until(lambda: gate.counts()["waiters"] == 1, "the newcomer to be held")
+    assert gate.counts()["leases"] == 0  # nothing in flight: no release will wake it
+    clock.advance(0.05)  # the silent session's window is quiet now
+    lease = await asyncio.wait_for(task, 5)  # woken by its own timer, not the 60 s poll
+    assert lease.reason == "contract_fits"
+    lease.release()
+    assert ends(metrics, "quiet") == 1
+    assert_clean(gate, clock)
