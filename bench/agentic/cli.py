@@ -23,7 +23,8 @@ from bench.agentic.apis import APIS
 from bench.agentic.ceiling import WORDS, TokenModel, simulator_token_model, workload_ceiling
 from bench.agentic.plots import write_plots
 from bench.agentic.regimes import REGIMES, get_regime
-from bench.agentic.report import compare_to, evaluate_targets, format_markdown, format_table, format_targets
+from bench.agentic.report import (compare_to, evaluate_targets, format_markdown, format_table, format_targets,
+                                   real_vllm_targets)
 from bench.agentic.remote_tokens import server_token_model
 from bench.agentic.runner import MODES, RunPlan, model_name, run_mode, run_plan
 from bench.agentic.topologies import TOPOLOGY_MODES
@@ -203,7 +204,7 @@ async def _run(args, plan: RunPlan, regime: str) -> int:
     runs = await run_plan(plan, ceiling.hit_rate, repeat=args.repeat)
     results = {mode: run.summary for mode, run in runs.items()}
     comparisons = compare_to(results)
-    targets = evaluate_targets(regime, results)
+    targets = evaluate_targets(regime, results) + real_vllm_targets(regime, results)
     document = {
         "regime": regime, "api": plan.api, "seed": plan.workload.seed, "command": " ".join(sys.argv),
         "started_unix": started, "workload": asdict(spec),

@@ -22,7 +22,7 @@ reproduction. `--send-finish no` turns any regime into its silent-finish form.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bench.agentic.processes import ReplicaShape
 from bench.agentic.workload import WorkloadSpec
@@ -36,6 +36,11 @@ class Regime:
     shape: ReplicaShape
     replicas: int = 2
     gate: dict = field(default_factory=dict)  # gate knobs shared by the kvgate modes
+    # For --replica-url regimes: the random-weight model preset of
+    # tests/vllm/scripts/build_tiny_model.py the vLLM server should serve ("tiny" or
+    # "prefill"); `shape` then gives the server's cache flags (num_blocks + 1 blocks,
+    # one is vLLM's null block). tests/vllm/scripts/run_vllm_bench.py starts it.
+    vllm_model: str | None = None
 
 
 def _thrash_workload(**changes) -> WorkloadSpec:
@@ -50,6 +55,43 @@ def _thrash_workload(**changes) -> WorkloadSpec:
 
 _SMALL_CACHE = ReplicaShape(num_blocks=512, block_size=16, max_num_seqs=64,
                             max_num_batched_tokens=2048, max_model_len=8192, time_scale=1.5)
+
+# The real-vLLM regimes' server: 64 blocks of 32 tokens (63 usable), 8 sequences.
+_VLLM_CACHE = ReplicaShape(num_blocks=63, block_size=32, max_num_seqs=8, max_num_batched_tokens=2048,
+                           max_model_len=2016, time_scale=1.0)
+# The prefill-bound model's engine steps are capped at 512 tokens (chunked prefill): an
+# uncapped step of 2,048 prompt tokens takes 1-4 s on 2 shared cores, and the gate's
+# probes, answered between steps, would time out (probe.timeout_sec 1) and admit `open`.
+_VLLM_PREFILL_CACHE = replace(_VLLM_CACHE, max_num_batched_tokens=512)
+# The default gate but for one knob: the engine core answers the gate's probes between two
+# scheduler steps, and on 2 shared CPU cores one step takes 0.5-2 s (the plugin measured
+# decode steps of 0.7-1.5 s under load), longer than the default probe.timeout_sec of 1 s
+# (sized for GPU steps of tens of ms). A probe that times out decides as if the replica
+# were unavailable, i.e. admits `open`: 43 of 62 turns in a vllm-prefill-no-finish run.
+_VLLM_CPU_GATE = {"probe": {"timeout_sec": 5.0}}
+_VLLM_SMALL_WORKLOAD = WorkloadSpec(
+    sessions=16, concurrency=8, turns_min=5, turns_max=7, system_prompt_words=20,
+    shared_system_prompt=False, task_words=10, tool_result_words_min=40, tool_result_words_max=60,
+    reply_tokens=8, tool_latency_median_s=0.05, tool_latency_sigma=0.5)
+# Contexts of ~250 tokens growing ~170 a turn to ~1,100: one full re-prefill (~0.3-1 s
+# on 2 cores) outweighs a turn's 8 decode steps; tool calls of ~0.3 s, as in issue 9.
+_VLLM_PREFILL_WORKLOAD = WorkloadSpec(
+    sessions=12, concurrency=6, turns_min=4, turns_max=6, system_prompt_words=40,
+    shared_system_prompt=False, task_words=10, tool_result_words_min=25, tool_result_words_max=40,
+    reply_tokens=8, tool_latency_median_s=0.3, tool_latency_sigma=0.5)
+
+
+def _real_vllm_pair(name: str, description: str, workload: WorkloadSpec, model: str,
+                    shape: ReplicaShape) -> dict[str, Regime]:
+    """`name` (the last turn carries x-session-finish) and `name`-no-finish (no turn does: an
+    agent on a plain OpenAI SDK), both against one given vLLM server with the default gate
+    but for the probe deadline (`_VLLM_CPU_GATE`)."""
+    regime = Regime(name, description, workload, shape, replicas=1, gate=_VLLM_CPU_GATE, vllm_model=model)
+    silent = Regime(f"{name}-no-finish", f"{name}, and no turn carries x-session-finish (an agent on a "
+                    "plain OpenAI SDK)", workload.replace(send_finish=False), shape, replicas=1,
+                    gate=_VLLM_CPU_GATE, vllm_model=model)
+    return {name: regime, silent.name: silent}
+
 
 REGIMES: dict[str, Regime] = {
     "no-pressure": Regime(
@@ -81,19 +123,17 @@ REGIMES: dict[str, Regime] = {
         _SMALL_CACHE,
         gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
     ),
-    "vllm-small": Regime(
+    **_real_vllm_pair(
         "vllm-small",
         "for --replica-url against the tiny real-vLLM CPU server (block 32, 64 blocks, ~3 tokens "
         "per word): 8 sessions at once need ~2.5x its 2016-token cache",
-        WorkloadSpec(sessions=16, concurrency=8, turns_min=5, turns_max=7, system_prompt_words=20,
-                     shared_system_prompt=False, task_words=10, tool_result_words_min=40,
-                     tool_result_words_max=60, reply_tokens=8, tool_latency_median_s=0.05,
-                     tool_latency_sigma=0.5),
-        ReplicaShape(num_blocks=63, block_size=32, max_num_seqs=8, max_num_batched_tokens=2048,
-                     max_model_len=2016, time_scale=1.0),
-        replicas=1,
-        gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
-    ),
+        _VLLM_SMALL_WORKLOAD, "tiny", _VLLM_CACHE),
+    **_real_vllm_pair(
+        "vllm-prefill",
+        "for --replica-url against the prefill-bound real-vLLM CPU server (8 layers of width 512, "
+        "block 32, 64 blocks, ~4.5 tokens per word): a cold re-prefill of a context costs more than "
+        "a turn's decode, and 6 sessions at once need ~2x the 2016-token cache",
+        _VLLM_PREFILL_WORKLOAD, "prefill", _VLLM_PREFILL_CACHE),
     "tiny": Regime(
         "tiny",
         "a few short sessions on small replicas: seconds, for the end-to-end test",

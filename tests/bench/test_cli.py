@@ -39,3 +39,10 @@ def test_bad_options_exit_2_naming_the_option(argv, message, capsys):
 def test_sweep_refuses_given_servers(capsys):
     assert main(parse("--sweep", "--replica-url", "http://127.0.0.1:9")) == 2
     assert "--sweep" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value,expected", [(None, True), ("yes", True), ("no", False)])
+def test_send_finish_option(value, expected):
+    argv = ("--regime", "thrash") + (("--send-finish", value) if value else ())
+    plan, _ = build_plan(parse(*argv))
+    assert plan.workload.spec.send_finish is expected

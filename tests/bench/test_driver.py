@@ -67,3 +67,12 @@ async def test_sessions_start_no_earlier_than_their_interval(scripted_replica):
     driver, _ = await drive(url, workload)
     first_send = {a.session_index: a.start_s for a in driver.attempts}
     assert all(first_send[i] >= i * 0.05 for i in range(3))
+
+
+async def test_without_send_finish_no_turn_carries_the_finish_header(scripted_replica):
+    replica, url = await scripted_replica()
+    workload = generate_workload(SPEC.replace(send_finish=False), 5)
+    driver, _ = await drive(url, workload)
+    assert len(driver.turns) == 9 and all(t.ok for t in driver.turns)
+    assert len(replica.requests) == 9
+    assert all("x-session-finish" not in headers for headers, _ in replica.requests)

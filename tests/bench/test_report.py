@@ -3,7 +3,7 @@
 import pytest
 
 from bench.agentic.driver import AttemptRecord, TurnRecord
-from bench.agentic.report import (compare_to, evaluate_targets, format_table, percentile,
+from bench.agentic.report import (compare_to, evaluate_targets, format_table, percentile, real_vllm_targets,
                                   summarize_mode, turn_bucket)
 from bench.agentic.scrape import Counters
 
@@ -117,3 +117,22 @@ def test_median_run_picks_the_middle_makespan():
     runs = [ModeRun({"makespan_s": m}, [], [], []) for m in (9.0, 3.0, 5.0, 7.0)]
     assert median_run(runs).summary["makespan_s"] == 5.0
     assert median_run(runs[:3]).summary["makespan_s"] == 5.0
+
+
+@pytest.mark.parametrize("regime,kvgate,expected", [
+    # prefill-bound model: makespan <= 0.8x sticky and hit rate >= 2x sticky's (sticky: 10 s, 0.2)
+    ("vllm-prefill", {"makespan_s": 8.0, "hit_rate": 0.4},
+     {"makespan <= 0.8x sticky": True, "hit rate >= 2x sticky": True}),
+    ("vllm-prefill-no-finish", {"makespan_s": 8.1, "hit_rate": 0.39},
+     {"makespan <= 0.8x sticky": False, "hit rate >= 2x sticky": False}),
+    # tiny model: makespan <= 1.05x sticky, hit rate not a target
+    ("vllm-small", {"makespan_s": 10.5, "hit_rate": 0.1}, {"makespan <= 1.05x sticky": True}),
+    ("vllm-small-no-finish", {"makespan_s": 10.6, "hit_rate": 0.9}, {"makespan <= 1.05x sticky": False}),
+    ("thrash", {"makespan_s": 1.0, "hit_rate": 0.9}, {}),  # simulated regimes: evaluate_targets' job
+])
+def test_real_vllm_targets(regime, kvgate, expected):
+    results = {"sticky": {"makespan_s": 10.0, "hit_rate": 0.2}, "kvgate-contract": kvgate}
+    checks = real_vllm_targets(regime, results)
+    assert {c["target"]: c["met"] for c in checks} == expected
+    assert all(c["mode"] == "kvgate-contract" for c in checks)
+    assert real_vllm_targets(regime, {"kvgate-contract": kvgate}) == []  # no sticky run: nothing to compare

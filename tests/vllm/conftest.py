@@ -1,8 +1,10 @@
-"""Fixtures for the real-vLLM tests: the cached vLLM venv, the tiny model, one server.
+"""Fixtures for the real-vLLM tests: the cached vLLM venv, the two models, their servers.
 
-One server is started per test session (startup costs 25-70 s on 2 cores) and
-shared by every test in tests/vllm; tests stay independent of each other by using
-unique prompts or by resetting vLLM's prefix cache first.
+Each server is started once per test session (startup costs 25-70 s on 2 cores), on
+first use, and shared by every test that asks for it; tests stay independent of each
+other by using unique prompts or by resetting vLLM's prefix cache first.
+``vllm_server`` serves the tiny model (plugin behaviour); ``vllm_prefill_server``
+serves the prefill-bound model, where re-prefill costs real time (end-to-end gains).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_harness import VllmServer, ensure_tiny_model, ensure_vllm_venv
+from vllm_harness import VllmServer, ensure_prefill_model, ensure_tiny_model, ensure_vllm_venv
 
 
 @pytest.fixture(scope="session")
@@ -24,12 +26,33 @@ def tiny_model(vllm_python: Path) -> Path:
     return ensure_tiny_model(vllm_python)
 
 
-@pytest.fixture(scope="session")
-def vllm_server(vllm_python: Path, tiny_model: Path, tmp_path_factory) -> VllmServer:
-    log_dir = tmp_path_factory.mktemp("vllm-server")
-    server = VllmServer(python=vllm_python, model_dir=tiny_model, log_path=log_dir / "vllm.log")
+def _served(python: Path, model_dir: Path, tmp_path_factory, served_model_name: str,
+            extra_args: tuple[str, ...] = ()):
+    """One started server for the test session, stopped (with its process group) at its end."""
+    log_dir = tmp_path_factory.mktemp(f"vllm-{served_model_name}-server")
+    server = VllmServer(python=python, model_dir=model_dir, log_path=log_dir / "vllm.log",
+                        served_model_name=served_model_name, extra_args=extra_args)
     server.start()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_python: Path, tiny_model: Path, tmp_path_factory) -> VllmServer:
+    yield from _served(vllm_python, tiny_model, tmp_path_factory, "tiny")
+
+
+@pytest.fixture(scope="session")
+def prefill_model(vllm_python: Path) -> Path:
+    return ensure_prefill_model(vllm_python)
+
+
+@pytest.fixture(scope="session")
+def vllm_prefill_server(vllm_python: Path, prefill_model: Path, tmp_path_factory) -> VllmServer:
+    """The prefill-bound model on the tiny server's cache shape (64 x 32-token blocks), engine
+    steps capped at 512 tokens: an uncapped 2,048-token prefill step lasts seconds on 2 cores,
+    longer than the gate's probe timeout (probes are answered between steps)."""
+    yield from _served(vllm_python, prefill_model, tmp_path_factory, "prefill",
+                       extra_args=("--max-num-batched-tokens", "512"))

@@ -7,8 +7,9 @@ so both runs of a comparison send byte-identical prompts and the tiny random mod
 re-tokenisation quirks cannot differ between them. Sessions start within
 ``start_spread_sec`` of each other and wait a tool latency of 0.5-1.5 x
 ``tool_latency_sec`` between turns (seeded, so both runs see the same timings); the
-session id travels in the ``x-session-id`` header and the last turn carries
-``x-session-finish: true`` (SPEC.md sections 3 and 4).
+session id travels in the ``x-session-id`` header, and with ``send_finish`` the last
+turn carries ``x-session-finish: true`` (SPEC.md sections 3 and 4); without it no turn
+does, as with an agent built on a plain OpenAI SDK.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class WorkloadShape:
     start_spread_sec: float = 1.0
     model: str = "tiny"
     request_timeout_sec: float = 600.0
+    send_finish: bool = True
 
 
 @dataclass
@@ -85,7 +87,7 @@ async def _run_session(http: aiohttp.ClientSession, base_url: str, session: int,
         messages.append({"role": "user", "content": script.users[turn]})
         body = {"model": shape.model, "messages": messages, "max_tokens": shape.max_tokens, "ignore_eos": True}
         headers = {"x-session-id": session_id}
-        if turn == shape.turns - 1:
+        if shape.send_finish and turn == shape.turns - 1:
             headers["x-session-finish"] = "true"
         started = time.monotonic()
         async with http.post(base_url + "/v1/chat/completions", json=body, headers=headers) as response:

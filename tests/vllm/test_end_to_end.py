@@ -1,15 +1,30 @@
-"""kvgate in front of a real vLLM CPU server stops prefix-cache thrashing (issue 4, item 5).
+"""kvgate in front of a real vLLM CPU server: more prefix-cache hits, and no slower (issues 4 and 9).
 
 The same multi-turn workload (8 sessions x 8 turns, ~60 new prompt tokens a turn,
-sessions that together outgrow the 63-usable-block x 32-token cache) runs twice on
-the shared server, with the prefix cache reset before each run: once straight to
-vLLM, once through ``kvgate serve`` with the gate enforcing. The prefix-cache hit
-rate of each run comes from vLLM's own counters (``vllm:prefix_cache_hits_total``
-over ``vllm:prefix_cache_queries_total``, deltas), and kvgate's must be at least
-twice the direct one. Direct often thrashes down to 0 here, where "twice" proves
-nothing, so kvgate must also reach ``MIN_GATED_HIT_RATE``: half of the ~0.80 that two
-sessions alone reach on this cache (measured), i.e. most sessions' prefixes kept
-resident. Run with ``-s`` to see the numbers.
+contexts of ~400-900 tokens that together outgrow the 63-usable-block x 32-token
+cache about 2.5x) runs on one server, with the prefix cache reset before each run:
+straight to vLLM, then through a fresh ``kvgate serve`` with the default gate, for
+``ROUNDS`` interleaved rounds (2; ``KVGATE_E2E_ROUNDS``) with one seed per round.
+No turn carries ``x-session-finish``: the sessions end silently, as an agent built on
+a plain OpenAI SDK does, so the gate has to notice by itself that a session is over.
+
+The server serves the prefill-bound random-weight model (8 layers of width 512,
+``build_tiny_model.py --preset prefill``): a cold prefill of one context costs more
+than the turn's decode on these CPUs, so the re-prefill the gate saves is real time,
+as it is for agent contexts on GPUs. (On the tiny model re-prefill costs about
+nothing, so a gate that gives up little may rightly admit everything.)
+
+Two assertions, from vLLM's own counters and the client's clock:
+- the hit rate, averaged over the rounds (``vllm:prefix_cache_hits_total`` over
+  ``..._queries_total``, deltas), is at least twice the direct one and at least ``MIN_GATED_HIT_RATE``: half of the
+  ~0.80 that two sessions alone reach on this cache (measured), since direct often
+  thrashes down to near 0, where "twice" proves nothing;
+- the makespan, summed over the rounds, is at most ``MAX_MAKESPAN_VS_DIRECT`` x the
+  direct one (issue 9). A gate that holds sessions back for a window that outlives
+  them fails this by minutes. Each run is tens of seconds of prefill-bound work, the
+  server is warmed up first and the rounds interleave, so fixed overheads (HTTP, the
+  proxy) and bursts of other load on the machine stay well below the 10% margin.
+Run with ``-s`` to see the numbers.
 """
 
 from __future__ import annotations
@@ -17,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -25,18 +41,23 @@ from vllm_harness import KvgateProxy, free_port, prefix_counters
 
 pytestmark = pytest.mark.vllm
 
-SHAPE = WorkloadShape()
+SHAPE = WorkloadShape(model="prefill", send_finish=False)
 MIN_GATED_HIT_RATE = 0.40
-# The contract policy by default: the seed policy reads only live-request usage, which
-# is low exactly while idle sessions' prefixes are being evicted (DESIGN.md section 3).
+MAX_MAKESPAN_VS_DIRECT = 1.1
+# The default policy unless overridden, for comparing policies by hand.
 GATE_POLICY = os.environ.get("KVGATE_E2E_POLICY", "contract")
+# The one knob off its default: CPU engine steps last 0.5-2 s on 2 shared cores and the
+# engine core answers probes between steps; a probe past its 1 s default admits `open`.
+PROBE_TIMEOUT_SEC = 5.0
+# Rounds of (direct, kvgate), interleaved; walls are summed and hit rates averaged.
+ROUNDS = int(os.environ.get("KVGATE_E2E_ROUNDS", "2"))
 
 
-def measured_run(server, base_url: str, seed: int):
+def measured_run(server, base_url: str, seed: int, shape: WorkloadShape = SHAPE):
     """(workload result, prefix-cache hit rate of this run) with an empty cache at start."""
     server.reset_prefix_cache()
     queries_before, hits_before = prefix_counters(server.url)
-    result = asyncio.run(run_workload(base_url, SHAPE, seed=seed))
+    result = asyncio.run(run_workload(base_url, shape, seed=seed))
     queries_after, hits_after = prefix_counters(server.url)
     queries = queries_after - queries_before
     return result, (hits_after - hits_before) / queries if queries else 0.0
@@ -49,36 +70,64 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def test_kvgate_at_least_doubles_the_prefix_cache_hit_rate(vllm_server, tmp_path):
-    direct, direct_hit_rate = measured_run(vllm_server, vllm_server.url, seed=1)
-    assert not direct.failures, direct.failures[:3]
-
-    config = tmp_path / "kvgate.yaml"
-    proxy = KvgateProxy(config_path=config, log_path=tmp_path / "kvgate.log", port=free_port())
-    KvgateProxy.write_config(config, proxy.port, vllm_server.url,
-                             {"mode": "enforce", "policy": GATE_POLICY, "wait_poll_sec": 0.2})
+def gated_run(server, tmp_path: Path, seed: int):
+    """A measured run through a fresh ``kvgate serve`` with the default gate (policy and probe
+    deadline aside)."""
+    config = tmp_path / f"kvgate-{seed}.yaml"
+    proxy = KvgateProxy(config_path=config, log_path=tmp_path / f"kvgate-{seed}.log", port=free_port())
+    KvgateProxy.write_config(config, proxy.port, server.url,
+                             {"mode": "enforce", "policy": GATE_POLICY, "probe": {"timeout_sec": PROBE_TIMEOUT_SEC}})
     proxy.start()
     try:
-        gated, gated_hit_rate = measured_run(vllm_server, proxy.url, seed=1)
+        result, hit_rate = measured_run(server, proxy.url, seed=seed)
     finally:
         proxy.stop()
-    assert not gated.failures, gated.failures[:3] + [proxy.log_tail()]
+    assert not result.failures, result.failures[:3] + [proxy.log_tail()]
+    return result, hit_rate
 
-    total_turns = SHAPE.sessions * SHAPE.turns
+
+def test_kvgate_doubles_the_hit_rate_and_is_no_slower_without_finish_headers(vllm_prefill_server, tmp_path):
+    server = vllm_prefill_server
+    # Warm-up: vLLM's first batches of a new shape are slow; whichever run came first would pay it.
+    warmup, _ = measured_run(server, server.url, seed=99,
+                             shape=WorkloadShape(model="prefill", sessions=4, turns=2, tool_latency_sec=0.0))
+    assert not warmup.failures, warmup.failures[:3]
+
+    direct_runs, gated_runs = [], []
+    for round_index in range(ROUNDS):  # interleaved, so a burst of load elsewhere hits both alike
+        seed = 1 + round_index
+        direct_runs.append(measured_run(server, server.url, seed=seed))
+        assert not direct_runs[-1][0].failures, direct_runs[-1][0].failures[:3]
+        gated_runs.append(gated_run(server, tmp_path, seed))
+
+    direct_wall = sum(result.wall_sec for result, _ in direct_runs)
+    gated_wall = sum(result.wall_sec for result, _ in gated_runs)
+    direct_hit_rate = sum(rate for _, rate in direct_runs) / ROUNDS
+    gated_hit_rate = sum(rate for _, rate in gated_runs) / ROUNDS
+    makespan_ratio = gated_wall / direct_wall
+    admissions = sum((result.admissions for result, _ in gated_runs), Counter())
+    waits = [w for result, _ in gated_runs for w in result.wait_ms]
     print(
-        f"\n[e2e] {SHAPE.sessions} sessions x {SHAPE.turns} turns on {vllm_server.num_blocks - 1} usable "
-        f"x {vllm_server.block_size}-token blocks, gate policy {GATE_POLICY}\n"
-        f"[e2e] direct: hit rate {direct_hit_rate:.3f}, wall {direct.wall_sec:.1f}s, "
-        f"turn p50 {percentile(direct.turn_sec, 0.5):.2f}s\n"
-        f"[e2e] kvgate: hit rate {gated_hit_rate:.3f}, wall {gated.wall_sec:.1f}s, "
-        f"turn p50 {percentile(gated.turn_sec, 0.5):.2f}s, admissions {dict(Counter(gated.admissions))}, "
-        f"wait p50/p95 {percentile(gated.wait_ms, 0.5):.0f}/{percentile(gated.wait_ms, 0.95):.0f} ms"
+        f"\n[e2e] {ROUNDS} rounds of {SHAPE.sessions} sessions x {SHAPE.turns} turns, no finish header, on "
+        f"{server.num_blocks - 1} usable x {server.block_size}-token blocks, model {SHAPE.model}, "
+        f"gate policy {GATE_POLICY}\n"
+        f"[e2e] direct: hit rates {[round(rate, 3) for _, rate in direct_runs]}, "
+        f"walls {[round(result.wall_sec, 1) for result, _ in direct_runs]} s\n"
+        f"[e2e] kvgate: hit rates {[round(rate, 3) for _, rate in gated_runs]}, "
+        f"walls {[round(result.wall_sec, 1) for result, _ in gated_runs]} s ({makespan_ratio:.2f}x direct), "
+        f"admissions {dict(admissions)}, wait p50/p95 {percentile(waits, 0.5):.0f}/{percentile(waits, 0.95):.0f} ms"
     )
-    assert direct.turns_ok == gated.turns_ok == total_turns
-    assert gated.admissions, "no x-kvgate-admission header: did the requests go through kvgate?"
+    total_turns = SHAPE.sessions * SHAPE.turns
+    assert all(result.turns_ok == total_turns for result, _ in direct_runs + gated_runs)
+    assert admissions, "no x-kvgate-admission header: did the requests go through kvgate?"
     assert gated_hit_rate >= max(2 * direct_hit_rate, MIN_GATED_HIT_RATE), (
         f"kvgate hit rate {gated_hit_rate:.3f} is not at least twice the direct {direct_hit_rate:.3f} "
         f"and at least {MIN_GATED_HIT_RATE}; "
-        f"admission reasons {dict(gated.admissions)} (all 'open' means no gate held anything back: "
+        f"admission reasons {dict(admissions)} (all 'open' means no gate held anything back: "
         "is the gate wired into `kvgate serve` and does its policy price reserved sessions' blocks?)"
+    )
+    assert makespan_ratio <= MAX_MAKESPAN_VS_DIRECT, (
+        f"kvgate took {gated_wall:.1f}s, {makespan_ratio:.2f}x the direct {direct_wall:.1f}s "
+        f"(allowed {MAX_MAKESPAN_VS_DIRECT}x); gate wait p95 {percentile(waits, 0.95):.0f} ms: "
+        "do windows of sessions that went quiet without x-session-finish outlive them?"
     )

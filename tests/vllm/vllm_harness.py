@@ -9,8 +9,9 @@ environment, created on first use and cached:
   installed into it editable without dependencies so vLLM finds the entry points.
   A file lock serialises parallel runs; the sentinel file is written only after
   ``import vllm`` works, so an interrupted install is redone, not trusted.
-- ``ensure_tiny_model()``: a random-weight Llama built by
-  ``scripts/build_tiny_model.py`` into ``~/.cache/kvgate/models/<hash of that script>``.
+- ``ensure_tiny_model()`` / ``ensure_prefill_model()``: random-weight Llamas (presets
+  ``tiny`` and ``prefill``) built by ``scripts/build_tiny_model.py`` into
+  ``~/.cache/kvgate/models/<hash of that script and the preset>``.
 - ``VllmServer.start()``: ``python -m vllm.entrypoints.openai.api_server`` in its own
   process group with ``VLLM_PLUGINS=kvgate``; ``stop()`` kills the whole group.
 """
@@ -164,21 +165,40 @@ def ensure_vllm_venv(venv: Path = VENV_DIR) -> Path:
     return python
 
 
-def ensure_tiny_model(python: Path) -> Path:
-    """Directory of the tiny test model, built once per version of the build script."""
+def model_cache_dir(preset: str) -> Path:
+    """Where the model of `preset` is cached: a hash of the build script and the preset,
+    so editing the script (or a preset) builds a new model instead of trusting an old one."""
     script = SCRIPTS / "build_tiny_model.py"
-    digest = hashlib.sha256(script.read_bytes()).hexdigest()[:16]
-    target = CACHE_ROOT / "models" / digest
+    digest = hashlib.sha256(script.read_bytes() + b"\0preset=" + preset.encode()).hexdigest()[:16]
+    return CACHE_ROOT / "models" / digest
+
+
+def ensure_model(python: Path, preset: str) -> Path:
+    """Directory of the random-weight model `preset` of ``scripts/build_tiny_model.py``,
+    built once per version of the script (under a lock, staged, marked complete last)."""
+    target = model_cache_dir(preset)
     with file_lock(CACHE_ROOT / "models.lock"):
         if (target / ".complete").exists():
             return target
-        staging = target.with_name(digest + ".building")
+        staging = target.with_name(target.name + ".building")
         shutil.rmtree(staging, ignore_errors=True)
-        _run([str(python), str(script), str(staging)], 600, "building the tiny test model")
-        (staging / ".complete").write_text("ok\n")
+        _run([str(python), str(SCRIPTS / "build_tiny_model.py"), str(staging), "--preset", preset], 900,
+             f"building the {preset} test model")
+        (staging / ".complete").write_text(f"preset {preset}\n")
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
     return target
+
+
+def ensure_tiny_model(python: Path) -> Path:
+    """The tiny test model (2 layers of width 64): prefill is nearly free."""
+    return ensure_model(python, "tiny")
+
+
+def ensure_prefill_model(python: Path) -> Path:
+    """The prefill-bound test model (8 layers of width 512): on 2 CPU cores a cold
+    prefill of an agent context costs at least a short turn's decode."""
+    return ensure_model(python, "prefill")
 
 
 # ---------------------------------------------------------------- HTTP helpers
@@ -236,16 +256,20 @@ def start_service(command: list[str], log_path: Path, ready_url: str, timeout: f
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    cwd=str(cwd or log_path.parent), start_new_session=True)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode} while starting:\n{log_tail(log_path)}")
-        try:
-            with urllib.request.urlopen(ready_url, timeout=5) as response:
-                if response.status == 200:
-                    return process
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            pass
-        time.sleep(poll)
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"{what} exited with {process.returncode} while starting:\n{log_tail(log_path)}")
+            try:
+                with urllib.request.urlopen(ready_url, timeout=5) as response:
+                    if response.status == 200:
+                        return process
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(poll)
+    except BaseException:  # Ctrl-C or SIGTERM while starting: the caller never gets the process to stop
+        stop_process_group(process)
+        raise
     stop_process_group(process)
     raise RuntimeError(f"{what} was not ready within {timeout}s:\n{log_tail(log_path)}")
 
@@ -285,6 +309,8 @@ class VllmServer:
     num_blocks: int = 64
     max_num_seqs: int = 8
     served_model_name: str = "tiny"
+    kv_cache_memory_bytes: str = "64M"  # must hold num_blocks blocks of this model's KV
+    extra_args: tuple[str, ...] = ()
     port: int = 0
     process: subprocess.Popen | None = field(default=None, repr=False)
 
@@ -304,10 +330,11 @@ class VllmServer:
             "--host", "127.0.0.1", "--port", str(self.port),
             "--block-size", str(self.block_size),
             "--num-gpu-blocks-override", str(self.num_blocks),
-            "--kv-cache-memory-bytes", "64M",
+            "--kv-cache-memory-bytes", self.kv_cache_memory_bytes,
             "--max-model-len", str(self.max_model_len),
             "--max-num-seqs", str(self.max_num_seqs),
             "--enforce-eager",
+            *self.extra_args,
         ]
 
     def environment(self) -> dict[str, str]:

@@ -1,17 +1,28 @@
-"""Build a tiny random-weight Llama and a BPE tokenizer with a chat template.
+"""Build a random-weight Llama and a BPE tokenizer with a chat template.
 
 Run by the vLLM venv's python (it needs torch, transformers and tokenizers):
 
-    python build_tiny_model.py OUT_DIR
+    python build_tiny_model.py OUT_DIR [--preset tiny|prefill]
 
 Writes a Hugging Face model directory vLLM can serve. Deterministic for a given
-version of this file and of transformers/tokenizers, so the test fixture caches
-the result under a hash of this file's content. head_dim is 32: vLLM's CPU
-attention kernels reject 16.
+version of this file, preset and transformers/tokenizers, so the test fixture caches
+the result under a hash of this file's content and the preset. head_dim is at least
+32: vLLM's CPU attention kernels reject 16.
+
+Presets (``MODEL_PRESETS``; both share the tokenizer):
+- ``tiny`` (default): 2 layers of width 64. Prefill costs about as much as the HTTP
+  round trip, so re-prefill is nearly free: right for plugin tests, useless for
+  showing what a prefix-cache hit saves.
+- ``prefill``: 8 layers of width 512 (GQA 8/2 heads, head_dim 64), about 44 MB, sized
+  so that on a 2-core CPU a cold prefill of a 1,000-2,000-token agent context costs
+  at least a short turn's decode (DESIGN.md section 6: ~0.2 s for 1,200 tokens,
+  ~1.4 s for 4,000, 0.1-0.4 s for 16 decode steps). The real-vLLM `vllm-prefill`
+  benchmark regime runs on it.
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import sys
 from pathlib import Path
@@ -63,38 +74,47 @@ def build_tokenizer(out_dir: Path) -> int:
     return len(fast)
 
 
-def build_model(out_dir: Path, vocab_size: int) -> None:
+# LlamaConfig sizes per preset (see the module docstring for why these two).
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=2, head_dim=32),
+    "prefill": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+                    num_attention_heads=8, num_key_value_heads=2, head_dim=64),
+}
+
+
+# Weights are saved in the dtype vLLM's CPU backend runs them in anyway (it downcasts
+# float32 checkpoints to bfloat16); the tiny model keeps its original float32 file.
+PRESET_DTYPES = {"tiny": "float32", "prefill": "bfloat16"}
+
+
+def build_model(out_dir: Path, vocab_size: int, preset: str = "tiny") -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=32,
+        **MODEL_PRESETS[preset],
         max_position_embeddings=4096,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=2,
         tie_word_embeddings=True,
     )
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = LlamaForCausalLM(config).to(getattr(torch, PRESET_DTYPES[preset]))
     model.save_pretrained(out_dir, safe_serialization=True)
     GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2).save_pretrained(out_dir)
 
 
 def main() -> int:
-    if len(sys.argv) != 2:
-        print("usage: build_tiny_model.py OUT_DIR", file=sys.stderr)
-        return 2
-    out_dir = Path(sys.argv[1])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    vocab_size = build_tokenizer(out_dir)
-    build_model(out_dir, vocab_size)
+    parser = argparse.ArgumentParser(description="build a random-weight Llama that vLLM can serve")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--preset", choices=sorted(MODEL_PRESETS), default="tiny")
+    args = parser.parse_args()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    vocab_size = build_tokenizer(args.out_dir)
+    build_model(args.out_dir, vocab_size, args.preset)
     return 0
 
 
