@@ -18,6 +18,7 @@ body whose ``previous_response_id`` this server does not hold.
 import asyncio
 import logging
 import os
+import time
 from typing import Any
 
 from kvgate_vllm import jsonio
@@ -102,7 +103,7 @@ class ProbeService:
     async def kv_usage(self) -> dict:
         merged = merge_kv_usage(await self._call_all_engines(KV_USAGE_METHOD))
         try:
-            merged.update(self.rates.update(read_totals()))
+            merged.update(self.rates.update(read_totals(), time.monotonic()))
         except Exception:  # the figures are optional: a registry surprise must not fail the probe
             logger.debug("kvgate: could not read vLLM's rate counters", exc_info=True)
         return merged

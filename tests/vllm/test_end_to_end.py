@@ -23,10 +23,10 @@ Two assertions, from vLLM's own counters and the client's clock:
   without a window; README, "Issue 9");
 - the makespan, summed over the rounds, is at most ``MAX_MAKESPAN_VS_DIRECT`` x the
   direct one. Issue 9's target is 1.1x; the gate measured 1.02x, 1.09x and 1.16x on a
-  quiet machine (2026-11-30: it still holds turns up to ~2 s before admitting them
-  `work_conserving`, because the plugin's prefill throughput, read per request,
-  understates batched prefill), so the bound asserted is 1.25x until that is fixed
-  (issue 9 stays open). A gate that holds sessions back for a window that outlives
+  quiet machine, and 0.99x and 1.17x after the plugin's prefill throughput was capped
+  at wall time (2026-11-30: held turns still wait up to 1.4-3.5 s (p95) before going in
+  `work_conserving`), so the bound asserted is 1.25x until that is fixed (issue 9 stays
+  open). A gate that holds sessions back for a window that outlives
   them fails this by minutes. Each run is tens of seconds of prefill-bound work, the
   server is warmed up first and the rounds interleave, so fixed overheads (HTTP, the
   proxy) and bursts of other load on the machine stay well below the margin.

@@ -87,6 +87,27 @@ def test_kv_probe_block_totals_match_cache_config_info(vllm_server):
     assert kv["version"] == 1 and [engine["engine"] for engine in kv["engines"]] == [0]
 
 
+def test_kv_probe_measures_the_engines_speed(vllm_server):
+    """The work-conserving rule's inputs (docs/gate.md): after requests ran, `/v1/kvgate/kv`
+    reports a prefill throughput over a window of at least PREFILL_WINDOW_SEC, a decode step and
+    a prefill share, read from vLLM's own counters."""
+    from kvgate_vllm.engine_rates import PREFILL_WINDOW_SEC
+
+    probe_kv(vllm_server)  # opens a window (or a previous test did)
+    started = time.monotonic()
+    for index in range(3):
+        serve(vllm_server, "/v1/chat/completions",
+              chat_body(words(120, f"speed-{index}"), words(20, f"speed-q-{index}"), max_tokens=8))
+    time.sleep(max(0.0, PREFILL_WINDOW_SEC - (time.monotonic() - started)) + 0.5)
+    for _ in range(20):  # the request metrics reach the API server's registry a moment after the answer
+        kv = probe_kv(vllm_server)
+        if kv.get("prefill_tokens_per_sec") and kv.get("decode_step_sec"):
+            break
+        time.sleep(0.25)
+    assert kv["prefill_tokens_per_sec"] > 0 and kv["decode_step_sec"] > 0, kv
+    assert 0.0 <= kv["prefill_share"] <= 1.0, kv
+
+
 def test_chat_prefix_hit_ratio_lifecycle(vllm_server):
     tag = uuid.uuid4().hex
     system = f"{tag} " + words(180, tag)
