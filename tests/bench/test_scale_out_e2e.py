@@ -6,15 +6,12 @@ import json
 import subprocess
 import sys
 
+from run_agentic import run_tiny_regime
+
 
 def test_tiny_regime_tiers_and_naive_detected(has_replica, tmp_path):
     out = tmp_path / "agentic"
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.agentic", "--regime", "tiny", "--modes", "tiers,naive-detected",
-         "--out", str(out), "--no-plots", "--request-timeout", "60"],
-        capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    modes = json.loads((out / "results.json").read_text())["modes"]
+    modes = run_tiny_regime(out, "tiers,naive-detected")[0]["modes"]
     for mode, summary in modes.items():
         assert summary["turns_failed"] == 0 and summary["turns_not_run"] == 0, mode
         assert summary["turns_ok"] == summary["turns_planned"] > 0, mode
