@@ -221,10 +221,12 @@ class Forwarder:
             replica.in_flight -= 1
             lease.release(served=upstream.status < 400)  # an error answer (404...) served no prompt
             self._count(kind, replica.name, status)
-        if turn_index and kind in TURN_KINDS and status < 400 and completed:
+        if status >= 400 or not completed:
+            return
+        if turn_index and kind in TURN_KINDS:
             entry.turns = turn_index
             self._observe_turn(turn_index, time.perf_counter() - started)
-        if chain is not None and chain.response_id is not None and status < 400 and completed:
+        if chain is not None and chain.response_id is not None:
             self.sessions.responses.record(chain.response_id, chain.chain_session, replica)
 
     # ---- relaying the response --------------------------------------------------
