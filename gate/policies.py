@@ -65,7 +65,8 @@ class GateView:
       session's growth before it has any history.
     waiters_ahead: named sessions queued at the gate ahead of this attempt (all of
       them for an attempt not queued yet). Only the contract policy reads it: its
-      newcomers are served in strict FIFO order.
+      newcomers get windows in strict FIFO order (one behind others can only go in
+      `work_conserving`, without a window).
     prompt_bound_tokens: an upper bound on the prompt's tokens read off the body
       (`prompt_token_bound`), or None when the body admits no cheap bound. The
       contract policy admits without a prefix probe when even the bound fits.
@@ -266,30 +267,37 @@ DECODE_SLACK_MARGIN = 2.0
 
 
 def holding_cost_sec(view: GateView, usage: UsageReading) -> float:
-    """Engine time that holding the turn back leaves unused.
+    """What holding the turn back costs, in seconds, to weigh against the re-prefill
+    its admission causes; the largest of:
 
-    - on a busy replica: the part of its decode (`max_output_tokens` x the measured
-      decode step) that batching would give for free, i.e. outside the engine's
-      measured prefill share (a decode-bound engine takes another sequence into its
-      batch at almost no cost, a prefill-bound one has no such slack), counted at
-      1 / DECODE_SLACK_MARGIN: the slack is a forecast, the re-prefill a certainty, and
-      a session admitted without a window grows into dearer turns;
-    - on an idle replica, also the idle time ahead (the replica's expected gap before
-      an owner in a tool call returns) and the idle time it already waited (the
-      ski-rental rule: never wait, idle, longer than the re-prefill it would cause).
+    - the part of its decode (`max_output_tokens` x the measured decode step) that
+      batching would give for free, i.e. outside the engine's measured prefill share
+      (a decode-bound engine takes another sequence into its batch at almost no cost,
+      a prefill-bound one has no such slack), counted at 1 / DECODE_SLACK_MARGIN: the
+      slack is a forecast, the re-prefill a certainty, and a session admitted without a
+      window grows into dearer turns;
+    - the time the turn has already waited (`waited_sec`), busy replica or idle: the
+      ski-rental rule. Waiting for a window is rent, the re-prefill the purchase; a
+      turn never waits longer than the re-prefill it would cause, so a hold costs at
+      most twice what the best choice in hindsight would have (and a cheap turn waits
+      at most its cheap re-prefill);
+    - on an idle replica, the idle time ahead (the replica's expected gap before an
+      owner in a tool call returns): the engine would sit idle while the turn waits.
     """
     slack = 1.0 - (usage.prefill_share or 0.0)
     cost = view.max_output_tokens * (usage.decode_step_sec or 0.0) * slack / DECODE_SLACK_MARGIN
+    cost = max(cost, view.waited_sec)
     if view.replica_idle_sec is not None:
-        cost = max(cost, view.expected_gap_sec or 0.0, min(view.replica_idle_sec, view.waited_sec))
+        cost = max(cost, view.expected_gap_sec or 0.0)
     return cost
 
 
 def work_conserving(view: GateView, usage: UsageReading, evicted_blocks: int, knobs: GateSettings) -> Wait | None:
     """None: admit the held turn `work_conserving`, its admission causes less re-prefill
-    (`reprefill_sec` of the `evicted_blocks` it pushes out of other windows) than the
-    compute holding it leaves unused (`holding_cost_sec`). Else the Wait to return,
-    with a recheck time when waiting on an idle replica will tip the balance.
+    (`reprefill_sec` of the `evicted_blocks` it pushes out of other windows) than
+    holding it costs (`holding_cost_sec`). Else the Wait to return, with the recheck
+    time at which the turn will have waited as long as the re-prefill (ski rental),
+    so the gate decides again then without being woken.
     No prefill measurement yet: hold (as the contract always did)."""
     reprefill = reprefill_sec(evicted_blocks, usage) if knobs.work_conserving else None
     if reprefill is None:
@@ -297,10 +305,8 @@ def work_conserving(view: GateView, usage: UsageReading, evicted_blocks: int, kn
     holding = holding_cost_sec(view, usage)
     if reprefill <= holding:
         return None
-    recheck = None
-    if view.replica_idle_sec is not None:
-        recheck = reprefill - min(view.replica_idle_sec, view.waited_sec)
-    return Wait(f"re-prefill {reprefill:.3f}s > holding cost {holding:.3f}s", recheck_sec=recheck)
+    return Wait(f"re-prefill {reprefill:.3f}s > holding cost {holding:.3f}s",
+                recheck_sec=reprefill - view.waited_sec)
 
 
 def evicted_window_blocks(view: GateView, usage: UsageReading, prefix: PrefixReading, budget: int, usable: int) -> int:
@@ -422,17 +428,28 @@ def contract_needs_prefix_probe(view: GateView, usage: UsageReading | None, knob
     At any usage: the watermark is exactly what this policy distrusts (idle windows
     hold no live blocks, so usage reads low while their prefixes are about to be
     evicted). Owners are probed too, so their footprint follows their growing prompt.
-    Not for a newcomer with named waiters ahead (it waits its turn in FIFO order), nor
-    for a turn whose upper bound already fits (`bounded_footprint`: no pressure), nor
-    without block counts (the /metrics fallback: the seed policy decides).
+    A newcomer with named waiters ahead (it gets no window before them) only when the
+    work-conserving rule can let it in (`can_work_conserve`). Not for a turn whose
+    upper bound already fits (`bounded_footprint`: no pressure), nor without block
+    counts (the /metrics fallback: the seed policy decides).
     """
     if usage is None or view.anonymous:
         return False
     if not usage.has_blocks:
         return seed_needs_prefix_probe(view, usage, knobs)
-    if not (view.reserved or view.waiters_ahead == 0):
-        return False
+    if _behind(view):
+        return can_work_conserve(usage, knobs)
     return bounded_footprint(view, usage, knobs) is None
+
+
+def can_work_conserve(usage: UsageReading, knobs: GateSettings) -> bool:
+    """The work-conserving rule is on and has the replica's prefill throughput to price with."""
+    return knobs.work_conserving and reprefill_sec(0, usage) is not None
+
+
+def _behind(view: GateView) -> bool:
+    """A newcomer (no window) with named waiters queued ahead of it."""
+    return not view.reserved and view.waiters_ahead > 0
 
 
 def contract_decide(
@@ -442,7 +459,9 @@ def contract_decide(
 
     - usage unknown: `open`. anonymous: watermark only, as in the seed policy.
       No block counts: the seed policy decides.
-    - a newcomer (no window) with named waiters ahead: wait (strict FIFO; no probe).
+    - a newcomer (no window) with named waiters ahead gets no window before them
+      (strict FIFO): with a prefix reading it may go in `work_conserving` (below),
+      else it waits.
     - a turn whose upper bound fits (`bounded_footprint`): admitted without a probe,
       `reserved_session` or `contract_fits`, its window priced at the bound.
     - no prefix reading: an owner is `reserved_session` with its window as last
@@ -461,8 +480,8 @@ def contract_decide(
       <= usable AND new_blocks <= num_free_blocks - idle_reserved_blocks -
       headroom_blocks (vLLM's own view, which also sees traffic the gate does not);
       else wait. With retain_session its window begins now, priced at the footprint.
-    - either one that would wait (an owner that no longer fits, the head newcomer that
-      does not): `work_conserving` (admitted without a window; an owner's window ends)
+    - any turn that would wait (an owner that no longer fits, a newcomer that does not
+      or is behind others): `work_conserving` (admitted without a window; an owner's window ends)
       when the re-prefill it risks (the windows' blocks it pushes out plus its own
       prompt, at the measured prefill throughput) costs less than holding it
       (`work_conserving`); else the wait, an owner losing its window first.
@@ -474,9 +493,10 @@ def contract_decide(
         return Admit(OPEN, reserve=_keep(view, knobs))
     if view.anonymous or not usage.has_blocks:
         return seed_decide(view, usage, prefix, knobs)
-    if not view.reserved and view.waiters_ahead:
+    behind = _behind(view)
+    if behind and (prefix is None or not can_work_conserve(usage, knobs)):
         return Wait(f"behind {view.waiters_ahead} waiting sessions (first come, first served)")
-    bounded = bounded_footprint(view, usage, knobs)
+    bounded = None if behind else bounded_footprint(view, usage, knobs)
     if bounded is not None:
         return Admit(RESERVED_SESSION if view.reserved else CONTRACT_FITS, reserve=knobs.retain_session,
                      resident_blocks=bounded)
@@ -498,7 +518,7 @@ def contract_decide(
     budget = usage.num_free_blocks - view.idle_reserved_blocks - knobs.headroom_blocks
     if view.reserved and working_set <= usable:
         return Admit(RESERVED_SESSION, reserve=knobs.retain_session, resident_blocks=footprint)
-    if not view.reserved and working_set <= usable and prefix.new_blocks <= budget:
+    if not view.reserved and not behind and working_set <= usable and prefix.new_blocks <= budget:
         return Admit(CONTRACT_FITS, reserve=knobs.retain_session, resident_blocks=footprint)
     # Admitted without a window, its own prefix is unprotected: its next turn is expected
     # to compute it again, so it counts with the windows' blocks it pushes out.
@@ -512,7 +532,9 @@ def contract_decide(
             f"exceeds {usable} usable blocks; {held.why}",
             drop_window=True, recheck_sec=held.recheck_sec,
         )
-    if working_set > usable:
+    if behind:
+        why = f"behind {view.waiters_ahead} waiting sessions (first come, first served)"
+    elif working_set > usable:
         why = f"footprint {footprint} blocks + {view.older_window_blocks} in windows exceeds {usable} usable blocks"
     else:
         why = f"needs {prefix.new_blocks} new blocks, {budget} free outside idle windows and headroom"

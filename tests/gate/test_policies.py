@@ -449,6 +449,7 @@ VIEWS = [
 USAGES = [
     None, LOW, AT, HIGH, LOW_NO_BLOCKS, HIGH_NO_BLOCKS, UsageReading(0.0, 100, 100), UsageReading(1.0, 100, 0),
     UsageReading(0.3, 100, 70, block_size=16),
+    UsageReading(0.9, 100, 10, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01),  # work-conserving
 ]
 PREFIXES = [None, COLD, HOT, EDGE, PrefixReading(400, 0, 0.0), PrefixReading(20, 0, 0.0, total_tokens=330)]
 

@@ -8,7 +8,7 @@ import pytest
 
 from gate.book import SessionBook
 from gate.policies import (
-    CONTRACT_FITS, WORK_CONSERVING, Admit, GateView, Wait, contract_decide, evicted_window_blocks,
+    CONTRACT, CONTRACT_FITS, WORK_CONSERVING, Admit, GateView, Wait, contract_decide, evicted_window_blocks,
     holding_cost_sec, quiet_lifetime, reprefill_sec, work_conserving,
 )
 from gate.readings import PrefixReading, UsageReading
@@ -117,6 +117,9 @@ def test_reprefill_and_holding_cost_by_hand():
     assert holding_cost_sec(BUSY, prefill_bound) == pytest.approx(0.04)
     idle = GateView(max_output_tokens=1, replica_idle_sec=0.2, expected_gap_sec=0.5, waited_sec=0.1)
     assert holding_cost_sec(idle, MEASURED) == pytest.approx(0.5)   # idle: the gap before an owner returns
+    # what the turn already waited (ski rental), busy or idle
+    assert holding_cost_sec(GateView(max_output_tokens=32, waited_sec=0.4), MEASURED) == pytest.approx(0.4)
+    assert holding_cost_sec(GateView(**{**_fields(idle), "waited_sec": 0.7}), MEASURED) == pytest.approx(0.7)
 
 
 def test_a_work_conserving_admission():
@@ -136,15 +139,18 @@ def test_a_held_admission():
     decision = contract_decide(view, usage, long_prompt, KNOBS)
     # needs 105 + 1 blocks, free outside idle windows 0 -> 60 come out of the idle windows (all of them)
     assert isinstance(decision, Wait) and "re-prefill 0.170s > holding cost 0.005s" in decision.why
-    assert decision.recheck_sec is None  # busy: only a release can change the balance
-    # the same turn on an idle replica that has waited 40 ms of idle time: recheck in 130 ms
-    idle = GateView(idle_reserved_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700,
-                    replica_idle_sec=0.04, waited_sec=0.05, expected_gap_sec=0.01)
-    held = contract_decide(idle, usage, long_prompt, KNOBS)
-    assert isinstance(held, Wait) and held.recheck_sec == pytest.approx(0.13)
-    # ... and once it has waited, idle, as long as the re-prefill (ski rental): admitted
-    assert contract_decide(GateView(**{**_fields(idle), "replica_idle_sec": 0.17, "waited_sec": 0.2}), usage,
-                           long_prompt, KNOBS) == Admit(WORK_CONSERVING)
+    assert decision.recheck_sec == pytest.approx(0.17)  # decide again once it has waited that long
+    # the same turn on a busy replica after 50 ms of waiting: recheck in 120 ms
+    waited = GateView(**{**_fields(view), "waited_sec": 0.05})
+    held = contract_decide(waited, usage, long_prompt, KNOBS)
+    assert isinstance(held, Wait) and "holding cost 0.050s" in held.why and held.recheck_sec == pytest.approx(0.12)
+    # ... and once it has waited as long as the re-prefill (ski rental), busy or idle: admitted
+    for idle in (None, 0.17):
+        assert contract_decide(GateView(**{**_fields(view), "replica_idle_sec": idle, "waited_sec": 0.17}), usage,
+                               long_prompt, KNOBS) == Admit(WORK_CONSERVING)
+    # an idle replica whose owners come back in 0.2 s on average: no use waiting for them
+    idle = GateView(**{**_fields(view), "replica_idle_sec": 0.01, "expected_gap_sec": 0.2})
+    assert contract_decide(idle, usage, long_prompt, KNOBS) == Admit(WORK_CONSERVING)
 
 
 def test_a_prefill_bound_engine_holds_what_a_decode_bound_one_admits():
@@ -178,6 +184,34 @@ def test_an_owner_that_no_longer_fits_goes_in_work_conserving_without_its_window
     assert contract_decide(owner, MEASURED, PROMPT, KNOBS) == Admit(WORK_CONSERVING)
     held = contract_decide(owner, UNMEASURED, PROMPT, KNOBS)
     assert isinstance(held, Wait) and held.drop_window
+
+
+def test_a_newcomer_behind_others_is_decided_at_once_but_only_work_conserving():
+    """Waiters are not decided one probe at a time: a newcomer behind 3 others is probed
+    and goes in `work_conserving` when the rule says so (BUSY's numbers: 72 ms of
+    re-prefill against 160 ms of decode slack), but never takes a window before them,
+    even where one would fit."""
+    behind = GateView(**{**_fields(BUSY), "waiters_ahead": 3})
+    assert CONTRACT.needs_prefix_probe(behind, MEASURED, KNOBS)
+    assert contract_decide(behind, MEASURED, PROMPT, KNOBS) == Admit(WORK_CONSERVING)
+    # a roomy replica: a head newcomer gets a window ((640 + 32) / 16 = 42 blocks), one behind
+    # others only goes in work-conserving
+    roomy = UsageReading(0.1, 100, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
+    head = GateView(max_output_tokens=32)
+    assert contract_decide(head, roomy, PROMPT, KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=42)
+    assert contract_decide(GateView(max_output_tokens=32, waiters_ahead=1), roomy, PROMPT, KNOBS) == Admit(
+        WORK_CONSERVING)
+    # held: a 1-token turn whose own 40 blocks (640 tokens, 40 ms) outweigh 5 ms of slack;
+    # it decides again when it has waited 40 ms
+    short = GateView(max_output_tokens=1, waiters_ahead=1)
+    held = contract_decide(short, roomy, PROMPT, KNOBS)
+    assert held == Wait("behind 1 waiting sessions (first come, first served); re-prefill 0.040s > holding cost "
+                        "0.005s", recheck_sec=pytest.approx(0.04))
+    # without a measurement or with the rule off: not probed, it waits its turn
+    for usage, knobs in ((UNMEASURED, KNOBS), (MEASURED, GateSettings(work_conserving=False))):
+        assert not CONTRACT.needs_prefix_probe(behind, usage, knobs)
+        assert contract_decide(behind, usage, None, knobs) == Wait(
+            "behind 3 waiting sessions (first come, first served)")
 
 
 def _fields(view: GateView) -> dict:
