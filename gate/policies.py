@@ -267,37 +267,35 @@ DECODE_SLACK_MARGIN = 2.0
 
 
 def holding_cost_sec(view: GateView, usage: UsageReading) -> float:
-    """What holding the turn back costs, in seconds, to weigh against the re-prefill
-    its admission causes; the largest of:
+    """Engine time that holding the turn back leaves unused.
 
-    - the part of its decode (`max_output_tokens` x the measured decode step) that
-      batching would give for free, i.e. outside the engine's measured prefill share
-      (a decode-bound engine takes another sequence into its batch at almost no cost,
-      a prefill-bound one has no such slack), counted at 1 / DECODE_SLACK_MARGIN: the
-      slack is a forecast, the re-prefill a certainty, and a session admitted without a
-      window grows into dearer turns;
-    - the time the turn has already waited (`waited_sec`), busy replica or idle: the
-      ski-rental rule. Waiting for a window is rent, the re-prefill the purchase; a
-      turn never waits longer than the re-prefill it would cause, so a hold costs at
-      most twice what the best choice in hindsight would have (and a cheap turn waits
-      at most its cheap re-prefill);
-    - on an idle replica, the idle time ahead (the replica's expected gap before an
-      owner in a tool call returns): the engine would sit idle while the turn waits.
+    - on a busy replica: the part of its decode (`max_output_tokens` x the measured
+      decode step) that batching would give for free, i.e. outside the engine's
+      measured prefill share (a decode-bound engine takes another sequence into its
+      batch at almost no cost, a prefill-bound one has no such slack), counted at
+      1 / DECODE_SLACK_MARGIN: the slack is a forecast, the re-prefill a certainty, and
+      a session admitted without a window grows into dearer turns;
+    - on an idle replica, also the idle time ahead (the replica's expected gap before
+      an owner in a tool call returns) and the idle time it already waited (the
+      ski-rental rule: never wait, idle, longer than the re-prefill it would cause).
+
+    The time a turn waits while the replica is busy does not count: the engine is
+    computing for others meanwhile. (Counting it, even at the engine's slack, let the
+    simulated thrash regime's held turns in after well under a second without windows:
+    0.74-0.99x sticky's makespan and hit rate 0.06-0.29, against 0.56x and 0.65.)
     """
     slack = 1.0 - (usage.prefill_share or 0.0)
     cost = view.max_output_tokens * (usage.decode_step_sec or 0.0) * slack / DECODE_SLACK_MARGIN
-    cost = max(cost, view.waited_sec)
     if view.replica_idle_sec is not None:
-        cost = max(cost, view.expected_gap_sec or 0.0)
+        cost = max(cost, view.expected_gap_sec or 0.0, min(view.replica_idle_sec, view.waited_sec))
     return cost
 
 
 def work_conserving(view: GateView, usage: UsageReading, evicted_blocks: int, knobs: GateSettings) -> Wait | None:
     """None: admit the held turn `work_conserving`, its admission causes less re-prefill
-    (`reprefill_sec` of the `evicted_blocks` it pushes out of other windows) than
-    holding it costs (`holding_cost_sec`). Else the Wait to return, with the recheck
-    time at which the turn will have waited as long as the re-prefill (ski rental),
-    so the gate decides again then without being woken.
+    (`reprefill_sec` of the `evicted_blocks` it pushes out of other windows) than the
+    compute holding it leaves unused (`holding_cost_sec`). Else the Wait to return,
+    with a recheck time when waiting on an idle replica will tip the balance.
     No prefill measurement yet: hold (as the contract always did)."""
     reprefill = reprefill_sec(evicted_blocks, usage) if knobs.work_conserving else None
     if reprefill is None:
@@ -305,8 +303,10 @@ def work_conserving(view: GateView, usage: UsageReading, evicted_blocks: int, kn
     holding = holding_cost_sec(view, usage)
     if reprefill <= holding:
         return None
-    return Wait(f"re-prefill {reprefill:.3f}s > holding cost {holding:.3f}s",
-                recheck_sec=reprefill - view.waited_sec)
+    recheck = None
+    if view.replica_idle_sec is not None:
+        recheck = reprefill - min(view.replica_idle_sec, view.waited_sec)
+    return Wait(f"re-prefill {reprefill:.3f}s > holding cost {holding:.3f}s", recheck_sec=recheck)
 
 
 def evicted_window_blocks(view: GateView, usage: UsageReading, prefix: PrefixReading, budget: int, usable: int) -> int:
@@ -327,6 +327,28 @@ def evicted_window_blocks(view: GateView, usage: UsageReading, prefix: PrefixRea
     by_books = min(windows, need - max(0, spare))
     by_engine = min(view.idle_reserved_blocks, need - max(0, budget))
     return max(0, by_books, by_engine)
+
+
+def bounded_work_conserving(view: GateView, usage: UsageReading, knobs: GateSettings) -> bool:
+    """Whether a newcomer behind other waiters (it can get no window before them) goes
+    in `work_conserving` without a prefix probe: the rule admits it even at its
+    worst-case price (its prompt at `history_bound`, none of it cached). Asking would
+    only make it wait for the probe, which a CPU engine answers between two scheduler
+    steps (issue 9: 20-500 ms). The head of the queue is always probed: a window may
+    fit it, and only its exact price says so.
+    """
+    if not _behind(view) or not can_work_conserve(usage, knobs) or not usage.has_blocks:
+        return False
+    bound = history_bound(view)
+    if bound is None:
+        return False
+    assert usage.block_size and usage.num_total_blocks is not None and usage.num_free_blocks is not None
+    blocks = -(-bound // usage.block_size)
+    worst = PrefixReading(total_blocks=blocks, hit_blocks=0, hit_ratio=0.0, total_tokens=bound)
+    usable = usage.num_total_blocks - knobs.headroom_blocks
+    budget = usage.num_free_blocks - view.idle_reserved_blocks - knobs.headroom_blocks
+    at_risk = evicted_window_blocks(view, usage, worst, budget, usable) + blocks
+    return work_conserving(view, usage, at_risk, knobs) is None
 
 
 def _keep(view: GateView, knobs: GateSettings) -> bool:
@@ -430,16 +452,17 @@ def contract_needs_prefix_probe(view: GateView, usage: UsageReading | None, knob
     evicted). Owners are probed too, so their footprint follows their growing prompt.
     A newcomer with named waiters ahead (it gets no window before them) only when the
     work-conserving rule can let it in (`can_work_conserve`). Not for a turn whose
-    upper bound already fits (`bounded_footprint`: no pressure), nor without block
-    counts (the /metrics fallback: the seed policy decides).
+    upper bound already fits (`bounded_footprint`: no pressure), nor for a newcomer
+    cheap enough to go in at its worst-case price (`bounded_work_conserving`), nor
+    without block counts (the /metrics fallback: the seed policy decides).
     """
     if usage is None or view.anonymous:
         return False
     if not usage.has_blocks:
         return seed_needs_prefix_probe(view, usage, knobs)
     if _behind(view):
-        return can_work_conserve(usage, knobs)
-    return bounded_footprint(view, usage, knobs) is None
+        return can_work_conserve(usage, knobs) and not bounded_work_conserving(view, usage, knobs)
+    return bounded_footprint(view, usage, knobs) is None and not bounded_work_conserving(view, usage, knobs)
 
 
 def can_work_conserve(usage: UsageReading, knobs: GateSettings) -> bool:
@@ -464,6 +487,8 @@ def contract_decide(
       else it waits.
     - a turn whose upper bound fits (`bounded_footprint`): admitted without a probe,
       `reserved_session` or `contract_fits`, its window priced at the bound.
+    - a newcomer whose worst-case re-prefill costs less than holding it through a
+      probe (`bounded_work_conserving`): `work_conserving` without a probe.
     - no prefix reading: an owner is `reserved_session` with its window as last
       priced; a newcomer is decided by the seed policy.
     - usable = num_total_blocks - headroom_blocks; a prompt whose full blocks exceed
@@ -494,12 +519,14 @@ def contract_decide(
     if view.anonymous or not usage.has_blocks:
         return seed_decide(view, usage, prefix, knobs)
     behind = _behind(view)
-    if behind and (prefix is None or not can_work_conserve(usage, knobs)):
-        return Wait(f"behind {view.waiters_ahead} waiting sessions (first come, first served)")
     bounded = None if behind else bounded_footprint(view, usage, knobs)
     if bounded is not None:
         return Admit(RESERVED_SESSION if view.reserved else CONTRACT_FITS, reserve=knobs.retain_session,
                      resident_blocks=bounded)
+    if bounded_work_conserving(view, usage, knobs):
+        return Admit(WORK_CONSERVING)
+    if behind and (prefix is None or not can_work_conserve(usage, knobs)):
+        return Wait(f"behind {view.waiters_ahead} waiting sessions (first come, first served)")
     if prefix is None:
         if view.reserved:  # cannot re-price it: keep the window at its last footprint
             return Admit(RESERVED_SESSION, reserve=knobs.retain_session)

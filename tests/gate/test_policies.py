@@ -445,6 +445,9 @@ VIEWS = [
     GateView(older_window_blocks=80, max_output_tokens=64), GateView(anonymous=True, waiters_ahead=1),
     GateView(prompt_bound_tokens=600), GateView(reserved=True, prompt_bound_tokens=600, older_window_blocks=40),
     GateView(prompt_bound_tokens=600, idle_reserved_blocks=60), GateView(prompt_bound_tokens=600, waiters_ahead=1),
+    # behind others and cheap enough to go in unprobed (bounded_work_conserving) under the
+    # measured usage below
+    GateView(prompt_bound_tokens=300, waiters_ahead=1, max_output_tokens=64),
 ]
 USAGES = [
     None, LOW, AT, HIGH, LOW_NO_BLOCKS, HIGH_NO_BLOCKS, UsageReading(0.0, 100, 100), UsageReading(1.0, 100, 0),
