@@ -23,7 +23,7 @@ from typing import Any
 
 from kvgate_vllm import jsonio
 from kvgate_vllm.engine_plugin import KV_USAGE_METHOD, PREFIX_HITS_METHOD
-from kvgate_vllm.engine_rates import RateMeter, read_totals
+from kvgate_vllm.engine_rates import RateMeter, prefill_rate, read_totals
 from kvgate_vllm.prefix_query import ProbeRequestError, parse_prefix_query
 from kvgate_vllm.probe_results import merge_kv_usage, merge_prefix
 
@@ -102,10 +102,12 @@ class ProbeService:
 
     async def kv_usage(self) -> dict:
         merged = merge_kv_usage(await self._call_all_engines(KV_USAGE_METHOD))
+        token_sec = merged.pop("token_sec", None)
         try:
             merged.update(self.rates.update(read_totals(), time.monotonic()))
         except Exception:  # the figures are optional: a registry surprise must not fail the probe
             logger.debug("kvgate: could not read vLLM's rate counters", exc_info=True)
+        merged["prefill_tokens_per_sec"] = prefill_rate(merged.get("prefill_tokens_per_sec"), token_sec)
         return merged
 
     async def prefix(self, body: object) -> dict:

@@ -11,23 +11,68 @@ The API server reaches the methods with
 ``(PREFIX_HITS_METHOD, token_ids, cache_salt, lora)``; the engine core runs them on
 its main thread between two scheduler steps (``EngineCoreProc._handle_client_request``
 dispatches UTILITY requests by ``getattr``), so they never enter a scheduler queue.
+
+It also wraps ``EngineCore.step`` to time every scheduler step and note the tokens it
+scheduled (`step_costs.StepLog`); the KV probe reports the marginal seconds per token
+fitted from them (``token_sec``, `step_costs.marginal_token_sec`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 logger = logging.getLogger(__name__)
 
 KV_USAGE_METHOD = "kvgate_kv_usage"
 PREFIX_HITS_METHOD = "kvgate_prefix_hits"
 _PATCH_MARKER = "_kvgate_probes_installed"
+_STEP_LOG = "_kvgate_step_log"  # the engine core instance's StepLog
+_SCHEDULED = "_kvgate_scheduled_tokens"  # tokens the scheduler's last schedule() scheduled
 
 
 def _kv_usage(self) -> dict:
     from kvgate_vllm.engine_probes import read_kv_usage
+    from kvgate_vllm.step_costs import marginal_token_sec
 
-    return read_kv_usage(self)
+    result = read_kv_usage(self)
+    log = getattr(self, _STEP_LOG, None)
+    if log is not None and "error" not in result:
+        result["token_sec"] = marginal_token_sec(log.steps)
+    return result
+
+
+def _watch_schedule(scheduler) -> None:
+    """Wrap this scheduler's ``schedule`` (on the instance) to note the tokens it scheduled."""
+    schedule = scheduler.schedule
+
+    def noting_schedule(*args, **kwargs):
+        output = schedule(*args, **kwargs)
+        setattr(scheduler, _SCHEDULED, int(getattr(output, "total_num_scheduled_tokens", 0) or 0))
+        return output
+
+    scheduler.schedule = noting_schedule
+
+
+def _timed_step(step):
+    """``EngineCore.step``, timed: each step's seconds and scheduled tokens go to the
+    instance's StepLog (made, and its scheduler watched, on the first step)."""
+
+    def timed_step(self, *args, **kwargs):
+        log = getattr(self, _STEP_LOG, None)
+        if log is None:
+            from kvgate_vllm.step_costs import StepLog
+
+            log = StepLog()
+            setattr(self, _STEP_LOG, log)
+            _watch_schedule(self.scheduler)
+        setattr(self.scheduler, _SCHEDULED, 0)
+        started = time.perf_counter()
+        result = step(self, *args, **kwargs)
+        log.record(time.perf_counter() - started, getattr(self.scheduler, _SCHEDULED, 0))
+        return result
+
+    return timed_step
 
 
 # No annotations on purpose: vLLM converts UTILITY arguments whose annotation is a
@@ -44,6 +89,8 @@ def install_probes(engine_core_cls: type) -> bool:
         return False
     setattr(engine_core_cls, KV_USAGE_METHOD, _kv_usage)
     setattr(engine_core_cls, PREFIX_HITS_METHOD, _prefix_hits)
+    if callable(getattr(engine_core_cls, "step", None)):
+        engine_core_cls.step = _timed_step(engine_core_cls.step)
     setattr(engine_core_cls, _PATCH_MARKER, True)
     return True
 

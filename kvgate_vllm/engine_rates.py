@@ -6,7 +6,9 @@ work-conserving rule. vLLM's API server process holds its request metrics in the
 prometheus-client registry (the ones `/metrics` serves), so the plugin reads them
 in-process, no HTTP:
 
-- prefill throughput = prompt tokens computed (`vllm:prompt_tokens` minus
+- prefill throughput: the engine's marginal cost of a token, fitted from its own
+  scheduler steps (`step_costs`, reported by the engine core) when it has a fit
+  (`prefill_rate`); else, from the counters, prompt tokens computed (`vllm:prompt_tokens` minus
   `vllm:prefix_cache_hits`) / the engine's prefill time, over windows of at least
   `PREFILL_WINDOW_SEC`. The prefill time is `vllm:request_prefill_time_seconds`
   (sum) capped at the window's wall time: requests prefilled in one batch, or
@@ -86,6 +88,15 @@ class RateMeter:
 
     def _smooth(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.weight * (new - old)
+
+
+def prefill_rate(counter_rate: float | None, token_sec: float | None) -> float | None:
+    """The prefill throughput to report: 1 / the marginal seconds per token fitted from
+    the engine's steps (`step_costs.marginal_token_sec`) when there is a fit, else the
+    counters' figure (a lower bound: see the module docstring)."""
+    if token_sec:
+        return 1.0 / token_sec
+    return counter_rate
 
 
 def read_totals(registry: Any = None) -> dict[str, float]:

@@ -83,7 +83,9 @@ def merge_kv_usage(per_engine: Sequence[dict]) -> dict:
 
     Block counts and request counts add up; usage is recomputed over the summed
     usable blocks so it stays "held blocks over usable blocks". The block size is
-    the engines' common one (they share one config).
+    the engines' common one (they share one config). ``token_sec``, the marginal
+    seconds per scheduled token fitted from an engine's steps (`step_costs`), is the
+    largest of the engines that have one.
     """
     if not per_engine:
         raise ValueError("merge_kv_usage needs at least one engine result")
@@ -99,6 +101,9 @@ def merge_kv_usage(per_engine: Sequence[dict]) -> dict:
         **totals,
         "block_size": per_engine[0]["block_size"],
     }
+    fitted = [result["token_sec"] for result in per_engine if result.get("token_sec")]
+    if fitted:  # the slowest engine's marginal token cost (a turn may land on any of them)
+        merged["token_sec"] = max(fitted)
     merged["engines"] = [{"engine": index, **result} for index, result in enumerate(per_engine)]
     return merged
 

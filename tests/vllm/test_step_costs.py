@@ -1,0 +1,48 @@
+"""The plugin's marginal token cost, fitted from the engine's steps (pure; no vLLM needed)."""
+
+import pytest
+
+from kvgate_vllm.engine_rates import prefill_rate
+from kvgate_vllm.probe_results import kv_usage_result, merge_kv_usage
+from kvgate_vllm.step_costs import MAX_STEPS, MIN_STEPS, StepLog, marginal_token_sec
+
+
+def test_the_fit_by_hand():
+    """Steps of 20 ms overhead + 10 us a token: decode steps of 8 tokens (20.08 ms) and
+    steps carrying a 1,500-token prefill (35.08 ms): 10 us a token, 100,000 tokens/s,
+    whatever the mix."""
+    steps = [(0.02 + 8e-5, 8)] * 30 + [(0.02 + 0.015 + 8e-5, 1508)] * 10
+    assert marginal_token_sec(steps) == pytest.approx(1e-5)
+    assert prefill_rate(2000.0, marginal_token_sec(steps)) == pytest.approx(100000.0)
+
+
+@pytest.mark.parametrize("steps", [
+    [(0.02, 8), (0.035, 1508)] * (MIN_STEPS // 2 - 1),  # too few steps
+    [(0.02, 8), (0.03, 60)] * MIN_STEPS,                # a token spread below MIN_TOKEN_SPREAD
+    [(0.03, 8), (0.02, 1508)] * MIN_STEPS,              # larger steps ran faster: noise, no figure
+])
+def test_no_figure(steps):
+    assert marginal_token_sec(steps) is None
+
+
+def test_without_a_fit_the_counters_figure_stands():
+    assert prefill_rate(2000.0, None) == 2000.0
+    assert prefill_rate(None, None) is None
+
+
+def test_the_step_log_keeps_the_most_recent_non_empty_steps():
+    log = StepLog()
+    log.record(0.01, 0)  # nothing scheduled: not a step that computed anything
+    for i in range(MAX_STEPS + 10):
+        log.record(0.02, i + 1)
+    assert len(log.steps) == MAX_STEPS and log.steps[0] == (0.02, 11)
+
+
+def test_merge_reports_the_slowest_engines_token_cost():
+    def engine(token_sec):
+        result = kv_usage_result(num_gpu_blocks=65, num_free_blocks=64, num_cached_blocks=0, block_size=16,
+                                 num_running=0, num_waiting=0)
+        return {**result, "token_sec": token_sec}
+
+    assert merge_kv_usage([engine(1e-5), engine(None), engine(3e-5)])["token_sec"] == 3e-5
+    assert "token_sec" not in merge_kv_usage([engine(None)])
