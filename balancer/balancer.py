@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from itertools import count
 
-from balancer.hashing import bounded_load_pick, rendezvous_order, rendezvous_score
-from balancer.registry import Replica, ReplicaRegistry
-from proxy.settings import BalancerSettings
+from kvgate.balancer.hashing import bounded_load_pick, rendezvous_order, rendezvous_score
+from kvgate.balancer.registry import Replica, ReplicaRegistry
+from kvgate.proxy.settings import BalancerSettings
 
 ALGORITHMS = ("rendezvous", "bounded_load")
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from balancer.health import HealthState, next_health
-from proxy.http_fields import replica_name_problem, replica_url_problem
-from proxy.settings import HealthSettings
+from kvgate.balancer.health import HealthState, next_health
+from kvgate.proxy.http_fields import replica_name_problem, replica_url_problem
+from kvgate.proxy.settings import HealthSettings
 
 log = logging.getLogger("kvgate.balancer")
 

@@ -7,8 +7,8 @@ sets `func`. To add a benchmark, import its module here and add one line to
 
 from __future__ import annotations
 
-from bench import gate_load, overhead
-from bench.agentic import cli as agentic_cli
+from kvgate.bench import gate_load, overhead
+from kvgate.bench.agentic import cli as agentic_cli
 
 
 def add_commands(subparsers) -> None:

@@ -36,12 +36,12 @@ from typing import Any
 
 import orjson
 
-from gate.admission import AdmissionController
-from gate.policies import POLICIES
-from proxy.app import create_app
-from proxy.metrics import KvgateMetrics
-from proxy.settings import GateSettings, ReplicaSettings, Settings
-from simulator.replica_server import start_simulated_replicas
+from kvgate.gate.admission import AdmissionController
+from kvgate.gate.policies import POLICIES
+from kvgate.proxy.app import create_app
+from kvgate.proxy.metrics import KvgateMetrics
+from kvgate.proxy.settings import GateSettings, ReplicaSettings, Settings
+from kvgate.simulator.replica_server import start_simulated_replicas
 
 SYSTEM_PROMPT = "You are a coding agent working in a large repository. " * 6
 TOOL_RESULT = "line of tool output with a file path and a short message; " * 4
@@ -223,7 +223,7 @@ class ReplicaProcess:
     @classmethod
     async def start(cls, name: str, args: argparse.Namespace) -> "ReplicaProcess":
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "proxy.cli", "replica", "--name", name, "--host", "127.0.0.1", "--port", "0",
+            sys.executable, "-m", "kvgate.proxy.cli", "replica", "--name", name, "--host", "127.0.0.1", "--port", "0",
             "--time-scale", "0", "--num-blocks", str(args.num_blocks), "--max-num-seqs", str(args.max_num_seqs),
             stdout=asyncio.subprocess.PIPE)
         try:

@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gate.policies import POLICIES
-from proxy.settings import GateSettings
+from kvgate.gate.policies import POLICIES
+from kvgate.proxy.settings import GateSettings
 
 DEFAULT_CONCURRENCY = (1, 64, 256)
 MODES = ("non-streaming", "streaming")

@@ -111,7 +111,7 @@ def cli() -> None:
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--stream", action="store_true")
     args = parser.parse_args()
-    from proxy.server import run as run_loop
+    from kvgate.proxy.server import run as run_loop
 
     result = {}
 

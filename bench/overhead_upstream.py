@@ -83,7 +83,7 @@ def cli() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args()
-    from proxy.server import run
+    from kvgate.proxy.server import run
     run(main(args.host, args.port))
 
 

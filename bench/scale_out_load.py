@@ -44,9 +44,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.agentic.processes import ServerGroup
-from proxy.server import run as serve_loop
-from bench.gate_load import SYSTEM_PROMPT, TOOL_RESULT, TurnResult, quantile, send_turn, start_replicas
+from kvgate.bench.agentic.processes import ServerGroup
+from kvgate.proxy.server import run as serve_loop
+from kvgate.bench.gate_load import SYSTEM_PROMPT, TOOL_RESULT, TurnResult, quantile, send_turn, start_replicas
 
 LAYOUTS = ("single", "tiers")
 ADMIN_TOKEN = "scale-out-load"

@@ -15,9 +15,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.app import ProxyApp, create_app
-from proxy.config import settings_from_dict
-from simulator.replica_server import SimulatedReplica, start_simulated_replicas
+from kvgate.proxy.app import ProxyApp, create_app
+from kvgate.proxy.config import settings_from_dict
+from kvgate.simulator.replica_server import SimulatedReplica, start_simulated_replicas
 
 
 @dataclass

@@ -18,12 +18,12 @@ from typing import Any, Callable, Union
 
 import aiohttp
 
-from gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
-from gate.gate import Gate, Lease
-from gate.policies import get_policy
-from gate.probe import Probe, ReplicaProbe
-from proxy.metrics import KvgateMetrics
-from proxy.settings import GateSettings
+from kvgate.gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from kvgate.gate.gate import Gate, Lease
+from kvgate.gate.policies import get_policy
+from kvgate.gate.probe import Probe, ReplicaProbe
+from kvgate.proxy.metrics import KvgateMetrics
+from kvgate.proxy.settings import GateSettings
 
 __all__ = [
     "AdmissionController",

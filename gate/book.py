@@ -43,7 +43,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from gate.policies import Admit, GateView, quiet_lifetime
+from kvgate.gate.policies import Admit, GateView, quiet_lifetime
 
 # Window-end causes (kvgate_window_ends_total{cause}).
 FINISH = "finish"  # x-session-finish or POST /admin/sessions/{id}/finish

@@ -45,10 +45,10 @@ from typing import Any, Callable
 
 import orjson
 
-from gate.book import LOST, REVOKED, SessionBook, SessionRecord
-from gate.observations import reprefill_tokens
-from gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
-from gate.policies import (
+from kvgate.gate.book import LOST, REVOKED, SessionBook, SessionRecord
+from kvgate.gate.observations import reprefill_tokens
+from kvgate.gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from kvgate.gate.policies import (
     ANONYMOUS,
     OPEN,
     Admit,
@@ -61,10 +61,10 @@ from gate.policies import (
     prompt_token_bound,
     window_footprint,
 )
-from gate.probe import Probe
-from gate.route_prompts import body_holds_prompt
-from proxy.metrics import KvgateMetrics
-from proxy.settings import GateSettings
+from kvgate.gate.probe import Probe
+from kvgate.gate.route_prompts import body_holds_prompt
+from kvgate.proxy.metrics import KvgateMetrics
+from kvgate.proxy.settings import GateSettings
 
 Clock = Callable[[], float]
 MODES = ("enforce", "shadow", "off")

@@ -31,8 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
-from gate.readings import PrefixReading, UsageReading
-from proxy.settings import GateSettings
+from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.proxy.settings import GateSettings
 
 # Reasons (the x-kvgate-admission header and kvgate_admissions_total{reason}).
 OPEN = "open"

@@ -37,7 +37,7 @@ from typing import Any, Callable, Protocol
 import aiohttp
 import orjson
 
-from gate.readings import (
+from kvgate.gate.readings import (
     PrefixReading,
     ProbeAnswerError,
     UsageReading,
@@ -45,8 +45,8 @@ from gate.readings import (
     parse_metrics_usage,
     parse_prefix_answer,
 )
-from proxy.metrics import KvgateMetrics
-from proxy.settings import ProbeSettings
+from kvgate.proxy.metrics import KvgateMetrics
+from kvgate.proxy.settings import ProbeSettings
 
 log = logging.getLogger("kvgate.gate.probe")
 

@@ -21,11 +21,11 @@ import os
 import time
 from typing import Any
 
-from kvgate_vllm import jsonio
-from kvgate_vllm.engine_plugin import KV_USAGE_METHOD, PREFIX_HITS_METHOD
-from kvgate_vllm.engine_rates import RateMeter, read_totals
-from kvgate_vllm.prefix_query import ProbeRequestError, parse_prefix_query
-from kvgate_vllm.probe_results import merge_kv_usage, merge_prefix
+from kvgate.vllm_plugin import jsonio
+from kvgate.vllm_plugin.engine_plugin import KV_USAGE_METHOD, PREFIX_HITS_METHOD
+from kvgate.vllm_plugin.engine_rates import RateMeter, read_totals
+from kvgate.vllm_plugin.prefix_query import ProbeRequestError, parse_prefix_query
+from kvgate.vllm_plugin.probe_results import merge_kv_usage, merge_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class ProbeService:
         return merged
 
     async def prefix(self, body: object) -> dict:
-        from kvgate_vllm.rendering import render_prefix_query
+        from kvgate.vllm_plugin.rendering import render_prefix_query
 
         query = parse_prefix_query(body)
         prompt = await render_prefix_query(self.state, query)
@@ -172,7 +172,7 @@ def _owner_book(request: Any):
     process has its own record (docs/vllm-plugin.md, limits)."""
     import time
 
-    from kvgate_vllm.owner_record import OwnerBook
+    from kvgate.vllm_plugin.owner_record import OwnerBook
 
     book = getattr(request.app.state, _OWNER_ATTR, None)
     if book is None:
@@ -182,7 +182,7 @@ def _owner_book(request: Any):
 
 
 async def owner_claim_route(raw_request: Any):
-    from kvgate_vllm.owner_record import OwnerClaimError
+    from kvgate.vllm_plugin.owner_record import OwnerClaimError
 
     try:
         body = jsonio.loads(await raw_request.body())

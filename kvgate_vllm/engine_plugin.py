@@ -25,7 +25,7 @@ _PATCH_MARKER = "_kvgate_probes_installed"
 
 
 def _kv_usage(self) -> dict:
-    from kvgate_vllm.engine_probes import read_kv_usage
+    from kvgate.vllm_plugin.engine_probes import read_kv_usage
 
     return read_kv_usage(self)
 
@@ -33,7 +33,7 @@ def _kv_usage(self) -> dict:
 # No annotations on purpose: vLLM converts UTILITY arguments whose annotation is a
 # msgspec.Struct class, and these must stay plain lists/str/dicts.
 def _prefix_hits(self, token_ids, cache_salt=None, lora=None) -> dict:
-    from kvgate_vllm.engine_probes import count_prefix_hits
+    from kvgate.vllm_plugin.engine_probes import count_prefix_hits
 
     return count_prefix_hits(self, token_ids, cache_salt, lora)
 

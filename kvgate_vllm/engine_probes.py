@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvgate_vllm.probe_results import kv_usage_result, prefix_result
+from kvgate.vllm_plugin.probe_results import kv_usage_result, prefix_result
 
 SUPPORTED_VLLM = "vLLM >=0.32,<0.34"
 PROBE_REQUEST_ID = "kvgate-prefix-probe"

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate_vllm.prefix_query import PrefixQuery, ProbeRequestError
+from kvgate.vllm_plugin.prefix_query import PrefixQuery, ProbeRequestError
 
 _MULTIMODAL_PART_MARKERS = ("image", "audio", "video", "embeds", "file")
 

@@ -10,12 +10,12 @@ import hmac
 
 import orjson
 
-from balancer.registry import RegistryError
-from proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
-from proxy.http_fields import decode_path_segment
-from proxy.http_server import HttpRequest, Responder
-from proxy.request_body import parse_json_object
-from proxy.session_id import bounded_session_id
+from kvgate.balancer.registry import RegistryError
+from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
+from kvgate.proxy.http_fields import decode_path_segment
+from kvgate.proxy.http_server import HttpRequest, Responder
+from kvgate.proxy.request_body import parse_json_object
+from kvgate.proxy.session_id import bounded_session_id
 
 
 def _json(responder: Responder, data, status: int = 200) -> None:

@@ -13,22 +13,22 @@ import inspect
 
 import orjson
 
-from balancer import Balancer, ReplicaRegistry
-from balancer.health import HealthChecker
-from balancer.replica_metrics import ReplicaMetricsScraper
-from proxy.admin import AdminApi
-from proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
-from proxy.forward import Forwarder
-from proxy.http_fields import decode_path_segment
-from proxy.http_server import FrontServer, HttpRequest, Responder
-from proxy.metrics import CONTENT_TYPE, KvgateMetrics
-from gate.admission import AdmissionController
-from gate.ownership import Ownership, OwnershipClaims, conflict_flag, default_gate_id, gate_mode, readiness
-from proxy.routes import ROUTES
-from proxy.session_tracker import SessionTracker
-from proxy.settings import ReplicaSettings, Settings
-from proxy.topology import FRONT_DOOR, REPLICA_GATE, claims_ownership, health_path
-from proxy.upstream import UpstreamClients
+from kvgate.balancer import Balancer, ReplicaRegistry
+from kvgate.balancer.health import HealthChecker
+from kvgate.balancer.replica_metrics import ReplicaMetricsScraper
+from kvgate.proxy.admin import AdminApi
+from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
+from kvgate.proxy.forward import Forwarder
+from kvgate.proxy.http_fields import decode_path_segment
+from kvgate.proxy.http_server import FrontServer, HttpRequest, Responder
+from kvgate.proxy.metrics import CONTENT_TYPE, KvgateMetrics
+from kvgate.gate.admission import AdmissionController
+from kvgate.gate.ownership import Ownership, OwnershipClaims, conflict_flag, default_gate_id, gate_mode, readiness
+from kvgate.proxy.routes import ROUTES
+from kvgate.proxy.session_tracker import SessionTracker
+from kvgate.proxy.settings import ReplicaSettings, Settings
+from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, claims_ownership, health_path
+from kvgate.proxy.upstream import UpstreamClients
 
 _JSON_OK = orjson.dumps({"status": "ok"})
 _METRICS_TYPE = (b"Content-Type", CONTENT_TYPE.encode())

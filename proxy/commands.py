@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import sys
 
-from proxy.config import ConfigError, load_settings
+from kvgate.proxy.config import ConfigError, load_settings
 
 
 def add_commands(subparsers) -> None:
@@ -50,7 +50,7 @@ def check_config_command(args: argparse.Namespace) -> int:
     replicas = (f"{len(settings.replicas)} replicas" if settings.replicas
                 else f"no replicas (serve starts {settings.simulated_replicas} simulated)")
     if getattr(args, "contact_replicas", False):
-        from proxy.replica_check import contact_replicas
+        from kvgate.proxy.replica_check import contact_replicas
         problems, notes = contact_replicas(settings)
         for note in notes:
             print(f"kvgate: note: {note}")
@@ -78,7 +78,7 @@ def serve_command(args: argparse.Namespace) -> int:
     settings = dataclasses.replace(settings, listen=listen)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from proxy.server import run, serve
+    from kvgate.proxy.server import run, serve
     try:
         run(serve(settings))
     except KeyboardInterrupt:

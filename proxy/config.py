@@ -25,9 +25,9 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from proxy.http_fields import field_value_problem, replica_name_problem, replica_url_problem
-from proxy.settings import Settings
-from proxy.topology import role_problems
+from kvgate.proxy.http_fields import field_value_problem, replica_name_problem, replica_url_problem
+from kvgate.proxy.settings import Settings
+from kvgate.proxy.topology import role_problems
 
 ENV_PREFIX = "KVGATE_"
 

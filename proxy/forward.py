@@ -19,19 +19,19 @@ import asyncio
 import logging
 import time
 
-from balancer import Balancer, Replica
-from proxy.admission_errors import as_refusal
-from proxy.errors import RequestRejected, send_error, sse_error_event
-from proxy.http_server import HttpRequest, Responder
-from proxy.metrics import KvgateMetrics, turn_bucket
-from proxy.request_body import parse_json_object, stream_flag, with_member
-from proxy.response_chains import TurnPlan, plan_turn
-from proxy.routes import SESSION_FIELD_KINDS, TURN_KINDS, RouteSpec
-from proxy.session_id import resolve_session_id, split_body_fields
-from proxy.session_tracker import SessionTracker
-from proxy.settings import Settings
-from proxy.topology import FRONT_DOOR, REPLICA_GATE, merge_kvgate_headers, with_session_header
-from proxy.upstream import (CONNECT_ERRORS, EXCHANGE_ERRORS, UpstreamClients, relayed_response_headers,
+from kvgate.balancer import Balancer, Replica
+from kvgate.proxy.admission_errors import as_refusal
+from kvgate.proxy.errors import RequestRejected, send_error, sse_error_event
+from kvgate.proxy.http_server import HttpRequest, Responder
+from kvgate.proxy.metrics import KvgateMetrics, turn_bucket
+from kvgate.proxy.request_body import parse_json_object, stream_flag, with_member
+from kvgate.proxy.response_chains import TurnPlan, plan_turn
+from kvgate.proxy.routes import SESSION_FIELD_KINDS, TURN_KINDS, RouteSpec
+from kvgate.proxy.session_id import resolve_session_id, split_body_fields
+from kvgate.proxy.session_tracker import SessionTracker
+from kvgate.proxy.settings import Settings
+from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, merge_kvgate_headers, with_session_header
+from kvgate.proxy.upstream import (CONNECT_ERRORS, EXCHANGE_ERRORS, UpstreamClients, relayed_response_headers,
                             upstream_request_headers)
 
 log = logging.getLogger("kvgate.proxy")

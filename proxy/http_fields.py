@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote, urlsplit
 
-from proxy.errors import RequestRejected
+from kvgate.proxy.errors import RequestRejected
 
 MAX_REPLICA_NAME = 128
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")

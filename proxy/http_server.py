@@ -39,7 +39,7 @@ from typing import Awaitable, Callable, Iterable
 
 import httptools
 
-from proxy.settings import LimitsSettings
+from kvgate.proxy.settings import LimitsSettings
 
 log = logging.getLogger("kvgate.http")
 
@@ -452,7 +452,7 @@ class FrontProtocol(asyncio.Protocol):
         sends is discarded for LINGER_SEC, so a client busy uploading a body reads the
         error instead of a connection reset.
         """
-        from proxy.errors import error_json  # the error shape is the proxy's, kept in one place
+        from kvgate.proxy.errors import error_json  # the error shape is the proxy's, kept in one place
         self.phase = "closing"
         if self._closed:
             return
@@ -502,7 +502,7 @@ class FrontProtocol(asyncio.Protocol):
         except Exception:
             log.exception("unhandled error answering %s %s", request.method, request.path)
             if not responder.started and not self._closed:
-                from proxy.errors import error_json
+                from kvgate.proxy.errors import error_json
                 responder.send(500, error_json(500, "kvgate failed on this request; see its log", "internal_error"),
                                [(b"Content-Type", b"application/json")], close=True)
             else:
@@ -535,7 +535,7 @@ class FrontProtocol(asyncio.Protocol):
 
 
 def too_many_connections_response(limit: int) -> bytes:
-    from proxy.errors import error_json
+    from kvgate.proxy.errors import error_json
     body = error_json(503, f"kvgate serves at most limits.max_connections ({limit}) client connections; "
                       "retry later", "too_many_connections")
     return b"".join(response_head(503, [(b"Content-Type", b"application/json"), (b"Retry-After", b"1")]) +

@@ -7,8 +7,8 @@ import json
 import urllib.error
 import urllib.request
 
-from proxy.settings import Settings
-from proxy.topology import replica_findings
+from kvgate.proxy.settings import Settings
+from kvgate.proxy.topology import replica_findings
 
 TIMEOUT_SEC = 3.0
 

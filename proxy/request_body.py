@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import orjson
 
-from proxy.errors import RequestRejected
+from kvgate.proxy.errors import RequestRejected
 
 
 def parse_json_object(raw: bytes) -> dict:

@@ -32,7 +32,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from proxy.errors import RequestRejected
+from kvgate.proxy.errors import RequestRejected
 
 
 @dataclass(slots=True)

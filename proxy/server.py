@@ -10,9 +10,9 @@ import asyncio
 import logging
 import signal
 
-from proxy.app import create_app
-from proxy.metrics import KvgateMetrics
-from proxy.settings import ReplicaSettings, Settings
+from kvgate.proxy.app import create_app
+from kvgate.proxy.metrics import KvgateMetrics
+from kvgate.proxy.settings import ReplicaSettings, Settings
 
 log = logging.getLogger("kvgate")
 
@@ -26,7 +26,7 @@ async def start_replicas(settings: Settings) -> tuple[tuple[ReplicaSettings, ...
     log.info("no replicas configured: starting %d simulated replicas in-process "
              "(simulator.replica_server); set `replicas` in the config to serve vLLM",
              settings.simulated_replicas)
-    from simulator.replica_server import start_simulated_replicas
+    from kvgate.simulator.replica_server import start_simulated_replicas
     sims = await start_simulated_replicas(settings.simulated_replicas, host="127.0.0.1")
     log.info("simulated replicas up: %s", ", ".join(f"{s.name}={s.url}" for s in sims))
     return tuple(ReplicaSettings(s.name, s.url) for s in sims), sims

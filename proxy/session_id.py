@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 
 import orjson
 
-from proxy.errors import RequestRejected
+from kvgate.proxy.errors import RequestRejected
 
 MAX_SESSION_ID_BYTES = 512
 

@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from typing import Callable
 
-from proxy.response_chains import ResponseChains
+from kvgate.proxy.response_chains import ResponseChains
 
 
 class SessionEntry:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 
-from proxy.settings import Settings
+from kvgate.proxy.settings import Settings
 
 STANDALONE = "standalone"
 FRONT_DOOR = "front_door"

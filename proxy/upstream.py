@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.http_client import UpstreamConnectError, UpstreamError, UpstreamPool
-from proxy.settings import UpstreamSettings
+from kvgate.proxy.http_client import UpstreamConnectError, UpstreamError, UpstreamPool
+from kvgate.proxy.settings import UpstreamSettings
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the proxy recomputes.
 _REQUEST_DROP = frozenset({

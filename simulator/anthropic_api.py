@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import orjson
 
-from simulator.openai_api import ApiError, GenerationParams, _optional
-from simulator.tokenizer import TemplateError, render_chat
+from kvgate.simulator.openai_api import ApiError, GenerationParams, _optional
+from kvgate.simulator.tokenizer import TemplateError, render_chat
 
 STOP_REASONS = {"length": "max_tokens"}
 

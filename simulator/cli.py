@@ -7,7 +7,7 @@ import asyncio
 import signal
 import sys
 
-from simulator.config import ConfigError, CostModel, EngineConfig
+from kvgate.simulator.config import ConfigError, CostModel, EngineConfig
 
 
 def _add_engine_options(parser: argparse.ArgumentParser, defaults: EngineConfig) -> None:
@@ -71,7 +71,7 @@ def run_replica(args: argparse.Namespace) -> int:
 
 
 async def _serve_replica(args: argparse.Namespace, config: EngineConfig, cost_model: CostModel) -> int:
-    from simulator.replica_server import SimulatedReplica
+    from kvgate.simulator.replica_server import SimulatedReplica
 
     try:
         replica = await SimulatedReplica.start(
@@ -111,7 +111,7 @@ def vars_of(config: EngineConfig) -> dict:
 
 
 def add_commands(subparsers) -> None:
-    from simulator.experiment_cli import add_sim_command
+    from kvgate.simulator.experiment_cli import add_sim_command
 
     _add_replica_command(subparsers)
     add_sim_command(subparsers)

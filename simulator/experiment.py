@@ -17,11 +17,11 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from simulator.admission_policies import POLICY_NAMES, headroom_blocks, make_policy
-from simulator.config import ConfigError, EngineConfig
-from simulator.request import SimRequest
-from simulator.scheduler import Scheduler, SchedulerCounters
-from simulator.workload import WorkloadParams, WorkloadRequest, generate_workload
+from kvgate.simulator.admission_policies import POLICY_NAMES, headroom_blocks, make_policy
+from kvgate.simulator.config import ConfigError, EngineConfig
+from kvgate.simulator.request import SimRequest
+from kvgate.simulator.scheduler import Scheduler, SchedulerCounters
+from kvgate.simulator.workload import WorkloadParams, WorkloadRequest, generate_workload
 
 DEFAULT_ENGINE = EngineConfig(num_blocks=1024, block_size=16, max_num_seqs=64, max_num_batched_tokens=512)
 PROMPT_BUCKETS = ((0, 512, "<512"), (512, 2048, "512-2047"), (2048, math.inf, ">=2048"))

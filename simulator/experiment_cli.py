@@ -7,11 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from simulator.admission_policies import POLICY_NAMES
-from simulator.config import ConfigError, EngineConfig
-from simulator.experiment import DEFAULT_ENGINE, ExperimentConfig, run_experiment
-from simulator.experiment_report import format_table, write_metrics, write_plots, write_timeline
-from simulator.workload import WorkloadParams
+from kvgate.simulator.admission_policies import POLICY_NAMES
+from kvgate.simulator.config import ConfigError, EngineConfig
+from kvgate.simulator.experiment import DEFAULT_ENGINE, ExperimentConfig, run_experiment
+from kvgate.simulator.experiment_report import format_table, write_metrics, write_plots, write_timeline
+from kvgate.simulator.workload import WorkloadParams
 
 WORKLOAD_OPTIONS = (
     ("num_requests", int, "requests in the workload"),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import orjson
 
-from simulator.experiment import TIMELINE_COLUMNS, PolicyRun
+from kvgate.simulator.experiment import TIMELINE_COLUMNS, PolicyRun
 
 
 def write_metrics(out_dir: Path, metrics: dict) -> Path:

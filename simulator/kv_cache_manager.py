@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.block_pool import BlockPool, KVCacheBlock
-from simulator.request import SimRequest
+from kvgate.simulator.block_pool import BlockPool, KVCacheBlock
+from kvgate.simulator.request import SimRequest
 
 
 def cdiv(a: int, b: int) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.tokenizer import TemplateError, render_chat, render_completion_prompt
+from kvgate.simulator.tokenizer import TemplateError, render_chat, render_completion_prompt
 
 DEFAULT_MAX_TOKENS = 16
 

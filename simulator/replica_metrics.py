@@ -8,8 +8,8 @@ Rendered from an engine snapshot; a pure function of its inputs.
 
 from __future__ import annotations
 
-from simulator.scheduler import SchedulerCounters
-from simulator.kv_cache_manager import PrefixCacheStats
+from kvgate.simulator.scheduler import SchedulerCounters
+from kvgate.simulator.kv_cache_manager import PrefixCacheStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

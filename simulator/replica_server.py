@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from kvgate_vllm.owner_record import OWNER_PATH, OwnerBook, OwnerClaimError
-from simulator import anthropic_api, responses_api
-from simulator.async_engine import AsyncEngine, RequestHandle
-from simulator.config import CostModel, EngineConfig
-from simulator.openai_api import (
+from kvgate.vllm_plugin.owner_record import OWNER_PATH, OwnerBook, OwnerClaimError
+from kvgate.simulator import anthropic_api, responses_api
+from kvgate.simulator.async_engine import AsyncEngine, RequestHandle
+from kvgate.simulator.config import CostModel, EngineConfig
+from kvgate.simulator.openai_api import (
     ApiError,
     GenerationParams,
     chat_chunk,
@@ -43,8 +43,8 @@ from simulator.openai_api import (
     usage,
     usage_chunk,
 )
-from simulator.replica_metrics import CONTENT_TYPE, render_metrics
-from simulator.tokenizer import VOCAB_SIZE, decode_token
+from kvgate.simulator.replica_metrics import CONTENT_TYPE, render_metrics
+from kvgate.simulator.tokenizer import VOCAB_SIZE, decode_token
 
 DEFAULT_MODEL_NAME = "kvgate-sim"
 MAX_BODY_BYTES = 64 * 1024 * 1024

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from simulator.openai_api import DEFAULT_MAX_TOKENS, ApiError, GenerationParams, _optional
-from simulator.tokenizer import TemplateError, render_chat
+from kvgate.simulator.openai_api import DEFAULT_MAX_TOKENS, ApiError, GenerationParams, _optional
+from kvgate.simulator.tokenizer import TemplateError, render_chat
 
 STORE_MAX_RESPONSES = 10_000
 

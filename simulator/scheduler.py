@@ -21,10 +21,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from simulator.admission_policies import AdmissionPolicy, AdmissionView, naive
-from simulator.config import EngineConfig
-from simulator.kv_cache_manager import KVCacheManager, cdiv
-from simulator.request import RequestStatus, SimRequest
+from kvgate.simulator.admission_policies import AdmissionPolicy, AdmissionView, naive
+from kvgate.simulator.config import EngineConfig
+from kvgate.simulator.kv_cache_manager import KVCacheManager, cdiv
+from kvgate.simulator.request import RequestStatus, SimRequest
 
 
 @dataclass

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
-from simulator.config import ConfigError
+from kvgate.simulator.config import ConfigError
 
 
 @dataclass(frozen=True)

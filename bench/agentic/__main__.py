@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from bench.agentic.cli import configure, main
+from kvgate.bench.agentic.cli import configure, main
 
 if __name__ == "__main__":
     parser = configure(argparse.ArgumentParser(prog="python -m bench.agentic",

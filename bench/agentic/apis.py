@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from bench.agentic.workload import SessionPlan, build_messages
+from kvgate.bench.agentic.workload import SessionPlan, build_messages
 
 APIS = ("chat", "messages", "responses")
 API_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}

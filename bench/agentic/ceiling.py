@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, Sequence
 
-from bench.agentic.workload import Workload, build_messages
+from kvgate.bench.agentic.workload import Workload, build_messages
 
 Token = Hashable
 Renderer = Callable[[list[dict]], list[Token]]
@@ -122,7 +122,7 @@ def simulator_token_model() -> TokenModel | None:
     model is a close estimate (one token per short word).
     """
     try:
-        from simulator import tokenizer
+        from kvgate.simulator import tokenizer
     except ImportError:
         return None
     return TokenModel("simulator", lambda messages: tokenizer.render_chat({"messages": messages}),

@@ -19,17 +19,17 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from bench.agentic.apis import APIS
-from bench.agentic.ceiling import WORDS, TokenModel, simulator_token_model, workload_ceiling
-from bench.agentic.plots import write_plots
-from bench.agentic.regimes import REGIMES, get_regime
-from bench.agentic.report import (compare_to, evaluate_targets, format_markdown, format_table, format_targets,
+from kvgate.bench.agentic.apis import APIS
+from kvgate.bench.agentic.ceiling import WORDS, TokenModel, simulator_token_model, workload_ceiling
+from kvgate.bench.agentic.plots import write_plots
+from kvgate.bench.agentic.regimes import REGIMES, get_regime
+from kvgate.bench.agentic.report import (compare_to, evaluate_targets, format_markdown, format_table, format_targets,
                                    real_vllm_targets)
-from bench.agentic.remote_tokens import server_token_model
-from bench.agentic.runner import MODES, RunPlan, model_name, run_mode, run_plan
-from bench.agentic.topologies import TOPOLOGY_MODES
-from bench.agentic.sweep import DEFAULT_GRID, KNOBS, best_point, format_sweep, grid_points, parse_values
-from bench.agentic.workload import generate_workload
+from kvgate.bench.agentic.remote_tokens import server_token_model
+from kvgate.bench.agentic.runner import MODES, RunPlan, model_name, run_mode, run_plan
+from kvgate.bench.agentic.topologies import TOPOLOGY_MODES
+from kvgate.bench.agentic.sweep import DEFAULT_GRID, KNOBS, best_point, format_sweep, grid_points, parse_values
+from kvgate.bench.agentic.workload import generate_workload
 
 # option name -> (type, help); each sets the WorkloadSpec / ReplicaShape / gate field of that name
 _WORKLOAD_OPTIONS = {
@@ -179,7 +179,7 @@ def main(args) -> int:
               "replicas only (drop --replica-url)", file=sys.stderr)
         return 2
     if not plan.replica_urls:
-        from bench.agentic.processes import replica_subcommand_exists
+        from kvgate.bench.agentic.processes import replica_subcommand_exists
 
         if not replica_subcommand_exists():
             print("kvgate bench agentic: this installation has no `kvgate replica` (the simulator); "

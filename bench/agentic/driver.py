@@ -29,8 +29,8 @@ from typing import Callable
 import aiohttp
 import orjson
 
-from bench.agentic.apis import API_PATHS, StreamState, turn_request
-from bench.agentic.workload import SessionPlan, TurnPlan, Workload
+from kvgate.bench.agentic.apis import API_PATHS, StreamState, turn_request
+from kvgate.bench.agentic.workload import SessionPlan, TurnPlan, Workload
 
 FINISH_HEADER = "x-session-finish"
 

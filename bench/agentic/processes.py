@@ -54,7 +54,7 @@ def free_port() -> int:
 
 
 def kvgate_command() -> list[str]:
-    return [sys.executable, "-m", "proxy.cli"]
+    return [sys.executable, "-m", "kvgate.proxy.cli"]
 
 
 def replica_subcommand_exists() -> bool:

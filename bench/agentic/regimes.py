@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from bench.agentic.processes import ReplicaShape
-from bench.agentic.workload import WorkloadSpec
+from kvgate.bench.agentic.processes import ReplicaShape
+from kvgate.bench.agentic.workload import WorkloadSpec
 
 
 @dataclass(frozen=True)

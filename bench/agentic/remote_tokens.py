@@ -15,8 +15,8 @@ import asyncio
 import aiohttp
 import orjson
 
-from bench.agentic.ceiling import TokenModel, placeholder_reply
-from bench.agentic.workload import Workload, build_messages
+from kvgate.bench.agentic.ceiling import TokenModel, placeholder_reply
+from kvgate.bench.agentic.workload import Workload, build_messages
 
 
 def _key(messages: list[dict]) -> bytes:

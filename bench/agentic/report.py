@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections import Counter as Tally
 from typing import Iterable
 
-from bench.agentic.driver import AttemptRecord, TurnRecord
-from bench.agentic.scrape import Counters
-from proxy.metrics import TURN_LABELS as TURN_BUCKETS  # the report's turn buckets are the metric's
-from proxy.metrics import turn_bucket
+from kvgate.bench.agentic.driver import AttemptRecord, TurnRecord
+from kvgate.bench.agentic.scrape import Counters
+from kvgate.proxy.metrics import TURN_LABELS as TURN_BUCKETS  # the report's turn buckets are the metric's
+from kvgate.proxy.metrics import turn_bucket
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:

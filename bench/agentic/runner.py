@@ -25,12 +25,12 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.agentic.driver import WorkloadDriver
-from bench.agentic.processes import ReplicaShape, ServerGroup
-from bench.agentic.report import summarize_mode
-from bench.agentic.scrape import Counters, fetch_counters, sum_counters
-from bench.agentic.topologies import TOPOLOGY_MODES, gate_conflicts, start_topology, topology_gate
-from bench.agentic.workload import Workload
+from kvgate.bench.agentic.driver import WorkloadDriver
+from kvgate.bench.agentic.processes import ReplicaShape, ServerGroup
+from kvgate.bench.agentic.report import summarize_mode
+from kvgate.bench.agentic.scrape import Counters, fetch_counters, sum_counters
+from kvgate.bench.agentic.topologies import TOPOLOGY_MODES, gate_conflicts, start_topology, topology_gate
+from kvgate.bench.agentic.workload import Workload
 
 MODES = ("direct", "sticky", "kvgate", "kvgate-contract")
 

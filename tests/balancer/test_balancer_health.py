@@ -6,10 +6,10 @@ import asyncio
 
 from aiohttp import web
 
-from balancer.health import HealthChecker, HealthState, next_health
-from balancer.registry import ReplicaRegistry
-from proxy.metrics import KvgateMetrics
-from proxy.settings import HealthSettings
+from kvgate.balancer.health import HealthChecker, HealthState, next_health
+from kvgate.balancer.registry import ReplicaRegistry
+from kvgate.proxy.metrics import KvgateMetrics
+from kvgate.proxy.settings import HealthSettings
 
 
 def run(results, unhealthy_after=2, healthy_after=2, start=True):

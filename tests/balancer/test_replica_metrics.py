@@ -9,13 +9,13 @@ from dataclasses import replace
 import aiohttp
 import pytest
 
-from balancer.health import HealthChecker
-from balancer.registry import ReplicaRegistry
-from balancer.replica_metrics import ReplicaMetricsScraper, read_mirrored
-from proxy.app import create_app
-from proxy.metrics import KvgateMetrics
-from proxy.settings import BalancerSettings, GateSettings, HealthSettings, ReplicaSettings, Settings
-from simulator.replica_server import start_simulated_replicas
+from kvgate.balancer.health import HealthChecker
+from kvgate.balancer.registry import ReplicaRegistry
+from kvgate.balancer.replica_metrics import ReplicaMetricsScraper, read_mirrored
+from kvgate.proxy.app import create_app
+from kvgate.proxy.metrics import KvgateMetrics
+from kvgate.proxy.settings import BalancerSettings, GateSettings, HealthSettings, ReplicaSettings, Settings
+from kvgate.simulator.replica_server import start_simulated_replicas
 
 VLLM_TEXT = """\
 # HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.

@@ -77,7 +77,7 @@ async def scripted_replica(aiohttp_server):
 @pytest.fixture(scope="module")
 def has_replica():
     """Skip unless `kvgate replica` (the simulator part) is installed."""
-    from bench.agentic.processes import replica_subcommand_exists
+    from kvgate.bench.agentic.processes import replica_subcommand_exists
 
     if not replica_subcommand_exists():
         pytest.skip("`kvgate replica` (the simulator part) is not installed yet")

@@ -3,8 +3,8 @@
 import orjson
 import pytest
 
-from bench.agentic.apis import StreamState, turn_request
-from bench.agentic.workload import WorkloadSpec, build_messages, generate_workload
+from kvgate.bench.agentic.apis import StreamState, turn_request
+from kvgate.bench.agentic.workload import WorkloadSpec, build_messages, generate_workload
 
 SPEC = WorkloadSpec(sessions=1, concurrency=1, turns_min=3, turns_max=3, system_prompt_words=5, task_words=5,
                     tool_result_words_min=3, tool_result_words_max=5, reply_tokens=3)

@@ -2,9 +2,9 @@
 
 import pytest
 
-from bench.agentic.ceiling import (WORDS, InfiniteCache, ceiling_of_requests, render_words,
+from kvgate.bench.agentic.ceiling import (WORDS, InfiniteCache, ceiling_of_requests, render_words,
                                    workload_ceiling)
-from bench.agentic.workload import WorkloadSpec, generate_workload
+from kvgate.bench.agentic.workload import WorkloadSpec, generate_workload
 
 A_TO_J = list("abcdefghij")
 

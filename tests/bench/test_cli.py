@@ -4,8 +4,8 @@ import argparse
 
 import pytest
 
-from bench.agentic.cli import build_plan, configure, main
-from bench.agentic.regimes import REGIMES
+from kvgate.bench.agentic.cli import build_plan, configure, main
+from kvgate.bench.agentic.regimes import REGIMES
 
 
 def parse(*argv):

@@ -2,8 +2,8 @@
 
 import aiohttp
 
-from bench.agentic.driver import WorkloadDriver
-from bench.agentic.workload import WorkloadSpec, generate_workload
+from kvgate.bench.agentic.driver import WorkloadDriver
+from kvgate.bench.agentic.workload import WorkloadSpec, generate_workload
 
 SPEC = WorkloadSpec(sessions=3, concurrency=2, turns_min=3, turns_max=3, system_prompt_words=5,
                     task_words=5, tool_result_words_min=3, tool_result_words_max=5, reply_tokens=3,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.agentic.plots import windowed_hit_rate, write_plots
+from kvgate.bench.agentic.plots import windowed_hit_rate, write_plots
 
 
 def test_windowed_hit_rate_from_cumulative_samples():

@@ -2,10 +2,10 @@
 
 import pytest
 
-from bench.agentic.driver import AttemptRecord, TurnRecord
-from bench.agentic.report import (compare_to, evaluate_targets, format_table, percentile, real_vllm_targets,
+from kvgate.bench.agentic.driver import AttemptRecord, TurnRecord
+from kvgate.bench.agentic.report import (compare_to, evaluate_targets, format_table, percentile, real_vllm_targets,
                                   summarize_mode, turn_bucket)
-from bench.agentic.scrape import Counters
+from kvgate.bench.agentic.scrape import Counters
 
 
 def attempt(session, turn, status=200, attempt_no=1, admission="open", wait_ms=0.0, used=True, cached=None):
@@ -93,7 +93,7 @@ def test_table_has_a_row_per_mode():
 
 
 def test_markdown_table_has_a_row_per_mode_and_the_targets():
-    from bench.agentic.report import format_markdown
+    from kvgate.bench.agentic.report import format_markdown
 
     attempts, turns, counters = canned()
     results = {m: summarize_mode(m, attempts, turns, counters, 9.5, 0.8, 5) for m in ("sticky", "kvgate")}
@@ -112,7 +112,7 @@ def test_percentile_and_buckets():
 
 
 def test_median_run_picks_the_middle_makespan():
-    from bench.agentic.runner import ModeRun, median_run
+    from kvgate.bench.agentic.runner import ModeRun, median_run
 
     runs = [ModeRun({"makespan_s": m}, [], [], []) for m in (9.0, 3.0, 5.0, 7.0)]
     assert median_run(runs).summary["makespan_s"] == 5.0

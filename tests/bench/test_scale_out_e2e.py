@@ -34,7 +34,7 @@ def test_scale_out_load_small(has_replica, tmp_path):
     """bench/scale_out_load.py at CI size: no failed turn, no leak, no conflict, no session moved."""
     out = tmp_path / "load.json"
     result = subprocess.run(
-        [sys.executable, "-m", "bench.scale_out_load", "--sessions", "150", "--turns", "3", "--replicas", "2",
+        [sys.executable, "-m", "kvgate.bench.scale_out_load", "--sessions", "150", "--turns", "3", "--replicas", "2",
          "--front-doors", "2", "--layouts", "single,tiers", "--ramp-sec", "0.5", "--log-dir", str(tmp_path / "logs"),
          "--out", str(out)],
         capture_output=True, text=True, timeout=240)
@@ -52,7 +52,7 @@ def test_scale_out_load_front_door_killed(has_replica, tmp_path):
     in flight there, every turn completes, and every session stays on its replica."""
     out = tmp_path / "load.json"
     result = subprocess.run(
-        [sys.executable, "-m", "bench.scale_out_load", "--sessions", "200", "--turns", "8", "--replicas", "2",
+        [sys.executable, "-m", "kvgate.bench.scale_out_load", "--sessions", "200", "--turns", "8", "--replicas", "2",
          "--front-doors", "2", "--layouts", "tiers", "--ramp-sec", "1", "--kill-front-door-after", "0.5",
          "--log-dir", str(tmp_path / "logs"), "--out", str(out)],
         capture_output=True, text=True, timeout=240)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.agentic.workload import WorkloadSpec, build_messages, generate_workload
+from kvgate.bench.agentic.workload import WorkloadSpec, build_messages, generate_workload
 
 SPEC = WorkloadSpec(sessions=5, concurrency=2, turns_min=2, turns_max=6, tool_tail_prob=0.3,
                     tool_tail_s=4.0, retry_prob=0.5)

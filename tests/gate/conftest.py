@@ -8,10 +8,10 @@ from typing import Any, Callable
 
 import pytest
 
-from gate.gate import Gate
-from gate.readings import PrefixReading, UsageReading
-from proxy.metrics import KvgateMetrics
-from proxy.settings import GateSettings
+from kvgate.gate.gate import Gate
+from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.proxy.metrics import KvgateMetrics
+from kvgate.proxy.settings import GateSettings
 
 COLD = PrefixReading(total_blocks=10, hit_blocks=0, hit_ratio=0.0)
 CLEAN = {"leases": 0, "reservations": 0, "waiters": 0, "attempts": 0, "sessions": 0}

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from gate.admission import (
+from kvgate.gate.admission import (
     MAX_SESSION_KEY_CHARS, AdmissionController, AdmissionPreempted, ReplicaUnavailable, session_key,
 )
-from proxy.settings import ProbeSettings
+from kvgate.proxy.settings import ProbeSettings
 from tests.gate.conftest import CLEAN, FakeProbe, sample, settings, until
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
 

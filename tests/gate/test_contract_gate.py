@@ -11,8 +11,8 @@ import asyncio
 
 import pytest
 
-from gate.errors import PromptTooLong
-from gate.gate import Gate, Lease
+from kvgate.gate.errors import PromptTooLong
+from kvgate.gate.gate import Gate, Lease
 from tests.gate.conftest import FakeProbe, assert_clean, sample, settings, until
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench import gate_load
+from kvgate.bench import gate_load
 
 
 def test_gate_load_small_run_seed_policy(tmp_path, capsys):

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from gate.gate import Gate
-from gate.observations import reprefill_tokens
+from kvgate.gate.gate import Gate
+from kvgate.gate.observations import reprefill_tokens
 from tests.gate.conftest import FakeProbe, assert_clean, sample, settings, until
 from tests.gate.test_probe import http, make_probe, replica_url, script  # noqa: F401 (fixtures)
 

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from gate.ownership import (CONFLICT, NO_API, OWNER, UNCHECKED, UNKNOWN, OwnerAnswer, Ownership, conflict_flag,
+from kvgate.gate.ownership import (CONFLICT, NO_API, OWNER, UNCHECKED, UNKNOWN, OwnerAnswer, Ownership, conflict_flag,
                             gate_mode, next_ownership, parse_owner_answer, readiness, transition_message)
-from kvgate_vllm.owner_record import OwnerClaimError, OwnerRecord, answer, claim, parse_claim
+from kvgate.vllm_plugin.owner_record import OwnerClaimError, OwnerRecord, answer, claim, parse_claim
 
 INF = float("inf")
 

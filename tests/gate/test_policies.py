@@ -6,14 +6,14 @@ import itertools
 
 import pytest
 
-from gate.policies import (
+from kvgate.gate.policies import (
     ANONYMOUS, CONTRACT, CONTRACT_FITS, OPEN, POLICIES, PREFIX_PROBE_UNAVAILABLE, PROMPT_TOO_LONG,
     RESERVED_SESSION, RESIDENT_PREFIX, SEED, Admit, GateView, Reject, Wait, footprint_blocks, get_policy,
     HISTORY_MARGIN_TOKENS, TEMPLATE_MARGIN_TOKENS, bounded_footprint, history_bound, contract_decide, contract_needs_prefix_probe, output_allowance,
     prompt_token_bound, turn_growth_tokens,
 )
-from gate.readings import PrefixReading, UsageReading
-from proxy.settings import GateSettings
+from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.proxy.settings import GateSettings
 
 KNOBS = GateSettings(high_watermark=0.85, hit_threshold=0.80, headroom_blocks=4)
 LOW = UsageReading(0.5, 100, 50)

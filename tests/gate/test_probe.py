@@ -7,9 +7,9 @@ import asyncio
 import aiohttp
 import pytest
 
-from gate.probe import ReplicaProbe
-from gate.readings import PrefixReading, UsageReading
-from proxy.settings import ProbeSettings
+from kvgate.gate.probe import ReplicaProbe
+from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.proxy.settings import ProbeSettings
 from tests.gate.conftest import sample, until
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gate.readings import (
+from kvgate.gate.readings import (
     PrefixReading, ProbeAnswerError, UsageReading, parse_kv_answer, parse_metrics_usage, parse_prefix_answer,
 )
 

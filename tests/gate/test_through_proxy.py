@@ -7,10 +7,10 @@ import asyncio
 import aiohttp
 import pytest
 
-from gate.admission import AdmissionController
-from proxy.app import create_app
-from proxy.metrics import KvgateMetrics
-from proxy.settings import ProbeSettings, ReplicaSettings, Settings
+from kvgate.gate.admission import AdmissionController
+from kvgate.proxy.app import create_app
+from kvgate.proxy.metrics import KvgateMetrics
+from kvgate.proxy.settings import ProbeSettings, ReplicaSettings, Settings
 from tests.gate.conftest import CLEAN, FakeClock, settings, until
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gate.gate import Gate
-from gate.readings import UsageReading
+from kvgate.gate.gate import Gate
+from kvgate.gate.readings import UsageReading
 from tests.gate.conftest import FakeProbe, assert_clean, sample, settings, until
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from gate.book import SessionBook
-from gate.policies import (
+from kvgate.gate.book import SessionBook
+from kvgate.gate.policies import (
     CONTRACT_FITS, WORK_CONSERVING, Admit, GateView, Wait, contract_decide, evicted_window_blocks,
     holding_cost_sec, quiet_lifetime, reprefill_sec, work_conserving,
 )
-from gate.readings import PrefixReading, UsageReading
-from proxy.settings import GateSettings
+from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.proxy.settings import GateSettings
 
 KNOBS = GateSettings()  # the defaults: quiet_factor 4, quiet_floor_sec 0.5, idle_grace_sec 60
 

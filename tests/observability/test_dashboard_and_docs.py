@@ -8,8 +8,8 @@ import re
 
 import yaml
 
-from balancer.replica_metrics import MIRRORED
-from proxy.metrics import KvgateMetrics
+from kvgate.balancer.replica_metrics import MIRRORED
+from kvgate.proxy.metrics import KvgateMetrics
 from tests.observability.conftest import ALERT_RULES, DASHBOARD, REPO
 from tests.observability.test_dashboard_prometheus import dashboard_queries
 

@@ -25,11 +25,11 @@ import aiohttp
 import pytest
 import yaml
 
-from bench.agentic.driver import WorkloadDriver
-from bench.agentic.workload import WorkloadSpec, generate_workload
-from proxy.app import create_app
-from proxy.settings import BalancerSettings, GateSettings, HealthSettings, ReplicaSettings, Settings
-from simulator.replica_server import start_simulated_replicas
+from kvgate.bench.agentic.driver import WorkloadDriver
+from kvgate.bench.agentic.workload import WorkloadSpec, generate_workload
+from kvgate.proxy.app import create_app
+from kvgate.proxy.settings import BalancerSettings, GateSettings, HealthSettings, ReplicaSettings, Settings
+from kvgate.simulator.replica_server import start_simulated_replicas
 from tests.observability.conftest import ALERT_RULES, DASHBOARD
 
 RATE_INTERVAL = "1m"

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import aiohttp
 import pytest
 
-from proxy.app import create_app
-from proxy.settings import AdminSettings, GateSettings, ReplicaSettings, Settings
+from kvgate.proxy.app import create_app
+from kvgate.proxy.settings import AdminSettings, GateSettings, ReplicaSettings, Settings
 from fake_upstream import FakeUpstream
 
 ADMIN_TOKEN = "test-admin-token"

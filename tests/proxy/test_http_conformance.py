@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from proxy.app import create_app
-from proxy.settings import AdminSettings, GateSettings, LimitsSettings, ReplicaSettings, Settings
+from kvgate.proxy.app import create_app
+from kvgate.proxy.settings import AdminSettings, GateSettings, LimitsSettings, ReplicaSettings, Settings
 from scripted_server import ScriptedServer
 
 TOKEN = "conformance-admin"

@@ -8,13 +8,13 @@ import resource
 import orjson
 import pytest
 
-import proxy.http_server as http_server
-from proxy.config import ConfigError, settings_from_dict
-from proxy.errors import RequestRejected
-from proxy.http_fields import decode_path_segment, replica_name_problem, replica_url_problem
-from proxy.request_body import parse_json_object, with_member
-from proxy.session_id import bounded_session_id
-from proxy.upstream import relayed_response_headers, upstream_request_headers
+import kvgate.proxy.http_server as http_server
+from kvgate.proxy.config import ConfigError, settings_from_dict
+from kvgate.proxy.errors import RequestRejected
+from kvgate.proxy.http_fields import decode_path_segment, replica_name_problem, replica_url_problem
+from kvgate.proxy.request_body import parse_json_object, with_member
+from kvgate.proxy.session_id import bounded_session_id
+from kvgate.proxy.upstream import relayed_response_headers, upstream_request_headers
 
 
 @pytest.mark.parametrize("name, ok", [

@@ -13,7 +13,7 @@ import logging
 import random
 import re
 
-from proxy.settings import LimitsSettings
+from kvgate.proxy.settings import LimitsSettings
 
 SEED = 20261130
 MUTATIONS = 2000

@@ -24,7 +24,7 @@ async def test_admin_needs_the_bearer_token(proxy, method, path, auth):
 
 
 async def test_admin_disabled_without_token(make_proxy, upstreams):
-    from proxy.settings import AdminSettings
+    from kvgate.proxy.settings import AdminSettings
     client = await make_proxy(upstreams, admin=AdminSettings(token=None))
     resp = await client.get("/admin/state", headers=ADMIN)
     assert resp.status == 404

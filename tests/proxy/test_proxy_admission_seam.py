@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from gate.errors import AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from kvgate.gate.errors import AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 ADMIN_TOKEN = "test-admin-token"  # as in conftest.py
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -228,9 +228,9 @@ async def test_admin_remove_replica_tells_the_controller(gated, admission):
 
 async def test_real_gate_controller_admits_through_the_proxy(upstreams, make_proxy):
     """The gate's AdmissionController plugged into the app factory (fakes have low usage)."""
-    from gate.admission import AdmissionController
-    from proxy.metrics import KvgateMetrics
-    from proxy.settings import GateSettings
+    from kvgate.gate.admission import AdmissionController
+    from kvgate.proxy.metrics import KvgateMetrics
+    from kvgate.proxy.settings import GateSettings
 
     metrics = KvgateMetrics()
     controller = AdmissionController(GateSettings(), metrics)

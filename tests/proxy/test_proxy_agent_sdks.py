@@ -17,9 +17,9 @@ import anthropic
 import openai
 import pytest
 
-from proxy.app import create_app
-from proxy.settings import GateSettings, ReplicaSettings, Settings
-from simulator.replica_server import start_simulated_replicas
+from kvgate.proxy.app import create_app
+from kvgate.proxy.settings import GateSettings, ReplicaSettings, Settings
+from kvgate.simulator.replica_server import start_simulated_replicas
 from tests.gate.conftest import CLEAN
 
 MODEL = "kvgate-sim"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.errors import RequestRejected
-from proxy.response_chains import ChainLink, ResponseChains, plan_turn
-from proxy.session_id import embedded_session_id, resolve_session_id, split_body_fields
-from proxy.session_tracker import SessionTracker
-from proxy.settings import SessionSettings
+from kvgate.proxy.errors import RequestRejected
+from kvgate.proxy.response_chains import ChainLink, ResponseChains, plan_turn
+from kvgate.proxy.session_id import embedded_session_id, resolve_session_id, split_body_fields
+from kvgate.proxy.session_tracker import SessionTracker
+from kvgate.proxy.settings import SessionSettings
 
 DEFAULT_FIELDS = split_body_fields(SessionSettings().body_fields)
 CLAUDE_CODE_JSON = '{"device_id":"d3v1ce","account_uuid":"acc-1","session_id":"5f0c-session"}'

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from proxy.settings import LimitsSettings, UpstreamSettings
+from kvgate.proxy.settings import LimitsSettings, UpstreamSettings
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.overhead import compare, format_table, summarize
+from kvgate.bench.overhead import compare, format_table, summarize
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,7 +29,7 @@ def test_summary_takes_medians_and_compare_derives_added_p50_and_ratio():
 def test_short_run_through_kvgate_prints_the_table_and_writes_json(tmp_path):
     out = tmp_path / "overhead.json"
     result = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "bench", "overhead", "--duration", "0.3", "--warmup", "0.1",
+        [sys.executable, "-m", "kvgate.proxy.cli", "bench", "overhead", "--duration", "0.3", "--warmup", "0.1",
          "--repeats", "1", "--concurrency", "1,4", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr
@@ -44,7 +44,7 @@ def test_short_run_through_kvgate_prints_the_table_and_writes_json(tmp_path):
 
 
 def test_bad_arguments_exit_2():
-    result = subprocess.run([sys.executable, "-m", "proxy.cli", "bench", "overhead", "--modes", "sideways"],
+    result = subprocess.run([sys.executable, "-m", "kvgate.proxy.cli", "bench", "overhead", "--modes", "sideways"],
                             cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
 
@@ -53,7 +53,7 @@ def test_baseline_repo_is_measured_in_the_same_run_with_cpu_per_request(tmp_path
     """The plumbing of --baseline-repo, with this checkout as its own baseline."""
     out = tmp_path / "overhead.json"
     result = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "bench", "overhead", "--duration", "0.3", "--warmup", "0.1",
+        [sys.executable, "-m", "kvgate.proxy.cli", "bench", "overhead", "--duration", "0.3", "--warmup", "0.1",
          "--repeats", "1", "--concurrency", "2", "--modes", "non-streaming", "--gate-mode", "off",
          "--baseline-repo", str(REPO), "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=180)

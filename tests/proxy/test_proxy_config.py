@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import ConfigError, load_settings, settings_from_dict
-from proxy.settings import ReplicaSettings, Settings
+from kvgate.proxy.config import ConfigError, load_settings, settings_from_dict
+from kvgate.proxy.settings import ReplicaSettings, Settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -132,7 +132,7 @@ def test_missing_file(tmp_path):
 
 
 def run_cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kvgate.proxy.cli", *args], capture_output=True, text=True,
                           timeout=60, cwd=REPO, env=env)
 
 

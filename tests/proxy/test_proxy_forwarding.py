@@ -7,7 +7,7 @@ import asyncio
 import orjson
 import pytest
 
-from proxy.settings import SessionSettings, UpstreamSettings
+from kvgate.proxy.settings import SessionSettings, UpstreamSettings
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 ROUTE_BODIES = {

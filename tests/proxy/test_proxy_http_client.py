@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from proxy.http_client import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamTimeout
+from kvgate.proxy.http_client import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamTimeout
 from scripted_server import ScriptedServer
 
 

@@ -6,9 +6,9 @@ from hashlib import sha256
 
 import pytest
 
-from proxy.errors import RequestRejected
-from proxy.session_id import MAX_SESSION_ID_BYTES, bounded_session_id, resolve_session_id, split_body_fields
-from proxy.session_tracker import SessionTracker
+from kvgate.proxy.errors import RequestRejected
+from kvgate.proxy.session_id import MAX_SESSION_ID_BYTES, bounded_session_id, resolve_session_id, split_body_fields
+from kvgate.proxy.session_tracker import SessionTracker
 
 FIELDS = split_body_fields(("session_id", "prompt_cache_key", "metadata.session_id", "user"))
 

@@ -12,7 +12,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from bench.tiers import start_kvgate, start_single, start_tiered
+from kvgate.bench.tiers import start_kvgate, start_single, start_tiered
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
 
 CLEAN = {"leases": 0, "reservations": 0, "waiters": 0, "attempts": 0, "sessions": 0}
@@ -243,7 +243,7 @@ async def test_check_config_contact_replicas(tiers, http, tmp_path, capsys):
 
     import yaml
 
-    from proxy.commands import check_config_command
+    from kvgate.proxy.commands import check_config_command
 
     t = await tiers(1, 1, time_scale=0.0)
     replica, gate = t.replicas[0], t.replica_gates[0]
@@ -304,9 +304,9 @@ async def test_front_door_health_timeouts_under_load_are_no_evidence(aiohttp_ser
     definitive 503, still counts."""
     from aiohttp import web
 
-    from balancer import ReplicaRegistry
-    from balancer.health import HealthChecker
-    from proxy.settings import HealthSettings
+    from kvgate.balancer import ReplicaRegistry
+    from kvgate.balancer.health import HealthChecker
+    from kvgate.proxy.settings import HealthSettings
 
     answer = {"delay": 0.3, "status": 200}
 
@@ -340,7 +340,7 @@ async def test_front_door_health_timeouts_under_load_are_no_evidence(aiohttp_ser
 async def test_tiers_keep_a_busy_replica_on_a_failed_connect(http):
     """A connect failure to a replica that has requests in flight (a replica gate too loaded to
     accept in time) does not mark it failed or move the session: the turn is tried on it once more."""
-    from bench.agentic.processes import free_port
+    from kvgate.bench.agentic.processes import free_port
 
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens: every connect fails
     for role, in_flight, healthy in [("front_door", 1, True), ("front_door", 0, False), ("standalone", 1, False)]:

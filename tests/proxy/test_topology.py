@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config import ConfigError, settings_from_dict
-from proxy.topology import merge_kvgate_headers, session_header_value, with_session_header
+from kvgate.proxy.config import ConfigError, settings_from_dict
+from kvgate.proxy.topology import merge_kvgate_headers, session_header_value, with_session_header
 
 ONE = [{"name": "r0", "url": "http://vllm-0:8000"}]
 TWO = ONE + [{"name": "r1", "url": "http://vllm-1:8000"}]

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from proxy.cli import main
-from simulator.config import ConfigError
-from simulator.experiment import ExperimentConfig, percentile, run_experiment
-from simulator.workload import WorkloadParams, generate_workload
+from kvgate.proxy.cli import main
+from kvgate.simulator.config import ConfigError
+from kvgate.simulator.experiment import ExperimentConfig, percentile, run_experiment
+from kvgate.simulator.workload import WorkloadParams, generate_workload
 
 SMALL = ExperimentConfig(workload=WorkloadParams(num_requests=300, oversize_every=100))
 

@@ -10,7 +10,7 @@ import aiohttp
 
 async def test_replica_process_serves_and_stops_cleanly():
     process = subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", "replica", "--port", "0", "--time-scale", "0", "--num-blocks", "128"],
+        [sys.executable, "-m", "kvgate.proxy.cli", "replica", "--port", "0", "--time-scale", "0", "--num-blocks", "128"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:

@@ -7,7 +7,7 @@ import aiohttp
 import orjson
 import pytest
 
-from simulator.replica_server import ENGINE_KEY, SimulatedReplica, start_simulated_replicas
+from kvgate.simulator.replica_server import ENGINE_KEY, SimulatedReplica, start_simulated_replicas
 
 CHAT = {"model": "any", "messages": [{"role": "user", "content": "list the files in the repository " * 8}], "max_tokens": 5}
 
@@ -147,7 +147,7 @@ async def wait_until(predicate, what: str, attempts: int = 500):
 @pytest.fixture
 async def slow_replica():
     # 1 s per step: a request of many tokens stays running while the test disconnects.
-    from simulator.config import CostModel
+    from kvgate.simulator.config import CostModel
     replica = await SimulatedReplica.start("slow", cost_model=CostModel(step_overhead_s=1.0), time_scale=1.0,
                                            num_blocks=64, block_size=16)
     yield replica

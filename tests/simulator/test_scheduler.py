@@ -2,10 +2,10 @@
 
 import pytest
 
-from simulator.admission_policies import AdmissionView, make_policy, naive, reserve, reserve_watermark
-from simulator.config import ConfigError, EngineConfig
-from simulator.request import RequestStatus, SimRequest
-from simulator.scheduler import Scheduler
+from kvgate.simulator.admission_policies import AdmissionView, make_policy, naive, reserve, reserve_watermark
+from kvgate.simulator.config import ConfigError, EngineConfig
+from kvgate.simulator.request import RequestStatus, SimRequest
+from kvgate.simulator.scheduler import Scheduler
 
 
 def token(request):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from simulator.step_meter import StepMeter
+from kvgate.simulator.step_meter import StepMeter
 
 
 def test_step_meter_by_hand():

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from simulator.tokenizer import (
+from kvgate.simulator.tokenizer import (
     BOS,
     OUTPUT_IDS,
     TemplateError,

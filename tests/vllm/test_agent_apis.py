@@ -113,7 +113,7 @@ def test_responses_create_stream_and_a_previous_response_id_chain_are_probed_exa
 def vllm_and_simulated_behind_kvgate(vllm_server, tmp_path):
     """kvgate (contract policy, enforcing) in front of the vLLM server and a simulated replica."""
     sim_port = free_port()
-    sim = start_service([sys.executable, "-m", "proxy.cli", "replica", "--port", str(sim_port)],
+    sim = start_service([sys.executable, "-m", "kvgate.proxy.cli", "replica", "--port", str(sim_port)],
                         tmp_path / "sim.log", f"http://127.0.0.1:{sim_port}/health", 60, 0.3,
                         "simulated replica", cwd=REPO_ROOT)
     proxy = None

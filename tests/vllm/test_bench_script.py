@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.agentic.regimes import REGIMES
+from kvgate.bench.agentic.regimes import REGIMES
 from vllm_harness import model_cache_dir
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "run_vllm_bench.py"

@@ -3,7 +3,7 @@
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from kvgate_vllm.engine_rates import PREFILL_WINDOW_SEC, RateMeter, read_totals
+from kvgate.vllm_plugin.engine_rates import PREFILL_WINDOW_SEC, RateMeter, read_totals
 
 
 def test_rate_meter_by_hand():

@@ -57,7 +57,7 @@ def test_second_enforcing_kvgate_is_detected(vllm_server, tmp_path: Path):
                               f"ownership: {{ttl_sec: 6, gate_id: {name}-{uuid.uuid4().hex[:6]}}}\n")
             urls.append(f"http://127.0.0.1:{port}")
             # the early gate must be ready (it holds the record) before the late one starts
-            procs.append(start_service([sys.executable, "-m", "proxy.cli", "serve", "--config", str(config)],
+            procs.append(start_service([sys.executable, "-m", "kvgate.proxy.cli", "serve", "--config", str(config)],
                                        tmp_path / f"{name}.log", urls[-1] + ("/ready" if name == "early" else "/health"),
                                        90, poll=0.3, what=f"kvgate {name}", cwd=REPO_ROOT))
         early, late = urls

@@ -91,7 +91,7 @@ def test_kv_probe_measures_the_engines_speed(vllm_server):
     """The work-conserving rule's inputs (docs/gate.md): after requests ran, `/v1/kvgate/kv`
     reports a prefill throughput over a window of at least PREFILL_WINDOW_SEC, a decode step and
     a prefill share, read from vLLM's own counters."""
-    from kvgate_vllm.engine_rates import PREFILL_WINDOW_SEC
+    from kvgate.vllm_plugin.engine_rates import PREFILL_WINDOW_SEC
 
     probe_kv(vllm_server)  # opens a window (or a previous test did)
     started = time.monotonic()

@@ -6,15 +6,15 @@ import sys
 
 import pytest
 
-from kvgate_vllm.prefix_query import PrefixQuery, ProbeRequestError, parse_prefix_query
-from kvgate_vllm.probe_results import kv_usage_result, merge_kv_usage, merge_prefix, prefix_result
+from kvgate.vllm_plugin.prefix_query import PrefixQuery, ProbeRequestError, parse_prefix_query
+from kvgate.vllm_plugin.probe_results import kv_usage_result, merge_kv_usage, merge_prefix, prefix_result
 
 
 def test_importing_the_plugin_does_not_import_vllm():
-    import kvgate_vllm.endpoint_plugin  # noqa: F401
-    import kvgate_vllm.engine_plugin  # noqa: F401
-    import kvgate_vllm.engine_probes  # noqa: F401
-    import kvgate_vllm.rendering  # noqa: F401
+    import kvgate.vllm_plugin.endpoint_plugin  # noqa: F401
+    import kvgate.vllm_plugin.engine_plugin  # noqa: F401
+    import kvgate.vllm_plugin.engine_probes  # noqa: F401
+    import kvgate.vllm_plugin.rendering  # noqa: F401
 
     assert "vllm" not in sys.modules
 

@@ -10,8 +10,8 @@ from dataclasses import replace
 import aiohttp
 import pytest
 
-from proxy.app import create_app
-from proxy.settings import BalancerSettings, HealthSettings, ReplicaSettings, Settings
+from kvgate.proxy.app import create_app
+from kvgate.proxy.settings import BalancerSettings, HealthSettings, ReplicaSettings, Settings
 from vllm_harness import prefix_counters
 
 pytestmark = pytest.mark.vllm

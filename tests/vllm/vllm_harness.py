@@ -35,8 +35,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.agentic.processes import free_port
-from bench.agentic.scrape import HITS, QUERIES, parse_prometheus
+from kvgate.bench.agentic.processes import free_port
+from kvgate.bench.agentic.scrape import HITS, QUERIES, parse_prometheus
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -109,7 +109,7 @@ try:
     dist = distribution("kvgate")
 except PackageNotFoundError:
     print(json.dumps(None)); raise SystemExit
-spec = importlib.util.find_spec("kvgate_vllm")
+spec = importlib.util.find_spec("kvgate.vllm_plugin")
 eps = {(e.group, e.name) for e in dist.entry_points}
 print(json.dumps({
     "direct_url": json.loads(dist.read_text("direct_url.json") or "null"),
@@ -402,7 +402,7 @@ class KvgateProxy:
         path.write_text("\n".join(lines) + "\n")
 
     def start(self, timeout: float = 60) -> "KvgateProxy":
-        command = [sys.executable, "-m", "proxy.cli", "serve", "--config", str(self.config_path)]
+        command = [sys.executable, "-m", "kvgate.proxy.cli", "serve", "--config", str(self.config_path)]
         self.process = start_service(command, self.log_path, self.url + "/ready", timeout, poll=0.3,
                                      what="kvgate", cwd=REPO_ROOT)
         return self

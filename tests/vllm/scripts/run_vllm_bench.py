@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vllm: the harness
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo: bench, proxy
 
-from bench.agentic.regimes import REGIMES  # noqa: E402
+from kvgate.bench.agentic.regimes import REGIMES  # noqa: E402
 from vllm_harness import REPO_ROOT, VllmServer, ensure_model, ensure_vllm_venv, stop_process_group  # noqa: E402
 
 VLLM_REGIMES = sorted(name for name, regime in REGIMES.items() if regime.vllm_model)
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
               + " ".join(f"{k}={v}" for k, v in (("VLLM_PLUGINS", "kvgate"), ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
                                                  ("VLLM_SERVER_DEV_MODE", "1")))
               + " " + shlex.join(server.command()), flush=True)
-        command = [sys.executable, "-m", "bench.agentic", "--regime", args.regime,
+        command = [sys.executable, "-m", "kvgate.bench.agentic", "--regime", args.regime,
                    "--replica-url", server.url, *bench_args]
         print(f"[run_vllm_bench] {shlex.join(command)}", flush=True)
         # Its own process group: stopping it also stops the kvgate proxies it started.
