@@ -36,8 +36,14 @@ class Replica:
         return self.health.healthy
 
     def describe(self) -> dict:
-        return {"name": self.name, "url": self.url, "weight": self.weight, "healthy": self.healthy,
-                "draining": self.draining, "in_flight": self.in_flight}
+        return {
+            "name": self.name,
+            "url": self.url,
+            "weight": self.weight,
+            "healthy": self.healthy,
+            "draining": self.draining,
+            "in_flight": self.in_flight,
+        }
 
     def __repr__(self) -> str:
         return f"Replica({self.name!r}, {self.url!r})"

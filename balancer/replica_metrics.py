@@ -46,16 +46,36 @@ class Mirrored:
 
 
 MIRRORED = (
-    Mirrored("vllm:prefix_cache_queries_total", "kvgate_replica_prefix_cache_queries", "counter",
-             "The replica's vllm:prefix_cache_queries_total (prompt tokens looked up in its prefix cache)."),
-    Mirrored("vllm:prefix_cache_hits_total", "kvgate_replica_prefix_cache_hits", "counter",
-             "The replica's vllm:prefix_cache_hits_total (prompt tokens found in its prefix cache)."),
-    Mirrored("vllm:num_preemptions_total", "kvgate_replica_num_preemptions", "counter",
-             "The replica's vllm:num_preemptions_total (running requests its scheduler preempted)."),
-    Mirrored("vllm:num_requests_running", "kvgate_replica_num_requests_running", "gauge",
-             "The replica's vllm:num_requests_running at kvgate's last read."),
-    Mirrored("vllm:num_requests_waiting", "kvgate_replica_num_requests_waiting", "gauge",
-             "The replica's vllm:num_requests_waiting at kvgate's last read."),
+    Mirrored(
+        "vllm:prefix_cache_queries_total",
+        "kvgate_replica_prefix_cache_queries",
+        "counter",
+        "The replica's vllm:prefix_cache_queries_total (prompt tokens looked up in its prefix cache).",
+    ),
+    Mirrored(
+        "vllm:prefix_cache_hits_total",
+        "kvgate_replica_prefix_cache_hits",
+        "counter",
+        "The replica's vllm:prefix_cache_hits_total (prompt tokens found in its prefix cache).",
+    ),
+    Mirrored(
+        "vllm:num_preemptions_total",
+        "kvgate_replica_num_preemptions",
+        "counter",
+        "The replica's vllm:num_preemptions_total (running requests its scheduler preempted).",
+    ),
+    Mirrored(
+        "vllm:num_requests_running",
+        "kvgate_replica_num_requests_running",
+        "gauge",
+        "The replica's vllm:num_requests_running at kvgate's last read.",
+    ),
+    Mirrored(
+        "vllm:num_requests_waiting",
+        "kvgate_replica_num_requests_waiting",
+        "gauge",
+        "The replica's vllm:num_requests_waiting at kvgate's last read.",
+    ),
 )
 _BY_SOURCE = {m.source: m for m in MIRRORED}
 _SOURCES = tuple(_BY_SOURCE)
@@ -137,7 +157,7 @@ class ReplicaMetricsScraper:
                 if resp.status != 200:
                     raise ValueError(f"answered HTTP {resp.status}")
             values = read_mirrored(text)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             self._errors.labels(name, "metrics").inc()
             previous = self._values.get(name, {})
             self._values[name] = {k: v for k, v in previous.items() if _BY_SOURCE[k].kind == "counter"}

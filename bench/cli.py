@@ -12,8 +12,9 @@ from kvgate.bench.agentic import cli as agentic_cli
 
 
 def add_commands(subparsers) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks",
-                                  description="Benchmarks of kvgate. Each prints its numbers; none asserts them.")
+    bench = subparsers.add_parser(
+        "bench", help="benchmarks", description="Benchmarks of kvgate. Each prints its numbers; none asserts them."
+    )
     benchmarks = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
     overhead.add_command(benchmarks)
     gate_load.add_command(benchmarks)

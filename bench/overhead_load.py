@@ -25,11 +25,14 @@ PATH = "/v1/chat/completions"
 
 
 def build_request(host: str, port: int, stream: bool, session: str) -> bytes:
-    body = orjson.dumps({"model": "bench", "messages": [{"role": "user", "content": "hello"}],
-                         "max_tokens": 16, "stream": stream})
-    return (f"POST {PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer bench\r\nx-session-id: {session}\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    body = orjson.dumps(
+        {"model": "bench", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16, "stream": stream}
+    )
+    return (
+        f"POST {PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer bench\r\nx-session-id: {session}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 async def read_response(reader: asyncio.StreamReader) -> int:
@@ -40,7 +43,7 @@ async def read_response(reader: asyncio.StreamReader) -> int:
     index = lower.find(b"\r\ncontent-length:")
     if index >= 0:
         end = lower.index(b"\r\n", index + 2)
-        await reader.readexactly(int(lower[index + 17:end]))
+        await reader.readexactly(int(lower[index + 17 : end]))
         return status
     if b"transfer-encoding: chunked" in lower:
         while True:
@@ -52,8 +55,9 @@ async def read_response(reader: asyncio.StreamReader) -> int:
     raise ValueError("response without Content-Length or chunked framing")
 
 
-async def worker(host: str, port: int, request: bytes, start: float, stop: float, latencies: list,
-                 errors: list) -> None:
+async def worker(
+    host: str, port: int, request: bytes, start: float, stop: float, latencies: list, errors: list
+) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         while True:
@@ -92,15 +96,25 @@ async def run(url: str, concurrency: int, duration: float, warmup: float, stream
     start, stop = now + warmup, now + warmup + duration
     latencies: list[float] = []
     errors: list[str] = []
-    await asyncio.gather(*(worker(host, port, build_request(host, port, stream, f"bench-{i}"), start, stop,
-                                  latencies, errors) for i in range(concurrency)))
+    await asyncio.gather(
+        *(
+            worker(host, port, build_request(host, port, stream, f"bench-{i}"), start, stop, latencies, errors)
+            for i in range(concurrency)
+        )
+    )
     latencies.sort()
     kinds: dict[str, int] = {}
     for kind in errors:
         kinds[kind] = kinds.get(kind, 0) + 1
-    return {"requests": len(latencies), "errors": len(errors), "error_kinds": kinds, "seconds": duration,
-            "rps": len(latencies) / duration, "p50_ms": percentile(latencies, 0.5) * 1000,
-            "p99_ms": percentile(latencies, 0.99) * 1000}
+    return {
+        "requests": len(latencies),
+        "errors": len(errors),
+        "error_kinds": kinds,
+        "seconds": duration,
+        "rps": len(latencies) / duration,
+        "p50_ms": percentile(latencies, 0.5) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
+    }
 
 
 def cli() -> None:

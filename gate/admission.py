@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
@@ -38,7 +39,7 @@ __all__ = [
 
 MAX_SESSION_KEY_CHARS = 256
 
-HttpSource = Union[aiohttp.ClientSession, Callable[[], aiohttp.ClientSession], None]
+HttpSource = aiohttp.ClientSession | Callable[[], aiohttp.ClientSession] | None
 ProbeFactory = Callable[[str, str], Probe]  # (replica name, replica url) -> probe
 
 
@@ -114,8 +115,9 @@ class AdmissionController:
         """The replica's gate, created on first use; a changed url gets a fresh probe."""
         gate = self._gates.get(name)
         if gate is None:
-            gate = Gate(name, self._probe_factory(name, url), self._settings_for(name), self.metrics, self._clock,
-                        self.policy)
+            gate = Gate(
+                name, self._probe_factory(name, url), self._settings_for(name), self.metrics, self._clock, self.policy
+            )
             self._gates[name] = gate
             self._urls[name] = url
         elif self._urls[name] != url:

@@ -208,8 +208,13 @@ class SessionBook:
 
     # -- operations
 
-    def view(self, rec: SessionRecord | None, max_output_tokens: int = 0, waiters_ahead: int = 0,
-             prompt_bound_tokens: int | None = None) -> GateView:
+    def view(
+        self,
+        rec: SessionRecord | None,
+        max_output_tokens: int = 0,
+        waiters_ahead: int = 0,
+        prompt_bound_tokens: int | None = None,
+    ) -> GateView:
         if rec is None:
             return GateView(anonymous=True, max_output_tokens=max_output_tokens)
         own = rec.resident_blocks if rec.reserved and not rec.in_flight else 0
@@ -306,8 +311,9 @@ class SessionBook:
         self._record_size(rec, prompt_tokens, prompt_bound)
         return shrank
 
-    def release(self, rec: SessionRecord | None, now: float, attempt: Any = None,
-                served: bool = True) -> SessionRecord | None:
+    def release(
+        self, rec: SessionRecord | None, now: float, attempt: Any = None, served: bool = True
+    ) -> SessionRecord | None:
         """A lease ended; returns the record if that ended the session (it was finished).
 
         served False: the turn's prompt was never served (routing or the upstream

@@ -40,14 +40,15 @@ import asyncio
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
 from kvgate.gate.book import LOST, REVOKED, SessionBook, SessionRecord
-from kvgate.gate.observations import reprefill_tokens
 from kvgate.gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from kvgate.gate.observations import reprefill_tokens
 from kvgate.gate.policies import (
     ANONYMOUS,
     OPEN,
@@ -103,8 +104,9 @@ class Lease:
 
     __slots__ = ("reason", "wait_ms", "replica", "_gate", "_record", "_attempt", "_released")
 
-    def __init__(self, gate: Gate, record: SessionRecord | None, reason: str, wait_ms: float,
-                 attempt: Attempt | None = None) -> None:
+    def __init__(
+        self, gate: Gate, record: SessionRecord | None, reason: str, wait_ms: float, attempt: Attempt | None = None
+    ) -> None:
         self.reason = reason
         self.wait_ms = wait_ms
         self.replica = gate.name
@@ -192,8 +194,11 @@ class Gate:
         allowance = output_allowance(body)
         # Only named turns are priced; one compact encoding of the body bounds its prompt.
         # A body that does not hold its whole prompt (a Responses continuation) has no bound.
-        bound = (prompt_token_bound(orjson.dumps(body))
-                 if session_key is not None and self._prices_bodies and body_holds_prompt(route_kind, body) else None)
+        bound = (
+            prompt_token_bound(orjson.dumps(body))
+            if session_key is not None and self._prices_bodies and body_holds_prompt(route_kind, body)
+            else None
+        )
         record: SessionRecord | None = None
         if session_key is not None:
             record, previous = self._book.begin_attempt(session_key, attempt, start)
@@ -216,8 +221,11 @@ class Gate:
                     view = self._view(record, attempt, allowance, bound, usage, start)
                 decision = self.policy.decide(view, usage, prefix, self.settings)
                 tokens = prefix.total_tokens if prefix is not None else None
-                if prefix is not None and record is not None and (
-                        self.settings.mode == "shadow" or isinstance(decision, Admit)):
+                if (
+                    prefix is not None
+                    and record is not None
+                    and (self.settings.mode == "shadow" or isinstance(decision, Admit))
+                ):
                     self._count_reprefill(record, prefix, usage)
                 if self.settings.mode == "shadow":
                     return self._grant_shadow(record, attempt, decision, start, tokens, bound)
@@ -244,7 +252,12 @@ class Gate:
                 self._publish_reserved()
 
     def _reprice_later(
-        self, record: SessionRecord | None, route_kind: str, body: dict[str, Any], allowance: int, usage: Any,
+        self,
+        record: SessionRecord | None,
+        route_kind: str,
+        body: dict[str, Any],
+        allowance: int,
+        usage: Any,
         bound: int,
     ) -> None:
         """A window admitted at its upper bound (no probe on the turn's path) gets its exact
@@ -270,8 +283,15 @@ class Gate:
             self._blocks_freed(self._now())
             self._publish_reserved()
 
-    def _view(self, record: SessionRecord | None, attempt: Attempt, allowance: int, bound: int | None,
-              usage: Any = None, start: float | None = None) -> GateView:
+    def _view(
+        self,
+        record: SessionRecord | None,
+        attempt: Attempt,
+        allowance: int,
+        bound: int | None,
+        usage: Any = None,
+        start: float | None = None,
+    ) -> GateView:
         view = self._book.view(record, allowance, self._waiters_ahead(attempt), bound)
         if record is None or start is None:
             return view
@@ -279,8 +299,9 @@ class Gate:
         idle_since = self._book.idle_since_replica
         engine_busy = usage is not None and bool(usage.num_running or usage.num_waiting)
         idle = None if idle_since is None or engine_busy else max(0.0, now - idle_since)
-        return replace(view, replica_idle_sec=idle, expected_gap_sec=self._book.replica_gap_ewma,
-                       waited_sec=max(0.0, now - start))
+        return replace(
+            view, replica_idle_sec=idle, expected_gap_sec=self._book.replica_gap_ewma, waited_sec=max(0.0, now - start)
+        )
 
     def _waiters_ahead(self, attempt: Attempt) -> int:
         """Named waiters queued before `attempt` (all of them if it is not queued). O(queue)."""
@@ -292,7 +313,12 @@ class Gate:
         return ahead
 
     def _grant_shadow(
-        self, record: SessionRecord | None, attempt: Attempt, decision: Any, start: float, tokens: int | None,
+        self,
+        record: SessionRecord | None,
+        attempt: Attempt,
+        decision: Any,
+        start: float,
+        tokens: int | None,
         bound: int | None,
     ) -> Lease:
         if isinstance(decision, Admit):
@@ -539,8 +565,11 @@ class Gate:
                 "growth_tokens": rec.growth_tokens,
                 "idle_sec": round(now - rec.idle_since, 3) if rec.is_idle else None,
                 "gap_sec": None if rec.gap_ewma is None else round(rec.gap_ewma, 3),
-                "quiet_in_sec": (round(rec.quiet_deadline - now, 3)
-                                 if rec.is_idle and rec.reserved and rec.quiet_deadline is not None else None),
+                "quiet_in_sec": (
+                    round(rec.quiet_deadline - now, 3)
+                    if rec.is_idle and rec.reserved and rec.quiet_deadline is not None
+                    else None
+                ),
                 "quiet_lifetime_sec": round(self._book.quiet_lifetime(rec), 3),
                 "last_window_end": rec.last_window_end,
             }

@@ -12,14 +12,15 @@ the prefix probe is unavailable (not asked, unsupported route, replica without t
 probe API, or a failed probe). Invariant tested for every policy: whenever
 `needs_prefix_probe` is False, `decide` gives the same answer for any `prefix`.
 
-The contract policy is a working-set admission control priced by the gate's own
-books (docs/gate.md), made work-conserving (`work_conserving`: a held turn goes in when
+The contract policy is a working-set admission control priced by the gate's own books
+(docs/gate.md), made work-conserving (`work_conserving`: a held turn goes in when
 holding it costs the replica more than the re-prefill its admission causes), with
-windows that end when their session goes quiet (`quiet_lifetime`): every ownership window has a footprint in blocks (anticipated:
-the prompt, the output allowance and the session's growth per turn), windows rank
-by when ownership began, and a turn fits if its footprint plus the footprints of the
-windows older than its own fits the usable blocks. `footprint_blocks`,
-`turn_growth_tokens` and `output_allowance` are the pure helpers it uses.
+windows that end when their session goes quiet (`quiet_lifetime`): every ownership
+window has a footprint in blocks (anticipated: the prompt, the output allowance and the
+session's growth per turn), windows rank by when ownership began, and a turn fits if its
+footprint plus the footprints of the windows older than its own fits the usable blocks.
+`footprint_blocks`, `turn_growth_tokens` and `output_allowance` are the pure helpers it
+uses.
 
 `POLICIES` maps `gate.policy` names to policies, so adding or comparing one is a
 dict entry. Nothing here touches asyncio, clocks or I/O: the simulator can call the
@@ -28,8 +29,9 @@ same functions in virtual time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any
 
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.proxy.settings import GateSettings
@@ -131,7 +133,7 @@ class Reject:
     message: str
 
 
-Decision = Union[Admit, Wait, Reject]
+Decision = Admit | Wait | Reject
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +169,17 @@ TEMPLATE_MARGIN_TOKENS = 512
 # Content types whose tokens are not bounded by their bytes in the body (an image URL
 # of 100 bytes renders to hundreds of tokens). orjson writes no spaces, and a quote
 # inside a string is escaped, so these only match real JSON keys and values.
-_MEDIA_MARKERS = (b'"type":"image', b'"type":"input_image', b'"type":"audio', b'"type":"input_audio',
-                  b'"type":"video', b'"type":"file', b'"type":"document', b'"image_url"', b'"prompt_embeds"')
+_MEDIA_MARKERS = (
+    b'"type":"image',
+    b'"type":"input_image',
+    b'"type":"audio',
+    b'"type":"input_audio',
+    b'"type":"video',
+    b'"type":"file',
+    b'"type":"document',
+    b'"image_url"',
+    b'"prompt_embeds"',
+)
 
 
 def prompt_token_bound(body_json: bytes) -> int | None:
@@ -201,9 +212,7 @@ def history_bound(view: GateView) -> int | None:
     return min(bound, grown)
 
 
-def footprint_blocks(
-    prefix: PrefixReading, usage: UsageReading, max_output_tokens: int, growth_tokens: int = 0
-) -> int:
+def footprint_blocks(prefix: PrefixReading, usage: UsageReading, max_output_tokens: int, growth_tokens: int = 0) -> int:
     """Blocks a turn occupies by the end of its generation: ceil((prompt + output) / block_size).
 
     With `growth_tokens` it is the *anticipated* footprint: ceil((prompt + output +
@@ -239,8 +248,9 @@ def turn_growth_tokens(
     return max(0, prompt_tokens - last_prompt_tokens)
 
 
-def quiet_lifetime(session_gap: float | None, replica_gap: float | None, factor: float, floor: float,
-                   ceiling: float) -> float:
+def quiet_lifetime(
+    session_gap: float | None, replica_gap: float | None, factor: float, floor: float, ceiling: float
+) -> float:
     """How long an idle window lives: `factor` x the session's usual gap between turns
     (else the replica's, for a session with no gap yet), at least `floor`, at most
     `ceiling` (`idle_grace_sec`). A session that ends without saying so frees its
@@ -334,10 +344,7 @@ def _keep(view: GateView, knobs: GateSettings) -> bool:
 def seed_needs_prefix_probe(view: GateView, usage: UsageReading | None, knobs: GateSettings) -> bool:
     """Only above the watermark, and only for named sessions without a reservation."""
     return (
-        usage is not None
-        and usage.kv_cache_usage >= knobs.high_watermark
-        and not view.anonymous
-        and not view.reserved
+        usage is not None and usage.kv_cache_usage >= knobs.high_watermark and not view.anonymous and not view.reserved
     )
 
 
@@ -478,8 +485,9 @@ def contract_decide(
         return Wait(f"behind {view.waiters_ahead} waiting sessions (first come, first served)")
     bounded = bounded_footprint(view, usage, knobs)
     if bounded is not None:
-        return Admit(RESERVED_SESSION if view.reserved else CONTRACT_FITS, reserve=knobs.retain_session,
-                     resident_blocks=bounded)
+        return Admit(
+            RESERVED_SESSION if view.reserved else CONTRACT_FITS, reserve=knobs.retain_session, resident_blocks=bounded
+        )
     if prefix is None:
         if view.reserved:  # cannot re-price it: keep the window at its last footprint
             return Admit(RESERVED_SESSION, reserve=knobs.retain_session)
@@ -510,7 +518,8 @@ def contract_decide(
         return Wait(
             f"window lost: footprint {footprint} blocks + {view.older_window_blocks} in older windows "
             f"exceeds {usable} usable blocks; {held.why}",
-            drop_window=True, recheck_sec=held.recheck_sec,
+            drop_window=True,
+            recheck_sec=held.recheck_sec,
         )
     if working_set > usable:
         why = f"footprint {footprint} blocks + {view.older_window_blocks} in windows exceeds {usable} usable blocks"
@@ -529,6 +538,4 @@ def get_policy(name: str) -> Policy:
     try:
         return POLICIES[name]
     except KeyError:
-        raise ValueError(
-            f"unknown gate.policy {name!r}; choose one of: {', '.join(sorted(POLICIES))}"
-        ) from None
+        raise ValueError(f"unknown gate.policy {name!r}; choose one of: {', '.join(sorted(POLICIES))}") from None

@@ -23,8 +23,9 @@ treats it as unavailable. Except one: a usage probe that *times out* on a replic
 answered within the last `BUSY_READING_MAX_AGE_SEC` yields that last good reading. The
 engine answers probes between scheduler steps, so a timeout usually means a long step
 (a CPU engine's chunked prefill lasts seconds): the replica is busiest exactly then,
-and deciding `open` would let every turn in (issue 9, gate-bench's real-vLLM runs). Latency goes to `kvgate_probe_seconds`, the last usage to
-`kvgate_replica_kv_usage`. Nothing here raises to the gate except cancellation.
+and deciding `open` would let every turn in (issue 9, gate-bench's real-vLLM runs).
+Latency goes to `kvgate_probe_seconds`, the last usage to `kvgate_replica_kv_usage`.
+Nothing here raises to the gate except cancellation.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -186,8 +188,10 @@ class ReplicaProbe:
             self._errors["kv"].inc()
             recent = self._clock() - self._last_good_at < BUSY_READING_MAX_AGE_SEC
             if isinstance(failure, _TimedOut) and recent:
-                self._note_error(f"kv probe timed out ({failure}): the replica is busy; deciding with its last "
-                                 "reading", unavailable=False)
+                self._note_error(
+                    f"kv probe timed out ({failure}): the replica is busy; deciding with its last reading",
+                    unavailable=False,
+                )
                 return self._last_good
             self._note_error(f"kv probe failed: {failure}")
             return None
@@ -247,15 +251,20 @@ class ReplicaProbe:
                 method, self.url + path, data=data, headers=headers, timeout=self._timeout
             ) as resp:
                 return resp.status, await resp.read()
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise _TimedOut(f"{method} {path} took longer than gate.probe.timeout_sec") from None
         except (aiohttp.ClientError, OSError) as err:
             raise _Failed(f"{method} {path}: {type(err).__name__}: {err}") from None
 
     def _note_error(self, message: str, unavailable: bool = True) -> None:
         if message != self._last_error:
-            log.warning("replica %s (%s): %s%s", self.name, self.url, message,
-                        "; deciding as if unavailable" if unavailable else "")
+            log.warning(
+                "replica %s (%s): %s%s",
+                self.name,
+                self.url,
+                message,
+                "; deciding as if unavailable" if unavailable else "",
+            )
         self._last_error = message
 
 
@@ -268,4 +277,3 @@ def _parse(status: int, payload: bytes, parser: Callable[[Any], Any]) -> Any:
         raise _Failed(f"answered invalid JSON ({err})") from None
     except ProbeAnswerError as err:
         raise _Failed(str(err)) from None
-

@@ -102,10 +102,18 @@ def parse_kv_answer(doc: Any) -> UsageReading:
         raise ProbeAnswerError("num_total_blocks and num_free_blocks must come together")
     if total is not None and free is not None and free > total:
         raise ProbeAnswerError(f"num_free_blocks {free} exceeds num_total_blocks {total}")
-    return UsageReading(usage, total, free, block_size, "kv",
-                        _positive(doc, "prefill_tokens_per_sec"), _positive(doc, "decode_step_sec"),
-                        _count(doc, "num_running", required=False), _count(doc, "num_waiting", required=False),
-                        _ratio(doc, "prefill_share") if doc.get("prefill_share") is not None else None)
+    return UsageReading(
+        usage,
+        total,
+        free,
+        block_size,
+        "kv",
+        _positive(doc, "prefill_tokens_per_sec"),
+        _positive(doc, "decode_step_sec"),
+        _count(doc, "num_running", required=False),
+        _count(doc, "num_waiting", required=False),
+        _ratio(doc, "prefill_share") if doc.get("prefill_share") is not None else None,
+    )
 
 
 def _positive(doc: dict[str, Any], key: str) -> float | None:
@@ -145,11 +153,11 @@ def parse_metrics_usage(text: str) -> UsageReading:
     for line in text.splitlines():
         if not line.startswith(USAGE_GAUGE):
             continue
-        rest = line[len(USAGE_GAUGE):]
+        rest = line[len(USAGE_GAUGE) :]
         if rest and rest[0] not in "{ \t":
             continue  # another metric whose name merely starts the same
         if "}" in rest:
-            rest = rest[rest.rindex("}") + 1:]
+            rest = rest[rest.rindex("}") + 1 :]
         parts = rest.split()
         if not parts:
             raise ProbeAnswerError(f"{USAGE_GAUGE} line has no value: {line[:120]!r}")

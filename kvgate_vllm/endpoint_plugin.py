@@ -81,7 +81,7 @@ class ProbeService:
             call = _as_list(engine_core.call_utility_async(method, *args))
         try:
             results = await asyncio.wait_for(call, self.timeout_sec)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise ProbeUnavailable(
                 f"the engine did not answer {method} within {self.timeout_sec}s "
                 "(raise KVGATE_PROBE_TIMEOUT_SEC if the engine is busy with long steps)",
@@ -113,9 +113,7 @@ class ProbeService:
 
         query = parse_prefix_query(body)
         prompt = await render_prefix_query(self.state, query)
-        results = await self._call_all_engines(
-            PREFIX_HITS_METHOD, prompt.token_ids, prompt.cache_salt, prompt.lora
-        )
+        results = await self._call_all_engines(PREFIX_HITS_METHOD, prompt.token_ids, prompt.cache_salt, prompt.lora)
         return merge_prefix(results)
 
 
@@ -134,9 +132,7 @@ def _service(request: Any) -> ProbeService | None:
 
 
 def _not_ready():
-    return _json_response(
-        503, error_body(503, "the kvgate probes are not initialised yet; retry shortly", "not_ready")
-    )
+    return _json_response(503, error_body(503, "the kvgate probes are not initialised yet; retry shortly", "not_ready"))
 
 
 async def kv_route(raw_request: Any):

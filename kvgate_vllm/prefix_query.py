@@ -67,9 +67,7 @@ def parse_prefix_query(body: object) -> PrefixQuery:
             or not token_ids
             or not all(type(token) is int and token >= 0 for token in token_ids)
         ):
-            raise ProbeRequestError(
-                "'token_ids' must be a non-empty list of non-negative integers", param="token_ids"
-            )
+            raise ProbeRequestError("'token_ids' must be a non-empty list of non-negative integers", param="token_ids")
         return PrefixQuery(
             kind="token_ids",
             token_ids=token_ids,

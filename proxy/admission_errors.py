@@ -30,8 +30,14 @@ def as_refusal(exc: BaseException) -> AdmissionRefusal | None:
     message = getattr(exc, "message", None) or str(exc) or code
     retry_after = getattr(exc, "retry_after", None)
     unavailable = code == "replica_unavailable" or any(
-        cls.__name__ == "ReplicaUnavailable" for cls in type(exc).__mro__)
+        cls.__name__ == "ReplicaUnavailable" for cls in type(exc).__mro__
+    )
     error_type = getattr(exc, "error_type", None)
-    return AdmissionRefusal(status, str(code), str(message),
-                            float(retry_after) if isinstance(retry_after, (int, float)) else None,
-                            unavailable, error_type if isinstance(error_type, str) else None)
+    return AdmissionRefusal(
+        status,
+        str(code),
+        str(message),
+        float(retry_after) if isinstance(retry_after, (int, float)) else None,
+        unavailable,
+        error_type if isinstance(error_type, str) else None,
+    )

@@ -20,8 +20,9 @@ import dataclasses
 import os
 import types
 import typing
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import yaml
 
@@ -38,20 +39,23 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
-def _in_range(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-              hi_open: bool = False) -> Callable[[Any], str | None]:
+def _in_range(
+    lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False
+) -> Callable[[Any], str | None]:
     def check(value) -> str | None:
         if lo is not None and (value <= lo if lo_open else value < lo):
             return f"must be {'>' if lo_open else '>='} {lo}"
         if hi is not None and (value >= hi if hi_open else value > hi):
             return f"must be {'<' if hi_open else '<='} {hi}"
         return None
+
     return check
 
 
 def _one_of(*choices: str) -> Callable[[Any], str | None]:
     def check(value) -> str | None:
         return None if value in choices else f"must be one of {', '.join(choices)}"
+
     return check
 
 
@@ -111,6 +115,7 @@ YAML_BOOL_WORDS: dict[str, dict[bool, str]] = {"gate.mode": {False: "off"}}
 
 # ---- reading the sources ------------------------------------------------------------
 
+
 def read_yaml(path: str | Path) -> dict:
     """The YAML file as a mapping (an empty file is {}); ConfigError if unreadable."""
     try:
@@ -124,8 +129,7 @@ def read_yaml(path: str | Path) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError([f"config file {path}: the top level must be a mapping of keys, got "
-                           f"{type(data).__name__}"])
+        raise ConfigError([f"config file {path}: the top level must be a mapping of keys, got {type(data).__name__}"])
     return data
 
 
@@ -139,7 +143,7 @@ def apply_env_overrides(data: dict, environ: Mapping[str, str]) -> tuple[dict, l
     for var in sorted(environ):
         if not var.startswith(ENV_PREFIX):
             continue
-        parts = [p.lower() for p in var[len(ENV_PREFIX):].split("__")]
+        parts = [p.lower() for p in var[len(ENV_PREFIX) :].split("__")]
         if parts[0] not in top:
             continue
         value = _env_value(environ[var], _leaf_type(parts))
@@ -149,7 +153,7 @@ def apply_env_overrides(data: dict, environ: Mapping[str, str]) -> tuple[dict, l
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                problems.append(f"{var}: {'.'.join(parts[:i + 1])} is not a section, cannot set {'.'.join(parts)}")
+                problems.append(f"{var}: {'.'.join(parts[: i + 1])} is not a section, cannot set {'.'.join(parts)}")
                 break
             node = child
         else:
@@ -194,6 +198,7 @@ def _deep_copy(data):
 
 
 # ---- building and checking ---------------------------------------------------------
+
 
 def _type_name(tp) -> str:
     if tp is type(None):
@@ -259,8 +264,9 @@ def _convert(value, tp, path: str, problems: list[str]):
 def _describe(value) -> str:
     if value is None:
         return "null"
-    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
-            dict: "mapping"}.get(type(value), type(value).__name__)
+    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "mapping"}.get(
+        type(value), type(value).__name__
+    )
     text = repr(value)
     return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"
 

@@ -31,8 +31,13 @@ from kvgate.proxy.session_id import resolve_session_id, split_body_fields
 from kvgate.proxy.session_tracker import SessionTracker
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, merge_kvgate_headers, with_session_header
-from kvgate.proxy.upstream import (CONNECT_ERRORS, EXCHANGE_ERRORS, UpstreamClients, relayed_response_headers,
-                            upstream_request_headers)
+from kvgate.proxy.upstream import (
+    CONNECT_ERRORS,
+    EXCHANGE_ERRORS,
+    UpstreamClients,
+    relayed_response_headers,
+    upstream_request_headers,
+)
 
 log = logging.getLogger("kvgate.proxy")
 
@@ -47,8 +52,11 @@ def format_wait_ms(wait_ms: float) -> bytes:
 
 
 def lease_headers(replica: Replica, lease) -> list[tuple[bytes, bytes]]:
-    return [(H_REPLICA, replica.name.encode()), (H_ADMISSION, str(lease.reason).encode()),
-            (H_WAIT, format_wait_ms(lease.wait_ms))]
+    return [
+        (H_REPLICA, replica.name.encode()),
+        (H_ADMISSION, str(lease.reason).encode()),
+        (H_WAIT, format_wait_ms(lease.wait_ms)),
+    ]
 
 
 def retry_after(seconds: float | None) -> list[tuple[bytes, bytes]]:
@@ -58,8 +66,15 @@ def retry_after(seconds: float | None) -> list[tuple[bytes, bytes]]:
 
 
 class Forwarder:
-    def __init__(self, settings: Settings, balancer: Balancer, admission, clients: UpstreamClients,
-                 metrics: KvgateMetrics, sessions: SessionTracker) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        balancer: Balancer,
+        admission,
+        clients: UpstreamClients,
+        metrics: KvgateMetrics,
+        sessions: SessionTracker,
+    ) -> None:
         self.balancer = balancer
         self.registry = balancer.registry
         self.admission = admission
@@ -81,8 +96,9 @@ class Forwarder:
 
     # ---- the request --------------------------------------------------------------
 
-    async def forward(self, request: HttpRequest, responder: Responder, route: RouteSpec,
-                      path_session_id: str | None) -> None:
+    async def forward(
+        self, request: HttpRequest, responder: Responder, route: RouteSpec, path_session_id: str | None
+    ) -> None:
         started = time.perf_counter()
         kind = route.kind
         try:
@@ -128,8 +144,19 @@ class Forwarder:
                 return pinned
         return self.balancer.choose(session_id)
 
-    async def _relay_turn(self, request: HttpRequest, responder: Responder, route: RouteSpec, raw, body,
-                          stream: bool, session_id, entry, started: float, chain: TurnPlan | None = None) -> None:
+    async def _relay_turn(
+        self,
+        request: HttpRequest,
+        responder: Responder,
+        route: RouteSpec,
+        raw,
+        body,
+        stream: bool,
+        session_id,
+        entry,
+        started: float,
+        chain: TurnPlan | None = None,
+    ) -> None:
         kind = route.kind
         replica = self._route(session_id, entry)
         if replica is None:
@@ -160,9 +187,14 @@ class Forwarder:
                         return
                     continue
                 self._count(kind, replica.name, refusal.status)
-                send_error(responder, refusal.status, refusal.message, refusal.code,
-                           [(H_REPLICA, replica.name.encode()), *retry_after(refusal.retry_after)],
-                           type_=refusal.error_type)
+                send_error(
+                    responder,
+                    refusal.status,
+                    refusal.message,
+                    refusal.code,
+                    [(H_REPLICA, replica.name.encode()), *retry_after(refusal.retry_after)],
+                    type_=refusal.error_type,
+                )
                 return
 
             replica.in_flight += 1
@@ -178,25 +210,35 @@ class Forwarder:
                 if not busy:
                     self.registry.mark_failed(replica)
                 self.metrics.upstream_errors.labels(replica.name, "connect").inc()
-                other = (None if rerouted_connect else
-                         replica if busy else self.balancer.choose(session_id, exclude=replica))
+                other = (
+                    None if rerouted_connect else replica if busy else self.balancer.choose(session_id, exclude=replica)
+                )
                 if other is not None:
                     rerouted_connect = True
                     replica = other
                     continue
                 self._count(kind, replica.name, 502)
-                send_error(responder, 502, f"could not connect to replica {replica.name} ({exc}); it is marked "
-                           "unhealthy until its health checks pass (unless it has requests in flight); retry later",
-                           "upstream_connect_failed",
-                           lease_headers(replica, lease))
+                send_error(
+                    responder,
+                    502,
+                    f"could not connect to replica {replica.name} ({exc}); it is marked "
+                    "unhealthy until its health checks pass (unless it has requests in flight); retry later",
+                    "upstream_connect_failed",
+                    lease_headers(replica, lease),
+                )
                 return
             except EXCHANGE_ERRORS as exc:
                 replica.in_flight -= 1
                 lease.release(served=False)
                 self.metrics.upstream_errors.labels(replica.name, "before_headers").inc()
                 self._count(kind, replica.name, 502)
-                send_error(responder, 502, f"replica {replica.name} failed before answering ({exc}); "
-                           "retry the request", "upstream_failed", lease_headers(replica, lease))
+                send_error(
+                    responder,
+                    502,
+                    f"replica {replica.name} failed before answering ({exc}); retry the request",
+                    "upstream_failed",
+                    lease_headers(replica, lease),
+                )
                 return
             except BaseException:
                 replica.in_flight -= 1
@@ -231,16 +273,20 @@ class Forwarder:
 
     # ---- relaying the response --------------------------------------------------
 
-    async def _relay(self, responder: Responder, upstream, replica: Replica, lease, stream: bool,
-                     kind: str) -> tuple[int, bool]:
+    async def _relay(
+        self, responder: Responder, upstream, replica: Replica, lease, stream: bool, kind: str
+    ) -> tuple[int, bool]:
         """Relay the upstream's answer: (status for metrics, completed normally)."""
-        headers, upstream_gated = merge_kvgate_headers(relayed_response_headers(upstream.headers),
-                                                       lease_headers(replica, lease))
+        headers, upstream_gated = merge_kvgate_headers(
+            relayed_response_headers(upstream.headers), lease_headers(replica, lease)
+        )
         if upstream_gated and self._gates and replica.name not in self._double_gating_warned:
             self._double_gating_warned.add(replica.name)
-            log.error("replica %s answers with x-kvgate-* headers: it is a kvgate, and this kvgate gates it a "
-                      "second time; give this one role: front_door with gate.mode: off (docs/ARCHITECTURE.md)",
-                      replica.name)
+            log.error(
+                "replica %s answers with x-kvgate-* headers: it is a kvgate, and this kvgate gates it a "
+                "second time; give this one role: front_door with gate.mode: off (docs/ARCHITECTURE.md)",
+                replica.name,
+            )
         is_sse = upstream.content_type == b"text/event-stream"
         pending: list[bytes] = []
         if not (is_sse or (stream and upstream.content_length is None)):
@@ -252,8 +298,13 @@ class Forwarder:
                     data = await upstream.readany()
                 except EXCHANGE_ERRORS as exc:
                     self.metrics.upstream_errors.labels(replica.name, "mid_body").inc()
-                    send_error(responder, 502, f"replica {replica.name} broke off its response ({exc}); "
-                               "retry the request", "upstream_failed", lease_headers(replica, lease))
+                    send_error(
+                        responder,
+                        502,
+                        f"replica {replica.name} broke off its response ({exc}); retry the request",
+                        "upstream_failed",
+                        lease_headers(replica, lease),
+                    )
                     return 502, False
                 if not data:
                     responder.send(upstream.status, b"".join(pending), headers, upstream.reason)
@@ -261,8 +312,7 @@ class Forwarder:
                 pending.append(data)
                 size += len(data)
 
-        await responder.start(upstream.status, headers, upstream.reason,
-                              None if is_sse else upstream.content_length)
+        await responder.start(upstream.status, headers, upstream.reason, None if is_sse else upstream.content_length)
         for data in pending:
             await responder.write(data)
         pending.clear()
@@ -272,9 +322,14 @@ class Forwarder:
             except EXCHANGE_ERRORS as exc:
                 self.metrics.upstream_errors.labels(replica.name, "mid_stream").inc()
                 if is_sse:
-                    await responder.write(sse_error_event(
-                        f"replica {replica.name} broke off the stream ({exc}); the answer is incomplete, "
-                        "retry the request", "upstream_stream_broken", anthropic=kind == "messages"))
+                    await responder.write(
+                        sse_error_event(
+                            f"replica {replica.name} broke off the stream ({exc}); the answer is incomplete, "
+                            "retry the request",
+                            "upstream_stream_broken",
+                            anthropic=kind == "messages",
+                        )
+                    )
                     await responder.end()
                 # else: the response stays unfinished, so the server closes the connection
                 # and the client cannot take a truncated body for a complete one.
@@ -303,5 +358,10 @@ class Forwarder:
 
     def _no_replica(self, responder: Responder, kind: str) -> None:
         self._count(kind, "none", 503)
-        send_error(responder, 503, "no healthy replica is available; check the replicas' /health and "
-                   "GET /admin/state, then retry", "no_healthy_replica", [(b"Retry-After", b"1")])
+        send_error(
+            responder,
+            503,
+            "no healthy replica is available; check the replicas' /health and GET /admin/state, then retry",
+            "no_healthy_replica",
+            [(b"Retry-After", b"1")],
+        )

@@ -115,8 +115,9 @@ class _Connection(asyncio.Protocol):
             self._state = _DONE
         elif self._state != _DONE:
             where = "before the response headers" if self._state == _HEAD else "in the middle of the body"
-            self._error = UpstreamError(f"upstream closed the connection {where}",
-                                        "before_headers" if self._state == _HEAD else "mid_body")
+            self._error = UpstreamError(
+                f"upstream closed the connection {where}", "before_headers" if self._state == _HEAD else "mid_body"
+            )
         self._wake()
 
     def data_received(self, data: bytes) -> None:
@@ -222,8 +223,7 @@ class _Connection(asyncio.Protocol):
 
     def _on_timeout(self) -> None:
         self._timer = None
-        self._error = UpstreamTimeout(f"upstream sent nothing for {self._read_timeout:g} s "
-                                      "(upstream.read_timeout_sec)")
+        self._error = UpstreamTimeout(f"upstream sent nothing for {self._read_timeout:g} s (upstream.read_timeout_sec)")
         self.keep_alive = False
         self._state = _DONE
         if self.transport is not None:
@@ -283,7 +283,7 @@ class UpstreamResponse:
 
     __slots__ = ("_conn", "_pool", "status", "reason", "headers", "_finished")
 
-    def __init__(self, conn: _Connection, pool: "UpstreamPool") -> None:
+    def __init__(self, conn: _Connection, pool: UpstreamPool) -> None:
         self._conn = conn
         self._pool = pool
         self.status = conn.status
@@ -358,11 +358,19 @@ class UpstreamPool:
         self._open: set[_Connection] = set()
         self.closed = False
 
-    async def request(self, method: str, target: str, headers: list[tuple[bytes, bytes]],
-                      body: bytes | None) -> UpstreamResponse:
+    async def request(
+        self, method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes | None
+    ) -> UpstreamResponse:
         """Send one request; return once the response head has arrived."""
-        lines = [method.encode(), b" ", self.prefix, target.encode("utf-8", "surrogateescape"),
-                 b" HTTP/1.1\r\nHost: ", self._host_header, b"\r\n"]
+        lines = [
+            method.encode(),
+            b" ",
+            self.prefix,
+            target.encode("utf-8", "surrogateescape"),
+            b" HTTP/1.1\r\nHost: ",
+            self._host_header,
+            b"\r\n",
+        ]
         for name, value in headers:
             lines += (name, b": ", value, b"\r\n")
         if body is not None:
@@ -409,14 +417,17 @@ class UpstreamPool:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(loop, self._read_timeout), self.host, self.port,
-                                       ssl=self._ssl), self._connect_timeout)
-        except asyncio.TimeoutError:
-            raise UpstreamConnectError(f"connecting to {self.host}:{self.port} timed out after "
-                                       f"{self._connect_timeout:g} s") from None
+                loop.create_connection(
+                    lambda: _Connection(loop, self._read_timeout), self.host, self.port, ssl=self._ssl
+                ),
+                self._connect_timeout,
+            )
+        except TimeoutError:
+            raise UpstreamConnectError(
+                f"connecting to {self.host}:{self.port} timed out after {self._connect_timeout:g} s"
+            ) from None
         except OSError as exc:
-            raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: "
-                                       f"{exc.strerror or exc}") from None
+            raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
         self._open.add(conn)
         return conn
 

@@ -43,8 +43,10 @@ def replica_name_problem(name: str) -> str | None:
     if not name:
         return "must not be empty"
     if len(name) > MAX_REPLICA_NAME or not is_token(name):
-        return (f"must be 1-{MAX_REPLICA_NAME} letters, digits or !#$%&'*+-.^_`|~ "
-                "(it is sent in the x-kvgate-replica header)")
+        return (
+            f"must be 1-{MAX_REPLICA_NAME} letters, digits or !#$%&'*+-.^_`|~ "
+            "(it is sent in the x-kvgate-replica header)"
+        )
     return None
 
 
@@ -57,7 +59,7 @@ def replica_url_problem(url: str) -> str | None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "must be an http:// or https:// URL with a host"
     try:
-        parts.port
+        _ = parts.port  # urlsplit checks the port only when asked
     except ValueError:
         return "has an invalid port"
     if parts.username is not None or parts.query or parts.fragment or "#" in url or "?" in url:
@@ -70,6 +72,8 @@ def decode_path_segment(raw: str, what: str = "session id") -> str:
     try:
         return unquote(raw, errors="strict")
     except UnicodeDecodeError:
-        raise RequestRejected(400, f"the {what} in the path is not UTF-8 once percent-decoded; "
-                              "percent-encode its UTF-8 bytes", "invalid_session_id" if what == "session id"
-                              else "invalid_path") from None
+        raise RequestRejected(
+            400,
+            f"the {what} in the path is not UTF-8 once percent-decoded; percent-encode its UTF-8 bytes",
+            "invalid_session_id" if what == "session id" else "invalid_path",
+        ) from None

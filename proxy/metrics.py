@@ -39,48 +39,87 @@ class KvgateMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "kvgate_requests", "Forwarded requests by route, replica and final status.",
-            ["route", "replica", "status"], registry=r)
+            "kvgate_requests",
+            "Forwarded requests by route, replica and final status.",
+            ["route", "replica", "status"],
+            registry=r,
+        )
         self.admissions = Counter(
-            "kvgate_admissions", "Gate admissions by replica and reason.",
-            ["replica", "reason"], registry=r)
+            "kvgate_admissions", "Gate admissions by replica and reason.", ["replica", "reason"], registry=r
+        )
         self.admission_wait = Histogram(
-            "kvgate_admission_wait_seconds", "Time a request was held at the gate.",
-            ["replica"], buckets=WAIT_BUCKETS, registry=r)
+            "kvgate_admission_wait_seconds",
+            "Time a request was held at the gate.",
+            ["replica"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
         self.pending_sessions = Gauge(
-            "kvgate_pending_sessions", "Sessions waiting at the gate.", ["replica"], registry=r)
+            "kvgate_pending_sessions", "Sessions waiting at the gate.", ["replica"], registry=r
+        )
         self.reserved_sessions = Gauge(
-            "kvgate_reserved_sessions", "Sessions holding a reservation, in flight or idle.",
-            ["replica", "state"], registry=r)
+            "kvgate_reserved_sessions",
+            "Sessions holding a reservation, in flight or idle.",
+            ["replica", "state"],
+            registry=r,
+        )
         self.preempted_attempts = Counter(
-            "kvgate_preempted_attempts", "Waiting attempts aborted by a newer attempt of their session.",
-            ["replica"], registry=r)
+            "kvgate_preempted_attempts",
+            "Waiting attempts aborted by a newer attempt of their session.",
+            ["replica"],
+            registry=r,
+        )
         self.probe_seconds = Histogram(
-            "kvgate_probe_seconds", "Latency of replica probes.", ["replica", "probe"],
-            buckets=PROBE_BUCKETS, registry=r)
+            "kvgate_probe_seconds",
+            "Latency of replica probes.",
+            ["replica", "probe"],
+            buckets=PROBE_BUCKETS,
+            registry=r,
+        )
         self.probe_errors = Counter(
-            "kvgate_probe_errors", "Probes that failed, timed out or answered garbage.",
-            ["replica", "probe"], registry=r)
+            "kvgate_probe_errors",
+            "Probes that failed, timed out or answered garbage.",
+            ["replica", "probe"],
+            registry=r,
+        )
         self.replica_kv_usage = Gauge(
-            "kvgate_replica_kv_usage", "Last KV-cache usage read from each replica.", ["replica"], registry=r)
+            "kvgate_replica_kv_usage", "Last KV-cache usage read from each replica.", ["replica"], registry=r
+        )
         self.replica_healthy = Gauge(
-            "kvgate_replica_healthy", "1 when the replica passes health checks.", ["replica"], registry=r)
+            "kvgate_replica_healthy", "1 when the replica passes health checks.", ["replica"], registry=r
+        )
         self.upstream_errors = Counter(
-            "kvgate_upstream_errors", "Upstream failures by kind (connect, mid_stream, client_disconnect, ...).",
-            ["replica", "kind"], registry=r)
+            "kvgate_upstream_errors",
+            "Upstream failures by kind (connect, mid_stream, client_disconnect, ...).",
+            ["replica", "kind"],
+            registry=r,
+        )
         self.turn_seconds = Histogram(
-            "kvgate_turn_seconds", "End-to-end time of a turn, by its index in the session.",
-            ["turn"], buckets=TURN_SECONDS_BUCKETS, registry=r)
+            "kvgate_turn_seconds",
+            "End-to-end time of a turn, by its index in the session.",
+            ["turn"],
+            buckets=TURN_SECONDS_BUCKETS,
+            registry=r,
+        )
         self.session_preemptions = Histogram(
-            "kvgate_session_preemptions", "Preempted attempts per session, observed when a session ends.",
-            buckets=PREEMPTION_BUCKETS, registry=r)
+            "kvgate_session_preemptions",
+            "Preempted attempts per session, observed when a session ends.",
+            buckets=PREEMPTION_BUCKETS,
+            registry=r,
+        )
         self.window_ends = Counter(
-            "kvgate_window_ends", "Ownership windows ended, by cause (finish|quiet|grace|lost|revoked).",
-            ["replica", "cause"], registry=r)
+            "kvgate_window_ends",
+            "Ownership windows ended, by cause (finish|quiet|grace|lost|revoked).",
+            ["replica", "cause"],
+            registry=r,
+        )
 
         self.gate_conflict = Gauge(
-            "kvgate_gate_conflict", "1 while another gate also enforces (or tries to) on the replica.",
-            ["replica"], registry=r)
+            "kvgate_gate_conflict",
+            "1 while another gate also enforces (or tries to) on the replica.",
+            ["replica"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -89,6 +128,7 @@ class KvgateMetrics:
 # ---------------------------------------------------------------- operator metrics (issue 13)
 # Added for the dashboard and alert rules in docker/grafana and docker/prometheus
 # (docs/observability.md). Kept as a separate block so other branches' additions merge.
+
 
 class OperatorMetrics:
     """The metrics an operator's dashboard and alerts read, beyond SPEC.md section 9.
@@ -101,19 +141,32 @@ class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
         self.admission_reason_wait = Histogram(
-            "kvgate_admission_reason_wait_seconds", "Time a request was held at the gate, by admission reason.",
-            ["replica", "reason"], buckets=WAIT_BUCKETS, registry=r)
+            "kvgate_admission_reason_wait_seconds",
+            "Time a request was held at the gate, by admission reason.",
+            ["replica", "reason"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
         self.oldest_waiter_seconds = Gauge(
-            "kvgate_oldest_waiter_seconds", "How long the oldest request waiting at the gate has waited (0: none).",
-            ["replica"], registry=r)
+            "kvgate_oldest_waiter_seconds",
+            "How long the oldest request waiting at the gate has waited (0: none).",
+            ["replica"],
+            registry=r,
+        )
         self.reprefill_tokens = Counter(
             "kvgate_reprefill_tokens_estimated",
             "Prompt tokens a session had prefilled on its replica before, found evicted by the prefix probe "
             "when its next turn was admitted (a lower bound: only probed turns count).",
-            ["replica"], registry=r)
+            ["replica"],
+            registry=r,
+        )
         self.replica_probe_api = Gauge(
-            "kvgate_replica_probe_api", "1 while the replica answers the probe API; 0 on the /metrics fallback "
-            "(the gate is degraded: no block counts, no prefix probe).", ["replica"], registry=r)
+            "kvgate_replica_probe_api",
+            "1 while the replica answers the probe API; 0 on the /metrics fallback "
+            "(the gate is degraded: no block counts, no prefix probe).",
+            ["replica"],
+            registry=r,
+        )
 
 
 def _operator_metrics(self: KvgateMetrics) -> OperatorMetrics:

@@ -20,8 +20,8 @@ memory per session bounded; the digest is stable, so stickiness is unaffected.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from hashlib import sha256
-from typing import Mapping, Sequence
 
 import orjson
 
@@ -79,20 +79,29 @@ def session_id_from_body(body: dict, fields: tuple[tuple[str, ...], ...]) -> str
         if value is None:
             continue
         if not isinstance(value, str):
-            raise RequestRejected(400, f"field '{'.'.join(path)}' must be a string session id, got "
-                                  f"{type(value).__name__}", "invalid_type")
+            raise RequestRejected(
+                400, f"field '{'.'.join(path)}' must be a string session id, got {type(value).__name__}", "invalid_type"
+            )
         if value:
             return embedded_session_id(value)
     return None
 
 
-def resolve_session_id(path_id: str | None, headers: Mapping[str, str], header_name: str,
-                       body: dict | None, fields: tuple[tuple[str, ...], ...]) -> str | None:
+def resolve_session_id(
+    path_id: str | None,
+    headers: Mapping[str, str],
+    header_name: str,
+    body: dict | None,
+    fields: tuple[tuple[str, ...], ...],
+) -> str | None:
     """The session id of a request (bounded, see module doc), or None for anonymous."""
     if path_id is not None:
         if not path_id:
-            raise RequestRejected(400, "empty session id in the /sess/{session_id}/ path; put the id "
-                                  "between /sess/ and /v1", "invalid_session_id")
+            raise RequestRejected(
+                400,
+                "empty session id in the /sess/{session_id}/ path; put the id between /sess/ and /v1",
+                "invalid_session_id",
+            )
         return bounded_session_id(path_id)
     value = headers.get(header_name)
     if value:

@@ -80,6 +80,7 @@ class UpstreamSettings:
 @dataclass(frozen=True)
 class LimitsSettings:
     """The front door's limits and timeouts; defaults follow nginx's (docs/proxy.md)."""
+
     max_body_bytes: int = 32 * 1024 * 1024
     max_head_bytes: int = 32 * 1024  # nginx: large_client_header_buffers 4 x 8k
     max_headers: int = 100  # Apache's LimitRequestFields; nginx bounds headers by size only

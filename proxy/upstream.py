@@ -14,14 +14,37 @@ from kvgate.proxy.http_client import UpstreamConnectError, UpstreamError, Upstre
 from kvgate.proxy.settings import UpstreamSettings
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the proxy recomputes.
-_REQUEST_DROP = frozenset({
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
-    b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length", b"expect",
-})
-_RESPONSE_DROP = frozenset({
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
-    b"trailers", b"transfer-encoding", b"upgrade", b"content-length", b"date",
-})
+_REQUEST_DROP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+        b"expect",
+    }
+)
+_RESPONSE_DROP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+        b"content-length",
+        b"date",
+    }
+)
 
 # The request never reached the replica: safe to send it elsewhere.
 CONNECT_ERRORS = (UpstreamConnectError,)
@@ -72,7 +95,8 @@ class UpstreamClients:
         pool = self._pools.get(replica)
         if pool is None:
             pool = self._pools[replica] = UpstreamPool(
-                replica.url, self._settings.connect_timeout_sec, self._settings.read_timeout_sec)
+                replica.url, self._settings.connect_timeout_sec, self._settings.read_timeout_sec
+            )
         return pool
 
     def retire(self, replica) -> None:

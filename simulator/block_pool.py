@@ -12,7 +12,7 @@ Invariants (as in vllm/v1/core/block_pool.py):
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class KVCacheBlock:

@@ -26,8 +26,16 @@ from kvgate.simulator.workload import WorkloadParams, WorkloadRequest, generate_
 DEFAULT_ENGINE = EngineConfig(num_blocks=1024, block_size=16, max_num_seqs=64, max_num_batched_tokens=512)
 PROMPT_BUCKETS = ((0, 512, "<512"), (512, 2048, "512-2047"), (2048, math.inf, ">=2048"))
 TIMELINE_COLUMNS = (
-    "step", "waiting", "running", "free_blocks", "used_blocks", "obligation_tokens",
-    "admitted", "preemptions", "recomputed_tokens", "scheduled_tokens",
+    "step",
+    "waiting",
+    "running",
+    "free_blocks",
+    "used_blocks",
+    "obligation_tokens",
+    "admitted",
+    "preemptions",
+    "recomputed_tokens",
+    "scheduled_tokens",
 )
 
 
@@ -38,7 +46,7 @@ class ExperimentConfig:
     headroom_fraction: float = 0.125
     seed: int = 0
 
-    def validate(self) -> "ExperimentConfig":
+    def validate(self) -> ExperimentConfig:
         self.engine.validate()
         self.workload.validate()
         if not 0 <= self.headroom_fraction < 1:
@@ -75,7 +83,9 @@ def _output_token(request: SimRequest) -> int:
     return 1
 
 
-def run_policy(config: ExperimentConfig, workload: list[WorkloadRequest], policy: str, shadow: bool = False) -> PolicyRun:
+def run_policy(
+    config: ExperimentConfig, workload: list[WorkloadRequest], policy: str, shadow: bool = False
+) -> PolicyRun:
     engine = config.engine
     shadow_policy = make_policy("reserve_watermark", config.headroom_fraction) if shadow else None
     scheduler = Scheduler(engine, make_policy(policy, config.headroom_fraction), shadow_policy)
@@ -89,8 +99,13 @@ def run_policy(config: ExperimentConfig, workload: list[WorkloadRequest], policy
         while pending and pending[0].arrival_step <= step:
             item = pending.popleft()
             base = (item.index + 1) << 24  # distinct token ids per request
-            request = SimRequest(str(item.index), list(range(base, base + item.prompt_len)), item.output_len,
-                                 engine.block_size, arrival=item.arrival_step)
+            request = SimRequest(
+                str(item.index),
+                list(range(base, base + item.prompt_len)),
+                item.output_len,
+                engine.block_size,
+                arrival=item.arrival_step,
+            )
             if scheduler.add_request(request):
                 by_id[request.request_id] = item
             else:
@@ -99,10 +114,17 @@ def run_policy(config: ExperimentConfig, workload: list[WorkloadRequest], policy
         finished = scheduler.update_from_output(output, _output_token)
         for request in finished:
             item = by_id.pop(request.request_id)
-            run.records.append(RequestRecord(
-                item.index, item.kind, item.prompt_len, item.arrival_step,
-                request.first_token_step, request.finish_step, request.num_preemptions,
-            ))
+            run.records.append(
+                RequestRecord(
+                    item.index,
+                    item.kind,
+                    item.prompt_len,
+                    item.arrival_step,
+                    request.first_token_step,
+                    request.finish_step,
+                    request.num_preemptions,
+                )
+            )
         free = scheduler.num_free_blocks
         num_seqs = len(output.scheduled)
         if num_seqs:
@@ -111,11 +133,20 @@ def run_policy(config: ExperimentConfig, workload: list[WorkloadRequest], policy
             run.scheduled_tokens += output.num_scheduled_tokens
         if free < headroom:
             run.watermark_violations += 1
-        timeline.append((
-            step, len(scheduler.waiting), len(scheduler.running), free, engine.num_blocks - free,
-            scheduler.obligation_tokens(), len(output.admitted), len(output.preempted),
-            output.num_recomputed_tokens, output.num_scheduled_tokens,
-        ))
+        timeline.append(
+            (
+                step,
+                len(scheduler.waiting),
+                len(scheduler.running),
+                free,
+                engine.num_blocks - free,
+                scheduler.obligation_tokens(),
+                len(output.admitted),
+                len(output.preempted),
+                output.num_recomputed_tokens,
+                output.num_scheduled_tokens,
+            )
+        )
         step += 1
     run.counters = scheduler.counters
     return run
@@ -157,13 +188,19 @@ def summarize(run: PolicyRun, config: ExperimentConfig, num_requests: int) -> di
         "preemptions": counters.num_preemptions,
         "preempted_requests": sum(1 for r in run.records if r.num_preemptions),
         "recomputed_tokens": counters.num_recomputed_tokens,
-        "recomputed_tokens_per_completed_request": round(counters.num_recomputed_tokens / completed, 4) if completed else 0.0,
+        "recomputed_tokens_per_completed_request": round(counters.num_recomputed_tokens / completed, 4)
+        if completed
+        else 0.0,
         "computed_prefill_tokens": counters.num_computed_prefill_tokens,
         **_latency_summary(run.records),
         "by_prompt_length": by_bucket,
         "throughput_requests_per_step": round(completed / num_steps, 6) if num_steps else 0.0,
-        "sequence_slot_utilisation": round(run.scheduled_seqs / (run.busy_steps * engine.max_num_seqs), 4) if run.busy_steps else 0.0,
-        "token_budget_utilisation": round(run.scheduled_tokens / (run.busy_steps * engine.max_num_batched_tokens), 4) if run.busy_steps else 0.0,
+        "sequence_slot_utilisation": round(run.scheduled_seqs / (run.busy_steps * engine.max_num_seqs), 4)
+        if run.busy_steps
+        else 0.0,
+        "token_budget_utilisation": round(run.scheduled_tokens / (run.busy_steps * engine.max_num_batched_tokens), 4)
+        if run.busy_steps
+        else 0.0,
         "watermark_violation_steps": run.watermark_violations,
     }
     del summary["count"]
@@ -178,7 +215,9 @@ def summarize(run: PolicyRun, config: ExperimentConfig, num_requests: int) -> di
     return summary
 
 
-def run_experiment(config: ExperimentConfig, policies: tuple[str, ...] = POLICY_NAMES, shadow: bool = False) -> tuple[dict, dict[str, PolicyRun]]:
+def run_experiment(
+    config: ExperimentConfig, policies: tuple[str, ...] = POLICY_NAMES, shadow: bool = False
+) -> tuple[dict, dict[str, PolicyRun]]:
     """Run every policy on the same workload. Returns (metrics.json content, runs by policy).
 
     `shadow` attaches the reserve_watermark shadow to the naive run (which must be selected).

@@ -132,7 +132,9 @@ def chat_response(request_id: str, created: int, model: str, text: str, finish_r
     }
 
 
-def completion_response(request_id: str, created: int, model: str, text: str, finish_reason: str, usage_body: dict) -> dict:
+def completion_response(
+    request_id: str, created: int, model: str, text: str, finish_reason: str, usage_body: dict
+) -> dict:
     return {
         "id": request_id,
         "object": "text_completion",

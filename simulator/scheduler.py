@@ -18,8 +18,8 @@ async engine behind the simulated replica). It does no I/O and reads no clock.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from kvgate.simulator.admission_policies import AdmissionPolicy, AdmissionView, naive
 from kvgate.simulator.config import EngineConfig

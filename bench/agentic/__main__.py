@@ -6,6 +6,9 @@ import sys
 from kvgate.bench.agentic.cli import configure, main
 
 if __name__ == "__main__":
-    parser = configure(argparse.ArgumentParser(prog="python -m bench.agentic",
-                                               description="The multi-turn agentic benchmark (SPEC.md section 8)."))
+    parser = configure(
+        argparse.ArgumentParser(
+            prog="python -m bench.agentic", description="The multi-turn agentic benchmark (SPEC.md section 8)."
+        )
+    )
     sys.exit(main(parser.parse_args()))

@@ -18,8 +18,8 @@ values (ids or words).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterable, Sequence
 
 from kvgate.bench.agentic.workload import Workload, build_messages
 
@@ -51,7 +51,7 @@ class InfiniteCache:
         parent = -1
         count = 0
         for start in range(0, len(tokens) - self.block_size + 1, self.block_size):
-            key = (parent, tuple(tokens[start:start + self.block_size]))
+            key = (parent, tuple(tokens[start : start + self.block_size]))
             block_id = self._block_ids.get(key)
             if block_id is None:
                 if not create:
@@ -75,8 +75,7 @@ class InfiniteCache:
         self._chain(computed, create=True)
 
 
-def ceiling_of_requests(requests: Iterable[tuple[Sequence[Token], Sequence[Token]]],
-                        block_size: int) -> Ceiling:
+def ceiling_of_requests(requests: Iterable[tuple[Sequence[Token], Sequence[Token]]], block_size: int) -> Ceiling:
     """The ceiling of `(prompt, reply)` pairs served in the given order by an infinite cache."""
     cache = InfiniteCache(block_size)
     prompt_tokens = hit_tokens = 0
@@ -125,8 +124,7 @@ def simulator_token_model() -> TokenModel | None:
         from kvgate.simulator import tokenizer
     except ImportError:
         return None
-    return TokenModel("simulator", lambda messages: tokenizer.render_chat({"messages": messages}),
-                      tokenizer.encode)
+    return TokenModel("simulator", lambda messages: tokenizer.render_chat({"messages": messages}), tokenizer.encode)
 
 
 def placeholder_reply(length: int) -> str:

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import aiohttp
 import orjson
@@ -92,8 +92,15 @@ class _Outcome:
 class WorkloadDriver:
     """Runs a workload against base URLs; `target(session)` picks a session's base URL."""
 
-    def __init__(self, workload: Workload, target: Callable[[SessionPlan], str], model: str,
-                 http: aiohttp.ClientSession, request_timeout_s: float = 300.0, api: str = "chat") -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        target: Callable[[SessionPlan], str],
+        model: str,
+        http: aiohttp.ClientSession,
+        request_timeout_s: float = 300.0,
+        api: str = "chat",
+    ) -> None:
         if api not in API_PATHS:
             raise ValueError(f"unknown api {api!r}; choose from {', '.join(API_PATHS)}")
         self.api = api
@@ -146,10 +153,17 @@ class WorkloadDriver:
             if turn.tool_latency_s > 0:
                 await asyncio.sleep(turn.tool_latency_s)
 
-    async def _run_turn(self, session: SessionPlan, turn: TurnPlan, replies: list[str],
-                        base_url: str, previous_response_id: list[str | None]) -> str | None:
-        body, headers = turn_request(self.api, self.model, session, turn.index, replies,
-                                     self.workload.spec.reply_tokens, previous_response_id[0])
+    async def _run_turn(
+        self,
+        session: SessionPlan,
+        turn: TurnPlan,
+        replies: list[str],
+        base_url: str,
+        previous_response_id: list[str | None],
+    ) -> str | None:
+        body, headers = turn_request(
+            self.api, self.model, session, turn.index, replies, self.workload.spec.reply_tokens, previous_response_id[0]
+        )
         if turn.index == len(session.turns) and self.workload.spec.send_finish:
             headers[FINISH_HEADER] = "true"
         payload = orjson.dumps(body)
@@ -167,8 +181,7 @@ class WorkloadDriver:
         used: _Outcome | None = None
         while pending and used is None:
             timeout = None if retry_sent else max(0.0, start + turn.retry_after_s - self.now())
-            done, pending = await asyncio.wait(pending, timeout=timeout,
-                                               return_when=asyncio.FIRST_COMPLETED)
+            done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 outcome = task.result()
                 if outcome.record.ok and used is None:
@@ -187,16 +200,21 @@ class WorkloadDriver:
         self.turns.append(TurnRecord(session.index, turn.index, start, record.end_s, ttft, True, attempts))
         return used.text
 
-    async def _send(self, session: SessionPlan, turn: TurnPlan, attempt: int, base_url: str,
-                    payload: bytes, headers: dict) -> _Outcome:
+    async def _send(
+        self, session: SessionPlan, turn: TurnPlan, attempt: int, base_url: str, payload: bytes, headers: dict
+    ) -> _Outcome:
         start = self.now()
-        record = AttemptRecord(session.index, turn.index, attempt, start, start, None, "error",
-                               None, None, None, None, None, None)
+        record = AttemptRecord(
+            session.index, turn.index, attempt, start, start, None, "error", None, None, None, None, None, None
+        )
         state = StreamState(self.api)
         try:
             async with asyncio.timeout(self.request_timeout_s):
-                async with self.http.post(base_url + API_PATHS[self.api], data=payload,
-                                          headers={**headers, "content-type": "application/json"}) as resp:
+                async with self.http.post(
+                    base_url + API_PATHS[self.api],
+                    data=payload,
+                    headers={**headers, "content-type": "application/json"},
+                ) as resp:
                     record.replica = resp.headers.get("x-kvgate-replica", base_url)
                     record.admission = resp.headers.get("x-kvgate-admission")
                     wait = resp.headers.get("x-kvgate-wait-ms")

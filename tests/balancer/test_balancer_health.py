@@ -52,7 +52,7 @@ def test_answered_requests_keep_a_busy_replica_in_rotation():
     registry = ReplicaRegistry(HealthSettings(unhealthy_after=2))
     r0 = registry.add("r0", "http://127.0.0.1:1")
     registry.record_check(r0, False)  # a check timed out while the replica was busy...
-    registry.record_answer(r0)        # ...but it answered a forwarded request
+    registry.record_answer(r0)  # ...but it answered a forwarded request
     registry.record_check(r0, False)
     assert r0.healthy
     registry.record_check(r0, False)
@@ -80,6 +80,7 @@ async def test_checker_polls_health_and_follows_the_answers():
     checker = HealthChecker(registry, registry._health)
     await checker.start()
     try:
+
         async def until(predicate):
             for _ in range(200):
                 if predicate():

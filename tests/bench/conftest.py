@@ -49,10 +49,24 @@ class ScriptedReplica:
             if self._held.get(session) is held:
                 del self._held[session]
             if outcome == "preempted":
-                return web.json_response({"error": {"message": "a newer attempt arrived", "type": "conflict",
-                                                    "code": "admission_preempted"}}, status=409)
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream", "x-kvgate-replica": "r0",
-                                           "x-kvgate-admission": "open", "x-kvgate-wait-ms": "1.5"})
+                return web.json_response(
+                    {
+                        "error": {
+                            "message": "a newer attempt arrived",
+                            "type": "conflict",
+                            "code": "admission_preempted",
+                        }
+                    },
+                    status=409,
+                )
+        resp = web.StreamResponse(
+            headers={
+                "content-type": "text/event-stream",
+                "x-kvgate-replica": "r0",
+                "x-kvgate-admission": "open",
+                "x-kvgate-wait-ms": "1.5",
+            }
+        )
         await resp.prepare(request)
         await resp.write(b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n')
         for i in range(body["max_tokens"]):
@@ -67,10 +81,12 @@ class ScriptedReplica:
 @pytest.fixture
 async def scripted_replica(aiohttp_server):
     """scripted_replica(**options) -> (ScriptedReplica, base URL); servers close after the test."""
+
     async def start(**options):
         replica = ScriptedReplica(**options)
         server = await aiohttp_server(replica.app())
         return replica, str(server.make_url("")).rstrip("/")
+
     return start
 
 

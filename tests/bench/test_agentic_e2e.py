@@ -5,7 +5,6 @@ harness, which stops them itself; the test only reads what the run wrote.
 """
 
 import pytest
-
 from run_agentic import run_tiny_regime
 
 

@@ -34,10 +34,31 @@ def test_scale_out_load_small(has_replica, tmp_path):
     """bench/scale_out_load.py at CI size: no failed turn, no leak, no conflict, no session moved."""
     out = tmp_path / "load.json"
     result = subprocess.run(
-        [sys.executable, "-m", "kvgate.bench.scale_out_load", "--sessions", "150", "--turns", "3", "--replicas", "2",
-         "--front-doors", "2", "--layouts", "single,tiers", "--ramp-sec", "0.5", "--log-dir", str(tmp_path / "logs"),
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=240)
+        [
+            sys.executable,
+            "-m",
+            "kvgate.bench.scale_out_load",
+            "--sessions",
+            "150",
+            "--turns",
+            "3",
+            "--replicas",
+            "2",
+            "--front-doors",
+            "2",
+            "--layouts",
+            "single,tiers",
+            "--ramp-sec",
+            "0.5",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
     assert [r["layout"] for r in runs] == ["single", "tiers"]
@@ -52,10 +73,33 @@ def test_scale_out_load_front_door_killed(has_replica, tmp_path):
     in flight there, every turn completes, and every session stays on its replica."""
     out = tmp_path / "load.json"
     result = subprocess.run(
-        [sys.executable, "-m", "kvgate.bench.scale_out_load", "--sessions", "200", "--turns", "8", "--replicas", "2",
-         "--front-doors", "2", "--layouts", "tiers", "--ramp-sec", "1", "--kill-front-door-after", "0.5",
-         "--log-dir", str(tmp_path / "logs"), "--out", str(out)],
-        capture_output=True, text=True, timeout=240)
+        [
+            sys.executable,
+            "-m",
+            "kvgate.bench.scale_out_load",
+            "--sessions",
+            "200",
+            "--turns",
+            "8",
+            "--replicas",
+            "2",
+            "--front-doors",
+            "2",
+            "--layouts",
+            "tiers",
+            "--ramp-sec",
+            "1",
+            "--kill-front-door-after",
+            "0.5",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (run,) = json.loads(out.read_text())["runs"]
     assert run["killed_door_outstanding"] is not None

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
+import aiohttp
 import pytest
 
 from kvgate.gate.gate import Gate
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.proxy.metrics import KvgateMetrics
 from kvgate.proxy.settings import GateSettings
+from tests.gate.fake_replica import ReplicaScript, fake_replica_app
 
 COLD = PrefixReading(total_blocks=10, hit_blocks=0, hit_ratio=0.0)
 CLEAN = {"leases": 0, "reservations": 0, "waiters": 0, "attempts": 0, "sessions": 0}
@@ -42,7 +45,10 @@ class FakeProbe:
     """
 
     def __init__(
-        self, usage: float | None = 0.1, total: int | None = None, free: int | None = None,
+        self,
+        usage: float | None = 0.1,
+        total: int | None = None,
+        free: int | None = None,
         block_size: int | None = None,
     ) -> None:
         self.usage_value = usage
@@ -123,3 +129,23 @@ def probe() -> FakeProbe:
 def sample(metrics: KvgateMetrics, name: str, **labels: str) -> float:
     value = metrics.registry.get_sample_value(name, labels)
     return 0.0 if value is None else value
+
+
+# ---------------------------------------------------- a fake replica over real HTTP
+
+
+@pytest.fixture
+async def http():
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+def script():
+    return ReplicaScript()
+
+
+@pytest.fixture
+async def replica_url(aiohttp_server, script):
+    server = await aiohttp_server(fake_replica_app(script), host="127.0.0.1")
+    return str(server.make_url("")).rstrip("/")

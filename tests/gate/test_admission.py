@@ -9,7 +9,11 @@ import aiohttp
 import pytest
 
 from kvgate.gate.admission import (
-    MAX_SESSION_KEY_CHARS, AdmissionController, AdmissionPreempted, ReplicaUnavailable, session_key,
+    MAX_SESSION_KEY_CHARS,
+    AdmissionController,
+    AdmissionPreempted,
+    ReplicaUnavailable,
+    session_key,
 )
 from kvgate.proxy.settings import ProbeSettings
 from tests.gate.conftest import CLEAN, FakeProbe, sample, settings, until

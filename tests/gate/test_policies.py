@@ -7,10 +7,31 @@ import itertools
 import pytest
 
 from kvgate.gate.policies import (
-    ANONYMOUS, CONTRACT, CONTRACT_FITS, OPEN, POLICIES, PREFIX_PROBE_UNAVAILABLE, PROMPT_TOO_LONG,
-    RESERVED_SESSION, RESIDENT_PREFIX, SEED, Admit, GateView, Reject, Wait, footprint_blocks, get_policy,
-    HISTORY_MARGIN_TOKENS, TEMPLATE_MARGIN_TOKENS, bounded_footprint, history_bound, contract_decide, contract_needs_prefix_probe, output_allowance,
-    prompt_token_bound, turn_growth_tokens,
+    ANONYMOUS,
+    CONTRACT,
+    CONTRACT_FITS,
+    HISTORY_MARGIN_TOKENS,
+    OPEN,
+    POLICIES,
+    PREFIX_PROBE_UNAVAILABLE,
+    PROMPT_TOO_LONG,
+    RESERVED_SESSION,
+    RESIDENT_PREFIX,
+    SEED,
+    TEMPLATE_MARGIN_TOKENS,
+    Admit,
+    GateView,
+    Reject,
+    Wait,
+    bounded_footprint,
+    contract_decide,
+    contract_needs_prefix_probe,
+    footprint_blocks,
+    get_policy,
+    history_bound,
+    output_allowance,
+    prompt_token_bound,
+    turn_growth_tokens,
 )
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.proxy.settings import GateSettings
@@ -36,13 +57,13 @@ ANON = GateView(anonymous=True)
 @pytest.mark.parametrize(
     "view, usage, prefix, expected",
     [
-        (NAMED, None, None, Admit(OPEN)),                                  # usage unknown
-        (RESERVED, None, None, Admit(OPEN, reserve=True)),                 # ... keeps its window
+        (NAMED, None, None, Admit(OPEN)),  # usage unknown
+        (RESERVED, None, None, Admit(OPEN, reserve=True)),  # ... keeps its window
         (ANON, None, None, Admit(OPEN)),
-        (ANON, LOW, None, Admit(ANONYMOUS)),                               # anonymous below
+        (ANON, LOW, None, Admit(ANONYMOUS)),  # anonymous below
         (ANON, HIGH, HOT, Wait("anonymous request above the watermark")),  # anonymous above: watermark only
-        (NAMED, LOW, None, Admit(OPEN)),                                   # below the watermark
-        (RESERVED, LOW, None, Admit(OPEN, reserve=True)),                  # window kept and renewed
+        (NAMED, LOW, None, Admit(OPEN)),  # below the watermark
+        (RESERVED, LOW, None, Admit(OPEN, reserve=True)),  # window kept and renewed
         (RESERVED, HIGH, None, Admit(RESERVED_SESSION, reserve=True)),
         (NAMED, HIGH, None, Admit(PREFIX_PROBE_UNAVAILABLE)),
         (NAMED, HIGH, HOT, Admit(RESIDENT_PREFIX, reserve=True, resident_blocks=20)),
@@ -106,8 +127,8 @@ def test_contract_hand_worked_budget():
     # 100 usable blocks, 40 free, 10 held by idle windows, headroom 4: budget 26.
     usage = UsageReading(0.6, 100, 40)
     view = GateView(idle_reserved_blocks=10)
-    fits = PrefixReading(total_blocks=30, hit_blocks=4, hit_ratio=4 / 30)      # 26 new: fits exactly
-    over = PrefixReading(total_blocks=30, hit_blocks=3, hit_ratio=0.1)         # 27 new: waits
+    fits = PrefixReading(total_blocks=30, hit_blocks=4, hit_ratio=4 / 30)  # 26 new: fits exactly
+    over = PrefixReading(total_blocks=30, hit_blocks=3, hit_ratio=0.1)  # 27 new: waits
     assert CONTRACT.decide(view, usage, fits, KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=30)
     decision = CONTRACT.decide(view, usage, over, KNOBS)
     assert isinstance(decision, Wait) and "27" in decision.why and "26" in decision.why
@@ -148,14 +169,14 @@ def test_contract_without_retain_session_does_not_reserve():
     "view, usage, expected",
     [
         (NAMED, None, False),
-        (NAMED, LOW, True),       # at any usage
+        (NAMED, LOW, True),  # at any usage
         (NAMED, HIGH, True),
-        (RESERVED, LOW, True),    # owners too: their footprint follows their prompt
+        (RESERVED, LOW, True),  # owners too: their footprint follows their prompt
         (RESERVED, HIGH, True),
         (ANON, HIGH, False),
-        (GateView(waiters_ahead=1), LOW, False),                 # waits its turn, unprobed
-        (GateView(reserved=True, waiters_ahead=3), LOW, True),   # owners do not queue
-        (NAMED, LOW_NO_BLOCKS, False),   # seed fallback
+        (GateView(waiters_ahead=1), LOW, False),  # waits its turn, unprobed
+        (GateView(reserved=True, waiters_ahead=3), LOW, True),  # owners do not queue
+        (NAMED, LOW_NO_BLOCKS, False),  # seed fallback
         (NAMED, HIGH_NO_BLOCKS, True),
         (RESERVED, HIGH_NO_BLOCKS, False),
     ],
@@ -179,8 +200,8 @@ def tokens(count: int, hit_blocks: int = 0) -> PrefixReading:
 @pytest.mark.parametrize(
     "prefix, block_size, allowance, expected",
     [
-        (tokens(330), 16, 0, 21),      # 20 full blocks + a partial one
-        (tokens(330), 16, 22, 22),     # 352 tokens: exactly 22 blocks
+        (tokens(330), 16, 0, 21),  # 20 full blocks + a partial one
+        (tokens(330), 16, 22, 22),  # 352 tokens: exactly 22 blocks
         (tokens(330), 16, 23, 23),
         (tokens(320), 16, 0, 20),
         (tokens(330), None, 500, 20),  # no block size: the prompt's full blocks
@@ -195,7 +216,7 @@ def test_footprint_blocks(prefix, block_size, allowance, expected):
     "prefix, block_size, allowance, growth, expected",
     [
         (tokens(330), 16, 22, 0, 22),
-        (tokens(330), 16, 22, 1, 23),    # 353 tokens: one more block
+        (tokens(330), 16, 22, 1, 23),  # 353 tokens: one more block
         (tokens(330), 16, 22, 160, 32),  # 512 tokens
         (tokens(330), None, 22, 160, 20),  # no block size: the prompt's full blocks
         (PrefixReading(20, 0, 0.0), 16, 17, 15, 22),  # no token count: + ceil((17 + 15) / 16)
@@ -208,13 +229,13 @@ def test_anticipated_footprint_blocks(prefix, block_size, allowance, growth, exp
 @pytest.mark.parametrize(
     "prompt, last, last_growth, mean, expected",
     [
-        (480, None, 0, 0, 0),        # first turn, nothing observed on the replica yet
-        (480, None, 0, 112, 112),    # first turn: the replica's mean growth per turn
+        (480, None, 0, 0, 0),  # first turn, nothing observed on the replica yet
+        (480, None, 0, 112, 112),  # first turn: the replica's mean growth per turn
         (480, None, 50, 112, 112),
-        (800, 480, 0, 112, 320),     # grew by 320 since its last turn: its own growth, not the mean
-        (480, 480, 320, 112, 320),   # the same turn re-sent: the growth it last showed
-        (300, 480, 320, 112, 0),     # compacted: never negative
-        (0, 480, 320, 112, 112),     # no token count: the mean
+        (800, 480, 0, 112, 320),  # grew by 320 since its last turn: its own growth, not the mean
+        (480, 480, 320, 112, 320),  # the same turn re-sent: the growth it last showed
+        (300, 480, 320, 112, 0),  # compacted: never negative
+        (0, 480, 320, 112, 112),  # no token count: the mean
         (None, None, 0, -5, 0),
     ],
 )
@@ -227,7 +248,7 @@ def test_turn_growth_tokens(prompt, last, last_growth, mean, expected):
     [
         ({}, 0),
         ({"max_tokens": 16}, 16),
-        ({"max_tokens": 16, "max_completion_tokens": 40}, 40),   # vLLM's order: the newer field wins
+        ({"max_tokens": 16, "max_completion_tokens": 40}, 40),  # vLLM's order: the newer field wins
         ({"max_completion_tokens": None, "max_tokens": 16}, 16),
         ({"max_tokens": True}, 0),
         ({"max_tokens": -3}, 0),
@@ -263,8 +284,8 @@ def test_contract_owner_that_no_longer_fits_loses_its_window():
 
 def test_contract_owner_footprint_is_refreshed_from_every_turn():
     owner = GateView(reserved=True, max_output_tokens=16)
-    grown = CONTRACT.decide(owner, ROOMY, tokens(600), KNOBS)       # ceil(616 / 16) = 39
-    shrunk = CONTRACT.decide(owner, ROOMY, tokens(100), KNOBS)      # ceil(116 / 16) = 8
+    grown = CONTRACT.decide(owner, ROOMY, tokens(600), KNOBS)  # ceil(616 / 16) = 39
+    shrunk = CONTRACT.decide(owner, ROOMY, tokens(100), KNOBS)  # ceil(116 / 16) = 8
     assert (grown.resident_blocks, shrunk.resident_blocks) == (39, 8)
 
 
@@ -354,8 +375,9 @@ def test_contract_output_allowance_counts_in_the_footprint():
 def test_contract_footprint_is_capped_at_usable_so_a_large_allowance_never_strands_a_turn():
     huge = GateView(max_output_tokens=1_000_000)
     assert CONTRACT.decide(huge, ROOMY, tokens(160), KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=96)
-    assert isinstance(CONTRACT.decide(GateView(older_window_blocks=1, max_output_tokens=1_000_000),
-                                      ROOMY, tokens(160), KNOBS), Wait)
+    assert isinstance(
+        CONTRACT.decide(GateView(older_window_blocks=1, max_output_tokens=1_000_000), ROOMY, tokens(160), KNOBS), Wait
+    )
 
 
 def test_contract_prompt_too_long_for_owners_too():
@@ -391,17 +413,19 @@ def test_prompt_token_bound_is_the_body_bytes_plus_the_template_margin():
 @pytest.mark.parametrize(
     "view, expected",
     [
-        (GateView(prompt_bound_tokens=600), 38),                               # ceil(600 / 16)
-        (GateView(prompt_bound_tokens=600, max_output_tokens=32), 40),         # + the output allowance
-        (GateView(prompt_bound_tokens=600, mean_growth_tokens=160), 48),       # + the mean growth (no history)
-        (GateView(prompt_bound_tokens=600, last_prompt_tokens=500, last_growth_tokens=80,
-                  mean_growth_tokens=999), 43),                               # + its own growth
-        (GateView(prompt_bound_tokens=600, older_window_blocks=62), 38),       # 38 + 62 = 100: fits
-        (GateView(prompt_bound_tokens=600, older_window_blocks=63), None),     # 101 > 100: probe
-        (GateView(prompt_bound_tokens=600, idle_reserved_blocks=33), 38),         # 37 prompt blocks <= 70 - 33
-        (GateView(prompt_bound_tokens=600, idle_reserved_blocks=34), None),    # 37 > 70 - 34: vLLM's view says no
+        (GateView(prompt_bound_tokens=600), 38),  # ceil(600 / 16)
+        (GateView(prompt_bound_tokens=600, max_output_tokens=32), 40),  # + the output allowance
+        (GateView(prompt_bound_tokens=600, mean_growth_tokens=160), 48),  # + the mean growth (no history)
+        (
+            GateView(prompt_bound_tokens=600, last_prompt_tokens=500, last_growth_tokens=80, mean_growth_tokens=999),
+            43,
+        ),  # + its own growth
+        (GateView(prompt_bound_tokens=600, older_window_blocks=62), 38),  # 38 + 62 = 100: fits
+        (GateView(prompt_bound_tokens=600, older_window_blocks=63), None),  # 101 > 100: probe
+        (GateView(prompt_bound_tokens=600, idle_reserved_blocks=33), 38),  # 37 prompt blocks <= 70 - 33
+        (GateView(prompt_bound_tokens=600, idle_reserved_blocks=34), None),  # 37 > 70 - 34: vLLM's view says no
         (GateView(reserved=True, prompt_bound_tokens=600, idle_reserved_blocks=60), 38),  # owners skip vLLM's view
-        (GateView(prompt_bound_tokens=None), None),                            # media: always probe
+        (GateView(prompt_bound_tokens=None), None),  # media: always probe
     ],
 )
 def test_bounded_footprint(view, expected):
@@ -412,12 +436,19 @@ def test_bounded_footprint(view, expected):
     "view, expected",
     [
         (GateView(prompt_bound_tokens=None, last_prompt_tokens=100, last_prompt_bound=600), None),  # media
-        (GateView(prompt_bound_tokens=3000), 3000),                                   # no history
-        (GateView(prompt_bound_tokens=3000, last_prompt_tokens=500, last_prompt_bound=2600),
-         500 + 400 + HISTORY_MARGIN_TOKENS),                                           # exact size + byte growth
-        (GateView(prompt_bound_tokens=2000, last_prompt_tokens=500, last_prompt_bound=2600),
-         500 + HISTORY_MARGIN_TOKENS),                                                 # a shrunk body adds nothing
-        (GateView(prompt_bound_tokens=700, last_prompt_tokens=650, last_prompt_bound=690), 700),  # never above the body's
+        (GateView(prompt_bound_tokens=3000), 3000),  # no history
+        (
+            GateView(prompt_bound_tokens=3000, last_prompt_tokens=500, last_prompt_bound=2600),
+            500 + 400 + HISTORY_MARGIN_TOKENS,
+        ),  # exact size + byte growth
+        (
+            GateView(prompt_bound_tokens=2000, last_prompt_tokens=500, last_prompt_bound=2600),
+            500 + HISTORY_MARGIN_TOKENS,
+        ),  # a shrunk body adds nothing
+        (
+            GateView(prompt_bound_tokens=700, last_prompt_tokens=650, last_prompt_bound=690),
+            700,
+        ),  # never above the body's
     ],
 )
 def test_history_bound(view, expected):
@@ -428,10 +459,12 @@ def test_contract_admits_a_bounded_turn_without_the_probe_and_prices_it_at_the_b
     view = GateView(prompt_bound_tokens=600)
     assert not contract_needs_prefix_probe(view, SMALL_BLOCKS, GateSettings())
     assert contract_decide(view, SMALL_BLOCKS, None, GateSettings()) == Admit(
-        CONTRACT_FITS, reserve=True, resident_blocks=38)
+        CONTRACT_FITS, reserve=True, resident_blocks=38
+    )
     owner = GateView(reserved=True, prompt_bound_tokens=600)
     assert contract_decide(owner, SMALL_BLOCKS, None, GateSettings()) == Admit(
-        RESERVED_SESSION, reserve=True, resident_blocks=38)
+        RESERVED_SESSION, reserve=True, resident_blocks=38
+    )
     crowded = GateView(prompt_bound_tokens=600, older_window_blocks=80)
     assert contract_needs_prefix_probe(crowded, SMALL_BLOCKS, GateSettings())
 
@@ -440,14 +473,29 @@ def test_contract_admits_a_bounded_turn_without_the_probe_and_prices_it_at_the_b
 
 
 VIEWS = [
-    NAMED, RESERVED, ANON, GateView(idle_reserved_blocks=50), GateView(reserved=True, idle_reserved_blocks=5),
-    GateView(waiters_ahead=2), GateView(reserved=True, waiters_ahead=2, older_window_blocks=90),
-    GateView(older_window_blocks=80, max_output_tokens=64), GateView(anonymous=True, waiters_ahead=1),
-    GateView(prompt_bound_tokens=600), GateView(reserved=True, prompt_bound_tokens=600, older_window_blocks=40),
-    GateView(prompt_bound_tokens=600, idle_reserved_blocks=60), GateView(prompt_bound_tokens=600, waiters_ahead=1),
+    NAMED,
+    RESERVED,
+    ANON,
+    GateView(idle_reserved_blocks=50),
+    GateView(reserved=True, idle_reserved_blocks=5),
+    GateView(waiters_ahead=2),
+    GateView(reserved=True, waiters_ahead=2, older_window_blocks=90),
+    GateView(older_window_blocks=80, max_output_tokens=64),
+    GateView(anonymous=True, waiters_ahead=1),
+    GateView(prompt_bound_tokens=600),
+    GateView(reserved=True, prompt_bound_tokens=600, older_window_blocks=40),
+    GateView(prompt_bound_tokens=600, idle_reserved_blocks=60),
+    GateView(prompt_bound_tokens=600, waiters_ahead=1),
 ]
 USAGES = [
-    None, LOW, AT, HIGH, LOW_NO_BLOCKS, HIGH_NO_BLOCKS, UsageReading(0.0, 100, 100), UsageReading(1.0, 100, 0),
+    None,
+    LOW,
+    AT,
+    HIGH,
+    LOW_NO_BLOCKS,
+    HIGH_NO_BLOCKS,
+    UsageReading(0.0, 100, 100),
+    UsageReading(1.0, 100, 0),
     UsageReading(0.3, 100, 70, block_size=16),
 ]
 PREFIXES = [None, COLD, HOT, EDGE, PrefixReading(400, 0, 0.0), PrefixReading(20, 0, 0.0, total_tokens=330)]

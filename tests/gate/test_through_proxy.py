@@ -27,8 +27,12 @@ async def stack(aiohttp_server):
         gate = settings(probe=ProbeSettings(timeout_sec=0.5, usage_max_age_ms=0), **knobs)
         metrics = KvgateMetrics()
         controller = AdmissionController(gate, metrics, clock=clock)
-        app = create_app(Settings(gate=gate, replicas=(ReplicaSettings("r0", str(server.make_url("")).rstrip("/")),)),
-                         metrics=metrics, admission=controller, health_checks=False)
+        app = create_app(
+            Settings(gate=gate, replicas=(ReplicaSettings("r0", str(server.make_url("")).rstrip("/")),)),
+            metrics=metrics,
+            admission=controller,
+            health_checks=False,
+        )
         host, port = await app.start("127.0.0.1", 0)
         http = aiohttp.ClientSession(f"http://{host}:{port}")
         made.append((app, http))

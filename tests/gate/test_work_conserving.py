@@ -8,8 +8,17 @@ import pytest
 
 from kvgate.gate.book import SessionBook
 from kvgate.gate.policies import (
-    CONTRACT_FITS, WORK_CONSERVING, Admit, GateView, Wait, contract_decide, evicted_window_blocks,
-    holding_cost_sec, quiet_lifetime, reprefill_sec, work_conserving,
+    CONTRACT_FITS,
+    WORK_CONSERVING,
+    Admit,
+    GateView,
+    Wait,
+    contract_decide,
+    evicted_window_blocks,
+    holding_cost_sec,
+    quiet_lifetime,
+    reprefill_sec,
+    work_conserving,
 )
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.proxy.settings import GateSettings
@@ -23,12 +32,12 @@ KNOBS = GateSettings()  # the defaults: quiet_factor 4, quiet_floor_sec 0.5, idl
 @pytest.mark.parametrize(
     "session_gap, replica_gap, expected",
     [
-        (0.3, None, 1.2),     # 4 x its own gap
-        (0.3, 5.0, 1.2),      # its own gap wins over the replica's
-        (None, 2.0, 8.0),     # no gap yet: the replica's
-        (None, None, 0.5),    # nothing measured: the floor
-        (0.01, None, 0.5),    # a tiny gap: the floor
-        (30.0, None, 60.0),   # a long gap: the ceiling (idle_grace_sec)
+        (0.3, None, 1.2),  # 4 x its own gap
+        (0.3, 5.0, 1.2),  # its own gap wins over the replica's
+        (None, 2.0, 8.0),  # no gap yet: the replica's
+        (None, None, 0.5),  # nothing measured: the floor
+        (0.01, None, 0.5),  # a tiny gap: the floor
+        (30.0, None, 60.0),  # a long gap: the ceiling (idle_grace_sec)
     ],
 )
 def test_quiet_lifetime(session_gap, replica_gap, expected):
@@ -49,9 +58,9 @@ def _turn(book: SessionBook, key: str, now: float, end: float, blocks: int = 10)
 
 def test_a_window_ends_when_its_session_goes_quiet_and_its_record_at_the_grace():
     book = SessionBook(grace=60.0, quiet_factor=4.0, quiet_floor=0.5)
-    _turn(book, "s", 0.0, 1.0)        # idle from 1.0; no gap yet: floor 0.5
+    _turn(book, "s", 0.0, 1.0)  # idle from 1.0; no gap yet: floor 0.5
     assert book.records["s"].quiet_deadline == pytest.approx(1.5)
-    _turn(book, "s", 1.3, 2.0)        # gap 0.3 -> lifetime 1.2 -> window ends at 3.2
+    _turn(book, "s", 1.3, 2.0)  # gap 0.3 -> lifetime 1.2 -> window ends at 3.2
     rec = book.records["s"]
     assert (rec.last_gap, rec.quiet_deadline) == (pytest.approx(0.3), pytest.approx(3.2))
     assert book.purge(3.1) == ([], False) and rec.reserved  # not quiet yet
@@ -67,8 +76,8 @@ def test_a_window_ends_when_its_session_goes_quiet_and_its_record_at_the_grace()
 def test_a_session_back_before_its_quiet_deadline_keeps_its_window():
     book = SessionBook(grace=60.0, quiet_factor=4.0, quiet_floor=0.5)
     _turn(book, "s", 0.0, 1.0)
-    _turn(book, "s", 1.3, 2.0)           # deadline 3.2
-    _turn(book, "s", 3.0, 4.0)           # back at 3.0 (gap 1.0): the window held
+    _turn(book, "s", 1.3, 2.0)  # deadline 3.2
+    _turn(book, "s", 3.0, 4.0)  # back at 3.0 (gap 1.0): the window held
     rec = book.records["s"]
     assert rec.reserved and book.window_ends["quiet"] == 0
     # gap EWMA (weight 0.5): 0.3 then 0.65; the last gap 1.0 is larger -> lifetime 4.0
@@ -79,8 +88,8 @@ def test_a_session_back_before_its_quiet_deadline_keeps_its_window():
 def test_a_session_without_a_gap_uses_the_replicas():
     book = SessionBook(grace=60.0, quiet_factor=4.0, quiet_floor=0.5)
     _turn(book, "a", 0.0, 1.0)
-    _turn(book, "a", 3.0, 4.0)           # replica gap 2.0
-    _turn(book, "b", 4.0, 5.0)           # b has no gap: 4 x 2.0
+    _turn(book, "a", 3.0, 4.0)  # replica gap 2.0
+    _turn(book, "b", 4.0, 5.0)  # b has no gap: 4 x 2.0
     assert book.records["b"].quiet_deadline == pytest.approx(13.0)
 
 
@@ -93,8 +102,9 @@ UNMEASURED = UsageReading(0.8, 100, 20, 16)
 # The turn: a 40-block prompt, 10 blocks cached (30 new), 32 output tokens (2 blocks).
 PROMPT = PrefixReading(total_blocks=40, hit_blocks=10, hit_ratio=0.25, total_tokens=640)
 # 60 blocks in idle windows of other sessions: none of them fit beside this turn.
-BUSY = GateView(idle_reserved_blocks=60, older_window_blocks=80, max_output_tokens=32, last_prompt_tokens=600,
-                last_growth_tokens=40)
+BUSY = GateView(
+    idle_reserved_blocks=60, older_window_blocks=80, max_output_tokens=32, last_prompt_tokens=600, last_growth_tokens=40
+)
 
 
 def test_reprefill_and_holding_cost_by_hand():
@@ -102,21 +112,24 @@ def test_reprefill_and_holding_cost_by_hand():
     # none free outside idle windows (20 - 60 < 0) -> all 32 out of idle windows. The larger: 32.
     assert evicted_window_blocks(BUSY, MEASURED, PROMPT, 20 - 60, 100) == 32
     # no window in the books; 10 free outside idle windows: 22 out of them, at most their 10
-    assert evicted_window_blocks(GateView(idle_reserved_blocks=10, max_output_tokens=32), MEASURED, PROMPT,
-                                 10, 100) == 10
+    assert (
+        evicted_window_blocks(GateView(idle_reserved_blocks=10, max_output_tokens=32), MEASURED, PROMPT, 10, 100) == 10
+    )
     # books only: 90 in windows (none idle), 10 spare: 22 of theirs
-    assert evicted_window_blocks(GateView(older_window_blocks=90, max_output_tokens=32), MEASURED, PROMPT,
-                                 20, 100) == 22
-    assert reprefill_sec(32, MEASURED) == pytest.approx(0.032)     # 512 tokens at 16,000/s
+    assert (
+        evicted_window_blocks(GateView(older_window_blocks=90, max_output_tokens=32), MEASURED, PROMPT, 20, 100) == 22
+    )
+    assert reprefill_sec(32, MEASURED) == pytest.approx(0.032)  # 512 tokens at 16,000/s
     assert reprefill_sec(32, UNMEASURED) is None
     # its 32-token decode at 10 ms a step (0.32 s), at half its worth (DECODE_SLACK_MARGIN)
     assert holding_cost_sec(BUSY, MEASURED) == pytest.approx(0.16)
     # ... of which a prefill-bound engine (75% of its time prefilling) has a quarter to spare
-    prefill_bound = UsageReading(0.8, 100, 20, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01,
-                                 prefill_share=0.75)
+    prefill_bound = UsageReading(
+        0.8, 100, 20, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01, prefill_share=0.75
+    )
     assert holding_cost_sec(BUSY, prefill_bound) == pytest.approx(0.04)
     idle = GateView(max_output_tokens=1, replica_idle_sec=0.2, expected_gap_sec=0.5, waited_sec=0.1)
-    assert holding_cost_sec(idle, MEASURED) == pytest.approx(0.5)   # idle: the gap before an owner returns
+    assert holding_cost_sec(idle, MEASURED) == pytest.approx(0.5)  # idle: the gap before an owner returns
 
 
 def test_a_work_conserving_admission():
@@ -138,13 +151,21 @@ def test_a_held_admission():
     assert isinstance(decision, Wait) and "re-prefill 0.170s > holding cost 0.005s" in decision.why
     assert decision.recheck_sec is None  # busy: only a release can change the balance
     # the same turn on an idle replica that has waited 40 ms of idle time: recheck in 130 ms
-    idle = GateView(idle_reserved_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700,
-                    replica_idle_sec=0.04, waited_sec=0.05, expected_gap_sec=0.01)
+    idle = GateView(
+        idle_reserved_blocks=60,
+        older_window_blocks=20,
+        max_output_tokens=1,
+        last_prompt_tokens=1700,
+        replica_idle_sec=0.04,
+        waited_sec=0.05,
+        expected_gap_sec=0.01,
+    )
     held = contract_decide(idle, usage, long_prompt, KNOBS)
     assert isinstance(held, Wait) and held.recheck_sec == pytest.approx(0.13)
     # ... and once it has waited, idle, as long as the re-prefill (ski rental): admitted
-    assert contract_decide(GateView(**{**_fields(idle), "replica_idle_sec": 0.17, "waited_sec": 0.2}), usage,
-                           long_prompt, KNOBS) == Admit(WORK_CONSERVING)
+    assert contract_decide(
+        GateView(**{**_fields(idle), "replica_idle_sec": 0.17, "waited_sec": 0.2}), usage, long_prompt, KNOBS
+    ) == Admit(WORK_CONSERVING)
 
 
 def test_a_prefill_bound_engine_holds_what_a_decode_bound_one_admits():
@@ -157,8 +178,7 @@ def test_a_prefill_bound_engine_holds_what_a_decode_bound_one_admits():
     view = GateView(older_window_blocks=500, idle_reserved_blocks=0, max_output_tokens=8, last_prompt_tokens=2400)
 
     def usage(share):
-        return UsageReading(0.9, 512, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.1,
-                            prefill_share=share)
+        return UsageReading(0.9, 512, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.1, prefill_share=share)
 
     assert contract_decide(view, usage(0.0), prompt, KNOBS) == Admit(WORK_CONSERVING)
     held = contract_decide(view, usage(0.8), prompt, KNOBS)
@@ -173,8 +193,14 @@ def test_no_measurement_yet_holds_and_the_knob_turns_it_off():
 
 
 def test_an_owner_that_no_longer_fits_goes_in_work_conserving_without_its_window():
-    owner = GateView(reserved=True, idle_reserved_blocks=60, older_window_blocks=80, max_output_tokens=32,
-                     last_prompt_tokens=600, last_growth_tokens=40)
+    owner = GateView(
+        reserved=True,
+        idle_reserved_blocks=60,
+        older_window_blocks=80,
+        max_output_tokens=32,
+        last_prompt_tokens=600,
+        last_growth_tokens=40,
+    )
     assert contract_decide(owner, MEASURED, PROMPT, KNOBS) == Admit(WORK_CONSERVING)
     held = contract_decide(owner, UNMEASURED, PROMPT, KNOBS)
     assert isinstance(held, Wait) and held.drop_window

@@ -60,7 +60,9 @@ def prometheus_tools() -> PrometheusTools:
         why = _install()
         tools = _find()
         if tools is None:
-            pytest.skip("Prometheus and promtool are not installed and could not be installed "
-                        f"({why or 'the package has no such binaries'}); install Debian's `prometheus` "
-                        "package, or set KVGATE_PROMETHEUS and KVGATE_PROMTOOL to the binaries")
+            pytest.skip(
+                "Prometheus and promtool are not installed and could not be installed "
+                f"({why or 'the package has no such binaries'}); install Debian's `prometheus` "
+                "package, or set KVGATE_PROMETHEUS and KVGATE_PROMTOOL to the binaries"
+            )
     return tools

@@ -67,4 +67,3 @@ def test_docs_list_every_metric_and_every_alert():
 
 def test_readme_links_the_observability_docs():
     assert "docs/observability.md" in (REPO / "README.md").read_text()
-

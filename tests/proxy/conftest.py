@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import aiohttp
 import pytest
+from fake_upstream import FakeUpstream
 
 from kvgate.proxy.app import create_app
 from kvgate.proxy.settings import AdminSettings, GateSettings, ReplicaSettings, Settings
-from fake_upstream import FakeUpstream
 
 ADMIN_TOKEN = "test-admin-token"
 
@@ -26,8 +26,11 @@ async def upstreams():
 
 def proxy_settings(fakes, **overrides) -> Settings:
     """Settings for forwarding tests: the gate is off (gate tests live in tests/gate)."""
-    base = Settings(replicas=tuple(ReplicaSettings(f.name, f.url) for f in fakes),
-                    admin=AdminSettings(token=ADMIN_TOKEN), gate=GateSettings(mode="off"))
+    base = Settings(
+        replicas=tuple(ReplicaSettings(f.name, f.url) for f in fakes),
+        admin=AdminSettings(token=ADMIN_TOKEN),
+        gate=GateSettings(mode="off"),
+    )
     return dataclasses.replace(base, **overrides)
 
 
@@ -80,4 +83,3 @@ async def make_proxy():
 @pytest.fixture
 async def proxy(upstreams, make_proxy):
     return await make_proxy(upstreams)
-

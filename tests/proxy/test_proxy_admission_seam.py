@@ -8,6 +8,7 @@ import aiohttp
 import pytest
 
 from kvgate.gate.errors import AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+
 ADMIN_TOKEN = "test-admin-token"  # as in conftest.py
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -83,7 +84,7 @@ async def test_acquire_gets_replica_session_kind_and_body_and_headers_report_the
     assert resp.headers["x-kvgate-replica"] == name
     assert resp.headers["x-kvgate-admission"] == "reserved_session"
     assert resp.headers["x-kvgate-wait-ms"] == "12.5"
-    assert [l.releases for l in admission.leases] == [1]
+    assert [lease.releases for lease in admission.leases] == [1]
 
 
 async def test_anonymous_requests_acquire_with_none(gated, admission):
@@ -91,11 +92,14 @@ async def test_anonymous_requests_acquire_with_none(gated, admission):
     assert admission.acquired[0][1:3] == (None, "models")
 
 
-@pytest.mark.parametrize("error, status, code", [
-    (AdmissionPreempted("a newer attempt of this session arrived"), 409, "admission_preempted"),
-    (AdmissionTimeout("waited gate.max_wait_sec", retry_after=7), 503, "admission_timeout"),
-    (PromptTooLong("prompt of 9000 blocks can never fit"), 400, "prompt_too_long"),
-])
+@pytest.mark.parametrize(
+    "error, status, code",
+    [
+        (AdmissionPreempted("a newer attempt of this session arrived"), 409, "admission_preempted"),
+        (AdmissionTimeout("waited gate.max_wait_sec", retry_after=7), 503, "admission_timeout"),
+        (PromptTooLong("prompt of 9000 blocks can never fit"), 400, "prompt_too_long"),
+    ],
+)
 async def test_admission_errors_become_openai_errors(gated, admission, upstreams, error, status, code):
     admission.refuse = {"r0": [error], "r1": [error]}
     resp = await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "s"})
@@ -123,7 +127,8 @@ async def test_duck_typed_admission_error_without_gate_classes(gated, admission)
 
 async def test_replica_unavailable_reroutes_once(gated, admission):
     first = (await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "u"})).headers[
-        "x-kvgate-replica"]
+        "x-kvgate-replica"
+    ]
     other = "r1" if first == "r0" else "r0"
     admission.refuse = {first: [ReplicaUnavailable("removed while waiting")]}
     resp = await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "u"})
@@ -143,8 +148,9 @@ async def test_replica_unavailable_twice_is_503(gated, admission):
 async def test_client_disconnect_while_waiting_cancels_the_acquire(gated, admission, upstreams):
     admission.hold = asyncio.Event()
     with pytest.raises(asyncio.TimeoutError):
-        await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "w"},
-                         timeout=aiohttp.ClientTimeout(total=0.3))
+        await gated.post(
+            "/v1/chat/completions", json=CHAT, headers={"x-session-id": "w"}, timeout=aiohttp.ClientTimeout(total=0.3)
+        )
     for _ in range(100):
         if admission.cancelled:
             break
@@ -193,12 +199,13 @@ async def test_client_disconnect_mid_stream_aborts_upstream_and_releases(gated, 
 
 async def test_lease_released_on_upstream_failure_and_reacquired_on_failover(gated, admission, upstreams):
     first = (await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "ff"})).headers[
-        "x-kvgate-replica"]
+        "x-kvgate-replica"
+    ]
     await next(f for f in upstreams if f.name == first).refuse()
     resp = await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "ff"})
     assert resp.status == 200
     assert resp.headers["x-kvgate-replica"] != first
-    assert [l.releases for l in admission.leases] == [1, 1, 1]
+    assert [lease.releases for lease in admission.leases] == [1, 1, 1]
     assert [a[0] for a in admission.acquired] == [first, first, resp.headers["x-kvgate-replica"]]
 
 

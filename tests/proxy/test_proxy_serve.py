@@ -17,8 +17,17 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_toke
 async def start_serve(*args: str) -> tuple[asyncio.subprocess.Process, list[str], str]:
     """Start `kvgate serve --port 0 ...`; return the process, its log lines so far, its URL."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate.proxy.cli", "serve", "--port", "0", *args, cwd=REPO,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        sys.executable,
+        "-m",
+        "kvgate.proxy.cli",
+        "serve",
+        "--port",
+        "0",
+        *args,
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     lines: list[str] = []
     try:
         while True:
@@ -39,7 +48,7 @@ async def stop_serve(proc) -> int:
     proc.send_signal(signal.SIGTERM)
     try:
         return await asyncio.wait_for(proc.wait(), timeout=30)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         proc.kill()
         await proc.wait()
         raise
@@ -84,8 +93,16 @@ async def test_serve_with_an_invalid_config_exits_2(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("gate: {high_watermark: 3}\n")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate.proxy.cli", "serve", "--config", str(config), cwd=REPO,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "kvgate.proxy.cli",
+        "serve",
+        "--config",
+        str(config),
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 2
     assert b"gate.high_watermark" in err

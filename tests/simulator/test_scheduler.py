@@ -162,8 +162,13 @@ def test_policies_price_obligations_and_headroom():
 
 @pytest.mark.parametrize(
     "field, value, message",
-    [("num_blocks", 0, "num_blocks"), ("block_size", 0, "block_size"), ("max_num_batched_tokens", 0, "max_num_batched_tokens"),
-     ("max_num_seqs", 0, "max_num_seqs"), ("max_model_len", 10_000, "max_model_len")],
+    [
+        ("num_blocks", 0, "num_blocks"),
+        ("block_size", 0, "block_size"),
+        ("max_num_batched_tokens", 0, "max_num_batched_tokens"),
+        ("max_num_seqs", 0, "max_num_seqs"),
+        ("max_model_len", 10_000, "max_model_len"),
+    ],
 )
 def test_invalid_config_names_the_parameter(field, value, message):
     with pytest.raises(ConfigError, match=message):

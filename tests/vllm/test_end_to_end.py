@@ -41,7 +41,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from multiturn_workload import WorkloadShape, run_workload
 from vllm_harness import KvgateProxy, free_port, prefix_counters
 
@@ -80,8 +79,12 @@ def gated_run(server, tmp_path: Path, seed: int):
     deadline aside)."""
     config = tmp_path / f"kvgate-{seed}.yaml"
     proxy = KvgateProxy(config_path=config, log_path=tmp_path / f"kvgate-{seed}.log", port=free_port())
-    KvgateProxy.write_config(config, proxy.port, server.url,
-                             {"mode": "enforce", "policy": GATE_POLICY, "probe": {"timeout_sec": PROBE_TIMEOUT_SEC}})
+    KvgateProxy.write_config(
+        config,
+        proxy.port,
+        server.url,
+        {"mode": "enforce", "policy": GATE_POLICY, "probe": {"timeout_sec": PROBE_TIMEOUT_SEC}},
+    )
     proxy.start()
     try:
         result, hit_rate = measured_run(server, proxy.url, seed=seed)
@@ -94,8 +97,9 @@ def gated_run(server, tmp_path: Path, seed: int):
 def test_kvgate_keeps_the_hit_rate_and_is_no_slower_without_finish_headers(vllm_prefill_server, tmp_path):
     server = vllm_prefill_server
     # Warm-up: vLLM's first batches of a new shape are slow; whichever run came first would pay it.
-    warmup, _ = measured_run(server, server.url, seed=99,
-                             shape=WorkloadShape(model="prefill", sessions=4, turns=2, tool_latency_sec=0.0))
+    warmup, _ = measured_run(
+        server, server.url, seed=99, shape=WorkloadShape(model="prefill", sessions=4, turns=2, tool_latency_sec=0.0)
+    )
     assert not warmup.failures, warmup.failures[:3]
 
     direct_runs, gated_runs = [], []

@@ -12,7 +12,6 @@ import time
 import uuid
 
 import pytest
-
 from vllm_harness import http_json, prefix_counters, scrape_metrics
 
 pytestmark = pytest.mark.vllm
@@ -96,8 +95,11 @@ def test_kv_probe_measures_the_engines_speed(vllm_server):
     probe_kv(vllm_server)  # opens a window (or a previous test did)
     started = time.monotonic()
     for index in range(3):
-        serve(vllm_server, "/v1/chat/completions",
-              chat_body(words(120, f"speed-{index}"), words(20, f"speed-q-{index}"), max_tokens=8))
+        serve(
+            vllm_server,
+            "/v1/chat/completions",
+            chat_body(words(120, f"speed-{index}"), words(20, f"speed-q-{index}"), max_tokens=8),
+        )
     time.sleep(max(0.0, PREFILL_WINDOW_SEC - (time.monotonic() - started)) + 0.5)
     for _ in range(20):  # the request metrics reach the API server's registry a moment after the answer
         kv = probe_kv(vllm_server)
@@ -152,9 +154,18 @@ def test_token_ids_and_chat_probe_agree(vllm_server):
         (
             "/v1/chat/completions",
             chat_body(
-                "tools " + words(60, "tt3"), "call it",
-                tools=[{"type": "function", "function": {"name": "read_file", "description": "read",
-                                                         "parameters": {"type": "object", "properties": {}}}}],
+                "tools " + words(60, "tt3"),
+                "call it",
+                tools=[
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "read_file",
+                            "description": "read",
+                            "parameters": {"type": "object", "properties": {}},
+                        },
+                    }
+                ],
                 tool_choice="none",
             ),
         ),
@@ -182,14 +193,20 @@ def test_probes_leave_counters_and_eviction_order_alone(vllm_server):
     server.reset_prefix_cache()
     tag = uuid.uuid4().hex
     block = server.block_size
-    prompt_a, prompt_b, prompt_c = (token_prompt(n * block, tag + name) for n, name in ((20, "a"), (20, "b"), (30, "c")))
-    complete = lambda prompt: serve(server, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1})
+    prompt_a, prompt_b, prompt_c = (
+        token_prompt(n * block, tag + name) for n, name in ((20, "a"), (20, "b"), (30, "c"))
+    )
+
+    def complete(prompt):
+        return serve(server, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1})
 
     complete(prompt_a)
     complete(prompt_b)
     counters_before = settled_counters(server)
     for index in range(20):
-        probe = probe_prefix(server, {"token_ids": prompt_a} if index % 2 else {"completion": {"model": MODEL, "prompt": prompt_a}})
+        probe = probe_prefix(
+            server, {"token_ids": prompt_a} if index % 2 else {"completion": {"model": MODEL, "prompt": prompt_a}}
+        )
         assert probe["hit_blocks"] == 20
         probe_kv(server)
     time.sleep(0.5)

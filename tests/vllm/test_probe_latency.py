@@ -13,7 +13,6 @@ import time
 import uuid
 
 import pytest
-
 from vllm_harness import http_json
 
 pytestmark = pytest.mark.vllm
@@ -24,8 +23,10 @@ SAMPLES = 40
 def timed_probes(server, payload: dict) -> dict[str, list[float]]:
     latencies: dict[str, list[float]] = {"kv": [], "prefix": []}
     for _ in range(SAMPLES):
-        for name, method, path, body in (("kv", "GET", "/v1/kvgate/kv", None),
-                                         ("prefix", "POST", "/v1/kvgate/prefix", payload)):
+        for name, method, path, body in (
+            ("kv", "GET", "/v1/kvgate/kv", None),
+            ("prefix", "POST", "/v1/kvgate/prefix", payload),
+        ):
             started = time.perf_counter()
             status, answer = http_json(method, server.url + path, body)
             latencies[name].append((time.perf_counter() - started) * 1000)
@@ -42,8 +43,10 @@ def summary(values: list[float]) -> str:
 def test_probe_latency_idle_and_under_load(vllm_server):
     rng = random.Random(uuid.uuid4().hex)
     history = " ".join(rng.choice(["ka", "lo", "mirenso", "tovel", "dorin", "exqu"]) for _ in range(900))
-    chat = {"model": "tiny", "messages": [{"role": "system", "content": history},
-                                          {"role": "user", "content": "next step"}]}
+    chat = {
+        "model": "tiny",
+        "messages": [{"role": "system", "content": history}, {"role": "user", "content": "next step"}],
+    }
     payload = {"chat": chat}
     idle = timed_probes(vllm_server, payload)
 
@@ -53,8 +56,11 @@ def test_probe_latency_idle_and_under_load(vllm_server):
     def load(index: int) -> None:
         while not stop.is_set():
             prompt = [rng.randrange(10, 500) for _ in range(300)]
-            status, _ = http_json("POST", vllm_server.url + "/v1/completions",
-                                  {"model": "tiny", "prompt": prompt, "max_tokens": 64, "ignore_eos": True})
+            status, _ = http_json(
+                "POST",
+                vllm_server.url + "/v1/completions",
+                {"model": "tiny", "prompt": prompt, "max_tokens": 64, "ignore_eos": True},
+            )
             served.append(status)
 
     threads = [threading.Thread(target=load, args=(index,)) for index in range(6)]

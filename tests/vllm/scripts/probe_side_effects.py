@@ -102,9 +102,7 @@ def main() -> int:
     hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
     manager = make_manager()
     engine_core = SimpleNamespace(
-        scheduler=SimpleNamespace(
-            kv_cache_manager=manager, block_size=BLOCK_SIZE, get_request_counts=lambda: (1, 0)
-        ),
+        scheduler=SimpleNamespace(kv_cache_manager=manager, block_size=BLOCK_SIZE, get_request_counts=lambda: (1, 0)),
         request_block_hasher=hasher,
     )
 
