@@ -57,11 +57,12 @@ class Balancer:
     def _least_loaded(self, candidates: tuple[Replica, ...]) -> Replica:
         n = len(candidates)
         start = next(self._tie) % n
-        best = None
+        best: Replica | None = None
         best_load = 0.0
         for i in range(n):
             r = candidates[(start + i) % n]
             load = r.in_flight / r.weight
             if best is None or load < best_load:
                 best, best_load = r, load
+        assert best is not None  # candidates is not empty
         return best

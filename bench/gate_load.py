@@ -72,7 +72,7 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, 
             headers[name.strip().lower()] = value.strip()
     if b"content-length" in headers:
         return status, headers, await reader.readexactly(int(headers[b"content-length"]))
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         size = int((await reader.readuntil(b"\r\n")).strip().split(b";")[0], 16)
         if size == 0:
@@ -251,6 +251,7 @@ class ReplicaProcess:
             str(args.max_num_seqs),
             stdout=asyncio.subprocess.PIPE,
         )
+        assert process.stdout is not None  # stdout=PIPE
         try:
             line = (await asyncio.wait_for(process.stdout.readline(), timeout=60)).decode()
             match = re.search(r" on (http://\S+) ", line)

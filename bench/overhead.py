@@ -99,6 +99,7 @@ def start_upstream(port: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         _python_module("bench.overhead_upstream", "--port", str(port)), stdout=subprocess.PIPE, text=True
     )
+    assert proc.stdout is not None  # stdout=PIPE
     line = proc.stdout.readline()
     if not line.startswith("READY "):
         proc.kill()

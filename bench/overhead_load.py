@@ -92,6 +92,8 @@ def percentile(sorted_values: list[float], q: float) -> float:
 async def run(url: str, concurrency: int, duration: float, warmup: float, stream: bool) -> dict:
     parts = urlsplit(url)
     host, port = parts.hostname, parts.port or 80
+    if host is None:
+        raise ValueError(f"--url {url!r} names no host")
     now = time.perf_counter()
     start, stop = now + warmup, now + warmup + duration
     latencies: list[float] = []

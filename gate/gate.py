@@ -417,8 +417,10 @@ class Gate:
 
     def _wake_one(self) -> None:
         for waiter in self._queue:
-            if not waiter.event.is_set():  # queued waiters always have an event
-                waiter.event.set()
+            event = waiter.event
+            assert event is not None  # _wait makes it before it queues the waiter
+            if not event.is_set():
+                event.set()
                 return
 
     def _preempt(self, previous: Attempt) -> None:
@@ -551,7 +553,9 @@ class Gate:
         """This gate's part of /admin/state."""
         self._purge(self._now())
         now = self._now()
-        in_flight, idle, sessions = [], [], {}
+        in_flight: list[str] = []
+        idle: list[str] = []
+        sessions: dict[str, dict[str, Any]] = {}
         for key, rec in self._book.windows.items():  # oldest window first
             (in_flight if rec.in_flight else idle).append(key)
         for key, rec in self._book.records.items():

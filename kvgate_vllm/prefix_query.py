@@ -14,9 +14,10 @@ Anything else raises ``ProbeRequestError``, which the endpoint turns into a 400.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
-PROMPT_KINDS = ("token_ids", "chat", "completion", "messages", "responses")
+PromptKind = Literal["token_ids", "chat", "completion", "messages", "responses"]
+PROMPT_KINDS: tuple[PromptKind, ...] = get_args(PromptKind)
 
 
 class ProbeRequestError(ValueError):
@@ -34,7 +35,7 @@ class PrefixQuery:
     """A validated prefix probe. ``token_ids`` is set for kind "token_ids";
     ``body`` (the request dict of that route) for the other kinds."""
 
-    kind: Literal["token_ids", "chat", "completion", "messages", "responses"]
+    kind: PromptKind
     token_ids: list[int] | None = None
     cache_salt: str | None = None
     model: str | None = None

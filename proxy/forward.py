@@ -19,6 +19,8 @@ import asyncio
 import logging
 import time
 
+from prometheus_client import Counter, Histogram
+
 from kvgate.balancer import Balancer, Replica
 from kvgate.proxy.admission_errors import as_refusal
 from kvgate.proxy.errors import RequestRejected, send_error, sse_error_event
@@ -91,8 +93,8 @@ class Forwarder:
         self._tiered = settings.role in (FRONT_DOOR, REPLICA_GATE)
         self._gates = settings.gate.mode != "off"
         self._double_gating_warned: set[str] = set()
-        self._counters: dict[tuple, object] = {}
-        self._turn_children: dict[str, object] = {}
+        self._counters: dict[tuple[str, str, int], Counter] = {}  # labelled children, looked up once
+        self._turn_children: dict[str, Histogram] = {}
 
     # ---- the request --------------------------------------------------------------
 
@@ -117,6 +119,7 @@ class Forwarder:
         if chain is not None:
             session_id = chain.session_id
             if chain.set_request_id:  # vLLM answers with id = request_id: the link is known up front
+                assert raw is not None and chain.response_id is not None  # a Responses body, to be stored
                 raw = with_member(raw, body, "request_id", chain.response_id)
                 body["request_id"] = chain.response_id
 
@@ -124,6 +127,7 @@ class Forwarder:
             await self._relay_turn(request, responder, route, raw, body, stream, None, None, started, chain)
             return
         if self._forward_session_id and kind in SESSION_FIELD_KINDS and "session_id" not in body:
+            assert raw is not None  # SESSION_FIELD_KINDS are routes with a body
             raw = with_member(raw, body, "session_id", session_id)
             body["session_id"] = session_id
         entry = self.sessions.touch(session_id)
@@ -269,6 +273,7 @@ class Forwarder:
             entry.turns = turn_index
             self._observe_turn(turn_index, time.perf_counter() - started)
         if chain is not None and chain.response_id is not None:
+            assert chain.chain_session is not None  # TurnPlan: set whenever response_id is
             self.sessions.responses.record(chain.response_id, chain.chain_session, replica)
 
     # ---- relaying the response --------------------------------------------------

@@ -28,6 +28,7 @@ import re
 import ssl as ssl_module
 import time
 from collections import deque
+from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -79,7 +80,9 @@ class _Connection(asyncio.Protocol):
     def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout: float) -> None:
         self._loop = loop
         self._read_timeout = read_timeout
-        self.transport: asyncio.Transport | None = None
+        # Set by connection_made, which asyncio runs before create_connection returns this
+        # protocol: every connection the pool holds has its transport.
+        self.transport: asyncio.Transport
         self.closed = False
         self.idle_since = 0.0
         self.reused = False
@@ -106,8 +109,10 @@ class _Connection(asyncio.Protocol):
 
     # ---- asyncio.Protocol ------------------------------------------------------------
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream connection's transport (uvloop's has asyncio.Transport's methods
+        # without subclassing it).
+        self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -146,8 +151,7 @@ class _Connection(asyncio.Protocol):
 
     def _stray(self) -> None:
         self.keep_alive = False
-        if self.transport is not None:
-            self.transport.close()
+        self.transport.close()
 
     def _fail(self, exc: Exception) -> None:
         if isinstance(exc, UpstreamError):
@@ -226,8 +230,7 @@ class _Connection(asyncio.Protocol):
         self._error = UpstreamTimeout(f"upstream sent nothing for {self._read_timeout:g} s (upstream.read_timeout_sec)")
         self.keep_alive = False
         self._state = _DONE
-        if self.transport is not None:
-            self.transport.close()
+        self.transport.close()
         self._wake()
 
     async def _wait(self) -> None:
@@ -256,7 +259,7 @@ class _Connection(asyncio.Protocol):
         data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
         self._chunks.clear()
         self._buffered = 0
-        if self._paused and self.transport is not None:
+        if self._paused:
             self._paused = False
             self.transport.resume_reading()
         return data
@@ -442,7 +445,7 @@ class UpstreamPool:
 
     def _discard(self, conn: _Connection) -> None:
         self._open.discard(conn)
-        if conn.transport is not None and not conn.closed:
+        if not conn.closed:
             conn.transport.close()
         conn.closed = True
 

@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from email.utils import formatdate
 from http import HTTPStatus
+from typing import cast
 
 import httptools
 
@@ -248,7 +249,8 @@ class FrontProtocol(asyncio.Protocol):
         self._limits = limits
         self._server = server
         self._loop = asyncio.get_event_loop()
-        self._transport: asyncio.Transport | None = None
+        # Set by connection_made, which asyncio runs before any other callback.
+        self._transport: asyncio.Transport
         self._parser = httptools.HttpRequestParser(self)
         self._max_head = limits.max_head_bytes
         self._max_headers = limits.max_headers
@@ -280,8 +282,10 @@ class FrontProtocol(asyncio.Protocol):
 
     # ---- transport events ------------------------------------------------------------
 
-    def connection_made(self, transport) -> None:
-        self._transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream server's transport (uvloop's has asyncio.Transport's methods without
+        # subclassing it).
+        self._transport = cast(asyncio.Transport, transport)
         self._server.connections.add(self)
         self.deadline = time.monotonic() + self._limits.header_timeout_sec
 
@@ -450,6 +454,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         request = self._request
+        assert request is not None  # llhttp calls on_headers_complete, which builds it, first
         self._request = None
         parts = self._body_parts
         if parts:
@@ -703,8 +708,7 @@ class FrontServer:
             self._sweeper = None
         if self._server is not None:
             self._server.close()
-            for conn in list(self.connections):
-                if conn._transport is not None:
-                    conn._transport.close()
+            for conn in list(self.connections):  # added by connection_made: each has its transport
+                conn._transport.close()
             await self._server.wait_closed()
             self._server = None

@@ -121,6 +121,15 @@ class KvgateMetrics:
             registry=r,
         )
 
+    @property
+    def operator(self) -> OperatorMetrics:
+        """The operator metrics (issue 13), built on first use on this registry. The proxy
+        app touches it when it is built, so the series exist from the first scrape."""
+        operator = self.__dict__.get("_operator")
+        if operator is None:
+            operator = self.__dict__["_operator"] = OperatorMetrics(self.registry)
+        return operator
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -167,20 +176,3 @@ class OperatorMetrics:
             ["replica"],
             registry=r,
         )
-
-
-def _operator_metrics(self: KvgateMetrics) -> OperatorMetrics:
-    """`metrics.operator`: built on first use, on the app's own registry.
-
-    A property attached from outside the class, rather than a line in
-    `KvgateMetrics.__init__`, so branches that add metrics there merge without
-    conflicts. The proxy app touches it when it is built, so the series exist from
-    the first scrape.
-    """
-    operator = self.__dict__.get("_operator")
-    if operator is None:
-        operator = self.__dict__["_operator"] = OperatorMetrics(self.registry)
-    return operator
-
-
-KvgateMetrics.operator = property(_operator_metrics)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from hashlib import sha256
+from typing import Any
 
 import orjson
 
@@ -49,8 +50,10 @@ def bounded_session_id(raw: str) -> str:
     return sha256(encoded).hexdigest()
 
 
-def _body_value(body: dict, path: tuple[str, ...]):
-    node = body
+def _body_value(body: dict, path: tuple[str, ...]) -> Any:
+    """The value at `path` (a dotted body field, split), or None where any level is missing
+    or is not an object."""
+    node: Any = body
     for key in path[:-1]:
         node = node.get(key)
         if not isinstance(node, dict):

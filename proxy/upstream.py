@@ -55,7 +55,7 @@ EXCHANGE_ERRORS = (UpstreamError, OSError)
 def connection_named(headers) -> frozenset[bytes]:
     """The lower-case header names listed in Connection headers (RFC 9110 7.6.1):
     hop-by-hop by declaration, so never relayed."""
-    names = frozenset()
+    names: frozenset[bytes] = frozenset()
     for name, value in headers:
         if len(name) == 10 and name.lower() == b"connection":
             names |= {token.strip().lower() for token in value.split(b",")}

@@ -9,6 +9,8 @@ conversation therefore keeps its earlier rendering as an exact token prefix.
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
 from kvgate.simulator.openai_api import ApiError, GenerationParams, _optional
@@ -97,7 +99,7 @@ def event(name: str, data: dict) -> bytes:
 
 
 def stream_opening(message_id: str, model: str, prompt_tokens: int) -> list[bytes]:
-    message = {
+    message: dict[str, Any] = {
         "id": message_id,
         "type": "message",
         "role": "assistant",

@@ -41,6 +41,13 @@ class RequestHandle:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def final_reason(self) -> str:
+        """Why the request finished ("length", "abort"): read only once it has."""
+        reason = self.finish_reason
+        assert reason is not None, "the request has not finished"
+        return reason
+
 
 def _next_token(request: SimRequest) -> int:
     return output_token(request.num_tokens)

@@ -114,6 +114,8 @@ def run_policy(
         finished = scheduler.update_from_output(output, _output_token)
         for request in finished:
             item = by_id.pop(request.request_id)
+            # a finished request has produced its first token and finished
+            assert request.first_token_step is not None and request.finish_step is not None
             run.records.append(
                 RequestRecord(
                     item.index,
@@ -174,6 +176,7 @@ def _latency_summary(records: list[RequestRecord]) -> dict:
 
 def summarize(run: PolicyRun, config: ExperimentConfig, num_requests: int) -> dict:
     counters = run.counters
+    assert counters is not None, "summarize() takes a run that run_policy() finished"
     engine = config.engine
     completed = len(run.records)
     num_steps = len(run.timeline)

@@ -8,6 +8,7 @@ top of the block pool, prefix-cache lookups, and the counters vLLM exposes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvgate.simulator.block_pool import BlockPool, KVCacheBlock
@@ -108,7 +109,7 @@ class KVCacheManager:
         self,
         request: SimRequest,
         num_new_tokens: int,
-        new_computed_blocks: list[KVCacheBlock] = (),
+        new_computed_blocks: Sequence[KVCacheBlock] = (),
         num_new_computed_tokens: int = 0,
     ) -> list[KVCacheBlock] | None:
         """Blocks for `num_new_tokens` more tokens after the computed ones, or None if they don't fit."""

@@ -8,6 +8,7 @@ build the exact JSON objects vLLM returns.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kvgate.simulator.tokenizer import TemplateError, render_chat, render_completion_prompt
 
@@ -103,7 +104,7 @@ def parse_generation(kind: str, body, served_model: str, max_model_len: int) -> 
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
-    body = {
+    body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,

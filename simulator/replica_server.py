@@ -135,13 +135,11 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         if kind == "messages":
             return _json(
                 anthropic_api.message_response(
-                    request_id, params.model, text, handle.finish_reason, prompt, output, cached
+                    request_id, params.model, text, handle.final_reason, prompt, output, cached
                 )
             )
         build = chat_response if kind == "chat" else completion_response
-        return _json(
-            build(request_id, created, params.model, text, handle.finish_reason, usage(prompt, output, cached))
-        )
+        return _json(build(request_id, created, params.model, text, handle.final_reason, usage(prompt, output, cached)))
     finally:
         if not handle.finished:
             engine.abort(handle.request.request_id)
@@ -177,7 +175,7 @@ def _closing_events(params: GenerationParams, request_id: str, created: int, han
         return [_sse(ABORTED.body()), b"data: [DONE]\n\n"]
     if params.kind == "messages":
         return anthropic_api.stream_closing(
-            handle.finish_reason, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens
+            handle.final_reason, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens
         )
     events = []
     if params.include_usage:
@@ -263,7 +261,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
             sim_request.num_prompt_tokens, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens
         )
         item = responses_api.output_message(f"msg_{uuid.uuid4().hex}", text, "completed")
-        status = responses_api.final_status(handle.finish_reason)
+        status = responses_api.final_status(handle.final_reason)
         return _json(responses_api.response_object(params, created, status, [item], usage_body))
     finally:
         if not handle.finished:
@@ -296,7 +294,7 @@ async def _stream_response(
         usage_body = responses_api.response_usage(
             sim_request.num_prompt_tokens, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens
         )
-        closing = events.closing(handle.finish_reason, usage_body)
+        closing = events.closing(handle.final_reason, usage_body)
     for chunk in closing:
         await response.write(chunk)
     await response.write_eof()
@@ -470,7 +468,7 @@ class SimulatedReplica:
         self.name = name
         self.url = url
         self.app = app
-        self._runner = runner
+        self._runner: web.AppRunner | None = runner  # None once stopped
 
     @property
     def engine(self) -> AsyncEngine:

@@ -39,7 +39,11 @@ def compute_block_hashes(
     """
     hashes = []
     extra = salt_key(cache_salt)
-    parent_hash = NONE_HASH if start == 0 else parent
+    if start == 0:
+        parent_hash = NONE_HASH
+    else:
+        assert parent is not None, "compute_block_hashes: `parent` is required when start > 0"
+        parent_hash = parent
     for index in range(start, len(token_ids) // block_size):
         block = token_ids[index * block_size : (index + 1) * block_size]
         parent_hash = hash_block_tokens(parent_hash, block, extra if index == 0 else None)

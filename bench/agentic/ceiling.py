@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from kvgate.bench.agentic.workload import Workload, build_messages
 
 Token = Hashable
-Renderer = Callable[[list[dict]], list[Token]]
+Renderer = Callable[[list[dict]], Sequence[Token]]
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class TokenModel:
 
     name: str
     render: Renderer
-    encode: Callable[[str], list[Token]]
+    encode: Callable[[str], Sequence[Token]]
 
 
 WORDS = TokenModel("words", render_words, str.split)

@@ -16,8 +16,10 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 from kvgate.bench.agentic.apis import APIS
 from kvgate.bench.agentic.ceiling import WORDS, TokenModel, simulator_token_model, workload_ceiling
@@ -38,7 +40,7 @@ from kvgate.bench.agentic.topologies import TOPOLOGY_MODES
 from kvgate.bench.agentic.workload import generate_workload
 
 # option name -> (type, help); each sets the WorkloadSpec / ReplicaShape / gate field of that name
-_WORKLOAD_OPTIONS = {
+_WORKLOAD_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {  # option: (parse, help)
     "sessions": (int, "sessions in the whole run"),
     "concurrency": (int, "sessions active at once (a rolling rollout step)"),
     "start_interval_s": (float, "session i starts no earlier than i x this (staggered arrivals)"),
@@ -55,7 +57,7 @@ _WORKLOAD_OPTIONS = {
     "tool_tail_s": (float, "a heavy-tail tool call lasts this x uniform(1, 2) seconds"),
     "retry_prob": (float, "share of turns re-sent 5-50 ms after their first attempt if unanswered"),
 }
-_SHAPE_OPTIONS = {
+_SHAPE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "num_blocks": (int, "KV blocks per replica"),
     "block_size": (int, "tokens per block"),
     "max_num_seqs": (int, "sequence slots per replica"),
@@ -64,7 +66,7 @@ _SHAPE_OPTIONS = {
     "time_scale": (float, "multiplies the cost model's step times (0 = as fast as possible)"),
     "prefill_token_s": (float, "cost model: seconds per prompt token computed (default: the replica's)"),
 }
-_GATE_OPTIONS = {
+_GATE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "high_watermark": (float, "KV usage at or above which the gate checks prefixes"),
     "hit_threshold": (float, "prefix hit ratio that admits a session under pressure"),
     "idle_grace_sec": (float, "how long a session keeps its reservation between turns"),
@@ -293,6 +295,7 @@ async def _run(args, plan: RunPlan, regime: str) -> int:
     results = {mode: run.summary for mode, run in runs.items()}
     comparisons = compare_to(results)
     targets = evaluate_targets(regime, results) + real_vllm_targets(regime, results)
+    timelines = {mode: run.timeline for mode, run in runs.items()}
     document = {
         "regime": regime,
         "api": plan.api,
@@ -311,7 +314,7 @@ async def _run(args, plan: RunPlan, regime: str) -> int:
         "modes": results,
         "vs_sticky": comparisons,
         "targets": targets,
-        "timelines": {mode: run.timeline for mode, run in runs.items()},
+        "timelines": timelines,
     }
     for mode, run in runs.items():
         with open(plan.out_dir / f"attempts_{mode}.jsonl", "w") as f:
@@ -328,7 +331,7 @@ async def _run(args, plan: RunPlan, regime: str) -> int:
         document["sweep"] = await _sweep(args, plan, ceiling.hit_rate, results.get("sticky"))
         (plan.out_dir / "results.json").write_text(json.dumps(document, indent=2))
     if not args.no_plots:
-        write_plots(results, document["timelines"], plan.out_dir)
+        write_plots(results, timelines, plan.out_dir)
     print(f"\n[agentic] wrote {plan.out_dir / 'results.json'}")
     return 0
 

@@ -177,19 +177,20 @@ class WorkloadDriver:
 
         pending = {launch(1)}
         attempts = 1
-        retry_sent = turn.retry_after_s is None  # no retry planned: nothing left to send
+        # when the retry is sent; None: no retry planned, or it is sent
+        retry_at = None if turn.retry_after_s is None else start + turn.retry_after_s
         used: _Outcome | None = None
         while pending and used is None:
-            timeout = None if retry_sent else max(0.0, start + turn.retry_after_s - self.now())
+            timeout = None if retry_at is None else max(0.0, retry_at - self.now())
             done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 outcome = task.result()
                 if outcome.record.ok and used is None:
                     used = outcome
-            if not done and not retry_sent:
+            if not done and retry_at is not None:
                 pending.add(launch(2))
                 attempts = 2
-                retry_sent = True
+                retry_at = None
         if used is None:
             self.turns.append(TurnRecord(session.index, turn.index, start, self.now(), None, False, attempts))
             return None
