@@ -17,7 +17,7 @@ It reports per mode the client-side turn latency (p50, p95), the time spent insi
 milliseconds and as a ratio (the goal is < 1 ms at p50). It prints numbers and
 asserts none; the exit status is 1 only if a turn failed or something leaked.
 
-Run: python -m bench.gate_load [--sessions 1000] [--turns 10] [--replicas 2]
+Run: python -m kvgate.bench.gate_load [--sessions 1000] [--turns 10] [--replicas 2]
      [--modes off,enforce] [--policy seed] [--repeats 1] [--in-process-replicas] [--out FILE]
 """
 
@@ -394,7 +394,7 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.gate_load", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.gate_load", description=DESCRIPTION)
     configure(parser)
     return validate(parser, parser.parse_args(argv))
 

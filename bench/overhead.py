@@ -1,8 +1,8 @@
 """`kvgate bench overhead`: what kvgate adds on top of talking to the upstream directly.
 
-One invocation starts a fast local upstream (`bench.overhead_upstream`) and kvgate in
+One invocation starts a fast local upstream (`kvgate.bench.overhead_upstream`) and kvgate in
 front of it (`kvgate serve`, each in its own process), then runs closed-loop load
-(`bench.overhead_load`, a third process) at each concurrency, non-streaming and
+(`kvgate.bench.overhead_load`, a third process) at each concurrency, non-streaming and
 streaming, alternating direct and proxied runs of `--duration` seconds, `--repeats`
 times. It prints, per case, the median requests/s, p50 and p99 of each, the added
 p50 (proxied - direct) and the throughput ratio (proxied / direct).
@@ -11,7 +11,9 @@ p50 (proxied - direct) and the throughput ratio (proxied / direct).
 front of the upstream this command starts on `--upstream-port`), so any router can be
 measured the same way. `--baseline-repo DIR` also starts the kvgate of another
 checkout (say, the previous commit) and measures it in the same run, alternating
-with this one, so that a change is compared under the same machine load. This prints
+with this one, so that a change is compared under the same machine load (its `kvgate.*`
+packages are imported from its folders, `bench/checkout.py`; a checkout from before the
+namespace, from its top-level packages). This prints
 numbers; it asserts nothing.
 """
 
@@ -28,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvgate.bench.checkout import import_tree, package_dirs
 from kvgate.gate.policies import POLICIES
 from kvgate.proxy.settings import GateSettings
 
@@ -97,7 +100,7 @@ def _python_module(module: str, *args: str) -> list[str]:
 
 def start_upstream(port: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        _python_module("bench.overhead_upstream", "--port", str(port)), stdout=subprocess.PIPE, text=True
+        _python_module("kvgate.bench.overhead_upstream", "--port", str(port)), stdout=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None  # stdout=PIPE
     line = proc.stdout.readline()
@@ -110,21 +113,29 @@ def start_upstream(port: int) -> tuple[subprocess.Popen, str]:
 def start_kvgate(
     upstream_url: str, gate_mode: str, gate_policy: str, workdir: Path, repo: Path | None = None
 ) -> tuple[subprocess.Popen, str]:
-    """kvgate in front of the upstream: this checkout's, or (`repo`) another's, whose
-    packages `python -m` imports first from its working directory."""
+    """kvgate in front of the upstream: this installation's, or checkout `repo`'s. A checkout's
+    `kvgate.*` packages come from its folders through a link tree first on PYTHONPATH; an
+    older checkout's top-level packages, from its working directory (`python -m proxy.cli`)."""
     workdir = workdir / (repo.name if repo else "this")
     workdir.mkdir(exist_ok=True)
+    module, env = "kvgate.proxy.cli", None
+    if repo is not None and not package_dirs(repo):
+        module = "proxy.cli"
+    elif repo is not None:
+        tree = import_tree(repo, workdir / "import-tree")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
     config = workdir / "kvgate-bench.yaml"
     config.write_text(
         f"replicas: [{{name: upstream, url: '{upstream_url}'}}]\ngate: {{mode: {gate_mode}, policy: {gate_policy}}}\n"
     )
     log = open(workdir / "kvgate.log", "w+")
     proc = subprocess.Popen(
-        _python_module("proxy.cli", "serve", "--config", str(config), "--port", "0"),
+        _python_module(module, "serve", "--config", str(config), "--port", "0"),
         stdout=log,
         stderr=subprocess.STDOUT,
         text=True,
         cwd=repo,
+        env=env,
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -154,7 +165,10 @@ def run_load(url: str, concurrency: int, duration: float, warmup: float, stream:
     if stream:
         args.append("--stream")
     out = subprocess.run(
-        _python_module("bench.overhead_load", *args), capture_output=True, text=True, timeout=duration + warmup + 60
+        _python_module("kvgate.bench.overhead_load", *args),
+        capture_output=True,
+        text=True,
+        timeout=duration + warmup + 60,
     )
     if out.returncode != 0:
         raise RuntimeError(f"load generator failed against {url}:\n{out.stderr[-2000:]}")

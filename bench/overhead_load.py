@@ -8,7 +8,7 @@ chunked framing, so the load generator costs little of the CPUs it shares with t
 upstream and the router under test. Prints one JSON line:
 {"requests", "errors", "error_kinds", "seconds", "rps", "p50_ms", "p99_ms"}.
 
-Run: python -m bench.overhead_load --url http://127.0.0.1:8000 [--stream] [--concurrency N] [--duration S]
+Run: python -m kvgate.bench.overhead_load --url http://127.0.0.1:8000 [--stream] [--concurrency N] [--duration S]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ in front of it admits everything, and each policy pays exactly its probes.
 Built on aiohttp's low-level server (no router) under uvloop, to spend as little of
 the shared CPUs as possible. Prints `READY <port>` once listening.
 
-Run: python -m bench.overhead_upstream [--host H] [--port P]
+Run: python -m kvgate.bench.overhead_upstream [--host H] [--port P]
 """
 
 from __future__ import annotations

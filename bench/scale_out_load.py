@@ -22,7 +22,7 @@ One process holds at most `ulimit -n` sockets (20,000 on the build machine): a s
 kvgate with 10,000 sessions in flight needs one socket in and one out per session, so
 run `single` at a few thousand sessions and `tiers` at 10,000.
 
-Run: python -m bench.scale_out_load [--sessions 10000] [--turns 4] [--front-doors 4]
+Run: python -m kvgate.bench.scale_out_load [--sessions 10000] [--turns 4] [--front-doors 4]
      [--replicas 4] [--layouts tiers] [--repeats 1] [--out FILE]
 """
 
@@ -362,7 +362,7 @@ def summarize(results: list[LayoutRun], layouts: list[str]) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.scale_out_load", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.scale_out_load", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=10000, help="concurrent sessions (default 10000)")
     parser.add_argument("--turns", type=int, default=4, help="turns per session (default 4)")
     parser.add_argument("--replicas", type=int, default=4, help="simulated replicas (default 4)")

@@ -1,6 +1,6 @@
 """Tiered kvgate topologies in one process: replicas, a replica gate beside each, front doors.
 
-Used by the scale-out tests and `python -m bench.scale_out_load`. Every part is the real
+Used by the scale-out tests and `python -m kvgate.bench.scale_out_load`. Every part is the real
 thing (simulated replicas, `proxy.app.create_app` with the role's config) on loopback
 ports; `Topology.close()` stops all of it, front doors first.
 

@@ -15,10 +15,11 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+
+from kvgate.bench.checkout import import_tree, package_dirs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,34 +40,8 @@ def test_ruff_format_leaves_every_file_as_it_is():
     assert result.returncode == 0, "run `.venv/bin/ruff format`:\n" + result.stdout + result.stderr
 
 
-def package_dirs() -> dict[str, Path]:
-    """`kvgate.x` -> the repository folder setuptools installs it from (pyproject.toml)."""
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    return {name: REPO / folder for name, folder in pyproject["tool"]["setuptools"]["package-dir"].items()}
-
-
-def installed_layout(root: Path) -> Path:
-    """Lay out `root/kvgate/<part>` -> the repository's folders, as the wheel installs them.
-
-    The editable install maps `kvgate.proxy` to proxy/ with an import hook that mypy does
-    not run, so mypy reads the package through this tree of links instead. A package nested
-    in a mapped one (`kvgate.bench.agentic`) comes with its parent's link, so its folder
-    must be where the parent's link puts it.
-    """
-    dirs = package_dirs()
-    for name, folder in dirs.items():
-        parent, _, leaf = name.rpartition(".")
-        if parent == "kvgate":
-            link = root / "kvgate" / leaf
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(folder, target_is_directory=True)
-        else:
-            assert dirs[parent] / leaf == folder, f"{name} is not under {parent}'s folder: mypy would not see it"
-    return root
-
-
 def test_mypy_passes(tmp_path):
-    root = installed_layout(tmp_path / "layout")
+    root = import_tree(REPO, tmp_path / "layout")  # the editable install's import hook is invisible to mypy
     result = run_tool(
         "mypy",
         "--config-file",
@@ -80,6 +55,6 @@ def test_mypy_passes(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     # every module of the package was checked, none skipped by the layout
-    modules = {path.resolve() for part in package_dirs().values() for path in part.rglob("*.py")}
+    modules = {path.resolve() for part in package_dirs(REPO).values() for path in part.rglob("*.py")}
     checked = re.search(r"Success: no issues found in (\d+) source files", result.stdout)
     assert checked and int(checked.group(1)) == len(modules) + 1, result.stdout  # + the namespace `kvgate`

@@ -1,4 +1,4 @@
-"""`python -m bench.agentic`: the agentic benchmark without the `kvgate bench` wrapper."""
+"""`python -m kvgate.bench.agentic`: the agentic benchmark without the `kvgate bench` wrapper."""
 
 import argparse
 import sys
@@ -8,7 +8,7 @@ from kvgate.bench.agentic.cli import configure, main
 if __name__ == "__main__":
     parser = configure(
         argparse.ArgumentParser(
-            prog="python -m bench.agentic", description="The multi-turn agentic benchmark (SPEC.md section 8)."
+            prog="python -m kvgate.bench.agentic", description="The multi-turn agentic benchmark (SPEC.md section 8)."
         )
     )
     sys.exit(main(parser.parse_args()))

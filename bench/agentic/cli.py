@@ -263,16 +263,6 @@ def main(args) -> int:
             file=sys.stderr,
         )
         return 2
-    if not plan.replica_urls:
-        from kvgate.bench.agentic.processes import replica_subcommand_exists
-
-        if not replica_subcommand_exists():
-            print(
-                "kvgate bench agentic: this installation has no `kvgate replica` (the simulator); "
-                "pass --replica-url URL to run against vLLM servers",
-                file=sys.stderr,
-            )
-            return 2
     try:
         return asyncio.run(_run(args, plan, regime))
     except RuntimeError as exc:  # a server that would not start or answer: the message names it

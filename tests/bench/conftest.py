@@ -88,12 +88,3 @@ async def scripted_replica(aiohttp_server):
         return replica, str(server.make_url("")).rstrip("/")
 
     return start
-
-
-@pytest.fixture(scope="module")
-def has_replica():
-    """Skip unless `kvgate replica` (the simulator part) is installed."""
-    from kvgate.bench.agentic.processes import replica_subcommand_exists
-
-    if not replica_subcommand_exists():
-        pytest.skip("`kvgate replica` (the simulator part) is not installed yet")

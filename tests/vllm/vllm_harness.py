@@ -414,7 +414,7 @@ class VllmServer:
 
 @dataclass
 class KvgateProxy:
-    """``python -m proxy.cli serve --config FILE`` (the main venv's kvgate) as a subprocess."""
+    """``python -m kvgate.proxy.cli serve --config FILE`` (the main venv's kvgate) as a subprocess."""
 
     config_path: Path
     log_path: Path

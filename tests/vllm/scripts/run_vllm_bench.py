@@ -10,7 +10,7 @@ one vLLM server with the kvgate plugin sized by the regime's replica shape
 (`--num-gpu-blocks-override num_blocks + 1`, block size, sequences, max model length,
 tokens per engine step,
 `VLLM_SERVER_DEV_MODE=1` so the benchmark can reset the prefix cache between modes),
-prints that server's command line, runs `python -m bench.agentic --regime R
+prints that server's command line, runs `python -m kvgate.bench.agentic --regime R
 --replica-url URL` with every other option passed through, and stops the server
 (also on failure or Ctrl-C). The exit status is the benchmark's.
 """
