@@ -33,9 +33,27 @@ def test_annotated_default_file_equals_the_built_in_defaults():
     assert load_settings(REPO / "configs" / "kvgate.yaml", {}) == Settings()
 
 
-def test_every_example_config_is_valid():
-    for path in (REPO / "configs").glob("*.yaml"):
+def load_example_configs(folder: Path) -> list[str]:
+    """Load every `*.yaml` in `folder` (ConfigError on the first invalid one); the names loaded.
+    A folder with none fails: a glob over nothing would pass for any content."""
+    paths = sorted(folder.glob("*.yaml"))
+    assert paths, f"no example config (*.yaml) in {folder}"
+    for path in paths:
         load_settings(path, {})
+    return [path.name for path in paths]
+
+
+def test_every_example_config_is_valid():
+    assert "kvgate.yaml" in load_example_configs(REPO / "configs")
+
+
+def test_the_example_config_check_fails_on_an_empty_folder_and_on_an_invalid_file(tmp_path):
+    with pytest.raises(AssertionError, match="no example config"):
+        load_example_configs(tmp_path)
+    (tmp_path / "good.yaml").write_text("gate: {mode: shadow}\n")
+    (tmp_path / "bad.yaml").write_text("gate: {mode: sideways}\n")
+    with pytest.raises(ConfigError, match="gate.mode"):
+        load_example_configs(tmp_path)
 
 
 def test_values_are_read(tmp_path):
