@@ -16,8 +16,8 @@ from kvgate.gate.admission import (
     session_key,
 )
 from kvgate.proxy.settings import ProbeSettings
-from tests.gate.conftest import CLEAN, FakeProbe, sample, settings, until
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
+from tests.gate.helpers import CLEAN, FakeProbe, sample, settings, until
 
 
 @dataclass(frozen=True)

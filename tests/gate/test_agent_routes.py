@@ -9,7 +9,7 @@ import pytest
 from kvgate.gate.gate import Gate
 from kvgate.gate.policies import output_allowance
 from kvgate.gate.route_prompts import body_holds_prompt
-from tests.gate.conftest import FakeProbe, assert_clean, settings
+from tests.gate.helpers import FakeProbe, assert_clean, settings
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import pytest
 
 from kvgate.gate.errors import PromptTooLong
 from kvgate.gate.gate import Gate, Lease
-from tests.gate.conftest import FakeProbe, assert_clean, sample, settings, until
+from tests.gate.helpers import FakeProbe, assert_clean, sample, settings, until
 
 
 def contract_gate(metrics, clock, total: int = 100, free: int = 100, **knobs) -> tuple[Gate, FakeProbe]:

@@ -9,8 +9,7 @@ import pytest
 
 from kvgate.gate.gate import Gate
 from kvgate.gate.observations import reprefill_tokens
-from tests.gate.conftest import FakeProbe, assert_clean, sample, settings, until
-from tests.gate.test_probe import make_probe
+from tests.gate.helpers import FakeProbe, assert_clean, make_probe, sample, settings, until
 
 
 @pytest.mark.parametrize(

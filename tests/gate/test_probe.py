@@ -6,14 +6,8 @@ import asyncio
 
 import pytest
 
-from kvgate.gate.probe import ReplicaProbe
 from kvgate.gate.readings import PrefixReading, UsageReading
-from kvgate.proxy.settings import ProbeSettings
-from tests.gate.conftest import sample, until
-
-
-def make_probe(url, http, metrics, clock, api_key=None, **settings) -> ReplicaProbe:
-    return ReplicaProbe("r0", url, lambda: http, ProbeSettings(**settings), metrics, api_key, clock)
+from tests.gate.helpers import make_probe, sample, until
 
 
 async def test_kv_reading_and_metrics(replica_url, http, script, metrics, clock):

@@ -11,8 +11,8 @@ from kvgate.gate.admission import AdmissionController
 from kvgate.proxy.app import create_app
 from kvgate.proxy.metrics import KvgateMetrics
 from kvgate.proxy.settings import ProbeSettings, ReplicaSettings, Settings
-from tests.gate.conftest import CLEAN, FakeClock, settings, until
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
+from tests.gate.helpers import CLEAN, FakeClock, settings, until
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import asyncio
 
 from kvgate.gate.gate import Gate
 from kvgate.gate.readings import UsageReading
-from tests.gate.conftest import FakeProbe, assert_clean, sample, settings, until
+from tests.gate.helpers import FakeProbe, assert_clean, sample, settings, until
 
 
 def body(session: str) -> dict:

@@ -12,15 +12,9 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-PROMETHEUS_DIR = REPO / "docker" / "prometheus"
-ALERT_RULES = PROMETHEUS_DIR / "kvgate-alerts.yml"
-ALERT_TESTS = PROMETHEUS_DIR / "kvgate-alerts.test.yml"
-DASHBOARD = REPO / "docker" / "grafana" / "kvgate.json"
 INSTALL_TIMEOUT_S = 600
 
 

@@ -7,7 +7,7 @@ import subprocess
 
 import yaml
 
-from tests.observability.conftest import ALERT_RULES, ALERT_TESTS, PROMETHEUS_DIR
+from tests.observability.helpers import ALERT_RULES, ALERT_TESTS, PROMETHEUS_DIR
 
 
 def promtool(tools, *args: str, cwd=PROMETHEUS_DIR) -> str:

@@ -10,8 +10,7 @@ import yaml
 
 from kvgate.balancer.replica_metrics import MIRRORED
 from kvgate.proxy.metrics import KvgateMetrics
-from tests.observability.conftest import ALERT_RULES, DASHBOARD, REPO
-from tests.observability.test_dashboard_prometheus import dashboard_queries
+from tests.observability.helpers import ALERT_RULES, DASHBOARD, REPO, dashboard_queries
 
 DOCS = REPO / "docs" / "observability.md"
 METRIC = re.compile(r"\b(kvgate_[a-z_]+)")

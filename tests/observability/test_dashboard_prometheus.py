@@ -29,7 +29,7 @@ from kvgate.bench.agentic.workload import WorkloadSpec, generate_workload
 from kvgate.proxy.app import create_app
 from kvgate.proxy.settings import BalancerSettings, GateSettings, HealthSettings, ReplicaSettings, Settings
 from kvgate.simulator.replica_server import start_simulated_replicas
-from tests.observability.conftest import ALERT_RULES, DASHBOARD
+from tests.observability.helpers import ALERT_RULES, DASHBOARD, dashboard_queries
 
 RATE_INTERVAL = "1m"
 SCRAPE_INTERVAL = "1s"
@@ -64,20 +64,6 @@ SUMMARY = {
 REPLICA_SHAPE = dict(
     num_blocks=96, block_size=16, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=1536, time_scale=1.0
 )
-
-
-def dashboard_queries(dashboard: dict) -> list[tuple[str, str]]:
-    """(panel title, expr) for every target of every panel, rows' nested panels included."""
-    queries = []
-
-    def walk(panels):
-        for panel in panels:
-            walk(panel.get("panels", []))
-            for target in panel.get("targets", []):
-                queries.append((f"{panel['title']} [{target['refId']}]", target["expr"]))
-
-    walk(dashboard["panels"])
-    return queries
 
 
 def as_grafana_runs_it(expr: str) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from fake_upstream import FakeUpstream
+from proxy_client import ADMIN_TOKEN
 
-ADMIN_TOKEN = "test-admin-token"  # as in conftest.py
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

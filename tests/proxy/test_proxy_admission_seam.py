@@ -6,10 +6,9 @@ import asyncio
 
 import aiohttp
 import pytest
+from proxy_client import ADMIN_TOKEN
 
 from kvgate.gate.errors import AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
-
-ADMIN_TOKEN = "test-admin-token"  # as in conftest.py
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -16,11 +16,12 @@ import aiohttp
 import anthropic
 import openai
 import pytest
+from serve_process import start_serve, stop_serve
 
 from kvgate.proxy.app import create_app
 from kvgate.proxy.settings import GateSettings, ReplicaSettings, Settings
 from kvgate.simulator.replica_server import start_simulated_replicas
-from tests.gate.conftest import CLEAN
+from tests.gate.helpers import CLEAN
 
 MODEL = "kvgate-sim"
 FINISH = {"x-session-finish": "true"}
@@ -283,8 +284,6 @@ async def test_unknown_previous_response_id_is_the_replicas_404(stack):
 
 async def test_the_embedded_default_speaks_every_forwarded_route(tmp_path):
     """`kvgate serve` with no replicas: chat, completions, messages and responses all answer."""
-    from test_proxy_serve import start_serve, stop_serve
-
     config = tmp_path / "empty.yaml"
     config.write_text("simulated_replicas: 2\n")
     proc, _lines, url = await start_serve("--config", str(config))

@@ -15,7 +15,7 @@ import sys
 import anthropic
 import openai
 import pytest
-from test_probe_endpoints import probe_prefix, settled_counters, words
+from server_calls import probe_prefix, settled_counters, words
 from vllm_harness import REPO_ROOT, KvgateProxy, free_port, start_service, stop_process_group
 
 pytestmark = pytest.mark.vllm
