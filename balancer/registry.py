@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 
 from kvgate.balancer.health import HealthState, next_health
+from kvgate.balancer.settings import HealthSettings
 from kvgate.proxy.http_fields import replica_name_problem, replica_url_problem
-from kvgate.proxy.settings import HealthSettings
 
 log = logging.getLogger("kvgate.balancer")
 

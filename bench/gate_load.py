@@ -36,11 +36,13 @@ from typing import Any
 
 import orjson
 
+from kvgate.balancer.settings import ReplicaSettings
 from kvgate.gate.admission import AdmissionController
 from kvgate.gate.policies import POLICIES
+from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
 from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.settings import GateSettings, ReplicaSettings, Settings
+from kvgate.proxy.settings import Settings
 from kvgate.simulator.replica_server import start_simulated_replicas
 
 SYSTEM_PROMPT = "You are a coding agent working in a large repository. " * 6

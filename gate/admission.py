@@ -23,8 +23,8 @@ from kvgate.gate.errors import AdmissionError, AdmissionPreempted, AdmissionTime
 from kvgate.gate.gate import Gate, Lease
 from kvgate.gate.policies import get_policy
 from kvgate.gate.probe import Probe, ReplicaProbe
+from kvgate.gate.settings import GateSettings
 from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.settings import GateSettings
 
 __all__ = [
     "AdmissionController",

@@ -64,8 +64,8 @@ from kvgate.gate.policies import (
 )
 from kvgate.gate.probe import Probe
 from kvgate.gate.route_prompts import body_holds_prompt
+from kvgate.gate.settings import GateSettings
 from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.settings import GateSettings
 
 Clock = Callable[[], float]
 MODES = ("enforce", "shadow", "off")

@@ -47,8 +47,8 @@ from kvgate.gate.readings import (
     parse_metrics_usage,
     parse_prefix_answer,
 )
+from kvgate.gate.settings import ProbeSettings
 from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.settings import ProbeSettings
 
 log = logging.getLogger("kvgate.gate.probe")
 

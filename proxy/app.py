@@ -16,6 +16,7 @@ import orjson
 from kvgate.balancer import Balancer, ReplicaRegistry
 from kvgate.balancer.health import HealthChecker
 from kvgate.balancer.replica_metrics import ReplicaMetricsScraper
+from kvgate.balancer.settings import ReplicaSettings
 from kvgate.gate.admission import AdmissionController
 from kvgate.gate.ownership import Ownership, OwnershipClaims, conflict_flag, default_gate_id, gate_mode, readiness
 from kvgate.proxy.admin import AdminApi
@@ -26,7 +27,7 @@ from kvgate.proxy.http_server import FrontServer, HttpRequest, Responder
 from kvgate.proxy.metrics import CONTENT_TYPE, KvgateMetrics
 from kvgate.proxy.routes import ROUTES
 from kvgate.proxy.session_tracker import SessionTracker
-from kvgate.proxy.settings import ReplicaSettings, Settings
+from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, claims_ownership, health_path
 from kvgate.proxy.upstream import UpstreamClients
 

@@ -1,6 +1,7 @@
 """Loading the configuration: YAML file + `KVGATE_*` environment overrides -> Settings.
 
-The schema is `proxy.settings` (frozen dataclasses); this module walks it, so a
+The schema is `proxy.settings.Settings` (frozen dataclasses, composing the parts' own:
+`gate.settings`, `balancer.settings`); this module walks it, so a
 field added there is loaded and type-checked here with no further change. Ranges and
 choices that types cannot express live in RULES, keyed by dotted path.
 

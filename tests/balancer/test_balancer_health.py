@@ -8,8 +8,8 @@ from aiohttp import web
 
 from kvgate.balancer.health import HealthChecker, HealthState, next_health
 from kvgate.balancer.registry import ReplicaRegistry
+from kvgate.balancer.settings import HealthSettings
 from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.settings import HealthSettings
 
 
 def run(results, unhealthy_after=2, healthy_after=2, start=True):

@@ -12,9 +12,11 @@ import pytest
 from kvgate.balancer.health import HealthChecker
 from kvgate.balancer.registry import ReplicaRegistry
 from kvgate.balancer.replica_metrics import ReplicaMetricsScraper, read_mirrored
+from kvgate.balancer.settings import BalancerSettings, HealthSettings, ReplicaSettings
+from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
 from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.settings import BalancerSettings, GateSettings, HealthSettings, ReplicaSettings, Settings
+from kvgate.proxy.settings import Settings
 from kvgate.simulator.replica_server import start_simulated_replicas
 
 VLLM_TEXT = """\

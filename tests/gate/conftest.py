@@ -12,8 +12,8 @@ import pytest
 
 from kvgate.gate.gate import Gate
 from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.settings import GateSettings
 from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.settings import GateSettings
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
 
 COLD = PrefixReading(total_blocks=10, hit_blocks=0, hit_ratio=0.0)

@@ -15,7 +15,7 @@ from kvgate.gate.admission import (
     ReplicaUnavailable,
     session_key,
 )
-from kvgate.proxy.settings import ProbeSettings
+from kvgate.gate.settings import ProbeSettings
 from tests.gate.conftest import CLEAN, FakeProbe, sample, settings, until
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
 

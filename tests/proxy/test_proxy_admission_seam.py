@@ -236,8 +236,8 @@ async def test_admin_remove_replica_tells_the_controller(gated, admission):
 async def test_real_gate_controller_admits_through_the_proxy(upstreams, make_proxy):
     """The gate's AdmissionController plugged into the app factory (fakes have low usage)."""
     from kvgate.gate.admission import AdmissionController
+    from kvgate.gate.settings import GateSettings
     from kvgate.proxy.metrics import KvgateMetrics
-    from kvgate.proxy.settings import GateSettings
 
     metrics = KvgateMetrics()
     controller = AdmissionController(GateSettings(), metrics)

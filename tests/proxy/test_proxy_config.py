@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from kvgate.balancer.settings import ReplicaSettings
 from kvgate.proxy.config import ConfigError, load_settings, settings_from_dict
-from kvgate.proxy.settings import ReplicaSettings, Settings
+from kvgate.proxy.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 
