@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from kvgate.balancer.health import HealthState, next_health
+from kvgate.balancer.metrics import BalancerMetrics
 from kvgate.balancer.settings import HealthSettings
 from kvgate.proxy.http_fields import replica_name_problem, replica_url_problem
 
@@ -54,7 +55,7 @@ class RegistryError(ValueError):
 
 
 class ReplicaRegistry:
-    def __init__(self, health: HealthSettings | None = None, metrics=None) -> None:
+    def __init__(self, health: HealthSettings | None = None, metrics: BalancerMetrics | None = None) -> None:
         self._health = health or HealthSettings()
         self._metrics = metrics
         self._replicas: dict[str, Replica] = {}

@@ -190,7 +190,7 @@ async def run_mode(mode: str, policy: str, replicas: list, args: argparse.Namesp
     gate = replace(GateSettings(), mode=mode, policy=policy)
     settings = Settings(gate=gate, replicas=tuple(ReplicaSettings(r.name, r.url) for r in replicas))
     metrics = KvgateMetrics()
-    controller = AdmissionController(gate, metrics)
+    controller = AdmissionController(gate, metrics.gate)
     timed = TimedAdmission(controller)
     app = create_app(settings, metrics=metrics, admission=timed, health_checks=False)
     host, port = await app.start("127.0.0.1", 0)

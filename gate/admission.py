@@ -21,10 +21,10 @@ import aiohttp
 
 from kvgate.gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 from kvgate.gate.gate import Gate, Lease
+from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.policies import get_policy
 from kvgate.gate.probe import Probe, ReplicaProbe
 from kvgate.gate.settings import GateSettings
-from kvgate.proxy.metrics import KvgateMetrics
 
 __all__ = [
     "AdmissionController",
@@ -64,7 +64,7 @@ class AdmissionController:
     def __init__(
         self,
         settings: GateSettings,
-        metrics: KvgateMetrics,
+        metrics: GateMetrics,
         http: HttpSource = None,
         *,
         api_key: str | None = None,

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
+from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.readings import (
     PrefixReading,
     ProbeAnswerError,
@@ -48,7 +49,6 @@ from kvgate.gate.readings import (
     parse_prefix_answer,
 )
 from kvgate.gate.settings import ProbeSettings
-from kvgate.proxy.metrics import KvgateMetrics
 
 log = logging.getLogger("kvgate.gate.probe")
 
@@ -85,7 +85,7 @@ class ReplicaProbe:
         url: str,
         http: Callable[[], aiohttp.ClientSession],
         settings: ProbeSettings,
-        metrics: KvgateMetrics,
+        metrics: GateMetrics,
         api_key: str | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
@@ -109,7 +109,7 @@ class ReplicaProbe:
         self._usage_gauge = metrics.replica_kv_usage.labels(name)
         # 1 while the replica answers the probe API, 0 on the /metrics fallback (gate degraded);
         # no series until the replica has answered either way.
-        self._probe_api_gauge = metrics.operator.replica_probe_api
+        self._probe_api_gauge = metrics.replica_probe_api
         self._last_error: str | None = None
         self._last_good: UsageReading | None = None  # the last reading a probe returned, and when
         self._last_good_at = float("-inf")

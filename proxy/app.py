@@ -41,7 +41,7 @@ class ProxyApp:
         self.settings = settings
         self.metrics = metrics
         self.admission = admission
-        self.registry = ReplicaRegistry(settings.balancer.health, metrics)
+        self.registry = ReplicaRegistry(settings.balancer.health, metrics.balancer)
         for r in replicas:
             self.registry.add(r.name, r.url, r.weight)
         self.balancer = Balancer(self.registry, settings.balancer)
@@ -68,11 +68,12 @@ class ProxyApp:
         )
         self._health_checks = health_checks
         # The replicas' own prefix-cache counters, mirrored into /metrics (docs/observability.md).
-        self.replica_metrics = ReplicaMetricsScraper(self.registry, metrics)
+        self.replica_metrics = ReplicaMetricsScraper(
+            self.registry, metrics.gate.probe_seconds, metrics.gate.probe_errors
+        )
         metrics.registry.register(self.replica_metrics)
         if settings.role != FRONT_DOOR:  # a front door's replicas are kvgates: nothing of vLLM's to mirror
             self.health.add_round(self.replica_metrics.read_all)
-        metrics.operator  # noqa: B018 (a property with a side effect: the operator series exist from the first scrape)
         self.admin = (
             AdminApi(settings.admin.token, self.registry, admission, self.clients, self.sessions)
             if settings.admin.token
@@ -119,7 +120,7 @@ class ProxyApp:
         set_mode = getattr(self.admission, "set_replica_mode", None)
         if set_mode is not None:
             set_mode(name, gate_mode(self.settings.gate.mode, ownership))
-        self.metrics.gate_conflict.labels(name).set(conflict_flag(ownership))
+        self.metrics.gate.gate_conflict.labels(name).set(conflict_flag(ownership))
 
     def _ready(self, responder: Responder) -> None:
         ownership = self.ownership.ownership() if self.ownership is not None else {}
@@ -202,5 +203,5 @@ def create_app(
     settings = settings or Settings()
     metrics = metrics or KvgateMetrics()
     if admission is None:
-        admission = AdmissionController(settings.gate, metrics, api_key=settings.upstream.api_key)
+        admission = AdmissionController(settings.gate, metrics.gate, api_key=settings.upstream.api_key)
     return ProxyApp(settings, metrics, admission, settings.replicas if replicas is None else replicas, health_checks)

@@ -28,7 +28,7 @@ async def stack(aiohttp_server):
         clock = FakeClock()
         gate = settings(probe=ProbeSettings(timeout_sec=0.5, usage_max_age_ms=0), **knobs)
         metrics = KvgateMetrics()
-        controller = AdmissionController(gate, metrics, clock=clock)
+        controller = AdmissionController(gate, metrics.gate, clock=clock)
         app = create_app(
             Settings(gate=gate, replicas=(ReplicaSettings("r0", str(server.make_url("")).rstrip("/")),)),
             metrics=metrics,

@@ -240,7 +240,7 @@ async def test_real_gate_controller_admits_through_the_proxy(upstreams, make_pro
     from kvgate.proxy.metrics import KvgateMetrics
 
     metrics = KvgateMetrics()
-    controller = AdmissionController(GateSettings(), metrics)
+    controller = AdmissionController(GateSettings(), metrics.gate)
     client = await make_proxy(upstreams, admission=controller)
     resp = await client.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "real"})
     assert resp.status == 200
