@@ -12,8 +12,8 @@ import logging
 
 from kvgate.balancer.health import HealthState, next_health
 from kvgate.balancer.metrics import BalancerMetrics
+from kvgate.balancer.replica_fields import replica_name_problem, replica_url_problem
 from kvgate.balancer.settings import HealthSettings
-from kvgate.proxy.http_fields import replica_name_problem, replica_url_problem
 
 log = logging.getLogger("kvgate.balancer")
 

@@ -27,7 +27,8 @@ from typing import Any
 
 import yaml
 
-from kvgate.proxy.http_fields import field_value_problem, replica_name_problem, replica_url_problem
+from kvgate.balancer.replica_fields import replica_name_problem, replica_url_problem
+from kvgate.proxy.http_fields import field_value_problem
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import role_problems
 
