@@ -57,7 +57,8 @@ PREFIX_PATH = "/v1/kvgate/prefix"
 METRICS_PATH = "/metrics"
 KV_RECHECK_SEC = 30.0
 BUSY_READING_MAX_AGE_SEC = 30.0  # a timed-out usage probe falls back to a good reading this recent
-PREFIX_BODY_KEYS = {"chat": "chat", "completion": "completion", "messages": "messages", "responses": "responses"}
+# Route kinds the prefix probe can render; SPEC.md section 6 names its body key after the kind.
+PREFIX_PROBE_KINDS = frozenset({"chat", "completion", "messages", "responses"})
 
 Clock = Callable[[], float]
 
@@ -226,12 +227,11 @@ class ReplicaProbe:
 
     async def prefix(self, route_kind: str, body: dict[str, Any]) -> PrefixReading | None:
         """The prompt's residency on the replica; None when unavailable."""
-        key = PREFIX_BODY_KEYS.get(route_kind)
-        if key is None or self._fallback_since is not None:
+        if route_kind not in PREFIX_PROBE_KINDS or self._fallback_since is not None:
             return None
         started = time.perf_counter()
         try:
-            status, payload = await self._request("POST", PREFIX_PATH, orjson.dumps({key: body}))
+            status, payload = await self._request("POST", PREFIX_PATH, orjson.dumps({route_kind: body}))
             reading = _parse(status, payload, parse_prefix_answer)
         except _Failed as failure:
             self._errors["prefix"].inc()
