@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 T = TypeVar("T", int, float)
-E = TypeVar("E")
 
 
-def percentile(values: Iterable[T], pct: float, empty: E = None) -> T | E:
+@overload
+def percentile(values: Iterable[T], pct: float) -> T | None: ...
+
+
+@overload
+def percentile(values: Iterable[T], pct: float, empty: T) -> T: ...
+
+
+def percentile(values: Iterable[T], pct: float, empty: T | None = None) -> T | None:
     """The nearest-rank `pct`-th percentile (0 < pct <= 100) of `values`, in any order:
     the smallest value with at least pct% of the values at or below it. `empty` when
     there are none (None, or e.g. math.nan for a float field)."""
