@@ -32,7 +32,7 @@ from pathlib import Path
 
 from kvgate.bench.checkout import import_tree, package_dirs
 from kvgate.gate.policies import POLICIES
-from kvgate.proxy.settings import GateSettings
+from kvgate.gate.settings import GateSettings
 
 DEFAULT_CONCURRENCY = (1, 64, 256)
 MODES = ("non-streaming", "streaming")

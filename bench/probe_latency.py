@@ -29,7 +29,7 @@ from pathlib import Path
 
 import aiohttp
 
-from kvgate.bench.agentic.report import percentile
+from kvgate.simulator.percentiles import percentile
 
 PROBES = ("kv", "prefix")
 WORDS = ("ka", "lo", "mirenso", "tovel", "dorin", "exqu")

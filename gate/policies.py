@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.gate.readings import PrefixReading, UsageReading
-from kvgate.proxy.settings import GateSettings
+from kvgate.gate.settings import GateSettings
 
 # Reasons (the x-kvgate-admission header and kvgate_admissions_total{reason}).
 OPEN = "open"

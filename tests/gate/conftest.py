@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
-from kvgate.proxy.metrics import KvgateMetrics
+from kvgate.gate.metrics import GateMetrics
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
 from tests.gate.helpers import FakeClock, FakeProbe
 
@@ -16,8 +17,8 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def metrics() -> KvgateMetrics:
-    return KvgateMetrics()
+def metrics() -> GateMetrics:
+    return GateMetrics(CollectorRegistry())
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ from dataclasses import replace
 from typing import Any
 
 from kvgate.gate.gate import Gate
+from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.probe import ReplicaProbe
 from kvgate.gate.readings import PrefixReading, UsageReading
-from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.settings import GateSettings, ProbeSettings
+from kvgate.gate.settings import GateSettings, ProbeSettings
 
 COLD = PrefixReading(total_blocks=10, hit_blocks=0, hit_ratio=0.0)
 CLEAN = {"leases": 0, "reservations": 0, "waiters": 0, "attempts": 0, "sessions": 0}
@@ -109,7 +109,7 @@ def assert_clean(gate: Gate, clock: FakeClock) -> None:
     assert gate.counts() == CLEAN
 
 
-def sample(metrics: KvgateMetrics, name: str, **labels: str) -> float:
+def sample(metrics: GateMetrics, name: str, **labels: str) -> float:
     value = metrics.registry.get_sample_value(name, labels)
     return 0.0 if value is None else value
 

@@ -8,7 +8,9 @@ from types import SimpleNamespace
 
 import aiohttp
 
-from kvgate.proxy.settings import AdminSettings, GateSettings, ReplicaSettings, Settings
+from kvgate.balancer.settings import ReplicaSettings
+from kvgate.gate.settings import GateSettings
+from kvgate.proxy.settings import AdminSettings, Settings
 
 ADMIN_TOKEN = "test-admin-token"
 

@@ -18,8 +18,10 @@ import openai
 import pytest
 from serve_process import start_serve, stop_serve
 
+from kvgate.balancer.settings import ReplicaSettings
+from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
-from kvgate.proxy.settings import GateSettings, ReplicaSettings, Settings
+from kvgate.proxy.settings import Settings
 from kvgate.simulator.replica_server import start_simulated_replicas
 from tests.gate.helpers import CLEAN
 
