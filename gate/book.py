@@ -41,17 +41,25 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from kvgate.gate.policies import Admit, GateView, quiet_lifetime
 
-# Window-end causes (kvgate_window_ends_total{cause}).
-FINISH = "finish"  # x-session-finish or POST /admin/sessions/{id}/finish
-QUIET = "quiet"  # idle well past the session's usual gap between turns
-GRACE = "grace"  # idle for idle_grace_sec (the ceiling of the quiet lifetime)
-LOST = "lost"  # contract policy: no longer fits behind the older windows
-REVOKED = "revoked"  # the turn that opened it served no prompt, its prompt can never fit, or the replica left
-WINDOW_END_CAUSES = (FINISH, QUIET, GRACE, LOST, REVOKED)
+
+class WindowEnd(StrEnum):
+    """Why a window ended: the `cause` label of `kvgate_window_ends_total` and the keys of
+    /admin/state's `window_ends` (values are part of the contract: docs/gate.md)."""
+
+    FINISH = "finish"  # x-session-finish or POST /admin/sessions/{id}/finish
+    QUIET = "quiet"  # idle well past the session's usual gap between turns
+    GRACE = "grace"  # idle for idle_grace_sec (the ceiling of the quiet lifetime)
+    LOST = "lost"  # contract policy: no longer fits behind the older windows
+    REVOKED = (
+        "revoked"  # its turn served no prompt, its prompt can never fit, it went work_conserving, or the replica left
+    )
+
+
 GAP_EWMA_WEIGHT = 0.5  # weight of the newest gap: a session's rhythm follows its recent turns
 
 
@@ -76,7 +84,7 @@ class SessionRecord:
     quiet_deadline: float | None = None  # while idle with a window: when the window ends
     idle_gen: int = 0  # bumped at every idle period: heap entries of older periods are stale
     opener: Any = None  # the attempt whose admission opened the window, until a turn of it is served
-    last_window_end: str | None = None  # the cause its last window ended with
+    last_window_end: WindowEnd | None = None  # the cause its last window ended with
 
     @property
     def is_idle(self) -> bool:
@@ -91,8 +99,8 @@ class SessionBook:
         self._deadlines: list[tuple[float, int, str, int]] = []  # (when, seq, key, idle_gen)
         self._seq = 0
         self.replica_gap_ewma: float | None = None
-        self.window_ends: dict[str, int] = {cause: 0 for cause in WINDOW_END_CAUSES}
-        self._new_window_ends: list[str] = []
+        self.window_ends: dict[str, int] = {cause.value: 0 for cause in WindowEnd}  # plain keys: JSON
+        self._new_window_ends: list[WindowEnd] = []
         self.idle_since_replica: float | None = 0.0
         self.records: dict[str, SessionRecord] = {}
         self.idle: OrderedDict[str, SessionRecord] = OrderedDict()
@@ -141,13 +149,13 @@ class SessionBook:
         gap = rec.gap_ewma if rec.last_gap is None else max(rec.gap_ewma or 0.0, rec.last_gap)
         return quiet_lifetime(gap, self.replica_gap_ewma, self.quiet_factor, self.quiet_floor, self.grace)
 
-    def _window_ended(self, cause: str, rec: SessionRecord) -> None:
+    def _window_ended(self, cause: WindowEnd, rec: SessionRecord) -> None:
         rec.last_window_end = cause
         rec.opener = None
-        self.window_ends[cause] += 1
+        self.window_ends[cause.value] += 1
         self._new_window_ends.append(cause)
 
-    def take_window_ends(self) -> list[str]:
+    def take_window_ends(self) -> list[WindowEnd]:
         """The causes of the windows ended since the last call (for the shell's metrics)."""
         ended, self._new_window_ends = self._new_window_ends, []
         return ended
@@ -156,7 +164,7 @@ class SessionBook:
         self._leave(rec)
         self.windows.pop(rec.key, None)  # rec.reserved stays: the caller reads it
         if rec.reserved:
-            self._window_ended(GRACE, rec)
+            self._window_ended(WindowEnd.GRACE, rec)
         del self.records[rec.key]
         if not self.records:
             self._deadlines.clear()
@@ -288,7 +296,7 @@ class SessionBook:
         if decision.reserve and not rec.reserved:
             rec.opener = attempt
         elif not decision.reserve and rec.reserved:
-            self._window_ended(REVOKED, rec)
+            self._window_ended(WindowEnd.REVOKED, rec)
         self._set_reserved(rec, decision.reserve)
         if decision.resident_blocks is not None:
             rec.resident_blocks = decision.resident_blocks
@@ -332,14 +340,14 @@ class SessionBook:
             if served:
                 rec.opener = None
             elif rec.reserved:
-                self._window_ended(REVOKED, rec)
+                self._window_ended(WindowEnd.REVOKED, rec)
                 self._set_reserved(rec, False)
         if served and not rec.in_flight:
             rec.turn_ended_at = now
         self._enter(rec, now)
         return self._end(rec) if rec.finished and rec.is_idle else None
 
-    def finish(self, key: str, now: float, cause: str = FINISH) -> tuple[bool, SessionRecord | None]:
+    def finish(self, key: str, now: float, cause: WindowEnd = WindowEnd.FINISH) -> tuple[bool, SessionRecord | None]:
         """End the session's window; returns (it held a reservation, the record if it ended now).
 
         A session with a lease in flight or an attempt acquiring ends when that stops.
@@ -357,14 +365,14 @@ class SessionBook:
         self._enter(rec, now)
         return was_reserved, (self._end(rec) if rec.is_idle else None)
 
-    def drop_window(self, rec: SessionRecord, now: float, cause: str = LOST) -> bool:
+    def drop_window(self, rec: SessionRecord, now: float, cause: WindowEnd = WindowEnd.LOST) -> bool:
         """Take the session's window back (the session keeps its record); True if it had one."""
         if not rec.reserved or self.records.get(rec.key) is not rec:
             return False
         self._leave(rec)
         self._window_ended(cause, rec)
         self._set_reserved(rec, False)
-        if cause == LOST:
+        if cause == WindowEnd.LOST:
             rec.windows_lost += 1
         self._enter(rec, now)
         return True
@@ -388,7 +396,7 @@ class SessionBook:
                 # The window ends; the record stays idle (same period) until its grace.
                 self.reserved_idle -= 1
                 self.idle_reserved_blocks -= rec.resident_blocks
-                self._window_ended(QUIET, rec)
+                self._window_ended(WindowEnd.QUIET, rec)
                 self._set_reserved(rec, False)
                 rec.quiet_deadline = None
                 windows_ended = True

@@ -46,12 +46,11 @@ from typing import Any
 
 import orjson
 
-from kvgate.gate.book import LOST, REVOKED, SessionBook, SessionRecord
+from kvgate.gate.book import SessionBook, SessionRecord, WindowEnd
 from kvgate.gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 from kvgate.gate.observations import reprefill_tokens
 from kvgate.gate.policies import (
-    ANONYMOUS,
-    OPEN,
+    AdmissionReason,
     Admit,
     GateView,
     Policy,
@@ -155,7 +154,7 @@ class Gate:
         self._repricing: set[asyncio.Future[None]] = set()
         self._now = clock
         self._book = SessionBook(settings.idle_grace_sec, settings.quiet_factor, settings.quiet_floor_sec)
-        self._window_ends = {cause: metrics.window_ends.labels(name, cause) for cause in self._book.window_ends}
+        self._window_ends = {cause: metrics.window_ends.labels(name, cause) for cause in WindowEnd}
         self._queue: OrderedDict[Attempt, None] = OrderedDict()  # waiters, arrival order
         self._attempts: set[Attempt] = set()
         self._closed: AdmissionError | None = None
@@ -187,7 +186,7 @@ class Gate:
         if self._closed is not None:
             raise self._closed
         if self.settings.mode == "off" or route_kind not in PROMPT_KINDS:
-            return self._grant(None, None, Admit(OPEN), OPEN, None)
+            return self._grant(None, None, Admit(AdmissionReason.OPEN), AdmissionReason.OPEN, None)
         start = self._now()
         self._purge(start)
         attempt = Attempt(named=session_key is not None)
@@ -235,7 +234,7 @@ class Gate:
                         self._reprice_later(record, route_kind, body, allowance, usage, bound)
                     return lease
                 if isinstance(decision, Reject):
-                    self._drop_window(record, REVOKED)
+                    self._drop_window(record, WindowEnd.REVOKED)
                     raise PromptTooLong(decision.message)
                 if decision.drop_window:
                     self._drop_window(record)
@@ -362,7 +361,11 @@ class Gate:
         reason_wait.observe(wait)
         if record is not None:
             self._publish_reserved()
-        if self._queue and attempt is not None and (attempt.queued or reason in (OPEN, ANONYMOUS)):
+        if (
+            self._queue
+            and attempt is not None
+            and (attempt.queued or reason in (AdmissionReason.OPEN, AdmissionReason.ANONYMOUS))
+        ):
             # A waiter that passed, or usage below the watermark: the next waiter may pass too.
             if attempt.queued:
                 self._dequeue(attempt)
@@ -450,7 +453,7 @@ class Gate:
         if self._queue:
             self._wake_one()
 
-    def _drop_window(self, record: SessionRecord | None, cause: str = LOST) -> None:
+    def _drop_window(self, record: SessionRecord | None, cause: WindowEnd = WindowEnd.LOST) -> None:
         """Take a session's window back (contract: it no longer fits, or its prompt never will)."""
         if record is None:
             return
@@ -459,7 +462,7 @@ class Gate:
             self._publish_reserved()
             self._blocks_freed(now)
 
-    def finish_session(self, session_key: str, cause: str = "finish") -> None:
+    def finish_session(self, session_key: str, cause: WindowEnd = WindowEnd.FINISH) -> None:
         """End the session's window here; no-op for a session this gate does not know."""
         was_reserved, ended = self._book.finish(session_key, self._now(), cause)
         if ended is not None:
@@ -510,7 +513,7 @@ class Gate:
             attempt.wake()
         self._book.grace = 0.0
         for key in list(self._book.records):
-            self.finish_session(key, REVOKED)
+            self.finish_session(key, WindowEnd.REVOKED)
         self._purge(self._now())
         self._pending_gauge.set(0)
         self._oldest_waiter.set_function(lambda: 0.0)  # let go of this gate

@@ -31,20 +31,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.proxy.settings import GateSettings
 
-# Reasons (the x-kvgate-admission header and kvgate_admissions_total{reason}).
-OPEN = "open"
-RESERVED_SESSION = "reserved_session"
-PREFIX_PROBE_UNAVAILABLE = "prefix_probe_unavailable"
-RESIDENT_PREFIX = "resident_prefix"
-ANONYMOUS = "anonymous"
-CONTRACT_FITS = "contract_fits"
-PROMPT_TOO_LONG = "prompt_too_long"
-WORK_CONSERVING = "work_conserving"
+
+class AdmissionReason(StrEnum):
+    """Why a turn was admitted. The values are part of the contract (SPEC.md, docs/gate.md):
+    the `x-kvgate-admission` header and the `reason` label of `kvgate_admissions_total`."""
+
+    OPEN = "open"
+    ANONYMOUS = "anonymous"
+    RESERVED_SESSION = "reserved_session"
+    PREFIX_PROBE_UNAVAILABLE = "prefix_probe_unavailable"
+    RESIDENT_PREFIX = "resident_prefix"
+    CONTRACT_FITS = "contract_fits"
+    WORK_CONSERVING = "work_conserving"
+
+
+class RejectCode(StrEnum):
+    """Why a turn was refused for good: the error `code` the client gets (SPEC.md)."""
+
+    PROMPT_TOO_LONG = "prompt_too_long"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +117,7 @@ class Admit:
     (None keeps the previous figure).
     """
 
-    reason: str
+    reason: AdmissionReason
     reserve: bool = False
     resident_blocks: int | None = None
 
@@ -129,7 +139,7 @@ class Wait:
 class Reject:
     """Refuse the request for good (it can never be admitted on this replica)."""
 
-    code: str
+    code: RejectCode
     message: str
 
 
@@ -362,18 +372,18 @@ def seed_decide(
     With retain_session, `reserved_session` and `resident_prefix` hold a reservation.
     """
     if usage is None:
-        return Admit(OPEN, reserve=_keep(view, knobs))
+        return Admit(AdmissionReason.OPEN, reserve=_keep(view, knobs))
     pressure = usage.kv_cache_usage >= knobs.high_watermark
     if view.anonymous:
-        return Wait("anonymous request above the watermark") if pressure else Admit(ANONYMOUS)
+        return Wait("anonymous request above the watermark") if pressure else Admit(AdmissionReason.ANONYMOUS)
     if not pressure:
-        return Admit(OPEN, reserve=_keep(view, knobs))
+        return Admit(AdmissionReason.OPEN, reserve=_keep(view, knobs))
     if view.reserved:
-        return Admit(RESERVED_SESSION, reserve=knobs.retain_session)
+        return Admit(AdmissionReason.RESERVED_SESSION, reserve=knobs.retain_session)
     if prefix is None:
-        return Admit(PREFIX_PROBE_UNAVAILABLE)
+        return Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)
     if prefix.hit_ratio >= knobs.hit_threshold:
-        return Admit(RESIDENT_PREFIX, reserve=knobs.retain_session, resident_blocks=prefix.total_blocks)
+        return Admit(AdmissionReason.RESIDENT_PREFIX, reserve=knobs.retain_session, resident_blocks=prefix.total_blocks)
     return Wait("cold prefix above the watermark")
 
 
@@ -478,7 +488,7 @@ def contract_decide(
     admissions hold no window).
     """
     if usage is None:
-        return Admit(OPEN, reserve=_keep(view, knobs))
+        return Admit(AdmissionReason.OPEN, reserve=_keep(view, knobs))
     if view.anonymous or not usage.has_blocks:
         return seed_decide(view, usage, prefix, knobs)
     if not view.reserved and view.waiters_ahead:
@@ -486,17 +496,19 @@ def contract_decide(
     bounded = bounded_footprint(view, usage, knobs)
     if bounded is not None:
         return Admit(
-            RESERVED_SESSION if view.reserved else CONTRACT_FITS, reserve=knobs.retain_session, resident_blocks=bounded
+            AdmissionReason.RESERVED_SESSION if view.reserved else AdmissionReason.CONTRACT_FITS,
+            reserve=knobs.retain_session,
+            resident_blocks=bounded,
         )
     if prefix is None:
         if view.reserved:  # cannot re-price it: keep the window at its last footprint
-            return Admit(RESERVED_SESSION, reserve=knobs.retain_session)
+            return Admit(AdmissionReason.RESERVED_SESSION, reserve=knobs.retain_session)
         return seed_decide(view, usage, prefix, knobs)
     assert usage.num_total_blocks is not None and usage.num_free_blocks is not None
     usable = usage.num_total_blocks - knobs.headroom_blocks
     if prefix.total_blocks > usable:
         return Reject(
-            PROMPT_TOO_LONG,
+            RejectCode.PROMPT_TOO_LONG,
             f"the prompt needs {prefix.total_blocks} KV-cache blocks but the replica has "
             f"{usage.num_total_blocks} (minus gate.headroom_blocks={knobs.headroom_blocks}); "
             "shorten the prompt or serve it from a replica with a larger KV cache",
@@ -505,15 +517,15 @@ def contract_decide(
     working_set = footprint + view.older_window_blocks
     budget = usage.num_free_blocks - view.idle_reserved_blocks - knobs.headroom_blocks
     if view.reserved and working_set <= usable:
-        return Admit(RESERVED_SESSION, reserve=knobs.retain_session, resident_blocks=footprint)
+        return Admit(AdmissionReason.RESERVED_SESSION, reserve=knobs.retain_session, resident_blocks=footprint)
     if not view.reserved and working_set <= usable and prefix.new_blocks <= budget:
-        return Admit(CONTRACT_FITS, reserve=knobs.retain_session, resident_blocks=footprint)
+        return Admit(AdmissionReason.CONTRACT_FITS, reserve=knobs.retain_session, resident_blocks=footprint)
     # Admitted without a window, its own prefix is unprotected: its next turn is expected
     # to compute it again, so it counts with the windows' blocks it pushes out.
     at_risk = evicted_window_blocks(view, usage, prefix, budget, usable) + prefix.total_blocks
     held = work_conserving(view, usage, at_risk, knobs)
     if held is None:  # admitted without a window: the windows' books stay within usable
-        return Admit(WORK_CONSERVING)
+        return Admit(AdmissionReason.WORK_CONSERVING)
     if view.reserved:
         return Wait(
             f"window lost: footprint {footprint} blocks + {view.older_window_blocks} in older windows "

@@ -7,21 +7,16 @@ import itertools
 import pytest
 
 from kvgate.gate.policies import (
-    ANONYMOUS,
     CONTRACT,
-    CONTRACT_FITS,
     HISTORY_MARGIN_TOKENS,
-    OPEN,
     POLICIES,
-    PREFIX_PROBE_UNAVAILABLE,
-    PROMPT_TOO_LONG,
-    RESERVED_SESSION,
-    RESIDENT_PREFIX,
     SEED,
     TEMPLATE_MARGIN_TOKENS,
+    AdmissionReason,
     Admit,
     GateView,
     Reject,
+    RejectCode,
     Wait,
     bounded_footprint,
     contract_decide,
@@ -57,17 +52,17 @@ ANON = GateView(anonymous=True)
 @pytest.mark.parametrize(
     "view, usage, prefix, expected",
     [
-        (NAMED, None, None, Admit(OPEN)),  # usage unknown
-        (RESERVED, None, None, Admit(OPEN, reserve=True)),  # ... keeps its window
-        (ANON, None, None, Admit(OPEN)),
-        (ANON, LOW, None, Admit(ANONYMOUS)),  # anonymous below
+        (NAMED, None, None, Admit(AdmissionReason.OPEN)),  # usage unknown
+        (RESERVED, None, None, Admit(AdmissionReason.OPEN, reserve=True)),  # ... keeps its window
+        (ANON, None, None, Admit(AdmissionReason.OPEN)),
+        (ANON, LOW, None, Admit(AdmissionReason.ANONYMOUS)),  # anonymous below
         (ANON, HIGH, HOT, Wait("anonymous request above the watermark")),  # anonymous above: watermark only
-        (NAMED, LOW, None, Admit(OPEN)),  # below the watermark
-        (RESERVED, LOW, None, Admit(OPEN, reserve=True)),  # window kept and renewed
-        (RESERVED, HIGH, None, Admit(RESERVED_SESSION, reserve=True)),
-        (NAMED, HIGH, None, Admit(PREFIX_PROBE_UNAVAILABLE)),
-        (NAMED, HIGH, HOT, Admit(RESIDENT_PREFIX, reserve=True, resident_blocks=20)),
-        (NAMED, AT, EDGE, Admit(RESIDENT_PREFIX, reserve=True, resident_blocks=10)),  # >= at both edges
+        (NAMED, LOW, None, Admit(AdmissionReason.OPEN)),  # below the watermark
+        (RESERVED, LOW, None, Admit(AdmissionReason.OPEN, reserve=True)),  # window kept and renewed
+        (RESERVED, HIGH, None, Admit(AdmissionReason.RESERVED_SESSION, reserve=True)),
+        (NAMED, HIGH, None, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
+        (NAMED, HIGH, HOT, Admit(AdmissionReason.RESIDENT_PREFIX, reserve=True, resident_blocks=20)),
+        (NAMED, AT, EDGE, Admit(AdmissionReason.RESIDENT_PREFIX, reserve=True, resident_blocks=10)),  # >= at both edges
         (NAMED, HIGH, COLD, Wait("cold prefix above the watermark")),
     ],
 )
@@ -77,9 +72,11 @@ def test_seed_decide(view, usage, prefix, expected):
 
 def test_seed_without_retain_session_never_reserves():
     knobs = GateSettings(retain_session=False)
-    assert SEED.decide(NAMED, HIGH, HOT, knobs) == Admit(RESIDENT_PREFIX, reserve=False, resident_blocks=20)
-    assert SEED.decide(RESERVED, HIGH, None, knobs) == Admit(RESERVED_SESSION, reserve=False)
-    assert SEED.decide(RESERVED, LOW, None, knobs) == Admit(OPEN, reserve=False)
+    assert SEED.decide(NAMED, HIGH, HOT, knobs) == Admit(
+        AdmissionReason.RESIDENT_PREFIX, reserve=False, resident_blocks=20
+    )
+    assert SEED.decide(RESERVED, HIGH, None, knobs) == Admit(AdmissionReason.RESERVED_SESSION, reserve=False)
+    assert SEED.decide(RESERVED, LOW, None, knobs) == Admit(AdmissionReason.OPEN, reserve=False)
 
 
 @pytest.mark.parametrize(
@@ -103,20 +100,20 @@ def test_seed_asks_prefix_only_above_watermark_for_unreserved_sessions(view, usa
 @pytest.mark.parametrize(
     "view, usage, prefix, expected",
     [
-        (NAMED, None, None, Admit(OPEN)),
-        (RESERVED, None, None, Admit(OPEN, reserve=True)),
-        (ANON, LOW, None, Admit(ANONYMOUS)),
+        (NAMED, None, None, Admit(AdmissionReason.OPEN)),
+        (RESERVED, None, None, Admit(AdmissionReason.OPEN, reserve=True)),
+        (ANON, LOW, None, Admit(AdmissionReason.ANONYMOUS)),
         (ANON, HIGH, None, Wait("anonymous request above the watermark")),
         # an owner whose prefix probe failed keeps its window as last priced, at any usage
-        (RESERVED, LOW, None, Admit(RESERVED_SESSION, reserve=True)),
-        (RESERVED, HIGH, None, Admit(RESERVED_SESSION, reserve=True)),
-        (RESERVED, HIGH_NO_BLOCKS, None, Admit(RESERVED_SESSION, reserve=True)),
+        (RESERVED, LOW, None, Admit(AdmissionReason.RESERVED_SESSION, reserve=True)),
+        (RESERVED, HIGH, None, Admit(AdmissionReason.RESERVED_SESSION, reserve=True)),
+        (RESERVED, HIGH_NO_BLOCKS, None, Admit(AdmissionReason.RESERVED_SESSION, reserve=True)),
         # no block counts (/metrics fallback): the seed policy decides
-        (NAMED, LOW_NO_BLOCKS, None, Admit(OPEN)),
-        (NAMED, HIGH_NO_BLOCKS, None, Admit(PREFIX_PROBE_UNAVAILABLE)),
+        (NAMED, LOW_NO_BLOCKS, None, Admit(AdmissionReason.OPEN)),
+        (NAMED, HIGH_NO_BLOCKS, None, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
         # prefix probe failed: the seed policy decides
-        (NAMED, LOW, None, Admit(OPEN)),
-        (NAMED, HIGH, None, Admit(PREFIX_PROBE_UNAVAILABLE)),
+        (NAMED, LOW, None, Admit(AdmissionReason.OPEN)),
+        (NAMED, HIGH, None, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
     ],
 )
 def test_contract_decide_fallbacks(view, usage, prefix, expected):
@@ -129,7 +126,9 @@ def test_contract_hand_worked_budget():
     view = GateView(idle_reserved_blocks=10)
     fits = PrefixReading(total_blocks=30, hit_blocks=4, hit_ratio=4 / 30)  # 26 new: fits exactly
     over = PrefixReading(total_blocks=30, hit_blocks=3, hit_ratio=0.1)  # 27 new: waits
-    assert CONTRACT.decide(view, usage, fits, KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=30)
+    assert CONTRACT.decide(view, usage, fits, KNOBS) == Admit(
+        AdmissionReason.CONTRACT_FITS, reserve=True, resident_blocks=30
+    )
     decision = CONTRACT.decide(view, usage, over, KNOBS)
     assert isinstance(decision, Wait) and "27" in decision.why and "26" in decision.why
 
@@ -140,12 +139,14 @@ def test_contract_waits_below_watermark_when_idle_windows_hold_the_free_blocks()
     view = GateView(idle_reserved_blocks=70)
     prompt = PrefixReading(total_blocks=12, hit_blocks=0, hit_ratio=0.0)
     assert isinstance(CONTRACT.decide(view, usage, prompt, KNOBS), Wait)
-    assert SEED.decide(view, usage, prompt, KNOBS) == Admit(OPEN)
+    assert SEED.decide(view, usage, prompt, KNOBS) == Admit(AdmissionReason.OPEN)
 
 
 def test_contract_hot_prefix_needs_only_its_new_blocks():
     usage = UsageReading(0.95, 100, 6)
-    assert CONTRACT.decide(NAMED, usage, HOT, KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=20)
+    assert CONTRACT.decide(NAMED, usage, HOT, KNOBS) == Admit(
+        AdmissionReason.CONTRACT_FITS, reserve=True, resident_blocks=20
+    )
 
 
 @pytest.mark.parametrize("total, rejected", [(96, False), (97, True), (500, True)])
@@ -154,15 +155,17 @@ def test_contract_prompt_too_long_against_usable_blocks(total, rejected):
     prompt = PrefixReading(total_blocks=total, hit_blocks=0, hit_ratio=0.0)
     decision = CONTRACT.decide(NAMED, UsageReading(0.0, 100, 100), prompt, KNOBS)
     if rejected:
-        assert isinstance(decision, Reject) and decision.code == PROMPT_TOO_LONG
+        assert isinstance(decision, Reject) and decision.code == RejectCode.PROMPT_TOO_LONG
         assert str(total) in decision.message and "headroom_blocks" in decision.message
     else:
-        assert decision == Admit(CONTRACT_FITS, reserve=True, resident_blocks=total)
+        assert decision == Admit(AdmissionReason.CONTRACT_FITS, reserve=True, resident_blocks=total)
 
 
 def test_contract_without_retain_session_does_not_reserve():
     knobs = GateSettings(retain_session=False)
-    assert CONTRACT.decide(NAMED, LOW, COLD, knobs) == Admit(CONTRACT_FITS, reserve=False, resident_blocks=20)
+    assert CONTRACT.decide(NAMED, LOW, COLD, knobs) == Admit(
+        AdmissionReason.CONTRACT_FITS, reserve=False, resident_blocks=20
+    )
 
 
 @pytest.mark.parametrize(
@@ -266,7 +269,7 @@ def test_contract_owner_is_priced_behind_the_older_windows_only():
     owner = GateView(reserved=True, older_window_blocks=60, idle_reserved_blocks=90)
     full = UsageReading(1.0, 100, 0, block_size=16)
     assert CONTRACT.decide(owner, full, tokens(36 * 16), KNOBS) == Admit(
-        RESERVED_SESSION, reserve=True, resident_blocks=36
+        AdmissionReason.RESERVED_SESSION, reserve=True, resident_blocks=36
     )
 
 
@@ -278,7 +281,7 @@ def test_contract_owner_that_no_longer_fits_loses_its_window():
     # the oldest owner (nothing older) always fits: it makes progress
     oldest = GateView(reserved=True, older_window_blocks=0, idle_reserved_blocks=95)
     assert CONTRACT.decide(oldest, ROOMY, tokens(96 * 16), KNOBS) == Admit(
-        RESERVED_SESSION, reserve=True, resident_blocks=96
+        AdmissionReason.RESERVED_SESSION, reserve=True, resident_blocks=96
     )
 
 
@@ -294,7 +297,7 @@ def test_contract_owner_is_priced_at_its_anticipated_footprint():
     # Footprint 30 blocks now, anticipated ceil((480 + 160) / 16) = 40.
     grown = GateView(reserved=True, older_window_blocks=50, last_prompt_tokens=320)
     assert CONTRACT.decide(grown, ROOMY, tokens(480), KNOBS) == Admit(
-        RESERVED_SESSION, reserve=True, resident_blocks=40
+        AdmissionReason.RESERVED_SESSION, reserve=True, resident_blocks=40
     )
     # Behind 60 blocks: 60 + 30 = 90 would fit at the current prompt, 60 + 40 = 100 > 96 does not.
     behind = GateView(reserved=True, older_window_blocks=60, last_prompt_tokens=320)
@@ -314,18 +317,20 @@ def test_contract_newcomer_without_history_is_priced_with_the_mean_growth():
     books = CONTRACT.decide(fresh, ROOMY, prompt, KNOBS)
     assert isinstance(books, Wait) and not books.drop_window and "37" in books.why
     assert CONTRACT.decide(GateView(older_window_blocks=59, mean_growth_tokens=7 * 16), ROOMY, prompt, KNOBS) == Admit(
-        CONTRACT_FITS, reserve=True, resident_blocks=37
+        AdmissionReason.CONTRACT_FITS, reserve=True, resident_blocks=37
     )
     # a session with history (e.g. back after losing its window) is priced at its own growth
     known = GateView(older_window_blocks=60, mean_growth_tokens=7 * 16, last_prompt_tokens=30 * 16 - 5)
-    assert CONTRACT.decide(known, ROOMY, prompt, KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=31)
+    assert CONTRACT.decide(known, ROOMY, prompt, KNOBS) == Admit(
+        AdmissionReason.CONTRACT_FITS, reserve=True, resident_blocks=31
+    )
 
 
 def test_contract_prompt_too_long_looks_at_the_real_prompt_only():
     # 96 blocks fit 96 usable; the growth would not, but the footprint is capped at usable
     growing = GateView(reserved=True, last_prompt_tokens=50 * 16)
     assert CONTRACT.decide(growing, ROOMY, tokens(96 * 16), KNOBS) == Admit(
-        RESERVED_SESSION, reserve=True, resident_blocks=96
+        AdmissionReason.RESERVED_SESSION, reserve=True, resident_blocks=96
     )
     assert isinstance(CONTRACT.decide(growing, ROOMY, tokens(97 * 16), KNOBS), Reject)
 
@@ -334,7 +339,7 @@ def test_contract_newcomer_needs_both_the_books_and_vllms_view():
     prompt = tokens(30 * 16)  # 30 blocks, all cold
     # books: 66 + 30 = 96 fits; vLLM: 100 free - 60 idle - 4 headroom = 36 >= 30 fits
     assert CONTRACT.decide(GateView(older_window_blocks=66, idle_reserved_blocks=60), ROOMY, prompt, KNOBS) == Admit(
-        CONTRACT_FITS, reserve=True, resident_blocks=30
+        AdmissionReason.CONTRACT_FITS, reserve=True, resident_blocks=30
     )
     # books: 67 + 30 = 97 > 96, although vLLM reads everything free (windows not yet scheduled)
     books = CONTRACT.decide(GateView(older_window_blocks=67), ROOMY, prompt, KNOBS)
@@ -345,7 +350,9 @@ def test_contract_newcomer_needs_both_the_books_and_vllms_view():
     assert isinstance(seen, Wait) and "30 new blocks, 26 free" in seen.why
     # a resident prefix needs only its new blocks from vLLM's view, but its whole footprint in the books
     hot = tokens(30 * 16, hit_blocks=26)
-    assert CONTRACT.decide(GateView(), busy, hot, KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=30)
+    assert CONTRACT.decide(GateView(), busy, hot, KNOBS) == Admit(
+        AdmissionReason.CONTRACT_FITS, reserve=True, resident_blocks=30
+    )
     assert isinstance(CONTRACT.decide(GateView(older_window_blocks=67), busy, hot, KNOBS), Wait)
 
 
@@ -367,14 +374,18 @@ def test_contract_burst_admits_only_what_fits_because_each_admission_counts_at_o
 def test_contract_output_allowance_counts_in_the_footprint():
     prompt = tokens(30 * 16)
     view = GateView(older_window_blocks=60)
-    assert CONTRACT.decide(view, ROOMY, prompt, KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=30)
+    assert CONTRACT.decide(view, ROOMY, prompt, KNOBS) == Admit(
+        AdmissionReason.CONTRACT_FITS, reserve=True, resident_blocks=30
+    )
     with_output = GateView(older_window_blocks=60, max_output_tokens=6 * 16 + 1)  # 30 + 7 = 37 blocks
     assert isinstance(CONTRACT.decide(with_output, ROOMY, prompt, KNOBS), Wait)
 
 
 def test_contract_footprint_is_capped_at_usable_so_a_large_allowance_never_strands_a_turn():
     huge = GateView(max_output_tokens=1_000_000)
-    assert CONTRACT.decide(huge, ROOMY, tokens(160), KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=96)
+    assert CONTRACT.decide(huge, ROOMY, tokens(160), KNOBS) == Admit(
+        AdmissionReason.CONTRACT_FITS, reserve=True, resident_blocks=96
+    )
     assert isinstance(
         CONTRACT.decide(GateView(older_window_blocks=1, max_output_tokens=1_000_000), ROOMY, tokens(160), KNOBS), Wait
     )
@@ -382,7 +393,7 @@ def test_contract_footprint_is_capped_at_usable_so_a_large_allowance_never_stran
 
 def test_contract_prompt_too_long_for_owners_too():
     decision = CONTRACT.decide(RESERVED, ROOMY, tokens(97 * 16), KNOBS)
-    assert isinstance(decision, Reject) and decision.code == PROMPT_TOO_LONG
+    assert isinstance(decision, Reject) and decision.code == RejectCode.PROMPT_TOO_LONG
 
 
 def test_contract_newcomers_wait_in_fifo_order_owners_do_not():
@@ -390,10 +401,10 @@ def test_contract_newcomers_wait_in_fifo_order_owners_do_not():
     assert behind == Wait("behind 2 waiting sessions (first come, first served)")
     owner = GateView(reserved=True, waiters_ahead=2)
     assert CONTRACT.decide(owner, ROOMY, tokens(160), KNOBS) == Admit(
-        RESERVED_SESSION, reserve=True, resident_blocks=10
+        AdmissionReason.RESERVED_SESSION, reserve=True, resident_blocks=10
     )
     # the fallbacks ignore the queue, as the seed policy does
-    assert CONTRACT.decide(GateView(waiters_ahead=2), LOW_NO_BLOCKS, None, KNOBS) == Admit(OPEN)
+    assert CONTRACT.decide(GateView(waiters_ahead=2), LOW_NO_BLOCKS, None, KNOBS) == Admit(AdmissionReason.OPEN)
 
 
 # ------------------------------------------ no-pressure path (bounded price)
@@ -459,11 +470,11 @@ def test_contract_admits_a_bounded_turn_without_the_probe_and_prices_it_at_the_b
     view = GateView(prompt_bound_tokens=600)
     assert not contract_needs_prefix_probe(view, SMALL_BLOCKS, GateSettings())
     assert contract_decide(view, SMALL_BLOCKS, None, GateSettings()) == Admit(
-        CONTRACT_FITS, reserve=True, resident_blocks=38
+        AdmissionReason.CONTRACT_FITS, reserve=True, resident_blocks=38
     )
     owner = GateView(reserved=True, prompt_bound_tokens=600)
     assert contract_decide(owner, SMALL_BLOCKS, None, GateSettings()) == Admit(
-        RESERVED_SESSION, reserve=True, resident_blocks=38
+        AdmissionReason.RESERVED_SESSION, reserve=True, resident_blocks=38
     )
     crowded = GateView(prompt_bound_tokens=600, older_window_blocks=80)
     assert contract_needs_prefix_probe(crowded, SMALL_BLOCKS, GateSettings())

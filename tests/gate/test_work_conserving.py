@@ -8,8 +8,7 @@ import pytest
 
 from kvgate.gate.book import SessionBook
 from kvgate.gate.policies import (
-    CONTRACT_FITS,
-    WORK_CONSERVING,
+    AdmissionReason,
     Admit,
     GateView,
     Wait,
@@ -52,7 +51,13 @@ def _turn(book: SessionBook, key: str, now: float, end: float, blocks: int = 10)
     """One admitted turn of `key` from `now` to `end`, holding a window of `blocks`."""
     attempt = _Attempt()
     rec, _ = book.begin_attempt(key, attempt, now)
-    book.admit(rec, attempt, Admit(CONTRACT_FITS, reserve=True, resident_blocks=blocks), CONTRACT_FITS, now)
+    book.admit(
+        rec,
+        attempt,
+        Admit(AdmissionReason.CONTRACT_FITS, reserve=True, resident_blocks=blocks),
+        AdmissionReason.CONTRACT_FITS,
+        now,
+    )
     book.release(rec, end, attempt)
 
 
@@ -136,7 +141,7 @@ def test_a_work_conserving_admission():
     """Re-prefill of 32 evicted blocks + its own 40 (unprotected without a window): 72 ms,
     less than the 320 ms of decode that holding the turn back would leave unused (at half
     its worth: 160 ms)."""
-    assert contract_decide(BUSY, MEASURED, PROMPT, KNOBS) == Admit(WORK_CONSERVING)
+    assert contract_decide(BUSY, MEASURED, PROMPT, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
 
 
 def test_a_held_admission():
@@ -165,7 +170,7 @@ def test_a_held_admission():
     # ... and once it has waited, idle, as long as the re-prefill (ski rental): admitted
     assert contract_decide(
         GateView(**{**_fields(idle), "replica_idle_sec": 0.17, "waited_sec": 0.2}), usage, long_prompt, KNOBS
-    ) == Admit(WORK_CONSERVING)
+    ) == Admit(AdmissionReason.WORK_CONSERVING)
 
 
 def test_a_prefill_bound_engine_holds_what_a_decode_bound_one_admits():
@@ -180,7 +185,7 @@ def test_a_prefill_bound_engine_holds_what_a_decode_bound_one_admits():
     def usage(share):
         return UsageReading(0.9, 512, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.1, prefill_share=share)
 
-    assert contract_decide(view, usage(0.0), prompt, KNOBS) == Admit(WORK_CONSERVING)
+    assert contract_decide(view, usage(0.0), prompt, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
     held = contract_decide(view, usage(0.8), prompt, KNOBS)
     assert isinstance(held, Wait) and "re-prefill 0.309s > holding cost 0.080s" in held.why
 
@@ -201,7 +206,7 @@ def test_an_owner_that_no_longer_fits_goes_in_work_conserving_without_its_window
         last_prompt_tokens=600,
         last_growth_tokens=40,
     )
-    assert contract_decide(owner, MEASURED, PROMPT, KNOBS) == Admit(WORK_CONSERVING)
+    assert contract_decide(owner, MEASURED, PROMPT, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
     held = contract_decide(owner, UNMEASURED, PROMPT, KNOBS)
     assert isinstance(held, Wait) and held.drop_window
 
