@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from kvgate.gate.policies import Admit, GateView, quiet_lifetime
+from kvgate.gate.policies import GateView, quiet_lifetime
 
 
 class WindowEnd(StrEnum):
@@ -274,15 +274,19 @@ class SessionBook:
     def admit(
         self,
         rec: SessionRecord | None,
-        attempt: Any,
-        decision: Admit,
-        reason: str,
+        attempt: object,
+        label: str,
         now: float,
+        window: bool = False,
+        price: int | None = None,
         prompt_tokens: int | None = None,
         prompt_bound: int | None = None,
     ) -> None:
-        """Record an admission under `reason` (the decision's, or its shadow_ form).
+        """Record an admission under `label` (the decision's reason, or its shadow_ form).
 
+        window: the session holds a window for this turn: it opens one (this attempt is its
+        opener) or renews the one it holds; False ends a window it held (`revoked`).
+        price: the window's footprint in blocks (None keeps its last price).
         prompt_tokens: the turn's prompt size from its prefix reading (None: not probed).
         """
         self.leases += 1
@@ -293,14 +297,14 @@ class SessionBook:
         if rec.attempt is attempt:
             rec.attempt = None
         rec.in_flight += 1
-        if decision.reserve and not rec.reserved:
+        if window and not rec.reserved:
             rec.opener = attempt
-        elif not decision.reserve and rec.reserved:
+        elif not window and rec.reserved:
             self._window_ended(WindowEnd.REVOKED, rec)
-        self._set_reserved(rec, decision.reserve)
-        if decision.resident_blocks is not None:
-            rec.resident_blocks = decision.resident_blocks
-        rec.reasons[reason] = rec.reasons.get(reason, 0) + 1
+        self._set_reserved(rec, window)
+        if price is not None:
+            rec.resident_blocks = price
+        rec.reasons[label] = rec.reasons.get(label, 0) + 1
         self._record_size(rec, prompt_tokens, prompt_bound)
         self._enter(rec, now)
 

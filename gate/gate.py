@@ -52,6 +52,7 @@ from kvgate.gate.observations import reprefill_tokens
 from kvgate.gate.policies import (
     AdmissionReason,
     Admit,
+    Decision,
     GateView,
     Policy,
     Reject,
@@ -62,6 +63,7 @@ from kvgate.gate.policies import (
     window_footprint,
 )
 from kvgate.gate.probe import Probe
+from kvgate.gate.readings import UsageReading
 from kvgate.gate.route_prompts import body_holds_prompt
 from kvgate.proxy.metrics import KvgateMetrics
 from kvgate.proxy.settings import GateSettings
@@ -186,7 +188,7 @@ class Gate:
         if self._closed is not None:
             raise self._closed
         if self.settings.mode == "off" or route_kind not in PROMPT_KINDS:
-            return self._grant(None, None, Admit(AdmissionReason.OPEN), AdmissionReason.OPEN, None)
+            return self._grant_unbooked()
         start = self._now()
         self._purge(start)
         attempt = Attempt(named=session_key is not None)
@@ -229,8 +231,8 @@ class Gate:
                 if self.settings.mode == "shadow":
                     return self._grant_shadow(record, attempt, decision, start, tokens, bound)
                 if isinstance(decision, Admit):
-                    lease = self._grant(record, attempt, decision, decision.reason, start, tokens, bound)
-                    if bound is not None and prefix is None and decision.resident_blocks is not None:
+                    lease = self._admit(record, attempt, decision, start, tokens, bound)
+                    if decision.reprice_above is not None and self._book.window_blocks > decision.reprice_above:
                         self._reprice_later(record, route_kind, body, allowance, usage, bound)
                     return lease
                 if isinstance(decision, Reject):
@@ -256,16 +258,12 @@ class Gate:
         route_kind: str,
         body: dict[str, Any],
         allowance: int,
-        usage: Any,
-        bound: int,
+        usage: UsageReading,
+        bound: int | None,
     ) -> None:
-        """A window admitted at its upper bound (no probe on the turn's path) gets its exact
-        price from a prefix probe that runs beside the forwarded turn, once the windows
-        hold more than half the usable blocks: below that, over-priced windows cannot
-        hold anyone back (a bound that fits skips the probe), so no probe is spent."""
-        if record is None or usage is None or not usage.block_size:
-            return
-        if 2 * self._book.window_blocks <= usage.num_total_blocks - self.settings.headroom_blocks:
+        """Get the exact price of a window admitted at its upper bound (no probe on the turn's
+        path) from a prefix probe that runs beside the forwarded turn."""
+        if record is None:
             return
         task = asyncio.ensure_future(self._reprice(record, route_kind, body, allowance, usage, bound))
         self._repricing.add(task)
@@ -315,62 +313,103 @@ class Gate:
         self,
         record: SessionRecord | None,
         attempt: Attempt,
-        decision: Any,
+        decision: Decision,
         start: float,
         tokens: int | None,
         bound: int | None,
     ) -> Lease:
+        """Admit whatever was decided, recorded as `shadow_<reason>`: an Admit is booked as
+        enforce would book it (its window included), a Wait or Reject as an admission
+        without a window. A shadow admission wakes no waiter of its own accord."""
         if isinstance(decision, Admit):
-            return self._grant(record, attempt, decision, "shadow_" + decision.reason, start, tokens, bound)
-        reason = "shadow_wait" if isinstance(decision, Wait) else "shadow_" + decision.code
-        return self._grant(record, attempt, Admit(reason), reason, start, tokens, bound)
+            return self._grant(
+                record,
+                attempt,
+                f"shadow_{decision.reason}",
+                start,
+                window=decision.reserve,
+                price=decision.resident_blocks,
+                tokens=tokens,
+                bound=bound,
+            )
+        label = "shadow_wait" if isinstance(decision, Wait) else f"shadow_{decision.code}"
+        return self._grant(record, attempt, label, start, tokens=tokens, bound=bound)
+
+    def _admit(
+        self,
+        record: SessionRecord | None,
+        attempt: Attempt,
+        decision: Admit,
+        start: float,
+        tokens: int | None,
+        bound: int | None,
+    ) -> Lease:
+        """Grant the lease the policy's Admit asks for, as it asks (window, price, wake-up)."""
+        return self._grant(
+            record,
+            attempt,
+            decision.reason.value,  # plain str: a JSON key in /admin/state
+            start,
+            window=decision.reserve,
+            price=decision.resident_blocks,
+            wake_next=decision.wake_next,
+            tokens=tokens,
+            bound=bound,
+        )
 
     def _grant(
         self,
         record: SessionRecord | None,
-        attempt: Attempt | None,
-        decision: Admit,
-        reason: str,
-        start: float | None,
+        attempt: Attempt,
+        label: str,
+        start: float,
+        *,
+        window: bool = False,
+        price: int | None = None,
+        wake_next: bool = False,
         tokens: int | None = None,
         bound: int | None = None,
     ) -> Lease:
-        """Book the admission (start None: mode off, nothing but the lease is booked).
+        """Book an admission under `label` (its `x-kvgate-admission` value) and hand out its lease.
 
+        window, price: the session's window for the turn (`Admit.reserve`, `Admit.resident_blocks`).
+        wake_next: wake the next waiter too (`Admit.wake_next`); a queued attempt that is
+        admitted always does, since the head of the queue moved.
         tokens: the prompt size of the turn's prefix reading, recorded for the session's growth
         (with `bound`, the turn's body-length bound, which later turns' bounds are measured from).
         """
-        if start is None:
-            wait = 0.0
-            self._book.leases += 1
-        else:
-            now = self._now()
-            wait = max(0.0, now - start)
-            committed = self._book.window_blocks if record is not None else 0
-            self._book.admit(record, attempt, decision, reason, now, tokens, bound)
-            if record is not None and self._book.window_blocks < committed:
-                self._blocks_freed(now)  # a window shrank or ended: a waiter may fit now
-        counter = self._admissions.get(reason)
-        if counter is None:
-            counter = self._admissions[reason] = self._metrics.admissions.labels(self.name, reason)
-        counter.inc()
-        self._wait_hist.observe(wait)
-        reason_wait = self._reason_waits.get(reason)
-        if reason_wait is None:
-            reason_wait = self._reason_waits[reason] = self._reason_wait_metric.labels(self.name, reason)
-        reason_wait.observe(wait)
+        now = self._now()
+        wait = max(0.0, now - start)
+        committed = self._book.window_blocks if record is not None else 0
+        self._book.admit(record, attempt, label, now, window, price, tokens, bound)
+        if record is not None and self._book.window_blocks < committed:
+            self._blocks_freed(now)  # a window shrank or ended: a waiter may fit now
+        self._count_admission(label, wait)
         if record is not None:
             self._publish_reserved()
-        if (
-            self._queue
-            and attempt is not None
-            and (attempt.queued or reason in (AdmissionReason.OPEN, AdmissionReason.ANONYMOUS))
-        ):
-            # A waiter that passed, or usage below the watermark: the next waiter may pass too.
+        if self._queue and (attempt.queued or wake_next):
             if attempt.queued:
                 self._dequeue(attempt)
             self._wake_one()
-        return Lease(self, record, reason, wait * 1000.0, attempt)
+        return Lease(self, record, label, wait * 1000.0, attempt)
+
+    def _grant_unbooked(self) -> Lease:
+        """Admit `open` with nothing booked but the lease (mode off, or a route without a
+        prompt): no probe, no session, no window, no waiter woken."""
+        self._book.leases += 1
+        self._count_admission(AdmissionReason.OPEN.value, 0.0)
+        return Lease(self, None, AdmissionReason.OPEN.value, 0.0)
+
+    def _count_admission(self, label: str, wait: float) -> None:
+        counter = self._admissions.get(label)
+        if counter is None:
+            counter = self._admissions[label] = self._metrics.admissions.labels(self.name, label)
+        counter.inc()
+        self._wait_hist.observe(wait)
+        reason_wait = self._reason_waits.get(label)
+        if reason_wait is None:
+            reason_wait = self._reason_waits[label] = self._reason_wait_metric.labels(self.name, label)
+        reason_wait.observe(wait)
 
     # --------------------------------------------------------------------- wait
 

@@ -110,16 +110,24 @@ class GateView:
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """Forward the request now.
+    """Forward the request now. The shell obeys every field; it infers nothing.
 
-    reserve: the session holds (or keeps) a reservation for this request; on release
-    it becomes an idle window. resident_blocks: blocks to price that reservation at
-    (None keeps the previous figure).
+    reserve: the session holds a window for this turn: every Admit with reserve=True
+    opens or renews exactly one window (on release it becomes idle); with False the
+    turn goes without one, and a window the session held ends (cause `revoked`).
+    resident_blocks: the window's price in blocks (None keeps its last price).
+    reprice_above: the price is an upper bound read off the body (no prefix probe):
+    once the windows hold more than this many blocks, the shell gets the exact price
+    from a prefix probe run beside the forwarded turn. None: the price is exact.
+    wake_next: the replica has room beyond this turn (no pressure read): the shell
+    wakes the next waiter too, as it does whenever a queued attempt is admitted.
     """
 
     reason: AdmissionReason
     reserve: bool = False
     resident_blocks: int | None = None
+    reprice_above: int | None = None
+    wake_next: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,9 +351,11 @@ def evicted_window_blocks(view: GateView, usage: UsageReading, prefix: PrefixRea
     return max(0, by_books, by_engine)
 
 
-def _keep(view: GateView, knobs: GateSettings) -> bool:
-    """A session that already owns a window keeps it through any admission."""
-    return knobs.retain_session and view.reserved and not view.anonymous
+def _open(view: GateView, knobs: GateSettings) -> Admit:
+    """Admit `open` (no pressure read, or usage unknown): the next waiter may pass too, and
+    a session that already owns a window keeps and renews it."""
+    keep = knobs.retain_session and view.reserved and not view.anonymous
+    return Admit(AdmissionReason.OPEN, reserve=keep, wake_next=True)
 
 
 # ---------------------------------------------------------------- seed policy
@@ -372,12 +382,14 @@ def seed_decide(
     With retain_session, `reserved_session` and `resident_prefix` hold a reservation.
     """
     if usage is None:
-        return Admit(AdmissionReason.OPEN, reserve=_keep(view, knobs))
+        return _open(view, knobs)
     pressure = usage.kv_cache_usage >= knobs.high_watermark
     if view.anonymous:
-        return Wait("anonymous request above the watermark") if pressure else Admit(AdmissionReason.ANONYMOUS)
+        if pressure:
+            return Wait("anonymous request above the watermark")
+        return Admit(AdmissionReason.ANONYMOUS, wake_next=True)
     if not pressure:
-        return Admit(AdmissionReason.OPEN, reserve=_keep(view, knobs))
+        return _open(view, knobs)
     if view.reserved:
         return Admit(AdmissionReason.RESERVED_SESSION, reserve=knobs.retain_session)
     if prefix is None:
@@ -419,6 +431,14 @@ def bounded_footprint(view: GateView, usage: UsageReading, knobs: GateSettings) 
         if prompt_blocks > usage.num_free_blocks - view.idle_reserved_blocks - knobs.headroom_blocks:
             return None
     return footprint
+
+
+def reprice_threshold(usage: UsageReading, knobs: GateSettings) -> int:
+    """Window blocks above which a window priced at its upper bound gets its exact price
+    (`Admit.reprice_above`): half the usable blocks. Below that, over-priced windows
+    cannot hold anyone back (a bound that fits skips the probe), so no probe is spent."""
+    assert usage.num_total_blocks is not None
+    return (usage.num_total_blocks - knobs.headroom_blocks) // 2
 
 
 def window_footprint(view: GateView, usage: UsageReading, prefix: PrefixReading, knobs: GateSettings) -> int:
@@ -488,7 +508,7 @@ def contract_decide(
     admissions hold no window).
     """
     if usage is None:
-        return Admit(AdmissionReason.OPEN, reserve=_keep(view, knobs))
+        return _open(view, knobs)
     if view.anonymous or not usage.has_blocks:
         return seed_decide(view, usage, prefix, knobs)
     if not view.reserved and view.waiters_ahead:
@@ -499,6 +519,7 @@ def contract_decide(
             AdmissionReason.RESERVED_SESSION if view.reserved else AdmissionReason.CONTRACT_FITS,
             reserve=knobs.retain_session,
             resident_blocks=bounded,
+            reprice_above=reprice_threshold(usage, knobs),
         )
     if prefix is None:
         if view.reserved:  # cannot re-price it: keep the window at its last footprint

@@ -52,13 +52,13 @@ ANON = GateView(anonymous=True)
 @pytest.mark.parametrize(
     "view, usage, prefix, expected",
     [
-        (NAMED, None, None, Admit(AdmissionReason.OPEN)),  # usage unknown
-        (RESERVED, None, None, Admit(AdmissionReason.OPEN, reserve=True)),  # ... keeps its window
-        (ANON, None, None, Admit(AdmissionReason.OPEN)),
-        (ANON, LOW, None, Admit(AdmissionReason.ANONYMOUS)),  # anonymous below
+        (NAMED, None, None, Admit(AdmissionReason.OPEN, wake_next=True)),  # usage unknown
+        (RESERVED, None, None, Admit(AdmissionReason.OPEN, reserve=True, wake_next=True)),  # ... keeps its window
+        (ANON, None, None, Admit(AdmissionReason.OPEN, wake_next=True)),
+        (ANON, LOW, None, Admit(AdmissionReason.ANONYMOUS, wake_next=True)),  # anonymous below
         (ANON, HIGH, HOT, Wait("anonymous request above the watermark")),  # anonymous above: watermark only
-        (NAMED, LOW, None, Admit(AdmissionReason.OPEN)),  # below the watermark
-        (RESERVED, LOW, None, Admit(AdmissionReason.OPEN, reserve=True)),  # window kept and renewed
+        (NAMED, LOW, None, Admit(AdmissionReason.OPEN, wake_next=True)),  # below the watermark
+        (RESERVED, LOW, None, Admit(AdmissionReason.OPEN, reserve=True, wake_next=True)),  # window kept and renewed
         (RESERVED, HIGH, None, Admit(AdmissionReason.RESERVED_SESSION, reserve=True)),
         (NAMED, HIGH, None, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
         (NAMED, HIGH, HOT, Admit(AdmissionReason.RESIDENT_PREFIX, reserve=True, resident_blocks=20)),
@@ -76,7 +76,7 @@ def test_seed_without_retain_session_never_reserves():
         AdmissionReason.RESIDENT_PREFIX, reserve=False, resident_blocks=20
     )
     assert SEED.decide(RESERVED, HIGH, None, knobs) == Admit(AdmissionReason.RESERVED_SESSION, reserve=False)
-    assert SEED.decide(RESERVED, LOW, None, knobs) == Admit(AdmissionReason.OPEN, reserve=False)
+    assert SEED.decide(RESERVED, LOW, None, knobs) == Admit(AdmissionReason.OPEN, reserve=False, wake_next=True)
 
 
 @pytest.mark.parametrize(
@@ -100,19 +100,19 @@ def test_seed_asks_prefix_only_above_watermark_for_unreserved_sessions(view, usa
 @pytest.mark.parametrize(
     "view, usage, prefix, expected",
     [
-        (NAMED, None, None, Admit(AdmissionReason.OPEN)),
-        (RESERVED, None, None, Admit(AdmissionReason.OPEN, reserve=True)),
-        (ANON, LOW, None, Admit(AdmissionReason.ANONYMOUS)),
+        (NAMED, None, None, Admit(AdmissionReason.OPEN, wake_next=True)),
+        (RESERVED, None, None, Admit(AdmissionReason.OPEN, reserve=True, wake_next=True)),
+        (ANON, LOW, None, Admit(AdmissionReason.ANONYMOUS, wake_next=True)),
         (ANON, HIGH, None, Wait("anonymous request above the watermark")),
         # an owner whose prefix probe failed keeps its window as last priced, at any usage
         (RESERVED, LOW, None, Admit(AdmissionReason.RESERVED_SESSION, reserve=True)),
         (RESERVED, HIGH, None, Admit(AdmissionReason.RESERVED_SESSION, reserve=True)),
         (RESERVED, HIGH_NO_BLOCKS, None, Admit(AdmissionReason.RESERVED_SESSION, reserve=True)),
         # no block counts (/metrics fallback): the seed policy decides
-        (NAMED, LOW_NO_BLOCKS, None, Admit(AdmissionReason.OPEN)),
+        (NAMED, LOW_NO_BLOCKS, None, Admit(AdmissionReason.OPEN, wake_next=True)),
         (NAMED, HIGH_NO_BLOCKS, None, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
         # prefix probe failed: the seed policy decides
-        (NAMED, LOW, None, Admit(AdmissionReason.OPEN)),
+        (NAMED, LOW, None, Admit(AdmissionReason.OPEN, wake_next=True)),
         (NAMED, HIGH, None, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
     ],
 )
@@ -139,7 +139,7 @@ def test_contract_waits_below_watermark_when_idle_windows_hold_the_free_blocks()
     view = GateView(idle_reserved_blocks=70)
     prompt = PrefixReading(total_blocks=12, hit_blocks=0, hit_ratio=0.0)
     assert isinstance(CONTRACT.decide(view, usage, prompt, KNOBS), Wait)
-    assert SEED.decide(view, usage, prompt, KNOBS) == Admit(AdmissionReason.OPEN)
+    assert SEED.decide(view, usage, prompt, KNOBS) == Admit(AdmissionReason.OPEN, wake_next=True)
 
 
 def test_contract_hot_prefix_needs_only_its_new_blocks():
@@ -404,7 +404,9 @@ def test_contract_newcomers_wait_in_fifo_order_owners_do_not():
         AdmissionReason.RESERVED_SESSION, reserve=True, resident_blocks=10
     )
     # the fallbacks ignore the queue, as the seed policy does
-    assert CONTRACT.decide(GateView(waiters_ahead=2), LOW_NO_BLOCKS, None, KNOBS) == Admit(AdmissionReason.OPEN)
+    assert CONTRACT.decide(GateView(waiters_ahead=2), LOW_NO_BLOCKS, None, KNOBS) == Admit(
+        AdmissionReason.OPEN, wake_next=True
+    )
 
 
 # ------------------------------------------ no-pressure path (bounded price)
@@ -467,15 +469,20 @@ def test_history_bound(view, expected):
 
 
 def test_contract_admits_a_bounded_turn_without_the_probe_and_prices_it_at_the_bound():
+    # 100 usable blocks: the exact price is asked for once the windows hold more than 50
     view = GateView(prompt_bound_tokens=600)
     assert not contract_needs_prefix_probe(view, SMALL_BLOCKS, GateSettings())
     assert contract_decide(view, SMALL_BLOCKS, None, GateSettings()) == Admit(
-        AdmissionReason.CONTRACT_FITS, reserve=True, resident_blocks=38
+        AdmissionReason.CONTRACT_FITS, reserve=True, resident_blocks=38, reprice_above=50
     )
     owner = GateView(reserved=True, prompt_bound_tokens=600)
     assert contract_decide(owner, SMALL_BLOCKS, None, GateSettings()) == Admit(
-        AdmissionReason.RESERVED_SESSION, reserve=True, resident_blocks=38
+        AdmissionReason.RESERVED_SESSION, reserve=True, resident_blocks=38, reprice_above=50
     )
+    # headroom comes off the usable blocks first: (100 - 4) // 2
+    assert contract_decide(view, SMALL_BLOCKS, None, KNOBS).reprice_above == 48
+    # a body without a bound is priced exactly, from its prefix reading: final
+    assert contract_decide(GateView(), ROOMY, tokens(600), KNOBS).reprice_above is None
     crowded = GateView(prompt_bound_tokens=600, older_window_blocks=80)
     assert contract_needs_prefix_probe(crowded, SMALL_BLOCKS, GateSettings())
 
