@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from kvgate.gate.blocks import cdiv
 from kvgate.gate.policies import GateView, quiet_lifetime
 
 
@@ -201,7 +202,7 @@ class SessionBook:
         """Mean growth per turn observed on this replica, rounded up; 0 before any observation."""
         if not self.growth_observed:
             return 0
-        return -(-self.growth_sum // self.growth_observed)
+        return cdiv(self.growth_sum, self.growth_observed)
 
     def _record_size(self, rec: SessionRecord, prompt_tokens: int | None, prompt_bound: int | None = None) -> None:
         """Record an admitted turn's prompt size; a size that differs from the last is a growth observation."""

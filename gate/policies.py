@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from kvgate.gate.blocks import cdiv
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.proxy.settings import GateSettings
 
@@ -244,8 +245,8 @@ def footprint_blocks(prefix: PrefixReading, usage: UsageReading, max_output_toke
     if not block_size:
         return prefix.total_blocks
     if prefix.total_tokens:
-        return -(-(prefix.total_tokens + max_output_tokens + growth_tokens) // block_size)
-    return prefix.total_blocks + -(-(max_output_tokens + growth_tokens) // block_size)
+        return cdiv(prefix.total_tokens + max_output_tokens + growth_tokens, block_size)
+    return prefix.total_blocks + cdiv(max_output_tokens + growth_tokens, block_size)
 
 
 def turn_growth_tokens(
@@ -343,7 +344,7 @@ def evicted_window_blocks(view: GateView, usage: UsageReading, prefix: PrefixRea
     at most the windows' blocks.
     """
     block_size = usage.block_size or 1
-    need = prefix.new_blocks + -(-view.max_output_tokens // block_size)
+    need = prefix.new_blocks + cdiv(view.max_output_tokens, block_size)
     windows = view.older_window_blocks
     spare = usable - windows
     by_books = min(windows, need - max(0, spare))
@@ -423,7 +424,7 @@ def bounded_footprint(view: GateView, usage: UsageReading, knobs: GateSettings) 
     assert usage.num_total_blocks is not None and usage.num_free_blocks is not None
     growth = view.last_growth_tokens if view.last_prompt_tokens is not None else view.mean_growth_tokens
     tokens = bound + view.max_output_tokens + growth
-    footprint = -(-tokens // usage.block_size)
+    footprint = cdiv(tokens, usage.block_size)
     if footprint + view.older_window_blocks > usage.num_total_blocks - knobs.headroom_blocks:
         return None
     if not view.reserved:
