@@ -42,7 +42,6 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 from kvgate.gate.blocks import cdiv
 from kvgate.gate.policies import GateView, quiet_lifetime
@@ -70,7 +69,7 @@ class SessionRecord:
     in_flight: int = 0
     reserved: bool = False
     resident_blocks: int = 0
-    attempt: Any = None  # the newest attempt still acquiring (an opaque token of the shell)
+    attempt: object | None = None  # the newest attempt still acquiring (the shell's token, compared by identity)
     finished: bool = False
     idle_since: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
@@ -84,7 +83,7 @@ class SessionRecord:
     last_gap: float | None = None
     quiet_deadline: float | None = None  # while idle with a window: when the window ends
     idle_gen: int = 0  # bumped at every idle period: heap entries of older periods are stale
-    opener: Any = None  # the attempt whose admission opened the window, until a turn of it is served
+    opener: object | None = None  # the attempt whose admission opened the window, until a turn of it is served
     last_window_end: WindowEnd | None = None  # the cause its last window ended with
 
     @property
@@ -240,7 +239,7 @@ class SessionBook:
             prompt_bound_tokens=prompt_bound_tokens,
         )
 
-    def begin_attempt(self, key: str, attempt: Any, now: float) -> tuple[SessionRecord, Any]:
+    def begin_attempt(self, key: str, attempt: object, now: float) -> tuple[SessionRecord, object | None]:
         """Make `attempt` the session's newest; return the record and the attempt it replaces."""
         rec = self.records.get(key)
         if rec is None:
@@ -263,7 +262,7 @@ class SessionBook:
         replica = self.replica_gap_ewma
         self.replica_gap_ewma = gap if replica is None else replica + GAP_EWMA_WEIGHT * (gap - replica)
 
-    def end_attempt(self, rec: SessionRecord, attempt: Any, now: float) -> SessionRecord | None:
+    def end_attempt(self, rec: SessionRecord, attempt: object, now: float) -> SessionRecord | None:
         """The attempt stopped acquiring without a lease; returns the record if that ended it."""
         if rec.attempt is not attempt or self.records.get(rec.key) is not rec:
             return None
@@ -325,7 +324,7 @@ class SessionBook:
         return shrank
 
     def release(
-        self, rec: SessionRecord | None, now: float, attempt: Any = None, served: bool = True
+        self, rec: SessionRecord | None, now: float, attempt: object | None = None, served: bool = True
     ) -> SessionRecord | None:
         """A lease ended; returns the record if that ended the session (it was finished).
 

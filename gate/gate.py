@@ -40,11 +40,12 @@ import asyncio
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 import orjson
+from prometheus_client import Counter, Histogram
 
 from kvgate.gate.book import SessionBook, SessionRecord, WindowEnd
 from kvgate.gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
@@ -63,7 +64,7 @@ from kvgate.gate.policies import (
     window_footprint,
 )
 from kvgate.gate.probe import Probe
-from kvgate.gate.readings import UsageReading
+from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.route_prompts import body_holds_prompt
 from kvgate.proxy.metrics import KvgateMetrics
 from kvgate.proxy.settings import GateSettings
@@ -161,7 +162,7 @@ class Gate:
         self._attempts: set[Attempt] = set()
         self._closed: AdmissionError | None = None
         self._metrics = metrics
-        self._admissions: dict[str, Any] = {}
+        self._admissions: dict[str, Counter] = {}
         self._wait_hist = metrics.admission_wait.labels(name)
         self._pending_gauge = metrics.pending_sessions.labels(name)
         self._reserved_gauges = (
@@ -176,14 +177,14 @@ class Gate:
         # Operator metrics (docs/observability.md): wait by reason, oldest waiter, re-prefill.
         operator = metrics.operator
         self._reason_wait_metric = operator.admission_reason_wait
-        self._reason_waits: dict[str, Any] = {}
+        self._reason_waits: dict[str, Histogram] = {}
         self._reprefill = operator.reprefill_tokens.labels(name)
         self._oldest_waiter = operator.oldest_waiter_seconds.labels(name)
         self._oldest_waiter.set_function(self.oldest_waiter_age)
 
     # ------------------------------------------------------------------ acquire
 
-    async def acquire(self, session_key: str | None, route_kind: str, body: dict[str, Any]) -> Lease:
+    async def acquire(self, session_key: str | None, route_kind: str, body: Mapping[str, object]) -> Lease:
         """Admit one request of `session_key` (None: anonymous) or raise an AdmissionError."""
         if self._closed is not None:
             raise self._closed
@@ -203,7 +204,7 @@ class Gate:
         record: SessionRecord | None = None
         if session_key is not None:
             record, previous = self._book.begin_attempt(session_key, attempt, start)
-            if previous is not None:
+            if isinstance(previous, Attempt):  # the book keeps this gate's attempts
                 self._preempt(previous)
         self._attempts.add(attempt)
         deadline = start + self._max_wait if self._max_wait is not None else None
@@ -256,21 +257,27 @@ class Gate:
         self,
         record: SessionRecord | None,
         route_kind: str,
-        body: dict[str, Any],
+        body: Mapping[str, object],
         allowance: int,
-        usage: UsageReading,
+        usage: UsageReading | None,
         bound: int | None,
     ) -> None:
         """Get the exact price of a window admitted at its upper bound (no probe on the turn's
         path) from a prefix probe that runs beside the forwarded turn."""
-        if record is None:
+        if record is None or usage is None:  # never both with a bound price: anonymous or unknown usage
             return
         task = asyncio.ensure_future(self._reprice(record, route_kind, body, allowance, usage, bound))
         self._repricing.add(task)
         task.add_done_callback(self._repricing.discard)
 
     async def _reprice(
-        self, record: SessionRecord, route_kind: str, body: dict[str, Any], allowance: int, usage: Any, bound: int
+        self,
+        record: SessionRecord,
+        route_kind: str,
+        body: Mapping[str, object],
+        allowance: int,
+        usage: UsageReading,
+        bound: int | None,
     ) -> None:
         prefix = await self.probe.prefix(route_kind, body)
         if prefix is None or not prefix.total_tokens:
@@ -286,7 +293,7 @@ class Gate:
         attempt: Attempt,
         allowance: int,
         bound: int | None,
-        usage: Any = None,
+        usage: UsageReading | None = None,
         start: float | None = None,
     ) -> GateView:
         view = self._book.view(record, allowance, self._waiters_ahead(attempt), bound)
@@ -459,8 +466,9 @@ class Gate:
 
     def _wake_one(self) -> None:
         for waiter in self._queue:
-            if not waiter.event.is_set():  # queued waiters always have an event
-                waiter.event.set()
+            event = waiter.event  # queued waiters always have one (made before queueing)
+            if event is not None and not event.is_set():
+                event.set()
                 return
 
     def _preempt(self, previous: Attempt) -> None:
@@ -569,7 +577,7 @@ class Gate:
         oldest = next(iter(self._queue), None)  # the queue keeps arrival order
         return max(0.0, self._now() - oldest.queued_at) if oldest is not None else 0.0
 
-    def _count_reprefill(self, record: SessionRecord, prefix: Any, usage: Any) -> None:
+    def _count_reprefill(self, record: SessionRecord, prefix: PrefixReading, usage: UsageReading | None) -> None:
         """Count the tokens this admitted turn prefills again (before its size is recorded)."""
         block_size = usage.block_size if usage is not None else None
         tokens = reprefill_tokens(record.prompt_tokens, prefix.total_tokens, prefix.hit_blocks, block_size)
@@ -593,7 +601,9 @@ class Gate:
         """This gate's part of /admin/state."""
         self._purge(self._now())
         now = self._now()
-        in_flight, idle, sessions = [], [], {}
+        in_flight: list[str] = []
+        idle: list[str] = []
+        sessions: dict[str, dict[str, Any]] = {}
         for key, rec in self._book.windows.items():  # oldest window first
             (in_flight if rec.in_flight else idle).append(key)
         for key, rec in self._book.records.items():
@@ -615,7 +625,7 @@ class Gate:
                 "quiet_lifetime_sec": round(self._book.quiet_lifetime(rec), 3),
                 "last_window_end": rec.last_window_end,
             }
-        pending = [k for k, rec in self._book.records.items() if rec.attempt is not None and rec.attempt.queued]
+        pending = [k for k, rec in self._book.records.items() if rec.attempt is not None and rec.attempt in self._queue]
         anonymous_waiting = len(self._queue) - len(pending)
         return {
             "mode": self.settings.mode,

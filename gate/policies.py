@@ -29,10 +29,9 @@ same functions in virtual time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from kvgate.gate.blocks import cdiv
 from kvgate.gate.readings import PrefixReading, UsageReading
@@ -166,7 +165,7 @@ class Policy:
     reads_prompt_bound: bool = False
 
 
-def output_allowance(body: dict[str, Any]) -> int:
+def output_allowance(body: Mapping[str, object]) -> int:
     """Output tokens a request may generate: `max_completion_tokens`, else `max_tokens`
     (chat, completion, Anthropic messages), else `max_output_tokens` (Responses), else 0.
 
