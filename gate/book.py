@@ -2,7 +2,8 @@
 
 One `SessionRecord` per named session that is active on the replica (acquiring, in
 flight) or was active within the last `idle_grace_sec`. A record carries the
-session's reservation (its ownership window), its admission reason counts and its
+session's window (its claim on the replica's KV cache between turns, priced at its
+footprint in blocks), its admission reason counts and its
 `num_preempted`. The async gate (`gate.gate`) is the shell that probes and waits; every
 state change goes through a `SessionBook` method, which keeps these invariants:
 
@@ -23,11 +24,11 @@ state change goes through a `SessionBook` method, which keeps these invariants:
   grace, lost, revoked); `take_window_ends()` hands the new ones to the shell.
 - `leases` counts every lease not yet released, anonymous ones included;
   `idle_since_replica` is when it last dropped to 0 (None while a lease is out).
-- `reserved_in_flight`, `reserved_idle` count reserved records with / without a lease
-  in flight; `idle_reserved_blocks` sums the resident blocks of the reserved idle ones.
-- `windows` holds exactly the reserved records, in the order their ownership began
-  (a window that ends and begins again goes to the back). A record's
-  `resident_blocks` is its window's footprint; `window_blocks` sums them, and
+- `windows_in_flight`, `windows_idle` count records holding a window with / without a
+  lease in flight; `idle_window_blocks` sums the footprints of the idle ones.
+- `windows` holds exactly the records that hold a window, in the order their windows
+  opened (a window that ends and opens again goes to the back). A record's
+  `footprint` is its window's price in blocks; `window_blocks` sums them, and
   `older_window_blocks(rec)` sums those ranked before `rec` (O(windows): tens).
 - A record's `prompt_tokens` / `growth_tokens` are the session's recorded sizes (the
   prompt of its last admitted turn with a prefix reading, and how much it grew since
@@ -67,8 +68,8 @@ GAP_EWMA_WEIGHT = 0.5  # weight of the newest gap: a session's rhythm follows it
 class SessionRecord:
     key: str
     in_flight: int = 0
-    reserved: bool = False
-    resident_blocks: int = 0
+    has_window: bool = False
+    footprint: int = 0  # the window's price in blocks (/admin/state: resident_blocks)
     attempt: object | None = None  # the newest attempt still acquiring (the shell's token, compared by identity)
     finished: bool = False
     idle_since: float = 0.0
@@ -104,9 +105,9 @@ class SessionBook:
         self.idle_since_replica: float | None = 0.0
         self.records: dict[str, SessionRecord] = {}
         self.idle: OrderedDict[str, SessionRecord] = OrderedDict()
-        self.reserved_in_flight = 0
-        self.reserved_idle = 0
-        self.idle_reserved_blocks = 0
+        self.windows_in_flight = 0
+        self.windows_idle = 0
+        self.idle_window_blocks = 0
         self.leases = 0
         self.windows: OrderedDict[str, SessionRecord] = OrderedDict()
         self.growth_observed = 0  # growth observations, and their sum in tokens
@@ -115,27 +116,27 @@ class SessionBook:
     # -- classification: every mutation is bracketed by _leave / _enter
 
     def _leave(self, rec: SessionRecord) -> None:
-        if rec.reserved:
+        if rec.has_window:
             if rec.in_flight:
-                self.reserved_in_flight -= 1
+                self.windows_in_flight -= 1
             else:
-                self.reserved_idle -= 1
-                self.idle_reserved_blocks -= rec.resident_blocks
+                self.windows_idle -= 1
+                self.idle_window_blocks -= rec.footprint
         self.idle.pop(rec.key, None)
 
     def _enter(self, rec: SessionRecord, now: float) -> None:
-        if rec.reserved:
+        if rec.has_window:
             if rec.in_flight:
-                self.reserved_in_flight += 1
+                self.windows_in_flight += 1
             else:
-                self.reserved_idle += 1
-                self.idle_reserved_blocks += rec.resident_blocks
+                self.windows_idle += 1
+                self.idle_window_blocks += rec.footprint
         if rec.is_idle:
             rec.idle_since = now
             rec.idle_gen += 1
             self.idle[rec.key] = rec
             rec.quiet_deadline = None
-            if rec.reserved:
+            if rec.has_window:
                 rec.quiet_deadline = now + self.quiet_lifetime(rec)
                 self._schedule(rec, rec.quiet_deadline)
             self._schedule(rec, now + self.grace)
@@ -162,38 +163,38 @@ class SessionBook:
 
     def _end(self, rec: SessionRecord) -> SessionRecord:
         self._leave(rec)
-        self.windows.pop(rec.key, None)  # rec.reserved stays: the caller reads it
-        if rec.reserved:
+        self.windows.pop(rec.key, None)  # rec.has_window stays: the caller reads it
+        if rec.has_window:
             self._window_ended(WindowEnd.GRACE, rec)
         del self.records[rec.key]
         if not self.records:
             self._deadlines.clear()
         return rec
 
-    def _set_reserved(self, rec: SessionRecord, reserved: bool) -> None:
+    def _set_window(self, rec: SessionRecord, has_window: bool) -> None:
         """Begin or end the record's window (call between _leave and _enter)."""
-        if reserved and not rec.reserved:
+        if has_window and not rec.has_window:
             self.windows[rec.key] = rec
-        elif rec.reserved and not reserved:
+        elif rec.has_window and not has_window:
             self.windows.pop(rec.key, None)
-        rec.reserved = reserved
+        rec.has_window = has_window
 
     # -- the contract policy's books
 
     @property
     def window_blocks(self) -> int:
         """Footprints of every window, in flight or idle."""
-        return sum(rec.resident_blocks for rec in self.windows.values())
+        return sum(rec.footprint for rec in self.windows.values())
 
     def older_window_blocks(self, rec: SessionRecord | None) -> int:
-        """Footprints of the windows whose ownership began before `rec`'s; all of them if it owns none."""
-        if rec is None or not rec.reserved:
+        """Footprints of the windows opened before `rec`'s; all of them if it holds none."""
+        if rec is None or not rec.has_window:
             return self.window_blocks
         total = 0
         for other in self.windows.values():
             if other is rec:
                 return total
-            total += other.resident_blocks
+            total += other.footprint
         raise AssertionError(f"reserved record {rec.key!r} missing from the windows")
 
     @property
@@ -225,10 +226,10 @@ class SessionBook:
     ) -> GateView:
         if rec is None:
             return GateView(anonymous=True, max_output_tokens=max_output_tokens)
-        own = rec.resident_blocks if rec.reserved and not rec.in_flight else 0
+        own = rec.footprint if rec.has_window and not rec.in_flight else 0
         return GateView(
-            reserved=rec.reserved,
-            idle_reserved_blocks=self.idle_reserved_blocks - own,
+            has_window=rec.has_window,
+            idle_window_blocks=self.idle_window_blocks - own,
             older_window_blocks=self.older_window_blocks(rec),
             max_output_tokens=max_output_tokens,
             waiters_ahead=waiters_ahead,
@@ -297,13 +298,13 @@ class SessionBook:
         if rec.attempt is attempt:
             rec.attempt = None
         rec.in_flight += 1
-        if window and not rec.reserved:
+        if window and not rec.has_window:
             rec.opener = attempt
-        elif not window and rec.reserved:
+        elif not window and rec.has_window:
             self._window_ended(WindowEnd.REVOKED, rec)
-        self._set_reserved(rec, window)
+        self._set_window(rec, window)
         if price is not None:
-            rec.resident_blocks = price
+            rec.footprint = price
         rec.reasons[label] = rec.reasons.get(label, 0) + 1
         self._record_size(rec, prompt_tokens, prompt_bound)
         self._enter(rec, now)
@@ -313,13 +314,13 @@ class SessionBook:
         one (contract policy, no-pressure path); True if the window shrank.
 
         Only while the turn is in flight: an idle window's price counts in
-        `idle_reserved_blocks` and its place in `idle`, which this must not disturb (its
+        `idle_window_blocks` and its place in `idle`, which this must not disturb (its
         next turn prices it again).
         """
-        if self.records.get(rec.key) is not rec or not rec.reserved or not rec.in_flight:
+        if self.records.get(rec.key) is not rec or not rec.has_window or not rec.in_flight:
             return False
-        shrank = footprint < rec.resident_blocks
-        rec.resident_blocks = footprint
+        shrank = footprint < rec.footprint
+        rec.footprint = footprint
         self._record_size(rec, prompt_tokens, prompt_bound)
         return shrank
 
@@ -343,16 +344,16 @@ class SessionBook:
         if attempt is not None and rec.opener is attempt:
             if served:
                 rec.opener = None
-            elif rec.reserved:
+            elif rec.has_window:
                 self._window_ended(WindowEnd.REVOKED, rec)
-                self._set_reserved(rec, False)
+                self._set_window(rec, False)
         if served and not rec.in_flight:
             rec.turn_ended_at = now
         self._enter(rec, now)
         return self._end(rec) if rec.finished and rec.is_idle else None
 
     def finish(self, key: str, now: float, cause: WindowEnd = WindowEnd.FINISH) -> tuple[bool, SessionRecord | None]:
-        """End the session's window; returns (it held a reservation, the record if it ended now).
+        """End the session's window; returns (it held a window, the record if it ended now).
 
         A session with a lease in flight or an attempt acquiring ends when that stops.
         Unknown sessions are a no-op.
@@ -361,21 +362,21 @@ class SessionBook:
         if rec is None:
             return False, None
         self._leave(rec)
-        was_reserved = rec.reserved
-        if was_reserved:
+        had_window = rec.has_window
+        if had_window:
             self._window_ended(cause, rec)
-        self._set_reserved(rec, False)
+        self._set_window(rec, False)
         rec.finished = True
         self._enter(rec, now)
-        return was_reserved, (self._end(rec) if rec.is_idle else None)
+        return had_window, (self._end(rec) if rec.is_idle else None)
 
     def drop_window(self, rec: SessionRecord, now: float, cause: WindowEnd = WindowEnd.LOST) -> bool:
         """Take the session's window back (the session keeps its record); True if it had one."""
-        if not rec.reserved or self.records.get(rec.key) is not rec:
+        if not rec.has_window or self.records.get(rec.key) is not rec:
             return False
         self._leave(rec)
         self._window_ended(cause, rec)
-        self._set_reserved(rec, False)
+        self._set_window(rec, False)
         if cause == WindowEnd.LOST:
             rec.windows_lost += 1
         self._enter(rec, now)
@@ -394,14 +395,14 @@ class SessionBook:
             if rec is None or rec.idle_gen != gen or not rec.is_idle:
                 continue  # stale: the record ended, or became active since
             if now - rec.idle_since >= self.grace:
-                windows_ended |= rec.reserved
+                windows_ended |= rec.has_window
                 ended.append(self._end(rec))
-            elif rec.reserved and rec.quiet_deadline is not None and rec.quiet_deadline <= now:
+            elif rec.has_window and rec.quiet_deadline is not None and rec.quiet_deadline <= now:
                 # The window ends; the record stays idle (same period) until its grace.
-                self.reserved_idle -= 1
-                self.idle_reserved_blocks -= rec.resident_blocks
+                self.windows_idle -= 1
+                self.idle_window_blocks -= rec.footprint
                 self._window_ended(WindowEnd.QUIET, rec)
-                self._set_reserved(rec, False)
+                self._set_window(rec, False)
                 rec.quiet_deadline = None
                 windows_ended = True
         return ended, windows_ended

@@ -22,7 +22,7 @@ Invariants (each has a test):
 - A `Wait(drop_window=True)` takes the session's window back before it waits; so does
   a `Reject`: a session never holds a window while it waits or after it was refused.
 - Expired windows are purged lazily, by whichever acquire, wake, release or look at
-  the state comes next; purging a reservation wakes a waiter.
+  the state comes next; purging a window wakes a waiter.
 - A route without a prompt (`GET /v1/models`) is admitted `open` with no probe and no
   session bookkeeping: it neither opens nor renews a window. A lease released with
   `served=False` (no prompt was served) ends the window its admission opened.
@@ -30,7 +30,7 @@ Invariants (each has a test):
   window ends when its session goes quiet (`SessionBook`), and a waiter whose policy
   names a `recheck_sec` (the work-conserving rule) re-decides by then.
 - mode `off`: admit `open` with no probe and no session bookkeeping. mode `shadow`:
-  decide as `enforce` would (reservations included), record `shadow_<reason>`
+  decide as `enforce` would (windows included), record `shadow_<reason>`
   (`shadow_wait`, `shadow_prompt_too_long`), never hold or reject.
 """
 
@@ -165,7 +165,7 @@ class Gate:
         self._admissions: dict[str, Counter] = {}
         self._wait_hist = metrics.admission_wait.labels(name)
         self._pending_gauge = metrics.pending_sessions.labels(name)
-        self._reserved_gauges = (
+        self._window_gauges = (
             metrics.reserved_sessions.labels(name, "in_flight"),
             metrics.reserved_sessions.labels(name, "idle"),
         )
@@ -251,7 +251,7 @@ class Gate:
                 ended = self._book.end_attempt(record, attempt, self._now())
                 if ended is not None:
                     self._session_ended(ended)
-                self._publish_reserved()
+                self._publish_windows()
 
     def _reprice_later(
         self,
@@ -285,7 +285,7 @@ class Gate:
         footprint = max(window_footprint(self._book.view(record, allowance), usage, prefix, self.settings), 0)
         if self._book.reprice(record, footprint, prefix.total_tokens, bound):
             self._blocks_freed(self._now())
-            self._publish_reserved()
+            self._publish_windows()
 
     def _view(
         self,
@@ -334,8 +334,8 @@ class Gate:
                 attempt,
                 f"shadow_{decision.reason}",
                 start,
-                window=decision.reserve,
-                price=decision.resident_blocks,
+                window=decision.window,
+                price=decision.footprint,
                 tokens=tokens,
                 bound=bound,
             )
@@ -357,8 +357,8 @@ class Gate:
             attempt,
             decision.reason.value,  # plain str: a JSON key in /admin/state
             start,
-            window=decision.reserve,
-            price=decision.resident_blocks,
+            window=decision.window,
+            price=decision.footprint,
             wake_next=decision.wake_next,
             tokens=tokens,
             bound=bound,
@@ -379,7 +379,7 @@ class Gate:
     ) -> Lease:
         """Book an admission under `label` (its `x-kvgate-admission` value) and hand out its lease.
 
-        window, price: the session's window for the turn (`Admit.reserve`, `Admit.resident_blocks`).
+        window, price: the session's window for the turn (`Admit.window`, `Admit.footprint`).
         wake_next: wake the next waiter too (`Admit.wake_next`); a queued attempt that is
         admitted always does, since the head of the queue moved.
         tokens: the prompt size of the turn's prefix reading, recorded for the session's growth
@@ -393,7 +393,7 @@ class Gate:
             self._blocks_freed(now)  # a window shrank or ended: a waiter may fit now
         self._count_admission(label, wait)
         if record is not None:
-            self._publish_reserved()
+            self._publish_windows()
         if self._queue and (attempt.queued or wake_next):
             if attempt.queued:
                 self._dequeue(attempt)
@@ -490,7 +490,7 @@ class Gate:
             self._session_ended(ended)
         self._purge(now)
         if record is not None:
-            self._publish_reserved()
+            self._publish_windows()
         if self._queue:
             self._wake_one()
 
@@ -506,16 +506,16 @@ class Gate:
             return
         now = self._now()
         if self._book.drop_window(record, now, cause):
-            self._publish_reserved()
+            self._publish_windows()
             self._blocks_freed(now)
 
     def finish_session(self, session_key: str, cause: WindowEnd = WindowEnd.FINISH) -> None:
         """End the session's window here; no-op for a session this gate does not know."""
-        was_reserved, ended = self._book.finish(session_key, self._now(), cause)
+        had_window, ended = self._book.finish(session_key, self._now(), cause)
         if ended is not None:
             self._session_ended(ended)
-        self._publish_reserved()
-        if was_reserved:
+        self._publish_windows()
+        if had_window:
             self._blocks_freed(self._now())
 
     def _purge(self, now: float) -> None:
@@ -526,23 +526,23 @@ class Gate:
             return
         for record in ended:
             self._session_ended(record)
-        self._publish_reserved()
+        self._publish_windows()
         if windows_ended:
             self._blocks_freed(now)
 
     def _session_ended(self, record: SessionRecord) -> None:
         self._metrics.session_preemptions.observe(record.num_preempted)
 
-    def _publish_reserved(self) -> None:
-        """Publish the reserved-session gauges and count the windows ended since the last call."""
+    def _publish_windows(self) -> None:
+        """Publish the window gauges (`kvgate_reserved_sessions`) and count the windows ended since the last call."""
         if self._book._new_window_ends:
             for cause in self._book.take_window_ends():
                 self._window_ends[cause].inc()
-        counts = (self._book.reserved_in_flight, self._book.reserved_idle)
+        counts = (self._book.windows_in_flight, self._book.windows_idle)
         if counts != self._published:  # most calls change nothing: skip the gauges' locks
             self._published = counts
-            self._reserved_gauges[0].set(counts[0])
-            self._reserved_gauges[1].set(counts[1])
+            self._window_gauges[0].set(counts[0])
+            self._window_gauges[1].set(counts[1])
 
     # -------------------------------------------------------------------- close
 
@@ -591,7 +591,7 @@ class Gate:
         self._purge(self._now())
         return {
             "leases": self._book.leases,
-            "reservations": self._book.reserved_in_flight + self._book.reserved_idle,
+            "reservations": self._book.windows_in_flight + self._book.windows_idle,
             "waiters": len(self._queue),
             "attempts": len(self._attempts),
             "sessions": len(self._book.records),
@@ -612,14 +612,14 @@ class Gate:
                 "num_preempted": rec.num_preempted,
                 "windows_lost": rec.windows_lost,
                 "in_flight": rec.in_flight,
-                "reserved": rec.reserved,
-                "resident_blocks": rec.resident_blocks,
+                "reserved": rec.has_window,
+                "resident_blocks": rec.footprint,
                 "growth_tokens": rec.growth_tokens,
                 "idle_sec": round(now - rec.idle_since, 3) if rec.is_idle else None,
                 "gap_sec": None if rec.gap_ewma is None else round(rec.gap_ewma, 3),
                 "quiet_in_sec": (
                     round(rec.quiet_deadline - now, 3)
-                    if rec.is_idle and rec.reserved and rec.quiet_deadline is not None
+                    if rec.is_idle and rec.has_window and rec.quiet_deadline is not None
                     else None
                 ),
                 "quiet_lifetime_sec": round(self._book.quiet_lifetime(rec), 3),
