@@ -3,7 +3,9 @@
 `Gate.acquire(session_key, route_kind, body)` returns a `Lease` or raises an
 `AdmissionError`. Per attempt it loops: read usage (shared, cached), ask the prefix
 probe only if the policy needs it, decide, then admit, reject, or wait in FIFO order
-until woken and decide again.
+until woken and decide again. The shell carries out what the decision says (window,
+price, repricing, wake-ups: the fields of `Admit`, `Wait`, `Reject`) and infers no
+policy meaning of its own.
 
 Invariants (each has a test):
 - Every lease is counted until released; `Lease.release()` is idempotent.
@@ -13,8 +15,8 @@ Invariants (each has a test):
 - Cancelling an acquire (client disconnect) leaves no waiter, attempt or lease.
 - Waiters are woken in arrival order: one per released lease, finished, expired or
   lost window, or shrunk window footprint (anything that lowers the blocks committed
-  to windows), and each admitted waiter (or `open` admission), or a head waiter that
-  leaves, wakes the next; each waiter also wakes itself every `wait_poll_sec` (and
+  to windows), and each admitted waiter (or an `Admit` with `wake_next`: no pressure),
+  or a head waiter that leaves, wakes the next; each waiter also wakes itself every `wait_poll_sec` (and
   when the oldest idle window is due), so no wake-up is ever needed for liveness.
 - The policy sees how many named waiters are ahead of the attempt (the contract
   policy serves newcomers in strict FIFO order) and the request's output allowance,
@@ -23,13 +25,15 @@ Invariants (each has a test):
   a `Reject`: a session never holds a window while it waits or after it was refused.
 - Expired windows are purged lazily, by whichever acquire, wake, release or look at
   the state comes next; purging a window wakes a waiter.
+- An `Admit` with `reprice_above` (priced at the body's upper bound) gets its exact
+  price from a prefix probe beside the forwarded turn once the windows hold more blocks.
 - A route without a prompt (`GET /v1/models`) is admitted `open` with no probe and no
-  session bookkeeping: it neither opens nor renews a window. A lease released with
+  session bookkeeping (`_grant_unbooked`): it neither opens nor renews a window. A lease released with
   `served=False` (no prompt was served) ends the window its admission opened.
 - Every window end is counted in `kvgate_window_ends_total{replica,cause}`; an idle
   window ends when its session goes quiet (`SessionBook`), and a waiter whose policy
   names a `recheck_sec` (the work-conserving rule) re-decides by then.
-- mode `off`: admit `open` with no probe and no session bookkeeping. mode `shadow`:
+- mode `off`: admit `open` with no probe and no session bookkeeping (`_grant_unbooked`). mode `shadow`:
   decide as `enforce` would (windows included), record `shadow_<reason>`
   (`shadow_wait`, `shadow_prompt_too_long`), never hold or reject.
 """
