@@ -51,6 +51,18 @@ class AdmissionReason(StrEnum):
     WORK_CONSERVING = "work_conserving"
 
 
+class WaitCause(StrEnum):
+    """Why a turn is held (`Wait.cause`; `Wait.why` adds the figures)."""
+
+    ANONYMOUS_ABOVE_WATERMARK = "anonymous_above_watermark"  # anonymous turns see the watermark only
+    COLD_PREFIX = "cold_prefix"  # seed: above the watermark, its prefix not resident
+    BEHIND_WAITERS = "behind_waiters"  # contract: a newcomer with named waiters ahead (strict FIFO)
+    WINDOW_LOST = "window_lost"  # contract: a holder that no longer fits behind the older windows
+    WINDOWS_FULL = "windows_full"  # contract: its footprint does not fit beside the windows
+    NO_FREE_BLOCKS = "no_free_blocks"  # contract: vLLM lacks free blocks outside idle windows and headroom
+    WORTH_HOLDING = "worth_holding"  # work-conserving rule: the re-prefill costs more than holding (or unmeasured)
+
+
 class RejectCode(StrEnum):
     """Why a turn was refused for good: the error `code` the client gets (SPEC.md)."""
 
@@ -139,7 +151,8 @@ class Wait:
     holds a window while it waits or after it was refused.
     """
 
-    why: str
+    cause: WaitCause
+    why: str = ""
     drop_window: bool = False
     recheck_sec: float | None = None  # decide again no later than this (the decision may change by then)
 
@@ -322,14 +335,16 @@ def work_conserving(view: GateView, usage: UsageReading, evicted_blocks: int, kn
     No prefill measurement yet: hold (as the contract always did)."""
     reprefill = reprefill_sec(evicted_blocks, usage) if knobs.work_conserving else None
     if reprefill is None:
-        return Wait("no prefill-throughput measurement: holding")
+        return Wait(WaitCause.WORTH_HOLDING, "no prefill-throughput measurement: holding")
     holding = holding_cost_sec(view, usage)
     if reprefill <= holding:
         return None
     recheck = None
     if view.replica_idle_sec is not None:
         recheck = reprefill - min(view.replica_idle_sec, view.waited_sec)
-    return Wait(f"re-prefill {reprefill:.3f}s > holding cost {holding:.3f}s", recheck_sec=recheck)
+    return Wait(
+        WaitCause.WORTH_HOLDING, f"re-prefill {reprefill:.3f}s > holding cost {holding:.3f}s", recheck_sec=recheck
+    )
 
 
 def evicted_window_blocks(view: GateView, usage: UsageReading, prefix: PrefixReading, budget: int, usable: int) -> int:
@@ -390,7 +405,7 @@ def seed_decide(
     pressure = usage.kv_cache_usage >= knobs.high_watermark
     if view.anonymous:
         if pressure:
-            return Wait("anonymous request above the watermark")
+            return Wait(WaitCause.ANONYMOUS_ABOVE_WATERMARK, "anonymous request above the watermark")
         return Admit(AdmissionReason.ANONYMOUS, wake_next=True)
     if not pressure:
         return _open(view, knobs)
@@ -400,7 +415,7 @@ def seed_decide(
         return Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)
     if prefix.hit_ratio >= knobs.hit_threshold:
         return Admit(AdmissionReason.RESIDENT_PREFIX, window=knobs.retain_session, footprint=prefix.total_blocks)
-    return Wait("cold prefix above the watermark")
+    return Wait(WaitCause.COLD_PREFIX, "cold prefix above the watermark")
 
 
 SEED = Policy("seed", seed_needs_prefix_probe, seed_decide)
@@ -509,7 +524,9 @@ def contract_decide(
     if view.anonymous or not usage.has_blocks:
         return seed_decide(view, usage, prefix, knobs)
     if not view.has_window and view.waiters_ahead:
-        return Wait(f"behind {view.waiters_ahead} waiting sessions (first come, first served)")
+        return Wait(
+            WaitCause.BEHIND_WAITERS, f"behind {view.waiters_ahead} waiting sessions (first come, first served)"
+        )
     bounded = bounded_footprint(view, usage, knobs)
     if bounded is not None:
         return Admit(
@@ -546,16 +563,19 @@ def contract_decide(
         return Admit(AdmissionReason.WORK_CONSERVING)
     if view.has_window:
         return Wait(
+            WaitCause.WINDOW_LOST,
             f"window lost: footprint {footprint} blocks + {view.older_window_blocks} in older windows "
             f"exceeds {usable} usable blocks; {held.why}",
             drop_window=True,
             recheck_sec=held.recheck_sec,
         )
     if working_set > usable:
+        cause = WaitCause.WINDOWS_FULL
         why = f"footprint {footprint} blocks + {view.older_window_blocks} in windows exceeds {usable} usable blocks"
     else:
+        cause = WaitCause.NO_FREE_BLOCKS
         why = f"needs {prefix.new_blocks} new blocks, {budget} free outside idle windows and headroom"
-    return Wait(f"{why}; {held.why}", recheck_sec=held.recheck_sec)
+    return Wait(cause, f"{why}; {held.why}", recheck_sec=held.recheck_sec)
 
 
 CONTRACT = Policy("contract", contract_needs_prefix_probe, contract_decide, reads_prompt_bound=True)

@@ -18,6 +18,7 @@ from kvgate.gate.policies import (
     Reject,
     RejectCode,
     Wait,
+    WaitCause,
     bounded_footprint,
     contract_decide,
     contract_needs_prefix_probe,
@@ -56,14 +57,19 @@ ANON = GateView(anonymous=True)
         (HOLDER, None, None, Admit(AdmissionReason.OPEN, window=True, wake_next=True)),  # ... keeps its window
         (ANON, None, None, Admit(AdmissionReason.OPEN, wake_next=True)),
         (ANON, LOW, None, Admit(AdmissionReason.ANONYMOUS, wake_next=True)),  # anonymous below
-        (ANON, HIGH, HOT, Wait("anonymous request above the watermark")),  # anonymous above: watermark only
+        (
+            ANON,
+            HIGH,
+            HOT,
+            Wait(WaitCause.ANONYMOUS_ABOVE_WATERMARK, "anonymous request above the watermark"),
+        ),  # anonymous above: watermark only
         (NAMED, LOW, None, Admit(AdmissionReason.OPEN, wake_next=True)),  # below the watermark
         (HOLDER, LOW, None, Admit(AdmissionReason.OPEN, window=True, wake_next=True)),  # window kept and renewed
         (HOLDER, HIGH, None, Admit(AdmissionReason.RESERVED_SESSION, window=True)),
         (NAMED, HIGH, None, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
         (NAMED, HIGH, HOT, Admit(AdmissionReason.RESIDENT_PREFIX, window=True, footprint=20)),
         (NAMED, AT, EDGE, Admit(AdmissionReason.RESIDENT_PREFIX, window=True, footprint=10)),  # >= at both edges
-        (NAMED, HIGH, COLD, Wait("cold prefix above the watermark")),
+        (NAMED, HIGH, COLD, Wait(WaitCause.COLD_PREFIX, "cold prefix above the watermark")),
     ],
 )
 def test_seed_decide(view, usage, prefix, expected):
@@ -101,7 +107,7 @@ def test_seed_asks_prefix_only_above_watermark_for_unreserved_sessions(view, usa
         (NAMED, None, None, Admit(AdmissionReason.OPEN, wake_next=True)),
         (HOLDER, None, None, Admit(AdmissionReason.OPEN, window=True, wake_next=True)),
         (ANON, LOW, None, Admit(AdmissionReason.ANONYMOUS, wake_next=True)),
-        (ANON, HIGH, None, Wait("anonymous request above the watermark")),
+        (ANON, HIGH, None, Wait(WaitCause.ANONYMOUS_ABOVE_WATERMARK, "anonymous request above the watermark")),
         # a holder whose prefix probe failed keeps its window as last priced, at any usage
         (HOLDER, LOW, None, Admit(AdmissionReason.RESERVED_SESSION, window=True)),
         (HOLDER, HIGH, None, Admit(AdmissionReason.RESERVED_SESSION, window=True)),
@@ -126,7 +132,8 @@ def test_contract_hand_worked_budget():
     over = PrefixReading(total_blocks=30, hit_blocks=3, hit_ratio=0.1)  # 27 new: waits
     assert CONTRACT.decide(view, usage, fits, KNOBS) == Admit(AdmissionReason.CONTRACT_FITS, window=True, footprint=30)
     decision = CONTRACT.decide(view, usage, over, KNOBS)
-    assert isinstance(decision, Wait) and "27" in decision.why and "26" in decision.why
+    assert isinstance(decision, Wait) and decision.cause == WaitCause.NO_FREE_BLOCKS
+    assert "27" in decision.why and "26" in decision.why
 
 
 def test_contract_waits_below_watermark_when_idle_windows_hold_the_free_blocks():
@@ -134,7 +141,7 @@ def test_contract_waits_below_watermark_when_idle_windows_hold_the_free_blocks()
     usage = UsageReading(0.2, 100, 80)
     view = GateView(idle_window_blocks=70)
     prompt = PrefixReading(total_blocks=12, hit_blocks=0, hit_ratio=0.0)
-    assert isinstance(CONTRACT.decide(view, usage, prompt, KNOBS), Wait)
+    assert CONTRACT.decide(view, usage, prompt, KNOBS).cause == WaitCause.NO_FREE_BLOCKS
     assert SEED.decide(view, usage, prompt, KNOBS) == Admit(AdmissionReason.OPEN, wake_next=True)
 
 
@@ -268,7 +275,7 @@ def test_contract_holder_is_priced_behind_the_older_windows_only():
 def test_contract_holder_that_no_longer_fits_loses_its_window():
     holder = GateView(has_window=True, older_window_blocks=60)
     decision = CONTRACT.decide(holder, ROOMY, tokens(36 * 16 + 1), KNOBS)  # 37 blocks: 97 > 96
-    assert isinstance(decision, Wait) and decision.drop_window
+    assert isinstance(decision, Wait) and decision.drop_window and decision.cause == WaitCause.WINDOW_LOST
     assert "window lost" in decision.why and "37" in decision.why and "60" in decision.why
     # the oldest holder (nothing older) always fits: it makes progress
     oldest = GateView(has_window=True, older_window_blocks=0, idle_window_blocks=95)
@@ -294,7 +301,8 @@ def test_contract_holder_is_priced_at_its_anticipated_footprint():
     # Behind 60 blocks: 60 + 30 = 90 would fit at the current prompt, 60 + 40 = 100 > 96 does not.
     behind = GateView(has_window=True, older_window_blocks=60, last_prompt_tokens=320)
     decision = CONTRACT.decide(behind, ROOMY, tokens(480), KNOBS)
-    assert isinstance(decision, Wait) and decision.drop_window and "40" in decision.why
+    assert isinstance(decision, Wait) and decision.drop_window and decision.cause == WaitCause.WINDOW_LOST
+    assert "40" in decision.why
     # The same turn re-sent keeps the growth it showed; a compacted prompt anticipates none.
     resent = GateView(has_window=True, last_prompt_tokens=480, last_growth_tokens=160)
     assert CONTRACT.decide(resent, ROOMY, tokens(480), KNOBS).footprint == 40
@@ -307,7 +315,8 @@ def test_contract_newcomer_without_history_is_priced_with_the_mean_growth():
     prompt = tokens(30 * 16)
     fresh = GateView(older_window_blocks=60, mean_growth_tokens=7 * 16)
     books = CONTRACT.decide(fresh, ROOMY, prompt, KNOBS)
-    assert isinstance(books, Wait) and not books.drop_window and "37" in books.why
+    assert isinstance(books, Wait) and not books.drop_window and books.cause == WaitCause.WINDOWS_FULL
+    assert "37" in books.why
     assert CONTRACT.decide(GateView(older_window_blocks=59, mean_growth_tokens=7 * 16), ROOMY, prompt, KNOBS) == Admit(
         AdmissionReason.CONTRACT_FITS, window=True, footprint=37
     )
@@ -335,11 +344,12 @@ def test_contract_newcomer_needs_both_the_books_and_vllms_view():
     )
     # books: 67 + 30 = 97 > 96, although vLLM reads everything free (windows not yet scheduled)
     books = CONTRACT.decide(GateView(older_window_blocks=67), ROOMY, prompt, KNOBS)
-    assert isinstance(books, Wait) and not books.drop_window and "67" in books.why
+    assert isinstance(books, Wait) and not books.drop_window and books.cause == WaitCause.WINDOWS_FULL
+    assert "67" in books.why
     # vLLM's view: traffic the gate does not see holds 70 blocks
     busy = UsageReading(0.7, 100, 30, block_size=16)
     seen = CONTRACT.decide(GateView(), busy, prompt, KNOBS)
-    assert isinstance(seen, Wait) and "30 new blocks, 26 free" in seen.why
+    assert isinstance(seen, Wait) and seen.cause == WaitCause.NO_FREE_BLOCKS and "30 new blocks, 26 free" in seen.why
     # a resident prefix needs only its new blocks from vLLM's view, but its whole footprint in the books
     hot = tokens(30 * 16, hit_blocks=26)
     assert CONTRACT.decide(GateView(), busy, hot, KNOBS) == Admit(
@@ -370,7 +380,10 @@ def test_contract_output_allowance_counts_in_the_footprint():
         AdmissionReason.CONTRACT_FITS, window=True, footprint=30
     )
     with_output = GateView(older_window_blocks=60, max_output_tokens=6 * 16 + 1)  # 30 + 7 = 37 blocks
-    assert isinstance(CONTRACT.decide(with_output, ROOMY, prompt, KNOBS), Wait)
+    assert CONTRACT.decide(with_output, ROOMY, prompt, KNOBS) == Wait(
+        WaitCause.WINDOWS_FULL,
+        "footprint 37 blocks + 60 in windows exceeds 96 usable blocks; no prefill-throughput measurement: holding",
+    )
 
 
 def test_contract_footprint_is_capped_at_usable_so_a_large_allowance_never_strands_a_turn():
@@ -390,7 +403,7 @@ def test_contract_prompt_too_long_for_holders_too():
 
 def test_contract_newcomers_wait_in_fifo_order_holders_do_not():
     behind = CONTRACT.decide(GateView(waiters_ahead=2), ROOMY, None, KNOBS)
-    assert behind == Wait("behind 2 waiting sessions (first come, first served)")
+    assert behind == Wait(WaitCause.BEHIND_WAITERS, "behind 2 waiting sessions (first come, first served)")
     holder = GateView(has_window=True, waiters_ahead=2)
     assert CONTRACT.decide(holder, ROOMY, tokens(160), KNOBS) == Admit(
         AdmissionReason.RESERVED_SESSION, window=True, footprint=10

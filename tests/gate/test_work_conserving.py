@@ -12,6 +12,7 @@ from kvgate.gate.policies import (
     Admit,
     GateView,
     Wait,
+    WaitCause,
     contract_decide,
     evicted_window_blocks,
     holding_cost_sec,
@@ -145,7 +146,8 @@ def test_a_held_admission():
     usage = UsageReading(0.8, 200, 60, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
     decision = contract_decide(view, usage, long_prompt, KNOBS)
     # needs 105 + 1 blocks, free outside idle windows 0 -> 60 come out of the idle windows (all of them)
-    assert isinstance(decision, Wait) and "re-prefill 0.170s > holding cost 0.005s" in decision.why
+    assert isinstance(decision, Wait) and decision.cause == WaitCause.NO_FREE_BLOCKS
+    assert "re-prefill 0.170s > holding cost 0.005s" in decision.why
     assert decision.recheck_sec is None  # busy: only a release can change the balance
     # the same turn on an idle replica that has waited 40 ms of idle time: recheck in 130 ms
     idle = GateView(
@@ -186,10 +188,12 @@ def test_no_measurement_yet_holds_and_the_knob_turns_it_off():
     assert isinstance(contract_decide(BUSY, UNMEASURED, PROMPT, KNOBS), Wait)
     off = GateSettings(work_conserving=False)
     assert isinstance(contract_decide(BUSY, MEASURED, PROMPT, off), Wait)
-    assert work_conserving(BUSY, MEASURED, 32, off) is not None
+    assert work_conserving(BUSY, MEASURED, 32, off) == Wait(
+        WaitCause.WORTH_HOLDING, "no prefill-throughput measurement: holding"
+    )
 
 
-def test_an_holder_that_no_longer_fits_goes_in_work_conserving_without_its_window():
+def test_a_holder_that_no_longer_fits_goes_in_work_conserving_without_its_window():
     holder = GateView(
         has_window=True,
         idle_window_blocks=60,
@@ -200,7 +204,7 @@ def test_an_holder_that_no_longer_fits_goes_in_work_conserving_without_its_windo
     )
     assert contract_decide(holder, MEASURED, PROMPT, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
     held = contract_decide(holder, UNMEASURED, PROMPT, KNOBS)
-    assert isinstance(held, Wait) and held.drop_window
+    assert isinstance(held, Wait) and held.drop_window and held.cause == WaitCause.WINDOW_LOST
 
 
 def _fields(view: GateView) -> dict:
