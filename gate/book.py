@@ -279,7 +279,7 @@ class SessionBook:
         label: str,
         now: float,
         window: bool = False,
-        price: int | None = None,
+        footprint: int | None = None,
         prompt_tokens: int | None = None,
         prompt_bound: int | None = None,
     ) -> None:
@@ -287,7 +287,7 @@ class SessionBook:
 
         window: the session holds a window for this turn: it opens one (this attempt is its
         opener) or renews the one it holds; False ends a window it held (`revoked`).
-        price: the window's footprint in blocks (None keeps its last price).
+        footprint: the window's price in blocks (None keeps its last price).
         prompt_tokens: the turn's prompt size from its prefix reading (None: not probed).
         """
         self.leases += 1
@@ -303,8 +303,8 @@ class SessionBook:
         elif not window and rec.has_window:
             self._window_ended(WindowEnd.REVOKED, rec)
         self._set_window(rec, window)
-        if price is not None:
-            rec.footprint = price
+        if footprint is not None:
+            rec.footprint = footprint
         rec.reasons[label] = rec.reasons.get(label, 0) + 1
         self._record_size(rec, prompt_tokens, prompt_bound)
         self._enter(rec, now)

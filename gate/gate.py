@@ -4,8 +4,8 @@
 `AdmissionError`. Per attempt it loops: read usage (shared, cached), ask the prefix
 probe only if the policy needs it, decide, then admit, reject, or wait in FIFO order
 until woken and decide again. The shell carries out what the decision says (window,
-price, repricing, wake-ups: the fields of `Admit`, `Wait`, `Reject`) and infers no
-policy meaning of its own.
+footprint, repricing, wake-ups: the fields of `Admit`, `Wait`, `Reject`) and infers
+no policy meaning of its own.
 
 Invariants (each has a test):
 - Every lease is counted until released; `Lease.release()` is idempotent.
@@ -15,9 +15,10 @@ Invariants (each has a test):
 - Cancelling an acquire (client disconnect) leaves no waiter, attempt or lease.
 - Waiters are woken in arrival order: one per released lease, finished, expired or
   lost window, or shrunk window footprint (anything that lowers the blocks committed
-  to windows), and each admitted waiter (or an `Admit` with `wake_next`: no pressure),
-  or a head waiter that leaves, wakes the next; each waiter also wakes itself every `wait_poll_sec` (and
-  when the oldest idle window is due), so no wake-up is ever needed for liveness.
+  to windows), and each admitted waiter (or an `Admit` with `wake_next`: no
+  pressure), or a head waiter that leaves, wakes the next; each waiter also wakes
+  itself every `wait_poll_sec` (and when the oldest idle window is due), so no
+  wake-up is ever needed for liveness.
 - The policy sees how many named waiters are ahead of the attempt (the contract
   policy serves newcomers in strict FIFO order) and the request's output allowance,
   read once from the body.
@@ -28,14 +29,16 @@ Invariants (each has a test):
 - An `Admit` with `reprice_above` (priced at the body's upper bound) gets its exact
   price from a prefix probe beside the forwarded turn once the windows hold more blocks.
 - A route without a prompt (`GET /v1/models`) is admitted `open` with no probe and no
-  session bookkeeping (`_grant_unbooked`): it neither opens nor renews a window. A lease released with
-  `served=False` (no prompt was served) ends the window its admission opened.
+  session bookkeeping (`_grant_unbooked`): it neither opens nor renews a window. A
+  lease released with `served=False` (no prompt was served) ends the window its
+  admission opened.
 - Every window end is counted in `kvgate_window_ends_total{replica,cause}`; an idle
   window ends when its session goes quiet (`SessionBook`), and a waiter whose policy
   names a `recheck_sec` (the work-conserving rule) re-decides by then.
-- mode `off`: admit `open` with no probe and no session bookkeeping (`_grant_unbooked`). mode `shadow`:
-  decide as `enforce` would (windows included), record `shadow_<reason>`
-  (`shadow_wait`, `shadow_prompt_too_long`), never hold or reject.
+- mode `off`: admit `open` with no probe and no session bookkeeping
+  (`_grant_unbooked`). mode `shadow`: decide as `enforce` would (windows included),
+  record `shadow_<reason>` (`shadow_wait`, `shadow_prompt_too_long`), never hold or
+  reject.
 """
 
 from __future__ import annotations
@@ -339,7 +342,7 @@ class Gate:
                 f"shadow_{decision.reason}",
                 start,
                 window=decision.window,
-                price=decision.footprint,
+                footprint=decision.footprint,
                 tokens=tokens,
                 bound=bound,
             )
@@ -355,14 +358,14 @@ class Gate:
         tokens: int | None,
         bound: int | None,
     ) -> Lease:
-        """Grant the lease the policy's Admit asks for, as it asks (window, price, wake-up)."""
+        """Grant the lease the policy's Admit asks for, as it asks (window, footprint, wake-up)."""
         return self._grant(
             record,
             attempt,
             decision.reason.value,  # plain str: a JSON key in /admin/state
             start,
             window=decision.window,
-            price=decision.footprint,
+            footprint=decision.footprint,
             wake_next=decision.wake_next,
             tokens=tokens,
             bound=bound,
@@ -376,14 +379,14 @@ class Gate:
         start: float,
         *,
         window: bool = False,
-        price: int | None = None,
+        footprint: int | None = None,
         wake_next: bool = False,
         tokens: int | None = None,
         bound: int | None = None,
     ) -> Lease:
         """Book an admission under `label` (its `x-kvgate-admission` value) and hand out its lease.
 
-        window, price: the session's window for the turn (`Admit.window`, `Admit.footprint`).
+        window, footprint: the session's window for the turn (`Admit.window`, `Admit.footprint`).
         wake_next: wake the next waiter too (`Admit.wake_next`); a queued attempt that is
         admitted always does, since the head of the queue moved.
         tokens: the prompt size of the turn's prefix reading, recorded for the session's growth
@@ -392,7 +395,7 @@ class Gate:
         now = self._now()
         wait = max(0.0, now - start)
         committed = self._book.window_blocks if record is not None else 0
-        self._book.admit(record, attempt, label, now, window, price, tokens, bound)
+        self._book.admit(record, attempt, label, now, window, footprint, tokens, bound)
         if record is not None and self._book.window_blocks < committed:
             self._blocks_freed(now)  # a window shrank or ended: a waiter may fit now
         self._count_admission(label, wait)

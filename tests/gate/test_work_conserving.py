@@ -52,7 +52,7 @@ def _turn(book: SessionBook, key: str, now: float, end: float, blocks: int = 10)
     """One admitted turn of `key` from `now` to `end`, holding a window of `blocks`."""
     attempt = _Attempt()
     rec, _ = book.begin_attempt(key, attempt, now)
-    book.admit(rec, attempt, AdmissionReason.CONTRACT_FITS.value, now, window=True, price=blocks)
+    book.admit(rec, attempt, AdmissionReason.CONTRACT_FITS.value, now, window=True, footprint=blocks)
     book.release(rec, end, attempt)
 
 
