@@ -13,7 +13,7 @@ from itertools import count
 
 from kvgate.balancer.hashing import bounded_load_pick, rendezvous_order, rendezvous_score
 from kvgate.balancer.registry import Replica, ReplicaRegistry
-from kvgate.proxy.settings import BalancerSettings
+from kvgate.balancer.settings import BalancerSettings
 
 ALGORITHMS = ("rendezvous", "bounded_load")
 

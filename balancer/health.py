@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from kvgate.proxy.settings import HealthSettings
+from kvgate.balancer.settings import HealthSettings
 
 log = logging.getLogger("kvgate.balancer")
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 
 from kvgate.balancer.health import HealthState, next_health
-from kvgate.proxy.http_fields import replica_name_problem, replica_url_problem
-from kvgate.proxy.settings import HealthSettings
+from kvgate.balancer.metrics import BalancerMetrics
+from kvgate.balancer.replica_fields import replica_name_problem, replica_url_problem
+from kvgate.balancer.settings import HealthSettings
 
 log = logging.getLogger("kvgate.balancer")
 
@@ -54,7 +55,7 @@ class RegistryError(ValueError):
 
 
 class ReplicaRegistry:
-    def __init__(self, health: HealthSettings | None = None, metrics=None) -> None:
+    def __init__(self, health: HealthSettings | None = None, metrics: BalancerMetrics | None = None) -> None:
         self._health = health or HealthSettings()
         self._metrics = metrics
         self._replicas: dict[str, Replica] = {}

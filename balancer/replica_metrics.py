@@ -31,8 +31,11 @@ import time
 from dataclasses import dataclass
 
 import aiohttp
+from prometheus_client import Counter, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
+
+from kvgate.balancer.registry import ReplicaRegistry
 
 
 @dataclass(frozen=True)
@@ -109,16 +112,18 @@ def _mirrored_lines(text: str):
 class ReplicaMetricsScraper:
     """Reads every registered replica's /metrics each round; a prometheus-client collector.
 
-    Register it on the proxy's registry (`registry.register(scraper)`) and hand
+    Each read is timed in `probe_seconds` and a failed one counted in `probe_errors`
+    (the gate's `kvgate_probe_seconds` and `kvgate_probe_errors_total` families, label
+    probe="metrics"). Register it on the proxy's registry (`registry.register(scraper)`) and hand
     `read_all` to the health checker (`HealthChecker.add_round`), whose loop runs it
     every `interval_sec` over its own ClientSession (timeout `timeout_sec`).
     """
 
-    def __init__(self, registry, metrics) -> None:
+    def __init__(self, registry: ReplicaRegistry, probe_seconds: Histogram, probe_errors: Counter) -> None:
         self._registry = registry
         self._values: dict[str, dict[str, float]] = {}  # replica name -> source name -> value
-        self._seconds = metrics.probe_seconds
-        self._errors = metrics.probe_errors
+        self._seconds = probe_seconds
+        self._errors = probe_errors
 
     # ---- prometheus-client collector ----------------------------------------------
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import random
 import re
 import statistics
@@ -36,11 +37,14 @@ from typing import Any
 
 import orjson
 
+from kvgate.balancer.settings import ReplicaSettings
 from kvgate.gate.admission import AdmissionController
 from kvgate.gate.policies import POLICIES
+from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
 from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.settings import GateSettings, ReplicaSettings, Settings
+from kvgate.proxy.settings import Settings
+from kvgate.simulator.percentiles import percentile
 from kvgate.simulator.replica_server import start_simulated_replicas
 
 SYSTEM_PROMPT = "You are a coding agent working in a large repository. " * 6
@@ -177,18 +181,11 @@ class RunResult:
     leaked: dict[str, int] = field(default_factory=dict)
 
 
-def quantile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def run_mode(mode: str, policy: str, replicas: list, args: argparse.Namespace, run_index: int) -> RunResult:
     gate = replace(GateSettings(), mode=mode, policy=policy)
     settings = Settings(gate=gate, replicas=tuple(ReplicaSettings(r.name, r.url) for r in replicas))
     metrics = KvgateMetrics()
-    controller = AdmissionController(gate, metrics)
+    controller = AdmissionController(gate, metrics.gate)
     timed = TimedAdmission(controller)
     app = create_app(settings, metrics=metrics, admission=timed, health_checks=False)
     host, port = await app.start("127.0.0.1", 0)
@@ -207,11 +204,11 @@ async def run_mode(mode: str, policy: str, replicas: list, args: argparse.Namesp
         result.turns = len(turns)
         result.failed = sum(t.status != 200 for t in turns) + sum(args.turns - len(s) for s in sessions)
         latencies = [t.seconds for t in turns if t.status == 200]
-        result.turn_p50_ms = quantile(latencies, 0.5) * 1000
-        result.turn_p95_ms = quantile(latencies, 0.95) * 1000
+        result.turn_p50_ms = percentile(latencies, 50, math.nan) * 1000
+        result.turn_p95_ms = percentile(latencies, 95, math.nan) * 1000
         gate_seconds = [a + r for a, r in zip(timed.acquire_seconds, timed.release_seconds)]
-        result.gate_p50_us = quantile(gate_seconds, 0.5) * 1e6
-        result.gate_p99_us = quantile(gate_seconds, 0.99) * 1e6
+        result.gate_p50_us = percentile(gate_seconds, 50, math.nan) * 1e6
+        result.gate_p99_us = percentile(gate_seconds, 99, math.nan) * 1e6
         result.reasons = dict(Counter(t.reason for t in turns))
         result.statuses = {str(k): v for k, v in Counter(t.status for t in turns).items()}
         counts = controller.counts()

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from kvgate.gate.policies import POLICIES
-from kvgate.proxy.settings import GateSettings
+from kvgate.gate.settings import GateSettings
 
 DEFAULT_CONCURRENCY = (1, 64, 256)
 MODES = ("non-streaming", "streaming")

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import time
 from urllib.parse import urlsplit
 
 import orjson
+
+from kvgate.simulator.percentiles import percentile
 
 PATH = "/v1/chat/completions"
 
@@ -82,13 +85,6 @@ async def worker(
         writer.close()
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[index]
-
-
 async def run(url: str, concurrency: int, duration: float, warmup: float, stream: bool) -> dict:
     parts = urlsplit(url)
     host, port = parts.hostname, parts.port or 80
@@ -112,8 +108,8 @@ async def run(url: str, concurrency: int, duration: float, warmup: float, stream
         "error_kinds": kinds,
         "seconds": duration,
         "rps": len(latencies) / duration,
-        "p50_ms": percentile(latencies, 0.5) * 1000,
-        "p99_ms": percentile(latencies, 0.99) * 1000,
+        "p50_ms": percentile(latencies, 50, math.nan) * 1000,
+        "p99_ms": percentile(latencies, 99, math.nan) * 1000,
     }
 
 

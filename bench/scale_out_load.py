@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import random
 import statistics
@@ -45,8 +46,9 @@ import aiohttp
 import orjson
 
 from kvgate.bench.agentic.processes import ServerGroup
-from kvgate.bench.gate_load import SYSTEM_PROMPT, TOOL_RESULT, TurnResult, quantile, send_turn, start_replicas
+from kvgate.bench.gate_load import SYSTEM_PROMPT, TOOL_RESULT, TurnResult, send_turn, start_replicas
 from kvgate.proxy.server import run as serve_loop
+from kvgate.simulator.percentiles import percentile
 
 LAYOUTS = ("single", "tiers")
 ADMIN_TOKEN = "scale-out-load"
@@ -293,8 +295,8 @@ async def run_layout(layout: str, replicas: list, args: argparse.Namespace, inde
                 tier: round((cpu_after[tier] - cpu_before.get(tier, 0.0)) / len(ok) * 1e6, 1) for tier in cpu_after
             }
         result.turns_per_sec = len(ok) / result.seconds if result.seconds else 0.0
-        result.turn_p50_ms = quantile(ok, 0.5) * 1000
-        result.turn_p95_ms = quantile(ok, 0.95) * 1000
+        result.turn_p50_ms = percentile(ok, 50, math.nan) * 1000
+        result.turn_p95_ms = percentile(ok, 95, math.nan) * 1000
         result.reasons = dict(Counter(t.reason for t in turns))
         result.statuses = {str(k): v for k, v in sorted(Counter(t.status for t in turns).items())}
         result.moved_sessions = sum(len({t.replica for t in s}) > 1 for s in done)

@@ -56,6 +56,7 @@ from prometheus_client import Counter, Histogram
 
 from kvgate.gate.book import SessionBook, SessionRecord, WindowEnd
 from kvgate.gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.observations import reprefill_tokens
 from kvgate.gate.policies import (
     AdmissionReason,
@@ -73,8 +74,7 @@ from kvgate.gate.policies import (
 from kvgate.gate.probe import Probe
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.route_prompts import body_holds_prompt
-from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.settings import GateSettings
+from kvgate.gate.settings import GateSettings
 
 Clock = Callable[[], float]
 MODES = ("enforce", "shadow", "off")
@@ -150,7 +150,7 @@ class Gate:
         name: str,
         probe: Probe,
         settings: GateSettings,
-        metrics: KvgateMetrics,
+        metrics: GateMetrics,
         clock: Clock = time.monotonic,
         policy: Policy | None = None,
     ) -> None:
@@ -182,11 +182,10 @@ class Gate:
         self._retry_after = max(1, math.ceil(settings.wait_poll_sec))
         self._max_wait = settings.max_wait_sec if settings.max_wait_sec > 0 else None
         # Operator metrics (docs/observability.md): wait by reason, oldest waiter, re-prefill.
-        operator = metrics.operator
-        self._reason_wait_metric = operator.admission_reason_wait
+        self._reason_wait_metric = metrics.admission_reason_wait
         self._reason_waits: dict[str, Histogram] = {}
-        self._reprefill = operator.reprefill_tokens.labels(name)
-        self._oldest_waiter = operator.oldest_waiter_seconds.labels(name)
+        self._reprefill = metrics.reprefill_tokens.labels(name)
+        self._oldest_waiter = metrics.oldest_waiter_seconds.labels(name)
         self._oldest_waiter.set_function(self.oldest_waiter_age)
 
     # ------------------------------------------------------------------ acquire

@@ -35,7 +35,7 @@ from enum import StrEnum
 
 from kvgate.gate.blocks import cdiv
 from kvgate.gate.readings import PrefixReading, UsageReading
-from kvgate.proxy.settings import GateSettings
+from kvgate.gate.settings import GateSettings
 
 
 class AdmissionReason(StrEnum):

@@ -39,6 +39,7 @@ from typing import Protocol, TypeVar
 import aiohttp
 import orjson
 
+from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.readings import (
     PrefixReading,
     ProbeAnswerError,
@@ -47,8 +48,7 @@ from kvgate.gate.readings import (
     parse_metrics_usage,
     parse_prefix_answer,
 )
-from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.settings import ProbeSettings
+from kvgate.gate.settings import ProbeSettings
 
 log = logging.getLogger("kvgate.gate.probe")
 
@@ -57,7 +57,8 @@ PREFIX_PATH = "/v1/kvgate/prefix"
 METRICS_PATH = "/metrics"
 KV_RECHECK_SEC = 30.0
 BUSY_READING_MAX_AGE_SEC = 30.0  # a timed-out usage probe falls back to a good reading this recent
-PREFIX_BODY_KEYS = {"chat": "chat", "completion": "completion", "messages": "messages", "responses": "responses"}
+# Route kinds the prefix probe can render; SPEC.md section 6 names its body key after the kind.
+PREFIX_PROBE_KINDS = frozenset({"chat", "completion", "messages", "responses"})
 
 Clock = Callable[[], float]
 
@@ -85,7 +86,7 @@ class ReplicaProbe:
         url: str,
         http: Callable[[], aiohttp.ClientSession],
         settings: ProbeSettings,
-        metrics: KvgateMetrics,
+        metrics: GateMetrics,
         api_key: str | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
@@ -109,7 +110,7 @@ class ReplicaProbe:
         self._usage_gauge = metrics.replica_kv_usage.labels(name)
         # 1 while the replica answers the probe API, 0 on the /metrics fallback (gate degraded);
         # no series until the replica has answered either way.
-        self._probe_api_gauge = metrics.operator.replica_probe_api
+        self._probe_api_gauge = metrics.replica_probe_api
         self._last_error: str | None = None
         self._last_good: UsageReading | None = None  # the last reading a probe returned, and when
         self._last_good_at = float("-inf")
@@ -226,12 +227,11 @@ class ReplicaProbe:
 
     async def prefix(self, route_kind: str, body: Mapping[str, object]) -> PrefixReading | None:
         """The prompt's residency on the replica; None when unavailable."""
-        key = PREFIX_BODY_KEYS.get(route_kind)
-        if key is None or self._fallback_since is not None:
+        if route_kind not in PREFIX_PROBE_KINDS or self._fallback_since is not None:
             return None
         started = time.perf_counter()
         try:
-            status, payload = await self._request("POST", PREFIX_PATH, orjson.dumps({key: body}))
+            status, payload = await self._request("POST", PREFIX_PATH, orjson.dumps({route_kind: body}))
             reading = _parse(status, payload, parse_prefix_answer)
         except _Failed as failure:
             self._errors["prefix"].inc()

@@ -16,6 +16,7 @@ import orjson
 from kvgate.balancer import Balancer, ReplicaRegistry
 from kvgate.balancer.health import HealthChecker
 from kvgate.balancer.replica_metrics import ReplicaMetricsScraper
+from kvgate.balancer.settings import ReplicaSettings
 from kvgate.gate.admission import AdmissionController
 from kvgate.gate.ownership import Ownership, OwnershipClaims, conflict_flag, default_gate_id, gate_mode, readiness
 from kvgate.proxy.admin import AdminApi
@@ -26,7 +27,7 @@ from kvgate.proxy.http_server import FrontServer, HttpRequest, Responder
 from kvgate.proxy.metrics import CONTENT_TYPE, KvgateMetrics
 from kvgate.proxy.routes import ROUTES
 from kvgate.proxy.session_tracker import SessionTracker
-from kvgate.proxy.settings import ReplicaSettings, Settings
+from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, claims_ownership, health_path
 from kvgate.proxy.upstream import UpstreamClients
 
@@ -40,7 +41,7 @@ class ProxyApp:
         self.settings = settings
         self.metrics = metrics
         self.admission = admission
-        self.registry = ReplicaRegistry(settings.balancer.health, metrics)
+        self.registry = ReplicaRegistry(settings.balancer.health, metrics.balancer)
         for r in replicas:
             self.registry.add(r.name, r.url, r.weight)
         self.balancer = Balancer(self.registry, settings.balancer)
@@ -67,11 +68,12 @@ class ProxyApp:
         )
         self._health_checks = health_checks
         # The replicas' own prefix-cache counters, mirrored into /metrics (docs/observability.md).
-        self.replica_metrics = ReplicaMetricsScraper(self.registry, metrics)
+        self.replica_metrics = ReplicaMetricsScraper(
+            self.registry, metrics.gate.probe_seconds, metrics.gate.probe_errors
+        )
         metrics.registry.register(self.replica_metrics)
         if settings.role != FRONT_DOOR:  # a front door's replicas are kvgates: nothing of vLLM's to mirror
             self.health.add_round(self.replica_metrics.read_all)
-        metrics.operator  # noqa: B018 (a property with a side effect: the operator series exist from the first scrape)
         self.admin = (
             AdminApi(settings.admin.token, self.registry, admission, self.clients, self.sessions)
             if settings.admin.token
@@ -118,7 +120,7 @@ class ProxyApp:
         set_mode = getattr(self.admission, "set_replica_mode", None)
         if set_mode is not None:
             set_mode(name, gate_mode(self.settings.gate.mode, ownership))
-        self.metrics.gate_conflict.labels(name).set(conflict_flag(ownership))
+        self.metrics.gate.gate_conflict.labels(name).set(conflict_flag(ownership))
 
     def _ready(self, responder: Responder) -> None:
         ownership = self.ownership.ownership() if self.ownership is not None else {}
@@ -201,5 +203,5 @@ def create_app(
     settings = settings or Settings()
     metrics = metrics or KvgateMetrics()
     if admission is None:
-        admission = AdmissionController(settings.gate, metrics, api_key=settings.upstream.api_key)
+        admission = AdmissionController(settings.gate, metrics.gate, api_key=settings.upstream.api_key)
     return ProxyApp(settings, metrics, admission, settings.replicas if replicas is None else replicas, health_checks)

@@ -1,8 +1,12 @@
 """Loading the configuration: YAML file + `KVGATE_*` environment overrides -> Settings.
 
-The schema is `proxy.settings` (frozen dataclasses); this module walks it, so a
+The schema is `proxy.settings.Settings` (frozen dataclasses, composing the parts' own:
+`gate.settings`, `balancer.settings`); this module walks it, so a
 field added there is loaded and type-checked here with no further change. Ranges and
-choices that types cannot express live in RULES, keyed by dotted path.
+choices that types cannot express live in RULES, keyed by dotted path; the choices
+come from the registries that use them (`gate.policies.POLICIES`, `gate.gate.MODES`,
+`balancer.balancer.ALGORITHMS`, `proxy.topology.ROLES`), so a policy, mode or
+algorithm added there is accepted here.
 
 Environment overrides: `KVGATE_<PATH>` with `__` between levels
 (`KVGATE_GATE__HIGH_WATERMARK=0.9`); the value is read as a YAML scalar or flow
@@ -26,9 +30,13 @@ from typing import Any
 
 import yaml
 
-from kvgate.proxy.http_fields import field_value_problem, replica_name_problem, replica_url_problem
+from kvgate.balancer.balancer import ALGORITHMS
+from kvgate.balancer.replica_fields import replica_name_problem, replica_url_problem
+from kvgate.gate.gate import MODES
+from kvgate.gate.policies import POLICIES
+from kvgate.proxy.http_fields import field_value_problem
 from kvgate.proxy.settings import Settings
-from kvgate.proxy.topology import role_problems
+from kvgate.proxy.topology import ROLES, role_problems
 
 ENV_PREFIX = "KVGATE_"
 
@@ -73,14 +81,14 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "session.header": _non_empty,
     "session.body_fields[]": _non_empty,
     "session.finish_header": _non_empty,
-    "balancer.algorithm": _one_of("rendezvous", "bounded_load"),
+    "balancer.algorithm": _one_of(*ALGORITHMS),
     "balancer.load_factor": _in_range(1),
     "balancer.health.interval_sec": _in_range(0, lo_open=True),
     "balancer.health.timeout_sec": _in_range(0, lo_open=True),
     "balancer.health.unhealthy_after": _in_range(1),
     "balancer.health.healthy_after": _in_range(1),
-    "gate.mode": _one_of("enforce", "shadow", "off"),
-    "gate.policy": _one_of("seed", "contract"),
+    "gate.mode": _one_of(*MODES),
+    "gate.policy": _one_of(*POLICIES),
     "gate.high_watermark": _in_range(0, 1, lo_open=True),
     "gate.hit_threshold": _in_range(0, 1),
     "gate.idle_grace_sec": _in_range(0),
@@ -103,7 +111,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "limits.max_connections": _in_range(1),
     "limits.max_buffered_response_bytes": _in_range(0),
     "upstream.api_key": field_value_problem,
-    "role": _one_of("standalone", "front_door", "replica_gate"),
+    "role": _one_of(*ROLES),
     "ownership.ttl_sec": _in_range(0, 3600),
     "ownership.gate_id": _non_empty,
 }

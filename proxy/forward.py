@@ -20,7 +20,7 @@ import logging
 import time
 
 from kvgate.balancer import Balancer, Replica
-from kvgate.proxy.admission_errors import as_refusal
+from kvgate.gate.errors import AdmissionError, ReplicaUnavailable
 from kvgate.proxy.errors import RequestRejected, send_error, sse_error_event
 from kvgate.proxy.http_server import HttpRequest, Responder
 from kvgate.proxy.metrics import KvgateMetrics, turn_bucket
@@ -175,11 +175,8 @@ class Forwarder:
                 self.metrics.upstream_errors.labels(replica.name, "client_disconnect").inc()
                 self._count(kind, replica.name, CLIENT_CLOSED)
                 raise
-            except Exception as exc:
-                refusal = as_refusal(exc)
-                if refusal is None:
-                    raise
-                if refusal.replica_unavailable and not rerouted_unavailable:
+            except AdmissionError as refusal:
+                if isinstance(refusal, ReplicaUnavailable) and not rerouted_unavailable:
                     rerouted_unavailable = True
                     replica = self.balancer.choose(session_id, exclude=replica)
                     if replica is None:

@@ -10,9 +10,10 @@ import asyncio
 import logging
 import signal
 
+from kvgate.balancer.settings import ReplicaSettings
 from kvgate.proxy.app import create_app
 from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.settings import ReplicaSettings, Settings
+from kvgate.proxy.settings import Settings
 
 log = logging.getLogger("kvgate")
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from kvgate.simulator.admission_policies import POLICY_NAMES, headroom_blocks, make_policy
 from kvgate.simulator.config import ConfigError, EngineConfig
+from kvgate.simulator.percentiles import percentile
 from kvgate.simulator.request import SimRequest
 from kvgate.simulator.scheduler import Scheduler, SchedulerCounters
 from kvgate.simulator.workload import WorkloadParams, WorkloadRequest, generate_workload
@@ -150,14 +151,6 @@ def run_policy(
         step += 1
     run.counters = scheduler.counters
     return run
-
-
-def percentile(sorted_values: list[int], pct: float) -> int | None:
-    """Nearest-rank percentile of an ascending list (None when empty)."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(pct / 100 * len(sorted_values)))
-    return sorted_values[rank - 1]
 
 
 def _latency_summary(records: list[RequestRecord]) -> dict:

@@ -24,25 +24,12 @@ tested on canned data. Definitions:
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterable
 
 from kvgate.bench.agentic.driver import AttemptRecord, TurnRecord
 from kvgate.bench.agentic.scrape import Counters
 from kvgate.proxy.metrics import TURN_LABELS as TURN_BUCKETS  # the report's turn buckets are the metric's
 from kvgate.proxy.metrics import turn_bucket
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """The q-th percentile (0..100) by linear interpolation; None for no values."""
-    data = sorted(values)
-    if not data:
-        return None
-    if len(data) == 1:
-        return data[0]
-    pos = (len(data) - 1) * q / 100.0
-    low = int(pos)
-    high = min(low + 1, len(data) - 1)
-    return data[low] + (data[high] - data[low]) * (pos - low)
+from kvgate.simulator.percentiles import percentile
 
 
 def _stats(values: list[float]) -> dict:

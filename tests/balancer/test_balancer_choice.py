@@ -8,7 +8,7 @@ import pytest
 
 from kvgate.balancer import Balancer, ReplicaRegistry
 from kvgate.balancer.registry import RegistryError
-from kvgate.proxy.settings import BalancerSettings
+from kvgate.balancer.settings import BalancerSettings
 
 
 def make(n=3, algorithm="rendezvous", load_factor=1.25):

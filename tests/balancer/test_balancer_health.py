@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from kvgate.balancer.health import HealthChecker, HealthState, next_health
+from kvgate.balancer.metrics import BalancerMetrics
 from kvgate.balancer.registry import ReplicaRegistry
-from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.settings import HealthSettings
+from kvgate.balancer.settings import HealthSettings
 
 
 def run(results, unhealthy_after=2, healthy_after=2, start=True):
@@ -34,7 +35,7 @@ def test_one_success_is_enough_with_healthy_after_1():
 
 
 def test_passive_marking_is_immediate_and_checks_bring_it_back():
-    metrics = KvgateMetrics()
+    metrics = BalancerMetrics(CollectorRegistry())
     registry = ReplicaRegistry(HealthSettings(unhealthy_after=3, healthy_after=2), metrics)
     r0 = registry.add("r0", "http://127.0.0.1:1")
     registry.add("r1", "http://127.0.0.1:2")

@@ -12,9 +12,11 @@ import pytest
 from kvgate.balancer.health import HealthChecker
 from kvgate.balancer.registry import ReplicaRegistry
 from kvgate.balancer.replica_metrics import ReplicaMetricsScraper, read_mirrored
+from kvgate.balancer.settings import BalancerSettings, HealthSettings, ReplicaSettings
+from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
 from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.settings import BalancerSettings, GateSettings, HealthSettings, ReplicaSettings, Settings
+from kvgate.proxy.settings import Settings
 from kvgate.simulator.replica_server import start_simulated_replicas
 
 VLLM_TEXT = """\
@@ -66,10 +68,10 @@ async def chat(session: aiohttp.ClientSession, url: str, content: str) -> None:
 async def test_scraper_mirrors_each_replicas_own_counters():
     replicas = await start_simulated_replicas(2, host="127.0.0.1", num_blocks=64, time_scale=0.0)
     metrics = KvgateMetrics()
-    registry = ReplicaRegistry(HealthSettings(), metrics)
+    registry = ReplicaRegistry(HealthSettings(), metrics.balancer)
     for r in replicas:
         registry.add(r.name, r.url)
-    scraper = ReplicaMetricsScraper(registry, metrics)
+    scraper = ReplicaMetricsScraper(registry, metrics.gate.probe_seconds, metrics.gate.probe_errors)
     metrics.registry.register(scraper)
     # the health checker runs the mirror's round beside its checks: one round when its loop
     # starts, then the test's own rounds (the next loop round is an hour away)

@@ -9,11 +9,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
 from kvgate.gate.gate import Gate
+from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.readings import PrefixReading, UsageReading
-from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.settings import GateSettings
+from kvgate.gate.settings import GateSettings
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
 
 COLD = PrefixReading(total_blocks=10, hit_blocks=0, hit_ratio=0.0)
@@ -117,8 +118,8 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def metrics() -> KvgateMetrics:
-    return KvgateMetrics()
+def metrics() -> GateMetrics:
+    return GateMetrics(CollectorRegistry())
 
 
 @pytest.fixture
@@ -126,7 +127,7 @@ def probe() -> FakeProbe:
     return FakeProbe()
 
 
-def sample(metrics: KvgateMetrics, name: str, **labels: str) -> float:
+def sample(metrics: GateMetrics, name: str, **labels: str) -> float:
     value = metrics.registry.get_sample_value(name, labels)
     return 0.0 if value is None else value
 

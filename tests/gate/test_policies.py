@@ -30,7 +30,7 @@ from kvgate.gate.policies import (
     turn_growth_tokens,
 )
 from kvgate.gate.readings import PrefixReading, UsageReading
-from kvgate.proxy.settings import GateSettings
+from kvgate.gate.settings import GateSettings
 
 KNOBS = GateSettings(high_watermark=0.85, hit_threshold=0.80, headroom_blocks=4)
 LOW = UsageReading(0.5, 100, 50)

@@ -8,7 +8,7 @@ import pytest
 
 from kvgate.gate.probe import ReplicaProbe
 from kvgate.gate.readings import PrefixReading, UsageReading
-from kvgate.proxy.settings import ProbeSettings
+from kvgate.gate.settings import ProbeSettings
 from tests.gate.conftest import sample, until
 
 

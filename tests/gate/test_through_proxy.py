@@ -7,10 +7,12 @@ import asyncio
 import aiohttp
 import pytest
 
+from kvgate.balancer.settings import ReplicaSettings
 from kvgate.gate.admission import AdmissionController
+from kvgate.gate.settings import ProbeSettings
 from kvgate.proxy.app import create_app
 from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.settings import ProbeSettings, ReplicaSettings, Settings
+from kvgate.proxy.settings import Settings
 from tests.gate.conftest import CLEAN, FakeClock, settings, until
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
 
@@ -26,7 +28,7 @@ async def stack(aiohttp_server):
         clock = FakeClock()
         gate = settings(probe=ProbeSettings(timeout_sec=0.5, usage_max_age_ms=0), **knobs)
         metrics = KvgateMetrics()
-        controller = AdmissionController(gate, metrics, clock=clock)
+        controller = AdmissionController(gate, metrics.gate, clock=clock)
         app = create_app(
             Settings(gate=gate, replicas=(ReplicaSettings("r0", str(server.make_url("")).rstrip("/")),)),
             metrics=metrics,

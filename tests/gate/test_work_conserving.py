@@ -21,7 +21,7 @@ from kvgate.gate.policies import (
     work_conserving,
 )
 from kvgate.gate.readings import PrefixReading, UsageReading
-from kvgate.proxy.settings import GateSettings
+from kvgate.gate.settings import GateSettings
 
 KNOBS = GateSettings()  # the defaults: quiet_factor 4, quiet_floor_sec 0.5, idle_grace_sec 60
 

@@ -24,10 +24,12 @@ from pathlib import Path
 import aiohttp
 import yaml
 
+from kvgate.balancer.settings import BalancerSettings, HealthSettings, ReplicaSettings
 from kvgate.bench.agentic.driver import WorkloadDriver
 from kvgate.bench.agentic.workload import WorkloadSpec, generate_workload
+from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
-from kvgate.proxy.settings import BalancerSettings, GateSettings, HealthSettings, ReplicaSettings, Settings
+from kvgate.proxy.settings import Settings
 from kvgate.simulator.replica_server import start_simulated_replicas
 from tests.observability.conftest import ALERT_RULES, DASHBOARD
 

@@ -9,8 +9,10 @@ import aiohttp
 import pytest
 from fake_upstream import FakeUpstream
 
+from kvgate.balancer.settings import ReplicaSettings
+from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
-from kvgate.proxy.settings import AdminSettings, GateSettings, ReplicaSettings, Settings
+from kvgate.proxy.settings import AdminSettings, Settings
 
 ADMIN_TOKEN = "test-admin-token"
 

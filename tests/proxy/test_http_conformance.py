@@ -19,8 +19,10 @@ import time
 import pytest
 from scripted_server import ScriptedServer
 
+from kvgate.balancer.settings import ReplicaSettings
+from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
-from kvgate.proxy.settings import AdminSettings, GateSettings, LimitsSettings, ReplicaSettings, Settings
+from kvgate.proxy.settings import AdminSettings, LimitsSettings, Settings
 
 TOKEN = "conformance-admin"
 ADMIN = f"Authorization: Bearer {TOKEN}\r\n".encode()

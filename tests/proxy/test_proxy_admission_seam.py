@@ -114,17 +114,6 @@ async def test_admission_errors_become_openai_errors(gated, admission, upstreams
     assert not any(f.requests for f in upstreams)
 
 
-async def test_duck_typed_admission_error_without_gate_classes(gated, admission):
-    class Refused(Exception):
-        status, code, message, retry_after = 503, "busy", "come back later", 2.2
-
-    admission.refuse = {"r0": [Refused()], "r1": [Refused()]}
-    resp = await gated.post("/v1/completions", json={"model": "m", "prompt": "x"}, headers={"x-session-id": "d"})
-    assert resp.status == 503
-    assert resp.headers["Retry-After"] == "3"
-    assert (await resp.json())["error"]["code"] == "busy"
-
-
 async def test_replica_unavailable_reroutes_once(gated, admission):
     first = (await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "u"})).headers[
         "x-kvgate-replica"
@@ -236,11 +225,11 @@ async def test_admin_remove_replica_tells_the_controller(gated, admission):
 async def test_real_gate_controller_admits_through_the_proxy(upstreams, make_proxy):
     """The gate's AdmissionController plugged into the app factory (fakes have low usage)."""
     from kvgate.gate.admission import AdmissionController
+    from kvgate.gate.settings import GateSettings
     from kvgate.proxy.metrics import KvgateMetrics
-    from kvgate.proxy.settings import GateSettings
 
     metrics = KvgateMetrics()
-    controller = AdmissionController(GateSettings(), metrics)
+    controller = AdmissionController(GateSettings(), metrics.gate)
     client = await make_proxy(upstreams, admission=controller)
     resp = await client.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "real"})
     assert resp.status == 200

@@ -17,8 +17,10 @@ import anthropic
 import openai
 import pytest
 
+from kvgate.balancer.settings import ReplicaSettings
+from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
-from kvgate.proxy.settings import GateSettings, ReplicaSettings, Settings
+from kvgate.proxy.settings import Settings
 from kvgate.simulator.replica_server import start_simulated_replicas
 from tests.gate.conftest import CLEAN
 

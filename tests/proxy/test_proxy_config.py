@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from kvgate.balancer.balancer import ALGORITHMS
+from kvgate.balancer.settings import ReplicaSettings
+from kvgate.gate.gate import MODES
+from kvgate.gate.policies import POLICIES
 from kvgate.proxy.config import ConfigError, load_settings, settings_from_dict
-from kvgate.proxy.settings import ReplicaSettings, Settings
+from kvgate.proxy.settings import Settings
+from kvgate.proxy.topology import ROLES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -115,6 +120,31 @@ def test_environment_overrides_file_values(tmp_path):
 def test_each_problem_names_its_key(data, expected):
     problems = problems_of(data)
     assert any(p.startswith(expected) for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "section, key, registry",
+    [
+        ("gate", "policy", tuple(POLICIES)),
+        ("gate", "mode", MODES),
+        ("balancer", "algorithm", ALGORITHMS),
+        (None, "role", ROLES),
+    ],
+)
+def test_choices_are_the_registries(section, key, registry):
+    """Every name a registry knows is accepted, and the refusal lists exactly them."""
+
+    def data(value):
+        return {key: value} if section is None else {section: {key: value}}
+
+    path = key if section is None else f"{section}.{key}"
+    for name in registry:
+        try:
+            settings_from_dict(data(name))
+        except ConfigError as exc:  # a role may need other keys; the choice itself is accepted
+            assert not [p for p in exc.problems if p.startswith(f"{path}: must be one of")], name
+    [problem] = [p for p in problems_of(data("no-such-choice")) if p.startswith(path + ":")]
+    assert problem.startswith(f"{path}: must be one of {', '.join(registry)},")
 
 
 def test_all_problems_are_reported_at_once():

@@ -345,7 +345,7 @@ async def test_front_door_health_timeouts_under_load_are_no_evidence(aiohttp_ser
 
     from kvgate.balancer import ReplicaRegistry
     from kvgate.balancer.health import HealthChecker
-    from kvgate.proxy.settings import HealthSettings
+    from kvgate.balancer.settings import HealthSettings
 
     answer = {"delay": 0.3, "status": 200}
 

@@ -6,7 +6,8 @@ import pytest
 
 from kvgate.proxy.cli import main
 from kvgate.simulator.config import ConfigError
-from kvgate.simulator.experiment import ExperimentConfig, percentile, run_experiment
+from kvgate.simulator.experiment import ExperimentConfig, run_experiment
+from kvgate.simulator.percentiles import percentile
 from kvgate.simulator.workload import WorkloadParams, generate_workload
 
 SMALL = ExperimentConfig(workload=WorkloadParams(num_requests=300, oversize_every=100))

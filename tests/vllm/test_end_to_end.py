@@ -44,6 +44,8 @@ import pytest
 from multiturn_workload import WorkloadShape, run_workload
 from vllm_harness import KvgateProxy, free_port, prefix_counters
 
+from kvgate.simulator.percentiles import percentile
+
 pytestmark = pytest.mark.vllm
 
 SHAPE = WorkloadShape(model="prefill", send_finish=False)
@@ -65,13 +67,6 @@ def measured_run(server, base_url: str, seed: int, shape: WorkloadShape = SHAPE)
     queries_after, hits_after = prefix_counters(server.url)
     queries = queries_after - queries_before
     return result, (hits_after - hits_before) / queries if queries else 0.0
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 def gated_run(server, tmp_path: Path, seed: int):
@@ -124,7 +119,8 @@ def test_kvgate_keeps_the_hit_rate_and_is_no_slower_without_finish_headers(vllm_
         f"walls {[round(result.wall_sec, 1) for result, _ in direct_runs]} s\n"
         f"[e2e] kvgate: hit rates {[round(rate, 3) for _, rate in gated_runs]}, "
         f"walls {[round(result.wall_sec, 1) for result, _ in gated_runs]} s ({makespan_ratio:.2f}x direct), "
-        f"admissions {dict(admissions)}, wait p50/p95 {percentile(waits, 0.5):.0f}/{percentile(waits, 0.95):.0f} ms"
+        f"admissions {dict(admissions)}, "
+        f"wait p50/p95 {percentile(waits, 50, 0.0):.0f}/{percentile(waits, 95, 0.0):.0f} ms"
     )
     total_turns = SHAPE.sessions * SHAPE.turns
     assert all(result.turns_ok == total_turns for result, _ in direct_runs + gated_runs)
@@ -135,6 +131,6 @@ def test_kvgate_keeps_the_hit_rate_and_is_no_slower_without_finish_headers(vllm_
     )
     assert makespan_ratio <= MAX_MAKESPAN_VS_DIRECT, (
         f"kvgate took {gated_wall:.1f}s, {makespan_ratio:.2f}x the direct {direct_wall:.1f}s "
-        f"(allowed {MAX_MAKESPAN_VS_DIRECT}x); gate wait p95 {percentile(waits, 0.95):.0f} ms: "
+        f"(allowed {MAX_MAKESPAN_VS_DIRECT}x); gate wait p95 {percentile(waits, 95, 0.0):.0f} ms: "
         "do windows of sessions that went quiet without x-session-finish outlive them?"
     )

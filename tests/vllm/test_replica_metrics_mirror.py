@@ -11,8 +11,9 @@ import aiohttp
 import pytest
 from vllm_harness import prefix_counters
 
+from kvgate.balancer.settings import BalancerSettings, HealthSettings, ReplicaSettings
 from kvgate.proxy.app import create_app
-from kvgate.proxy.settings import BalancerSettings, HealthSettings, ReplicaSettings, Settings
+from kvgate.proxy.settings import Settings
 
 pytestmark = pytest.mark.vllm
 
