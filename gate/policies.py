@@ -145,6 +145,7 @@ class Admit:
 class Wait:
     """Hold the request and decide again when woken.
 
+    cause: why it waits (`WaitCause`); why: the same for people, with the figures.
     drop_window: the session loses its window before it waits (a holder that no longer
     fits behind the older windows; cause `lost`); it then waits as a newcomer.
     A Reject likewise ends the session's window (cause `revoked`): a session never
