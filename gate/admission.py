@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -39,6 +39,17 @@ __all__ = [
 ]
 
 ProbeFactory = Callable[[str, str], Probe]  # (replica name, replica url) -> probe
+
+
+class ReplicaAddress(Protocol):
+    """What admission needs of a replica (`balancer.Replica` has both): its name, which keys
+    its gate, and its base URL, which its probe reads."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
 
 
 class AdmissionController:
@@ -119,7 +130,9 @@ class AdmissionController:
 
     # -------------------------------------------------------------- Seam 1
 
-    async def acquire(self, replica: Any, session_id: str | None, route_kind: str, body: dict[str, Any]) -> Lease:
+    async def acquire(
+        self, replica: ReplicaAddress, session_id: str | None, route_kind: str, body: Mapping[str, object]
+    ) -> Lease:
         """Admit one request to `replica` (has .name and .url), or raise an AdmissionError.
 
         session_id None is anonymous. `body` is read, never modified. Cancelling the

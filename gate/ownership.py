@@ -29,7 +29,6 @@ import secrets
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 
@@ -67,7 +66,7 @@ class Ownership:
     expires_in_sec: float = 0.0
 
 
-def parse_owner_answer(data: Any) -> OwnerAnswer:
+def parse_owner_answer(data: object) -> OwnerAnswer:
     """The owner record's answer; ValueError when it is not one."""
     if not isinstance(data, dict):
         raise ValueError("the owner answer is not a JSON object")

@@ -33,8 +33,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Protocol, TypeVar
 
 import aiohttp
 import orjson
@@ -68,7 +68,7 @@ class Probe(Protocol):
 
     async def usage(self, newer_than: float | None = None) -> UsageReading | None: ...
 
-    async def prefix(self, route_kind: str, body: dict[str, Any]) -> PrefixReading | None: ...
+    async def prefix(self, route_kind: str, body: Mapping[str, object]) -> PrefixReading | None: ...
 
 
 class _Failed(Exception):
@@ -225,7 +225,7 @@ class ReplicaProbe:
 
     # ----------------------------------------------------------------- prefix
 
-    async def prefix(self, route_kind: str, body: dict[str, Any]) -> PrefixReading | None:
+    async def prefix(self, route_kind: str, body: Mapping[str, object]) -> PrefixReading | None:
         """The prompt's residency on the replica; None when unavailable."""
         if route_kind not in PREFIX_PROBE_KINDS or self._fallback_since is not None:
             return None
@@ -268,7 +268,10 @@ class ReplicaProbe:
         self._last_error = message
 
 
-def _parse(status: int, payload: bytes, parser: Callable[[Any], Any]) -> Any:
+Parsed = TypeVar("Parsed")
+
+
+def _parse(status: int, payload: bytes, parser: Callable[[object], Parsed]) -> Parsed:
     if status != 200:
         raise _Failed(f"answered HTTP {status}: {payload[:200]!r}")
     try:

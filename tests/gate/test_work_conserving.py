@@ -8,11 +8,11 @@ import pytest
 
 from kvgate.gate.book import SessionBook
 from kvgate.gate.policies import (
-    CONTRACT_FITS,
-    WORK_CONSERVING,
+    AdmissionReason,
     Admit,
     GateView,
     Wait,
+    WaitCause,
     contract_decide,
     evicted_window_blocks,
     holding_cost_sec,
@@ -52,7 +52,7 @@ def _turn(book: SessionBook, key: str, now: float, end: float, blocks: int = 10)
     """One admitted turn of `key` from `now` to `end`, holding a window of `blocks`."""
     attempt = _Attempt()
     rec, _ = book.begin_attempt(key, attempt, now)
-    book.admit(rec, attempt, Admit(CONTRACT_FITS, reserve=True, resident_blocks=blocks), CONTRACT_FITS, now)
+    book.admit(rec, attempt, AdmissionReason.CONTRACT_FITS.value, now, window=True, footprint=blocks)
     book.release(rec, end, attempt)
 
 
@@ -63,10 +63,10 @@ def test_a_window_ends_when_its_session_goes_quiet_and_its_record_at_the_grace()
     _turn(book, "s", 1.3, 2.0)  # gap 0.3 -> lifetime 1.2 -> window ends at 3.2
     rec = book.records["s"]
     assert (rec.last_gap, rec.quiet_deadline) == (pytest.approx(0.3), pytest.approx(3.2))
-    assert book.purge(3.1) == ([], False) and rec.reserved  # not quiet yet
+    assert book.purge(3.1) == ([], False) and rec.has_window  # not quiet yet
     ended, windows_ended = book.purge(3.2)
-    assert ended == [] and windows_ended and not rec.reserved
-    assert (book.reserved_idle, book.idle_reserved_blocks, book.window_blocks) == (0, 0, 0)
+    assert ended == [] and windows_ended and not rec.has_window
+    assert (book.windows_idle, book.idle_window_blocks, book.window_blocks) == (0, 0, 0)
     assert book.window_ends["quiet"] == 1 and book.take_window_ends() == ["quiet"]
     assert rec.last_window_end == "quiet" and "s" in book.records  # the record (gaps, sizes) lives on
     ended, windows_ended = book.purge(62.0)  # idle for the grace: the record ends, no window left
@@ -79,7 +79,7 @@ def test_a_session_back_before_its_quiet_deadline_keeps_its_window():
     _turn(book, "s", 1.3, 2.0)  # deadline 3.2
     _turn(book, "s", 3.0, 4.0)  # back at 3.0 (gap 1.0): the window held
     rec = book.records["s"]
-    assert rec.reserved and book.window_ends["quiet"] == 0
+    assert rec.has_window and book.window_ends["quiet"] == 0
     # gap EWMA (weight 0.5): 0.3 then 0.65; the last gap 1.0 is larger -> lifetime 4.0
     assert rec.quiet_deadline == pytest.approx(8.0)
     assert book.purge(7.9) == ([], False)  # the stale deadline of the earlier idle period is skipped
@@ -103,7 +103,7 @@ UNMEASURED = UsageReading(0.8, 100, 20, 16)
 PROMPT = PrefixReading(total_blocks=40, hit_blocks=10, hit_ratio=0.25, total_tokens=640)
 # 60 blocks in idle windows of other sessions: none of them fit beside this turn.
 BUSY = GateView(
-    idle_reserved_blocks=60, older_window_blocks=80, max_output_tokens=32, last_prompt_tokens=600, last_growth_tokens=40
+    idle_window_blocks=60, older_window_blocks=80, max_output_tokens=32, last_prompt_tokens=600, last_growth_tokens=40
 )
 
 
@@ -112,9 +112,7 @@ def test_reprefill_and_holding_cost_by_hand():
     # none free outside idle windows (20 - 60 < 0) -> all 32 out of idle windows. The larger: 32.
     assert evicted_window_blocks(BUSY, MEASURED, PROMPT, 20 - 60, 100) == 32
     # no window in the books; 10 free outside idle windows: 22 out of them, at most their 10
-    assert (
-        evicted_window_blocks(GateView(idle_reserved_blocks=10, max_output_tokens=32), MEASURED, PROMPT, 10, 100) == 10
-    )
+    assert evicted_window_blocks(GateView(idle_window_blocks=10, max_output_tokens=32), MEASURED, PROMPT, 10, 100) == 10
     # books only: 90 in windows (none idle), 10 spare: 22 of theirs
     assert (
         evicted_window_blocks(GateView(older_window_blocks=90, max_output_tokens=32), MEASURED, PROMPT, 20, 100) == 22
@@ -129,14 +127,14 @@ def test_reprefill_and_holding_cost_by_hand():
     )
     assert holding_cost_sec(BUSY, prefill_bound) == pytest.approx(0.04)
     idle = GateView(max_output_tokens=1, replica_idle_sec=0.2, expected_gap_sec=0.5, waited_sec=0.1)
-    assert holding_cost_sec(idle, MEASURED) == pytest.approx(0.5)  # idle: the gap before an owner returns
+    assert holding_cost_sec(idle, MEASURED) == pytest.approx(0.5)  # idle: the gap before a holder returns
 
 
 def test_a_work_conserving_admission():
     """Re-prefill of 32 evicted blocks + its own 40 (unprotected without a window): 72 ms,
     less than the 320 ms of decode that holding the turn back would leave unused (at half
     its worth: 160 ms)."""
-    assert contract_decide(BUSY, MEASURED, PROMPT, KNOBS) == Admit(WORK_CONSERVING)
+    assert contract_decide(BUSY, MEASURED, PROMPT, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
 
 
 def test_a_held_admission():
@@ -144,15 +142,16 @@ def test_a_held_admission():
     tokens) cost 0.17 s of re-prefill, more than the 10 ms of decode it would share (5 ms
     at half its worth): held."""
     long_prompt = PrefixReading(total_blocks=110, hit_blocks=5, hit_ratio=0.05, total_tokens=1760)
-    view = GateView(idle_reserved_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700)
+    view = GateView(idle_window_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700)
     usage = UsageReading(0.8, 200, 60, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
     decision = contract_decide(view, usage, long_prompt, KNOBS)
     # needs 105 + 1 blocks, free outside idle windows 0 -> 60 come out of the idle windows (all of them)
-    assert isinstance(decision, Wait) and "re-prefill 0.170s > holding cost 0.005s" in decision.why
+    assert isinstance(decision, Wait) and decision.cause == WaitCause.NO_FREE_BLOCKS
+    assert "re-prefill 0.170s > holding cost 0.005s" in decision.why
     assert decision.recheck_sec is None  # busy: only a release can change the balance
     # the same turn on an idle replica that has waited 40 ms of idle time: recheck in 130 ms
     idle = GateView(
-        idle_reserved_blocks=60,
+        idle_window_blocks=60,
         older_window_blocks=20,
         max_output_tokens=1,
         last_prompt_tokens=1700,
@@ -165,7 +164,7 @@ def test_a_held_admission():
     # ... and once it has waited, idle, as long as the re-prefill (ski rental): admitted
     assert contract_decide(
         GateView(**{**_fields(idle), "replica_idle_sec": 0.17, "waited_sec": 0.2}), usage, long_prompt, KNOBS
-    ) == Admit(WORK_CONSERVING)
+    ) == Admit(AdmissionReason.WORK_CONSERVING)
 
 
 def test_a_prefill_bound_engine_holds_what_a_decode_bound_one_admits():
@@ -175,12 +174,12 @@ def test_a_prefill_bound_engine_holds_what_a_decode_bound_one_admits():
     worth). A decode-bound engine (prefill share 0) has all of it to spare: admitted. A
     prefill-bound one (share 0.8) only 0.08 s: held."""
     prompt = PrefixReading(total_blocks=160, hit_blocks=0, hit_ratio=0.0, total_tokens=2560)
-    view = GateView(older_window_blocks=500, idle_reserved_blocks=0, max_output_tokens=8, last_prompt_tokens=2400)
+    view = GateView(older_window_blocks=500, idle_window_blocks=0, max_output_tokens=8, last_prompt_tokens=2400)
 
     def usage(share):
         return UsageReading(0.9, 512, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.1, prefill_share=share)
 
-    assert contract_decide(view, usage(0.0), prompt, KNOBS) == Admit(WORK_CONSERVING)
+    assert contract_decide(view, usage(0.0), prompt, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
     held = contract_decide(view, usage(0.8), prompt, KNOBS)
     assert isinstance(held, Wait) and "re-prefill 0.309s > holding cost 0.080s" in held.why
 
@@ -189,21 +188,23 @@ def test_no_measurement_yet_holds_and_the_knob_turns_it_off():
     assert isinstance(contract_decide(BUSY, UNMEASURED, PROMPT, KNOBS), Wait)
     off = GateSettings(work_conserving=False)
     assert isinstance(contract_decide(BUSY, MEASURED, PROMPT, off), Wait)
-    assert work_conserving(BUSY, MEASURED, 32, off) is not None
+    assert work_conserving(BUSY, MEASURED, 32, off) == Wait(
+        WaitCause.WORTH_HOLDING, "no prefill-throughput measurement: holding"
+    )
 
 
-def test_an_owner_that_no_longer_fits_goes_in_work_conserving_without_its_window():
-    owner = GateView(
-        reserved=True,
-        idle_reserved_blocks=60,
+def test_a_holder_that_no_longer_fits_goes_in_work_conserving_without_its_window():
+    holder = GateView(
+        has_window=True,
+        idle_window_blocks=60,
         older_window_blocks=80,
         max_output_tokens=32,
         last_prompt_tokens=600,
         last_growth_tokens=40,
     )
-    assert contract_decide(owner, MEASURED, PROMPT, KNOBS) == Admit(WORK_CONSERVING)
-    held = contract_decide(owner, UNMEASURED, PROMPT, KNOBS)
-    assert isinstance(held, Wait) and held.drop_window
+    assert contract_decide(holder, MEASURED, PROMPT, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
+    held = contract_decide(holder, UNMEASURED, PROMPT, KNOBS)
+    assert isinstance(held, Wait) and held.drop_window and held.cause == WaitCause.WINDOW_LOST
 
 
 def _fields(view: GateView) -> dict:
