@@ -90,7 +90,7 @@ class Attempt:
     `event` (what wakes it) is made on its first wait: most attempts never wait.
     """
 
-    __slots__ = ("event", "abort", "queued", "named", "queued_at")
+    __slots__ = ("event", "abort", "queued", "named", "queued_at", "held")
 
     def __init__(self, named: bool = True) -> None:
         self.event: asyncio.Event | None = None
@@ -98,6 +98,7 @@ class Attempt:
         self.queued = False
         self.named = named
         self.queued_at = 0.0  # when it joined the queue (clock seconds): the oldest waiter's age
+        self.held: Wait | None = None  # the last Wait decided for it: /admin/state shows why it waits
 
     def wake(self) -> None:
         if self.event is not None:
@@ -106,6 +107,13 @@ class Attempt:
     def checkpoint(self) -> None:
         if self.abort is not None:
             raise self.abort
+
+
+def _held_state(attempt: object) -> dict[str, str] | None:
+    """Why a session's turn waits now (its last `Wait`), for /admin/state; None if it does not."""
+    if not isinstance(attempt, Attempt) or attempt.held is None:
+        return None
+    return {"cause": attempt.held.cause.value, "why": attempt.held.why}
 
 
 class Lease:
@@ -247,6 +255,7 @@ class Gate:
                     raise PromptTooLong(decision.message)
                 if decision.drop_window:
                     self._drop_window(record)
+                attempt.held = decision
                 await self._wait(attempt, deadline, decision.recheck_sec)
                 newer_than = self._changed_at
         finally:
@@ -630,6 +639,7 @@ class Gate:
                 ),
                 "quiet_lifetime_sec": round(self._book.quiet_lifetime(rec), 3),
                 "last_window_end": rec.last_window_end,
+                "held": _held_state(rec.attempt),
             }
         pending = [k for k, rec in self._book.records.items() if rec.attempt is not None and rec.attempt in self._queue]
         anonymous_waiting = len(self._queue) - len(pending)
