@@ -6,7 +6,7 @@ replica for a session (rendezvous or bounded_load) or for an anonymous request
 (least loaded).
 """
 
-from balancer.registry import Replica, ReplicaRegistry
-from balancer.balancer import Balancer
+from kvgate.balancer.balancer import Balancer
+from kvgate.balancer.registry import Replica, ReplicaRegistry
 
 __all__ = ["Balancer", "Replica", "ReplicaRegistry"]

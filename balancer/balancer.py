@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from itertools import count
 
-from balancer.hashing import bounded_load_pick, rendezvous_order, rendezvous_score
-from balancer.registry import Replica, ReplicaRegistry
-from proxy.settings import BalancerSettings
+from kvgate.balancer.hashing import bounded_load_pick, rendezvous_order, rendezvous_score
+from kvgate.balancer.registry import Replica, ReplicaRegistry
+from kvgate.balancer.settings import BalancerSettings
 
 ALGORITHMS = ("rendezvous", "bounded_load")
 
@@ -57,11 +57,12 @@ class Balancer:
     def _least_loaded(self, candidates: tuple[Replica, ...]) -> Replica:
         n = len(candidates)
         start = next(self._tie) % n
-        best = None
+        best: Replica | None = None
         best_load = 0.0
         for i in range(n):
             r = candidates[(start + i) % n]
             load = r.in_flight / r.weight
             if best is None or load < best_load:
                 best, best_load = r, load
+        assert best is not None  # candidates is not empty
         return best

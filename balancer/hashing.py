@@ -11,8 +11,9 @@ twice as many keys as one of weight 1.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from hashlib import blake2b
-from typing import Iterable, Sequence, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 

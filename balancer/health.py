@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from proxy.settings import HealthSettings
+from kvgate.balancer.settings import HealthSettings
 
 log = logging.getLogger("kvgate.balancer")
 
@@ -45,8 +45,7 @@ class HealthChecker:
     replica answers healthy with any 2xx status. The loop survives every error.
     """
 
-    def __init__(self, registry, settings: HealthSettings, path: str = "/health",
-                 busy_is_alive: bool = False) -> None:
+    def __init__(self, registry, settings: HealthSettings, path: str = "/health", busy_is_alive: bool = False) -> None:
         self._registry = registry
         self._settings = settings
         self._path = path  # a front door asks replica gates for /ready (proxy/topology.py)
@@ -101,7 +100,7 @@ class HealthChecker:
             async with self._session.get(url + self._path) as resp:
                 await resp.read()
                 return 200 <= resp.status < 300
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
         except (aiohttp.ClientError, OSError):
             return False

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 
-from balancer.health import HealthState, next_health
-from proxy.http_fields import replica_name_problem, replica_url_problem
-from proxy.settings import HealthSettings
+from kvgate.balancer.health import HealthState, next_health
+from kvgate.balancer.metrics import BalancerMetrics
+from kvgate.balancer.replica_fields import replica_name_problem, replica_url_problem
+from kvgate.balancer.settings import HealthSettings
 
 log = logging.getLogger("kvgate.balancer")
 
@@ -36,8 +37,14 @@ class Replica:
         return self.health.healthy
 
     def describe(self) -> dict:
-        return {"name": self.name, "url": self.url, "weight": self.weight, "healthy": self.healthy,
-                "draining": self.draining, "in_flight": self.in_flight}
+        return {
+            "name": self.name,
+            "url": self.url,
+            "weight": self.weight,
+            "healthy": self.healthy,
+            "draining": self.draining,
+            "in_flight": self.in_flight,
+        }
 
     def __repr__(self) -> str:
         return f"Replica({self.name!r}, {self.url!r})"
@@ -48,7 +55,7 @@ class RegistryError(ValueError):
 
 
 class ReplicaRegistry:
-    def __init__(self, health: HealthSettings | None = None, metrics=None) -> None:
+    def __init__(self, health: HealthSettings | None = None, metrics: BalancerMetrics | None = None) -> None:
         self._health = health or HealthSettings()
         self._metrics = metrics
         self._replicas: dict[str, Replica] = {}

@@ -31,8 +31,11 @@ import time
 from dataclasses import dataclass
 
 import aiohttp
+from prometheus_client import Counter, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
+
+from kvgate.balancer.registry import ReplicaRegistry
 
 
 @dataclass(frozen=True)
@@ -46,16 +49,36 @@ class Mirrored:
 
 
 MIRRORED = (
-    Mirrored("vllm:prefix_cache_queries_total", "kvgate_replica_prefix_cache_queries", "counter",
-             "The replica's vllm:prefix_cache_queries_total (prompt tokens looked up in its prefix cache)."),
-    Mirrored("vllm:prefix_cache_hits_total", "kvgate_replica_prefix_cache_hits", "counter",
-             "The replica's vllm:prefix_cache_hits_total (prompt tokens found in its prefix cache)."),
-    Mirrored("vllm:num_preemptions_total", "kvgate_replica_num_preemptions", "counter",
-             "The replica's vllm:num_preemptions_total (running requests its scheduler preempted)."),
-    Mirrored("vllm:num_requests_running", "kvgate_replica_num_requests_running", "gauge",
-             "The replica's vllm:num_requests_running at kvgate's last read."),
-    Mirrored("vllm:num_requests_waiting", "kvgate_replica_num_requests_waiting", "gauge",
-             "The replica's vllm:num_requests_waiting at kvgate's last read."),
+    Mirrored(
+        "vllm:prefix_cache_queries_total",
+        "kvgate_replica_prefix_cache_queries",
+        "counter",
+        "The replica's vllm:prefix_cache_queries_total (prompt tokens looked up in its prefix cache).",
+    ),
+    Mirrored(
+        "vllm:prefix_cache_hits_total",
+        "kvgate_replica_prefix_cache_hits",
+        "counter",
+        "The replica's vllm:prefix_cache_hits_total (prompt tokens found in its prefix cache).",
+    ),
+    Mirrored(
+        "vllm:num_preemptions_total",
+        "kvgate_replica_num_preemptions",
+        "counter",
+        "The replica's vllm:num_preemptions_total (running requests its scheduler preempted).",
+    ),
+    Mirrored(
+        "vllm:num_requests_running",
+        "kvgate_replica_num_requests_running",
+        "gauge",
+        "The replica's vllm:num_requests_running at kvgate's last read.",
+    ),
+    Mirrored(
+        "vllm:num_requests_waiting",
+        "kvgate_replica_num_requests_waiting",
+        "gauge",
+        "The replica's vllm:num_requests_waiting at kvgate's last read.",
+    ),
 )
 _BY_SOURCE = {m.source: m for m in MIRRORED}
 _SOURCES = tuple(_BY_SOURCE)
@@ -89,16 +112,18 @@ def _mirrored_lines(text: str):
 class ReplicaMetricsScraper:
     """Reads every registered replica's /metrics each round; a prometheus-client collector.
 
-    Register it on the proxy's registry (`registry.register(scraper)`) and hand
+    Each read is timed in `probe_seconds` and a failed one counted in `probe_errors`
+    (the gate's `kvgate_probe_seconds` and `kvgate_probe_errors_total` families, label
+    probe="metrics"). Register it on the proxy's registry (`registry.register(scraper)`) and hand
     `read_all` to the health checker (`HealthChecker.add_round`), whose loop runs it
     every `interval_sec` over its own ClientSession (timeout `timeout_sec`).
     """
 
-    def __init__(self, registry, metrics) -> None:
+    def __init__(self, registry: ReplicaRegistry, probe_seconds: Histogram, probe_errors: Counter) -> None:
         self._registry = registry
         self._values: dict[str, dict[str, float]] = {}  # replica name -> source name -> value
-        self._seconds = metrics.probe_seconds
-        self._errors = metrics.probe_errors
+        self._seconds = probe_seconds
+        self._errors = probe_errors
 
     # ---- prometheus-client collector ----------------------------------------------
 
@@ -137,7 +162,7 @@ class ReplicaMetricsScraper:
                 if resp.status != 200:
                     raise ValueError(f"answered HTTP {resp.status}")
             values = read_mirrored(text)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             self._errors.labels(name, "metrics").inc()
             previous = self._values.get(name, {})
             self._values[name] = {k: v for k, v in previous.items() if _BY_SOURCE[k].kind == "counter"}

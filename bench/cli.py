@@ -7,14 +7,16 @@ sets `func`. To add a benchmark, import its module here and add one line to
 
 from __future__ import annotations
 
-from bench import gate_load, overhead
-from bench.agentic import cli as agentic_cli
+from kvgate.bench import gate_load, overhead, probe_latency
+from kvgate.bench.agentic import cli as agentic_cli
 
 
 def add_commands(subparsers) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks",
-                                  description="Benchmarks of kvgate. Each prints its numbers; none asserts them.")
+    bench = subparsers.add_parser(
+        "bench", help="benchmarks", description="Benchmarks of kvgate. Each prints its numbers; none asserts them."
+    )
     benchmarks = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
     overhead.add_command(benchmarks)
     gate_load.add_command(benchmarks)
+    probe_latency.add_command(benchmarks)
     agentic_cli.add_parser(benchmarks)

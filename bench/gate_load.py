@@ -17,7 +17,7 @@ It reports per mode the client-side turn latency (p50, p95), the time spent insi
 milliseconds and as a ratio (the goal is < 1 ms at p50). It prints numbers and
 asserts none; the exit status is 1 only if a turn failed or something leaked.
 
-Run: python -m bench.gate_load [--sessions 1000] [--turns 10] [--replicas 2]
+Run: python -m kvgate.bench.gate_load [--sessions 1000] [--turns 10] [--replicas 2]
      [--modes off,enforce] [--policy seed] [--repeats 1] [--in-process-replicas] [--out FILE]
 """
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import random
 import re
 import statistics
@@ -36,12 +37,15 @@ from typing import Any
 
 import orjson
 
-from gate.admission import AdmissionController
-from gate.policies import POLICIES
-from proxy.app import create_app
-from proxy.metrics import KvgateMetrics
-from proxy.settings import GateSettings, ReplicaSettings, Settings
-from simulator.replica_server import start_simulated_replicas
+from kvgate.balancer.settings import ReplicaSettings
+from kvgate.gate.admission import AdmissionController
+from kvgate.gate.policies import POLICIES
+from kvgate.gate.settings import GateSettings
+from kvgate.proxy.app import create_app
+from kvgate.proxy.metrics import KvgateMetrics
+from kvgate.proxy.settings import Settings
+from kvgate.simulator.percentiles import percentile
+from kvgate.simulator.replica_server import start_simulated_replicas
 
 SYSTEM_PROMPT = "You are a coding agent working in a large repository. " * 6
 TOOL_RESULT = "line of tool output with a file path and a short message; " * 4
@@ -72,7 +76,7 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, 
             headers[name.strip().lower()] = value.strip()
     if b"content-length" in headers:
         return status, headers, await reader.readexactly(int(headers[b"content-length"]))
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         size = int((await reader.readuntil(b"\r\n")).strip().split(b";")[0], 16)
         if size == 0:
@@ -84,9 +88,11 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, 
 
 async def send_turn(reader, writer, host: str, port: int, session: str, messages: list, finish: bool) -> TurnResult:
     body = orjson.dumps({"model": "bench", "messages": messages, "max_tokens": 8})
-    head = (f"POST {PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"x-session-id: {session}\r\n{'x-session-finish: true' + chr(13) + chr(10) if finish else ''}"
-            f"Content-Length: {len(body)}\r\n\r\n")
+    head = (
+        f"POST {PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"x-session-id: {session}\r\n{'x-session-finish: true' + chr(13) + chr(10) if finish else ''}"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
     started = time.perf_counter()
     writer.write(head.encode() + body)
     status, headers, payload = await read_response(reader)
@@ -94,8 +100,13 @@ async def send_turn(reader, writer, host: str, port: int, session: str, messages
     reply = ""
     if status == 200:
         reply = orjson.loads(payload)["choices"][0]["message"]["content"] or ""
-    return TurnResult(status, seconds, headers.get(b"x-kvgate-admission", b"-").decode(), reply,
-                      headers.get(b"x-kvgate-replica", b"-").decode())
+    return TurnResult(
+        status,
+        seconds,
+        headers.get(b"x-kvgate-admission", b"-").decode(),
+        reply,
+        headers.get(b"x-kvgate-replica", b"-").decode(),
+    )
 
 
 async def run_session(host: str, port: int, name: str, turns: int, start_delay: float) -> list[TurnResult]:
@@ -170,18 +181,11 @@ class RunResult:
     leaked: dict[str, int] = field(default_factory=dict)
 
 
-def quantile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def run_mode(mode: str, policy: str, replicas: list, args: argparse.Namespace, run_index: int) -> RunResult:
     gate = replace(GateSettings(), mode=mode, policy=policy)
     settings = Settings(gate=gate, replicas=tuple(ReplicaSettings(r.name, r.url) for r in replicas))
     metrics = KvgateMetrics()
-    controller = AdmissionController(gate, metrics)
+    controller = AdmissionController(gate, metrics.gate)
     timed = TimedAdmission(controller)
     app = create_app(settings, metrics=metrics, admission=timed, health_checks=False)
     host, port = await app.start("127.0.0.1", 0)
@@ -189,19 +193,22 @@ async def run_mode(mode: str, policy: str, replicas: list, args: argparse.Namesp
     result = RunResult(mode)
     try:
         started = time.perf_counter()
-        sessions = await asyncio.gather(*(
-            run_session(host, port, f"{mode}-{run_index}-s{i}", args.turns, rng.uniform(0, args.ramp_sec))
-            for i in range(args.sessions)))
+        sessions = await asyncio.gather(
+            *(
+                run_session(host, port, f"{mode}-{run_index}-s{i}", args.turns, rng.uniform(0, args.ramp_sec))
+                for i in range(args.sessions)
+            )
+        )
         result.seconds = time.perf_counter() - started
         turns = [t for session in sessions for t in session]
         result.turns = len(turns)
         result.failed = sum(t.status != 200 for t in turns) + sum(args.turns - len(s) for s in sessions)
         latencies = [t.seconds for t in turns if t.status == 200]
-        result.turn_p50_ms = quantile(latencies, 0.5) * 1000
-        result.turn_p95_ms = quantile(latencies, 0.95) * 1000
+        result.turn_p50_ms = percentile(latencies, 50, math.nan) * 1000
+        result.turn_p95_ms = percentile(latencies, 95, math.nan) * 1000
         gate_seconds = [a + r for a, r in zip(timed.acquire_seconds, timed.release_seconds)]
-        result.gate_p50_us = quantile(gate_seconds, 0.5) * 1e6
-        result.gate_p99_us = quantile(gate_seconds, 0.99) * 1e6
+        result.gate_p50_us = percentile(gate_seconds, 50, math.nan) * 1e6
+        result.gate_p99_us = percentile(gate_seconds, 99, math.nan) * 1e6
         result.reasons = dict(Counter(t.reason for t in turns))
         result.statuses = {str(k): v for k, v in Counter(t.status for t in turns).items()}
         counts = controller.counts()
@@ -221,11 +228,27 @@ class ReplicaProcess:
     process: asyncio.subprocess.Process
 
     @classmethod
-    async def start(cls, name: str, args: argparse.Namespace) -> "ReplicaProcess":
+    async def start(cls, name: str, args: argparse.Namespace) -> ReplicaProcess:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "proxy.cli", "replica", "--name", name, "--host", "127.0.0.1", "--port", "0",
-            "--time-scale", "0", "--num-blocks", str(args.num_blocks), "--max-num-seqs", str(args.max_num_seqs),
-            stdout=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "kvgate.proxy.cli",
+            "replica",
+            "--name",
+            name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--time-scale",
+            "0",
+            "--num-blocks",
+            str(args.num_blocks),
+            "--max-num-seqs",
+            str(args.max_num_seqs),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert process.stdout is not None  # stdout=PIPE
         try:
             line = (await asyncio.wait_for(process.stdout.readline(), timeout=60)).decode()
             match = re.search(r" on (http://\S+) ", line)
@@ -242,7 +265,7 @@ class ReplicaProcess:
             self.process.terminate()
             try:
                 await asyncio.wait_for(self.process.wait(), timeout=10)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.process.kill()
                 await self.process.wait()
 
@@ -250,8 +273,8 @@ class ReplicaProcess:
 async def start_replicas(args: argparse.Namespace) -> list:
     if args.in_process_replicas:
         return await start_simulated_replicas(
-            args.replicas, host="127.0.0.1", time_scale=0.0, num_blocks=args.num_blocks,
-            max_num_seqs=args.max_num_seqs)
+            args.replicas, host="127.0.0.1", time_scale=0.0, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs
+        )
     started: list[ReplicaProcess] = []
     try:
         for index in range(args.replicas):
@@ -283,10 +306,12 @@ async def run(args: argparse.Namespace) -> list[RunResult]:
 def format_run(r: RunResult) -> str:
     reasons = ", ".join(f"{k}={v}" for k, v in sorted(r.reasons.items()))
     leaked = "none" if not r.leaked else ", ".join(f"{k}={v}" for k, v in r.leaked.items())
-    return (f"{r.mode:8s} turns={r.turns} failed={r.failed} wall={r.seconds:.1f}s "
-            f"turn p50={r.turn_p50_ms:.2f}ms p95={r.turn_p95_ms:.2f}ms "
-            f"gate acquire+release p50={r.gate_p50_us:.1f}us p99={r.gate_p99_us:.1f}us "
-            f"reasons[{reasons}] leaked[{leaked}]")
+    return (
+        f"{r.mode:8s} turns={r.turns} failed={r.failed} wall={r.seconds:.1f}s "
+        f"turn p50={r.turn_p50_ms:.2f}ms p95={r.turn_p95_ms:.2f}ms "
+        f"gate acquire+release p50={r.gate_p50_us:.1f}us p99={r.gate_p99_us:.1f}us "
+        f"reasons[{reasons}] leaked[{leaked}]"
+    )
 
 
 def summarize(results: list[RunResult], modes: list[str]) -> dict[str, Any]:
@@ -311,26 +336,46 @@ def summarize(results: list[RunResult], modes: list[str]) -> dict[str, Any]:
     return summary
 
 
-DESCRIPTION = ("Load test of the admission gate: concurrent multi-turn sessions through one proxy to "
-               "simulated replicas with no KV pressure; reports leaks and the gate's added latency.")
+DESCRIPTION = (
+    "Load test of the admission gate: concurrent multi-turn sessions through one proxy to "
+    "simulated replicas with no KV pressure; reports leaks and the gate's added latency."
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=int, default=1000, help="concurrent sessions (default 1000)")
     parser.add_argument("--turns", type=int, default=10, help="turns per session (default 10)")
     parser.add_argument("--replicas", type=int, default=2, help="simulated replicas (default 2)")
-    parser.add_argument("--modes", default="off,enforce",
-                        help="comma-separated gate modes, run in this order each repeat (default off,enforce)")
-    parser.add_argument("--policy", default=GateSettings().policy, choices=sorted(POLICIES),
-                        help=f"gate.policy (default {GateSettings().policy}, kvgate's default)")
+    parser.add_argument(
+        "--modes",
+        default="off,enforce",
+        help="comma-separated gate modes, run in this order each repeat (default off,enforce)",
+    )
+    parser.add_argument(
+        "--policy",
+        default=GateSettings().policy,
+        choices=sorted(POLICIES),
+        help=f"gate.policy (default {GateSettings().policy}, kvgate's default)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs per mode, alternating (default 1)")
-    parser.add_argument("--ramp-sec", type=float, default=1.0,
-                        help="sessions start at random times within this many seconds (default 1)")
-    parser.add_argument("--num-blocks", type=int, default=65536,
-                        help="KV blocks per simulated replica, large so there is no pressure (default 65536)")
+    parser.add_argument(
+        "--ramp-sec",
+        type=float,
+        default=1.0,
+        help="sessions start at random times within this many seconds (default 1)",
+    )
+    parser.add_argument(
+        "--num-blocks",
+        type=int,
+        default=65536,
+        help="KV blocks per simulated replica, large so there is no pressure (default 65536)",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=256, help="simulated replica batch size (default 256)")
-    parser.add_argument("--in-process-replicas", action="store_true",
-                        help="run the simulated replicas in this process (default: one subprocess each)")
+    parser.add_argument(
+        "--in-process-replicas",
+        action="store_true",
+        help="run the simulated replicas in this process (default: one subprocess each)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", metavar="FILE", help="also write the runs and summary as JSON to FILE")
 
@@ -346,15 +391,16 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.gate_load", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.gate_load", description=DESCRIPTION)
     configure(parser)
     return validate(parser, parser.parse_args(argv))
 
 
 def add_command(subparsers) -> None:
     """`kvgate bench gate-load`."""
-    parser = subparsers.add_parser("gate-load", help="1,000-session load test of the gate (leaks, added latency)",
-                                   description=DESCRIPTION)
+    parser = subparsers.add_parser(
+        "gate-load", help="1,000-session load test of the gate (leaks, added latency)", description=DESCRIPTION
+    )
     configure(parser)
     parser.set_defaults(func=lambda args: report(validate(parser, args)))
 
@@ -365,10 +411,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(args: argparse.Namespace) -> int:
     """Run the load test of parsed `args`, print the summary; exit 1 on failed turns or leaks."""
-    print(f"gate load: {args.sessions} sessions x {args.turns} turns, {args.replicas} simulated replicas, "
-          f"modes {','.join(args.modes)} x{args.repeats}, policy {args.policy}", flush=True)
+    print(
+        f"gate load: {args.sessions} sessions x {args.turns} turns, {args.replicas} simulated replicas, "
+        f"modes {','.join(args.modes)} x{args.repeats}, policy {args.policy}",
+        flush=True,
+    )
     try:
         import uvloop
+
         runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
     except ImportError:
         runner = asyncio.Runner()
@@ -378,17 +428,26 @@ def report(args: argparse.Namespace) -> int:
     for mode, s in summary.items():
         line = f"{mode:8s} median turn p50={s['turn_p50_ms']:.2f}ms gate p50={s['gate_p50_us']:.1f}us"
         if "added_turn_p50_ms" in s:
-            line += (f" | vs off: added turn p50={s['added_turn_p50_ms']:+.2f}ms "
-                     f"(ratio {s['turn_p50_ratio_vs_off']:.3f}), added gate p50={s['added_gate_p50_us']:+.1f}us")
+            line += (
+                f" | vs off: added turn p50={s['added_turn_p50_ms']:+.2f}ms "
+                f"(ratio {s['turn_p50_ratio_vs_off']:.3f}), added gate p50={s['added_gate_p50_us']:+.1f}us"
+            )
         print(line)
     failed = sum(r.failed for r in results)
     leaked = [r for r in results if r.leaked]
     print(f"failed turns: {failed}; runs with leaks: {len(leaked)}")
     if args.out:
         with open(args.out, "wb") as f:
-            f.write(orjson.dumps({"args": {k: v for k, v in vars(args).items()},
-                                  "runs": [vars(r) for r in results], "summary": summary},
-                                 option=orjson.OPT_INDENT_2))
+            f.write(
+                orjson.dumps(
+                    {
+                        "args": {k: v for k, v in vars(args).items()},
+                        "runs": [vars(r) for r in results],
+                        "summary": summary,
+                    },
+                    option=orjson.OPT_INDENT_2,
+                )
+            )
     return 1 if failed or leaked else 0
 
 

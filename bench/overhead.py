@@ -1,8 +1,8 @@
 """`kvgate bench overhead`: what kvgate adds on top of talking to the upstream directly.
 
-One invocation starts a fast local upstream (`bench.overhead_upstream`) and kvgate in
+One invocation starts a fast local upstream (`kvgate.bench.overhead_upstream`) and kvgate in
 front of it (`kvgate serve`, each in its own process), then runs closed-loop load
-(`bench.overhead_load`, a third process) at each concurrency, non-streaming and
+(`kvgate.bench.overhead_load`, a third process) at each concurrency, non-streaming and
 streaming, alternating direct and proxied runs of `--duration` seconds, `--repeats`
 times. It prints, per case, the median requests/s, p50 and p99 of each, the added
 p50 (proxied - direct) and the throughput ratio (proxied / direct).
@@ -11,7 +11,9 @@ p50 (proxied - direct) and the throughput ratio (proxied / direct).
 front of the upstream this command starts on `--upstream-port`), so any router can be
 measured the same way. `--baseline-repo DIR` also starts the kvgate of another
 checkout (say, the previous commit) and measures it in the same run, alternating
-with this one, so that a change is compared under the same machine load. This prints
+with this one, so that a change is compared under the same machine load (its `kvgate.*`
+packages are imported from its folders, `bench/checkout.py`; a checkout from before the
+namespace, from its top-level packages). This prints
 numbers; it asserts nothing.
 """
 
@@ -28,8 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from gate.policies import POLICIES
-from proxy.settings import GateSettings
+from kvgate.bench.checkout import import_tree, package_dirs
+from kvgate.gate.policies import POLICIES
+from kvgate.gate.settings import GateSettings
 
 DEFAULT_CONCURRENCY = (1, 64, 256)
 MODES = ("non-streaming", "streaming")
@@ -37,43 +40,69 @@ MODES = ("non-streaming", "streaming")
 
 def add_command(subparsers) -> None:
     parser = subparsers.add_parser(
-        "overhead", help="measure the latency and throughput kvgate adds over a direct connection",
+        "overhead",
+        help="measure the latency and throughput kvgate adds over a direct connection",
         description=__doc__.split("\n\n")[0] + " Direct and proxied runs alternate against the same "
-        "upstream; medians over --repeats are reported.")
+        "upstream; medians over --repeats are reported.",
+    )
     parser.add_argument("--duration", type=float, default=2.0, help="seconds of load per run (default 2)")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds of load before timing (default 0.5)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per case and target; medians reported (default 3)")
-    parser.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCY)),
-                        help="comma-separated concurrent clients (default 1,64,256)")
-    parser.add_argument("--modes", default=",".join(MODES),
-                        help="comma-separated: non-streaming,streaming (default both)")
-    parser.add_argument("--target", metavar="URL",
-                        help="measure this router instead of kvgate (it must forward to the upstream on "
-                        "--upstream-port)")
-    parser.add_argument("--upstream-port", type=int, default=0,
-                        help="port of the benchmark upstream (default: a free one; fix it for --target)")
-    parser.add_argument("--gate-mode", default="enforce", choices=["enforce", "shadow", "off"],
-                        help="kvgate's gate.mode for the proxied runs (default enforce; the upstream reports an "
-                        "idle replica, so every request is admitted)")
-    parser.add_argument("--gate-policy", default=GateSettings().policy, choices=sorted(POLICIES),
-                        help=f"kvgate's gate.policy for the proxied runs (default {GateSettings().policy}: "
-                        "contract probes every named turn's prefix, seed only above the watermark)")
-    parser.add_argument("--baseline-repo", metavar="DIR",
-                        help="also measure the kvgate of this checkout (e.g. the previous commit, via git "
-                        "worktree), alternating with this one in the same run")
+    parser.add_argument(
+        "--concurrency",
+        default=",".join(map(str, DEFAULT_CONCURRENCY)),
+        help="comma-separated concurrent clients (default 1,64,256)",
+    )
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help="comma-separated: non-streaming,streaming (default both)"
+    )
+    parser.add_argument(
+        "--target",
+        metavar="URL",
+        help="measure this router instead of kvgate (it must forward to the upstream on --upstream-port)",
+    )
+    parser.add_argument(
+        "--upstream-port",
+        type=int,
+        default=0,
+        help="port of the benchmark upstream (default: a free one; fix it for --target)",
+    )
+    parser.add_argument(
+        "--gate-mode",
+        default="enforce",
+        choices=["enforce", "shadow", "off"],
+        help="kvgate's gate.mode for the proxied runs (default enforce; the upstream reports an "
+        "idle replica, so every request is admitted)",
+    )
+    parser.add_argument(
+        "--gate-policy",
+        default=GateSettings().policy,
+        choices=sorted(POLICIES),
+        help=f"kvgate's gate.policy for the proxied runs (default {GateSettings().policy}: "
+        "contract probes every named turn's prefix, seed only above the watermark)",
+    )
+    parser.add_argument(
+        "--baseline-repo",
+        metavar="DIR",
+        help="also measure the kvgate of this checkout (e.g. the previous commit, via git "
+        "worktree), alternating with this one in the same run",
+    )
     parser.add_argument("--out", metavar="FILE", help="also write the results as JSON to FILE")
     parser.set_defaults(func=overhead_command)
 
 
 # ---- processes --------------------------------------------------------------------
 
+
 def _python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
 def start_upstream(port: int) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(_python_module("bench.overhead_upstream", "--port", str(port)),
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _python_module("kvgate.bench.overhead_upstream", "--port", str(port)), stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None  # stdout=PIPE
     line = proc.stdout.readline()
     if not line.startswith("READY "):
         proc.kill()
@@ -81,18 +110,33 @@ def start_upstream(port: int) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{int(line.split()[1])}"
 
 
-def start_kvgate(upstream_url: str, gate_mode: str, gate_policy: str, workdir: Path,
-                 repo: Path | None = None) -> tuple[subprocess.Popen, str]:
-    """kvgate in front of the upstream: this checkout's, or (`repo`) another's, whose
-    packages `python -m` imports first from its working directory."""
+def start_kvgate(
+    upstream_url: str, gate_mode: str, gate_policy: str, workdir: Path, repo: Path | None = None
+) -> tuple[subprocess.Popen, str]:
+    """kvgate in front of the upstream: this installation's, or checkout `repo`'s. A checkout's
+    `kvgate.*` packages come from its folders through a link tree first on PYTHONPATH; an
+    older checkout's top-level packages, from its working directory (`python -m proxy.cli`)."""
     workdir = workdir / (repo.name if repo else "this")
     workdir.mkdir(exist_ok=True)
+    module, env = "kvgate.proxy.cli", None
+    if repo is not None and not package_dirs(repo):
+        module = "proxy.cli"
+    elif repo is not None:
+        tree = import_tree(repo, workdir / "import-tree")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
     config = workdir / "kvgate-bench.yaml"
-    config.write_text(f"replicas: [{{name: upstream, url: '{upstream_url}'}}]\n"
-                      f"gate: {{mode: {gate_mode}, policy: {gate_policy}}}\n")
+    config.write_text(
+        f"replicas: [{{name: upstream, url: '{upstream_url}'}}]\ngate: {{mode: {gate_mode}, policy: {gate_policy}}}\n"
+    )
     log = open(workdir / "kvgate.log", "w+")
-    proc = subprocess.Popen(_python_module("proxy.cli", "serve", "--config", str(config), "--port", "0"),
-                            stdout=log, stderr=subprocess.STDOUT, text=True, cwd=repo)
+    proc = subprocess.Popen(
+        _python_module(module, "serve", "--config", str(config), "--port", "0"),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=repo,
+        env=env,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         log.seek(0)
@@ -120,14 +164,19 @@ def run_load(url: str, concurrency: int, duration: float, warmup: float, stream:
     args = ["--url", url, "--concurrency", str(concurrency), "--duration", str(duration), "--warmup", str(warmup)]
     if stream:
         args.append("--stream")
-    out = subprocess.run(_python_module("bench.overhead_load", *args), capture_output=True, text=True,
-                         timeout=duration + warmup + 60)
+    out = subprocess.run(
+        _python_module("kvgate.bench.overhead_load", *args),
+        capture_output=True,
+        text=True,
+        timeout=duration + warmup + 60,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"load generator failed against {url}:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 # ---- the measurement ------------------------------------------------------------------
+
 
 def summarize(runs: list[dict]) -> dict:
     """Medians over repeated runs of one (mode, concurrency, target)."""
@@ -136,31 +185,41 @@ def summarize(runs: list[dict]) -> dict:
         for kind, n in r.get("error_kinds", {}).items():
             kinds[kind] = kinds.get(kind, 0) + n
     cpu = [r["cpu_us_per_request"] for r in runs if "cpu_us_per_request" in r]
-    return {key: statistics.median(r[key] for r in runs) for key in ("rps", "p50_ms", "p99_ms")} | {
-        "errors": sum(r["errors"] for r in runs), "error_kinds": kinds, "runs": len(runs)} | (
-        {"cpu_us_per_request": statistics.median(cpu)} if cpu else {})
+    return (
+        {key: statistics.median(r[key] for r in runs) for key in ("rps", "p50_ms", "p99_ms")}
+        | {"errors": sum(r["errors"] for r in runs), "error_kinds": kinds, "runs": len(runs)}
+        | ({"cpu_us_per_request": statistics.median(cpu)} if cpu else {})
+    )
 
 
 def compare(direct: dict, proxied: dict) -> dict:
-    return {"added_p50_ms": proxied["p50_ms"] - direct["p50_ms"],
-            "throughput_ratio": proxied["rps"] / direct["rps"] if direct["rps"] else float("nan")}
+    return {
+        "added_p50_ms": proxied["p50_ms"] - direct["p50_ms"],
+        "throughput_ratio": proxied["rps"] / direct["rps"] if direct["rps"] else float("nan"),
+    }
 
 
 def format_table(results: list[dict], proxied_name: str) -> str:
-    header = (f"{'mode':<14}{'clients':>8} | {'direct rps':>11}{'p50 ms':>9}{'p99 ms':>9} | "
-              f"{proxied_name + ' rps':>12}{'p50 ms':>9}{'p99 ms':>9} | {'added p50 ms':>13}{'ratio':>7}")
+    header = (
+        f"{'mode':<14}{'clients':>8} | {'direct rps':>11}{'p50 ms':>9}{'p99 ms':>9} | "
+        f"{proxied_name + ' rps':>12}{'p50 ms':>9}{'p99 ms':>9} | {'added p50 ms':>13}{'ratio':>7}"
+    )
     lines = [header, "-" * len(header)]
     for r in results:
         d, p = r["direct"], r["proxied"]
-        lines.append(f"{r['mode']:<14}{r['concurrency']:>8} | {d['rps']:>11.0f}{d['p50_ms']:>9.3f}{d['p99_ms']:>9.3f} | "
-                     f"{p['rps']:>12.0f}{p['p50_ms']:>9.3f}{p['p99_ms']:>9.3f} | "
-                     f"{r['added_p50_ms']:>13.3f}{r['throughput_ratio']:>7.2f}")
+        lines.append(
+            f"{r['mode']:<14}{r['concurrency']:>8} | {d['rps']:>11.0f}{d['p50_ms']:>9.3f}{d['p99_ms']:>9.3f} | "
+            f"{p['rps']:>12.0f}{p['p50_ms']:>9.3f}{p['p99_ms']:>9.3f} | "
+            f"{r['added_p50_ms']:>13.3f}{r['throughput_ratio']:>7.2f}"
+        )
     for r in results:
         for target in ("direct", "proxied"):
             if r[target]["errors"]:
                 kinds = ", ".join(f"{k}: {n}" for k, n in r[target].get("error_kinds", {}).items())
-                lines.append(f"WARNING: {r['mode']} c={r['concurrency']} {target}: {r[target]['errors']} requests "
-                             f"failed or answered non-200 ({kinds or 'see the JSON output'})")
+                lines.append(
+                    f"WARNING: {r['mode']} c={r['concurrency']} {target}: {r[target]['errors']} requests "
+                    f"failed or answered non-200 ({kinds or 'see the JSON output'})"
+                )
     return "\n".join(lines)
 
 
@@ -173,9 +232,18 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(direct_url: str, proxied_url: str, concurrencies: list[int], modes: list[str], duration: float,
-            warmup: float, repeats: int, progress=print, baseline_url: str | None = None,
-            pids: dict[str, int] | None = None) -> list[dict]:
+def measure(
+    direct_url: str,
+    proxied_url: str,
+    concurrencies: list[int],
+    modes: list[str],
+    duration: float,
+    warmup: float,
+    repeats: int,
+    progress=print,
+    baseline_url: str | None = None,
+    pids: dict[str, int] | None = None,
+) -> list[dict]:
     """Alternating runs; with `pids` (target -> router process), each run also records
     the router's CPU per request, a figure that the machine's other load moves far
     less than requests/s."""
@@ -196,15 +264,24 @@ def measure(direct_url: str, proxied_url: str, concurrencies: list[int], modes: 
                         # the warmup's requests are not counted, its CPU is: an upper bound
                         result["cpu_us_per_request"] = (after - before) / result["requests"] * 1e6
                     runs.setdefault((mode, concurrency, target), []).append(result)
-                    progress(f"  run {repeat + 1}/{repeats} {mode:<13} c={concurrency:<4} {target:<8} "
-                             f"{result['rps']:8.0f} rps  p50 {result['p50_ms']:.3f} ms")
+                    progress(
+                        f"  run {repeat + 1}/{repeats} {mode:<13} c={concurrency:<4} {target:<8} "
+                        f"{result['rps']:8.0f} rps  p50 {result['p50_ms']:.3f} ms"
+                    )
     results = []
     for mode in modes:
         for concurrency in concurrencies:
             direct = summarize(runs[(mode, concurrency, "direct")])
             proxied = summarize(runs[(mode, concurrency, "proxied")])
-            results.append({"mode": mode, "concurrency": concurrency, "direct": direct, "proxied": proxied,
-                            **compare(direct, proxied)})
+            results.append(
+                {
+                    "mode": mode,
+                    "concurrency": concurrency,
+                    "direct": direct,
+                    "proxied": proxied,
+                    **compare(direct, proxied),
+                }
+            )
             if baseline_url:
                 baseline = summarize(runs[(mode, concurrency, "baseline")])
                 results[-1]["baseline"] = baseline
@@ -214,18 +291,22 @@ def measure(direct_url: str, proxied_url: str, concurrencies: list[int], modes: 
 
 def format_baseline_table(results: list[dict], proxied_name: str) -> str:
     """Each case: the baseline against direct, and this kvgate against the baseline."""
-    header = (f"{'mode':<14}{'clients':>8} | {'baseline rps':>13}{'p50 ms':>9}{'added p50':>10}{'cpu us/req':>11} | "
-              f"{proxied_name + ' rps':>12}{'p50 ms':>9}{'added p50':>10}{'cpu us/req':>11} | "
-              f"{'rps vs baseline':>16}{'cpu vs baseline':>16}")
+    header = (
+        f"{'mode':<14}{'clients':>8} | {'baseline rps':>13}{'p50 ms':>9}{'added p50':>10}{'cpu us/req':>11} | "
+        f"{proxied_name + ' rps':>12}{'p50 ms':>9}{'added p50':>10}{'cpu us/req':>11} | "
+        f"{'rps vs baseline':>16}{'cpu vs baseline':>16}"
+    )
     lines = [header, "-" * len(header)]
     nan = float("nan")
     for r in results:
         b, p, vs = r["baseline"], r["proxied"], r["baseline_vs_direct"]
         b_cpu, p_cpu = b.get("cpu_us_per_request", nan), p.get("cpu_us_per_request", nan)
-        lines.append(f"{r['mode']:<14}{r['concurrency']:>8} | {b['rps']:>13.0f}{b['p50_ms']:>9.3f}"
-                     f"{vs['added_p50_ms']:>10.3f}{b_cpu:>11.0f} | {p['rps']:>12.0f}{p['p50_ms']:>9.3f}"
-                     f"{r['added_p50_ms']:>10.3f}{p_cpu:>11.0f} | "
-                     f"{(p['rps'] / b['rps'] if b['rps'] else nan):>16.2f}{(p_cpu / b_cpu if b_cpu else nan):>16.2f}")
+        lines.append(
+            f"{r['mode']:<14}{r['concurrency']:>8} | {b['rps']:>13.0f}{b['p50_ms']:>9.3f}"
+            f"{vs['added_p50_ms']:>10.3f}{b_cpu:>11.0f} | {p['rps']:>12.0f}{p['p50_ms']:>9.3f}"
+            f"{r['added_p50_ms']:>10.3f}{p_cpu:>11.0f} | "
+            f"{(p['rps'] / b['rps'] if b['rps'] else nan):>16.2f}{(p_cpu / b_cpu if b_cpu else nan):>16.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -238,8 +319,7 @@ def overhead_command(args: argparse.Namespace) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes or not concurrencies or min(concurrencies) < 1 or args.repeats < 1:
-        print(f"--modes must name {' and/or '.join(MODES)}; --concurrency and --repeats must be >= 1",
-              file=sys.stderr)
+        print(f"--modes must name {' and/or '.join(MODES)}; --concurrency and --repeats must be >= 1", file=sys.stderr)
         return 2
     started = []
     try:
@@ -256,16 +336,29 @@ def overhead_command(args: argparse.Namespace) -> int:
                 proxied_name = "kvgate"
             baseline_url = None
             if args.baseline_repo:
-                baseline, baseline_url = start_kvgate(upstream_url, args.gate_mode, args.gate_policy, Path(tmp),
-                                                      Path(args.baseline_repo).resolve())
+                baseline, baseline_url = start_kvgate(
+                    upstream_url, args.gate_mode, args.gate_policy, Path(tmp), Path(args.baseline_repo).resolve()
+                )
                 started.append(baseline)
                 pids["baseline"] = baseline.pid
                 print(f"baseline kvgate of {args.baseline_repo}: {baseline_url}", flush=True)
-            print(f"upstream {upstream_url}, {proxied_name} {proxied_url}; {args.repeats} x {args.duration:g} s "
-                  f"per case, cpus={os.cpu_count()}", flush=True)
-            results = measure(upstream_url, proxied_url, concurrencies, modes, args.duration, args.warmup,
-                              args.repeats, progress=lambda line: print(line, flush=True), baseline_url=baseline_url,
-                              pids=pids)
+            print(
+                f"upstream {upstream_url}, {proxied_name} {proxied_url}; {args.repeats} x {args.duration:g} s "
+                f"per case, cpus={os.cpu_count()}",
+                flush=True,
+            )
+            results = measure(
+                upstream_url,
+                proxied_url,
+                concurrencies,
+                modes,
+                args.duration,
+                args.warmup,
+                args.repeats,
+                progress=lambda line: print(line, flush=True),
+                baseline_url=baseline_url,
+                pids=pids,
+            )
     finally:
         for proc in reversed(started):
             stop(proc)

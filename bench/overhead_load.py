@@ -8,28 +8,34 @@ chunked framing, so the load generator costs little of the CPUs it shares with t
 upstream and the router under test. Prints one JSON line:
 {"requests", "errors", "error_kinds", "seconds", "rps", "p50_ms", "p99_ms"}.
 
-Run: python -m bench.overhead_load --url http://127.0.0.1:8000 [--stream] [--concurrency N] [--duration S]
+Run: python -m kvgate.bench.overhead_load --url http://127.0.0.1:8000 [--stream] [--concurrency N] [--duration S]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import time
 from urllib.parse import urlsplit
 
 import orjson
 
+from kvgate.simulator.percentiles import percentile
+
 PATH = "/v1/chat/completions"
 
 
 def build_request(host: str, port: int, stream: bool, session: str) -> bytes:
-    body = orjson.dumps({"model": "bench", "messages": [{"role": "user", "content": "hello"}],
-                         "max_tokens": 16, "stream": stream})
-    return (f"POST {PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer bench\r\nx-session-id: {session}\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    body = orjson.dumps(
+        {"model": "bench", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16, "stream": stream}
+    )
+    return (
+        f"POST {PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer bench\r\nx-session-id: {session}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 async def read_response(reader: asyncio.StreamReader) -> int:
@@ -40,7 +46,7 @@ async def read_response(reader: asyncio.StreamReader) -> int:
     index = lower.find(b"\r\ncontent-length:")
     if index >= 0:
         end = lower.index(b"\r\n", index + 2)
-        await reader.readexactly(int(lower[index + 17:end]))
+        await reader.readexactly(int(lower[index + 17 : end]))
         return status
     if b"transfer-encoding: chunked" in lower:
         while True:
@@ -52,8 +58,9 @@ async def read_response(reader: asyncio.StreamReader) -> int:
     raise ValueError("response without Content-Length or chunked framing")
 
 
-async def worker(host: str, port: int, request: bytes, start: float, stop: float, latencies: list,
-                 errors: list) -> None:
+async def worker(
+    host: str, port: int, request: bytes, start: float, stop: float, latencies: list, errors: list
+) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         while True:
@@ -78,29 +85,34 @@ async def worker(host: str, port: int, request: bytes, start: float, stop: float
         writer.close()
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[index]
-
-
 async def run(url: str, concurrency: int, duration: float, warmup: float, stream: bool) -> dict:
     parts = urlsplit(url)
     host, port = parts.hostname, parts.port or 80
+    if host is None:
+        raise ValueError(f"--url {url!r} names no host")
     now = time.perf_counter()
     start, stop = now + warmup, now + warmup + duration
     latencies: list[float] = []
     errors: list[str] = []
-    await asyncio.gather(*(worker(host, port, build_request(host, port, stream, f"bench-{i}"), start, stop,
-                                  latencies, errors) for i in range(concurrency)))
+    await asyncio.gather(
+        *(
+            worker(host, port, build_request(host, port, stream, f"bench-{i}"), start, stop, latencies, errors)
+            for i in range(concurrency)
+        )
+    )
     latencies.sort()
     kinds: dict[str, int] = {}
     for kind in errors:
         kinds[kind] = kinds.get(kind, 0) + 1
-    return {"requests": len(latencies), "errors": len(errors), "error_kinds": kinds, "seconds": duration,
-            "rps": len(latencies) / duration, "p50_ms": percentile(latencies, 0.5) * 1000,
-            "p99_ms": percentile(latencies, 0.99) * 1000}
+    return {
+        "requests": len(latencies),
+        "errors": len(errors),
+        "error_kinds": kinds,
+        "seconds": duration,
+        "rps": len(latencies) / duration,
+        "p50_ms": percentile(latencies, 50, math.nan) * 1000,
+        "p99_ms": percentile(latencies, 99, math.nan) * 1000,
+    }
 
 
 def cli() -> None:
@@ -111,7 +123,7 @@ def cli() -> None:
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--stream", action="store_true")
     args = parser.parse_args()
-    from proxy.server import run as run_loop
+    from kvgate.proxy.server import run as run_loop
 
     result = {}
 

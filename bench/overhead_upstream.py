@@ -8,7 +8,7 @@ in front of it admits everything, and each policy pays exactly its probes.
 Built on aiohttp's low-level server (no router) under uvloop, to spend as little of
 the shared CPUs as possible. Prints `READY <port>` once listening.
 
-Run: python -m bench.overhead_upstream [--host H] [--port P]
+Run: python -m kvgate.bench.overhead_upstream [--host H] [--port P]
 """
 
 from __future__ import annotations
@@ -22,22 +22,60 @@ from aiohttp import web
 
 STREAM_CHUNKS = 20
 
-_FULL = orjson.dumps({
-    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok " * 16},
-                 "finish_reason": "length"}],
-    "usage": {"prompt_tokens": 8, "completion_tokens": 16, "total_tokens": 24}})
-_CHUNK = b"data: " + orjson.dumps({
-    "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "bench",
-    "choices": [{"index": 0, "delta": {"content": "ok "}, "finish_reason": None}]}) + b"\n\n"
+_FULL = orjson.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "bench",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok " * 16}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 8, "completion_tokens": 16, "total_tokens": 24},
+    }
+)
+_CHUNK = (
+    b"data: "
+    + orjson.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "bench",
+            "choices": [{"index": 0, "delta": {"content": "ok "}, "finish_reason": None}],
+        }
+    )
+    + b"\n\n"
+)
 _DONE = b"data: [DONE]\n\n"
-_KV = orjson.dumps({"version": 1, "kv_cache_usage": 0.0, "num_total_blocks": 4096, "num_free_blocks": 4096,
-                    "num_cached_blocks": 0, "block_size": 16, "num_running": 0, "num_waiting": 0,
-                    "engines": []})
-_PREFIX = orjson.dumps({"version": 1, "total_tokens": 8, "total_blocks": 0, "hit_blocks": 0, "hit_tokens": 0,
-                        "hit_ratio": 0.0, "hit_blocks_in_use": 0, "hit_blocks_evictable": 0, "block_size": 16})
-_METRICS = (b"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.0\n"
-            b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n")
+_KV = orjson.dumps(
+    {
+        "version": 1,
+        "kv_cache_usage": 0.0,
+        "num_total_blocks": 4096,
+        "num_free_blocks": 4096,
+        "num_cached_blocks": 0,
+        "block_size": 16,
+        "num_running": 0,
+        "num_waiting": 0,
+        "engines": [],
+    }
+)
+_PREFIX = orjson.dumps(
+    {
+        "version": 1,
+        "total_tokens": 8,
+        "total_blocks": 0,
+        "hit_blocks": 0,
+        "hit_tokens": 0,
+        "hit_ratio": 0.0,
+        "hit_blocks_in_use": 0,
+        "hit_blocks_evictable": 0,
+        "block_size": 16,
+    }
+)
+_METRICS = (
+    b"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.0\n"
+    b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n"
+)
 
 
 async def handle(request: web.BaseRequest) -> web.StreamResponse:
@@ -60,8 +98,9 @@ async def handle(request: web.BaseRequest) -> web.StreamResponse:
     if path == "/metrics":
         return web.Response(body=_METRICS, content_type="text/plain")
     if path == "/v1/models":
-        return web.Response(body=b'{"object":"list","data":[{"id":"bench","object":"model"}]}',
-                            content_type="application/json")
+        return web.Response(
+            body=b'{"object":"list","data":[{"id":"bench","object":"model"}]}', content_type="application/json"
+        )
     return web.Response(text="ok")  # /health and anything else
 
 
@@ -83,7 +122,8 @@ def cli() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args()
-    from proxy.server import run
+    from kvgate.proxy.server import run
+
     run(main(args.host, args.port))
 
 

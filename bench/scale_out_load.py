@@ -22,7 +22,7 @@ One process holds at most `ulimit -n` sockets (20,000 on the build machine): a s
 kvgate with 10,000 sessions in flight needs one socket in and one out per session, so
 run `single` at a few thousand sessions and `tiers` at 10,000.
 
-Run: python -m bench.scale_out_load [--sessions 10000] [--turns 4] [--front-doors 4]
+Run: python -m kvgate.bench.scale_out_load [--sessions 10000] [--turns 4] [--front-doors 4]
      [--replicas 4] [--layouts tiers] [--repeats 1] [--out FILE]
 """
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import random
 import statistics
@@ -44,9 +45,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.agentic.processes import ServerGroup
-from proxy.server import run as serve_loop
-from bench.gate_load import SYSTEM_PROMPT, TOOL_RESULT, TurnResult, quantile, send_turn, start_replicas
+from kvgate.bench.agentic.processes import ServerGroup
+from kvgate.bench.gate_load import SYSTEM_PROMPT, TOOL_RESULT, TurnResult, send_turn, start_replicas
+from kvgate.proxy.server import run as serve_loop
+from kvgate.simulator.percentiles import percentile
 
 LAYOUTS = ("single", "tiers")
 ADMIN_TOKEN = "scale-out-load"
@@ -123,8 +125,9 @@ class Doors:
         raise RuntimeError("no front door left")
 
 
-async def run_session(doors: Doors, door: int, name: str, turns: int, start_delay: float,
-                      think: list[float]) -> list[TurnResult]:
+async def run_session(
+    doors: Doors, door: int, name: str, turns: int, start_delay: float, think: list[float]
+) -> list[TurnResult]:
     """bench/gate_load.py's session, failing over to the next front door when its own goes away:
     a turn that was in flight there is re-sent (counted in `doors.resent`). `think[i]`: seconds
     between turn i+1 and turn i+2 (the agent's tool call)."""
@@ -152,8 +155,9 @@ async def run_session(doors: Doors, door: int, name: str, turns: int, start_dela
                 doors.outstanding[door] += 1
                 sent_at = time.perf_counter()
                 try:
-                    result = await send_turn(reader, writer, *doors.addresses[door], name, messages,
-                                             finish=turn == turns)
+                    result = await send_turn(
+                        reader, writer, *doors.addresses[door], name, messages, finish=turn == turns
+                    )
                 except (OSError, asyncio.IncompleteReadError):
                     if doors.killed_at is not None and sent_at > doors.killed_at:
                         doors.sent_after_kill += 1  # a connection opened just before the kill
@@ -177,21 +181,41 @@ async def run_session(doors: Doors, door: int, name: str, turns: int, start_dela
     return results
 
 
-async def start_layout(servers: ServerGroup, layout: str, replicas: list, front_doors: int) -> tuple[list[str], list[str]]:
+async def start_layout(
+    servers: ServerGroup, layout: str, replicas: list, front_doors: int
+) -> tuple[list[str], list[str]]:
     """(the URLs clients use, every kvgate URL) of `layout` in front of `replicas`."""
     admin = {"admin": {"token": ADMIN_TOKEN}}
     gate = {"mode": "enforce", "policy": "contract"}
     if layout == "single":
-        url = await servers.start_kvgate("single", [r.url for r in replicas], gate, extra=admin,
-                                         names=[r.name for r in replicas])
+        url = await servers.start_kvgate(
+            "single", [r.url for r in replicas], gate, extra=admin, names=[r.name for r in replicas]
+        )
         return [url], [url]
-    gates = list(await asyncio.gather(*(
-        servers.start_kvgate(f"gate-{r.name}", [r.url], gate, extra={**admin, "role": "replica_gate"}, names=[r.name])
-        for r in replicas)))
-    doors = list(await asyncio.gather(*(
-        servers.start_kvgate(f"door{i}", gates, {"mode": "off"}, extra={**admin, "role": "front_door"},
-                             names=[r.name for r in replicas])
-        for i in range(front_doors))))
+    gates = list(
+        await asyncio.gather(
+            *(
+                servers.start_kvgate(
+                    f"gate-{r.name}", [r.url], gate, extra={**admin, "role": "replica_gate"}, names=[r.name]
+                )
+                for r in replicas
+            )
+        )
+    )
+    doors = list(
+        await asyncio.gather(
+            *(
+                servers.start_kvgate(
+                    f"door{i}",
+                    gates,
+                    {"mode": "off"},
+                    extra={**admin, "role": "front_door"},
+                    names=[r.name for r in replicas],
+                )
+                for i in range(front_doors)
+            )
+        )
+    )
     return doors, gates + doors
 
 
@@ -235,10 +259,20 @@ async def run_layout(layout: str, replicas: list, args: argparse.Namespace, inde
             killer = asyncio.ensure_future(kill_door(servers, doors, args.kill_front_door_after))
         cpu_before = cpu_by_tier(servers)
         started = time.perf_counter()
-        sessions = await asyncio.gather(*(
-            run_session(doors, i % len(doors.addresses), f"{layout}-{index}-s{i}", args.turns,
-                        rng.uniform(0, args.ramp_sec), [rng.uniform(0.5, 1.5) * args.think_sec for _ in range(args.turns)])
-            for i in range(args.sessions)), return_exceptions=True)
+        sessions = await asyncio.gather(
+            *(
+                run_session(
+                    doors,
+                    i % len(doors.addresses),
+                    f"{layout}-{index}-s{i}",
+                    args.turns,
+                    rng.uniform(0, args.ramp_sec),
+                    [rng.uniform(0.5, 1.5) * args.think_sec for _ in range(args.turns)],
+                )
+                for i in range(args.sessions)
+            ),
+            return_exceptions=True,
+        )
         result.peak_concurrent_sessions = doors.peak_alive
         cpu_after = cpu_by_tier(servers)
         result.seconds = time.perf_counter() - started
@@ -252,15 +286,17 @@ async def run_layout(layout: str, replicas: list, args: argparse.Namespace, inde
         done = [s for s in sessions if not isinstance(s, BaseException)]
         turns = [t for session in done for t in session]
         result.turns = len(turns)
-        result.failed = (sum(t.status != 200 for t in turns) + sum(args.turns - len(s) for s in done)
-                         + args.turns * len(errors))
+        result.failed = (
+            sum(t.status != 200 for t in turns) + sum(args.turns - len(s) for s in done) + args.turns * len(errors)
+        )
         ok = [t.seconds for t in turns if t.status == 200]
         if ok and args.kill_front_door_after is None:
-            result.cpu_us_per_turn = {tier: round((cpu_after[tier] - cpu_before.get(tier, 0.0)) / len(ok) * 1e6, 1)
-                                      for tier in cpu_after}
+            result.cpu_us_per_turn = {
+                tier: round((cpu_after[tier] - cpu_before.get(tier, 0.0)) / len(ok) * 1e6, 1) for tier in cpu_after
+            }
         result.turns_per_sec = len(ok) / result.seconds if result.seconds else 0.0
-        result.turn_p50_ms = quantile(ok, 0.5) * 1000
-        result.turn_p95_ms = quantile(ok, 0.95) * 1000
+        result.turn_p50_ms = percentile(ok, 50, math.nan) * 1000
+        result.turn_p95_ms = percentile(ok, 95, math.nan) * 1000
         result.reasons = dict(Counter(t.reason for t in turns))
         result.statuses = {str(k): v for k, v in sorted(Counter(t.status for t in turns).items())}
         result.moved_sessions = sum(len({t.replica for t in s}) > 1 for s in done)
@@ -292,23 +328,33 @@ async def run(args: argparse.Namespace) -> list[LayoutRun]:
 def format_run(r: LayoutRun) -> str:
     reasons = ", ".join(f"{k}={v}" for k, v in sorted(r.reasons.items()))
     leaked = "none" if not r.leaked else ", ".join(f"{k}={v}" for k, v in r.leaked.items())
-    killed = ("" if r.killed_door_outstanding is None else
-              f" killed door0 with {r.killed_door_outstanding} in flight, re-sent {r.resent_turns}"
-              f" (+{r.sent_after_kill} written after the kill to a connection opened before it)")
-    return (f"{r.layout:6s} sessions={r.sessions} (peak {r.peak_concurrent_sessions} at once) turns={r.turns} failed={r.failed} wall={r.seconds:.1f}s "
-            f"{r.turns_per_sec:.0f} turns/s turn p50={r.turn_p50_ms:.2f}ms p95={r.turn_p95_ms:.2f}ms "
-            f"kvgate cpu/turn {r.cpu_us_per_turn}us statuses{r.statuses} reasons[{reasons}] leaked[{leaked}] conflicts={r.conflicts:g} moved={r.moved_sessions}{killed}")
+    killed = (
+        ""
+        if r.killed_door_outstanding is None
+        else f" killed door0 with {r.killed_door_outstanding} in flight, re-sent {r.resent_turns}"
+        f" (+{r.sent_after_kill} written after the kill to a connection opened before it)"
+    )
+    return (
+        f"{r.layout:6s} sessions={r.sessions} (peak {r.peak_concurrent_sessions} at once) "
+        f"turns={r.turns} failed={r.failed} wall={r.seconds:.1f}s "
+        f"{r.turns_per_sec:.0f} turns/s turn p50={r.turn_p50_ms:.2f}ms p95={r.turn_p95_ms:.2f}ms "
+        f"kvgate cpu/turn {r.cpu_us_per_turn}us statuses{r.statuses} reasons[{reasons}] leaked[{leaked}] "
+        f"conflicts={r.conflicts:g} moved={r.moved_sessions}{killed}"
+    )
 
 
 def summarize(results: list[LayoutRun], layouts: list[str]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for layout in layouts:
         runs = [r for r in results if r.layout == layout]
-        summary[layout] = {key: statistics.median(getattr(r, key) for r in runs)
-                           for key in ("turn_p50_ms", "turn_p95_ms", "turns_per_sec")}
+        summary[layout] = {
+            key: statistics.median(getattr(r, key) for r in runs)
+            for key in ("turn_p50_ms", "turn_p95_ms", "turns_per_sec")
+        }
         tiers = {tier for r in runs for tier in r.cpu_us_per_turn}
-        summary[layout]["cpu_us_per_turn"] = {tier: statistics.median(r.cpu_us_per_turn.get(tier, 0.0) for r in runs)
-                                              for tier in sorted(tiers)}
+        summary[layout]["cpu_us_per_turn"] = {
+            tier: statistics.median(r.cpu_us_per_turn.get(tier, 0.0) for r in runs) for tier in sorted(tiers)
+        }
     if "single" in summary and "tiers" in summary:
         s, t = summary["single"], summary["tiers"]
         t["added_turn_p50_ms"] = t["turn_p50_ms"] - s["turn_p50_ms"]
@@ -318,7 +364,7 @@ def summarize(results: list[LayoutRun], layouts: list[str]) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.scale_out_load", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.scale_out_load", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=10000, help="concurrent sessions (default 10000)")
     parser.add_argument("--turns", type=int, default=4, help="turns per session (default 4)")
     parser.add_argument("--replicas", type=int, default=4, help="simulated replicas (default 4)")
@@ -326,13 +372,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--layouts", default="tiers", help="comma-separated: single, tiers (default tiers)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per layout, alternating (default 1)")
     parser.add_argument("--ramp-sec", type=float, default=2.0, help="sessions start within this many seconds")
-    parser.add_argument("--think-sec", type=float, default=0.0,
-                        help="mean tool time between a session's turns (uniform 0.5x-1.5x; default 0: back to back)")
+    parser.add_argument(
+        "--think-sec",
+        type=float,
+        default=0.0,
+        help="mean tool time between a session's turns (uniform 0.5x-1.5x; default 0: back to back)",
+    )
     parser.add_argument("--num-blocks", type=int, default=65536, help="KV blocks per replica (no pressure)")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="simulated replica batch size")
-    parser.add_argument("--kill-front-door-after", type=float, metavar="SEC",
-                        help="tiers: SIGKILL front door 0 this many seconds into each run; its clients fail "
-                        "over to the next front door, re-sending only the turns that were in flight there")
+    parser.add_argument(
+        "--kill-front-door-after",
+        type=float,
+        metavar="SEC",
+        help="tiers: SIGKILL front door 0 this many seconds into each run; its clients fail "
+        "over to the next front door, re-sending only the turns that were in flight there",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-dir", help="kvgate logs and configs (default: a new temporary folder)")
     parser.add_argument("--out", metavar="FILE", help="also write the runs and summary as JSON to FILE")
@@ -348,8 +402,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    print(f"scale-out load: {args.sessions} sessions x {args.turns} turns, {args.replicas} simulated replicas, "
-          f"{args.front_doors} front doors, layouts {','.join(args.layouts)} x{args.repeats}", flush=True)
+    print(
+        f"scale-out load: {args.sessions} sessions x {args.turns} turns, {args.replicas} simulated replicas, "
+        f"{args.front_doors} front doors, layouts {','.join(args.layouts)} x{args.repeats}",
+        flush=True,
+    )
     results: list[LayoutRun] = []
 
     async def collect() -> None:
@@ -358,19 +415,33 @@ def main(argv: list[str] | None = None) -> int:
     serve_loop(collect())  # uvloop when installed, as `kvgate serve`
     summary = summarize(results, args.layouts)
     for layout, s in summary.items():
-        line = (f"{layout:6s} median turn p50={s['turn_p50_ms']:.2f}ms p95={s['turn_p95_ms']:.2f}ms "
-                f"{s['turns_per_sec']:.0f} turns/s")
+        line = (
+            f"{layout:6s} median turn p50={s['turn_p50_ms']:.2f}ms p95={s['turn_p95_ms']:.2f}ms "
+            f"{s['turns_per_sec']:.0f} turns/s"
+        )
         if "added_turn_p50_ms" in s:
-            line += (f" | vs single: added turn p50={s['added_turn_p50_ms']:+.2f}ms "
-                     f"(ratio {s['turn_p50_ratio_vs_single']:.3f}), throughput ratio "
-                     f"{s['throughput_ratio_vs_single']:.3f}")
+            line += (
+                f" | vs single: added turn p50={s['added_turn_p50_ms']:+.2f}ms "
+                f"(ratio {s['turn_p50_ratio_vs_single']:.3f}), throughput ratio "
+                f"{s['throughput_ratio_vs_single']:.3f}"
+            )
         print(line + f" | kvgate CPU per turn (us, by tier) {s['cpu_us_per_turn']}")
-    bad = [r for r in results if r.failed or r.leaked or r.conflicts or r.moved_sessions
-           or (r.killed_door_outstanding is not None and r.resent_turns > r.killed_door_outstanding)]
+    bad = [
+        r
+        for r in results
+        if r.failed
+        or r.leaked
+        or r.conflicts
+        or r.moved_sessions
+        or (r.killed_door_outstanding is not None and r.resent_turns > r.killed_door_outstanding)
+    ]
     print(f"failed turns: {sum(r.failed for r in results)}; runs with leaks, conflicts or moved sessions: {len(bad)}")
     if args.out:
-        Path(args.out).write_bytes(orjson.dumps({"args": vars(args), "runs": [vars(r) for r in results],
-                                                 "summary": summary}, option=orjson.OPT_INDENT_2))
+        Path(args.out).write_bytes(
+            orjson.dumps(
+                {"args": vars(args), "runs": [vars(r) for r in results], "summary": summary}, option=orjson.OPT_INDENT_2
+            )
+        )
     return 1 if bad else 0
 
 

@@ -1,6 +1,6 @@
 """Tiered kvgate topologies in one process: replicas, a replica gate beside each, front doors.
 
-Used by the scale-out tests and `python -m bench.scale_out_load`. Every part is the real
+Used by the scale-out tests and `python -m kvgate.bench.scale_out_load`. Every part is the real
 thing (simulated replicas, `proxy.app.create_app` with the role's config) on loopback
 ports; `Topology.close()` stops all of it, front doors first.
 
@@ -15,9 +15,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.app import ProxyApp, create_app
-from proxy.config import settings_from_dict
-from simulator.replica_server import SimulatedReplica, start_simulated_replicas
+from kvgate.proxy.app import ProxyApp, create_app
+from kvgate.proxy.config import settings_from_dict
+from kvgate.simulator.replica_server import SimulatedReplica, start_simulated_replicas
 
 
 @dataclass
@@ -69,21 +69,36 @@ async def start_kvgate(name: str, config: dict, health_checks: bool = True) -> K
     return Kvgate(name, app, f"http://{host}:{port}")
 
 
-async def start_tiered(num_replicas: int, num_front_doors: int, *, gate: dict | None = None,
-                       replica_gate: dict | None = None, front_door: dict | None = None,
-                       health_interval_sec: float = 0.2, **engine_options: Any) -> Topology:
+async def start_tiered(
+    num_replicas: int,
+    num_front_doors: int,
+    *,
+    gate: dict | None = None,
+    replica_gate: dict | None = None,
+    front_door: dict | None = None,
+    health_interval_sec: float = 0.2,
+    **engine_options: Any,
+) -> Topology:
     """The recommended topology; `replica_gate`/`front_door` are extra config merged into each tier's."""
     topology = Topology(await start_simulated_replicas(num_replicas, **engine_options))
     health = {"health": {"interval_sec": health_interval_sec, "timeout_sec": 1.0}}
     try:
         for replica in topology.replicas:
-            config = _merge({"role": "replica_gate", "replicas": [{"name": replica.name, "url": replica.url}],
-                             "gate": {"mode": "enforce", **(gate or {})}, "balancer": health}, replica_gate)
+            config = _merge(
+                {
+                    "role": "replica_gate",
+                    "replicas": [{"name": replica.name, "url": replica.url}],
+                    "gate": {"mode": "enforce", **(gate or {})},
+                    "balancer": health,
+                },
+                replica_gate,
+            )
             topology.replica_gates.append(await start_kvgate(replica.name, config))
         doors = [{"name": g.name, "url": g.url} for g in topology.replica_gates]
         for index in range(num_front_doors):
-            config = _merge({"role": "front_door", "replicas": doors, "gate": {"mode": "off"}, "balancer": health},
-                            front_door)
+            config = _merge(
+                {"role": "front_door", "replicas": doors, "gate": {"mode": "off"}, "balancer": health}, front_door
+            )
             topology.front_doors.append(await start_kvgate(f"door{index}", config))
     except BaseException:
         await topology.close()
@@ -91,14 +106,25 @@ async def start_tiered(num_replicas: int, num_front_doors: int, *, gate: dict | 
     return topology
 
 
-async def start_single(num_replicas: int, *, gate: dict | None = None, extra: dict | None = None,
-                       health_interval_sec: float = 0.2, **engine_options: Any) -> Topology:
+async def start_single(
+    num_replicas: int,
+    *,
+    gate: dict | None = None,
+    extra: dict | None = None,
+    health_interval_sec: float = 0.2,
+    **engine_options: Any,
+) -> Topology:
     """One standalone kvgate in front of the replicas (the baseline); it is `front_doors[0]`."""
     topology = Topology(await start_simulated_replicas(num_replicas, **engine_options))
     try:
-        config = _merge({"replicas": [{"name": r.name, "url": r.url} for r in topology.replicas],
-                         "gate": {"mode": "enforce", **(gate or {})},
-                         "balancer": {"health": {"interval_sec": health_interval_sec}}}, extra)
+        config = _merge(
+            {
+                "replicas": [{"name": r.name, "url": r.url} for r in topology.replicas],
+                "gate": {"mode": "enforce", **(gate or {})},
+                "balancer": {"health": {"interval_sec": health_interval_sec}},
+            },
+            extra,
+        )
         topology.front_doors.append(await start_kvgate("single", config))
     except BaseException:
         await topology.close()

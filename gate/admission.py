@@ -1,10 +1,11 @@
 """The proxy's entry point to admission (docs/ARCHITECTURE.md, Seam 1).
 
 `AdmissionController` keeps one `Gate` per replica, created lazily on the replica's
-first request and keyed by its name. It maps session ids to gate keys (ids longer
-than `MAX_SESSION_KEY_CHARS` are replaced by their SHA-256, so a 10 KB id costs 71
-bytes per record), and it builds each gate's `ReplicaProbe` over the proxy's aiohttp
-ClientSession.
+first request and keyed by its name. It books sessions under `session_key(id)` (ids
+over 512 bytes are replaced by their SHA-256 hex digest, `gate.session_key`: the one
+bound, the proxy's too, so a 10 KB id costs 64 bytes per record), and it builds
+each gate's `ReplicaProbe` over one aiohttp ClientSession of its own, opened on the
+first probe and closed by `aclose()`.
 
 No metric carries a session id: the gates label metrics by replica and reason only.
 """
@@ -12,18 +13,19 @@ No metric carries a session id: the gates label metrics by replica and reason on
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
-from typing import Any, Callable, Union
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import aiohttp
 
-from gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
-from gate.gate import Gate, Lease
-from gate.policies import get_policy
-from gate.probe import Probe, ReplicaProbe
-from proxy.metrics import KvgateMetrics
-from proxy.settings import GateSettings
+from kvgate.gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from kvgate.gate.gate import Gate, Lease
+from kvgate.gate.metrics import GateMetrics
+from kvgate.gate.policies import get_policy
+from kvgate.gate.probe import Probe, ReplicaProbe
+from kvgate.gate.session_key import session_key
+from kvgate.gate.settings import GateSettings
 
 __all__ = [
     "AdmissionController",
@@ -36,35 +38,33 @@ __all__ = [
     "session_key",
 ]
 
-MAX_SESSION_KEY_CHARS = 256
-
-HttpSource = Union[aiohttp.ClientSession, Callable[[], aiohttp.ClientSession], None]
 ProbeFactory = Callable[[str, str], Probe]  # (replica name, replica url) -> probe
 
 
-def session_key(session_id: str) -> str:
-    """The key a session is booked under: the id itself, or `sha256:<hex>` when it is long."""
-    if len(session_id) <= MAX_SESSION_KEY_CHARS:
-        return session_id
-    return "sha256:" + hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()
+class ReplicaAddress(Protocol):
+    """What admission needs of a replica (`balancer.Replica` has both): its name, which keys
+    its gate, and its base URL, which its probe reads."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
 
 
 class AdmissionController:
     """One admission gate per replica, behind the interface the proxy uses.
 
-    http: the proxy's aiohttp ClientSession, or a zero-argument callable returning it
-    (so the controller can be built before the app starts), or None to let the
-    controller open its own on first use (closed by `aclose()`); `set_http` replaces
-    it later. api_key: sent as a Bearer token to replicas' probe endpoints (vLLM's
-    --api-key guards every path under /v1). clock and probe_factory exist for tests
-    and the simulator.
+    The probes share one ClientSession the controller opens on first use (so it can
+    be built before an event loop runs) and `aclose()` closes. api_key: sent as a
+    Bearer token to replicas' probe endpoints (vLLM's --api-key guards every path
+    under /v1). clock and probe_factory exist for tests and the simulator.
     """
 
     def __init__(
         self,
         settings: GateSettings,
-        metrics: KvgateMetrics,
-        http: HttpSource = None,
+        metrics: GateMetrics,
         *,
         api_key: str | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -80,21 +80,10 @@ class AdmissionController:
         self._urls: dict[str, str] = {}
         self._modes: dict[str, str] = {}  # per-replica mode overrides (gate/ownership.py: conflict -> shadow)
         self._own_http: aiohttp.ClientSession | None = None
-        self._http_source: HttpSource = None
-        self.set_http(http)
 
     # ---------------------------------------------------------------- wiring
 
-    def set_http(self, http: HttpSource) -> None:
-        """Use this ClientSession (or callable returning one) for probes from now on."""
-        self._http_source = http
-
     def _http(self) -> aiohttp.ClientSession:
-        source = self._http_source
-        if isinstance(source, aiohttp.ClientSession):
-            return source
-        if source is not None:
-            return source()
         if self._own_http is None or self._own_http.closed:
             self._own_http = aiohttp.ClientSession()
         return self._own_http
@@ -114,8 +103,9 @@ class AdmissionController:
         """The replica's gate, created on first use; a changed url gets a fresh probe."""
         gate = self._gates.get(name)
         if gate is None:
-            gate = Gate(name, self._probe_factory(name, url), self._settings_for(name), self.metrics, self._clock,
-                        self.policy)
+            gate = Gate(
+                name, self._probe_factory(name, url), self._settings_for(name), self.metrics, self._clock, self.policy
+            )
             self._gates[name] = gate
             self._urls[name] = url
         elif self._urls[name] != url:
@@ -140,7 +130,9 @@ class AdmissionController:
 
     # -------------------------------------------------------------- Seam 1
 
-    async def acquire(self, replica: Any, session_id: str | None, route_kind: str, body: dict[str, Any]) -> Lease:
+    async def acquire(
+        self, replica: ReplicaAddress, session_id: str | None, route_kind: str, body: Mapping[str, object]
+    ) -> Lease:
         """Admit one request to `replica` (has .name and .url), or raise an AdmissionError.
 
         session_id None is anonymous. `body` is read, never modified. Cancelling the

@@ -2,7 +2,8 @@
 
 One `SessionRecord` per named session that is active on the replica (acquiring, in
 flight) or was active within the last `idle_grace_sec`. A record carries the
-session's reservation (its ownership window), its admission reason counts and its
+session's window (its claim on the replica's KV cache between turns, priced at its
+footprint in blocks), its admission reason counts and its
 `num_preempted`. The async gate (`gate.gate`) is the shell that probes and waits; every
 state change goes through a `SessionBook` method, which keeps these invariants:
 
@@ -23,11 +24,11 @@ state change goes through a `SessionBook` method, which keeps these invariants:
   grace, lost, revoked); `take_window_ends()` hands the new ones to the shell.
 - `leases` counts every lease not yet released, anonymous ones included;
   `idle_since_replica` is when it last dropped to 0 (None while a lease is out).
-- `reserved_in_flight`, `reserved_idle` count reserved records with / without a lease
-  in flight; `idle_reserved_blocks` sums the resident blocks of the reserved idle ones.
-- `windows` holds exactly the reserved records, in the order their ownership began
-  (a window that ends and begins again goes to the back). A record's
-  `resident_blocks` is its window's footprint; `window_blocks` sums them, and
+- `windows_in_flight`, `windows_idle` count records holding a window with / without a
+  lease in flight; `idle_window_blocks` sums the footprints of the idle ones.
+- `windows` holds exactly the records that hold a window, in the order their windows
+  opened (a window that ends and opens again goes to the back). A record's
+  `footprint` is its window's price in blocks; `window_blocks` sums them, and
   `older_window_blocks(rec)` sums those ranked before `rec` (O(windows): tens).
 - A record's `prompt_tokens` / `growth_tokens` are the session's recorded sizes (the
   prompt of its last admitted turn with a prefix reading, and how much it grew since
@@ -41,17 +42,25 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
 
-from gate.policies import Admit, GateView, quiet_lifetime
+from kvgate.gate.blocks import cdiv
+from kvgate.gate.policies import GateView, quiet_lifetime
 
-# Window-end causes (kvgate_window_ends_total{cause}).
-FINISH = "finish"  # x-session-finish or POST /admin/sessions/{id}/finish
-QUIET = "quiet"  # idle well past the session's usual gap between turns
-GRACE = "grace"  # idle for idle_grace_sec (the ceiling of the quiet lifetime)
-LOST = "lost"  # contract policy: no longer fits behind the older windows
-REVOKED = "revoked"  # the turn that opened it served no prompt, its prompt can never fit, or the replica left
-WINDOW_END_CAUSES = (FINISH, QUIET, GRACE, LOST, REVOKED)
+
+class WindowEnd(StrEnum):
+    """Why a window ended: the `cause` label of `kvgate_window_ends_total` and the keys of
+    /admin/state's `window_ends` (values are part of the contract: docs/gate.md)."""
+
+    FINISH = "finish"  # x-session-finish or POST /admin/sessions/{id}/finish
+    QUIET = "quiet"  # idle well past the session's usual gap between turns
+    GRACE = "grace"  # idle for idle_grace_sec (the ceiling of the quiet lifetime)
+    LOST = "lost"  # contract policy: no longer fits behind the older windows
+    REVOKED = (
+        "revoked"  # its turn served no prompt, its prompt can never fit, it went work_conserving, or the replica left
+    )
+
+
 GAP_EWMA_WEIGHT = 0.5  # weight of the newest gap: a session's rhythm follows its recent turns
 
 
@@ -59,9 +68,9 @@ GAP_EWMA_WEIGHT = 0.5  # weight of the newest gap: a session's rhythm follows it
 class SessionRecord:
     key: str
     in_flight: int = 0
-    reserved: bool = False
-    resident_blocks: int = 0
-    attempt: Any = None  # the newest attempt still acquiring (an opaque token of the shell)
+    has_window: bool = False
+    footprint: int = 0  # the window's price in blocks (/admin/state: resident_blocks)
+    attempt: object | None = None  # the newest attempt still acquiring (the shell's token, compared by identity)
     finished: bool = False
     idle_since: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
@@ -75,8 +84,8 @@ class SessionRecord:
     last_gap: float | None = None
     quiet_deadline: float | None = None  # while idle with a window: when the window ends
     idle_gen: int = 0  # bumped at every idle period: heap entries of older periods are stale
-    opener: Any = None  # the attempt whose admission opened the window, until a turn of it is served
-    last_window_end: str | None = None  # the cause its last window ended with
+    opener: object | None = None  # the attempt whose admission opened the window, until a turn of it is served
+    last_window_end: WindowEnd | None = None  # the cause its last window ended with
 
     @property
     def is_idle(self) -> bool:
@@ -91,14 +100,14 @@ class SessionBook:
         self._deadlines: list[tuple[float, int, str, int]] = []  # (when, seq, key, idle_gen)
         self._seq = 0
         self.replica_gap_ewma: float | None = None
-        self.window_ends: dict[str, int] = {cause: 0 for cause in WINDOW_END_CAUSES}
-        self._new_window_ends: list[str] = []
+        self.window_ends: dict[str, int] = {cause.value: 0 for cause in WindowEnd}  # plain keys: JSON
+        self._new_window_ends: list[WindowEnd] = []
         self.idle_since_replica: float | None = 0.0
         self.records: dict[str, SessionRecord] = {}
         self.idle: OrderedDict[str, SessionRecord] = OrderedDict()
-        self.reserved_in_flight = 0
-        self.reserved_idle = 0
-        self.idle_reserved_blocks = 0
+        self.windows_in_flight = 0
+        self.windows_idle = 0
+        self.idle_window_blocks = 0
         self.leases = 0
         self.windows: OrderedDict[str, SessionRecord] = OrderedDict()
         self.growth_observed = 0  # growth observations, and their sum in tokens
@@ -107,27 +116,27 @@ class SessionBook:
     # -- classification: every mutation is bracketed by _leave / _enter
 
     def _leave(self, rec: SessionRecord) -> None:
-        if rec.reserved:
+        if rec.has_window:
             if rec.in_flight:
-                self.reserved_in_flight -= 1
+                self.windows_in_flight -= 1
             else:
-                self.reserved_idle -= 1
-                self.idle_reserved_blocks -= rec.resident_blocks
+                self.windows_idle -= 1
+                self.idle_window_blocks -= rec.footprint
         self.idle.pop(rec.key, None)
 
     def _enter(self, rec: SessionRecord, now: float) -> None:
-        if rec.reserved:
+        if rec.has_window:
             if rec.in_flight:
-                self.reserved_in_flight += 1
+                self.windows_in_flight += 1
             else:
-                self.reserved_idle += 1
-                self.idle_reserved_blocks += rec.resident_blocks
+                self.windows_idle += 1
+                self.idle_window_blocks += rec.footprint
         if rec.is_idle:
             rec.idle_since = now
             rec.idle_gen += 1
             self.idle[rec.key] = rec
             rec.quiet_deadline = None
-            if rec.reserved:
+            if rec.has_window:
                 rec.quiet_deadline = now + self.quiet_lifetime(rec)
                 self._schedule(rec, rec.quiet_deadline)
             self._schedule(rec, now + self.grace)
@@ -141,51 +150,51 @@ class SessionBook:
         gap = rec.gap_ewma if rec.last_gap is None else max(rec.gap_ewma or 0.0, rec.last_gap)
         return quiet_lifetime(gap, self.replica_gap_ewma, self.quiet_factor, self.quiet_floor, self.grace)
 
-    def _window_ended(self, cause: str, rec: SessionRecord) -> None:
+    def _window_ended(self, cause: WindowEnd, rec: SessionRecord) -> None:
         rec.last_window_end = cause
         rec.opener = None
-        self.window_ends[cause] += 1
+        self.window_ends[cause.value] += 1
         self._new_window_ends.append(cause)
 
-    def take_window_ends(self) -> list[str]:
+    def take_window_ends(self) -> list[WindowEnd]:
         """The causes of the windows ended since the last call (for the shell's metrics)."""
         ended, self._new_window_ends = self._new_window_ends, []
         return ended
 
     def _end(self, rec: SessionRecord) -> SessionRecord:
         self._leave(rec)
-        self.windows.pop(rec.key, None)  # rec.reserved stays: the caller reads it
-        if rec.reserved:
-            self._window_ended(GRACE, rec)
+        self.windows.pop(rec.key, None)  # rec.has_window stays: the caller reads it
+        if rec.has_window:
+            self._window_ended(WindowEnd.GRACE, rec)
         del self.records[rec.key]
         if not self.records:
             self._deadlines.clear()
         return rec
 
-    def _set_reserved(self, rec: SessionRecord, reserved: bool) -> None:
+    def _set_window(self, rec: SessionRecord, has_window: bool) -> None:
         """Begin or end the record's window (call between _leave and _enter)."""
-        if reserved and not rec.reserved:
+        if has_window and not rec.has_window:
             self.windows[rec.key] = rec
-        elif rec.reserved and not reserved:
+        elif rec.has_window and not has_window:
             self.windows.pop(rec.key, None)
-        rec.reserved = reserved
+        rec.has_window = has_window
 
     # -- the contract policy's books
 
     @property
     def window_blocks(self) -> int:
         """Footprints of every window, in flight or idle."""
-        return sum(rec.resident_blocks for rec in self.windows.values())
+        return sum(rec.footprint for rec in self.windows.values())
 
     def older_window_blocks(self, rec: SessionRecord | None) -> int:
-        """Footprints of the windows whose ownership began before `rec`'s; all of them if it owns none."""
-        if rec is None or not rec.reserved:
+        """Footprints of the windows opened before `rec`'s; all of them if it holds none."""
+        if rec is None or not rec.has_window:
             return self.window_blocks
         total = 0
         for other in self.windows.values():
             if other is rec:
                 return total
-            total += other.resident_blocks
+            total += other.footprint
         raise AssertionError(f"reserved record {rec.key!r} missing from the windows")
 
     @property
@@ -193,7 +202,7 @@ class SessionBook:
         """Mean growth per turn observed on this replica, rounded up; 0 before any observation."""
         if not self.growth_observed:
             return 0
-        return -(-self.growth_sum // self.growth_observed)
+        return cdiv(self.growth_sum, self.growth_observed)
 
     def _record_size(self, rec: SessionRecord, prompt_tokens: int | None, prompt_bound: int | None = None) -> None:
         """Record an admitted turn's prompt size; a size that differs from the last is a growth observation."""
@@ -208,14 +217,19 @@ class SessionBook:
 
     # -- operations
 
-    def view(self, rec: SessionRecord | None, max_output_tokens: int = 0, waiters_ahead: int = 0,
-             prompt_bound_tokens: int | None = None) -> GateView:
+    def view(
+        self,
+        rec: SessionRecord | None,
+        max_output_tokens: int = 0,
+        waiters_ahead: int = 0,
+        prompt_bound_tokens: int | None = None,
+    ) -> GateView:
         if rec is None:
             return GateView(anonymous=True, max_output_tokens=max_output_tokens)
-        own = rec.resident_blocks if rec.reserved and not rec.in_flight else 0
+        own = rec.footprint if rec.has_window and not rec.in_flight else 0
         return GateView(
-            reserved=rec.reserved,
-            idle_reserved_blocks=self.idle_reserved_blocks - own,
+            has_window=rec.has_window,
+            idle_window_blocks=self.idle_window_blocks - own,
             older_window_blocks=self.older_window_blocks(rec),
             max_output_tokens=max_output_tokens,
             waiters_ahead=waiters_ahead,
@@ -226,7 +240,7 @@ class SessionBook:
             prompt_bound_tokens=prompt_bound_tokens,
         )
 
-    def begin_attempt(self, key: str, attempt: Any, now: float) -> tuple[SessionRecord, Any]:
+    def begin_attempt(self, key: str, attempt: object, now: float) -> tuple[SessionRecord, object | None]:
         """Make `attempt` the session's newest; return the record and the attempt it replaces."""
         rec = self.records.get(key)
         if rec is None:
@@ -249,7 +263,7 @@ class SessionBook:
         replica = self.replica_gap_ewma
         self.replica_gap_ewma = gap if replica is None else replica + GAP_EWMA_WEIGHT * (gap - replica)
 
-    def end_attempt(self, rec: SessionRecord, attempt: Any, now: float) -> SessionRecord | None:
+    def end_attempt(self, rec: SessionRecord, attempt: object, now: float) -> SessionRecord | None:
         """The attempt stopped acquiring without a lease; returns the record if that ended it."""
         if rec.attempt is not attempt or self.records.get(rec.key) is not rec:
             return None
@@ -261,15 +275,19 @@ class SessionBook:
     def admit(
         self,
         rec: SessionRecord | None,
-        attempt: Any,
-        decision: Admit,
-        reason: str,
+        attempt: object,
+        label: str,
         now: float,
+        window: bool = False,
+        footprint: int | None = None,
         prompt_tokens: int | None = None,
         prompt_bound: int | None = None,
     ) -> None:
-        """Record an admission under `reason` (the decision's, or its shadow_ form).
+        """Record an admission under `label` (the decision's reason, or its shadow_ form).
 
+        window: the session holds a window for this turn: it opens one (this attempt is its
+        opener) or renews the one it holds; False ends a window it held (`revoked`).
+        footprint: the window's price in blocks (None keeps its last price).
         prompt_tokens: the turn's prompt size from its prefix reading (None: not probed).
         """
         self.leases += 1
@@ -280,14 +298,14 @@ class SessionBook:
         if rec.attempt is attempt:
             rec.attempt = None
         rec.in_flight += 1
-        if decision.reserve and not rec.reserved:
+        if window and not rec.has_window:
             rec.opener = attempt
-        elif not decision.reserve and rec.reserved:
-            self._window_ended(REVOKED, rec)
-        self._set_reserved(rec, decision.reserve)
-        if decision.resident_blocks is not None:
-            rec.resident_blocks = decision.resident_blocks
-        rec.reasons[reason] = rec.reasons.get(reason, 0) + 1
+        elif not window and rec.has_window:
+            self._window_ended(WindowEnd.REVOKED, rec)
+        self._set_window(rec, window)
+        if footprint is not None:
+            rec.footprint = footprint
+        rec.reasons[label] = rec.reasons.get(label, 0) + 1
         self._record_size(rec, prompt_tokens, prompt_bound)
         self._enter(rec, now)
 
@@ -296,18 +314,19 @@ class SessionBook:
         one (contract policy, no-pressure path); True if the window shrank.
 
         Only while the turn is in flight: an idle window's price counts in
-        `idle_reserved_blocks` and its place in `idle`, which this must not disturb (its
+        `idle_window_blocks` and its place in `idle`, which this must not disturb (its
         next turn prices it again).
         """
-        if self.records.get(rec.key) is not rec or not rec.reserved or not rec.in_flight:
+        if self.records.get(rec.key) is not rec or not rec.has_window or not rec.in_flight:
             return False
-        shrank = footprint < rec.resident_blocks
-        rec.resident_blocks = footprint
+        shrank = footprint < rec.footprint
+        rec.footprint = footprint
         self._record_size(rec, prompt_tokens, prompt_bound)
         return shrank
 
-    def release(self, rec: SessionRecord | None, now: float, attempt: Any = None,
-                served: bool = True) -> SessionRecord | None:
+    def release(
+        self, rec: SessionRecord | None, now: float, attempt: object | None = None, served: bool = True
+    ) -> SessionRecord | None:
         """A lease ended; returns the record if that ended the session (it was finished).
 
         served False: the turn's prompt was never served (routing or the upstream
@@ -325,16 +344,16 @@ class SessionBook:
         if attempt is not None and rec.opener is attempt:
             if served:
                 rec.opener = None
-            elif rec.reserved:
-                self._window_ended(REVOKED, rec)
-                self._set_reserved(rec, False)
+            elif rec.has_window:
+                self._window_ended(WindowEnd.REVOKED, rec)
+                self._set_window(rec, False)
         if served and not rec.in_flight:
             rec.turn_ended_at = now
         self._enter(rec, now)
         return self._end(rec) if rec.finished and rec.is_idle else None
 
-    def finish(self, key: str, now: float, cause: str = FINISH) -> tuple[bool, SessionRecord | None]:
-        """End the session's window; returns (it held a reservation, the record if it ended now).
+    def finish(self, key: str, now: float, cause: WindowEnd = WindowEnd.FINISH) -> tuple[bool, SessionRecord | None]:
+        """End the session's window; returns (it held a window, the record if it ended now).
 
         A session with a lease in flight or an attempt acquiring ends when that stops.
         Unknown sessions are a no-op.
@@ -343,22 +362,22 @@ class SessionBook:
         if rec is None:
             return False, None
         self._leave(rec)
-        was_reserved = rec.reserved
-        if was_reserved:
+        had_window = rec.has_window
+        if had_window:
             self._window_ended(cause, rec)
-        self._set_reserved(rec, False)
+        self._set_window(rec, False)
         rec.finished = True
         self._enter(rec, now)
-        return was_reserved, (self._end(rec) if rec.is_idle else None)
+        return had_window, (self._end(rec) if rec.is_idle else None)
 
-    def drop_window(self, rec: SessionRecord, now: float, cause: str = LOST) -> bool:
+    def drop_window(self, rec: SessionRecord, now: float, cause: WindowEnd = WindowEnd.LOST) -> bool:
         """Take the session's window back (the session keeps its record); True if it had one."""
-        if not rec.reserved or self.records.get(rec.key) is not rec:
+        if not rec.has_window or self.records.get(rec.key) is not rec:
             return False
         self._leave(rec)
         self._window_ended(cause, rec)
-        self._set_reserved(rec, False)
-        if cause == LOST:
+        self._set_window(rec, False)
+        if cause == WindowEnd.LOST:
             rec.windows_lost += 1
         self._enter(rec, now)
         return True
@@ -376,14 +395,14 @@ class SessionBook:
             if rec is None or rec.idle_gen != gen or not rec.is_idle:
                 continue  # stale: the record ended, or became active since
             if now - rec.idle_since >= self.grace:
-                windows_ended |= rec.reserved
+                windows_ended |= rec.has_window
                 ended.append(self._end(rec))
-            elif rec.reserved and rec.quiet_deadline is not None and rec.quiet_deadline <= now:
+            elif rec.has_window and rec.quiet_deadline is not None and rec.quiet_deadline <= now:
                 # The window ends; the record stays idle (same period) until its grace.
-                self.reserved_idle -= 1
-                self.idle_reserved_blocks -= rec.resident_blocks
-                self._window_ended(QUIET, rec)
-                self._set_reserved(rec, False)
+                self.windows_idle -= 1
+                self.idle_window_blocks -= rec.footprint
+                self._window_ended(WindowEnd.QUIET, rec)
+                self._set_window(rec, False)
                 rec.quiet_deadline = None
                 windows_ended = True
         return ended, windows_ended

@@ -3,7 +3,9 @@
 `Gate.acquire(session_key, route_kind, body)` returns a `Lease` or raises an
 `AdmissionError`. Per attempt it loops: read usage (shared, cached), ask the prefix
 probe only if the policy needs it, decide, then admit, reject, or wait in FIFO order
-until woken and decide again.
+until woken and decide again. The shell carries out what the decision says (window,
+footprint, repricing, wake-ups: the fields of `Admit`, `Wait`, `Reject`) and infers
+no policy meaning of its own.
 
 Invariants (each has a test):
 - Every lease is counted until released; `Lease.release()` is idempotent.
@@ -13,25 +15,30 @@ Invariants (each has a test):
 - Cancelling an acquire (client disconnect) leaves no waiter, attempt or lease.
 - Waiters are woken in arrival order: one per released lease, finished, expired or
   lost window, or shrunk window footprint (anything that lowers the blocks committed
-  to windows), and each admitted waiter (or `open` admission), or a head waiter that
-  leaves, wakes the next; each waiter also wakes itself every `wait_poll_sec` (and
-  when the oldest idle window is due), so no wake-up is ever needed for liveness.
+  to windows), and each admitted waiter (or an `Admit` with `wake_next`: no
+  pressure), or a head waiter that leaves, wakes the next; each waiter also wakes
+  itself every `wait_poll_sec` (and when the oldest idle window is due), so no
+  wake-up is ever needed for liveness.
 - The policy sees how many named waiters are ahead of the attempt (the contract
   policy serves newcomers in strict FIFO order) and the request's output allowance,
   read once from the body.
 - A `Wait(drop_window=True)` takes the session's window back before it waits; so does
   a `Reject`: a session never holds a window while it waits or after it was refused.
 - Expired windows are purged lazily, by whichever acquire, wake, release or look at
-  the state comes next; purging a reservation wakes a waiter.
+  the state comes next; purging a window wakes a waiter.
+- An `Admit` with `reprice_above` (priced at the body's upper bound) gets its exact
+  price from a prefix probe beside the forwarded turn once the windows hold more blocks.
 - A route without a prompt (`GET /v1/models`) is admitted `open` with no probe and no
-  session bookkeeping: it neither opens nor renews a window. A lease released with
-  `served=False` (no prompt was served) ends the window its admission opened.
+  session bookkeeping (`_grant_unbooked`): it neither opens nor renews a window. A
+  lease released with `served=False` (no prompt was served) ends the window its
+  admission opened.
 - Every window end is counted in `kvgate_window_ends_total{replica,cause}`; an idle
   window ends when its session goes quiet (`SessionBook`), and a waiter whose policy
   names a `recheck_sec` (the work-conserving rule) re-decides by then.
-- mode `off`: admit `open` with no probe and no session bookkeeping. mode `shadow`:
-  decide as `enforce` would (reservations included), record `shadow_<reason>`
-  (`shadow_wait`, `shadow_prompt_too_long`), never hold or reject.
+- mode `off`: admit `open` with no probe and no session bookkeeping
+  (`_grant_unbooked`). mode `shadow`: decide as `enforce` would (windows included),
+  record `shadow_<reason>` (`shadow_wait`, `shadow_prompt_too_long`), never hold or
+  reject.
 """
 
 from __future__ import annotations
@@ -40,18 +47,21 @@ import asyncio
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import orjson
+from prometheus_client import Counter, Histogram
 
-from gate.book import LOST, REVOKED, SessionBook, SessionRecord
-from gate.observations import reprefill_tokens
-from gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
-from gate.policies import (
-    ANONYMOUS,
-    OPEN,
+from kvgate.gate.book import SessionBook, SessionRecord, WindowEnd
+from kvgate.gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from kvgate.gate.metrics import GateMetrics
+from kvgate.gate.observations import reprefill_tokens
+from kvgate.gate.policies import (
+    AdmissionReason,
     Admit,
+    Decision,
     GateView,
     Policy,
     Reject,
@@ -61,10 +71,10 @@ from gate.policies import (
     prompt_token_bound,
     window_footprint,
 )
-from gate.probe import Probe
-from gate.route_prompts import body_holds_prompt
-from proxy.metrics import KvgateMetrics
-from proxy.settings import GateSettings
+from kvgate.gate.probe import Probe
+from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.route_prompts import body_holds_prompt
+from kvgate.gate.settings import GateSettings
 
 Clock = Callable[[], float]
 MODES = ("enforce", "shadow", "off")
@@ -80,7 +90,7 @@ class Attempt:
     `event` (what wakes it) is made on its first wait: most attempts never wait.
     """
 
-    __slots__ = ("event", "abort", "queued", "named", "queued_at")
+    __slots__ = ("event", "abort", "queued", "named", "queued_at", "held")
 
     def __init__(self, named: bool = True) -> None:
         self.event: asyncio.Event | None = None
@@ -88,6 +98,7 @@ class Attempt:
         self.queued = False
         self.named = named
         self.queued_at = 0.0  # when it joined the queue (clock seconds): the oldest waiter's age
+        self.held: Wait | None = None  # the last Wait decided for it: /admin/state shows why it waits
 
     def wake(self) -> None:
         if self.event is not None:
@@ -98,13 +109,21 @@ class Attempt:
             raise self.abort
 
 
+def _held_state(attempt: object) -> dict[str, str] | None:
+    """Why a session's turn waits now (its last `Wait`), for /admin/state; None if it does not."""
+    if not isinstance(attempt, Attempt) or attempt.held is None:
+        return None
+    return {"cause": attempt.held.cause.value, "why": attempt.held.why}
+
+
 class Lease:
     """The right to have one request in flight on the replica, until `release()`."""
 
     __slots__ = ("reason", "wait_ms", "replica", "_gate", "_record", "_attempt", "_released")
 
-    def __init__(self, gate: Gate, record: SessionRecord | None, reason: str, wait_ms: float,
-                 attempt: Attempt | None = None) -> None:
+    def __init__(
+        self, gate: Gate, record: SessionRecord | None, reason: str, wait_ms: float, attempt: Attempt | None = None
+    ) -> None:
         self.reason = reason
         self.wait_ms = wait_ms
         self.replica = gate.name
@@ -139,7 +158,7 @@ class Gate:
         name: str,
         probe: Probe,
         settings: GateSettings,
-        metrics: KvgateMetrics,
+        metrics: GateMetrics,
         clock: Clock = time.monotonic,
         policy: Policy | None = None,
     ) -> None:
@@ -153,15 +172,15 @@ class Gate:
         self._repricing: set[asyncio.Future[None]] = set()
         self._now = clock
         self._book = SessionBook(settings.idle_grace_sec, settings.quiet_factor, settings.quiet_floor_sec)
-        self._window_ends = {cause: metrics.window_ends.labels(name, cause) for cause in self._book.window_ends}
+        self._window_ends = {cause: metrics.window_ends.labels(name, cause) for cause in WindowEnd}
         self._queue: OrderedDict[Attempt, None] = OrderedDict()  # waiters, arrival order
         self._attempts: set[Attempt] = set()
         self._closed: AdmissionError | None = None
         self._metrics = metrics
-        self._admissions: dict[str, Any] = {}
+        self._admissions: dict[str, Counter] = {}
         self._wait_hist = metrics.admission_wait.labels(name)
         self._pending_gauge = metrics.pending_sessions.labels(name)
-        self._reserved_gauges = (
+        self._window_gauges = (
             metrics.reserved_sessions.labels(name, "in_flight"),
             metrics.reserved_sessions.labels(name, "idle"),
         )
@@ -171,33 +190,35 @@ class Gate:
         self._retry_after = max(1, math.ceil(settings.wait_poll_sec))
         self._max_wait = settings.max_wait_sec if settings.max_wait_sec > 0 else None
         # Operator metrics (docs/observability.md): wait by reason, oldest waiter, re-prefill.
-        operator = metrics.operator
-        self._reason_wait_metric = operator.admission_reason_wait
-        self._reason_waits: dict[str, Any] = {}
-        self._reprefill = operator.reprefill_tokens.labels(name)
-        self._oldest_waiter = operator.oldest_waiter_seconds.labels(name)
+        self._reason_wait_metric = metrics.admission_reason_wait
+        self._reason_waits: dict[str, Histogram] = {}
+        self._reprefill = metrics.reprefill_tokens.labels(name)
+        self._oldest_waiter = metrics.oldest_waiter_seconds.labels(name)
         self._oldest_waiter.set_function(self.oldest_waiter_age)
 
     # ------------------------------------------------------------------ acquire
 
-    async def acquire(self, session_key: str | None, route_kind: str, body: dict[str, Any]) -> Lease:
+    async def acquire(self, session_key: str | None, route_kind: str, body: Mapping[str, object]) -> Lease:
         """Admit one request of `session_key` (None: anonymous) or raise an AdmissionError."""
         if self._closed is not None:
             raise self._closed
         if self.settings.mode == "off" or route_kind not in PROMPT_KINDS:
-            return self._grant(None, None, Admit(OPEN), OPEN, None)
+            return self._grant_unbooked()
         start = self._now()
         self._purge(start)
         attempt = Attempt(named=session_key is not None)
         allowance = output_allowance(body)
         # Only named turns are priced; one compact encoding of the body bounds its prompt.
         # A body that does not hold its whole prompt (a Responses continuation) has no bound.
-        bound = (prompt_token_bound(orjson.dumps(body))
-                 if session_key is not None and self._prices_bodies and body_holds_prompt(route_kind, body) else None)
+        bound = (
+            prompt_token_bound(orjson.dumps(body))
+            if session_key is not None and self._prices_bodies and body_holds_prompt(route_kind, body)
+            else None
+        )
         record: SessionRecord | None = None
         if session_key is not None:
             record, previous = self._book.begin_attempt(session_key, attempt, start)
-            if previous is not None:
+            if isinstance(previous, Attempt):  # the book keeps this gate's attempts
                 self._preempt(previous)
         self._attempts.add(attempt)
         deadline = start + self._max_wait if self._max_wait is not None else None
@@ -216,21 +237,25 @@ class Gate:
                     view = self._view(record, attempt, allowance, bound, usage, start)
                 decision = self.policy.decide(view, usage, prefix, self.settings)
                 tokens = prefix.total_tokens if prefix is not None else None
-                if prefix is not None and record is not None and (
-                        self.settings.mode == "shadow" or isinstance(decision, Admit)):
+                if (
+                    prefix is not None
+                    and record is not None
+                    and (self.settings.mode == "shadow" or isinstance(decision, Admit))
+                ):
                     self._count_reprefill(record, prefix, usage)
                 if self.settings.mode == "shadow":
                     return self._grant_shadow(record, attempt, decision, start, tokens, bound)
                 if isinstance(decision, Admit):
-                    lease = self._grant(record, attempt, decision, decision.reason, start, tokens, bound)
-                    if bound is not None and prefix is None and decision.resident_blocks is not None:
+                    lease = self._admit(record, attempt, decision, start, tokens, bound)
+                    if decision.reprice_above is not None and self._book.window_blocks > decision.reprice_above:
                         self._reprice_later(record, route_kind, body, allowance, usage, bound)
                     return lease
                 if isinstance(decision, Reject):
-                    self._drop_window(record, REVOKED)
+                    self._drop_window(record, WindowEnd.REVOKED)
                     raise PromptTooLong(decision.message)
                 if decision.drop_window:
                     self._drop_window(record)
+                attempt.held = decision
                 await self._wait(attempt, deadline, decision.recheck_sec)
                 newer_than = self._changed_at
         finally:
@@ -241,26 +266,33 @@ class Gate:
                 ended = self._book.end_attempt(record, attempt, self._now())
                 if ended is not None:
                     self._session_ended(ended)
-                self._publish_reserved()
+                self._publish_windows()
 
     def _reprice_later(
-        self, record: SessionRecord | None, route_kind: str, body: dict[str, Any], allowance: int, usage: Any,
-        bound: int,
+        self,
+        record: SessionRecord | None,
+        route_kind: str,
+        body: Mapping[str, object],
+        allowance: int,
+        usage: UsageReading | None,
+        bound: int | None,
     ) -> None:
-        """A window admitted at its upper bound (no probe on the turn's path) gets its exact
-        price from a prefix probe that runs beside the forwarded turn, once the windows
-        hold more than half the usable blocks: below that, over-priced windows cannot
-        hold anyone back (a bound that fits skips the probe), so no probe is spent."""
-        if record is None or usage is None or not usage.block_size:
-            return
-        if 2 * self._book.window_blocks <= usage.num_total_blocks - self.settings.headroom_blocks:
+        """Get the exact price of a window admitted at its upper bound (no probe on the turn's
+        path) from a prefix probe that runs beside the forwarded turn."""
+        if record is None or usage is None:  # never both with a bound price: anonymous or unknown usage
             return
         task = asyncio.ensure_future(self._reprice(record, route_kind, body, allowance, usage, bound))
         self._repricing.add(task)
         task.add_done_callback(self._repricing.discard)
 
     async def _reprice(
-        self, record: SessionRecord, route_kind: str, body: dict[str, Any], allowance: int, usage: Any, bound: int
+        self,
+        record: SessionRecord,
+        route_kind: str,
+        body: Mapping[str, object],
+        allowance: int,
+        usage: UsageReading,
+        bound: int | None,
     ) -> None:
         prefix = await self.probe.prefix(route_kind, body)
         if prefix is None or not prefix.total_tokens:
@@ -268,10 +300,17 @@ class Gate:
         footprint = max(window_footprint(self._book.view(record, allowance), usage, prefix, self.settings), 0)
         if self._book.reprice(record, footprint, prefix.total_tokens, bound):
             self._blocks_freed(self._now())
-            self._publish_reserved()
+            self._publish_windows()
 
-    def _view(self, record: SessionRecord | None, attempt: Attempt, allowance: int, bound: int | None,
-              usage: Any = None, start: float | None = None) -> GateView:
+    def _view(
+        self,
+        record: SessionRecord | None,
+        attempt: Attempt,
+        allowance: int,
+        bound: int | None,
+        usage: UsageReading | None = None,
+        start: float | None = None,
+    ) -> GateView:
         view = self._book.view(record, allowance, self._waiters_ahead(attempt), bound)
         if record is None or start is None:
             return view
@@ -279,8 +318,9 @@ class Gate:
         idle_since = self._book.idle_since_replica
         engine_busy = usage is not None and bool(usage.num_running or usage.num_waiting)
         idle = None if idle_since is None or engine_busy else max(0.0, now - idle_since)
-        return replace(view, replica_idle_sec=idle, expected_gap_sec=self._book.replica_gap_ewma,
-                       waited_sec=max(0.0, now - start))
+        return replace(
+            view, replica_idle_sec=idle, expected_gap_sec=self._book.replica_gap_ewma, waited_sec=max(0.0, now - start)
+        )
 
     def _waiters_ahead(self, attempt: Attempt) -> int:
         """Named waiters queued before `attempt` (all of them if it is not queued). O(queue)."""
@@ -292,56 +332,106 @@ class Gate:
         return ahead
 
     def _grant_shadow(
-        self, record: SessionRecord | None, attempt: Attempt, decision: Any, start: float, tokens: int | None,
+        self,
+        record: SessionRecord | None,
+        attempt: Attempt,
+        decision: Decision,
+        start: float,
+        tokens: int | None,
         bound: int | None,
     ) -> Lease:
+        """Admit whatever was decided, recorded as `shadow_<reason>`: an Admit is booked as
+        enforce would book it (its window included), a Wait or Reject as an admission
+        without a window. A shadow admission wakes no waiter of its own accord."""
         if isinstance(decision, Admit):
-            return self._grant(record, attempt, decision, "shadow_" + decision.reason, start, tokens, bound)
-        reason = "shadow_wait" if isinstance(decision, Wait) else "shadow_" + decision.code
-        return self._grant(record, attempt, Admit(reason), reason, start, tokens, bound)
+            return self._grant(
+                record,
+                attempt,
+                f"shadow_{decision.reason}",
+                start,
+                window=decision.window,
+                footprint=decision.footprint,
+                tokens=tokens,
+                bound=bound,
+            )
+        label = "shadow_wait" if isinstance(decision, Wait) else f"shadow_{decision.code}"
+        return self._grant(record, attempt, label, start, tokens=tokens, bound=bound)
+
+    def _admit(
+        self,
+        record: SessionRecord | None,
+        attempt: Attempt,
+        decision: Admit,
+        start: float,
+        tokens: int | None,
+        bound: int | None,
+    ) -> Lease:
+        """Grant the lease the policy's Admit asks for, as it asks (window, footprint, wake-up)."""
+        return self._grant(
+            record,
+            attempt,
+            decision.reason.value,  # plain str: a JSON key in /admin/state
+            start,
+            window=decision.window,
+            footprint=decision.footprint,
+            wake_next=decision.wake_next,
+            tokens=tokens,
+            bound=bound,
+        )
 
     def _grant(
         self,
         record: SessionRecord | None,
-        attempt: Attempt | None,
-        decision: Admit,
-        reason: str,
-        start: float | None,
+        attempt: Attempt,
+        label: str,
+        start: float,
+        *,
+        window: bool = False,
+        footprint: int | None = None,
+        wake_next: bool = False,
         tokens: int | None = None,
         bound: int | None = None,
     ) -> Lease:
-        """Book the admission (start None: mode off, nothing but the lease is booked).
+        """Book an admission under `label` (its `x-kvgate-admission` value) and hand out its lease.
 
+        window, footprint: the session's window for the turn (`Admit.window`, `Admit.footprint`).
+        wake_next: wake the next waiter too (`Admit.wake_next`); a queued attempt that is
+        admitted always does, since the head of the queue moved.
         tokens: the prompt size of the turn's prefix reading, recorded for the session's growth
         (with `bound`, the turn's body-length bound, which later turns' bounds are measured from).
         """
-        if start is None:
-            wait = 0.0
-            self._book.leases += 1
-        else:
-            now = self._now()
-            wait = max(0.0, now - start)
-            committed = self._book.window_blocks if record is not None else 0
-            self._book.admit(record, attempt, decision, reason, now, tokens, bound)
-            if record is not None and self._book.window_blocks < committed:
-                self._blocks_freed(now)  # a window shrank or ended: a waiter may fit now
-        counter = self._admissions.get(reason)
-        if counter is None:
-            counter = self._admissions[reason] = self._metrics.admissions.labels(self.name, reason)
-        counter.inc()
-        self._wait_hist.observe(wait)
-        reason_wait = self._reason_waits.get(reason)
-        if reason_wait is None:
-            reason_wait = self._reason_waits[reason] = self._reason_wait_metric.labels(self.name, reason)
-        reason_wait.observe(wait)
+        now = self._now()
+        wait = max(0.0, now - start)
+        committed = self._book.window_blocks if record is not None else 0
+        self._book.admit(record, attempt, label, now, window, footprint, tokens, bound)
+        if record is not None and self._book.window_blocks < committed:
+            self._blocks_freed(now)  # a window shrank or ended: a waiter may fit now
+        self._count_admission(label, wait)
         if record is not None:
-            self._publish_reserved()
-        if self._queue and attempt is not None and (attempt.queued or reason in (OPEN, ANONYMOUS)):
-            # A waiter that passed, or usage below the watermark: the next waiter may pass too.
+            self._publish_windows()
+        if self._queue and (attempt.queued or wake_next):
             if attempt.queued:
                 self._dequeue(attempt)
             self._wake_one()
-        return Lease(self, record, reason, wait * 1000.0, attempt)
+        return Lease(self, record, label, wait * 1000.0, attempt)
+
+    def _grant_unbooked(self) -> Lease:
+        """Admit `open` with nothing booked but the lease (mode off, or a route without a
+        prompt): no probe, no session, no window, no waiter woken."""
+        self._book.leases += 1
+        self._count_admission(AdmissionReason.OPEN.value, 0.0)
+        return Lease(self, None, AdmissionReason.OPEN.value, 0.0)
+
+    def _count_admission(self, label: str, wait: float) -> None:
+        counter = self._admissions.get(label)
+        if counter is None:
+            counter = self._admissions[label] = self._metrics.admissions.labels(self.name, label)
+        counter.inc()
+        self._wait_hist.observe(wait)
+        reason_wait = self._reason_waits.get(label)
+        if reason_wait is None:
+            reason_wait = self._reason_waits[label] = self._reason_wait_metric.labels(self.name, label)
+        reason_wait.observe(wait)
 
     # --------------------------------------------------------------------- wait
 
@@ -391,8 +481,9 @@ class Gate:
 
     def _wake_one(self) -> None:
         for waiter in self._queue:
-            if not waiter.event.is_set():  # queued waiters always have an event
-                waiter.event.set()
+            event = waiter.event  # queued waiters always have one (made before queueing)
+            if event is not None and not event.is_set():
+                event.set()
                 return
 
     def _preempt(self, previous: Attempt) -> None:
@@ -414,7 +505,7 @@ class Gate:
             self._session_ended(ended)
         self._purge(now)
         if record is not None:
-            self._publish_reserved()
+            self._publish_windows()
         if self._queue:
             self._wake_one()
 
@@ -424,22 +515,22 @@ class Gate:
         if self._queue:
             self._wake_one()
 
-    def _drop_window(self, record: SessionRecord | None, cause: str = LOST) -> None:
+    def _drop_window(self, record: SessionRecord | None, cause: WindowEnd = WindowEnd.LOST) -> None:
         """Take a session's window back (contract: it no longer fits, or its prompt never will)."""
         if record is None:
             return
         now = self._now()
         if self._book.drop_window(record, now, cause):
-            self._publish_reserved()
+            self._publish_windows()
             self._blocks_freed(now)
 
-    def finish_session(self, session_key: str, cause: str = "finish") -> None:
+    def finish_session(self, session_key: str, cause: WindowEnd = WindowEnd.FINISH) -> None:
         """End the session's window here; no-op for a session this gate does not know."""
-        was_reserved, ended = self._book.finish(session_key, self._now(), cause)
+        had_window, ended = self._book.finish(session_key, self._now(), cause)
         if ended is not None:
             self._session_ended(ended)
-        self._publish_reserved()
-        if was_reserved:
+        self._publish_windows()
+        if had_window:
             self._blocks_freed(self._now())
 
     def _purge(self, now: float) -> None:
@@ -450,23 +541,23 @@ class Gate:
             return
         for record in ended:
             self._session_ended(record)
-        self._publish_reserved()
+        self._publish_windows()
         if windows_ended:
             self._blocks_freed(now)
 
     def _session_ended(self, record: SessionRecord) -> None:
         self._metrics.session_preemptions.observe(record.num_preempted)
 
-    def _publish_reserved(self) -> None:
-        """Publish the reserved-session gauges and count the windows ended since the last call."""
+    def _publish_windows(self) -> None:
+        """Publish the window gauges (`kvgate_reserved_sessions`) and count the windows ended since the last call."""
         if self._book._new_window_ends:
             for cause in self._book.take_window_ends():
                 self._window_ends[cause].inc()
-        counts = (self._book.reserved_in_flight, self._book.reserved_idle)
+        counts = (self._book.windows_in_flight, self._book.windows_idle)
         if counts != self._published:  # most calls change nothing: skip the gauges' locks
             self._published = counts
-            self._reserved_gauges[0].set(counts[0])
-            self._reserved_gauges[1].set(counts[1])
+            self._window_gauges[0].set(counts[0])
+            self._window_gauges[1].set(counts[1])
 
     # -------------------------------------------------------------------- close
 
@@ -484,7 +575,7 @@ class Gate:
             attempt.wake()
         self._book.grace = 0.0
         for key in list(self._book.records):
-            self.finish_session(key, REVOKED)
+            self.finish_session(key, WindowEnd.REVOKED)
         self._purge(self._now())
         self._pending_gauge.set(0)
         self._oldest_waiter.set_function(lambda: 0.0)  # let go of this gate
@@ -501,7 +592,7 @@ class Gate:
         oldest = next(iter(self._queue), None)  # the queue keeps arrival order
         return max(0.0, self._now() - oldest.queued_at) if oldest is not None else 0.0
 
-    def _count_reprefill(self, record: SessionRecord, prefix: Any, usage: Any) -> None:
+    def _count_reprefill(self, record: SessionRecord, prefix: PrefixReading, usage: UsageReading | None) -> None:
         """Count the tokens this admitted turn prefills again (before its size is recorded)."""
         block_size = usage.block_size if usage is not None else None
         tokens = reprefill_tokens(record.prompt_tokens, prefix.total_tokens, prefix.hit_blocks, block_size)
@@ -515,7 +606,7 @@ class Gate:
         self._purge(self._now())
         return {
             "leases": self._book.leases,
-            "reservations": self._book.reserved_in_flight + self._book.reserved_idle,
+            "reservations": self._book.windows_in_flight + self._book.windows_idle,
             "waiters": len(self._queue),
             "attempts": len(self._attempts),
             "sessions": len(self._book.records),
@@ -525,7 +616,9 @@ class Gate:
         """This gate's part of /admin/state."""
         self._purge(self._now())
         now = self._now()
-        in_flight, idle, sessions = [], [], {}
+        in_flight: list[str] = []
+        idle: list[str] = []
+        sessions: dict[str, dict[str, Any]] = {}
         for key, rec in self._book.windows.items():  # oldest window first
             (in_flight if rec.in_flight else idle).append(key)
         for key, rec in self._book.records.items():
@@ -534,17 +627,21 @@ class Gate:
                 "num_preempted": rec.num_preempted,
                 "windows_lost": rec.windows_lost,
                 "in_flight": rec.in_flight,
-                "reserved": rec.reserved,
-                "resident_blocks": rec.resident_blocks,
+                "reserved": rec.has_window,
+                "resident_blocks": rec.footprint,
                 "growth_tokens": rec.growth_tokens,
                 "idle_sec": round(now - rec.idle_since, 3) if rec.is_idle else None,
                 "gap_sec": None if rec.gap_ewma is None else round(rec.gap_ewma, 3),
-                "quiet_in_sec": (round(rec.quiet_deadline - now, 3)
-                                 if rec.is_idle and rec.reserved and rec.quiet_deadline is not None else None),
+                "quiet_in_sec": (
+                    round(rec.quiet_deadline - now, 3)
+                    if rec.is_idle and rec.has_window and rec.quiet_deadline is not None
+                    else None
+                ),
                 "quiet_lifetime_sec": round(self._book.quiet_lifetime(rec), 3),
                 "last_window_end": rec.last_window_end,
+                "held": _held_state(rec.attempt),
             }
-        pending = [k for k, rec in self._book.records.items() if rec.attempt is not None and rec.attempt.queued]
+        pending = [k for k, rec in self._book.records.items() if rec.attempt is not None and rec.attempt in self._queue]
         anonymous_waiting = len(self._queue) - len(pending)
         return {
             "mode": self.settings.mode,

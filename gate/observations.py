@@ -9,8 +9,9 @@ ones of them the prefix probe no longer finds resident must be computed again.
 from __future__ import annotations
 
 
-def reprefill_tokens(previous_prompt_tokens: int | None, prompt_tokens: int, hit_blocks: int,
-                     block_size: int | None) -> int:
+def reprefill_tokens(
+    previous_prompt_tokens: int | None, prompt_tokens: int, hit_blocks: int, block_size: int | None
+) -> int:
     """Tokens of the session's previous prompt that this turn prefills again.
 
     previous_prompt_tokens: the prompt size of the session's last turn on this replica

@@ -27,8 +27,8 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
 
 import aiohttp
 
@@ -66,7 +66,7 @@ class Ownership:
     expires_in_sec: float = 0.0
 
 
-def parse_owner_answer(data: Any) -> OwnerAnswer:
+def parse_owner_answer(data: object) -> OwnerAnswer:
     """The owner record's answer; ValueError when it is not one."""
     if not isinstance(data, dict):
         raise ValueError("the owner answer is not a JSON object")
@@ -115,17 +115,20 @@ def transition_message(replica: str, gate_id: str, before: Ownership, after: Own
             f"gate conflict on replica {replica}: kvgate {after.owner} already enforces on it (lease "
             f"{after.expires_in_sec:.1f}s left); this kvgate ({gate_id}) falls back to shadow mode for it until "
             "that lease lapses. Two enforcing gates on one vLLM server over-admit: run one gate per replica "
-            "(role: replica_gate) and route to it from front doors with gate.mode off (docs/ARCHITECTURE.md)")
+            "(role: replica_gate) and route to it from front doors with gate.mode off (docs/ARCHITECTURE.md)"
+        )
     if after.status == OWNER and after.contenders and set(after.contenders) != set(before.contenders):
         return logging.ERROR, (
             f"gate conflict on replica {replica}: kvgate(s) {', '.join(after.contenders)} also try to enforce on "
-            f"it; this kvgate ({gate_id}) holds it and keeps enforcing, they shadow")
+            f"it; this kvgate ({gate_id}) holds it and keeps enforcing, they shadow"
+        )
     if after.status == OWNER and before.status != OWNER:
         return logging.INFO, f"kvgate {gate_id} holds the owner record of replica {replica}: enforcing"
     if after.status == UNCHECKED and before.status != UNCHECKED:
         return logging.WARNING, (
             f"replica {replica} has no owner record ({OWNER_PATH}: start vLLM with the kvgate plugin): "
-            "another gate enforcing on it could not be detected")
+            "another gate enforcing on it could not be detected"
+        )
     return None
 
 
@@ -145,9 +148,16 @@ class OwnershipClaims:
     the records it holds (ttl 0), so a restart does not wait a lease out.
     """
 
-    def __init__(self, gate_id: str, ttl_sec: float, replicas: Callable[[], Iterable[tuple[str, str]]],
-                 apply: Callable[[str, Ownership], None], *, timeout_sec: float = 1.0,
-                 api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        gate_id: str,
+        ttl_sec: float,
+        replicas: Callable[[], Iterable[tuple[str, str]]],
+        apply: Callable[[str, Ownership], None],
+        *,
+        timeout_sec: float = 1.0,
+        api_key: str | None = None,
+    ) -> None:
         self.gate_id = gate_id
         self.ttl_sec = ttl_sec
         self.interval_sec = ttl_sec / 3.0
@@ -201,14 +211,18 @@ class OwnershipClaims:
     async def _claim(self, url: str, ttl_sec: float) -> OwnerAnswer | str | None:
         assert self._http is not None, "start() first"
         try:
-            async with self._http.post(url.rstrip("/") + OWNER_PATH, json={"gate_id": self.gate_id, "ttl_sec": ttl_sec},
-                                       headers=self._headers, timeout=self._timeout) as resp:
+            async with self._http.post(
+                url.rstrip("/") + OWNER_PATH,
+                json={"gate_id": self.gate_id, "ttl_sec": ttl_sec},
+                headers=self._headers,
+                timeout=self._timeout,
+            ) as resp:
                 if resp.status in NO_API_STATUSES:
                     return NO_API
                 if resp.status != 200:
                     return None
                 return parse_owner_answer(await resp.json(content_type=None))
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             return None
 
     async def close(self) -> None:

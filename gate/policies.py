@@ -4,7 +4,7 @@ A policy is two functions (DESIGN.md sections 2-4):
 
 - `needs_prefix_probe(view, usage, knobs) -> bool`: whether the gate must ask the
   prefix probe before deciding. The gate asks only when this says so, so the common
-  path (no pressure, or a reserved session) costs one shared usage reading.
+  path (no pressure, or a session that holds a window) costs one shared usage reading.
 - `decide(view, usage, prefix, knobs) -> Admit | Wait | Reject`.
 
 `usage is None` means the usage probe failed (usage unknown); `prefix is None` means
@@ -12,14 +12,15 @@ the prefix probe is unavailable (not asked, unsupported route, replica without t
 probe API, or a failed probe). Invariant tested for every policy: whenever
 `needs_prefix_probe` is False, `decide` gives the same answer for any `prefix`.
 
-The contract policy is a working-set admission control priced by the gate's own
-books (docs/gate.md), made work-conserving (`work_conserving`: a held turn goes in when
+The contract policy is a working-set admission control priced by the gate's own books
+(docs/gate.md), made work-conserving (`work_conserving`: a held turn goes in when
 holding it costs the replica more than the re-prefill its admission causes), with
-windows that end when their session goes quiet (`quiet_lifetime`): every ownership window has a footprint in blocks (anticipated:
-the prompt, the output allowance and the session's growth per turn), windows rank
-by when ownership began, and a turn fits if its footprint plus the footprints of the
-windows older than its own fits the usable blocks. `footprint_blocks`,
-`turn_growth_tokens` and `output_allowance` are the pure helpers it uses.
+windows that end when their session goes quiet (`quiet_lifetime`): every window has a
+footprint in blocks (anticipated: the prompt, the output allowance and the session's
+growth per turn), windows rank by when they opened, and a turn fits if its
+footprint plus the footprints of the windows older than its own fits the usable blocks.
+`footprint_blocks`, `turn_growth_tokens` and `output_allowance` are the pure helpers it
+uses.
 
 `POLICIES` maps `gate.policy` names to policies, so adding or comparing one is a
 dict entry. Nothing here touches asyncio, clocks or I/O: the simulator can call the
@@ -28,34 +29,56 @@ same functions in virtual time.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from enum import StrEnum
 
-from gate.readings import PrefixReading, UsageReading
-from proxy.settings import GateSettings
+from kvgate.gate.blocks import cdiv
+from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.settings import GateSettings
 
-# Reasons (the x-kvgate-admission header and kvgate_admissions_total{reason}).
-OPEN = "open"
-RESERVED_SESSION = "reserved_session"
-PREFIX_PROBE_UNAVAILABLE = "prefix_probe_unavailable"
-RESIDENT_PREFIX = "resident_prefix"
-ANONYMOUS = "anonymous"
-CONTRACT_FITS = "contract_fits"
-PROMPT_TOO_LONG = "prompt_too_long"
-WORK_CONSERVING = "work_conserving"
+
+class AdmissionReason(StrEnum):
+    """Why a turn was admitted. The values are part of the contract (SPEC.md, docs/gate.md):
+    the `x-kvgate-admission` header and the `reason` label of `kvgate_admissions_total`."""
+
+    OPEN = "open"
+    ANONYMOUS = "anonymous"
+    RESERVED_SESSION = "reserved_session"
+    PREFIX_PROBE_UNAVAILABLE = "prefix_probe_unavailable"
+    RESIDENT_PREFIX = "resident_prefix"
+    CONTRACT_FITS = "contract_fits"
+    WORK_CONSERVING = "work_conserving"
+
+
+class WaitCause(StrEnum):
+    """Why a turn is held (`Wait.cause`; `Wait.why` adds the figures)."""
+
+    ANONYMOUS_ABOVE_WATERMARK = "anonymous_above_watermark"  # anonymous turns see the watermark only
+    COLD_PREFIX = "cold_prefix"  # seed: above the watermark, its prefix not resident
+    BEHIND_WAITERS = "behind_waiters"  # contract: a newcomer with named waiters ahead (windows in FIFO order)
+    WINDOW_LOST = "window_lost"  # contract: a holder that no longer fits behind the older windows
+    WINDOWS_FULL = "windows_full"  # contract: its footprint does not fit beside the windows
+    NO_FREE_BLOCKS = "no_free_blocks"  # contract: vLLM lacks free blocks outside idle windows and headroom
+    WORTH_HOLDING = "worth_holding"  # work-conserving rule: the re-prefill costs more than holding (or unmeasured)
+
+
+class RejectCode(StrEnum):
+    """Why a turn was refused for good: the error `code` the client gets (SPEC.md)."""
+
+    PROMPT_TOO_LONG = "prompt_too_long"
 
 
 @dataclass(frozen=True, slots=True)
 class GateView:
     """What the gate knows about the deciding request and its replica's sessions.
 
-    anonymous: the request has no session id (never reserved).
-    reserved: the session holds a live (unexpired) reservation on this replica.
-    idle_reserved_blocks: resident blocks (footprints) of *other* sessions in idle
-      grace windows.
+    anonymous: the request has no session id (it never holds a window).
+    has_window: the session holds a live (unexpired) window on this replica.
+    idle_window_blocks: the footprints of *other* sessions' idle windows.
     older_window_blocks: the footprints of the windows that rank before this session's
-      own (ownership began earlier), in flight or idle; all windows when the session
-      owns none. Only the contract policy reads it.
+      own (opened earlier), in flight or idle; all windows when the session holds
+      none. Only the contract policy reads it.
     max_output_tokens: the request's output allowance (`output_allowance(body)`).
     last_prompt_tokens: the prompt tokens of the session's last admitted turn on this
       replica with a prefix reading (None: no history). Only the contract policy reads it.
@@ -76,14 +99,14 @@ class GateView:
     replica_idle_sec: how long the replica has had no turn in flight (through this gate,
       and none running or waiting in the engine where it says so); None while busy.
     expected_gap_sec: the replica's smoothed gap between a session's turns (the idle
-      time before an owner in a tool call comes back); None before any gap was seen.
+      time before a holder in a tool call comes back); None before any gap was seen.
     waited_sec: how long this attempt has been held so far.
     Only the contract policy's work-conserving rule reads the last three.
     """
 
     anonymous: bool = False
-    reserved: bool = False
-    idle_reserved_blocks: int = 0
+    has_window: bool = False
+    idle_window_blocks: int = 0
     older_window_blocks: int = 0
     max_output_tokens: int = 0
     waiters_ahead: int = 0
@@ -99,27 +122,39 @@ class GateView:
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """Forward the request now.
+    """Forward the request now. The shell obeys every field; it infers nothing.
 
-    reserve: the session holds (or keeps) a reservation for this request; on release
-    it becomes an idle window. resident_blocks: blocks to price that reservation at
-    (None keeps the previous figure).
+    window: the session holds a window for this turn: every Admit with window=True
+    opens or renews exactly one window (on release it becomes idle); with False the
+    turn goes without one, and a window the session held ends (cause `revoked`).
+    footprint: the window's price in blocks (None keeps its last price).
+    reprice_above: the price is an upper bound read off the body (no prefix probe):
+    once the windows hold more than this many blocks, the shell gets the exact price
+    from a prefix probe run beside the forwarded turn. None: the price is exact.
+    wake_next: the replica has room beyond this turn (no pressure read): the shell
+    wakes the next waiter too, as it does whenever a queued attempt is admitted.
     """
 
-    reason: str
-    reserve: bool = False
-    resident_blocks: int | None = None
+    reason: AdmissionReason
+    window: bool = False
+    footprint: int | None = None
+    reprice_above: int | None = None
+    wake_next: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Wait:
     """Hold the request and decide again when woken.
 
-    drop_window: the session loses its ownership window before it waits (an owner
-    that no longer fits behind the older windows); it then waits as a newcomer.
+    cause: why it waits (`WaitCause`); why: the same for people, with the figures.
+    drop_window: the session loses its window before it waits (a holder that no longer
+    fits behind the older windows; cause `lost`); it then waits as a newcomer.
+    A Reject likewise ends the session's window (cause `revoked`): a session never
+    holds a window while it waits or after it was refused.
     """
 
-    why: str
+    cause: WaitCause
+    why: str = ""
     drop_window: bool = False
     recheck_sec: float | None = None  # decide again no later than this (the decision may change by then)
 
@@ -128,11 +163,11 @@ class Wait:
 class Reject:
     """Refuse the request for good (it can never be admitted on this replica)."""
 
-    code: str
+    code: RejectCode
     message: str
 
 
-Decision = Union[Admit, Wait, Reject]
+Decision = Admit | Wait | Reject
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +181,7 @@ class Policy:
     reads_prompt_bound: bool = False
 
 
-def output_allowance(body: dict[str, Any]) -> int:
+def output_allowance(body: Mapping[str, object]) -> int:
     """Output tokens a request may generate: `max_completion_tokens`, else `max_tokens`
     (chat, completion, Anthropic messages), else `max_output_tokens` (Responses), else 0.
 
@@ -168,8 +203,17 @@ TEMPLATE_MARGIN_TOKENS = 512
 # Content types whose tokens are not bounded by their bytes in the body (an image URL
 # of 100 bytes renders to hundreds of tokens). orjson writes no spaces, and a quote
 # inside a string is escaped, so these only match real JSON keys and values.
-_MEDIA_MARKERS = (b'"type":"image', b'"type":"input_image', b'"type":"audio', b'"type":"input_audio',
-                  b'"type":"video', b'"type":"file', b'"type":"document', b'"image_url"', b'"prompt_embeds"')
+_MEDIA_MARKERS = (
+    b'"type":"image',
+    b'"type":"input_image',
+    b'"type":"audio',
+    b'"type":"input_audio',
+    b'"type":"video',
+    b'"type":"file',
+    b'"type":"document',
+    b'"image_url"',
+    b'"prompt_embeds"',
+)
 
 
 def prompt_token_bound(body_json: bytes) -> int | None:
@@ -202,9 +246,7 @@ def history_bound(view: GateView) -> int | None:
     return min(bound, grown)
 
 
-def footprint_blocks(
-    prefix: PrefixReading, usage: UsageReading, max_output_tokens: int, growth_tokens: int = 0
-) -> int:
+def footprint_blocks(prefix: PrefixReading, usage: UsageReading, max_output_tokens: int, growth_tokens: int = 0) -> int:
     """Blocks a turn occupies by the end of its generation: ceil((prompt + output) / block_size).
 
     With `growth_tokens` it is the *anticipated* footprint: ceil((prompt + output +
@@ -218,8 +260,8 @@ def footprint_blocks(
     if not block_size:
         return prefix.total_blocks
     if prefix.total_tokens:
-        return -(-(prefix.total_tokens + max_output_tokens + growth_tokens) // block_size)
-    return prefix.total_blocks + -(-(max_output_tokens + growth_tokens) // block_size)
+        return cdiv(prefix.total_tokens + max_output_tokens + growth_tokens, block_size)
+    return prefix.total_blocks + cdiv(max_output_tokens + growth_tokens, block_size)
 
 
 def turn_growth_tokens(
@@ -240,8 +282,9 @@ def turn_growth_tokens(
     return max(0, prompt_tokens - last_prompt_tokens)
 
 
-def quiet_lifetime(session_gap: float | None, replica_gap: float | None, factor: float, floor: float,
-                   ceiling: float) -> float:
+def quiet_lifetime(
+    session_gap: float | None, replica_gap: float | None, factor: float, floor: float, ceiling: float
+) -> float:
     """How long an idle window lives: `factor` x the session's usual gap between turns
     (else the replica's, for a session with no gap yet), at least `floor`, at most
     `ceiling` (`idle_grace_sec`). A session that ends without saying so frees its
@@ -276,13 +319,8 @@ def holding_cost_sec(view: GateView, usage: UsageReading) -> float:
       1 / DECODE_SLACK_MARGIN: the slack is a forecast, the re-prefill a certainty, and
       a session admitted without a window grows into dearer turns;
     - on an idle replica, also the idle time ahead (the replica's expected gap before
-      an owner in a tool call returns) and the idle time it already waited (the
+      a holder in a tool call returns) and the idle time it already waited (the
       ski-rental rule: never wait, idle, longer than the re-prefill it would cause).
-
-    The time a turn waits while the replica is busy does not count: the engine is
-    computing for others meanwhile. (Counting it, even at the engine's slack, let the
-    simulated thrash regime's held turns in after well under a second without windows:
-    0.74-0.99x sticky's makespan and hit rate 0.06-0.29, against 0.56x and 0.65.)
     """
     slack = 1.0 - (usage.prefill_share or 0.0)
     cost = view.max_output_tokens * (usage.decode_step_sec or 0.0) * slack / DECODE_SLACK_MARGIN
@@ -299,14 +337,16 @@ def work_conserving(view: GateView, usage: UsageReading, evicted_blocks: int, kn
     No prefill measurement yet: hold (as the contract always did)."""
     reprefill = reprefill_sec(evicted_blocks, usage) if knobs.work_conserving else None
     if reprefill is None:
-        return Wait("no prefill-throughput measurement: holding")
+        return Wait(WaitCause.WORTH_HOLDING, "no prefill-throughput measurement: holding")
     holding = holding_cost_sec(view, usage)
     if reprefill <= holding:
         return None
     recheck = None
     if view.replica_idle_sec is not None:
         recheck = reprefill - min(view.replica_idle_sec, view.waited_sec)
-    return Wait(f"re-prefill {reprefill:.3f}s > holding cost {holding:.3f}s", recheck_sec=recheck)
+    return Wait(
+        WaitCause.WORTH_HOLDING, f"re-prefill {reprefill:.3f}s > holding cost {holding:.3f}s", recheck_sec=recheck
+    )
 
 
 def evicted_window_blocks(view: GateView, usage: UsageReading, prefix: PrefixReading, budget: int, usable: int) -> int:
@@ -321,51 +361,41 @@ def evicted_window_blocks(view: GateView, usage: UsageReading, prefix: PrefixRea
     at most the windows' blocks.
     """
     block_size = usage.block_size or 1
-    need = prefix.new_blocks + -(-view.max_output_tokens // block_size)
+    need = prefix.new_blocks + cdiv(view.max_output_tokens, block_size)
     windows = view.older_window_blocks
     spare = usable - windows
     by_books = min(windows, need - max(0, spare))
-    by_engine = min(view.idle_reserved_blocks, need - max(0, budget))
+    by_engine = min(view.idle_window_blocks, need - max(0, budget))
     return max(0, by_books, by_engine)
 
 
-def bounded_work_conserving(view: GateView, usage: UsageReading, knobs: GateSettings) -> bool:
-    """Whether a newcomer behind other waiters (it can get no window before them) goes
-    in `work_conserving` without a prefix probe: the rule admits it even at its
-    worst-case price (its prompt at `history_bound`, none of it cached). Asking would
-    only make it wait for the probe, which a CPU engine answers between two scheduler
-    steps (issue 9: 20-500 ms). The head of the queue is always probed: a window may
-    fit it, and only its exact price says so.
-    """
-    if not _behind(view) or not can_work_conserve(usage, knobs) or not usage.has_blocks:
-        return False
-    bound = history_bound(view)
-    if bound is None:
-        return False
-    assert usage.block_size and usage.num_total_blocks is not None and usage.num_free_blocks is not None
-    blocks = -(-bound // usage.block_size)
-    worst = PrefixReading(total_blocks=blocks, hit_blocks=0, hit_ratio=0.0, total_tokens=bound)
-    usable = usage.num_total_blocks - knobs.headroom_blocks
-    budget = usage.num_free_blocks - view.idle_reserved_blocks - knobs.headroom_blocks
-    at_risk = evicted_window_blocks(view, usage, worst, budget, usable) + blocks
-    return work_conserving(view, usage, at_risk, knobs) is None
+def can_work_conserve(usage: UsageReading, knobs: GateSettings) -> bool:
+    """The work-conserving rule is on and has the replica's prefill throughput to price with."""
+    return knobs.work_conserving and reprefill_sec(0, usage) is not None
 
 
-def _keep(view: GateView, knobs: GateSettings) -> bool:
-    """A session that already owns a window keeps it through any admission."""
-    return knobs.retain_session and view.reserved and not view.anonymous
+def _behind(view: GateView) -> bool:
+    """A newcomer (no window) with named waiters queued ahead of it."""
+    return not view.has_window and view.waiters_ahead > 0
+
+
+def _open(view: GateView, knobs: GateSettings) -> Admit:
+    """Admit `open` (no pressure read, or usage unknown): the next waiter may pass too, and
+    a session that already owns a window keeps and renews it."""
+    keep = knobs.retain_session and view.has_window and not view.anonymous
+    return Admit(AdmissionReason.OPEN, window=keep, wake_next=True)
 
 
 # ---------------------------------------------------------------- seed policy
 
 
 def seed_needs_prefix_probe(view: GateView, usage: UsageReading | None, knobs: GateSettings) -> bool:
-    """Only above the watermark, and only for named sessions without a reservation."""
+    """Only above the watermark, and only for named sessions without a window."""
     return (
         usage is not None
         and usage.kv_cache_usage >= knobs.high_watermark
         and not view.anonymous
-        and not view.reserved
+        and not view.has_window
     )
 
 
@@ -375,7 +405,7 @@ def seed_decide(
     """DESIGN.md section 2's tree.
 
     - usage unknown (probe failed): admit `open` (the probe error metric says why).
-    - anonymous: below the watermark `anonymous`, at or above it wait; never reserved.
+    - anonymous: below the watermark `anonymous`, at or above it wait; never a window.
     - below the watermark: `open` (a session's existing window is kept and renewed).
     - at or above it: `reserved_session` if the session owns a window; else
       `prefix_probe_unavailable` if there is no prefix reading; else `resident_prefix`
@@ -383,19 +413,21 @@ def seed_decide(
     With retain_session, `reserved_session` and `resident_prefix` hold a reservation.
     """
     if usage is None:
-        return Admit(OPEN, reserve=_keep(view, knobs))
+        return _open(view, knobs)
     pressure = usage.kv_cache_usage >= knobs.high_watermark
     if view.anonymous:
-        return Wait("anonymous request above the watermark") if pressure else Admit(ANONYMOUS)
+        if pressure:
+            return Wait(WaitCause.ANONYMOUS_ABOVE_WATERMARK, "anonymous request above the watermark")
+        return Admit(AdmissionReason.ANONYMOUS, wake_next=True)
     if not pressure:
-        return Admit(OPEN, reserve=_keep(view, knobs))
-    if view.reserved:
-        return Admit(RESERVED_SESSION, reserve=knobs.retain_session)
+        return _open(view, knobs)
+    if view.has_window:
+        return Admit(AdmissionReason.RESERVED_SESSION, window=knobs.retain_session)
     if prefix is None:
-        return Admit(PREFIX_PROBE_UNAVAILABLE)
+        return Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)
     if prefix.hit_ratio >= knobs.hit_threshold:
-        return Admit(RESIDENT_PREFIX, reserve=knobs.retain_session, resident_blocks=prefix.total_blocks)
-    return Wait("cold prefix above the watermark")
+        return Admit(AdmissionReason.RESIDENT_PREFIX, window=knobs.retain_session, footprint=prefix.total_blocks)
+    return Wait(WaitCause.COLD_PREFIX, "cold prefix above the watermark")
 
 
 SEED = Policy("seed", seed_needs_prefix_probe, seed_decide)
@@ -413,7 +445,7 @@ def bounded_footprint(view: GateView, usage: UsageReading, knobs: GateSettings) 
     price cannot change the answer, so the probe (a round trip into the engine
     core, up to one scheduler step) is skipped: when caches are not full a turn
     costs one shared usage reading. Windows priced this way are over-priced until
-    their owner's next probed turn re-prices them; that only makes the policy probe
+    their holder's next probed turn re-prices them; that only makes the policy probe
     sooner.
     """
     bound = history_bound(view)
@@ -422,14 +454,44 @@ def bounded_footprint(view: GateView, usage: UsageReading, knobs: GateSettings) 
     assert usage.num_total_blocks is not None and usage.num_free_blocks is not None
     growth = view.last_growth_tokens if view.last_prompt_tokens is not None else view.mean_growth_tokens
     tokens = bound + view.max_output_tokens + growth
-    footprint = -(-tokens // usage.block_size)
+    footprint = cdiv(tokens, usage.block_size)
     if footprint + view.older_window_blocks > usage.num_total_blocks - knobs.headroom_blocks:
         return None
-    if not view.reserved:
+    if not view.has_window:
         prompt_blocks = bound // usage.block_size
-        if prompt_blocks > usage.num_free_blocks - view.idle_reserved_blocks - knobs.headroom_blocks:
+        if prompt_blocks > usage.num_free_blocks - view.idle_window_blocks - knobs.headroom_blocks:
             return None
     return footprint
+
+
+def bounded_work_conserving(view: GateView, usage: UsageReading, knobs: GateSettings) -> bool:
+    """Whether a newcomer behind other waiters (it can get no window before them) goes
+    in `work_conserving` without a prefix probe: the rule admits it even at its
+    worst-case price (its prompt at `history_bound`, none of it cached). Asking would
+    only make it wait for the probe, which a CPU engine answers between two scheduler
+    steps (issue 9: 20-500 ms). The head of the queue is always probed: a window may
+    fit it, and only its exact price says so.
+    """
+    if not _behind(view) or not can_work_conserve(usage, knobs) or not usage.has_blocks:
+        return False
+    bound = history_bound(view)
+    if bound is None:
+        return False
+    assert usage.block_size and usage.num_total_blocks is not None and usage.num_free_blocks is not None
+    blocks = cdiv(bound, usage.block_size)
+    worst = PrefixReading(total_blocks=blocks, hit_blocks=0, hit_ratio=0.0, total_tokens=bound)
+    usable = usage.num_total_blocks - knobs.headroom_blocks
+    budget = usage.num_free_blocks - view.idle_window_blocks - knobs.headroom_blocks
+    at_risk = evicted_window_blocks(view, usage, worst, budget, usable) + blocks
+    return work_conserving(view, usage, at_risk, knobs) is None
+
+
+def reprice_threshold(usage: UsageReading, knobs: GateSettings) -> int:
+    """Window blocks above which a window priced at its upper bound gets its exact price
+    (`Admit.reprice_above`): half the usable blocks. Below that, over-priced windows
+    cannot hold anyone back (a bound that fits skips the probe), so no probe is spent."""
+    assert usage.num_total_blocks is not None
+    return (usage.num_total_blocks - knobs.headroom_blocks) // 2
 
 
 def window_footprint(view: GateView, usage: UsageReading, prefix: PrefixReading, knobs: GateSettings) -> int:
@@ -445,16 +507,16 @@ def window_footprint(view: GateView, usage: UsageReading, prefix: PrefixReading,
 
 
 def contract_needs_prefix_probe(view: GateView, usage: UsageReading | None, knobs: GateSettings) -> bool:
-    """For every named turn the contract prices, owners included: the price is the prompt.
+    """For every named turn the contract prices, holders included: the price is the prompt.
 
     At any usage: the watermark is exactly what this policy distrusts (idle windows
     hold no live blocks, so usage reads low while their prefixes are about to be
-    evicted). Owners are probed too, so their footprint follows their growing prompt.
+    evicted). Holders are probed too, so their footprint follows their growing prompt.
     A newcomer with named waiters ahead (it gets no window before them) only when the
-    work-conserving rule can let it in (`can_work_conserve`). Not for a turn whose
-    upper bound already fits (`bounded_footprint`: no pressure), nor for a newcomer
-    cheap enough to go in at its worst-case price (`bounded_work_conserving`), nor
-    without block counts (the /metrics fallback: the seed policy decides).
+    work-conserving rule could let it in (`can_work_conserve`) and would not already
+    at its worst-case price (`bounded_work_conserving`). Not for a turn whose upper
+    bound already fits (`bounded_footprint`: no pressure), nor without block counts
+    (the /metrics fallback: the seed policy decides).
     """
     if usage is None or view.anonymous:
         return False
@@ -462,110 +524,101 @@ def contract_needs_prefix_probe(view: GateView, usage: UsageReading | None, knob
         return seed_needs_prefix_probe(view, usage, knobs)
     if _behind(view):
         return can_work_conserve(usage, knobs) and not bounded_work_conserving(view, usage, knobs)
-    return bounded_footprint(view, usage, knobs) is None and not bounded_work_conserving(view, usage, knobs)
-
-
-def can_work_conserve(usage: UsageReading, knobs: GateSettings) -> bool:
-    """The work-conserving rule is on and has the replica's prefill throughput to price with."""
-    return knobs.work_conserving and reprefill_sec(0, usage) is not None
-
-
-def _behind(view: GateView) -> bool:
-    """A newcomer (no window) with named waiters queued ahead of it."""
-    return not view.reserved and view.waiters_ahead > 0
+    return bounded_footprint(view, usage, knobs) is None
 
 
 def contract_decide(
     view: GateView, usage: UsageReading | None, prefix: PrefixReading | None, knobs: GateSettings
 ) -> Decision:
-    """A working-set admission control priced by the gate's own books (docs/gate.md).
+    """A working-set admission control priced by the gate's own books. The decision
+    table, row by row, is docs/gate.md's (`contract`); this states the contract.
 
-    - usage unknown: `open`. anonymous: watermark only, as in the seed policy.
-      No block counts: the seed policy decides.
-    - a newcomer (no window) with named waiters ahead gets no window before them
-      (strict FIFO): with a prefix reading it may go in `work_conserving` (below),
-      else it waits.
-    - a turn whose upper bound fits (`bounded_footprint`): admitted without a probe,
-      `reserved_session` or `contract_fits`, its window priced at the bound.
-    - a newcomer whose worst-case re-prefill costs less than holding it through a
-      probe (`bounded_work_conserving`): `work_conserving` without a probe.
-    - no prefix reading: an owner is `reserved_session` with its window as last
-      priced; a newcomer is decided by the seed policy.
-    - usable = num_total_blocks - headroom_blocks; a prompt whose full blocks exceed
-      it: reject `prompt_too_long` (it could never be admitted, waiting would strand it).
-    - footprint = the anticipated footprint, `footprint_blocks` of prompt + output
-      allowance + the session's growth per turn (`turn_growth_tokens`: its last turn's
-      growth; the replica's mean for a session without history), capped at usable so
-      that a large allowance alone never strands a turn. `prompt_too_long` looks at
-      the real prompt only.
-    - an owner: `reserved_session` iff footprint + older_window_blocks <= usable, and
-      its window is re-priced at this footprint; else it loses its window and waits
-      (`Wait(drop_window=True)`): the older sessions grew, they go first.
-    - a newcomer: `contract_fits` iff footprint + older_window_blocks (every window)
-      <= usable AND new_blocks <= num_free_blocks - idle_reserved_blocks -
-      headroom_blocks (vLLM's own view, which also sees traffic the gate does not);
-      else wait. With retain_session its window begins now, priced at the footprint.
-    - any turn that would wait (an owner that no longer fits, a newcomer that does not
-      or is behind others): `work_conserving` (admitted without a window; an owner's window ends)
-      when the re-prefill it risks (the windows' blocks it pushes out plus its own
-      prompt, at the measured prefill throughput) costs less than holding it
-      (`work_conserving`); else the wait, an owner losing its window first.
-    Invariant: the windows' footprints, summed in ownership order, stay within usable
-    for every window that was admitted or renewed against them (work-conserving
-    admissions hold no window).
+    Terms: usable = num_total_blocks - headroom_blocks; a turn's footprint is its
+    anticipated window price (`window_footprint`: prompt + output allowance + growth
+    per turn, capped at usable), or its upper bound (`bounded_footprint`) when the
+    prefix probe is skipped; a holder is a session with a window, a newcomer one without.
+
+    Invariants (each has a table test):
+    - Every window admitted or renewed here fits behind the older windows: its
+      footprint plus `older_window_blocks` <= usable. So the windows' footprints,
+      summed oldest first, stay within usable, and the oldest holder always fits.
+      `work_conserving` admissions hold no window, so they never break this.
+    - A newcomer also fits vLLM's own view (new_blocks <= free blocks outside idle
+      windows and headroom), which sees traffic the gate does not.
+    - A newcomer with named waiters ahead gets no window before them (windows go in
+      FIFO order); it goes in `work_conserving` or waits (unprobed where the rule
+      cannot admit it, or admitted unprobed where it would even at its worst-case
+      price: `bounded_work_conserving`). A holder is decided on its merits, whatever
+      waits.
+    - A holder that no longer fits waits as a newcomer (`Wait.drop_window`) unless
+      it goes in `work_conserving`; a prompt that can never fit (its full blocks >
+      usable) is rejected, never held.
+    - A price read off the body (no prefix reading) is marked `Admit.reprice_above`;
+      a holder without a prefix reading keeps its window at its last price.
+    Without usage, for anonymous turns and without block counts it decides as the
+    seed policy does (`open` when usage is unknown).
     """
     if usage is None:
-        return Admit(OPEN, reserve=_keep(view, knobs))
+        return _open(view, knobs)
     if view.anonymous or not usage.has_blocks:
         return seed_decide(view, usage, prefix, knobs)
     behind = _behind(view)
     bounded = None if behind else bounded_footprint(view, usage, knobs)
     if bounded is not None:
-        return Admit(RESERVED_SESSION if view.reserved else CONTRACT_FITS, reserve=knobs.retain_session,
-                     resident_blocks=bounded)
+        return Admit(
+            AdmissionReason.RESERVED_SESSION if view.has_window else AdmissionReason.CONTRACT_FITS,
+            window=knobs.retain_session,
+            footprint=bounded,
+            reprice_above=reprice_threshold(usage, knobs),
+        )
     if bounded_work_conserving(view, usage, knobs):
-        return Admit(WORK_CONSERVING)
+        return Admit(AdmissionReason.WORK_CONSERVING)
+    behind_why = f"behind {view.waiters_ahead} waiting sessions (first come, first served)"
     if behind and (prefix is None or not can_work_conserve(usage, knobs)):
-        return Wait(f"behind {view.waiters_ahead} waiting sessions (first come, first served)")
+        return Wait(WaitCause.BEHIND_WAITERS, behind_why)
     if prefix is None:
-        if view.reserved:  # cannot re-price it: keep the window at its last footprint
-            return Admit(RESERVED_SESSION, reserve=knobs.retain_session)
+        if view.has_window:  # cannot re-price it: keep the window at its last footprint
+            return Admit(AdmissionReason.RESERVED_SESSION, window=knobs.retain_session)
         return seed_decide(view, usage, prefix, knobs)
     assert usage.num_total_blocks is not None and usage.num_free_blocks is not None
     usable = usage.num_total_blocks - knobs.headroom_blocks
     if prefix.total_blocks > usable:
         return Reject(
-            PROMPT_TOO_LONG,
+            RejectCode.PROMPT_TOO_LONG,
             f"the prompt needs {prefix.total_blocks} KV-cache blocks but the replica has "
             f"{usage.num_total_blocks} (minus gate.headroom_blocks={knobs.headroom_blocks}); "
             "shorten the prompt or serve it from a replica with a larger KV cache",
         )
     footprint = window_footprint(view, usage, prefix, knobs)
     working_set = footprint + view.older_window_blocks
-    budget = usage.num_free_blocks - view.idle_reserved_blocks - knobs.headroom_blocks
-    if view.reserved and working_set <= usable:
-        return Admit(RESERVED_SESSION, reserve=knobs.retain_session, resident_blocks=footprint)
-    if not view.reserved and not behind and working_set <= usable and prefix.new_blocks <= budget:
-        return Admit(CONTRACT_FITS, reserve=knobs.retain_session, resident_blocks=footprint)
+    budget = usage.num_free_blocks - view.idle_window_blocks - knobs.headroom_blocks
+    if view.has_window and working_set <= usable:
+        return Admit(AdmissionReason.RESERVED_SESSION, window=knobs.retain_session, footprint=footprint)
+    if not view.has_window and not behind and working_set <= usable and prefix.new_blocks <= budget:
+        return Admit(AdmissionReason.CONTRACT_FITS, window=knobs.retain_session, footprint=footprint)
     # Admitted without a window, its own prefix is unprotected: its next turn is expected
     # to compute it again, so it counts with the windows' blocks it pushes out.
     at_risk = evicted_window_blocks(view, usage, prefix, budget, usable) + prefix.total_blocks
     held = work_conserving(view, usage, at_risk, knobs)
     if held is None:  # admitted without a window: the windows' books stay within usable
-        return Admit(WORK_CONSERVING)
-    if view.reserved:
+        return Admit(AdmissionReason.WORK_CONSERVING)
+    if view.has_window:
         return Wait(
+            WaitCause.WINDOW_LOST,
             f"window lost: footprint {footprint} blocks + {view.older_window_blocks} in older windows "
             f"exceeds {usable} usable blocks; {held.why}",
-            drop_window=True, recheck_sec=held.recheck_sec,
+            drop_window=True,
+            recheck_sec=held.recheck_sec,
         )
     if behind:
-        why = f"behind {view.waiters_ahead} waiting sessions (first come, first served)"
+        cause, why = WaitCause.BEHIND_WAITERS, behind_why
     elif working_set > usable:
+        cause = WaitCause.WINDOWS_FULL
         why = f"footprint {footprint} blocks + {view.older_window_blocks} in windows exceeds {usable} usable blocks"
     else:
+        cause = WaitCause.NO_FREE_BLOCKS
         why = f"needs {prefix.new_blocks} new blocks, {budget} free outside idle windows and headroom"
-    return Wait(f"{why}; {held.why}", recheck_sec=held.recheck_sec)
+    return Wait(cause, f"{why}; {held.why}", recheck_sec=held.recheck_sec)
 
 
 CONTRACT = Policy("contract", contract_needs_prefix_probe, contract_decide, reads_prompt_bound=True)
@@ -578,6 +631,4 @@ def get_policy(name: str) -> Policy:
     try:
         return POLICIES[name]
     except KeyError:
-        raise ValueError(
-            f"unknown gate.policy {name!r}; choose one of: {', '.join(sorted(POLICIES))}"
-        ) from None
+        raise ValueError(f"unknown gate.policy {name!r}; choose one of: {', '.join(sorted(POLICIES))}") from None

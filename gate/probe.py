@@ -23,8 +23,9 @@ treats it as unavailable. Except one: a usage probe that *times out* on a replic
 answered within the last `BUSY_READING_MAX_AGE_SEC` yields that last good reading. The
 engine answers probes between scheduler steps, so a timeout usually means a long step
 (a CPU engine's chunked prefill lasts seconds): the replica is busiest exactly then,
-and deciding `open` would let every turn in (issue 9, gate-bench's real-vLLM runs). Latency goes to `kvgate_probe_seconds`, the last usage to
-`kvgate_replica_kv_usage`. Nothing here raises to the gate except cancellation.
+and deciding `open` would let every turn in (issue 9, gate-bench's real-vLLM runs).
+Latency goes to `kvgate_probe_seconds`, the last usage to `kvgate_replica_kv_usage`.
+Nothing here raises to the gate except cancellation.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable, Mapping
+from typing import Protocol, TypeVar
 
 import aiohttp
 import orjson
 
-from gate.readings import (
+from kvgate.gate.metrics import GateMetrics
+from kvgate.gate.readings import (
     PrefixReading,
     ProbeAnswerError,
     UsageReading,
@@ -45,8 +48,7 @@ from gate.readings import (
     parse_metrics_usage,
     parse_prefix_answer,
 )
-from proxy.metrics import KvgateMetrics
-from proxy.settings import ProbeSettings
+from kvgate.gate.settings import ProbeSettings
 
 log = logging.getLogger("kvgate.gate.probe")
 
@@ -55,7 +57,8 @@ PREFIX_PATH = "/v1/kvgate/prefix"
 METRICS_PATH = "/metrics"
 KV_RECHECK_SEC = 30.0
 BUSY_READING_MAX_AGE_SEC = 30.0  # a timed-out usage probe falls back to a good reading this recent
-PREFIX_BODY_KEYS = {"chat": "chat", "completion": "completion", "messages": "messages", "responses": "responses"}
+# Route kinds the prefix probe can render; SPEC.md section 6 names its body key after the kind.
+PREFIX_PROBE_KINDS = frozenset({"chat", "completion", "messages", "responses"})
 
 Clock = Callable[[], float]
 
@@ -65,7 +68,7 @@ class Probe(Protocol):
 
     async def usage(self, newer_than: float | None = None) -> UsageReading | None: ...
 
-    async def prefix(self, route_kind: str, body: dict[str, Any]) -> PrefixReading | None: ...
+    async def prefix(self, route_kind: str, body: Mapping[str, object]) -> PrefixReading | None: ...
 
 
 class _Failed(Exception):
@@ -83,7 +86,7 @@ class ReplicaProbe:
         url: str,
         http: Callable[[], aiohttp.ClientSession],
         settings: ProbeSettings,
-        metrics: KvgateMetrics,
+        metrics: GateMetrics,
         api_key: str | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
@@ -107,7 +110,7 @@ class ReplicaProbe:
         self._usage_gauge = metrics.replica_kv_usage.labels(name)
         # 1 while the replica answers the probe API, 0 on the /metrics fallback (gate degraded);
         # no series until the replica has answered either way.
-        self._probe_api_gauge = metrics.operator.replica_probe_api
+        self._probe_api_gauge = metrics.replica_probe_api
         self._last_error: str | None = None
         self._last_good: UsageReading | None = None  # the last reading a probe returned, and when
         self._last_good_at = float("-inf")
@@ -186,8 +189,10 @@ class ReplicaProbe:
             self._errors["kv"].inc()
             recent = self._clock() - self._last_good_at < BUSY_READING_MAX_AGE_SEC
             if isinstance(failure, _TimedOut) and recent:
-                self._note_error(f"kv probe timed out ({failure}): the replica is busy; deciding with its last "
-                                 "reading", unavailable=False)
+                self._note_error(
+                    f"kv probe timed out ({failure}): the replica is busy; deciding with its last reading",
+                    unavailable=False,
+                )
                 return self._last_good
             self._note_error(f"kv probe failed: {failure}")
             return None
@@ -220,14 +225,13 @@ class ReplicaProbe:
 
     # ----------------------------------------------------------------- prefix
 
-    async def prefix(self, route_kind: str, body: dict[str, Any]) -> PrefixReading | None:
+    async def prefix(self, route_kind: str, body: Mapping[str, object]) -> PrefixReading | None:
         """The prompt's residency on the replica; None when unavailable."""
-        key = PREFIX_BODY_KEYS.get(route_kind)
-        if key is None or self._fallback_since is not None:
+        if route_kind not in PREFIX_PROBE_KINDS or self._fallback_since is not None:
             return None
         started = time.perf_counter()
         try:
-            status, payload = await self._request("POST", PREFIX_PATH, orjson.dumps({key: body}))
+            status, payload = await self._request("POST", PREFIX_PATH, orjson.dumps({route_kind: body}))
             reading = _parse(status, payload, parse_prefix_answer)
         except _Failed as failure:
             self._errors["prefix"].inc()
@@ -247,19 +251,27 @@ class ReplicaProbe:
                 method, self.url + path, data=data, headers=headers, timeout=self._timeout
             ) as resp:
                 return resp.status, await resp.read()
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise _TimedOut(f"{method} {path} took longer than gate.probe.timeout_sec") from None
         except (aiohttp.ClientError, OSError) as err:
             raise _Failed(f"{method} {path}: {type(err).__name__}: {err}") from None
 
     def _note_error(self, message: str, unavailable: bool = True) -> None:
         if message != self._last_error:
-            log.warning("replica %s (%s): %s%s", self.name, self.url, message,
-                        "; deciding as if unavailable" if unavailable else "")
+            log.warning(
+                "replica %s (%s): %s%s",
+                self.name,
+                self.url,
+                message,
+                "; deciding as if unavailable" if unavailable else "",
+            )
         self._last_error = message
 
 
-def _parse(status: int, payload: bytes, parser: Callable[[Any], Any]) -> Any:
+Parsed = TypeVar("Parsed")
+
+
+def _parse(status: int, payload: bytes, parser: Callable[[object], Parsed]) -> Parsed:
     if status != 200:
         raise _Failed(f"answered HTTP {status}: {payload[:200]!r}")
     try:
@@ -268,4 +280,3 @@ def _parse(status: int, payload: bytes, parser: Callable[[Any], Any]) -> Any:
         raise _Failed(f"answered invalid JSON ({err})") from None
     except ProbeAnswerError as err:
         raise _Failed(str(err)) from None
-

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 
 class ProbeAnswerError(ValueError):
@@ -71,7 +70,7 @@ class PrefixReading:
         return self.total_blocks - self.hit_blocks
 
 
-def _ratio(doc: dict[str, Any], key: str) -> float:
+def _ratio(doc: dict[str, object], key: str) -> float:
     value = doc.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ProbeAnswerError(f"field {key!r} must be a number, got {value!r:.80}")
@@ -81,7 +80,7 @@ def _ratio(doc: dict[str, Any], key: str) -> float:
     return value
 
 
-def _count(doc: dict[str, Any], key: str, required: bool) -> int | None:
+def _count(doc: dict[str, object], key: str, required: bool) -> int | None:
     value = doc.get(key)
     if value is None and not required:
         return None
@@ -90,7 +89,7 @@ def _count(doc: dict[str, Any], key: str, required: bool) -> int | None:
     return value
 
 
-def parse_kv_answer(doc: Any) -> UsageReading:
+def parse_kv_answer(doc: object) -> UsageReading:
     """Turn the JSON of `GET /v1/kvgate/kv` into a UsageReading, or raise ProbeAnswerError."""
     if not isinstance(doc, dict):
         raise ProbeAnswerError(f"the kv probe answer must be a JSON object, got {type(doc).__name__}")
@@ -102,13 +101,21 @@ def parse_kv_answer(doc: Any) -> UsageReading:
         raise ProbeAnswerError("num_total_blocks and num_free_blocks must come together")
     if total is not None and free is not None and free > total:
         raise ProbeAnswerError(f"num_free_blocks {free} exceeds num_total_blocks {total}")
-    return UsageReading(usage, total, free, block_size, "kv",
-                        _positive(doc, "prefill_tokens_per_sec"), _positive(doc, "decode_step_sec"),
-                        _count(doc, "num_running", required=False), _count(doc, "num_waiting", required=False),
-                        _ratio(doc, "prefill_share") if doc.get("prefill_share") is not None else None)
+    return UsageReading(
+        usage,
+        total,
+        free,
+        block_size,
+        "kv",
+        _positive(doc, "prefill_tokens_per_sec"),
+        _positive(doc, "decode_step_sec"),
+        _count(doc, "num_running", required=False),
+        _count(doc, "num_waiting", required=False),
+        _ratio(doc, "prefill_share") if doc.get("prefill_share") is not None else None,
+    )
 
 
-def _positive(doc: dict[str, Any], key: str) -> float | None:
+def _positive(doc: dict[str, object], key: str) -> float | None:
     """An optional measurement: a positive finite number, or None (absent, null: not measured yet)."""
     value = doc.get(key)
     if value is None:
@@ -118,7 +125,7 @@ def _positive(doc: dict[str, Any], key: str) -> float | None:
     return float(value)
 
 
-def parse_prefix_answer(doc: Any) -> PrefixReading:
+def parse_prefix_answer(doc: object) -> PrefixReading:
     """Turn the JSON of `POST /v1/kvgate/prefix` into a PrefixReading, or raise ProbeAnswerError."""
     if not isinstance(doc, dict):
         raise ProbeAnswerError(f"the prefix probe answer must be a JSON object, got {type(doc).__name__}")
@@ -145,11 +152,11 @@ def parse_metrics_usage(text: str) -> UsageReading:
     for line in text.splitlines():
         if not line.startswith(USAGE_GAUGE):
             continue
-        rest = line[len(USAGE_GAUGE):]
+        rest = line[len(USAGE_GAUGE) :]
         if rest and rest[0] not in "{ \t":
             continue  # another metric whose name merely starts the same
         if "}" in rest:
-            rest = rest[rest.rindex("}") + 1:]
+            rest = rest[rest.rindex("}") + 1 :]
         parts = rest.split()
         if not parts:
             raise ProbeAnswerError(f"{USAGE_GAUGE} line has no value: {line[:120]!r}")

@@ -9,9 +9,9 @@ turn must be priced by the prefix probe, which renders it with that state.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 
-def body_holds_prompt(route_kind: str, body: dict[str, Any]) -> bool:
+def body_holds_prompt(route_kind: str, body: Mapping[str, object]) -> bool:
     """True when every prompt token comes from the body (and the template)."""
     return not (route_kind == "responses" and body.get("previous_response_id") is not None)

@@ -21,11 +21,11 @@ import os
 import time
 from typing import Any
 
-from kvgate_vllm import jsonio
-from kvgate_vllm.engine_plugin import KV_USAGE_METHOD, PREFIX_HITS_METHOD
-from kvgate_vllm.engine_rates import RateMeter, prefill_rate, read_totals
-from kvgate_vllm.prefix_query import ProbeRequestError, parse_prefix_query
-from kvgate_vllm.probe_results import merge_kv_usage, merge_prefix
+from kvgate.vllm_plugin import jsonio
+from kvgate.vllm_plugin.engine_plugin import KV_USAGE_METHOD, PREFIX_HITS_METHOD
+from kvgate.vllm_plugin.engine_rates import RateMeter, prefill_rate, read_totals
+from kvgate.vllm_plugin.prefix_query import ProbeRequestError, parse_prefix_query
+from kvgate.vllm_plugin.probe_results import merge_kv_usage, merge_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class ProbeService:
             call = _as_list(engine_core.call_utility_async(method, *args))
         try:
             results = await asyncio.wait_for(call, self.timeout_sec)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise ProbeUnavailable(
                 f"the engine did not answer {method} within {self.timeout_sec}s "
                 "(raise KVGATE_PROBE_TIMEOUT_SEC if the engine is busy with long steps)",
@@ -111,13 +111,11 @@ class ProbeService:
         return merged
 
     async def prefix(self, body: object) -> dict:
-        from kvgate_vllm.rendering import render_prefix_query
+        from kvgate.vllm_plugin.rendering import render_prefix_query
 
         query = parse_prefix_query(body)
         prompt = await render_prefix_query(self.state, query)
-        results = await self._call_all_engines(
-            PREFIX_HITS_METHOD, prompt.token_ids, prompt.cache_salt, prompt.lora
-        )
+        results = await self._call_all_engines(PREFIX_HITS_METHOD, prompt.token_ids, prompt.cache_salt, prompt.lora)
         return merge_prefix(results)
 
 
@@ -136,9 +134,7 @@ def _service(request: Any) -> ProbeService | None:
 
 
 def _not_ready():
-    return _json_response(
-        503, error_body(503, "the kvgate probes are not initialised yet; retry shortly", "not_ready")
-    )
+    return _json_response(503, error_body(503, "the kvgate probes are not initialised yet; retry shortly", "not_ready"))
 
 
 async def kv_route(raw_request: Any):
@@ -174,7 +170,7 @@ def _owner_book(request: Any):
     process has its own record (docs/vllm-plugin.md, limits)."""
     import time
 
-    from kvgate_vllm.owner_record import OwnerBook
+    from kvgate.vllm_plugin.owner_record import OwnerBook
 
     book = getattr(request.app.state, _OWNER_ATTR, None)
     if book is None:
@@ -184,7 +180,7 @@ def _owner_book(request: Any):
 
 
 async def owner_claim_route(raw_request: Any):
-    from kvgate_vllm.owner_record import OwnerClaimError
+    from kvgate.vllm_plugin.owner_record import OwnerClaimError
 
     try:
         body = jsonio.loads(await raw_request.body())

@@ -32,8 +32,8 @@ _SCHEDULED = "_kvgate_scheduled_tokens"  # tokens the scheduler's last schedule(
 
 
 def _kv_usage(self) -> dict:
-    from kvgate_vllm.engine_probes import read_kv_usage
-    from kvgate_vllm.step_costs import marginal_token_sec
+    from kvgate.vllm_plugin.engine_probes import read_kv_usage
+    from kvgate.vllm_plugin.step_costs import marginal_token_sec
 
     result = read_kv_usage(self)
     log = getattr(self, _STEP_LOG, None)
@@ -61,7 +61,7 @@ def _timed_step(step):
     def timed_step(self, *args, **kwargs):
         log = getattr(self, _STEP_LOG, None)
         if log is None:
-            from kvgate_vllm.step_costs import StepLog
+            from kvgate.vllm_plugin.step_costs import StepLog
 
             log = StepLog()
             setattr(self, _STEP_LOG, log)
@@ -78,7 +78,7 @@ def _timed_step(step):
 # No annotations on purpose: vLLM converts UTILITY arguments whose annotation is a
 # msgspec.Struct class, and these must stay plain lists/str/dicts.
 def _prefix_hits(self, token_ids, cache_salt=None, lora=None) -> dict:
-    from kvgate_vllm.engine_probes import count_prefix_hits
+    from kvgate.vllm_plugin.engine_probes import count_prefix_hits
 
     return count_prefix_hits(self, token_ids, cache_salt, lora)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvgate_vllm.probe_results import kv_usage_result, prefix_result
+from kvgate.vllm_plugin.probe_results import kv_usage_result, prefix_result
 
 SUPPORTED_VLLM = "vLLM >=0.32,<0.34"
 PROBE_REQUEST_ID = "kvgate-prefix-probe"
@@ -121,9 +121,7 @@ def count_prefix_hits(
         request = build_probe_request(token_ids, cache_salt, lora, block_hasher)
         coordinator = manager.coordinator
         resident, _, _ = coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens)
-        _, reusable_tokens, _ = coordinator.find_longest_cache_hit(
-            request.block_hashes, max(request.num_tokens - 1, 0)
-        )
+        _, reusable_tokens, _ = coordinator.find_longest_cache_hit(request.block_hashes, max(request.num_tokens - 1, 0))
     except (AttributeError, TypeError) as exc:
         return _unsupported("look up prefix-cache residency", exc)
     first_group = resident[0] if resident else []

@@ -78,13 +78,17 @@ class RateMeter:
         if last:
             delta = _delta(totals, last)
             if delta["decode_sec"] > 0 and delta["generation_tokens"] > 0:
-                self.decode_step_sec = self._smooth(self.decode_step_sec,
-                                                    delta["decode_sec"] / delta["generation_tokens"])
+                self.decode_step_sec = self._smooth(
+                    self.decode_step_sec, delta["decode_sec"] / delta["generation_tokens"]
+                )
             busy = delta["prefill_sec"] + delta["decode_sec"]
             if busy > 0 and delta["prefill_sec"] >= 0 and delta["decode_sec"] >= 0:
                 self.prefill_share = self._smooth(self.prefill_share, delta["prefill_sec"] / busy)
-        return {"prefill_tokens_per_sec": self.prefill_tokens_per_sec, "decode_step_sec": self.decode_step_sec,
-                "prefill_share": self.prefill_share}
+        return {
+            "prefill_tokens_per_sec": self.prefill_tokens_per_sec,
+            "decode_step_sec": self.decode_step_sec,
+            "prefill_share": self.prefill_share,
+        }
 
     def _smooth(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.weight * (new - old)

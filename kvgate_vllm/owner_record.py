@@ -51,11 +51,12 @@ class OwnerRecord:
 def parse_claim(body: object) -> tuple[str, float]:
     """(gate_id, ttl_sec) of a claim body, or OwnerClaimError naming the field."""
     if not isinstance(body, dict):
-        raise OwnerClaimError("the owner claim must be a JSON object {\"gate_id\": str, \"ttl_sec\": number}")
+        raise OwnerClaimError('the owner claim must be a JSON object {"gate_id": str, "ttl_sec": number}')
     gate_id = body.get("gate_id")
     if not isinstance(gate_id, str) or not gate_id or len(gate_id) > MAX_GATE_ID_CHARS:
-        raise OwnerClaimError(f"'gate_id' must be a non-empty string of at most {MAX_GATE_ID_CHARS} characters",
-                              "gate_id")
+        raise OwnerClaimError(
+            f"'gate_id' must be a non-empty string of at most {MAX_GATE_ID_CHARS} characters", "gate_id"
+        )
     ttl = body.get("ttl_sec")
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 <= ttl <= MAX_TTL_SEC:
         raise OwnerClaimError(f"'ttl_sec' must be a number in [0, {MAX_TTL_SEC:g}] (0 releases)", "ttl_sec")

@@ -14,9 +14,10 @@ Anything else raises ``ProbeRequestError``, which the endpoint turns into a 400.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
-PROMPT_KINDS = ("token_ids", "chat", "completion", "messages", "responses")
+PromptKind = Literal["token_ids", "chat", "completion", "messages", "responses"]
+PROMPT_KINDS: tuple[PromptKind, ...] = get_args(PromptKind)
 
 
 class ProbeRequestError(ValueError):
@@ -34,7 +35,7 @@ class PrefixQuery:
     """A validated prefix probe. ``token_ids`` is set for kind "token_ids";
     ``body`` (the request dict of that route) for the other kinds."""
 
-    kind: Literal["token_ids", "chat", "completion", "messages", "responses"]
+    kind: PromptKind
     token_ids: list[int] | None = None
     cache_salt: str | None = None
     model: str | None = None
@@ -67,9 +68,7 @@ def parse_prefix_query(body: object) -> PrefixQuery:
             or not token_ids
             or not all(type(token) is int and token >= 0 for token in token_ids)
         ):
-            raise ProbeRequestError(
-                "'token_ids' must be a non-empty list of non-negative integers", param="token_ids"
-            )
+            raise ProbeRequestError("'token_ids' must be a non-empty list of non-negative integers", param="token_ids")
         return PrefixQuery(
             kind="token_ids",
             token_ids=token_ids,

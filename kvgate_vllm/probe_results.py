@@ -91,8 +91,14 @@ def merge_kv_usage(per_engine: Sequence[dict]) -> dict:
         raise ValueError("merge_kv_usage needs at least one engine result")
     totals = {
         key: sum(result[key] for result in per_engine)
-        for key in ("num_total_blocks", "num_gpu_blocks", "num_free_blocks",
-                    "num_cached_blocks", "num_running", "num_waiting")
+        for key in (
+            "num_total_blocks",
+            "num_gpu_blocks",
+            "num_free_blocks",
+            "num_cached_blocks",
+            "num_running",
+            "num_waiting",
+        )
     }
     usable = totals["num_total_blocks"]
     merged = {

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate_vllm.prefix_query import PrefixQuery, ProbeRequestError
+from kvgate.vllm_plugin.prefix_query import PrefixQuery, ProbeRequestError
 
 _MULTIMODAL_PART_MARKERS = ("image", "audio", "video", "embeds", "file")
 
@@ -121,7 +121,9 @@ def _model_lora(state: Any, model: str | None) -> dict | None:
     return lora_fields(lora_request)
 
 
-async def _render_with(serving: Any, request: Any, kind: str, render, chat_shaped: bool | None = None) -> RenderedPrompt:
+async def _render_with(
+    serving: Any, request: Any, kind: str, render, chat_shaped: bool | None = None
+) -> RenderedPrompt:
     """Model check, rendering and LoRA lookup in the order generation does them.
 
     ``chat_shaped``: ``render`` returns (conversation, engine inputs) as ``render_chat``
@@ -178,9 +180,7 @@ async def render_prefix_query(state: Any, query: PrefixQuery) -> RenderedPrompt:
 
     request = _validate(CompletionRequest, query.body or {}, "completion")
     if request.prompt_embeds is not None:
-        raise ProbeRequestError(
-            "prompt_embeds are not supported by the prefix probe yet", param="completion"
-        )
+        raise ProbeRequestError("prompt_embeds are not supported by the prefix probe yet", param="completion")
     serving = getattr(state, "openai_serving_completion", None)
     return await _render_with(serving, request, "completion", renderer.render_completion)
 

@@ -10,12 +10,12 @@ import hmac
 
 import orjson
 
-from balancer.registry import RegistryError
-from proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
-from proxy.http_fields import decode_path_segment
-from proxy.http_server import HttpRequest, Responder
-from proxy.request_body import parse_json_object
-from proxy.session_id import bounded_session_id
+from kvgate.balancer.registry import RegistryError
+from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
+from kvgate.proxy.http_fields import decode_path_segment
+from kvgate.proxy.http_server import HttpRequest, Responder
+from kvgate.proxy.request_body import parse_json_object
+from kvgate.proxy.session_id import bounded_session_id
 
 
 def _json(responder: Responder, data, status: int = 200) -> None:
@@ -34,8 +34,13 @@ class AdminApi:
         """Answer a request whose path starts with /admin/."""
         given = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
         if not hmac.compare_digest(given, self._expected):
-            send_error(responder, 401, "admin API needs 'Authorization: Bearer <admin.token>'", "unauthorized",
-                       [(b"WWW-Authenticate", b"Bearer")])
+            send_error(
+                responder,
+                401,
+                "admin API needs 'Authorization: Bearer <admin.token>'",
+                "unauthorized",
+                [(b"WWW-Authenticate", b"Bearer")],
+            )
             return
         try:
             self._route(request, responder)
@@ -56,8 +61,9 @@ class AdminApi:
         elif len(parts) == 3 and parts[0] == "sessions" and parts[1] and parts[2] == "finish" and method == "POST":
             self.finish_session(decode_path_segment(parts[1]), responder)
         else:
-            send_error(responder, 404, f"unknown admin route {method} {request.path}; see SPEC.md section 5",
-                       "unknown_route")
+            send_error(
+                responder, 404, f"unknown admin route {method} {request.path}; see SPEC.md section 5", "unknown_route"
+            )
 
     def finish_session(self, raw_id: str, responder: Responder) -> None:
         session_id = bounded_session_id(raw_id)
@@ -66,9 +72,14 @@ class AdminApi:
         _json(responder, {"finished": True})
 
     def state(self, responder: Responder) -> None:
-        _json(responder, {"replicas": [r.describe() for r in self.registry.all()],
-                          "tracked_sessions": len(self.sessions),
-                          "gates": self.admission.state()})
+        _json(
+            responder,
+            {
+                "replicas": [r.describe() for r in self.registry.all()],
+                "tracked_sessions": len(self.sessions),
+                "gates": self.admission.state(),
+            },
+        )
 
     def add_replica(self, request: HttpRequest, responder: Responder) -> None:
         try:

@@ -13,22 +13,23 @@ import inspect
 
 import orjson
 
-from balancer import Balancer, ReplicaRegistry
-from balancer.health import HealthChecker
-from balancer.replica_metrics import ReplicaMetricsScraper
-from proxy.admin import AdminApi
-from proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
-from proxy.forward import Forwarder
-from proxy.http_fields import decode_path_segment
-from proxy.http_server import FrontServer, HttpRequest, Responder
-from proxy.metrics import CONTENT_TYPE, KvgateMetrics
-from gate.admission import AdmissionController
-from gate.ownership import Ownership, OwnershipClaims, conflict_flag, default_gate_id, gate_mode, readiness
-from proxy.routes import ROUTES
-from proxy.session_tracker import SessionTracker
-from proxy.settings import ReplicaSettings, Settings
-from proxy.topology import FRONT_DOOR, REPLICA_GATE, claims_ownership, health_path
-from proxy.upstream import UpstreamClients
+from kvgate.balancer import Balancer, ReplicaRegistry
+from kvgate.balancer.health import HealthChecker
+from kvgate.balancer.replica_metrics import ReplicaMetricsScraper
+from kvgate.balancer.settings import ReplicaSettings
+from kvgate.gate.admission import AdmissionController
+from kvgate.gate.ownership import Ownership, OwnershipClaims, conflict_flag, default_gate_id, gate_mode, readiness
+from kvgate.proxy.admin import AdminApi
+from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
+from kvgate.proxy.forward import Forwarder
+from kvgate.proxy.http_fields import decode_path_segment
+from kvgate.proxy.http_server import FrontServer, HttpRequest, Responder
+from kvgate.proxy.metrics import CONTENT_TYPE, KvgateMetrics
+from kvgate.proxy.routes import ROUTES
+from kvgate.proxy.session_tracker import SessionTracker
+from kvgate.proxy.settings import Settings
+from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, claims_ownership, health_path
+from kvgate.proxy.upstream import UpstreamClients
 
 _JSON_OK = orjson.dumps({"status": "ok"})
 _METRICS_TYPE = (b"Content-Type", CONTENT_TYPE.encode())
@@ -36,34 +37,48 @@ _ROUTE_LIST = ", ".join(f"{r.method} {r.path}" for r in ROUTES) + " (also under 
 
 
 class ProxyApp:
-    def __init__(self, settings: Settings, metrics: KvgateMetrics, admission,
-                 replicas, health_checks: bool) -> None:
+    def __init__(self, settings: Settings, metrics: KvgateMetrics, admission, replicas, health_checks: bool) -> None:
         self.settings = settings
         self.metrics = metrics
         self.admission = admission
-        self.registry = ReplicaRegistry(settings.balancer.health, metrics)
+        self.registry = ReplicaRegistry(settings.balancer.health, metrics.balancer)
         for r in replicas:
             self.registry.add(r.name, r.url, r.weight)
         self.balancer = Balancer(self.registry, settings.balancer)
         self.clients = UpstreamClients(settings.upstream)
         self.sessions = SessionTracker()
         self.forwarder = Forwarder(settings, self.balancer, admission, self.clients, metrics, self.sessions)
-        self.health = HealthChecker(self.registry, settings.balancer.health, health_path(settings.role),
-                                    busy_is_alive=settings.role in (FRONT_DOOR, REPLICA_GATE))
-        self.ownership = (OwnershipClaims(settings.ownership.gate_id or default_gate_id(), settings.ownership.ttl_sec,
-                                          self._replica_urls, self._apply_ownership,
-                                          timeout_sec=settings.gate.probe.timeout_sec,
-                                          api_key=settings.upstream.api_key)
-                          if claims_ownership(settings) else None)
+        self.health = HealthChecker(
+            self.registry,
+            settings.balancer.health,
+            health_path(settings.role),
+            busy_is_alive=settings.role in (FRONT_DOOR, REPLICA_GATE),
+        )
+        self.ownership = (
+            OwnershipClaims(
+                settings.ownership.gate_id or default_gate_id(),
+                settings.ownership.ttl_sec,
+                self._replica_urls,
+                self._apply_ownership,
+                timeout_sec=settings.gate.probe.timeout_sec,
+                api_key=settings.upstream.api_key,
+            )
+            if claims_ownership(settings)
+            else None
+        )
         self._health_checks = health_checks
         # The replicas' own prefix-cache counters, mirrored into /metrics (docs/observability.md).
-        self.replica_metrics = ReplicaMetricsScraper(self.registry, metrics)
+        self.replica_metrics = ReplicaMetricsScraper(
+            self.registry, metrics.gate.probe_seconds, metrics.gate.probe_errors
+        )
         metrics.registry.register(self.replica_metrics)
         if settings.role != FRONT_DOOR:  # a front door's replicas are kvgates: nothing of vLLM's to mirror
             self.health.add_round(self.replica_metrics.read_all)
-        metrics.operator  # the operator series exist from the first scrape
-        self.admin = (AdminApi(settings.admin.token, self.registry, admission, self.clients, self.sessions)
-                      if settings.admin.token else None)
+        self.admin = (
+            AdminApi(settings.admin.token, self.registry, admission, self.clients, self.sessions)
+            if settings.admin.token
+            else None
+        )
         self._routes = {r.path: r for r in ROUTES}
         self._server: FrontServer | None = None
 
@@ -72,8 +87,9 @@ class ProxyApp:
     async def start(self, host: str | None = None, port: int | None = None) -> tuple[str, int]:
         """Listen (defaults: settings.listen) and start health checks; the bound address."""
         self._server = FrontServer(self.handle, self.settings.limits)
-        address = await self._server.start(self.settings.listen.host if host is None else host,
-                                           self.settings.listen.port if port is None else port)
+        address = await self._server.start(
+            self.settings.listen.host if host is None else host, self.settings.listen.port if port is None else port
+        )
         if self._health_checks:
             await self.health.start()
         if self.ownership is not None:
@@ -104,7 +120,7 @@ class ProxyApp:
         set_mode = getattr(self.admission, "set_replica_mode", None)
         if set_mode is not None:
             set_mode(name, gate_mode(self.settings.gate.mode, ownership))
-        self.metrics.gate_conflict.labels(name).set(conflict_flag(ownership))
+        self.metrics.gate.gate_conflict.labels(name).set(conflict_flag(ownership))
 
     def _ready(self, responder: Responder) -> None:
         ownership = self.ownership.ownership() if self.ownership is not None else {}
@@ -113,10 +129,14 @@ class ProxyApp:
             body = {"status": "ok", "gate_conflicts": conflicts} if conflicts else None
             responder.send(200, orjson.dumps(body) if body else _JSON_OK, [JSON_CONTENT_TYPE])
         elif conflicts and self.registry.any_healthy():
-            send_error(responder, 503, "every healthy replica is gated by another kvgate ("
-                       + ", ".join(f"{n}: {owner}" for n, owner in sorted(conflicts.items()))
-                       + "); this one only shadows them: see kvgate_gate_conflict and docs/ARCHITECTURE.md",
-                       "gate_conflict")
+            send_error(
+                responder,
+                503,
+                "every healthy replica is gated by another kvgate ("
+                + ", ".join(f"{n}: {owner}" for n, owner in sorted(conflicts.items()))
+                + "); this one only shadows them: see kvgate_gate_conflict and docs/ARCHITECTURE.md",
+                "gate_conflict",
+            )
         else:
             send_error(responder, 503, "no healthy replica; see GET /admin/state", "no_healthy_replica")
 
@@ -157,21 +177,31 @@ class ProxyApp:
         elif path.startswith("/admin/") and self.admin is not None:
             await self.admin.handle(request, responder)
             return
-        send_error(responder, 404, f"unknown route {request.method} {path}; kvgate forwards {_ROUTE_LIST}",
-                   "unknown_route")
+        send_error(
+            responder, 404, f"unknown route {request.method} {path}; kvgate forwards {_ROUTE_LIST}", "unknown_route"
+        )
 
     def _wrong_method(self, request: HttpRequest, responder: Responder, route) -> None:
-        send_error(responder, 405, f"{request.method} is not allowed on {request.path}; use {route.method}",
-                   "method_not_allowed", [(b"Allow", route.method.encode())])
+        send_error(
+            responder,
+            405,
+            f"{request.method} is not allowed on {request.path}; use {route.method}",
+            "method_not_allowed",
+            [(b"Allow", route.method.encode())],
+        )
 
 
-def create_app(settings: Settings | None = None, *, metrics: KvgateMetrics | None = None, admission=None,
-               replicas: list[ReplicaSettings] | tuple[ReplicaSettings, ...] | None = None,
-               health_checks: bool = True) -> ProxyApp:
+def create_app(
+    settings: Settings | None = None,
+    *,
+    metrics: KvgateMetrics | None = None,
+    admission=None,
+    replicas: list[ReplicaSettings] | tuple[ReplicaSettings, ...] | None = None,
+    health_checks: bool = True,
+) -> ProxyApp:
     """The proxy app. `health_checks=False` leaves health to passive marking (tests)."""
     settings = settings or Settings()
     metrics = metrics or KvgateMetrics()
     if admission is None:
-        admission = AdmissionController(settings.gate, metrics, api_key=settings.upstream.api_key)
-    return ProxyApp(settings, metrics, admission, settings.replicas if replicas is None else replicas,
-                    health_checks)
+        admission = AdmissionController(settings.gate, metrics.gate, api_key=settings.upstream.api_key)
+    return ProxyApp(settings, metrics, admission, settings.replicas if replicas is None else replicas, health_checks)

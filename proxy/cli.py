@@ -12,9 +12,9 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bench import cli as bench_cli
-    from proxy import commands as proxy_commands
-    from simulator import cli as simulator_cli
+    from kvgate.bench import cli as bench_cli
+    from kvgate.proxy import commands as proxy_commands
+    from kvgate.simulator import cli as simulator_cli
 
     parser = argparse.ArgumentParser(
         prog="kvgate",

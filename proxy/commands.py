@@ -7,30 +7,41 @@ import dataclasses
 import logging
 import sys
 
-from proxy.config import ConfigError, load_settings
+from kvgate.proxy.config import ConfigError, load_settings
 
 
 def add_commands(subparsers) -> None:
     serve = subparsers.add_parser(
-        "serve", help="run the proxy",
+        "serve",
+        help="run the proxy",
         description="Run the kvgate proxy. With no `replicas` configured it starts `simulated_replicas` "
-        "simulated vLLM replicas in-process and serves them.")
-    serve.add_argument("--config", metavar="FILE", help="YAML config file (default: built-in defaults); "
-                       "KVGATE_<PATH> environment variables override it")
+        "simulated vLLM replicas in-process and serves them.",
+    )
+    serve.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML config file (default: built-in defaults); KVGATE_<PATH> environment variables override it",
+    )
     serve.add_argument("--host", help="listen address (overrides listen.host)")
     serve.add_argument("--port", type=int, help="listen port, 0 for a free one (overrides listen.port)")
-    serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                       help="log level (default INFO)")
+    serve.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level (default INFO)"
+    )
     serve.set_defaults(func=serve_command)
 
     check = subparsers.add_parser(
-        "check-config", help="validate a config file",
+        "check-config",
+        help="validate a config file",
         description="Validate a config file (with KVGATE_* environment overrides applied): exit 0 when "
-        "valid, else exit 2 with one line per problem naming the key.")
+        "valid, else exit 2 with one line per problem naming the key.",
+    )
     check.add_argument("file", metavar="FILE", help="YAML config file")
-    check.add_argument("--contact-replicas", action="store_true",
-                       help="also ask every configured replica: is it a kvgate (a front door needs one, a "
-                       "gate must not have one), and does another gate already own it (GET /v1/kvgate/owner)")
+    check.add_argument(
+        "--contact-replicas",
+        action="store_true",
+        help="also ask every configured replica: is it a kvgate (a front door needs one, a "
+        "gate must not have one), and does another gate already own it (GET /v1/kvgate/owner)",
+    )
     check.set_defaults(func=check_config_command)
 
 
@@ -47,10 +58,14 @@ def check_config_command(args: argparse.Namespace) -> int:
     settings = _settings_or_exit(args.file)
     if settings is None:
         return 2
-    replicas = (f"{len(settings.replicas)} replicas" if settings.replicas
-                else f"no replicas (serve starts {settings.simulated_replicas} simulated)")
+    replicas = (
+        f"{len(settings.replicas)} replicas"
+        if settings.replicas
+        else f"no replicas (serve starts {settings.simulated_replicas} simulated)"
+    )
     if getattr(args, "contact_replicas", False):
-        from proxy.replica_check import contact_replicas
+        from kvgate.proxy.replica_check import contact_replicas
+
         problems, notes = contact_replicas(settings)
         for note in notes:
             print(f"kvgate: note: {note}")
@@ -58,8 +73,10 @@ def check_config_command(args: argparse.Namespace) -> int:
             for problem in problems:
                 print(f"kvgate: config: {problem}", file=sys.stderr)
             return 2
-    print(f"{args.file}: ok ({replicas}, gate {settings.gate.mode}/{settings.gate.policy}, "
-          f"balancer {settings.balancer.algorithm}, role {settings.role})")
+    print(
+        f"{args.file}: ok ({replicas}, gate {settings.gate.mode}/{settings.gate.policy}, "
+        f"balancer {settings.balancer.algorithm}, role {settings.role})"
+    )
     return 0
 
 
@@ -76,9 +93,11 @@ def serve_command(args: argparse.Namespace) -> int:
             return 2
         listen = dataclasses.replace(listen, port=args.port)
     settings = dataclasses.replace(settings, listen=listen)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from proxy.server import run, serve
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from kvgate.proxy.server import run, serve
+
     try:
         run(serve(settings))
     except KeyboardInterrupt:

@@ -1,8 +1,12 @@
 """Loading the configuration: YAML file + `KVGATE_*` environment overrides -> Settings.
 
-The schema is `proxy.settings` (frozen dataclasses); this module walks it, so a
+The schema is `proxy.settings.Settings` (frozen dataclasses, composing the parts' own:
+`gate.settings`, `balancer.settings`); this module walks it, so a
 field added there is loaded and type-checked here with no further change. Ranges and
-choices that types cannot express live in RULES, keyed by dotted path.
+choices that types cannot express live in RULES, keyed by dotted path; the choices
+come from the registries that use them (`gate.policies.POLICIES`, `gate.gate.MODES`,
+`balancer.balancer.ALGORITHMS`, `proxy.topology.ROLES`), so a policy, mode or
+algorithm added there is accepted here.
 
 Environment overrides: `KVGATE_<PATH>` with `__` between levels
 (`KVGATE_GATE__HIGH_WATERMARK=0.9`); the value is read as a YAML scalar or flow
@@ -20,14 +24,19 @@ import dataclasses
 import os
 import types
 import typing
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import yaml
 
-from proxy.http_fields import field_value_problem, replica_name_problem, replica_url_problem
-from proxy.settings import Settings
-from proxy.topology import role_problems
+from kvgate.balancer.balancer import ALGORITHMS
+from kvgate.balancer.replica_fields import replica_name_problem, replica_url_problem
+from kvgate.gate.gate import MODES
+from kvgate.gate.policies import POLICIES
+from kvgate.proxy.http_fields import field_value_problem
+from kvgate.proxy.settings import Settings
+from kvgate.proxy.topology import ROLES, role_problems
 
 ENV_PREFIX = "KVGATE_"
 
@@ -38,20 +47,23 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
-def _in_range(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-              hi_open: bool = False) -> Callable[[Any], str | None]:
+def _in_range(
+    lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False
+) -> Callable[[Any], str | None]:
     def check(value) -> str | None:
         if lo is not None and (value <= lo if lo_open else value < lo):
             return f"must be {'>' if lo_open else '>='} {lo}"
         if hi is not None and (value >= hi if hi_open else value > hi):
             return f"must be {'<' if hi_open else '<='} {hi}"
         return None
+
     return check
 
 
 def _one_of(*choices: str) -> Callable[[Any], str | None]:
     def check(value) -> str | None:
         return None if value in choices else f"must be one of {', '.join(choices)}"
+
     return check
 
 
@@ -69,14 +81,14 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "session.header": _non_empty,
     "session.body_fields[]": _non_empty,
     "session.finish_header": _non_empty,
-    "balancer.algorithm": _one_of("rendezvous", "bounded_load"),
+    "balancer.algorithm": _one_of(*ALGORITHMS),
     "balancer.load_factor": _in_range(1),
     "balancer.health.interval_sec": _in_range(0, lo_open=True),
     "balancer.health.timeout_sec": _in_range(0, lo_open=True),
     "balancer.health.unhealthy_after": _in_range(1),
     "balancer.health.healthy_after": _in_range(1),
-    "gate.mode": _one_of("enforce", "shadow", "off"),
-    "gate.policy": _one_of("seed", "contract"),
+    "gate.mode": _one_of(*MODES),
+    "gate.policy": _one_of(*POLICIES),
     "gate.high_watermark": _in_range(0, 1, lo_open=True),
     "gate.hit_threshold": _in_range(0, 1),
     "gate.idle_grace_sec": _in_range(0),
@@ -99,7 +111,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "limits.max_connections": _in_range(1),
     "limits.max_buffered_response_bytes": _in_range(0),
     "upstream.api_key": field_value_problem,
-    "role": _one_of("standalone", "front_door", "replica_gate"),
+    "role": _one_of(*ROLES),
     "ownership.ttl_sec": _in_range(0, 3600),
     "ownership.gate_id": _non_empty,
 }
@@ -110,6 +122,7 @@ YAML_BOOL_WORDS: dict[str, dict[bool, str]] = {"gate.mode": {False: "off"}}
 
 
 # ---- reading the sources ------------------------------------------------------------
+
 
 def read_yaml(path: str | Path) -> dict:
     """The YAML file as a mapping (an empty file is {}); ConfigError if unreadable."""
@@ -124,8 +137,7 @@ def read_yaml(path: str | Path) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError([f"config file {path}: the top level must be a mapping of keys, got "
-                           f"{type(data).__name__}"])
+        raise ConfigError([f"config file {path}: the top level must be a mapping of keys, got {type(data).__name__}"])
     return data
 
 
@@ -139,7 +151,7 @@ def apply_env_overrides(data: dict, environ: Mapping[str, str]) -> tuple[dict, l
     for var in sorted(environ):
         if not var.startswith(ENV_PREFIX):
             continue
-        parts = [p.lower() for p in var[len(ENV_PREFIX):].split("__")]
+        parts = [p.lower() for p in var[len(ENV_PREFIX) :].split("__")]
         if parts[0] not in top:
             continue
         value = _env_value(environ[var], _leaf_type(parts))
@@ -149,7 +161,7 @@ def apply_env_overrides(data: dict, environ: Mapping[str, str]) -> tuple[dict, l
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                problems.append(f"{var}: {'.'.join(parts[:i + 1])} is not a section, cannot set {'.'.join(parts)}")
+                problems.append(f"{var}: {'.'.join(parts[: i + 1])} is not a section, cannot set {'.'.join(parts)}")
                 break
             node = child
         else:
@@ -194,6 +206,7 @@ def _deep_copy(data):
 
 
 # ---- building and checking ---------------------------------------------------------
+
 
 def _type_name(tp) -> str:
     if tp is type(None):
@@ -259,8 +272,9 @@ def _convert(value, tp, path: str, problems: list[str]):
 def _describe(value) -> str:
     if value is None:
         return "null"
-    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
-            dict: "mapping"}.get(type(value), type(value).__name__)
+    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "mapping"}.get(
+        type(value), type(value).__name__
+    )
     text = repr(value)
     return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"
 

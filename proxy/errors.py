@@ -6,7 +6,7 @@ with `send_error`. Every message says what the client should do about it.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import orjson
 
@@ -45,8 +45,15 @@ def error_json(status: int, message: str, code: str | None, type_: str | None = 
 JSON_CONTENT_TYPE = (b"Content-Type", b"application/json")
 
 
-def send_error(responder, status: int, message: str, code: str | None,
-               headers: Iterable[tuple[bytes, bytes]] = (), type_: str | None = None, close: bool = False) -> None:
+def send_error(
+    responder,
+    status: int,
+    message: str,
+    code: str | None,
+    headers: Iterable[tuple[bytes, bytes]] = (),
+    type_: str | None = None,
+    close: bool = False,
+) -> None:
     """Answer with an OpenAI-shaped error through a `proxy.http_server.Responder`."""
     responder.send(status, error_json(status, message, code, type_), [JSON_CONTENT_TYPE, *headers], close=close)
 

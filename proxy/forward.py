@@ -19,20 +19,27 @@ import asyncio
 import logging
 import time
 
-from balancer import Balancer, Replica
-from proxy.admission_errors import as_refusal
-from proxy.errors import RequestRejected, send_error, sse_error_event
-from proxy.http_server import HttpRequest, Responder
-from proxy.metrics import KvgateMetrics, turn_bucket
-from proxy.request_body import parse_json_object, stream_flag, with_member
-from proxy.response_chains import TurnPlan, plan_turn
-from proxy.routes import SESSION_FIELD_KINDS, TURN_KINDS, RouteSpec
-from proxy.session_id import resolve_session_id, split_body_fields
-from proxy.session_tracker import SessionTracker
-from proxy.settings import Settings
-from proxy.topology import FRONT_DOOR, REPLICA_GATE, merge_kvgate_headers, with_session_header
-from proxy.upstream import (CONNECT_ERRORS, EXCHANGE_ERRORS, UpstreamClients, relayed_response_headers,
-                            upstream_request_headers)
+from prometheus_client import Counter, Histogram
+
+from kvgate.balancer import Balancer, Replica
+from kvgate.gate.errors import AdmissionError, ReplicaUnavailable
+from kvgate.proxy.errors import RequestRejected, send_error, sse_error_event
+from kvgate.proxy.http_server import HttpRequest, Responder
+from kvgate.proxy.metrics import KvgateMetrics, turn_bucket
+from kvgate.proxy.request_body import parse_json_object, stream_flag, with_member
+from kvgate.proxy.response_chains import TurnPlan, plan_turn
+from kvgate.proxy.routes import SESSION_FIELD_KINDS, TURN_KINDS, RouteSpec
+from kvgate.proxy.session_id import resolve_session_id, split_body_fields
+from kvgate.proxy.session_tracker import SessionTracker
+from kvgate.proxy.settings import Settings
+from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, merge_kvgate_headers, with_session_header
+from kvgate.proxy.upstream import (
+    CONNECT_ERRORS,
+    EXCHANGE_ERRORS,
+    UpstreamClients,
+    relayed_response_headers,
+    upstream_request_headers,
+)
 
 log = logging.getLogger("kvgate.proxy")
 
@@ -47,8 +54,11 @@ def format_wait_ms(wait_ms: float) -> bytes:
 
 
 def lease_headers(replica: Replica, lease) -> list[tuple[bytes, bytes]]:
-    return [(H_REPLICA, replica.name.encode()), (H_ADMISSION, str(lease.reason).encode()),
-            (H_WAIT, format_wait_ms(lease.wait_ms))]
+    return [
+        (H_REPLICA, replica.name.encode()),
+        (H_ADMISSION, str(lease.reason).encode()),
+        (H_WAIT, format_wait_ms(lease.wait_ms)),
+    ]
 
 
 def retry_after(seconds: float | None) -> list[tuple[bytes, bytes]]:
@@ -58,8 +68,15 @@ def retry_after(seconds: float | None) -> list[tuple[bytes, bytes]]:
 
 
 class Forwarder:
-    def __init__(self, settings: Settings, balancer: Balancer, admission, clients: UpstreamClients,
-                 metrics: KvgateMetrics, sessions: SessionTracker) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        balancer: Balancer,
+        admission,
+        clients: UpstreamClients,
+        metrics: KvgateMetrics,
+        sessions: SessionTracker,
+    ) -> None:
         self.balancer = balancer
         self.registry = balancer.registry
         self.admission = admission
@@ -76,13 +93,14 @@ class Forwarder:
         self._tiered = settings.role in (FRONT_DOOR, REPLICA_GATE)
         self._gates = settings.gate.mode != "off"
         self._double_gating_warned: set[str] = set()
-        self._counters: dict[tuple, object] = {}
-        self._turn_children: dict[str, object] = {}
+        self._counters: dict[tuple[str, str, int], Counter] = {}  # labelled children, looked up once
+        self._turn_children: dict[str, Histogram] = {}
 
     # ---- the request --------------------------------------------------------------
 
-    async def forward(self, request: HttpRequest, responder: Responder, route: RouteSpec,
-                      path_session_id: str | None) -> None:
+    async def forward(
+        self, request: HttpRequest, responder: Responder, route: RouteSpec, path_session_id: str | None
+    ) -> None:
         started = time.perf_counter()
         kind = route.kind
         try:
@@ -101,6 +119,7 @@ class Forwarder:
         if chain is not None:
             session_id = chain.session_id
             if chain.set_request_id:  # vLLM answers with id = request_id: the link is known up front
+                assert raw is not None and chain.response_id is not None  # a Responses body, to be stored
                 raw = with_member(raw, body, "request_id", chain.response_id)
                 body["request_id"] = chain.response_id
 
@@ -108,6 +127,7 @@ class Forwarder:
             await self._relay_turn(request, responder, route, raw, body, stream, None, None, started, chain)
             return
         if self._forward_session_id and kind in SESSION_FIELD_KINDS and "session_id" not in body:
+            assert raw is not None  # SESSION_FIELD_KINDS are routes with a body
             raw = with_member(raw, body, "session_id", session_id)
             body["session_id"] = session_id
         entry = self.sessions.touch(session_id)
@@ -128,8 +148,19 @@ class Forwarder:
                 return pinned
         return self.balancer.choose(session_id)
 
-    async def _relay_turn(self, request: HttpRequest, responder: Responder, route: RouteSpec, raw, body,
-                          stream: bool, session_id, entry, started: float, chain: TurnPlan | None = None) -> None:
+    async def _relay_turn(
+        self,
+        request: HttpRequest,
+        responder: Responder,
+        route: RouteSpec,
+        raw,
+        body,
+        stream: bool,
+        session_id,
+        entry,
+        started: float,
+        chain: TurnPlan | None = None,
+    ) -> None:
         kind = route.kind
         replica = self._route(session_id, entry)
         if replica is None:
@@ -148,11 +179,8 @@ class Forwarder:
                 self.metrics.upstream_errors.labels(replica.name, "client_disconnect").inc()
                 self._count(kind, replica.name, CLIENT_CLOSED)
                 raise
-            except Exception as exc:
-                refusal = as_refusal(exc)
-                if refusal is None:
-                    raise
-                if refusal.replica_unavailable and not rerouted_unavailable:
+            except AdmissionError as refusal:
+                if isinstance(refusal, ReplicaUnavailable) and not rerouted_unavailable:
                     rerouted_unavailable = True
                     replica = self.balancer.choose(session_id, exclude=replica)
                     if replica is None:
@@ -160,9 +188,14 @@ class Forwarder:
                         return
                     continue
                 self._count(kind, replica.name, refusal.status)
-                send_error(responder, refusal.status, refusal.message, refusal.code,
-                           [(H_REPLICA, replica.name.encode()), *retry_after(refusal.retry_after)],
-                           type_=refusal.error_type)
+                send_error(
+                    responder,
+                    refusal.status,
+                    refusal.message,
+                    refusal.code,
+                    [(H_REPLICA, replica.name.encode()), *retry_after(refusal.retry_after)],
+                    type_=refusal.error_type,
+                )
                 return
 
             replica.in_flight += 1
@@ -178,25 +211,35 @@ class Forwarder:
                 if not busy:
                     self.registry.mark_failed(replica)
                 self.metrics.upstream_errors.labels(replica.name, "connect").inc()
-                other = (None if rerouted_connect else
-                         replica if busy else self.balancer.choose(session_id, exclude=replica))
+                other = (
+                    None if rerouted_connect else replica if busy else self.balancer.choose(session_id, exclude=replica)
+                )
                 if other is not None:
                     rerouted_connect = True
                     replica = other
                     continue
                 self._count(kind, replica.name, 502)
-                send_error(responder, 502, f"could not connect to replica {replica.name} ({exc}); it is marked "
-                           "unhealthy until its health checks pass (unless it has requests in flight); retry later",
-                           "upstream_connect_failed",
-                           lease_headers(replica, lease))
+                send_error(
+                    responder,
+                    502,
+                    f"could not connect to replica {replica.name} ({exc}); it is marked "
+                    "unhealthy until its health checks pass (unless it has requests in flight); retry later",
+                    "upstream_connect_failed",
+                    lease_headers(replica, lease),
+                )
                 return
             except EXCHANGE_ERRORS as exc:
                 replica.in_flight -= 1
                 lease.release(served=False)
                 self.metrics.upstream_errors.labels(replica.name, "before_headers").inc()
                 self._count(kind, replica.name, 502)
-                send_error(responder, 502, f"replica {replica.name} failed before answering ({exc}); "
-                           "retry the request", "upstream_failed", lease_headers(replica, lease))
+                send_error(
+                    responder,
+                    502,
+                    f"replica {replica.name} failed before answering ({exc}); retry the request",
+                    "upstream_failed",
+                    lease_headers(replica, lease),
+                )
                 return
             except BaseException:
                 replica.in_flight -= 1
@@ -227,20 +270,25 @@ class Forwarder:
             entry.turns = turn_index
             self._observe_turn(turn_index, time.perf_counter() - started)
         if chain is not None and chain.response_id is not None:
+            assert chain.chain_session is not None  # TurnPlan: set whenever response_id is
             self.sessions.responses.record(chain.response_id, chain.chain_session, replica)
 
     # ---- relaying the response --------------------------------------------------
 
-    async def _relay(self, responder: Responder, upstream, replica: Replica, lease, stream: bool,
-                     kind: str) -> tuple[int, bool]:
+    async def _relay(
+        self, responder: Responder, upstream, replica: Replica, lease, stream: bool, kind: str
+    ) -> tuple[int, bool]:
         """Relay the upstream's answer: (status for metrics, completed normally)."""
-        headers, upstream_gated = merge_kvgate_headers(relayed_response_headers(upstream.headers),
-                                                       lease_headers(replica, lease))
+        headers, upstream_gated = merge_kvgate_headers(
+            relayed_response_headers(upstream.headers), lease_headers(replica, lease)
+        )
         if upstream_gated and self._gates and replica.name not in self._double_gating_warned:
             self._double_gating_warned.add(replica.name)
-            log.error("replica %s answers with x-kvgate-* headers: it is a kvgate, and this kvgate gates it a "
-                      "second time; give this one role: front_door with gate.mode: off (docs/ARCHITECTURE.md)",
-                      replica.name)
+            log.error(
+                "replica %s answers with x-kvgate-* headers: it is a kvgate, and this kvgate gates it a "
+                "second time; give this one role: front_door with gate.mode: off (docs/ARCHITECTURE.md)",
+                replica.name,
+            )
         is_sse = upstream.content_type == b"text/event-stream"
         pending: list[bytes] = []
         if not (is_sse or (stream and upstream.content_length is None)):
@@ -252,8 +300,13 @@ class Forwarder:
                     data = await upstream.readany()
                 except EXCHANGE_ERRORS as exc:
                     self.metrics.upstream_errors.labels(replica.name, "mid_body").inc()
-                    send_error(responder, 502, f"replica {replica.name} broke off its response ({exc}); "
-                               "retry the request", "upstream_failed", lease_headers(replica, lease))
+                    send_error(
+                        responder,
+                        502,
+                        f"replica {replica.name} broke off its response ({exc}); retry the request",
+                        "upstream_failed",
+                        lease_headers(replica, lease),
+                    )
                     return 502, False
                 if not data:
                     responder.send(upstream.status, b"".join(pending), headers, upstream.reason)
@@ -261,8 +314,7 @@ class Forwarder:
                 pending.append(data)
                 size += len(data)
 
-        await responder.start(upstream.status, headers, upstream.reason,
-                              None if is_sse else upstream.content_length)
+        await responder.start(upstream.status, headers, upstream.reason, None if is_sse else upstream.content_length)
         for data in pending:
             await responder.write(data)
         pending.clear()
@@ -272,9 +324,14 @@ class Forwarder:
             except EXCHANGE_ERRORS as exc:
                 self.metrics.upstream_errors.labels(replica.name, "mid_stream").inc()
                 if is_sse:
-                    await responder.write(sse_error_event(
-                        f"replica {replica.name} broke off the stream ({exc}); the answer is incomplete, "
-                        "retry the request", "upstream_stream_broken", anthropic=kind == "messages"))
+                    await responder.write(
+                        sse_error_event(
+                            f"replica {replica.name} broke off the stream ({exc}); the answer is incomplete, "
+                            "retry the request",
+                            "upstream_stream_broken",
+                            anthropic=kind == "messages",
+                        )
+                    )
                     await responder.end()
                 # else: the response stays unfinished, so the server closes the connection
                 # and the client cannot take a truncated body for a complete one.
@@ -303,5 +360,10 @@ class Forwarder:
 
     def _no_replica(self, responder: Responder, kind: str) -> None:
         self._count(kind, "none", 503)
-        send_error(responder, 503, "no healthy replica is available; check the replicas' /health and "
-                   "GET /admin/state, then retry", "no_healthy_replica", [(b"Retry-After", b"1")])
+        send_error(
+            responder,
+            503,
+            "no healthy replica is available; check the replicas' /health and GET /admin/state, then retry",
+            "no_healthy_replica",
+            [(b"Retry-After", b"1")],
+        )

@@ -28,6 +28,7 @@ import re
 import ssl as ssl_module
 import time
 from collections import deque
+from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -79,7 +80,9 @@ class _Connection(asyncio.Protocol):
     def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout: float) -> None:
         self._loop = loop
         self._read_timeout = read_timeout
-        self.transport: asyncio.Transport | None = None
+        # Set by connection_made, which asyncio runs before create_connection returns this
+        # protocol: every connection the pool holds has its transport.
+        self.transport: asyncio.Transport
         self.closed = False
         self.idle_since = 0.0
         self.reused = False
@@ -106,8 +109,10 @@ class _Connection(asyncio.Protocol):
 
     # ---- asyncio.Protocol ------------------------------------------------------------
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream connection's transport (uvloop's has asyncio.Transport's methods
+        # without subclassing it).
+        self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -115,8 +120,9 @@ class _Connection(asyncio.Protocol):
             self._state = _DONE
         elif self._state != _DONE:
             where = "before the response headers" if self._state == _HEAD else "in the middle of the body"
-            self._error = UpstreamError(f"upstream closed the connection {where}",
-                                        "before_headers" if self._state == _HEAD else "mid_body")
+            self._error = UpstreamError(
+                f"upstream closed the connection {where}", "before_headers" if self._state == _HEAD else "mid_body"
+            )
         self._wake()
 
     def data_received(self, data: bytes) -> None:
@@ -145,8 +151,7 @@ class _Connection(asyncio.Protocol):
 
     def _stray(self) -> None:
         self.keep_alive = False
-        if self.transport is not None:
-            self.transport.close()
+        self.transport.close()
 
     def _fail(self, exc: Exception) -> None:
         if isinstance(exc, UpstreamError):
@@ -222,12 +227,10 @@ class _Connection(asyncio.Protocol):
 
     def _on_timeout(self) -> None:
         self._timer = None
-        self._error = UpstreamTimeout(f"upstream sent nothing for {self._read_timeout:g} s "
-                                      "(upstream.read_timeout_sec)")
+        self._error = UpstreamTimeout(f"upstream sent nothing for {self._read_timeout:g} s (upstream.read_timeout_sec)")
         self.keep_alive = False
         self._state = _DONE
-        if self.transport is not None:
-            self.transport.close()
+        self.transport.close()
         self._wake()
 
     async def _wait(self) -> None:
@@ -256,7 +259,7 @@ class _Connection(asyncio.Protocol):
         data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
         self._chunks.clear()
         self._buffered = 0
-        if self._paused and self.transport is not None:
+        if self._paused:
             self._paused = False
             self.transport.resume_reading()
         return data
@@ -283,7 +286,7 @@ class UpstreamResponse:
 
     __slots__ = ("_conn", "_pool", "status", "reason", "headers", "_finished")
 
-    def __init__(self, conn: _Connection, pool: "UpstreamPool") -> None:
+    def __init__(self, conn: _Connection, pool: UpstreamPool) -> None:
         self._conn = conn
         self._pool = pool
         self.status = conn.status
@@ -358,11 +361,19 @@ class UpstreamPool:
         self._open: set[_Connection] = set()
         self.closed = False
 
-    async def request(self, method: str, target: str, headers: list[tuple[bytes, bytes]],
-                      body: bytes | None) -> UpstreamResponse:
+    async def request(
+        self, method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes | None
+    ) -> UpstreamResponse:
         """Send one request; return once the response head has arrived."""
-        lines = [method.encode(), b" ", self.prefix, target.encode("utf-8", "surrogateescape"),
-                 b" HTTP/1.1\r\nHost: ", self._host_header, b"\r\n"]
+        lines = [
+            method.encode(),
+            b" ",
+            self.prefix,
+            target.encode("utf-8", "surrogateescape"),
+            b" HTTP/1.1\r\nHost: ",
+            self._host_header,
+            b"\r\n",
+        ]
         for name, value in headers:
             lines += (name, b": ", value, b"\r\n")
         if body is not None:
@@ -409,14 +420,17 @@ class UpstreamPool:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(loop, self._read_timeout), self.host, self.port,
-                                       ssl=self._ssl), self._connect_timeout)
-        except asyncio.TimeoutError:
-            raise UpstreamConnectError(f"connecting to {self.host}:{self.port} timed out after "
-                                       f"{self._connect_timeout:g} s") from None
+                loop.create_connection(
+                    lambda: _Connection(loop, self._read_timeout), self.host, self.port, ssl=self._ssl
+                ),
+                self._connect_timeout,
+            )
+        except TimeoutError:
+            raise UpstreamConnectError(
+                f"connecting to {self.host}:{self.port} timed out after {self._connect_timeout:g} s"
+            ) from None
         except OSError as exc:
-            raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: "
-                                       f"{exc.strerror or exc}") from None
+            raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
         self._open.add(conn)
         return conn
 
@@ -431,7 +445,7 @@ class UpstreamPool:
 
     def _discard(self, conn: _Connection) -> None:
         self._open.discard(conn)
-        if conn.transport is not None and not conn.closed:
+        if not conn.closed:
             conn.transport.close()
         conn.closed = True
 

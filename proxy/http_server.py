@@ -33,13 +33,14 @@ import logging
 import resource
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Awaitable, Callable, Iterable
+from typing import cast
 
 import httptools
 
-from proxy.settings import LimitsSettings
+from kvgate.proxy.settings import LimitsSettings
 
 log = logging.getLogger("kvgate.http")
 
@@ -62,8 +63,16 @@ class HttpRequest:
 
     __slots__ = ("method", "path", "query", "version", "raw_headers", "headers", "body", "keep_alive")
 
-    def __init__(self, method: str, path: str, query: str, version: str, raw_headers: list[Header],
-                 headers: dict[str, str], keep_alive: bool) -> None:
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        version: str,
+        raw_headers: list[Header],
+        headers: dict[str, str],
+        keep_alive: bool,
+    ) -> None:
         self.method = method
         self.path = path
         self.query = query
@@ -93,8 +102,15 @@ _date = _DateCache()
 
 
 def response_head(status: int, headers: Iterable[Header], reason: bytes | None = None) -> list[bytes]:
-    parts = [b"HTTP/1.1 ", str(status).encode(), b" ", reason or _REASONS.get(status, b"Unknown"),
-             b"\r\nDate: ", _date.get(), b"\r\n"]
+    parts = [
+        b"HTTP/1.1 ",
+        str(status).encode(),
+        b" ",
+        reason or _REASONS.get(status, b"Unknown"),
+        b"\r\nDate: ",
+        _date.get(),
+        b"\r\n",
+    ]
     for name, value in headers:
         parts += (name, b": ", value, b"\r\n")
     return parts
@@ -105,7 +121,7 @@ class Responder:
 
     __slots__ = ("_protocol", "_keep_alive", "_chunked", "started", "finished", "status")
 
-    def __init__(self, protocol: "FrontProtocol", keep_alive: bool, chunked_ok: bool) -> None:
+    def __init__(self, protocol: FrontProtocol, keep_alive: bool, chunked_ok: bool) -> None:
         self._protocol = protocol
         self._keep_alive = keep_alive
         self._chunked = chunked_ok
@@ -113,8 +129,9 @@ class Responder:
         self.finished = False
         self.status = 0
 
-    def send(self, status: int, body: bytes, headers: Iterable[Header] = (), reason: bytes | None = None,
-             close: bool = False) -> None:
+    def send(
+        self, status: int, body: bytes, headers: Iterable[Header] = (), reason: bytes | None = None, close: bool = False
+    ) -> None:
         """A whole response in one write."""
         if self.started:
             raise RuntimeError("response already started")
@@ -123,12 +140,21 @@ class Responder:
         if close:
             self._keep_alive = False
         parts = response_head(status, headers, reason)
-        parts += (b"Content-Length: ", str(len(body)).encode(),
-                  b"\r\n\r\n" if self._keep_alive else b"\r\nConnection: close\r\n\r\n", body)
+        parts += (
+            b"Content-Length: ",
+            str(len(body)).encode(),
+            b"\r\n\r\n" if self._keep_alive else b"\r\nConnection: close\r\n\r\n",
+            body,
+        )
         self._protocol.write(b"".join(parts))
 
-    async def start(self, status: int, headers: Iterable[Header] = (), reason: bytes | None = None,
-                    content_length: int | None = None) -> None:
+    async def start(
+        self,
+        status: int,
+        headers: Iterable[Header] = (),
+        reason: bytes | None = None,
+        content_length: int | None = None,
+    ) -> None:
         """Send the head of a streamed response: chunked, or exactly `content_length`
         bytes written with `write` when that is given."""
         if self.started:
@@ -138,11 +164,17 @@ class Responder:
         parts = response_head(status, headers, reason)
         if content_length is not None:
             self._chunked = False
-            parts += (b"Content-Length: ", str(content_length).encode(),
-                      b"\r\n\r\n" if self._keep_alive else b"\r\nConnection: close\r\n\r\n")
+            parts += (
+                b"Content-Length: ",
+                str(content_length).encode(),
+                b"\r\n\r\n" if self._keep_alive else b"\r\nConnection: close\r\n\r\n",
+            )
         elif self._chunked:
-            parts.append(b"Transfer-Encoding: chunked\r\n\r\n" if self._keep_alive
-                         else b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+            parts.append(
+                b"Transfer-Encoding: chunked\r\n\r\n"
+                if self._keep_alive
+                else b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            )
         else:
             self._keep_alive = False
             parts.append(b"Connection: close\r\n\r\n")
@@ -185,8 +217,9 @@ class _Refusal(Exception):
 
 def body_too_large(size: int | None, limit: int) -> _Refusal:
     what = f"request body of {size} bytes" if size is not None else "request body"
-    return _Refusal(413, f"{what} exceeds limits.max_body_bytes ({limit}); send a smaller body or raise "
-                    "the limit", "body_too_large")
+    return _Refusal(
+        413, f"{what} exceeds limits.max_body_bytes ({limit}); send a smaller body or raise the limit", "body_too_large"
+    )
 
 
 class FrontProtocol(asyncio.Protocol):
@@ -211,12 +244,13 @@ class FrontProtocol(asyncio.Protocol):
     timeout applies while the client's socket buffer stays full).
     """
 
-    def __init__(self, handler: Handler, limits: LimitsSettings, server: "FrontServer") -> None:
+    def __init__(self, handler: Handler, limits: LimitsSettings, server: FrontServer) -> None:
         self._handler = handler
         self._limits = limits
         self._server = server
         self._loop = asyncio.get_event_loop()
-        self._transport: asyncio.Transport | None = None
+        # Set by connection_made, which asyncio runs before any other callback.
+        self._transport: asyncio.Transport
         self._parser = httptools.HttpRequestParser(self)
         self._max_head = limits.max_head_bytes
         self._max_headers = limits.max_headers
@@ -248,8 +282,10 @@ class FrontProtocol(asyncio.Protocol):
 
     # ---- transport events ------------------------------------------------------------
 
-    def connection_made(self, transport) -> None:
-        self._transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream server's transport (uvloop's has asyncio.Transport's methods without
+        # subclassing it).
+        self._transport = cast(asyncio.Transport, transport)
         self._server.connections.add(self)
         self.deadline = time.monotonic() + self._limits.header_timeout_sec
 
@@ -318,8 +354,10 @@ class FrontProtocol(asyncio.Protocol):
     def _backlogged(self) -> bool:
         """A client pipelining without limit waits: too many requests, or too many body
         bytes, are parsed and waiting behind the one being answered."""
-        return (len(self._queue) >= MAX_PIPELINED
-                or self._queued_bytes > self._limits.max_head_bytes + self._limits.max_body_bytes)
+        return (
+            len(self._queue) >= MAX_PIPELINED
+            or self._queued_bytes > self._limits.max_head_bytes + self._limits.max_body_bytes
+        )
 
     # ---- llhttp callbacks -------------------------------------------------------------
 
@@ -336,8 +374,7 @@ class FrontProtocol(asyncio.Protocol):
         self.deadline = time.monotonic() + self._limits.header_timeout_sec
 
     def _head_too_large(self) -> _Refusal:
-        return _Refusal(431, f"request head exceeds limits.max_head_bytes ({self._max_head} bytes)",
-                        "head_too_large")
+        return _Refusal(431, f"request head exceeds limits.max_head_bytes ({self._max_head} bytes)", "head_too_large")
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -351,15 +388,20 @@ class FrontProtocol(asyncio.Protocol):
             raise self._head_too_large()
         raw_headers = self._raw_headers
         if len(raw_headers) >= self._max_headers:
-            raise _Refusal(431, f"request has more than limits.max_headers ({self._max_headers}) headers",
-                           "too_many_headers")
+            raise _Refusal(
+                431, f"request has more than limits.max_headers ({self._max_headers}) headers", "too_many_headers"
+            )
         value = value.rstrip(b" \t")
         key = name.decode("latin-1").lower()
         if len(key) in _FRAMING_NAME_LENGTHS:
             if key == "transfer-encoding":
                 if self._chunked or value.lower() != b"chunked":
-                    raise _Refusal(400, f"Transfer-Encoding {value[:40]!r} is not supported; send the body with "
-                                   "Content-Length or as 'Transfer-Encoding: chunked' alone", "bad_framing")
+                    raise _Refusal(
+                        400,
+                        f"Transfer-Encoding {value[:40]!r} is not supported; send the body with "
+                        "Content-Length or as 'Transfer-Encoding: chunked' alone",
+                        "bad_framing",
+                    )
                 self._chunked = True
             elif key == "content-length":
                 self._content_length = int(value)  # llhttp checked: digits only, one header
@@ -386,8 +428,15 @@ class FrontProtocol(asyncio.Protocol):
         path, _, query = target.partition("?")
         if "#" in query:
             query = query.partition("#")[0]
-        self._request = HttpRequest(parser.get_method().decode("latin-1"), path, query, "HTTP/" + version,
-                                    self._raw_headers, self._headers, parser.should_keep_alive())
+        self._request = HttpRequest(
+            parser.get_method().decode("latin-1"),
+            path,
+            query,
+            "HTTP/" + version,
+            self._raw_headers,
+            self._headers,
+            parser.should_keep_alive(),
+        )
         self._body_parts = []
         self._body_size = 0
         self.phase = "body"
@@ -405,6 +454,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         request = self._request
+        assert request is not None  # llhttp calls on_headers_complete, which builds it, first
         self._request = None
         parts = self._body_parts
         if parts:
@@ -452,13 +502,17 @@ class FrontProtocol(asyncio.Protocol):
         sends is discarded for LINGER_SEC, so a client busy uploading a body reads the
         error instead of a connection reset.
         """
-        from proxy.errors import error_json  # the error shape is the proxy's, kept in one place
+        from kvgate.proxy.errors import error_json  # the error shape is the proxy's, kept in one place
+
         self.phase = "closing"
         if self._closed:
             return
         responder = Responder(self, keep_alive=False, chunked_ok=True)
-        responder.send(refusal.status, error_json(refusal.status, refusal.message, refusal.code),
-                       [(b"Content-Type", b"application/json")])
+        responder.send(
+            refusal.status,
+            error_json(refusal.status, refusal.message, refusal.code),
+            [(b"Content-Type", b"application/json")],
+        )
         transport = self._transport
         if self._reading_paused:
             self._reading_paused = False
@@ -502,9 +556,14 @@ class FrontProtocol(asyncio.Protocol):
         except Exception:
             log.exception("unhandled error answering %s %s", request.method, request.path)
             if not responder.started and not self._closed:
-                from proxy.errors import error_json
-                responder.send(500, error_json(500, "kvgate failed on this request; see its log", "internal_error"),
-                               [(b"Content-Type", b"application/json")], close=True)
+                from kvgate.proxy.errors import error_json
+
+                responder.send(
+                    500,
+                    error_json(500, "kvgate failed on this request; see its log", "internal_error"),
+                    [(b"Content-Type", b"application/json")],
+                    close=True,
+                )
             else:
                 responder._keep_alive = False
         finally:
@@ -535,11 +594,17 @@ class FrontProtocol(asyncio.Protocol):
 
 
 def too_many_connections_response(limit: int) -> bytes:
-    from proxy.errors import error_json
-    body = error_json(503, f"kvgate serves at most limits.max_connections ({limit}) client connections; "
-                      "retry later", "too_many_connections")
-    return b"".join(response_head(503, [(b"Content-Type", b"application/json"), (b"Retry-After", b"1")]) +
-                    [b"Content-Length: ", str(len(body)).encode(), b"\r\nConnection: close\r\n\r\n", body])
+    from kvgate.proxy.errors import error_json
+
+    body = error_json(
+        503,
+        f"kvgate serves at most limits.max_connections ({limit}) client connections; retry later",
+        "too_many_connections",
+    )
+    return b"".join(
+        response_head(503, [(b"Content-Type", b"application/json"), (b"Retry-After", b"1")])
+        + [b"Content-Length: ", str(len(body)).encode(), b"\r\nConnection: close\r\n\r\n", body]
+    )
 
 
 MAX_LINGERING_REFUSALS = 64
@@ -553,7 +618,7 @@ class _Refused(asyncio.Protocol):
     beyond that, refused connections close at once, so that a flood of them cannot
     take the descriptors kept for upstream connections and health checks."""
 
-    def __init__(self, answer: bytes, server: "FrontServer") -> None:
+    def __init__(self, answer: bytes, server: FrontServer) -> None:
         self._answer = answer
         self._server = server
         self._lingering = False
@@ -627,8 +692,9 @@ class FrontServer:
     async def _sweep(self) -> None:
         """Enforce the timeouts: one pass over the connections, a few times per shortest timeout."""
         limits = self._limits
-        shortest = min(limits.header_timeout_sec, limits.body_timeout_sec, limits.keepalive_timeout_sec,
-                       limits.write_timeout_sec)
+        shortest = min(
+            limits.header_timeout_sec, limits.body_timeout_sec, limits.keepalive_timeout_sec, limits.write_timeout_sec
+        )
         interval = min(1.0, max(0.02, shortest / 4))
         while True:
             await asyncio.sleep(interval)
@@ -642,8 +708,7 @@ class FrontServer:
             self._sweeper = None
         if self._server is not None:
             self._server.close()
-            for conn in list(self.connections):
-                if conn._transport is not None:
-                    conn._transport.close()
+            for conn in list(self.connections):  # added by connection_made: each has its transport
+                conn._transport.close()
             await self._server.wait_closed()
             self._server = None

@@ -7,8 +7,8 @@ import json
 import urllib.error
 import urllib.request
 
-from proxy.settings import Settings
-from proxy.topology import replica_findings
+from kvgate.proxy.settings import Settings
+from kvgate.proxy.topology import replica_findings
 
 TIMEOUT_SEC = 3.0
 
@@ -36,9 +36,15 @@ def contact_replicas(settings: Settings) -> tuple[list[str], list[str]]:
             owner = json.loads(owner_raw) if owner_status == 200 else None
         except ValueError:
             owner = None
-        found = replica_findings(settings, index, replica.name, reachable=metrics_status is not None,
-                                 is_kvgate=b"kvgate_requests_total" in metrics, owner_status=owner_status,
-                                 owner=owner if isinstance(owner, dict) else None)
+        found = replica_findings(
+            settings,
+            index,
+            replica.name,
+            reachable=metrics_status is not None,
+            is_kvgate=b"kvgate_requests_total" in metrics,
+            owner_status=owner_status,
+            owner=owner if isinstance(owner, dict) else None,
+        )
         problems += found[0]
         notes += found[1]
     return problems, notes

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import orjson
 
-from proxy.errors import RequestRejected
+from kvgate.proxy.errors import RequestRejected
 
 
 def parse_json_object(raw: bytes) -> dict:
@@ -19,11 +19,13 @@ def parse_json_object(raw: bytes) -> dict:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise RequestRejected(400, f"request body is not valid JSON ({exc}); send a JSON object",
-                              "invalid_json") from None
+        raise RequestRejected(
+            400, f"request body is not valid JSON ({exc}); send a JSON object", "invalid_json"
+        ) from None
     if not isinstance(body, dict):
-        raise RequestRejected(400, f"request body must be a JSON object, got a JSON {type(body).__name__}",
-                              "invalid_body")
+        raise RequestRejected(
+            400, f"request body must be a JSON object, got a JSON {type(body).__name__}", "invalid_body"
+        )
     return body
 
 
@@ -34,8 +36,7 @@ def stream_flag(body: dict) -> bool:
         return False
     if value is True or value is False:
         return value
-    raise RequestRejected(400, f"field 'stream' must be a boolean, got {type(value).__name__}",
-                          "invalid_type")
+    raise RequestRejected(400, f"field 'stream' must be a boolean, got {type(value).__name__}", "invalid_type")
 
 
 def with_member(raw: bytes, body: dict, name: str, value: str) -> bytes:

@@ -29,10 +29,11 @@ from __future__ import annotations
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from proxy.errors import RequestRejected
+from kvgate.proxy.errors import RequestRejected
 
 
 @dataclass(slots=True)
@@ -69,8 +70,12 @@ def _optional_str(body: dict, key: str) -> str | None:
     return value or None
 
 
-def plan_turn(body: dict, resolved_session: str | None, lookup: Callable[[str], ChainLink | None],
-              new_id: Callable[[], str] = lambda: f"resp_{uuid.uuid4().hex}") -> TurnPlan:
+def plan_turn(
+    body: dict,
+    resolved_session: str | None,
+    lookup: Callable[[str], ChainLink | None],
+    new_id: Callable[[], str] = lambda: f"resp_{uuid.uuid4().hex}",
+) -> TurnPlan:
     """The plan of one `/v1/responses` turn (see the module doc); 400 for wrong types."""
     previous_id = _optional_str(body, "previous_response_id")
     request_id = _optional_str(body, "request_id")
@@ -88,8 +93,9 @@ def plan_turn(body: dict, resolved_session: str | None, lookup: Callable[[str], 
 class ResponseChains:
     """Response id -> ChainLink, bounded and expiring (module doc). Not thread-safe: one event loop."""
 
-    def __init__(self, max_links: int = 100_000, idle_ttl_sec: float = 3600.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, max_links: int = 100_000, idle_ttl_sec: float = 3600.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if max_links < 1:
             raise ValueError("max_links must be >= 1")
         self._links: OrderedDict[str, ChainLink] = OrderedDict()

@@ -20,10 +20,6 @@ ROUTES = (
     RouteSpec("GET", "/v1/models", "models", False),
 )
 
-# `[^/]*` rather than aiohttp's default `[^{}/]+`, so `/sess//v1/...` reaches the
-# handler and gets a 400 that names the problem instead of a bare 404.
-SESSION_PREFIX = "/sess/{session_id:[^/]*}"
-
 # Kinds that are turns of a session (counted for kvgate_turn_seconds).
 TURN_KINDS = frozenset({"chat", "completion", "messages", "responses"})
 # Kinds whose vLLM body accepts vLLM's own `session_id` field.

@@ -10,9 +10,10 @@ import asyncio
 import logging
 import signal
 
-from proxy.app import create_app
-from proxy.metrics import KvgateMetrics
-from proxy.settings import ReplicaSettings, Settings
+from kvgate.balancer.settings import ReplicaSettings
+from kvgate.proxy.app import create_app
+from kvgate.proxy.metrics import KvgateMetrics
+from kvgate.proxy.settings import Settings
 
 log = logging.getLogger("kvgate")
 
@@ -20,13 +21,19 @@ log = logging.getLogger("kvgate")
 async def start_replicas(settings: Settings) -> tuple[tuple[ReplicaSettings, ...], list]:
     """The replicas to serve, and the simulated ones started for them (to stop later)."""
     if settings.replicas:
-        log.info("serving %d configured replicas: %s", len(settings.replicas),
-                 ", ".join(f"{r.name}={r.url}" for r in settings.replicas))
+        log.info(
+            "serving %d configured replicas: %s",
+            len(settings.replicas),
+            ", ".join(f"{r.name}={r.url}" for r in settings.replicas),
+        )
         return settings.replicas, []
-    log.info("no replicas configured: starting %d simulated replicas in-process "
-             "(simulator.replica_server); set `replicas` in the config to serve vLLM",
-             settings.simulated_replicas)
-    from simulator.replica_server import start_simulated_replicas
+    log.info(
+        "no replicas configured: starting %d simulated replicas in-process "
+        "(simulator.replica_server); set `replicas` in the config to serve vLLM",
+        settings.simulated_replicas,
+    )
+    from kvgate.simulator.replica_server import start_simulated_replicas
+
     sims = await start_simulated_replicas(settings.simulated_replicas, host="127.0.0.1")
     log.info("simulated replicas up: %s", ", ".join(f"{s.name}={s.url}" for s in sims))
     return tuple(ReplicaSettings(s.name, s.url) for s in sims), sims

@@ -13,21 +13,19 @@ the device and account parts are the same for every session of a user, so only
 Code sends `user_<hash>_account_<uuid>_session_<uuid>`, unique per session).
 
 Long ids: an id longer than MAX_SESSION_ID_BYTES (UTF-8) is replaced by its SHA-256
-hex digest for routing, gating and the `session_id` forwarded upstream. Hashing
-rather than rejecting keeps clients working whose ids embed long tokens, and keeps
-memory per session bounded; the digest is stable, so stickiness is unaffected.
+hex digest for routing, gating and the `session_id` forwarded upstream: the rule is
+the gate's `gate.session_key.session_key`, applied here once per request.
 """
 
 from __future__ import annotations
 
-from hashlib import sha256
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import orjson
 
-from proxy.errors import RequestRejected
-
-MAX_SESSION_ID_BYTES = 512
+from kvgate.gate.session_key import session_key
+from kvgate.proxy.errors import RequestRejected
 
 
 def split_body_fields(fields: Sequence[str]) -> tuple[tuple[str, ...], ...]:
@@ -36,21 +34,19 @@ def split_body_fields(fields: Sequence[str]) -> tuple[tuple[str, ...], ...]:
 
 
 def bounded_session_id(raw: str) -> str:
-    """The id used internally: itself, or its sha256 hex when longer than the limit.
-    An id that is not UTF-8 text (a header's bytes decoded with surrogateescape) is a 400."""
-    if raw.isascii():  # fast path: one byte per character
-        return raw if len(raw) <= MAX_SESSION_ID_BYTES else sha256(raw.encode()).hexdigest()
+    """The id used internally: `session_key(raw)` (itself, or its sha256 hex when longer
+    than the limit). An id that is not UTF-8 text (a header's bytes decoded with
+    surrogateescape) is a 400."""
     try:
-        encoded = raw.encode("utf-8")
+        return session_key(raw)
     except UnicodeEncodeError:
         raise RequestRejected(400, "session id is not valid UTF-8; send UTF-8 text", "invalid_session_id") from None
-    if len(encoded) <= MAX_SESSION_ID_BYTES:
-        return raw
-    return sha256(encoded).hexdigest()
 
 
-def _body_value(body: dict, path: tuple[str, ...]):
-    node = body
+def _body_value(body: dict, path: tuple[str, ...]) -> Any:
+    """The value at `path` (a dotted body field, split), or None where any level is missing
+    or is not an object."""
+    node: Any = body
     for key in path[:-1]:
         node = node.get(key)
         if not isinstance(node, dict):
@@ -79,20 +75,29 @@ def session_id_from_body(body: dict, fields: tuple[tuple[str, ...], ...]) -> str
         if value is None:
             continue
         if not isinstance(value, str):
-            raise RequestRejected(400, f"field '{'.'.join(path)}' must be a string session id, got "
-                                  f"{type(value).__name__}", "invalid_type")
+            raise RequestRejected(
+                400, f"field '{'.'.join(path)}' must be a string session id, got {type(value).__name__}", "invalid_type"
+            )
         if value:
             return embedded_session_id(value)
     return None
 
 
-def resolve_session_id(path_id: str | None, headers: Mapping[str, str], header_name: str,
-                       body: dict | None, fields: tuple[tuple[str, ...], ...]) -> str | None:
+def resolve_session_id(
+    path_id: str | None,
+    headers: Mapping[str, str],
+    header_name: str,
+    body: dict | None,
+    fields: tuple[tuple[str, ...], ...],
+) -> str | None:
     """The session id of a request (bounded, see module doc), or None for anonymous."""
     if path_id is not None:
         if not path_id:
-            raise RequestRejected(400, "empty session id in the /sess/{session_id}/ path; put the id "
-                                  "between /sess/ and /v1", "invalid_session_id")
+            raise RequestRejected(
+                400,
+                "empty session id in the /sess/{session_id}/ path; put the id between /sess/ and /v1",
+                "invalid_session_id",
+            )
         return bounded_session_id(path_id)
     value = headers.get(header_name)
     if value:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
-from proxy.response_chains import ResponseChains
+from kvgate.proxy.response_chains import ResponseChains
 
 
 class SessionEntry:
@@ -31,8 +31,9 @@ class SessionEntry:
 
 
 class SessionTracker:
-    def __init__(self, max_sessions: int = 100_000, idle_ttl_sec: float = 3600.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, max_sessions: int = 100_000, idle_ttl_sec: float = 3600.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if max_sessions < 1:
             raise ValueError("max_sessions must be >= 1")
         self._entries: OrderedDict[str, SessionEntry] = OrderedDict()

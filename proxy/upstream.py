@@ -10,18 +10,41 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.http_client import UpstreamConnectError, UpstreamError, UpstreamPool
-from proxy.settings import UpstreamSettings
+from kvgate.proxy.http_client import UpstreamConnectError, UpstreamError, UpstreamPool
+from kvgate.proxy.settings import UpstreamSettings
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the proxy recomputes.
-_REQUEST_DROP = frozenset({
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
-    b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length", b"expect",
-})
-_RESPONSE_DROP = frozenset({
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
-    b"trailers", b"transfer-encoding", b"upgrade", b"content-length", b"date",
-})
+_REQUEST_DROP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+        b"expect",
+    }
+)
+_RESPONSE_DROP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+        b"content-length",
+        b"date",
+    }
+)
 
 # The request never reached the replica: safe to send it elsewhere.
 CONNECT_ERRORS = (UpstreamConnectError,)
@@ -32,7 +55,7 @@ EXCHANGE_ERRORS = (UpstreamError, OSError)
 def connection_named(headers) -> frozenset[bytes]:
     """The lower-case header names listed in Connection headers (RFC 9110 7.6.1):
     hop-by-hop by declaration, so never relayed."""
-    names = frozenset()
+    names: frozenset[bytes] = frozenset()
     for name, value in headers:
         if len(name) == 10 and name.lower() == b"connection":
             names |= {token.strip().lower() for token in value.split(b",")}
@@ -72,7 +95,8 @@ class UpstreamClients:
         pool = self._pools.get(replica)
         if pool is None:
             pool = self._pools[replica] = UpstreamPool(
-                replica.url, self._settings.connect_timeout_sec, self._settings.read_timeout_sec)
+                replica.url, self._settings.connect_timeout_sec, self._settings.read_timeout_sec
+            )
         return pool
 
     def retire(self, replica) -> None:

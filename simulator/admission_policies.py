@@ -6,7 +6,7 @@ checked the sequence slot; the policies only price KV blocks:
 | policy              | admits when |
 |---------------------|-------------|
 | `naive`             | one new block is free (vLLM's own behaviour: allocate the first chunk and hope) |
-| `reserve`           | all of the request's uncached blocks fit in the free blocks not already owed to running requests |
+| `reserve`           | the request's uncached blocks fit in the free blocks not owed to running requests |
 | `reserve_watermark` | the same, keeping a headroom of `headroom_fraction` of the cache (12.5%) for decode growth |
 
 "Owed" (obligations) = blocks running requests still need to finish computing the
@@ -17,8 +17,8 @@ count the same free blocks.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 DEFAULT_HEADROOM_FRACTION = 0.125
 

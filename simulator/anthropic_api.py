@@ -9,16 +9,20 @@ conversation therefore keeps its earlier rendering as an exact token prefix.
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
-from simulator.openai_api import ApiError, GenerationParams, _optional
-from simulator.tokenizer import TemplateError, render_chat
+from kvgate.simulator.openai_api import ApiError, GenerationParams, _optional
+from kvgate.simulator.tokenizer import TemplateError, render_chat
 
 STOP_REASONS = {"length": "max_tokens"}
 
 
 def anthropic_error_body(error: ApiError) -> dict:
-    kind = "invalid_request_error" if error.status == 400 else "overloaded_error" if error.status == 503 else "api_error"
+    kind = (
+        "invalid_request_error" if error.status == 400 else "overloaded_error" if error.status == 503 else "api_error"
+    )
     return {"type": "error", "error": {"type": kind, "message": error.message}}
 
 
@@ -65,8 +69,15 @@ def parse_messages(body, served_model: str, max_model_len: int) -> GenerationPar
     return GenerationParams("messages", model, prompt_ids, max_tokens, stream, True, None)
 
 
-def message_response(message_id: str, model: str, text: str, finish_reason: str,
-                     prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict:
+def message_response(
+    message_id: str,
+    model: str,
+    text: str,
+    finish_reason: str,
+    prompt_tokens: int,
+    output_tokens: int,
+    cached_tokens: int,
+) -> dict:
     return {
         "id": message_id,
         "type": "message",
@@ -75,7 +86,11 @@ def message_response(message_id: str, model: str, text: str, finish_reason: str,
         "content": [{"type": "text", "text": text}],
         "stop_reason": STOP_REASONS.get(finish_reason, "end_turn"),
         "stop_sequence": None,
-        "usage": {"input_tokens": prompt_tokens, "output_tokens": output_tokens, "cache_read_input_tokens": cached_tokens},
+        "usage": {
+            "input_tokens": prompt_tokens,
+            "output_tokens": output_tokens,
+            "cache_read_input_tokens": cached_tokens,
+        },
     }
 
 
@@ -84,27 +99,42 @@ def event(name: str, data: dict) -> bytes:
 
 
 def stream_opening(message_id: str, model: str, prompt_tokens: int) -> list[bytes]:
-    message = {
-        "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
-        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+    message: dict[str, Any] = {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
     }
     return [
         event("message_start", {"type": "message_start", "message": message}),
-        event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        event(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        ),
     ]
 
 
 def stream_delta(text: str) -> bytes:
-    return event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}})
+    return event(
+        "content_block_delta",
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
+    )
 
 
 def stream_closing(finish_reason: str, output_tokens: int, cached_tokens: int) -> list[bytes]:
     return [
         event("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        event("message_delta", {
-            "type": "message_delta",
-            "delta": {"stop_reason": STOP_REASONS.get(finish_reason, "end_turn"), "stop_sequence": None},
-            "usage": {"output_tokens": output_tokens, "cache_read_input_tokens": cached_tokens},
-        }),
+        event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": STOP_REASONS.get(finish_reason, "end_turn"), "stop_sequence": None},
+                "usage": {"output_tokens": output_tokens, "cache_read_input_tokens": cached_tokens},
+            },
+        ),
         event("message_stop", {"type": "message_stop"}),
     ]

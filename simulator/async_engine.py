@@ -15,13 +15,13 @@ import asyncio
 import itertools
 import logging
 
-from simulator.admission_policies import AdmissionPolicy, naive
-from simulator.config import CostModel, EngineConfig
-from simulator.kv_cache_manager import PrefixProbe
-from simulator.request import RequestStatus, SimRequest, compute_block_hashes
-from simulator.scheduler import Scheduler
-from simulator.step_meter import StepMeter
-from simulator.tokenizer import output_token
+from kvgate.simulator.admission_policies import AdmissionPolicy, naive
+from kvgate.simulator.config import CostModel, EngineConfig
+from kvgate.simulator.kv_cache_manager import PrefixProbe
+from kvgate.simulator.request import RequestStatus, SimRequest, compute_block_hashes
+from kvgate.simulator.scheduler import Scheduler
+from kvgate.simulator.step_meter import StepMeter
+from kvgate.simulator.tokenizer import output_token
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,13 @@ class RequestHandle:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def final_reason(self) -> str:
+        """Why the request finished ("length", "abort"): read only once it has."""
+        reason = self.finish_reason
+        assert reason is not None, "the request has not finished"
+        return reason
 
 
 def _next_token(request: SimRequest) -> int:

@@ -12,7 +12,7 @@ Invariants (as in vllm/v1/core/block_pool.py):
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class KVCacheBlock:
@@ -30,7 +30,11 @@ class KVCacheBlock:
 
 
 class FreeKVCacheBlockQueue:
-    """Doubly linked list of free blocks with sentinels: O(1) popleft, remove, append."""
+    """Doubly linked list of free blocks with sentinels: O(1) popleft, remove, append.
+
+    Every queued block, and each sentinel on its inner side, has both neighbours set;
+    a block out of the queue has neither.
+    """
 
     def __init__(self, blocks: list[KVCacheBlock]) -> None:
         self._head = KVCacheBlock(-1)
@@ -43,6 +47,7 @@ class FreeKVCacheBlockQueue:
 
     def popleft(self) -> KVCacheBlock:
         block = self._head.next_free
+        assert block is not None  # the head sentinel always has a next: a block or the tail
         if block is self._tail:
             raise ValueError("no free blocks")
         self.remove(block)
@@ -50,6 +55,7 @@ class FreeKVCacheBlockQueue:
 
     def remove(self, block: KVCacheBlock) -> None:
         prev, nxt = block.prev_free, block.next_free
+        assert prev is not None and nxt is not None, f"{block} is not in the free queue"
         prev.next_free = nxt
         nxt.prev_free = prev
         block.prev_free = block.next_free = None
@@ -57,6 +63,7 @@ class FreeKVCacheBlockQueue:
 
     def append(self, block: KVCacheBlock) -> None:
         last = self._tail.prev_free
+        assert last is not None  # the tail sentinel always has a previous: a block or the head
         last.next_free = block
         block.prev_free = last
         block.next_free = self._tail
@@ -68,6 +75,7 @@ class FreeKVCacheBlockQueue:
         ids = []
         block = self._head.next_free
         while block is not self._tail:
+            assert block is not None  # the chain from the head ends at the tail
             ids.append(block.block_id)
             block = block.next_free
         return ids

@@ -7,15 +7,29 @@ import asyncio
 import signal
 import sys
 
-from simulator.config import ConfigError, CostModel, EngineConfig
+from kvgate.simulator.config import ConfigError, CostModel, EngineConfig
 
 
 def _add_engine_options(parser: argparse.ArgumentParser, defaults: EngineConfig) -> None:
-    parser.add_argument("--num-blocks", type=int, default=defaults.num_blocks, help=f"usable KV cache blocks (default {defaults.num_blocks})")
-    parser.add_argument("--block-size", type=int, default=defaults.block_size, help=f"tokens per block (default {defaults.block_size})")
-    parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs, help=f"sequence slots per step (default {defaults.max_num_seqs})")
     parser.add_argument(
-        "--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens,
+        "--num-blocks",
+        type=int,
+        default=defaults.num_blocks,
+        help=f"usable KV cache blocks (default {defaults.num_blocks})",
+    )
+    parser.add_argument(
+        "--block-size", type=int, default=defaults.block_size, help=f"tokens per block (default {defaults.block_size})"
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=defaults.max_num_seqs,
+        help=f"sequence slots per step (default {defaults.max_num_seqs})",
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=defaults.max_num_batched_tokens,
         help=f"token budget per step (default {defaults.max_num_batched_tokens})",
     )
 
@@ -36,17 +50,41 @@ def _add_replica_command(subparsers) -> None:
     parser.add_argument("--model-name", default="kvgate-sim", help="served model name (default kvgate-sim)")
     _add_engine_options(parser, defaults)
     parser.add_argument(
-        "--max-model-len", type=int, default=None,
+        "--max-model-len",
+        type=int,
+        default=None,
         help="longest prompt + output in tokens; longer requests get a 400 (default: the whole cache)",
     )
     parser.add_argument(
-        "--time-scale", type=float, default=1.0,
+        "--time-scale",
+        type=float,
+        default=1.0,
         help="multiplies the cost model's step times; 0 = as fast as possible (default 1.0)",
     )
-    parser.add_argument("--step-overhead-s", type=float, default=costs.step_overhead_s, help=f"cost model: fixed seconds per step (default {costs.step_overhead_s})")
-    parser.add_argument("--prefill-token-s", type=float, default=costs.prefill_token_s, help=f"cost model: seconds per prompt token computed (default {costs.prefill_token_s})")
-    parser.add_argument("--decode-seq-s", type=float, default=costs.decode_seq_s, help=f"cost model: seconds per decoding sequence (default {costs.decode_seq_s})")
-    parser.add_argument("--context-token-s", type=float, default=costs.context_token_s, help=f"cost model: seconds per context token read by attention (default {costs.context_token_s})")
+    parser.add_argument(
+        "--step-overhead-s",
+        type=float,
+        default=costs.step_overhead_s,
+        help=f"cost model: fixed seconds per step (default {costs.step_overhead_s})",
+    )
+    parser.add_argument(
+        "--prefill-token-s",
+        type=float,
+        default=costs.prefill_token_s,
+        help=f"cost model: seconds per prompt token computed (default {costs.prefill_token_s})",
+    )
+    parser.add_argument(
+        "--decode-seq-s",
+        type=float,
+        default=costs.decode_seq_s,
+        help=f"cost model: seconds per decoding sequence (default {costs.decode_seq_s})",
+    )
+    parser.add_argument(
+        "--context-token-s",
+        type=float,
+        default=costs.context_token_s,
+        help=f"cost model: seconds per context token read by attention (default {costs.context_token_s})",
+    )
     parser.set_defaults(func=run_replica)
 
 
@@ -59,7 +97,9 @@ def run_replica(args: argparse.Namespace) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=args.max_model_len,
         ).validate()
-        cost_model = CostModel(args.step_overhead_s, args.prefill_token_s, args.decode_seq_s, args.context_token_s).validate()
+        cost_model = CostModel(
+            args.step_overhead_s, args.prefill_token_s, args.decode_seq_s, args.context_token_s
+        ).validate()
         if args.time_scale < 0:
             raise ConfigError(f"time_scale must be >= 0 (got {args.time_scale})")
         if not 0 <= args.port <= 65535:
@@ -71,16 +111,24 @@ def run_replica(args: argparse.Namespace) -> int:
 
 
 async def _serve_replica(args: argparse.Namespace, config: EngineConfig, cost_model: CostModel) -> int:
-    from simulator.replica_server import SimulatedReplica
+    from kvgate.simulator.replica_server import SimulatedReplica
 
     try:
         replica = await SimulatedReplica.start(
-            args.name, args.host, args.port, time_scale=args.time_scale, cost_model=cost_model,
-            model_name=args.model_name, **vars_of(config),
+            args.name,
+            args.host,
+            args.port,
+            time_scale=args.time_scale,
+            cost_model=cost_model,
+            model_name=args.model_name,
+            **vars_of(config),
         )
     except OSError as error:
-        print(f"kvgate replica: error: cannot bind {args.host}:{args.port}: {error.strerror or error}; "
-              "choose another --port (0 picks a free one)", file=sys.stderr)
+        print(
+            f"kvgate replica: error: cannot bind {args.host}:{args.port}: {error.strerror or error}; "
+            "choose another --port (0 picks a free one)",
+            file=sys.stderr,
+        )
         return 1
     print(
         f"kvgate replica {args.name}: simulated vLLM serving '{args.model_name}' on {replica.url} "
@@ -111,7 +159,7 @@ def vars_of(config: EngineConfig) -> dict:
 
 
 def add_commands(subparsers) -> None:
-    from simulator.experiment_cli import add_sim_command
+    from kvgate.simulator.experiment_cli import add_sim_command
 
     _add_replica_command(subparsers)
     add_sim_command(subparsers)

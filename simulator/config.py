@@ -39,12 +39,14 @@ class EngineConfig:
     def effective_max_model_len(self) -> int:
         return self.cache_tokens if self.max_model_len is None else self.max_model_len
 
-    def validate(self) -> "EngineConfig":
+    def validate(self) -> EngineConfig:
         """Return self, or raise ConfigError naming the first bad parameter."""
         if self.block_size < 1:
             raise ConfigError(f"block_size must be >= 1 (got {self.block_size})")
         if self.num_blocks < 1:
-            raise ConfigError(f"num_blocks must be >= 1: the cache must hold at least one block (got {self.num_blocks})")
+            raise ConfigError(
+                f"num_blocks must be >= 1: the cache must hold at least one block (got {self.num_blocks})"
+            )
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1 (got {self.max_num_seqs})")
         if self.max_num_batched_tokens < 1:
@@ -80,7 +82,7 @@ class CostModel:
     decode_seq_s: float = 0.00005
     context_token_s: float = 0.00000004
 
-    def validate(self) -> "CostModel":
+    def validate(self) -> CostModel:
         for name in ("step_overhead_s", "prefill_token_s", "decode_seq_s", "context_token_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"cost model {name} must be >= 0 (got {getattr(self, name)})")

@@ -17,17 +17,26 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from simulator.admission_policies import POLICY_NAMES, headroom_blocks, make_policy
-from simulator.config import ConfigError, EngineConfig
-from simulator.request import SimRequest
-from simulator.scheduler import Scheduler, SchedulerCounters
-from simulator.workload import WorkloadParams, WorkloadRequest, generate_workload
+from kvgate.simulator.admission_policies import POLICY_NAMES, headroom_blocks, make_policy
+from kvgate.simulator.config import ConfigError, EngineConfig
+from kvgate.simulator.percentiles import percentile
+from kvgate.simulator.request import SimRequest
+from kvgate.simulator.scheduler import Scheduler, SchedulerCounters
+from kvgate.simulator.workload import WorkloadParams, WorkloadRequest, generate_workload
 
 DEFAULT_ENGINE = EngineConfig(num_blocks=1024, block_size=16, max_num_seqs=64, max_num_batched_tokens=512)
 PROMPT_BUCKETS = ((0, 512, "<512"), (512, 2048, "512-2047"), (2048, math.inf, ">=2048"))
 TIMELINE_COLUMNS = (
-    "step", "waiting", "running", "free_blocks", "used_blocks", "obligation_tokens",
-    "admitted", "preemptions", "recomputed_tokens", "scheduled_tokens",
+    "step",
+    "waiting",
+    "running",
+    "free_blocks",
+    "used_blocks",
+    "obligation_tokens",
+    "admitted",
+    "preemptions",
+    "recomputed_tokens",
+    "scheduled_tokens",
 )
 
 
@@ -38,7 +47,7 @@ class ExperimentConfig:
     headroom_fraction: float = 0.125
     seed: int = 0
 
-    def validate(self) -> "ExperimentConfig":
+    def validate(self) -> ExperimentConfig:
         self.engine.validate()
         self.workload.validate()
         if not 0 <= self.headroom_fraction < 1:
@@ -75,7 +84,9 @@ def _output_token(request: SimRequest) -> int:
     return 1
 
 
-def run_policy(config: ExperimentConfig, workload: list[WorkloadRequest], policy: str, shadow: bool = False) -> PolicyRun:
+def run_policy(
+    config: ExperimentConfig, workload: list[WorkloadRequest], policy: str, shadow: bool = False
+) -> PolicyRun:
     engine = config.engine
     shadow_policy = make_policy("reserve_watermark", config.headroom_fraction) if shadow else None
     scheduler = Scheduler(engine, make_policy(policy, config.headroom_fraction), shadow_policy)
@@ -89,8 +100,13 @@ def run_policy(config: ExperimentConfig, workload: list[WorkloadRequest], policy
         while pending and pending[0].arrival_step <= step:
             item = pending.popleft()
             base = (item.index + 1) << 24  # distinct token ids per request
-            request = SimRequest(str(item.index), list(range(base, base + item.prompt_len)), item.output_len,
-                                 engine.block_size, arrival=item.arrival_step)
+            request = SimRequest(
+                str(item.index),
+                list(range(base, base + item.prompt_len)),
+                item.output_len,
+                engine.block_size,
+                arrival=item.arrival_step,
+            )
             if scheduler.add_request(request):
                 by_id[request.request_id] = item
             else:
@@ -99,10 +115,19 @@ def run_policy(config: ExperimentConfig, workload: list[WorkloadRequest], policy
         finished = scheduler.update_from_output(output, _output_token)
         for request in finished:
             item = by_id.pop(request.request_id)
-            run.records.append(RequestRecord(
-                item.index, item.kind, item.prompt_len, item.arrival_step,
-                request.first_token_step, request.finish_step, request.num_preemptions,
-            ))
+            # a finished request has produced its first token and finished
+            assert request.first_token_step is not None and request.finish_step is not None
+            run.records.append(
+                RequestRecord(
+                    item.index,
+                    item.kind,
+                    item.prompt_len,
+                    item.arrival_step,
+                    request.first_token_step,
+                    request.finish_step,
+                    request.num_preemptions,
+                )
+            )
         free = scheduler.num_free_blocks
         num_seqs = len(output.scheduled)
         if num_seqs:
@@ -111,22 +136,23 @@ def run_policy(config: ExperimentConfig, workload: list[WorkloadRequest], policy
             run.scheduled_tokens += output.num_scheduled_tokens
         if free < headroom:
             run.watermark_violations += 1
-        timeline.append((
-            step, len(scheduler.waiting), len(scheduler.running), free, engine.num_blocks - free,
-            scheduler.obligation_tokens(), len(output.admitted), len(output.preempted),
-            output.num_recomputed_tokens, output.num_scheduled_tokens,
-        ))
+        timeline.append(
+            (
+                step,
+                len(scheduler.waiting),
+                len(scheduler.running),
+                free,
+                engine.num_blocks - free,
+                scheduler.obligation_tokens(),
+                len(output.admitted),
+                len(output.preempted),
+                output.num_recomputed_tokens,
+                output.num_scheduled_tokens,
+            )
+        )
         step += 1
     run.counters = scheduler.counters
     return run
-
-
-def percentile(sorted_values: list[int], pct: float) -> int | None:
-    """Nearest-rank percentile of an ascending list (None when empty)."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(pct / 100 * len(sorted_values)))
-    return sorted_values[rank - 1]
 
 
 def _latency_summary(records: list[RequestRecord]) -> dict:
@@ -143,6 +169,7 @@ def _latency_summary(records: list[RequestRecord]) -> dict:
 
 def summarize(run: PolicyRun, config: ExperimentConfig, num_requests: int) -> dict:
     counters = run.counters
+    assert counters is not None, "summarize() takes a run that run_policy() finished"
     engine = config.engine
     completed = len(run.records)
     num_steps = len(run.timeline)
@@ -157,13 +184,19 @@ def summarize(run: PolicyRun, config: ExperimentConfig, num_requests: int) -> di
         "preemptions": counters.num_preemptions,
         "preempted_requests": sum(1 for r in run.records if r.num_preemptions),
         "recomputed_tokens": counters.num_recomputed_tokens,
-        "recomputed_tokens_per_completed_request": round(counters.num_recomputed_tokens / completed, 4) if completed else 0.0,
+        "recomputed_tokens_per_completed_request": round(counters.num_recomputed_tokens / completed, 4)
+        if completed
+        else 0.0,
         "computed_prefill_tokens": counters.num_computed_prefill_tokens,
         **_latency_summary(run.records),
         "by_prompt_length": by_bucket,
         "throughput_requests_per_step": round(completed / num_steps, 6) if num_steps else 0.0,
-        "sequence_slot_utilisation": round(run.scheduled_seqs / (run.busy_steps * engine.max_num_seqs), 4) if run.busy_steps else 0.0,
-        "token_budget_utilisation": round(run.scheduled_tokens / (run.busy_steps * engine.max_num_batched_tokens), 4) if run.busy_steps else 0.0,
+        "sequence_slot_utilisation": round(run.scheduled_seqs / (run.busy_steps * engine.max_num_seqs), 4)
+        if run.busy_steps
+        else 0.0,
+        "token_budget_utilisation": round(run.scheduled_tokens / (run.busy_steps * engine.max_num_batched_tokens), 4)
+        if run.busy_steps
+        else 0.0,
         "watermark_violation_steps": run.watermark_violations,
     }
     del summary["count"]
@@ -178,7 +211,9 @@ def summarize(run: PolicyRun, config: ExperimentConfig, num_requests: int) -> di
     return summary
 
 
-def run_experiment(config: ExperimentConfig, policies: tuple[str, ...] = POLICY_NAMES, shadow: bool = False) -> tuple[dict, dict[str, PolicyRun]]:
+def run_experiment(
+    config: ExperimentConfig, policies: tuple[str, ...] = POLICY_NAMES, shadow: bool = False
+) -> tuple[dict, dict[str, PolicyRun]]:
     """Run every policy on the same workload. Returns (metrics.json content, runs by policy).
 
     `shadow` attaches the reserve_watermark shadow to the naive run (which must be selected).

@@ -7,11 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from simulator.admission_policies import POLICY_NAMES
-from simulator.config import ConfigError, EngineConfig
-from simulator.experiment import DEFAULT_ENGINE, ExperimentConfig, run_experiment
-from simulator.experiment_report import format_table, write_metrics, write_plots, write_timeline
-from simulator.workload import WorkloadParams
+from kvgate.simulator.admission_policies import POLICY_NAMES
+from kvgate.simulator.config import ConfigError, EngineConfig
+from kvgate.simulator.experiment import DEFAULT_ENGINE, ExperimentConfig, run_experiment
+from kvgate.simulator.experiment_report import format_table, write_metrics, write_plots, write_timeline
+from kvgate.simulator.workload import WorkloadParams
 
 WORKLOAD_OPTIONS = (
     ("num_requests", int, "requests in the workload"),
@@ -40,20 +40,53 @@ def add_sim_command(subparsers) -> None:
     )
     parser.add_argument("--policy", choices=(*POLICY_NAMES, "all"), default="all", help="policy to run (default all)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    parser.add_argument("--out", type=Path, default=Path("results/sim_admission"), help="output folder (default results/sim_admission)")
-    parser.add_argument("--shadow", action="store_true",
-                        help="while naive schedules, also compute what reserve_watermark would admit and report disagreements")
+    parser.add_argument(
+        "--out", type=Path, default=Path("results/sim_admission"), help="output folder (default results/sim_admission)"
+    )
+    parser.add_argument(
+        "--shadow",
+        action="store_true",
+        help="while naive schedules, also compute what reserve_watermark would admit and report disagreements",
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    parser.add_argument("--num-blocks", type=int, default=DEFAULT_ENGINE.num_blocks, help=f"KV cache blocks (default {DEFAULT_ENGINE.num_blocks})")
-    parser.add_argument("--block-size", type=int, default=DEFAULT_ENGINE.block_size, help=f"tokens per block (default {DEFAULT_ENGINE.block_size})")
-    parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_ENGINE.max_num_seqs, help=f"sequence slots (default {DEFAULT_ENGINE.max_num_seqs})")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_ENGINE.max_num_batched_tokens,
-                        help=f"token budget per step (default {DEFAULT_ENGINE.max_num_batched_tokens})")
-    parser.add_argument("--headroom-fraction", type=float, default=0.125, help="reserve_watermark headroom, fraction of the cache (default 0.125)")
+    parser.add_argument(
+        "--num-blocks",
+        type=int,
+        default=DEFAULT_ENGINE.num_blocks,
+        help=f"KV cache blocks (default {DEFAULT_ENGINE.num_blocks})",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_ENGINE.block_size,
+        help=f"tokens per block (default {DEFAULT_ENGINE.block_size})",
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=DEFAULT_ENGINE.max_num_seqs,
+        help=f"sequence slots (default {DEFAULT_ENGINE.max_num_seqs})",
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=DEFAULT_ENGINE.max_num_batched_tokens,
+        help=f"token budget per step (default {DEFAULT_ENGINE.max_num_batched_tokens})",
+    )
+    parser.add_argument(
+        "--headroom-fraction",
+        type=float,
+        default=0.125,
+        help="reserve_watermark headroom, fraction of the cache (default 0.125)",
+    )
     defaults = WorkloadParams()
     for name, kind, help_text in WORKLOAD_OPTIONS:
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(defaults, name),
-                            help=f"{help_text} (default {getattr(defaults, name)})")
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind,
+            default=getattr(defaults, name),
+            help=f"{help_text} (default {getattr(defaults, name)})",
+        )
     parser.set_defaults(func=run_admission)
 
 
@@ -62,7 +95,9 @@ def run_admission(args: argparse.Namespace) -> int:
     try:
         config = ExperimentConfig(
             engine=EngineConfig(
-                num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+                num_blocks=args.num_blocks,
+                block_size=args.block_size,
+                max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
             ),
             workload=WorkloadParams(**{name: getattr(args, name) for name, _, _ in WORKLOAD_OPTIONS}),
@@ -81,10 +116,12 @@ def run_admission(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     written = [write_metrics(out, metrics)] + [write_timeline(out, run) for run in runs.values()]
     print(format_table(metrics))
-    print(f"\n{metrics['workload']['num_requests']} requests, seed {config.seed}, "
-          f"{config.engine.num_blocks} blocks x {config.engine.block_size} tokens, "
-          f"{config.engine.max_num_seqs} seqs, budget {config.engine.max_num_batched_tokens} tokens/step; "
-          f"simulated in {elapsed:.1f} s")
+    print(
+        f"\n{metrics['workload']['num_requests']} requests, seed {config.seed}, "
+        f"{config.engine.num_blocks} blocks x {config.engine.block_size} tokens, "
+        f"{config.engine.max_num_seqs} seqs, budget {config.engine.max_num_batched_tokens} tokens/step; "
+        f"simulated in {elapsed:.1f} s"
+    )
     if not args.no_plots:
         plots = write_plots(out, runs, config.engine.num_blocks)
         if isinstance(plots, str):

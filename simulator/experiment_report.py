@@ -11,7 +11,7 @@ from pathlib import Path
 
 import orjson
 
-from simulator.experiment import TIMELINE_COLUMNS, PolicyRun
+from kvgate.simulator.experiment import TIMELINE_COLUMNS, PolicyRun
 
 
 def write_metrics(out_dir: Path, metrics: dict) -> Path:
@@ -59,14 +59,18 @@ def format_table(metrics: dict) -> str:
                 row.append(str(summary[key]))
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.rjust(width) if i else cell.ljust(width) for i, (cell, width) in enumerate(zip(row, widths))) for row in rows]
+    lines = [
+        "  ".join(cell.rjust(width) if i else cell.ljust(width) for i, (cell, width) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
     lines.insert(1, "  ".join("-" * width for width in widths))
     for policy, summary in metrics["policies"].items():
         shadow = summary.get("shadow")
         if shadow:
             lines.append(
                 f"shadow: while {policy} scheduled, {shadow['shadow_policy']} disagreed on "
-                f"{shadow['disagreements']} of {shadow['decisions']} admission decisions ({shadow['disagreement_rate']:.1%})"
+                f"{shadow['disagreements']} of {shadow['decisions']} admission decisions "
+                f"({shadow['disagreement_rate']:.1%})"
             )
     return "\n".join(lines)
 

@@ -8,14 +8,12 @@ top of the block pool, prefix-cache lookups, and the counters vLLM exposes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from simulator.block_pool import BlockPool, KVCacheBlock
-from simulator.request import SimRequest
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+from kvgate.gate.blocks import cdiv
+from kvgate.simulator.block_pool import BlockPool, KVCacheBlock
+from kvgate.simulator.request import SimRequest
 
 
 @dataclass
@@ -108,7 +106,7 @@ class KVCacheManager:
         self,
         request: SimRequest,
         num_new_tokens: int,
-        new_computed_blocks: list[KVCacheBlock] = (),
+        new_computed_blocks: Sequence[KVCacheBlock] = (),
         num_new_computed_tokens: int = 0,
     ) -> list[KVCacheBlock] | None:
         """Blocks for `num_new_tokens` more tokens after the computed ones, or None if they don't fit."""
@@ -118,7 +116,7 @@ class KVCacheManager:
         req_blocks = self.req_to_blocks.get(rid)
         if req_blocks is None:
             req_blocks = self.req_to_blocks[rid] = []
-        num_new_blocks = -(-total // self.block_size) - len(req_blocks) - len(new_computed_blocks)
+        num_new_blocks = cdiv(total, self.block_size) - len(req_blocks) - len(new_computed_blocks)
         if num_new_blocks <= 0 and not new_computed_blocks:
             # Fast path (most decode steps): no block to allocate, maybe one to cache.
             if total // self.block_size > self.num_cached_blocks.get(rid, 0):

@@ -8,8 +8,9 @@ build the exact JSON objects vLLM returns.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from simulator.tokenizer import TemplateError, render_chat, render_completion_prompt
+from kvgate.simulator.tokenizer import TemplateError, render_chat, render_completion_prompt
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -103,7 +104,7 @@ def parse_generation(kind: str, body, served_model: str, max_model_len: int) -> 
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
-    body = {
+    body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
@@ -132,7 +133,9 @@ def chat_response(request_id: str, created: int, model: str, text: str, finish_r
     }
 
 
-def completion_response(request_id: str, created: int, model: str, text: str, finish_reason: str, usage_body: dict) -> dict:
+def completion_response(
+    request_id: str, created: int, model: str, text: str, finish_reason: str, usage_body: dict
+) -> dict:
     return {
         "id": request_id,
         "object": "text_completion",

@@ -8,8 +8,8 @@ Rendered from an engine snapshot; a pure function of its inputs.
 
 from __future__ import annotations
 
-from simulator.scheduler import SchedulerCounters
-from simulator.kv_cache_manager import PrefixCacheStats
+from kvgate.simulator.kv_cache_manager import PrefixCacheStats
+from kvgate.simulator.scheduler import SchedulerCounters
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -46,7 +46,9 @@ def render_metrics(
     gauge("vllm:num_requests_running", "Number of requests in model execution batches.", kv_state["num_running"])
     gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", kv_state["num_waiting"])
     gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv_state["kv_cache_usage"])
-    counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", prefix_stats.queries)
+    counter(
+        "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", prefix_stats.queries
+    )
     counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", prefix_stats.hits)
     counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", counters.num_preemptions)
     counter("vllm:prompt_tokens", "Number of prefill tokens processed.", counters.num_prompt_tokens)
@@ -55,31 +57,63 @@ def render_metrics(
         "vllm:request_success",
         "counter",
         "Count of successfully processed requests.",
-        [("vllm:request_success_total", _labels({"engine": "0", "finished_reason": "length", "model_name": model_name}), counters.num_finished)],
+        [
+            (
+                "vllm:request_success_total",
+                _labels({"engine": "0", "finished_reason": "length", "model_name": model_name}),
+                counters.num_finished,
+            )
+        ],
     )
     family(
         "vllm:cache_config_info",
         "gauge",
         "Information of the LLMEngine CacheConfig",
-        [(
-            "vllm:cache_config_info",
-            _labels({
-                "block_size": str(block_size),
-                "enable_prefix_caching": "True",
-                "engine": "0",
-                "num_gpu_blocks": str(num_blocks + 1),  # vLLM counts its reserved null block
-            }),
-            1.0,
-        )],
+        [
+            (
+                "vllm:cache_config_info",
+                _labels(
+                    {
+                        "block_size": str(block_size),
+                        "enable_prefix_caching": "True",
+                        "engine": "0",
+                        "num_gpu_blocks": str(num_blocks + 1),  # vLLM counts its reserved null block
+                    }
+                ),
+                1.0,
+            )
+        ],
     )
-    counter("kvgate_sim:recomputed_tokens", "Tokens computed again after their request was preempted.", counters.num_recomputed_tokens)
-    counter("kvgate_sim:computed_prefill_tokens", "Prompt tokens actually computed (misses and recomputation).", counters.num_computed_prefill_tokens)
-    counter("kvgate_sim:preemptions", "Running requests preempted (blocks freed, state reset).", counters.num_preemptions)
+    counter(
+        "kvgate_sim:recomputed_tokens",
+        "Tokens computed again after their request was preempted.",
+        counters.num_recomputed_tokens,
+    )
+    counter(
+        "kvgate_sim:computed_prefill_tokens",
+        "Prompt tokens actually computed (misses and recomputation).",
+        counters.num_computed_prefill_tokens,
+    )
+    counter(
+        "kvgate_sim:preemptions", "Running requests preempted (blocks freed, state reset).", counters.num_preemptions
+    )
     counter("kvgate_sim:evictions", "Cached blocks evicted to be reused.", num_evictions)
-    counter("kvgate_sim:preempted_prefix_cache_queries", "Prefix cache queries of requests resuming after preemption, in tokens.", prefix_stats.preempted_queries)
-    counter("kvgate_sim:preempted_prefix_cache_hits", "Prefix cache hits of requests resuming after preemption, in tokens.", prefix_stats.preempted_hits)
+    counter(
+        "kvgate_sim:preempted_prefix_cache_queries",
+        "Prefix cache queries of requests resuming after preemption, in tokens.",
+        prefix_stats.preempted_queries,
+    )
+    counter(
+        "kvgate_sim:preempted_prefix_cache_hits",
+        "Prefix cache hits of requests resuming after preemption, in tokens.",
+        prefix_stats.preempted_hits,
+    )
     counter("kvgate_sim:aborted_requests", "Requests aborted (client disconnected).", counters.num_aborted)
     counter("kvgate_sim:steps", "Engine steps run.", counters.num_steps)
     gauge("kvgate_sim:num_free_blocks", "Free blocks (including evictable cached blocks).", kv_state["num_free_blocks"])
-    gauge("kvgate_sim:num_cached_blocks", "Blocks holding prefix-cache content (in use or evictable).", kv_state["num_cached_blocks"])
+    gauge(
+        "kvgate_sim:num_cached_blocks",
+        "Blocks holding prefix-cache content (in use or evictable).",
+        kv_state["num_cached_blocks"],
+    )
     return "\n".join(lines) + "\n"

@@ -26,11 +26,10 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from kvgate_vllm.owner_record import OWNER_PATH, OwnerBook, OwnerClaimError
-from simulator import anthropic_api, responses_api
-from simulator.async_engine import AsyncEngine, RequestHandle
-from simulator.config import CostModel, EngineConfig
-from simulator.openai_api import (
+from kvgate.simulator import anthropic_api, responses_api
+from kvgate.simulator.async_engine import AsyncEngine, RequestHandle
+from kvgate.simulator.config import CostModel, EngineConfig
+from kvgate.simulator.openai_api import (
     ApiError,
     GenerationParams,
     chat_chunk,
@@ -43,8 +42,9 @@ from simulator.openai_api import (
     usage,
     usage_chunk,
 )
-from simulator.replica_metrics import CONTENT_TYPE, render_metrics
-from simulator.tokenizer import VOCAB_SIZE, decode_token
+from kvgate.simulator.replica_metrics import CONTENT_TYPE, render_metrics
+from kvgate.simulator.tokenizer import VOCAB_SIZE, decode_token
+from kvgate.vllm_plugin.owner_record import OWNER_PATH, OwnerBook, OwnerClaimError
 
 DEFAULT_MODEL_NAME = "kvgate-sim"
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -127,11 +127,19 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
             return _error_for(kind, ABORTED)
         sim_request = handle.request
         text = _text(sim_request.output_token_ids)
-        prompt, output, cached = sim_request.num_prompt_tokens, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens
+        prompt, output, cached = (
+            sim_request.num_prompt_tokens,
+            sim_request.num_output_tokens,
+            sim_request.num_cached_prompt_tokens,
+        )
         if kind == "messages":
-            return _json(anthropic_api.message_response(request_id, params.model, text, handle.finish_reason, prompt, output, cached))
+            return _json(
+                anthropic_api.message_response(
+                    request_id, params.model, text, handle.final_reason, prompt, output, cached
+                )
+            )
         build = chat_response if kind == "chat" else completion_response
-        return _json(build(request_id, created, params.model, text, handle.finish_reason, usage(prompt, output, cached)))
+        return _json(build(request_id, created, params.model, text, handle.final_reason, usage(prompt, output, cached)))
     finally:
         if not handle.finished:
             engine.abort(handle.request.request_id)
@@ -149,7 +157,9 @@ def _opening_events(params: GenerationParams, request_id: str, created: int) -> 
     return []
 
 
-def _delta_events(params: GenerationParams, request_id: str, created: int, text: str, finish_reason: str | None) -> list[bytes]:
+def _delta_events(
+    params: GenerationParams, request_id: str, created: int, text: str, finish_reason: str | None
+) -> list[bytes]:
     if params.kind == "messages":
         return [anthropic_api.stream_delta(text)] if text else []
     if params.kind == "chat":
@@ -164,10 +174,14 @@ def _closing_events(params: GenerationParams, request_id: str, created: int, han
             return [anthropic_api.event("error", anthropic_api.anthropic_error_body(ABORTED))]
         return [_sse(ABORTED.body()), b"data: [DONE]\n\n"]
     if params.kind == "messages":
-        return anthropic_api.stream_closing(handle.finish_reason, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens)
+        return anthropic_api.stream_closing(
+            handle.final_reason, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens
+        )
     events = []
     if params.include_usage:
-        usage_body = usage(sim_request.num_prompt_tokens, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens)
+        usage_body = usage(
+            sim_request.num_prompt_tokens, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens
+        )
         events.append(_sse(usage_chunk(request_id, created, params.model, params.kind, usage_body)))
     events.append(b"data: [DONE]\n\n")
     return events
@@ -220,8 +234,9 @@ async def responses(request: web.Request) -> web.StreamResponse:
     store = request.app[RESPONSES_KEY]
     try:
         body = await _read_json(request)
-        params = responses_api.parse_responses(body, request.app[INFO_KEY].model_name,
-                                               engine.config.effective_max_model_len, store)
+        params = responses_api.parse_responses(
+            body, request.app[INFO_KEY].model_name, engine.config.effective_max_model_len, store
+        )
         generation = params.generation
         handle = engine.add_request(generation.prompt_token_ids, generation.max_tokens, generation.cache_salt)
     except ApiError as error:
@@ -242,18 +257,20 @@ async def responses(request: web.Request) -> web.StreamResponse:
         if generation.stream:
             return stream
         sim_request = handle.request
-        usage_body = responses_api.response_usage(sim_request.num_prompt_tokens, sim_request.num_output_tokens,
-                                                  sim_request.num_cached_prompt_tokens)
+        usage_body = responses_api.response_usage(
+            sim_request.num_prompt_tokens, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens
+        )
         item = responses_api.output_message(f"msg_{uuid.uuid4().hex}", text, "completed")
-        status = responses_api.final_status(handle.finish_reason)
+        status = responses_api.final_status(handle.final_reason)
         return _json(responses_api.response_object(params, created, status, [item], usage_body))
     finally:
         if not handle.finished:
             engine.abort(handle.request.request_id)
 
 
-async def _stream_response(request: web.Request, params, handle: RequestHandle,
-                           created: int) -> tuple[web.StreamResponse, str]:
+async def _stream_response(
+    request: web.Request, params, handle: RequestHandle, created: int
+) -> tuple[web.StreamResponse, str]:
     """Relay a response's events as tokens are generated; returns the response and the text."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
@@ -274,9 +291,10 @@ async def _stream_response(request: web.Request, params, handle: RequestHandle,
     if handle.finish_reason == "abort":
         closing = events.failed(ABORTED)
     else:
-        usage_body = responses_api.response_usage(sim_request.num_prompt_tokens, sim_request.num_output_tokens,
-                                                  sim_request.num_cached_prompt_tokens)
-        closing = events.closing(handle.finish_reason, usage_body)
+        usage_body = responses_api.response_usage(
+            sim_request.num_prompt_tokens, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens
+        )
+        closing = events.closing(handle.final_reason, usage_body)
     for chunk in closing:
         await response.write(chunk)
     await response.write_eof()
@@ -344,7 +362,8 @@ def parse_prefix_probe(body, store: responses_api.ResponseStore | None = None) -
         return anthropic_api.render_messages(body["messages"])
     if forms[0] == "responses":
         ids, _messages, salt = responses_api.render_responses(
-            body["responses"], store if store is not None else responses_api.ResponseStore())
+            body["responses"], store if store is not None else responses_api.ResponseStore()
+        )
         return ids, salt
     return render_prompt(forms[0], body[forms[0]])
 
@@ -355,16 +374,18 @@ async def probe_prefix(request: web.Request) -> web.Response:
     except ApiError as error:
         return _error(error)
     probe = request.app[ENGINE_KEY].probe_prefix(token_ids, cache_salt)
-    return _json({
-        "version": 1,
-        "total_tokens": probe.total_tokens,
-        "total_blocks": probe.total_blocks,
-        "hit_blocks": probe.hit_blocks,
-        "hit_tokens": probe.hit_tokens,
-        "hit_ratio": round(probe.hit_ratio, 6),
-        "hit_blocks_in_use": probe.hit_blocks_in_use,
-        "hit_blocks_evictable": probe.hit_blocks_evictable,
-    })
+    return _json(
+        {
+            "version": 1,
+            "total_tokens": probe.total_tokens,
+            "total_blocks": probe.total_blocks,
+            "hit_blocks": probe.hit_blocks,
+            "hit_tokens": probe.hit_tokens,
+            "hit_ratio": round(probe.hit_ratio, 6),
+            "hit_blocks_in_use": probe.hit_blocks_in_use,
+            "hit_blocks_evictable": probe.hit_blocks_evictable,
+        }
+    )
 
 
 # -- owner record (conflict detection: kvgate_vllm/owner_record.py) ---------------------------
@@ -447,14 +468,14 @@ class SimulatedReplica:
         self.name = name
         self.url = url
         self.app = app
-        self._runner = runner
+        self._runner: web.AppRunner | None = runner  # None once stopped
 
     @property
     def engine(self) -> AsyncEngine:
         return self.app[ENGINE_KEY]
 
     @classmethod
-    async def start(cls, name: str = "sim0", host: str = "127.0.0.1", port: int = 0, **options) -> "SimulatedReplica":
+    async def start(cls, name: str = "sim0", host: str = "127.0.0.1", port: int = 0, **options) -> SimulatedReplica:
         config, app_options = split_options(options)
         app = build_replica_app(config, **app_options)
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

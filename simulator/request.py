@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 NONE_HASH = 0x6B76676174650001  # parent of the first block ("kvgate" + 1)
 
@@ -39,7 +39,11 @@ def compute_block_hashes(
     """
     hashes = []
     extra = salt_key(cache_salt)
-    parent_hash = NONE_HASH if start == 0 else parent
+    if start == 0:
+        parent_hash = NONE_HASH
+    else:
+        assert parent is not None, "compute_block_hashes: `parent` is required when start > 0"
+        parent_hash = parent
     for index in range(start, len(token_ids) // block_size):
         block = token_ids[index * block_size : (index + 1) * block_size]
         parent_hash = hash_block_tokens(parent_hash, block, extra if index == 0 else None)
@@ -69,10 +73,25 @@ class SimRequest:
     """
 
     __slots__ = (
-        "request_id", "prompt_token_ids", "all_token_ids", "output_token_ids", "max_tokens",
-        "cache_salt", "block_size", "block_hashes", "_extra_key", "num_computed_tokens",
-        "max_computed_tokens", "status", "arrival", "num_preemptions", "first_token_step",
-        "finish_step", "admitted_step", "num_cached_prompt_tokens", "prefix_stats_recorded",
+        "request_id",
+        "prompt_token_ids",
+        "all_token_ids",
+        "output_token_ids",
+        "max_tokens",
+        "cache_salt",
+        "block_size",
+        "block_hashes",
+        "_extra_key",
+        "num_computed_tokens",
+        "max_computed_tokens",
+        "status",
+        "arrival",
+        "num_preemptions",
+        "first_token_step",
+        "finish_step",
+        "admitted_step",
+        "num_cached_prompt_tokens",
+        "prefix_stats_recorded",
     )
 
     def __init__(

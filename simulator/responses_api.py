@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from simulator.openai_api import DEFAULT_MAX_TOKENS, ApiError, GenerationParams, _optional
-from simulator.tokenizer import TemplateError, render_chat
+from kvgate.simulator.openai_api import DEFAULT_MAX_TOKENS, ApiError, GenerationParams, _optional
+from kvgate.simulator.tokenizer import TemplateError, render_chat
 
 STORE_MAX_RESPONSES = 10_000
 
@@ -112,8 +112,11 @@ def input_messages(items) -> list[dict]:
                 raise ApiError(f"{where}.role must be user, assistant, system or developer", param="input")
             messages.append({"role": role, "content": _text_of(item.get("content"), where)})
         elif kind == "function_call":
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
+            call = {
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+            }
             previous = messages[-1] if messages else None
             if previous is not None and previous["role"] == "assistant" and "tool_calls" in previous:
                 previous["tool_calls"].append(call)
@@ -121,8 +124,13 @@ def input_messages(items) -> list[dict]:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                             "content": output if isinstance(output, str) else _text_of(output, where)})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id"),
+                    "content": output if isinstance(output, str) else _text_of(output, where),
+                }
+            )
         elif kind == "reasoning":
             continue
         else:
@@ -158,8 +166,12 @@ def chat_tools(body: dict) -> list[dict] | None:
     converted = []
     for tool in tools:
         if isinstance(tool, dict) and tool.get("type") == "function":
-            converted.append({"type": "function", "function": {
-                key: tool[key] for key in ("name", "description", "parameters") if key in tool}})
+            converted.append(
+                {
+                    "type": "function",
+                    "function": {key: tool[key] for key in ("name", "description", "parameters") if key in tool},
+                }
+            )
     return converted or None
 
 
@@ -188,16 +200,29 @@ def parse_responses(body, served_model: str, max_model_len: int, store: Response
     max_tokens = _optional(body, "max_output_tokens", (int,), "an integer")
     prompt_len = len(prompt_ids)
     if prompt_len >= max_model_len:
-        raise ApiError(f"The engine prompt length {prompt_len} exceeds the max_model_len {max_model_len}. "
-                       "Please reduce prompt.", param="input")
+        raise ApiError(
+            f"The engine prompt length {prompt_len} exceeds the max_model_len {max_model_len}. Please reduce prompt.",
+            param="input",
+        )
     if max_tokens is None:
         max_tokens = min(DEFAULT_MAX_TOKENS, max_model_len - prompt_len)
     elif max_tokens < 1:
         raise ApiError(f"'max_output_tokens' must be at least 1, got {max_tokens}", param="max_output_tokens")
     else:
         max_tokens = min(max_tokens, max_model_len - prompt_len)
-    echo = {key: body.get(key) for key in ("instructions", "metadata", "previous_response_id", "temperature",
-                                            "top_p", "tool_choice", "tools", "max_output_tokens")}
+    echo = {
+        key: body.get(key)
+        for key in (
+            "instructions",
+            "metadata",
+            "previous_response_id",
+            "temperature",
+            "top_p",
+            "tool_choice",
+            "tools",
+            "max_output_tokens",
+        )
+    }
     generation = GenerationParams("responses", model, prompt_ids, max_tokens, stream, True, cache_salt)
     return ResponsesParams(generation, response_id, tuple(messages), keep is not False, echo)
 
@@ -215,13 +240,18 @@ def output_message(item_id: str, text: str, status: str) -> dict:
 
 
 def response_usage(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict:
-    return {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": cached_tokens},
-            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": prompt_tokens + output_tokens}
+    return {
+        "input_tokens": prompt_tokens,
+        "input_tokens_details": {"cached_tokens": cached_tokens},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt_tokens + output_tokens,
+    }
 
 
-def response_object(params: ResponsesParams, created: int, status: str, output: list[dict],
-                    usage_body: dict | None) -> dict:
+def response_object(
+    params: ResponsesParams, created: int, status: str, output: list[dict], usage_body: dict | None
+) -> dict:
     """The `response` object vLLM returns (and embeds in the stream's lifecycle events).
 
     vLLM reports `incomplete` (reason max_output_tokens) when generation stopped at the
@@ -288,8 +318,10 @@ class ResponseStream:
 
     def opening(self) -> list[bytes]:
         initial = response_object(self.params, self.created, "in_progress", [], None)
-        return [self._event("response.created", response=initial),
-                self._event("response.in_progress", response=initial)]
+        return [
+            self._event("response.created", response=initial),
+            self._event("response.in_progress", response=initial),
+        ]
 
     def delta(self, text: str) -> list[bytes]:
         if not text:
@@ -297,13 +329,31 @@ class ResponseStream:
         events = []
         if not self._opened:
             self._opened = True
-            events.append(self._event("response.output_item.added", output_index=0,
-                                      item=output_message(self.item_id, "", "in_progress")))
-            events.append(self._event("response.content_part.added", item_id=self.item_id, output_index=0,
-                                      content_index=0, part=output_part("")))
+            events.append(
+                self._event(
+                    "response.output_item.added", output_index=0, item=output_message(self.item_id, "", "in_progress")
+                )
+            )
+            events.append(
+                self._event(
+                    "response.content_part.added",
+                    item_id=self.item_id,
+                    output_index=0,
+                    content_index=0,
+                    part=output_part(""),
+                )
+            )
         self.text_parts.append(text)
-        events.append(self._event("response.output_text.delta", item_id=self.item_id, output_index=0,
-                                  content_index=0, delta=text, logprobs=[]))
+        events.append(
+            self._event(
+                "response.output_text.delta",
+                item_id=self.item_id,
+                output_index=0,
+                content_index=0,
+                delta=text,
+                logprobs=[],
+            )
+        )
         return events
 
     def closing(self, finish_reason: str, usage_body: dict) -> list[bytes]:
@@ -313,10 +363,25 @@ class ResponseStream:
         if self._opened:
             item = output_message(self.item_id, text, "completed")
             output.append(item)
-            events.append(self._event("response.output_text.done", item_id=self.item_id, output_index=0,
-                                      content_index=0, text=text, logprobs=[]))
-            events.append(self._event("response.content_part.done", item_id=self.item_id, output_index=0,
-                                      content_index=0, part=output_part(text)))
+            events.append(
+                self._event(
+                    "response.output_text.done",
+                    item_id=self.item_id,
+                    output_index=0,
+                    content_index=0,
+                    text=text,
+                    logprobs=[],
+                )
+            )
+            events.append(
+                self._event(
+                    "response.content_part.done",
+                    item_id=self.item_id,
+                    output_index=0,
+                    content_index=0,
+                    part=output_part(text),
+                )
+            )
             events.append(self._event("response.output_item.done", output_index=0, item=item))
         final = response_object(self.params, self.created, final_status(finish_reason), output, usage_body)
         events.append(self._event("response.completed", response=final))

@@ -18,13 +18,14 @@ async engine behind the simulated replica). It does no I/O and reads no clock.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
-from simulator.admission_policies import AdmissionPolicy, AdmissionView, naive
-from simulator.config import EngineConfig
-from simulator.kv_cache_manager import KVCacheManager, cdiv
-from simulator.request import RequestStatus, SimRequest
+from kvgate.gate.blocks import cdiv
+from kvgate.simulator.admission_policies import AdmissionPolicy, AdmissionView, naive
+from kvgate.simulator.config import EngineConfig
+from kvgate.simulator.kv_cache_manager import KVCacheManager
+from kvgate.simulator.request import RequestStatus, SimRequest
 
 
 @dataclass

@@ -54,5 +54,8 @@ class StepMeter:
     def reading(self) -> dict:
         """The probe API's optional fields (None: not measured yet)."""
         share = self._prefill_time / self._busy_time if self._busy_time > 0 else None
-        return {"prefill_tokens_per_sec": self.prefill_tokens_per_sec, "decode_step_sec": self.decode_step_sec,
-                "prefill_share": share}
+        return {
+            "prefill_tokens_per_sec": self.prefill_tokens_per_sec,
+            "decode_step_sec": self.decode_step_sec,
+            "prefill_share": share,
+        }

@@ -28,16 +28,52 @@ PAD, BOS, EOS, END = 0, 1, 2, 3
 ROLE_TOKENS = {"system": 4, "user": 5, "assistant": 6, "tool": 7, "developer": 8, "function": 9}
 OTHER_ROLE, TOOLS = 10, 11
 NUM_SPECIAL = 16
-SPECIAL_TEXT = {PAD: "<|pad|>", BOS: "<|bos|>", EOS: "<|eos|>", END: "<|end|>", OTHER_ROLE: "<|role|>", TOOLS: "<|tools|>"}
+SPECIAL_TEXT = {
+    PAD: "<|pad|>",
+    BOS: "<|bos|>",
+    EOS: "<|eos|>",
+    END: "<|end|>",
+    OTHER_ROLE: "<|role|>",
+    TOOLS: "<|tools|>",
+}
 SPECIAL_TEXT.update({token: f"<|{role}|>" for role, token in ROLE_TOKENS.items()})
 
 _PIECE = re.compile(r"\s?\w{1,8}|\s?[^\w\s]|\s+")
 
 # Output text is drawn from this word list, so generated ids decode to readable text.
 OUTPUT_WORDS = (
-    "the", "model", "reads", "a", "file", "and", "calls", "tool", "with", "cache", "block", "prefix",
-    "token", "next", "turn", "agent", "result", "plan", "edit", "test", "passes", "then", "it", "writes",
-    "code", "to", "check", "output", "of", "run", "done", "step",
+    "the",
+    "model",
+    "reads",
+    "a",
+    "file",
+    "and",
+    "calls",
+    "tool",
+    "with",
+    "cache",
+    "block",
+    "prefix",
+    "token",
+    "next",
+    "turn",
+    "agent",
+    "result",
+    "plan",
+    "edit",
+    "test",
+    "passes",
+    "then",
+    "it",
+    "writes",
+    "code",
+    "to",
+    "check",
+    "output",
+    "of",
+    "run",
+    "done",
+    "step",
 )
 
 
@@ -150,5 +186,7 @@ def render_completion_prompt(prompt) -> list[int]:
         if any(t < 0 or t >= VOCAB_SIZE for t in prompt):
             raise TemplateError(f"prompt token ids must be in [0, {VOCAB_SIZE})")
         return list(prompt)
-    raise TemplateError("prompt must be a string, a list of token ids, or a one-element list of either "
-                        "(the simulated replica serves one prompt per request)")
+    raise TemplateError(
+        "prompt must be a string, a list of token ids, or a one-element list of either "
+        "(the simulated replica serves one prompt per request)"
+    )

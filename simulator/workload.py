@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
-from simulator.config import ConfigError
+from kvgate.simulator.config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class WorkloadParams:
     long_prompt_len_max: int = 4096
     oversize_every: int = 500  # 0 = no oversize prompts
 
-    def validate(self) -> "WorkloadParams":
+    def validate(self) -> WorkloadParams:
         for name in ("num_requests", "burst_interval"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
@@ -41,8 +41,11 @@ class WorkloadParams:
                 raise ConfigError(f"{name} must be >= 0 (got {getattr(self, name)})")
         if not self.arrival_rate > 0:
             raise ConfigError(f"arrival_rate must be > 0 (got {self.arrival_rate})")
-        for low, high in (("prompt_len_min", "prompt_len_max"), ("output_len_min", "output_len_max"),
-                          ("long_prompt_len_min", "long_prompt_len_max")):
+        for low, high in (
+            ("prompt_len_min", "prompt_len_max"),
+            ("output_len_min", "output_len_max"),
+            ("long_prompt_len_min", "long_prompt_len_max"),
+        ):
             if getattr(self, low) < 1:
                 raise ConfigError(f"{low} must be >= 1 (got {getattr(self, low)})")
             if getattr(self, high) < getattr(self, low):

@@ -1,11 +1,14 @@
-"""`python -m bench.agentic`: the agentic benchmark without the `kvgate bench` wrapper."""
+"""`python -m kvgate.bench.agentic`: the agentic benchmark without the `kvgate bench` wrapper."""
 
 import argparse
 import sys
 
-from bench.agentic.cli import configure, main
+from kvgate.bench.agentic.cli import configure, main
 
 if __name__ == "__main__":
-    parser = configure(argparse.ArgumentParser(prog="python -m bench.agentic",
-                                               description="The multi-turn agentic benchmark (SPEC.md section 8)."))
+    parser = configure(
+        argparse.ArgumentParser(
+            prog="python -m kvgate.bench.agentic", description="The multi-turn agentic benchmark (SPEC.md section 8)."
+        )
+    )
     sys.exit(main(parser.parse_args()))

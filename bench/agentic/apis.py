@@ -22,32 +22,57 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from bench.agentic.workload import SessionPlan, build_messages
+from kvgate.bench.agentic.workload import SessionPlan, build_messages
 
 APIS = ("chat", "messages", "responses")
 API_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
 SESSION_HEADER = "x-session-id"
 
 
-def turn_request(api: str, model: str, session: SessionPlan, turn_index: int, replies: list[str],
-                 reply_tokens: int, previous_response_id: str | None) -> tuple[dict, dict]:
+def turn_request(
+    api: str,
+    model: str,
+    session: SessionPlan,
+    turn_index: int,
+    replies: list[str],
+    reply_tokens: int,
+    previous_response_id: str | None,
+) -> tuple[dict, dict]:
     """(body, headers) of turn `turn_index` of `session` in `api` (finish header not included).
 
     `responses` continues `previous_response_id` (the last turn's response) from turn 2 on."""
     messages = build_messages(session, replies, turn_index)
     if api == "chat":
-        body = {"model": model, "messages": messages, "max_tokens": reply_tokens, "temperature": 0.0,
-                "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": reply_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         return body, {SESSION_HEADER: session.session_id}
     if api == "messages":
         system, *conversation = messages
-        body = {"model": model, "system": system["content"], "messages": conversation, "max_tokens": reply_tokens,
-                "temperature": 0.0, "stream": True,
-                "metadata": {"user_id": orjson.dumps({"session_id": session.session_id}).decode()}}
+        body = {
+            "model": model,
+            "system": system["content"],
+            "messages": conversation,
+            "max_tokens": reply_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "metadata": {"user_id": orjson.dumps({"session_id": session.session_id}).decode()},
+        }
         return body, {}
     if api == "responses":
-        body = {"model": model, "instructions": messages[0]["content"], "max_output_tokens": reply_tokens,
-                "temperature": 0.0, "stream": True, "prompt_cache_key": session.session_id}
+        body = {
+            "model": model,
+            "instructions": messages[0]["content"],
+            "max_output_tokens": reply_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "prompt_cache_key": session.session_id,
+        }
         if turn_index == 1:
             body["input"] = messages[1:]
         else:

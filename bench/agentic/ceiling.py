@@ -18,13 +18,13 @@ values (ids or words).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterable, Sequence
 
-from bench.agentic.workload import Workload, build_messages
+from kvgate.bench.agentic.workload import Workload, build_messages
 
 Token = Hashable
-Renderer = Callable[[list[dict]], list[Token]]
+Renderer = Callable[[list[dict]], Sequence[Token]]
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class InfiniteCache:
         parent = -1
         count = 0
         for start in range(0, len(tokens) - self.block_size + 1, self.block_size):
-            key = (parent, tuple(tokens[start:start + self.block_size]))
+            key = (parent, tuple(tokens[start : start + self.block_size]))
             block_id = self._block_ids.get(key)
             if block_id is None:
                 if not create:
@@ -75,8 +75,7 @@ class InfiniteCache:
         self._chain(computed, create=True)
 
 
-def ceiling_of_requests(requests: Iterable[tuple[Sequence[Token], Sequence[Token]]],
-                        block_size: int) -> Ceiling:
+def ceiling_of_requests(requests: Iterable[tuple[Sequence[Token], Sequence[Token]]], block_size: int) -> Ceiling:
     """The ceiling of `(prompt, reply)` pairs served in the given order by an infinite cache."""
     cache = InfiniteCache(block_size)
     prompt_tokens = hit_tokens = 0
@@ -109,7 +108,7 @@ class TokenModel:
 
     name: str
     render: Renderer
-    encode: Callable[[str], list[Token]]
+    encode: Callable[[str], Sequence[Token]]
 
 
 WORDS = TokenModel("words", render_words, str.split)
@@ -122,11 +121,10 @@ def simulator_token_model() -> TokenModel | None:
     model is a close estimate (one token per short word).
     """
     try:
-        from simulator import tokenizer
+        from kvgate.simulator import tokenizer
     except ImportError:
         return None
-    return TokenModel("simulator", lambda messages: tokenizer.render_chat({"messages": messages}),
-                      tokenizer.encode)
+    return TokenModel("simulator", lambda messages: tokenizer.render_chat({"messages": messages}), tokenizer.encode)
 
 
 def placeholder_reply(length: int) -> str:

@@ -16,23 +16,31 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
-from bench.agentic.apis import APIS
-from bench.agentic.ceiling import WORDS, TokenModel, simulator_token_model, workload_ceiling
-from bench.agentic.plots import write_plots
-from bench.agentic.regimes import REGIMES, get_regime
-from bench.agentic.report import (compare_to, evaluate_targets, format_markdown, format_table, format_targets,
-                                   real_vllm_targets)
-from bench.agentic.remote_tokens import server_token_model
-from bench.agentic.runner import MODES, RunPlan, model_name, run_mode, run_plan
-from bench.agentic.topologies import TOPOLOGY_MODES
-from bench.agentic.sweep import DEFAULT_GRID, KNOBS, best_point, format_sweep, grid_points, parse_values
-from bench.agentic.workload import generate_workload
+from kvgate.bench.agentic.apis import APIS
+from kvgate.bench.agentic.ceiling import WORDS, TokenModel, simulator_token_model, workload_ceiling
+from kvgate.bench.agentic.plots import write_plots
+from kvgate.bench.agentic.regimes import REGIMES, get_regime
+from kvgate.bench.agentic.remote_tokens import server_token_model
+from kvgate.bench.agentic.report import (
+    compare_to,
+    evaluate_targets,
+    format_markdown,
+    format_table,
+    format_targets,
+    real_vllm_targets,
+)
+from kvgate.bench.agentic.runner import MODES, RunPlan, model_name, run_mode, run_plan
+from kvgate.bench.agentic.sweep import DEFAULT_GRID, KNOBS, best_point, format_sweep, grid_points, parse_values
+from kvgate.bench.agentic.topologies import TOPOLOGY_MODES
+from kvgate.bench.agentic.workload import generate_workload
 
 # option name -> (type, help); each sets the WorkloadSpec / ReplicaShape / gate field of that name
-_WORKLOAD_OPTIONS = {
+_WORKLOAD_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {  # option: (parse, help)
     "sessions": (int, "sessions in the whole run"),
     "concurrency": (int, "sessions active at once (a rolling rollout step)"),
     "start_interval_s": (float, "session i starts no earlier than i x this (staggered arrivals)"),
@@ -49,7 +57,7 @@ _WORKLOAD_OPTIONS = {
     "tool_tail_s": (float, "a heavy-tail tool call lasts this x uniform(1, 2) seconds"),
     "retry_prob": (float, "share of turns re-sent 5-50 ms after their first attempt if unanswered"),
 }
-_SHAPE_OPTIONS = {
+_SHAPE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "num_blocks": (int, "KV blocks per replica"),
     "block_size": (int, "tokens per block"),
     "max_num_seqs": (int, "sequence slots per replica"),
@@ -58,7 +66,7 @@ _SHAPE_OPTIONS = {
     "time_scale": (float, "multiplies the cost model's step times (0 = as fast as possible)"),
     "prefill_token_s": (float, "cost model: seconds per prompt token computed (default: the replica's)"),
 }
-_GATE_OPTIONS = {
+_GATE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "high_watermark": (float, "KV usage at or above which the gate checks prefixes"),
     "hit_threshold": (float, "prefix hit ratio that admits a session under pressure"),
     "idle_grace_sec": (float, "how long a session keeps its reservation between turns"),
@@ -67,71 +75,137 @@ _GATE_OPTIONS = {
     "max_wait_sec": (float, "0: wait as long as needed; >0: then 503"),
     "quiet_factor": (float, "an idle window ends after this many times its session's usual gap"),
     "quiet_floor_sec": (float, "... but never sooner than this (idle_grace_sec is the ceiling)"),
-    "work_conserving": (lambda v: {"yes": True, "no": False}[v], "yes|no: contract policy admits a held turn "
-                        "when holding costs more than the re-prefill it causes"),
+    "work_conserving": (
+        lambda v: {"yes": True, "no": False}[v],
+        "yes|no: contract policy admits a held turn when holding costs more than the re-prefill it causes",
+    ),
 }
 
 
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--regime", default="thrash", choices=sorted(REGIMES),
-                        help="preset of workload, replica shape and gate knobs (default: thrash); "
-                             + "; ".join(f"{r.name}: {r.description}" for r in REGIMES.values()).replace("%", "%%"))
-    parser.add_argument("--modes", default=",".join(MODES),
-                        help=f"comma-separated modes to run, in order (default: all: {','.join(MODES)}; "
-                        f"scale-out layouts, not in the default: {','.join(TOPOLOGY_MODES)})")
+    parser.add_argument(
+        "--regime",
+        default="thrash",
+        choices=sorted(REGIMES),
+        help="preset of workload, replica shape and gate knobs (default: thrash); "
+        + "; ".join(f"{r.name}: {r.description}" for r in REGIMES.values()).replace("%", "%%"),
+    )
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated modes to run, in order (default: all: {','.join(MODES)}; "
+        f"scale-out layouts, not in the default: {','.join(TOPOLOGY_MODES)})",
+    )
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    parser.add_argument("--api", default="chat", choices=APIS,
-                        help="the client API of every turn: chat (/v1/chat/completions, session header), "
-                             "messages (Anthropic /v1/messages, session in metadata.user_id as Claude Code "
-                             "sends it) or responses (/v1/responses chained by previous_response_id, "
-                             "session in prompt_cache_key); the same conversation in each (default chat)")
+    parser.add_argument(
+        "--api",
+        default="chat",
+        choices=APIS,
+        help="the client API of every turn: chat (/v1/chat/completions, session header), "
+        "messages (Anthropic /v1/messages, session in metadata.user_id as Claude Code "
+        "sends it) or responses (/v1/responses chained by previous_response_id, "
+        "session in prompt_cache_key); the same conversation in each (default chat)",
+    )
     parser.add_argument("--out", default="results/agentic", help="output folder (default results/agentic)")
     parser.add_argument("--replicas", type=int, default=None, help="simulated replicas to start (regime default)")
-    parser.add_argument("--replica-url", action="append", default=[], metavar="URL",
-                        help="run against this vLLM server instead of simulated replicas (repeatable). "
-                             "Servers are not restarted between modes: the runner POSTs /reset_prefix_cache "
-                             "(vLLM needs VLLM_SERVER_DEV_MODE=1), else run one mode per invocation")
+    parser.add_argument(
+        "--replica-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="run against this vLLM server instead of simulated replicas (repeatable). "
+        "Servers are not restarted between modes: the runner POSTs /reset_prefix_cache "
+        "(vLLM needs VLLM_SERVER_DEV_MODE=1), else run one mode per invocation",
+    )
     parser.add_argument("--model", default=None, help="model name to send (default: the first of /v1/models)")
-    parser.add_argument("--request-timeout", type=float, default=300.0,
-                        help="seconds before an attempt counts as stranded (default 300)")
-    parser.add_argument("--sample-interval", type=float, default=1.0,
-                        help="seconds between counter samples for the hit-rate plot (default 1)")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="rounds of all modes (interleaved); each mode reports its median-makespan "
-                             "round and lists every round (default 1)")
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=300.0,
+        help="seconds before an attempt counts as stranded (default 300)",
+    )
+    parser.add_argument(
+        "--sample-interval",
+        type=float,
+        default=1.0,
+        help="seconds between counter samples for the hit-rate plot (default 1)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds of all modes (interleaved); each mode reports its median-makespan "
+        "round and lists every round (default 1)",
+    )
     parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     work = parser.add_argument_group("workload (overrides the regime; lengths in words ~ tokens)")
     for name, (kind, text) in _WORKLOAD_OPTIONS.items():
-        work.add_argument("--" + name.replace("_", "-"), type=kind, default=None, dest="w_" + name, help=text,
-                          metavar="N" if kind is int else "X")
-    work.add_argument("--send-finish", choices=("yes", "no"), default=None,
-                      help="whether the last turn carries x-session-finish (no: sessions end silently, "
-                           "as an OpenAI-SDK agent's do; default: the regime's)")
-    work.add_argument("--shared-system-prompt", choices=("yes", "no"), default=None,
-                      help="one system prompt for all sessions (yes) or one each (no)")
+        work.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind,
+            default=None,
+            dest="w_" + name,
+            help=text,
+            metavar="N" if kind is int else "X",
+        )
+    work.add_argument(
+        "--send-finish",
+        choices=("yes", "no"),
+        default=None,
+        help="whether the last turn carries x-session-finish (no: sessions end silently, "
+        "as an OpenAI-SDK agent's do; default: the regime's)",
+    )
+    work.add_argument(
+        "--shared-system-prompt",
+        choices=("yes", "no"),
+        default=None,
+        help="one system prompt for all sessions (yes) or one each (no)",
+    )
     shape = parser.add_argument_group("simulated replicas (overrides the regime; `kvgate replica` options)")
     for name, (kind, text) in _SHAPE_OPTIONS.items():
-        shape.add_argument("--" + name.replace("_", "-"), type=kind, default=None, dest="r_" + name, help=text,
-                          metavar="N" if kind is int else "X")
+        shape.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind,
+            default=None,
+            dest="r_" + name,
+            help=text,
+            metavar="N" if kind is int else "X",
+        )
     gate = parser.add_argument_group("gate knobs for the kvgate modes (overrides the regime; SPEC.md section 3)")
     for name, (kind, text) in _GATE_OPTIONS.items():
-        gate.add_argument("--" + name.replace("_", "-"), type=kind, default=None, dest="g_" + name, help=text,
-                          metavar="N" if kind is int else "X")
+        gate.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind,
+            default=None,
+            dest="g_" + name,
+            help=text,
+            metavar="N" if kind is int else "X",
+        )
     sweep = parser.add_argument_group("sweep")
-    sweep.add_argument("--sweep", action="store_true",
-                       help="run sticky once, then every kvgate mode of --modes over a grid of "
-                            "high_watermark x hit_threshold x idle_grace_sec (x headroom_blocks), and print the best settings")
+    sweep.add_argument(
+        "--sweep",
+        action="store_true",
+        help="run sticky once, then every kvgate mode of --modes over a grid of "
+        "high_watermark x hit_threshold x idle_grace_sec (x headroom_blocks), and print the best settings",
+    )
     for name in KNOBS:
-        sweep.add_argument("--sweep-" + name.replace("_", "-"), default=None, dest="s_" + name,
-                           help=f"comma-separated values (default {','.join(map(str, DEFAULT_GRID[name]))})")
+        sweep.add_argument(
+            "--sweep-" + name.replace("_", "-"),
+            default=None,
+            dest="s_" + name,
+            help=f"comma-separated values (default {','.join(map(str, DEFAULT_GRID[name]))})",
+        )
     return parser
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the `agentic` subcommand under `kvgate bench`."""
     parser = subparsers.add_parser(
-        "agentic", help="the multi-turn agentic benchmark: direct vs sticky vs kvgate (SPEC.md section 8)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "agentic",
+        help="the multi-turn agentic benchmark: direct vs sticky vs kvgate (SPEC.md section 8)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     configure(parser)
     parser.set_defaults(func=main)
     return parser
@@ -161,10 +235,18 @@ def build_plan(args) -> tuple[RunPlan, str]:
     if replicas < 1:
         raise ValueError("--replicas must be >= 1")
     plan = RunPlan(
-        workload=generate_workload(spec, args.seed), modes=modes, out_dir=Path(args.out), shape=shape,
-        num_replicas=replicas, replica_urls=tuple(u.rstrip("/") for u in args.replica_url), gate_knobs=knobs,
-        model=args.model, request_timeout_s=args.request_timeout, sample_interval_s=args.sample_interval,
-        api=args.api)
+        workload=generate_workload(spec, args.seed),
+        modes=modes,
+        out_dir=Path(args.out),
+        shape=shape,
+        num_replicas=replicas,
+        replica_urls=tuple(u.rstrip("/") for u in args.replica_url),
+        gate_knobs=knobs,
+        model=args.model,
+        request_timeout_s=args.request_timeout,
+        sample_interval_s=args.sample_interval,
+        api=args.api,
+    )
     return plan, regime.name
 
 
@@ -175,16 +257,12 @@ def main(args) -> int:
         print(f"kvgate bench agentic: {exc}", file=sys.stderr)
         return 2
     if plan.replica_urls and args.sweep:
-        print("kvgate bench agentic: --sweep needs fresh replicas per point; it runs on simulated "
-              "replicas only (drop --replica-url)", file=sys.stderr)
+        print(
+            "kvgate bench agentic: --sweep needs fresh replicas per point; it runs on simulated "
+            "replicas only (drop --replica-url)",
+            file=sys.stderr,
+        )
         return 2
-    if not plan.replica_urls:
-        from bench.agentic.processes import replica_subcommand_exists
-
-        if not replica_subcommand_exists():
-            print("kvgate bench agentic: this installation has no `kvgate replica` (the simulator); "
-                  "pass --replica-url URL to run against vLLM servers", file=sys.stderr)
-            return 2
     try:
         return asyncio.run(_run(args, plan, regime))
     except RuntimeError as exc:  # a server that would not start or answer: the message names it
@@ -197,23 +275,36 @@ async def _run(args, plan: RunPlan, regime: str) -> int:
     token_model = await _token_model(plan)
     ceiling = workload_ceiling(plan.workload, plan.block_size, token_model)
     spec = plan.workload.spec
-    print(f"[agentic] regime {regime}, api {plan.api}, seed {plan.workload.seed}: {spec.sessions} sessions "
-          f"({spec.concurrency} at once), {plan.workload.num_turns} turns; ceiling hit rate "
-          f"{ceiling.hit_rate:.3f} ({token_model.name} tokens)")
+    print(
+        f"[agentic] regime {regime}, api {plan.api}, seed {plan.workload.seed}: {spec.sessions} sessions "
+        f"({spec.concurrency} at once), {plan.workload.num_turns} turns; ceiling hit rate "
+        f"{ceiling.hit_rate:.3f} ({token_model.name} tokens)"
+    )
     started = time.time()
     runs = await run_plan(plan, ceiling.hit_rate, repeat=args.repeat)
     results = {mode: run.summary for mode, run in runs.items()}
     comparisons = compare_to(results)
     targets = evaluate_targets(regime, results) + real_vllm_targets(regime, results)
+    timelines = {mode: run.timeline for mode, run in runs.items()}
     document = {
-        "regime": regime, "api": plan.api, "seed": plan.workload.seed, "command": " ".join(sys.argv),
-        "started_unix": started, "workload": asdict(spec),
+        "regime": regime,
+        "api": plan.api,
+        "seed": plan.workload.seed,
+        "command": " ".join(sys.argv),
+        "started_unix": started,
+        "workload": asdict(spec),
         "replicas": list(plan.replica_urls) or {"count": plan.num_replicas, "shape": plan.shape.to_json()},
         "gate_knobs": plan.gate_knobs,
-        "ceiling": {"hit_rate": ceiling.hit_rate, "prompt_tokens": ceiling.prompt_tokens,
-                    "hit_tokens": ceiling.hit_tokens, "token_model": token_model.name},
-        "modes": results, "vs_sticky": comparisons, "targets": targets,
-        "timelines": {mode: run.timeline for mode, run in runs.items()},
+        "ceiling": {
+            "hit_rate": ceiling.hit_rate,
+            "prompt_tokens": ceiling.prompt_tokens,
+            "hit_tokens": ceiling.hit_tokens,
+            "token_model": token_model.name,
+        },
+        "modes": results,
+        "vs_sticky": comparisons,
+        "targets": targets,
+        "timelines": timelines,
     }
     for mode, run in runs.items():
         with open(plan.out_dir / f"attempts_{mode}.jsonl", "w") as f:
@@ -230,7 +321,7 @@ async def _run(args, plan: RunPlan, regime: str) -> int:
         document["sweep"] = await _sweep(args, plan, ceiling.hit_rate, results.get("sticky"))
         (plan.out_dir / "results.json").write_text(json.dumps(document, indent=2))
     if not args.no_plots:
-        write_plots(results, document["timelines"], plan.out_dir)
+        write_plots(results, timelines, plan.out_dir)
     print(f"\n[agentic] wrote {plan.out_dir / 'results.json'}")
     return 0
 
@@ -246,14 +337,15 @@ async def _token_model(plan: RunPlan) -> TokenModel:
         async with aiohttp.ClientSession() as http:
             name = plan.model or await model_name(http, url)
             return await server_token_model(http, url, name, plan.workload)
-    except (RuntimeError, aiohttp.ClientError, asyncio.TimeoutError, KeyError) as exc:
+    except (TimeoutError, RuntimeError, aiohttp.ClientError, KeyError) as exc:
         print(f"[agentic] {url}/tokenize unusable ({exc!r}); the ceiling uses the words estimate")
         return WORDS
 
 
 async def _sweep(args, plan: RunPlan, ceiling_rate: float, sticky: dict | None) -> dict:
-    grid = {k: (parse_values(getattr(args, "s_" + k), k) if getattr(args, "s_" + k) else DEFAULT_GRID[k])
-            for k in KNOBS}
+    grid = {
+        k: (parse_values(getattr(args, "s_" + k), k) if getattr(args, "s_" + k) else DEFAULT_GRID[k]) for k in KNOBS
+    }
     if sticky is None:
         print("[agentic] sweep: running sticky once as the baseline")
         sticky = (await run_mode(plan, "sticky", ceiling_rate)).summary
@@ -264,8 +356,14 @@ async def _sweep(args, plan: RunPlan, ceiling_rate: float, sticky: dict | None) 
         for knobs in grid_points(grid):
             point_plan = replace(plan, gate_knobs={**plan.gate_knobs, **knobs})
             s = (await run_mode(point_plan, mode, ceiling_rate)).summary
-            rows.append({"knobs": knobs, "makespan_s": s["makespan_s"], "hit_rate": s["hit_rate"],
-                         "failed": s["turns_failed"] + s["turns_not_run"]})
+            rows.append(
+                {
+                    "knobs": knobs,
+                    "makespan_s": s["makespan_s"],
+                    "hit_rate": s["hit_rate"],
+                    "failed": s["turns_failed"] + s["turns_not_run"],
+                }
+            )
             print(f"[agentic] sweep {mode} {knobs}: hit {s['hit_rate']:.3f}, makespan {s['makespan_s']:.1f}s")
         print(format_sweep(mode, rows, baseline))
         out["modes"][mode] = {"rows": rows, "best": best_point(rows)}

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import aiohttp
 import orjson
 
-from bench.agentic.apis import API_PATHS, StreamState, turn_request
-from bench.agentic.workload import SessionPlan, TurnPlan, Workload
+from kvgate.bench.agentic.apis import API_PATHS, StreamState, turn_request
+from kvgate.bench.agentic.workload import SessionPlan, TurnPlan, Workload
 
 FINISH_HEADER = "x-session-finish"
 
@@ -92,8 +92,15 @@ class _Outcome:
 class WorkloadDriver:
     """Runs a workload against base URLs; `target(session)` picks a session's base URL."""
 
-    def __init__(self, workload: Workload, target: Callable[[SessionPlan], str], model: str,
-                 http: aiohttp.ClientSession, request_timeout_s: float = 300.0, api: str = "chat") -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        target: Callable[[SessionPlan], str],
+        model: str,
+        http: aiohttp.ClientSession,
+        request_timeout_s: float = 300.0,
+        api: str = "chat",
+    ) -> None:
         if api not in API_PATHS:
             raise ValueError(f"unknown api {api!r}; choose from {', '.join(API_PATHS)}")
         self.api = api
@@ -146,10 +153,17 @@ class WorkloadDriver:
             if turn.tool_latency_s > 0:
                 await asyncio.sleep(turn.tool_latency_s)
 
-    async def _run_turn(self, session: SessionPlan, turn: TurnPlan, replies: list[str],
-                        base_url: str, previous_response_id: list[str | None]) -> str | None:
-        body, headers = turn_request(self.api, self.model, session, turn.index, replies,
-                                     self.workload.spec.reply_tokens, previous_response_id[0])
+    async def _run_turn(
+        self,
+        session: SessionPlan,
+        turn: TurnPlan,
+        replies: list[str],
+        base_url: str,
+        previous_response_id: list[str | None],
+    ) -> str | None:
+        body, headers = turn_request(
+            self.api, self.model, session, turn.index, replies, self.workload.spec.reply_tokens, previous_response_id[0]
+        )
         if turn.index == len(session.turns) and self.workload.spec.send_finish:
             headers[FINISH_HEADER] = "true"
         payload = orjson.dumps(body)
@@ -163,20 +177,20 @@ class WorkloadDriver:
 
         pending = {launch(1)}
         attempts = 1
-        retry_sent = turn.retry_after_s is None  # no retry planned: nothing left to send
+        # when the retry is sent; None: no retry planned, or it is sent
+        retry_at = None if turn.retry_after_s is None else start + turn.retry_after_s
         used: _Outcome | None = None
         while pending and used is None:
-            timeout = None if retry_sent else max(0.0, start + turn.retry_after_s - self.now())
-            done, pending = await asyncio.wait(pending, timeout=timeout,
-                                               return_when=asyncio.FIRST_COMPLETED)
+            timeout = None if retry_at is None else max(0.0, retry_at - self.now())
+            done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 outcome = task.result()
                 if outcome.record.ok and used is None:
                     used = outcome
-            if not done and not retry_sent:
+            if not done and retry_at is not None:
                 pending.add(launch(2))
                 attempts = 2
-                retry_sent = True
+                retry_at = None
         if used is None:
             self.turns.append(TurnRecord(session.index, turn.index, start, self.now(), None, False, attempts))
             return None
@@ -187,16 +201,21 @@ class WorkloadDriver:
         self.turns.append(TurnRecord(session.index, turn.index, start, record.end_s, ttft, True, attempts))
         return used.text
 
-    async def _send(self, session: SessionPlan, turn: TurnPlan, attempt: int, base_url: str,
-                    payload: bytes, headers: dict) -> _Outcome:
+    async def _send(
+        self, session: SessionPlan, turn: TurnPlan, attempt: int, base_url: str, payload: bytes, headers: dict
+    ) -> _Outcome:
         start = self.now()
-        record = AttemptRecord(session.index, turn.index, attempt, start, start, None, "error",
-                               None, None, None, None, None, None)
+        record = AttemptRecord(
+            session.index, turn.index, attempt, start, start, None, "error", None, None, None, None, None, None
+        )
         state = StreamState(self.api)
         try:
             async with asyncio.timeout(self.request_timeout_s):
-                async with self.http.post(base_url + API_PATHS[self.api], data=payload,
-                                          headers={**headers, "content-type": "application/json"}) as resp:
+                async with self.http.post(
+                    base_url + API_PATHS[self.api],
+                    data=payload,
+                    headers={**headers, "content-type": "application/json"},
+                ) as resp:
                     record.replica = resp.headers.get("x-kvgate-replica", base_url)
                     record.admission = resp.headers.get("x-kvgate-admission")
                     wait = resp.headers.get("x-kvgate-wait-ms")

@@ -38,7 +38,7 @@ def write_plots(results: dict, timelines: dict[str, list[dict]], out_dir: Path) 
         points = windowed_hit_rate(timeline)
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=mode)
-    ceiling = next(iter(results.values()), {}).get("ceiling_hit_rate")
+    ceiling = next((summary.get("ceiling_hit_rate") for summary in results.values()), None)  # the first mode's
     if ceiling:
         ax.axhline(ceiling, color="grey", linestyle="--", label="ceiling (infinite cache)")
     ax.set_xlabel("time since start (s)")

@@ -1,6 +1,6 @@
 """Starting and stopping the servers of a run: simulated replicas and the kvgate proxy.
 
-Each is a subprocess of the current interpreter (`python -m proxy.cli ...`, the same
+Each is a subprocess of the current interpreter (`python -m kvgate.proxy.cli ...`, the same
 code as the `kvgate` console script), bound to a free port on 127.0.0.1, with its
 output in a log file under the run's folder. `ServerGroup` owns every process it
 started and stops them all on exit, also when the run fails, so a benchmark never
@@ -35,10 +35,20 @@ class ReplicaShape:
     prefill_token_s: float | None = None  # cost model: seconds per prompt token (None: the replica's default)
 
     def args(self) -> list[str]:
-        args = ["--num-blocks", str(self.num_blocks), "--block-size", str(self.block_size),
-                "--max-num-seqs", str(self.max_num_seqs),
-                "--max-num-batched-tokens", str(self.max_num_batched_tokens),
-                "--max-model-len", str(self.max_model_len), "--time-scale", str(self.time_scale)]
+        args = [
+            "--num-blocks",
+            str(self.num_blocks),
+            "--block-size",
+            str(self.block_size),
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+            "--max-num-batched-tokens",
+            str(self.max_num_batched_tokens),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--time-scale",
+            str(self.time_scale),
+        ]
         if self.prefill_token_s is not None:
             args += ["--prefill-token-s", str(self.prefill_token_s)]
         return args
@@ -54,17 +64,12 @@ def free_port() -> int:
 
 
 def kvgate_command() -> list[str]:
-    return [sys.executable, "-m", "proxy.cli"]
+    return [sys.executable, "-m", "kvgate.proxy.cli"]
 
 
-def replica_subcommand_exists() -> bool:
-    """Whether this installation has `kvgate replica` (the simulator part)."""
-    result = subprocess.run(kvgate_command() + ["replica", "--help"], capture_output=True, timeout=60)
-    return result.returncode == 0
-
-
-def kvgate_config(replica_urls: list[str], port: int, gate: dict, extra: dict | None = None,
-                  names: list[str] | None = None) -> dict:
+def kvgate_config(
+    replica_urls: list[str], port: int, gate: dict, extra: dict | None = None, names: list[str] | None = None
+) -> dict:
     """The YAML config of a benchmark proxy: the given replicas (named r0, r1, ... unless `names`),
     the gate knobs, fast health, and `extra` top-level keys (role, ownership: bench/agentic/topologies.py)."""
     names = names or [f"r{i}" for i in range(len(replica_urls))]
@@ -84,7 +89,7 @@ class ServerGroup:
         self.log_dir = log_dir
         self._procs: list[tuple[str, subprocess.Popen]] = []
 
-    async def __aenter__(self) -> "ServerGroup":
+    async def __aenter__(self) -> ServerGroup:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         return self
 
@@ -107,12 +112,18 @@ class ServerGroup:
         await self._wait_ok(name, proc, url + "/health")
         return url
 
-    async def start_kvgate(self, name: str, replica_urls: list[str], gate: dict, extra: dict | None = None,
-                           names: list[str] | None = None, ready_path: str = "/ready") -> str:
+    async def start_kvgate(
+        self,
+        name: str,
+        replica_urls: list[str],
+        gate: dict,
+        extra: dict | None = None,
+        names: list[str] | None = None,
+        ready_path: str = "/ready",
+    ) -> str:
         port = free_port()
         config_path = self.log_dir / f"{name}.yaml"
-        config_path.write_text(yaml.safe_dump(kvgate_config(replica_urls, port, gate, extra, names),
-                                              sort_keys=False))
+        config_path.write_text(yaml.safe_dump(kvgate_config(replica_urls, port, gate, extra, names), sort_keys=False))
         proc = self._spawn(name, ["serve", "--config", str(config_path)])
         url = f"http://127.0.0.1:{port}"
         await self._wait_ok(name, proc, url + ready_path)
@@ -123,17 +134,20 @@ class ServerGroup:
         async with aiohttp.ClientSession() as http:
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {proc.returncode} before {url} answered; "
-                                       f"see {self.log_dir / (name + '.log')}:\n{self._log_tail(name)}")
+                    raise RuntimeError(
+                        f"{name} exited with {proc.returncode} before {url} answered; "
+                        f"see {self.log_dir / (name + '.log')}:\n{self._log_tail(name)}"
+                    )
                 try:
                     async with http.get(url, timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
                         if resp.status == 200:
                             return
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     pass
                 await asyncio.sleep(0.1)
-        raise RuntimeError(f"{name}: {url} did not answer 200 within {timeout_s:.0f}s; "
-                           f"see {self.log_dir / (name + '.log')}")
+        raise RuntimeError(
+            f"{name}: {url} did not answer 200 within {timeout_s:.0f}s; see {self.log_dir / (name + '.log')}"
+        )
 
     def _log_tail(self, name: str, lines: int = 20) -> str:
         try:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from bench.agentic.processes import ReplicaShape
-from bench.agentic.workload import WorkloadSpec
+from kvgate.bench.agentic.processes import ReplicaShape
+from kvgate.bench.agentic.workload import WorkloadSpec
 
 
 @dataclass(frozen=True)
@@ -45,20 +45,30 @@ class Regime:
 
 def _thrash_workload(**changes) -> WorkloadSpec:
     base = WorkloadSpec(
-        sessions=36, concurrency=18, turns_min=8, turns_max=12,
-        system_prompt_words=300, shared_system_prompt=False, task_words=100,
-        tool_result_words_min=300, tool_result_words_max=600, reply_tokens=8,
-        tool_latency_median_s=0.05, tool_latency_sigma=0.5,
+        sessions=36,
+        concurrency=18,
+        turns_min=8,
+        turns_max=12,
+        system_prompt_words=300,
+        shared_system_prompt=False,
+        task_words=100,
+        tool_result_words_min=300,
+        tool_result_words_max=600,
+        reply_tokens=8,
+        tool_latency_median_s=0.05,
+        tool_latency_sigma=0.5,
     )
     return base.replace(**changes)
 
 
-_SMALL_CACHE = ReplicaShape(num_blocks=512, block_size=16, max_num_seqs=64,
-                            max_num_batched_tokens=2048, max_model_len=8192, time_scale=1.5)
+_SMALL_CACHE = ReplicaShape(
+    num_blocks=512, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=8192, time_scale=1.5
+)
 
 # The real-vLLM regimes' server: 64 blocks of 32 tokens (63 usable), 8 sequences.
-_VLLM_CACHE = ReplicaShape(num_blocks=63, block_size=32, max_num_seqs=8, max_num_batched_tokens=2048,
-                           max_model_len=2016, time_scale=1.0)
+_VLLM_CACHE = ReplicaShape(
+    num_blocks=63, block_size=32, max_num_seqs=8, max_num_batched_tokens=2048, max_model_len=2016, time_scale=1.0
+)
 # The prefill-bound model's engine steps are capped at 512 tokens (chunked prefill): an
 # uncapped step of 2,048 prompt tokens takes 1-4 s on 2 shared cores, and the gate's
 # probes, answered between steps, would time out (probe.timeout_sec 1) and admit `open`.
@@ -70,26 +80,53 @@ _VLLM_PREFILL_CACHE = replace(_VLLM_CACHE, max_num_batched_tokens=512)
 # were unavailable, i.e. admits `open`: 43 of 62 turns in a vllm-prefill-no-finish run.
 _VLLM_CPU_GATE = {"probe": {"timeout_sec": 5.0}}
 _VLLM_SMALL_WORKLOAD = WorkloadSpec(
-    sessions=16, concurrency=8, turns_min=5, turns_max=7, system_prompt_words=20,
-    shared_system_prompt=False, task_words=10, tool_result_words_min=40, tool_result_words_max=60,
-    reply_tokens=8, tool_latency_median_s=0.05, tool_latency_sigma=0.5)
+    sessions=16,
+    concurrency=8,
+    turns_min=5,
+    turns_max=7,
+    system_prompt_words=20,
+    shared_system_prompt=False,
+    task_words=10,
+    tool_result_words_min=40,
+    tool_result_words_max=60,
+    reply_tokens=8,
+    tool_latency_median_s=0.05,
+    tool_latency_sigma=0.5,
+)
 # Contexts of ~250 tokens growing ~170 a turn to ~1,100: one full re-prefill (~0.3-1 s
 # on 2 cores) outweighs a turn's 8 decode steps; tool calls of ~0.3 s, as in issue 9.
 _VLLM_PREFILL_WORKLOAD = WorkloadSpec(
-    sessions=12, concurrency=6, turns_min=4, turns_max=6, system_prompt_words=40,
-    shared_system_prompt=False, task_words=10, tool_result_words_min=25, tool_result_words_max=40,
-    reply_tokens=8, tool_latency_median_s=0.3, tool_latency_sigma=0.5)
+    sessions=12,
+    concurrency=6,
+    turns_min=4,
+    turns_max=6,
+    system_prompt_words=40,
+    shared_system_prompt=False,
+    task_words=10,
+    tool_result_words_min=25,
+    tool_result_words_max=40,
+    reply_tokens=8,
+    tool_latency_median_s=0.3,
+    tool_latency_sigma=0.5,
+)
 
 
-def _real_vllm_pair(name: str, description: str, workload: WorkloadSpec, model: str,
-                    shape: ReplicaShape) -> dict[str, Regime]:
+def _real_vllm_pair(
+    name: str, description: str, workload: WorkloadSpec, model: str, shape: ReplicaShape
+) -> dict[str, Regime]:
     """`name` (the last turn carries x-session-finish) and `name`-no-finish (no turn does: an
     agent on a plain OpenAI SDK), both against one given vLLM server with the default gate
     but for the probe deadline (`_VLLM_CPU_GATE`)."""
     regime = Regime(name, description, workload, shape, replicas=1, gate=_VLLM_CPU_GATE, vllm_model=model)
-    silent = Regime(f"{name}-no-finish", f"{name}, and no turn carries x-session-finish (an agent on a "
-                    "plain OpenAI SDK)", workload.replace(send_finish=False), shape, replicas=1,
-                    gate=_VLLM_CPU_GATE, vllm_model=model)
+    silent = Regime(
+        f"{name}-no-finish",
+        f"{name}, and no turn carries x-session-finish (an agent on a plain OpenAI SDK)",
+        workload.replace(send_finish=False),
+        shape,
+        replicas=1,
+        gate=_VLLM_CPU_GATE,
+        vllm_model=model,
+    )
     return {name: regime, silent.name: silent}
 
 
@@ -98,8 +135,14 @@ REGIMES: dict[str, Regime] = {
         "no-pressure",
         "every active session's prompt fits in its replica's cache: the gate must cost nothing",
         _thrash_workload(),
-        ReplicaShape(num_blocks=4096, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048,
-                     max_model_len=8192, time_scale=1.5),
+        ReplicaShape(
+            num_blocks=4096,
+            block_size=16,
+            max_num_seqs=64,
+            max_num_batched_tokens=2048,
+            max_model_len=8192,
+            time_scale=1.5,
+        ),
         gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
     ),
     "thrash": Regime(
@@ -127,29 +170,53 @@ REGIMES: dict[str, Regime] = {
         "vllm-small",
         "for --replica-url against the tiny real-vLLM CPU server (block 32, 64 blocks, ~3 tokens "
         "per word): 8 sessions at once need ~2.5x its 2016-token cache",
-        _VLLM_SMALL_WORKLOAD, "tiny", _VLLM_CACHE),
+        _VLLM_SMALL_WORKLOAD,
+        "tiny",
+        _VLLM_CACHE,
+    ),
     **_real_vllm_pair(
         "vllm-prefill",
         "for --replica-url against the prefill-bound real-vLLM CPU server (8 layers of width 512, "
         "block 32, 64 blocks, ~4.5 tokens per word): a cold re-prefill of a context costs more than "
         "a turn's decode, and 6 sessions at once need ~2x the 2016-token cache",
-        _VLLM_PREFILL_WORKLOAD, "prefill", _VLLM_PREFILL_CACHE),
+        _VLLM_PREFILL_WORKLOAD,
+        "prefill",
+        _VLLM_PREFILL_CACHE,
+    ),
     "tiny": Regime(
         "tiny",
         "a few short sessions on small replicas: seconds, for the end-to-end test",
-        WorkloadSpec(sessions=4, concurrency=4, turns_min=3, turns_max=4, system_prompt_words=40,
-                     task_words=20, tool_result_words_min=20, tool_result_words_max=40, reply_tokens=4,
-                     tool_latency_median_s=0.01, tool_latency_sigma=0.3, retry_prob=0.2),
-        ReplicaShape(num_blocks=64, block_size=16, max_num_seqs=16, max_num_batched_tokens=512,
-                     max_model_len=1024, time_scale=0.0),
+        WorkloadSpec(
+            sessions=4,
+            concurrency=4,
+            turns_min=3,
+            turns_max=4,
+            system_prompt_words=40,
+            task_words=20,
+            tool_result_words_min=20,
+            tool_result_words_max=40,
+            reply_tokens=4,
+            tool_latency_median_s=0.01,
+            tool_latency_sigma=0.3,
+            retry_prob=0.2,
+        ),
+        ReplicaShape(
+            num_blocks=64,
+            block_size=16,
+            max_num_seqs=16,
+            max_num_batched_tokens=512,
+            max_model_len=1024,
+            time_scale=0.0,
+        ),
         gate={"idle_grace_sec": 2.0, "wait_poll_sec": 0.1},
     ),
 }
 
 
 def _cheap_prefill_workload(**changes) -> WorkloadSpec:
-    return _thrash_workload(system_prompt_words=100, task_words=50, tool_result_words_min=60,
-                            tool_result_words_max=120, reply_tokens=16).replace(**changes)
+    return _thrash_workload(
+        system_prompt_words=100, task_words=50, tool_result_words_min=60, tool_result_words_max=120, reply_tokens=16
+    ).replace(**changes)
 
 
 def _prefill_bound_workload(**changes) -> WorkloadSpec:
@@ -159,51 +226,86 @@ def _prefill_bound_workload(**changes) -> WorkloadSpec:
 # cheap-prefill: ~700-token contexts, 9 sessions per replica need ~3x the 2048-token cache;
 # prefill 5 us/token (10x cheaper): a full re-prefill (~5 ms) is a fraction of a turn's
 # 16-token decode (~0.15 s), so holding a session back can only lose.
-_CHEAP_PREFILL_CACHE = ReplicaShape(num_blocks=128, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048,
-                                    max_model_len=2048, time_scale=1.5, prefill_token_s=0.000005)
+_CHEAP_PREFILL_CACHE = ReplicaShape(
+    num_blocks=128,
+    block_size=16,
+    max_num_seqs=64,
+    max_num_batched_tokens=2048,
+    max_model_len=2048,
+    time_scale=1.5,
+    prefill_token_s=0.000005,
+)
 # prefill-bound: contexts grow from ~1,300 to ~6,000 tokens; 9 sessions per replica need ~3x
 # the 10,240-token cache; a full re-prefill of a ~3,600-token context (~0.27 s at the default
 # 50 us/token x 1.5) costs about a turn's 32-token decode (~0.3 s).
-_PREFILL_BOUND_CACHE = ReplicaShape(num_blocks=640, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048,
-                                    max_model_len=8192, time_scale=1.5)
+_PREFILL_BOUND_CACHE = ReplicaShape(
+    num_blocks=640, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=8192, time_scale=1.5
+)
+
 
 def _silent(base: Regime, why: str = "") -> Regime:
     """`base` with sessions that end silently (no x-session-finish) and the gate's default knobs."""
-    return Regime(base.name + "-no-finish", f"{base.name}, sessions end silently (no x-session-finish), "
-                  f"default gate knobs{why}", base.workload.replace(send_finish=False), base.shape, base.replicas)
+    return Regime(
+        base.name + "-no-finish",
+        f"{base.name}, sessions end silently (no x-session-finish), default gate knobs{why}",
+        base.workload.replace(send_finish=False),
+        base.shape,
+        base.replicas,
+    )
 
 
-REGIMES.update({
-    "cheap-prefill": Regime(
-        "cheap-prefill",
-        "short contexts (~700 tokens) need ~3x the cache, prefill 10x cheaper: holding back cannot pay",
-        _cheap_prefill_workload(),
-        _CHEAP_PREFILL_CACHE,
-    ),
-    "prefill-bound": Regime(
-        "prefill-bound",
-        "long contexts (1,300-6,000 tokens) need ~3x the cache; a full re-prefill costs about a turn's decode",
-        _prefill_bound_workload(),
-        _PREFILL_BOUND_CACHE,
-    ),
-})
-REGIMES.update({
-    "no-pressure-no-finish": _silent(REGIMES["no-pressure"]),
-    "thrash-no-finish": _silent(REGIMES["thrash"], ": windows must end when sessions go quiet"),
-    "cheap-prefill-no-finish": _silent(REGIMES["cheap-prefill"]),
-    "prefill-bound-no-finish": _silent(REGIMES["prefill-bound"]),
-    "issue-9": Regime(
-        "issue-9",
-        "issue 9's reproduction: 16 sessions x 8 turns all at once, 0.3 s tool calls, no x-session-finish, "
-        "2 replicas of 64 blocks x 32 tokens, default cost model and gate knobs (was: direct 4.5 s, kvgate 188 s)",
-        WorkloadSpec(sessions=16, concurrency=16, turns_min=8, turns_max=8, system_prompt_words=100,
-                     shared_system_prompt=False, task_words=50, tool_result_words_min=60,
-                     tool_result_words_max=120, reply_tokens=16, tool_latency_median_s=0.3,
-                     tool_latency_sigma=0.0, send_finish=False),
-        ReplicaShape(num_blocks=64, block_size=32, max_num_seqs=64, max_num_batched_tokens=2048,
-                     max_model_len=2048, time_scale=1.0),
-    ),
-})
+REGIMES.update(
+    {
+        "cheap-prefill": Regime(
+            "cheap-prefill",
+            "short contexts (~700 tokens) need ~3x the cache, prefill 10x cheaper: holding back cannot pay",
+            _cheap_prefill_workload(),
+            _CHEAP_PREFILL_CACHE,
+        ),
+        "prefill-bound": Regime(
+            "prefill-bound",
+            "long contexts (1,300-6,000 tokens) need ~3x the cache; a full re-prefill costs about a turn's decode",
+            _prefill_bound_workload(),
+            _PREFILL_BOUND_CACHE,
+        ),
+    }
+)
+REGIMES.update(
+    {
+        "no-pressure-no-finish": _silent(REGIMES["no-pressure"]),
+        "thrash-no-finish": _silent(REGIMES["thrash"], ": windows must end when sessions go quiet"),
+        "cheap-prefill-no-finish": _silent(REGIMES["cheap-prefill"]),
+        "prefill-bound-no-finish": _silent(REGIMES["prefill-bound"]),
+        "issue-9": Regime(
+            "issue-9",
+            "issue 9's reproduction: 16 sessions x 8 turns all at once, 0.3 s tool calls, no x-session-finish, "
+            "2 replicas of 64 blocks x 32 tokens, default cost model and gate knobs (was: direct 4.5 s, kvgate 188 s)",
+            WorkloadSpec(
+                sessions=16,
+                concurrency=16,
+                turns_min=8,
+                turns_max=8,
+                system_prompt_words=100,
+                shared_system_prompt=False,
+                task_words=50,
+                tool_result_words_min=60,
+                tool_result_words_max=120,
+                reply_tokens=16,
+                tool_latency_median_s=0.3,
+                tool_latency_sigma=0.0,
+                send_finish=False,
+            ),
+            ReplicaShape(
+                num_blocks=64,
+                block_size=32,
+                max_num_seqs=64,
+                max_num_batched_tokens=2048,
+                max_model_len=2048,
+                time_scale=1.0,
+            ),
+        ),
+    }
+)
 
 
 def get_regime(name: str) -> Regime:

@@ -15,8 +15,8 @@ import asyncio
 import aiohttp
 import orjson
 
-from bench.agentic.ceiling import TokenModel, placeholder_reply
-from bench.agentic.workload import Workload, build_messages
+from kvgate.bench.agentic.ceiling import TokenModel, placeholder_reply
+from kvgate.bench.agentic.workload import Workload, build_messages
 
 
 def _key(messages: list[dict]) -> bytes:
@@ -30,8 +30,9 @@ async def _tokenize(http: aiohttp.ClientSession, url: str, body: dict) -> list[i
         return (await resp.json())["tokens"]
 
 
-async def server_token_model(http: aiohttp.ClientSession, url: str, model: str,
-                             workload: Workload, parallel: int = 8) -> TokenModel:
+async def server_token_model(
+    http: aiohttp.ClientSession, url: str, model: str, workload: Workload, parallel: int = 8
+) -> TokenModel:
     """A TokenModel answering from `url`'s tokenizer for exactly the prompts of `workload`."""
     reply = placeholder_reply(workload.spec.reply_tokens)
     conversations = []

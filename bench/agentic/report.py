@@ -24,39 +24,36 @@ tested on canned data. Definitions:
 from __future__ import annotations
 
 from collections import Counter as Tally
-from typing import Iterable
 
-from bench.agentic.driver import AttemptRecord, TurnRecord
-from bench.agentic.scrape import Counters
-from proxy.metrics import TURN_LABELS as TURN_BUCKETS  # the report's turn buckets are the metric's
-from proxy.metrics import turn_bucket
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """The q-th percentile (0..100) by linear interpolation; None for no values."""
-    data = sorted(values)
-    if not data:
-        return None
-    if len(data) == 1:
-        return data[0]
-    pos = (len(data) - 1) * q / 100.0
-    low = int(pos)
-    high = min(low + 1, len(data) - 1)
-    return data[low] + (data[high] - data[low]) * (pos - low)
+from kvgate.bench.agentic.driver import AttemptRecord, TurnRecord
+from kvgate.bench.agentic.scrape import Counters
+from kvgate.proxy.metrics import TURN_LABELS as TURN_BUCKETS  # the report's turn buckets are the metric's
+from kvgate.proxy.metrics import turn_bucket
+from kvgate.simulator.percentiles import percentile
 
 
 def _stats(values: list[float]) -> dict:
-    return {"n": len(values), "mean": sum(values) / len(values) if values else None,
-            "p50": percentile(values, 50), "p95": percentile(values, 95),
-            "max": max(values) if values else None}
+    return {
+        "n": len(values),
+        "mean": sum(values) / len(values) if values else None,
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "max": max(values) if values else None,
+    }
 
 
 RECOMPUTED = "kvgate_sim:recomputed_tokens_total"
 
 
-def summarize_mode(mode: str, attempts: list[AttemptRecord], turns: list[TurnRecord],
-                   counters: Counters, makespan_s: float, ceiling_hit_rate: float,
-                   planned_turns: int) -> dict:
+def summarize_mode(
+    mode: str,
+    attempts: list[AttemptRecord],
+    turns: list[TurnRecord],
+    counters: Counters,
+    makespan_s: float,
+    ceiling_hit_rate: float,
+    planned_turns: int,
+) -> dict:
     """The report of one mode's run (see the module docstring for every definition)."""
     ok_turns = [t for t in turns if t.ok]
     by_bucket_latency: dict[str, list[float]] = {}
@@ -109,8 +106,9 @@ def summarize_mode(mode: str, attempts: list[AttemptRecord], turns: list[TurnRec
         "turn_latency_s_by_bucket": {b: _stats(by_bucket_latency[b]) for b in TURN_BUCKETS if b in by_bucket_latency},
         "ttft_s_by_bucket": {b: _stats(by_bucket_ttft[b]) for b in TURN_BUCKETS if b in by_bucket_ttft},
         "turn_latency_mean_s_by_turn": {str(k): sum(v) / len(v) for k, v in sorted(by_turn_latency.items())},
-        "usage_hit_rate_by_bucket": {b: usage_by_bucket[b][1] / usage_by_bucket[b][0]
-                                     for b in TURN_BUCKETS if b in usage_by_bucket},
+        "usage_hit_rate_by_bucket": {
+            b: usage_by_bucket[b][1] / usage_by_bucket[b][0] for b in TURN_BUCKETS if b in usage_by_bucket
+        },
         "cold_turns_by_admission": dict(sorted(cold_turns.items())),
         "admission_reasons": dict(sorted(reasons.items())),
         "admission_wait_ms": _stats(waits),
@@ -148,12 +146,14 @@ def evaluate_targets(regime: str, results: dict[str, dict]) -> list[dict]:
         if regime == "no-pressure":
             checks.append({"mode": mode, "target": "makespan <= 1.05x sticky", "value": ratio, "met": ratio <= 1.05})
             delta = r["hit_rate"] - sticky["hit_rate"]
-            checks.append({"mode": mode, "target": "hit rate = sticky (+-0.01)", "value": delta,
-                           "met": abs(delta) <= 0.01})
+            checks.append(
+                {"mode": mode, "target": "hit rate = sticky (+-0.01)", "value": delta, "met": abs(delta) <= 0.01}
+            )
         elif regime == "thrash":
             of_ceiling = r["hit_rate_of_ceiling"] or 0.0
-            checks.append({"mode": mode, "target": "hit rate >= 0.85x ceiling", "value": of_ceiling,
-                           "met": of_ceiling >= 0.85})
+            checks.append(
+                {"mode": mode, "target": "hit rate >= 0.85x ceiling", "value": of_ceiling, "met": of_ceiling >= 0.85}
+            )
             checks.append({"mode": mode, "target": "makespan <= 0.6x sticky", "value": ratio, "met": ratio <= 0.6})
             failed = r["turns_failed"] + r["turns_not_run"]
             checks.append({"mode": mode, "target": "no failed turn", "value": failed, "met": failed == 0})
@@ -166,8 +166,10 @@ def _fmt(value, spec: str) -> str:
 
 def format_table(results: dict[str, dict], comparisons: dict[str, dict]) -> str:
     """A fixed-width table, one row per mode."""
-    header = (f"{'mode':<16}{'hit':>7}{'/ceil':>7}{'makespan':>10}{'x sticky':>9}{'turn p50':>9}"
-              f"{'turn p95':>9}{'ttft p50':>9}{'reprefill':>11}{'409':>5}{'eng.pre':>8}{'failed':>7}{'wait p95':>9}")
+    header = (
+        f"{'mode':<16}{'hit':>7}{'/ceil':>7}{'makespan':>10}{'x sticky':>9}{'turn p50':>9}"
+        f"{'turn p95':>9}{'ttft p50':>9}{'reprefill':>11}{'409':>5}{'eng.pre':>8}{'failed':>7}{'wait p95':>9}"
+    )
     lines = [header, "-" * len(header)]
     for mode, r in results.items():
         cmp = comparisons.get(mode, {})
@@ -177,20 +179,24 @@ def format_table(results: dict[str, dict], comparisons: dict[str, dict]) -> str:
             f"{_fmt(r['turn_latency_s']['p50'], '.2f'):>9}{_fmt(r['turn_latency_s']['p95'], '.2f'):>9}"
             f"{_fmt(r['ttft_s']['p50'], '.2f'):>9}{_fmt(r['prompt_tokens_reprefilled_est'], '.0f'):>11}"
             f"{r['attempts_preempted_409']:>5}{_fmt(r['engine_preemptions'], '.0f'):>8}"
-            f"{r['turns_failed'] + r['turns_not_run']:>7}{_fmt(r['admission_wait_ms']['p95'], '.0f'):>9}")
+            f"{r['turns_failed'] + r['turns_not_run']:>7}{_fmt(r['admission_wait_ms']['p95'], '.0f'):>9}"
+        )
     return "\n".join(lines)
 
 
 def format_targets(checks: list[dict]) -> str:
-    return "\n".join(f"  {c['mode']:<16}{c['target']:<30}{c['value']:>8.3f}  {'met' if c['met'] else 'NOT met'}"
-                     for c in checks)
+    return "\n".join(
+        f"  {c['mode']:<16}{c['target']:<30}{c['value']:>8.3f}  {'met' if c['met'] else 'NOT met'}" for c in checks
+    )
 
 
 def format_markdown(results: dict[str, dict], comparisons: dict[str, dict], checks: list[dict]) -> str:
     """The table as Markdown (written to results.md, pasted into docs), then the targets."""
-    lines = ["| mode | hit rate | of ceiling | makespan s | × sticky | turn p50 s | turn p95 s | "
-             "re-prefilled tokens | 409 | engine preemptions | failed turns | gate wait p95 ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| mode | hit rate | of ceiling | makespan s | × sticky | turn p50 s | turn p95 s | "
+        "re-prefilled tokens | 409 | engine preemptions | failed turns | gate wait p95 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for mode, r in results.items():
         cmp = comparisons.get(mode, {})
         lines.append(
@@ -199,11 +205,13 @@ def format_markdown(results: dict[str, dict], comparisons: dict[str, dict], chec
             f"| {_fmt(r['turn_latency_s']['p50'], '.2f')} | {_fmt(r['turn_latency_s']['p95'], '.2f')} "
             f"| {_fmt(r['prompt_tokens_reprefilled_est'], '.0f')} | {r['attempts_preempted_409']} "
             f"| {_fmt(r['engine_preemptions'], '.0f')} | {r['turns_failed'] + r['turns_not_run']} "
-            f"| {_fmt(r['admission_wait_ms']['p95'], '.0f')} |")
+            f"| {_fmt(r['admission_wait_ms']['p95'], '.0f')} |"
+        )
     if checks:
         lines.append("")
-        lines.extend(f"- {c['mode']}: {c['target']}: {c['value']:.3f}, {'met' if c['met'] else 'NOT met'}"
-                     for c in checks)
+        lines.extend(
+            f"- {c['mode']}: {c['target']}: {c['value']:.3f}, {'met' if c['met'] else 'NOT met'}" for c in checks
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -224,9 +232,9 @@ def real_vllm_targets(regime: str, results: dict[str, dict]) -> list[dict]:
         if regime.startswith("vllm-prefill"):
             checks.append({"mode": mode, "target": "makespan <= 0.8x sticky", "value": ratio, "met": ratio <= 0.8})
             hit_ratio = r["hit_rate"] / sticky["hit_rate"] if sticky["hit_rate"] else float("inf")
-            checks.append({"mode": mode, "target": "hit rate >= 2x sticky", "value": hit_ratio,
-                           "met": hit_ratio >= 2.0})
+            checks.append(
+                {"mode": mode, "target": "hit rate >= 2x sticky", "value": hit_ratio, "met": hit_ratio >= 2.0}
+            )
         else:
-            checks.append({"mode": mode, "target": "makespan <= 1.05x sticky", "value": ratio,
-                           "met": ratio <= 1.05})
+            checks.append({"mode": mode, "target": "makespan <= 1.05x sticky", "value": ratio, "met": ratio <= 1.05})
     return checks

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.agentic.driver import WorkloadDriver
-from bench.agentic.processes import ReplicaShape, ServerGroup
-from bench.agentic.report import summarize_mode
-from bench.agentic.scrape import Counters, fetch_counters, sum_counters
-from bench.agentic.topologies import TOPOLOGY_MODES, gate_conflicts, start_topology, topology_gate
-from bench.agentic.workload import Workload
+from kvgate.bench.agentic.driver import WorkloadDriver
+from kvgate.bench.agentic.processes import ReplicaShape, ServerGroup
+from kvgate.bench.agentic.report import summarize_mode
+from kvgate.bench.agentic.scrape import Counters, fetch_counters, sum_counters
+from kvgate.bench.agentic.topologies import TOPOLOGY_MODES, gate_conflicts, start_topology, topology_gate
+from kvgate.bench.agentic.workload import Workload
 
 MODES = ("direct", "sticky", "kvgate", "kvgate-contract")
 
@@ -86,9 +86,8 @@ async def model_name(http: aiohttp.ClientSession, url: str) -> str:
         async with http.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
             data = await resp.json()
             return data["data"][0]["id"]
-    except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, IndexError, ValueError) as exc:
-        raise RuntimeError(f"could not read the model name from {url}/v1/models ({exc!r}); "
-                           "pass --model") from exc
+    except (TimeoutError, aiohttp.ClientError, KeyError, IndexError, ValueError) as exc:
+        raise RuntimeError(f"could not read the model name from {url}/v1/models ({exc!r}); pass --model") from exc
 
 
 async def _reset_prefix_cache(http: aiohttp.ClientSession, urls: list[str], attempts: int = 25) -> str:
@@ -98,14 +97,13 @@ async def _reset_prefix_cache(http: aiohttp.ClientSession, urls: list[str], atte
         outcome = "not tried"
         for _ in range(attempts):
             try:
-                async with http.post(url + "/reset_prefix_cache",
-                                     timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                async with http.post(url + "/reset_prefix_cache", timeout=aiohttp.ClientTimeout(total=30)) as resp:
                     outcome = f"{resp.status}"
                     if resp.status == 200:
                         break
                     if resp.status in (404, 405):
                         break  # not enabled (vLLM needs VLLM_SERVER_DEV_MODE=1): retrying cannot help
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 outcome = type(exc).__name__
             await asyncio.sleep(0.2)
         results.append(f"{url}: {outcome}")
@@ -126,22 +124,32 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
     """Run the workload once in `mode` and summarise it."""
     gate = gate_config(mode, plan.gate_knobs)
     mode_dir = plan.out_dir / "logs" / mode
-    async with ServerGroup(mode_dir) as servers, aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)) as http:
+    async with (
+        ServerGroup(mode_dir) as servers,
+        aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
+        ) as http,
+    ):
         reset = None
         if plan.replica_urls:
             urls = list(plan.replica_urls)
             reset = await _reset_prefix_cache(http, urls)
             if any(not part.endswith(": 200") for part in reset.split("; ")):
-                print(f"[agentic] warning: could not reset the prefix cache before {mode} ({reset}); "
-                      "this mode starts with whatever the servers cached before: restart them and run one "
-                      "mode per invocation, or start vLLM with VLLM_SERVER_DEV_MODE=1")
+                print(
+                    f"[agentic] warning: could not reset the prefix cache before {mode} ({reset}); "
+                    "this mode starts with whatever the servers cached before: restart them and run one "
+                    "mode per invocation, or start vLLM with VLLM_SERVER_DEV_MODE=1"
+                )
         else:
-            urls = list(await asyncio.gather(*(servers.start_replica(f"replica{i}", plan.shape)
-                                               for i in range(plan.num_replicas))))
+            urls = list(
+                await asyncio.gather(
+                    *(servers.start_replica(f"replica{i}", plan.shape) for i in range(plan.num_replicas))
+                )
+            )
         model = plan.model or await model_name(http, urls[0])
         kvgates: list[str] = []
         if gate is None:
+
             def target(session, urls=urls):
                 return urls[session.index % len(urls)]
         elif mode in TOPOLOGY_MODES:
@@ -154,6 +162,7 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
 
             def target(session, proxy_url=proxy_url):
                 return proxy_url
+
         before = await _snapshot(http, urls)
         driver = WorkloadDriver(plan.workload, target, model, http, plan.request_timeout_s, plan.api)
         timeline: list[dict] = []
@@ -167,8 +176,9 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
         delta = (await _snapshot(http, urls)).minus(before)
         conflicts = await gate_conflicts(http, kvgates) if kvgates else None
         timeline.append({"t": time.perf_counter() - t0, "queries": delta.queries, "hits": delta.hits})
-    summary = summarize_mode(mode, driver.attempts, driver.turns, delta, makespan, ceiling_hit_rate,
-                             plan.workload.num_turns)
+    summary = summarize_mode(
+        mode, driver.attempts, driver.turns, delta, makespan, ceiling_hit_rate, plan.workload.num_turns
+    )
     summary["gate"] = gate
     summary["api"] = plan.api
     if conflicts is not None:  # kvgate_gate_conflict summed over replicas, per kvgate the clients used
@@ -197,12 +207,20 @@ async def run_plan(plan: RunPlan, ceiling_hit_rate: float, repeat: int = 1, log=
             run = await run_mode(plan, mode, ceiling_hit_rate)
             rounds[mode].append(run)
             s = run.summary
-            log(f"[agentic] {label}: hit rate {s['hit_rate']:.3f}, makespan {s['makespan_s']:.1f}s, "
+            log(
+                f"[agentic] {label}: hit rate {s['hit_rate']:.3f}, makespan {s['makespan_s']:.1f}s, "
                 f"failed turns {s['turns_failed'] + s['turns_not_run']} "
-                f"(wall {time.perf_counter() - started:.0f}s)")
+                f"(wall {time.perf_counter() - started:.0f}s)"
+            )
     chosen: dict[str, ModeRun] = {}
     for mode, runs in rounds.items():
         chosen[mode] = median_run(runs)
-        chosen[mode].summary["rounds"] = [{"makespan_s": r.summary["makespan_s"], "hit_rate": r.summary["hit_rate"],
-                                           "turns_failed": r.summary["turns_failed"]} for r in runs]
+        chosen[mode].summary["rounds"] = [
+            {
+                "makespan_s": r.summary["makespan_s"],
+                "hit_rate": r.summary["hit_rate"],
+                "turns_failed": r.summary["turns_failed"],
+            }
+            for r in runs
+        ]
     return chosen

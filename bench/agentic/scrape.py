@@ -63,22 +63,22 @@ class Counters:
     sim: dict[str, float] = field(default_factory=dict)  # kvgate_sim:*_total counters by name
 
     @classmethod
-    def from_metrics(cls, totals: dict[str, float]) -> "Counters":
+    def from_metrics(cls, totals: dict[str, float]) -> Counters:
         sim = {k: v for k, v in totals.items() if k.startswith(SIM_PREFIX) and k.endswith("_total")}
         return cls(totals.get(QUERIES, 0.0), totals.get(HITS, 0.0), totals.get(PREEMPTIONS, 0.0), sim)
 
-    def __add__(self, other: "Counters") -> "Counters":
+    def __add__(self, other: Counters) -> Counters:
         sim = dict(self.sim)
         for k, v in other.sim.items():
             sim[k] = sim.get(k, 0.0) + v
-        return Counters(self.queries + other.queries, self.hits + other.hits,
-                        self.preemptions + other.preemptions, sim)
+        return Counters(self.queries + other.queries, self.hits + other.hits, self.preemptions + other.preemptions, sim)
 
-    def minus(self, earlier: "Counters") -> "Counters":
+    def minus(self, earlier: Counters) -> Counters:
         """The delta since `earlier` (a counter missing earlier counts from 0)."""
         sim = {k: v - earlier.sim.get(k, 0.0) for k, v in self.sim.items()}
-        return Counters(self.queries - earlier.queries, self.hits - earlier.hits,
-                        self.preemptions - earlier.preemptions, sim)
+        return Counters(
+            self.queries - earlier.queries, self.hits - earlier.hits, self.preemptions - earlier.preemptions, sim
+        )
 
     @property
     def hit_rate(self) -> float:
@@ -97,8 +97,7 @@ async def fetch_counters(session, url: str, timeout_s: float = 5.0) -> Counters:
     import aiohttp
 
     try:
-        async with session.get(url.rstrip("/") + "/metrics",
-                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with session.get(url.rstrip("/") + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             text = await resp.text()
             if resp.status != 200:
                 raise RuntimeError(f"GET {url}/metrics answered {resp.status}: {text[:200]}")

@@ -52,18 +52,25 @@ def best_point(rows: list[dict]) -> dict | None:
 
 
 def format_sweep(mode: str, rows: list[dict], baseline_makespan: float | None) -> str:
-    lines = [f"sweep {mode}:", f"  {'high_wm':>8}{'hit_thr':>8}{'grace':>7}{'headroom':>9}{'hit':>7}{'makespan':>10}"
-                               f"{'x sticky':>9}{'failed':>7}"]
+    lines = [
+        f"sweep {mode}:",
+        f"  {'high_wm':>8}{'hit_thr':>8}{'grace':>7}{'headroom':>9}{'hit':>7}{'makespan':>10}"
+        f"{'x sticky':>9}{'failed':>7}",
+    ]
     for r in rows:
         k = r["knobs"]
         ratio = r["makespan_s"] / baseline_makespan if baseline_makespan else None
-        lines.append(f"  {k.get('high_watermark', '-'):>8}{k.get('hit_threshold', '-'):>8}"
-                     f"{k.get('idle_grace_sec', '-'):>7}{k.get('headroom_blocks', '-'):>9}"
-                     f"{r['hit_rate']:>7.3f}{r['makespan_s']:>9.1f}s"
-                     f"{'-' if ratio is None else format(ratio, '.2f'):>9}{r['failed']:>7}")
+        lines.append(
+            f"  {k.get('high_watermark', '-'):>8}{k.get('hit_threshold', '-'):>8}"
+            f"{k.get('idle_grace_sec', '-'):>7}{k.get('headroom_blocks', '-'):>9}"
+            f"{r['hit_rate']:>7.3f}{r['makespan_s']:>9.1f}s"
+            f"{'-' if ratio is None else format(ratio, '.2f'):>9}{r['failed']:>7}"
+        )
     best = best_point(rows)
     if best:
         flag = " (every point failed a turn)" if best["all_failed_some_turn"] else ""
-        lines.append(f"  best for {mode}: {best['knobs']} -> makespan {best['makespan_s']:.1f}s, "
-                     f"hit rate {best['hit_rate']:.3f}{flag}")
+        lines.append(
+            f"  best for {mode}: {best['knobs']} -> makespan {best['makespan_s']:.1f}s, "
+            f"hit rate {best['hit_rate']:.3f}{flag}"
+        )
     return "\n".join(lines)

@@ -19,7 +19,7 @@ import asyncio
 
 import aiohttp
 
-from bench.agentic.processes import ServerGroup
+from kvgate.bench.agentic.processes import ServerGroup
 
 TOPOLOGY_MODES = ("tiers", "naive", "naive-detected")
 FRONT_DOORS = 2
@@ -37,18 +37,31 @@ async def start_topology(servers: ServerGroup, mode: str, urls: list[str], knobs
     gate = topology_gate(mode, knobs)
     names = [f"r{i}" for i in range(len(urls))]
     if mode == "tiers":
-        gates = await asyncio.gather(*(
-            servers.start_kvgate(f"gate{i}", [url], gate, extra={"role": "replica_gate"}, names=[names[i]])
-            for i, url in enumerate(urls)))
-        doors = list(await asyncio.gather(*(
-            servers.start_kvgate(f"door{i}", list(gates), {"mode": "off"}, extra={"role": "front_door"}, names=names)
-            for i in range(FRONT_DOORS))))
+        gates = await asyncio.gather(
+            *(
+                servers.start_kvgate(f"gate{i}", [url], gate, extra={"role": "replica_gate"}, names=[names[i]])
+                for i, url in enumerate(urls)
+            )
+        )
+        doors = list(
+            await asyncio.gather(
+                *(
+                    servers.start_kvgate(
+                        f"door{i}", list(gates), {"mode": "off"}, extra={"role": "front_door"}, names=names
+                    )
+                    for i in range(FRONT_DOORS)
+                )
+            )
+        )
         return doors, doors + list(gates)
     ttl = {"ownership": {"ttl_sec": 0}} if mode == "naive" else None
     doors = [await servers.start_kvgate("kvgate0", urls, gate, extra=ttl)]
     # with detection on, the second one is not ready (it only shadows): wait for it to be alive
-    doors.append(await servers.start_kvgate("kvgate1", urls, gate, extra=ttl,
-                                            ready_path="/ready" if mode == "naive" else "/health"))
+    doors.append(
+        await servers.start_kvgate(
+            "kvgate1", urls, gate, extra=ttl, ready_path="/ready" if mode == "naive" else "/health"
+        )
+    )
     ready = [url for url, ok in zip(doors, await asyncio.gather(*(is_ready(url) for url in doors))) if ok]
     return ready, doors
 
@@ -58,7 +71,7 @@ async def is_ready(url: str) -> bool:
         try:
             async with http.get(url + "/ready", timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             return False
 
 
@@ -72,7 +85,7 @@ async def gate_conflicts(http: aiohttp.ClientSession, kvgate_urls: list[str]) ->
                 for line in (await resp.text()).splitlines():
                     if line.startswith("kvgate_gate_conflict{"):
                         total += float(line.rsplit(" ", 1)[1])
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             total = float("nan")
         out[url] = total
     return out

@@ -79,7 +79,7 @@ class WorkloadSpec:
             if not ok:
                 raise ValueError(f"workload: {name}={getattr(self, name)!r} is out of range")
 
-    def replace(self, **changes) -> "WorkloadSpec":
+    def replace(self, **changes) -> WorkloadSpec:
         known = {f.name for f in fields(self)}
         unknown = sorted(set(changes) - known)
         if unknown:
@@ -144,15 +144,19 @@ def generate_workload(spec: WorkloadSpec, seed: int) -> Workload:
     shared_system = "You are agent. " + random_words(rng, spec.system_prompt_words)
     sessions = []
     for index in range(spec.sessions):
-        system = shared_system if spec.shared_system_prompt else (
-            f"You are agent {index}. " + random_words(rng, spec.system_prompt_words))
+        system = (
+            shared_system
+            if spec.shared_system_prompt
+            else (f"You are agent {index}. " + random_words(rng, spec.system_prompt_words))
+        )
         task = f"Task {index}: " + random_words(rng, spec.task_words)
         num_turns = rng.randint(spec.turns_min, spec.turns_max)
         turns = []
         for turn_index in range(1, num_turns + 1):
             last = turn_index == num_turns
-            tool_result = None if last else random_words(
-                rng, rng.randint(spec.tool_result_words_min, spec.tool_result_words_max))
+            tool_result = (
+                None if last else random_words(rng, rng.randint(spec.tool_result_words_min, spec.tool_result_words_max))
+            )
             latency = 0.0 if last else sample_tool_latency(latency_rng, spec)
             retry_after = None
             if spec.retry_prob > 0 and retry_rng.random() < spec.retry_prob:
@@ -170,8 +174,7 @@ def build_messages(session: SessionPlan, replies: list[str], turn_index: int) ->
     """
     if len(replies) < turn_index - 1:
         raise ValueError(f"turn {turn_index} needs {turn_index - 1} earlier replies, got {len(replies)}")
-    messages = [{"role": "system", "content": session.system_prompt},
-                {"role": "user", "content": session.task}]
+    messages = [{"role": "system", "content": session.system_prompt}, {"role": "user", "content": session.task}]
     for earlier in session.turns[: turn_index - 1]:
         messages.append({"role": "assistant", "content": replies[earlier.index - 1]})
         messages.append({"role": "user", "content": "Tool result: " + (earlier.tool_result or "")})

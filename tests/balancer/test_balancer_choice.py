@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from balancer import Balancer, ReplicaRegistry
-from balancer.registry import RegistryError
-from proxy.settings import BalancerSettings
+from kvgate.balancer import Balancer, ReplicaRegistry
+from kvgate.balancer.registry import RegistryError
+from kvgate.balancer.settings import BalancerSettings
 
 
 def make(n=3, algorithm="rendezvous", load_factor=1.25):

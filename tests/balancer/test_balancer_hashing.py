@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from balancer.hashing import bounded_load_pick, rendezvous_order, unit_hash
+from kvgate.balancer.hashing import bounded_load_pick, rendezvous_order, unit_hash
 
 
 def top(key: str, nodes: dict[str, float]) -> str:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
-from balancer.health import HealthChecker, HealthState, next_health
-from balancer.registry import ReplicaRegistry
-from proxy.metrics import KvgateMetrics
-from proxy.settings import HealthSettings
+from kvgate.balancer.health import HealthChecker, HealthState, next_health
+from kvgate.balancer.metrics import BalancerMetrics
+from kvgate.balancer.registry import ReplicaRegistry
+from kvgate.balancer.settings import HealthSettings
 
 
 def run(results, unhealthy_after=2, healthy_after=2, start=True):
@@ -34,7 +35,7 @@ def test_one_success_is_enough_with_healthy_after_1():
 
 
 def test_passive_marking_is_immediate_and_checks_bring_it_back():
-    metrics = KvgateMetrics()
+    metrics = BalancerMetrics(CollectorRegistry())
     registry = ReplicaRegistry(HealthSettings(unhealthy_after=3, healthy_after=2), metrics)
     r0 = registry.add("r0", "http://127.0.0.1:1")
     registry.add("r1", "http://127.0.0.1:2")
@@ -52,7 +53,7 @@ def test_answered_requests_keep_a_busy_replica_in_rotation():
     registry = ReplicaRegistry(HealthSettings(unhealthy_after=2))
     r0 = registry.add("r0", "http://127.0.0.1:1")
     registry.record_check(r0, False)  # a check timed out while the replica was busy...
-    registry.record_answer(r0)        # ...but it answered a forwarded request
+    registry.record_answer(r0)  # ...but it answered a forwarded request
     registry.record_check(r0, False)
     assert r0.healthy
     registry.record_check(r0, False)
@@ -80,6 +81,7 @@ async def test_checker_polls_health_and_follows_the_answers():
     checker = HealthChecker(registry, registry._health)
     await checker.start()
     try:
+
         async def until(predicate):
             for _ in range(200):
                 if predicate():

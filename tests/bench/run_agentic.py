@@ -10,8 +10,24 @@ def run_tiny_regime(out: Path, modes: str, *options: str) -> tuple[dict, str]:
     """Run the tiny regime's `modes` (plus CLI `options`) into `out`; (the results document,
     what the run printed). The run must exit 0."""
     result = subprocess.run(
-        [sys.executable, "-m", "bench.agentic", "--regime", "tiny", "--modes", modes, *options,
-         "--out", str(out), "--no-plots", "--request-timeout", "60"],
-        capture_output=True, text=True, timeout=240)
+        [
+            sys.executable,
+            "-m",
+            "kvgate.bench.agentic",
+            "--regime",
+            "tiny",
+            "--modes",
+            modes,
+            *options,
+            "--out",
+            str(out),
+            "--no-plots",
+            "--request-timeout",
+            "60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads((out / "results.json").read_text()), result.stdout

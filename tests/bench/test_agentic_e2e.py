@@ -5,11 +5,10 @@ harness, which stops them itself; the test only reads what the run wrote.
 """
 
 import pytest
-
 from run_agentic import run_tiny_regime
 
 
-def test_tiny_regime_direct_and_kvgate(has_replica, tmp_path):
+def test_tiny_regime_direct_and_kvgate(tmp_path):
     out = tmp_path / "agentic"
     document, printed = run_tiny_regime(out, "direct,kvgate")
     assert set(document["modes"]) == {"direct", "kvgate"}
@@ -27,7 +26,7 @@ def test_tiny_regime_direct_and_kvgate(has_replica, tmp_path):
 
 
 @pytest.mark.parametrize("api", ["messages", "responses"])
-def test_tiny_regime_speaks_each_client_api(has_replica, tmp_path, api):
+def test_tiny_regime_speaks_each_client_api(tmp_path, api):
     """The same conversation through /v1/messages and /v1/responses: every turn answered,
     the same prompt tokens as through chat (one rendering), sessions recognised by kvgate."""
     documents = {}

@@ -3,11 +3,20 @@
 import orjson
 import pytest
 
-from bench.agentic.apis import StreamState, turn_request
-from bench.agentic.workload import WorkloadSpec, build_messages, generate_workload
+from kvgate.bench.agentic.apis import StreamState, turn_request
+from kvgate.bench.agentic.workload import WorkloadSpec, build_messages, generate_workload
 
-SPEC = WorkloadSpec(sessions=1, concurrency=1, turns_min=3, turns_max=3, system_prompt_words=5, task_words=5,
-                    tool_result_words_min=3, tool_result_words_max=5, reply_tokens=3)
+SPEC = WorkloadSpec(
+    sessions=1,
+    concurrency=1,
+    turns_min=3,
+    turns_max=3,
+    system_prompt_words=5,
+    task_words=5,
+    tool_result_words_min=3,
+    tool_result_words_max=5,
+    reply_tokens=3,
+)
 SESSION = generate_workload(SPEC, 0).sessions[0]
 REPLIES = [" one", " two"]
 
@@ -45,34 +54,48 @@ def feed(api, events):
 
 
 def test_messages_stream():
-    state, firsts = feed("messages", [
-        {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 40}}},
-        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-        {"type": "content_block_delta", "delta": {"type": "text_delta", "text": " a"}},
-        {"type": "content_block_delta", "delta": {"type": "text_delta", "text": " b"}},
-        {"type": "message_delta", "usage": {"output_tokens": 2, "cache_read_input_tokens": 32}},
-    ])
+    state, firsts = feed(
+        "messages",
+        [
+            {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 40}}},
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            {"type": "content_block_delta", "delta": {"type": "text_delta", "text": " a"}},
+            {"type": "content_block_delta", "delta": {"type": "text_delta", "text": " b"}},
+            {"type": "message_delta", "usage": {"output_tokens": 2, "cache_read_input_tokens": 32}},
+        ],
+    )
     assert firsts == [False, False, True, False, False]
     assert (state.text, state.prompt_tokens, state.cached_tokens, state.error) == (" a b", 40, 32, None)
 
 
 def test_responses_stream():
-    state, firsts = feed("responses", [
-        {"type": "response.created", "response": {"id": "resp_9"}},
-        {"type": "response.output_text.delta", "delta": " x"},
-        {"type": "response.output_text.delta", "delta": " y"},
-        {"type": "response.completed", "response": {"id": "resp_9", "usage": {
-            "input_tokens": 50, "input_tokens_details": {"cached_tokens": 48}}}},
-    ])
+    state, firsts = feed(
+        "responses",
+        [
+            {"type": "response.created", "response": {"id": "resp_9"}},
+            {"type": "response.output_text.delta", "delta": " x"},
+            {"type": "response.output_text.delta", "delta": " y"},
+            {
+                "type": "response.completed",
+                "response": {
+                    "id": "resp_9",
+                    "usage": {"input_tokens": 50, "input_tokens_details": {"cached_tokens": 48}},
+                },
+            },
+        ],
+    )
     assert firsts == [False, True, False, False]
     assert (state.text, state.response_id, state.prompt_tokens, state.cached_tokens) == (" x y", "resp_9", 50, 48)
 
 
-@pytest.mark.parametrize("api, event", [
-    ("chat", {"error": {"message": "broken", "code": "upstream_stream_broken"}}),
-    ("messages", {"type": "error", "error": {"type": "overloaded_error", "message": "x"}}),
-    ("responses", {"type": "error", "code": "503", "message": "aborted"}),
-])
+@pytest.mark.parametrize(
+    "api, event",
+    [
+        ("chat", {"error": {"message": "broken", "code": "upstream_stream_broken"}}),
+        ("messages", {"type": "error", "error": {"type": "overloaded_error", "message": "x"}}),
+        ("responses", {"type": "error", "code": "503", "message": "aborted"}),
+    ],
+)
 def test_errors_in_any_stream(api, event):
     state, firsts = feed(api, [event])
     assert state.error == event and firsts == [False]

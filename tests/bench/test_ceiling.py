@@ -2,9 +2,8 @@
 
 import pytest
 
-from bench.agentic.ceiling import (WORDS, InfiniteCache, ceiling_of_requests, render_words,
-                                   workload_ceiling)
-from bench.agentic.workload import WorkloadSpec, generate_workload
+from kvgate.bench.agentic.ceiling import WORDS, InfiniteCache, ceiling_of_requests, render_words, workload_ceiling
+from kvgate.bench.agentic.workload import WorkloadSpec, generate_workload
 
 A_TO_J = list("abcdefghij")
 
@@ -46,14 +45,23 @@ def test_block_size_must_be_positive():
 
 
 def test_workload_ceiling_of_one_two_turn_session():
-    spec = WorkloadSpec(sessions=1, concurrency=1, turns_min=2, turns_max=2, reply_tokens=5,
-                        system_prompt_words=10, task_words=7, tool_result_words_min=9,
-                        tool_result_words_max=9)
+    spec = WorkloadSpec(
+        sessions=1,
+        concurrency=1,
+        turns_min=2,
+        turns_max=2,
+        reply_tokens=5,
+        system_prompt_words=10,
+        task_words=7,
+        tool_result_words_min=9,
+        tool_result_words_max=9,
+    )
     workload = generate_workload(spec, seed=3)
     session = workload.sessions[0]
     block = 4
-    first = render_words([{"role": "system", "content": session.system_prompt},
-                          {"role": "user", "content": session.task}])
+    first = render_words(
+        [{"role": "system", "content": session.system_prompt}, {"role": "user", "content": session.task}]
+    )
     second_len = len(first) + 5 + 1 + 1 + len(("Tool result: " + session.turns[0].tool_result).split()) + 1 + 1
     # turn 2 repeats turn 1's prompt and its reply; the cache holds prompt + reply - 1 tokens.
     expected_hits = min((len(first) + 5 - 1) // block, (second_len - 1) // block) * block

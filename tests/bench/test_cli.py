@@ -4,8 +4,8 @@ import argparse
 
 import pytest
 
-from bench.agentic.cli import build_plan, configure, main
-from bench.agentic.regimes import REGIMES
+from kvgate.bench.agentic.cli import build_plan, configure, main
+from kvgate.bench.agentic.regimes import REGIMES
 
 
 def parse(*argv):
@@ -13,9 +13,22 @@ def parse(*argv):
 
 
 def test_regime_preset_with_overrides():
-    plan, regime = build_plan(parse("--regime", "thrash", "--sessions", "5", "--num-blocks", "99",
-                                    "--idle-grace-sec", "7", "--modes", "sticky,kvgate-contract",
-                                    "--shared-system-prompt", "yes"))
+    plan, regime = build_plan(
+        parse(
+            "--regime",
+            "thrash",
+            "--sessions",
+            "5",
+            "--num-blocks",
+            "99",
+            "--idle-grace-sec",
+            "7",
+            "--modes",
+            "sticky,kvgate-contract",
+            "--shared-system-prompt",
+            "yes",
+        )
+    )
     assert regime == "thrash"
     assert plan.workload.spec.sessions == 5 and len(plan.workload.sessions) == 5
     assert plan.workload.spec.shared_system_prompt is True
@@ -25,12 +38,15 @@ def test_regime_preset_with_overrides():
     assert plan.modes == ("sticky", "kvgate-contract")
 
 
-@pytest.mark.parametrize("argv,message", [
-    (("--modes", "sticky,fast"), "--modes"),
-    (("--sessions", "0"), "sessions"),
-    (("--repeat", "0"), "--repeat"),
-    (("--replicas", "0"), "--replicas"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (("--modes", "sticky,fast"), "--modes"),
+        (("--sessions", "0"), "sessions"),
+        (("--repeat", "0"), "--repeat"),
+        (("--replicas", "0"), "--replicas"),
+    ],
+)
 def test_bad_options_exit_2_naming_the_option(argv, message, capsys):
     assert main(parse(*argv)) == 2
     assert message in capsys.readouterr().err

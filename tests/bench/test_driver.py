@@ -2,12 +2,21 @@
 
 import aiohttp
 
-from bench.agentic.driver import WorkloadDriver
-from bench.agentic.workload import WorkloadSpec, generate_workload
+from kvgate.bench.agentic.driver import WorkloadDriver
+from kvgate.bench.agentic.workload import WorkloadSpec, generate_workload
 
-SPEC = WorkloadSpec(sessions=3, concurrency=2, turns_min=3, turns_max=3, system_prompt_words=5,
-                    task_words=5, tool_result_words_min=3, tool_result_words_max=5, reply_tokens=3,
-                    tool_latency_median_s=0.001)
+SPEC = WorkloadSpec(
+    sessions=3,
+    concurrency=2,
+    turns_min=3,
+    turns_max=3,
+    system_prompt_words=5,
+    task_words=5,
+    tool_result_words_min=3,
+    tool_result_words_max=5,
+    reply_tokens=3,
+    tool_latency_median_s=0.001,
+)
 
 
 async def drive(url, workload, timeout=30.0):
@@ -41,8 +50,12 @@ async def test_sessions_resend_history_with_the_returned_replies(scripted_replic
 
 async def test_a_retry_supersedes_the_waiting_attempt(scripted_replica):
     replica, url = await scripted_replica(supersede=True)
-    workload = generate_workload(SPEC.replace(sessions=2, turns_min=2, turns_max=2, retry_prob=1.0,
-                                              retry_after_s_min=0.01, retry_after_s_max=0.02), 2)
+    workload = generate_workload(
+        SPEC.replace(
+            sessions=2, turns_min=2, turns_max=2, retry_prob=1.0, retry_after_s_min=0.01, retry_after_s_max=0.02
+        ),
+        2,
+    )
     driver, _ = await drive(url, workload)
     assert len(driver.turns) == 4 and all(t.ok and t.attempts == 2 for t in driver.turns)
     first = [a for a in driver.attempts if a.attempt == 1]

@@ -2,12 +2,15 @@
 
 import pytest
 
-from bench.agentic.plots import windowed_hit_rate, write_plots
+from kvgate.bench.agentic.plots import windowed_hit_rate, write_plots
 
 
 def test_windowed_hit_rate_from_cumulative_samples():
-    timeline = [{"t": 1.0, "queries": 100, "hits": 50}, {"t": 2.0, "queries": 100, "hits": 50},
-                {"t": 3.0, "queries": 300, "hits": 200}]
+    timeline = [
+        {"t": 1.0, "queries": 100, "hits": 50},
+        {"t": 2.0, "queries": 100, "hits": 50},
+        {"t": 3.0, "queries": 300, "hits": 200},
+    ]
     assert windowed_hit_rate(timeline) == [(1.0, 0.5), (3.0, 0.75)]  # the empty interval is skipped
 
 

@@ -2,15 +2,23 @@
 
 import pytest
 
-from bench.agentic.driver import AttemptRecord, TurnRecord
-from bench.agentic.report import (compare_to, evaluate_targets, format_table, percentile, real_vllm_targets,
-                                  summarize_mode, turn_bucket)
-from bench.agentic.scrape import Counters
+from kvgate.bench.agentic.driver import AttemptRecord, TurnRecord
+from kvgate.bench.agentic.report import (
+    compare_to,
+    evaluate_targets,
+    format_table,
+    percentile,
+    real_vllm_targets,
+    summarize_mode,
+    turn_bucket,
+)
+from kvgate.bench.agentic.scrape import Counters
 
 
 def attempt(session, turn, status=200, attempt_no=1, admission="open", wait_ms=0.0, used=True, cached=None):
-    return AttemptRecord(session, turn, attempt_no, 0.0, 1.0, 0.1, status, None, "r0", admission,
-                         wait_ms, 100, cached, used)
+    return AttemptRecord(
+        session, turn, attempt_no, 0.0, 1.0, 0.1, status, None, "r0", admission, wait_ms, 100, cached, used
+    )
 
 
 def canned():
@@ -27,15 +35,18 @@ def canned():
         TurnRecord(1, 1, 0.0, 2.0, None, True, 2),
         TurnRecord(1, 2, 3.0, 9.0, None, False, 1),
     ]
-    counters = Counters(queries=1000, hits=600, preemptions=3,
-                        sim={"kvgate_sim:recomputed_tokens_total": 120, "kvgate_sim:preempted_prefix_cache_hits_total": 7})
+    counters = Counters(
+        queries=1000,
+        hits=600,
+        preemptions=3,
+        sim={"kvgate_sim:recomputed_tokens_total": 120, "kvgate_sim:preempted_prefix_cache_hits_total": 7},
+    )
     return attempts, turns, counters
 
 
 def test_summary_of_canned_run():
     attempts, turns, counters = canned()
-    s = summarize_mode("kvgate", attempts, turns, counters, makespan_s=9.5, ceiling_hit_rate=0.8,
-                       planned_turns=5)
+    s = summarize_mode("kvgate", attempts, turns, counters, makespan_s=9.5, ceiling_hit_rate=0.8, planned_turns=5)
     assert s["hit_rate"] == 0.6
     assert s["hit_rate_of_ceiling"] == pytest.approx(0.75)
     assert s["prompt_tokens_prefilled"] == 400
@@ -79,8 +90,10 @@ def test_comparisons_and_targets():
     assert not checks[("kvgate-contract", "hit rate >= 0.85x ceiling")]
     assert not checks[("kvgate-contract", "makespan <= 0.6x sticky")]
     assert not checks[("kvgate-contract", "no failed turn")]
-    calm = {(c["mode"], c["target"]): c["met"] for c in evaluate_targets("no-pressure", {
-        "sticky": base, "kvgate": {**base, "makespan_s": 10.4}})}
+    calm = {
+        (c["mode"], c["target"]): c["met"]
+        for c in evaluate_targets("no-pressure", {"sticky": base, "kvgate": {**base, "makespan_s": 10.4}})
+    }
     assert calm == {("kvgate", "makespan <= 1.05x sticky"): True, ("kvgate", "hit rate = sticky (+-0.01)"): True}
     assert evaluate_targets("thrash", {"kvgate": base}) == []  # no sticky run: nothing to compare
 
@@ -93,7 +106,7 @@ def test_table_has_a_row_per_mode():
 
 
 def test_markdown_table_has_a_row_per_mode_and_the_targets():
-    from bench.agentic.report import format_markdown
+    from kvgate.bench.agentic.report import format_markdown
 
     attempts, turns, counters = canned()
     results = {m: summarize_mode(m, attempts, turns, counters, 9.5, 0.8, 5) for m in ("sticky", "kvgate")}
@@ -106,30 +119,48 @@ def test_markdown_table_has_a_row_per_mode_and_the_targets():
 def test_percentile_and_buckets():
     assert percentile([], 50) is None
     assert percentile([3.0], 95) == 3.0
-    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    assert [turn_bucket(i) for i in (1, 2, 3, 4, 7, 8, 15, 16, 40)] == ["1", "2-3", "2-3", "4-7", "4-7",
-                                                                       "8-15", "8-15", "16+", "16+"]
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0  # nearest rank: an observed value
+    assert [turn_bucket(i) for i in (1, 2, 3, 4, 7, 8, 15, 16, 40)] == [
+        "1",
+        "2-3",
+        "2-3",
+        "4-7",
+        "4-7",
+        "8-15",
+        "8-15",
+        "16+",
+        "16+",
+    ]
 
 
 def test_median_run_picks_the_middle_makespan():
-    from bench.agentic.runner import ModeRun, median_run
+    from kvgate.bench.agentic.runner import ModeRun, median_run
 
     runs = [ModeRun({"makespan_s": m}, [], [], []) for m in (9.0, 3.0, 5.0, 7.0)]
     assert median_run(runs).summary["makespan_s"] == 5.0
     assert median_run(runs[:3]).summary["makespan_s"] == 5.0
 
 
-@pytest.mark.parametrize("regime,kvgate,expected", [
-    # prefill-bound model: makespan <= 0.8x sticky and hit rate >= 2x sticky's (sticky: 10 s, 0.2)
-    ("vllm-prefill", {"makespan_s": 8.0, "hit_rate": 0.4},
-     {"makespan <= 0.8x sticky": True, "hit rate >= 2x sticky": True}),
-    ("vllm-prefill-no-finish", {"makespan_s": 8.1, "hit_rate": 0.39},
-     {"makespan <= 0.8x sticky": False, "hit rate >= 2x sticky": False}),
-    # tiny model: makespan <= 1.05x sticky, hit rate not a target
-    ("vllm-small", {"makespan_s": 10.5, "hit_rate": 0.1}, {"makespan <= 1.05x sticky": True}),
-    ("vllm-small-no-finish", {"makespan_s": 10.6, "hit_rate": 0.9}, {"makespan <= 1.05x sticky": False}),
-    ("thrash", {"makespan_s": 1.0, "hit_rate": 0.9}, {}),  # simulated regimes: evaluate_targets' job
-])
+@pytest.mark.parametrize(
+    "regime,kvgate,expected",
+    [
+        # prefill-bound model: makespan <= 0.8x sticky and hit rate >= 2x sticky's (sticky: 10 s, 0.2)
+        (
+            "vllm-prefill",
+            {"makespan_s": 8.0, "hit_rate": 0.4},
+            {"makespan <= 0.8x sticky": True, "hit rate >= 2x sticky": True},
+        ),
+        (
+            "vllm-prefill-no-finish",
+            {"makespan_s": 8.1, "hit_rate": 0.39},
+            {"makespan <= 0.8x sticky": False, "hit rate >= 2x sticky": False},
+        ),
+        # tiny model: makespan <= 1.05x sticky, hit rate not a target
+        ("vllm-small", {"makespan_s": 10.5, "hit_rate": 0.1}, {"makespan <= 1.05x sticky": True}),
+        ("vllm-small-no-finish", {"makespan_s": 10.6, "hit_rate": 0.9}, {"makespan <= 1.05x sticky": False}),
+        ("thrash", {"makespan_s": 1.0, "hit_rate": 0.9}, {}),  # simulated regimes: evaluate_targets' job
+    ],
+)
 def test_real_vllm_targets(regime, kvgate, expected):
     results = {"sticky": {"makespan_s": 10.0, "hit_rate": 0.2}, "kvgate-contract": kvgate}
     checks = real_vllm_targets(regime, results)

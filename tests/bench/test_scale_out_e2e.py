@@ -9,7 +9,7 @@ import sys
 from run_agentic import run_tiny_regime
 
 
-def test_tiny_regime_tiers_and_naive_detected(has_replica, tmp_path):
+def test_tiny_regime_tiers_and_naive_detected(tmp_path):
     out = tmp_path / "agentic"
     modes = run_tiny_regime(out, "tiers,naive-detected")[0]["modes"]
     for mode, summary in modes.items():
@@ -30,14 +30,35 @@ def test_tiny_regime_tiers_and_naive_detected(has_replica, tmp_path):
     assert log.count("gate conflict on replica") == 2
 
 
-def test_scale_out_load_small(has_replica, tmp_path):
+def test_scale_out_load_small(tmp_path):
     """bench/scale_out_load.py at CI size: no failed turn, no leak, no conflict, no session moved."""
     out = tmp_path / "load.json"
     result = subprocess.run(
-        [sys.executable, "-m", "bench.scale_out_load", "--sessions", "150", "--turns", "3", "--replicas", "2",
-         "--front-doors", "2", "--layouts", "single,tiers", "--ramp-sec", "0.5", "--log-dir", str(tmp_path / "logs"),
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=240)
+        [
+            sys.executable,
+            "-m",
+            "kvgate.bench.scale_out_load",
+            "--sessions",
+            "150",
+            "--turns",
+            "3",
+            "--replicas",
+            "2",
+            "--front-doors",
+            "2",
+            "--layouts",
+            "single,tiers",
+            "--ramp-sec",
+            "0.5",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
     assert [r["layout"] for r in runs] == ["single", "tiers"]
@@ -47,15 +68,38 @@ def test_scale_out_load_small(has_replica, tmp_path):
         assert set(run["reasons"]) <= {"contract_fits", "reserved_session"}  # the gate's own, through the doors
 
 
-def test_scale_out_load_front_door_killed(has_replica, tmp_path):
+def test_scale_out_load_front_door_killed(tmp_path):
     """Front door 0 is SIGKILLed mid-run: its clients fail over, re-sending only the turns that were
     in flight there, every turn completes, and every session stays on its replica."""
     out = tmp_path / "load.json"
     result = subprocess.run(
-        [sys.executable, "-m", "bench.scale_out_load", "--sessions", "200", "--turns", "8", "--replicas", "2",
-         "--front-doors", "2", "--layouts", "tiers", "--ramp-sec", "1", "--kill-front-door-after", "0.5",
-         "--log-dir", str(tmp_path / "logs"), "--out", str(out)],
-        capture_output=True, text=True, timeout=240)
+        [
+            sys.executable,
+            "-m",
+            "kvgate.bench.scale_out_load",
+            "--sessions",
+            "200",
+            "--turns",
+            "8",
+            "--replicas",
+            "2",
+            "--front-doors",
+            "2",
+            "--layouts",
+            "tiers",
+            "--ramp-sec",
+            "1",
+            "--kill-front-door-after",
+            "0.5",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (run,) = json.loads(out.read_text())["runs"]
     assert run["killed_door_outstanding"] is not None

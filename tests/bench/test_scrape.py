@@ -1,6 +1,6 @@
 """Reading replica counters from Prometheus text."""
 
-from bench.agentic.scrape import Counters, parse_prometheus, sum_counters
+from kvgate.bench.agentic.scrape import Counters, parse_prometheus, sum_counters
 
 TEXT = """\
 # HELP vllm:prefix_cache_queries_total Prefix cache queries, in tokens.

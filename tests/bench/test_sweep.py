@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.agentic.sweep import best_point, grid_points, parse_values
+from kvgate.bench.agentic.sweep import best_point, grid_points, parse_values
 
 
 def test_grid_is_the_full_product_in_stable_order():

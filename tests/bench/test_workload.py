@@ -2,10 +2,11 @@
 
 import pytest
 
-from bench.agentic.workload import WorkloadSpec, build_messages, generate_workload
+from kvgate.bench.agentic.workload import WorkloadSpec, build_messages, generate_workload
 
-SPEC = WorkloadSpec(sessions=5, concurrency=2, turns_min=2, turns_max=6, tool_tail_prob=0.3,
-                    tool_tail_s=4.0, retry_prob=0.5)
+SPEC = WorkloadSpec(
+    sessions=5, concurrency=2, turns_min=2, turns_max=6, tool_tail_prob=0.3, tool_tail_s=4.0, retry_prob=0.5
+)
 
 
 def test_same_seed_same_workload():
@@ -58,8 +59,9 @@ def test_build_messages_needs_earlier_replies():
         build_messages(session, [], 2)
 
 
-@pytest.mark.parametrize("field,value", [("sessions", 0), ("turns_max", 0), ("tool_tail_prob", 1.5),
-                                         ("retry_after_s_max", 0.0)])
+@pytest.mark.parametrize(
+    "field,value", [("sessions", 0), ("turns_max", 0), ("tool_tail_prob", 1.5), ("retry_after_s_max", 0.0)]
+)
 def test_bad_spec_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         generate_workload(SPEC.replace(**{field: value}), 0)
@@ -74,7 +76,9 @@ def test_latency_and_retry_knobs_keep_the_sessions():
     base = SPEC.replace(tool_tail_prob=0.0, retry_prob=0.0)
     stormy = generate_workload(base.replace(tool_tail_prob=0.5, retry_prob=0.5), 9)
     calm = generate_workload(base, 9)
-    assert [(s.system_prompt, s.task, [t.tool_result for t in s.turns]) for s in stormy.sessions] == \
-           [(s.system_prompt, s.task, [t.tool_result for t in s.turns]) for s in calm.sessions]
-    assert [t.tool_latency_s for s in stormy.sessions for t in s.turns] != \
-           [t.tool_latency_s for s in calm.sessions for t in s.turns]
+    assert [(s.system_prompt, s.task, [t.tool_result for t in s.turns]) for s in stormy.sessions] == [
+        (s.system_prompt, s.task, [t.tool_result for t in s.turns]) for s in calm.sessions
+    ]
+    assert [t.tool_latency_s for s in stormy.sessions for t in s.turns] != [
+        t.tool_latency_s for s in calm.sessions for t in s.turns
+    ]

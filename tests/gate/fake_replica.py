@@ -18,8 +18,15 @@ from aiohttp import web
 class ReplicaScript:
     """What the fake replica answers. Set a `*_raw` to answer bytes instead of JSON."""
 
-    kv: Any = field(default_factory=lambda: {"version": 1, "kv_cache_usage": 0.1,
-                                             "num_total_blocks": 100, "num_free_blocks": 90, "block_size": 16})
+    kv: Any = field(
+        default_factory=lambda: {
+            "version": 1,
+            "kv_cache_usage": 0.1,
+            "num_total_blocks": 100,
+            "num_free_blocks": 90,
+            "block_size": 16,
+        }
+    )
     kv_status: int = 200
     kv_raw: bytes | None = None
     kv_delay: float = 0.0
@@ -40,9 +47,14 @@ class ReplicaScript:
         self.kv = {**self.kv, "kv_cache_usage": value}
 
     def prefix(self, body_id: str, total: int, hit: int) -> None:
-        self.prefix_by_id[body_id] = {"version": 1, "total_tokens": total * 16, "total_blocks": total,
-                                      "hit_blocks": hit, "hit_tokens": hit * 16,
-                                      "hit_ratio": hit / total if total else 0.0}
+        self.prefix_by_id[body_id] = {
+            "version": 1,
+            "total_tokens": total * 16,
+            "total_blocks": total,
+            "hit_blocks": hit,
+            "hit_tokens": hit * 16,
+            "hit_ratio": hit / total if total else 0.0,
+        }
 
 
 def fake_replica_app(script: ReplicaScript) -> web.Application:
@@ -77,9 +89,12 @@ def fake_replica_app(script: ReplicaScript) -> web.Application:
     async def chat(request: web.Request) -> web.Response:
         doc = orjson.loads(await request.read())
         script.chat_requests.append(doc)
-        answer = {"id": "chatcmpl-fake", "object": "chat.completion", "model": doc.get("model", "m"),
-                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
-                               "finish_reason": "stop"}]}
+        answer = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "model": doc.get("model", "m"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        }
         return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
     app = web.Application()

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from gate.gate import Gate
-from gate.policies import output_allowance
-from gate.route_prompts import body_holds_prompt
-from tests.gate.conftest import FakeProbe, assert_clean, settings
+from kvgate.gate.gate import Gate
+from kvgate.gate.policies import output_allowance
+from kvgate.gate.route_prompts import body_holds_prompt
+from tests.gate.helpers import FakeProbe, assert_clean, settings
 
 
 @pytest.mark.parametrize(

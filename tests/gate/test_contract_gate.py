@@ -11,9 +11,9 @@ import asyncio
 
 import pytest
 
-from gate.errors import PromptTooLong
-from gate.gate import Gate, Lease
-from tests.gate.conftest import FakeProbe, assert_clean, sample, settings, until
+from kvgate.gate.errors import PromptTooLong
+from kvgate.gate.gate import Gate, Lease
+from tests.gate.helpers import FakeProbe, assert_clean, sample, settings, until
 
 
 def contract_gate(metrics, clock, total: int = 100, free: int = 100, **knobs) -> tuple[Gate, FakeProbe]:
@@ -78,6 +78,10 @@ async def test_burst_of_eight_on_a_cache_for_three_admits_three_and_holds_five(m
     # The head waiter was probed; the four behind it wait their turn unprobed (strict FIFO).
     assert probe.prefix_calls == ["s0", "s1", "s2", "s3"]
     assert sample(metrics, "kvgate_pending_sessions", replica="r0") == 5
+    # /admin/state says why each waits: the head does not fit beside the windows, the rest queue behind it
+    held = {name: state["sessions"][name]["held"] for name in names}
+    assert held["s0"] is None and held["s3"]["cause"] == "windows_full" and "90 in windows" in held["s3"]["why"]
+    assert {held[name]["cause"] for name in ("s4", "s5", "s6", "s7")} == {"behind_waiters"}
 
     # The oldest finishes its turn: its window stays (idle), so the head still does not fit.
     tasks["s0"].result().release()

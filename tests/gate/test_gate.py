@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from gate.errors import AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
-from gate.gate import Gate
-from tests.gate.conftest import CLEAN, FakeProbe, assert_clean, sample, settings, until
+from kvgate.gate.errors import AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from kvgate.gate.gate import Gate
+from tests.gate.helpers import CLEAN, FakeProbe, assert_clean, sample, settings, until
 
 HIGH = 0.9
 LOW = 0.1

@@ -6,13 +6,28 @@ import json
 
 import pytest
 
-from bench import gate_load
+from kvgate.bench import gate_load
 
 
 def test_gate_load_small_run_seed_policy(tmp_path, capsys):
     out = tmp_path / "gate_load.json"
-    code = gate_load.main(["--sessions", "4", "--turns", "2", "--ramp-sec", "0.05", "--in-process-replicas",
-                           "--modes", "enforce,shadow", "--policy", "seed", "--out", str(out)])
+    code = gate_load.main(
+        [
+            "--sessions",
+            "4",
+            "--turns",
+            "2",
+            "--ramp-sec",
+            "0.05",
+            "--in-process-replicas",
+            "--modes",
+            "enforce,shadow",
+            "--policy",
+            "seed",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().out
     runs = json.loads(out.read_text())["runs"]
     assert runs[0]["reasons"] == {"open": 8}
@@ -21,8 +36,21 @@ def test_gate_load_small_run_seed_policy(tmp_path, capsys):
 
 def test_gate_load_small_run(tmp_path, capsys):
     out = tmp_path / "gate_load.json"
-    code = gate_load.main(["--sessions", "6", "--turns", "3", "--ramp-sec", "0.05", "--in-process-replicas",
-                           "--modes", "off,enforce,shadow", "--out", str(out)])
+    code = gate_load.main(
+        [
+            "--sessions",
+            "6",
+            "--turns",
+            "3",
+            "--ramp-sec",
+            "0.05",
+            "--in-process-replicas",
+            "--modes",
+            "off,enforce,shadow",
+            "--out",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0, printed
     result = json.loads(out.read_text())

@@ -7,23 +7,25 @@ import asyncio
 
 import pytest
 
-from gate.gate import Gate
-from gate.observations import reprefill_tokens
-from tests.gate.conftest import FakeProbe, assert_clean, sample, settings, until
-from tests.gate.test_probe import http, make_probe, replica_url, script  # noqa: F401 (fixtures)
+from kvgate.gate.gate import Gate
+from kvgate.gate.observations import reprefill_tokens
+from tests.gate.helpers import FakeProbe, assert_clean, make_probe, sample, settings, until
 
 
-@pytest.mark.parametrize("previous, prompt, hit_blocks, block_size, expected", [
-    (None, 320, 0, 16, 0),      # no history: a first turn re-prefills nothing
-    (320, 352, 20, 16, 0),      # the previous prompt's 20 full blocks are all resident
-    (320, 352, 18, 16, 32),     # two of them were evicted
-    (320, 352, 0, 16, 320),     # all evicted
-    (330, 352, 0, 16, 320),     # the previous prompt's partial block was never cached
-    (320, 100, 0, 16, 96),      # a shorter prompt (history rewritten) shares at most itself
-    (320, 352, 25, 16, 0),      # more resident than before (another session's prefix): never negative
-    (320, 352, 0, None, 0),     # block size unknown (/metrics fallback): no estimate
-    (320, 0, 0, 16, 0),
-])
+@pytest.mark.parametrize(
+    "previous, prompt, hit_blocks, block_size, expected",
+    [
+        (None, 320, 0, 16, 0),  # no history: a first turn re-prefills nothing
+        (320, 352, 20, 16, 0),  # the previous prompt's 20 full blocks are all resident
+        (320, 352, 18, 16, 32),  # two of them were evicted
+        (320, 352, 0, 16, 320),  # all evicted
+        (330, 352, 0, 16, 320),  # the previous prompt's partial block was never cached
+        (320, 100, 0, 16, 96),  # a shorter prompt (history rewritten) shares at most itself
+        (320, 352, 25, 16, 0),  # more resident than before (another session's prefix): never negative
+        (320, 352, 0, None, 0),  # block size unknown (/metrics fallback): no estimate
+        (320, 0, 0, 16, 0),
+    ],
+)
 def test_reprefill_tokens(previous, prompt, hit_blocks, block_size, expected):
     assert reprefill_tokens(previous, prompt, hit_blocks, block_size) == expected
 
@@ -51,7 +53,8 @@ async def test_oldest_waiter_age_and_wait_by_reason(metrics, clock):
     assert sample(metrics, "kvgate_oldest_waiter_seconds", replica="r0") == 0
     assert sample(metrics, "kvgate_admission_reason_wait_seconds_count", replica="r0", reason="open") == 3
     assert sample(metrics, "kvgate_admission_reason_wait_seconds_sum", replica="r0", reason="open") == (
-        pytest.approx(2.5 + 0.5))
+        pytest.approx(2.5 + 0.5)
+    )
     for lease in leases:
         lease.release()
     assert_clean(gate, clock)

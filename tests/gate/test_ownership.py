@@ -6,9 +6,22 @@ import logging
 
 import pytest
 
-from gate.ownership import (CONFLICT, NO_API, OWNER, UNCHECKED, UNKNOWN, OwnerAnswer, Ownership, conflict_flag,
-                            gate_mode, next_ownership, parse_owner_answer, readiness, transition_message)
-from kvgate_vllm.owner_record import OwnerClaimError, OwnerRecord, answer, claim, parse_claim
+from kvgate.gate.ownership import (
+    CONFLICT,
+    NO_API,
+    OWNER,
+    UNCHECKED,
+    UNKNOWN,
+    OwnerAnswer,
+    Ownership,
+    conflict_flag,
+    gate_mode,
+    next_ownership,
+    parse_owner_answer,
+    readiness,
+    transition_message,
+)
+from kvgate.vllm_plugin.owner_record import OwnerClaimError, OwnerRecord, answer, claim, parse_claim
 
 INF = float("inf")
 
@@ -23,17 +36,20 @@ def run(steps):
     return record, out
 
 
-@pytest.mark.parametrize("steps, owner, held, contenders", [
-    ([("a", 10, 0)], "a", True, []),                                    # a free record is taken
-    ([("a", 10, 0), ("a", 10, 5)], "a", True, []),                      # the owner renews
-    ([("a", 10, 0), ("b", 10, 5)], "a", False, ["b"]),                  # a live lease refuses b
-    ([("a", 10, 0), ("b", 10, 10)], "b", True, []),                     # ... until it lapses (expiry is exclusive)
-    ([("a", 10, 0), ("b", 10, 5), ("a", 10, 6)], "a", True, ["b"]),     # the owner learns of b on renewal
-    ([("a", 10, 0), ("b", 10, 5), ("a", 10, 16)], "a", True, []),       # b's contention lapses after its ttl
-    ([("a", 10, 0), ("a", 0, 1), ("b", 10, 2)], "b", True, []),         # ttl 0 releases at once
-    ([("a", 10, 0), ("b", 0, 1), ("a", 10, 2)], "a", True, []),         # ttl 0 from another gate only withdraws it
-    ([("a", 10, 0), ("b", 10, 1), ("b", 0, 2), ("a", 10, 3)], "a", True, []),
-])
+@pytest.mark.parametrize(
+    "steps, owner, held, contenders",
+    [
+        ([("a", 10, 0)], "a", True, []),  # a free record is taken
+        ([("a", 10, 0), ("a", 10, 5)], "a", True, []),  # the owner renews
+        ([("a", 10, 0), ("b", 10, 5)], "a", False, ["b"]),  # a live lease refuses b
+        ([("a", 10, 0), ("b", 10, 10)], "b", True, []),  # ... until it lapses (expiry is exclusive)
+        ([("a", 10, 0), ("b", 10, 5), ("a", 10, 6)], "a", True, ["b"]),  # the owner learns of b on renewal
+        ([("a", 10, 0), ("b", 10, 5), ("a", 10, 16)], "a", True, []),  # b's contention lapses after its ttl
+        ([("a", 10, 0), ("a", 0, 1), ("b", 10, 2)], "b", True, []),  # ttl 0 releases at once
+        ([("a", 10, 0), ("b", 0, 1), ("a", 10, 2)], "a", True, []),  # ttl 0 from another gate only withdraws it
+        ([("a", 10, 0), ("b", 10, 1), ("b", 0, 2), ("a", 10, 3)], "a", True, []),
+    ],
+)
 def test_owner_record_table(steps, owner, held, contenders):
     _, out = run(steps)
     assert (out["owner"], out["held"], out["contenders"]) == (owner, held, contenders)
@@ -41,17 +57,29 @@ def test_owner_record_table(steps, owner, held, contenders):
 
 def test_owner_record_read_and_expiry_figures():
     record, _ = run([("a", 10, 0)])
-    assert answer(record, None, 4) == {"version": 1, "owner": "a", "held": False, "expires_in_sec": 6.0,
-                                       "contenders": []}
+    assert answer(record, None, 4) == {
+        "version": 1,
+        "owner": "a",
+        "held": False,
+        "expires_in_sec": 6.0,
+        "contenders": [],
+    }
     assert answer(record, None, 11)["owner"] is None
 
 
-@pytest.mark.parametrize("body, param", [
-    ([], None), ({"ttl_sec": 1}, "gate_id"), ({"gate_id": "", "ttl_sec": 1}, "gate_id"),
-    ({"gate_id": "x" * 257, "ttl_sec": 1}, "gate_id"), ({"gate_id": "a"}, "ttl_sec"),
-    ({"gate_id": "a", "ttl_sec": True}, "ttl_sec"), ({"gate_id": "a", "ttl_sec": -1}, "ttl_sec"),
-    ({"gate_id": "a", "ttl_sec": 3601}, "ttl_sec"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ([], None),
+        ({"ttl_sec": 1}, "gate_id"),
+        ({"gate_id": "", "ttl_sec": 1}, "gate_id"),
+        ({"gate_id": "x" * 257, "ttl_sec": 1}, "gate_id"),
+        ({"gate_id": "a"}, "ttl_sec"),
+        ({"gate_id": "a", "ttl_sec": True}, "ttl_sec"),
+        ({"gate_id": "a", "ttl_sec": -1}, "ttl_sec"),
+        ({"gate_id": "a", "ttl_sec": 3601}, "ttl_sec"),
+    ],
+)
 def test_bad_claims_name_the_field(body, param):
     with pytest.raises(OwnerClaimError) as err:
         parse_claim(body)
@@ -59,8 +87,9 @@ def test_bad_claims_name_the_field(body, param):
 
 
 def test_parse_owner_answer():
-    assert parse_owner_answer({"owner": "a", "held": True, "expires_in_sec": 3, "contenders": ["b"]}) == \
-        OwnerAnswer("a", True, 3.0, ("b",))
+    assert parse_owner_answer({"owner": "a", "held": True, "expires_in_sec": 3, "contenders": ["b"]}) == OwnerAnswer(
+        "a", True, 3.0, ("b",)
+    )
     for bad in ([], {"held": "yes"}, {"held": True, "owner": 3}, {"held": True, "contenders": "b"}):
         with pytest.raises(ValueError):
             parse_owner_answer(bad)
@@ -70,31 +99,47 @@ HELD = OwnerAnswer("me", True, 9.0)
 TAKEN = OwnerAnswer("other", False, 9.0)
 
 
-@pytest.mark.parametrize("previous, outcome, status", [
-    (Ownership(), HELD, OWNER),
-    (Ownership(), TAKEN, CONFLICT),
-    (Ownership(), NO_API, UNCHECKED),
-    (Ownership(), None, UNKNOWN),                    # a failed claim changes nothing ...
-    (Ownership(OWNER, "me"), None, OWNER),           # ... so a slow replica never flaps the gate
-    (Ownership(CONFLICT, "other"), None, CONFLICT),
-    (Ownership(CONFLICT, "other"), HELD, OWNER),     # the owner's lease lapsed: take over
-])
+@pytest.mark.parametrize(
+    "previous, outcome, status",
+    [
+        (Ownership(), HELD, OWNER),
+        (Ownership(), TAKEN, CONFLICT),
+        (Ownership(), NO_API, UNCHECKED),
+        (Ownership(), None, UNKNOWN),  # a failed claim changes nothing ...
+        (Ownership(OWNER, "me"), None, OWNER),  # ... so a slow replica never flaps the gate
+        (Ownership(CONFLICT, "other"), None, CONFLICT),
+        (Ownership(CONFLICT, "other"), HELD, OWNER),  # the owner's lease lapsed: take over
+    ],
+)
 def test_next_ownership(previous, outcome, status):
     assert next_ownership(previous, outcome).status == status
 
 
-@pytest.mark.parametrize("configured, status, mode", [
-    ("enforce", OWNER, "enforce"), ("enforce", CONFLICT, "shadow"), ("enforce", UNCHECKED, "enforce"),
-    ("enforce", UNKNOWN, "enforce"), ("shadow", CONFLICT, "shadow"), ("off", CONFLICT, "off"),
-])
+@pytest.mark.parametrize(
+    "configured, status, mode",
+    [
+        ("enforce", OWNER, "enforce"),
+        ("enforce", CONFLICT, "shadow"),
+        ("enforce", UNCHECKED, "enforce"),
+        ("enforce", UNKNOWN, "enforce"),
+        ("shadow", CONFLICT, "shadow"),
+        ("off", CONFLICT, "off"),
+    ],
+)
 def test_gate_mode(configured, status, mode):
     assert gate_mode(configured, Ownership(status, "other")) == mode
 
 
-@pytest.mark.parametrize("ownership, flag", [
-    (Ownership(OWNER, "me"), 0), (Ownership(OWNER, "me", ("b",)), 1), (Ownership(CONFLICT, "other"), 1),
-    (Ownership(UNCHECKED), 0), (Ownership(), 0),
-])
+@pytest.mark.parametrize(
+    "ownership, flag",
+    [
+        (Ownership(OWNER, "me"), 0),
+        (Ownership(OWNER, "me", ("b",)), 1),
+        (Ownership(CONFLICT, "other"), 1),
+        (Ownership(UNCHECKED), 0),
+        (Ownership(), 0),
+    ],
+)
 def test_conflict_flag(ownership, flag):
     assert conflict_flag(ownership) == flag
 
@@ -109,12 +154,15 @@ def test_transition_messages_say_what_changed_once():
     assert transition_message("r0", "me", Ownership(OWNER, "me"), Ownership(OWNER, "me", ("b",)))[0] == logging.ERROR
 
 
-@pytest.mark.parametrize("healthy, ownership, ready, conflicts", [
-    ({"r0": True}, {}, True, {}),
-    ({"r0": False}, {}, False, {}),
-    ({"r0": True}, {"r0": Ownership(CONFLICT, "other")}, False, {"r0": "other"}),
-    ({"r0": True, "r1": True}, {"r0": Ownership(CONFLICT, "other")}, True, {"r0": "other"}),
-    ({"r0": True}, {"r0": Ownership(UNCHECKED)}, True, {}),
-])
+@pytest.mark.parametrize(
+    "healthy, ownership, ready, conflicts",
+    [
+        ({"r0": True}, {}, True, {}),
+        ({"r0": False}, {}, False, {}),
+        ({"r0": True}, {"r0": Ownership(CONFLICT, "other")}, False, {"r0": "other"}),
+        ({"r0": True, "r1": True}, {"r0": Ownership(CONFLICT, "other")}, True, {"r0": "other"}),
+        ({"r0": True}, {"r0": Ownership(UNCHECKED)}, True, {}),
+    ],
+)
 def test_readiness(healthy, ownership, ready, conflicts):
     assert readiness(healthy, ownership) == (ready, conflicts)

@@ -6,14 +6,31 @@ import itertools
 
 import pytest
 
-from gate.policies import (
-    ANONYMOUS, CONTRACT, CONTRACT_FITS, OPEN, POLICIES, PREFIX_PROBE_UNAVAILABLE, PROMPT_TOO_LONG,
-    RESERVED_SESSION, RESIDENT_PREFIX, SEED, Admit, GateView, Reject, Wait, footprint_blocks, get_policy,
-    HISTORY_MARGIN_TOKENS, TEMPLATE_MARGIN_TOKENS, bounded_footprint, history_bound, contract_decide, contract_needs_prefix_probe, output_allowance,
-    prompt_token_bound, turn_growth_tokens,
+from kvgate.gate.policies import (
+    CONTRACT,
+    HISTORY_MARGIN_TOKENS,
+    POLICIES,
+    SEED,
+    TEMPLATE_MARGIN_TOKENS,
+    AdmissionReason,
+    Admit,
+    GateView,
+    Reject,
+    RejectCode,
+    Wait,
+    WaitCause,
+    bounded_footprint,
+    contract_decide,
+    contract_needs_prefix_probe,
+    footprint_blocks,
+    get_policy,
+    history_bound,
+    output_allowance,
+    prompt_token_bound,
+    turn_growth_tokens,
 )
-from gate.readings import PrefixReading, UsageReading
-from proxy.settings import GateSettings
+from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.settings import GateSettings
 
 KNOBS = GateSettings(high_watermark=0.85, hit_threshold=0.80, headroom_blocks=4)
 LOW = UsageReading(0.5, 100, 50)
@@ -26,7 +43,7 @@ HOT = PrefixReading(total_blocks=20, hit_blocks=18, hit_ratio=0.9)
 EDGE = PrefixReading(total_blocks=10, hit_blocks=8, hit_ratio=0.8)
 
 NAMED = GateView()
-RESERVED = GateView(reserved=True)
+HOLDER = GateView(has_window=True)
 ANON = GateView(anonymous=True)
 
 
@@ -36,29 +53,34 @@ ANON = GateView(anonymous=True)
 @pytest.mark.parametrize(
     "view, usage, prefix, expected",
     [
-        (NAMED, None, None, Admit(OPEN)),                                  # usage unknown
-        (RESERVED, None, None, Admit(OPEN, reserve=True)),                 # ... keeps its window
-        (ANON, None, None, Admit(OPEN)),
-        (ANON, LOW, None, Admit(ANONYMOUS)),                               # anonymous below
-        (ANON, HIGH, HOT, Wait("anonymous request above the watermark")),  # anonymous above: watermark only
-        (NAMED, LOW, None, Admit(OPEN)),                                   # below the watermark
-        (RESERVED, LOW, None, Admit(OPEN, reserve=True)),                  # window kept and renewed
-        (RESERVED, HIGH, None, Admit(RESERVED_SESSION, reserve=True)),
-        (NAMED, HIGH, None, Admit(PREFIX_PROBE_UNAVAILABLE)),
-        (NAMED, HIGH, HOT, Admit(RESIDENT_PREFIX, reserve=True, resident_blocks=20)),
-        (NAMED, AT, EDGE, Admit(RESIDENT_PREFIX, reserve=True, resident_blocks=10)),  # >= at both edges
-        (NAMED, HIGH, COLD, Wait("cold prefix above the watermark")),
+        (NAMED, None, None, Admit(AdmissionReason.OPEN, wake_next=True)),  # usage unknown
+        (HOLDER, None, None, Admit(AdmissionReason.OPEN, window=True, wake_next=True)),  # ... keeps its window
+        (ANON, None, None, Admit(AdmissionReason.OPEN, wake_next=True)),
+        (ANON, LOW, None, Admit(AdmissionReason.ANONYMOUS, wake_next=True)),  # anonymous below
+        (
+            ANON,
+            HIGH,
+            HOT,
+            Wait(WaitCause.ANONYMOUS_ABOVE_WATERMARK, "anonymous request above the watermark"),
+        ),  # anonymous above: watermark only
+        (NAMED, LOW, None, Admit(AdmissionReason.OPEN, wake_next=True)),  # below the watermark
+        (HOLDER, LOW, None, Admit(AdmissionReason.OPEN, window=True, wake_next=True)),  # window kept and renewed
+        (HOLDER, HIGH, None, Admit(AdmissionReason.RESERVED_SESSION, window=True)),
+        (NAMED, HIGH, None, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
+        (NAMED, HIGH, HOT, Admit(AdmissionReason.RESIDENT_PREFIX, window=True, footprint=20)),
+        (NAMED, AT, EDGE, Admit(AdmissionReason.RESIDENT_PREFIX, window=True, footprint=10)),  # >= at both edges
+        (NAMED, HIGH, COLD, Wait(WaitCause.COLD_PREFIX, "cold prefix above the watermark")),
     ],
 )
 def test_seed_decide(view, usage, prefix, expected):
     assert SEED.decide(view, usage, prefix, KNOBS) == expected
 
 
-def test_seed_without_retain_session_never_reserves():
+def test_seed_without_retain_session_never_opens_a_window():
     knobs = GateSettings(retain_session=False)
-    assert SEED.decide(NAMED, HIGH, HOT, knobs) == Admit(RESIDENT_PREFIX, reserve=False, resident_blocks=20)
-    assert SEED.decide(RESERVED, HIGH, None, knobs) == Admit(RESERVED_SESSION, reserve=False)
-    assert SEED.decide(RESERVED, LOW, None, knobs) == Admit(OPEN, reserve=False)
+    assert SEED.decide(NAMED, HIGH, HOT, knobs) == Admit(AdmissionReason.RESIDENT_PREFIX, window=False, footprint=20)
+    assert SEED.decide(HOLDER, HIGH, None, knobs) == Admit(AdmissionReason.RESERVED_SESSION, window=False)
+    assert SEED.decide(HOLDER, LOW, None, knobs) == Admit(AdmissionReason.OPEN, window=False, wake_next=True)
 
 
 @pytest.mark.parametrize(
@@ -68,7 +90,7 @@ def test_seed_without_retain_session_never_reserves():
         (NAMED, LOW, False),
         (NAMED, AT, True),
         (NAMED, HIGH, True),
-        (RESERVED, HIGH, False),
+        (HOLDER, HIGH, False),
         (ANON, HIGH, False),
     ],
 )
@@ -82,20 +104,20 @@ def test_seed_asks_prefix_only_above_watermark_for_unreserved_sessions(view, usa
 @pytest.mark.parametrize(
     "view, usage, prefix, expected",
     [
-        (NAMED, None, None, Admit(OPEN)),
-        (RESERVED, None, None, Admit(OPEN, reserve=True)),
-        (ANON, LOW, None, Admit(ANONYMOUS)),
-        (ANON, HIGH, None, Wait("anonymous request above the watermark")),
-        # an owner whose prefix probe failed keeps its window as last priced, at any usage
-        (RESERVED, LOW, None, Admit(RESERVED_SESSION, reserve=True)),
-        (RESERVED, HIGH, None, Admit(RESERVED_SESSION, reserve=True)),
-        (RESERVED, HIGH_NO_BLOCKS, None, Admit(RESERVED_SESSION, reserve=True)),
+        (NAMED, None, None, Admit(AdmissionReason.OPEN, wake_next=True)),
+        (HOLDER, None, None, Admit(AdmissionReason.OPEN, window=True, wake_next=True)),
+        (ANON, LOW, None, Admit(AdmissionReason.ANONYMOUS, wake_next=True)),
+        (ANON, HIGH, None, Wait(WaitCause.ANONYMOUS_ABOVE_WATERMARK, "anonymous request above the watermark")),
+        # a holder whose prefix probe failed keeps its window as last priced, at any usage
+        (HOLDER, LOW, None, Admit(AdmissionReason.RESERVED_SESSION, window=True)),
+        (HOLDER, HIGH, None, Admit(AdmissionReason.RESERVED_SESSION, window=True)),
+        (HOLDER, HIGH_NO_BLOCKS, None, Admit(AdmissionReason.RESERVED_SESSION, window=True)),
         # no block counts (/metrics fallback): the seed policy decides
-        (NAMED, LOW_NO_BLOCKS, None, Admit(OPEN)),
-        (NAMED, HIGH_NO_BLOCKS, None, Admit(PREFIX_PROBE_UNAVAILABLE)),
+        (NAMED, LOW_NO_BLOCKS, None, Admit(AdmissionReason.OPEN, wake_next=True)),
+        (NAMED, HIGH_NO_BLOCKS, None, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
         # prefix probe failed: the seed policy decides
-        (NAMED, LOW, None, Admit(OPEN)),
-        (NAMED, HIGH, None, Admit(PREFIX_PROBE_UNAVAILABLE)),
+        (NAMED, LOW, None, Admit(AdmissionReason.OPEN, wake_next=True)),
+        (NAMED, HIGH, None, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
     ],
 )
 def test_contract_decide_fallbacks(view, usage, prefix, expected):
@@ -105,26 +127,27 @@ def test_contract_decide_fallbacks(view, usage, prefix, expected):
 def test_contract_hand_worked_budget():
     # 100 usable blocks, 40 free, 10 held by idle windows, headroom 4: budget 26.
     usage = UsageReading(0.6, 100, 40)
-    view = GateView(idle_reserved_blocks=10)
-    fits = PrefixReading(total_blocks=30, hit_blocks=4, hit_ratio=4 / 30)      # 26 new: fits exactly
-    over = PrefixReading(total_blocks=30, hit_blocks=3, hit_ratio=0.1)         # 27 new: waits
-    assert CONTRACT.decide(view, usage, fits, KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=30)
+    view = GateView(idle_window_blocks=10)
+    fits = PrefixReading(total_blocks=30, hit_blocks=4, hit_ratio=4 / 30)  # 26 new: fits exactly
+    over = PrefixReading(total_blocks=30, hit_blocks=3, hit_ratio=0.1)  # 27 new: waits
+    assert CONTRACT.decide(view, usage, fits, KNOBS) == Admit(AdmissionReason.CONTRACT_FITS, window=True, footprint=30)
     decision = CONTRACT.decide(view, usage, over, KNOBS)
-    assert isinstance(decision, Wait) and "27" in decision.why and "26" in decision.why
+    assert isinstance(decision, Wait) and decision.cause == WaitCause.NO_FREE_BLOCKS
+    assert "27" in decision.why and "26" in decision.why
 
 
 def test_contract_waits_below_watermark_when_idle_windows_hold_the_free_blocks():
     # usage reads 20% yet the free blocks are idle sessions' prefixes: the watermark is fooled, contract is not.
     usage = UsageReading(0.2, 100, 80)
-    view = GateView(idle_reserved_blocks=70)
+    view = GateView(idle_window_blocks=70)
     prompt = PrefixReading(total_blocks=12, hit_blocks=0, hit_ratio=0.0)
-    assert isinstance(CONTRACT.decide(view, usage, prompt, KNOBS), Wait)
-    assert SEED.decide(view, usage, prompt, KNOBS) == Admit(OPEN)
+    assert CONTRACT.decide(view, usage, prompt, KNOBS).cause == WaitCause.NO_FREE_BLOCKS
+    assert SEED.decide(view, usage, prompt, KNOBS) == Admit(AdmissionReason.OPEN, wake_next=True)
 
 
 def test_contract_hot_prefix_needs_only_its_new_blocks():
     usage = UsageReading(0.95, 100, 6)
-    assert CONTRACT.decide(NAMED, usage, HOT, KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=20)
+    assert CONTRACT.decide(NAMED, usage, HOT, KNOBS) == Admit(AdmissionReason.CONTRACT_FITS, window=True, footprint=20)
 
 
 @pytest.mark.parametrize("total, rejected", [(96, False), (97, True), (500, True)])
@@ -133,31 +156,31 @@ def test_contract_prompt_too_long_against_usable_blocks(total, rejected):
     prompt = PrefixReading(total_blocks=total, hit_blocks=0, hit_ratio=0.0)
     decision = CONTRACT.decide(NAMED, UsageReading(0.0, 100, 100), prompt, KNOBS)
     if rejected:
-        assert isinstance(decision, Reject) and decision.code == PROMPT_TOO_LONG
+        assert isinstance(decision, Reject) and decision.code == RejectCode.PROMPT_TOO_LONG
         assert str(total) in decision.message and "headroom_blocks" in decision.message
     else:
-        assert decision == Admit(CONTRACT_FITS, reserve=True, resident_blocks=total)
+        assert decision == Admit(AdmissionReason.CONTRACT_FITS, window=True, footprint=total)
 
 
-def test_contract_without_retain_session_does_not_reserve():
+def test_contract_without_retain_session_opens_no_window():
     knobs = GateSettings(retain_session=False)
-    assert CONTRACT.decide(NAMED, LOW, COLD, knobs) == Admit(CONTRACT_FITS, reserve=False, resident_blocks=20)
+    assert CONTRACT.decide(NAMED, LOW, COLD, knobs) == Admit(AdmissionReason.CONTRACT_FITS, window=False, footprint=20)
 
 
 @pytest.mark.parametrize(
     "view, usage, expected",
     [
         (NAMED, None, False),
-        (NAMED, LOW, True),       # at any usage
+        (NAMED, LOW, True),  # at any usage
         (NAMED, HIGH, True),
-        (RESERVED, LOW, True),    # owners too: their footprint follows their prompt
-        (RESERVED, HIGH, True),
+        (HOLDER, LOW, True),  # holders too: their footprint follows their prompt
+        (HOLDER, HIGH, True),
         (ANON, HIGH, False),
-        (GateView(waiters_ahead=1), LOW, False),                 # waits its turn, unprobed
-        (GateView(reserved=True, waiters_ahead=3), LOW, True),   # owners do not queue
-        (NAMED, LOW_NO_BLOCKS, False),   # seed fallback
+        (GateView(waiters_ahead=1), LOW, False),  # waits its turn, unprobed
+        (GateView(has_window=True, waiters_ahead=3), LOW, True),  # holders do not queue
+        (NAMED, LOW_NO_BLOCKS, False),  # seed fallback
         (NAMED, HIGH_NO_BLOCKS, True),
-        (RESERVED, HIGH_NO_BLOCKS, False),
+        (HOLDER, HIGH_NO_BLOCKS, False),
     ],
 )
 def test_contract_needs_prefix_probe(view, usage, expected):
@@ -179,8 +202,8 @@ def tokens(count: int, hit_blocks: int = 0) -> PrefixReading:
 @pytest.mark.parametrize(
     "prefix, block_size, allowance, expected",
     [
-        (tokens(330), 16, 0, 21),      # 20 full blocks + a partial one
-        (tokens(330), 16, 22, 22),     # 352 tokens: exactly 22 blocks
+        (tokens(330), 16, 0, 21),  # 20 full blocks + a partial one
+        (tokens(330), 16, 22, 22),  # 352 tokens: exactly 22 blocks
         (tokens(330), 16, 23, 23),
         (tokens(320), 16, 0, 20),
         (tokens(330), None, 500, 20),  # no block size: the prompt's full blocks
@@ -195,7 +218,7 @@ def test_footprint_blocks(prefix, block_size, allowance, expected):
     "prefix, block_size, allowance, growth, expected",
     [
         (tokens(330), 16, 22, 0, 22),
-        (tokens(330), 16, 22, 1, 23),    # 353 tokens: one more block
+        (tokens(330), 16, 22, 1, 23),  # 353 tokens: one more block
         (tokens(330), 16, 22, 160, 32),  # 512 tokens
         (tokens(330), None, 22, 160, 20),  # no block size: the prompt's full blocks
         (PrefixReading(20, 0, 0.0), 16, 17, 15, 22),  # no token count: + ceil((17 + 15) / 16)
@@ -208,13 +231,13 @@ def test_anticipated_footprint_blocks(prefix, block_size, allowance, growth, exp
 @pytest.mark.parametrize(
     "prompt, last, last_growth, mean, expected",
     [
-        (480, None, 0, 0, 0),        # first turn, nothing observed on the replica yet
-        (480, None, 0, 112, 112),    # first turn: the replica's mean growth per turn
+        (480, None, 0, 0, 0),  # first turn, nothing observed on the replica yet
+        (480, None, 0, 112, 112),  # first turn: the replica's mean growth per turn
         (480, None, 50, 112, 112),
-        (800, 480, 0, 112, 320),     # grew by 320 since its last turn: its own growth, not the mean
-        (480, 480, 320, 112, 320),   # the same turn re-sent: the growth it last showed
-        (300, 480, 320, 112, 0),     # compacted: never negative
-        (0, 480, 320, 112, 112),     # no token count: the mean
+        (800, 480, 0, 112, 320),  # grew by 320 since its last turn: its own growth, not the mean
+        (480, 480, 320, 112, 320),  # the same turn re-sent: the growth it last showed
+        (300, 480, 320, 112, 0),  # compacted: never negative
+        (0, 480, 320, 112, 112),  # no token count: the mean
         (None, None, 0, -5, 0),
     ],
 )
@@ -227,7 +250,7 @@ def test_turn_growth_tokens(prompt, last, last_growth, mean, expected):
     [
         ({}, 0),
         ({"max_tokens": 16}, 16),
-        ({"max_tokens": 16, "max_completion_tokens": 40}, 40),   # vLLM's order: the newer field wins
+        ({"max_tokens": 16, "max_completion_tokens": 40}, 40),  # vLLM's order: the newer field wins
         ({"max_completion_tokens": None, "max_tokens": 16}, 16),
         ({"max_tokens": True}, 0),
         ({"max_tokens": -3}, 0),
@@ -239,51 +262,52 @@ def test_output_allowance(body, expected):
     assert output_allowance(body) == expected
 
 
-def test_contract_owner_is_priced_behind_the_older_windows_only():
+def test_contract_holder_is_priced_behind_the_older_windows_only():
     # 60 blocks in older windows; a 36-block footprint fits 96 exactly, even with no block free
-    # in vLLM's view (an owner's blocks are its own) and younger windows ignored.
-    owner = GateView(reserved=True, older_window_blocks=60, idle_reserved_blocks=90)
+    # in vLLM's view (a holder's blocks are its own) and younger windows ignored.
+    holder = GateView(has_window=True, older_window_blocks=60, idle_window_blocks=90)
     full = UsageReading(1.0, 100, 0, block_size=16)
-    assert CONTRACT.decide(owner, full, tokens(36 * 16), KNOBS) == Admit(
-        RESERVED_SESSION, reserve=True, resident_blocks=36
+    assert CONTRACT.decide(holder, full, tokens(36 * 16), KNOBS) == Admit(
+        AdmissionReason.RESERVED_SESSION, window=True, footprint=36
     )
 
 
-def test_contract_owner_that_no_longer_fits_loses_its_window():
-    owner = GateView(reserved=True, older_window_blocks=60)
-    decision = CONTRACT.decide(owner, ROOMY, tokens(36 * 16 + 1), KNOBS)  # 37 blocks: 97 > 96
-    assert isinstance(decision, Wait) and decision.drop_window
+def test_contract_holder_that_no_longer_fits_loses_its_window():
+    holder = GateView(has_window=True, older_window_blocks=60)
+    decision = CONTRACT.decide(holder, ROOMY, tokens(36 * 16 + 1), KNOBS)  # 37 blocks: 97 > 96
+    assert isinstance(decision, Wait) and decision.drop_window and decision.cause == WaitCause.WINDOW_LOST
     assert "window lost" in decision.why and "37" in decision.why and "60" in decision.why
-    # the oldest owner (nothing older) always fits: it makes progress
-    oldest = GateView(reserved=True, older_window_blocks=0, idle_reserved_blocks=95)
+    # the oldest holder (nothing older) always fits: it makes progress
+    oldest = GateView(has_window=True, older_window_blocks=0, idle_window_blocks=95)
     assert CONTRACT.decide(oldest, ROOMY, tokens(96 * 16), KNOBS) == Admit(
-        RESERVED_SESSION, reserve=True, resident_blocks=96
+        AdmissionReason.RESERVED_SESSION, window=True, footprint=96
     )
 
 
-def test_contract_owner_footprint_is_refreshed_from_every_turn():
-    owner = GateView(reserved=True, max_output_tokens=16)
-    grown = CONTRACT.decide(owner, ROOMY, tokens(600), KNOBS)       # ceil(616 / 16) = 39
-    shrunk = CONTRACT.decide(owner, ROOMY, tokens(100), KNOBS)      # ceil(116 / 16) = 8
-    assert (grown.resident_blocks, shrunk.resident_blocks) == (39, 8)
+def test_contract_holder_footprint_is_refreshed_from_every_turn():
+    holder = GateView(has_window=True, max_output_tokens=16)
+    grown = CONTRACT.decide(holder, ROOMY, tokens(600), KNOBS)  # ceil(616 / 16) = 39
+    shrunk = CONTRACT.decide(holder, ROOMY, tokens(100), KNOBS)  # ceil(116 / 16) = 8
+    assert (grown.footprint, shrunk.footprint) == (39, 8)
 
 
-def test_contract_owner_is_priced_at_its_anticipated_footprint():
+def test_contract_holder_is_priced_at_its_anticipated_footprint():
     # Its last turn was 320 tokens, this one is 480: it grows 160 tokens (10 blocks) a turn.
     # Footprint 30 blocks now, anticipated ceil((480 + 160) / 16) = 40.
-    grown = GateView(reserved=True, older_window_blocks=50, last_prompt_tokens=320)
+    grown = GateView(has_window=True, older_window_blocks=50, last_prompt_tokens=320)
     assert CONTRACT.decide(grown, ROOMY, tokens(480), KNOBS) == Admit(
-        RESERVED_SESSION, reserve=True, resident_blocks=40
+        AdmissionReason.RESERVED_SESSION, window=True, footprint=40
     )
     # Behind 60 blocks: 60 + 30 = 90 would fit at the current prompt, 60 + 40 = 100 > 96 does not.
-    behind = GateView(reserved=True, older_window_blocks=60, last_prompt_tokens=320)
+    behind = GateView(has_window=True, older_window_blocks=60, last_prompt_tokens=320)
     decision = CONTRACT.decide(behind, ROOMY, tokens(480), KNOBS)
-    assert isinstance(decision, Wait) and decision.drop_window and "40" in decision.why
+    assert isinstance(decision, Wait) and decision.drop_window and decision.cause == WaitCause.WINDOW_LOST
+    assert "40" in decision.why
     # The same turn re-sent keeps the growth it showed; a compacted prompt anticipates none.
-    resent = GateView(reserved=True, last_prompt_tokens=480, last_growth_tokens=160)
-    assert CONTRACT.decide(resent, ROOMY, tokens(480), KNOBS).resident_blocks == 40
-    compacted = GateView(reserved=True, last_prompt_tokens=800, last_growth_tokens=160)
-    assert CONTRACT.decide(compacted, ROOMY, tokens(480), KNOBS).resident_blocks == 30
+    resent = GateView(has_window=True, last_prompt_tokens=480, last_growth_tokens=160)
+    assert CONTRACT.decide(resent, ROOMY, tokens(480), KNOBS).footprint == 40
+    compacted = GateView(has_window=True, last_prompt_tokens=800, last_growth_tokens=160)
+    assert CONTRACT.decide(compacted, ROOMY, tokens(480), KNOBS).footprint == 30
 
 
 def test_contract_newcomer_without_history_is_priced_with_the_mean_growth():
@@ -291,20 +315,23 @@ def test_contract_newcomer_without_history_is_priced_with_the_mean_growth():
     prompt = tokens(30 * 16)
     fresh = GateView(older_window_blocks=60, mean_growth_tokens=7 * 16)
     books = CONTRACT.decide(fresh, ROOMY, prompt, KNOBS)
-    assert isinstance(books, Wait) and not books.drop_window and "37" in books.why
+    assert isinstance(books, Wait) and not books.drop_window and books.cause == WaitCause.WINDOWS_FULL
+    assert "37" in books.why
     assert CONTRACT.decide(GateView(older_window_blocks=59, mean_growth_tokens=7 * 16), ROOMY, prompt, KNOBS) == Admit(
-        CONTRACT_FITS, reserve=True, resident_blocks=37
+        AdmissionReason.CONTRACT_FITS, window=True, footprint=37
     )
     # a session with history (e.g. back after losing its window) is priced at its own growth
     known = GateView(older_window_blocks=60, mean_growth_tokens=7 * 16, last_prompt_tokens=30 * 16 - 5)
-    assert CONTRACT.decide(known, ROOMY, prompt, KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=31)
+    assert CONTRACT.decide(known, ROOMY, prompt, KNOBS) == Admit(
+        AdmissionReason.CONTRACT_FITS, window=True, footprint=31
+    )
 
 
 def test_contract_prompt_too_long_looks_at_the_real_prompt_only():
     # 96 blocks fit 96 usable; the growth would not, but the footprint is capped at usable
-    growing = GateView(reserved=True, last_prompt_tokens=50 * 16)
+    growing = GateView(has_window=True, last_prompt_tokens=50 * 16)
     assert CONTRACT.decide(growing, ROOMY, tokens(96 * 16), KNOBS) == Admit(
-        RESERVED_SESSION, reserve=True, resident_blocks=96
+        AdmissionReason.RESERVED_SESSION, window=True, footprint=96
     )
     assert isinstance(CONTRACT.decide(growing, ROOMY, tokens(97 * 16), KNOBS), Reject)
 
@@ -312,19 +339,22 @@ def test_contract_prompt_too_long_looks_at_the_real_prompt_only():
 def test_contract_newcomer_needs_both_the_books_and_vllms_view():
     prompt = tokens(30 * 16)  # 30 blocks, all cold
     # books: 66 + 30 = 96 fits; vLLM: 100 free - 60 idle - 4 headroom = 36 >= 30 fits
-    assert CONTRACT.decide(GateView(older_window_blocks=66, idle_reserved_blocks=60), ROOMY, prompt, KNOBS) == Admit(
-        CONTRACT_FITS, reserve=True, resident_blocks=30
+    assert CONTRACT.decide(GateView(older_window_blocks=66, idle_window_blocks=60), ROOMY, prompt, KNOBS) == Admit(
+        AdmissionReason.CONTRACT_FITS, window=True, footprint=30
     )
     # books: 67 + 30 = 97 > 96, although vLLM reads everything free (windows not yet scheduled)
     books = CONTRACT.decide(GateView(older_window_blocks=67), ROOMY, prompt, KNOBS)
-    assert isinstance(books, Wait) and not books.drop_window and "67" in books.why
+    assert isinstance(books, Wait) and not books.drop_window and books.cause == WaitCause.WINDOWS_FULL
+    assert "67" in books.why
     # vLLM's view: traffic the gate does not see holds 70 blocks
     busy = UsageReading(0.7, 100, 30, block_size=16)
     seen = CONTRACT.decide(GateView(), busy, prompt, KNOBS)
-    assert isinstance(seen, Wait) and "30 new blocks, 26 free" in seen.why
+    assert isinstance(seen, Wait) and seen.cause == WaitCause.NO_FREE_BLOCKS and "30 new blocks, 26 free" in seen.why
     # a resident prefix needs only its new blocks from vLLM's view, but its whole footprint in the books
     hot = tokens(30 * 16, hit_blocks=26)
-    assert CONTRACT.decide(GateView(), busy, hot, KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=30)
+    assert CONTRACT.decide(GateView(), busy, hot, KNOBS) == Admit(
+        AdmissionReason.CONTRACT_FITS, window=True, footprint=30
+    )
     assert isinstance(CONTRACT.decide(GateView(older_window_blocks=67), busy, hot, KNOBS), Wait)
 
 
@@ -338,7 +368,7 @@ def test_contract_burst_admits_only_what_fits_because_each_admission_counts_at_o
         decision = CONTRACT.decide(view, ROOMY, tokens(30 * 16), KNOBS)
         decisions.append(decision)
         if isinstance(decision, Admit):
-            windows.append(decision.resident_blocks)
+            windows.append(decision.footprint)
     assert [d.reason if isinstance(d, Admit) else "wait" for d in decisions] == ["contract_fits"] * 3 + ["wait"] * 5
     assert windows == [30, 30, 30]
 
@@ -346,32 +376,42 @@ def test_contract_burst_admits_only_what_fits_because_each_admission_counts_at_o
 def test_contract_output_allowance_counts_in_the_footprint():
     prompt = tokens(30 * 16)
     view = GateView(older_window_blocks=60)
-    assert CONTRACT.decide(view, ROOMY, prompt, KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=30)
+    assert CONTRACT.decide(view, ROOMY, prompt, KNOBS) == Admit(
+        AdmissionReason.CONTRACT_FITS, window=True, footprint=30
+    )
     with_output = GateView(older_window_blocks=60, max_output_tokens=6 * 16 + 1)  # 30 + 7 = 37 blocks
-    assert isinstance(CONTRACT.decide(with_output, ROOMY, prompt, KNOBS), Wait)
+    assert CONTRACT.decide(with_output, ROOMY, prompt, KNOBS) == Wait(
+        WaitCause.WINDOWS_FULL,
+        "footprint 37 blocks + 60 in windows exceeds 96 usable blocks; no prefill-throughput measurement: holding",
+    )
 
 
 def test_contract_footprint_is_capped_at_usable_so_a_large_allowance_never_strands_a_turn():
     huge = GateView(max_output_tokens=1_000_000)
-    assert CONTRACT.decide(huge, ROOMY, tokens(160), KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=96)
-    assert isinstance(CONTRACT.decide(GateView(older_window_blocks=1, max_output_tokens=1_000_000),
-                                      ROOMY, tokens(160), KNOBS), Wait)
+    assert CONTRACT.decide(huge, ROOMY, tokens(160), KNOBS) == Admit(
+        AdmissionReason.CONTRACT_FITS, window=True, footprint=96
+    )
+    assert isinstance(
+        CONTRACT.decide(GateView(older_window_blocks=1, max_output_tokens=1_000_000), ROOMY, tokens(160), KNOBS), Wait
+    )
 
 
-def test_contract_prompt_too_long_for_owners_too():
-    decision = CONTRACT.decide(RESERVED, ROOMY, tokens(97 * 16), KNOBS)
-    assert isinstance(decision, Reject) and decision.code == PROMPT_TOO_LONG
+def test_contract_prompt_too_long_for_holders_too():
+    decision = CONTRACT.decide(HOLDER, ROOMY, tokens(97 * 16), KNOBS)
+    assert isinstance(decision, Reject) and decision.code == RejectCode.PROMPT_TOO_LONG
 
 
-def test_contract_newcomers_wait_in_fifo_order_owners_do_not():
+def test_contract_newcomers_wait_in_fifo_order_holders_do_not():
     behind = CONTRACT.decide(GateView(waiters_ahead=2), ROOMY, None, KNOBS)
-    assert behind == Wait("behind 2 waiting sessions (first come, first served)")
-    owner = GateView(reserved=True, waiters_ahead=2)
-    assert CONTRACT.decide(owner, ROOMY, tokens(160), KNOBS) == Admit(
-        RESERVED_SESSION, reserve=True, resident_blocks=10
+    assert behind == Wait(WaitCause.BEHIND_WAITERS, "behind 2 waiting sessions (first come, first served)")
+    holder = GateView(has_window=True, waiters_ahead=2)
+    assert CONTRACT.decide(holder, ROOMY, tokens(160), KNOBS) == Admit(
+        AdmissionReason.RESERVED_SESSION, window=True, footprint=10
     )
     # the fallbacks ignore the queue, as the seed policy does
-    assert CONTRACT.decide(GateView(waiters_ahead=2), LOW_NO_BLOCKS, None, KNOBS) == Admit(OPEN)
+    assert CONTRACT.decide(GateView(waiters_ahead=2), LOW_NO_BLOCKS, None, KNOBS) == Admit(
+        AdmissionReason.OPEN, wake_next=True
+    )
 
 
 # ------------------------------------------ no-pressure path (bounded price)
@@ -391,17 +431,19 @@ def test_prompt_token_bound_is_the_body_bytes_plus_the_template_margin():
 @pytest.mark.parametrize(
     "view, expected",
     [
-        (GateView(prompt_bound_tokens=600), 38),                               # ceil(600 / 16)
-        (GateView(prompt_bound_tokens=600, max_output_tokens=32), 40),         # + the output allowance
-        (GateView(prompt_bound_tokens=600, mean_growth_tokens=160), 48),       # + the mean growth (no history)
-        (GateView(prompt_bound_tokens=600, last_prompt_tokens=500, last_growth_tokens=80,
-                  mean_growth_tokens=999), 43),                               # + its own growth
-        (GateView(prompt_bound_tokens=600, older_window_blocks=62), 38),       # 38 + 62 = 100: fits
-        (GateView(prompt_bound_tokens=600, older_window_blocks=63), None),     # 101 > 100: probe
-        (GateView(prompt_bound_tokens=600, idle_reserved_blocks=33), 38),         # 37 prompt blocks <= 70 - 33
-        (GateView(prompt_bound_tokens=600, idle_reserved_blocks=34), None),    # 37 > 70 - 34: vLLM's view says no
-        (GateView(reserved=True, prompt_bound_tokens=600, idle_reserved_blocks=60), 38),  # owners skip vLLM's view
-        (GateView(prompt_bound_tokens=None), None),                            # media: always probe
+        (GateView(prompt_bound_tokens=600), 38),  # ceil(600 / 16)
+        (GateView(prompt_bound_tokens=600, max_output_tokens=32), 40),  # + the output allowance
+        (GateView(prompt_bound_tokens=600, mean_growth_tokens=160), 48),  # + the mean growth (no history)
+        (
+            GateView(prompt_bound_tokens=600, last_prompt_tokens=500, last_growth_tokens=80, mean_growth_tokens=999),
+            43,
+        ),  # + its own growth
+        (GateView(prompt_bound_tokens=600, older_window_blocks=62), 38),  # 38 + 62 = 100: fits
+        (GateView(prompt_bound_tokens=600, older_window_blocks=63), None),  # 101 > 100: probe
+        (GateView(prompt_bound_tokens=600, idle_window_blocks=33), 38),  # 37 prompt blocks <= 70 - 33
+        (GateView(prompt_bound_tokens=600, idle_window_blocks=34), None),  # 37 > 70 - 34: vLLM's view says no
+        (GateView(has_window=True, prompt_bound_tokens=600, idle_window_blocks=60), 38),  # holders skip vLLM's view
+        (GateView(prompt_bound_tokens=None), None),  # media: always probe
     ],
 )
 def test_bounded_footprint(view, expected):
@@ -412,12 +454,19 @@ def test_bounded_footprint(view, expected):
     "view, expected",
     [
         (GateView(prompt_bound_tokens=None, last_prompt_tokens=100, last_prompt_bound=600), None),  # media
-        (GateView(prompt_bound_tokens=3000), 3000),                                   # no history
-        (GateView(prompt_bound_tokens=3000, last_prompt_tokens=500, last_prompt_bound=2600),
-         500 + 400 + HISTORY_MARGIN_TOKENS),                                           # exact size + byte growth
-        (GateView(prompt_bound_tokens=2000, last_prompt_tokens=500, last_prompt_bound=2600),
-         500 + HISTORY_MARGIN_TOKENS),                                                 # a shrunk body adds nothing
-        (GateView(prompt_bound_tokens=700, last_prompt_tokens=650, last_prompt_bound=690), 700),  # never above the body's
+        (GateView(prompt_bound_tokens=3000), 3000),  # no history
+        (
+            GateView(prompt_bound_tokens=3000, last_prompt_tokens=500, last_prompt_bound=2600),
+            500 + 400 + HISTORY_MARGIN_TOKENS,
+        ),  # exact size + byte growth
+        (
+            GateView(prompt_bound_tokens=2000, last_prompt_tokens=500, last_prompt_bound=2600),
+            500 + HISTORY_MARGIN_TOKENS,
+        ),  # a shrunk body adds nothing
+        (
+            GateView(prompt_bound_tokens=700, last_prompt_tokens=650, last_prompt_bound=690),
+            700,
+        ),  # never above the body's
     ],
 )
 def test_history_bound(view, expected):
@@ -425,13 +474,20 @@ def test_history_bound(view, expected):
 
 
 def test_contract_admits_a_bounded_turn_without_the_probe_and_prices_it_at_the_bound():
+    # 100 usable blocks: the exact price is asked for once the windows hold more than 50
     view = GateView(prompt_bound_tokens=600)
     assert not contract_needs_prefix_probe(view, SMALL_BLOCKS, GateSettings())
     assert contract_decide(view, SMALL_BLOCKS, None, GateSettings()) == Admit(
-        CONTRACT_FITS, reserve=True, resident_blocks=38)
-    owner = GateView(reserved=True, prompt_bound_tokens=600)
-    assert contract_decide(owner, SMALL_BLOCKS, None, GateSettings()) == Admit(
-        RESERVED_SESSION, reserve=True, resident_blocks=38)
+        AdmissionReason.CONTRACT_FITS, window=True, footprint=38, reprice_above=50
+    )
+    holder = GateView(has_window=True, prompt_bound_tokens=600)
+    assert contract_decide(holder, SMALL_BLOCKS, None, GateSettings()) == Admit(
+        AdmissionReason.RESERVED_SESSION, window=True, footprint=38, reprice_above=50
+    )
+    # headroom comes off the usable blocks first: (100 - 4) // 2
+    assert contract_decide(view, SMALL_BLOCKS, None, KNOBS).reprice_above == 48
+    # a body without a bound is priced exactly, from its prefix reading: final
+    assert contract_decide(GateView(), ROOMY, tokens(600), KNOBS).reprice_above is None
     crowded = GateView(prompt_bound_tokens=600, older_window_blocks=80)
     assert contract_needs_prefix_probe(crowded, SMALL_BLOCKS, GateSettings())
 
@@ -440,17 +496,32 @@ def test_contract_admits_a_bounded_turn_without_the_probe_and_prices_it_at_the_b
 
 
 VIEWS = [
-    NAMED, RESERVED, ANON, GateView(idle_reserved_blocks=50), GateView(reserved=True, idle_reserved_blocks=5),
-    GateView(waiters_ahead=2), GateView(reserved=True, waiters_ahead=2, older_window_blocks=90),
-    GateView(older_window_blocks=80, max_output_tokens=64), GateView(anonymous=True, waiters_ahead=1),
-    GateView(prompt_bound_tokens=600), GateView(reserved=True, prompt_bound_tokens=600, older_window_blocks=40),
-    GateView(prompt_bound_tokens=600, idle_reserved_blocks=60), GateView(prompt_bound_tokens=600, waiters_ahead=1),
+    NAMED,
+    HOLDER,
+    ANON,
+    GateView(idle_window_blocks=50),
+    GateView(has_window=True, idle_window_blocks=5),
+    GateView(waiters_ahead=2),
+    GateView(has_window=True, waiters_ahead=2, older_window_blocks=90),
+    GateView(older_window_blocks=80, max_output_tokens=64),
+    GateView(anonymous=True, waiters_ahead=1),
+    GateView(prompt_bound_tokens=600),
+    GateView(has_window=True, prompt_bound_tokens=600, older_window_blocks=40),
+    GateView(prompt_bound_tokens=600, idle_window_blocks=60),
+    GateView(prompt_bound_tokens=600, waiters_ahead=1),
     # behind others and cheap enough to go in unprobed (bounded_work_conserving) under the
     # measured usage below
     GateView(prompt_bound_tokens=300, waiters_ahead=1, max_output_tokens=64),
 ]
 USAGES = [
-    None, LOW, AT, HIGH, LOW_NO_BLOCKS, HIGH_NO_BLOCKS, UsageReading(0.0, 100, 100), UsageReading(1.0, 100, 0),
+    None,
+    LOW,
+    AT,
+    HIGH,
+    LOW_NO_BLOCKS,
+    HIGH_NO_BLOCKS,
+    UsageReading(0.0, 100, 100),
+    UsageReading(1.0, 100, 0),
     UsageReading(0.3, 100, 70, block_size=16),
     UsageReading(0.9, 100, 10, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01),  # work-conserving
 ]
@@ -467,10 +538,10 @@ def test_decision_does_not_depend_on_a_prefix_probe_it_did_not_ask_for(policy):
 
 
 @pytest.mark.parametrize("policy", list(POLICIES.values()), ids=list(POLICIES))
-def test_anonymous_is_never_reserved(policy):
+def test_anonymous_never_holds_a_window(policy):
     for usage, prefix in itertools.product(USAGES, PREFIXES):
         decision = policy.decide(ANON, usage, prefix, KNOBS)
-        assert not (isinstance(decision, Admit) and decision.reserve)
+        assert not (isinstance(decision, Admit) and decision.window)
 
 
 def test_registry():

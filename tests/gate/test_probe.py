@@ -4,35 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
 import pytest
 
-from gate.probe import ReplicaProbe
-from gate.readings import PrefixReading, UsageReading
-from proxy.settings import ProbeSettings
-from tests.gate.conftest import sample, until
-from tests.gate.fake_replica import ReplicaScript, fake_replica_app
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
-def script():
-    return ReplicaScript()
-
-
-@pytest.fixture
-async def replica_url(aiohttp_server, script):
-    server = await aiohttp_server(fake_replica_app(script), host="127.0.0.1")
-    return str(server.make_url("")).rstrip("/")
-
-
-def make_probe(url, http, metrics, clock, api_key=None, **settings) -> ReplicaProbe:
-    return ReplicaProbe("r0", url, lambda: http, ProbeSettings(**settings), metrics, api_key, clock)
+from kvgate.gate.readings import PrefixReading, UsageReading
+from tests.gate.helpers import make_probe, sample, until
 
 
 async def test_kv_reading_and_metrics(replica_url, http, script, metrics, clock):
@@ -126,7 +101,9 @@ async def test_prefix_not_held_by_the_replica_is_unavailable(replica_url, http, 
 
 
 @pytest.mark.parametrize("route_kind", ["models"])
-async def test_prefix_unavailable_for_routes_the_replica_cannot_render(replica_url, http, script, metrics, clock, route_kind):
+async def test_prefix_unavailable_for_routes_the_replica_cannot_render(
+    replica_url, http, script, metrics, clock, route_kind
+):
     probe = make_probe(replica_url, http, metrics, clock)
     assert await probe.prefix(route_kind, {"id": "s1"}) is None
     assert script.prefix_requests == []
@@ -167,7 +144,8 @@ async def test_slow_kv_probe_times_out_as_unavailable(replica_url, http, script,
 
 
 async def test_a_timed_out_kv_probe_of_a_replica_that_answered_recently_keeps_its_last_reading(
-        replica_url, http, script, metrics, clock):
+    replica_url, http, script, metrics, clock
+):
     """A probe timeout on a busy replica (a long engine step) is not 'usage unknown' (which
     admits `open`): the last good reading stands for BUSY_READING_MAX_AGE_SEC."""
     # a timeout generous enough for the first answer on a loaded machine

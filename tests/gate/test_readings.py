@@ -4,14 +4,36 @@ from __future__ import annotations
 
 import pytest
 
-from gate.readings import (
-    PrefixReading, ProbeAnswerError, UsageReading, parse_kv_answer, parse_metrics_usage, parse_prefix_answer,
+from kvgate.gate.readings import (
+    PrefixReading,
+    ProbeAnswerError,
+    UsageReading,
+    parse_kv_answer,
+    parse_metrics_usage,
+    parse_prefix_answer,
 )
 
-KV = {"version": 1, "kv_cache_usage": 0.91, "num_total_blocks": 4096, "num_free_blocks": 368,
-      "num_cached_blocks": 2900, "block_size": 16, "num_running": 12, "num_waiting": 3, "engines": []}
-PREFIX = {"version": 1, "total_tokens": 5230, "total_blocks": 326, "hit_blocks": 301, "hit_tokens": 4816,
-          "hit_ratio": 0.923, "hit_blocks_in_use": 12, "hit_blocks_evictable": 289}
+KV = {
+    "version": 1,
+    "kv_cache_usage": 0.91,
+    "num_total_blocks": 4096,
+    "num_free_blocks": 368,
+    "num_cached_blocks": 2900,
+    "block_size": 16,
+    "num_running": 12,
+    "num_waiting": 3,
+    "engines": [],
+}
+PREFIX = {
+    "version": 1,
+    "total_tokens": 5230,
+    "total_blocks": 326,
+    "hit_blocks": 301,
+    "hit_tokens": 4816,
+    "hit_ratio": 0.923,
+    "hit_blocks_in_use": 12,
+    "hit_blocks_evictable": 289,
+}
 
 
 def test_kv_answer_of_the_spec():

@@ -7,12 +7,14 @@ import asyncio
 import aiohttp
 import pytest
 
-from gate.admission import AdmissionController
-from proxy.app import create_app
-from proxy.metrics import KvgateMetrics
-from proxy.settings import ProbeSettings, ReplicaSettings, Settings
-from tests.gate.conftest import CLEAN, FakeClock, settings, until
+from kvgate.balancer.settings import ReplicaSettings
+from kvgate.gate.admission import AdmissionController
+from kvgate.gate.settings import ProbeSettings
+from kvgate.proxy.app import create_app
+from kvgate.proxy.metrics import KvgateMetrics
+from kvgate.proxy.settings import Settings
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
+from tests.gate.helpers import CLEAN, FakeClock, settings, until
 
 
 @pytest.fixture
@@ -26,9 +28,13 @@ async def stack(aiohttp_server):
         clock = FakeClock()
         gate = settings(probe=ProbeSettings(timeout_sec=0.5, usage_max_age_ms=0), **knobs)
         metrics = KvgateMetrics()
-        controller = AdmissionController(gate, metrics, clock=clock)
-        app = create_app(Settings(gate=gate, replicas=(ReplicaSettings("r0", str(server.make_url("")).rstrip("/")),)),
-                         metrics=metrics, admission=controller, health_checks=False)
+        controller = AdmissionController(gate, metrics.gate, clock=clock)
+        app = create_app(
+            Settings(gate=gate, replicas=(ReplicaSettings("r0", str(server.make_url("")).rstrip("/")),)),
+            metrics=metrics,
+            admission=controller,
+            health_checks=False,
+        )
         host, port = await app.start("127.0.0.1", 0)
         http = aiohttp.ClientSession(f"http://{host}:{port}")
         made.append((app, http))

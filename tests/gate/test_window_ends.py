@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from gate.gate import Gate
-from gate.readings import UsageReading
-from tests.gate.conftest import FakeProbe, assert_clean, sample, settings, until
+from kvgate.gate.gate import Gate
+from kvgate.gate.readings import UsageReading
+from tests.gate.helpers import FakeProbe, assert_clean, sample, settings, until
 
 
 def body(session: str) -> dict:
@@ -23,14 +23,14 @@ async def test_a_silent_session_loses_its_window_once_quiet_and_the_metric_says_
     probe = FakeProbe(usage=0.9)
     probe.set_prefix("s", total=20, hit=18)
     gate = Gate("r0", probe, settings(quiet_floor_sec=0.5, quiet_factor=4.0), metrics, clock)
-    (await gate.acquire("s", "chat", body("s"))).release()   # no gap yet: window lives the floor (0.5 s)
+    (await gate.acquire("s", "chat", body("s"))).release()  # no gap yet: window lives the floor (0.5 s)
     clock.advance(0.3)
-    lease = await gate.acquire("s", "chat", body("s"))      # back after 0.3 s: window kept
+    lease = await gate.acquire("s", "chat", body("s"))  # back after 0.3 s: window kept
     assert lease.reason == "reserved_session"
     lease.release()
     state = gate.state()
     assert state["sessions"]["s"]["gap_sec"] == 0.3 and state["sessions"]["s"]["quiet_in_sec"] == 1.2
-    clock.advance(1.2)                                      # 4 x 0.3 s idle: quiet
+    clock.advance(1.2)  # 4 x 0.3 s idle: quiet
     state = gate.state()
     assert state["reserved"] == {"in_flight": [], "idle": []}
     assert state["sessions"]["s"]["last_window_end"] == "quiet" and state["window_ends"]["quiet"] == 1
@@ -62,7 +62,7 @@ async def test_a_request_without_a_prompt_neither_opens_nor_renews_a_window(metr
     (await gate.acquire("s", "chat", body("s"))).release()
     idle_since = gate.state()["sessions"]["s"]["idle_sec"]
     clock.advance(5)
-    (await gate.acquire("s", "models", {})).release()       # does not renew the window
+    (await gate.acquire("s", "models", {})).release()  # does not renew the window
     assert gate.state()["sessions"]["s"]["idle_sec"] == idle_since + 5
     assert_clean(gate, clock)
 
@@ -73,7 +73,7 @@ async def test_a_turn_that_served_no_prompt_leaves_no_new_window(metrics, clock)
     gate = Gate("r0", probe, settings(), metrics, clock)
     lease = await gate.acquire("s", "chat", body("s"))
     assert lease.reason == "resident_prefix" and gate.counts()["reservations"] == 1
-    lease.release(served=False)                            # e.g. the upstream answered 404
+    lease.release(served=False)  # e.g. the upstream answered 404
     assert gate.counts()["reservations"] == 0 and ends(metrics, "revoked") == 1
     # a served turn confirms its window; a later failed turn does not take it back
     (await gate.acquire("s", "chat", body("s"))).release()
@@ -94,17 +94,30 @@ async def test_a_held_turn_goes_in_work_conserving_once_the_idle_replica_waited_
     class MeasuredProbe(FakeProbe):
         async def usage(self, newer_than=None):
             reading = await super().usage(newer_than)
-            return UsageReading(reading.kv_cache_usage, 100, self.free, 16, prefill_tokens_per_sec=16000.0,
-                                decode_step_sec=0.001, num_running=0, num_waiting=0)
+            return UsageReading(
+                reading.kv_cache_usage,
+                100,
+                self.free,
+                16,
+                prefill_tokens_per_sec=16000.0,
+                decode_step_sec=0.001,
+                num_running=0,
+                num_waiting=0,
+            )
 
     probe = MeasuredProbe(usage=0.1, total=100, free=100, block_size=16)
     probe.set_prefix("a", total=80, hit=0, tokens=80 * 16)
     gate = Gate("r0", probe, settings(policy="contract", wait_poll_sec=60), metrics, clock)
-    (await gate.acquire("a", "chat", {"id": "a", "max_tokens": 0, "messages": [{"role": "user", "content": "x" * 2000}]})).release()
+    (
+        await gate.acquire(
+            "a", "chat", {"id": "a", "max_tokens": 0, "messages": [{"role": "user", "content": "x" * 2000}]}
+        )
+    ).release()
     probe.free = 100  # a's 80 blocks are cached and evictable
     probe.set_prefix("b", total=50, hit=0, tokens=50 * 16)
-    task = asyncio.create_task(gate.acquire("b", "chat", {"id": "b", "max_tokens": 0,
-                                                          "messages": [{"role": "user", "content": "y" * 2000}]}))
+    task = asyncio.create_task(
+        gate.acquire("b", "chat", {"id": "b", "max_tokens": 0, "messages": [{"role": "user", "content": "y" * 2000}]})
+    )
     await until(lambda: gate.counts()["waiters"] == 1, "b to be held")
     clock.advance(0.081)  # the replica stayed idle longer than the re-prefill b causes (80 ms)
     lease = await asyncio.wait_for(task, 5)  # the recheck fires on its own (not the 60 s poll)

@@ -6,13 +6,24 @@ from __future__ import annotations
 
 import pytest
 
-from gate.book import SessionBook
-from gate.policies import (
-    CONTRACT, CONTRACT_FITS, WORK_CONSERVING, Admit, GateView, Wait, bounded_work_conserving, contract_decide,
-    evicted_window_blocks, holding_cost_sec, quiet_lifetime, reprefill_sec, work_conserving,
+from kvgate.gate.book import SessionBook
+from kvgate.gate.policies import (
+    CONTRACT,
+    AdmissionReason,
+    Admit,
+    GateView,
+    Wait,
+    WaitCause,
+    bounded_work_conserving,
+    contract_decide,
+    evicted_window_blocks,
+    holding_cost_sec,
+    quiet_lifetime,
+    reprefill_sec,
+    work_conserving,
 )
-from gate.readings import PrefixReading, UsageReading
-from proxy.settings import GateSettings
+from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.settings import GateSettings
 
 KNOBS = GateSettings()  # the defaults: quiet_factor 4, quiet_floor_sec 0.5, idle_grace_sec 60
 
@@ -23,12 +34,12 @@ KNOBS = GateSettings()  # the defaults: quiet_factor 4, quiet_floor_sec 0.5, idl
 @pytest.mark.parametrize(
     "session_gap, replica_gap, expected",
     [
-        (0.3, None, 1.2),     # 4 x its own gap
-        (0.3, 5.0, 1.2),      # its own gap wins over the replica's
-        (None, 2.0, 8.0),     # no gap yet: the replica's
-        (None, None, 0.5),    # nothing measured: the floor
-        (0.01, None, 0.5),    # a tiny gap: the floor
-        (30.0, None, 60.0),   # a long gap: the ceiling (idle_grace_sec)
+        (0.3, None, 1.2),  # 4 x its own gap
+        (0.3, 5.0, 1.2),  # its own gap wins over the replica's
+        (None, 2.0, 8.0),  # no gap yet: the replica's
+        (None, None, 0.5),  # nothing measured: the floor
+        (0.01, None, 0.5),  # a tiny gap: the floor
+        (30.0, None, 60.0),  # a long gap: the ceiling (idle_grace_sec)
     ],
 )
 def test_quiet_lifetime(session_gap, replica_gap, expected):
@@ -43,21 +54,21 @@ def _turn(book: SessionBook, key: str, now: float, end: float, blocks: int = 10)
     """One admitted turn of `key` from `now` to `end`, holding a window of `blocks`."""
     attempt = _Attempt()
     rec, _ = book.begin_attempt(key, attempt, now)
-    book.admit(rec, attempt, Admit(CONTRACT_FITS, reserve=True, resident_blocks=blocks), CONTRACT_FITS, now)
+    book.admit(rec, attempt, AdmissionReason.CONTRACT_FITS.value, now, window=True, footprint=blocks)
     book.release(rec, end, attempt)
 
 
 def test_a_window_ends_when_its_session_goes_quiet_and_its_record_at_the_grace():
     book = SessionBook(grace=60.0, quiet_factor=4.0, quiet_floor=0.5)
-    _turn(book, "s", 0.0, 1.0)        # idle from 1.0; no gap yet: floor 0.5
+    _turn(book, "s", 0.0, 1.0)  # idle from 1.0; no gap yet: floor 0.5
     assert book.records["s"].quiet_deadline == pytest.approx(1.5)
-    _turn(book, "s", 1.3, 2.0)        # gap 0.3 -> lifetime 1.2 -> window ends at 3.2
+    _turn(book, "s", 1.3, 2.0)  # gap 0.3 -> lifetime 1.2 -> window ends at 3.2
     rec = book.records["s"]
     assert (rec.last_gap, rec.quiet_deadline) == (pytest.approx(0.3), pytest.approx(3.2))
-    assert book.purge(3.1) == ([], False) and rec.reserved  # not quiet yet
+    assert book.purge(3.1) == ([], False) and rec.has_window  # not quiet yet
     ended, windows_ended = book.purge(3.2)
-    assert ended == [] and windows_ended and not rec.reserved
-    assert (book.reserved_idle, book.idle_reserved_blocks, book.window_blocks) == (0, 0, 0)
+    assert ended == [] and windows_ended and not rec.has_window
+    assert (book.windows_idle, book.idle_window_blocks, book.window_blocks) == (0, 0, 0)
     assert book.window_ends["quiet"] == 1 and book.take_window_ends() == ["quiet"]
     assert rec.last_window_end == "quiet" and "s" in book.records  # the record (gaps, sizes) lives on
     ended, windows_ended = book.purge(62.0)  # idle for the grace: the record ends, no window left
@@ -67,10 +78,10 @@ def test_a_window_ends_when_its_session_goes_quiet_and_its_record_at_the_grace()
 def test_a_session_back_before_its_quiet_deadline_keeps_its_window():
     book = SessionBook(grace=60.0, quiet_factor=4.0, quiet_floor=0.5)
     _turn(book, "s", 0.0, 1.0)
-    _turn(book, "s", 1.3, 2.0)           # deadline 3.2
-    _turn(book, "s", 3.0, 4.0)           # back at 3.0 (gap 1.0): the window held
+    _turn(book, "s", 1.3, 2.0)  # deadline 3.2
+    _turn(book, "s", 3.0, 4.0)  # back at 3.0 (gap 1.0): the window held
     rec = book.records["s"]
-    assert rec.reserved and book.window_ends["quiet"] == 0
+    assert rec.has_window and book.window_ends["quiet"] == 0
     # gap EWMA (weight 0.5): 0.3 then 0.65; the last gap 1.0 is larger -> lifetime 4.0
     assert rec.quiet_deadline == pytest.approx(8.0)
     assert book.purge(7.9) == ([], False)  # the stale deadline of the earlier idle period is skipped
@@ -79,8 +90,8 @@ def test_a_session_back_before_its_quiet_deadline_keeps_its_window():
 def test_a_session_without_a_gap_uses_the_replicas():
     book = SessionBook(grace=60.0, quiet_factor=4.0, quiet_floor=0.5)
     _turn(book, "a", 0.0, 1.0)
-    _turn(book, "a", 3.0, 4.0)           # replica gap 2.0
-    _turn(book, "b", 4.0, 5.0)           # b has no gap: 4 x 2.0
+    _turn(book, "a", 3.0, 4.0)  # replica gap 2.0
+    _turn(book, "b", 4.0, 5.0)  # b has no gap: 4 x 2.0
     assert book.records["b"].quiet_deadline == pytest.approx(13.0)
 
 
@@ -93,8 +104,9 @@ UNMEASURED = UsageReading(0.8, 100, 20, 16)
 # The turn: a 40-block prompt, 10 blocks cached (30 new), 32 output tokens (2 blocks).
 PROMPT = PrefixReading(total_blocks=40, hit_blocks=10, hit_ratio=0.25, total_tokens=640)
 # 60 blocks in idle windows of other sessions: none of them fit beside this turn.
-BUSY = GateView(idle_reserved_blocks=60, older_window_blocks=80, max_output_tokens=32, last_prompt_tokens=600,
-                last_growth_tokens=40)
+BUSY = GateView(
+    idle_window_blocks=60, older_window_blocks=80, max_output_tokens=32, last_prompt_tokens=600, last_growth_tokens=40
+)
 
 
 def test_reprefill_and_holding_cost_by_hand():
@@ -102,28 +114,29 @@ def test_reprefill_and_holding_cost_by_hand():
     # none free outside idle windows (20 - 60 < 0) -> all 32 out of idle windows. The larger: 32.
     assert evicted_window_blocks(BUSY, MEASURED, PROMPT, 20 - 60, 100) == 32
     # no window in the books; 10 free outside idle windows: 22 out of them, at most their 10
-    assert evicted_window_blocks(GateView(idle_reserved_blocks=10, max_output_tokens=32), MEASURED, PROMPT,
-                                 10, 100) == 10
+    assert evicted_window_blocks(GateView(idle_window_blocks=10, max_output_tokens=32), MEASURED, PROMPT, 10, 100) == 10
     # books only: 90 in windows (none idle), 10 spare: 22 of theirs
-    assert evicted_window_blocks(GateView(older_window_blocks=90, max_output_tokens=32), MEASURED, PROMPT,
-                                 20, 100) == 22
-    assert reprefill_sec(32, MEASURED) == pytest.approx(0.032)     # 512 tokens at 16,000/s
+    assert (
+        evicted_window_blocks(GateView(older_window_blocks=90, max_output_tokens=32), MEASURED, PROMPT, 20, 100) == 22
+    )
+    assert reprefill_sec(32, MEASURED) == pytest.approx(0.032)  # 512 tokens at 16,000/s
     assert reprefill_sec(32, UNMEASURED) is None
     # its 32-token decode at 10 ms a step (0.32 s), at half its worth (DECODE_SLACK_MARGIN)
     assert holding_cost_sec(BUSY, MEASURED) == pytest.approx(0.16)
     # ... of which a prefill-bound engine (75% of its time prefilling) has a quarter to spare
-    prefill_bound = UsageReading(0.8, 100, 20, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01,
-                                 prefill_share=0.75)
+    prefill_bound = UsageReading(
+        0.8, 100, 20, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01, prefill_share=0.75
+    )
     assert holding_cost_sec(BUSY, prefill_bound) == pytest.approx(0.04)
     idle = GateView(max_output_tokens=1, replica_idle_sec=0.2, expected_gap_sec=0.5, waited_sec=0.1)
-    assert holding_cost_sec(idle, MEASURED) == pytest.approx(0.5)   # idle: the gap before an owner returns
+    assert holding_cost_sec(idle, MEASURED) == pytest.approx(0.5)  # idle: the gap before a holder returns
 
 
 def test_a_work_conserving_admission():
     """Re-prefill of 32 evicted blocks + its own 40 (unprotected without a window): 72 ms,
     less than the 320 ms of decode that holding the turn back would leave unused (at half
     its worth: 160 ms)."""
-    assert contract_decide(BUSY, MEASURED, PROMPT, KNOBS) == Admit(WORK_CONSERVING)
+    assert contract_decide(BUSY, MEASURED, PROMPT, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
 
 
 def test_a_held_admission():
@@ -131,20 +144,29 @@ def test_a_held_admission():
     tokens) cost 0.17 s of re-prefill, more than the 10 ms of decode it would share (5 ms
     at half its worth): held."""
     long_prompt = PrefixReading(total_blocks=110, hit_blocks=5, hit_ratio=0.05, total_tokens=1760)
-    view = GateView(idle_reserved_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700)
+    view = GateView(idle_window_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700)
     usage = UsageReading(0.8, 200, 60, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
     decision = contract_decide(view, usage, long_prompt, KNOBS)
     # needs 105 + 1 blocks, free outside idle windows 0 -> 60 come out of the idle windows (all of them)
-    assert isinstance(decision, Wait) and "re-prefill 0.170s > holding cost 0.005s" in decision.why
+    assert isinstance(decision, Wait) and decision.cause == WaitCause.NO_FREE_BLOCKS
+    assert "re-prefill 0.170s > holding cost 0.005s" in decision.why
     assert decision.recheck_sec is None  # busy: only a release can change the balance
     # the same turn on an idle replica that has waited 40 ms of idle time: recheck in 130 ms
-    idle = GateView(idle_reserved_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700,
-                    replica_idle_sec=0.04, waited_sec=0.05, expected_gap_sec=0.01)
+    idle = GateView(
+        idle_window_blocks=60,
+        older_window_blocks=20,
+        max_output_tokens=1,
+        last_prompt_tokens=1700,
+        replica_idle_sec=0.04,
+        waited_sec=0.05,
+        expected_gap_sec=0.01,
+    )
     held = contract_decide(idle, usage, long_prompt, KNOBS)
     assert isinstance(held, Wait) and held.recheck_sec == pytest.approx(0.13)
     # ... and once it has waited, idle, as long as the re-prefill (ski rental): admitted
-    assert contract_decide(GateView(**{**_fields(idle), "replica_idle_sec": 0.17, "waited_sec": 0.2}), usage,
-                           long_prompt, KNOBS) == Admit(WORK_CONSERVING)
+    assert contract_decide(
+        GateView(**{**_fields(idle), "replica_idle_sec": 0.17, "waited_sec": 0.2}), usage, long_prompt, KNOBS
+    ) == Admit(AdmissionReason.WORK_CONSERVING)
 
 
 def test_a_prefill_bound_engine_holds_what_a_decode_bound_one_admits():
@@ -154,13 +176,12 @@ def test_a_prefill_bound_engine_holds_what_a_decode_bound_one_admits():
     worth). A decode-bound engine (prefill share 0) has all of it to spare: admitted. A
     prefill-bound one (share 0.8) only 0.08 s: held."""
     prompt = PrefixReading(total_blocks=160, hit_blocks=0, hit_ratio=0.0, total_tokens=2560)
-    view = GateView(older_window_blocks=500, idle_reserved_blocks=0, max_output_tokens=8, last_prompt_tokens=2400)
+    view = GateView(older_window_blocks=500, idle_window_blocks=0, max_output_tokens=8, last_prompt_tokens=2400)
 
     def usage(share):
-        return UsageReading(0.9, 512, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.1,
-                            prefill_share=share)
+        return UsageReading(0.9, 512, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.1, prefill_share=share)
 
-    assert contract_decide(view, usage(0.0), prompt, KNOBS) == Admit(WORK_CONSERVING)
+    assert contract_decide(view, usage(0.0), prompt, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
     held = contract_decide(view, usage(0.8), prompt, KNOBS)
     assert isinstance(held, Wait) and "re-prefill 0.309s > holding cost 0.080s" in held.why
 
@@ -169,15 +190,23 @@ def test_no_measurement_yet_holds_and_the_knob_turns_it_off():
     assert isinstance(contract_decide(BUSY, UNMEASURED, PROMPT, KNOBS), Wait)
     off = GateSettings(work_conserving=False)
     assert isinstance(contract_decide(BUSY, MEASURED, PROMPT, off), Wait)
-    assert work_conserving(BUSY, MEASURED, 32, off) is not None
+    assert work_conserving(BUSY, MEASURED, 32, off) == Wait(
+        WaitCause.WORTH_HOLDING, "no prefill-throughput measurement: holding"
+    )
 
 
-def test_an_owner_that_no_longer_fits_goes_in_work_conserving_without_its_window():
-    owner = GateView(reserved=True, idle_reserved_blocks=60, older_window_blocks=80, max_output_tokens=32,
-                     last_prompt_tokens=600, last_growth_tokens=40)
-    assert contract_decide(owner, MEASURED, PROMPT, KNOBS) == Admit(WORK_CONSERVING)
-    held = contract_decide(owner, UNMEASURED, PROMPT, KNOBS)
-    assert isinstance(held, Wait) and held.drop_window
+def test_a_holder_that_no_longer_fits_goes_in_work_conserving_without_its_window():
+    holder = GateView(
+        has_window=True,
+        idle_window_blocks=60,
+        older_window_blocks=80,
+        max_output_tokens=32,
+        last_prompt_tokens=600,
+        last_growth_tokens=40,
+    )
+    assert contract_decide(holder, MEASURED, PROMPT, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
+    held = contract_decide(holder, UNMEASURED, PROMPT, KNOBS)
+    assert isinstance(held, Wait) and held.drop_window and held.cause == WaitCause.WINDOW_LOST
 
 
 def test_a_newcomer_behind_others_is_decided_at_once_but_only_work_conserving():
@@ -185,26 +214,30 @@ def test_a_newcomer_behind_others_is_decided_at_once_but_only_work_conserving():
     and goes in `work_conserving` when the rule says so (BUSY's numbers: 72 ms of
     re-prefill against 160 ms of decode slack), but never takes a window before them,
     even where one would fit."""
-    behind = GateView(**{**_fields(BUSY), "waiters_ahead": 3})
+    behind = GateView(**{**_fields(BUSY), "waiters_ahead": 3, "prompt_bound_tokens": None})
     assert CONTRACT.needs_prefix_probe(behind, MEASURED, KNOBS)
-    assert contract_decide(behind, MEASURED, PROMPT, KNOBS) == Admit(WORK_CONSERVING)
+    assert contract_decide(behind, MEASURED, PROMPT, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
     # a roomy replica: a head newcomer gets a window ((640 + 32) / 16 = 42 blocks), one behind
     # others only goes in work-conserving
     roomy = UsageReading(0.1, 100, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
-    head = GateView(max_output_tokens=32)
-    assert contract_decide(head, roomy, PROMPT, KNOBS) == Admit(CONTRACT_FITS, reserve=True, resident_blocks=42)
+    assert contract_decide(GateView(max_output_tokens=32), roomy, PROMPT, KNOBS) == Admit(
+        AdmissionReason.CONTRACT_FITS, window=True, footprint=42
+    )
     assert contract_decide(GateView(max_output_tokens=32, waiters_ahead=1), roomy, PROMPT, KNOBS) == Admit(
-        WORK_CONSERVING)
+        AdmissionReason.WORK_CONSERVING
+    )
     # held: a 1-token turn whose own 40 blocks (640 tokens, 40 ms) outweigh 5 ms of slack
-    short = GateView(max_output_tokens=1, waiters_ahead=1)
-    held = contract_decide(short, roomy, PROMPT, KNOBS)
-    assert held == Wait("behind 1 waiting sessions (first come, first served); re-prefill 0.040s > holding cost "
-                        "0.005s")
+    held = contract_decide(GateView(max_output_tokens=1, waiters_ahead=1), roomy, PROMPT, KNOBS)
+    assert held == Wait(
+        WaitCause.BEHIND_WAITERS,
+        "behind 1 waiting sessions (first come, first served); re-prefill 0.040s > holding cost 0.005s",
+    )
     # without a measurement or with the rule off: not probed, it waits its turn
     for usage, knobs in ((UNMEASURED, KNOBS), (MEASURED, GateSettings(work_conserving=False))):
         assert not CONTRACT.needs_prefix_probe(behind, usage, knobs)
         assert contract_decide(behind, usage, None, knobs) == Wait(
-            "behind 3 waiting sessions (first come, first served)")
+            WaitCause.BEHIND_WAITERS, "behind 3 waiting sessions (first come, first served)"
+        )
 
 
 def test_a_cheap_turn_behind_others_goes_in_without_a_probe():
@@ -215,22 +248,31 @@ def test_a_cheap_turn_behind_others_goes_in_without_a_probe():
     so 34 come out of the windows; with its own 48 unprotected, 82 blocks (82 ms at one
     block per ms) at risk, against 32 decode steps of 10 ms at half their worth (160 ms):
     admitted even at its worst case, so it is not probed."""
-    view = GateView(older_window_blocks=80, max_output_tokens=32, last_prompt_tokens=600, last_prompt_bound=1000,
-                    prompt_bound_tokens=1100, waiters_ahead=1)
+    view = GateView(
+        older_window_blocks=80,
+        max_output_tokens=32,
+        last_prompt_tokens=600,
+        last_prompt_bound=1000,
+        prompt_bound_tokens=1100,
+        waiters_ahead=1,
+    )
     assert bounded_work_conserving(view, MEASURED, KNOBS)
     assert not CONTRACT.needs_prefix_probe(view, MEASURED, KNOBS)
     for prefix in (None, PROMPT):
-        assert contract_decide(view, MEASURED, prefix, KNOBS) == Admit(WORK_CONSERVING)
-    # probed: 4 output tokens (20 ms of slack), the rule off, no measurement, no bound (media),
-    # or the head of the queue (a window may fit it: only its exact price says so)
-    for changed, usage, knobs in (({"max_output_tokens": 4}, MEASURED, KNOBS),
-                                  ({}, MEASURED, GateSettings(work_conserving=False)),
-                                  ({}, UNMEASURED, KNOBS), ({"prompt_bound_tokens": None}, MEASURED, KNOBS),
-                                  ({"waiters_ahead": 0}, MEASURED, KNOBS)):
+        assert contract_decide(view, MEASURED, prefix, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
+    # probed: 4 output tokens (20 ms of slack), no bound (media), or the head of the queue (a
+    # window may fit it: only its exact price says so); behind without the rule or its
+    # measurement: waits, unprobed
+    for changed, usage, knobs, probed in (
+        ({"max_output_tokens": 4}, MEASURED, KNOBS, True),
+        ({"prompt_bound_tokens": None}, MEASURED, KNOBS, True),
+        ({"waiters_ahead": 0}, MEASURED, KNOBS, True),
+        ({}, MEASURED, GateSettings(work_conserving=False), False),
+        ({}, UNMEASURED, KNOBS, False),
+    ):
         other = GateView(**{**_fields(view), **changed})
         assert not bounded_work_conserving(other, usage, knobs)
-        expected = changed != {}  # behind, without the rule or its measurement: waits unprobed
-        assert CONTRACT.needs_prefix_probe(other, usage, knobs) is expected, changed
+        assert CONTRACT.needs_prefix_probe(other, usage, knobs) is probed, changed
 
 
 def _fields(view: GateView) -> dict:

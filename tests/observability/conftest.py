@@ -12,15 +12,9 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-PROMETHEUS_DIR = REPO / "docker" / "prometheus"
-ALERT_RULES = PROMETHEUS_DIR / "kvgate-alerts.yml"
-ALERT_TESTS = PROMETHEUS_DIR / "kvgate-alerts.test.yml"
-DASHBOARD = REPO / "docker" / "grafana" / "kvgate.json"
 INSTALL_TIMEOUT_S = 600
 
 
@@ -60,7 +54,9 @@ def prometheus_tools() -> PrometheusTools:
         why = _install()
         tools = _find()
         if tools is None:
-            pytest.skip("Prometheus and promtool are not installed and could not be installed "
-                        f"({why or 'the package has no such binaries'}); install Debian's `prometheus` "
-                        "package, or set KVGATE_PROMETHEUS and KVGATE_PROMTOOL to the binaries")
+            pytest.skip(
+                "Prometheus and promtool are not installed and could not be installed "
+                f"({why or 'the package has no such binaries'}); install Debian's `prometheus` "
+                "package, or set KVGATE_PROMETHEUS and KVGATE_PROMTOOL to the binaries"
+            )
     return tools

@@ -7,7 +7,7 @@ import subprocess
 
 import yaml
 
-from tests.observability.conftest import ALERT_RULES, ALERT_TESTS, PROMETHEUS_DIR
+from tests.observability.helpers import ALERT_RULES, ALERT_TESTS, PROMETHEUS_DIR
 
 
 def promtool(tools, *args: str, cwd=PROMETHEUS_DIR) -> str:
@@ -38,8 +38,13 @@ def test_every_alert_is_tested_firing_and_not_firing():
     names = set(alert_names())
     assert names - fires == set(), "alerts never tested firing"
     assert names - silent == set(), "alerts never tested staying silent"
-    assert {"KvgateSessionsStarving", "KvgateProbeApiMissing", "KvgateLowHitRateUnderPressure",
-            "KvgateReplicaUnhealthy", "KvgateGateConflict"} <= names  # the five
+    assert {
+        "KvgateSessionsStarving",
+        "KvgateProbeApiMissing",
+        "KvgateLowHitRateUnderPressure",
+        "KvgateReplicaUnhealthy",
+        "KvgateGateConflict",
+    } <= names  # the five
 
 
 def test_every_alert_has_a_severity_and_a_runbook_link():

@@ -22,15 +22,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
-import pytest
 import yaml
 
-from bench.agentic.driver import WorkloadDriver
-from bench.agentic.workload import WorkloadSpec, generate_workload
-from proxy.app import create_app
-from proxy.settings import BalancerSettings, GateSettings, HealthSettings, ReplicaSettings, Settings
-from simulator.replica_server import start_simulated_replicas
-from tests.observability.conftest import ALERT_RULES, DASHBOARD
+from kvgate.balancer.settings import BalancerSettings, HealthSettings, ReplicaSettings
+from kvgate.bench.agentic.driver import WorkloadDriver
+from kvgate.bench.agentic.workload import WorkloadSpec, generate_workload
+from kvgate.gate.settings import GateSettings
+from kvgate.proxy.app import create_app
+from kvgate.proxy.settings import Settings
+from kvgate.simulator.replica_server import start_simulated_replicas
+from tests.observability.helpers import ALERT_RULES, DASHBOARD, dashboard_queries
 
 RATE_INTERVAL = "1m"
 SCRAPE_INTERVAL = "1s"
@@ -38,9 +39,19 @@ SCRAPE_INTERVAL = "1s"
 # A thrash load in a few seconds: 8 concurrent sessions whose prompts need about twice
 # the two replicas' caches, growing every turn, with retries (409s) and short tool calls.
 WORKLOAD = WorkloadSpec(
-    sessions=24, concurrency=8, turns_min=4, turns_max=6, system_prompt_words=150,
-    shared_system_prompt=False, task_words=40, tool_result_words_min=60, tool_result_words_max=120,
-    reply_tokens=4, tool_latency_median_s=0.05, tool_latency_sigma=0.3, retry_prob=0.1,
+    sessions=24,
+    concurrency=8,
+    turns_min=4,
+    turns_max=6,
+    system_prompt_words=150,
+    shared_system_prompt=False,
+    task_words=40,
+    tool_result_words_min=60,
+    tool_result_words_max=120,
+    reply_tokens=4,
+    tool_latency_median_s=0.05,
+    tool_latency_sigma=0.3,
+    retry_prob=0.1,
 )
 SUMMARY = {
     "admissions": "sum by (reason) (kvgate_admissions_total)",
@@ -48,26 +59,13 @@ SUMMARY = {
     "max_pending": "max by (replica) (max_over_time(kvgate_pending_sessions[1m]))",
     "max_oldest_waiter_s": "max by (replica) (max_over_time(kvgate_oldest_waiter_seconds[1m]))",
     "hit_rate": "sum by (replica) (kvgate_replica_prefix_cache_hits_total)"
-                " / sum by (replica) (kvgate_replica_prefix_cache_queries_total)",
+    " / sum by (replica) (kvgate_replica_prefix_cache_queries_total)",
     "upstream_errors": "sum by (kind) (kvgate_upstream_errors_total)",
     "window_ends": "sum by (cause) (kvgate_window_ends_total)",
 }
-REPLICA_SHAPE = dict(num_blocks=96, block_size=16, max_num_seqs=16, max_num_batched_tokens=512,
-                     max_model_len=1536, time_scale=1.0)
-
-
-def dashboard_queries(dashboard: dict) -> list[tuple[str, str]]:
-    """(panel title, expr) for every target of every panel, rows' nested panels included."""
-    queries = []
-
-    def walk(panels):
-        for panel in panels:
-            walk(panel.get("panels", []))
-            for target in panel.get("targets", []):
-                queries.append((f"{panel['title']} [{target['refId']}]", target["expr"]))
-
-    walk(dashboard["panels"])
-    return queries
+REPLICA_SHAPE = dict(
+    num_blocks=96, block_size=16, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=1536, time_scale=1.0
+)
 
 
 def as_grafana_runs_it(expr: str) -> str:
@@ -86,8 +84,12 @@ def prometheus_config(kvgate: str, replicas: dict[str, str]) -> dict:
         "rule_files": [str(ALERT_RULES)],
         "scrape_configs": [
             {"job_name": "kvgate", "static_configs": [{"targets": [kvgate]}]},
-            {"job_name": "vllm", "static_configs": [
-                {"targets": [address], "labels": {"replica": name}} for name, address in replicas.items()]},
+            {
+                "job_name": "vllm",
+                "static_configs": [
+                    {"targets": [address], "labels": {"replica": name}} for name, address in replicas.items()
+                ],
+            },
         ],
     }
 
@@ -102,9 +104,15 @@ class Prometheus:
         self.log = root / "prometheus.log"
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                [binary, f"--config.file={root / 'prometheus.yml'}", f"--storage.tsdb.path={root / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}"],
-                stdout=log, stderr=subprocess.STDOUT)
+                [
+                    binary,
+                    f"--config.file={root / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={root / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     async def wait_ready(self, http: aiohttp.ClientSession, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -154,8 +162,12 @@ def finite_values(result: list[dict]) -> list[float]:
 
 async def disconnect_mid_stream(http: aiohttp.ClientSession, kvgate: str, session: str) -> None:
     """A client that reads the first chunk of a streamed turn and hangs up."""
-    body = {"model": "sim", "messages": [{"role": "user", "content": "tell me a long story"}],
-            "max_tokens": 400, "stream": True}
+    body = {
+        "model": "sim",
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+        "max_tokens": 400,
+        "stream": True,
+    }
     resp = await http.post(kvgate + "/v1/chat/completions", json=body, headers={"x-session-id": session})
     try:
         assert resp.status == 200
@@ -180,8 +192,11 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometh
         try:
             host, port = await app.start("127.0.0.1", 0)
             kvgate = f"http://{host}:{port}"
-            prometheus = Prometheus(prometheus_tools.prometheus, tmp_path, prometheus_config(
-                f"{host}:{port}", {r.name: r.url.removeprefix("http://") for r in replicas}))
+            prometheus = Prometheus(
+                prometheus_tools.prometheus,
+                tmp_path,
+                prometheus_config(f"{host}:{port}", {r.name: r.url.removeprefix("http://") for r in replicas}),
+            )
             await prometheus.wait_ready(http)
             await prometheus.wait_scraping(http, targets=3)
 
@@ -205,8 +220,10 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometh
 
             summary = {}
             for label, q in SUMMARY.items():  # printed with -s: what the load did to the gate
-                summary[label] = {",".join(r["metric"].values()) or "all": round(float(r["value"][1]), 3)
-                                  for r in await prometheus.query(http, q)}
+                summary[label] = {
+                    ",".join(r["metric"].values()) or "all": round(float(r["value"][1]), 3)
+                    for r in await prometheus.query(http, q)
+                }
             print("under the load:", json.dumps(summary))
 
             # ---- the replica variable lists both replicas ---------------------------------
@@ -217,19 +234,20 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometh
 
             # ---- the mirror equals the replicas' own counters --------------------------------
             for r in replicas:
-                for source, mirror in (("vllm:prefix_cache_hits_total", "kvgate_replica_prefix_cache_hits_total"),
-                                       ("vllm:prefix_cache_queries_total",
-                                        "kvgate_replica_prefix_cache_queries_total")):
+                for source, mirror in (
+                    ("vllm:prefix_cache_hits_total", "kvgate_replica_prefix_cache_hits_total"),
+                    ("vllm:prefix_cache_queries_total", "kvgate_replica_prefix_cache_queries_total"),
+                ):
                     own = finite_values(await prometheus.query(http, f'sum({source}{{replica="{r.name}"}})'))
-                    mirrored = finite_values(await prometheus.query(
-                        http, f'sum({mirror}{{job="kvgate", replica="{r.name}"}})'))
+                    mirrored = finite_values(
+                        await prometheus.query(http, f'sum({mirror}{{job="kvgate", replica="{r.name}"}})')
+                    )
                     assert own and own == mirrored and own[0] > 0, (r.name, source, own, mirrored)
 
             # ---- the thrash load showed what the dashboard is for ---------------------------
             hit_rate = finite_values(await prometheus.query(http, as_grafana_runs_it(queries[0][1])))
             assert hit_rate and all(0 <= v <= 1 for v in hit_rate)
-            waits = finite_values(await prometheus.query(
-                http, "sum(kvgate_admission_reason_wait_seconds_count)"))
+            waits = finite_values(await prometheus.query(http, "sum(kvgate_admission_reason_wait_seconds_count)"))
             admissions = finite_values(await prometheus.query(http, "sum(kvgate_admissions_total)"))
             admitted = sum(1 for a in driver.attempts if a.admission) + len(disconnects)
             assert waits == admissions and waits[0] >= admitted, (waits, admissions, admitted)
@@ -247,5 +265,4 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometh
             await app.close()
             for r in replicas:
                 await r.stop()
-    assert app.admission.counts() == {"leases": 0, "reservations": 0, "waiters": 0, "attempts": 0,
-                                      "sessions": 0}
+    assert app.admission.counts() == {"leases": 0, "reservations": 0, "waiters": 0, "attempts": 0, "sessions": 0}

@@ -1,18 +1,12 @@
-"""Fixtures of the proxy tests: fake replicas and a proxy app in front of them."""
+"""Fixtures of the proxy tests: fake replicas and a proxy app in front of them (proxy_client.py)."""
 
 from __future__ import annotations
 
-import dataclasses
-from types import SimpleNamespace
-
-import aiohttp
 import pytest
-
-from proxy.app import create_app
-from proxy.settings import AdminSettings, GateSettings, ReplicaSettings, Settings
 from fake_upstream import FakeUpstream
+from proxy_client import ProxyClient, proxy_settings
 
-ADMIN_TOKEN = "test-admin-token"
+from kvgate.proxy.app import create_app
 
 
 @pytest.fixture
@@ -22,42 +16,6 @@ async def upstreams():
     yield fakes
     for fake in fakes:
         await fake.stop()
-
-
-def proxy_settings(fakes, **overrides) -> Settings:
-    """Settings for forwarding tests: the gate is off (gate tests live in tests/gate)."""
-    base = Settings(replicas=tuple(ReplicaSettings(f.name, f.url) for f in fakes),
-                    admin=AdminSettings(token=ADMIN_TOKEN), gate=GateSettings(mode="off"))
-    return dataclasses.replace(base, **overrides)
-
-
-class ProxyClient:
-    """A started proxy app and an aiohttp ClientSession pointed at it.
-
-    `await client.post(path, ...)` etc. return aiohttp ClientResponses; `client.app` is
-    the ProxyApp (registry, sessions, ...); `client.server.host/.port` its address.
-    """
-
-    def __init__(self, app, host: str, port: int) -> None:
-        self.app = app
-        self.server = SimpleNamespace(host=host, port=port)
-        self.session = aiohttp.ClientSession(base_url=f"http://{host}:{port}")
-
-    def request(self, method: str, path: str, **kwargs):
-        return self.session.request(method, path, **kwargs)
-
-    def get(self, path: str, **kwargs):
-        return self.session.get(path, **kwargs)
-
-    def post(self, path: str, **kwargs):
-        return self.session.post(path, **kwargs)
-
-    def delete(self, path: str, **kwargs):
-        return self.session.delete(path, **kwargs)
-
-    async def close(self) -> None:
-        await self.session.close()
-        await self.app.close()
 
 
 @pytest.fixture
@@ -80,4 +38,3 @@ async def make_proxy():
 @pytest.fixture
 async def proxy(upstreams, make_proxy):
     return await make_proxy(upstreams)
-

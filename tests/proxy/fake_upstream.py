@@ -35,7 +35,7 @@ class FakeUpstream:
 
     # ---- lifecycle ---------------------------------------------------------------
 
-    async def start(self, port: int = 0) -> "FakeUpstream":
+    async def start(self, port: int = 0) -> FakeUpstream:
         app = web.Application()
         for path in ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"):
             app.router.add_post(path, self._generate)
@@ -68,9 +68,10 @@ class FakeUpstream:
 
     async def _models(self, request: web.Request) -> web.Response:
         self.requests.append({"path": request.path, "headers": dict(request.headers), "body": None})
-        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model",
-                                                              "owned_by": self.name, "created": 0}]},
-                                 headers={"x-fake-replica": self.name})
+        return web.json_response(
+            {"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": self.name, "created": 0}]},
+            headers={"x-fake-replica": self.name},
+        )
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
@@ -86,9 +87,11 @@ class FakeUpstream:
         if self.mode == "slow":
             await asyncio.sleep(self.slow_sec)
         if self.mode == "status500":
-            return web.json_response({"error": {"message": f"{self.name} exploded", "type": "server_error",
-                                                "code": "internal"}}, status=500,
-                                     headers={"x-fake-replica": self.name})
+            return web.json_response(
+                {"error": {"message": f"{self.name} exploded", "type": "server_error", "code": "internal"}},
+                status=500,
+                headers={"x-fake-replica": self.name},
+            )
         kind = request.path.rsplit("/", 1)[-1]
         if self.mode == "truncate_body":  # announces 1000 bytes, sends 10, hangs up
             response = web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -98,10 +101,12 @@ class FakeUpstream:
             request.transport.close()
             return response
         if not body.get("stream"):
-            return web.Response(body=orjson.dumps(self._full(kind, body)), content_type="application/json",
-                                headers={"x-fake-replica": self.name})
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "x-fake-replica": self.name})
+            return web.Response(
+                body=orjson.dumps(self._full(kind, body)),
+                content_type="application/json",
+                headers={"x-fake-replica": self.name},
+            )
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "x-fake-replica": self.name})
         await response.prepare(request)
         for i in range(self.chunks):
             await response.write(self._chunk(kind, i, body))
@@ -122,37 +127,72 @@ class FakeUpstream:
         usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
         model = body.get("model", "fake-model")
         if kind == "completions" and "messages" in body:  # chat
-            return {"id": "chatcmpl-1", "object": "chat.completion", "created": int(time.time()), "model": model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                 "finish_reason": "stop"}], "usage": usage}
+            return {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "usage": usage,
+            }
         if kind == "completions":
-            return {"id": "cmpl-1", "object": "text_completion", "created": int(time.time()), "model": model,
-                    "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}],
-                    "usage": usage}
+            return {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}],
+                "usage": usage,
+            }
         if kind == "messages":
-            return {"id": "msg_1", "type": "message", "role": "assistant", "model": model,
-                    "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
-                    "usage": {"input_tokens": 3, "output_tokens": 4}}
-        return {"id": "resp_1", "object": "response", "model": model, "status": "completed",
-                "output": [{"type": "message", "role": "assistant",
-                            "content": [{"type": "output_text", "text": text}]}]}
+            return {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [{"type": "text", "text": text}],
+                "stop_reason": "end_turn",
+                "usage": {"input_tokens": 3, "output_tokens": 4},
+            }
+        return {
+            "id": "resp_1",
+            "object": "response",
+            "model": model,
+            "status": "completed",
+            "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}],
+        }
 
     def _chunk(self, kind: str, i: int, body: dict) -> bytes:
         model = body.get("model", "fake-model")
         last = i < 0
         piece = "" if last else (f"{self.name}" if i == 0 else f" t{i}")
         if kind == "completions" and "messages" in body:
-            data = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": model,
-                    "choices": [{"index": 0, "delta": {"content": piece} if not last else {},
-                                 "finish_reason": "stop" if last else None}]}
+            data = {
+                "id": "chatcmpl-1",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": piece} if not last else {},
+                        "finish_reason": "stop" if last else None,
+                    }
+                ],
+            }
         elif kind == "completions":
-            data = {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": model,
-                    "choices": [{"index": 0, "text": piece, "finish_reason": "stop" if last else None,
-                                 "logprobs": None}]}
+            data = {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "created": 0,
+                "model": model,
+                "choices": [{"index": 0, "text": piece, "finish_reason": "stop" if last else None, "logprobs": None}],
+            }
         elif kind == "messages":
             event = "message_stop" if last else "content_block_delta"
-            data = {"type": event} if last else {"type": event, "index": 0,
-                                                 "delta": {"type": "text_delta", "text": piece}}
+            data = (
+                {"type": event} if last else {"type": event, "index": 0, "delta": {"type": "text_delta", "text": piece}}
+            )
             return f"event: {event}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
         else:
             data = {"type": "response.completed" if last else "response.output_text.delta", "delta": piece}

@@ -18,7 +18,7 @@ class ScriptedServer:
 
     async def start(self):
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.url = "http://127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
         return self
 
     async def _serve(self, reader, writer):
@@ -27,8 +27,14 @@ class ScriptedServer:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(l.split(b":")[1]) for l in head.split(b"\r\n")
-                               if l.lower().startswith(b"content-length:")), 0)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
                 body = await reader.readexactly(length)
                 self.requests.append(head + body)
                 answer = self.reply(index)
@@ -37,7 +43,7 @@ class ScriptedServer:
                     break
                 parts = answer if isinstance(answer, list) else [answer]
                 if None in parts:
-                    parts = parts[:parts.index(None)]
+                    parts = parts[: parts.index(None)]
                 for part in parts:
                     if isinstance(part, float):
                         await asyncio.sleep(part)

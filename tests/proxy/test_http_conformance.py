@@ -17,10 +17,12 @@ import re
 import time
 
 import pytest
-
-from proxy.app import create_app
-from proxy.settings import AdminSettings, GateSettings, LimitsSettings, ReplicaSettings, Settings
 from scripted_server import ScriptedServer
+
+from kvgate.balancer.settings import ReplicaSettings
+from kvgate.gate.settings import GateSettings
+from kvgate.proxy.app import create_app
+from kvgate.proxy.settings import AdminSettings, LimitsSettings, Settings
 
 TOKEN = "conformance-admin"
 ADMIN = f"Authorization: Bearer {TOKEN}\r\n".encode()
@@ -57,7 +59,7 @@ async def exchange(address, raw: bytes, timeout: float = 5.0) -> tuple[bytes, bo
         while (left := deadline - time.monotonic()) > 0:
             try:
                 piece = await asyncio.wait_for(reader.read(65536), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
             if not piece:
                 closed = True
@@ -89,8 +91,12 @@ async def stack_factory():
 
     async def make(reply=lambda i: UP_OK, **limits) -> Stack:
         upstream = await ScriptedServer(reply).start()
-        settings = Settings(replicas=(ReplicaSettings("r0", upstream.url),), gate=GateSettings(mode="off"),
-                            admin=AdminSettings(token=TOKEN), limits=LimitsSettings(**limits))
+        settings = Settings(
+            replicas=(ReplicaSettings("r0", upstream.url),),
+            gate=GateSettings(mode="off"),
+            admin=AdminSettings(token=TOKEN),
+            limits=LimitsSettings(**limits),
+        )
         stack = Stack(upstream, create_app(settings, health_checks=False))
         stack.address = await stack.app.start("127.0.0.1", 0)
         made.append(stack)
@@ -117,14 +123,20 @@ REFUSED_REQUESTS = [
     ("f1_obs_fold", post_cl(b"X-A: a\r\n Evil: 1\r\n"), 400),
     ("f1_control_byte_in_query", b"GET /v1/models?a=\x01b HTTP/1.1\r\nHost: k\r\n\r\n", 400),
     # the reproducer: a negative chunk consumes nothing and drives the body counter negative
-    ("f4_negative_chunk_size", post(b"Transfer-Encoding: chunked\r\n", b"-FFFFFFFFFFFF\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
-                                    % (len(CHAT), CHAT)), 400),
+    (
+        "f4_negative_chunk_size",
+        post(b"Transfer-Encoding: chunked\r\n", b"-FFFFFFFFFFFF\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(CHAT), CHAT)),
+        400,
+    ),
     ("f9_te_xchunked", chunked(b"%x" % len(CHAT)).replace(b": chunked", b": xchunked"), 400),
     ("f9_te_chunked_gzip", chunked(b"%x" % len(CHAT)).replace(b": chunked", b": chunked, gzip"), 400),
     ("f9_te_gzip_chunked", chunked(b"%x" % len(CHAT)).replace(b": chunked", b": gzip, chunked"), 400),
     ("f9_te_unchunked", chunked(b"%x" % len(CHAT)).replace(b": chunked", b": unchunked"), 400),
-    ("f9_cl_with_te", chunked(b"%x" % len(CHAT)).replace(b"Transfer", b"Content-Length: %d\r\nTransfer"
-                                                           % len(CHAT)), 400),
+    (
+        "f9_cl_with_te",
+        chunked(b"%x" % len(CHAT)).replace(b"Transfer", b"Content-Length: %d\r\nTransfer" % len(CHAT)),
+        400,
+    ),
     ("f9_cl_arabic_indic_digit", post("Content-Length: ٧\r\n".encode(), b"{}     "), 400),
     ("f9_cl_fullwidth_digit", post("Content-Length: ７\r\n".encode(), b"{}     "), 400),
     ("f9_chunk_size_0x", chunked(b"0x%x" % len(CHAT)), 400),
@@ -143,8 +155,10 @@ REFUSED_REQUESTS = [
 KEPT_OPEN = {"f10_invalid_utf8_in_sess_path_encoded", "f10_invalid_utf8_in_session_header"}
 
 
-@pytest.mark.parametrize("raw, status, closes", [pytest.param(raw, status, name not in KEPT_OPEN, id=name)
-                                                 for name, raw, status in REFUSED_REQUESTS])
+@pytest.mark.parametrize(
+    "raw, status, closes",
+    [pytest.param(raw, status, name not in KEPT_OPEN, id=name) for name, raw, status in REFUSED_REQUESTS],
+)
 async def test_request_refused(stack_factory, raw, status, closes):
     stack = await stack_factory()
     data, closed = await exchange(stack.address, raw, timeout=5 if closes else 1)
@@ -158,7 +172,7 @@ async def test_request_refused(stack_factory, raw, status, closes):
 async def test_f1_smuggled_request_never_reaches_the_upstream_and_the_pool_stays_clean(stack_factory):
     """The exact reproducer: behind it, the next client gets its own answer."""
     stack = await stack_factory(reply=lambda i: UP_OK)
-    raw = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nX-A: a\n\n" + SMUGGLED)
+    raw = b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nX-A: a\n\n" + SMUGGLED
     data, closed = await exchange(stack.address, raw)
     assert statuses(data) == [400] and closed
     assert not any(b"/any-upstream-path" in r for r in stack.upstream.requests)
@@ -246,22 +260,27 @@ async def test_f5_connections_beyond_the_limit_are_refused_cleanly(stack_factory
 
 async def test_f11_headers_named_in_connection_are_not_forwarded(stack_factory):
     stack = await stack_factory()
-    data, _ = await exchange(stack.address, post_cl(b"Connection: keep-alive, X-Secret\r\nX-Secret: 1\r\n"
-                                                     b"X-Kept: 2\r\n"), timeout=2)
+    data, _ = await exchange(
+        stack.address, post_cl(b"Connection: keep-alive, X-Secret\r\nX-Secret: 1\r\nX-Kept: 2\r\n"), timeout=2
+    )
     assert statuses(data) == [200]
     (forwarded,) = stack.upstream.requests
     assert b"x-secret" not in forwarded.lower() and b"X-Kept: 2\r\n" in forwarded
 
 
-@pytest.mark.parametrize("name, url", [
-    ("evil\r\nSet-Cookie: a=b", "http://127.0.0.1:1"),
-    ("has space", "http://127.0.0.1:1"),
-    ("ok-name", "http://127.0.0.1:1/a b"),
-    ("ok-name", "http://127.0.0.1:1/\r\nX: y"),
-    ("ok-name", "http://127.0.0.1:99999"),
-])
+@pytest.mark.parametrize(
+    "name, url",
+    [
+        ("evil\r\nSet-Cookie: a=b", "http://127.0.0.1:1"),
+        ("has space", "http://127.0.0.1:1"),
+        ("ok-name", "http://127.0.0.1:1/a b"),
+        ("ok-name", "http://127.0.0.1:1/\r\nX: y"),
+        ("ok-name", "http://127.0.0.1:99999"),
+    ],
+)
 async def test_f11_replica_names_and_urls_from_the_admin_api_are_checked(stack_factory, name, url):
     import orjson
+
     stack = await stack_factory()
     body = orjson.dumps({"name": name, "url": url})
     data, _ = await exchange(stack.address, post_cl(ADMIN + b"Connection: close\r\n", body, b"/admin/replicas"))
@@ -354,9 +373,10 @@ async def test_f8_large_non_streamed_answer_is_relayed_as_it_arrives(stack_facto
     size = 8 * 1024 * 1024
     first = b"x" * (size // 2)
     rest_may_go = asyncio.Event()
-    stack = await stack_factory(reply=lambda i: [H + b"Content-Length: %d\r\n\r\n" % size, first, rest_may_go,
-                                                 b"y" * (size - len(first))],
-                                max_buffered_response_bytes=1024 * 1024)
+    stack = await stack_factory(
+        reply=lambda i: [H + b"Content-Length: %d\r\n\r\n" % size, first, rest_may_go, b"y" * (size - len(first))],
+        max_buffered_response_bytes=1024 * 1024,
+    )
     reader, writer = await asyncio.open_connection(*stack.address)
     writer.write(post_cl(b"Connection: close\r\n"))
     try:
@@ -375,10 +395,14 @@ async def test_f8_large_non_streamed_answer_is_relayed_as_it_arrives(stack_facto
 
 # ---- what held up, and must keep holding -------------------------------------------
 
+
 async def test_upstream_framing_is_recomputed(stack_factory):
     stack = await stack_factory()
-    data, _ = await exchange(stack.address, chunked(b"%x" % len(CHAT)).replace(
-        b"Host: k\r\n", b"Host: k\r\nConnection: close\r\n"), timeout=3)
+    data, _ = await exchange(
+        stack.address,
+        chunked(b"%x" % len(CHAT)).replace(b"Host: k\r\n", b"Host: k\r\nConnection: close\r\n"),
+        timeout=3,
+    )
     assert statuses(data) == [200]
     (forwarded,) = stack.upstream.requests
     assert b"Content-Length: %d\r\n" % len(CHAT) in forwarded and b"chunked" not in forwarded.lower()
@@ -386,8 +410,12 @@ async def test_upstream_framing_is_recomputed(stack_factory):
 
 def test_limits_defaults_follow_nginx():
     limits = LimitsSettings()
-    assert (limits.header_timeout_sec, limits.body_timeout_sec, limits.keepalive_timeout_sec,
-            limits.write_timeout_sec) == (60, 60, 75, 60)
+    assert (
+        limits.header_timeout_sec,
+        limits.body_timeout_sec,
+        limits.keepalive_timeout_sec,
+        limits.write_timeout_sec,
+    ) == (60, 60, 75, 60)
     assert limits.max_head_bytes == 4 * 8 * 1024
 
 
@@ -395,8 +423,11 @@ async def test_a_client_that_stops_reading_is_dropped_after_the_write_timeout(st
     """Backpressure holds the upstream while the client reads nothing; after
     limits.write_timeout_sec the client is dropped and its upstream connection closed."""
     size = 64 * 1024 * 1024
-    stack = await stack_factory(reply=lambda i: [H + b"Content-Length: %d\r\n\r\n" % size] + [b"z" * (1 << 20)] * 64,
-                                write_timeout_sec=0.5, max_buffered_response_bytes=1 << 20)
+    stack = await stack_factory(
+        reply=lambda i: [H + b"Content-Length: %d\r\n\r\n" % size] + [b"z" * (1 << 20)] * 64,
+        write_timeout_sec=0.5,
+        max_buffered_response_bytes=1 << 20,
+    )
     reader, writer = await asyncio.open_connection(*stack.address, limit=1 << 16)
     writer.transport.pause_reading()  # read nothing at all
     writer.write(post_cl())

@@ -13,7 +13,7 @@ import logging
 import random
 import re
 
-from proxy.settings import LimitsSettings
+from kvgate.proxy.settings import LimitsSettings
 
 SEED = 20261130
 MUTATIONS = 2000
@@ -32,10 +32,39 @@ VALID = [
     b"GET /health HTTP/1.1\r\nHost: k\r\n\r\nGET /ready HTTP/1.0\r\n\r\n",
     b"GET /admin/state HTTP/1.1\r\nHost: k\r\nAuthorization: Bearer test-admin-token\r\n\r\n",
 ]
-INTERESTING = [b"\r", b"\n", b"\r\n", b"\x00", b" ", b"\t", b":", b",", b"-", b"0", b"9", b"f", b"x", b"\x7f",
-               b"\xff", b"\x80", b"%", b"%ff", b"/", b"?", b'"', b"{", b"}", b"\r\n ", b"-1",
-               b"Transfer-Encoding: chunked\r\n", b"Content-Length: 5\r\n", b"Content-Length: 99999999999\r\n",
-               b"\r\n\r\n", b"HTTP/1.1 ", b"GET / HTTP/1.1\r\n"]
+INTERESTING = [
+    b"\r",
+    b"\n",
+    b"\r\n",
+    b"\x00",
+    b" ",
+    b"\t",
+    b":",
+    b",",
+    b"-",
+    b"0",
+    b"9",
+    b"f",
+    b"x",
+    b"\x7f",
+    b"\xff",
+    b"\x80",
+    b"%",
+    b"%ff",
+    b"/",
+    b"?",
+    b'"',
+    b"{",
+    b"}",
+    b"\r\n ",
+    b"-1",
+    b"Transfer-Encoding: chunked\r\n",
+    b"Content-Length: 5\r\n",
+    b"Content-Length: 99999999999\r\n",
+    b"\r\n\r\n",
+    b"HTTP/1.1 ",
+    b"GET / HTTP/1.1\r\n",
+]
 
 
 def mutate(rng: random.Random, raw: bytes) -> bytes:
@@ -45,11 +74,11 @@ def mutate(rng: random.Random, raw: bytes) -> bytes:
         pos = rng.randrange(len(data) + 1)
         if op == 0 and data:  # replace one byte
             pos = min(pos, len(data) - 1)
-            data[pos:pos + 1] = rng.choice(INTERESTING)
+            data[pos : pos + 1] = rng.choice(INTERESTING)
         elif op == 1:  # insert
             data[pos:pos] = rng.choice(INTERESTING)
         elif op == 2:  # delete a run
-            del data[pos:pos + rng.randint(1, 8)]
+            del data[pos : pos + rng.randint(1, 8)]
         elif op == 3:  # duplicate a run (repeated header lines, doubled framing)
             end = min(len(data), pos + rng.randint(1, 40))
             data[pos:pos] = data[pos:end] * rng.randint(1, 3)
@@ -81,16 +110,17 @@ def kvgate_500s(data: bytes) -> int:
 
 async def test_seeded_fuzz_of_request_bytes(make_proxy, upstreams, caplog):
     caplog.set_level(logging.WARNING)
-    limits = LimitsSettings(header_timeout_sec=0.3, body_timeout_sec=0.3, keepalive_timeout_sec=0.3,
-                            max_body_bytes=1 << 20)
+    limits = LimitsSettings(
+        header_timeout_sec=0.3, body_timeout_sec=0.3, keepalive_timeout_sec=0.3, max_body_bytes=1 << 20
+    )
     proxy = await make_proxy(upstreams, limits=limits)
     address = (proxy.server.host, proxy.server.port)
     rng = random.Random(SEED)
     cases = [mutate(rng, rng.choice(VALID)) for _ in range(MUTATIONS)]
     seen_statuses: set[bytes] = set()
     for start in range(0, len(cases), BATCH):
-        answers = await asyncio.gather(*(send(address, raw) for raw in cases[start:start + BATCH]))
-        for raw, data in zip(cases[start:start + BATCH], answers):
+        answers = await asyncio.gather(*(send(address, raw) for raw in cases[start : start + BATCH]))
+        for raw, data in zip(cases[start : start + BATCH], answers):
             assert kvgate_500s(data) == 0, (raw, data[:500])
             seen_statuses.update(re.findall(rb"HTTP/1\.[01] (\d{3}) ", data))
         health = await send(address, b"GET /health HTTP/1.1\r\nHost: k\r\nConnection: close\r\n\r\n")

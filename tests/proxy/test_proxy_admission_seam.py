@@ -6,9 +6,9 @@ import asyncio
 
 import aiohttp
 import pytest
+from proxy_client import ADMIN_TOKEN
 
-from gate.errors import AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
-ADMIN_TOKEN = "test-admin-token"  # as in conftest.py
+from kvgate.gate.errors import AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -83,7 +83,7 @@ async def test_acquire_gets_replica_session_kind_and_body_and_headers_report_the
     assert resp.headers["x-kvgate-replica"] == name
     assert resp.headers["x-kvgate-admission"] == "reserved_session"
     assert resp.headers["x-kvgate-wait-ms"] == "12.5"
-    assert [l.releases for l in admission.leases] == [1]
+    assert [lease.releases for lease in admission.leases] == [1]
 
 
 async def test_anonymous_requests_acquire_with_none(gated, admission):
@@ -91,11 +91,14 @@ async def test_anonymous_requests_acquire_with_none(gated, admission):
     assert admission.acquired[0][1:3] == (None, "models")
 
 
-@pytest.mark.parametrize("error, status, code", [
-    (AdmissionPreempted("a newer attempt of this session arrived"), 409, "admission_preempted"),
-    (AdmissionTimeout("waited gate.max_wait_sec", retry_after=7), 503, "admission_timeout"),
-    (PromptTooLong("prompt of 9000 blocks can never fit"), 400, "prompt_too_long"),
-])
+@pytest.mark.parametrize(
+    "error, status, code",
+    [
+        (AdmissionPreempted("a newer attempt of this session arrived"), 409, "admission_preempted"),
+        (AdmissionTimeout("waited gate.max_wait_sec", retry_after=7), 503, "admission_timeout"),
+        (PromptTooLong("prompt of 9000 blocks can never fit"), 400, "prompt_too_long"),
+    ],
+)
 async def test_admission_errors_become_openai_errors(gated, admission, upstreams, error, status, code):
     admission.refuse = {"r0": [error], "r1": [error]}
     resp = await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "s"})
@@ -110,20 +113,10 @@ async def test_admission_errors_become_openai_errors(gated, admission, upstreams
     assert not any(f.requests for f in upstreams)
 
 
-async def test_duck_typed_admission_error_without_gate_classes(gated, admission):
-    class Refused(Exception):
-        status, code, message, retry_after = 503, "busy", "come back later", 2.2
-
-    admission.refuse = {"r0": [Refused()], "r1": [Refused()]}
-    resp = await gated.post("/v1/completions", json={"model": "m", "prompt": "x"}, headers={"x-session-id": "d"})
-    assert resp.status == 503
-    assert resp.headers["Retry-After"] == "3"
-    assert (await resp.json())["error"]["code"] == "busy"
-
-
 async def test_replica_unavailable_reroutes_once(gated, admission):
     first = (await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "u"})).headers[
-        "x-kvgate-replica"]
+        "x-kvgate-replica"
+    ]
     other = "r1" if first == "r0" else "r0"
     admission.refuse = {first: [ReplicaUnavailable("removed while waiting")]}
     resp = await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "u"})
@@ -143,8 +136,9 @@ async def test_replica_unavailable_twice_is_503(gated, admission):
 async def test_client_disconnect_while_waiting_cancels_the_acquire(gated, admission, upstreams):
     admission.hold = asyncio.Event()
     with pytest.raises(asyncio.TimeoutError):
-        await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "w"},
-                         timeout=aiohttp.ClientTimeout(total=0.3))
+        await gated.post(
+            "/v1/chat/completions", json=CHAT, headers={"x-session-id": "w"}, timeout=aiohttp.ClientTimeout(total=0.3)
+        )
     for _ in range(100):
         if admission.cancelled:
             break
@@ -193,12 +187,13 @@ async def test_client_disconnect_mid_stream_aborts_upstream_and_releases(gated, 
 
 async def test_lease_released_on_upstream_failure_and_reacquired_on_failover(gated, admission, upstreams):
     first = (await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "ff"})).headers[
-        "x-kvgate-replica"]
+        "x-kvgate-replica"
+    ]
     await next(f for f in upstreams if f.name == first).refuse()
     resp = await gated.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "ff"})
     assert resp.status == 200
     assert resp.headers["x-kvgate-replica"] != first
-    assert [l.releases for l in admission.leases] == [1, 1, 1]
+    assert [lease.releases for lease in admission.leases] == [1, 1, 1]
     assert [a[0] for a in admission.acquired] == [first, first, resp.headers["x-kvgate-replica"]]
 
 
@@ -228,12 +223,12 @@ async def test_admin_remove_replica_tells_the_controller(gated, admission):
 
 async def test_real_gate_controller_admits_through_the_proxy(upstreams, make_proxy):
     """The gate's AdmissionController plugged into the app factory (fakes have low usage)."""
-    from gate.admission import AdmissionController
-    from proxy.metrics import KvgateMetrics
-    from proxy.settings import GateSettings
+    from kvgate.gate.admission import AdmissionController
+    from kvgate.gate.settings import GateSettings
+    from kvgate.proxy.metrics import KvgateMetrics
 
     metrics = KvgateMetrics()
-    controller = AdmissionController(GateSettings(), metrics)
+    controller = AdmissionController(GateSettings(), metrics.gate)
     client = await make_proxy(upstreams, admission=controller)
     resp = await client.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "real"})
     assert resp.status == 200

@@ -16,16 +16,24 @@ import aiohttp
 import anthropic
 import openai
 import pytest
+from serve_process import start_serve, stop_serve
 
-from proxy.app import create_app
-from proxy.settings import GateSettings, ReplicaSettings, Settings
-from simulator.replica_server import start_simulated_replicas
-from tests.gate.conftest import CLEAN
+from kvgate.balancer.settings import ReplicaSettings
+from kvgate.gate.settings import GateSettings
+from kvgate.proxy.app import create_app
+from kvgate.proxy.settings import Settings
+from kvgate.simulator.replica_server import start_simulated_replicas
+from tests.gate.helpers import CLEAN
 
 MODEL = "kvgate-sim"
 FINISH = {"x-session-finish": "true"}
-TOOLS = [{"name": "read_file", "description": "read a file",
-          "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+TOOLS = [
+    {
+        "name": "read_file",
+        "description": "read a file",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+    }
+]
 
 
 class Stack:
@@ -59,8 +67,10 @@ class Stack:
 @pytest.fixture
 async def stack():
     replicas = await start_simulated_replicas(2, time_scale=0, num_blocks=256, block_size=16)
-    settings = Settings(replicas=tuple(ReplicaSettings(r.name, r.url) for r in replicas),
-                        gate=GateSettings(mode="enforce", policy="contract"))
+    settings = Settings(
+        replicas=tuple(ReplicaSettings(r.name, r.url) for r in replicas),
+        gate=GateSettings(mode="enforce", policy="contract"),
+    )
     app = create_app(settings, health_checks=False)
     host, port = await app.start("127.0.0.1", 0)
     made = Stack(app, f"http://{host}:{port}", replicas)
@@ -87,8 +97,13 @@ async def test_anthropic_messages_create_is_sticky_by_claude_code_metadata_and_p
     replicas = set()
     cached = []
     for turn in range(1, 5):
-        body = {"model": MODEL, "max_tokens": 6, "system": "You are a coding agent.", "messages": history,
-                "metadata": claude_code_metadata("cc-session-1")}
+        body = {
+            "model": MODEL,
+            "max_tokens": 6,
+            "system": "You are a coding agent.",
+            "messages": history,
+            "metadata": claude_code_metadata("cc-session-1"),
+        }
         last = turn == 4
         probe_before = None
         if replicas:
@@ -102,8 +117,10 @@ async def test_anthropic_messages_create_is_sticky_by_claude_code_metadata_and_p
             assert probe_before["total_tokens"] == message.usage.input_tokens
             assert probe_before["hit_tokens"] == message.usage.cache_read_input_tokens
         cached.append(message.usage.cache_read_input_tokens)
-        history = history + [{"role": "assistant", "content": message.content[0].text},
-                             {"role": "user", "content": f"Tool result {turn}: ran the tests, two still fail"}]
+        history = history + [
+            {"role": "assistant", "content": message.content[0].text},
+            {"role": "user", "content": f"Tool result {turn}: ran the tests, two still fail"},
+        ]
     assert len(replicas) == 1  # one session, one replica: the id came from metadata.user_id
     assert cached[0] == 0 and all(c > 0 for c in cached[1:])
     await client.close()
@@ -112,8 +129,12 @@ async def test_anthropic_messages_create_is_sticky_by_claude_code_metadata_and_p
 
 async def test_anthropic_messages_stream(stack):
     client = stack.anthropic()
-    body = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "stream this please"}],
-            "metadata": claude_code_metadata("cc-stream")}
+    body = {
+        "model": MODEL,
+        "max_tokens": 5,
+        "messages": [{"role": "user", "content": "stream this please"}],
+        "metadata": claude_code_metadata("cc-stream"),
+    }
     async with client.messages.stream(**body, extra_headers=FINISH) as stream:
         texts = [text async for text in stream.text_stream]
         final = await stream.get_final_message()
@@ -127,18 +148,29 @@ async def test_anthropic_tool_use_conversation_is_probed_exactly(stack):
     client = stack.anthropic()
     messages = [
         {"role": "user", "content": "Read the config file"},
-        {"role": "assistant", "content": [{"type": "text", "text": "Reading it."},
-                                          {"type": "tool_use", "id": "toolu_1", "name": "read_file",
-                                           "input": {"path": "kvgate.yaml"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
-                                      "content": "listen: {port: 8000}"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Reading it."},
+                {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "kvgate.yaml"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "listen: {port: 8000}"}],
+        },
     ]
-    body = {"model": MODEL, "max_tokens": 4, "tools": TOOLS, "messages": messages,
-            "metadata": claude_code_metadata("cc-tools")}
+    body = {
+        "model": MODEL,
+        "max_tokens": 4,
+        "tools": TOOLS,
+        "messages": messages,
+        "metadata": claude_code_metadata("cc-tools"),
+    }
     first = await client.messages.with_raw_response.create(**body)
     replica = first.headers["x-kvgate-replica"]
     reading = await stack.probe(replica, "messages", body)
-    again = (await client.messages.with_raw_response.create(**body, extra_headers=FINISH))
+    again = await client.messages.with_raw_response.create(**body, extra_headers=FINISH)
     assert again.headers["x-kvgate-replica"] == replica
     usage = (await again.parse()).usage
     assert reading["total_tokens"] == usage.input_tokens == (await first.parse()).usage.input_tokens
@@ -155,12 +187,12 @@ async def test_anthropic_tool_use_conversation_is_probed_exactly(stack):
 
 async def test_responses_create_and_stream(stack):
     client = stack.openai(default_headers={"x-session-id": "resp-basic"})
-    response = await client.responses.create(model=MODEL, input="hello", instructions="be brief",
-                                             max_output_tokens=4)
+    response = await client.responses.create(model=MODEL, input="hello", instructions="be brief", max_output_tokens=4)
     assert response.object == "response" and response.output_text
     assert response.usage.input_tokens > 0 and response.usage.output_tokens == 4
-    stream = await client.responses.create(model=MODEL, input="hello again", max_output_tokens=4, stream=True,
-                                           extra_headers=FINISH)
+    stream = await client.responses.create(
+        model=MODEL, input="hello again", max_output_tokens=4, stream=True, extra_headers=FINISH
+    )
     types, deltas, completed = [], [], None
     async for event in stream:
         types.append(event.type)
@@ -169,8 +201,12 @@ async def test_responses_create_and_stream(stack):
         if event.type == "response.completed":
             completed = event.response
     assert types[:2] == ["response.created", "response.in_progress"]
-    assert types[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "response.completed"]
+    assert types[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert completed is not None and completed.output_text == "".join(deltas)
     await client.close()
     stack.assert_clean()
@@ -184,17 +220,24 @@ async def test_previous_response_id_chains_stay_on_their_replica_and_are_priced_
     chains = {}
     for index in range(8):
         raw = await client.responses.with_raw_response.create(
-            model=MODEL, instructions="You are agent.", input=f"Task {index}: refactor module {index}",
-            max_output_tokens=4)
+            model=MODEL,
+            instructions="You are agent.",
+            input=f"Task {index}: refactor module {index}",
+            max_output_tokens=4,
+        )
         chains[index] = (raw.parse().id, raw.headers["x-kvgate-replica"])
     assert set(replica for _, replica in chains.values()) == {"sim0", "sim1"}
     probes_before = await stack.prefix_probes()
     continuations = 0
     for turn in range(2, 5):
         for index, (previous_id, replica) in list(chains.items()):
-            body = {"model": MODEL, "instructions": "You are agent.", "previous_response_id": previous_id,
-                    "input": [{"role": "user", "content": f"Tool result {turn}: {index} tests pass"}],
-                    "max_output_tokens": 4}
+            body = {
+                "model": MODEL,
+                "instructions": "You are agent.",
+                "previous_response_id": previous_id,
+                "input": [{"role": "user", "content": f"Tool result {turn}: {index} tests pass"}],
+                "max_output_tokens": 4,
+            }
             reading = await stack.probe(replica, "responses", body)
             raw = await client.responses.with_raw_response.create(**body, extra_headers=FINISH if turn == 4 else None)
             response = raw.parse()
@@ -214,10 +257,17 @@ async def test_previous_response_id_chains_stay_on_their_replica_and_are_priced_
 async def test_streamed_chain_turns_and_an_explicit_session(stack):
     client = stack.openai()
     task = "start with the parser module and then move on to the lexer and the tests of both"
-    first = await client.responses.create(model=MODEL, input=task, max_output_tokens=3,
-                                          extra_body={"prompt_cache_key": "codex-conv-7"})
-    stream = await client.responses.create(model=MODEL, input="go on", previous_response_id=first.id,
-                                           max_output_tokens=3, stream=True, extra_headers=FINISH)
+    first = await client.responses.create(
+        model=MODEL, input=task, max_output_tokens=3, extra_body={"prompt_cache_key": "codex-conv-7"}
+    )
+    stream = await client.responses.create(
+        model=MODEL,
+        input="go on",
+        previous_response_id=first.id,
+        max_output_tokens=3,
+        stream=True,
+        extra_headers=FINISH,
+    )
     completed = [event.response async for event in stream if event.type == "response.completed"]
     assert completed and completed[0].usage.input_tokens > first.usage.input_tokens
     assert completed[0].usage.input_tokens_details.cached_tokens > 0
@@ -236,23 +286,22 @@ async def test_unknown_previous_response_id_is_the_replicas_404(stack):
 
 async def test_the_embedded_default_speaks_every_forwarded_route(tmp_path):
     """`kvgate serve` with no replicas: chat, completions, messages and responses all answer."""
-    from test_proxy_serve import start_serve, stop_serve
-
     config = tmp_path / "empty.yaml"
     config.write_text("simulated_replicas: 2\n")
     proc, _lines, url = await start_serve("--config", str(config))
     try:
-        oa = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0,
-                                default_headers={"x-session-id": "newcomer"})
+        oa = openai.AsyncOpenAI(
+            base_url=url + "/v1", api_key="k", max_retries=0, default_headers={"x-session-id": "newcomer"}
+        )
         an = anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=0)
         model = (await oa.models.list()).data[0].id
-        chat = await oa.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
-                                                max_tokens=3)
+        chat = await oa.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         completion = await oa.completions.create(model=model, prompt="hi", max_tokens=3)
         message = await an.messages.create(model=model, max_tokens=3, messages=[{"role": "user", "content": "hi"}])
         first = await oa.responses.create(model=model, input="hi", max_output_tokens=3)
-        second = await oa.responses.create(model=model, input="and?", previous_response_id=first.id,
-                                           max_output_tokens=3)
+        second = await oa.responses.create(
+            model=model, input="and?", previous_response_id=first.id, max_output_tokens=3
+        )
         assert chat.choices[0].message.content and completion.choices[0].text
         assert message.content[0].text and first.output_text and second.output_text
         assert second.usage.input_tokens > first.usage.input_tokens

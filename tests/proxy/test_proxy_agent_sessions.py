@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.errors import RequestRejected
-from proxy.response_chains import ChainLink, ResponseChains, plan_turn
-from proxy.session_id import embedded_session_id, resolve_session_id, split_body_fields
-from proxy.session_tracker import SessionTracker
-from proxy.settings import SessionSettings
+from kvgate.proxy.errors import RequestRejected
+from kvgate.proxy.response_chains import ChainLink, ResponseChains, plan_turn
+from kvgate.proxy.session_id import embedded_session_id, resolve_session_id, split_body_fields
+from kvgate.proxy.session_tracker import SessionTracker
+from kvgate.proxy.settings import SessionSettings
 
 DEFAULT_FIELDS = split_body_fields(SessionSettings().body_fields)
 CLAUDE_CODE_JSON = '{"device_id":"d3v1ce","account_uuid":"acc-1","session_id":"5f0c-session"}'
@@ -61,13 +61,22 @@ def ids(*names):
 def test_plan_of_a_first_anonymous_turn_starts_a_chain_named_by_its_response():
     plan = plan_turn({"input": "hi"}, None, lambda _id: None, ids("resp_a"))
     assert (plan.session_id, plan.link, plan.response_id, plan.set_request_id, plan.chain_session) == (
-        None, None, "resp_a", True, "resp_a")
+        None,
+        None,
+        "resp_a",
+        True,
+        "resp_a",
+    )
 
 
 def test_plan_keeps_a_client_request_id_and_an_explicit_session():
     plan = plan_turn({"input": "hi", "request_id": "resp_mine"}, "s1", lambda _id: None, ids())
     assert (plan.session_id, plan.response_id, plan.set_request_id, plan.chain_session) == (
-        "s1", "resp_mine", False, "s1")
+        "s1",
+        "resp_mine",
+        False,
+        "s1",
+    )
 
 
 def test_plan_of_a_continuation_takes_the_links_session_over_an_explicit_id():

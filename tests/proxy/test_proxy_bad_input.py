@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from proxy.settings import LimitsSettings, UpstreamSettings
+from kvgate.proxy.settings import LimitsSettings, UpstreamSettings
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -28,26 +28,32 @@ async def still_serving(client) -> None:
     assert resp.status == 200
 
 
-@pytest.mark.parametrize("raw, code", [
-    (b"{not json", "invalid_json"),
-    (b"[1, 2, 3]", "invalid_body"),
-    (b'"a string"', "invalid_body"),
-    (b"", "invalid_body"),
-    (b"   ", "invalid_body"),
-])
+@pytest.mark.parametrize(
+    "raw, code",
+    [
+        (b"{not json", "invalid_json"),
+        (b"[1, 2, 3]", "invalid_body"),
+        (b'"a string"', "invalid_body"),
+        (b"", "invalid_body"),
+        (b"   ", "invalid_body"),
+    ],
+)
 async def test_body_not_a_json_object_is_400(proxy, raw, code):
     resp = await proxy.post("/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"})
     await assert_error(resp, 400, code)
     await still_serving(proxy)
 
 
-@pytest.mark.parametrize("body, field", [
-    ({**CHAT, "stream": "yes"}, "stream"),
-    ({**CHAT, "stream": 1}, "stream"),
-    ({**CHAT, "session_id": 42}, "session_id"),
-    ({**CHAT, "metadata": {"session_id": ["x"]}}, "metadata.session_id"),
-    ({**CHAT, "user": {"id": 1}}, "user"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({**CHAT, "stream": "yes"}, "stream"),
+        ({**CHAT, "stream": 1}, "stream"),
+        ({**CHAT, "session_id": 42}, "session_id"),
+        ({**CHAT, "metadata": {"session_id": ["x"]}}, "metadata.session_id"),
+        ({**CHAT, "user": {"id": 1}}, "user"),
+    ],
+)
 async def test_wrong_type_in_a_field_the_proxy_reads_is_400(proxy, upstreams, body, field):
     resp = await proxy.post("/v1/completions", json=body)
     error = await assert_error(resp, 400, "invalid_type")
@@ -80,8 +86,10 @@ async def test_413_comes_without_reading_the_whole_body(make_proxy, upstreams):
     """The declared length alone decides: the client never sends the 10 MB it announced."""
     client = await make_proxy(upstreams, limits=LimitsSettings(max_body_bytes=1000))
     reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: 10000000\r\n\r\n{\"model\":")
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 10000000\r\n\r\n{"model":'
+    )
     await writer.drain()
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
     assert head.startswith(b"HTTP/1.1 413")
@@ -89,11 +97,14 @@ async def test_413_comes_without_reading_the_whole_body(make_proxy, upstreams):
     await still_serving(client)
 
 
-@pytest.mark.parametrize("method, path", [
-    ("GET", "/v2/nothing"),
-    ("POST", "/v1/embeddings"),
-    ("GET", "/sess/abc/v1/unknown"),
-])
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("GET", "/v2/nothing"),
+        ("POST", "/v1/embeddings"),
+        ("GET", "/sess/abc/v1/unknown"),
+    ],
+)
 async def test_unknown_route_is_404(proxy, method, path):
     resp = await proxy.request(method, path)
     await assert_error(resp, 404, "unknown_route")
@@ -156,8 +167,7 @@ async def test_single_refusing_upstream_is_502(make_proxy, upstreams):
 async def test_upstream_500_passes_through_unchanged(proxy, upstreams, stream):
     for fake in upstreams:
         fake.mode = "status500"
-    resp = await proxy.post("/v1/chat/completions", json={**CHAT, "stream": stream},
-                            headers={"x-session-id": "e"})
+    resp = await proxy.post("/v1/chat/completions", json={**CHAT, "stream": stream}, headers={"x-session-id": "e"})
     assert resp.status == 500
     body = await resp.json()
     assert body["error"]["message"].endswith("exploded")
@@ -188,8 +198,10 @@ async def test_upstream_closing_mid_stream_ends_with_an_sse_error_event(proxy, u
 async def test_anthropic_stream_broken_gets_an_anthropic_error_event(proxy, upstreams):
     for fake in upstreams:
         fake.mode = "close_mid_stream"
-    resp = await proxy.post("/v1/messages", json={"model": "m", "max_tokens": 5, "stream": True,
-                                                  "messages": [{"role": "user", "content": "hi"}]})
+    resp = await proxy.post(
+        "/v1/messages",
+        json={"model": "m", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+    )
     text = (await resp.read()).decode()
     last = [e for e in text.split("\n\n") if e.strip()][-1]
     assert last.startswith("event: error\ndata: ")
@@ -234,8 +246,11 @@ async def test_413_reaches_a_client_still_uploading(make_proxy, upstreams):
 
 
 async def test_malformed_request_line_and_headers_are_400(proxy):
-    for raw in (b"NONSENSE\r\n\r\n", b"GET /health HTTP/1.1\r\nno-colon-here\r\n\r\n",
-                b"POST /v1/completions HTTP/1.1\r\nContent-Length: abc\r\n\r\n"):
+    for raw in (
+        b"NONSENSE\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nno-colon-here\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nContent-Length: abc\r\n\r\n",
+    ):
         reader, writer = await asyncio.open_connection(proxy.server.host, proxy.server.port)
         writer.write(raw)
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
@@ -246,8 +261,10 @@ async def test_malformed_request_line_and_headers_are_400(proxy):
 
 async def test_pipelined_requests_are_answered_in_order(proxy):
     reader, writer = await asyncio.open_connection(proxy.server.host, proxy.server.port)
-    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
-                 b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    writer.write(
+        b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
     data = await asyncio.wait_for(reader.read(), timeout=10)
     statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", data)
     assert statuses == [b"200", b"404", b"200"]
@@ -257,8 +274,10 @@ async def test_pipelined_requests_are_answered_in_order(proxy):
 async def test_expect_100_continue_and_chunked_request_body(proxy):
     reader, writer = await asyncio.open_connection(proxy.server.host, proxy.server.port)
     body = b'{"model": "m", "prompt": "hi"}'
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
-                 b"Transfer-Encoding: chunked\r\nx-session-id: e\r\n\r\n")
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+        b"Transfer-Encoding: chunked\r\nx-session-id: e\r\n\r\n"
+    )
     interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
     assert interim.startswith(b"HTTP/1.1 100")
     writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))

@@ -7,21 +7,30 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.overhead import compare, format_table, summarize
+from kvgate.bench.overhead import compare, format_table, summarize
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_summary_takes_medians_and_compare_derives_added_p50_and_ratio():
-    runs = [{"rps": r, "p50_ms": p, "p99_ms": p * 2, "errors": e, "error_kinds": {"status 502": e} if e else {}}
-            for r, p, e in ((100, 1.0, 0), (300, 3.0, 1), (200, 2.0, 0))]
+    runs = [
+        {"rps": r, "p50_ms": p, "p99_ms": p * 2, "errors": e, "error_kinds": {"status 502": e} if e else {}}
+        for r, p, e in ((100, 1.0, 0), (300, 3.0, 1), (200, 2.0, 0))
+    ]
     summary = summarize(runs)
-    assert summary == {"rps": 200, "p50_ms": 2.0, "p99_ms": 4.0, "errors": 1, "error_kinds": {"status 502": 1},
-                       "runs": 3}
+    assert summary == {
+        "rps": 200,
+        "p50_ms": 2.0,
+        "p99_ms": 4.0,
+        "errors": 1,
+        "error_kinds": {"status 502": 1},
+        "runs": 3,
+    }
     cmp = compare({"rps": 200, "p50_ms": 2.0}, {"rps": 100, "p50_ms": 2.5})
     assert cmp == {"added_p50_ms": 0.5, "throughput_ratio": 0.5}
-    table = format_table([{"mode": "streaming", "concurrency": 64, "direct": summary, "proxied": summary,
-                           **cmp}], "kvgate")
+    table = format_table(
+        [{"mode": "streaming", "concurrency": 64, "direct": summary, "proxied": summary, **cmp}], "kvgate"
+    )
     assert "streaming" in table and "0.50" in table
     assert "WARNING: streaming c=64 direct: 1 requests failed or answered non-200 (status 502: 1)" in table
 
@@ -29,23 +38,51 @@ def test_summary_takes_medians_and_compare_derives_added_p50_and_ratio():
 def test_short_run_through_kvgate_prints_the_table_and_writes_json(tmp_path):
     out = tmp_path / "overhead.json"
     result = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "bench", "overhead", "--duration", "0.3", "--warmup", "0.1",
-         "--repeats", "1", "--concurrency", "1,4", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=180)
+        [
+            sys.executable,
+            "-m",
+            "kvgate.proxy.cli",
+            "bench",
+            "overhead",
+            "--duration",
+            "0.3",
+            "--warmup",
+            "0.1",
+            "--repeats",
+            "1",
+            "--concurrency",
+            "1,4",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr
     assert "added p50 ms" in result.stdout
     data = json.loads(out.read_text())
     assert data["target"] == "kvgate"
     assert {(r["mode"], r["concurrency"]) for r in data["results"]} == {
-        ("non-streaming", 1), ("non-streaming", 4), ("streaming", 1), ("streaming", 4)}
+        ("non-streaming", 1),
+        ("non-streaming", 4),
+        ("streaming", 1),
+        ("streaming", 4),
+    }
     for r in data["results"]:
         assert r["direct"]["errors"] == 0 and r["proxied"]["errors"] == 0
         assert r["direct"]["rps"] > 0 and r["proxied"]["rps"] > 0
 
 
 def test_bad_arguments_exit_2():
-    result = subprocess.run([sys.executable, "-m", "proxy.cli", "bench", "overhead", "--modes", "sideways"],
-                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "kvgate.proxy.cli", "bench", "overhead", "--modes", "sideways"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
 
 
@@ -53,10 +90,34 @@ def test_baseline_repo_is_measured_in_the_same_run_with_cpu_per_request(tmp_path
     """The plumbing of --baseline-repo, with this checkout as its own baseline."""
     out = tmp_path / "overhead.json"
     result = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "bench", "overhead", "--duration", "0.3", "--warmup", "0.1",
-         "--repeats", "1", "--concurrency", "2", "--modes", "non-streaming", "--gate-mode", "off",
-         "--baseline-repo", str(REPO), "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=180)
+        [
+            sys.executable,
+            "-m",
+            "kvgate.proxy.cli",
+            "bench",
+            "overhead",
+            "--duration",
+            "0.3",
+            "--warmup",
+            "0.1",
+            "--repeats",
+            "1",
+            "--concurrency",
+            "2",
+            "--modes",
+            "non-streaming",
+            "--gate-mode",
+            "off",
+            "--baseline-repo",
+            str(REPO),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr
     assert "rps vs baseline" in result.stdout and "cpu vs baseline" in result.stdout
     (row,) = json.loads(out.read_text())["results"]

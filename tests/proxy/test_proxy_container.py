@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from proxy.config import apply_env_overrides, load_settings, settings_from_dict
+from kvgate.proxy.config import apply_env_overrides, load_settings, settings_from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -33,9 +33,11 @@ def test_image_command_is_serve_with_the_config_path():
 
 def test_image_copies_every_package_and_a_valid_config():
     copied = {args.split()[0] for op, args in dockerfile_instructions() if op == "COPY"}
-    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
-    for pattern in packages:
-        assert pattern.rstrip("*") in copied, f"Dockerfile does not COPY {pattern}"
+    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    assert package_dirs, "pyproject.toml maps no package folder"
+    for folder in package_dirs.values():
+        top = folder.split("/")[0]
+        assert top in copied, f"Dockerfile does not COPY {top}"
     for source in copied:
         assert (REPO / source).exists(), f"Dockerfile copies missing {source}"
     assert load_settings(REPO / "configs" / "kvgate.yaml", {"KVGATE_LISTEN__HOST": "0.0.0.0"}).listen.host == "0.0.0.0"
@@ -124,7 +126,7 @@ def test_kubernetes_has_one_gate_per_replica_and_front_doors_that_agree():
 
 
 def test_compose_tiers_gate_per_replica_and_front_doors_agree():
-    from proxy.cli import build_parser
+    from kvgate.proxy.cli import build_parser
 
     compose = yaml.safe_load((DOCKER / "compose-tiers.yaml").read_text())
     services = compose["services"]

@@ -7,7 +7,7 @@ import asyncio
 import orjson
 import pytest
 
-from proxy.settings import SessionSettings, UpstreamSettings
+from kvgate.proxy.settings import SessionSettings, UpstreamSettings
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 ROUTE_BODIES = {
@@ -98,9 +98,11 @@ async def test_anonymous_requests_spread_over_replicas(proxy):
 
 
 async def test_authorization_passes_through_and_hop_headers_do_not(proxy, upstreams):
-    await proxy.post("/v1/chat/completions", json=CHAT,
-                     headers={"Authorization": "Bearer client-key", "x-session-id": "auth", "TE": "trailers",
-                              "X-Custom": "kept"})
+    await proxy.post(
+        "/v1/chat/completions",
+        json=CHAT,
+        headers={"Authorization": "Bearer client-key", "x-session-id": "auth", "TE": "trailers", "X-Custom": "kept"},
+    )
     headers = {k.lower(): v for k, v in next(r for f in upstreams for r in f.requests)["headers"].items()}
     assert headers["authorization"] == "Bearer client-key"
     assert headers["x-custom"] == "kept"
@@ -142,8 +144,9 @@ async def test_health_ready_and_metrics(proxy):
 async def test_http10_client_gets_a_close_delimited_stream(proxy):
     reader, writer = await asyncio.open_connection(proxy.server.host, proxy.server.port)
     body = orjson.dumps({**CHAT, "stream": True})
-    writer.write(b"POST /v1/chat/completions HTTP/1.0\r\nx-session-id: old\r\nContent-Length: %d\r\n\r\n%s"
-                 % (len(body), body))
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.0\r\nx-session-id: old\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     data = await asyncio.wait_for(reader.read(), timeout=10)  # the proxy closes at the end
     head, _, payload = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200")
@@ -156,10 +159,14 @@ async def test_keep_alive_connection_serves_many_requests(proxy):
     reader, writer = await asyncio.open_connection(proxy.server.host, proxy.server.port)
     body = orjson.dumps(CHAT)
     for _ in range(3):
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-session-id: ka\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-session-id: ka\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
         assert head.startswith(b"HTTP/1.1 200")
-        length = int(next(l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length:")).split(b":")[1])
+        length = int(
+            next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")).split(b":")[1]
+        )
         assert b"hello from" in await reader.readexactly(length)
     writer.close()

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
-
-from proxy.http_client import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamTimeout
 from scripted_server import ScriptedServer
 
+from kvgate.proxy.http_client import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamTimeout
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
@@ -31,8 +28,14 @@ async def test_content_length_body_and_keep_alive_reuse():
 
 
 async def test_chunked_body_with_extensions_and_trailers_arrives_piece_by_piece():
-    reply = [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n",
-             b"5;ext=1\r\nhello\r\n", 0.05, b"6\r\n world\r\n", 0.05, b"0\r\nX-Trailer: t\r\n\r\n"]
+    reply = [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n",
+        b"5;ext=1\r\nhello\r\n",
+        0.05,
+        b"6\r\n world\r\n",
+        0.05,
+        b"0\r\nX-Trailer: t\r\n\r\n",
+    ]
     server = await serve(lambda i: reply)
     pool = UpstreamPool(server.url, 5, 5)
     response = await pool.request("GET", "/", [], None)
@@ -49,9 +52,11 @@ async def test_chunked_body_with_extensions_and_trailers_arrives_piece_by_piece(
 
 
 async def test_interim_1xx_close_delimited_and_204():
-    replies = {0: b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx",
-               1: b"HTTP/1.1 204 No Content\r\n\r\n",
-               2: [b"HTTP/1.1 200 OK\r\n\r\nuntil ", b"close", None]}
+    replies = {
+        0: b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx",
+        1: b"HTTP/1.1 204 No Content\r\n\r\n",
+        2: [b"HTTP/1.1 200 OK\r\n\r\nuntil ", b"close", None],
+    }
     server = await serve(lambda i: replies[i])
     pool = UpstreamPool(server.url, 5, 5)
     assert await (await pool.request("GET", "/", [], None)).read() == b"x"

@@ -13,8 +13,9 @@ def base(client) -> str:
 
 
 def header_client(proxy, session_id: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=base(proxy) + "/v1", api_key="k", max_retries=0,
-                              default_headers={"x-session-id": session_id})
+    return openai.AsyncOpenAI(
+        base_url=base(proxy) + "/v1", api_key="k", max_retries=0, default_headers={"x-session-id": session_id}
+    )
 
 
 def path_client(proxy, session_id: str) -> openai.AsyncOpenAI:

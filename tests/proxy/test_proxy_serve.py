@@ -4,45 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-import signal
 import sys
 from pathlib import Path
 
 import aiohttp
+from serve_process import start_serve, stop_serve
 
 REPO = Path(__file__).resolve().parents[2]
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-
-
-async def start_serve(*args: str) -> tuple[asyncio.subprocess.Process, list[str], str]:
-    """Start `kvgate serve --port 0 ...`; return the process, its log lines so far, its URL."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy.cli", "serve", "--port", "0", *args, cwd=REPO,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    lines: list[str] = []
-    try:
-        while True:
-            line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
-            if not line:
-                raise AssertionError("kvgate serve exited early:\n" + "".join(lines))
-            lines.append(line)
-            found = re.search(r"listening on (http://[\d.]+:\d+)", line)
-            if found:
-                return proc, lines, found.group(1)
-    except BaseException:
-        proc.kill()
-        await proc.wait()
-        raise
-
-
-async def stop_serve(proc) -> int:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return await asyncio.wait_for(proc.wait(), timeout=30)
-    except asyncio.TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
 
 
 async def test_serve_forwards_to_configured_replicas(upstreams, tmp_path):
@@ -84,8 +53,16 @@ async def test_serve_with_an_invalid_config_exits_2(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("gate: {high_watermark: 3}\n")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy.cli", "serve", "--config", str(config), cwd=REPO,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "kvgate.proxy.cli",
+        "serve",
+        "--config",
+        str(config),
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 2
     assert b"gate.high_watermark" in err

@@ -6,9 +6,10 @@ from hashlib import sha256
 
 import pytest
 
-from proxy.errors import RequestRejected
-from proxy.session_id import MAX_SESSION_ID_BYTES, bounded_session_id, resolve_session_id, split_body_fields
-from proxy.session_tracker import SessionTracker
+from kvgate.gate.session_key import MAX_SESSION_ID_BYTES, session_key
+from kvgate.proxy.errors import RequestRejected
+from kvgate.proxy.session_id import bounded_session_id, resolve_session_id, split_body_fields
+from kvgate.proxy.session_tracker import SessionTracker
 
 FIELDS = split_body_fields(("session_id", "prompt_cache_key", "metadata.session_id", "user"))
 
@@ -54,6 +55,8 @@ def test_long_ids_are_hashed_at_the_byte_limit():
     wide = "é" * (MAX_SESSION_ID_BYTES // 2 + 1)  # 2 bytes each: 514 bytes, 257 characters
     assert bounded_session_id(wide) == sha256(wide.encode()).hexdigest()
     assert resolve(None, {"x-session-id": over}) == resolve(over) == sha256(over.encode()).hexdigest()
+    for raw in (exact, over, wide, "é" * 200, "a" * 300):  # the proxy's bound is the gate's
+        assert bounded_session_id(raw) == session_key(raw)
 
 
 def test_tracker_is_bounded_least_recently_used():

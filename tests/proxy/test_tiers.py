@@ -12,15 +12,19 @@ import asyncio
 import aiohttp
 import pytest
 
-from bench.tiers import start_kvgate, start_single, start_tiered
+from kvgate.bench.tiers import start_kvgate, start_single, start_tiered
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
 
 CLEAN = {"leases": 0, "reservations": 0, "waiters": 0, "attempts": 0, "sessions": 0}
 
 
 def chat(session: str, text: str = "hello", **extra) -> dict:
-    return {"model": "kvgate-sim", "max_tokens": 4, **extra,
-            "messages": [{"role": "user", "content": f"{session}: {text}"}]}
+    return {
+        "model": "kvgate-sim",
+        "max_tokens": 4,
+        **extra,
+        "messages": [{"role": "user", "content": f"{session}: {text}"}],
+    }
 
 
 async def post(http, url, path, body, headers=None):
@@ -75,23 +79,30 @@ async def test_session_semantics_across_tiers(tiers, http):
         replica_of[sid] = headers["x-kvgate-replica"]
         # the other front door sends the session to the same replica (rendezvous agrees)
         status, headers, _ = await post(http, b, "/v1/chat/completions", chat(sid, "again"), {"x-session-id": sid})
-        assert (status, headers["x-kvgate-replica"], headers["x-kvgate-admission"]) == \
-            (200, replica_of[sid], "reserved_session")
+        assert (status, headers["x-kvgate-replica"], headers["x-kvgate-admission"]) == (
+            200,
+            replica_of[sid],
+            "reserved_session",
+        )
     assert set(replica_of.values()) == {"sim0", "sim1"}
     gates = {g.name: g.app.admission for g in t.replica_gates}
     # the session id reached the replica gate also from a /sess/ path on a route without a session body field
-    status, headers, _ = await post(http, a, "/sess/s0/v1/messages",
-                                    {"model": "kvgate-sim", "max_tokens": 4,
-                                     "messages": [{"role": "user", "content": "hi"}]})
+    status, headers, _ = await post(
+        http,
+        a,
+        "/sess/s0/v1/messages",
+        {"model": "kvgate-sim", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert status == 200 and headers["x-kvgate-replica"] == replica_of["s0"]
     assert gates[replica_of["s0"]].state()[replica_of["s0"]]["sessions"]["s0"]["reasons"]["reserved_session"] >= 2
     # the front doors gated nothing
     for door in t.front_doors:
         assert all(g["mode"] == "off" and not g["sessions"] for g in door.app.admission.state().values())
     # x-session-finish reaches the replica gate: the window closes there
-    for sid, replica in replica_of.items():
-        status, _, _ = await post(http, b, "/v1/chat/completions", chat(sid, "bye"),
-                                  {"x-session-id": sid, "x-session-finish": "true"})
+    for sid in replica_of:
+        status, _, _ = await post(
+            http, b, "/v1/chat/completions", chat(sid, "bye"), {"x-session-id": sid, "x-session-finish": "true"}
+        )
         assert status == 200
     assert t.gate_counts() == CLEAN
 
@@ -101,12 +112,26 @@ async def test_refusals_pass_through_a_front_door_unchanged(http, aiohttp_server
     script = ReplicaScript()
     script.usage(0.99)  # under pressure; every prompt cold: the seed policy holds every named turn
     fake = await aiohttp_server(fake_replica_app(script), host="127.0.0.1")
-    gate = await start_kvgate("fake0", {
-        "role": "replica_gate", "replicas": [{"name": "fake0", "url": str(fake.make_url("")).rstrip("/")}],
-        "gate": {"mode": "enforce", "policy": "seed", "max_wait_sec": 0.3, "wait_poll_sec": 0.05,
-                 "probe": {"usage_max_age_ms": 0}}}, health_checks=False)
-    door = await start_kvgate("door", {"role": "front_door", "replicas": [{"name": "fake0", "url": gate.url}],
-                                       "gate": {"mode": "off"}}, health_checks=False)
+    gate = await start_kvgate(
+        "fake0",
+        {
+            "role": "replica_gate",
+            "replicas": [{"name": "fake0", "url": str(fake.make_url("")).rstrip("/")}],
+            "gate": {
+                "mode": "enforce",
+                "policy": "seed",
+                "max_wait_sec": 0.3,
+                "wait_poll_sec": 0.05,
+                "probe": {"usage_max_age_ms": 0},
+            },
+        },
+        health_checks=False,
+    )
+    door = await start_kvgate(
+        "door",
+        {"role": "front_door", "replicas": [{"name": "fake0", "url": gate.url}], "gate": {"mode": "off"}},
+        health_checks=False,
+    )
     try:
         body = {"model": "m", "messages": [{"role": "user", "content": "cold"}], "id": "cold"}
         script.prefix("cold", 10, 0)
@@ -141,18 +166,23 @@ async def test_replica_gate_readiness_follows_its_vllm(tiers, http):
     # the front door checks the replica gate's /ready, so it stops routing there
     await until(lambda: [r.name for r in door.app.registry.all() if r.healthy] == ["sim1"], "the front door")
     for i in range(6):
-        status, headers, _ = await post(http, door.url, "/v1/chat/completions", chat(f"x{i}"), {"x-session-id": f"x{i}"})
+        status, headers, _ = await post(
+            http, door.url, "/v1/chat/completions", chat(f"x{i}"), {"x-session-id": f"x{i}"}
+        )
         assert (status, headers["x-kvgate-replica"]) == (200, "sim1")
 
 
 async def test_conflict_is_detected_and_the_late_gate_shadows(http):
     """Two standalone kvgates enforcing on the same replicas: the naive layout."""
-    base = await start_single(1, gate={"idle_grace_sec": 30}, extra={"ownership": {"ttl_sec": 0.6, "gate_id": "early"}},
-                              time_scale=0.0)
+    base = await start_single(
+        1, gate={"idle_grace_sec": 30}, extra={"ownership": {"ttl_sec": 0.6, "gate_id": "early"}}, time_scale=0.0
+    )
     replica = base.replicas[0]
     early = base.front_doors[0]
-    late = await start_kvgate("late", {"replicas": [{"name": replica.name, "url": replica.url}],
-                                       "ownership": {"ttl_sec": 0.6, "gate_id": "late"}})
+    late = await start_kvgate(
+        "late",
+        {"replicas": [{"name": replica.name, "url": replica.url}], "ownership": {"ttl_sec": 0.6, "gate_id": "late"}},
+    )
     try:
         # at start: the late gate knows, says so in the metric and /ready, and only shadows
         assert sample(late.app, "kvgate_gate_conflict", replica="sim0") == 1
@@ -171,14 +201,20 @@ async def test_conflict_is_detected_and_the_late_gate_shadows(http):
         assert (record["owner"], record["contenders"]) == ("early", ["late"])
         # the owner stops (releasing its record): the late gate takes over and enforces
         for sid in ("a", "b"):
-            await post(http, early.url if sid == "b" else late.url, "/v1/chat/completions", chat(sid),
-                       {"x-session-id": sid, "x-session-finish": "true"})
+            await post(
+                http,
+                early.url if sid == "b" else late.url,
+                "/v1/chat/completions",
+                chat(sid),
+                {"x-session-id": sid, "x-session-finish": "true"},
+            )
         assert early.app.admission.counts() == CLEAN
         await early.close()
         base.front_doors.clear()
         await until(lambda: sample(late.app, "kvgate_gate_conflict", replica="sim0") == 0, "the take-over")
-        status, headers, _ = await post(http, late.url, "/v1/chat/completions", chat("c"),
-                                        {"x-session-id": "c", "x-session-finish": "true"})
+        status, headers, _ = await post(
+            http, late.url, "/v1/chat/completions", chat("c"), {"x-session-id": "c", "x-session-finish": "true"}
+        )
         assert status == 200 and not headers["x-kvgate-admission"].startswith("shadow_")
         async with http.get(late.url + "/ready") as resp:
             assert resp.status == 200
@@ -210,7 +246,7 @@ async def test_front_door_failover_keeps_sessions_on_their_replicas(tiers):
                     break
                 except aiohttp.ClientConnectorError:
                     refused.append(sid)  # never reached the stopped front door: nothing lost
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     lost.append((sid, turn))  # was in flight there: the client re-sends it
                 assert door == 0
                 door = 1
@@ -243,7 +279,7 @@ async def test_check_config_contact_replicas(tiers, http, tmp_path, capsys):
 
     import yaml
 
-    from proxy.commands import check_config_command
+    from kvgate.proxy.commands import check_config_command
 
     t = await tiers(1, 1, time_scale=0.0)
     replica, gate = t.replicas[0], t.replica_gates[0]
@@ -262,11 +298,13 @@ async def test_check_config_contact_replicas(tiers, http, tmp_path, capsys):
     code, out = await check({"replicas": [{"name": "sim0", "url": replica.url}], "gate": {"mode": "shadow"}})
     assert code == 0, out
     # a front door must point at replica gates, and a gate must not point at a kvgate
-    code, out = await check({"role": "front_door", "gate": {"mode": "off"},
-                             "replicas": [{"name": "sim0", "url": replica.url}]})
+    code, out = await check(
+        {"role": "front_door", "gate": {"mode": "off"}, "replicas": [{"name": "sim0", "url": replica.url}]}
+    )
     assert code == 2 and "is not a kvgate" in out
-    code, out = await check({"role": "front_door", "gate": {"mode": "off"},
-                             "replicas": [{"name": "sim0", "url": gate.url}]})
+    code, out = await check(
+        {"role": "front_door", "gate": {"mode": "off"}, "replicas": [{"name": "sim0", "url": gate.url}]}
+    )
     assert code == 0, out
     code, out = await check({"replicas": [{"name": "sim0", "url": gate.url}]})
     assert code == 2 and "gate a second time" in out
@@ -275,8 +313,9 @@ async def test_check_config_contact_replicas(tiers, http, tmp_path, capsys):
 
 
 async def test_removed_replica_record_is_released(http):
-    t = await start_single(2, extra={"ownership": {"ttl_sec": 0.3, "gate_id": "g"}, "admin": {"token": "t"}},
-                           time_scale=0.0)
+    t = await start_single(
+        2, extra={"ownership": {"ttl_sec": 0.3, "gate_id": "g"}, "admin": {"token": "t"}}, time_scale=0.0
+    )
     try:
         kvgate = t.front_doors[0]
         for replica in t.replicas:
@@ -304,9 +343,9 @@ async def test_front_door_health_timeouts_under_load_are_no_evidence(aiohttp_ser
     definitive 503, still counts."""
     from aiohttp import web
 
-    from balancer import ReplicaRegistry
-    from balancer.health import HealthChecker
-    from proxy.settings import HealthSettings
+    from kvgate.balancer import ReplicaRegistry
+    from kvgate.balancer.health import HealthChecker
+    from kvgate.balancer.settings import HealthSettings
 
     answer = {"delay": 0.3, "status": 200}
 
@@ -319,10 +358,10 @@ async def test_front_door_health_timeouts_under_load_are_no_evidence(aiohttp_ser
     server = await aiohttp_server(app, host="127.0.0.1")
     health = HealthSettings(interval_sec=60, timeout_sec=0.1, unhealthy_after=1)
     for busy_is_alive, in_flight, delay, status, healthy in [
-        (True, 1, 0.3, 200, True),     # timed out, but busy: no evidence
-        (True, 0, 0.3, 200, False),    # timed out, idle: a failure
-        (True, 1, 0.0, 503, False),    # a definitive answer always counts
-        (False, 1, 0.3, 200, False),   # standalone kvgates keep the strict rule
+        (True, 1, 0.3, 200, True),  # timed out, but busy: no evidence
+        (True, 0, 0.3, 200, False),  # timed out, idle: a failure
+        (True, 1, 0.0, 503, False),  # a definitive answer always counts
+        (False, 1, 0.3, 200, False),  # standalone kvgates keep the strict rule
     ]:
         registry = ReplicaRegistry(health)
         replica = registry.add("g0", str(server.make_url("")).rstrip("/"))
@@ -340,12 +379,15 @@ async def test_front_door_health_timeouts_under_load_are_no_evidence(aiohttp_ser
 async def test_tiers_keep_a_busy_replica_on_a_failed_connect(http):
     """A connect failure to a replica that has requests in flight (a replica gate too loaded to
     accept in time) does not mark it failed or move the session: the turn is tried on it once more."""
-    from bench.agentic.processes import free_port
+    from kvgate.bench.agentic.processes import free_port
 
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens: every connect fails
     for role, in_flight, healthy in [("front_door", 1, True), ("front_door", 0, False), ("standalone", 1, False)]:
-        config = {"role": role, "replicas": [{"name": "g0", "url": url}, {"name": "g1", "url": url}],
-                  "gate": {"mode": "off"}}
+        config = {
+            "role": role,
+            "replicas": [{"name": "g0", "url": url}, {"name": "g1", "url": url}],
+            "gate": {"mode": "off"},
+        }
         kvgate = await start_kvgate("door", config, health_checks=False)
         try:
             replica = kvgate.app.balancer.choose("s")

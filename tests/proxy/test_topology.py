@@ -4,30 +4,33 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config import ConfigError, settings_from_dict
-from proxy.topology import merge_kvgate_headers, session_header_value, with_session_header
+from kvgate.proxy.config import ConfigError, settings_from_dict
+from kvgate.proxy.topology import merge_kvgate_headers, session_header_value, with_session_header
 
 ONE = [{"name": "r0", "url": "http://vllm-0:8000"}]
 TWO = ONE + [{"name": "r1", "url": "http://vllm-1:8000"}]
 
 
-@pytest.mark.parametrize("config, problem_keys", [
-    ({}, []),
-    ({"role": "standalone", "replicas": TWO}, []),
-    ({"role": "front_door", "replicas": TWO, "gate": {"mode": "off"}}, []),
-    ({"role": "front_door", "replicas": TWO, "gate": {"mode": False}}, []),           # a bare YAML `off`
-    ({"role": "front_door", "replicas": TWO}, ["gate.mode"]),                          # would gate twice
-    ({"role": "front_door", "replicas": TWO, "gate": {"mode": "shadow"}}, ["gate.mode"]),
-    ({"role": "front_door", "gate": {"mode": "off"}}, ["replicas"]),                   # nothing to front
-    ({"role": "replica_gate", "replicas": ONE}, []),
-    ({"role": "replica_gate", "replicas": ONE, "gate": {"mode": "shadow"}}, []),
-    ({"role": "replica_gate", "replicas": TWO}, ["replicas"]),                         # one book per replica
-    ({"role": "replica_gate", "replicas": []}, ["replicas"]),
-    ({"role": "replica_gate", "replicas": ONE, "gate": {"mode": "off"}}, ["gate.mode"]),
-    ({"role": "proxy"}, ["role"]),
-    ({"ownership": {"ttl_sec": -1}}, ["ownership.ttl_sec"]),
-    ({"ownership": {"ttl_sec": 0, "gate_id": ""}}, ["ownership.gate_id"]),
-])
+@pytest.mark.parametrize(
+    "config, problem_keys",
+    [
+        ({}, []),
+        ({"role": "standalone", "replicas": TWO}, []),
+        ({"role": "front_door", "replicas": TWO, "gate": {"mode": "off"}}, []),
+        ({"role": "front_door", "replicas": TWO, "gate": {"mode": False}}, []),  # a bare YAML `off`
+        ({"role": "front_door", "replicas": TWO}, ["gate.mode"]),  # would gate twice
+        ({"role": "front_door", "replicas": TWO, "gate": {"mode": "shadow"}}, ["gate.mode"]),
+        ({"role": "front_door", "gate": {"mode": "off"}}, ["replicas"]),  # nothing to front
+        ({"role": "replica_gate", "replicas": ONE}, []),
+        ({"role": "replica_gate", "replicas": ONE, "gate": {"mode": "shadow"}}, []),
+        ({"role": "replica_gate", "replicas": TWO}, ["replicas"]),  # one book per replica
+        ({"role": "replica_gate", "replicas": []}, ["replicas"]),
+        ({"role": "replica_gate", "replicas": ONE, "gate": {"mode": "off"}}, ["gate.mode"]),
+        ({"role": "proxy"}, ["role"]),
+        ({"ownership": {"ttl_sec": -1}}, ["ownership.ttl_sec"]),
+        ({"ownership": {"ttl_sec": 0, "gate_id": ""}}, ["ownership.gate_id"]),
+    ],
+)
 def test_role_combinations(config, problem_keys):
     if not problem_keys:
         settings_from_dict(config)
@@ -46,8 +49,10 @@ def test_session_header_value_is_safe_and_stable():
 
 def test_with_session_header_replaces_the_clients():
     headers = [(b"X-Session-Id", b"from-client"), (b"accept", b"*/*")]
-    assert with_session_header(headers, b"x-session-id", "from-path") == [(b"accept", b"*/*"),
-                                                                          (b"x-session-id", b"from-path")]
+    assert with_session_header(headers, b"x-session-id", "from-path") == [
+        (b"accept", b"*/*"),
+        (b"x-session-id", b"from-path"),
+    ]
 
 
 def test_merge_kvgate_headers():

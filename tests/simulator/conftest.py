@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.config import EngineConfig
-from simulator.replica_server import build_replica_app
+from kvgate.simulator.config import EngineConfig
+from kvgate.simulator.replica_server import build_replica_app
 
 
 @pytest.fixture

@@ -18,10 +18,16 @@ async def test_message_non_streaming_and_prefix_reuse_across_turns(replica_clien
     assert first["type"] == "message" and first["role"] == "assistant" and first["model"] == "claude-any"
     assert first["stop_reason"] == "max_tokens" and len(first["content"][0]["text"].split()) == 4
     assert first["usage"]["output_tokens"] == 4 and first["usage"]["input_tokens"] > 20
-    turn2 = BODY | {"messages": BODY["messages"] + [
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {"cmd": "pytest"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1 failed"}]},
-    ]}
+    turn2 = BODY | {
+        "messages": BODY["messages"]
+        + [
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {"cmd": "pytest"}}],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1 failed"}]},
+        ]
+    }
     second = await (await client.post("/v1/messages", json=turn2)).json()
     # The first turn's prompt is an exact prefix of the second's: its full blocks hit.
     assert second["usage"]["cache_read_input_tokens"] == first["usage"]["input_tokens"] // 16 * 16
@@ -35,19 +41,25 @@ async def test_message_streaming_event_sequence(replica_client):
     events = [block.split("\n") for block in raw.strip().split("\n\n")]
     names = [lines[0].removeprefix("event: ") for lines in events]
     assert names == ["message_start", "content_block_start"] + ["content_block_delta"] * 4 + [
-        "content_block_stop", "message_delta", "message_stop"]
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
     data = [orjson.loads(lines[1].removeprefix("data: ")) for lines in events]
     assert data[-2]["delta"]["stop_reason"] == "max_tokens" and data[-2]["usage"]["output_tokens"] == 4
     text = "".join(d["delta"]["text"] for d in data if d["type"] == "content_block_delta")
     assert len(text.split()) == 4
 
 
-@pytest.mark.parametrize("body, needle", [
-    ({"messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
-    ({"max_tokens": 3, "messages": []}, "messages"),
-    ({"max_tokens": 3, "messages": [{"role": "system", "content": "x"}]}, "role"),
-    ({"max_tokens": 5000, "messages": [{"role": "user", "content": "hi"}]}, "too long"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
+        ({"max_tokens": 3, "messages": []}, "messages"),
+        ({"max_tokens": 3, "messages": [{"role": "system", "content": "x"}]}, "role"),
+        ({"max_tokens": 5000, "messages": [{"role": "user", "content": "hi"}]}, "too long"),
+    ],
+)
 async def test_message_errors_are_anthropic_shaped(replica_client, body, needle):
     client = await replica_client(num_blocks=64, block_size=16)
     response = await client.post("/v1/messages", json=body)

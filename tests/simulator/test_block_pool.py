@@ -1,8 +1,8 @@
 """Block pool and KV cache manager semantics, hand-worked on tiny pools."""
 
-from simulator.block_pool import FreeKVCacheBlockQueue, KVCacheBlock
-from simulator.kv_cache_manager import KVCacheManager
-from simulator.request import SimRequest, compute_block_hashes
+from kvgate.simulator.block_pool import FreeKVCacheBlockQueue, KVCacheBlock
+from kvgate.simulator.kv_cache_manager import KVCacheManager
+from kvgate.simulator.request import SimRequest, compute_block_hashes
 
 
 def test_free_queue_is_fifo_with_o1_remove():

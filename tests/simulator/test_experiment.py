@@ -4,10 +4,11 @@ import json
 
 import pytest
 
-from proxy.cli import main
-from simulator.config import ConfigError
-from simulator.experiment import ExperimentConfig, percentile, run_experiment
-from simulator.workload import WorkloadParams, generate_workload
+from kvgate.proxy.cli import main
+from kvgate.simulator.config import ConfigError
+from kvgate.simulator.experiment import ExperimentConfig, run_experiment
+from kvgate.simulator.percentiles import percentile
+from kvgate.simulator.workload import WorkloadParams, generate_workload
 
 SMALL = ExperimentConfig(workload=WorkloadParams(num_requests=300, oversize_every=100))
 
@@ -30,9 +31,21 @@ def test_naive_preempts_and_recomputes_most_and_watermark_least(small_results):
 
 def test_metrics_have_every_field_of_the_spec(small_results):
     summary = small_results[0]["policies"]["naive"]
-    for key in ("completed", "preemptions", "recomputed_tokens", "recomputed_tokens_per_completed_request", "rejected",
-                "ttft_p50_steps", "ttft_p95_steps", "e2e_p50_steps", "e2e_p95_steps", "throughput_requests_per_step",
-                "sequence_slot_utilisation", "token_budget_utilisation", "watermark_violation_steps"):
+    for key in (
+        "completed",
+        "preemptions",
+        "recomputed_tokens",
+        "recomputed_tokens_per_completed_request",
+        "rejected",
+        "ttft_p50_steps",
+        "ttft_p95_steps",
+        "e2e_p50_steps",
+        "e2e_p95_steps",
+        "throughput_requests_per_step",
+        "sequence_slot_utilisation",
+        "token_budget_utilisation",
+        "watermark_violation_steps",
+    ):
         assert key in summary
     assert set(summary["by_prompt_length"]) == {"<512", "512-2047", ">=2048"}
     assert sum(b["count"] for b in summary["by_prompt_length"].values()) == summary["completed"]
@@ -85,7 +98,10 @@ def test_cli_writes_byte_identical_outputs_for_the_same_seed(tmp_path, capsys):
     metrics = json.loads((tmp_path / "a" / "metrics.json").read_text())
     assert set(metrics["policies"]) == {"naive", "reserve", "reserve_watermark"}
     header = (tmp_path / "a" / "timeline_naive.csv").read_text().splitlines()[0]
-    assert header == "step,waiting,running,free_blocks,used_blocks,obligation_tokens,admitted,preemptions,recomputed_tokens,scheduled_tokens"
+    assert (
+        header == "step,waiting,running,free_blocks,used_blocks,obligation_tokens,admitted,preemptions,"
+        "recomputed_tokens,scheduled_tokens"
+    )
 
 
 def test_cli_single_policy_with_plots(tmp_path):
@@ -95,15 +111,18 @@ def test_cli_single_policy_with_plots(tmp_path):
     assert not (tmp_path / "timeline_naive.csv").exists()
 
 
-@pytest.mark.parametrize("args, name", [
-    (("--num-blocks", "0"), "num_blocks"),
-    (("--max-num-batched-tokens", "0"), "max_num_batched_tokens"),
-    (("--prompt-len-min", "-5"), "prompt_len_min"),
-    (("--output-len-max", "3", "--output-len-min", "4"), "output_len_max"),
-    (("--arrival-rate", "0"), "arrival_rate"),
-    (("--headroom-fraction", "1.5"), "headroom_fraction"),
-    (("--policy", "reserve", "--shadow"), "--shadow"),
-])
+@pytest.mark.parametrize(
+    "args, name",
+    [
+        (("--num-blocks", "0"), "num_blocks"),
+        (("--max-num-batched-tokens", "0"), "max_num_batched_tokens"),
+        (("--prompt-len-min", "-5"), "prompt_len_min"),
+        (("--output-len-max", "3", "--output-len-min", "4"), "output_len_max"),
+        (("--arrival-rate", "0"), "arrival_rate"),
+        (("--headroom-fraction", "1.5"), "headroom_fraction"),
+        (("--policy", "reserve", "--shadow"), "--shadow"),
+    ],
+)
 def test_cli_invalid_parameters_exit_2_naming_the_parameter(tmp_path, capsys, args, name):
     assert run_cli(*args, "--out", str(tmp_path)) == 2
     assert name in capsys.readouterr().err

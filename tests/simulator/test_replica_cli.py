@@ -10,15 +10,32 @@ import aiohttp
 
 async def test_replica_process_serves_and_stops_cleanly():
     process = subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", "replica", "--port", "0", "--time-scale", "0", "--num-blocks", "128"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "kvgate.proxy.cli",
+            "replica",
+            "--port",
+            "0",
+            "--time-scale",
+            "0",
+            "--num-blocks",
+            "128",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         line = process.stdout.readline()
         match = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
-        assert match, f"no URL in the first line: {line!r} {process.stderr.read() if process.poll() is not None else ''}"
+        assert match, (
+            f"no URL in the first line: {line!r} {process.stderr.read() if process.poll() is not None else ''}"
+        )
         async with aiohttp.ClientSession() as session:
-            response = await session.post(match.group(1) + "/v1/completions", json={"prompt": "hello world", "max_tokens": 3})
+            response = await session.post(
+                match.group(1) + "/v1/completions", json={"prompt": "hello world", "max_tokens": 3}
+            )
             assert response.status == 200
             assert (await response.json())["usage"]["completion_tokens"] == 3
             kv = await (await session.get(match.group(1) + "/v1/kvgate/kv")).json()

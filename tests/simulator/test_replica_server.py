@@ -7,9 +7,13 @@ import aiohttp
 import orjson
 import pytest
 
-from simulator.replica_server import ENGINE_KEY, SimulatedReplica, start_simulated_replicas
+from kvgate.simulator.replica_server import ENGINE_KEY, SimulatedReplica, start_simulated_replicas
 
-CHAT = {"model": "any", "messages": [{"role": "user", "content": "list the files in the repository " * 8}], "max_tokens": 5}
+CHAT = {
+    "model": "any",
+    "messages": [{"role": "user", "content": "list the files in the repository " * 8}],
+    "max_tokens": 5,
+}
 
 
 def metric(text: str, name: str) -> float:
@@ -40,7 +44,7 @@ async def test_chat_streaming_sse_with_usage(replica_client):
     response = await client.post("/v1/chat/completions", json=body)
     assert response.status == 200 and response.headers["Content-Type"].startswith("text/event-stream")
     raw = (await response.read()).decode()
-    events = [line[len("data: "):] for line in raw.split("\n\n") if line]
+    events = [line[len("data: ") :] for line in raw.split("\n\n") if line]
     assert events[-1] == "[DONE]"
     chunks = [orjson.loads(event) for event in events[:-1]]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -55,25 +59,33 @@ async def test_completions_streaming_and_token_id_prompt(replica_client):
     client = await replica_client()
     response = await client.post("/v1/completions", json={"prompt": [11, 12, 13], "max_tokens": 3, "stream": True})
     raw = (await response.read()).decode()
-    events = [line[len("data: "):] for line in raw.split("\n\n") if line]
+    events = [line[len("data: ") :] for line in raw.split("\n\n") if line]
     assert events[-1] == "[DONE]" and len(events) == 4
     assert all(orjson.loads(e)["object"] == "text_completion" for e in events[:-1])
     plain = await (await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2})).json()
-    assert plain["usage"] == {"prompt_tokens": 2, "total_tokens": 4, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 0}}
+    assert plain["usage"] == {
+        "prompt_tokens": 2,
+        "total_tokens": 4,
+        "completion_tokens": 2,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
-@pytest.mark.parametrize("path, body, needle", [
-    ("/v1/chat/completions", b"not json", "not valid JSON"),
-    ("/v1/chat/completions", b"[1, 2]", "JSON object"),
-    ("/v1/chat/completions", orjson.dumps({"model": "m"}), "messages"),
-    ("/v1/chat/completions", orjson.dumps(CHAT | {"max_tokens": 0}), "max_tokens"),
-    ("/v1/chat/completions", orjson.dumps(CHAT | {"max_tokens": "5"}), "max_tokens"),
-    ("/v1/chat/completions", orjson.dumps(CHAT | {"stream": "yes"}), "stream"),
-    ("/v1/chat/completions", orjson.dumps(CHAT | {"n": 2}), "n=1"),
-    ("/v1/chat/completions", orjson.dumps(CHAT | {"max_tokens": 5000}), "maximum context length is 1024"),
-    ("/v1/completions", orjson.dumps({"prompt": "word " * 2000}), "longer than the maximum model length"),
-    ("/v1/completions", orjson.dumps({"max_tokens": 3}), "prompt"),
-])
+@pytest.mark.parametrize(
+    "path, body, needle",
+    [
+        ("/v1/chat/completions", b"not json", "not valid JSON"),
+        ("/v1/chat/completions", b"[1, 2]", "JSON object"),
+        ("/v1/chat/completions", orjson.dumps({"model": "m"}), "messages"),
+        ("/v1/chat/completions", orjson.dumps(CHAT | {"max_tokens": 0}), "max_tokens"),
+        ("/v1/chat/completions", orjson.dumps(CHAT | {"max_tokens": "5"}), "max_tokens"),
+        ("/v1/chat/completions", orjson.dumps(CHAT | {"stream": "yes"}), "stream"),
+        ("/v1/chat/completions", orjson.dumps(CHAT | {"n": 2}), "n=1"),
+        ("/v1/chat/completions", orjson.dumps(CHAT | {"max_tokens": 5000}), "maximum context length is 1024"),
+        ("/v1/completions", orjson.dumps({"prompt": "word " * 2000}), "longer than the maximum model length"),
+        ("/v1/completions", orjson.dumps({"max_tokens": 3}), "prompt"),
+    ],
+)
 async def test_bad_bodies_get_vllm_shaped_400(replica_client, path, body, needle):
     client = await replica_client(num_blocks=64, block_size=16)
     response = await client.post(path, data=body, headers={"Content-Type": "application/json"})
@@ -90,11 +102,21 @@ async def test_models_health_and_metrics(replica_client):
     await client.post("/v1/chat/completions", json=CHAT)
     await client.post("/v1/chat/completions", json=CHAT)
     text = await (await client.get("/metrics")).text()
-    for name in ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
-                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "kvgate_sim:recomputed_tokens_total",
-                 "kvgate_sim:preemptions_total", "kvgate_sim:evictions_total"):
+    for name in (
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "kvgate_sim:recomputed_tokens_total",
+        "kvgate_sim:preemptions_total",
+        "kvgate_sim:evictions_total",
+    ):
         metric(text, name)
-    assert 'vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",num_gpu_blocks="65"} 1.0' in text
+    assert (
+        'vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",num_gpu_blocks="65"} 1.0'
+        in text
+    )
     assert metric(text, "vllm:prefix_cache_hits_total") > 0
     assert metric(text, "vllm:prefix_cache_queries_total") > metric(text, "vllm:prefix_cache_hits_total")
 
@@ -129,7 +151,9 @@ async def test_prefix_probe_renders_like_generation_and_has_no_side_effects(repl
     assert await (await client.get("/metrics")).text() == metrics_before
 
 
-@pytest.mark.parametrize("body", [{}, {"token_ids": [1], "chat": CHAT}, {"token_ids": ["a"]}, {"chat": {"messages": 3}}, [1]])
+@pytest.mark.parametrize(
+    "body", [{}, {"token_ids": [1], "chat": CHAT}, {"token_ids": ["a"]}, {"chat": {"messages": 3}}, [1]]
+)
 async def test_prefix_probe_rejects_bad_bodies(replica_client, body):
     client = await replica_client()
     response = await client.post("/v1/kvgate/prefix", json=body)
@@ -147,9 +171,11 @@ async def wait_until(predicate, what: str, attempts: int = 500):
 @pytest.fixture
 async def slow_replica():
     # 1 s per step: a request of many tokens stays running while the test disconnects.
-    from simulator.config import CostModel
-    replica = await SimulatedReplica.start("slow", cost_model=CostModel(step_overhead_s=1.0), time_scale=1.0,
-                                           num_blocks=64, block_size=16)
+    from kvgate.simulator.config import CostModel
+
+    replica = await SimulatedReplica.start(
+        "slow", cost_model=CostModel(step_overhead_s=1.0), time_scale=1.0, num_blocks=64, block_size=16
+    )
     yield replica
     await replica.stop()
 
@@ -157,7 +183,9 @@ async def slow_replica():
 async def test_stream_disconnect_aborts_request(slow_replica):
     engine = slow_replica.engine
     async with aiohttp.ClientSession() as session:
-        response = await session.post(slow_replica.url + "/v1/chat/completions", json=CHAT | {"stream": True, "max_tokens": 500})
+        response = await session.post(
+            slow_replica.url + "/v1/chat/completions", json=CHAT | {"stream": True, "max_tokens": 500}
+        )
         await response.content.readline()  # the role chunk: the request is in the engine
         assert len(engine.scheduler.running) + len(engine.scheduler.waiting) == 1
         response.close()
@@ -169,7 +197,9 @@ async def test_stream_disconnect_aborts_request(slow_replica):
 async def test_non_stream_disconnect_aborts_request(slow_replica):
     engine = slow_replica.engine
     async with aiohttp.ClientSession() as session:
-        post = asyncio.ensure_future(session.post(slow_replica.url + "/v1/chat/completions", json=CHAT | {"max_tokens": 500}))
+        post = asyncio.ensure_future(
+            session.post(slow_replica.url + "/v1/chat/completions", json=CHAT | {"max_tokens": 500})
+        )
         await wait_until(lambda: engine.scheduler.has_unfinished_requests(), "the request reaches the engine")
         post.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -196,11 +226,15 @@ async def test_start_simulated_replicas_binds_free_ports_and_stops():
 
 async def run_sessions(client, num_sessions: int, num_turns: int) -> dict:
     """Round-robin multi-turn sessions: each turn resends the history plus a new tool result."""
-    histories = [[{"role": "system", "content": f"session {s}: " + "you are a coding agent " * 60}] for s in range(num_sessions)]
+    histories = [
+        [{"role": "system", "content": f"session {s}: " + "you are a coding agent " * 60}] for s in range(num_sessions)
+    ]
     for turn in range(num_turns):
         for s, history in enumerate(histories):
             history.append({"role": "user", "content": f"tool result {turn} for {s}: " + "ok " * 40})
-            reply = await (await client.post("/v1/chat/completions", json={"messages": history, "max_tokens": 8})).json()
+            reply = await (
+                await client.post("/v1/chat/completions", json={"messages": history, "max_tokens": 8})
+            ).json()
             history.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
     text = await (await client.get("/metrics")).text()
     return {

@@ -2,10 +2,10 @@
 
 import pytest
 
-from simulator.admission_policies import AdmissionView, make_policy, naive, reserve, reserve_watermark
-from simulator.config import ConfigError, EngineConfig
-from simulator.request import RequestStatus, SimRequest
-from simulator.scheduler import Scheduler
+from kvgate.simulator.admission_policies import AdmissionView, make_policy, naive, reserve, reserve_watermark
+from kvgate.simulator.config import ConfigError, EngineConfig
+from kvgate.simulator.request import RequestStatus, SimRequest
+from kvgate.simulator.scheduler import Scheduler
 
 
 def token(request):
@@ -162,8 +162,13 @@ def test_policies_price_obligations_and_headroom():
 
 @pytest.mark.parametrize(
     "field, value, message",
-    [("num_blocks", 0, "num_blocks"), ("block_size", 0, "block_size"), ("max_num_batched_tokens", 0, "max_num_batched_tokens"),
-     ("max_num_seqs", 0, "max_num_seqs"), ("max_model_len", 10_000, "max_model_len")],
+    [
+        ("num_blocks", 0, "num_blocks"),
+        ("block_size", 0, "block_size"),
+        ("max_num_batched_tokens", 0, "max_num_batched_tokens"),
+        ("max_num_seqs", 0, "max_num_seqs"),
+        ("max_model_len", 10_000, "max_model_len"),
+    ],
 )
 def test_invalid_config_names_the_parameter(field, value, message):
     with pytest.raises(ConfigError, match=message):

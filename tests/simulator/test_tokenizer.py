@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from simulator.tokenizer import (
+from kvgate.simulator.tokenizer import (
     BOS,
     OUTPUT_IDS,
     TemplateError,
@@ -35,12 +35,22 @@ def test_text_prefix_gives_token_prefix_at_word_boundaries():
 
 
 def test_conversation_growth_keeps_earlier_rendering_as_exact_prefix():
-    turn1 = {"messages": [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": TEXT}],
-             "tools": [{"type": "function", "function": {"name": "run", "parameters": {}}}]}
-    turn2 = {"messages": turn1["messages"] + [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "run", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "1 failed, 9 passed"},
-    ], "tools": turn1["tools"]}
+    turn1 = {
+        "messages": [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": TEXT}],
+        "tools": [{"type": "function", "function": {"name": "run", "parameters": {}}}],
+    }
+    turn2 = {
+        "messages": turn1["messages"]
+        + [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "run", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "1 failed, 9 passed"},
+        ],
+        "tools": turn1["tools"],
+    }
     first, second = render_chat(turn1), render_chat(turn2)
     assert first[0] == BOS
     # The first turn's generation prompt is where the assistant's answer starts in turn 2.
@@ -55,17 +65,29 @@ def test_generated_tokens_decode_to_words_that_reencode_to_the_same_ids():
 
 
 def test_content_parts_and_unknown_roles_render():
-    parts = render_chat({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "x"}}]},
-                                      {"role": "critic", "content": "ok"}]})
+    parts = render_chat(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "x"}}],
+                },
+                {"role": "critic", "content": "ok"},
+            ]
+        }
+    )
     assert len(parts) > 4
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"messages": []}, "messages"),
-    ({"messages": [{"content": "x"}]}, "role"),
-    ({"messages": [{"role": "user", "content": 5}]}, "content"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": {}}, "tools"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"content": "x"}]}, "role"),
+        ({"messages": [{"role": "user", "content": 5}]}, "content"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": {}}, "tools"),
+    ],
+)
 def test_bad_chat_bodies_name_the_field(body, message):
     with pytest.raises(TemplateError, match=message):
         render_chat(body)

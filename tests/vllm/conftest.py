@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from vllm_harness import VllmServer, ensure_prefill_model, ensure_tiny_model, ensure_vllm_venv
 
 
@@ -26,12 +25,16 @@ def tiny_model(vllm_python: Path) -> Path:
     return ensure_tiny_model(vllm_python)
 
 
-def _served(python: Path, model_dir: Path, tmp_path_factory, served_model_name: str,
-            extra_args: tuple[str, ...] = ()):
+def _served(python: Path, model_dir: Path, tmp_path_factory, served_model_name: str, extra_args: tuple[str, ...] = ()):
     """One started server for the test session, stopped (with its process group) at its end."""
     log_dir = tmp_path_factory.mktemp(f"vllm-{served_model_name}-server")
-    server = VllmServer(python=python, model_dir=model_dir, log_path=log_dir / "vllm.log",
-                        served_model_name=served_model_name, extra_args=extra_args)
+    server = VllmServer(
+        python=python,
+        model_dir=model_dir,
+        log_path=log_dir / "vllm.log",
+        served_model_name=served_model_name,
+        extra_args=extra_args,
+    )
     server.start()
     try:
         yield server
@@ -54,5 +57,6 @@ def vllm_prefill_server(vllm_python: Path, prefill_model: Path, tmp_path_factory
     """The prefill-bound model on the tiny server's cache shape (64 x 32-token blocks), engine
     steps capped at 512 tokens: an uncapped 2,048-token prefill step lasts seconds on 2 cores,
     longer than the gate's probe timeout (probes are answered between steps)."""
-    yield from _served(vllm_python, prefill_model, tmp_path_factory, "prefill",
-                       extra_args=("--max-num-batched-tokens", "512"))
+    yield from _served(
+        vllm_python, prefill_model, tmp_path_factory, "prefill", extra_args=("--max-num-batched-tokens", "512")
+    )

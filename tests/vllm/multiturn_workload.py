@@ -77,8 +77,9 @@ def session_script(session: int, shape: WorkloadShape, seed: int) -> SessionScri
     )
 
 
-async def _run_session(http: aiohttp.ClientSession, base_url: str, session: int, shape: WorkloadShape,
-                       seed: int, result: WorkloadResult) -> None:
+async def _run_session(
+    http: aiohttp.ClientSession, base_url: str, session: int, shape: WorkloadShape, seed: int, result: WorkloadResult
+) -> None:
     script = session_script(session, shape, seed)
     messages = [{"role": "system", "content": script.system}]
     session_id = f"e2e-{seed}-{session}"
@@ -110,8 +111,8 @@ async def run_workload(base_url: str, shape: WorkloadShape, seed: int = 0) -> Wo
     timeout = aiohttp.ClientTimeout(total=shape.request_timeout_sec)
     started = time.monotonic()
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        await asyncio.gather(*(
-            _run_session(http, base_url, session, shape, seed, result) for session in range(shape.sessions)
-        ))
+        await asyncio.gather(
+            *(_run_session(http, base_url, session, shape, seed, result) for session in range(shape.sessions))
+        )
     result.wall_sec = time.monotonic() - started
     return result

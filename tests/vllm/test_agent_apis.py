@@ -11,20 +11,23 @@ which vLLM keeps no state for `previous_response_id`.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import anthropic
 import openai
 import pytest
-
-from test_probe_endpoints import probe_prefix, settled_counters, words
+from server_calls import probe_prefix, settled_counters, words
 from vllm_harness import REPO_ROOT, KvgateProxy, free_port, start_service, stop_process_group
 
 pytestmark = pytest.mark.vllm
 
 MODEL = "tiny"
-TOOLS = [{"name": "read_file", "description": "read a file",
-          "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+TOOLS = [
+    {
+        "name": "read_file",
+        "description": "read a file",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+    }
+]
 
 
 def exact_turn(server, kind: str, body: dict, send) -> tuple[dict, object]:
@@ -43,14 +46,20 @@ def test_anthropic_messages_create_stream_and_tool_use_are_probed_exactly(vllm_s
     client = anthropic.Anthropic(base_url=vllm_server.url, api_key="k", max_retries=0)
     history = [{"role": "user", "content": "Task: " + words(60, "cc-task")}]
     for turn in range(1, 4):
-        body = {"model": MODEL, "max_tokens": 4, "system": "You are agent. " + words(40, "cc-system"),
-                "messages": history}
-        reading, message = exact_turn(vllm_server, "messages", body, lambda: client.messages.create(**body))
+        body = {
+            "model": MODEL,
+            "max_tokens": 4,
+            "system": "You are agent. " + words(40, "cc-system"),
+            "messages": history,
+        }
+        reading, message = exact_turn(vllm_server, "messages", body, lambda body=body: client.messages.create(**body))
         assert reading["total_tokens"] == message.usage.input_tokens
         if turn > 1:
             assert reading["hit_tokens"] > 0
-        history = history + [{"role": "assistant", "content": message.content[0].text},
-                             {"role": "user", "content": "Tool result: " + words(40, f"cc-tool-{turn}")}]
+        history = history + [
+            {"role": "assistant", "content": message.content[0].text},
+            {"role": "user", "content": "Tool result: " + words(40, f"cc-tool-{turn}")},
+        ]
 
     body = {"model": MODEL, "max_tokens": 4, "messages": history}
 
@@ -64,13 +73,16 @@ def test_anthropic_messages_create_stream_and_tool_use_are_probed_exactly(vllm_s
     # Tool use: definitions, a tool_use block and its tool_result. The server has no tool
     # parser, so the test asks for no new tool call (tool_choice none), as vLLM requires.
     tool_history = history + [
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "read_file",
-                                           "input": {"path": "kvgate.yaml"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
-                                      "content": words(30, "cc-tool-result")}]},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "kvgate.yaml"}}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": words(30, "cc-tool-result")}],
+        },
     ]
-    body = {"model": MODEL, "max_tokens": 4, "tools": TOOLS, "tool_choice": {"type": "none"},
-            "messages": tool_history}
+    body = {"model": MODEL, "max_tokens": 4, "tools": TOOLS, "tool_choice": {"type": "none"}, "messages": tool_history}
     reading, message = exact_turn(vllm_server, "messages", body, lambda: client.messages.create(**body))
     assert reading["total_tokens"] == message.usage.input_tokens
     client.close()
@@ -80,21 +92,32 @@ def test_responses_create_stream_and_a_previous_response_id_chain_are_probed_exa
     vllm_server.reset_prefix_cache()
     client = openai.OpenAI(base_url=vllm_server.url + "/v1", api_key="k", max_retries=0)
     instructions = "You are agent. " + words(40, "resp-system")
-    body = {"model": MODEL, "instructions": instructions, "input": "Task: " + words(60, "resp-task"),
-            "max_output_tokens": 4}
+    body = {
+        "model": MODEL,
+        "instructions": instructions,
+        "input": "Task: " + words(60, "resp-task"),
+        "max_output_tokens": 4,
+    }
     reading, response = exact_turn(vllm_server, "responses", body, lambda: client.responses.create(**body))
     assert reading["total_tokens"] == response.usage.input_tokens
     for turn in range(2, 5):
-        body = {"model": MODEL, "instructions": instructions, "previous_response_id": response.id,
-                "input": [{"role": "user", "content": "Tool result: " + words(40, f"resp-tool-{turn}")}],
-                "max_output_tokens": 4}
+        body = {
+            "model": MODEL,
+            "instructions": instructions,
+            "previous_response_id": response.id,
+            "input": [{"role": "user", "content": "Tool result: " + words(40, f"resp-tool-{turn}")}],
+            "max_output_tokens": 4,
+        }
         if turn == 4:
+
             def send(body=body):
                 with client.responses.stream(**body) as events:
                     return events.get_final_response()
         else:
+
             def send(body=body):
                 return client.responses.create(**body)
+
         reading, response = exact_turn(vllm_server, "responses", body, send)
         assert reading["total_tokens"] == response.usage.input_tokens
         assert reading["hit_tokens"] > 0  # the stored conversation is this turn's cached prefix
@@ -113,9 +136,15 @@ def test_responses_create_stream_and_a_previous_response_id_chain_are_probed_exa
 def vllm_and_simulated_behind_kvgate(vllm_server, tmp_path):
     """kvgate (contract policy, enforcing) in front of the vLLM server and a simulated replica."""
     sim_port = free_port()
-    sim = start_service([sys.executable, "-m", "proxy.cli", "replica", "--port", str(sim_port)],
-                        tmp_path / "sim.log", f"http://127.0.0.1:{sim_port}/health", 60, 0.3,
-                        "simulated replica", cwd=REPO_ROOT)
+    sim = start_service(
+        [sys.executable, "-m", "kvgate.proxy.cli", "replica", "--port", str(sim_port)],
+        tmp_path / "sim.log",
+        f"http://127.0.0.1:{sim_port}/health",
+        60,
+        0.3,
+        "simulated replica",
+        cwd=REPO_ROOT,
+    )
     proxy = None
     try:
         port = free_port()
@@ -125,7 +154,8 @@ def vllm_and_simulated_behind_kvgate(vllm_server, tmp_path):
             "replicas:\n"
             f"  - {{name: v0, url: '{vllm_server.url}'}}\n"
             f"  - {{name: sim, url: 'http://127.0.0.1:{sim_port}'}}\n"
-            "gate: {mode: enforce, policy: contract}\n")
+            "gate: {mode: enforce, policy: contract}\n"
+        )
         proxy = KvgateProxy(config, tmp_path / "kvgate.log", port).start()
         yield proxy
     finally:
@@ -140,16 +170,21 @@ def test_chains_through_kvgate_stay_on_the_replica_that_holds_them(vllm_and_simu
     client = openai.OpenAI(base_url=vllm_and_simulated_behind_kvgate.url + "/v1", api_key="k", max_retries=0)
     chains = []
     for index in range(6):
-        raw = client.responses.with_raw_response.create(model=MODEL, input="Task: " + words(30, f"chain-{index}"),
-                                                        max_output_tokens=3)
+        raw = client.responses.with_raw_response.create(
+            model=MODEL, input="Task: " + words(30, f"chain-{index}"), max_output_tokens=3
+        )
         chains.append((raw.parse().id, raw.headers["x-kvgate-replica"]))
     assert {replica for _, replica in chains} == {"v0", "sim"}
     for turn in range(2, 4):
         for index, (previous_id, replica) in enumerate(chains):
             headers = {"x-session-finish": "true"} if turn == 3 else None
             raw = client.responses.with_raw_response.create(
-                model=MODEL, previous_response_id=previous_id, input="Tool result: " + words(20, (index, turn)),
-                max_output_tokens=3, extra_headers=headers)
+                model=MODEL,
+                previous_response_id=previous_id,
+                input="Tool result: " + words(20, (index, turn)),
+                max_output_tokens=3,
+                extra_headers=headers,
+            )
             assert raw.headers["x-kvgate-replica"] == replica
             assert raw.headers["x-kvgate-admission"] in ("contract_fits", "reserved_session")
             chains[index] = (raw.parse().id, replica)

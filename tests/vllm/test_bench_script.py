@@ -6,9 +6,9 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
-from bench.agentic.regimes import REGIMES
 from vllm_harness import model_cache_dir
+
+from kvgate.bench.agentic.regimes import REGIMES
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "run_vllm_bench.py"
 spec = importlib.util.spec_from_file_location("run_vllm_bench", SCRIPT)
@@ -21,8 +21,12 @@ def flag(command: list[str], name: str) -> str:
 
 
 def test_every_real_vllm_regime_names_a_model_and_only_those_are_offered():
-    assert run_vllm_bench.VLLM_REGIMES == ["vllm-prefill", "vllm-prefill-no-finish", "vllm-small",
-                                           "vllm-small-no-finish"]
+    assert run_vllm_bench.VLLM_REGIMES == [
+        "vllm-prefill",
+        "vllm-prefill-no-finish",
+        "vllm-small",
+        "vllm-small-no-finish",
+    ]
     assert {REGIMES[name].vllm_model for name in run_vllm_bench.VLLM_REGIMES} == {"tiny", "prefill"}
     assert REGIMES["vllm-prefill"].workload.send_finish and not REGIMES["vllm-prefill-no-finish"].workload.send_finish
     assert REGIMES["vllm-small"].workload.send_finish and not REGIMES["vllm-small-no-finish"].workload.send_finish

@@ -41,9 +41,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from multiturn_workload import WorkloadShape, run_workload
 from vllm_harness import KvgateProxy, free_port, prefix_counters
+
+from kvgate.simulator.percentiles import percentile
 
 pytestmark = pytest.mark.vllm
 
@@ -68,20 +69,17 @@ def measured_run(server, base_url: str, seed: int, shape: WorkloadShape = SHAPE)
     return result, (hits_after - hits_before) / queries if queries else 0.0
 
 
-def percentile(values: list[float], fraction: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
 def gated_run(server, tmp_path: Path, seed: int):
     """A measured run through a fresh ``kvgate serve`` with the default gate (policy and probe
     deadline aside)."""
     config = tmp_path / f"kvgate-{seed}.yaml"
     proxy = KvgateProxy(config_path=config, log_path=tmp_path / f"kvgate-{seed}.log", port=free_port())
-    KvgateProxy.write_config(config, proxy.port, server.url,
-                             {"mode": "enforce", "policy": GATE_POLICY, "probe": {"timeout_sec": PROBE_TIMEOUT_SEC}})
+    KvgateProxy.write_config(
+        config,
+        proxy.port,
+        server.url,
+        {"mode": "enforce", "policy": GATE_POLICY, "probe": {"timeout_sec": PROBE_TIMEOUT_SEC}},
+    )
     proxy.start()
     try:
         result, hit_rate = measured_run(server, proxy.url, seed=seed)
@@ -94,8 +92,9 @@ def gated_run(server, tmp_path: Path, seed: int):
 def test_kvgate_keeps_the_hit_rate_and_is_no_slower_without_finish_headers(vllm_prefill_server, tmp_path):
     server = vllm_prefill_server
     # Warm-up: vLLM's first batches of a new shape are slow; whichever run came first would pay it.
-    warmup, _ = measured_run(server, server.url, seed=99,
-                             shape=WorkloadShape(model="prefill", sessions=4, turns=2, tool_latency_sec=0.0))
+    warmup, _ = measured_run(
+        server, server.url, seed=99, shape=WorkloadShape(model="prefill", sessions=4, turns=2, tool_latency_sec=0.0)
+    )
     assert not warmup.failures, warmup.failures[:3]
 
     direct_runs, gated_runs = [], []
@@ -120,7 +119,8 @@ def test_kvgate_keeps_the_hit_rate_and_is_no_slower_without_finish_headers(vllm_
         f"walls {[round(result.wall_sec, 1) for result, _ in direct_runs]} s\n"
         f"[e2e] kvgate: hit rates {[round(rate, 3) for _, rate in gated_runs]}, "
         f"walls {[round(result.wall_sec, 1) for result, _ in gated_runs]} s ({makespan_ratio:.2f}x direct), "
-        f"admissions {dict(admissions)}, wait p50/p95 {percentile(waits, 0.5):.0f}/{percentile(waits, 0.95):.0f} ms"
+        f"admissions {dict(admissions)}, "
+        f"wait p50/p95 {percentile(waits, 50, 0.0):.0f}/{percentile(waits, 95, 0.0):.0f} ms"
     )
     total_turns = SHAPE.sessions * SHAPE.turns
     assert all(result.turns_ok == total_turns for result, _ in direct_runs + gated_runs)
@@ -131,6 +131,6 @@ def test_kvgate_keeps_the_hit_rate_and_is_no_slower_without_finish_headers(vllm_
     )
     assert makespan_ratio <= MAX_MAKESPAN_VS_DIRECT, (
         f"kvgate took {gated_wall:.1f}s, {makespan_ratio:.2f}x the direct {direct_wall:.1f}s "
-        f"(allowed {MAX_MAKESPAN_VS_DIRECT}x); gate wait p95 {percentile(waits, 0.95):.0f} ms: "
+        f"(allowed {MAX_MAKESPAN_VS_DIRECT}x); gate wait p95 {percentile(waits, 95, 0.0):.0f} ms: "
         "do windows of sessions that went quiet without x-session-finish outlive them?"
     )

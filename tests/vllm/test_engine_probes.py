@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from vllm_harness import SCRIPTS
 
 pytestmark = pytest.mark.vllm
@@ -21,7 +20,9 @@ pytestmark = pytest.mark.vllm
 def side_effects(vllm_python: Path) -> dict:
     result = subprocess.run(
         [str(vllm_python), str(SCRIPTS / "probe_side_effects.py")],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -3,18 +3,30 @@
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from kvgate_vllm.engine_rates import PREFILL_WINDOW_SEC, RateMeter, read_totals
+from kvgate.vllm_plugin.engine_rates import PREFILL_WINDOW_SEC, RateMeter, read_totals
 
 
 def test_rate_meter_by_hand():
     meter = RateMeter(weight=0.5)
     first = {"prompt_tokens": 1000, "hit_tokens": 200, "prefill_sec": 0.1, "generation_tokens": 100, "decode_sec": 1.0}
-    assert meter.update(first, now=10.0) == {"prefill_tokens_per_sec": None, "decode_step_sec": None,
-                                             "prefill_share": None}  # no delta yet
+    assert meter.update(first, now=10.0) == {
+        "prefill_tokens_per_sec": None,
+        "decode_step_sec": None,
+        "prefill_share": None,
+    }  # no delta yet
     # +50 tokens in +0.5 s: 10 ms a step; prefill 0.2 of 0.7 busy seconds; the prefill window is still open
-    second = {"prompt_tokens": 5000, "hit_tokens": 1200, "prefill_sec": 0.3, "generation_tokens": 150, "decode_sec": 1.5}
-    assert meter.update(second, now=11.0) == {"prefill_tokens_per_sec": None, "decode_step_sec": pytest.approx(0.01),
-                                              "prefill_share": pytest.approx(0.2 / 0.7)}
+    second = {
+        "prompt_tokens": 5000,
+        "hit_tokens": 1200,
+        "prefill_sec": 0.3,
+        "generation_tokens": 150,
+        "decode_sec": 1.5,
+    }
+    assert meter.update(second, now=11.0) == {
+        "prefill_tokens_per_sec": None,
+        "decode_step_sec": pytest.approx(0.01),
+        "prefill_share": pytest.approx(0.2 / 0.7),
+    }
     # the window closes after PREFILL_WINDOW_SEC: +4,000 prompt tokens, +1,000 hits in +0.2 s of prefill
     # (below the window's 3 s of wall time): 15,000 tokens/s
     assert meter.update(second, now=10.0 + PREFILL_WINDOW_SEC)["prefill_tokens_per_sec"] == pytest.approx(15000.0)
@@ -29,7 +41,8 @@ def test_overlapping_prefills_count_the_wall_time_not_their_sum():
     meter.update(zero, now=0.0)
     batch = {**zero, "prompt_tokens": 8 * 600, "prefill_sec": 8 * 1.0}
     assert meter.update(batch, now=PREFILL_WINDOW_SEC)["prefill_tokens_per_sec"] == pytest.approx(
-        8 * 600 / PREFILL_WINDOW_SEC)
+        8 * 600 / PREFILL_WINDOW_SEC
+    )
 
 
 def test_read_totals_from_a_registry_like_vllms():
@@ -40,5 +53,10 @@ def test_read_totals_from_a_registry_like_vllms():
     Counter("vllm:generation_tokens", "", labels, registry=registry).labels("m", "0").inc(40)
     Histogram("vllm:request_prefill_time_seconds", "", labels, registry=registry).labels("m", "0").observe(0.25)
     Histogram("vllm:request_decode_time_seconds", "", labels, registry=registry).labels("m", "0").observe(0.5)
-    assert read_totals(registry) == {"prompt_tokens": 300.0, "hit_tokens": 100.0, "prefill_sec": 0.25,
-                                     "generation_tokens": 40.0, "decode_sec": 0.5}
+    assert read_totals(registry) == {
+        "prompt_tokens": 300.0,
+        "hit_tokens": 100.0,
+        "prefill_sec": 0.25,
+        "generation_tokens": 40.0,
+        "decode_sec": 0.5,
+    }

@@ -13,23 +13,27 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from vllm_harness import REPO_ROOT, _repo_installed, installed_checkout
 
 HERE = {"url": REPO_ROOT.resolve().as_uri(), "dir_info": {"editable": True}}
 PACKAGE = str((REPO_ROOT / "kvgate_vllm").resolve())
 
 
-@pytest.mark.parametrize("report, expected", [
-    (None, False),  # kvgate not installed at all
-    ({"direct_url": HERE, "package": PACKAGE, "general": True, "endpoint": True}, True),
-    ({"direct_url": HERE, "package": PACKAGE, "general": True, "endpoint": False}, False),
-    ({"direct_url": HERE, "package": PACKAGE, "general": False, "endpoint": True}, False),
-    ({"direct_url": {"url": "file:///elsewhere/kvgate"}, "package": PACKAGE, "general": True, "endpoint": True},
-     False),  # another checkout is installed
-    ({"direct_url": None, "package": PACKAGE, "general": True, "endpoint": True}, False),  # a wheel install
-    ({"direct_url": HERE, "package": "/elsewhere/kvgate_vllm", "general": True, "endpoint": True}, False),
-])
+@pytest.mark.parametrize(
+    "report, expected",
+    [
+        (None, False),  # kvgate not installed at all
+        ({"direct_url": HERE, "package": PACKAGE, "general": True, "endpoint": True}, True),
+        ({"direct_url": HERE, "package": PACKAGE, "general": True, "endpoint": False}, False),
+        ({"direct_url": HERE, "package": PACKAGE, "general": False, "endpoint": True}, False),
+        (
+            {"direct_url": {"url": "file:///elsewhere/kvgate"}, "package": PACKAGE, "general": True, "endpoint": True},
+            False,
+        ),  # another checkout is installed
+        ({"direct_url": None, "package": PACKAGE, "general": True, "endpoint": True}, False),  # a wheel install
+        ({"direct_url": HERE, "package": "/elsewhere/kvgate_vllm", "general": True, "endpoint": True}, False),
+    ],
+)
 def test_installed_checkout_table(report, expected):
     assert installed_checkout(report, REPO_ROOT) is expected
 

@@ -11,7 +11,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from vllm_harness import REPO_ROOT, free_port, http_json, scrape_metrics, start_service, stop_process_group
 
 pytestmark = pytest.mark.vllm
@@ -52,14 +51,24 @@ def test_second_enforcing_kvgate_is_detected(vllm_server, tmp_path: Path):
         for name in ("early", "late"):
             port = free_port()
             config = tmp_path / f"{name}.yaml"
-            config.write_text(f"listen: {{host: 127.0.0.1, port: {port}}}\n"
-                              f"replicas: [{{name: v0, url: \"{vllm_server.url}\"}}]\n"
-                              f"ownership: {{ttl_sec: 6, gate_id: {name}-{uuid.uuid4().hex[:6]}}}\n")
+            config.write_text(
+                f"listen: {{host: 127.0.0.1, port: {port}}}\n"
+                f'replicas: [{{name: v0, url: "{vllm_server.url}"}}]\n'
+                f"ownership: {{ttl_sec: 6, gate_id: {name}-{uuid.uuid4().hex[:6]}}}\n"
+            )
             urls.append(f"http://127.0.0.1:{port}")
             # the early gate must be ready (it holds the record) before the late one starts
-            procs.append(start_service([sys.executable, "-m", "proxy.cli", "serve", "--config", str(config)],
-                                       tmp_path / f"{name}.log", urls[-1] + ("/ready" if name == "early" else "/health"),
-                                       90, poll=0.3, what=f"kvgate {name}", cwd=REPO_ROOT))
+            procs.append(
+                start_service(
+                    [sys.executable, "-m", "kvgate.proxy.cli", "serve", "--config", str(config)],
+                    tmp_path / f"{name}.log",
+                    urls[-1] + ("/ready" if name == "early" else "/health"),
+                    90,
+                    poll=0.3,
+                    what=f"kvgate {name}",
+                    cwd=REPO_ROOT,
+                )
+            )
         early, late = urls
         assert _gate_metric(late, "kvgate_gate_conflict", "v0") == 1
         status, body = http_json("GET", late + "/ready")
@@ -68,9 +77,11 @@ def test_second_enforcing_kvgate_is_detected(vllm_server, tmp_path: Path):
         log = (tmp_path / "late.log").read_text()
         assert "gate conflict on replica v0" in log and "shadow" in log
         chat = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
-        request = urllib.request.Request(late + "/v1/chat/completions", data=json.dumps(chat).encode(),
-                                         headers={"content-type": "application/json", "x-session-id": "s1",
-                                                  "x-session-finish": "true"})
+        request = urllib.request.Request(
+            late + "/v1/chat/completions",
+            data=json.dumps(chat).encode(),
+            headers={"content-type": "application/json", "x-session-id": "s1", "x-session-finish": "true"},
+        )
         with urllib.request.urlopen(request, timeout=120) as resp:
             assert resp.status == 200 and resp.headers["x-kvgate-admission"].startswith("shadow_")
     finally:

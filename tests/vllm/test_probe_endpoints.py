@@ -6,75 +6,25 @@ state reset vLLM's prefix cache first; the others use prompts no other test send
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 import uuid
 
 import pytest
-
+from server_calls import (
+    MODEL,
+    chat_body,
+    chat_tokens,
+    probe_kv,
+    probe_prefix,
+    serve,
+    settled_counters,
+    token_prompt,
+    words,
+)
 from vllm_harness import http_json, prefix_counters, scrape_metrics
 
 pytestmark = pytest.mark.vllm
-
-MODEL = "tiny"
-
-
-def words(count: int, seed: object) -> str:
-    rng = random.Random(str(seed))
-    syllables = ["ka", "lo", "mi", "ren", "to", "sa", "vel", "dor", "in", "ex", "qu", "ab", "ze", "pol"]
-    return " ".join("".join(rng.choice(syllables) for _ in range(rng.randint(1, 3))) for _ in range(count))
-
-
-def token_prompt(num_tokens: int, seed: object) -> list[int]:
-    rng = random.Random(str(seed))
-    return [rng.randrange(10, 500) for _ in range(num_tokens)]
-
-
-def chat_body(system: str, user: str, **extra) -> dict:
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-        "max_tokens": 2,
-    }
-    body.update(extra)
-    return body
-
-
-def probe_prefix(server, payload: dict) -> dict:
-    status, body = http_json("POST", server.url + "/v1/kvgate/prefix", payload)
-    assert status == 200, body
-    return body
-
-
-def probe_kv(server) -> dict:
-    status, body = http_json("GET", server.url + "/v1/kvgate/kv")
-    assert status == 200, body
-    return body
-
-
-def serve(server, route: str, body: dict) -> dict:
-    status, response = http_json("POST", server.url + route, body)
-    assert status == 200, response
-    return response
-
-
-def chat_tokens(server, body: dict) -> list[int]:
-    status, response = http_json("POST", server.url + "/tokenize", {"model": MODEL, "messages": body["messages"]})
-    assert status == 200, response
-    return response["tokens"]
-
-
-def settled_counters(server) -> tuple[float, float]:
-    """Prefix-cache counters once the last request's stats have reached /metrics."""
-    previous = prefix_counters(server.url)
-    for _ in range(20):
-        time.sleep(0.25)
-        current = prefix_counters(server.url)
-        if current == previous:
-            return current
-        previous = current
-    return previous
 
 
 def test_kv_probe_block_totals_match_cache_config_info(vllm_server):
@@ -91,13 +41,16 @@ def test_kv_probe_measures_the_engines_speed(vllm_server):
     """The work-conserving rule's inputs (docs/gate.md): after requests ran, `/v1/kvgate/kv`
     reports a prefill throughput over a window of at least PREFILL_WINDOW_SEC, a decode step and
     a prefill share, read from vLLM's own counters."""
-    from kvgate_vllm.engine_rates import PREFILL_WINDOW_SEC
+    from kvgate.vllm_plugin.engine_rates import PREFILL_WINDOW_SEC
 
     probe_kv(vllm_server)  # opens a window (or a previous test did)
     started = time.monotonic()
     for index in range(3):
-        serve(vllm_server, "/v1/chat/completions",
-              chat_body(words(120, f"speed-{index}"), words(20, f"speed-q-{index}"), max_tokens=8))
+        serve(
+            vllm_server,
+            "/v1/chat/completions",
+            chat_body(words(120, f"speed-{index}"), words(20, f"speed-q-{index}"), max_tokens=8),
+        )
     time.sleep(max(0.0, PREFILL_WINDOW_SEC - (time.monotonic() - started)) + 0.5)
     for _ in range(20):  # the request metrics reach the API server's registry a moment after the answer
         kv = probe_kv(vllm_server)
@@ -152,9 +105,18 @@ def test_token_ids_and_chat_probe_agree(vllm_server):
         (
             "/v1/chat/completions",
             chat_body(
-                "tools " + words(60, "tt3"), "call it",
-                tools=[{"type": "function", "function": {"name": "read_file", "description": "read",
-                                                         "parameters": {"type": "object", "properties": {}}}}],
+                "tools " + words(60, "tt3"),
+                "call it",
+                tools=[
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "read_file",
+                            "description": "read",
+                            "parameters": {"type": "object", "properties": {}},
+                        },
+                    }
+                ],
                 tool_choice="none",
             ),
         ),
@@ -182,14 +144,20 @@ def test_probes_leave_counters_and_eviction_order_alone(vllm_server):
     server.reset_prefix_cache()
     tag = uuid.uuid4().hex
     block = server.block_size
-    prompt_a, prompt_b, prompt_c = (token_prompt(n * block, tag + name) for n, name in ((20, "a"), (20, "b"), (30, "c")))
-    complete = lambda prompt: serve(server, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1})
+    prompt_a, prompt_b, prompt_c = (
+        token_prompt(n * block, tag + name) for n, name in ((20, "a"), (20, "b"), (30, "c"))
+    )
+
+    def complete(prompt):
+        return serve(server, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1})
 
     complete(prompt_a)
     complete(prompt_b)
     counters_before = settled_counters(server)
     for index in range(20):
-        probe = probe_prefix(server, {"token_ids": prompt_a} if index % 2 else {"completion": {"model": MODEL, "prompt": prompt_a}})
+        probe = probe_prefix(
+            server, {"token_ids": prompt_a} if index % 2 else {"completion": {"model": MODEL, "prompt": prompt_a}}
+        )
         assert probe["hit_blocks"] == 20
         probe_kv(server)
     time.sleep(0.5)

@@ -6,22 +6,23 @@ import sys
 
 import pytest
 
-from kvgate_vllm.prefix_query import PrefixQuery, ProbeRequestError, parse_prefix_query
-from kvgate_vllm.probe_results import kv_usage_result, merge_kv_usage, merge_prefix, prefix_result
+from kvgate.vllm_plugin.prefix_query import PrefixQuery, ProbeRequestError, parse_prefix_query
+from kvgate.vllm_plugin.probe_results import kv_usage_result, merge_kv_usage, merge_prefix, prefix_result
 
 
 def test_importing_the_plugin_does_not_import_vllm():
-    import kvgate_vllm.endpoint_plugin  # noqa: F401
-    import kvgate_vllm.engine_plugin  # noqa: F401
-    import kvgate_vllm.engine_probes  # noqa: F401
-    import kvgate_vllm.rendering  # noqa: F401
+    import kvgate.vllm_plugin.endpoint_plugin  # noqa: F401
+    import kvgate.vllm_plugin.engine_plugin  # noqa: F401
+    import kvgate.vllm_plugin.engine_probes  # noqa: F401
+    import kvgate.vllm_plugin.rendering  # noqa: F401
 
     assert "vllm" not in sys.modules
 
 
 def test_kv_usage_excludes_the_null_block():
-    result = kv_usage_result(num_gpu_blocks=65, num_free_blocks=48, num_cached_blocks=30,
-                             block_size=32, num_running=2, num_waiting=1)
+    result = kv_usage_result(
+        num_gpu_blocks=65, num_free_blocks=48, num_cached_blocks=30, block_size=32, num_running=2, num_waiting=1
+    )
     assert (result["num_total_blocks"], result["num_gpu_blocks"]) == (64, 65)
     assert result["kv_cache_usage"] == pytest.approx(16 / 64)
     assert (result["num_running"], result["num_waiting"], result["version"]) == (2, 1, 1)
@@ -40,8 +41,12 @@ def test_prefix_result_without_a_full_block_has_ratio_zero():
 
 
 def test_merge_kv_usage_sums_engines_and_recomputes_usage():
-    a = kv_usage_result(num_gpu_blocks=11, num_free_blocks=10, num_cached_blocks=1, block_size=16, num_running=0, num_waiting=0)
-    b = kv_usage_result(num_gpu_blocks=11, num_free_blocks=0, num_cached_blocks=4, block_size=16, num_running=3, num_waiting=2)
+    a = kv_usage_result(
+        num_gpu_blocks=11, num_free_blocks=10, num_cached_blocks=1, block_size=16, num_running=0, num_waiting=0
+    )
+    b = kv_usage_result(
+        num_gpu_blocks=11, num_free_blocks=0, num_cached_blocks=4, block_size=16, num_running=3, num_waiting=2
+    )
     merged = merge_kv_usage([a, b])
     assert merged["num_total_blocks"] == 20 and merged["num_free_blocks"] == 10
     assert merged["num_gpu_blocks"] == 22

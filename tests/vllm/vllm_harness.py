@@ -35,8 +35,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.agentic.processes import free_port
-from bench.agentic.scrape import HITS, QUERIES, parse_prometheus
+from kvgate.bench.agentic.processes import free_port
+from kvgate.bench.agentic.scrape import HITS, QUERIES, parse_prometheus
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -109,7 +109,7 @@ try:
     dist = distribution("kvgate")
 except PackageNotFoundError:
     print(json.dumps(None)); raise SystemExit
-spec = importlib.util.find_spec("kvgate_vllm")
+spec = importlib.util.find_spec("kvgate.vllm_plugin")
 eps = {(e.group, e.name) for e in dist.entry_points}
 print(json.dumps({
     "direct_url": json.loads(dist.read_text("direct_url.json") or "null"),
@@ -129,17 +129,20 @@ def installed_checkout(report: dict | None, repo_root: Path) -> bool:
     if url.scheme != "file":
         return False
     root = str(repo_root.resolve())
-    return (os.path.realpath(urllib.request.url2pathname(url.path)) == root
-            and report.get("package") == str((repo_root / "kvgate_vllm").resolve()))
+    return os.path.realpath(urllib.request.url2pathname(url.path)) == root and report.get("package") == str(
+        (repo_root / "kvgate_vllm").resolve()
+    )
 
 
 def _repo_installed(python: Path) -> bool:
     """True when the venv's installed ``kvgate`` is this checkout (see _INSTALLED_CHECK)."""
     import tempfile
+
     with tempfile.TemporaryDirectory(prefix="kvgate-check-") as empty:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-        result = subprocess.run([str(python), "-I", "-c", _INSTALLED_CHECK], capture_output=True, text=True,
-                                timeout=120, cwd=empty, env=env)
+        result = subprocess.run(
+            [str(python), "-I", "-c", _INSTALLED_CHECK], capture_output=True, text=True, timeout=120, cwd=empty, env=env
+        )
     if result.returncode != 0 or not result.stdout.strip():
         return False
     return installed_checkout(json.loads(result.stdout.strip().splitlines()[-1]), REPO_ROOT)
@@ -182,8 +185,11 @@ def ensure_model(python: Path, preset: str) -> Path:
             return target
         staging = target.with_name(target.name + ".building")
         shutil.rmtree(staging, ignore_errors=True)
-        _run([str(python), str(SCRIPTS / "build_tiny_model.py"), str(staging), "--preset", preset], 900,
-             f"building the {preset} test model")
+        _run(
+            [str(python), str(SCRIPTS / "build_tiny_model.py"), str(staging), "--preset", preset],
+            900,
+            f"building the {preset} test model",
+        )
         (staging / ".complete").write_text(f"preset {preset}\n")
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
@@ -203,12 +209,13 @@ def ensure_prefill_model(python: Path) -> Path:
 
 # ---------------------------------------------------------------- HTTP helpers
 
-def http_json(method: str, url: str, body: object | None = None, timeout: float = 120,
-              raw: bytes | None = None) -> tuple[int, dict]:
+
+def http_json(
+    method: str, url: str, body: object | None = None, timeout: float = 120, raw: bytes | None = None
+) -> tuple[int, dict]:
     """(status, parsed JSON body); non-2xx statuses are returned, not raised."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read() or b"null")
@@ -247,14 +254,29 @@ def prefix_counters(base_url: str) -> tuple[float, float]:
 
 # ---------------------------------------------------------------- the server
 
-def start_service(command: list[str], log_path: Path, ready_url: str, timeout: float, poll: float,
-                  what: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
+
+def start_service(
+    command: list[str],
+    log_path: Path,
+    ready_url: str,
+    timeout: float,
+    poll: float,
+    what: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen:
     """Start `command` in its own process group, logging to `log_path`; return once
     `ready_url` answers 200. On exit or timeout the group is stopped and RuntimeError
     carries the log's tail."""
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   cwd=str(cwd or log_path.parent), start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(cwd or log_path.parent),
+            start_new_session=True,
+        )
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
@@ -324,15 +346,27 @@ class VllmServer:
 
     def command(self) -> list[str]:
         return [
-            str(self.python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir),
-            "--served-model-name", self.served_model_name,
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--block-size", str(self.block_size),
-            "--num-gpu-blocks-override", str(self.num_blocks),
-            "--kv-cache-memory-bytes", self.kv_cache_memory_bytes,
-            "--max-model-len", str(self.max_model_len),
-            "--max-num-seqs", str(self.max_num_seqs),
+            str(self.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_model_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--block-size",
+            str(self.block_size),
+            "--num-gpu-blocks-override",
+            str(self.num_blocks),
+            "--kv-cache-memory-bytes",
+            self.kv_cache_memory_bytes,
+            "--max-model-len",
+            str(self.max_model_len),
+            "--max-num-seqs",
+            str(self.max_num_seqs),
             "--enforce-eager",
             *self.extra_args,
         ]
@@ -352,10 +386,11 @@ class VllmServer:
         )
         return env
 
-    def start(self, timeout: float = 600) -> "VllmServer":
+    def start(self, timeout: float = 600) -> VllmServer:
         self.port = self.port or free_port()
-        self.process = start_service(self.command(), self.log_path, self.url + "/health", timeout, poll=1.0,
-                                     what="vLLM", env=self.environment())
+        self.process = start_service(
+            self.command(), self.log_path, self.url + "/health", timeout, poll=1.0, what="vLLM", env=self.environment()
+        )
         return self
 
     def log_tail(self, lines: int = 60) -> str:
@@ -376,9 +411,10 @@ class VllmServer:
 
 # ---------------------------------------------------------------- kvgate in front
 
+
 @dataclass
 class KvgateProxy:
-    """``python -m proxy.cli serve --config FILE`` (the main venv's kvgate) as a subprocess."""
+    """``python -m kvgate.proxy.cli serve --config FILE`` (the main venv's kvgate) as a subprocess."""
 
     config_path: Path
     log_path: Path
@@ -401,10 +437,11 @@ class KvgateProxy:
         ]
         path.write_text("\n".join(lines) + "\n")
 
-    def start(self, timeout: float = 60) -> "KvgateProxy":
-        command = [sys.executable, "-m", "proxy.cli", "serve", "--config", str(self.config_path)]
-        self.process = start_service(command, self.log_path, self.url + "/ready", timeout, poll=0.3,
-                                     what="kvgate", cwd=REPO_ROOT)
+    def start(self, timeout: float = 60) -> KvgateProxy:
+        command = [sys.executable, "-m", "kvgate.proxy.cli", "serve", "--config", str(self.config_path)]
+        self.process = start_service(
+            command, self.log_path, self.url + "/ready", timeout, poll=0.3, what="kvgate", cwd=REPO_ROOT
+        )
         return self
 
     def log_tail(self, lines: int = 40) -> str:

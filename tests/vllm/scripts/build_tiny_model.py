@@ -76,10 +76,22 @@ def build_tokenizer(out_dir: Path) -> int:
 
 # LlamaConfig sizes per preset (see the module docstring for why these two).
 MODEL_PRESETS: dict[str, dict[str, int]] = {
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=2, num_key_value_heads=2, head_dim=32),
-    "prefill": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-                    num_attention_heads=8, num_key_value_heads=2, head_dim=64),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+    ),
+    "prefill": dict(
+        hidden_size=512,
+        intermediate_size=1408,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+    ),
 }
 
 

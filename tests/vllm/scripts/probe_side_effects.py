@@ -24,8 +24,8 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.request import Request
 
-from kvgate_vllm.engine_plugin import KV_USAGE_METHOD, PREFIX_HITS_METHOD, install_probes
-from kvgate_vllm.engine_probes import count_prefix_hits, read_kv_usage
+from kvgate.vllm_plugin.engine_plugin import KV_USAGE_METHOD, PREFIX_HITS_METHOD, install_probes
+from kvgate.vllm_plugin.engine_probes import count_prefix_hits, read_kv_usage
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 32
@@ -102,9 +102,7 @@ def main() -> int:
     hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
     manager = make_manager()
     engine_core = SimpleNamespace(
-        scheduler=SimpleNamespace(
-            kv_cache_manager=manager, block_size=BLOCK_SIZE, get_request_counts=lambda: (1, 0)
-        ),
+        scheduler=SimpleNamespace(kv_cache_manager=manager, block_size=BLOCK_SIZE, get_request_counts=lambda: (1, 0)),
         request_block_hasher=hasher,
     )
 

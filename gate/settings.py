@@ -1,0 +1,43 @@
+"""The gate's configuration (SPEC.md section 3: the `gate` and `ownership` keys), as frozen dataclasses.
+
+Plain data with the defaults SPEC.md gives. `kvgate.proxy.settings.Settings` composes
+them into the whole configuration, and `kvgate.proxy.config` loads and validates them;
+the gate itself never reads a file or the environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    timeout_sec: float = 1.0
+    usage_max_age_ms: float = 50.0
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    mode: str = "enforce"  # one of gate.gate.MODES: enforce | shadow | off
+    policy: str = "contract"  # a name in gate.policies.POLICIES; the agentic benchmark chose contract (docs/bench.md)
+    high_watermark: float = 0.85
+    hit_threshold: float = 0.80
+    idle_grace_sec: float = 60.0
+    wait_poll_sec: float = 1.0
+    max_wait_sec: float = 0.0
+    retain_session: bool = True
+    headroom_blocks: int = 0
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+    quiet_factor: float = 4.0  # a window ends once idle this many times its session's usual gap
+    quiet_floor_sec: float = 0.5  # ... but never sooner than this (idle_grace_sec is the ceiling)
+    work_conserving: bool = True  # contract: admit a held turn when holding costs more than the re-prefill
+
+
+@dataclass(frozen=True)
+class OwnershipSettings:
+    """Conflict detection (docs/ARCHITECTURE.md, Topologies; `gate/ownership.py`): an enforcing
+    gate claims each replica's owner record (`POST /v1/kvgate/owner`) and renews it every third
+    of `ttl_sec`."""
+
+    ttl_sec: float = 15.0  # 0: never claim (no conflict detection)
+    gate_id: str | None = None  # None: <hostname>:<pid>:<random>, new at every start

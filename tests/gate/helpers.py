@@ -1,0 +1,119 @@
+"""Helpers of the gate's tests: a fake clock, a fake probe, settings, stepping the loop,
+reading metrics, and the leak check every gate test ends with. Fixtures: conftest.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from kvgate.gate.gate import Gate
+from kvgate.gate.metrics import GateMetrics
+from kvgate.gate.probe import ReplicaProbe
+from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.settings import GateSettings, ProbeSettings
+
+COLD = PrefixReading(total_blocks=10, hit_blocks=0, hit_ratio=0.0)
+CLEAN = {"leases": 0, "reservations": 0, "waiters": 0, "attempts": 0, "sessions": 0}
+
+
+class FakeClock:
+    """The gate's injected clock; tests move it with `advance` instead of sleeping."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.t = start
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class FakeProbe:
+    """A probe whose answers the test sets; prefix readings are keyed by body["id"].
+
+    A body id without a reading set is cold (no hit); prompt routes only (chat,
+    completion, messages, responses), as the real probe. A body id in `unavailable`
+    gets no reading, as when the replica cannot render the body.
+
+    `hold` (an asyncio.Event), when set to an unset event, makes usage() block until
+    the test sets it, to catch an attempt in the middle of a probe.
+    """
+
+    def __init__(
+        self,
+        usage: float | None = 0.1,
+        total: int | None = None,
+        free: int | None = None,
+        block_size: int | None = None,
+    ) -> None:
+        self.usage_value = usage
+        self.total = total
+        self.free = free
+        self.block_size = block_size
+        self.prefixes: dict[str, PrefixReading] = {}
+        self.usage_calls = 0
+        self.newer_than: list[float | None] = []
+        self.prefix_calls: list[str] = []
+        self.unavailable: set[str] = set()
+        self.hold: asyncio.Event | None = None
+
+    async def usage(self, newer_than: float | None = None) -> UsageReading | None:
+        self.usage_calls += 1
+        self.newer_than.append(newer_than)
+        if self.hold is not None:
+            await self.hold.wait()
+        if self.usage_value is None:
+            return None
+        return UsageReading(self.usage_value, self.total, self.free, self.block_size)
+
+    async def prefix(self, route_kind: str, body: dict[str, Any]) -> PrefixReading | None:
+        self.prefix_calls.append(body.get("id", ""))
+        if route_kind not in ("chat", "completion", "messages", "responses"):
+            return None
+        if body.get("id", "") in self.unavailable:
+            return None
+        return self.prefixes.get(body.get("id", ""), COLD)
+
+    def set_prefix(self, body_id: str, total: int, hit: int, tokens: int = 0) -> None:
+        self.prefixes[body_id] = PrefixReading(total, hit, hit / total if total else 0.0, tokens)
+
+
+def settings(**overrides: Any) -> GateSettings:
+    """GateSettings with test-friendly defaults: the seed policy (tests of the contract
+    policy ask for it by name), long grace, short real-time poll. Quiet expiry is off
+    (its floor is the grace: a window lives `idle_grace_sec`) unless a test sets
+    `quiet_floor_sec`: the tests of the grace rules keep their hand-worked clocks."""
+    base = GateSettings(policy="seed", wait_poll_sec=0.02, idle_grace_sec=60.0, quiet_floor_sec=60.0)
+    return replace(base, **overrides)
+
+
+async def until(condition: Callable[[], bool], what: str = "condition", steps: int = 2000) -> None:
+    """Let the event loop run until `condition()` holds (no timing assertions: a step budget)."""
+    for _ in range(steps):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    for _ in range(200):  # give real-time waits (wait_poll_sec) a chance too
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def assert_clean(gate: Gate, clock: FakeClock) -> None:
+    """After a test: no lease, reservation, waiter, attempt or session is left once windows expire."""
+    clock.advance(gate.settings.idle_grace_sec + 1)
+    assert gate.counts() == CLEAN
+
+
+def sample(metrics: GateMetrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def make_probe(url, http, metrics, clock, api_key=None, **settings) -> ReplicaProbe:
+    """The real probe client of replica "r0" at `url`, on the test's HTTP session and clock."""
+    return ReplicaProbe("r0", url, lambda: http, ProbeSettings(**settings), metrics, api_key, clock)

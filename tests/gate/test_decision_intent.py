@@ -1,0 +1,111 @@
+"""The shell obeys the decision's fields and infers nothing from its reason.
+
+A scripted policy hands the gate exactly the decision a test sets, so each field is
+seen doing its one job: `wake_next` (and not the reason) wakes the next waiter,
+`reprice_above` (and not how the price was reached) sends the prefix probe beside the
+turn, `window` / `footprint` open, renew, price and end windows, `drop_window` loses
+one. Every test ends with nothing left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from kvgate.gate.gate import Gate
+from kvgate.gate.policies import AdmissionReason, Admit, Decision, Policy, Wait, WaitCause
+from tests.gate.helpers import FakeProbe, assert_clean, settings, until
+
+HELD = Wait(WaitCause.COLD_PREFIX, "scripted")
+
+
+class Script:
+    """A policy whose decision the test sets; it never asks for a prefix probe."""
+
+    def __init__(self) -> None:
+        self.decision: Decision = HELD
+
+    def policy(self) -> Policy:
+        return Policy("scripted", lambda view, usage, knobs: False, lambda *_: self.decision, reads_prompt_bound=True)
+
+
+def make_gate(script: Script, probe, metrics, clock) -> Gate:
+    # no poll within a test: a waiter re-decides only when the shell wakes it
+    return Gate("r0", probe, settings(wait_poll_sec=60), metrics, clock, script.policy())
+
+
+def body(session: str) -> dict:
+    return {"id": session, "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def settle() -> None:
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+async def test_wake_next_wakes_the_next_waiter_whatever_the_reason(probe, metrics, clock):
+    script = Script()
+    gate = make_gate(script, probe, metrics, clock)
+    held = asyncio.ensure_future(gate.acquire("held", "chat", body("held")))
+    await until(lambda: gate.counts()["waiters"] == 1, "the waiter")
+    script.decision = Admit(AdmissionReason.OPEN)  # `open`, but no wake_next: nobody is woken
+    quiet = await gate.acquire("a", "chat", body("a"))
+    await settle()
+    assert not held.done()
+    script.decision = Admit(AdmissionReason.CONTRACT_FITS, wake_next=True)  # any reason with wake_next wakes
+    loud = await gate.acquire("b", "chat", body("b"))
+    woken = await held
+    assert woken.reason == "contract_fits" and gate.counts()["waiters"] == 0
+    for lease in (quiet, loud, woken):
+        lease.release()
+    assert_clean(gate, clock)
+
+
+async def test_reprice_above_sends_the_prefix_probe_once_the_windows_pass_it(metrics, clock):
+    probe = FakeProbe(usage=0.1, total=100, free=100, block_size=16)
+    probe.set_prefix("b", total=2, hit=0, tokens=40)  # exact: ceil(40 / 16) = 3 blocks
+    script = Script()
+    gate = make_gate(script, probe, metrics, clock)
+    script.decision = Admit(AdmissionReason.CONTRACT_FITS, window=True, footprint=30, reprice_above=40)
+    first = await gate.acquire("a", "chat", body("a"))  # 30 blocks in windows: not above 40
+    await settle()
+    assert probe.prefix_calls == []
+    second = await gate.acquire("b", "chat", body("b"))  # 60 > 40: b gets its exact price
+    await until(lambda: gate.state()["sessions"]["b"]["resident_blocks"] == 3, "b re-priced")
+    assert probe.prefix_calls == ["b"]
+    script.decision = Admit(AdmissionReason.CONTRACT_FITS, window=True, footprint=30)  # an exact price: final
+    third = await gate.acquire("c", "chat", body("c"))
+    await settle()
+    assert probe.prefix_calls == ["b"] and gate.state()["sessions"]["c"]["resident_blocks"] == 30
+    for lease in (first, second, third):
+        lease.release()
+    assert_clean(gate, clock)
+
+
+async def test_window_footprint_and_drop_window_are_booked_as_decided(probe, metrics, clock):
+    script = Script()
+    gate = make_gate(script, probe, metrics, clock)
+    script.decision = Admit(AdmissionReason.RESERVED_SESSION, window=True, footprint=12)
+    lease = await gate.acquire("s", "chat", body("s"))
+    assert gate.state()["reserved"]["in_flight"] == ["s"] and gate.state()["window_blocks"] == 12
+    lease.release()
+    script.decision = Admit(AdmissionReason.RESERVED_SESSION, window=True)  # renewed at its last footprint
+    lease = await gate.acquire("s", "chat", body("s"))
+    assert gate.state()["window_blocks"] == 12
+    lease.release()
+    script.decision = Admit(AdmissionReason.WORK_CONSERVING)  # no window: the one it held ends
+    lease = await gate.acquire("s", "chat", body("s"))
+    state = gate.state()
+    assert state["reserved"] == {"in_flight": [], "idle": []} and state["window_ends"]["revoked"] == 1
+    lease.release()
+    script.decision = Admit(AdmissionReason.CONTRACT_FITS, window=True, footprint=5)
+    lease = await gate.acquire("s", "chat", body("s"))
+    lease.release()
+    script.decision = Wait(WaitCause.WINDOW_LOST, "scripted", drop_window=True)
+    waiter = asyncio.ensure_future(gate.acquire("s", "chat", body("s")))
+    await until(lambda: gate.counts()["waiters"] == 1, "the waiter")
+    state = gate.state()
+    assert state["window_ends"]["lost"] == 1 and state["sessions"]["s"]["windows_lost"] == 1
+    assert state["window_blocks"] == 0 and state["pending"] == ["s"]
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
+    assert_clean(gate, clock)
