@@ -465,14 +465,16 @@ def bounded_footprint(view: GateView, usage: UsageReading, knobs: GateSettings) 
 
 
 def bounded_work_conserving(view: GateView, usage: UsageReading, knobs: GateSettings) -> bool:
-    """Whether a newcomer behind other waiters (it can get no window before them) goes
-    in `work_conserving` without a prefix probe: the rule admits it even at its
-    worst-case price (its prompt at `history_bound`, none of it cached). Asking would
-    only make it wait for the probe, which a CPU engine answers between two scheduler
-    steps (issue 9: 20-500 ms). The head of the queue is always probed: a window may
-    fit it, and only its exact price says so.
+    """Whether a newcomer goes in `work_conserving` without a prefix probe: the rule
+    admits it even at its worst-case price (its prompt at `history_bound`, none of it
+    cached). Asking would only make it wait for the probe, which a CPU engine answers
+    between two scheduler steps (issue 9: 20-500 ms, 85% of the gate's added wait on
+    the tiny real-vLLM model once holds were priced right). A window the exact price
+    might have given it is not worth that wait: it would protect a prefix whose
+    re-prefill costs less than holding the turn. (A turn whose upper bound fits a
+    window gets one first: `bounded_footprint`.)
     """
-    if not _behind(view) or not can_work_conserve(usage, knobs) or not usage.has_blocks:
+    if view.has_window or not can_work_conserve(usage, knobs) or not usage.has_blocks:
         return False
     bound = history_bound(view)
     if bound is None:
@@ -513,17 +515,19 @@ def contract_needs_prefix_probe(view: GateView, usage: UsageReading | None, knob
     hold no live blocks, so usage reads low while their prefixes are about to be
     evicted). Holders are probed too, so their footprint follows their growing prompt.
     A newcomer with named waiters ahead (it gets no window before them) only when the
-    work-conserving rule could let it in (`can_work_conserve`) and would not already
-    at its worst-case price (`bounded_work_conserving`). Not for a turn whose upper
-    bound already fits (`bounded_footprint`: no pressure), nor without block counts
-    (the /metrics fallback: the seed policy decides).
+    work-conserving rule could let it in (`can_work_conserve`). Not for a turn whose
+    upper bound already fits (`bounded_footprint`: no pressure), nor for a newcomer
+    the rule admits even at its worst-case price (`bounded_work_conserving`), nor
+    without block counts (the /metrics fallback: the seed policy decides).
     """
     if usage is None or view.anonymous:
         return False
     if not usage.has_blocks:
         return seed_needs_prefix_probe(view, usage, knobs)
+    if bounded_work_conserving(view, usage, knobs):
+        return False
     if _behind(view):
-        return can_work_conserve(usage, knobs) and not bounded_work_conserving(view, usage, knobs)
+        return can_work_conserve(usage, knobs)
     return bounded_footprint(view, usage, knobs) is None
 
 
@@ -547,9 +551,10 @@ def contract_decide(
       windows and headroom), which sees traffic the gate does not.
     - A newcomer with named waiters ahead gets no window before them (windows go in
       FIFO order); it goes in `work_conserving` or waits (unprobed where the rule
-      cannot admit it, or admitted unprobed where it would even at its worst-case
-      price: `bounded_work_conserving`). A holder is decided on its merits, whatever
-      waits.
+      cannot admit it). A holder is decided on its merits, whatever waits.
+    - A newcomer that the work-conserving rule admits even at its worst-case price
+      goes in unprobed (`bounded_work_conserving`), unless its upper bound fits a
+      window (`bounded_footprint`, checked first).
     - A holder that no longer fits waits as a newcomer (`Wait.drop_window`) unless
       it goes in `work_conserving`; a prompt that can never fit (its full blocks >
       usable) is rejected, never held.

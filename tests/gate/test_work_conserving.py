@@ -240,8 +240,8 @@ def test_a_newcomer_behind_others_is_decided_at_once_but_only_work_conserving():
         )
 
 
-def test_a_cheap_turn_behind_others_goes_in_without_a_probe():
-    """A newcomer behind another waiter (it gets no window before them), with history:
+def test_a_cheap_newcomer_goes_in_without_a_probe():
+    """A newcomer behind another waiter, or at the head of the queue, with history:
     600 tokens last turn, its body grew by 100 bytes since, so its prompt is at most
     600 + 100 + 64 = 764 tokens (48 blocks), none cached at worst, + 32 output tokens
     (2 blocks): 50 blocks to allocate. 96 usable (headroom 4), 80 in windows: 16 spare,
@@ -256,17 +256,17 @@ def test_a_cheap_turn_behind_others_goes_in_without_a_probe():
         prompt_bound_tokens=1100,
         waiters_ahead=1,
     )
-    assert bounded_work_conserving(view, MEASURED, KNOBS)
-    assert not CONTRACT.needs_prefix_probe(view, MEASURED, KNOBS)
-    for prefix in (None, PROMPT):
-        assert contract_decide(view, MEASURED, prefix, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
-    # probed: 4 output tokens (20 ms of slack), no bound (media), or the head of the queue (a
-    # window may fit it: only its exact price says so); behind without the rule or its
-    # measurement: waits, unprobed
+    for head_or_behind in (view, GateView(**{**_fields(view), "waiters_ahead": 0})):
+        assert bounded_work_conserving(head_or_behind, MEASURED, KNOBS)
+        assert not CONTRACT.needs_prefix_probe(head_or_behind, MEASURED, KNOBS)
+        for prefix in (None, PROMPT):
+            assert contract_decide(head_or_behind, MEASURED, prefix, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
+    # probed: 4 output tokens (20 ms of slack), no bound (media), or a holder (its window is
+    # re-priced); behind without the rule or its measurement: waits, unprobed
     for changed, usage, knobs, probed in (
         ({"max_output_tokens": 4}, MEASURED, KNOBS, True),
         ({"prompt_bound_tokens": None}, MEASURED, KNOBS, True),
-        ({"waiters_ahead": 0}, MEASURED, KNOBS, True),
+        ({"has_window": True}, MEASURED, KNOBS, True),
         ({}, MEASURED, GateSettings(work_conserving=False), False),
         ({}, UNMEASURED, KNOBS, False),
     ):
