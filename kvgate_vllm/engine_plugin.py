@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 KV_USAGE_METHOD = "kvgate_kv_usage"
 PREFIX_HITS_METHOD = "kvgate_prefix_hits"
 _PATCH_MARKER = "_kvgate_probes_installed"
+_STEP_METHOD = "step"  # EngineCore's scheduler step, timed (`_timed_step`)
 _STEP_LOG = "_kvgate_step_log"  # the engine core instance's StepLog
 _SCHEDULED = "_kvgate_scheduled_tokens"  # tokens the scheduler's last schedule() scheduled
 
@@ -89,8 +90,9 @@ def install_probes(engine_core_cls: type) -> bool:
         return False
     setattr(engine_core_cls, KV_USAGE_METHOD, _kv_usage)
     setattr(engine_core_cls, PREFIX_HITS_METHOD, _prefix_hits)
-    if callable(getattr(engine_core_cls, "step", None)):
-        engine_core_cls.step = _timed_step(engine_core_cls.step)
+    step = getattr(engine_core_cls, _STEP_METHOD, None)
+    if callable(step):
+        setattr(engine_core_cls, _STEP_METHOD, _timed_step(step))
     setattr(engine_core_cls, _PATCH_MARKER, True)
     return True
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from kvgate_vllm.engine_rates import prefill_rate
-from kvgate_vllm.probe_results import kv_usage_result, merge_kv_usage
-from kvgate_vllm.step_costs import MAX_STEPS, MIN_STEPS, StepLog, marginal_token_sec
+from kvgate.vllm_plugin.engine_rates import prefill_rate
+from kvgate.vllm_plugin.probe_results import kv_usage_result, merge_kv_usage
+from kvgate.vllm_plugin.step_costs import MAX_STEPS, MIN_STEPS, StepLog, marginal_token_sec
 
 
 def test_the_fit_by_hand():
@@ -16,11 +16,14 @@ def test_the_fit_by_hand():
     assert prefill_rate(2000.0, marginal_token_sec(steps)) == pytest.approx(100000.0)
 
 
-@pytest.mark.parametrize("steps", [
-    [(0.02, 8), (0.035, 1508)] * (MIN_STEPS // 2 - 1),  # too few steps
-    [(0.02, 8), (0.03, 60)] * MIN_STEPS,                # a token spread below MIN_TOKEN_SPREAD
-    [(0.03, 8), (0.02, 1508)] * MIN_STEPS,              # larger steps ran faster: noise, no figure
-])
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [(0.02, 8), (0.035, 1508)] * (MIN_STEPS // 2 - 1),  # too few steps
+        [(0.02, 8), (0.03, 60)] * MIN_STEPS,  # a token spread below MIN_TOKEN_SPREAD
+        [(0.03, 8), (0.02, 1508)] * MIN_STEPS,  # larger steps ran faster: noise, no figure
+    ],
+)
 def test_no_figure(steps):
     assert marginal_token_sec(steps) is None
 
@@ -40,8 +43,9 @@ def test_the_step_log_keeps_the_most_recent_non_empty_steps():
 
 def test_merge_reports_the_slowest_engines_token_cost():
     def engine(token_sec):
-        result = kv_usage_result(num_gpu_blocks=65, num_free_blocks=64, num_cached_blocks=0, block_size=16,
-                                 num_running=0, num_waiting=0)
+        result = kv_usage_result(
+            num_gpu_blocks=65, num_free_blocks=64, num_cached_blocks=0, block_size=16, num_running=0, num_waiting=0
+        )
         return {**result, "token_sec": token_sec}
 
     assert merge_kv_usage([engine(1e-5), engine(None), engine(3e-5)])["token_sec"] == 3e-5
