@@ -18,9 +18,11 @@ Invariants (each has a test):
   to windows), and each admitted waiter (or an `Admit` with `wake_next`: no
   pressure), or a head waiter that leaves, wakes the next; each waiter also wakes
   itself every `wait_poll_sec` (and when the oldest idle window is due), so no
-  wake-up is ever needed for liveness.
+  wake-up is ever needed for liveness. A waiter whose last Wait set `wake_on_release`
+  (one behind others the work-conserving rule may let in) is also woken whenever
+  blocks are freed, not only when it heads the queue.
 - The policy sees how many named waiters are ahead of the attempt (the contract
-  policy serves newcomers in strict FIFO order) and the request's output allowance,
+  policy gives newcomers windows in strict FIFO order) and the request's output allowance,
   read once from the body.
 - A `Wait(drop_window=True)` takes the session's window back before it waits; so does
   a `Reject`: a session never holds a window while it waits or after it was refused.
@@ -507,13 +509,21 @@ class Gate:
         if record is not None:
             self._publish_windows()
         if self._queue:
-            self._wake_one()
+            self._wake_on_change()
 
     def _blocks_freed(self, now: float) -> None:
         """Fewer blocks are committed (or live): let the head waiter re-decide on a fresh reading."""
         self._changed_at = now
         if self._queue:
-            self._wake_one()
+            self._wake_on_change()
+
+    def _wake_on_change(self) -> None:
+        """Blocks were freed: wake the head waiter, and every waiter whose last Wait asked to
+        re-decide on any such change (`Wait.wake_on_release`), not at its next poll."""
+        self._wake_one()
+        for waiter in self._queue:
+            if waiter.held is not None and waiter.held.wake_on_release:
+                waiter.wake()
 
     def _drop_window(self, record: SessionRecord | None, cause: WindowEnd = WindowEnd.LOST) -> None:
         """Take a session's window back (contract: it no longer fits, or its prompt never will)."""

@@ -151,12 +151,16 @@ class Wait:
     fits behind the older windows; cause `lost`); it then waits as a newcomer.
     A Reject likewise ends the session's window (cause `revoked`): a session never
     holds a window while it waits or after it was refused.
+    wake_on_release: the shell wakes it whenever blocks are freed (a release, a window
+    that ended or shrank), not only when it heads the queue: a newcomer behind others
+    that the work-conserving rule may let in once the cache has more room.
     """
 
     cause: WaitCause
     why: str = ""
     drop_window: bool = False
     recheck_sec: float | None = None  # decide again no later than this (the decision may change by then)
+    wake_on_release: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -615,9 +619,11 @@ def contract_decide(
             drop_window=True,
             recheck_sec=held.recheck_sec,
         )
-    if behind:
-        cause, why = WaitCause.BEHIND_WAITERS, behind_why
-    elif working_set > usable:
+    if behind:  # no window before the waiters ahead; the rule decides again when blocks are freed
+        return Wait(
+            WaitCause.BEHIND_WAITERS, f"{behind_why}; {held.why}", recheck_sec=held.recheck_sec, wake_on_release=True
+        )
+    if working_set > usable:
         cause = WaitCause.WINDOWS_FULL
         why = f"footprint {footprint} blocks + {view.older_window_blocks} in windows exceeds {usable} usable blocks"
     else:

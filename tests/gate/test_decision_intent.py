@@ -109,3 +109,34 @@ async def test_window_footprint_and_drop_window_are_booked_as_decided(probe, met
     waiter.cancel()
     await asyncio.gather(waiter, return_exceptions=True)
     assert_clean(gate, clock)
+
+
+async def test_wake_on_release_wakes_a_waiter_behind_the_head_when_blocks_are_freed(probe, metrics, clock):
+    """A release wakes the head waiter and, of those behind it, only one whose Wait asked
+    for it (`wake_on_release`); the other re-decides at its poll (60 s here)."""
+    decisions: list[Decision] = [
+        Admit(AdmissionReason.CONTRACT_FITS),  # running
+        HELD,  # head
+        HELD,  # plain
+        Wait(WaitCause.BEHIND_WAITERS, "scripted", wake_on_release=True),  # eager
+        HELD,  # after the release: the head, woken first, stays held
+        Admit(AdmissionReason.WORK_CONSERVING),  # eager goes in
+    ]
+    policy = Policy("scripted", lambda view, usage, knobs: False, lambda *_: decisions.pop(0) if decisions else HELD)
+    gate = Gate("r0", probe, settings(wait_poll_sec=60), metrics, clock, policy)
+    running = await gate.acquire("running", "chat", body("running"))
+    head = asyncio.ensure_future(gate.acquire("head", "chat", body("head")))
+    await until(lambda: gate.counts()["waiters"] == 1, "the head waiter")
+    plain = asyncio.ensure_future(gate.acquire("plain", "chat", body("plain")))
+    await until(lambda: gate.counts()["waiters"] == 2, "a plain waiter behind it")
+    eager = asyncio.ensure_future(gate.acquire("eager", "chat", body("eager")))
+    await until(lambda: gate.counts()["waiters"] == 3, "a waiter that asked to be woken on release")
+    running.release()  # blocks freed
+    eager_lease = await asyncio.wait_for(eager, 5)  # without the wake it would wait for its 60 s poll
+    await settle()
+    assert not head.done() and not plain.done() and gate.counts()["waiters"] == 2
+    for waiter in (head, plain):
+        waiter.cancel()
+    eager_lease.release()
+    await settle()
+    assert_clean(gate, clock)

@@ -231,6 +231,7 @@ def test_a_newcomer_behind_others_is_decided_at_once_but_only_work_conserving():
     assert held == Wait(
         WaitCause.BEHIND_WAITERS,
         "behind 1 waiting sessions (first come, first served); re-prefill 0.040s > holding cost 0.005s",
+        wake_on_release=True,  # more room may tip the balance: decide again on every release
     )
     # without a measurement or with the rule off: not probed, it waits its turn
     for usage, knobs in ((UNMEASURED, KNOBS), (MEASURED, GateSettings(work_conserving=False))):
