@@ -440,6 +440,19 @@ SEED = Policy("seed", seed_needs_prefix_probe, seed_decide)
 # ------------------------------------------------------------ contract policy
 
 
+def usable_blocks(usage: UsageReading, knobs: GateSettings) -> int:
+    """The blocks windows may hold: the replica's total less `headroom_blocks`."""
+    assert usage.num_total_blocks is not None
+    return usage.num_total_blocks - knobs.headroom_blocks
+
+
+def free_budget(view: GateView, usage: UsageReading, knobs: GateSettings) -> int:
+    """vLLM's free blocks a newcomer may take: outside other sessions' idle windows and
+    the headroom (may be negative)."""
+    assert usage.num_free_blocks is not None
+    return usage.num_free_blocks - view.idle_window_blocks - knobs.headroom_blocks
+
+
 def bounded_footprint(view: GateView, usage: UsageReading, knobs: GateSettings) -> int | None:
     """The footprint to admit a turn at without a prefix probe, or None to probe.
 
@@ -459,11 +472,11 @@ def bounded_footprint(view: GateView, usage: UsageReading, knobs: GateSettings) 
     growth = view.last_growth_tokens if view.last_prompt_tokens is not None else view.mean_growth_tokens
     tokens = bound + view.max_output_tokens + growth
     footprint = cdiv(tokens, usage.block_size)
-    if footprint + view.older_window_blocks > usage.num_total_blocks - knobs.headroom_blocks:
+    if footprint + view.older_window_blocks > usable_blocks(usage, knobs):
         return None
     if not view.has_window:
         prompt_blocks = bound // usage.block_size
-        if prompt_blocks > usage.num_free_blocks - view.idle_window_blocks - knobs.headroom_blocks:
+        if prompt_blocks > free_budget(view, usage, knobs):
             return None
     return footprint
 
@@ -483,11 +496,10 @@ def bounded_work_conserving(view: GateView, usage: UsageReading, knobs: GateSett
     bound = history_bound(view)
     if bound is None:
         return False
-    assert usage.block_size and usage.num_total_blocks is not None and usage.num_free_blocks is not None
+    assert usage.block_size  # has_blocks
     blocks = cdiv(bound, usage.block_size)
     worst = PrefixReading(total_blocks=blocks, hit_blocks=0, hit_ratio=0.0, total_tokens=bound)
-    usable = usage.num_total_blocks - knobs.headroom_blocks
-    budget = usage.num_free_blocks - view.idle_window_blocks - knobs.headroom_blocks
+    budget, usable = free_budget(view, usage, knobs), usable_blocks(usage, knobs)
     at_risk = evicted_window_blocks(view, usage, worst, budget, usable) + blocks
     return work_conserving(view, usage, at_risk, knobs) is None
 
@@ -496,8 +508,7 @@ def reprice_threshold(usage: UsageReading, knobs: GateSettings) -> int:
     """Window blocks above which a window priced at its upper bound gets its exact price
     (`Admit.reprice_above`): half the usable blocks. Below that, over-priced windows
     cannot hold anyone back (a bound that fits skips the probe), so no probe is spent."""
-    assert usage.num_total_blocks is not None
-    return (usage.num_total_blocks - knobs.headroom_blocks) // 2
+    return usable_blocks(usage, knobs) // 2
 
 
 def window_footprint(view: GateView, usage: UsageReading, prefix: PrefixReading, knobs: GateSettings) -> int:
@@ -508,8 +519,7 @@ def window_footprint(view: GateView, usage: UsageReading, prefix: PrefixReading,
     growth = turn_growth_tokens(
         prefix.total_tokens, view.last_prompt_tokens, view.last_growth_tokens, view.mean_growth_tokens
     )
-    usable = usage.num_total_blocks - knobs.headroom_blocks
-    return min(footprint_blocks(prefix, usage, view.max_output_tokens, growth), usable)
+    return min(footprint_blocks(prefix, usage, view.max_output_tokens, growth), usable_blocks(usage, knobs))
 
 
 def contract_needs_prefix_probe(view: GateView, usage: UsageReading | None, knobs: GateSettings) -> bool:
@@ -590,7 +600,7 @@ def contract_decide(
             return Admit(AdmissionReason.RESERVED_SESSION, window=knobs.retain_session)
         return seed_decide(view, usage, prefix, knobs)
     assert usage.num_total_blocks is not None and usage.num_free_blocks is not None
-    usable = usage.num_total_blocks - knobs.headroom_blocks
+    usable = usable_blocks(usage, knobs)
     if prefix.total_blocks > usable:
         return Reject(
             RejectCode.PROMPT_TOO_LONG,
@@ -600,7 +610,7 @@ def contract_decide(
         )
     footprint = window_footprint(view, usage, prefix, knobs)
     working_set = footprint + view.older_window_blocks
-    budget = usage.num_free_blocks - view.idle_window_blocks - knobs.headroom_blocks
+    budget = free_budget(view, usage, knobs)
     if view.has_window and working_set <= usable:
         return Admit(AdmissionReason.RESERVED_SESSION, window=knobs.retain_session, footprint=footprint)
     if not view.has_window and not behind and working_set <= usable and prefix.new_blocks <= budget:
