@@ -13,8 +13,8 @@ import asyncio
 from kvgate.proxy.http_client import UpstreamConnectError, UpstreamError, UpstreamPool
 from kvgate.proxy.settings import UpstreamSettings
 
-# Hop-by-hop headers (RFC 9110 7.6.1) and the ones the proxy recomputes.
-_REQUEST_DROP = frozenset(
+# Hop-by-hop headers (RFC 9110 7.6.1): never forwarded in either direction.
+_HOP_BY_HOP = frozenset(
     {
         b"connection",
         b"keep-alive",
@@ -25,26 +25,11 @@ _REQUEST_DROP = frozenset(
         b"trailers",
         b"transfer-encoding",
         b"upgrade",
-        b"host",
-        b"content-length",
-        b"expect",
     }
 )
-_RESPONSE_DROP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"te",
-        b"trailer",
-        b"trailers",
-        b"transfer-encoding",
-        b"upgrade",
-        b"content-length",
-        b"date",
-    }
-)
+# ... and the ones the proxy recomputes on each side.
+_REQUEST_DROP = _HOP_BY_HOP | {b"host", b"content-length", b"expect"}
+_RESPONSE_DROP = _HOP_BY_HOP | {b"content-length", b"date"}
 
 # The request never reached the replica: safe to send it elsewhere.
 CONNECT_ERRORS = (UpstreamConnectError,)
