@@ -40,12 +40,12 @@ state change goes through a `SessionBook` method, which keeps these invariants:
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from kvgate.gate.blocks import cdiv
-from kvgate.gate.policies import GateView, quiet_lifetime
+from kvgate.gate.policies import GateView, body_bytes, quiet_lifetime
 
 
 class WindowEnd(StrEnum):
@@ -62,6 +62,9 @@ class WindowEnd(StrEnum):
 
 
 GAP_EWMA_WEIGHT = 0.5  # weight of the newest gap: a session's rhythm follows its recent turns
+# Recorded sizes the tokens-per-byte ratio is the highest of: recent enough to follow a
+# change of workload, enough to cover its sessions' different templates and languages.
+TOKENS_PER_BYTE_WINDOW = 64
 
 
 @dataclass(slots=True, eq=False)
@@ -112,6 +115,7 @@ class SessionBook:
         self.windows: OrderedDict[str, SessionRecord] = OrderedDict()
         self.growth_observed = 0  # growth observations, and their sum in tokens
         self.growth_sum = 0
+        self._tokens_per_byte: deque[float] = deque(maxlen=TOKENS_PER_BYTE_WINDOW)
 
     # -- classification: every mutation is bracketed by _leave / _enter
 
@@ -204,10 +208,17 @@ class SessionBook:
             return 0
         return cdiv(self.growth_sum, self.growth_observed)
 
+    @property
+    def tokens_per_byte(self) -> float | None:
+        """The highest tokens-per-body-byte ratio of the recent recorded sizes; None before any."""
+        return max(self._tokens_per_byte, default=None)
+
     def _record_size(self, rec: SessionRecord, prompt_tokens: int | None, prompt_bound: int | None = None) -> None:
         """Record an admitted turn's prompt size; a size that differs from the last is a growth observation."""
         if not prompt_tokens:
             return
+        if prompt_bound is not None and body_bytes(prompt_bound) > 0:
+            self._tokens_per_byte.append(prompt_tokens / body_bytes(prompt_bound))
         if rec.prompt_tokens is not None and prompt_tokens != rec.prompt_tokens:
             rec.growth_tokens = max(0, prompt_tokens - rec.prompt_tokens)
             self.growth_observed += 1
@@ -238,6 +249,7 @@ class SessionBook:
             last_prompt_bound=rec.prompt_bound,
             mean_growth_tokens=self.mean_growth_tokens,
             prompt_bound_tokens=prompt_bound_tokens,
+            tokens_per_byte=self.tokens_per_byte,
         )
 
     def begin_attempt(self, key: str, attempt: object, now: float) -> tuple[SessionRecord, object | None]:

@@ -29,6 +29,7 @@ same functions in virtual time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -102,6 +103,9 @@ class GateView:
       time before a holder in a tool call comes back); None before any gap was seen.
     waited_sec: how long this attempt has been held so far.
     Only the contract policy's work-conserving rule reads the last three.
+    tokens_per_byte: the replica's recent highest ratio of a probed prompt's tokens to
+      its body's bytes (`SessionBook.tokens_per_byte`), None before any probe. The
+      work-conserving rule prices an unprobed turn with it (`estimated_prompt_tokens`).
     """
 
     anonymous: bool = False
@@ -118,6 +122,7 @@ class GateView:
     replica_idle_sec: float | None = None
     expected_gap_sec: float | None = None
     waited_sec: float = 0.0
+    tokens_per_byte: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +253,36 @@ def history_bound(view: GateView) -> int | None:
         return bound
     grown = view.last_prompt_tokens + max(0, bound - view.last_prompt_bound) + HISTORY_MARGIN_TOKENS
     return min(bound, grown)
+
+
+def estimated_prompt_tokens(view: GateView) -> int | None:
+    """The prompt's expected tokens, for the work-conserving rule's price: never above
+    `history_bound`, and at the replica's observed `tokens_per_byte` (the highest of its
+    recent probed turns) when there is one: the session's exact size on record plus its
+    body's growth since at that ratio, or, without history, its whole body at that ratio.
+
+    An estimate, not a bound: windows are priced at bounds (an under-priced window would
+    over-commit the cache), but a `work_conserving` admission holds no window, and its
+    rule is an economic judgment that a bound 2-5x the real prompt (a token per byte,
+    plus a template margin that a short prompt does not use) turns into a hold or a
+    probe it did not need (issue 9: 56 of 91 probed turns on the tiny real-vLLM model
+    went in work_conserving all the same).
+    """
+    bound = history_bound(view)
+    ratio = view.tokens_per_byte
+    if bound is None or ratio is None or view.prompt_bound_tokens is None:
+        return bound
+    if view.last_prompt_tokens is not None and view.last_prompt_bound is not None:
+        grown_bytes = max(0, view.prompt_bound_tokens - view.last_prompt_bound)
+        estimate = view.last_prompt_tokens + math.ceil(grown_bytes * ratio)
+    else:
+        estimate = math.ceil(body_bytes(view.prompt_bound_tokens) * ratio)
+    return min(bound, estimate)
+
+
+def body_bytes(prompt_bound_tokens: int) -> int:
+    """The body's JSON bytes behind a `prompt_token_bound`."""
+    return max(0, prompt_bound_tokens - TEMPLATE_MARGIN_TOKENS)
 
 
 def footprint_blocks(prefix: PrefixReading, usage: UsageReading, max_output_tokens: int, growth_tokens: int = 0) -> int:
@@ -481,26 +516,28 @@ def bounded_footprint(view: GateView, usage: UsageReading, knobs: GateSettings) 
     return footprint
 
 
-def bounded_work_conserving(view: GateView, usage: UsageReading, knobs: GateSettings) -> bool:
+def unprobed_work_conserving(view: GateView, usage: UsageReading, knobs: GateSettings) -> bool:
     """Whether a newcomer goes in `work_conserving` without a prefix probe: the rule
-    admits it even at its worst-case price (its prompt at `history_bound`, none of it
-    cached). Asking would only make it wait for the probe, which a CPU engine answers
+    admits it at its estimated price (its prompt at `estimated_prompt_tokens`, none of
+    it cached). Asking would only make it wait for the probe, which a CPU engine answers
     between two scheduler steps (issue 9: 20-500 ms, 85% of the gate's added wait on
-    the tiny real-vLLM model once holds were priced right). A window the exact price
-    might have given it is not worth that wait: it would protect a prefix whose
-    re-prefill costs less than holding the turn. (A turn whose upper bound fits a
+    the tiny real-vLLM model once holds were priced right), and load the server's API
+    process, which renders and tokenizes the whole chat for it (on the tiny model a
+    background prefix-probe load at the gate's rate cost sticky 1.10-1.28x). A window
+    the exact price might have given it is not worth that: it would protect a prefix
+    whose re-prefill costs less than holding the turn. (A turn whose upper bound fits a
     window gets one first: `bounded_footprint`.)
     """
     if view.has_window or not can_work_conserve(usage, knobs) or not usage.has_blocks:
         return False
-    bound = history_bound(view)
-    if bound is None:
+    tokens = estimated_prompt_tokens(view)
+    if tokens is None:
         return False
     assert usage.block_size  # has_blocks
-    blocks = cdiv(bound, usage.block_size)
-    worst = PrefixReading(total_blocks=blocks, hit_blocks=0, hit_ratio=0.0, total_tokens=bound)
+    blocks = cdiv(tokens, usage.block_size)
+    cold = PrefixReading(total_blocks=blocks, hit_blocks=0, hit_ratio=0.0, total_tokens=tokens)
     budget, usable = free_budget(view, usage, knobs), usable_blocks(usage, knobs)
-    at_risk = evicted_window_blocks(view, usage, worst, budget, usable) + blocks
+    at_risk = evicted_window_blocks(view, usage, cold, budget, usable) + blocks
     return work_conserving(view, usage, at_risk, knobs) is None
 
 
@@ -531,14 +568,14 @@ def contract_needs_prefix_probe(view: GateView, usage: UsageReading | None, knob
     A newcomer with named waiters ahead (it gets no window before them) only when the
     work-conserving rule could let it in (`can_work_conserve`). Not for a turn whose
     upper bound already fits (`bounded_footprint`: no pressure), nor for a newcomer
-    the rule admits even at its worst-case price (`bounded_work_conserving`), nor
+    the rule admits at its estimated price (`unprobed_work_conserving`), nor
     without block counts (the /metrics fallback: the seed policy decides).
     """
     if usage is None or view.anonymous:
         return False
     if not usage.has_blocks:
         return seed_needs_prefix_probe(view, usage, knobs)
-    if bounded_work_conserving(view, usage, knobs):
+    if unprobed_work_conserving(view, usage, knobs):
         return False
     if _behind(view):
         return can_work_conserve(usage, knobs)
@@ -566,8 +603,8 @@ def contract_decide(
     - A newcomer with named waiters ahead gets no window before them (windows go in
       FIFO order); it goes in `work_conserving` or waits (unprobed where the rule
       cannot admit it). A holder is decided on its merits, whatever waits.
-    - A newcomer that the work-conserving rule admits even at its worst-case price
-      goes in unprobed (`bounded_work_conserving`), unless its upper bound fits a
+    - A newcomer that the work-conserving rule admits at its estimated price goes
+      in unprobed (`unprobed_work_conserving`), unless its upper bound fits a
       window (`bounded_footprint`, checked first).
     - A holder that no longer fits waits as a newcomer (`Wait.drop_window`) unless
       it goes in `work_conserving`; a prompt that can never fit (its full blocks >
@@ -590,7 +627,7 @@ def contract_decide(
             footprint=bounded,
             reprice_above=reprice_threshold(usage, knobs),
         )
-    if bounded_work_conserving(view, usage, knobs):
+    if unprobed_work_conserving(view, usage, knobs):
         return Admit(AdmissionReason.WORK_CONSERVING)
     behind_why = f"behind {view.waiters_ahead} waiting sessions (first come, first served)"
     if behind and (prefix is None or not can_work_conserve(usage, knobs)):

@@ -84,14 +84,19 @@ async def test_burst_of_eight_on_a_cache_for_three_admits_three_and_holds_five(m
     assert {held[name]["cause"] for name in ("s4", "s5", "s6", "s7")} == {"behind_waiters"}
 
     # The oldest finishes its turn: its window stays (idle), so the head still does not fit.
+    # It decides again on its last prefix reading: hits only fall while a turn waits, so
+    # a reading that held it still does, and it is not probed again.
+    usage_calls = probe.usage_calls
     tasks["s0"].result().release()
-    await until(lambda: len(probe.prefix_calls) == 5, "the head to re-decide")
-    assert waiting(gate) == 5
-    # The oldest finishes its session: its 30 blocks come back, the head waiter is admitted.
+    await until(lambda: probe.usage_calls > usage_calls, "the head to re-decide")
+    await until(lambda: gate.state()["sessions"]["s3"]["held"] is not None, "the head to wait again")
+    assert waiting(gate) == 5 and len(probe.prefix_calls) == 4
+    # The oldest finishes its session: its 30 blocks come back. On its last reading the head
+    # would be admitted now, so it is priced on a fresh probe, and admitted.
     gate.finish_session("s0")
     lease = await admitted(tasks["s3"])
-    assert lease.reason == "contract_fits"
-    await until(lambda: len(probe.prefix_calls) == 7, "the next waiter to re-decide")  # woken by s3's admission
+    assert lease.reason == "contract_fits" and probe.prefix_calls == ["s0", "s1", "s2", "s3", "s3"]
+    await until(lambda: len(probe.prefix_calls) == 6, "the next waiter to re-decide")  # woken by s3's admission
     assert waiting(gate) == 4 and sum(task.done() for task in tasks.values()) == 4
     assert gate.state()["reserved"]["in_flight"] == ["s1", "s2", "s3"]
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from kvgate.gate.errors import AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
-from kvgate.gate.gate import Gate
+from kvgate.gate.gate import HELD_READING_MAX_AGE_SEC, Gate
 from tests.gate.helpers import CLEAN, FakeProbe, assert_clean, sample, settings, until
 
 HIGH = 0.9
@@ -127,11 +127,12 @@ async def test_release_wakes_one_waiter_in_arrival_order_not_a_herd(probe, metri
     tasks = [asyncio.create_task(gate.acquire(s, "chat", body(s))) for s in ("a", "b", "c")]
     await until(lambda: waiting(gate) == 3)
     assert probe.prefix_calls == ["a", "b", "c"]
-    holder.release()  # still under pressure: exactly the head re-evaluates
-    await until(lambda: len(probe.prefix_calls) == 4)
+    usage_calls = probe.usage_calls
+    holder.release()  # still under pressure: exactly the head re-evaluates (on its last reading: no probe)
+    await until(lambda: probe.usage_calls == usage_calls + 1)
     for _ in range(50):
         await asyncio.sleep(0)
-    assert probe.prefix_calls == ["a", "b", "c", "a"]
+    assert probe.usage_calls == usage_calls + 1 and probe.prefix_calls == ["a", "b", "c"]
     # pressure ends: an `open` admission wakes the head, each admitted waiter the next.
     probe.usage_value = LOW
     extra = await gate.acquire("x", "chat", body("x"))  # an open admission wakes the head ...
@@ -273,7 +274,8 @@ async def test_retry_storm_leaves_at_most_one_waiter(probe, metrics, clock):
     assert all(isinstance(t.exception(), AdmissionPreempted) for t in tasks[:-1])
     assert gate.state()["sessions"]["storm"]["num_preempted"] == 299
     assert sample(metrics, "kvgate_preempted_attempts_total", replica="r0") == 299
-    probe.set_prefix("storm", total=10, hit=10)
+    probe.set_prefix("storm", total=10, hit=10)  # its prefix became resident (shared with another session)
+    clock.advance(HELD_READING_MAX_AGE_SEC)  # its cold reading is too old to hold it on
     holder.release()  # a release wakes the head waiter: the newest attempt
     lease = await tasks[-1]
     assert lease.reason == "resident_prefix"
@@ -380,7 +382,8 @@ async def test_wait_poll_re_evaluates_without_any_wake(probe, metrics, clock):
     gate = make_gate(probe, metrics, clock, wait_poll_sec=0.01)
     probe.usage_value = HIGH
     task = asyncio.create_task(gate.acquire("cold", "chat", body("cold")))
-    await until(lambda: len(probe.prefix_calls) >= 3, "the waiter to poll")
+    await until(lambda: probe.usage_calls >= 3, "the waiter to poll")  # on its last reading: no new probe
+    assert probe.prefix_calls == ["cold"]
     probe.usage_value = LOW
     lease = await task
     assert lease.reason == "open"

@@ -509,9 +509,12 @@ VIEWS = [
     GateView(has_window=True, prompt_bound_tokens=600, older_window_blocks=40),
     GateView(prompt_bound_tokens=600, idle_window_blocks=60),
     GateView(prompt_bound_tokens=600, waiters_ahead=1),
-    # behind others and cheap enough to go in unprobed (bounded_work_conserving) under the
+    # behind others and cheap enough to go in unprobed (unprobed_work_conserving) under the
     # measured usage below
     GateView(prompt_bound_tokens=300, waiters_ahead=1, max_output_tokens=64),
+    # priced at an observed tokens-per-byte ratio (unprobed_work_conserving's estimate)
+    GateView(prompt_bound_tokens=1512, older_window_blocks=80, max_output_tokens=32, tokens_per_byte=0.25),
+    GateView(prompt_bound_tokens=1512, waiters_ahead=1, tokens_per_byte=0.25, last_prompt_tokens=100),
 ]
 USAGES = [
     None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.gate.book import SessionBook
+from kvgate.gate.book import TOKENS_PER_BYTE_WINDOW, SessionBook
 from kvgate.gate.policies import (
     CONTRACT,
     AdmissionReason,
@@ -14,12 +14,13 @@ from kvgate.gate.policies import (
     GateView,
     Wait,
     WaitCause,
-    bounded_work_conserving,
     contract_decide,
+    estimated_prompt_tokens,
     evicted_window_blocks,
     holding_cost_sec,
     quiet_lifetime,
     reprefill_sec,
+    unprobed_work_conserving,
     work_conserving,
 )
 from kvgate.gate.readings import PrefixReading, UsageReading
@@ -93,6 +94,32 @@ def test_a_session_without_a_gap_uses_the_replicas():
     _turn(book, "a", 3.0, 4.0)  # replica gap 2.0
     _turn(book, "b", 4.0, 5.0)  # b has no gap: 4 x 2.0
     assert book.records["b"].quiet_deadline == pytest.approx(13.0)
+
+
+def test_the_book_learns_the_highest_recent_tokens_per_byte():
+    """Every admitted turn with a prefix reading and a body bound records tokens per body
+    byte (bound - 512); the view carries the highest of the last 64, None before any."""
+    book = SessionBook(grace=60.0)
+    assert book.tokens_per_byte is None and book.view(None).tokens_per_byte is None
+
+    def probed_turn(key: str, tokens: int | None, bound: int | None) -> None:
+        attempt = _Attempt()
+        rec, _ = book.begin_attempt(key, attempt, 0.0)
+        book.admit(rec, attempt, "work_conserving", 0.0, prompt_tokens=tokens, prompt_bound=bound)
+        book.release(rec, 0.1, attempt)
+
+    probed_turn("a", None, 1512)  # not probed: nothing learned
+    probed_turn("a", 300, None)  # no bound (media): nothing learned
+    probed_turn("a", 100, 300)  # a body under the margin: no bytes to divide by
+    assert book.tokens_per_byte is None
+    probed_turn("a", 250, 1512)  # 1,000 bytes
+    probed_turn("b", 400, 1312)  # 800 bytes: the highest so far
+    probed_turn("c", 100, 1512)
+    assert book.tokens_per_byte == 0.5
+    assert book.view(book.records["c"], prompt_bound_tokens=1512).tokens_per_byte == 0.5
+    for _ in range(TOKENS_PER_BYTE_WINDOW - 1):  # b's reading is pushed out of the window
+        probed_turn("c", 100, 1512)
+    assert book.tokens_per_byte == 0.1
 
 
 # ------------------------------------------------------------ work-conserving
@@ -258,7 +285,7 @@ def test_a_cheap_newcomer_goes_in_without_a_probe():
         waiters_ahead=1,
     )
     for head_or_behind in (view, GateView(**{**_fields(view), "waiters_ahead": 0})):
-        assert bounded_work_conserving(head_or_behind, MEASURED, KNOBS)
+        assert unprobed_work_conserving(head_or_behind, MEASURED, KNOBS)
         assert not CONTRACT.needs_prefix_probe(head_or_behind, MEASURED, KNOBS)
         for prefix in (None, PROMPT):
             assert contract_decide(head_or_behind, MEASURED, prefix, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
@@ -272,8 +299,49 @@ def test_a_cheap_newcomer_goes_in_without_a_probe():
         ({}, UNMEASURED, KNOBS, False),
     ):
         other = GateView(**{**_fields(view), **changed})
-        assert not bounded_work_conserving(other, usage, knobs)
+        assert not unprobed_work_conserving(other, usage, knobs)
         assert CONTRACT.needs_prefix_probe(other, usage, knobs) is probed, changed
+
+
+@pytest.mark.parametrize(
+    ("changed", "tokens"),
+    [
+        ({}, 1512),  # no ratio observed yet: the bound (1,000 body bytes + a 512-token template margin)
+        ({"tokens_per_byte": 0.25}, 250),  # the body's 1,000 bytes at 0.25 tokens a byte
+        ({"tokens_per_byte": 2.0}, 1512),  # never above the bound
+        # history: 600 tokens at a 1,312-token bound (800 bytes): 200 bytes grown, 50 tokens
+        ({"tokens_per_byte": 0.25, "last_prompt_tokens": 600, "last_prompt_bound": 1312}, 650),
+        # the history bound (600 + 200 + 64) caps a ratio that would go above it
+        ({"tokens_per_byte": 1.5, "last_prompt_tokens": 600, "last_prompt_bound": 1312}, 864),
+        ({"tokens_per_byte": 0.25, "prompt_bound_tokens": None}, None),  # media: no bound, no estimate
+    ],
+)
+def test_estimated_prompt_tokens(changed, tokens):
+    view = GateView(**{**_fields(GateView(prompt_bound_tokens=1512)), **changed})
+    assert estimated_prompt_tokens(view) == tokens
+
+
+def test_a_newcomer_goes_in_unprobed_at_its_estimated_price():
+    """A newcomer at the head of the queue with no history: a 1,000-byte body, so its
+    prompt is at most 1,512 tokens (95 blocks of 16). At that worst case, + 2 output
+    blocks, 97 blocks to allocate: 16 spare beside the 80 in windows (96 usable), so
+    80 come out of them, and with its own 95, 175 blocks (175 ms at one block per ms)
+    are at risk against 160 ms of holding cost: held, so without a ratio it is probed.
+    The replica's prompts have run at most 0.25 tokens a byte: 250 tokens (16 blocks),
+    18 to allocate, 2 out of the windows, 18 ms at risk: admitted `work_conserving`
+    without a probe, whatever the probe would have said."""
+    view = GateView(older_window_blocks=80, max_output_tokens=32, prompt_bound_tokens=1512)
+    assert not unprobed_work_conserving(view, MEASURED, KNOBS)
+    assert CONTRACT.needs_prefix_probe(view, MEASURED, KNOBS)
+    estimated = GateView(**{**_fields(view), "tokens_per_byte": 0.25})
+    assert unprobed_work_conserving(estimated, MEASURED, KNOBS)
+    assert not CONTRACT.needs_prefix_probe(estimated, MEASURED, KNOBS)
+    for prefix in (None, PROMPT, PrefixReading(total_blocks=95, hit_blocks=0, hit_ratio=0.0, total_tokens=1512)):
+        assert contract_decide(estimated, MEASURED, prefix, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
+    # a holder is still probed: the exact price may keep its window
+    holder = GateView(**{**_fields(estimated), "has_window": True})
+    assert not unprobed_work_conserving(holder, MEASURED, KNOBS)
+    assert CONTRACT.needs_prefix_probe(holder, MEASURED, KNOBS)
 
 
 def _fields(view: GateView) -> dict:
