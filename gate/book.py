@@ -217,8 +217,9 @@ class SessionBook:
         """Record an admitted turn's prompt size; a size that differs from the last is a growth observation."""
         if not prompt_tokens:
             return
-        if prompt_bound is not None and body_bytes(prompt_bound) > 0:
-            self._tokens_per_byte.append(prompt_tokens / body_bytes(prompt_bound))
+        size = body_bytes(prompt_bound) if prompt_bound is not None else 0
+        if size > 0:
+            self._tokens_per_byte.append(prompt_tokens / size)
         if rec.prompt_tokens is not None and prompt_tokens != rec.prompt_tokens:
             rec.growth_tokens = max(0, prompt_tokens - rec.prompt_tokens)
             self.growth_observed += 1

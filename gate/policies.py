@@ -238,6 +238,11 @@ def prompt_token_bound(body_json: bytes) -> int | None:
     return len(body_json) + TEMPLATE_MARGIN_TOKENS
 
 
+def body_bytes(prompt_bound_tokens: int) -> int:
+    """The body's JSON bytes behind a `prompt_token_bound` (its inverse)."""
+    return max(0, prompt_bound_tokens - TEMPLATE_MARGIN_TOKENS)
+
+
 # Tokens a session's prompt may have gained since its last exact size beyond its body's
 # byte growth: the template markers of appended messages are fewer than the bytes of
 # their JSON wrappers, so this only covers small rewrites of earlier messages.
@@ -278,11 +283,6 @@ def estimated_prompt_tokens(view: GateView) -> int | None:
     else:
         estimate = math.ceil(body_bytes(view.prompt_bound_tokens) * ratio)
     return min(bound, estimate)
-
-
-def body_bytes(prompt_bound_tokens: int) -> int:
-    """The body's JSON bytes behind a `prompt_token_bound`."""
-    return max(0, prompt_bound_tokens - TEMPLATE_MARGIN_TOKENS)
 
 
 def footprint_blocks(prefix: PrefixReading, usage: UsageReading, max_output_tokens: int, growth_tokens: int = 0) -> int:

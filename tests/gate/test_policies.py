@@ -541,6 +541,19 @@ def test_decision_does_not_depend_on_a_prefix_probe_it_did_not_ask_for(policy):
 
 
 @pytest.mark.parametrize("policy", list(POLICIES.values()), ids=list(POLICIES))
+def test_fewer_hits_never_turn_a_wait_into_an_admission(policy):
+    """What the gate relies on to re-decide a held turn on its last reading (hits only fall
+    while a turn waits, HELD_READING_MAX_AGE_SEC): a prompt that waits with some of its
+    blocks resident also waits with fewer of them resident."""
+    for view, usage, prefix in itertools.product(VIEWS, USAGES, PREFIXES):
+        if prefix is None or not isinstance(policy.decide(view, usage, prefix, KNOBS), Wait):
+            continue
+        for hit in range(prefix.hit_blocks):
+            colder = PrefixReading(prefix.total_blocks, hit, hit / prefix.total_blocks, prefix.total_tokens)
+            assert isinstance(policy.decide(view, usage, colder, KNOBS), Wait), (view, usage, prefix, hit)
+
+
+@pytest.mark.parametrize("policy", list(POLICIES.values()), ids=list(POLICIES))
 def test_anonymous_never_holds_a_window(policy):
     for usage, prefix in itertools.product(USAGES, PREFIXES):
         decision = policy.decide(ANON, usage, prefix, KNOBS)
