@@ -1,6 +1,6 @@
 """Admission policies: pure functions from (gate view, readings, knobs) to a decision.
 
-A policy is two functions (DESIGN.md sections 2-4):
+A policy is two functions (docs/gate.md):
 
 - `needs_prefix_probe(view, usage, knobs) -> bool`: whether the gate must ask the
   prefix probe before deciding. The gate asks only when this says so, so the common
@@ -40,7 +40,7 @@ from kvgate.gate.settings import GateSettings
 
 
 class AdmissionReason(StrEnum):
-    """Why a turn was admitted. The values are part of the contract (SPEC.md, docs/gate.md):
+    """Why a turn was admitted. The values are part of the contract (docs/reference.md, Admission reasons):
     the `x-kvgate-admission` header and the `reason` label of `kvgate_admissions_total`."""
 
     OPEN = "open"
@@ -65,7 +65,7 @@ class WaitCause(StrEnum):
 
 
 class RejectCode(StrEnum):
-    """Why a turn was refused for good: the error `code` the client gets (SPEC.md)."""
+    """Why a turn was refused for good: the error `code` the client gets (docs/reference.md, Errors)."""
 
     PROMPT_TOO_LONG = "prompt_too_long"
 
@@ -441,7 +441,7 @@ def seed_needs_prefix_probe(view: GateView, usage: UsageReading | None, knobs: G
 def seed_decide(
     view: GateView, usage: UsageReading | None, prefix: PrefixReading | None, knobs: GateSettings
 ) -> Decision:
-    """DESIGN.md section 2's tree.
+    """The seed policy's decision tree (docs/gate.md).
 
     - usage unknown (probe failed): admit `open` (the probe error metric says why).
     - anonymous: below the watermark `anonymous`, at or above it wait; never a window.

@@ -1,6 +1,6 @@
 """The engine's measured speed, read from vLLM's own Prometheus counters in the API server.
 
-`GET /v1/kvgate/kv` reports two optional figures (SPEC.md section 6, docs/gate.md):
+`GET /v1/kvgate/kv` reports two optional figures (docs/reference.md, docs/gate.md):
 `prefill_tokens_per_sec` and `decode_step_sec`, the inputs of the gate's
 work-conserving rule. vLLM's API server process holds its request metrics in the
 prometheus-client registry (the ones `/metrics` serves), so the plugin reads them
