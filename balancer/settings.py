@@ -1,4 +1,4 @@
-"""The balancer's configuration (the `replicas` and `balancer` keys of docs/reference.md, Configuration), as frozen dataclasses.
+"""The balancer's configuration (`replicas` and `balancer` in docs/reference.md), as frozen dataclasses.
 
 Plain data with the documented defaults. `kvgate.proxy.settings.Settings` composes
 them into the whole configuration, and `kvgate.proxy.config` loads and validates them

@@ -1,4 +1,4 @@
-"""The gate's configuration (the `gate` and `ownership` keys of docs/reference.md, Configuration), as frozen dataclasses.
+"""The gate's configuration (`gate` and `ownership` in docs/reference.md), as frozen dataclasses.
 
 Plain data with the documented defaults. `kvgate.proxy.settings.Settings` composes
 them into the whole configuration, and `kvgate.proxy.config` loads and validates them;

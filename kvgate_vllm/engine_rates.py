@@ -13,9 +13,7 @@ in-process, no HTTP:
   `PREFILL_WINDOW_SEC`. The prefill time is `vllm:request_prefill_time_seconds`
   (sum) capped at the window's wall time: requests prefilled in one batch, or
   chunk by chunk beside others' decodes, each count the whole span, so their sum
-  over-counts the engine's time several times over under load (measured on vLLM
-  CPU: 214-345 tokens/s from the sum, against ~2,400 tokens/s of batched
-  re-prefill), and the gate would over-price re-prefill and hold turns that cost
+  over-counts the engine's time several times over under load, and the gate would over-price re-prefill and hold turns that cost
   it more to hold. Capped, the figure is still a lower bound (the window also holds
   decode-only time), so the gate errs towards holding. The window is long against
   one request's prefill because the counters move when a prefill ends: a short

@@ -62,7 +62,7 @@ class AdminApi:
             self.finish_session(decode_path_segment(parts[1]), responder)
         else:
             send_error(
-                responder, 404, f"unknown admin route {method} {request.path}; see docs/reference.md, Admin API", "unknown_route"
+                responder, 404, f"unknown admin route {method} {request.path}; see docs/reference.md", "unknown_route"
             )
 
     def finish_session(self, raw_id: str, responder: Responder) -> None:
