@@ -6,8 +6,8 @@ in the steps that compute them, not a request's prefill time: batched into a ste
 beside other requests' decodes, a re-prefill adds its tokens' compute, not another
 step. vLLM's request counters cannot tell the two apart (on a small model they
 report several times fewer tokens per second than a longer prompt really costs, and
-the gate would hold turns whose re-prefill is nearly free). So the engine plugin times every scheduler step and records how many
-tokens it scheduled (`StepLog`), and `marginal_token_sec` fits
+the gate would hold turns whose re-prefill is nearly free). So the engine plugin
+times every scheduler step and records how many tokens it scheduled (`StepLog`), and `marginal_token_sec` fits
 step seconds = overhead + tokens x marginal seconds per token by least squares.
 """
 
