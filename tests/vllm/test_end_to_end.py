@@ -24,9 +24,10 @@ Two assertions, from vLLM's own counters and the client's clock:
 - the makespan, summed over the rounds, is at most ``MAX_MAKESPAN_VS_DIRECT`` x the
   direct one. The aim is 1.1x; held turns can still wait seconds before going in
   `work_conserving` on a CPU engine, so the bound asserted is 1.25x. A gate that holds
-  sessions back for a window that outlives them fails this by minutes. Each run is tens of seconds of prefill-bound work, the
-  server is warmed up first and the rounds interleave, so fixed overheads (HTTP, the
-  proxy) and bursts of other load on the machine stay well below the margin.
+  sessions back for a window that outlives them fails this by minutes. Each run is
+  tens of seconds of prefill-bound work, the server is warmed up first and the rounds
+  interleave, so fixed overheads (HTTP, the proxy) and bursts of other load on the
+  machine stay well below the margin.
 Run with ``-s`` to see the numbers.
 """
 
