@@ -24,7 +24,7 @@ def test_regime_preset_with_overrides():
             "--idle-grace-sec",
             "7",
             "--modes",
-            "sticky,kvgate-contract",
+            "sticky,kvgate-working_set",
             "--shared-system-prompt",
             "yes",
         )
@@ -34,8 +34,8 @@ def test_regime_preset_with_overrides():
     assert plan.workload.spec.shared_system_prompt is True
     assert plan.workload.spec.tool_result_words_min == REGIMES["thrash"].workload.tool_result_words_min
     assert plan.shape.num_blocks == 99 and plan.shape.block_size == REGIMES["thrash"].shape.block_size
-    assert plan.gate_knobs["idle_grace_sec"] == 7.0
-    assert plan.modes == ("sticky", "kvgate-contract")
+    assert plan.gate_settings["idle_grace_sec"] == 7.0
+    assert plan.modes == ("sticky", "kvgate-working_set")
 
 
 @pytest.mark.parametrize(
@@ -80,7 +80,9 @@ def test_token_scale_rescales_the_trace_and_the_replicas():
     coarse, _ = build_plan(parse("--regime", "trace-8b", "--sessions", "4", "--token-scale", "16"))
     fine, _ = build_plan(parse("--regime", "trace-8b", "--sessions", "4", "--token-scale", "4"))
     assert fine.shape.num_blocks == pytest.approx(4 * coarse.shape.num_blocks, rel=0.01)
-    assert len(fine.workload.sessions[0].system_prompt.split()) == 4 * len(coarse.workload.sessions[0].system_prompt.split())
+    assert len(fine.workload.sessions[0].system_prompt.split()) == 4 * len(
+        coarse.workload.sessions[0].system_prompt.split()
+    )
 
 
 def test_cost_preset_applies_to_any_regime_and_trace_options_need_a_trace(capsys):
