@@ -8,7 +8,7 @@ answer (proxy.relay).
 Invariants:
 - The request body (read whole and bounded by the server) is parsed once.
 - An admitted request's place in `replica.in_flight` and its lease are held by one
-  `proxy.turn_hold.holding` block: given back exactly once when the relay ends
+  `proxy.turn_hold.Hold` block: given back exactly once when the relay ends
   (response fully written, client gone, or upstream failed).
 - A client that disconnects cancels the handler: a pending acquire is cancelled, an
   upstream request is closed at once (its connection is dropped, never pooled, so
@@ -39,7 +39,7 @@ from kvgate.proxy.session_id import resolve_session_id, split_body_fields
 from kvgate.proxy.session_tracker import SessionEntry, SessionTracker
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, with_session_header
-from kvgate.proxy.turn_hold import TurnAdmission, TurnLease, holding
+from kvgate.proxy.turn_hold import Hold, TurnAdmission, TurnLease
 from kvgate.proxy.turn_route import Failure, Resend, after_failure, pinned_replica
 from kvgate.proxy.upstream import (
     CONNECT_ERRORS,
@@ -174,7 +174,7 @@ class Forwarder:
 
     async def _run(self, turn: Turn) -> None:
         """Route, admit, open, relay. A turn is re-sent at most once per kind of failure
-        (proxy.turn_route); its place and lease on a replica are held by one `holding`
+        (proxy.turn_route); its place and lease on a replica are held by one `Hold`
         block, so every way out of it gives them back exactly once."""
         kind = turn.route.kind
         replica = pinned_replica(turn.entry) or self.balancer.choose(turn.session_id)
@@ -193,7 +193,7 @@ class Forwarder:
                         continue
                 self._refuse(turn, replica, lease)
                 return
-            with holding(replica, lease) as held:
+            with Hold(replica, lease) as held:
                 try:
                     upstream = await self.clients.for_replica(replica).request(
                         turn.route.method, turn.target, turn.headers, turn.raw

@@ -1,7 +1,7 @@
 """What one admitted request holds while it runs: a place in its replica's in-flight
 count and the gate's lease, taken together and given back together.
 
-Invariant: `holding(replica, lease)` adds one to `replica.in_flight` on entry; the
+Invariant: `with Hold(replica, lease)` adds one to `replica.in_flight` on entry; the
 place and the lease are given back exactly once, by the first `release()` or else on
 leaving the block, whichever way it is left (answer relayed, upstream failed, client
 gone, task cancelled). `served` says whether a prompt was served: a lease given back
@@ -10,8 +10,8 @@ unserved ends the window its admission opened (gate.gate.Lease.release).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from types import TracebackType
 from typing import Protocol
 
 from kvgate.balancer import Replica
@@ -39,8 +39,9 @@ class TurnAdmission(Protocol):
     def finish_session(self, session_id: str) -> None: ...
 
 
-class Held:
-    """A request's place on its replica and its lease, until `release()`."""
+class Hold:
+    """A request's place on its replica and its lease, until `release()` or the end of
+    the `with` block (a class, not a generator: it is on every request's path)."""
 
     __slots__ = ("replica", "lease", "served", "_released")
 
@@ -51,9 +52,13 @@ class Held:
         self._released = False
         replica.in_flight += 1
 
-    @property
-    def released(self) -> bool:
-        return self._released
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.release()
 
     def release(self) -> None:
         """Give back the place and the lease; only the first call does anything."""
@@ -62,13 +67,3 @@ class Held:
         self._released = True
         self.replica.in_flight -= 1
         self.lease.release(served=self.served)
-
-
-@contextmanager
-def holding(replica: Replica, lease: TurnLease) -> Iterator[Held]:
-    """Hold a place on `replica` and `lease` for the block; released when it is left."""
-    held = Held(replica, lease)
-    try:
-        yield held
-    finally:
-        held.release()

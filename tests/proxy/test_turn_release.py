@@ -19,7 +19,7 @@ from kvgate.gate.admission import AdmissionController
 from kvgate.gate.errors import AdmissionPreempted, ReplicaUnavailable
 from kvgate.gate.settings import GateSettings
 from kvgate.proxy.metrics import KvgateMetrics
-from kvgate.proxy.turn_hold import holding
+from kvgate.proxy.turn_hold import Hold
 from kvgate.proxy.turn_route import AfterFailure, Failure, Resend, after_failure
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -262,10 +262,10 @@ class Lease:
 
 @pytest.mark.parametrize("release_inside", [False, True])
 @pytest.mark.parametrize("raises", [None, RuntimeError, asyncio.CancelledError])
-def test_holding_gives_back_exactly_once(release_inside, raises):
+def test_hold_gives_back_exactly_once(release_inside, raises):
     replica, lease = Place(), Lease()
     try:
-        with holding(replica, lease) as held:  # type: ignore[arg-type]
+        with Hold(replica, lease) as held:  # type: ignore[arg-type]
             assert replica.in_flight == 1
             held.served = True
             if release_inside:
