@@ -16,7 +16,7 @@ import pytest
 from scripted_server import ScriptedServer
 
 from kvgate.gate.admission import AdmissionController
-from kvgate.gate.errors import AdmissionPreempted, ReplicaUnavailable
+from kvgate.gate.errors import AdmissionSuperseded, ReplicaUnavailable
 from kvgate.gate.settings import GateSettings
 from kvgate.proxy.metrics import KvgateMetrics
 from kvgate.proxy.turn_hold import Hold
@@ -206,7 +206,7 @@ async def test_client_disconnect_while_waiting_for_admission(gated, upstreams):
 
 async def test_admission_refused_holds_nothing(gated, upstreams):
     client, admission = gated
-    superseded = AdmissionPreempted("a newer attempt of this session arrived")
+    superseded = AdmissionSuperseded("a newer attempt of this session arrived")
     admission.refuse = {"r0": [superseded], "r1": [superseded]}
     resp = await client.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "p"})
     assert resp.status == 409
