@@ -88,9 +88,8 @@ MIN_WAIT_SEC = 0.001  # a waiter never spins, whatever the settings or the clock
 # hits only fall while it waits (its blocks are evicted; another session computing a
 # shared prefix is the exception), and fewer hits never turn a Wait into an Admit in
 # either policy, so a reading that holds it still does; one that would admit it is
-# confirmed by a fresh probe. Each wake otherwise cost a probe: on the prefill-bound
-# real-vLLM model 735 prefix probes for 186 turns, rendered and tokenized on the API
-# server the turns share. The age bound notices a shared prefix that became resident.
+# confirmed by a fresh probe. Otherwise each wake costs a probe, rendered and tokenized
+# on the API server the turns share, several per turn. The age bound notices a shared prefix that became resident.
 HELD_READING_MAX_AGE_SEC = 1.0
 # Route kinds that carry a prompt. Anything else (GET /v1/models) never touches the
 # session books: it neither opens nor renews a window.

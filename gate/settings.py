@@ -1,6 +1,6 @@
-"""The gate's configuration (SPEC.md section 3: the `gate` and `ownership` keys), as frozen dataclasses.
+"""The gate's configuration (`gate` and `ownership` in docs/reference.md), as frozen dataclasses.
 
-Plain data with the defaults SPEC.md gives. `kvgate.proxy.settings.Settings` composes
+Plain data with the documented defaults. `kvgate.proxy.settings.Settings` composes
 them into the whole configuration, and `kvgate.proxy.config` loads and validates them;
 the gate itself never reads a file or the environment.
 """

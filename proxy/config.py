@@ -117,7 +117,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
 }
 
 
-# YAML 1.1 reads a bare `off` as the boolean false; SPEC.md spells the value `off`.
+# YAML 1.1 reads a bare `off` as the boolean false; the documented value is the word `off`.
 YAML_BOOL_WORDS: dict[str, dict[bool, str]] = {"gate.mode": {False: "off"}}
 
 

@@ -1,6 +1,6 @@
 """One benchmark invocation: every requested mode on the same workload, each on fresh replicas.
 
-Modes (SPEC.md section 8):
+Modes:
 - `direct`: no proxy; session i goes to replica i mod R (round-robin);
 - `sticky`: kvgate with `gate.mode: off` (sticky routing only);
 - `kvgate-watermark`: kvgate enforcing the watermark policy;
@@ -65,6 +65,8 @@ class RunPlan:
     request_timeout_s: float = 300.0
     sample_interval_s: float = 1.0
     api: str = "chat"  # the client API every turn speaks (bench.agentic.apis)
+    cost_preset: str | None = None  # the replicas' cost preset (simulator/cost_presets.py), if any
+    token_scale: float = 1.0  # one workload token stands for this many (trace regimes)
 
     @property
     def block_size(self) -> int:
