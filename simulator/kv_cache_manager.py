@@ -70,17 +70,17 @@ class KVCacheManager:
 
     # -- lookups (no side effects) ---------------------------------------------------
 
-    def find_longest_cache_hit(self, block_hashes: list[int], max_length: int) -> list[KVCacheBlock]:
-        hits = []
-        get = self.block_pool.cached_block_hash_to_block.get
-        for block_hash in block_hashes[: max_length // self.block_size]:
-            block = get(block_hash)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
+    def find_longest_cache_hit(self, block_hashes: Sequence[int], max_length: int) -> list[KVCacheBlock]:
+        """The cached blocks of the longest prefix of `block_hashes` within `max_length` tokens."""
+        # One lookup per block in C (map), then cut at the first miss: the same blocks a
+        # loop that stops at the first miss finds, several times faster on long prompts.
+        found = list(map(self.block_pool.cached_block_hash_to_block.get, block_hashes[: max_length // self.block_size]))
+        try:
+            return found[: found.index(None)]  # type: ignore[return-value]  # the prefix before the miss has no None
+        except ValueError:
+            return found  # type: ignore[return-value]  # no miss: every entry is a block
 
-    def probe_prefix(self, block_hashes: list[int], num_tokens: int) -> PrefixProbe:
+    def probe_prefix(self, block_hashes: Sequence[int], num_tokens: int) -> PrefixProbe:
         hits = self.find_longest_cache_hit(block_hashes, num_tokens)
         in_use = sum(1 for block in hits if block.ref_cnt > 0)
         return PrefixProbe(
