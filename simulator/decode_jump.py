@@ -125,4 +125,3 @@ def decode_context_tokens(scheduler: Scheduler) -> int:
     """KV tokens the next stable step reads (its `num_context_tokens`); each later
     stable step reads one more per running request."""
     return sum(request.num_computed_tokens + 1 for request in scheduler.running)
-

@@ -143,11 +143,13 @@ class KVCacheManager:
         end = min(num_computed_tokens // self.block_size, len(request.block_hashes))
         if end <= start:
             return
-        blocks = self.req_to_blocks[rid]
-        hashes = request.block_hashes
-        cache = self.block_pool.cache_full_block
-        for index in range(start, end):
-            cache(blocks[index], hashes[index])
+        cached = self.block_pool.cached_block_hash_to_block
+        # BlockPool.cache_full_block's rule, inlined: this runs for every block of every
+        # prompt (a prompt's hit blocks are already registered and skipped).
+        for block, block_hash in zip(self.req_to_blocks[rid][start:end], request.block_hashes[start:end]):
+            if block.block_hash is None and block_hash not in cached:
+                block.block_hash = block_hash
+                cached[block_hash] = block
         self.num_cached_blocks[rid] = end
 
     def free(self, request: SimRequest) -> None:

@@ -164,7 +164,7 @@ def format_sweep(sweep: dict[int, dict[str, dict]], p95_target_s: float | None) 
     answer = sweep_answer(sweep, p95_target_s)
     if answer:
         lines.append("")
-        for policy, replicas in answer.items():
-            verdict = f"{replicas} replicas" if replicas is not None else "more replicas than swept"
+        for policy, needed in answer.items():
+            verdict = f"{needed} replicas" if needed is not None else "more replicas than swept"
             lines.append(f"- {policy}: turn p95 <= {p95_target_s:g} s needs {verdict}")
     return "\n".join(lines) + "\n"

@@ -217,7 +217,11 @@ class _Cluster:
             outcome = None
             for attempt in range(1, MAX_ATTEMPTS + 1):
                 request = SessionRequest(
-                    f"{session.session_id}-{k + 1}-{attempt}", session.sequence_id, prompt, reply, size,
+                    f"{session.session_id}-{k + 1}-{attempt}",
+                    session.sequence_id,
+                    prompt,
+                    reply,
+                    size,
                     session.shared_prefix,
                 )
                 body = TurnBody(request, session.body_bytes[k], reply)

@@ -89,7 +89,9 @@ def sessions_of(workload: Workload) -> list[SessionTokens]:
             replies.append(_reply_text(prompt, reply))
         latencies = tuple(turn.tool_latency_s for turn in session.turns)
         out.append(
-            SessionTokens(session.index, session.session_id, (0, shared), tuple(prompts), tuple(sizes), latencies, reply)
+            SessionTokens(
+                session.index, session.session_id, (0, shared), tuple(prompts), tuple(sizes), latencies, reply
+            )
         )
     return out
 
