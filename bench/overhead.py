@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from kvgate.bench.checkout import import_tree, package_dirs
-from kvgate.gate.policies import POLICIES
+from kvgate.gate.policies.registry import POLICIES
 from kvgate.gate.settings import GateSettings
 
 DEFAULT_CONCURRENCY = (1, 64, 256)
@@ -79,7 +79,7 @@ def add_command(subparsers) -> None:
         default=GateSettings().policy,
         choices=sorted(POLICIES),
         help=f"kvgate's gate.policy for the proxied runs (default {GateSettings().policy}: "
-        "contract probes every named turn's prefix, seed only above the watermark)",
+        "working_set probes every named turn's prefix, watermark only above the watermark)",
     )
     parser.add_argument(
         "--baseline-repo",

@@ -1,16 +1,18 @@
 """One replica's admission gate: the asyncio shell around a policy and a SessionBook.
 
 `Gate.acquire(session_key, route_kind, body)` returns a `Lease` or raises an
-`AdmissionError`. Per attempt it loops: read usage (shared, cached), ask the prefix
-probe only if the policy needs it, decide, then admit, reject, or wait in FIFO order
-until woken and decide again. The shell carries out what the decision says (window,
+`AdmissionError`. Per attempt it loops: read usage (shared, cached), build the view
+the policy reads (`TurnFacts`), decide without a prefix reading; on `ProbeFirst` ask
+the prefix probe and decide again with its answer (`Policy.decide_read`: never
+ProbeFirst twice); then admit, reject, or wait in FIFO order until woken and decide
+again. The shell carries out what the decision says (window,
 footprint, repricing, wake-ups: the fields of `Admit`, `Wait`, `Reject`) and infers
 no policy meaning of its own.
 
 Invariants (each has a test):
 - Every lease is counted until released; `Lease.release()` is idempotent.
 - A session has at most one attempt acquiring: a newer attempt aborts the older one,
-  which raises `AdmissionPreempted` at its next checkpoint (before and after each
+  which raises `AdmissionSuperseded` at its next checkpoint (before and after each
   probe, and on waking); so a retry storm leaves at most one waiter per session.
 - Cancelling an acquire (client disconnect) leaves no waiter, attempt or lease.
 - A held turn re-decides on its last prefix reading while it is younger than
@@ -24,7 +26,7 @@ Invariants (each has a test):
   wake-up is ever needed for liveness. A waiter whose last Wait set `wake_on_release`
   (one behind others the work-conserving rule may let in) is also woken whenever
   blocks are freed, not only when it heads the queue.
-- The policy sees how many named waiters are ahead of the attempt (the contract
+- The policy sees how many named waiters are ahead of the attempt (the working_set
   policy gives newcomers windows in strict FIFO order) and the request's output allowance,
   read once from the body.
 - A `Wait(drop_window=True)` takes the session's window back before it waits; so does
@@ -53,44 +55,41 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 import orjson
 from prometheus_client import Counter, Histogram
 
 from kvgate.gate.book import SessionBook, SessionRecord, WindowEnd
-from kvgate.gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from kvgate.gate.errors import AdmissionError, AdmissionSuperseded, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.observations import reprefill_tokens
-from kvgate.gate.policies import (
+from kvgate.gate.policies.registry import Policy, get_policy
+from kvgate.gate.policies.request_body import output_allowance, prompt_token_bound
+from kvgate.gate.policies.vocabulary import (
+    PREFIX_UNAVAILABLE,
     AdmissionReason,
     Admit,
     Decision,
-    GateView,
-    Policy,
+    ProbeFirst,
     Reject,
     Wait,
-    get_policy,
-    output_allowance,
-    prompt_token_bound,
-    window_footprint,
 )
 from kvgate.gate.probe import Probe
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.route_prompts import body_holds_prompt
 from kvgate.gate.settings import GateSettings
+from kvgate.gate.turn_facts import TurnFacts
 
 Clock = Callable[[], float]
 MODES = ("enforce", "shadow", "off")
-MIN_WAIT_SEC = 0.001  # a waiter never spins, whatever the knobs or the clock say
+MIN_WAIT_SEC = 0.001  # a waiter never spins, whatever the settings or the clock say
 # How long a held turn re-decides on its last prefix reading instead of a new probe. Its
 # hits only fall while it waits (its blocks are evicted; another session computing a
 # shared prefix is the exception), and fewer hits never turn a Wait into an Admit in
 # either policy, so a reading that holds it still does; one that would admit it is
-# confirmed by a fresh probe. Each wake otherwise cost a probe: on the prefill-bound
-# real-vLLM model 735 prefix probes for 186 turns, rendered and tokenized on the API
-# server the turns share. The age bound notices a shared prefix that became resident.
+# confirmed by a fresh probe. Otherwise each wake costs a probe, rendered and tokenized
+# on the API server the turns share, several per turn. The age bound notices a shared prefix that became resident.
 HELD_READING_MAX_AGE_SEC = 1.0
 # Route kinds that carry a prompt. Anything else (GET /v1/models) never touches the
 # session books: it neither opens nor renews a window.
@@ -195,10 +194,10 @@ class Gate:
         self._wait_hist = metrics.admission_wait.labels(name)
         self._pending_gauge = metrics.pending_sessions.labels(name)
         self._window_gauges = (
-            metrics.reserved_sessions.labels(name, "in_flight"),
-            metrics.reserved_sessions.labels(name, "idle"),
+            metrics.windows.labels(name, "in_flight"),
+            metrics.windows.labels(name, "idle"),
         )
-        self._preempted = metrics.preempted_attempts.labels(name)
+        self._superseded = metrics.superseded_attempts.labels(name)
         self._published = (-1, -1)
         self._changed_at = float("-inf")  # last release, finish or expiry that may free blocks
         self._retry_after = max(1, math.ceil(settings.wait_poll_sec))
@@ -233,7 +232,7 @@ class Gate:
         if session_key is not None:
             record, previous = self._book.begin_attempt(session_key, attempt, start)
             if isinstance(previous, Attempt):  # the book keeps this gate's attempts
-                self._preempt(previous)
+                self._supersede(previous)
         self._attempts[attempt] = None
         deadline = start + self._max_wait if self._max_wait is not None else None
         newer_than: float | None = None  # a re-evaluation needs usage read after the last release
@@ -245,20 +244,23 @@ class Gate:
                 usage = await self.probe.usage(newer_than)
                 attempt.checkpoint()
                 view = self._view(record, attempt, allowance, bound, usage, start)
-                decision, prefix = None, None
-                if self.policy.needs_prefix_probe(view, usage, self.settings):
+                prefix: PrefixReading | None = None
+                first = self.policy.decide(view, usage, None, self.settings)
+                if isinstance(first, ProbeFirst):
+                    decision: Decision | None = None
                     if held_on is not None and self._now() - held_on_at < HELD_READING_MAX_AGE_SEC:
                         # a held turn decides again on its recent reading first (see HELD_READING_MAX_AGE_SEC)
-                        decision = self.policy.decide(view, usage, held_on, self.settings)
+                        decision = self.policy.decide_read(view, usage, held_on, self.settings)
                     if not isinstance(decision, Wait):
                         prefix = await self.probe.prefix(route_kind, body)
                         attempt.checkpoint()
                         # windows may have changed during the probe
                         view = self._view(record, attempt, allowance, bound, usage, start)
-                        decision = self.policy.decide(view, usage, prefix, self.settings)
+                        answer = PREFIX_UNAVAILABLE if prefix is None else prefix
+                        decision = self.policy.decide_read(view, usage, answer, self.settings)
                         held_on, held_on_at = prefix, self._now()
                 else:
-                    decision = self.policy.decide(view, usage, None, self.settings)
+                    decision = first
                 tokens = prefix.total_tokens if prefix is not None else None
                 if (
                     prefix is not None
@@ -320,7 +322,10 @@ class Gate:
         prefix = await self.probe.prefix(route_kind, body)
         if prefix is None or not prefix.total_tokens:
             return
-        footprint = max(window_footprint(self._book.view(record, allowance), usage, prefix, self.settings), 0)
+        price = self.policy.price
+        assert price is not None, f"policy {self.policy.name} priced a window at a bound but cannot reprice it"
+        facts = TurnFacts(self._book, record, allowance, bound, lambda: 0, usage, self._now(), self._now())
+        footprint = max(price(self.policy.view(facts), usage, prefix, self.settings), 0)
         if self._book.reprice(record, footprint, prefix.total_tokens, bound):
             self._blocks_freed(self._now())
             self._publish_windows()
@@ -331,19 +336,14 @@ class Gate:
         attempt: Attempt,
         allowance: int,
         bound: int | None,
-        usage: UsageReading | None = None,
-        start: float | None = None,
-    ) -> GateView:
-        view = self._book.view(record, allowance, self._waiters_ahead(attempt), bound)
-        if record is None or start is None:
-            return view
-        now = self._now()
-        idle_since = self._book.idle_since_replica
-        engine_busy = usage is not None and bool(usage.num_running or usage.num_waiting)
-        idle = None if idle_since is None or engine_busy else max(0.0, now - idle_since)
-        return replace(
-            view, replica_idle_sec=idle, expected_gap_sec=self._book.replica_gap_ewma, waited_sec=max(0.0, now - start)
+        usage: UsageReading | None,
+        start: float,
+    ) -> Any:
+        """The view the policy reads, built from this turn's facts (`TurnFacts`)."""
+        facts = TurnFacts(
+            self._book, record, allowance, bound, lambda: self._waiters_ahead(attempt), usage, self._now(), start
         )
+        return self.policy.view(facts)
 
     def _waiters_ahead(self, attempt: Attempt) -> int:
         """Named waiters queued before `attempt` (all of them if it is not queued). O(queue)."""
@@ -491,7 +491,7 @@ class Gate:
         self._purge(self._now())
 
     def _leave_queue(self, attempt: Attempt) -> None:
-        """A waiter leaves without a lease (cancelled, preempted, timed out, rejected)."""
+        """A waiter leaves without a lease (cancelled, superseded, timed out, rejected)."""
         was_head = next(iter(self._queue), None) is attempt
         self._dequeue(attempt)
         if was_head and self._queue:
@@ -509,15 +509,15 @@ class Gate:
                 event.set()
                 return
 
-    def _preempt(self, previous: Attempt) -> None:
-        previous.abort = AdmissionPreempted(
+    def _supersede(self, previous: Attempt) -> None:
+        previous.abort = AdmissionSuperseded(
             "a newer request of the same session arrived while this one waited for admission; "
             "only the newest attempt of a session is served"
         )
         if previous.queued:
             self._leave_queue(previous)
         previous.wake()
-        self._preempted.inc()
+        self._superseded.inc()
 
     # ------------------------------------------------------------- windows/leases
 
@@ -547,7 +547,7 @@ class Gate:
                 waiter.wake()
 
     def _drop_window(self, record: SessionRecord | None, cause: WindowEnd = WindowEnd.LOST) -> None:
-        """Take a session's window back (contract: it no longer fits, or its prompt never will)."""
+        """Take a session's window back (working_set: it no longer fits, or its prompt never will)."""
         if record is None:
             return
         now = self._now()
@@ -577,10 +577,10 @@ class Gate:
             self._blocks_freed(now)
 
     def _session_ended(self, record: SessionRecord) -> None:
-        self._metrics.session_preemptions.observe(record.num_preempted)
+        self._metrics.session_supersessions.observe(record.num_superseded)
 
     def _publish_windows(self) -> None:
-        """Publish the window gauges (`kvgate_reserved_sessions`) and count the windows ended since the last call."""
+        """Publish the window gauges (`kvgate_windows`) and count the windows ended since the last call."""
         if self._book._new_window_ends:
             for cause in self._book.take_window_ends():
                 self._window_ends[cause].inc()
@@ -637,7 +637,7 @@ class Gate:
         self._purge(self._now())
         return {
             "leases": self._book.leases,
-            "reservations": self._book.windows_in_flight + self._book.windows_idle,
+            "windows": self._book.windows_in_flight + self._book.windows_idle,
             "waiters": len(self._queue),
             "attempts": len(self._attempts),
             "sessions": len(self._book.records),
@@ -655,10 +655,10 @@ class Gate:
         for key, rec in self._book.records.items():
             sessions[key] = {
                 "reasons": dict(rec.reasons),
-                "num_preempted": rec.num_preempted,
+                "num_superseded": rec.num_superseded,
                 "windows_lost": rec.windows_lost,
                 "in_flight": rec.in_flight,
-                "reserved": rec.has_window,
+                "has_window": rec.has_window,
                 "resident_blocks": rec.footprint,
                 "growth_tokens": rec.growth_tokens,
                 "idle_sec": round(now - rec.idle_since, 3) if rec.is_idle else None,
@@ -679,7 +679,7 @@ class Gate:
             "policy": self.policy.name,
             "closed": self._closed is not None,
             "leases": self._book.leases,
-            "reserved": {"in_flight": in_flight, "idle": idle},
+            "windows": {"in_flight": in_flight, "idle": idle},
             "window_blocks": self._book.window_blocks,
             "pending": pending,
             "pending_anonymous": anonymous_waiting,

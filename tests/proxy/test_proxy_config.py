@@ -11,7 +11,7 @@ import pytest
 from kvgate.balancer.balancer import ALGORITHMS
 from kvgate.balancer.settings import ReplicaSettings
 from kvgate.gate.gate import MODES
-from kvgate.gate.policies import POLICIES
+from kvgate.gate.policies.registry import POLICIES
 from kvgate.proxy.config import ConfigError, load_settings, settings_from_dict
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import ROLES
@@ -163,6 +163,12 @@ def test_choices_are_the_registries(section, key, registry):
             assert not [p for p in exc.problems if p.startswith(f"{path}: must be one of")], name
     [problem] = [p for p in problems_of(data("no-such-choice")) if p.startswith(path + ":")]
     assert problem.startswith(f"{path}: must be one of {', '.join(registry)},")
+
+
+@pytest.mark.parametrize("old,new", [("seed", "watermark"), ("contract", "working_set")])
+def test_a_renamed_policy_is_refused_naming_the_new_one(old, new):
+    [problem] = [p for p in problems_of({"gate": {"policy": old}}) if p.startswith("gate.policy:")]
+    assert f"renamed: write {new!r}" in problem
 
 
 def test_all_problems_are_reported_at_once():
