@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from kvgate.bench.agentic.regimes import REGIMES
-from kvgate.bench.agentic.workload import generate_workload
+from kvgate.bench.agentic.workload import WorkloadSpec, generate_workload
 from kvgate.simulator.cluster.plots import write_sweep_plot, write_timeline_plot
 from kvgate.simulator.cluster.presets import CLUSTER_PRESETS, ClusterPreset
 from kvgate.simulator.cluster.report import format_sweep, format_table, summarize
@@ -26,7 +26,7 @@ from kvgate.simulator.config import ConfigError, CostModel, EngineConfig
 
 
 def _regime_names() -> list[str]:
-    return [*CLUSTER_PRESETS, *REGIMES]
+    return [*CLUSTER_PRESETS, *(name for name, regime in REGIMES.items() if isinstance(regime.workload, WorkloadSpec))]
 
 
 def add_cluster_command(sim_subparsers) -> None:
@@ -81,6 +81,7 @@ def _preset(args) -> ClusterPreset:
     if preset is not None:
         return preset
     regime = REGIMES[args.regime]
+    assert isinstance(regime.workload, WorkloadSpec)  # _regime_names offers no other
     shape = regime.shape
     engine = EngineConfig(
         shape.num_blocks, shape.block_size, shape.max_num_seqs, shape.max_num_batched_tokens, shape.max_model_len

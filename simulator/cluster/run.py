@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 from kvgate.balancer.registry import ReplicaRegistry
 from kvgate.gate.admission import AdmissionController
 from kvgate.gate.metrics import GateMetrics
-from kvgate.gate.policies import POLICIES
+from kvgate.gate.policies.registry import POLICIES
 from kvgate.gate.settings import GateSettings, ProbeSettings
 from kvgate.simulator.cluster.engine import SimEngine
 from kvgate.simulator.cluster.front_door import EngineProbe, FrontDoor, TurnBody
