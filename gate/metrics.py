@@ -1,4 +1,4 @@
-"""The gate's Prometheus metric families (SPEC.md section 9, docs/observability.md).
+"""The gate's Prometheus metric families (docs/reference.md, Metrics; docs/observability.md).
 
 `GateMetrics(registry)` registers every series the gates, their probes and the ownership
 check write, on the registry it is given: the proxy's `KvgateMetrics` composes one on
@@ -15,14 +15,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 PROBE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
-PREEMPTION_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100)
+SUPERSESSION_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100)
 
 
 class GateMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         r = registry
-        # ---- admission (SPEC.md section 9)
+        # ---- admission
         self.admissions = Counter(
             "kvgate_admissions", "Gate admissions by replica and reason.", ["replica", "reason"], registry=r
         )
@@ -36,22 +36,22 @@ class GateMetrics:
         self.pending_sessions = Gauge(
             "kvgate_pending_sessions", "Sessions waiting at the gate.", ["replica"], registry=r
         )
-        self.reserved_sessions = Gauge(
-            "kvgate_reserved_sessions",
-            "Sessions holding a reservation, in flight or idle.",
+        self.windows = Gauge(
+            "kvgate_windows",
+            "Sessions holding a window, in flight or idle.",
             ["replica", "state"],
             registry=r,
         )
-        self.preempted_attempts = Counter(
-            "kvgate_preempted_attempts",
+        self.superseded_attempts = Counter(
+            "kvgate_superseded_attempts",
             "Waiting attempts aborted by a newer attempt of their session.",
             ["replica"],
             registry=r,
         )
-        self.session_preemptions = Histogram(
-            "kvgate_session_preemptions",
-            "Preempted attempts per session, observed when a session ends.",
-            buckets=PREEMPTION_BUCKETS,
+        self.session_supersessions = Histogram(
+            "kvgate_session_supersessions",
+            "Superseded attempts per session, observed when a session ends.",
+            buckets=SUPERSESSION_BUCKETS,
             registry=r,
         )
         self.window_ends = Counter(
@@ -60,7 +60,7 @@ class GateMetrics:
             ["replica", "cause"],
             registry=r,
         )
-        # ---- probes (SPEC.md section 9; the balancer's /metrics mirror times its reads here too)
+        # ---- probes (the balancer's /metrics mirror times its reads here too)
         self.probe_seconds = Histogram(
             "kvgate_probe_seconds",
             "Latency of replica probes.",
@@ -84,7 +84,7 @@ class GateMetrics:
             ["replica"],
             registry=r,
         )
-        # ---- for the operator's dashboard and alerts (docs/observability.md), beyond SPEC.md section 9
+        # ---- for the operator's dashboard and alerts (docs/observability.md)
         self.admission_reason_wait = Histogram(
             "kvgate_admission_reason_wait_seconds",
             "Time a request was held at the gate, by admission reason.",

@@ -1,6 +1,6 @@
 """The probe client: reads one replica's KV usage and a prompt's prefix residency.
 
-`ReplicaProbe` speaks SPEC.md section 6 over the proxy's aiohttp ClientSession:
+`ReplicaProbe` speaks the probe API (docs/reference.md) over the proxy's aiohttp ClientSession:
 
 - `usage()`: `GET /v1/kvgate/kv`. Concurrent callers share one in-flight request,
   and a result (or a failure) younger than `gate.probe.usage_max_age_ms` is reused,
@@ -23,7 +23,7 @@ treats it as unavailable. Except one: a usage probe that *times out* on a replic
 answered within the last `BUSY_READING_MAX_AGE_SEC` yields that last good reading. The
 engine answers probes between scheduler steps, so a timeout usually means a long step
 (a CPU engine's chunked prefill lasts seconds): the replica is busiest exactly then,
-and deciding `open` would let every turn in (issue 9, gate-bench's real-vLLM runs).
+and deciding `open` would let every turn in.
 Latency goes to `kvgate_probe_seconds`, the last usage to `kvgate_replica_kv_usage`.
 Nothing here raises to the gate except cancellation.
 """
@@ -74,7 +74,7 @@ def missing_probe_api(name: str, url: str) -> str:
 
 
 BUSY_READING_MAX_AGE_SEC = 30.0  # a timed-out usage probe falls back to a good reading this recent
-# Route kinds the prefix probe can render; SPEC.md section 6 names its body key after the kind.
+# Route kinds the prefix probe can render; its body names its key after the kind (docs/reference.md).
 PREFIX_PROBE_KINDS = frozenset({"chat", "completion", "messages", "responses"})
 
 Clock = Callable[[], float]
