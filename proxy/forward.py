@@ -32,7 +32,13 @@ from kvgate.proxy.routes import SESSION_FIELD_KINDS, TURN_KINDS, RouteSpec
 from kvgate.proxy.session_id import resolve_session_id, split_body_fields
 from kvgate.proxy.session_tracker import SessionTracker
 from kvgate.proxy.settings import Settings
-from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, merge_kvgate_headers, with_session_header
+from kvgate.proxy.topology import (
+    FRONT_DOOR,
+    REPLICA_GATE,
+    TIER_SESSION_HEADER,
+    merge_kvgate_headers,
+    with_session_header,
+)
 from kvgate.proxy.upstream import (
     CONNECT_ERRORS,
     EXCHANGE_ERRORS,
@@ -88,9 +94,11 @@ class Forwarder:
         self._finish_header = settings.session.finish_header.lower()
         self._forward_session_id = settings.session.forward_session_id
         self._api_key = settings.upstream.api_key
+        self._drop_client_keys = bool(settings.auth.api_keys)
         self._max_buffered = settings.limits.max_buffered_response_bytes
         self._front_door = settings.role == FRONT_DOOR  # the session id travels on in the header
         self._tiered = settings.role in (FRONT_DOOR, REPLICA_GATE)
+        self._replica_gate = settings.role == REPLICA_GATE  # reads the front doors' TIER_SESSION_HEADER first
         self._gates = settings.gate.mode != "off"
         self._double_gating_warned: set[str] = set()
         self._counters: dict[tuple[str, str, int], Counter] = {}  # labelled children, looked up once
@@ -110,7 +118,10 @@ class Forwarder:
                 raw = request.body
             else:
                 raw, body, stream = None, {}, False
-            session_id = resolve_session_id(path_session_id, request.headers, self._header, body, self._fields)
+            header = self._header
+            if self._replica_gate and TIER_SESSION_HEADER in request.headers:
+                header = TIER_SESSION_HEADER
+            session_id = resolve_session_id(path_session_id, request.headers, header, body, self._fields)
             chain = plan_turn(body, session_id, self.sessions.responses.lookup) if kind == "responses" else None
         except RequestRejected as exc:
             self._count(kind, "none", exc.status)
@@ -133,7 +144,9 @@ class Forwarder:
         entry = self.sessions.touch(session_id)
         if chain is not None and chain.link is not None:
             entry.replica = chain.link.replica  # the replica that holds the continued response
-        finish = request.headers.get(self._finish_header, "").lower() == "true"
+        # Only a turn ends its session: a models list that anyone can send with any session id
+        # must not end another session's window.
+        finish = kind in TURN_KINDS and request.headers.get(self._finish_header, "").lower() == "true"
         try:
             await self._relay_turn(request, responder, route, raw, body, stream, session_id, entry, started, chain)
         finally:
@@ -167,9 +180,6 @@ class Forwarder:
             self._no_replica(responder, kind)
             return
         turn_index = entry.turns + 1 if entry is not None else 0
-        headers = upstream_request_headers(request.raw_headers, self._api_key)
-        if self._front_door and session_id is not None:
-            headers = with_session_header(headers, self._header.encode(), session_id)
         target = f"{route.path}?{request.query}" if request.query else route.path
         rerouted_unavailable = rerouted_connect = False
         while True:
@@ -199,6 +209,7 @@ class Forwarder:
                 return
 
             replica.in_flight += 1
+            headers = self._upstream_headers(request, replica, session_id)
             try:
                 upstream = await self.clients.for_replica(replica).request(route.method, target, headers, raw)
             except CONNECT_ERRORS as exc:
@@ -272,6 +283,15 @@ class Forwarder:
         if chain is not None and chain.response_id is not None:
             assert chain.chain_session is not None  # TurnPlan: set whenever response_id is
             self.sessions.responses.record(chain.response_id, chain.chain_session, replica)
+
+    def _upstream_headers(self, request: HttpRequest, replica: Replica, session_id: str | None):
+        """The headers sent to `replica`: the client's, with the upstream key only for a replica
+        that gets credentials (proxy/client_auth.py), and the session for the next tier."""
+        api_key = self._api_key if replica.credentials else None
+        headers = upstream_request_headers(request.raw_headers, api_key, self._drop_client_keys)
+        if self._front_door:
+            headers = with_session_header(headers, session_id)
+        return headers
 
     # ---- relaying the response --------------------------------------------------
 
