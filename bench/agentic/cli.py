@@ -1,6 +1,6 @@
 """`kvgate bench agentic`: options, and the invocation that runs the modes and writes the report.
 
-A regime preset (`--regime`) sets the workload, the replica shape and the gate knobs;
+A regime preset (`--regime`) sets the workload, the replica shape and the gate settings;
 every other option overrides one of them. Output in `--out`: `results.md` (the table
 in Markdown), `results.json` (the configuration, the ceiling, one summary per mode,
 comparisons against `sticky`, the issue's targets met or not, the sweep),
@@ -34,8 +34,8 @@ from kvgate.bench.agentic.report import (
     format_targets,
     real_vllm_targets,
 )
-from kvgate.bench.agentic.runner import MODES, RunPlan, model_name, run_mode, run_plan
-from kvgate.bench.agentic.sweep import DEFAULT_GRID, KNOBS, best_point, format_sweep, grid_points, parse_values
+from kvgate.bench.agentic.runner import MODES, RENAMED_MODES, RunPlan, model_name, run_mode, run_plan
+from kvgate.bench.agentic.sweep import DEFAULT_GRID, SWEPT_SETTINGS, best_point, format_sweep, grid_points, parse_values
 from kvgate.bench.agentic.topologies import TOPOLOGY_MODES
 from kvgate.bench.agentic.workload import generate_workload
 
@@ -69,15 +69,15 @@ _SHAPE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
 _GATE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "high_watermark": (float, "KV usage at or above which the gate checks prefixes"),
     "hit_threshold": (float, "prefix hit ratio that admits a session under pressure"),
-    "idle_grace_sec": (float, "how long a session keeps its reservation between turns"),
+    "idle_grace_sec": (float, "how long a session keeps its window between turns"),
     "wait_poll_sec": (float, "re-evaluation interval of a waiting turn"),
-    "headroom_blocks": (int, "contract policy: blocks kept free"),
+    "headroom_blocks": (int, "working_set policy: blocks kept free"),
     "max_wait_sec": (float, "0: wait as long as needed; >0: then 503"),
     "quiet_factor": (float, "an idle window ends after this many times its session's usual gap"),
     "quiet_floor_sec": (float, "... but never sooner than this (idle_grace_sec is the ceiling)"),
     "work_conserving": (
         lambda v: {"yes": True, "no": False}[v],
-        "yes|no: contract policy admits a held turn when holding costs more than the re-prefill it causes",
+        "yes|no: working_set policy admits a held turn when holding costs more than the re-prefill it causes",
     ),
 }
 
@@ -87,7 +87,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--regime",
         default="thrash",
         choices=sorted(REGIMES),
-        help="preset of workload, replica shape and gate knobs (default: thrash); "
+        help="preset of workload, replica shape and gate settings (default: thrash); "
         + "; ".join(f"{r.name}: {r.description}" for r in REGIMES.values()).replace("%", "%%"),
     )
     parser.add_argument(
@@ -171,7 +171,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
             help=text,
             metavar="N" if kind is int else "X",
         )
-    gate = parser.add_argument_group("gate knobs for the kvgate modes (overrides the regime; SPEC.md section 3)")
+    gate = parser.add_argument_group("gate settings for the kvgate modes (overrides the regime; SPEC.md section 3)")
     for name, (kind, text) in _GATE_OPTIONS.items():
         gate.add_argument(
             "--" + name.replace("_", "-"),
@@ -188,7 +188,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="run sticky once, then every kvgate mode of --modes over a grid of "
         "high_watermark x hit_threshold x idle_grace_sec (x headroom_blocks), and print the best settings",
     )
-    for name in KNOBS:
+    for name in SWEPT_SETTINGS:
         sweep.add_argument(
             "--sweep-" + name.replace("_", "-"),
             default=None,
@@ -224,8 +224,11 @@ def build_plan(args) -> tuple[RunPlan, str]:
     if args.send_finish is not None:
         spec = spec.replace(send_finish=args.send_finish == "yes")
     shape = replace(regime.shape, **_overrides(args, "r_", _SHAPE_OPTIONS))
-    knobs = {**regime.gate, **_overrides(args, "g_", _GATE_OPTIONS)}
+    settings = {**regime.gate, **_overrides(args, "g_", _GATE_OPTIONS)}
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    renamed = [f"{m!r} is now {RENAMED_MODES[m]!r}" for m in modes if m in RENAMED_MODES]
+    if renamed:
+        raise ValueError(f"--modes: {'; '.join(renamed)} (see CHANGELOG.md)")
     unknown = [m for m in modes if m not in MODES + TOPOLOGY_MODES]
     if unknown or not modes:
         raise ValueError(f"--modes: unknown {unknown or 'empty'}; choose from {', '.join(MODES + TOPOLOGY_MODES)}")
@@ -241,7 +244,7 @@ def build_plan(args) -> tuple[RunPlan, str]:
         shape=shape,
         num_replicas=replicas,
         replica_urls=tuple(u.rstrip("/") for u in args.replica_url),
-        gate_knobs=knobs,
+        gate_settings=settings,
         model=args.model,
         request_timeout_s=args.request_timeout,
         sample_interval_s=args.sample_interval,
@@ -294,7 +297,7 @@ async def _run(args, plan: RunPlan, regime: str) -> int:
         "started_unix": started,
         "workload": asdict(spec),
         "replicas": list(plan.replica_urls) or {"count": plan.num_replicas, "shape": plan.shape.to_json()},
-        "gate_knobs": plan.gate_knobs,
+        "gate_settings": plan.gate_settings,
         "ceiling": {
             "hit_rate": ceiling.hit_rate,
             "prompt_tokens": ceiling.prompt_tokens,
@@ -344,7 +347,8 @@ async def _token_model(plan: RunPlan) -> TokenModel:
 
 async def _sweep(args, plan: RunPlan, ceiling_rate: float, sticky: dict | None) -> dict:
     grid = {
-        k: (parse_values(getattr(args, "s_" + k), k) if getattr(args, "s_" + k) else DEFAULT_GRID[k]) for k in KNOBS
+        k: (parse_values(getattr(args, "s_" + k), k) if getattr(args, "s_" + k) else DEFAULT_GRID[k])
+        for k in SWEPT_SETTINGS
     }
     if sticky is None:
         print("[agentic] sweep: running sticky once as the baseline")
@@ -353,18 +357,18 @@ async def _sweep(args, plan: RunPlan, ceiling_rate: float, sticky: dict | None) 
     out = {"grid": grid, "baseline_sticky_makespan_s": baseline, "modes": {}}
     for mode in (m for m in plan.modes if m.startswith("kvgate")):
         rows = []
-        for knobs in grid_points(grid):
-            point_plan = replace(plan, gate_knobs={**plan.gate_knobs, **knobs})
+        for settings in grid_points(grid):
+            point_plan = replace(plan, gate_settings={**plan.gate_settings, **settings})
             s = (await run_mode(point_plan, mode, ceiling_rate)).summary
             rows.append(
                 {
-                    "knobs": knobs,
+                    "settings": settings,
                     "makespan_s": s["makespan_s"],
                     "hit_rate": s["hit_rate"],
                     "failed": s["turns_failed"] + s["turns_not_run"],
                 }
             )
-            print(f"[agentic] sweep {mode} {knobs}: hit {s['hit_rate']:.3f}, makespan {s['makespan_s']:.1f}s")
+            print(f"[agentic] sweep {mode} {settings}: hit {s['hit_rate']:.3f}, makespan {s['makespan_s']:.1f}s")
         print(format_sweep(mode, rows, baseline))
         out["modes"][mode] = {"rows": rows, "best": best_point(rows)}
     return out

@@ -71,7 +71,7 @@ def kvgate_config(
     replica_urls: list[str], port: int, gate: dict, extra: dict | None = None, names: list[str] | None = None
 ) -> dict:
     """The YAML config of a benchmark proxy: the given replicas (named r0, r1, ... unless `names`),
-    the gate knobs, fast health, and `extra` top-level keys (role, ownership: bench/agentic/topologies.py)."""
+    the gate settings, fast health, and `extra` top-level keys (role, ownership: bench/agentic/topologies.py)."""
     names = names or [f"r{i}" for i in range(len(replica_urls))]
     return {
         "listen": {"host": "127.0.0.1", "port": port},

@@ -1,4 +1,4 @@
-"""Regime presets: a workload, a replica shape and gate knobs that put the cache in one regime.
+"""Regime presets: a workload, a replica shape and gate settings that put the cache in one regime.
 
 Sizing rules (so a regime runs in about 1-3 minutes of wall time per invocation on a
 2-core machine, and the simulated cost model, not Python overhead, dominates a turn):
@@ -12,7 +12,7 @@ Sizing rules (so a regime runs in about 1-3 minutes of wall time per invocation 
 `tiny` exists for the end-to-end test: seconds, not minutes.
 
 Regimes that can catch a gate that loses (issue 9) run the gate with its *defaults*
-(no gate knobs): `*-no-finish` regimes send no `x-session-finish` (sessions end
+(no gate settings): `*-no-finish` regimes send no `x-session-finish` (sessions end
 silently, as an OpenAI-SDK agent's do); `cheap-prefill` makes holding back unable to
 pay (short contexts, prefill 10x cheaper than the default cost model: a turn is mostly
 decode); `prefill-bound` makes one full re-prefill of a session's context cost about
@@ -35,7 +35,7 @@ class Regime:
     workload: WorkloadSpec
     shape: ReplicaShape
     replicas: int = 2
-    gate: dict = field(default_factory=dict)  # gate knobs shared by the kvgate modes
+    gate: dict = field(default_factory=dict)  # gate settings shared by the kvgate modes
     # For --replica-url regimes: the random-weight model preset of
     # tests/vllm/scripts/build_tiny_model.py the vLLM server should serve ("tiny" or
     # "prefill"); `shape` then gives the server's cache flags (num_blocks + 1 blocks,
@@ -73,7 +73,7 @@ _VLLM_CACHE = ReplicaShape(
 # uncapped step of 2,048 prompt tokens takes 1-4 s on 2 shared cores, and the gate's
 # probes, answered between steps, would time out (probe.timeout_sec 1) and admit `open`.
 _VLLM_PREFILL_CACHE = replace(_VLLM_CACHE, max_num_batched_tokens=512)
-# The default gate but for one knob: the engine core answers the gate's probes between two
+# The default gate but for one setting: the engine core answers the gate's probes between two
 # scheduler steps, and on 2 shared CPU cores one step takes 0.5-2 s (the plugin measured
 # decode steps of 0.7-1.5 s under load), longer than the default probe.timeout_sec of 1 s
 # (sized for GPU steps of tens of ms). A probe that times out decides as if the replica
@@ -244,10 +244,10 @@ _PREFILL_BOUND_CACHE = ReplicaShape(
 
 
 def _silent(base: Regime, why: str = "") -> Regime:
-    """`base` with sessions that end silently (no x-session-finish) and the gate's default knobs."""
+    """`base` with sessions that end silently (no x-session-finish) and the gate's default settings."""
     return Regime(
         base.name + "-no-finish",
-        f"{base.name}, sessions end silently (no x-session-finish), default gate knobs{why}",
+        f"{base.name}, sessions end silently (no x-session-finish), default gate settings{why}",
         base.workload.replace(send_finish=False),
         base.shape,
         base.replicas,
@@ -279,7 +279,7 @@ REGIMES.update(
         "issue-9": Regime(
             "issue-9",
             "issue 9's reproduction: 16 sessions x 8 turns all at once, 0.3 s tool calls, no x-session-finish, "
-            "2 replicas of 64 blocks x 32 tokens, default cost model and gate knobs (was: direct 4.5 s, kvgate 188 s)",
+            "2 replicas of 64 blocks x 32 tokens, default cost model and gate (was: direct 4.5 s, kvgate 188 s)",
             WorkloadSpec(
                 sessions=16,
                 concurrency=16,

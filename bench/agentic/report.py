@@ -96,7 +96,7 @@ def summarize_mode(
         "attempts": len(attempts),
         "retries": sum(1 for a in attempts if a.attempt > 1),
         "attempt_statuses": dict(sorted(statuses.items())),
-        "attempts_preempted_409": sum(1 for a in attempts if a.status == 409),
+        "attempts_superseded_409": sum(1 for a in attempts if a.status == 409),
         "attempts_stranded": sum(1 for a in attempts if a.status == "timeout"),
         "engine_preemptions": counters.preemptions,
         "engine_recomputed_tokens": counters.sim.get(RECOMPUTED),
@@ -138,7 +138,7 @@ def evaluate_targets(regime: str, results: dict[str, dict]) -> list[dict]:
     """
     checks = []
     sticky = results.get("sticky")
-    for mode in ("kvgate", "kvgate-contract"):
+    for mode in ("kvgate-watermark", "kvgate-working_set"):
         r = results.get(mode)
         if not r or not sticky:
             continue
@@ -178,7 +178,7 @@ def format_table(results: dict[str, dict], comparisons: dict[str, dict]) -> str:
             f"{_fmt(r['makespan_s'], '.1f'):>9}s{_fmt(cmp.get('makespan_ratio'), '.2f'):>9}"
             f"{_fmt(r['turn_latency_s']['p50'], '.2f'):>9}{_fmt(r['turn_latency_s']['p95'], '.2f'):>9}"
             f"{_fmt(r['ttft_s']['p50'], '.2f'):>9}{_fmt(r['prompt_tokens_reprefilled_est'], '.0f'):>11}"
-            f"{r['attempts_preempted_409']:>5}{_fmt(r['engine_preemptions'], '.0f'):>8}"
+            f"{r['attempts_superseded_409']:>5}{_fmt(r['engine_preemptions'], '.0f'):>8}"
             f"{r['turns_failed'] + r['turns_not_run']:>7}{_fmt(r['admission_wait_ms']['p95'], '.0f'):>9}"
         )
     return "\n".join(lines)
@@ -203,7 +203,7 @@ def format_markdown(results: dict[str, dict], comparisons: dict[str, dict], chec
             f"| {mode} | {_fmt(r['hit_rate'], '.3f')} | {_fmt(r['hit_rate_of_ceiling'], '.2f')} "
             f"| {_fmt(r['makespan_s'], '.1f')} | {_fmt(cmp.get('makespan_ratio'), '.2f')} "
             f"| {_fmt(r['turn_latency_s']['p50'], '.2f')} | {_fmt(r['turn_latency_s']['p95'], '.2f')} "
-            f"| {_fmt(r['prompt_tokens_reprefilled_est'], '.0f')} | {r['attempts_preempted_409']} "
+            f"| {_fmt(r['prompt_tokens_reprefilled_est'], '.0f')} | {r['attempts_superseded_409']} "
             f"| {_fmt(r['engine_preemptions'], '.0f')} | {r['turns_failed'] + r['turns_not_run']} "
             f"| {_fmt(r['admission_wait_ms']['p95'], '.0f')} |"
         )
@@ -224,7 +224,7 @@ def real_vllm_targets(regime: str, results: dict[str, dict]) -> list[dict]:
     if not sticky or not regime.startswith(("vllm-prefill", "vllm-small")):
         return []
     checks = []
-    for mode in ("kvgate", "kvgate-contract"):
+    for mode in ("kvgate-watermark", "kvgate-working_set"):
         r = results.get(mode)
         if not r:
             continue

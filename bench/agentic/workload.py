@@ -10,7 +10,7 @@ Invariants:
 - `generate_workload(spec, seed)` is a pure function: the same spec and seed give an
   identical `Workload`. Three `random.Random` streams, each consumed in a fixed order:
   content (prompts, turn counts), tool latencies, retries. So changing only the
-  latency or retry knobs keeps every session's text and turn count: the heavy-tail
+  latency or retry settings keeps every session's text and turn count: the heavy-tail
   and retry-storm regimes run the very sessions of the thrash regime.
 - Text is made of "token-ish" words: short lowercase words joined by single spaces,
   so one word is about one token for any simple tokenizer. Lengths in the spec are in

@@ -24,7 +24,7 @@ def test_regime_preset_with_overrides():
             "--idle-grace-sec",
             "7",
             "--modes",
-            "sticky,kvgate-contract",
+            "sticky,kvgate-working_set",
             "--shared-system-prompt",
             "yes",
         )
@@ -34,8 +34,8 @@ def test_regime_preset_with_overrides():
     assert plan.workload.spec.shared_system_prompt is True
     assert plan.workload.spec.tool_result_words_min == REGIMES["thrash"].workload.tool_result_words_min
     assert plan.shape.num_blocks == 99 and plan.shape.block_size == REGIMES["thrash"].shape.block_size
-    assert plan.gate_knobs["idle_grace_sec"] == 7.0
-    assert plan.modes == ("sticky", "kvgate-contract")
+    assert plan.gate_settings["idle_grace_sec"] == 7.0
+    assert plan.modes == ("sticky", "kvgate-working_set")
 
 
 @pytest.mark.parametrize(

@@ -107,7 +107,7 @@ def test_kubernetes_has_one_gate_per_replica_and_front_doors_that_agree():
         assert not problems
         settings = settings_from_dict(merged)
         assert settings.role == "replica_gate" and settings.gate.mode == "enforce"
-        assert settings.gate.policy == "contract"  # the default, not pinned
+        assert settings.gate.policy == "working_set"  # the default, not pinned
         assert [(r.name, r.url) for r in settings.replicas] == [(pod_name, f"http://127.0.0.1:{vllm_port}")]
 
     service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == sts["spec"]["serviceName"])

@@ -29,7 +29,7 @@ CLIENT_KEY = "client-key-Pw55"  # a tenant's key for kvgate (auth.api_keys)
 ADMIN_TOKEN = "admin-token-Xk09"
 GATE_HEADERS = {"X-Kvgate-Replica-Key": REPLICA_KEY}
 SECRETS = (REPLICA_KEY, VLLM_KEY, CLIENT_KEY, ADMIN_TOKEN)
-CLEAN = {"leases": 0, "reservations": 0, "waiters": 0, "attempts": 0, "sessions": 0}
+CLEAN = {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}
 ROOT = Path(__file__).resolve().parents[2]
 
 
