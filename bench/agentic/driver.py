@@ -162,7 +162,13 @@ class WorkloadDriver:
         previous_response_id: list[str | None],
     ) -> str | None:
         body, headers = turn_request(
-            self.api, self.model, session, turn.index, replies, self.workload.spec.reply_tokens, previous_response_id[0]
+            self.api,
+            self.model,
+            session,
+            turn.index,
+            replies,
+            self.workload.reply_tokens(turn),
+            previous_response_id[0],
         )
         if turn.index == len(session.turns) and self.workload.spec.send_finish:
             headers[FINISH_HEADER] = "true"

@@ -22,17 +22,20 @@ reproduction. `--send-finish no` turns any regime into its silent-finish form.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from kvgate.bench.agentic.processes import ReplicaShape
 from kvgate.bench.agentic.workload import WorkloadSpec
+from kvgate.simulator.agent_trace import AgentTraceSpec
+from kvgate.simulator.cost_presets import get_cost_preset
 
 
 @dataclass(frozen=True)
 class Regime:
     name: str
     description: str
-    workload: WorkloadSpec
+    workload: WorkloadSpec | AgentTraceSpec  # words-based sessions, or an agent trace
     shape: ReplicaShape
     replicas: int = 2
     gate: dict = field(default_factory=dict)  # gate settings shared by the kvgate modes
@@ -41,6 +44,31 @@ class Regime:
     # "prefill"); `shape` then gives the server's cache flags (num_blocks + 1 blocks,
     # one is vLLM's null block). tests/vllm/scripts/run_vllm_bench.py starts it.
     vllm_model: str | None = None
+    # Trace regimes: the replicas come from a cost preset coarsened by the trace's
+    # token_scale (`preset_shape`), and the last turn carries x-session-finish only if
+    # `send_finish` (agents on plain SDKs end sessions silently).
+    cost_preset: str | None = None
+    kv_fraction: float = 1.0  # share of the preset's KV cache a replica gets
+    send_finish: bool = False
+
+
+def preset_shape(preset: str, token_scale: float, time_scale: float, kv_fraction: float = 1.0) -> ReplicaShape:
+    """The `kvgate replica` shape of cost preset `preset` coarsened by `token_scale`, with
+    `kv_fraction` of its cache (simulator/cost_presets.py)."""
+    engine, cost = get_cost_preset(preset).scaled(token_scale)
+    num_blocks = max(1, math.floor(engine.num_blocks * kv_fraction))
+    return ReplicaShape(
+        num_blocks=num_blocks,
+        block_size=engine.block_size,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        max_model_len=min(engine.effective_max_model_len, num_blocks * engine.block_size),
+        time_scale=time_scale,
+        prefill_token_s=cost.prefill_token_s,
+        step_overhead_s=cost.step_overhead_s,
+        decode_seq_s=cost.decode_seq_s,
+        context_token_s=cost.context_token_s,
+    )
 
 
 def _thrash_workload(**changes) -> WorkloadSpec:
@@ -303,6 +331,48 @@ REGIMES.update(
                 max_model_len=2048,
                 time_scale=1.0,
             ),
+        ),
+    }
+)
+
+
+def _trace_regime(
+    name: str,
+    description: str,
+    preset: str,
+    agents: int = 48,
+    sessions: int = 96,
+    token_scale: float = 8.0,
+    time_scale: float = 1.0,
+    kv_fraction: float = 1.0,
+) -> Regime:
+    """A closed loop of `agents` running `sessions` trace sessions on two replicas of `preset`."""
+    spec = AgentTraceSpec(sessions=sessions, agents=agents, token_scale=token_scale, time_scale=time_scale)
+    shape = preset_shape(preset, token_scale, time_scale, kv_fraction)
+    return Regime(name, description, spec, shape, cost_preset=preset, kv_fraction=kv_fraction)
+
+
+# Trace regimes: agent traffic as published traces describe it (simulator/agent_trace.py)
+# on GPU-calibrated replicas, coarsened 8x (simulator/cost_presets.py).
+REGIMES.update(
+    {
+        "trace-8b": _trace_regime(
+            "trace-8b",
+            "coding agents (published trace statistics), 48 agents in a closed loop on two Llama-3.1-8B/H100 "
+            "replicas (tokens scaled 8x)",
+            "h100-8b",
+        ),
+        "trace-8b-tight": _trace_regime(
+            "trace-8b-tight",
+            "trace-8b with a quarter of the H100's KV cache per replica: the cache of 4x the agents",
+            "h100-8b",
+            kv_fraction=0.25,
+        ),
+        "trace-70b": _trace_regime(
+            "trace-70b",
+            "coding agents, 48 agents in a closed loop on two 70B-class replicas (two H100s each, "
+            "tokens scaled 8x): re-prefill is dear",
+            "h100x2-70b",
         ),
     }
 )

@@ -65,6 +65,8 @@ class RunPlan:
     request_timeout_s: float = 300.0
     sample_interval_s: float = 1.0
     api: str = "chat"  # the client API every turn speaks (bench.agentic.apis)
+    cost_preset: str | None = None  # the replicas' cost preset (simulator/cost_presets.py), if any
+    token_scale: float = 1.0  # one workload token stands for this many (trace regimes)
 
     @property
     def block_size(self) -> int:

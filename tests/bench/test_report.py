@@ -69,6 +69,9 @@ def test_summary_of_canned_run():
     assert s["makespan_s"] == 9.5
     assert s["usage_hit_rate_by_bucket"] == {"1": 0.1, "2-3": 0.4}  # turn 1: 20 of 200; turn 2: 40 of 100
     assert s["cold_turns_by_admission"] == {"holds_window": 1}
+    # session 0: 0.0 to 5.0; session 1 has a failed turn, so it never completed
+    assert s["session_completion_s"]["n"] == 1 and s["session_completion_s"]["p95"] == 5.0
+    assert s["turn_latency_s"]["p99"] == 3.0
 
 
 def test_reprefilled_never_negative():
