@@ -433,7 +433,7 @@ def read_secret_files(settings: Settings) -> Settings:
     `auth.api_keys_file` read (a key given both inline and as a file is a problem)."""
     problems: list[str] = []
     upstream, auth = settings.upstream, settings.auth
-    keys: dict[str, str | None] = {}
+    keys: dict[str, str] = {}
     for name in ("api_key", "replica_api_key"):
         file = getattr(upstream, name + "_file")
         if file is None:
@@ -453,6 +453,10 @@ def read_secret_files(settings: Settings) -> Settings:
         raise ConfigError(problems)
     return dataclasses.replace(
         settings,
-        upstream=dataclasses.replace(upstream, **keys),
+        upstream=dataclasses.replace(
+            upstream,
+            api_key=keys.get("api_key", upstream.api_key),
+            replica_api_key=keys.get("replica_api_key", upstream.replica_api_key),
+        ),
         auth=dataclasses.replace(auth, api_keys=api_keys),
     )
