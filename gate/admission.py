@@ -122,6 +122,18 @@ class AdmissionController:
             self._urls[name] = url
         return gate
 
+    def _gate_of(self, replica: ReplicaAddress) -> Gate:
+        """`gate_for` the replica, whose probe shows kvgate's credentials only when the replica
+        gets them (its `credentials` attribute; True when it has none)."""
+        gate = self._gates.get(replica.name)
+        if gate is None or self._urls[replica.name] != replica.url:
+            if getattr(replica, "credentials", True):
+                self._untrusted.discard(replica.name)
+            else:
+                self._untrusted.add(replica.name)
+            gate = self.gate_for(replica.name, replica.url)
+        return gate
+
     def _settings_for(self, name: str) -> GateSettings:
         mode = self._modes.get(name)
         return self.settings if mode is None else dataclasses.replace(self.settings, mode=mode)
@@ -147,13 +159,7 @@ class AdmissionController:
         session_id None is anonymous. `body` is read, never modified. Cancelling the
         call (client gone) leaves nothing behind.
         """
-        gate = self._gates.get(replica.name)
-        if gate is None or self._urls[replica.name] != replica.url:
-            if getattr(replica, "credentials", True):
-                self._untrusted.discard(replica.name)
-            else:
-                self._untrusted.add(replica.name)
-            gate = self.gate_for(replica.name, replica.url)
+        gate = self._gate_of(replica)
         key = None if session_id is None else session_key(session_id)
         return await gate.acquire(key, route_kind, body)
 
@@ -169,7 +175,7 @@ class AdmissionController:
         `kvgate_replica_probe_api`. Returns what is known after."""
         known = self.probe_api(replica.name)
         if known is None:
-            gate = self.gate_for(replica.name, replica.url)
+            gate = self._gate_of(replica)
             await gate.probe.usage()
             known = self.probe_api(replica.name)
         return known
