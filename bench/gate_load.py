@@ -44,7 +44,7 @@ from kvgate.balancer.settings import ReplicaSettings
 from kvgate.bench.http1 import read_response
 from kvgate.bench.processes import Endpoint, ReplicaShape, ServerGroup, start_in_process
 from kvgate.gate.admission import AdmissionController
-from kvgate.gate.policies import POLICIES
+from kvgate.gate.policies.registry import POLICIES
 from kvgate.gate.settings import GateSettings
 from kvgate.proxy.metrics import KvgateMetrics
 from kvgate.proxy.settings import Settings

@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from kvgate.bench.processes import ServerGroup, process_cpu_seconds
-from kvgate.gate.policies import POLICIES
+from kvgate.gate.policies.registry import POLICIES
 from kvgate.gate.settings import GateSettings
 
 DEFAULT_CONCURRENCY = (1, 64, 256)

@@ -19,9 +19,8 @@ class ProbeSettings:
 @dataclass(frozen=True)
 class GateSettings:
     mode: str = "enforce"  # one of gate.gate.MODES: enforce | shadow | off
-    policy: str = (
-        "working_set"  # a name in gate.policies.POLICIES; the agentic benchmark chose working_set (docs/bench.md)
-    )
+    # a name in gate.policies.registry.POLICIES; the agentic benchmark chose working_set (docs/bench.md)
+    policy: str = "working_set"
     high_watermark: float = 0.85
     hit_threshold: float = 0.80
     idle_grace_sec: float = 60.0
