@@ -36,8 +36,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvgate.bench.agentic.processes import free_port
 from kvgate.bench.agentic.scrape import HITS, QUERIES, parse_prometheus
+from kvgate.bench.processes import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
