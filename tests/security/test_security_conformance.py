@@ -20,7 +20,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from kvgate.bench.tiers import Kvgate, start_kvgate, start_tiered
+from kvgate.bench.processes import Kvgate, start_in_process
+from kvgate.bench.tiers import start_tiered
 from kvgate.simulator.replica_server import SimulatedReplica, start_simulated_replicas
 
 REPLICA_KEY = "replica-key-Zq81"  # the gates' credential for the replica API
@@ -66,7 +67,7 @@ async def parts():
             return started
 
         async def kvgate(self, config: dict, name: str = "kvgate", health_checks: bool = False) -> Kvgate:
-            gate = await start_kvgate(name, config, health_checks=health_checks)
+            gate = await start_in_process(name, config, health_checks=health_checks)
             gates.append(gate)
             return gate
 
