@@ -2,7 +2,7 @@
 
 Two readings feed every admission decision:
 
-- `UsageReading`: the cheap probe, `GET /v1/kvgate/kv` (SPEC.md section 6), or
+- `UsageReading`: the cheap probe, `GET /v1/kvgate/kv` (docs/reference.md), or
   vLLM's `vllm:kv_cache_usage_perc` gauge from `/metrics` on replicas without the
   probe endpoints (then the block counts are unknown).
 - `PrefixReading`: the prefix probe, `POST /v1/kvgate/prefix`, for one request body.

@@ -1,7 +1,7 @@
 """The replica's owner record: which kvgate enforces admission on this server (pure).
 
 A gate's books (windows, footprints, waiters) describe one replica's cache only while
-that gate is the only one enforcing on it (DESIGN.md 3a, "one book per replica"). The
+that gate is the only one enforcing on it (docs/decisions/one-gate-per-replica.md). The
 server keeps a tiny lease so that a second enforcing gate is detected instead of
 silently over-admitting:
 

@@ -1,6 +1,6 @@
 """Validate a ``POST /v1/kvgate/prefix`` body (pure; no vLLM imports).
 
-Accepted bodies (SPEC.md section 6), exactly one of:
+Accepted bodies (docs/reference.md), exactly one of:
 
 - ``{"token_ids": [int, ...], "cache_salt"?: str, "model"?: str}``
 - ``{"chat": <a /v1/chat/completions body>}``

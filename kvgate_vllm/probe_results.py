@@ -1,4 +1,4 @@
-"""Pure functions that shape probe answers (SPEC.md section 6). No vLLM imports.
+"""Pure functions that shape probe answers (docs/reference.md). No vLLM imports.
 
 The engine side measures raw numbers and calls ``kv_usage_result`` /
 ``prefix_result``; the HTTP side merges one result per engine (data parallelism)

@@ -1,4 +1,4 @@
-"""The `kvgate` command line (SPEC.md section 2).
+"""The `kvgate` command line (docs/reference.md, Command line).
 
 Each part registers its own subcommands, so this module only assembles the parser:
 `proxy.commands` adds serve and check-config, `simulator.cli` adds replica and

@@ -7,6 +7,7 @@ import json
 import urllib.error
 import urllib.request
 
+from kvgate.gate.probe import KV_PATH
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import replica_findings
 
@@ -32,6 +33,7 @@ def contact_replicas(settings: Settings) -> tuple[list[str], list[str]]:
         base = replica.url.rstrip("/")
         metrics_status, metrics = _get(base + "/metrics", key)
         owner_status, owner_raw = _get(base + "/v1/kvgate/owner", key)
+        kv_status, _ = _get(base + KV_PATH, key)
         try:
             owner = json.loads(owner_raw) if owner_status == 200 else None
         except ValueError:
@@ -44,6 +46,8 @@ def contact_replicas(settings: Settings) -> tuple[list[str], list[str]]:
             is_kvgate=b"kvgate_requests_total" in metrics,
             owner_status=owner_status,
             owner=owner if isinstance(owner, dict) else None,
+            kv_status=kv_status,
+            url=replica.url,
         )
         problems += found[0]
         notes += found[1]

@@ -1,4 +1,4 @@
-"""The forwarded routes (SPEC.md section 4) and the kind each one is to the gate."""
+"""The forwarded routes (docs/reference.md, Forwarded routes) and the kind each one is to the gate."""
 
 from __future__ import annotations
 

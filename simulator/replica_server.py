@@ -4,7 +4,7 @@ Routes (docs/ARCHITECTURE.md seam 3): POST /v1/chat/completions, POST /v1/comple
 (streaming and not), POST /v1/messages (Anthropic, as vLLM serves it), POST /v1/responses
 (streaming and not, with `previous_response_id` state held in this replica's memory),
 GET /v1/models, GET /health, GET /metrics, and the probe API of
-SPEC.md section 6 (GET /v1/kvgate/kv, POST /v1/kvgate/prefix), answered from the engine
+the probe API of docs/reference.md (GET /v1/kvgate/kv, POST /v1/kvgate/prefix), answered from the engine
 model without side effects.
 
 A client that disconnects aborts its request in the engine: streaming handlers see the
@@ -328,7 +328,7 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=text, headers={"Content-Type": CONTENT_TYPE})
 
 
-# -- probe API (SPEC.md section 6) -------------------------------------------------------------
+# -- probe API (docs/reference.md) ---------------------------------------------------------------
 
 
 async def probe_kv(request: web.Request) -> web.Response:

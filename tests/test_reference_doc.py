@@ -229,6 +229,9 @@ def test_every_environment_variable_is_documented():
         code |= set(re.findall(r"\$\{?(KVGATE_[A-Z0-9_]+)", path.read_text()))
     documented = {name for row in table_rows(doc_sections()["Other environment variables"]) for name in codes(row[0])}
     assert_same(documented, code, "Other environment variables")
+    from kvgate.proxy.config import OTHER_VARIABLES  # the config loader refuses every other KVGATE_* name
+
+    assert_same(documented, set(OTHER_VARIABLES), "Other environment variables (kvgate.proxy.config.OTHER_VARIABLES)")
 
 
 # ---------------------------------------------------------------- HTTP
@@ -321,7 +324,7 @@ def test_headers_are_documented():
 
 
 def test_admission_reasons_are_documented():
-    from kvgate.gate.policies import AdmissionReason
+    from kvgate.gate.policies.vocabulary import AdmissionReason
 
     documented = {first_code(r[0]) for r in table_rows(doc_sections()["Admission reasons"])}
     assert_same(documented, {reason.value for reason in AdmissionReason}, "Admission reasons")

@@ -11,7 +11,7 @@ import pytest
 from kvgate.balancer.balancer import ALGORITHMS
 from kvgate.balancer.settings import ReplicaSettings
 from kvgate.gate.gate import MODES
-from kvgate.gate.policies import POLICIES
+from kvgate.gate.policies.registry import POLICIES
 from kvgate.proxy.config import ConfigError, load_settings, settings_from_dict
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import ROLES
@@ -93,7 +93,7 @@ def test_environment_overrides_file_values(tmp_path):
             "KVGATE_BALANCER__HEALTH__UNHEALTHY_AFTER": "5",
             "KVGATE_SESSION__FORWARD_SESSION_ID": "false",
             "KVGATE_REPLICAS": "[{name: r0, url: 'http://vllm:8000'}]",
-            "KVGATE_SOMETHING_ELSE": "ignored",
+            "KVGATE_VLLM_VENV": "/elsewhere",  # the project's other variables are not settings
             "PATH": "/bin",
         },
     )
