@@ -36,7 +36,9 @@ async def start_replicas(settings: Settings) -> tuple[tuple[ReplicaSettings, ...
     )
     from kvgate.simulator.replica_server import start_simulated_replicas
 
-    sims = await start_simulated_replicas(settings.simulated_replicas, host="127.0.0.1")
+    sims = await start_simulated_replicas(
+        settings.simulated_replicas, host="127.0.0.1", replica_api_key=settings.upstream.replica_api_key
+    )
     log.info("simulated replicas up: %s", ", ".join(f"{s.name}={s.url}" for s in sims))
     return tuple(ReplicaSettings(s.name, s.url) for s in sims), sims
 
