@@ -44,8 +44,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from kvgate.gate.blocks import cdiv
 from kvgate.gate.policies import GateView, body_bytes, quiet_lifetime
+from kvgate.wire.blocks import cdiv
 
 
 class WindowEnd(StrEnum):

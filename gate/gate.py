@@ -80,6 +80,7 @@ from kvgate.gate.probe import Probe
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.route_prompts import body_holds_prompt
 from kvgate.gate.settings import GateSettings
+from kvgate.wire.routes import PROMPT_KINDS
 
 Clock = Callable[[], float]
 MODES = ("enforce", "shadow", "off")
@@ -92,9 +93,6 @@ MIN_WAIT_SEC = 0.001  # a waiter never spins, whatever the knobs or the clock sa
 # real-vLLM model 735 prefix probes for 186 turns, rendered and tokenized on the API
 # server the turns share. The age bound notices a shared prefix that became resident.
 HELD_READING_MAX_AGE_SEC = 1.0
-# Route kinds that carry a prompt. Anything else (GET /v1/models) never touches the
-# session books: it neither opens nor renews a window.
-PROMPT_KINDS = frozenset({"chat", "completion", "messages", "responses"})
 
 
 class Attempt:
@@ -215,6 +213,8 @@ class Gate:
         """Admit one request of `session_key` (None: anonymous) or raise an AdmissionError."""
         if self._closed is not None:
             raise self._closed
+        # A route without a prompt (GET /v1/models) never touches the session books: it
+        # neither opens nor renews a window.
         if self.settings.mode == "off" or route_kind not in PROMPT_KINDS:
             return self._grant_unbooked()
         start = self._now()

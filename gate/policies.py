@@ -34,9 +34,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from kvgate.gate.blocks import cdiv
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
+from kvgate.wire.blocks import cdiv
 
 
 class AdmissionReason(StrEnum):

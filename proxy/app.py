@@ -25,11 +25,11 @@ from kvgate.proxy.forward import Forwarder
 from kvgate.proxy.http_fields import decode_path_segment
 from kvgate.proxy.http_server import FrontServer, HttpRequest, Responder
 from kvgate.proxy.metrics import CONTENT_TYPE, KvgateMetrics
-from kvgate.proxy.routes import ROUTES
 from kvgate.proxy.session_tracker import SessionTracker
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, claims_ownership, health_path
 from kvgate.proxy.upstream import UpstreamClients
+from kvgate.wire.routes import ROUTES
 
 _JSON_OK = orjson.dumps({"status": "ok"})
 _METRICS_TYPE = (b"Content-Type", CONTENT_TYPE.encode())

@@ -28,7 +28,6 @@ from kvgate.proxy.http_server import HttpRequest, Responder
 from kvgate.proxy.metrics import KvgateMetrics, turn_bucket
 from kvgate.proxy.request_body import parse_json_object, stream_flag, with_member
 from kvgate.proxy.response_chains import TurnPlan, plan_turn
-from kvgate.proxy.routes import SESSION_FIELD_KINDS, TURN_KINDS, RouteSpec
 from kvgate.proxy.session_id import resolve_session_id, split_body_fields
 from kvgate.proxy.session_tracker import SessionTracker
 from kvgate.proxy.settings import Settings
@@ -40,6 +39,7 @@ from kvgate.proxy.upstream import (
     relayed_response_headers,
     upstream_request_headers,
 )
+from kvgate.wire.routes import PROMPT_KINDS, SESSION_FIELD_KINDS, RouteSpec
 
 log = logging.getLogger("kvgate.proxy")
 
@@ -266,7 +266,7 @@ class Forwarder:
             self._count(kind, replica.name, status)
         if status >= 400 or not completed:
             return
-        if turn_index and kind in TURN_KINDS:
+        if turn_index and kind in PROMPT_KINDS:
             entry.turns = turn_index
             self._observe_turn(turn_index, time.perf_counter() - started)
         if chain is not None and chain.response_id is not None:

@@ -9,6 +9,7 @@ import urllib.request
 
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import replica_findings
+from kvgate.wire.owner_record import OWNER_PATH
 
 TIMEOUT_SEC = 3.0
 
@@ -31,7 +32,7 @@ def contact_replicas(settings: Settings) -> tuple[list[str], list[str]]:
     for index, replica in enumerate(settings.replicas):
         base = replica.url.rstrip("/")
         metrics_status, metrics = _get(base + "/metrics", key)
-        owner_status, owner_raw = _get(base + "/v1/kvgate/owner", key)
+        owner_status, owner_raw = _get(base + OWNER_PATH, key)
         try:
             owner = json.loads(owner_raw) if owner_status == 200 else None
         except ValueError:

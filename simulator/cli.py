@@ -8,6 +8,7 @@ import signal
 import sys
 
 from kvgate.simulator.config import ConfigError, CostModel, EngineConfig
+from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH
 
 
 def _add_engine_options(parser: argparse.ArgumentParser, defaults: EngineConfig) -> None:
@@ -40,7 +41,7 @@ def _add_replica_command(subparsers) -> None:
         help="run one simulated vLLM replica (engine model behind vLLM's HTTP API and the probe API)",
         description="Run one simulated vLLM replica: the simulator's engine model (paged KV cache, prefix "
         "cache, continuous-batching scheduler) in real time behind vLLM's OpenAI routes, /metrics with vLLM "
-        "metric names, and the kvgate probe API (/v1/kvgate/kv, /v1/kvgate/prefix).",
+        f"metric names, and the kvgate probe API ({KV_PATH}, {PREFIX_PATH}).",
     )
     defaults = EngineConfig()
     costs = CostModel()

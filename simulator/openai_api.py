@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.simulator.tokenizer import TemplateError, render_chat, render_completion_prompt
+from kvgate.wire.errors import openai_error
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -26,7 +27,7 @@ class ApiError(Exception):
         self.param = param
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.status}}
+        return openai_error(self.message, self.error_type, self.status, self.param)
 
 
 @dataclass(frozen=True)

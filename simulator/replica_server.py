@@ -3,9 +3,9 @@
 Routes (docs/ARCHITECTURE.md seam 3): POST /v1/chat/completions, POST /v1/completions
 (streaming and not), POST /v1/messages (Anthropic, as vLLM serves it), POST /v1/responses
 (streaming and not, with `previous_response_id` state held in this replica's memory),
-GET /v1/models, GET /health, GET /metrics, and the probe API of
-SPEC.md section 6 (GET /v1/kvgate/kv, POST /v1/kvgate/prefix), answered from the engine
-model without side effects.
+GET /v1/models, GET /health, GET /metrics, the probe API (`kvgate.wire.probe_api`),
+answered from the engine model without side effects, and the owner record
+(`kvgate.wire.owner_record`).
 
 A client that disconnects aborts its request in the engine: streaming handlers see the
 failed write, non-streaming handlers are cancelled (the runner is built with
@@ -44,7 +44,8 @@ from kvgate.simulator.openai_api import (
 )
 from kvgate.simulator.replica_metrics import CONTENT_TYPE, render_metrics
 from kvgate.simulator.tokenizer import VOCAB_SIZE, decode_token
-from kvgate.vllm_plugin.owner_record import OWNER_PATH, OwnerBook, OwnerClaimError
+from kvgate.wire.owner_record import OWNER_PATH, OwnerBook, OwnerClaimError
+from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, PrefixQuery, ProbeQueryError, merge_kv, merge_prefix
 
 DEFAULT_MODEL_NAME = "kvgate-sim"
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -320,7 +321,7 @@ async def metrics(request: web.Request) -> web.Response:
         request.app[INFO_KEY].model_name,
         engine.config.block_size,
         engine.config.num_blocks,
-        engine.kv_state(),
+        engine.kv_answer().to_json(),
         engine.scheduler.counters,
         manager.prefix_cache_stats,
         manager.block_pool.num_evictions,
@@ -332,40 +333,31 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def probe_kv(request: web.Request) -> web.Response:
-    state = request.app[ENGINE_KEY].kv_state()
-    return _json({"version": 1, **state, "engines": [{"engine": 0, **state}]})
-
-
-PROBE_FORMS = ("token_ids", "chat", "completion", "messages", "responses")
+    return _json(merge_kv([request.app[ENGINE_KEY].kv_answer()]).to_json())
 
 
 def parse_prefix_probe(body, store: responses_api.ResponseStore | None = None) -> tuple[list[int], str | None]:
-    """Token ids and cache_salt of a POST /v1/kvgate/prefix body (one of PROBE_FORMS), rendered
-    as generation renders it; a `responses` body continuing a response reads `store` (404 if
+    """Token ids and cache_salt of a prefix probe body (a `PrefixQuery`), rendered as
+    generation renders it; a `responses` body continuing a response reads `store` (404 if
     this replica does not hold it)."""
-    if not isinstance(body, dict):
-        raise ApiError(f"the probe body must be a JSON object with one of {', '.join(PROBE_FORMS)}")
-    forms = [key for key in PROBE_FORMS if key in body]
-    if len(forms) != 1:
-        raise ApiError(f"the probe body needs exactly one of {', '.join(PROBE_FORMS)}")
-    if forms[0] == "token_ids":
-        token_ids = body["token_ids"]
-        if not isinstance(token_ids, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < VOCAB_SIZE for t in token_ids
-        ):
+    try:
+        query = PrefixQuery.parse(body)
+    except ProbeQueryError as error:
+        raise ApiError(error.message, error.status, param=error.param) from None
+    if query.kind == "token_ids":
+        token_ids = query.token_ids or []
+        if not all(token < VOCAB_SIZE for token in token_ids):
             raise ApiError(f"'token_ids' must be a list of integers in [0, {VOCAB_SIZE})", param="token_ids")
-        salt = body.get("cache_salt")
-        if salt is not None and not isinstance(salt, str):
-            raise ApiError("'cache_salt' must be a string", param="cache_salt")
-        return token_ids, salt
-    if forms[0] == "messages":
-        return anthropic_api.render_messages(body["messages"])
-    if forms[0] == "responses":
+        return token_ids, query.cache_salt
+    request_body = query.body or {}
+    if query.kind == "messages":
+        return anthropic_api.render_messages(request_body)
+    if query.kind == "responses":
         ids, _messages, salt = responses_api.render_responses(
-            body["responses"], store if store is not None else responses_api.ResponseStore()
+            request_body, store if store is not None else responses_api.ResponseStore()
         )
         return ids, salt
-    return render_prompt(forms[0], body[forms[0]])
+    return render_prompt(query.kind, request_body)
 
 
 async def probe_prefix(request: web.Request) -> web.Response:
@@ -373,22 +365,10 @@ async def probe_prefix(request: web.Request) -> web.Response:
         token_ids, cache_salt = parse_prefix_probe(await _read_json(request), request.app[RESPONSES_KEY])
     except ApiError as error:
         return _error(error)
-    probe = request.app[ENGINE_KEY].probe_prefix(token_ids, cache_salt)
-    return _json(
-        {
-            "version": 1,
-            "total_tokens": probe.total_tokens,
-            "total_blocks": probe.total_blocks,
-            "hit_blocks": probe.hit_blocks,
-            "hit_tokens": probe.hit_tokens,
-            "hit_ratio": round(probe.hit_ratio, 6),
-            "hit_blocks_in_use": probe.hit_blocks_in_use,
-            "hit_blocks_evictable": probe.hit_blocks_evictable,
-        }
-    )
+    return _json(merge_prefix([request.app[ENGINE_KEY].prefix_answer(token_ids, cache_salt)]).to_json())
 
 
-# -- owner record (conflict detection: kvgate_vllm/owner_record.py) ---------------------------
+# -- owner record (conflict detection: kvgate.wire.owner_record) ---------------------------
 
 OWNER_KEY = web.AppKey("kvgate_sim_owner", OwnerBook)
 
@@ -442,8 +422,8 @@ def build_replica_app(
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/kvgate/kv", probe_kv)
-    app.router.add_post("/v1/kvgate/prefix", probe_prefix)
+    app.router.add_get(KV_PATH, probe_kv)
+    app.router.add_post(PREFIX_PATH, probe_prefix)
     app[OWNER_KEY] = OwnerBook(time.monotonic)
     app.router.add_post(OWNER_PATH, owner_claim)
     app.router.add_get(OWNER_PATH, owner_read)
