@@ -232,7 +232,7 @@ class ReplicaProcess:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "kvgate.proxy.cli",
+            "kvgate.cli",
             "replica",
             "--name",
             name,

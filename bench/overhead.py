@@ -115,13 +115,16 @@ def start_kvgate(
 ) -> tuple[subprocess.Popen, str]:
     """kvgate in front of the upstream: this installation's, or checkout `repo`'s. A checkout's
     `kvgate.*` packages come from its folders through a link tree first on PYTHONPATH; an
-    older checkout's top-level packages, from its working directory (`python -m proxy.cli`)."""
+    older checkout's top-level packages, from its working directory (`python -m proxy.cli`). The
+    command line is `kvgate.cli`, or `kvgate.proxy.cli` in a checkout from before it had its own."""
     workdir = workdir / (repo.name if repo else "this")
     workdir.mkdir(exist_ok=True)
-    module, env = "kvgate.proxy.cli", None
+    module, env = "kvgate.cli", None
     if repo is not None and not package_dirs(repo):
         module = "proxy.cli"
     elif repo is not None:
+        if "kvgate.cli" not in package_dirs(repo):
+            module = "kvgate.proxy.cli"
         tree = import_tree(repo, workdir / "import-tree")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
     config = workdir / "kvgate-bench.yaml"

@@ -60,7 +60,7 @@ def test_the_wheel_installs_only_the_kvgate_namespace(wheel):
     assert top - dist_info == {"kvgate"}, f"top-level names besides kvgate: {sorted(top - dist_info - {'kvgate'})}"
     assert "kvgate/__init__.py" not in names  # a namespace package (PEP 420): nothing of its own
     for module in (
-        "kvgate/proxy/cli.py",
+        "kvgate/cli/__init__.py",
         "kvgate/gate/gate.py",
         "kvgate/balancer/balancer.py",
         "kvgate/simulator/replica_server.py",

@@ -1,6 +1,6 @@
 """Starting and stopping the servers of a run: simulated replicas and the kvgate proxy.
 
-Each is a subprocess of the current interpreter (`python -m kvgate.proxy.cli ...`, the same
+Each is a subprocess of the current interpreter (`python -m kvgate.cli ...`, the same
 code as the `kvgate` console script), bound to a free port on 127.0.0.1, with its
 output in a log file under the run's folder. `ServerGroup` owns every process it
 started and stops them all on exit, also when the run fails, so a benchmark never
@@ -64,7 +64,7 @@ def free_port() -> int:
 
 
 def kvgate_command() -> list[str]:
-    return [sys.executable, "-m", "kvgate.proxy.cli"]
+    return [sys.executable, "-m", "kvgate.cli"]
 
 
 def kvgate_config(

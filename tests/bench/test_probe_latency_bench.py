@@ -14,7 +14,7 @@ async def run_benchmark(url: str, *options: str) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "kvgate.proxy.cli",
+        "kvgate.cli",
         "bench",
         "probe-latency",
         "--url",
