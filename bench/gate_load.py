@@ -9,7 +9,7 @@ run `--turns` turns (default 10) back to back on their own keep-alive connection
 a chat request carrying the whole history plus a new tool result, the reply
 appended; the last turn carries the finish header.
 
-After each run it checks that nothing leaked: every lease released, no reservation,
+After each run it checks that nothing leaked: every lease released, no window,
 waiter, attempt or session record left in any gate, no replica in-flight count.
 It reports per mode the client-side turn latency (p50, p95), the time spent inside
 `acquire` + `release` (what the gate itself adds), the admission reasons seen in
@@ -18,7 +18,7 @@ milliseconds and as a ratio (the goal is < 1 ms at p50). It prints numbers and
 asserts none; the exit status is 1 only if a turn failed or something leaked.
 
 Run: python -m kvgate.bench.gate_load [--sessions 1000] [--turns 10] [--replicas 2]
-     [--modes off,enforce] [--policy seed] [--repeats 1] [--in-process-replicas] [--out FILE]
+     [--modes off,enforce] [--policy watermark] [--repeats 1] [--in-process-replicas] [--out FILE]
 """
 
 from __future__ import annotations

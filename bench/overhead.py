@@ -79,7 +79,7 @@ def add_command(subparsers) -> None:
         default=GateSettings().policy,
         choices=sorted(POLICIES),
         help=f"kvgate's gate.policy for the proxied runs (default {GateSettings().policy}: "
-        "contract probes every named turn's prefix, seed only above the watermark)",
+        "working_set probes every named turn's prefix, watermark only above the watermark)",
     )
     parser.add_argument(
         "--baseline-repo",

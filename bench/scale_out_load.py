@@ -4,7 +4,7 @@ Layouts (each kvgate its own `kvgate serve` subprocess, each replica a `kvgate r
 subprocess with `time_scale` 0 and a cache far larger than the load: no KV pressure, so
 what differs between layouts is the cost of the tier itself):
 
-- `single`: one standalone kvgate (gate enforcing, contract policy) in front of every replica;
+- `single`: one standalone kvgate (gate enforcing, working_set policy) in front of every replica;
 - `tiers`: a replica gate (`role: replica_gate`) beside each replica and `--front-doors`
   front doors (`role: front_door`, gate off) listing them; session i uses front door i mod F.
 
@@ -186,7 +186,7 @@ async def start_layout(
 ) -> tuple[list[str], list[str]]:
     """(the URLs clients use, every kvgate URL) of `layout` in front of `replicas`."""
     admin = {"admin": {"token": ADMIN_TOKEN}}
-    gate = {"mode": "enforce", "policy": "contract"}
+    gate = {"mode": "enforce", "policy": "working_set"}
     if layout == "single":
         url = await servers.start_kvgate(
             "single", [r.url for r in replicas], gate, extra=admin, names=[r.name for r in replicas]
@@ -226,7 +226,7 @@ def leaks_of(state: dict) -> dict[str, int]:
     out["tracked_sessions"] += state.get("tracked_sessions", 0)
     for gate in state["gates"].values():
         out["leases"] += gate["leases"]
-        out["reservations"] += len(gate["reserved"]["in_flight"]) + len(gate["reserved"]["idle"])
+        out["windows"] += len(gate["windows"]["in_flight"]) + len(gate["windows"]["idle"])
         out["waiters"] += len(gate["pending"]) + gate["pending_anonymous"]
         out["sessions"] += len(gate["sessions"])
     return {k: v for k, v in out.items() if v}

@@ -44,7 +44,7 @@ class Topology:
         await asyncio.gather(*(r.stop() for r in self.replicas), return_exceptions=True)
 
     def gate_counts(self) -> dict[str, int]:
-        """Live leases, reservations, waiters, attempts and sessions over every kvgate's gates."""
+        """Live leases, windows, waiters, attempts and sessions over every kvgate's gates."""
         total: dict[str, int] = {}
         for kvgate in self.replica_gates + self.front_doors:
             for key, value in kvgate.app.admission.counts().items():

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from kvgate.gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from kvgate.gate.errors import AdmissionError, AdmissionSuperseded, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 from kvgate.gate.gate import Gate, Lease
 from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.policies import get_policy
@@ -30,7 +30,7 @@ from kvgate.gate.settings import GateSettings
 __all__ = [
     "AdmissionController",
     "AdmissionError",
-    "AdmissionPreempted",
+    "AdmissionSuperseded",
     "AdmissionTimeout",
     "Lease",
     "PromptTooLong",
@@ -158,13 +158,13 @@ class AdmissionController:
             gate.close(f"replica {name} was removed while this request waited for admission")
 
     def state(self) -> dict[str, Any]:
-        """Per gate (by replica name): reserved sessions in flight and idle, pending
-        sessions, and per session its reason counts and num_preempted."""
+        """Per gate (by replica name): windows in flight and idle, pending
+        sessions, and per session its reason counts and num_superseded."""
         return {name: gate.state() for name, gate in self._gates.items()}
 
     def counts(self) -> dict[str, int]:
-        """Live leases, reservations, waiters, attempts and sessions over all gates."""
-        total = {"leases": 0, "reservations": 0, "waiters": 0, "attempts": 0, "sessions": 0}
+        """Live leases, windows, waiters, attempts and sessions over all gates."""
+        total = {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}
         for gate in self._gates.values():
             for key, value in gate.counts().items():
                 total[key] += value

@@ -4,7 +4,7 @@ One `SessionRecord` per named session that is active on the replica (acquiring, 
 flight) or was active within the last `idle_grace_sec`. A record carries the
 session's window (its claim on the replica's KV cache between turns, priced at its
 footprint in blocks), its admission reason counts and its
-`num_preempted`. The async gate (`gate.gate`) is the shell that probes and waits; every
+`num_superseded`. The async gate (`gate.gate`) is the shell that probes and waits; every
 state change goes through a `SessionBook` method, which keeps these invariants:
 
 - `records` holds exactly the live records; `idle` holds, in the order they became
@@ -33,7 +33,7 @@ state change goes through a `SessionBook` method, which keeps these invariants:
 - A record's `prompt_tokens` / `growth_tokens` are the session's recorded sizes (the
   prompt of its last admitted turn with a prefix reading, and how much it grew since
   the turn before); `mean_growth_tokens` is the mean of every growth observed on the
-  replica (a turn whose prompt differs from the session's last), the contract policy's
+  replica (a turn whose prompt differs from the session's last), the working_set policy's
   price for the growth of a session without history.
 """
 
@@ -55,7 +55,7 @@ class WindowEnd(StrEnum):
     FINISH = "finish"  # x-session-finish or POST /admin/sessions/{id}/finish
     QUIET = "quiet"  # idle well past the session's usual gap between turns
     GRACE = "grace"  # idle for idle_grace_sec (the ceiling of the quiet lifetime)
-    LOST = "lost"  # contract policy: no longer fits behind the older windows
+    LOST = "lost"  # working_set policy: no longer fits behind the older windows
     REVOKED = (
         "revoked"  # its turn served no prompt, its prompt can never fit, it went work_conserving, or the replica left
     )
@@ -77,8 +77,8 @@ class SessionRecord:
     finished: bool = False
     idle_since: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
-    num_preempted: int = 0
-    windows_lost: int = 0  # windows the contract policy took back (older sessions grew)
+    num_superseded: int = 0
+    windows_lost: int = 0  # windows the working_set policy took back (older sessions grew)
     prompt_tokens: int | None = None  # prompt tokens of the last admitted turn with a prefix reading
     growth_tokens: int = 0  # tokens its prompt grew by between its last two such turns
     prompt_bound: int | None = None  # the body-length bound of the turn `prompt_tokens` was read for
@@ -183,7 +183,7 @@ class SessionBook:
             self.windows.pop(rec.key, None)
         rec.has_window = has_window
 
-    # -- the contract policy's books
+    # -- the working_set policy's books
 
     @property
     def window_blocks(self) -> int:
@@ -199,7 +199,7 @@ class SessionBook:
             if other is rec:
                 return total
             total += other.footprint
-        raise AssertionError(f"reserved record {rec.key!r} missing from the windows")
+        raise AssertionError(f"window holder {rec.key!r} missing from the windows")
 
     @property
     def mean_growth_tokens(self) -> int:
@@ -264,7 +264,7 @@ class SessionBook:
         rec.turn_ended_at = None
         previous = rec.attempt
         if previous is not None:
-            rec.num_preempted += 1
+            rec.num_superseded += 1
         rec.attempt = attempt
         rec.finished = False
         self._enter(rec, now)
@@ -324,7 +324,7 @@ class SessionBook:
 
     def reprice(self, rec: SessionRecord, footprint: int, prompt_tokens: int, prompt_bound: int | None) -> bool:
         """Replace the price of an in-flight window admitted at an upper bound by its exact
-        one (contract policy, no-pressure path); True if the window shrank.
+        one (working_set policy, no-pressure path); True if the window shrank.
 
         Only while the turn is in flight: an idle window's price counts in
         `idle_window_blocks` and its place in `idle`, which this must not disturb (its

@@ -19,11 +19,11 @@ class AdmissionError(Exception):
         self.retry_after = retry_after
 
 
-class AdmissionPreempted(AdmissionError):
+class AdmissionSuperseded(AdmissionError):
     """A newer attempt of the same session arrived while this one waited (409)."""
 
     status = 409
-    code = "admission_preempted"
+    code = "admission_superseded"
     error_type = "conflict_error"
 
 
@@ -36,7 +36,7 @@ class AdmissionTimeout(AdmissionError):
 
 
 class PromptTooLong(AdmissionError):
-    """The prompt can never fit the replica's KV cache (contract policy, 400)."""
+    """The prompt can never fit the replica's KV cache (working_set policy, 400)."""
 
     status = 400
     code = "prompt_too_long"

@@ -10,7 +10,7 @@ no policy meaning of its own.
 Invariants (each has a test):
 - Every lease is counted until released; `Lease.release()` is idempotent.
 - A session has at most one attempt acquiring: a newer attempt aborts the older one,
-  which raises `AdmissionPreempted` at its next checkpoint (before and after each
+  which raises `AdmissionSuperseded` at its next checkpoint (before and after each
   probe, and on waking); so a retry storm leaves at most one waiter per session.
 - Cancelling an acquire (client disconnect) leaves no waiter, attempt or lease.
 - A held turn re-decides on its last prefix reading while it is younger than
@@ -24,7 +24,7 @@ Invariants (each has a test):
   wake-up is ever needed for liveness. A waiter whose last Wait set `wake_on_release`
   (one behind others the work-conserving rule may let in) is also woken whenever
   blocks are freed, not only when it heads the queue.
-- The policy sees how many named waiters are ahead of the attempt (the contract
+- The policy sees how many named waiters are ahead of the attempt (the working_set
   policy gives newcomers windows in strict FIFO order) and the request's output allowance,
   read once from the body.
 - A `Wait(drop_window=True)` takes the session's window back before it waits; so does
@@ -60,7 +60,7 @@ import orjson
 from prometheus_client import Counter, Histogram
 
 from kvgate.gate.book import SessionBook, SessionRecord, WindowEnd
-from kvgate.gate.errors import AdmissionError, AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from kvgate.gate.errors import AdmissionError, AdmissionSuperseded, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.observations import reprefill_tokens
 from kvgate.gate.policies import (
@@ -84,7 +84,7 @@ from kvgate.wire.routes import PROMPT_KINDS
 
 Clock = Callable[[], float]
 MODES = ("enforce", "shadow", "off")
-MIN_WAIT_SEC = 0.001  # a waiter never spins, whatever the knobs or the clock say
+MIN_WAIT_SEC = 0.001  # a waiter never spins, whatever the settings or the clock say
 # How long a held turn re-decides on its last prefix reading instead of a new probe. Its
 # hits only fall while it waits (its blocks are evicted; another session computing a
 # shared prefix is the exception), and fewer hits never turn a Wait into an Admit in
@@ -192,10 +192,10 @@ class Gate:
         self._wait_hist = metrics.admission_wait.labels(name)
         self._pending_gauge = metrics.pending_sessions.labels(name)
         self._window_gauges = (
-            metrics.reserved_sessions.labels(name, "in_flight"),
-            metrics.reserved_sessions.labels(name, "idle"),
+            metrics.windows.labels(name, "in_flight"),
+            metrics.windows.labels(name, "idle"),
         )
-        self._preempted = metrics.preempted_attempts.labels(name)
+        self._superseded = metrics.superseded_attempts.labels(name)
         self._published = (-1, -1)
         self._changed_at = float("-inf")  # last release, finish or expiry that may free blocks
         self._retry_after = max(1, math.ceil(settings.wait_poll_sec))
@@ -232,7 +232,7 @@ class Gate:
         if session_key is not None:
             record, previous = self._book.begin_attempt(session_key, attempt, start)
             if isinstance(previous, Attempt):  # the book keeps this gate's attempts
-                self._preempt(previous)
+                self._supersede(previous)
         self._attempts.add(attempt)
         deadline = start + self._max_wait if self._max_wait is not None else None
         newer_than: float | None = None  # a re-evaluation needs usage read after the last release
@@ -490,7 +490,7 @@ class Gate:
         self._purge(self._now())
 
     def _leave_queue(self, attempt: Attempt) -> None:
-        """A waiter leaves without a lease (cancelled, preempted, timed out, rejected)."""
+        """A waiter leaves without a lease (cancelled, superseded, timed out, rejected)."""
         was_head = next(iter(self._queue), None) is attempt
         self._dequeue(attempt)
         if was_head and self._queue:
@@ -508,15 +508,15 @@ class Gate:
                 event.set()
                 return
 
-    def _preempt(self, previous: Attempt) -> None:
-        previous.abort = AdmissionPreempted(
+    def _supersede(self, previous: Attempt) -> None:
+        previous.abort = AdmissionSuperseded(
             "a newer request of the same session arrived while this one waited for admission; "
             "only the newest attempt of a session is served"
         )
         if previous.queued:
             self._leave_queue(previous)
         previous.wake()
-        self._preempted.inc()
+        self._superseded.inc()
 
     # ------------------------------------------------------------- windows/leases
 
@@ -546,7 +546,7 @@ class Gate:
                 waiter.wake()
 
     def _drop_window(self, record: SessionRecord | None, cause: WindowEnd = WindowEnd.LOST) -> None:
-        """Take a session's window back (contract: it no longer fits, or its prompt never will)."""
+        """Take a session's window back (working_set: it no longer fits, or its prompt never will)."""
         if record is None:
             return
         now = self._now()
@@ -576,10 +576,10 @@ class Gate:
             self._blocks_freed(now)
 
     def _session_ended(self, record: SessionRecord) -> None:
-        self._metrics.session_preemptions.observe(record.num_preempted)
+        self._metrics.session_supersessions.observe(record.num_superseded)
 
     def _publish_windows(self) -> None:
-        """Publish the window gauges (`kvgate_reserved_sessions`) and count the windows ended since the last call."""
+        """Publish the window gauges (`kvgate_windows`) and count the windows ended since the last call."""
         if self._book._new_window_ends:
             for cause in self._book.take_window_ends():
                 self._window_ends[cause].inc()
@@ -636,7 +636,7 @@ class Gate:
         self._purge(self._now())
         return {
             "leases": self._book.leases,
-            "reservations": self._book.windows_in_flight + self._book.windows_idle,
+            "windows": self._book.windows_in_flight + self._book.windows_idle,
             "waiters": len(self._queue),
             "attempts": len(self._attempts),
             "sessions": len(self._book.records),
@@ -654,10 +654,10 @@ class Gate:
         for key, rec in self._book.records.items():
             sessions[key] = {
                 "reasons": dict(rec.reasons),
-                "num_preempted": rec.num_preempted,
+                "num_superseded": rec.num_superseded,
                 "windows_lost": rec.windows_lost,
                 "in_flight": rec.in_flight,
-                "reserved": rec.has_window,
+                "has_window": rec.has_window,
                 "resident_blocks": rec.footprint,
                 "growth_tokens": rec.growth_tokens,
                 "idle_sec": round(now - rec.idle_since, 3) if rec.is_idle else None,
@@ -678,7 +678,7 @@ class Gate:
             "policy": self.policy.name,
             "closed": self._closed is not None,
             "leases": self._book.leases,
-            "reserved": {"in_flight": in_flight, "idle": idle},
+            "windows": {"in_flight": in_flight, "idle": idle},
             "window_blocks": self._book.window_blocks,
             "pending": pending,
             "pending_anonymous": anonymous_waiting,

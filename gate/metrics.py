@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 PROBE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
-PREEMPTION_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100)
+SUPERSESSION_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100)
 
 
 class GateMetrics:
@@ -36,22 +36,22 @@ class GateMetrics:
         self.pending_sessions = Gauge(
             "kvgate_pending_sessions", "Sessions waiting at the gate.", ["replica"], registry=r
         )
-        self.reserved_sessions = Gauge(
-            "kvgate_reserved_sessions",
-            "Sessions holding a reservation, in flight or idle.",
+        self.windows = Gauge(
+            "kvgate_windows",
+            "Sessions holding a window, in flight or idle.",
             ["replica", "state"],
             registry=r,
         )
-        self.preempted_attempts = Counter(
-            "kvgate_preempted_attempts",
+        self.superseded_attempts = Counter(
+            "kvgate_superseded_attempts",
             "Waiting attempts aborted by a newer attempt of their session.",
             ["replica"],
             registry=r,
         )
-        self.session_preemptions = Histogram(
-            "kvgate_session_preemptions",
-            "Preempted attempts per session, observed when a session ends.",
-            buckets=PREEMPTION_BUCKETS,
+        self.session_supersessions = Histogram(
+            "kvgate_session_supersessions",
+            "Superseded attempts per session, observed when a session ends.",
+            buckets=SUPERSESSION_BUCKETS,
             registry=r,
         )
         self.window_ends = Counter(

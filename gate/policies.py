@@ -1,18 +1,18 @@
-"""Admission policies: pure functions from (gate view, readings, knobs) to a decision.
+"""Admission policies: pure functions from (gate view, readings, settings) to a decision.
 
 A policy is two functions (DESIGN.md sections 2-4):
 
-- `needs_prefix_probe(view, usage, knobs) -> bool`: whether the gate must ask the
+- `needs_prefix_probe(view, usage, settings) -> bool`: whether the gate must ask the
   prefix probe before deciding. The gate asks only when this says so, so the common
   path (no pressure, or a session that holds a window) costs one shared usage reading.
-- `decide(view, usage, prefix, knobs) -> Admit | Wait | Reject`.
+- `decide(view, usage, prefix, settings) -> Admit | Wait | Reject`.
 
 `usage is None` means the usage probe failed (usage unknown); `prefix is None` means
 the prefix probe is unavailable (not asked, unsupported route, replica without the
 probe API, or a failed probe). Invariant tested for every policy: whenever
 `needs_prefix_probe` is False, `decide` gives the same answer for any `prefix`.
 
-The contract policy is a working-set admission control priced by the gate's own books
+The working_set policy is a working-set admission control priced by the gate's own books
 (docs/gate.md), made work-conserving (`work_conserving`: a held turn goes in when
 holding it costs the replica more than the re-prefill its admission causes), with
 windows that end when their session goes quiet (`quiet_lifetime`): every window has a
@@ -45,10 +45,10 @@ class AdmissionReason(StrEnum):
 
     OPEN = "open"
     ANONYMOUS = "anonymous"
-    RESERVED_SESSION = "reserved_session"
+    HOLDS_WINDOW = "holds_window"
     PREFIX_PROBE_UNAVAILABLE = "prefix_probe_unavailable"
     RESIDENT_PREFIX = "resident_prefix"
-    CONTRACT_FITS = "contract_fits"
+    WINDOW_FITS = "window_fits"
     WORK_CONSERVING = "work_conserving"
 
 
@@ -56,11 +56,11 @@ class WaitCause(StrEnum):
     """Why a turn is held (`Wait.cause`; `Wait.why` adds the figures)."""
 
     ANONYMOUS_ABOVE_WATERMARK = "anonymous_above_watermark"  # anonymous turns see the watermark only
-    COLD_PREFIX = "cold_prefix"  # seed: above the watermark, its prefix not resident
-    BEHIND_WAITERS = "behind_waiters"  # contract: a newcomer with named waiters ahead (windows in FIFO order)
-    WINDOW_LOST = "window_lost"  # contract: a holder that no longer fits behind the older windows
-    WINDOWS_FULL = "windows_full"  # contract: its footprint does not fit beside the windows
-    NO_FREE_BLOCKS = "no_free_blocks"  # contract: vLLM lacks free blocks outside idle windows and headroom
+    COLD_PREFIX = "cold_prefix"  # watermark: above the watermark, its prefix not resident
+    BEHIND_WAITERS = "behind_waiters"  # working_set: a newcomer with named waiters ahead (windows in FIFO order)
+    WINDOW_LOST = "window_lost"  # working_set: a holder that no longer fits behind the older windows
+    WINDOWS_FULL = "windows_full"  # working_set: its footprint does not fit beside the windows
+    NO_FREE_BLOCKS = "no_free_blocks"  # working_set: vLLM lacks free blocks outside idle windows and headroom
     WORTH_HOLDING = "worth_holding"  # work-conserving rule: the re-prefill costs more than holding (or unmeasured)
 
 
@@ -79,21 +79,21 @@ class GateView:
     idle_window_blocks: the footprints of *other* sessions' idle windows.
     older_window_blocks: the footprints of the windows that rank before this session's
       own (opened earlier), in flight or idle; all windows when the session holds
-      none. Only the contract policy reads it.
+      none. Only the working_set policy reads it.
     max_output_tokens: the request's output allowance (`output_allowance(body)`).
     last_prompt_tokens: the prompt tokens of the session's last admitted turn on this
-      replica with a prefix reading (None: no history). Only the contract policy reads it.
+      replica with a prefix reading (None: no history). Only the working_set policy reads it.
     last_growth_tokens: the growth per turn the session last showed (`turn_growth_tokens`),
       kept for a re-sent turn whose prompt did not change.
     mean_growth_tokens: the replica's mean observed growth per turn, the price of a
       session's growth before it has any history.
     waiters_ahead: named sessions queued at the gate ahead of this attempt (all of
-      them for an attempt not queued yet). Only the contract policy reads it: its
+      them for an attempt not queued yet). Only the working_set policy reads it: its
       newcomers get windows in strict FIFO order (one behind others can only go in
       `work_conserving`, without a window).
     prompt_bound_tokens: an upper bound on the prompt's tokens read off the body
       (`prompt_token_bound`), or None when the body admits no cheap bound. The
-      contract policy admits without a prefix probe when even the bound fits.
+      working_set policy admits without a prefix probe when even the bound fits.
     last_prompt_bound: the body-length bound of the turn `last_prompt_tokens` was read
       for; a session with history is bounded by its exact size plus its body's growth
       since (`history_bound`).
@@ -102,7 +102,7 @@ class GateView:
     expected_gap_sec: the replica's smoothed gap between a session's turns (the idle
       time before a holder in a tool call comes back); None before any gap was seen.
     waited_sec: how long this attempt has been held so far.
-    Only the contract policy's work-conserving rule reads the last three.
+    Only the working_set policy's work-conserving rule reads the last three.
     tokens_per_byte: the replica's recent highest ratio of a probed prompt's tokens to
       its body's bytes (`SessionBook.tokens_per_byte`), None before any probe. The
       work-conserving rule prices an unprobed turn with it (`estimated_prompt_tokens`).
@@ -368,13 +368,13 @@ def holding_cost_sec(view: GateView, usage: UsageReading) -> float:
     return cost
 
 
-def work_conserving(view: GateView, usage: UsageReading, evicted_blocks: int, knobs: GateSettings) -> Wait | None:
+def work_conserving(view: GateView, usage: UsageReading, evicted_blocks: int, settings: GateSettings) -> Wait | None:
     """None: admit the held turn `work_conserving`, its admission causes less re-prefill
     (`reprefill_sec` of the `evicted_blocks` it pushes out of other windows) than the
     compute holding it leaves unused (`holding_cost_sec`). Else the Wait to return,
     with a recheck time when waiting on an idle replica will tip the balance.
-    No prefill measurement yet: hold (as the contract always did)."""
-    reprefill = reprefill_sec(evicted_blocks, usage) if knobs.work_conserving else None
+    No prefill measurement yet: hold (as the working_set policy always did)."""
+    reprefill = reprefill_sec(evicted_blocks, usage) if settings.work_conserving else None
     if reprefill is None:
         return Wait(WaitCause.WORTH_HOLDING, "no prefill-throughput measurement: holding")
     holding = holding_cost_sec(view, usage)
@@ -408,9 +408,9 @@ def evicted_window_blocks(view: GateView, usage: UsageReading, prefix: PrefixRea
     return max(0, by_books, by_engine)
 
 
-def can_work_conserve(usage: UsageReading, knobs: GateSettings) -> bool:
+def can_work_conserve(usage: UsageReading, settings: GateSettings) -> bool:
     """The work-conserving rule is on and has the replica's prefill throughput to price with."""
-    return knobs.work_conserving and reprefill_sec(0, usage) is not None
+    return settings.work_conserving and reprefill_sec(0, usage) is not None
 
 
 def _behind(view: GateView) -> bool:
@@ -418,77 +418,77 @@ def _behind(view: GateView) -> bool:
     return not view.has_window and view.waiters_ahead > 0
 
 
-def _open(view: GateView, knobs: GateSettings) -> Admit:
+def _open(view: GateView, settings: GateSettings) -> Admit:
     """Admit `open` (no pressure read, or usage unknown): the next waiter may pass too, and
     a session that already owns a window keeps and renews it."""
-    keep = knobs.retain_session and view.has_window and not view.anonymous
+    keep = settings.retain_session and view.has_window and not view.anonymous
     return Admit(AdmissionReason.OPEN, window=keep, wake_next=True)
 
 
-# ---------------------------------------------------------------- seed policy
+# ---------------------------------------------------------------- watermark policy
 
 
-def seed_needs_prefix_probe(view: GateView, usage: UsageReading | None, knobs: GateSettings) -> bool:
+def watermark_needs_prefix_probe(view: GateView, usage: UsageReading | None, settings: GateSettings) -> bool:
     """Only above the watermark, and only for named sessions without a window."""
     return (
         usage is not None
-        and usage.kv_cache_usage >= knobs.high_watermark
+        and usage.kv_cache_usage >= settings.high_watermark
         and not view.anonymous
         and not view.has_window
     )
 
 
-def seed_decide(
-    view: GateView, usage: UsageReading | None, prefix: PrefixReading | None, knobs: GateSettings
+def watermark_decide(
+    view: GateView, usage: UsageReading | None, prefix: PrefixReading | None, settings: GateSettings
 ) -> Decision:
     """DESIGN.md section 2's tree.
 
     - usage unknown (probe failed): admit `open` (the probe error metric says why).
     - anonymous: below the watermark `anonymous`, at or above it wait; never a window.
     - below the watermark: `open` (a session's existing window is kept and renewed).
-    - at or above it: `reserved_session` if the session owns a window; else
+    - at or above it: `holds_window` if the session owns a window; else
       `prefix_probe_unavailable` if there is no prefix reading; else `resident_prefix`
       if hit_ratio >= hit_threshold; else wait.
-    With retain_session, `reserved_session` and `resident_prefix` hold a reservation.
+    With retain_session, `holds_window` and `resident_prefix` hold a window.
     """
     if usage is None:
-        return _open(view, knobs)
-    pressure = usage.kv_cache_usage >= knobs.high_watermark
+        return _open(view, settings)
+    pressure = usage.kv_cache_usage >= settings.high_watermark
     if view.anonymous:
         if pressure:
             return Wait(WaitCause.ANONYMOUS_ABOVE_WATERMARK, "anonymous request above the watermark")
         return Admit(AdmissionReason.ANONYMOUS, wake_next=True)
     if not pressure:
-        return _open(view, knobs)
+        return _open(view, settings)
     if view.has_window:
-        return Admit(AdmissionReason.RESERVED_SESSION, window=knobs.retain_session)
+        return Admit(AdmissionReason.HOLDS_WINDOW, window=settings.retain_session)
     if prefix is None:
         return Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)
-    if prefix.hit_ratio >= knobs.hit_threshold:
-        return Admit(AdmissionReason.RESIDENT_PREFIX, window=knobs.retain_session, footprint=prefix.total_blocks)
+    if prefix.hit_ratio >= settings.hit_threshold:
+        return Admit(AdmissionReason.RESIDENT_PREFIX, window=settings.retain_session, footprint=prefix.total_blocks)
     return Wait(WaitCause.COLD_PREFIX, "cold prefix above the watermark")
 
 
-SEED = Policy("seed", seed_needs_prefix_probe, seed_decide)
+WATERMARK = Policy("watermark", watermark_needs_prefix_probe, watermark_decide)
 
 
-# ------------------------------------------------------------ contract policy
+# ------------------------------------------------------------ working_set policy
 
 
-def usable_blocks(usage: UsageReading, knobs: GateSettings) -> int:
+def usable_blocks(usage: UsageReading, settings: GateSettings) -> int:
     """The blocks windows may hold: the replica's total less `headroom_blocks`."""
     assert usage.num_total_blocks is not None
-    return usage.num_total_blocks - knobs.headroom_blocks
+    return usage.num_total_blocks - settings.headroom_blocks
 
 
-def free_budget(view: GateView, usage: UsageReading, knobs: GateSettings) -> int:
+def free_budget(view: GateView, usage: UsageReading, settings: GateSettings) -> int:
     """vLLM's free blocks a newcomer may take: outside other sessions' idle windows and
     the headroom (may be negative)."""
     assert usage.num_free_blocks is not None
-    return usage.num_free_blocks - view.idle_window_blocks - knobs.headroom_blocks
+    return usage.num_free_blocks - view.idle_window_blocks - settings.headroom_blocks
 
 
-def bounded_footprint(view: GateView, usage: UsageReading, knobs: GateSettings) -> int | None:
+def bounded_footprint(view: GateView, usage: UsageReading, settings: GateSettings) -> int | None:
     """The footprint to admit a turn at without a prefix probe, or None to probe.
 
     The turn is priced at its upper bound (`history_bound` + output allowance +
@@ -507,16 +507,16 @@ def bounded_footprint(view: GateView, usage: UsageReading, knobs: GateSettings) 
     growth = view.last_growth_tokens if view.last_prompt_tokens is not None else view.mean_growth_tokens
     tokens = bound + view.max_output_tokens + growth
     footprint = cdiv(tokens, usage.block_size)
-    if footprint + view.older_window_blocks > usable_blocks(usage, knobs):
+    if footprint + view.older_window_blocks > usable_blocks(usage, settings):
         return None
     if not view.has_window:
         prompt_blocks = bound // usage.block_size
-        if prompt_blocks > free_budget(view, usage, knobs):
+        if prompt_blocks > free_budget(view, usage, settings):
             return None
     return footprint
 
 
-def unprobed_work_conserving(view: GateView, usage: UsageReading, knobs: GateSettings) -> bool:
+def unprobed_work_conserving(view: GateView, usage: UsageReading, settings: GateSettings) -> bool:
     """Whether a newcomer goes in `work_conserving` without a prefix probe: the rule
     admits it at its estimated price (its prompt at `estimated_prompt_tokens`, none of
     it cached). Asking would only make it wait for the probe, which a CPU engine answers
@@ -528,7 +528,7 @@ def unprobed_work_conserving(view: GateView, usage: UsageReading, knobs: GateSet
     whose re-prefill costs less than holding the turn. (A turn whose upper bound fits a
     window gets one first: `bounded_footprint`.)
     """
-    if view.has_window or not can_work_conserve(usage, knobs) or not usage.has_blocks:
+    if view.has_window or not can_work_conserve(usage, settings) or not usage.has_blocks:
         return False
     tokens = estimated_prompt_tokens(view)
     if tokens is None:
@@ -536,19 +536,19 @@ def unprobed_work_conserving(view: GateView, usage: UsageReading, knobs: GateSet
     assert usage.block_size  # has_blocks
     blocks = cdiv(tokens, usage.block_size)
     cold = PrefixReading(total_blocks=blocks, hit_blocks=0, hit_ratio=0.0, total_tokens=tokens)
-    budget, usable = free_budget(view, usage, knobs), usable_blocks(usage, knobs)
+    budget, usable = free_budget(view, usage, settings), usable_blocks(usage, settings)
     at_risk = evicted_window_blocks(view, usage, cold, budget, usable) + blocks
-    return work_conserving(view, usage, at_risk, knobs) is None
+    return work_conserving(view, usage, at_risk, settings) is None
 
 
-def reprice_threshold(usage: UsageReading, knobs: GateSettings) -> int:
+def reprice_threshold(usage: UsageReading, settings: GateSettings) -> int:
     """Window blocks above which a window priced at its upper bound gets its exact price
     (`Admit.reprice_above`): half the usable blocks. Below that, over-priced windows
     cannot hold anyone back (a bound that fits skips the probe), so no probe is spent."""
-    return usable_blocks(usage, knobs) // 2
+    return usable_blocks(usage, settings) // 2
 
 
-def window_footprint(view: GateView, usage: UsageReading, prefix: PrefixReading, knobs: GateSettings) -> int:
+def window_footprint(view: GateView, usage: UsageReading, prefix: PrefixReading, settings: GateSettings) -> int:
     """The exact price of the deciding session's window: the anticipated footprint
     (prompt + output allowance + its growth per turn), capped at the usable blocks so
     that a large allowance alone never strands a turn. Needs block counts."""
@@ -556,11 +556,11 @@ def window_footprint(view: GateView, usage: UsageReading, prefix: PrefixReading,
     growth = turn_growth_tokens(
         prefix.total_tokens, view.last_prompt_tokens, view.last_growth_tokens, view.mean_growth_tokens
     )
-    return min(footprint_blocks(prefix, usage, view.max_output_tokens, growth), usable_blocks(usage, knobs))
+    return min(footprint_blocks(prefix, usage, view.max_output_tokens, growth), usable_blocks(usage, settings))
 
 
-def contract_needs_prefix_probe(view: GateView, usage: UsageReading | None, knobs: GateSettings) -> bool:
-    """For every named turn the contract prices, holders included: the price is the prompt.
+def working_set_needs_prefix_probe(view: GateView, usage: UsageReading | None, settings: GateSettings) -> bool:
+    """For every named turn the working_set policy prices, holders included: the price is the prompt.
 
     At any usage: the watermark is exactly what this policy distrusts (idle windows
     hold no live blocks, so usage reads low while their prefixes are about to be
@@ -569,24 +569,24 @@ def contract_needs_prefix_probe(view: GateView, usage: UsageReading | None, knob
     work-conserving rule could let it in (`can_work_conserve`). Not for a turn whose
     upper bound already fits (`bounded_footprint`: no pressure), nor for a newcomer
     the rule admits at its estimated price (`unprobed_work_conserving`), nor
-    without block counts (the /metrics fallback: the seed policy decides).
+    without block counts (the /metrics fallback: the watermark policy decides).
     """
     if usage is None or view.anonymous:
         return False
     if not usage.has_blocks:
-        return seed_needs_prefix_probe(view, usage, knobs)
-    if unprobed_work_conserving(view, usage, knobs):
+        return watermark_needs_prefix_probe(view, usage, settings)
+    if unprobed_work_conserving(view, usage, settings):
         return False
     if _behind(view):
-        return can_work_conserve(usage, knobs)
-    return bounded_footprint(view, usage, knobs) is None
+        return can_work_conserve(usage, settings)
+    return bounded_footprint(view, usage, settings) is None
 
 
-def contract_decide(
-    view: GateView, usage: UsageReading | None, prefix: PrefixReading | None, knobs: GateSettings
+def working_set_decide(
+    view: GateView, usage: UsageReading | None, prefix: PrefixReading | None, settings: GateSettings
 ) -> Decision:
     """A working-set admission control priced by the gate's own books. The decision
-    table, row by row, is docs/gate.md's (`contract`); this states the contract.
+    table, row by row, is docs/gate.md's (`working_set`); this states its invariants.
 
     Terms: usable = num_total_blocks - headroom_blocks; a turn's footprint is its
     anticipated window price (`window_footprint`: prompt + output allowance + growth
@@ -612,50 +612,50 @@ def contract_decide(
     - A price read off the body (no prefix reading) is marked `Admit.reprice_above`;
       a holder without a prefix reading keeps its window at its last price.
     Without usage, for anonymous turns and without block counts it decides as the
-    seed policy does (`open` when usage is unknown).
+    watermark policy does (`open` when usage is unknown).
     """
     if usage is None:
-        return _open(view, knobs)
+        return _open(view, settings)
     if view.anonymous or not usage.has_blocks:
-        return seed_decide(view, usage, prefix, knobs)
+        return watermark_decide(view, usage, prefix, settings)
     behind = _behind(view)
-    bounded = None if behind else bounded_footprint(view, usage, knobs)
+    bounded = None if behind else bounded_footprint(view, usage, settings)
     if bounded is not None:
         return Admit(
-            AdmissionReason.RESERVED_SESSION if view.has_window else AdmissionReason.CONTRACT_FITS,
-            window=knobs.retain_session,
+            AdmissionReason.HOLDS_WINDOW if view.has_window else AdmissionReason.WINDOW_FITS,
+            window=settings.retain_session,
             footprint=bounded,
-            reprice_above=reprice_threshold(usage, knobs),
+            reprice_above=reprice_threshold(usage, settings),
         )
-    if unprobed_work_conserving(view, usage, knobs):
+    if unprobed_work_conserving(view, usage, settings):
         return Admit(AdmissionReason.WORK_CONSERVING)
     behind_why = f"behind {view.waiters_ahead} waiting sessions (first come, first served)"
-    if behind and (prefix is None or not can_work_conserve(usage, knobs)):
+    if behind and (prefix is None or not can_work_conserve(usage, settings)):
         return Wait(WaitCause.BEHIND_WAITERS, behind_why)
     if prefix is None:
         if view.has_window:  # cannot re-price it: keep the window at its last footprint
-            return Admit(AdmissionReason.RESERVED_SESSION, window=knobs.retain_session)
-        return seed_decide(view, usage, prefix, knobs)
+            return Admit(AdmissionReason.HOLDS_WINDOW, window=settings.retain_session)
+        return watermark_decide(view, usage, prefix, settings)
     assert usage.num_total_blocks is not None and usage.num_free_blocks is not None
-    usable = usable_blocks(usage, knobs)
+    usable = usable_blocks(usage, settings)
     if prefix.total_blocks > usable:
         return Reject(
             RejectCode.PROMPT_TOO_LONG,
             f"the prompt needs {prefix.total_blocks} KV-cache blocks but the replica has "
-            f"{usage.num_total_blocks} (minus gate.headroom_blocks={knobs.headroom_blocks}); "
+            f"{usage.num_total_blocks} (minus gate.headroom_blocks={settings.headroom_blocks}); "
             "shorten the prompt or serve it from a replica with a larger KV cache",
         )
-    footprint = window_footprint(view, usage, prefix, knobs)
+    footprint = window_footprint(view, usage, prefix, settings)
     working_set = footprint + view.older_window_blocks
-    budget = free_budget(view, usage, knobs)
+    budget = free_budget(view, usage, settings)
     if view.has_window and working_set <= usable:
-        return Admit(AdmissionReason.RESERVED_SESSION, window=knobs.retain_session, footprint=footprint)
+        return Admit(AdmissionReason.HOLDS_WINDOW, window=settings.retain_session, footprint=footprint)
     if not view.has_window and not behind and working_set <= usable and prefix.new_blocks <= budget:
-        return Admit(AdmissionReason.CONTRACT_FITS, window=knobs.retain_session, footprint=footprint)
+        return Admit(AdmissionReason.WINDOW_FITS, window=settings.retain_session, footprint=footprint)
     # Admitted without a window, its own prefix is unprotected: its next turn is expected
     # to compute it again, so it counts with the windows' blocks it pushes out.
     at_risk = evicted_window_blocks(view, usage, prefix, budget, usable) + prefix.total_blocks
-    held = work_conserving(view, usage, at_risk, knobs)
+    held = work_conserving(view, usage, at_risk, settings)
     if held is None:  # admitted without a window: the windows' books stay within usable
         return Admit(AdmissionReason.WORK_CONSERVING)
     if view.has_window:
@@ -679,13 +679,27 @@ def contract_decide(
     return Wait(cause, f"{why}; {held.why}", recheck_sec=held.recheck_sec)
 
 
-CONTRACT = Policy("contract", contract_needs_prefix_probe, contract_decide, reads_prompt_bound=True)
+WORKING_SET = Policy("working_set", working_set_needs_prefix_probe, working_set_decide, reads_prompt_bound=True)
 
 
-POLICIES: dict[str, Policy] = {p.name: p for p in (SEED, CONTRACT)}
+POLICIES: dict[str, Policy] = {p.name: p for p in (WATERMARK, WORKING_SET)}
+
+# Policy names of earlier releases: refused, with the name to write instead (CHANGELOG.md).
+RENAMED_POLICIES: dict[str, str] = {"seed": "watermark", "contract": "working_set"}
+
+
+def policy_name_problem(name: object) -> str | None:
+    """Why `name` is not a `gate.policy` (for the config's error), or None if it is one."""
+    if name in POLICIES:
+        return None
+    if isinstance(name, str) and name in RENAMED_POLICIES:
+        return f"renamed: write {RENAMED_POLICIES[name]!r} (CHANGELOG.md lists the renames)"
+    return f"must be one of {', '.join(sorted(POLICIES))}"
 
 
 def get_policy(name: str) -> Policy:
+    if name in RENAMED_POLICIES:
+        raise ValueError(f"gate.policy {name!r} was renamed {RENAMED_POLICIES[name]!r}; write that instead")
     try:
         return POLICIES[name]
     except KeyError:

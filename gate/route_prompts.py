@@ -1,6 +1,6 @@
 """What a request body says about its prompt, per route kind (pure).
 
-The contract policy bounds a turn's prompt by its body's bytes (`prompt_token_bound`),
+The working_set policy bounds a turn's prompt by its body's bytes (`prompt_token_bound`),
 which holds only when the body carries the whole prompt. A Responses body that
 continues `previous_response_id` does not: the server prepends the conversation it
 holds for that response (vLLM's `response_store`), so its bytes bound nothing and the

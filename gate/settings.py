@@ -19,7 +19,9 @@ class ProbeSettings:
 @dataclass(frozen=True)
 class GateSettings:
     mode: str = "enforce"  # one of gate.gate.MODES: enforce | shadow | off
-    policy: str = "contract"  # a name in gate.policies.POLICIES; the agentic benchmark chose contract (docs/bench.md)
+    policy: str = (
+        "working_set"  # a name in gate.policies.POLICIES; the agentic benchmark chose working_set (docs/bench.md)
+    )
     high_watermark: float = 0.85
     hit_threshold: float = 0.80
     idle_grace_sec: float = 60.0
@@ -30,7 +32,7 @@ class GateSettings:
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     quiet_factor: float = 4.0  # a window ends once idle this many times its session's usual gap
     quiet_floor_sec: float = 0.5  # ... but never sooner than this (idle_grace_sec is the ceiling)
-    work_conserving: bool = True  # contract: admit a held turn when holding costs more than the re-prefill
+    work_conserving: bool = True  # working_set: admit a held turn when holding costs more than the re-prefill
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 import time
 
+from kvgate.vllm_plugin.support import FIX, installed_vllm_version, unsupported_reason
+
 logger = logging.getLogger(__name__)
 
 KV_ANSWER_METHOD = "kvgate_kv_answer"
@@ -98,15 +100,35 @@ def install_probes(engine_core_cls: type) -> bool:
 
 
 def register() -> None:
-    """Entry point: patch ``vllm.v1.engine.core.EngineCore`` (safe to call repeatedly)."""
+    """Entry point: patch ``vllm.v1.engine.core.EngineCore`` (safe to call repeatedly).
+
+    On a vLLM release the plugin does not support it says so in vLLM's log (an error,
+    once per process) and still installs what it can: the proxy then sees the probes
+    answer, or fail with an error it reports, instead of a plugin that is silently absent.
+    """
+    _warn_if_unsupported()
     try:
         from vllm.v1.engine.core import EngineCore
     except ImportError as exc:  # a vLLM without the V1 engine core
         logger.error(
             "kvgate: cannot import vllm.v1.engine.core.EngineCore (%s); the probe "
-            "endpoints will answer with an error. kvgate_vllm supports vLLM >=0.32,<0.34.",
+            "endpoints will answer with an error. %s",
             exc,
+            FIX,
         )
         return
     if install_probes(EngineCore):
         logger.info("kvgate: probe utility methods installed on EngineCore")
+
+
+_version_checked = False
+
+
+def _warn_if_unsupported() -> None:
+    global _version_checked
+    if _version_checked:
+        return
+    _version_checked = True
+    reason = unsupported_reason(installed_vllm_version())
+    if reason is not None:
+        logger.error("kvgate: %s; the probe endpoints may fail or answer wrongly: %s", reason, FIX)

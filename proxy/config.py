@@ -33,7 +33,7 @@ import yaml
 from kvgate.balancer.balancer import ALGORITHMS
 from kvgate.balancer.replica_fields import replica_name_problem, replica_url_problem
 from kvgate.gate.gate import MODES
-from kvgate.gate.policies import POLICIES
+from kvgate.gate.policies import policy_name_problem
 from kvgate.proxy.http_fields import field_value_problem
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import ROLES, role_problems
@@ -88,7 +88,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "balancer.health.unhealthy_after": _in_range(1),
     "balancer.health.healthy_after": _in_range(1),
     "gate.mode": _one_of(*MODES),
-    "gate.policy": _one_of(*POLICIES),
+    "gate.policy": policy_name_problem,
     "gate.high_watermark": _in_range(0, 1, lo_open=True),
     "gate.hit_threshold": _in_range(0, 1),
     "gate.idle_grace_sec": _in_range(0),

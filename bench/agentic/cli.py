@@ -1,6 +1,6 @@
 """`kvgate bench agentic`: options, and the invocation that runs the modes and writes the report.
 
-A regime preset (`--regime`) sets the workload, the replica shape and the gate knobs;
+A regime preset (`--regime`) sets the workload, the replica shape and the gate settings;
 every other option overrides one of them. Output in `--out`: `results.md` (the table
 in Markdown), `results.json` (the configuration, the ceiling, one summary per mode,
 comparisons against `sticky`, the issue's targets met or not, the sweep),
@@ -24,7 +24,7 @@ from typing import Any
 from kvgate.bench.agentic.apis import APIS
 from kvgate.bench.agentic.ceiling import WORDS, TokenModel, simulator_token_model, workload_ceiling
 from kvgate.bench.agentic.plots import write_plots
-from kvgate.bench.agentic.regimes import REGIMES, get_regime
+from kvgate.bench.agentic.regimes import REGIMES, Regime, get_regime, preset_shape
 from kvgate.bench.agentic.remote_tokens import server_token_model
 from kvgate.bench.agentic.report import (
     compare_to,
@@ -34,10 +34,12 @@ from kvgate.bench.agentic.report import (
     format_targets,
     real_vllm_targets,
 )
-from kvgate.bench.agentic.runner import MODES, RunPlan, model_name, run_mode, run_plan
-from kvgate.bench.agentic.sweep import DEFAULT_GRID, KNOBS, best_point, format_sweep, grid_points, parse_values
+from kvgate.bench.agentic.runner import MODES, RENAMED_MODES, RunPlan, model_name, run_mode, run_plan
+from kvgate.bench.agentic.sweep import DEFAULT_GRID, SWEPT_SETTINGS, best_point, format_sweep, grid_points, parse_values
 from kvgate.bench.agentic.topologies import TOPOLOGY_MODES
-from kvgate.bench.agentic.workload import generate_workload
+from kvgate.bench.agentic.workload import Workload, generate_workload, workload_from_trace
+from kvgate.simulator.agent_trace import AgentTraceSpec, generate_trace
+from kvgate.simulator.cost_presets import COST_PRESETS
 
 # option name -> (type, help); each sets the WorkloadSpec / ReplicaShape / gate field of that name
 _WORKLOAD_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {  # option: (parse, help)
@@ -57,6 +59,16 @@ _WORKLOAD_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {  # option: (p
     "tool_tail_s": (float, "a heavy-tail tool call lasts this x uniform(1, 2) seconds"),
     "retry_prob": (float, "share of turns re-sent 5-50 ms after their first attempt if unanswered"),
 }
+# trace regimes (trace-*): option -> AgentTraceSpec field (--sessions and --concurrency also apply)
+_TRACE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "agents": (int, "trace regimes: agents in the closed loop (sessions at once; same as --concurrency)"),
+    "token_scale": (
+        float,
+        "trace regimes: divide every token count and the cache by this, multiply every cost by it "
+        "(one scaled token stands for this many; default: the regime's)",
+    ),
+    "tool_time_max_s": (float, "trace regimes: clamp of the heavy-tailed tool time, seconds"),
+}
 _SHAPE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "num_blocks": (int, "KV blocks per replica"),
     "block_size": (int, "tokens per block"),
@@ -69,15 +81,15 @@ _SHAPE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
 _GATE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "high_watermark": (float, "KV usage at or above which the gate checks prefixes"),
     "hit_threshold": (float, "prefix hit ratio that admits a session under pressure"),
-    "idle_grace_sec": (float, "how long a session keeps its reservation between turns"),
+    "idle_grace_sec": (float, "how long a session keeps its window between turns"),
     "wait_poll_sec": (float, "re-evaluation interval of a waiting turn"),
-    "headroom_blocks": (int, "contract policy: blocks kept free"),
+    "headroom_blocks": (int, "working_set policy: blocks kept free"),
     "max_wait_sec": (float, "0: wait as long as needed; >0: then 503"),
     "quiet_factor": (float, "an idle window ends after this many times its session's usual gap"),
     "quiet_floor_sec": (float, "... but never sooner than this (idle_grace_sec is the ceiling)"),
     "work_conserving": (
         lambda v: {"yes": True, "no": False}[v],
-        "yes|no: contract policy admits a held turn when holding costs more than the re-prefill it causes",
+        "yes|no: working_set policy admits a held turn when holding costs more than the re-prefill it causes",
     ),
 }
 
@@ -87,7 +99,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--regime",
         default="thrash",
         choices=sorted(REGIMES),
-        help="preset of workload, replica shape and gate knobs (default: thrash); "
+        help="preset of workload, replica shape and gate settings (default: thrash); "
         + "; ".join(f"{r.name}: {r.description}" for r in REGIMES.values()).replace("%", "%%"),
     )
     parser.add_argument(
@@ -161,7 +173,19 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="one system prompt for all sessions (yes) or one each (no)",
     )
+    trace = parser.add_argument_group("agent trace workload (trace-* regimes)")
+    for name, (kind, text) in _TRACE_OPTIONS.items():
+        trace.add_argument(
+            "--" + name.replace("_", "-"), type=kind, default=None, dest="t_" + name, help=text, metavar="X"
+        )
     shape = parser.add_argument_group("simulated replicas (overrides the regime; `kvgate replica` options)")
+    shape.add_argument(
+        "--cost-preset",
+        choices=sorted(COST_PRESETS),
+        default=None,
+        help="replicas from a GPU-calibrated preset (cache, scheduler shape, step cost), coarsened by "
+        "--token-scale; " + "; ".join(f"{p.name}: {p.description}" for p in COST_PRESETS.values()).replace("%", "%%"),
+    )
     for name, (kind, text) in _SHAPE_OPTIONS.items():
         shape.add_argument(
             "--" + name.replace("_", "-"),
@@ -171,7 +195,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
             help=text,
             metavar="N" if kind is int else "X",
         )
-    gate = parser.add_argument_group("gate knobs for the kvgate modes (overrides the regime; SPEC.md section 3)")
+    gate = parser.add_argument_group("gate settings for the kvgate modes (overrides the regime; SPEC.md section 3)")
     for name, (kind, text) in _GATE_OPTIONS.items():
         gate.add_argument(
             "--" + name.replace("_", "-"),
@@ -188,7 +212,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="run sticky once, then every kvgate mode of --modes over a grid of "
         "high_watermark x hit_threshold x idle_grace_sec (x headroom_blocks), and print the best settings",
     )
-    for name in KNOBS:
+    for name in SWEPT_SETTINGS:
         sweep.add_argument(
             "--sweep-" + name.replace("_", "-"),
             default=None,
@@ -215,17 +239,48 @@ def _overrides(args, prefix: str, names) -> dict:
     return {n: getattr(args, prefix + n) for n in names if getattr(args, prefix + n) is not None}
 
 
-def build_plan(args) -> tuple[RunPlan, str]:
-    """The run plan of parsed `args` (regime preset + overrides); raises ValueError on bad options."""
-    regime = get_regime(args.regime)
+def _workload(args, regime: Regime) -> tuple[Workload, float]:
+    """The run's workload (regime + overrides) and its token scale (1 for word workloads)."""
+    if isinstance(regime.workload, AgentTraceSpec):
+        unsupported = sorted(set(_overrides(args, "w_", _WORKLOAD_OPTIONS)) - {"sessions", "concurrency"})
+        if unsupported or args.shared_system_prompt is not None:
+            raise ValueError(
+                f"regime {regime.name} is an agent trace: {unsupported or ['shared_system_prompt']} do not apply "
+                "(use --sessions, --agents, --token-scale, --tool-time-max-s)"
+            )
+        changes = _overrides(args, "t_", _TRACE_OPTIONS)
+        if args.w_sessions is not None:
+            changes["sessions"] = args.w_sessions
+        if args.w_concurrency is not None:
+            changes.setdefault("agents", args.w_concurrency)
+        time_scale = args.r_time_scale if args.r_time_scale is not None else regime.shape.time_scale
+        trace = regime.workload.replace(**changes, time_scale=time_scale)
+        send_finish = regime.send_finish if args.send_finish is None else args.send_finish == "yes"
+        return workload_from_trace(generate_trace(trace, args.seed), send_finish), trace.token_scale
+    if any(getattr(args, "t_" + name) is not None for name in _TRACE_OPTIONS):
+        raise ValueError(f"--agents, --token-scale and --tool-time-max-s need a trace-* regime, not {regime.name}")
     spec = regime.workload.replace(**_overrides(args, "w_", _WORKLOAD_OPTIONS))
     if args.shared_system_prompt is not None:
         spec = spec.replace(shared_system_prompt=args.shared_system_prompt == "yes")
     if args.send_finish is not None:
         spec = spec.replace(send_finish=args.send_finish == "yes")
-    shape = replace(regime.shape, **_overrides(args, "r_", _SHAPE_OPTIONS))
-    knobs = {**regime.gate, **_overrides(args, "g_", _GATE_OPTIONS)}
+    return generate_workload(spec, args.seed), 1.0
+
+
+def build_plan(args) -> tuple[RunPlan, str]:
+    """The run plan of parsed `args` (regime preset + overrides); raises ValueError on bad options."""
+    regime = get_regime(args.regime)
+    workload, token_scale = _workload(args, regime)
+    shape = regime.shape
+    preset = args.cost_preset or regime.cost_preset
+    if preset is not None:
+        shape = preset_shape(preset, token_scale, shape.time_scale, regime.kv_fraction)
+    shape = replace(shape, **_overrides(args, "r_", _SHAPE_OPTIONS))
+    settings = {**regime.gate, **_overrides(args, "g_", _GATE_OPTIONS)}
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    renamed = [f"{m!r} is now {RENAMED_MODES[m]!r}" for m in modes if m in RENAMED_MODES]
+    if renamed:
+        raise ValueError(f"--modes: {'; '.join(renamed)} (see CHANGELOG.md)")
     unknown = [m for m in modes if m not in MODES + TOPOLOGY_MODES]
     if unknown or not modes:
         raise ValueError(f"--modes: unknown {unknown or 'empty'}; choose from {', '.join(MODES + TOPOLOGY_MODES)}")
@@ -235,17 +290,19 @@ def build_plan(args) -> tuple[RunPlan, str]:
     if replicas < 1:
         raise ValueError("--replicas must be >= 1")
     plan = RunPlan(
-        workload=generate_workload(spec, args.seed),
+        workload=workload,
         modes=modes,
         out_dir=Path(args.out),
         shape=shape,
         num_replicas=replicas,
         replica_urls=tuple(u.rstrip("/") for u in args.replica_url),
-        gate_knobs=knobs,
+        gate_settings=settings,
         model=args.model,
         request_timeout_s=args.request_timeout,
         sample_interval_s=args.sample_interval,
         api=args.api,
+        cost_preset=preset,
+        token_scale=token_scale,
     )
     return plan, regime.name
 
@@ -293,8 +350,10 @@ async def _run(args, plan: RunPlan, regime: str) -> int:
         "command": " ".join(sys.argv),
         "started_unix": started,
         "workload": asdict(spec),
+        "cost_preset": plan.cost_preset,
+        "token_scale": plan.token_scale,
         "replicas": list(plan.replica_urls) or {"count": plan.num_replicas, "shape": plan.shape.to_json()},
-        "gate_knobs": plan.gate_knobs,
+        "gate_settings": plan.gate_settings,
         "ceiling": {
             "hit_rate": ceiling.hit_rate,
             "prompt_tokens": ceiling.prompt_tokens,
@@ -344,7 +403,8 @@ async def _token_model(plan: RunPlan) -> TokenModel:
 
 async def _sweep(args, plan: RunPlan, ceiling_rate: float, sticky: dict | None) -> dict:
     grid = {
-        k: (parse_values(getattr(args, "s_" + k), k) if getattr(args, "s_" + k) else DEFAULT_GRID[k]) for k in KNOBS
+        k: (parse_values(getattr(args, "s_" + k), k) if getattr(args, "s_" + k) else DEFAULT_GRID[k])
+        for k in SWEPT_SETTINGS
     }
     if sticky is None:
         print("[agentic] sweep: running sticky once as the baseline")
@@ -353,18 +413,18 @@ async def _sweep(args, plan: RunPlan, ceiling_rate: float, sticky: dict | None) 
     out = {"grid": grid, "baseline_sticky_makespan_s": baseline, "modes": {}}
     for mode in (m for m in plan.modes if m.startswith("kvgate")):
         rows = []
-        for knobs in grid_points(grid):
-            point_plan = replace(plan, gate_knobs={**plan.gate_knobs, **knobs})
+        for settings in grid_points(grid):
+            point_plan = replace(plan, gate_settings={**plan.gate_settings, **settings})
             s = (await run_mode(point_plan, mode, ceiling_rate)).summary
             rows.append(
                 {
-                    "knobs": knobs,
+                    "settings": settings,
                     "makespan_s": s["makespan_s"],
                     "hit_rate": s["hit_rate"],
                     "failed": s["turns_failed"] + s["turns_not_run"],
                 }
             )
-            print(f"[agentic] sweep {mode} {knobs}: hit {s['hit_rate']:.3f}, makespan {s['makespan_s']:.1f}s")
+            print(f"[agentic] sweep {mode} {settings}: hit {s['hit_rate']:.3f}, makespan {s['makespan_s']:.1f}s")
         print(format_sweep(mode, rows, baseline))
         out["modes"][mode] = {"rows": rows, "best": best_point(rows)}
     return out

@@ -11,7 +11,7 @@ OpenAI-SDK agent sends none).
 Retries: a turn planned with `retry_after_s` is re-sent if its first attempt has not
 answered after that delay. The session continues with whichever attempt completes
 first; the other one runs to its end in the background (through kvgate a superseded
-attempt still waiting at the gate gets 409 `admission_preempted`). Every attempt is
+attempt still waiting at the gate gets 409 `admission_superseded`). Every attempt is
 recorded, and the run waits for all of them, so an attempt that never ends shows up
 as a `timeout` (a stranded waiter) instead of hanging the benchmark.
 
@@ -162,7 +162,13 @@ class WorkloadDriver:
         previous_response_id: list[str | None],
     ) -> str | None:
         body, headers = turn_request(
-            self.api, self.model, session, turn.index, replies, self.workload.spec.reply_tokens, previous_response_id[0]
+            self.api,
+            self.model,
+            session,
+            turn.index,
+            replies,
+            self.workload.reply_tokens(turn),
+            previous_response_id[0],
         )
         if turn.index == len(session.turns) and self.workload.spec.send_finish:
             headers[FINISH_HEADER] = "true"

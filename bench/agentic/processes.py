@@ -33,6 +33,9 @@ class ReplicaShape:
     max_model_len: int = 8192
     time_scale: float = 1.0
     prefill_token_s: float | None = None  # cost model: seconds per prompt token (None: the replica's default)
+    step_overhead_s: float | None = None  # cost model: fixed seconds per step
+    decode_seq_s: float | None = None  # cost model: seconds per decoding sequence
+    context_token_s: float | None = None  # cost model: seconds per context token read
 
     def args(self) -> list[str]:
         args = [
@@ -49,8 +52,10 @@ class ReplicaShape:
             "--time-scale",
             str(self.time_scale),
         ]
-        if self.prefill_token_s is not None:
-            args += ["--prefill-token-s", str(self.prefill_token_s)]
+        for name in ("prefill_token_s", "step_overhead_s", "decode_seq_s", "context_token_s"):
+            value = getattr(self, name)
+            if value is not None:
+                args += ["--" + name.replace("_", "-"), str(value)]
         return args
 
     def to_json(self) -> dict:
@@ -71,7 +76,7 @@ def kvgate_config(
     replica_urls: list[str], port: int, gate: dict, extra: dict | None = None, names: list[str] | None = None
 ) -> dict:
     """The YAML config of a benchmark proxy: the given replicas (named r0, r1, ... unless `names`),
-    the gate knobs, fast health, and `extra` top-level keys (role, ownership: bench/agentic/topologies.py)."""
+    the gate settings, fast health, and `extra` top-level keys (role, ownership: bench/agentic/topologies.py)."""
     names = names or [f"r{i}" for i in range(len(replica_urls))]
     return {
         "listen": {"host": "127.0.0.1", "port": port},

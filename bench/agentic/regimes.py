@@ -1,4 +1,4 @@
-"""Regime presets: a workload, a replica shape and gate knobs that put the cache in one regime.
+"""Regime presets: a workload, a replica shape and gate settings that put the cache in one regime.
 
 Sizing rules (so a regime runs in about 1-3 minutes of wall time per invocation on a
 2-core machine, and the simulated cost model, not Python overhead, dominates a turn):
@@ -12,7 +12,7 @@ Sizing rules (so a regime runs in about 1-3 minutes of wall time per invocation 
 `tiny` exists for the end-to-end test: seconds, not minutes.
 
 Regimes that can catch a gate that loses (issue 9) run the gate with its *defaults*
-(no gate knobs): `*-no-finish` regimes send no `x-session-finish` (sessions end
+(no gate settings): `*-no-finish` regimes send no `x-session-finish` (sessions end
 silently, as an OpenAI-SDK agent's do); `cheap-prefill` makes holding back unable to
 pay (short contexts, prefill 10x cheaper than the default cost model: a turn is mostly
 decode); `prefill-bound` makes one full re-prefill of a session's context cost about
@@ -22,25 +22,53 @@ reproduction. `--send-finish no` turns any regime into its silent-finish form.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from kvgate.bench.agentic.processes import ReplicaShape
 from kvgate.bench.agentic.workload import WorkloadSpec
+from kvgate.simulator.agent_trace import AgentTraceSpec
+from kvgate.simulator.cost_presets import get_cost_preset
 
 
 @dataclass(frozen=True)
 class Regime:
     name: str
     description: str
-    workload: WorkloadSpec
+    workload: WorkloadSpec | AgentTraceSpec  # words-based sessions, or an agent trace
     shape: ReplicaShape
     replicas: int = 2
-    gate: dict = field(default_factory=dict)  # gate knobs shared by the kvgate modes
+    gate: dict = field(default_factory=dict)  # gate settings shared by the kvgate modes
     # For --replica-url regimes: the random-weight model preset of
     # tests/vllm/scripts/build_tiny_model.py the vLLM server should serve ("tiny" or
     # "prefill"); `shape` then gives the server's cache flags (num_blocks + 1 blocks,
     # one is vLLM's null block). tests/vllm/scripts/run_vllm_bench.py starts it.
     vllm_model: str | None = None
+    # Trace regimes: the replicas come from a cost preset coarsened by the trace's
+    # token_scale (`preset_shape`), and the last turn carries x-session-finish only if
+    # `send_finish` (agents on plain SDKs end sessions silently).
+    cost_preset: str | None = None
+    kv_fraction: float = 1.0  # share of the preset's KV cache a replica gets
+    send_finish: bool = False
+
+
+def preset_shape(preset: str, token_scale: float, time_scale: float, kv_fraction: float = 1.0) -> ReplicaShape:
+    """The `kvgate replica` shape of cost preset `preset` coarsened by `token_scale`, with
+    `kv_fraction` of its cache (simulator/cost_presets.py)."""
+    engine, cost = get_cost_preset(preset).scaled(token_scale)
+    num_blocks = max(1, math.floor(engine.num_blocks * kv_fraction))
+    return ReplicaShape(
+        num_blocks=num_blocks,
+        block_size=engine.block_size,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        max_model_len=min(engine.effective_max_model_len, num_blocks * engine.block_size),
+        time_scale=time_scale,
+        prefill_token_s=cost.prefill_token_s,
+        step_overhead_s=cost.step_overhead_s,
+        decode_seq_s=cost.decode_seq_s,
+        context_token_s=cost.context_token_s,
+    )
 
 
 def _thrash_workload(**changes) -> WorkloadSpec:
@@ -73,7 +101,7 @@ _VLLM_CACHE = ReplicaShape(
 # uncapped step of 2,048 prompt tokens takes 1-4 s on 2 shared cores, and the gate's
 # probes, answered between steps, would time out (probe.timeout_sec 1) and admit `open`.
 _VLLM_PREFILL_CACHE = replace(_VLLM_CACHE, max_num_batched_tokens=512)
-# The default gate but for one knob: the engine core answers the gate's probes between two
+# The default gate but for one setting: the engine core answers the gate's probes between two
 # scheduler steps, and on 2 shared CPU cores one step takes 0.5-2 s (the plugin measured
 # decode steps of 0.7-1.5 s under load), longer than the default probe.timeout_sec of 1 s
 # (sized for GPU steps of tens of ms). A probe that times out decides as if the replica
@@ -244,10 +272,10 @@ _PREFILL_BOUND_CACHE = ReplicaShape(
 
 
 def _silent(base: Regime, why: str = "") -> Regime:
-    """`base` with sessions that end silently (no x-session-finish) and the gate's default knobs."""
+    """`base` with sessions that end silently (no x-session-finish) and the gate's default settings."""
     return Regime(
         base.name + "-no-finish",
-        f"{base.name}, sessions end silently (no x-session-finish), default gate knobs{why}",
+        f"{base.name}, sessions end silently (no x-session-finish), default gate settings{why}",
         base.workload.replace(send_finish=False),
         base.shape,
         base.replicas,
@@ -279,7 +307,7 @@ REGIMES.update(
         "issue-9": Regime(
             "issue-9",
             "issue 9's reproduction: 16 sessions x 8 turns all at once, 0.3 s tool calls, no x-session-finish, "
-            "2 replicas of 64 blocks x 32 tokens, default cost model and gate knobs (was: direct 4.5 s, kvgate 188 s)",
+            "2 replicas of 64 blocks x 32 tokens, default cost model and gate (was: direct 4.5 s, kvgate 188 s)",
             WorkloadSpec(
                 sessions=16,
                 concurrency=16,
@@ -303,6 +331,48 @@ REGIMES.update(
                 max_model_len=2048,
                 time_scale=1.0,
             ),
+        ),
+    }
+)
+
+
+def _trace_regime(
+    name: str,
+    description: str,
+    preset: str,
+    agents: int = 48,
+    sessions: int = 96,
+    token_scale: float = 8.0,
+    time_scale: float = 1.0,
+    kv_fraction: float = 1.0,
+) -> Regime:
+    """A closed loop of `agents` running `sessions` trace sessions on two replicas of `preset`."""
+    spec = AgentTraceSpec(sessions=sessions, agents=agents, token_scale=token_scale, time_scale=time_scale)
+    shape = preset_shape(preset, token_scale, time_scale, kv_fraction)
+    return Regime(name, description, spec, shape, cost_preset=preset, kv_fraction=kv_fraction)
+
+
+# Trace regimes: agent traffic as published traces describe it (simulator/agent_trace.py)
+# on GPU-calibrated replicas, coarsened 8x (simulator/cost_presets.py).
+REGIMES.update(
+    {
+        "trace-8b": _trace_regime(
+            "trace-8b",
+            "coding agents (published trace statistics), 48 agents in a closed loop on two Llama-3.1-8B/H100 "
+            "replicas (tokens scaled 8x)",
+            "h100-8b",
+        ),
+        "trace-8b-tight": _trace_regime(
+            "trace-8b-tight",
+            "trace-8b with a quarter of the H100's KV cache per replica: the cache of 4x the agents",
+            "h100-8b",
+            kv_fraction=0.25,
+        ),
+        "trace-70b": _trace_regime(
+            "trace-70b",
+            "coding agents, 48 agents in a closed loop on two 70B-class replicas (two H100s each, "
+            "tokens scaled 8x): re-prefill is dear",
+            "h100x2-70b",
         ),
     }
 )

@@ -34,13 +34,14 @@ async def server_token_model(
     http: aiohttp.ClientSession, url: str, model: str, workload: Workload, parallel: int = 8
 ) -> TokenModel:
     """A TokenModel answering from `url`'s tokenizer for exactly the prompts of `workload`."""
-    reply = placeholder_reply(workload.spec.reply_tokens)
     conversations = []
+    lengths = set()
     for session in workload.sessions:
         replies: list[str] = []
         for turn in session.turns:
             conversations.append(build_messages(session, replies, turn.index))
-            replies.append(reply)
+            lengths.add(workload.reply_tokens(turn))
+            replies.append(placeholder_reply(workload.reply_tokens(turn)))
     limit = asyncio.Semaphore(parallel)
 
     async def render_remote(messages: list[dict]) -> list[int]:
@@ -49,14 +50,18 @@ async def server_token_model(
 
     rendered = await asyncio.gather(*(render_remote(m) for m in conversations))
     prompts = {_key(m): tokens for m, tokens in zip(conversations, rendered)}
-    reply_tokens = await _tokenize(http, url, {"model": model, "prompt": reply, "add_special_tokens": False})
+    placeholders = [placeholder_reply(n) for n in sorted(lengths)]
+    encoded = await asyncio.gather(
+        *(_tokenize(http, url, {"model": model, "prompt": p, "add_special_tokens": False}) for p in placeholders)
+    )
+    replies_tokens = dict(zip(placeholders, encoded))
 
     def render(messages: list[dict]) -> list[int]:
         return prompts[_key(messages)]
 
     def encode(text: str) -> list[int]:
-        if text != reply:
-            raise KeyError("only the workload's placeholder reply was tokenised up front")
-        return reply_tokens
+        if text not in replies_tokens:
+            raise KeyError("only the workload's placeholder replies were tokenised up front")
+        return replies_tokens[text]
 
     return TokenModel(f"server {url}", render, encode)

@@ -10,6 +10,9 @@ tested on canned data. Definitions:
 - makespan: from the first send to the end of the last attempt;
 - turn latency: from a turn's first send to the end of the reply the agent used;
   TTFT: from the turn's first send to that reply's first content token;
+- session completion: from a session's first send to the end of its last reply, for
+  the sessions whose every turn succeeded (tool time included);
+- longest wait: the longest time an attempt was held at the gate (`x-kvgate-wait-ms`);
 - preemptions: attempts answered 409 (superseded at the gate) and the replicas'
   engine preemptions (`vllm:num_preemptions_total`); the simulator's recomputed
   tokens (`kvgate_sim:recomputed_tokens_total`) when it exports them;
@@ -38,6 +41,7 @@ def _stats(values: list[float]) -> dict:
         "mean": sum(values) / len(values) if values else None,
         "p50": percentile(values, 50),
         "p95": percentile(values, 95),
+        "p99": percentile(values, 99),
         "max": max(values) if values else None,
     }
 
@@ -76,6 +80,12 @@ def summarize_mode(
         if a.used and a.turn >= 2 and a.cached_tokens < 0.5 * a.prompt_tokens:
             cold_turns[a.admission or "none"] += 1
     waits = [a.wait_ms for a in attempts if a.wait_ms is not None]
+    sessions: dict[int, list[TurnRecord]] = {}
+    for t in turns:
+        sessions.setdefault(t.session_index, []).append(t)
+    completions = [
+        max(t.end_s for t in ts) - min(t.start_s for t in ts) for ts in sessions.values() if all(t.ok for t in ts)
+    ]
     statuses = Tally(str(a.status) for a in attempts)
     prefilled = counters.queries - counters.hits
     reprefilled = max(0.0, ceiling_hit_rate * counters.queries - counters.hits)
@@ -96,13 +106,14 @@ def summarize_mode(
         "attempts": len(attempts),
         "retries": sum(1 for a in attempts if a.attempt > 1),
         "attempt_statuses": dict(sorted(statuses.items())),
-        "attempts_preempted_409": sum(1 for a in attempts if a.status == 409),
+        "attempts_superseded_409": sum(1 for a in attempts if a.status == 409),
         "attempts_stranded": sum(1 for a in attempts if a.status == "timeout"),
         "engine_preemptions": counters.preemptions,
         "engine_recomputed_tokens": counters.sim.get(RECOMPUTED),
         "sim_counters": dict(sorted(counters.sim.items())),
         "turn_latency_s": _stats([t.latency_s for t in ok_turns]),
         "ttft_s": _stats([t.ttft_s for t in ok_turns if t.ttft_s is not None]),
+        "session_completion_s": _stats(completions),
         "turn_latency_s_by_bucket": {b: _stats(by_bucket_latency[b]) for b in TURN_BUCKETS if b in by_bucket_latency},
         "ttft_s_by_bucket": {b: _stats(by_bucket_ttft[b]) for b in TURN_BUCKETS if b in by_bucket_ttft},
         "turn_latency_mean_s_by_turn": {str(k): sum(v) / len(v) for k, v in sorted(by_turn_latency.items())},
@@ -138,7 +149,7 @@ def evaluate_targets(regime: str, results: dict[str, dict]) -> list[dict]:
     """
     checks = []
     sticky = results.get("sticky")
-    for mode in ("kvgate", "kvgate-contract"):
+    for mode in ("kvgate-watermark", "kvgate-working_set"):
         r = results.get(mode)
         if not r or not sticky:
             continue
@@ -168,7 +179,8 @@ def format_table(results: dict[str, dict], comparisons: dict[str, dict]) -> str:
     """A fixed-width table, one row per mode."""
     header = (
         f"{'mode':<16}{'hit':>7}{'/ceil':>7}{'makespan':>10}{'x sticky':>9}{'turn p50':>9}"
-        f"{'turn p95':>9}{'ttft p50':>9}{'reprefill':>11}{'409':>5}{'eng.pre':>8}{'failed':>7}{'wait p95':>9}"
+        f"{'turn p95':>9}{'turn p99':>9}{'sess p50':>9}{'sess p95':>9}{'ttft p50':>9}{'reprefill':>11}"
+        f"{'409':>5}{'eng.pre':>8}{'failed':>7}{'wait p95':>9}{'wait max':>9}"
     )
     lines = [header, "-" * len(header)]
     for mode, r in results.items():
@@ -177,9 +189,12 @@ def format_table(results: dict[str, dict], comparisons: dict[str, dict]) -> str:
             f"{mode:<16}{_fmt(r['hit_rate'], '.3f'):>7}{_fmt(r['hit_rate_of_ceiling'], '.2f'):>7}"
             f"{_fmt(r['makespan_s'], '.1f'):>9}s{_fmt(cmp.get('makespan_ratio'), '.2f'):>9}"
             f"{_fmt(r['turn_latency_s']['p50'], '.2f'):>9}{_fmt(r['turn_latency_s']['p95'], '.2f'):>9}"
+            f"{_fmt(r['turn_latency_s']['p99'], '.2f'):>9}{_fmt(r['session_completion_s']['p50'], '.1f'):>9}"
+            f"{_fmt(r['session_completion_s']['p95'], '.1f'):>9}"
             f"{_fmt(r['ttft_s']['p50'], '.2f'):>9}{_fmt(r['prompt_tokens_reprefilled_est'], '.0f'):>11}"
-            f"{r['attempts_preempted_409']:>5}{_fmt(r['engine_preemptions'], '.0f'):>8}"
+            f"{r['attempts_superseded_409']:>5}{_fmt(r['engine_preemptions'], '.0f'):>8}"
             f"{r['turns_failed'] + r['turns_not_run']:>7}{_fmt(r['admission_wait_ms']['p95'], '.0f'):>9}"
+            f"{_fmt(r['admission_wait_ms']['max'], '.0f'):>9}"
         )
     return "\n".join(lines)
 
@@ -193,9 +208,10 @@ def format_targets(checks: list[dict]) -> str:
 def format_markdown(results: dict[str, dict], comparisons: dict[str, dict], checks: list[dict]) -> str:
     """The table as Markdown (written to results.md, pasted into docs), then the targets."""
     lines = [
-        "| mode | hit rate | of ceiling | makespan s | × sticky | turn p50 s | turn p95 s | "
-        "re-prefilled tokens | 409 | engine preemptions | failed turns | gate wait p95 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mode | hit rate | of ceiling | makespan s | × sticky | turn p50 s | turn p95 s | turn p99 s | "
+        "session p50 s | session p95 s | re-prefilled tokens | 409 | engine preemptions | failed turns | "
+        "gate wait p95 ms | longest wait ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, r in results.items():
         cmp = comparisons.get(mode, {})
@@ -203,9 +219,11 @@ def format_markdown(results: dict[str, dict], comparisons: dict[str, dict], chec
             f"| {mode} | {_fmt(r['hit_rate'], '.3f')} | {_fmt(r['hit_rate_of_ceiling'], '.2f')} "
             f"| {_fmt(r['makespan_s'], '.1f')} | {_fmt(cmp.get('makespan_ratio'), '.2f')} "
             f"| {_fmt(r['turn_latency_s']['p50'], '.2f')} | {_fmt(r['turn_latency_s']['p95'], '.2f')} "
-            f"| {_fmt(r['prompt_tokens_reprefilled_est'], '.0f')} | {r['attempts_preempted_409']} "
+            f"| {_fmt(r['turn_latency_s']['p99'], '.2f')} | {_fmt(r['session_completion_s']['p50'], '.1f')} "
+            f"| {_fmt(r['session_completion_s']['p95'], '.1f')} "
+            f"| {_fmt(r['prompt_tokens_reprefilled_est'], '.0f')} | {r['attempts_superseded_409']} "
             f"| {_fmt(r['engine_preemptions'], '.0f')} | {r['turns_failed'] + r['turns_not_run']} "
-            f"| {_fmt(r['admission_wait_ms']['p95'], '.0f')} |"
+            f"| {_fmt(r['admission_wait_ms']['p95'], '.0f')} | {_fmt(r['admission_wait_ms']['max'], '.0f')} |"
         )
     if checks:
         lines.append("")
@@ -224,7 +242,7 @@ def real_vllm_targets(regime: str, results: dict[str, dict]) -> list[dict]:
     if not sticky or not regime.startswith(("vllm-prefill", "vllm-small")):
         return []
     checks = []
-    for mode in ("kvgate", "kvgate-contract"):
+    for mode in ("kvgate-watermark", "kvgate-working_set"):
         r = results.get(mode)
         if not r:
             continue

@@ -3,8 +3,8 @@
 Modes (SPEC.md section 8):
 - `direct`: no proxy; session i goes to replica i mod R (round-robin);
 - `sticky`: kvgate with `gate.mode: off` (sticky routing only);
-- `kvgate`: kvgate enforcing the seed policy;
-- `kvgate-contract`: kvgate enforcing the contract policy.
+- `kvgate-watermark`: kvgate enforcing the watermark policy;
+- `kvgate-working_set`: kvgate enforcing the working_set policy.
 
 With simulated replicas every mode starts its own replicas (and proxy), so no mode
 inherits another's cache. With `--replica-url` the servers are given and cannot be
@@ -32,21 +32,23 @@ from kvgate.bench.agentic.scrape import Counters, fetch_counters, sum_counters
 from kvgate.bench.agentic.topologies import TOPOLOGY_MODES, gate_conflicts, start_topology, topology_gate
 from kvgate.bench.agentic.workload import Workload
 
-MODES = ("direct", "sticky", "kvgate", "kvgate-contract")
+MODES = ("direct", "sticky", "kvgate-watermark", "kvgate-working_set")
+# Mode names of earlier releases, refused with the new name.
+RENAMED_MODES = {"kvgate": "kvgate-watermark", "kvgate-contract": "kvgate-working_set"}
 
 
-def gate_config(mode: str, knobs: dict) -> dict | None:
-    """The `gate:` config of a mode (None: no proxy). `knobs` are shared gate settings."""
+def gate_config(mode: str, settings: dict) -> dict | None:
+    """The `gate:` config of a mode (None: no proxy). `settings` are shared gate settings."""
     if mode == "direct":
         return None
     if mode == "sticky":
         return {"mode": "off"}
-    if mode == "kvgate":
-        return {**knobs, "mode": "enforce", "policy": "seed"}
-    if mode == "kvgate-contract":
-        return {**knobs, "mode": "enforce", "policy": "contract"}
+    if mode == "kvgate-watermark":
+        return {**settings, "mode": "enforce", "policy": "watermark"}
+    if mode == "kvgate-working_set":
+        return {**settings, "mode": "enforce", "policy": "working_set"}
     if mode in TOPOLOGY_MODES:
-        return topology_gate(mode, knobs)
+        return topology_gate(mode, settings)
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
 
 
@@ -58,11 +60,13 @@ class RunPlan:
     shape: ReplicaShape = field(default_factory=ReplicaShape)
     num_replicas: int = 2
     replica_urls: tuple[str, ...] = ()  # given servers: no simulated replicas are started
-    gate_knobs: dict = field(default_factory=dict)
+    gate_settings: dict = field(default_factory=dict)
     model: str | None = None
     request_timeout_s: float = 300.0
     sample_interval_s: float = 1.0
     api: str = "chat"  # the client API every turn speaks (bench.agentic.apis)
+    cost_preset: str | None = None  # the replicas' cost preset (simulator/cost_presets.py), if any
+    token_scale: float = 1.0  # one workload token stands for this many (trace regimes)
 
     @property
     def block_size(self) -> int:
@@ -122,7 +126,7 @@ async def _sample(http, urls, start: Counters, t0: float, interval: float, into:
 
 async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun:
     """Run the workload once in `mode` and summarise it."""
-    gate = gate_config(mode, plan.gate_knobs)
+    gate = gate_config(mode, plan.gate_settings)
     mode_dir = plan.out_dir / "logs" / mode
     async with (
         ServerGroup(mode_dir) as servers,
@@ -153,7 +157,7 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
             def target(session, urls=urls):
                 return urls[session.index % len(urls)]
         elif mode in TOPOLOGY_MODES:
-            entry_points, kvgates = await start_topology(servers, mode, urls, plan.gate_knobs)
+            entry_points, kvgates = await start_topology(servers, mode, urls, plan.gate_settings)
 
             def target(session, entry_points=entry_points):
                 return entry_points[session.index % len(entry_points)]

@@ -1,8 +1,8 @@
-"""`--sweep`: a grid over the gate's knobs, and the choice of the best settings.
+"""`--sweep`: a grid over the gate's settings, and the choice of the best settings.
 
-The grid is `high_watermark` x `hit_threshold` x `idle_grace_sec` (the seed policy's
-knobs; the contract policy reads `idle_grace_sec`), plus `headroom_blocks` (the
-contract policy's W) when asked for more than its one default value.
+The grid is `high_watermark` x `hit_threshold` x `idle_grace_sec` (the watermark policy's
+settings; the working_set policy reads `idle_grace_sec`), plus `headroom_blocks` (the
+working_set policy's W) when asked for more than its one default value.
 
 Each grid point is one run of a kvgate mode on fresh replicas with the same workload.
 The best point of a mode is the one with the smallest makespan among those with no
@@ -14,24 +14,24 @@ from __future__ import annotations
 
 import itertools
 
-KNOBS = ("high_watermark", "hit_threshold", "idle_grace_sec", "headroom_blocks")
+SWEPT_SETTINGS = ("high_watermark", "hit_threshold", "idle_grace_sec", "headroom_blocks")
 DEFAULT_GRID = {
     "high_watermark": (0.75, 0.9),
     "hit_threshold": (0.5, 0.8),
     "idle_grace_sec": (1.0, 5.0),
-    "headroom_blocks": (0,),  # the contract policy's watermark W; a single value unless asked
+    "headroom_blocks": (0,),  # the working_set policy's watermark W; a single value unless asked
 }
-INTEGER_KNOBS = {"headroom_blocks"}
+INTEGER_SETTINGS = {"headroom_blocks"}
 
 
 def grid_points(grid: dict[str, tuple[float, ...]]) -> list[dict]:
     """Every combination of the grid's values, in a stable order."""
-    names = [k for k in KNOBS if k in grid]
+    names = [k for k in SWEPT_SETTINGS if k in grid]
     return [dict(zip(names, values)) for values in itertools.product(*(grid[k] for k in names))]
 
 
 def parse_values(text: str, name: str) -> tuple[float, ...]:
-    kind = int if name in INTEGER_KNOBS else float
+    kind = int if name in INTEGER_SETTINGS else float
     try:
         values = tuple(kind(v) for v in text.split(",") if v.strip())
     except ValueError:
@@ -42,7 +42,7 @@ def parse_values(text: str, name: str) -> tuple[float, ...]:
 
 
 def best_point(rows: list[dict]) -> dict | None:
-    """The best row (`{"knobs", "makespan_s", "hit_rate", "failed"}`) by the module's rule."""
+    """The best row (`{"settings", "makespan_s", "hit_rate", "failed"}`) by the module's rule."""
     if not rows:
         return None
     clean = [r for r in rows if r["failed"] == 0]
@@ -58,7 +58,7 @@ def format_sweep(mode: str, rows: list[dict], baseline_makespan: float | None) -
         f"{'x sticky':>9}{'failed':>7}",
     ]
     for r in rows:
-        k = r["knobs"]
+        k = r["settings"]
         ratio = r["makespan_s"] / baseline_makespan if baseline_makespan else None
         lines.append(
             f"  {k.get('high_watermark', '-'):>8}{k.get('hit_threshold', '-'):>8}"
@@ -70,7 +70,7 @@ def format_sweep(mode: str, rows: list[dict], baseline_makespan: float | None) -
     if best:
         flag = " (every point failed a turn)" if best["all_failed_some_turn"] else ""
         lines.append(
-            f"  best for {mode}: {best['knobs']} -> makespan {best['makespan_s']:.1f}s, "
+            f"  best for {mode}: {best['settings']} -> makespan {best['makespan_s']:.1f}s, "
             f"hit rate {best['hit_rate']:.3f}{flag}"
         )
     return "\n".join(lines)

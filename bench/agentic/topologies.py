@@ -1,6 +1,6 @@
 """Scale-out modes of `kvgate bench agentic` (docs/ARCHITECTURE.md, Topologies; issue 11).
 
-Each runs the same contract-policy gate as `kvgate-contract` (one kvgate in front of
+Each runs the same working_set-policy gate as `kvgate-working_set` (one kvgate in front of
 every replica), laid out differently; sessions are split over two kvgates by index:
 
 - `tiers`: a replica gate (`role: replica_gate`) beside each replica and two front doors
@@ -25,16 +25,18 @@ TOPOLOGY_MODES = ("tiers", "naive", "naive-detected")
 FRONT_DOORS = 2
 
 
-def topology_gate(mode: str, knobs: dict) -> dict:
+def topology_gate(mode: str, settings: dict) -> dict:
     """The `gate:` of the kvgates that gate in `mode` (the front doors of `tiers` run with it off)."""
     if mode not in TOPOLOGY_MODES:
         raise ValueError(f"unknown topology mode {mode!r}; choose from {', '.join(TOPOLOGY_MODES)}")
-    return {**knobs, "mode": "enforce", "policy": "contract"}
+    return {**settings, "mode": "enforce", "policy": "working_set"}
 
 
-async def start_topology(servers: ServerGroup, mode: str, urls: list[str], knobs: dict) -> tuple[list[str], list[str]]:
+async def start_topology(
+    servers: ServerGroup, mode: str, urls: list[str], settings: dict
+) -> tuple[list[str], list[str]]:
     """Start the kvgates of `mode` in front of `urls`: (the URLs clients use, every kvgate's URL)."""
-    gate = topology_gate(mode, knobs)
+    gate = topology_gate(mode, settings)
     names = [f"r{i}" for i in range(len(urls))]
     if mode == "tiers":
         gates = await asyncio.gather(

@@ -10,7 +10,7 @@ Invariants:
 - `generate_workload(spec, seed)` is a pure function: the same spec and seed give an
   identical `Workload`. Three `random.Random` streams, each consumed in a fixed order:
   content (prompts, turn counts), tool latencies, retries. So changing only the
-  latency or retry knobs keeps every session's text and turn count: the heavy-tail
+  latency or retry settings keeps every session's text and turn count: the heavy-tail
   and retry-storm regimes run the very sessions of the thrash regime.
 - Text is made of "token-ish" words: short lowercase words joined by single spaces,
   so one word is about one token for any simple tokenizer. Lengths in the spec are in
@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field, fields
+
+from kvgate.simulator.agent_trace import AgentTrace
 
 # Consonant-vowel syllables give pronounceable words that simple tokenizers keep whole.
 _CONSONANTS = "bdfgklmnprstvz"
@@ -95,6 +97,7 @@ class TurnPlan:
     tool_result: str | None
     tool_latency_s: float  # time between this turn's reply and the next turn
     retry_after_s: float | None  # re-send the turn after this delay if it has not answered
+    reply_tokens: int | None = None  # this turn's max_tokens (None: the spec's reply_tokens)
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,10 @@ class Workload:
     @property
     def num_turns(self) -> int:
         return sum(len(s.turns) for s in self.sessions)
+
+    def reply_tokens(self, turn: TurnPlan) -> int:
+        """The max_tokens of `turn` (the replicas honour it as the reply length)."""
+        return self.spec.reply_tokens if turn.reply_tokens is None else turn.reply_tokens
 
 
 def random_words(rng: random.Random, count: int) -> str:
@@ -164,6 +171,50 @@ def generate_workload(spec: WorkloadSpec, seed: int) -> Workload:
             turns.append(TurnPlan(turn_index, tool_result, latency, retry_after))
         sessions.append(SessionPlan(f"s{seed}-{index:04d}", index, system, task, tuple(turns)))
     return Workload(spec, seed, tuple(sessions))
+
+
+def workload_from_trace(trace: AgentTrace, send_finish: bool = False) -> Workload:
+    """The agent trace `trace` as text: one word per token, the trace's closed loop of
+    `agents` as the driver's `concurrency` (a session starts when one ends).
+
+    Deterministic: the text comes from a stream seeded by the trace's seed. The shared
+    system prompt and every session's task and tool results have the trace's token
+    counts in words (about one token each); each turn's max_tokens is its output length.
+    """
+    rng = random.Random(f"{trace.seed}:trace-text")
+    spec = trace.spec
+    outputs = sorted(turn.output_tokens for session in trace.sessions for turn in session.turns)
+    workload_spec = WorkloadSpec(
+        sessions=spec.sessions,
+        concurrency=spec.agents,
+        turns_min=min(len(s.turns) for s in trace.sessions),
+        turns_max=max(len(s.turns) for s in trace.sessions),
+        system_prompt_words=trace.system_prompt_tokens,
+        shared_system_prompt=True,
+        task_words=max(1, trace.spec.scaled(spec.task_tokens)),
+        tool_result_words_min=1,
+        tool_result_words_max=max([t.tool_result_tokens for s in trace.sessions for t in s.turns] + [1]),
+        reply_tokens=outputs[len(outputs) // 2],  # the median; every turn sets its own
+        tool_latency_median_s=spec.tool_time_median_s * spec.time_scale,
+        tool_latency_sigma=spec.tool_time_sigma,
+        send_finish=send_finish,
+    )
+    system = random_words(rng, trace.system_prompt_tokens)
+    sessions = []
+    for session in trace.sessions:
+        task = f"Task {session.index}: " + random_words(rng, session.task_tokens)
+        turns = tuple(
+            TurnPlan(
+                turn.index,
+                random_words(rng, turn.tool_result_tokens) if turn.index < len(session.turns) else None,
+                turn.tool_time_s,
+                None,
+                turn.output_tokens,
+            )
+            for turn in session.turns
+        )
+        sessions.append(SessionPlan(f"t{trace.seed}-{session.index:04d}", session.index, system, task, turns))
+    return Workload(workload_spec, trace.seed, tuple(sessions))
 
 
 def build_messages(session: SessionPlan, replies: list[str], turn_index: int) -> list[dict]:

@@ -2,8 +2,8 @@
 
 `ScriptedReplica` streams OpenAI-shaped chat completions like a replica behind kvgate
 (with the `x-kvgate-*` headers) and records every request. With `supersede=True` it
-behaves like a gate with attempt preemption: an attempt is held until a newer attempt
-of the same session arrives, which answers the held one 409 `admission_preempted`.
+behaves like a gate with attempt supersession: an attempt is held until a newer attempt
+of the same session arrives, which answers the held one 409 `admission_superseded`.
 `never_answer` lists (session id, turn) attempts that hang forever (a stranded waiter).
 """
 
@@ -37,7 +37,7 @@ class ScriptedReplica:
             await asyncio.Event().wait()
         older = self._held.pop(session, None)
         if older is not None and not older.done():
-            older.set_result("preempted")
+            older.set_result("superseded")
         if self.supersede:
             held = asyncio.get_running_loop().create_future()
             self._held[session] = held
@@ -47,13 +47,13 @@ class ScriptedReplica:
                 outcome = "admitted"
             if self._held.get(session) is held:
                 del self._held[session]
-            if outcome == "preempted":
+            if outcome == "superseded":
                 return web.json_response(
                     {
                         "error": {
                             "message": "a newer attempt arrived",
                             "type": "conflict",
-                            "code": "admission_preempted",
+                            "code": "admission_superseded",
                         }
                     },
                     status=409,

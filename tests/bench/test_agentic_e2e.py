@@ -10,8 +10,8 @@ from run_agentic import run_tiny_regime
 
 def test_tiny_regime_direct_and_kvgate(tmp_path):
     out = tmp_path / "agentic"
-    document, printed = run_tiny_regime(out, "direct,kvgate")
-    assert set(document["modes"]) == {"direct", "kvgate"}
+    document, printed = run_tiny_regime(out, "direct,kvgate-watermark")
+    assert set(document["modes"]) == {"direct", "kvgate-watermark"}
     assert 0 < document["ceiling"]["hit_rate"] < 1
     for mode, summary in document["modes"].items():
         assert summary["turns_failed"] == 0 and summary["turns_not_run"] == 0, mode
@@ -19,10 +19,12 @@ def test_tiny_regime_direct_and_kvgate(tmp_path):
         assert summary["attempts_stranded"] == 0, mode
         assert summary["prompt_tokens_queried"] > 0 and 0 < summary["hit_rate"] <= 1, mode
         assert document["timelines"][mode], mode
-    assert sum(document["modes"]["kvgate"]["admission_reasons"].values()) > 0  # headers came back
+    assert sum(document["modes"]["kvgate-watermark"]["admission_reasons"].values()) > 0  # headers came back
     assert document["modes"]["direct"]["admission_reasons"] == {}
-    assert "kvgate" in printed and "direct" in printed  # the table was printed
-    assert (out / "attempts_kvgate.jsonl").read_text().count("\n") == document["modes"]["kvgate"]["attempts"]
+    assert "kvgate-watermark" in printed and "direct" in printed  # the table was printed
+    assert (out / "attempts_kvgate-watermark.jsonl").read_text().count("\n") == document["modes"]["kvgate-watermark"][
+        "attempts"
+    ]
 
 
 @pytest.mark.parametrize("api", ["messages", "responses"])
@@ -32,8 +34,8 @@ def test_tiny_regime_speaks_each_client_api(tmp_path, api):
     documents = {}
     for which in ("chat", api):
         out = tmp_path / which
-        documents[which], _ = run_tiny_regime(out, "kvgate-contract", "--api", which, "--retry-prob", "0")
-    summary, chat = documents[api]["modes"]["kvgate-contract"], documents["chat"]["modes"]["kvgate-contract"]
+        documents[which], _ = run_tiny_regime(out, "kvgate-working_set", "--api", which, "--retry-prob", "0")
+    summary, chat = documents[api]["modes"]["kvgate-working_set"], documents["chat"]["modes"]["kvgate-working_set"]
     assert documents[api]["api"] == api and summary["api"] == api
     assert summary["turns_ok"] == summary["turns_planned"] > 0 and summary["turns_failed"] == 0
     assert summary["prompt_tokens_queried"] == chat["prompt_tokens_queried"]

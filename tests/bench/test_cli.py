@@ -24,7 +24,7 @@ def test_regime_preset_with_overrides():
             "--idle-grace-sec",
             "7",
             "--modes",
-            "sticky,kvgate-contract",
+            "sticky,kvgate-working_set",
             "--shared-system-prompt",
             "yes",
         )
@@ -34,8 +34,8 @@ def test_regime_preset_with_overrides():
     assert plan.workload.spec.shared_system_prompt is True
     assert plan.workload.spec.tool_result_words_min == REGIMES["thrash"].workload.tool_result_words_min
     assert plan.shape.num_blocks == 99 and plan.shape.block_size == REGIMES["thrash"].shape.block_size
-    assert plan.gate_knobs["idle_grace_sec"] == 7.0
-    assert plan.modes == ("sticky", "kvgate-contract")
+    assert plan.gate_settings["idle_grace_sec"] == 7.0
+    assert plan.modes == ("sticky", "kvgate-working_set")
 
 
 @pytest.mark.parametrize(
@@ -62,3 +62,33 @@ def test_send_finish_option(value, expected):
     argv = ("--regime", "thrash") + (("--send-finish", value) if value else ())
     plan, _ = build_plan(parse(*argv))
     assert plan.workload.spec.send_finish is expected
+
+
+def test_trace_regime_runs_the_trace_on_its_scaled_preset():
+    plan, regime = build_plan(parse("--regime", "trace-8b", "--sessions", "6", "--agents", "3"))
+    assert regime == "trace-8b" and len(plan.workload.sessions) == 6
+    assert plan.workload.spec.concurrency == 3 and plan.workload.spec.shared_system_prompt
+    assert plan.workload.spec.send_finish is False  # agents end sessions silently
+    assert plan.cost_preset == "h100-8b" and plan.token_scale == 8
+    assert plan.shape.num_blocks * plan.shape.block_size == pytest.approx(467_000 / 8, rel=0.01)
+    assert plan.shape.step_overhead_s == pytest.approx(0.00575 * 8)
+    lengths = {t.reply_tokens for s in plan.workload.sessions for t in s.turns}
+    assert len(lengths) > 1  # every turn sets its own reply length
+
+
+def test_token_scale_rescales_the_trace_and_the_replicas():
+    coarse, _ = build_plan(parse("--regime", "trace-8b", "--sessions", "4", "--token-scale", "16"))
+    fine, _ = build_plan(parse("--regime", "trace-8b", "--sessions", "4", "--token-scale", "4"))
+    assert fine.shape.num_blocks == pytest.approx(4 * coarse.shape.num_blocks, rel=0.01)
+    assert len(fine.workload.sessions[0].system_prompt.split()) == 4 * len(
+        coarse.workload.sessions[0].system_prompt.split()
+    )
+
+
+def test_cost_preset_applies_to_any_regime_and_trace_options_need_a_trace(capsys):
+    plan, _ = build_plan(parse("--regime", "thrash", "--cost-preset", "h100x2-70b"))
+    assert plan.shape.prefill_token_s == pytest.approx(70e-6)
+    assert main(parse("--regime", "thrash", "--token-scale", "4")) == 2
+    assert "trace" in capsys.readouterr().err
+    assert main(parse("--regime", "trace-8b", "--tool-result-words-min", "4")) == 2
+    assert "trace" in capsys.readouterr().err

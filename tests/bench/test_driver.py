@@ -60,7 +60,7 @@ async def test_a_retry_supersedes_the_waiting_attempt(scripted_replica):
     assert len(driver.turns) == 4 and all(t.ok and t.attempts == 2 for t in driver.turns)
     first = [a for a in driver.attempts if a.attempt == 1]
     second = [a for a in driver.attempts if a.attempt == 2]
-    assert all(a.status == 409 and a.error_code == "admission_preempted" and not a.used for a in first)
+    assert all(a.status == 409 and a.error_code == "admission_superseded" and not a.used for a in first)
     assert all(a.status == 200 and a.used for a in second)
     assert len(replica.requests) == 8
 

@@ -24,7 +24,7 @@ def attempt(session, turn, status=200, attempt_no=1, admission="open", wait_ms=0
 def canned():
     attempts = [
         attempt(0, 1, admission="open", wait_ms=0.0, cached=0),
-        attempt(0, 2, admission="reserved_session", wait_ms=10.0, cached=40),  # cold: < half cached
+        attempt(0, 2, admission="holds_window", wait_ms=10.0, cached=40),  # cold: < half cached
         attempt(1, 1, status=409, admission=None, wait_ms=None, used=False),  # superseded at the gate
         attempt(1, 1, attempt_no=2, admission="resident_prefix", wait_ms=30.0, cached=20),
         attempt(1, 2, status="timeout", admission=None, wait_ms=None, used=False),  # stranded
@@ -46,17 +46,19 @@ def canned():
 
 def test_summary_of_canned_run():
     attempts, turns, counters = canned()
-    s = summarize_mode("kvgate", attempts, turns, counters, makespan_s=9.5, ceiling_hit_rate=0.8, planned_turns=5)
+    s = summarize_mode(
+        "kvgate-watermark", attempts, turns, counters, makespan_s=9.5, ceiling_hit_rate=0.8, planned_turns=5
+    )
     assert s["hit_rate"] == 0.6
     assert s["hit_rate_of_ceiling"] == pytest.approx(0.75)
     assert s["prompt_tokens_prefilled"] == 400
     assert s["prompt_tokens_reprefilled_est"] == pytest.approx(200)  # 0.8 * 1000 - 600
     assert (s["turns_ok"], s["turns_failed"], s["turns_not_run"]) == (3, 1, 1)
     assert (s["attempts"], s["retries"]) == (5, 1)
-    assert s["attempts_preempted_409"] == 1 and s["attempts_stranded"] == 1
+    assert s["attempts_superseded_409"] == 1 and s["attempts_stranded"] == 1
     assert s["attempt_statuses"] == {"200": 3, "409": 1, "timeout": 1}
     assert s["engine_preemptions"] == 3 and s["engine_recomputed_tokens"] == 120
-    assert s["admission_reasons"] == {"open": 1, "reserved_session": 1, "resident_prefix": 1}
+    assert s["admission_reasons"] == {"open": 1, "holds_window": 1, "resident_prefix": 1}
     assert s["admission_wait_ms"]["p50"] == 10.0 and s["admission_wait_ms"]["max"] == 30.0
     assert s["admission_wait_ms_total"] == 40.0
     # latencies of ok turns: turn 1 -> 1.0 and 2.0; turn 2 -> 3.0 (the failed turn is left out)
@@ -66,7 +68,10 @@ def test_summary_of_canned_run():
     assert s["ttft_s_by_bucket"]["1"]["n"] == 1 and s["ttft_s"]["n"] == 2
     assert s["makespan_s"] == 9.5
     assert s["usage_hit_rate_by_bucket"] == {"1": 0.1, "2-3": 0.4}  # turn 1: 20 of 200; turn 2: 40 of 100
-    assert s["cold_turns_by_admission"] == {"reserved_session": 1}
+    assert s["cold_turns_by_admission"] == {"holds_window": 1}
+    # session 0: 0.0 to 5.0; session 1 has a failed turn, so it never completed
+    assert s["session_completion_s"]["n"] == 1 and s["session_completion_s"]["p95"] == 5.0
+    assert s["turn_latency_s"]["p99"] == 3.0
 
 
 def test_reprefilled_never_negative():
@@ -78,42 +83,54 @@ def test_comparisons_and_targets():
     base = {"makespan_s": 10.0, "hit_rate": 0.3, "hit_rate_of_ceiling": 0.35, "turns_failed": 0, "turns_not_run": 0}
     results = {
         "sticky": base,
-        "kvgate": {**base, "makespan_s": 5.0, "hit_rate": 0.8, "hit_rate_of_ceiling": 0.9},
-        "kvgate-contract": {**base, "makespan_s": 7.0, "hit_rate": 0.7, "hit_rate_of_ceiling": 0.8, "turns_failed": 1},
+        "kvgate-watermark": {**base, "makespan_s": 5.0, "hit_rate": 0.8, "hit_rate_of_ceiling": 0.9},
+        "kvgate-working_set": {
+            **base,
+            "makespan_s": 7.0,
+            "hit_rate": 0.7,
+            "hit_rate_of_ceiling": 0.8,
+            "turns_failed": 1,
+        },
     }
     cmp = compare_to(results)
-    assert cmp["kvgate"]["makespan_ratio"] == 0.5
-    assert cmp["kvgate"]["hit_rate_delta"] == pytest.approx(0.5)
+    assert cmp["kvgate-watermark"]["makespan_ratio"] == 0.5
+    assert cmp["kvgate-watermark"]["hit_rate_delta"] == pytest.approx(0.5)
     checks = {(c["mode"], c["target"]): c["met"] for c in evaluate_targets("thrash", results)}
-    assert checks[("kvgate", "hit rate >= 0.85x ceiling")] and checks[("kvgate", "makespan <= 0.6x sticky")]
-    assert checks[("kvgate", "no failed turn")]
-    assert not checks[("kvgate-contract", "hit rate >= 0.85x ceiling")]
-    assert not checks[("kvgate-contract", "makespan <= 0.6x sticky")]
-    assert not checks[("kvgate-contract", "no failed turn")]
+    assert (
+        checks[("kvgate-watermark", "hit rate >= 0.85x ceiling")]
+        and checks[("kvgate-watermark", "makespan <= 0.6x sticky")]
+    )
+    assert checks[("kvgate-watermark", "no failed turn")]
+    assert not checks[("kvgate-working_set", "hit rate >= 0.85x ceiling")]
+    assert not checks[("kvgate-working_set", "makespan <= 0.6x sticky")]
+    assert not checks[("kvgate-working_set", "no failed turn")]
     calm = {
         (c["mode"], c["target"]): c["met"]
-        for c in evaluate_targets("no-pressure", {"sticky": base, "kvgate": {**base, "makespan_s": 10.4}})
+        for c in evaluate_targets("no-pressure", {"sticky": base, "kvgate-watermark": {**base, "makespan_s": 10.4}})
     }
-    assert calm == {("kvgate", "makespan <= 1.05x sticky"): True, ("kvgate", "hit rate = sticky (+-0.01)"): True}
-    assert evaluate_targets("thrash", {"kvgate": base}) == []  # no sticky run: nothing to compare
+    assert calm == {
+        ("kvgate-watermark", "makespan <= 1.05x sticky"): True,
+        ("kvgate-watermark", "hit rate = sticky (+-0.01)"): True,
+    }
+    assert evaluate_targets("thrash", {"kvgate-watermark": base}) == []  # no sticky run: nothing to compare
 
 
 def test_table_has_a_row_per_mode():
     attempts, turns, counters = canned()
-    results = {m: summarize_mode(m, attempts, turns, counters, 9.5, 0.8, 5) for m in ("sticky", "kvgate")}
+    results = {m: summarize_mode(m, attempts, turns, counters, 9.5, 0.8, 5) for m in ("sticky", "kvgate-watermark")}
     table = format_table(results, compare_to(results))
-    assert [line.split()[0] for line in table.splitlines()[2:]] == ["sticky", "kvgate"]
+    assert [line.split()[0] for line in table.splitlines()[2:]] == ["sticky", "kvgate-watermark"]
 
 
 def test_markdown_table_has_a_row_per_mode_and_the_targets():
     from kvgate.bench.agentic.report import format_markdown
 
     attempts, turns, counters = canned()
-    results = {m: summarize_mode(m, attempts, turns, counters, 9.5, 0.8, 5) for m in ("sticky", "kvgate")}
+    results = {m: summarize_mode(m, attempts, turns, counters, 9.5, 0.8, 5) for m in ("sticky", "kvgate-watermark")}
     text = format_markdown(results, compare_to(results), evaluate_targets("thrash", results))
     rows = [line for line in text.splitlines() if line.startswith("| sticky") or line.startswith("| kvgate")]
     assert len(rows) == 2 and "| 9.5 | 1.00 |" in rows[1]
-    assert "- kvgate: no failed turn: 2.000, NOT met" in text
+    assert "- kvgate-watermark: no failed turn: 2.000, NOT met" in text
 
 
 def test_percentile_and_buckets():
@@ -162,8 +179,8 @@ def test_median_run_picks_the_middle_makespan():
     ],
 )
 def test_real_vllm_targets(regime, kvgate, expected):
-    results = {"sticky": {"makespan_s": 10.0, "hit_rate": 0.2}, "kvgate-contract": kvgate}
+    results = {"sticky": {"makespan_s": 10.0, "hit_rate": 0.2}, "kvgate-working_set": kvgate}
     checks = real_vllm_targets(regime, results)
     assert {c["target"]: c["met"] for c in checks} == expected
-    assert all(c["mode"] == "kvgate-contract" for c in checks)
-    assert real_vllm_targets(regime, {"kvgate-contract": kvgate}) == []  # no sticky run: nothing to compare
+    assert all(c["mode"] == "kvgate-working_set" for c in checks)
+    assert real_vllm_targets(regime, {"kvgate-working_set": kvgate}) == []  # no sticky run: nothing to compare

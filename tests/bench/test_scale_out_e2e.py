@@ -19,7 +19,7 @@ def test_tiny_regime_tiers_and_naive_detected(tmp_path):
     # the replica gates' reasons reached the clients through the front doors, and nothing conflicted
     assert tiers["gate_conflicts"] == [0.0] * 4  # 2 front doors, 2 replica gates
     # ("open" can still appear: a usage probe that times out on a loaded machine admits open)
-    assert "contract_fits" in tiers["admission_reasons"]
+    assert "window_fits" in tiers["admission_reasons"]
     assert not any(r.startswith("shadow_") for r in tiers["admission_reasons"])
     detected = modes["naive-detected"]
     # the late kvgate found both replicas owned by the first: it shadows them and says so (its /ready
@@ -65,7 +65,7 @@ def test_scale_out_load_small(tmp_path):
     for run in runs:
         assert run["turns"] == 450 and run["failed"] == 0 and run["leaked"] == {} and run["conflicts"] == 0
         assert run["moved_sessions"] == 0
-        assert set(run["reasons"]) <= {"contract_fits", "reserved_session"}  # the gate's own, through the doors
+        assert set(run["reasons"]) <= {"window_fits", "holds_window"}  # the gate's own, through the doors
 
 
 def test_scale_out_load_front_door_killed(tmp_path):

@@ -17,14 +17,14 @@ def test_grid_is_the_full_product_in_stable_order():
 
 def test_best_prefers_no_failures_then_makespan_then_hit_rate():
     rows = [
-        {"knobs": {"k": 1}, "makespan_s": 5.0, "hit_rate": 0.9, "failed": 2},
-        {"knobs": {"k": 2}, "makespan_s": 9.0, "hit_rate": 0.5, "failed": 0},
-        {"knobs": {"k": 3}, "makespan_s": 9.0, "hit_rate": 0.7, "failed": 0},
+        {"settings": {"k": 1}, "makespan_s": 5.0, "hit_rate": 0.9, "failed": 2},
+        {"settings": {"k": 2}, "makespan_s": 9.0, "hit_rate": 0.5, "failed": 0},
+        {"settings": {"k": 3}, "makespan_s": 9.0, "hit_rate": 0.7, "failed": 0},
     ]
     best = best_point(rows)
-    assert best["knobs"] == {"k": 3} and not best["all_failed_some_turn"]
+    assert best["settings"] == {"k": 3} and not best["all_failed_some_turn"]
     flagged = best_point(rows[:1])
-    assert flagged["knobs"] == {"k": 1} and flagged["all_failed_some_turn"]
+    assert flagged["settings"] == {"k": 1} and flagged["all_failed_some_turn"]
     assert best_point([]) is None
 
 

@@ -82,3 +82,22 @@ def test_latency_and_retry_knobs_keep_the_sessions():
     assert [t.tool_latency_s for s in stormy.sessions for t in s.turns] != [
         t.tool_latency_s for s in calm.sessions for t in s.turns
     ]
+
+
+def test_a_trace_renders_one_word_per_token_and_its_own_reply_lengths():
+    from kvgate.bench.agentic.workload import workload_from_trace
+    from kvgate.simulator.agent_trace import AgentTraceSpec, generate_trace
+
+    trace = generate_trace(AgentTraceSpec(sessions=5, agents=2, token_scale=8), 7)
+    workload = workload_from_trace(trace)
+    assert workload == workload_from_trace(trace)  # deterministic
+    assert workload.spec.concurrency == 2 and workload.spec.send_finish is False
+    assert len({s.system_prompt for s in workload.sessions}) == 1  # shared by every session
+    for plan, session in zip(workload.sessions, trace.sessions):
+        assert len(plan.system_prompt.split()) == trace.system_prompt_tokens
+        assert [t.reply_tokens for t in plan.turns] == [t.output_tokens for t in session.turns]
+        assert [workload.reply_tokens(t) for t in plan.turns] == [t.output_tokens for t in session.turns]
+        assert [len(t.tool_result.split()) for t in plan.turns[:-1]] == [
+            t.tool_result_tokens for t in session.turns[:-1]
+        ]
+        assert [t.tool_latency_s for t in plan.turns] == [t.tool_time_s for t in session.turns]

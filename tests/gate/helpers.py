@@ -15,7 +15,7 @@ from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings, ProbeSettings
 
 COLD = PrefixReading(total_blocks=10, hit_blocks=0, hit_ratio=0.0)
-CLEAN = {"leases": 0, "reservations": 0, "waiters": 0, "attempts": 0, "sessions": 0}
+CLEAN = {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}
 
 
 class FakeClock:
@@ -82,11 +82,11 @@ class FakeProbe:
 
 
 def settings(**overrides: Any) -> GateSettings:
-    """GateSettings with test-friendly defaults: the seed policy (tests of the contract
+    """GateSettings with test-friendly defaults: the watermark policy (tests of the working_set
     policy ask for it by name), long grace, short real-time poll. Quiet expiry is off
     (its floor is the grace: a window lives `idle_grace_sec`) unless a test sets
     `quiet_floor_sec`: the tests of the grace rules keep their hand-worked clocks."""
-    base = GateSettings(policy="seed", wait_poll_sec=0.02, idle_grace_sec=60.0, quiet_floor_sec=60.0)
+    base = GateSettings(policy="watermark", wait_poll_sec=0.02, idle_grace_sec=60.0, quiet_floor_sec=60.0)
     return replace(base, **overrides)
 
 
@@ -104,7 +104,7 @@ async def until(condition: Callable[[], bool], what: str = "condition", steps: i
 
 
 def assert_clean(gate: Gate, clock: FakeClock) -> None:
-    """After a test: no lease, reservation, waiter, attempt or session is left once windows expire."""
+    """After a test: no lease, window, waiter, attempt or session is left once windows expire."""
     clock.advance(gate.settings.idle_grace_sec + 1)
     assert gate.counts() == CLEAN
 

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 
 from kvgate.gate.admission import (
     AdmissionController,
-    AdmissionPreempted,
+    AdmissionSuperseded,
     ReplicaUnavailable,
     session_key,
 )
@@ -53,8 +53,8 @@ async def make_controller(metrics, clock):
     its probes), closed after the test."""
     made: list[AdmissionController] = []
 
-    def make(knobs) -> AdmissionController:
-        made.append(AdmissionController(knobs, metrics, clock=clock))
+    def make(gate_settings) -> AdmissionController:
+        made.append(AdmissionController(gate_settings, metrics, clock=clock))
         return made[-1]
 
     yield make
@@ -66,8 +66,10 @@ async def test_whole_decision_tree_through_http(aiohttp_server, make_controller,
     script = ReplicaScript()
     replica = await start_replica(aiohttp_server, script, "r0")
     # every look reads usage afresh: readings are stale at once and unusable after 0.5 s
-    knobs = settings(wait_poll_sec=60, idle_grace_sec=10, probe=ProbeSettings(timeout_sec=0.5, usage_max_age_ms=0))
-    controller = make_controller(knobs)
+    gate_settings = settings(
+        wait_poll_sec=60, idle_grace_sec=10, probe=ProbeSettings(timeout_sec=0.5, usage_max_age_ms=0)
+    )
+    controller = make_controller(gate_settings)
 
     # below the watermark: open, no prefix probe
     busy = await controller.acquire(replica, "busy", "chat", chat("busy"))
@@ -86,15 +88,15 @@ async def test_whole_decision_tree_through_http(aiohttp_server, make_controller,
     await until(lambda: controller.counts()["waiters"] == 1)
     assert controller.state()["r0"]["pending"] == ["cold"]
 
-    # the reserved session passes without a prefix probe
+    # the window holder passes without a prefix probe
     probed = len(script.prefix_requests)
     again = await controller.acquire(replica, "hot", "chat", chat("hot"))
-    assert again.reason == "reserved_session" and len(script.prefix_requests) == probed
+    assert again.reason == "holds_window" and len(script.prefix_requests) == probed
     again.release()
 
     # a retry of the cold session gets the older attempt a 409
     retry = asyncio.create_task(controller.acquire(replica, "cold", "chat", chat("cold")))
-    with pytest.raises(AdmissionPreempted):
+    with pytest.raises(AdmissionSuperseded):
         await cold
     await until(lambda: controller.counts()["waiters"] == 1 and controller.counts()["attempts"] == 1)
 
@@ -107,13 +109,13 @@ async def test_whole_decision_tree_through_http(aiohttp_server, make_controller,
 
     # the window expires: the next look purges it
     state = controller.state()["r0"]
-    assert state["reserved"]["idle"] == ["hot"]
-    assert state["sessions"]["cold"]["num_preempted"] == 1
-    assert state["sessions"]["hot"]["reasons"] == {"resident_prefix": 1, "reserved_session": 1}
+    assert state["windows"]["idle"] == ["hot"]
+    assert state["sessions"]["cold"]["num_superseded"] == 1
+    assert state["sessions"]["hot"]["reasons"] == {"resident_prefix": 1, "holds_window": 1}
     clock.advance(11)
-    assert controller.state()["r0"]["reserved"] == {"in_flight": [], "idle": []}
+    assert controller.state()["r0"]["windows"] == {"in_flight": [], "idle": []}
     assert controller.counts() == CLEAN
-    assert sample(metrics, "kvgate_session_preemptions_sum") == 1
+    assert sample(metrics, "kvgate_session_supersessions_sum") == 1
 
 
 async def test_gates_are_per_replica_and_created_lazily(metrics, clock):
@@ -198,8 +200,8 @@ async def test_waiters_on_a_replica_that_dies_are_not_stranded(aiohttp_server, m
     script.usage(0.95)
     server = await aiohttp_server(fake_replica_app(script), host="127.0.0.1")
     replica = Replica("r0", str(server.make_url("")).rstrip("/"))
-    knobs = settings(wait_poll_sec=0.02, probe=ProbeSettings(timeout_sec=0.5, usage_max_age_ms=0))
-    controller = make_controller(knobs)
+    gate_settings = settings(wait_poll_sec=0.02, probe=ProbeSettings(timeout_sec=0.5, usage_max_age_ms=0))
+    controller = make_controller(gate_settings)
     waiters = [asyncio.create_task(controller.acquire(replica, f"s{i}", "chat", chat(f"s{i}"))) for i in range(3)]
     await until(lambda: controller.counts()["waiters"] == 3)
     await server.close()  # the replica dies: probes fail, usage is unknown

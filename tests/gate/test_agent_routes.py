@@ -40,18 +40,18 @@ def test_output_allowance_reads_each_route_field(body, allowance):
     assert output_allowance(body) == allowance
 
 
-def contract_gate(metrics, clock) -> tuple[Gate, FakeProbe]:
+def working_set_gate(metrics, clock) -> tuple[Gate, FakeProbe]:
     probe = FakeProbe(usage=0.1, total=100, free=100, block_size=16)
-    return Gate("r0", probe, settings(policy="contract", wait_poll_sec=60), metrics, clock), probe
+    return Gate("r0", probe, settings(policy="working_set", wait_poll_sec=60), metrics, clock), probe
 
 
 async def test_small_messages_and_fresh_responses_turns_skip_the_probe(metrics, clock):
-    gate, probe = contract_gate(metrics, clock)
+    gate, probe = working_set_gate(metrics, clock)
     messages = {"id": "a", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
     responses = {"id": "b", "max_output_tokens": 8, "input": "hi"}
     for session, kind, body in (("a", "messages", messages), ("b", "responses", responses)):
         lease = await gate.acquire(session, kind, body)
-        assert lease.reason == "contract_fits"
+        assert lease.reason == "window_fits"
         lease.release()
         gate.finish_session(session)
     assert probe.prefix_calls == []
@@ -60,11 +60,11 @@ async def test_small_messages_and_fresh_responses_turns_skip_the_probe(metrics, 
 
 async def test_a_responses_continuation_is_priced_by_the_probe(metrics, clock):
     """Its body is tiny, but the replica prepends the stored conversation: only the probe knows."""
-    gate, probe = contract_gate(metrics, clock)
+    gate, probe = working_set_gate(metrics, clock)
     probe.set_prefix("c", total=60, hit=50)
     body = {"id": "c", "max_output_tokens": 16, "input": "next", "previous_response_id": "resp_1"}
     lease = await gate.acquire("c", "responses", body)
-    assert lease.reason == "contract_fits"
+    assert lease.reason == "window_fits"
     assert probe.prefix_calls == ["c"]
     assert gate.state()["window_blocks"] >= 60  # priced at the probed prompt, not at the 60-byte body
     lease.release()

@@ -25,7 +25,9 @@ class Script:
         self.decision: Decision = HELD
 
     def policy(self) -> Policy:
-        return Policy("scripted", lambda view, usage, knobs: False, lambda *_: self.decision, reads_prompt_bound=True)
+        return Policy(
+            "scripted", lambda view, usage, settings: False, lambda *_: self.decision, reads_prompt_bound=True
+        )
 
 
 def make_gate(script: Script, probe, metrics, clock) -> Gate:
@@ -51,10 +53,10 @@ async def test_wake_next_wakes_the_next_waiter_whatever_the_reason(probe, metric
     quiet = await gate.acquire("a", "chat", body("a"))
     await settle()
     assert not held.done()
-    script.decision = Admit(AdmissionReason.CONTRACT_FITS, wake_next=True)  # any reason with wake_next wakes
+    script.decision = Admit(AdmissionReason.WINDOW_FITS, wake_next=True)  # any reason with wake_next wakes
     loud = await gate.acquire("b", "chat", body("b"))
     woken = await held
-    assert woken.reason == "contract_fits" and gate.counts()["waiters"] == 0
+    assert woken.reason == "window_fits" and gate.counts()["waiters"] == 0
     for lease in (quiet, loud, woken):
         lease.release()
     assert_clean(gate, clock)
@@ -65,14 +67,14 @@ async def test_reprice_above_sends_the_prefix_probe_once_the_windows_pass_it(met
     probe.set_prefix("b", total=2, hit=0, tokens=40)  # exact: ceil(40 / 16) = 3 blocks
     script = Script()
     gate = make_gate(script, probe, metrics, clock)
-    script.decision = Admit(AdmissionReason.CONTRACT_FITS, window=True, footprint=30, reprice_above=40)
+    script.decision = Admit(AdmissionReason.WINDOW_FITS, window=True, footprint=30, reprice_above=40)
     first = await gate.acquire("a", "chat", body("a"))  # 30 blocks in windows: not above 40
     await settle()
     assert probe.prefix_calls == []
     second = await gate.acquire("b", "chat", body("b"))  # 60 > 40: b gets its exact price
     await until(lambda: gate.state()["sessions"]["b"]["resident_blocks"] == 3, "b re-priced")
     assert probe.prefix_calls == ["b"]
-    script.decision = Admit(AdmissionReason.CONTRACT_FITS, window=True, footprint=30)  # an exact price: final
+    script.decision = Admit(AdmissionReason.WINDOW_FITS, window=True, footprint=30)  # an exact price: final
     third = await gate.acquire("c", "chat", body("c"))
     await settle()
     assert probe.prefix_calls == ["b"] and gate.state()["sessions"]["c"]["resident_blocks"] == 30
@@ -84,20 +86,20 @@ async def test_reprice_above_sends_the_prefix_probe_once_the_windows_pass_it(met
 async def test_window_footprint_and_drop_window_are_booked_as_decided(probe, metrics, clock):
     script = Script()
     gate = make_gate(script, probe, metrics, clock)
-    script.decision = Admit(AdmissionReason.RESERVED_SESSION, window=True, footprint=12)
+    script.decision = Admit(AdmissionReason.HOLDS_WINDOW, window=True, footprint=12)
     lease = await gate.acquire("s", "chat", body("s"))
-    assert gate.state()["reserved"]["in_flight"] == ["s"] and gate.state()["window_blocks"] == 12
+    assert gate.state()["windows"]["in_flight"] == ["s"] and gate.state()["window_blocks"] == 12
     lease.release()
-    script.decision = Admit(AdmissionReason.RESERVED_SESSION, window=True)  # renewed at its last footprint
+    script.decision = Admit(AdmissionReason.HOLDS_WINDOW, window=True)  # renewed at its last footprint
     lease = await gate.acquire("s", "chat", body("s"))
     assert gate.state()["window_blocks"] == 12
     lease.release()
     script.decision = Admit(AdmissionReason.WORK_CONSERVING)  # no window: the one it held ends
     lease = await gate.acquire("s", "chat", body("s"))
     state = gate.state()
-    assert state["reserved"] == {"in_flight": [], "idle": []} and state["window_ends"]["revoked"] == 1
+    assert state["windows"] == {"in_flight": [], "idle": []} and state["window_ends"]["revoked"] == 1
     lease.release()
-    script.decision = Admit(AdmissionReason.CONTRACT_FITS, window=True, footprint=5)
+    script.decision = Admit(AdmissionReason.WINDOW_FITS, window=True, footprint=5)
     lease = await gate.acquire("s", "chat", body("s"))
     lease.release()
     script.decision = Wait(WaitCause.WINDOW_LOST, "scripted", drop_window=True)
@@ -115,14 +117,14 @@ async def test_wake_on_release_wakes_a_waiter_behind_the_head_when_blocks_are_fr
     """A release wakes the head waiter and, of those behind it, only one whose Wait asked
     for it (`wake_on_release`); the other re-decides at its poll (60 s here)."""
     decisions: list[Decision] = [
-        Admit(AdmissionReason.CONTRACT_FITS),  # running
+        Admit(AdmissionReason.WINDOW_FITS),  # running
         HELD,  # head
         HELD,  # plain
         Wait(WaitCause.BEHIND_WAITERS, "scripted", wake_on_release=True),  # eager
         HELD,  # after the release: the head, woken first, stays held
         Admit(AdmissionReason.WORK_CONSERVING),  # eager goes in
     ]
-    policy = Policy("scripted", lambda view, usage, knobs: False, lambda *_: decisions.pop(0) if decisions else HELD)
+    policy = Policy("scripted", lambda view, usage, settings: False, lambda *_: decisions.pop(0) if decisions else HELD)
     gate = Gate("r0", probe, settings(wait_poll_sec=60), metrics, clock, policy)
     running = await gate.acquire("running", "chat", body("running"))
     head = asyncio.ensure_future(gate.acquire("head", "chat", body("head")))

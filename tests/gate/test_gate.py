@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from kvgate.gate.errors import AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from kvgate.gate.errors import AdmissionSuperseded, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 from kvgate.gate.gate import HELD_READING_MAX_AGE_SEC, Gate
 from tests.gate.helpers import CLEAN, FakeProbe, assert_clean, sample, settings, until
 
@@ -14,8 +14,8 @@ HIGH = 0.9
 LOW = 0.1
 
 
-def make_gate(probe, metrics, clock, **knobs) -> Gate:
-    return Gate("r0", probe, settings(**knobs), metrics, clock)
+def make_gate(probe, metrics, clock, **overrides) -> Gate:
+    return Gate("r0", probe, settings(**overrides), metrics, clock)
 
 
 def body(session: str) -> dict:
@@ -40,26 +40,26 @@ async def test_open_below_watermark_asks_no_prefix_probe(probe, metrics, clock):
     assert_clean(gate, clock)
 
 
-async def test_resident_prefix_reserves_and_next_turn_is_reserved_without_probe(probe, metrics, clock):
+async def test_resident_prefix_opens_a_window_and_next_turn_holds_it_without_probe(probe, metrics, clock):
     gate = make_gate(probe, metrics, clock)
     probe.usage_value = HIGH
     probe.set_prefix("s1", total=20, hit=18)
     lease = await gate.acquire("s1", "chat", body("s1"))
     assert lease.reason == "resident_prefix"
-    assert gate.state()["reserved"] == {"in_flight": ["s1"], "idle": []}
-    assert sample(metrics, "kvgate_reserved_sessions", replica="r0", state="in_flight") == 1
+    assert gate.state()["windows"] == {"in_flight": ["s1"], "idle": []}
+    assert sample(metrics, "kvgate_windows", replica="r0", state="in_flight") == 1
     lease.release()
-    assert gate.state()["reserved"] == {"in_flight": [], "idle": ["s1"]}
-    assert sample(metrics, "kvgate_reserved_sessions", replica="r0", state="idle") == 1
+    assert gate.state()["windows"] == {"in_flight": [], "idle": ["s1"]}
+    assert sample(metrics, "kvgate_windows", replica="r0", state="idle") == 1
     clock.advance(30)  # a tool call inside the grace window
     probe.prefixes.clear()
     second = await gate.acquire("s1", "chat", body("s1"))
-    assert second.reason == "reserved_session"
+    assert second.reason == "holds_window"
     assert probe.prefix_calls == ["s1"]  # only the first turn was probed
     second.release()
-    assert gate.state()["sessions"]["s1"]["reasons"] == {"resident_prefix": 1, "reserved_session": 1}
+    assert gate.state()["sessions"]["s1"]["reasons"] == {"resident_prefix": 1, "holds_window": 1}
     assert_clean(gate, clock)
-    assert sample(metrics, "kvgate_reserved_sessions", replica="r0", state="idle") == 0
+    assert sample(metrics, "kvgate_windows", replica="r0", state="idle") == 0
 
 
 async def test_cold_session_waits_and_a_release_lets_it_in(probe, metrics, clock):
@@ -82,13 +82,13 @@ async def test_cold_session_waits_and_a_release_lets_it_in(probe, metrics, clock
     assert_clean(gate, clock)
 
 
-async def test_prefix_unavailable_admits_without_reservation(probe, metrics, clock):
+async def test_prefix_unavailable_admits_without_window(probe, metrics, clock):
     gate = make_gate(probe, metrics, clock)
     probe.usage_value = HIGH
     probe.unavailable.add("s1")
     lease = await gate.acquire("s1", "chat", body("s1"))
     assert lease.reason == "prefix_probe_unavailable"
-    assert gate.counts()["reservations"] == 0
+    assert gate.counts()["windows"] == 0
     lease.release()
     assert_clean(gate, clock)
 
@@ -146,12 +146,12 @@ async def test_release_wakes_one_waiter_in_arrival_order_not_a_herd(probe, metri
 
 
 async def test_window_expiry_is_purged_lazily_and_wakes_a_waiter(metrics, clock):
-    # contract policy: the idle window's blocks are priced, so its expiry lets the waiter in.
+    # working_set policy: the idle window's blocks are priced, so its expiry lets the waiter in.
     probe = FakeProbe(usage=0.3, total=100, free=70)
-    gate = make_gate(probe, metrics, clock, policy="contract", wait_poll_sec=60, idle_grace_sec=10)
+    gate = make_gate(probe, metrics, clock, policy="working_set", wait_poll_sec=60, idle_grace_sec=10)
     probe.set_prefix("owner", total=50, hit=0)
     owner = await gate.acquire("owner", "chat", body("owner"))
-    assert owner.reason == "contract_fits"
+    assert owner.reason == "window_fits"
     owner.release()  # idle window of 50 blocks: 70 free - 50 = 20 left for others
     probe.set_prefix("cold", total=30, hit=0)
     task = asyncio.create_task(gate.acquire("cold", "chat", body("cold")))
@@ -159,16 +159,16 @@ async def test_window_expiry_is_purged_lazily_and_wakes_a_waiter(metrics, clock)
     calls = len(probe.prefix_calls)
     clock.advance(9)
     gate.state()  # a look before the grace is over: nothing expires
-    assert gate.state()["reserved"]["idle"] == ["owner"] and not task.done()
+    assert gate.state()["windows"]["idle"] == ["owner"] and not task.done()
     clock.advance(2)
-    assert gate.state()["reserved"]["idle"] == []  # purged by this look, which wakes the waiter
+    assert gate.state()["windows"]["idle"] == []  # purged by this look, which wakes the waiter
     lease = await task
-    assert lease.reason == "contract_fits" and len(probe.prefix_calls) == calls + 1
+    assert lease.reason == "window_fits" and len(probe.prefix_calls) == calls + 1
     lease.release()
     assert_clean(gate, clock)
 
 
-async def test_seed_window_expiry_ends_reservation_and_session(probe, metrics, clock):
+async def test_watermark_window_expiry_ends_window_and_session(probe, metrics, clock):
     gate = make_gate(probe, metrics, clock, idle_grace_sec=10)
     probe.usage_value = HIGH
     probe.set_prefix("s1", total=10, hit=9)
@@ -186,16 +186,16 @@ async def test_seed_window_expiry_ends_reservation_and_session(probe, metrics, c
 
 async def test_finish_session_ends_window_and_wakes_waiter(metrics, clock):
     probe = FakeProbe(usage=0.3, total=100, free=60)
-    gate = make_gate(probe, metrics, clock, policy="contract", wait_poll_sec=60)
+    gate = make_gate(probe, metrics, clock, policy="working_set", wait_poll_sec=60)
     probe.set_prefix("owner", total=50, hit=0)
     (await gate.acquire("owner", "chat", body("owner"))).release()
     probe.set_prefix("cold", total=30, hit=0)
     task = asyncio.create_task(gate.acquire("cold", "chat", body("cold")))
     await until(lambda: waiting(gate) == 1)
     gate.finish_session("owner")
-    assert sample(metrics, "kvgate_session_preemptions_count") == 1
+    assert sample(metrics, "kvgate_session_supersessions_count") == 1
     lease = await task
-    assert lease.reason == "contract_fits"
+    assert lease.reason == "window_fits"
     gate.finish_session("never-seen")  # unknown: a no-op
     gate.finish_session("cold")  # in flight: ends when its lease is released
     assert gate.counts()["sessions"] == 1
@@ -221,18 +221,18 @@ async def test_max_wait_raises_timeout_with_retry_after(probe, metrics, clock):
     assert_clean(gate, clock)
 
 
-async def test_newer_attempt_preempts_the_waiting_one(probe, metrics, clock):
+async def test_newer_attempt_supersedes_the_waiting_one(probe, metrics, clock):
     gate = make_gate(probe, metrics, clock, wait_poll_sec=60)
     probe.usage_value = HIGH
     older = asyncio.create_task(gate.acquire("s1", "chat", body("s1")))
     await until(lambda: waiting(gate) == 1)
     newer = asyncio.create_task(gate.acquire("s1", "chat", body("s1")))
-    with pytest.raises(AdmissionPreempted) as info:
+    with pytest.raises(AdmissionSuperseded) as info:
         await older
-    assert (info.value.status, info.value.code) == (409, "admission_preempted")
+    assert (info.value.status, info.value.code) == (409, "admission_superseded")
     await until(lambda: waiting(gate) == 1)
-    assert gate.state()["sessions"]["s1"]["num_preempted"] == 1
-    assert sample(metrics, "kvgate_preempted_attempts_total", replica="r0") == 1
+    assert gate.state()["sessions"]["s1"]["num_superseded"] == 1
+    assert sample(metrics, "kvgate_superseded_attempts_total", replica="r0") == 1
     probe.usage_value = LOW
     probe.set_prefix("s1", total=4, hit=4)
     gate.state()
@@ -241,10 +241,10 @@ async def test_newer_attempt_preempts_the_waiting_one(probe, metrics, clock):
     (await gate.acquire("other", "chat", body("other"))).release()
     (await newer).release()
     assert_clean(gate, clock)
-    assert sample(metrics, "kvgate_session_preemptions_sum") == 1
+    assert sample(metrics, "kvgate_session_supersessions_sum") == 1
 
 
-async def test_preemption_checkpoint_after_a_probe(probe, metrics, clock):
+async def test_supersession_checkpoint_after_a_probe(probe, metrics, clock):
     gate = make_gate(probe, metrics, clock)
     probe.hold = asyncio.Event()
     older = asyncio.create_task(gate.acquire("s1", "chat", body("s1")))
@@ -252,7 +252,7 @@ async def test_preemption_checkpoint_after_a_probe(probe, metrics, clock):
     newer = asyncio.create_task(gate.acquire("s1", "chat", body("s1")))
     await until(lambda: probe.usage_calls == 2)
     probe.hold.set()
-    with pytest.raises(AdmissionPreempted):
+    with pytest.raises(AdmissionSuperseded):
         await older
     lease = await newer
     assert lease.reason == "open"
@@ -271,9 +271,9 @@ async def test_retry_storm_leaves_at_most_one_waiter(probe, metrics, clock):
         assert waiting(gate) <= 1
     await until(lambda: sum(t.done() for t in tasks) == 299, "all but the newest attempt to end")
     assert waiting(gate) == 1 and gate.counts()["attempts"] == 1
-    assert all(isinstance(t.exception(), AdmissionPreempted) for t in tasks[:-1])
-    assert gate.state()["sessions"]["storm"]["num_preempted"] == 299
-    assert sample(metrics, "kvgate_preempted_attempts_total", replica="r0") == 299
+    assert all(isinstance(t.exception(), AdmissionSuperseded) for t in tasks[:-1])
+    assert gate.state()["sessions"]["storm"]["num_superseded"] == 299
+    assert sample(metrics, "kvgate_superseded_attempts_total", replica="r0") == 299
     probe.set_prefix("storm", total=10, hit=10)  # its prefix became resident (shared with another session)
     clock.advance(HELD_READING_MAX_AGE_SEC)  # its cold reading is too old to hold it on
     holder.release()  # a release wakes the head waiter: the newest attempt
@@ -281,7 +281,7 @@ async def test_retry_storm_leaves_at_most_one_waiter(probe, metrics, clock):
     assert lease.reason == "resident_prefix"
     lease.release()
     gate.finish_session("storm")
-    assert sample(metrics, "kvgate_session_preemptions_sum") == 299
+    assert sample(metrics, "kvgate_session_supersessions_sum") == 299
     assert_clean(gate, clock)
 
 
@@ -294,7 +294,7 @@ async def test_cancelled_waiter_leaves_nothing(probe, metrics, clock):
     with pytest.raises(asyncio.CancelledError):
         await task
     counts = gate.counts()
-    assert (counts["waiters"], counts["attempts"], counts["leases"], counts["reservations"]) == (0, 0, 0, 0)
+    assert (counts["waiters"], counts["attempts"], counts["leases"], counts["windows"]) == (0, 0, 0, 0)
     assert sample(metrics, "kvgate_pending_sessions", replica="r0") == 0
     assert_clean(gate, clock)
 
@@ -322,7 +322,7 @@ async def test_shadow_mode_records_decisions_and_never_holds(probe, metrics, clo
     assert hot.reason == "shadow_resident_prefix"
     hot.release()
     again = await gate.acquire("hot", "chat", body("hot"))
-    assert again.reason == "shadow_reserved_session"  # windows are tracked as enforce would
+    assert again.reason == "shadow_holds_window"  # windows are tracked as enforce would
     for lease in (cold, again):
         lease.release()
     assert sample(metrics, "kvgate_admissions_total", replica="r0", reason="shadow_wait") == 1
@@ -331,7 +331,7 @@ async def test_shadow_mode_records_decisions_and_never_holds(probe, metrics, clo
 
 async def test_shadow_mode_does_not_reject_too_long_prompts(metrics, clock):
     probe = FakeProbe(usage=0.1, total=100, free=100)
-    gate = make_gate(probe, metrics, clock, mode="shadow", policy="contract")
+    gate = make_gate(probe, metrics, clock, mode="shadow", policy="working_set")
     probe.set_prefix("huge", total=500, hit=0)
     lease = await gate.acquire("huge", "chat", body("huge"))
     assert lease.reason == "shadow_prompt_too_long"
@@ -349,9 +349,9 @@ async def test_off_mode_admits_open_without_probing(probe, metrics, clock):
     assert_clean(gate, clock)
 
 
-async def test_contract_prompt_too_long_raises_400_and_leaves_nothing(metrics, clock):
+async def test_working_set_prompt_too_long_raises_400_and_leaves_nothing(metrics, clock):
     probe = FakeProbe(usage=0.1, total=100, free=100)
-    gate = make_gate(probe, metrics, clock, policy="contract")
+    gate = make_gate(probe, metrics, clock, policy="working_set")
     probe.set_prefix("huge", total=101, hit=0)
     with pytest.raises(PromptTooLong) as info:
         await gate.acquire("huge", "chat", body("huge"))
@@ -397,11 +397,11 @@ async def test_concurrent_turns_of_one_session_share_the_window(probe, metrics, 
     probe.set_prefix("s1", total=10, hit=10)
     first = await gate.acquire("s1", "chat", body("s1"))
     second = await gate.acquire("s1", "chat", body("s1"))  # admitted: not a waiting attempt
-    assert (first.reason, second.reason) == ("resident_prefix", "reserved_session")
+    assert (first.reason, second.reason) == ("resident_prefix", "holds_window")
     first.release()
-    assert gate.state()["reserved"] == {"in_flight": ["s1"], "idle": []}
+    assert gate.state()["windows"] == {"in_flight": ["s1"], "idle": []}
     second.release()
-    assert gate.state()["reserved"] == {"in_flight": [], "idle": ["s1"]}
+    assert gate.state()["windows"] == {"in_flight": [], "idle": ["s1"]}
     assert_clean(gate, clock)
 
 

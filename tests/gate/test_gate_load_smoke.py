@@ -9,7 +9,7 @@ import pytest
 from kvgate.bench import gate_load
 
 
-def test_gate_load_small_run_seed_policy(tmp_path, capsys):
+def test_gate_load_small_run_watermark_policy(tmp_path, capsys):
     out = tmp_path / "gate_load.json"
     code = gate_load.main(
         [
@@ -23,7 +23,7 @@ def test_gate_load_small_run_seed_policy(tmp_path, capsys):
             "--modes",
             "enforce,shadow",
             "--policy",
-            "seed",
+            "watermark",
             "--out",
             str(out),
         ]
@@ -58,10 +58,10 @@ def test_gate_load_small_run(tmp_path, capsys):
     for run in result["runs"]:
         assert (run["turns"], run["failed"], run["leaked"]) == (18, 0, {})
     assert result["runs"][0]["reasons"] == {"open": 18}
-    # No pressure under the default contract policy: each session's first turn fits,
+    # No pressure under the default working_set policy: each session's first turn fits,
     # the rest come back to their window; shadow records the same decisions.
-    assert result["runs"][1]["reasons"] == {"contract_fits": 6, "reserved_session": 12}
-    assert result["runs"][2]["reasons"] == {"shadow_contract_fits": 6, "shadow_reserved_session": 12}
+    assert result["runs"][1]["reasons"] == {"window_fits": 6, "holds_window": 12}
+    assert result["runs"][2]["reasons"] == {"shadow_window_fits": 6, "shadow_holds_window": 12}
     assert "added gate p50" in printed
 
 

@@ -7,11 +7,11 @@ import itertools
 import pytest
 
 from kvgate.gate.policies import (
-    CONTRACT,
     HISTORY_MARGIN_TOKENS,
     POLICIES,
-    SEED,
     TEMPLATE_MARGIN_TOKENS,
+    WATERMARK,
+    WORKING_SET,
     AdmissionReason,
     Admit,
     GateView,
@@ -20,19 +20,19 @@ from kvgate.gate.policies import (
     Wait,
     WaitCause,
     bounded_footprint,
-    contract_decide,
-    contract_needs_prefix_probe,
     footprint_blocks,
     get_policy,
     history_bound,
     output_allowance,
     prompt_token_bound,
     turn_growth_tokens,
+    working_set_decide,
+    working_set_needs_prefix_probe,
 )
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
 
-KNOBS = GateSettings(high_watermark=0.85, hit_threshold=0.80, headroom_blocks=4)
+SETTINGS = GateSettings(high_watermark=0.85, hit_threshold=0.80, headroom_blocks=4)
 LOW = UsageReading(0.5, 100, 50)
 HIGH = UsageReading(0.9, 100, 10)
 AT = UsageReading(0.85, 100, 15)
@@ -47,7 +47,7 @@ HOLDER = GateView(has_window=True)
 ANON = GateView(anonymous=True)
 
 
-# ------------------------------------------------------------------ seed
+# ------------------------------------------------------------- watermark
 
 
 @pytest.mark.parametrize(
@@ -65,22 +65,24 @@ ANON = GateView(anonymous=True)
         ),  # anonymous above: watermark only
         (NAMED, LOW, None, Admit(AdmissionReason.OPEN, wake_next=True)),  # below the watermark
         (HOLDER, LOW, None, Admit(AdmissionReason.OPEN, window=True, wake_next=True)),  # window kept and renewed
-        (HOLDER, HIGH, None, Admit(AdmissionReason.RESERVED_SESSION, window=True)),
+        (HOLDER, HIGH, None, Admit(AdmissionReason.HOLDS_WINDOW, window=True)),
         (NAMED, HIGH, None, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
         (NAMED, HIGH, HOT, Admit(AdmissionReason.RESIDENT_PREFIX, window=True, footprint=20)),
         (NAMED, AT, EDGE, Admit(AdmissionReason.RESIDENT_PREFIX, window=True, footprint=10)),  # >= at both edges
         (NAMED, HIGH, COLD, Wait(WaitCause.COLD_PREFIX, "cold prefix above the watermark")),
     ],
 )
-def test_seed_decide(view, usage, prefix, expected):
-    assert SEED.decide(view, usage, prefix, KNOBS) == expected
+def test_watermark_decide(view, usage, prefix, expected):
+    assert WATERMARK.decide(view, usage, prefix, SETTINGS) == expected
 
 
-def test_seed_without_retain_session_never_opens_a_window():
-    knobs = GateSettings(retain_session=False)
-    assert SEED.decide(NAMED, HIGH, HOT, knobs) == Admit(AdmissionReason.RESIDENT_PREFIX, window=False, footprint=20)
-    assert SEED.decide(HOLDER, HIGH, None, knobs) == Admit(AdmissionReason.RESERVED_SESSION, window=False)
-    assert SEED.decide(HOLDER, LOW, None, knobs) == Admit(AdmissionReason.OPEN, window=False, wake_next=True)
+def test_watermark_without_retain_session_never_opens_a_window():
+    settings = GateSettings(retain_session=False)
+    assert WATERMARK.decide(NAMED, HIGH, HOT, settings) == Admit(
+        AdmissionReason.RESIDENT_PREFIX, window=False, footprint=20
+    )
+    assert WATERMARK.decide(HOLDER, HIGH, None, settings) == Admit(AdmissionReason.HOLDS_WINDOW, window=False)
+    assert WATERMARK.decide(HOLDER, LOW, None, settings) == Admit(AdmissionReason.OPEN, window=False, wake_next=True)
 
 
 @pytest.mark.parametrize(
@@ -94,11 +96,11 @@ def test_seed_without_retain_session_never_opens_a_window():
         (ANON, HIGH, False),
     ],
 )
-def test_seed_asks_prefix_only_above_watermark_for_unreserved_sessions(view, usage, expected):
-    assert SEED.needs_prefix_probe(view, usage, KNOBS) is expected
+def test_watermark_asks_prefix_only_above_watermark_for_sessions_without_window(view, usage, expected):
+    assert WATERMARK.needs_prefix_probe(view, usage, SETTINGS) is expected
 
 
-# -------------------------------------------------------------- contract
+# ----------------------------------------------------------- working_set
 
 
 @pytest.mark.parametrize(
@@ -109,62 +111,68 @@ def test_seed_asks_prefix_only_above_watermark_for_unreserved_sessions(view, usa
         (ANON, LOW, None, Admit(AdmissionReason.ANONYMOUS, wake_next=True)),
         (ANON, HIGH, None, Wait(WaitCause.ANONYMOUS_ABOVE_WATERMARK, "anonymous request above the watermark")),
         # a holder whose prefix probe failed keeps its window as last priced, at any usage
-        (HOLDER, LOW, None, Admit(AdmissionReason.RESERVED_SESSION, window=True)),
-        (HOLDER, HIGH, None, Admit(AdmissionReason.RESERVED_SESSION, window=True)),
-        (HOLDER, HIGH_NO_BLOCKS, None, Admit(AdmissionReason.RESERVED_SESSION, window=True)),
-        # no block counts (/metrics fallback): the seed policy decides
+        (HOLDER, LOW, None, Admit(AdmissionReason.HOLDS_WINDOW, window=True)),
+        (HOLDER, HIGH, None, Admit(AdmissionReason.HOLDS_WINDOW, window=True)),
+        (HOLDER, HIGH_NO_BLOCKS, None, Admit(AdmissionReason.HOLDS_WINDOW, window=True)),
+        # no block counts (/metrics fallback): the watermark policy decides
         (NAMED, LOW_NO_BLOCKS, None, Admit(AdmissionReason.OPEN, wake_next=True)),
         (NAMED, HIGH_NO_BLOCKS, None, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
-        # prefix probe failed: the seed policy decides
+        # prefix probe failed: the watermark policy decides
         (NAMED, LOW, None, Admit(AdmissionReason.OPEN, wake_next=True)),
         (NAMED, HIGH, None, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
     ],
 )
-def test_contract_decide_fallbacks(view, usage, prefix, expected):
-    assert CONTRACT.decide(view, usage, prefix, KNOBS) == expected
+def test_working_set_decide_fallbacks(view, usage, prefix, expected):
+    assert WORKING_SET.decide(view, usage, prefix, SETTINGS) == expected
 
 
-def test_contract_hand_worked_budget():
+def test_working_set_hand_worked_budget():
     # 100 usable blocks, 40 free, 10 held by idle windows, headroom 4: budget 26.
     usage = UsageReading(0.6, 100, 40)
     view = GateView(idle_window_blocks=10)
     fits = PrefixReading(total_blocks=30, hit_blocks=4, hit_ratio=4 / 30)  # 26 new: fits exactly
     over = PrefixReading(total_blocks=30, hit_blocks=3, hit_ratio=0.1)  # 27 new: waits
-    assert CONTRACT.decide(view, usage, fits, KNOBS) == Admit(AdmissionReason.CONTRACT_FITS, window=True, footprint=30)
-    decision = CONTRACT.decide(view, usage, over, KNOBS)
+    assert WORKING_SET.decide(view, usage, fits, SETTINGS) == Admit(
+        AdmissionReason.WINDOW_FITS, window=True, footprint=30
+    )
+    decision = WORKING_SET.decide(view, usage, over, SETTINGS)
     assert isinstance(decision, Wait) and decision.cause == WaitCause.NO_FREE_BLOCKS
     assert "27" in decision.why and "26" in decision.why
 
 
-def test_contract_waits_below_watermark_when_idle_windows_hold_the_free_blocks():
-    # usage reads 20% yet the free blocks are idle sessions' prefixes: the watermark is fooled, contract is not.
+def test_working_set_waits_below_watermark_when_idle_windows_hold_the_free_blocks():
+    # usage reads 20% yet the free blocks are idle sessions' prefixes: the watermark is fooled, working_set is not.
     usage = UsageReading(0.2, 100, 80)
     view = GateView(idle_window_blocks=70)
     prompt = PrefixReading(total_blocks=12, hit_blocks=0, hit_ratio=0.0)
-    assert CONTRACT.decide(view, usage, prompt, KNOBS).cause == WaitCause.NO_FREE_BLOCKS
-    assert SEED.decide(view, usage, prompt, KNOBS) == Admit(AdmissionReason.OPEN, wake_next=True)
+    assert WORKING_SET.decide(view, usage, prompt, SETTINGS).cause == WaitCause.NO_FREE_BLOCKS
+    assert WATERMARK.decide(view, usage, prompt, SETTINGS) == Admit(AdmissionReason.OPEN, wake_next=True)
 
 
-def test_contract_hot_prefix_needs_only_its_new_blocks():
+def test_working_set_hot_prefix_needs_only_its_new_blocks():
     usage = UsageReading(0.95, 100, 6)
-    assert CONTRACT.decide(NAMED, usage, HOT, KNOBS) == Admit(AdmissionReason.CONTRACT_FITS, window=True, footprint=20)
+    assert WORKING_SET.decide(NAMED, usage, HOT, SETTINGS) == Admit(
+        AdmissionReason.WINDOW_FITS, window=True, footprint=20
+    )
 
 
 @pytest.mark.parametrize("total, rejected", [(96, False), (97, True), (500, True)])
-def test_contract_prompt_too_long_against_usable_blocks(total, rejected):
+def test_working_set_prompt_too_long_against_usable_blocks(total, rejected):
     # usable = 100 total - 4 headroom = 96
     prompt = PrefixReading(total_blocks=total, hit_blocks=0, hit_ratio=0.0)
-    decision = CONTRACT.decide(NAMED, UsageReading(0.0, 100, 100), prompt, KNOBS)
+    decision = WORKING_SET.decide(NAMED, UsageReading(0.0, 100, 100), prompt, SETTINGS)
     if rejected:
         assert isinstance(decision, Reject) and decision.code == RejectCode.PROMPT_TOO_LONG
         assert str(total) in decision.message and "headroom_blocks" in decision.message
     else:
-        assert decision == Admit(AdmissionReason.CONTRACT_FITS, window=True, footprint=total)
+        assert decision == Admit(AdmissionReason.WINDOW_FITS, window=True, footprint=total)
 
 
-def test_contract_without_retain_session_opens_no_window():
-    knobs = GateSettings(retain_session=False)
-    assert CONTRACT.decide(NAMED, LOW, COLD, knobs) == Admit(AdmissionReason.CONTRACT_FITS, window=False, footprint=20)
+def test_working_set_without_retain_session_opens_no_window():
+    settings = GateSettings(retain_session=False)
+    assert WORKING_SET.decide(NAMED, LOW, COLD, settings) == Admit(
+        AdmissionReason.WINDOW_FITS, window=False, footprint=20
+    )
 
 
 @pytest.mark.parametrize(
@@ -178,16 +186,16 @@ def test_contract_without_retain_session_opens_no_window():
         (ANON, HIGH, False),
         (GateView(waiters_ahead=1), LOW, False),  # waits its turn, unprobed
         (GateView(has_window=True, waiters_ahead=3), LOW, True),  # holders do not queue
-        (NAMED, LOW_NO_BLOCKS, False),  # seed fallback
+        (NAMED, LOW_NO_BLOCKS, False),  # watermark fallback
         (NAMED, HIGH_NO_BLOCKS, True),
         (HOLDER, HIGH_NO_BLOCKS, False),
     ],
 )
-def test_contract_needs_prefix_probe(view, usage, expected):
-    assert CONTRACT.needs_prefix_probe(view, usage, KNOBS) is expected
+def test_working_set_needs_prefix_probe(view, usage, expected):
+    assert WORKING_SET.needs_prefix_probe(view, usage, SETTINGS) is expected
 
 
-# ------------------------------------------- contract: the working set
+# ---------------------------------------- working_set: the working set
 
 # 100 blocks of 16 tokens, headroom 4: 96 usable. Plenty free in vLLM's view unless said.
 ROOMY = UsageReading(0.1, 100, 100, block_size=16)
@@ -262,154 +270,155 @@ def test_output_allowance(body, expected):
     assert output_allowance(body) == expected
 
 
-def test_contract_holder_is_priced_behind_the_older_windows_only():
+def test_working_set_holder_is_priced_behind_the_older_windows_only():
     # 60 blocks in older windows; a 36-block footprint fits 96 exactly, even with no block free
     # in vLLM's view (a holder's blocks are its own) and younger windows ignored.
     holder = GateView(has_window=True, older_window_blocks=60, idle_window_blocks=90)
     full = UsageReading(1.0, 100, 0, block_size=16)
-    assert CONTRACT.decide(holder, full, tokens(36 * 16), KNOBS) == Admit(
-        AdmissionReason.RESERVED_SESSION, window=True, footprint=36
+    assert WORKING_SET.decide(holder, full, tokens(36 * 16), SETTINGS) == Admit(
+        AdmissionReason.HOLDS_WINDOW, window=True, footprint=36
     )
 
 
-def test_contract_holder_that_no_longer_fits_loses_its_window():
+def test_working_set_holder_that_no_longer_fits_loses_its_window():
     holder = GateView(has_window=True, older_window_blocks=60)
-    decision = CONTRACT.decide(holder, ROOMY, tokens(36 * 16 + 1), KNOBS)  # 37 blocks: 97 > 96
+    decision = WORKING_SET.decide(holder, ROOMY, tokens(36 * 16 + 1), SETTINGS)  # 37 blocks: 97 > 96
     assert isinstance(decision, Wait) and decision.drop_window and decision.cause == WaitCause.WINDOW_LOST
     assert "window lost" in decision.why and "37" in decision.why and "60" in decision.why
     # the oldest holder (nothing older) always fits: it makes progress
     oldest = GateView(has_window=True, older_window_blocks=0, idle_window_blocks=95)
-    assert CONTRACT.decide(oldest, ROOMY, tokens(96 * 16), KNOBS) == Admit(
-        AdmissionReason.RESERVED_SESSION, window=True, footprint=96
+    assert WORKING_SET.decide(oldest, ROOMY, tokens(96 * 16), SETTINGS) == Admit(
+        AdmissionReason.HOLDS_WINDOW, window=True, footprint=96
     )
 
 
-def test_contract_holder_footprint_is_refreshed_from_every_turn():
+def test_working_set_holder_footprint_is_refreshed_from_every_turn():
     holder = GateView(has_window=True, max_output_tokens=16)
-    grown = CONTRACT.decide(holder, ROOMY, tokens(600), KNOBS)  # ceil(616 / 16) = 39
-    shrunk = CONTRACT.decide(holder, ROOMY, tokens(100), KNOBS)  # ceil(116 / 16) = 8
+    grown = WORKING_SET.decide(holder, ROOMY, tokens(600), SETTINGS)  # ceil(616 / 16) = 39
+    shrunk = WORKING_SET.decide(holder, ROOMY, tokens(100), SETTINGS)  # ceil(116 / 16) = 8
     assert (grown.footprint, shrunk.footprint) == (39, 8)
 
 
-def test_contract_holder_is_priced_at_its_anticipated_footprint():
+def test_working_set_holder_is_priced_at_its_anticipated_footprint():
     # Its last turn was 320 tokens, this one is 480: it grows 160 tokens (10 blocks) a turn.
     # Footprint 30 blocks now, anticipated ceil((480 + 160) / 16) = 40.
     grown = GateView(has_window=True, older_window_blocks=50, last_prompt_tokens=320)
-    assert CONTRACT.decide(grown, ROOMY, tokens(480), KNOBS) == Admit(
-        AdmissionReason.RESERVED_SESSION, window=True, footprint=40
+    assert WORKING_SET.decide(grown, ROOMY, tokens(480), SETTINGS) == Admit(
+        AdmissionReason.HOLDS_WINDOW, window=True, footprint=40
     )
     # Behind 60 blocks: 60 + 30 = 90 would fit at the current prompt, 60 + 40 = 100 > 96 does not.
     behind = GateView(has_window=True, older_window_blocks=60, last_prompt_tokens=320)
-    decision = CONTRACT.decide(behind, ROOMY, tokens(480), KNOBS)
+    decision = WORKING_SET.decide(behind, ROOMY, tokens(480), SETTINGS)
     assert isinstance(decision, Wait) and decision.drop_window and decision.cause == WaitCause.WINDOW_LOST
     assert "40" in decision.why
     # The same turn re-sent keeps the growth it showed; a compacted prompt anticipates none.
     resent = GateView(has_window=True, last_prompt_tokens=480, last_growth_tokens=160)
-    assert CONTRACT.decide(resent, ROOMY, tokens(480), KNOBS).footprint == 40
+    assert WORKING_SET.decide(resent, ROOMY, tokens(480), SETTINGS).footprint == 40
     compacted = GateView(has_window=True, last_prompt_tokens=800, last_growth_tokens=160)
-    assert CONTRACT.decide(compacted, ROOMY, tokens(480), KNOBS).footprint == 30
+    assert WORKING_SET.decide(compacted, ROOMY, tokens(480), SETTINGS).footprint == 30
 
 
-def test_contract_newcomer_without_history_is_priced_with_the_mean_growth():
+def test_working_set_newcomer_without_history_is_priced_with_the_mean_growth():
     # 30 blocks, mean growth 7 blocks a turn: 37 behind 60 > 96; with no growth observed it fits.
     prompt = tokens(30 * 16)
     fresh = GateView(older_window_blocks=60, mean_growth_tokens=7 * 16)
-    books = CONTRACT.decide(fresh, ROOMY, prompt, KNOBS)
+    books = WORKING_SET.decide(fresh, ROOMY, prompt, SETTINGS)
     assert isinstance(books, Wait) and not books.drop_window and books.cause == WaitCause.WINDOWS_FULL
     assert "37" in books.why
-    assert CONTRACT.decide(GateView(older_window_blocks=59, mean_growth_tokens=7 * 16), ROOMY, prompt, KNOBS) == Admit(
-        AdmissionReason.CONTRACT_FITS, window=True, footprint=37
-    )
+    assert WORKING_SET.decide(
+        GateView(older_window_blocks=59, mean_growth_tokens=7 * 16), ROOMY, prompt, SETTINGS
+    ) == Admit(AdmissionReason.WINDOW_FITS, window=True, footprint=37)
     # a session with history (e.g. back after losing its window) is priced at its own growth
     known = GateView(older_window_blocks=60, mean_growth_tokens=7 * 16, last_prompt_tokens=30 * 16 - 5)
-    assert CONTRACT.decide(known, ROOMY, prompt, KNOBS) == Admit(
-        AdmissionReason.CONTRACT_FITS, window=True, footprint=31
+    assert WORKING_SET.decide(known, ROOMY, prompt, SETTINGS) == Admit(
+        AdmissionReason.WINDOW_FITS, window=True, footprint=31
     )
 
 
-def test_contract_prompt_too_long_looks_at_the_real_prompt_only():
+def test_working_set_prompt_too_long_looks_at_the_real_prompt_only():
     # 96 blocks fit 96 usable; the growth would not, but the footprint is capped at usable
     growing = GateView(has_window=True, last_prompt_tokens=50 * 16)
-    assert CONTRACT.decide(growing, ROOMY, tokens(96 * 16), KNOBS) == Admit(
-        AdmissionReason.RESERVED_SESSION, window=True, footprint=96
+    assert WORKING_SET.decide(growing, ROOMY, tokens(96 * 16), SETTINGS) == Admit(
+        AdmissionReason.HOLDS_WINDOW, window=True, footprint=96
     )
-    assert isinstance(CONTRACT.decide(growing, ROOMY, tokens(97 * 16), KNOBS), Reject)
+    assert isinstance(WORKING_SET.decide(growing, ROOMY, tokens(97 * 16), SETTINGS), Reject)
 
 
-def test_contract_newcomer_needs_both_the_books_and_vllms_view():
+def test_working_set_newcomer_needs_both_the_books_and_vllms_view():
     prompt = tokens(30 * 16)  # 30 blocks, all cold
     # books: 66 + 30 = 96 fits; vLLM: 100 free - 60 idle - 4 headroom = 36 >= 30 fits
-    assert CONTRACT.decide(GateView(older_window_blocks=66, idle_window_blocks=60), ROOMY, prompt, KNOBS) == Admit(
-        AdmissionReason.CONTRACT_FITS, window=True, footprint=30
-    )
+    assert WORKING_SET.decide(
+        GateView(older_window_blocks=66, idle_window_blocks=60), ROOMY, prompt, SETTINGS
+    ) == Admit(AdmissionReason.WINDOW_FITS, window=True, footprint=30)
     # books: 67 + 30 = 97 > 96, although vLLM reads everything free (windows not yet scheduled)
-    books = CONTRACT.decide(GateView(older_window_blocks=67), ROOMY, prompt, KNOBS)
+    books = WORKING_SET.decide(GateView(older_window_blocks=67), ROOMY, prompt, SETTINGS)
     assert isinstance(books, Wait) and not books.drop_window and books.cause == WaitCause.WINDOWS_FULL
     assert "67" in books.why
     # vLLM's view: traffic the gate does not see holds 70 blocks
     busy = UsageReading(0.7, 100, 30, block_size=16)
-    seen = CONTRACT.decide(GateView(), busy, prompt, KNOBS)
+    seen = WORKING_SET.decide(GateView(), busy, prompt, SETTINGS)
     assert isinstance(seen, Wait) and seen.cause == WaitCause.NO_FREE_BLOCKS and "30 new blocks, 26 free" in seen.why
     # a resident prefix needs only its new blocks from vLLM's view, but its whole footprint in the books
     hot = tokens(30 * 16, hit_blocks=26)
-    assert CONTRACT.decide(GateView(), busy, hot, KNOBS) == Admit(
-        AdmissionReason.CONTRACT_FITS, window=True, footprint=30
+    assert WORKING_SET.decide(GateView(), busy, hot, SETTINGS) == Admit(
+        AdmissionReason.WINDOW_FITS, window=True, footprint=30
     )
-    assert isinstance(CONTRACT.decide(GateView(older_window_blocks=67), busy, hot, KNOBS), Wait)
+    assert isinstance(WORKING_SET.decide(GateView(older_window_blocks=67), busy, hot, SETTINGS), Wait)
 
 
-def test_contract_burst_admits_only_what_fits_because_each_admission_counts_at_once():
+def test_working_set_burst_admits_only_what_fits_because_each_admission_counts_at_once():
     # 8 newcomers of 30 blocks arrive together; vLLM has scheduled none of them, so it reads
     # 100 free for all eight. Each admission joins the books before the next decision.
     windows: list[int] = []
     decisions = []
     for _ in range(8):
         view = GateView(older_window_blocks=sum(windows))
-        decision = CONTRACT.decide(view, ROOMY, tokens(30 * 16), KNOBS)
+        decision = WORKING_SET.decide(view, ROOMY, tokens(30 * 16), SETTINGS)
         decisions.append(decision)
         if isinstance(decision, Admit):
             windows.append(decision.footprint)
-    assert [d.reason if isinstance(d, Admit) else "wait" for d in decisions] == ["contract_fits"] * 3 + ["wait"] * 5
+    assert [d.reason if isinstance(d, Admit) else "wait" for d in decisions] == ["window_fits"] * 3 + ["wait"] * 5
     assert windows == [30, 30, 30]
 
 
-def test_contract_output_allowance_counts_in_the_footprint():
+def test_working_set_output_allowance_counts_in_the_footprint():
     prompt = tokens(30 * 16)
     view = GateView(older_window_blocks=60)
-    assert CONTRACT.decide(view, ROOMY, prompt, KNOBS) == Admit(
-        AdmissionReason.CONTRACT_FITS, window=True, footprint=30
+    assert WORKING_SET.decide(view, ROOMY, prompt, SETTINGS) == Admit(
+        AdmissionReason.WINDOW_FITS, window=True, footprint=30
     )
     with_output = GateView(older_window_blocks=60, max_output_tokens=6 * 16 + 1)  # 30 + 7 = 37 blocks
-    assert CONTRACT.decide(with_output, ROOMY, prompt, KNOBS) == Wait(
+    assert WORKING_SET.decide(with_output, ROOMY, prompt, SETTINGS) == Wait(
         WaitCause.WINDOWS_FULL,
         "footprint 37 blocks + 60 in windows exceeds 96 usable blocks; no prefill-throughput measurement: holding",
     )
 
 
-def test_contract_footprint_is_capped_at_usable_so_a_large_allowance_never_strands_a_turn():
+def test_working_set_footprint_is_capped_at_usable_so_a_large_allowance_never_strands_a_turn():
     huge = GateView(max_output_tokens=1_000_000)
-    assert CONTRACT.decide(huge, ROOMY, tokens(160), KNOBS) == Admit(
-        AdmissionReason.CONTRACT_FITS, window=True, footprint=96
+    assert WORKING_SET.decide(huge, ROOMY, tokens(160), SETTINGS) == Admit(
+        AdmissionReason.WINDOW_FITS, window=True, footprint=96
     )
     assert isinstance(
-        CONTRACT.decide(GateView(older_window_blocks=1, max_output_tokens=1_000_000), ROOMY, tokens(160), KNOBS), Wait
+        WORKING_SET.decide(GateView(older_window_blocks=1, max_output_tokens=1_000_000), ROOMY, tokens(160), SETTINGS),
+        Wait,
     )
 
 
-def test_contract_prompt_too_long_for_holders_too():
-    decision = CONTRACT.decide(HOLDER, ROOMY, tokens(97 * 16), KNOBS)
+def test_working_set_prompt_too_long_for_holders_too():
+    decision = WORKING_SET.decide(HOLDER, ROOMY, tokens(97 * 16), SETTINGS)
     assert isinstance(decision, Reject) and decision.code == RejectCode.PROMPT_TOO_LONG
 
 
-def test_contract_newcomers_wait_in_fifo_order_holders_do_not():
-    behind = CONTRACT.decide(GateView(waiters_ahead=2), ROOMY, None, KNOBS)
+def test_working_set_newcomers_wait_in_fifo_order_holders_do_not():
+    behind = WORKING_SET.decide(GateView(waiters_ahead=2), ROOMY, None, SETTINGS)
     assert behind == Wait(WaitCause.BEHIND_WAITERS, "behind 2 waiting sessions (first come, first served)")
     holder = GateView(has_window=True, waiters_ahead=2)
-    assert CONTRACT.decide(holder, ROOMY, tokens(160), KNOBS) == Admit(
-        AdmissionReason.RESERVED_SESSION, window=True, footprint=10
+    assert WORKING_SET.decide(holder, ROOMY, tokens(160), SETTINGS) == Admit(
+        AdmissionReason.HOLDS_WINDOW, window=True, footprint=10
     )
-    # the fallbacks ignore the queue, as the seed policy does
-    assert CONTRACT.decide(GateView(waiters_ahead=2), LOW_NO_BLOCKS, None, KNOBS) == Admit(
+    # the fallbacks ignore the queue, as the watermark policy does
+    assert WORKING_SET.decide(GateView(waiters_ahead=2), LOW_NO_BLOCKS, None, SETTINGS) == Admit(
         AdmissionReason.OPEN, wake_next=True
     )
 
@@ -473,23 +482,23 @@ def test_history_bound(view, expected):
     assert history_bound(view) == expected
 
 
-def test_contract_admits_a_bounded_turn_without_the_probe_and_prices_it_at_the_bound():
+def test_working_set_admits_a_bounded_turn_without_the_probe_and_prices_it_at_the_bound():
     # 100 usable blocks: the exact price is asked for once the windows hold more than 50
     view = GateView(prompt_bound_tokens=600)
-    assert not contract_needs_prefix_probe(view, SMALL_BLOCKS, GateSettings())
-    assert contract_decide(view, SMALL_BLOCKS, None, GateSettings()) == Admit(
-        AdmissionReason.CONTRACT_FITS, window=True, footprint=38, reprice_above=50
+    assert not working_set_needs_prefix_probe(view, SMALL_BLOCKS, GateSettings())
+    assert working_set_decide(view, SMALL_BLOCKS, None, GateSettings()) == Admit(
+        AdmissionReason.WINDOW_FITS, window=True, footprint=38, reprice_above=50
     )
     holder = GateView(has_window=True, prompt_bound_tokens=600)
-    assert contract_decide(holder, SMALL_BLOCKS, None, GateSettings()) == Admit(
-        AdmissionReason.RESERVED_SESSION, window=True, footprint=38, reprice_above=50
+    assert working_set_decide(holder, SMALL_BLOCKS, None, GateSettings()) == Admit(
+        AdmissionReason.HOLDS_WINDOW, window=True, footprint=38, reprice_above=50
     )
     # headroom comes off the usable blocks first: (100 - 4) // 2
-    assert contract_decide(view, SMALL_BLOCKS, None, KNOBS).reprice_above == 48
+    assert working_set_decide(view, SMALL_BLOCKS, None, SETTINGS).reprice_above == 48
     # a body without a bound is priced exactly, from its prefix reading: final
-    assert contract_decide(GateView(), ROOMY, tokens(600), KNOBS).reprice_above is None
+    assert working_set_decide(GateView(), ROOMY, tokens(600), SETTINGS).reprice_above is None
     crowded = GateView(prompt_bound_tokens=600, older_window_blocks=80)
-    assert contract_needs_prefix_probe(crowded, SMALL_BLOCKS, GateSettings())
+    assert working_set_needs_prefix_probe(crowded, SMALL_BLOCKS, GateSettings())
 
 
 # ------------------------------------------------- invariants, registry
@@ -534,9 +543,9 @@ PREFIXES = [None, COLD, HOT, EDGE, PrefixReading(400, 0, 0.0), PrefixReading(20,
 @pytest.mark.parametrize("policy", list(POLICIES.values()), ids=list(POLICIES))
 def test_decision_does_not_depend_on_a_prefix_probe_it_did_not_ask_for(policy):
     for view, usage in itertools.product(VIEWS, USAGES):
-        if policy.needs_prefix_probe(view, usage, KNOBS):
+        if policy.needs_prefix_probe(view, usage, SETTINGS):
             continue
-        answers = {policy.decide(view, usage, prefix, KNOBS) for prefix in PREFIXES}
+        answers = {policy.decide(view, usage, prefix, SETTINGS) for prefix in PREFIXES}
         assert len(answers) == 1, (view, usage, answers)
 
 
@@ -546,22 +555,28 @@ def test_fewer_hits_never_turn_a_wait_into_an_admission(policy):
     while a turn waits, HELD_READING_MAX_AGE_SEC): a prompt that waits with some of its
     blocks resident also waits with fewer of them resident."""
     for view, usage, prefix in itertools.product(VIEWS, USAGES, PREFIXES):
-        if prefix is None or not isinstance(policy.decide(view, usage, prefix, KNOBS), Wait):
+        if prefix is None or not isinstance(policy.decide(view, usage, prefix, SETTINGS), Wait):
             continue
         for hit in range(prefix.hit_blocks):
             colder = PrefixReading(prefix.total_blocks, hit, hit / prefix.total_blocks, prefix.total_tokens)
-            assert isinstance(policy.decide(view, usage, colder, KNOBS), Wait), (view, usage, prefix, hit)
+            assert isinstance(policy.decide(view, usage, colder, SETTINGS), Wait), (view, usage, prefix, hit)
 
 
 @pytest.mark.parametrize("policy", list(POLICIES.values()), ids=list(POLICIES))
 def test_anonymous_never_holds_a_window(policy):
     for usage, prefix in itertools.product(USAGES, PREFIXES):
-        decision = policy.decide(ANON, usage, prefix, KNOBS)
+        decision = policy.decide(ANON, usage, prefix, SETTINGS)
         assert not (isinstance(decision, Admit) and decision.window)
 
 
 def test_registry():
-    assert set(POLICIES) == {"seed", "contract"}
-    assert get_policy("seed") is SEED and get_policy("contract") is CONTRACT
-    with pytest.raises(ValueError, match="unknown gate.policy 'nope'; choose one of: contract, seed"):
+    assert set(POLICIES) == {"watermark", "working_set"}
+    assert get_policy("watermark") is WATERMARK and get_policy("working_set") is WORKING_SET
+    with pytest.raises(ValueError, match="unknown gate.policy 'nope'; choose one of: watermark, working_set"):
         get_policy("nope")
+
+
+@pytest.mark.parametrize("old,new", [("seed", "watermark"), ("contract", "working_set")])
+def test_a_renamed_policy_is_refused_with_its_new_name(old, new):
+    with pytest.raises(ValueError, match=f"gate.policy {old!r} was renamed {new!r}"):
+        get_policy(old)

@@ -22,11 +22,11 @@ async def stack(aiohttp_server):
     """A fake replica, a controller on a fake clock, the proxy app in front; all closed after."""
     made = []
 
-    async def make(**knobs):
+    async def make(**overrides):
         script = ReplicaScript()
         server = await aiohttp_server(fake_replica_app(script), host="127.0.0.1")
         clock = FakeClock()
-        gate = settings(probe=ProbeSettings(timeout_sec=0.5, usage_max_age_ms=0), **knobs)
+        gate = settings(probe=ProbeSettings(timeout_sec=0.5, usage_max_age_ms=0), **overrides)
         metrics = KvgateMetrics()
         controller = AdmissionController(gate, metrics.gate, clock=clock)
         app = create_app(
@@ -73,10 +73,10 @@ async def test_decision_tree_end_to_end(stack):
     await until(lambda: controller.counts()["waiters"] == 1, "the cold session to wait")
     retry = asyncio.create_task(turn(http, "cold"))
     status, _, body = await cold
-    assert (status, body["error"]["code"]) == (409, "admission_preempted")
+    assert (status, body["error"]["code"]) == (409, "admission_superseded")
 
-    status, headers, _ = await turn(http, "hot")  # reserved: passes the waiter, no probe
-    assert headers["x-kvgate-admission"] == "reserved_session"
+    status, headers, _ = await turn(http, "hot")  # holds a window: passes the waiter, no probe
+    assert headers["x-kvgate-admission"] == "holds_window"
     await until(lambda: controller.counts()["waiters"] == 1)
 
     script.usage(0.5)
@@ -86,14 +86,14 @@ async def test_decision_tree_end_to_end(stack):
     assert float(headers["x-kvgate-wait-ms"]) >= 0
 
     state = controller.state()["r0"]
-    assert state["sessions"]["cold"]["num_preempted"] == 1
+    assert state["sessions"]["cold"]["num_superseded"] == 1
     assert "hot" not in state["sessions"]  # finished by the header
     clock.advance(11)
     assert controller.counts() == CLEAN
 
 
 async def test_timeout_and_prompt_too_long_over_http(stack):
-    script, clock, controller, http = await stack(policy="contract", max_wait_sec=5, wait_poll_sec=0.01)
+    script, clock, controller, http = await stack(policy="working_set", max_wait_sec=5, wait_poll_sec=0.01)
     script.kv = {"kv_cache_usage": 0.5, "num_total_blocks": 100, "num_free_blocks": 10}
     script.prefix("huge", total=101, hit=0)
     status, _, body = await turn(http, "huge")
@@ -122,7 +122,7 @@ async def test_a_turn_the_upstream_answers_404_and_a_models_request_leave_no_win
     body = {"model": "m", "prompt": "hello"}
     async with http.post("/v1/completions", json=body, headers={"x-session-id": "lost"}) as resp:
         assert (resp.status, resp.headers["x-kvgate-admission"]) == (404, "resident_prefix")
-    assert controller.counts()["reservations"] == 0
+    assert controller.counts()["windows"] == 0
     state = controller.state()["r0"]
     assert state["window_ends"]["revoked"] == 1 and state["sessions"]["lost"]["last_window_end"] == "revoked"
     clock.advance(11)

@@ -26,13 +26,13 @@ async def test_a_silent_session_loses_its_window_once_quiet_and_the_metric_says_
     (await gate.acquire("s", "chat", body("s"))).release()  # no gap yet: window lives the floor (0.5 s)
     clock.advance(0.3)
     lease = await gate.acquire("s", "chat", body("s"))  # back after 0.3 s: window kept
-    assert lease.reason == "reserved_session"
+    assert lease.reason == "holds_window"
     lease.release()
     state = gate.state()
     assert state["sessions"]["s"]["gap_sec"] == 0.3 and state["sessions"]["s"]["quiet_in_sec"] == 1.2
     clock.advance(1.2)  # 4 x 0.3 s idle: quiet
     state = gate.state()
-    assert state["reserved"] == {"in_flight": [], "idle": []}
+    assert state["windows"] == {"in_flight": [], "idle": []}
     assert state["sessions"]["s"]["last_window_end"] == "quiet" and state["window_ends"]["quiet"] == 1
     assert ends(metrics, "quiet") == 1 and ends(metrics, "grace") == 0
     assert_clean(gate, clock)
@@ -47,7 +47,7 @@ async def test_window_ends_by_finish_lost_and_grace(metrics, clock):
     (await gate.acquire("b", "chat", body("b"))).release()
     gate.finish_session("a")
     clock.advance(10)
-    assert gate.counts()["reservations"] == 0
+    assert gate.counts()["windows"] == 0
     assert (ends(metrics, "finish"), ends(metrics, "grace"), ends(metrics, "quiet")) == (1, 1, 0)
     assert_clean(gate, clock)
 
@@ -72,15 +72,15 @@ async def test_a_turn_that_served_no_prompt_leaves_no_new_window(metrics, clock)
     probe.set_prefix("s", total=20, hit=18)
     gate = Gate("r0", probe, settings(), metrics, clock)
     lease = await gate.acquire("s", "chat", body("s"))
-    assert lease.reason == "resident_prefix" and gate.counts()["reservations"] == 1
+    assert lease.reason == "resident_prefix" and gate.counts()["windows"] == 1
     lease.release(served=False)  # e.g. the upstream answered 404
-    assert gate.counts()["reservations"] == 0 and ends(metrics, "revoked") == 1
+    assert gate.counts()["windows"] == 0 and ends(metrics, "revoked") == 1
     # a served turn confirms its window; a later failed turn does not take it back
     (await gate.acquire("s", "chat", body("s"))).release()
     failed = await gate.acquire("s", "chat", body("s"))
-    assert failed.reason == "reserved_session"
+    assert failed.reason == "holds_window"
     failed.release(served=False)
-    assert gate.counts()["reservations"] == 1 and ends(metrics, "revoked") == 1
+    assert gate.counts()["windows"] == 1 and ends(metrics, "revoked") == 1
     assert_clean(gate, clock)
 
 
@@ -107,7 +107,7 @@ async def test_a_held_turn_goes_in_work_conserving_once_the_idle_replica_waited_
 
     probe = MeasuredProbe(usage=0.1, total=100, free=100, block_size=16)
     probe.set_prefix("a", total=80, hit=0, tokens=80 * 16)
-    gate = Gate("r0", probe, settings(policy="contract", wait_poll_sec=60), metrics, clock)
+    gate = Gate("r0", probe, settings(policy="working_set", wait_poll_sec=60), metrics, clock)
     (
         await gate.acquire(
             "a", "chat", {"id": "a", "max_tokens": 0, "messages": [{"role": "user", "content": "x" * 2000}]}
@@ -121,7 +121,7 @@ async def test_a_held_turn_goes_in_work_conserving_once_the_idle_replica_waited_
     await until(lambda: gate.counts()["waiters"] == 1, "b to be held")
     clock.advance(0.081)  # the replica stayed idle longer than the re-prefill b causes (80 ms)
     lease = await asyncio.wait_for(task, 5)  # the recheck fires on its own (not the 60 s poll)
-    assert lease.reason == "work_conserving" and gate.state()["reserved"]["in_flight"] == []
+    assert lease.reason == "work_conserving" and gate.state()["windows"]["in_flight"] == []
     lease.release()
     assert sample(metrics, "kvgate_admissions_total", replica="r0", reason="work_conserving") == 1
     assert_clean(gate, clock)
@@ -135,7 +135,7 @@ async def test_a_newcomer_held_behind_a_silent_sessions_window_gets_in_once_it_g
     lets it re-decide: no release is needed to wake it."""
     probe = FakeProbe(usage=0.1, total=100, free=100, block_size=16)
     probe.set_prefix("gone", total=80, hit=0, tokens=80 * 16)
-    gate = Gate("r0", probe, settings(policy="contract", wait_poll_sec=60, quiet_floor_sec=0.05), metrics, clock)
+    gate = Gate("r0", probe, settings(policy="working_set", wait_poll_sec=60, quiet_floor_sec=0.05), metrics, clock)
     big = {"max_tokens": 0, "messages": [{"role": "user", "content": "x" * 2000}]}
     (await gate.acquire("gone", "chat", {"id": "gone", **big})).release()  # its last turn; no finish
     probe.set_prefix("next", total=50, hit=0, tokens=50 * 16)
@@ -144,7 +144,7 @@ async def test_a_newcomer_held_behind_a_silent_sessions_window_gets_in_once_it_g
     assert gate.counts()["leases"] == 0  # nothing in flight: no release will wake it
     clock.advance(0.05)  # the silent session's window is quiet now
     lease = await asyncio.wait_for(task, 5)  # woken by its own timer, not the 60 s poll
-    assert lease.reason == "contract_fits"
+    assert lease.reason == "window_fits"
     lease.release()
     assert ends(metrics, "quiet") == 1
     assert_clean(gate, clock)

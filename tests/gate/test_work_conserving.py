@@ -1,5 +1,5 @@
 """Issue 9's policy pieces as pure functions on hand-worked states: quiet expiry of an
-idle window, and the contract policy's work-conserving rule (a held turn that goes in
+idle window, and the working_set policy's work-conserving rule (a held turn that goes in
 because holding it costs more than the re-prefill it causes, and one that is held)."""
 
 from __future__ import annotations
@@ -8,13 +8,12 @@ import pytest
 
 from kvgate.gate.book import TOKENS_PER_BYTE_WINDOW, SessionBook
 from kvgate.gate.policies import (
-    CONTRACT,
+    WORKING_SET,
     AdmissionReason,
     Admit,
     GateView,
     Wait,
     WaitCause,
-    contract_decide,
     estimated_prompt_tokens,
     evicted_window_blocks,
     holding_cost_sec,
@@ -22,11 +21,12 @@ from kvgate.gate.policies import (
     reprefill_sec,
     unprobed_work_conserving,
     work_conserving,
+    working_set_decide,
 )
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
 
-KNOBS = GateSettings()  # the defaults: quiet_factor 4, quiet_floor_sec 0.5, idle_grace_sec 60
+SETTINGS = GateSettings()  # the defaults: quiet_factor 4, quiet_floor_sec 0.5, idle_grace_sec 60
 
 
 # ---------------------------------------------------------------- quiet expiry
@@ -55,7 +55,7 @@ def _turn(book: SessionBook, key: str, now: float, end: float, blocks: int = 10)
     """One admitted turn of `key` from `now` to `end`, holding a window of `blocks`."""
     attempt = _Attempt()
     rec, _ = book.begin_attempt(key, attempt, now)
-    book.admit(rec, attempt, AdmissionReason.CONTRACT_FITS.value, now, window=True, footprint=blocks)
+    book.admit(rec, attempt, AdmissionReason.WINDOW_FITS.value, now, window=True, footprint=blocks)
     book.release(rec, end, attempt)
 
 
@@ -163,7 +163,7 @@ def test_a_work_conserving_admission():
     """Re-prefill of 32 evicted blocks + its own 40 (unprotected without a window): 72 ms,
     less than the 320 ms of decode that holding the turn back would leave unused (at half
     its worth: 160 ms)."""
-    assert contract_decide(BUSY, MEASURED, PROMPT, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
+    assert working_set_decide(BUSY, MEASURED, PROMPT, SETTINGS) == Admit(AdmissionReason.WORK_CONSERVING)
 
 
 def test_a_held_admission():
@@ -173,7 +173,7 @@ def test_a_held_admission():
     long_prompt = PrefixReading(total_blocks=110, hit_blocks=5, hit_ratio=0.05, total_tokens=1760)
     view = GateView(idle_window_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700)
     usage = UsageReading(0.8, 200, 60, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
-    decision = contract_decide(view, usage, long_prompt, KNOBS)
+    decision = working_set_decide(view, usage, long_prompt, SETTINGS)
     # needs 105 + 1 blocks, free outside idle windows 0 -> 60 come out of the idle windows (all of them)
     assert isinstance(decision, Wait) and decision.cause == WaitCause.NO_FREE_BLOCKS
     assert "re-prefill 0.170s > holding cost 0.005s" in decision.why
@@ -188,11 +188,11 @@ def test_a_held_admission():
         waited_sec=0.05,
         expected_gap_sec=0.01,
     )
-    held = contract_decide(idle, usage, long_prompt, KNOBS)
+    held = working_set_decide(idle, usage, long_prompt, SETTINGS)
     assert isinstance(held, Wait) and held.recheck_sec == pytest.approx(0.13)
     # ... and once it has waited, idle, as long as the re-prefill (ski rental): admitted
-    assert contract_decide(
-        GateView(**{**_fields(idle), "replica_idle_sec": 0.17, "waited_sec": 0.2}), usage, long_prompt, KNOBS
+    assert working_set_decide(
+        GateView(**{**_fields(idle), "replica_idle_sec": 0.17, "waited_sec": 0.2}), usage, long_prompt, SETTINGS
     ) == Admit(AdmissionReason.WORK_CONSERVING)
 
 
@@ -208,15 +208,15 @@ def test_a_prefill_bound_engine_holds_what_a_decode_bound_one_admits():
     def usage(share):
         return UsageReading(0.9, 512, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.1, prefill_share=share)
 
-    assert contract_decide(view, usage(0.0), prompt, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
-    held = contract_decide(view, usage(0.8), prompt, KNOBS)
+    assert working_set_decide(view, usage(0.0), prompt, SETTINGS) == Admit(AdmissionReason.WORK_CONSERVING)
+    held = working_set_decide(view, usage(0.8), prompt, SETTINGS)
     assert isinstance(held, Wait) and "re-prefill 0.309s > holding cost 0.080s" in held.why
 
 
 def test_no_measurement_yet_holds_and_the_knob_turns_it_off():
-    assert isinstance(contract_decide(BUSY, UNMEASURED, PROMPT, KNOBS), Wait)
+    assert isinstance(working_set_decide(BUSY, UNMEASURED, PROMPT, SETTINGS), Wait)
     off = GateSettings(work_conserving=False)
-    assert isinstance(contract_decide(BUSY, MEASURED, PROMPT, off), Wait)
+    assert isinstance(working_set_decide(BUSY, MEASURED, PROMPT, off), Wait)
     assert work_conserving(BUSY, MEASURED, 32, off) == Wait(
         WaitCause.WORTH_HOLDING, "no prefill-throughput measurement: holding"
     )
@@ -231,8 +231,8 @@ def test_a_holder_that_no_longer_fits_goes_in_work_conserving_without_its_window
         last_prompt_tokens=600,
         last_growth_tokens=40,
     )
-    assert contract_decide(holder, MEASURED, PROMPT, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
-    held = contract_decide(holder, UNMEASURED, PROMPT, KNOBS)
+    assert working_set_decide(holder, MEASURED, PROMPT, SETTINGS) == Admit(AdmissionReason.WORK_CONSERVING)
+    held = working_set_decide(holder, UNMEASURED, PROMPT, SETTINGS)
     assert isinstance(held, Wait) and held.drop_window and held.cause == WaitCause.WINDOW_LOST
 
 
@@ -242,28 +242,28 @@ def test_a_newcomer_behind_others_is_decided_at_once_but_only_work_conserving():
     re-prefill against 160 ms of decode slack), but never takes a window before them,
     even where one would fit."""
     behind = GateView(**{**_fields(BUSY), "waiters_ahead": 3, "prompt_bound_tokens": None})
-    assert CONTRACT.needs_prefix_probe(behind, MEASURED, KNOBS)
-    assert contract_decide(behind, MEASURED, PROMPT, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
+    assert WORKING_SET.needs_prefix_probe(behind, MEASURED, SETTINGS)
+    assert working_set_decide(behind, MEASURED, PROMPT, SETTINGS) == Admit(AdmissionReason.WORK_CONSERVING)
     # a roomy replica: a head newcomer gets a window ((640 + 32) / 16 = 42 blocks), one behind
     # others only goes in work-conserving
     roomy = UsageReading(0.1, 100, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
-    assert contract_decide(GateView(max_output_tokens=32), roomy, PROMPT, KNOBS) == Admit(
-        AdmissionReason.CONTRACT_FITS, window=True, footprint=42
+    assert working_set_decide(GateView(max_output_tokens=32), roomy, PROMPT, SETTINGS) == Admit(
+        AdmissionReason.WINDOW_FITS, window=True, footprint=42
     )
-    assert contract_decide(GateView(max_output_tokens=32, waiters_ahead=1), roomy, PROMPT, KNOBS) == Admit(
+    assert working_set_decide(GateView(max_output_tokens=32, waiters_ahead=1), roomy, PROMPT, SETTINGS) == Admit(
         AdmissionReason.WORK_CONSERVING
     )
     # held: a 1-token turn whose own 40 blocks (640 tokens, 40 ms) outweigh 5 ms of slack
-    held = contract_decide(GateView(max_output_tokens=1, waiters_ahead=1), roomy, PROMPT, KNOBS)
+    held = working_set_decide(GateView(max_output_tokens=1, waiters_ahead=1), roomy, PROMPT, SETTINGS)
     assert held == Wait(
         WaitCause.BEHIND_WAITERS,
         "behind 1 waiting sessions (first come, first served); re-prefill 0.040s > holding cost 0.005s",
         wake_on_release=True,  # more room may tip the balance: decide again on every release
     )
     # without a measurement or with the rule off: not probed, it waits its turn
-    for usage, knobs in ((UNMEASURED, KNOBS), (MEASURED, GateSettings(work_conserving=False))):
-        assert not CONTRACT.needs_prefix_probe(behind, usage, knobs)
-        assert contract_decide(behind, usage, None, knobs) == Wait(
+    for usage, settings in ((UNMEASURED, SETTINGS), (MEASURED, GateSettings(work_conserving=False))):
+        assert not WORKING_SET.needs_prefix_probe(behind, usage, settings)
+        assert working_set_decide(behind, usage, None, settings) == Wait(
             WaitCause.BEHIND_WAITERS, "behind 3 waiting sessions (first come, first served)"
         )
 
@@ -285,22 +285,24 @@ def test_a_cheap_newcomer_goes_in_without_a_probe():
         waiters_ahead=1,
     )
     for head_or_behind in (view, GateView(**{**_fields(view), "waiters_ahead": 0})):
-        assert unprobed_work_conserving(head_or_behind, MEASURED, KNOBS)
-        assert not CONTRACT.needs_prefix_probe(head_or_behind, MEASURED, KNOBS)
+        assert unprobed_work_conserving(head_or_behind, MEASURED, SETTINGS)
+        assert not WORKING_SET.needs_prefix_probe(head_or_behind, MEASURED, SETTINGS)
         for prefix in (None, PROMPT):
-            assert contract_decide(head_or_behind, MEASURED, prefix, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
+            assert working_set_decide(head_or_behind, MEASURED, prefix, SETTINGS) == Admit(
+                AdmissionReason.WORK_CONSERVING
+            )
     # probed: 4 output tokens (20 ms of slack), no bound (media), or a holder (its window is
     # re-priced); behind without the rule or its measurement: waits, unprobed
-    for changed, usage, knobs, probed in (
-        ({"max_output_tokens": 4}, MEASURED, KNOBS, True),
-        ({"prompt_bound_tokens": None}, MEASURED, KNOBS, True),
-        ({"has_window": True}, MEASURED, KNOBS, True),
+    for changed, usage, settings, probed in (
+        ({"max_output_tokens": 4}, MEASURED, SETTINGS, True),
+        ({"prompt_bound_tokens": None}, MEASURED, SETTINGS, True),
+        ({"has_window": True}, MEASURED, SETTINGS, True),
         ({}, MEASURED, GateSettings(work_conserving=False), False),
-        ({}, UNMEASURED, KNOBS, False),
+        ({}, UNMEASURED, SETTINGS, False),
     ):
         other = GateView(**{**_fields(view), **changed})
-        assert not unprobed_work_conserving(other, usage, knobs)
-        assert CONTRACT.needs_prefix_probe(other, usage, knobs) is probed, changed
+        assert not unprobed_work_conserving(other, usage, settings)
+        assert WORKING_SET.needs_prefix_probe(other, usage, settings) is probed, changed
 
 
 @pytest.mark.parametrize(
@@ -331,17 +333,17 @@ def test_a_newcomer_goes_in_unprobed_at_its_estimated_price():
     18 to allocate, 2 out of the windows, 18 ms at risk: admitted `work_conserving`
     without a probe, whatever the probe would have said."""
     view = GateView(older_window_blocks=80, max_output_tokens=32, prompt_bound_tokens=1512)
-    assert not unprobed_work_conserving(view, MEASURED, KNOBS)
-    assert CONTRACT.needs_prefix_probe(view, MEASURED, KNOBS)
+    assert not unprobed_work_conserving(view, MEASURED, SETTINGS)
+    assert WORKING_SET.needs_prefix_probe(view, MEASURED, SETTINGS)
     estimated = GateView(**{**_fields(view), "tokens_per_byte": 0.25})
-    assert unprobed_work_conserving(estimated, MEASURED, KNOBS)
-    assert not CONTRACT.needs_prefix_probe(estimated, MEASURED, KNOBS)
+    assert unprobed_work_conserving(estimated, MEASURED, SETTINGS)
+    assert not WORKING_SET.needs_prefix_probe(estimated, MEASURED, SETTINGS)
     for prefix in (None, PROMPT, PrefixReading(total_blocks=95, hit_blocks=0, hit_ratio=0.0, total_tokens=1512)):
-        assert contract_decide(estimated, MEASURED, prefix, KNOBS) == Admit(AdmissionReason.WORK_CONSERVING)
+        assert working_set_decide(estimated, MEASURED, prefix, SETTINGS) == Admit(AdmissionReason.WORK_CONSERVING)
     # a holder is still probed: the exact price may keep its window
     holder = GateView(**{**_fields(estimated), "has_window": True})
-    assert not unprobed_work_conserving(holder, MEASURED, KNOBS)
-    assert CONTRACT.needs_prefix_probe(holder, MEASURED, KNOBS)
+    assert not unprobed_work_conserving(holder, MEASURED, SETTINGS)
+    assert WORKING_SET.needs_prefix_probe(holder, MEASURED, SETTINGS)
 
 
 def _fields(view: GateView) -> dict:

@@ -265,4 +265,4 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometh
             await app.close()
             for r in replicas:
                 await r.stop()
-    assert app.admission.counts() == {"leases": 0, "reservations": 0, "waiters": 0, "attempts": 0, "sessions": 0}
+    assert app.admission.counts() == {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}

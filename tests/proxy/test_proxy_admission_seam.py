@@ -8,14 +8,14 @@ import aiohttp
 import pytest
 from proxy_client import ADMIN_TOKEN
 
-from kvgate.gate.errors import AdmissionPreempted, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from kvgate.gate.errors import AdmissionSuperseded, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 class RecordedLease:
-    def __init__(self, replica, reason="reserved_session", wait_ms=12.5):
+    def __init__(self, replica, reason="holds_window", wait_ms=12.5):
         self.replica = replica
         self.reason = reason
         self.wait_ms = wait_ms
@@ -81,7 +81,7 @@ async def test_acquire_gets_replica_session_kind_and_body_and_headers_report_the
     assert (session_id, kind) == ("s1", "chat")
     assert body["messages"] == CHAT["messages"]
     assert resp.headers["x-kvgate-replica"] == name
-    assert resp.headers["x-kvgate-admission"] == "reserved_session"
+    assert resp.headers["x-kvgate-admission"] == "holds_window"
     assert resp.headers["x-kvgate-wait-ms"] == "12.5"
     assert [lease.releases for lease in admission.leases] == [1]
 
@@ -94,7 +94,7 @@ async def test_anonymous_requests_acquire_with_none(gated, admission):
 @pytest.mark.parametrize(
     "error, status, code",
     [
-        (AdmissionPreempted("a newer attempt of this session arrived"), 409, "admission_preempted"),
+        (AdmissionSuperseded("a newer attempt of this session arrived"), 409, "admission_superseded"),
         (AdmissionTimeout("waited gate.max_wait_sec", retry_after=7), 503, "admission_timeout"),
         (PromptTooLong("prompt of 9000 blocks can never fit"), 400, "prompt_too_long"),
     ],

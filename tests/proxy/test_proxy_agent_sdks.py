@@ -1,10 +1,10 @@
 """Issue 14 with the official SDKs: `anthropic` and `openai` (Responses) clients through
-kvgate, with the contract gate enforcing, in front of two simulated replicas.
+kvgate, with the working_set gate enforcing, in front of two simulated replicas.
 
 Each turn's probe reading is checked against the generation itself: asked right before
 the turn (same body, same replica), the probe's `total_tokens` is the prompt the replica
 reports in usage, and its `hit_tokens` the tokens the replica then reused. Every test
-finishes its sessions and ends with no lease, reservation, waiter or attempt left.
+finishes its sessions and ends with no lease, window, waiter or attempt left.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ async def stack():
     replicas = await start_simulated_replicas(2, time_scale=0, num_blocks=256, block_size=16)
     settings = Settings(
         replicas=tuple(ReplicaSettings(r.name, r.url) for r in replicas),
-        gate=GateSettings(mode="enforce", policy="contract"),
+        gate=GateSettings(mode="enforce", policy="working_set"),
     )
     app = create_app(settings, health_checks=False)
     host, port = await app.start("127.0.0.1", 0)
@@ -243,7 +243,7 @@ async def test_previous_response_id_chains_stay_on_their_replica_and_are_priced_
             response = raw.parse()
             continuations += 1
             assert raw.headers["x-kvgate-replica"] == replica
-            assert raw.headers["x-kvgate-admission"] in ("contract_fits", "reserved_session")
+            assert raw.headers["x-kvgate-admission"] in ("window_fits", "holds_window")
             assert reading["total_tokens"] == response.usage.input_tokens
             assert reading["hit_tokens"] == response.usage.input_tokens_details.cached_tokens > 0
             chains[index] = (response.id, replica)

@@ -165,6 +165,12 @@ def test_choices_are_the_registries(section, key, registry):
     assert problem.startswith(f"{path}: must be one of {', '.join(registry)},")
 
 
+@pytest.mark.parametrize("old,new", [("seed", "watermark"), ("contract", "working_set")])
+def test_a_renamed_policy_is_refused_naming_the_new_one(old, new):
+    [problem] = [p for p in problems_of({"gate": {"policy": old}}) if p.startswith("gate.policy:")]
+    assert f"renamed: write {new!r}" in problem
+
+
 def test_all_problems_are_reported_at_once():
     problems = problems_of({"nope": 1, "listen": {"port": "x"}, "gate": {"mode": "?"}})
     assert len(problems) == 3

@@ -15,7 +15,7 @@ import pytest
 from kvgate.bench.tiers import start_kvgate, start_single, start_tiered
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
 
-CLEAN = {"leases": 0, "reservations": 0, "waiters": 0, "attempts": 0, "sessions": 0}
+CLEAN = {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}
 
 
 def chat(session: str, text: str = "hello", **extra) -> dict:
@@ -74,7 +74,7 @@ async def test_session_semantics_across_tiers(tiers, http):
         status, headers, _ = await post(http, a, "/v1/chat/completions", chat(sid), {"x-session-id": sid})
         assert status == 200
         # the replica gate's admission, not the front door's "open"
-        assert headers["x-kvgate-admission"] in ("contract_fits", "reserved_session")
+        assert headers["x-kvgate-admission"] in ("window_fits", "holds_window")
         assert headers.getall("x-kvgate-admission") == [headers["x-kvgate-admission"]]
         replica_of[sid] = headers["x-kvgate-replica"]
         # the other front door sends the session to the same replica (rendezvous agrees)
@@ -82,7 +82,7 @@ async def test_session_semantics_across_tiers(tiers, http):
         assert (status, headers["x-kvgate-replica"], headers["x-kvgate-admission"]) == (
             200,
             replica_of[sid],
-            "reserved_session",
+            "holds_window",
         )
     assert set(replica_of.values()) == {"sim0", "sim1"}
     gates = {g.name: g.app.admission for g in t.replica_gates}
@@ -94,7 +94,7 @@ async def test_session_semantics_across_tiers(tiers, http):
         {"model": "kvgate-sim", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
     )
     assert status == 200 and headers["x-kvgate-replica"] == replica_of["s0"]
-    assert gates[replica_of["s0"]].state()[replica_of["s0"]]["sessions"]["s0"]["reasons"]["reserved_session"] >= 2
+    assert gates[replica_of["s0"]].state()[replica_of["s0"]]["sessions"]["s0"]["reasons"]["holds_window"] >= 2
     # the front doors gated nothing
     for door in t.front_doors:
         assert all(g["mode"] == "off" and not g["sessions"] for g in door.app.admission.state().values())
@@ -108,9 +108,9 @@ async def test_session_semantics_across_tiers(tiers, http):
 
 
 async def test_refusals_pass_through_a_front_door_unchanged(http, aiohttp_server):
-    """409 admission_preempted and 503 admission_timeout + Retry-After from the replica gate."""
+    """409 admission_superseded and 503 admission_timeout + Retry-After from the replica gate."""
     script = ReplicaScript()
-    script.usage(0.99)  # under pressure; every prompt cold: the seed policy holds every named turn
+    script.usage(0.99)  # under pressure; every prompt cold: the watermark policy holds every named turn
     fake = await aiohttp_server(fake_replica_app(script), host="127.0.0.1")
     gate = await start_kvgate(
         "fake0",
@@ -119,7 +119,7 @@ async def test_refusals_pass_through_a_front_door_unchanged(http, aiohttp_server
             "replicas": [{"name": "fake0", "url": str(fake.make_url("")).rstrip("/")}],
             "gate": {
                 "mode": "enforce",
-                "policy": "seed",
+                "policy": "watermark",
                 "max_wait_sec": 0.3,
                 "wait_poll_sec": 0.05,
                 "probe": {"usage_max_age_ms": 0},
@@ -144,7 +144,7 @@ async def test_refusals_pass_through_a_front_door_unchanged(http, aiohttp_server
         await until(lambda: gate.app.admission.state()["fake0"]["pending"] == ["p"], "a waiter")
         second = asyncio.ensure_future(post(http, door.url, "/v1/chat/completions", body, {"x-session-id": "p"}))
         status, _, err = await first
-        assert (status, err["error"]["code"]) == (409, "admission_preempted")
+        assert (status, err["error"]["code"]) == (409, "admission_superseded")
         assert (await second)[0] == 503
     finally:
         await door.close()

@@ -59,6 +59,6 @@ def test_merge_kvgate_headers():
     own = [(b"x-kvgate-replica", b"rg0"), (b"x-kvgate-admission", b"open"), (b"x-kvgate-wait-ms", b"0")]
     plain = [(b"content-type", b"application/json")]
     assert merge_kvgate_headers(list(plain), own) == (plain + own, False)
-    inner = [(b"X-Kvgate-Replica", b"vllm0"), (b"X-Kvgate-Admission", b"contract_fits"), (b"X-Kvgate-Wait-Ms", b"12.5")]
+    inner = [(b"X-Kvgate-Replica", b"vllm0"), (b"X-Kvgate-Admission", b"window_fits"), (b"X-Kvgate-Wait-Ms", b"12.5")]
     merged, gated = merge_kvgate_headers(plain + inner, own)
     assert gated and merged == plain + inner

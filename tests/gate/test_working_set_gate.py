@@ -1,4 +1,4 @@
-"""The contract policy in the asyncio gate: a working set priced by the gate's own books.
+"""The working_set policy in the asyncio gate: a working set priced by the gate's own books.
 
 Fake clock, fake probe, no real waits: `wait_poll_sec` is 60 s, so every admission of a
 waiter below comes from a wake-up (a finish, a lost or shrunk window, a waiter leaving),
@@ -16,10 +16,10 @@ from kvgate.gate.gate import Gate, Lease
 from tests.gate.helpers import FakeProbe, assert_clean, sample, settings, until
 
 
-def contract_gate(metrics, clock, total: int = 100, free: int = 100, **knobs) -> tuple[Gate, FakeProbe]:
-    """A contract gate on a replica of `total` blocks (headroom 0: all usable), `free` of them free."""
+def working_set_gate(metrics, clock, total: int = 100, free: int = 100, **overrides) -> tuple[Gate, FakeProbe]:
+    """A working_set gate on a replica of `total` blocks (headroom 0: all usable), `free` of them free."""
     probe = FakeProbe(usage=0.1, total=total, free=free)
-    gate = Gate("r0", probe, settings(policy="contract", wait_poll_sec=60, **knobs), metrics, clock)
+    gate = Gate("r0", probe, settings(policy="working_set", wait_poll_sec=60, **overrides), metrics, clock)
     return gate, probe
 
 
@@ -29,7 +29,7 @@ def body(session: str, **fields) -> dict:
 
 def unbounded_body(session: str, size: int = 2000, **fields) -> dict:
     """A body whose byte-length bound on its prompt (over `size` tokens; 2,000: 125
-    blocks of 16) exceeds a 100-block replica, so the contract policy must probe to
+    blocks of 16) exceeds a 100-block replica, so the working_set policy must probe to
     price it. A later turn of the same session must grow by as many bytes as it grows
     in tokens, or more (as real prompts do), else its history bound fits."""
     return {"id": session, "messages": [{"role": "user", "content": "x" * size}], **fields}
@@ -64,16 +64,16 @@ async def drain(gate: Gate, tasks: dict[str, asyncio.Task]) -> None:
 
 
 async def test_burst_of_eight_on_a_cache_for_three_admits_three_and_holds_five(metrics, clock):
-    gate, probe = contract_gate(metrics, clock)
+    gate, probe = working_set_gate(metrics, clock)
     names = [f"s{i}" for i in range(8)]
     for name in names:
         probe.set_prefix(name, total=30, hit=0)  # 30 blocks each: three fit 100, four do not
     tasks = {name: asyncio.create_task(gate.acquire(name, "chat", body(name))) for name in names}
     await until(lambda: waiting(gate) == 5, "five sessions to wait")
     assert [name for name, task in tasks.items() if task.done()] == ["s0", "s1", "s2"]
-    assert {tasks[name].result().reason for name in ("s0", "s1", "s2")} == {"contract_fits"}
+    assert {tasks[name].result().reason for name in ("s0", "s1", "s2")} == {"window_fits"}
     state = gate.state()
-    assert state["reserved"]["in_flight"] == ["s0", "s1", "s2"] and state["window_blocks"] == 90
+    assert state["windows"]["in_flight"] == ["s0", "s1", "s2"] and state["window_blocks"] == 90
     # vLLM read 100 free blocks for every one of them: the books, not vLLM, stopped the fourth.
     # The head waiter was probed; the four behind it wait their turn unprobed (strict FIFO).
     assert probe.prefix_calls == ["s0", "s1", "s2", "s3"]
@@ -95,10 +95,10 @@ async def test_burst_of_eight_on_a_cache_for_three_admits_three_and_holds_five(m
     # would be admitted now, so it is priced on a fresh probe, and admitted.
     gate.finish_session("s0")
     lease = await admitted(tasks["s3"])
-    assert lease.reason == "contract_fits" and probe.prefix_calls == ["s0", "s1", "s2", "s3", "s3"]
+    assert lease.reason == "window_fits" and probe.prefix_calls == ["s0", "s1", "s2", "s3", "s3"]
     await until(lambda: len(probe.prefix_calls) == 6, "the next waiter to re-decide")  # woken by s3's admission
     assert waiting(gate) == 4 and sum(task.done() for task in tasks.values()) == 4
-    assert gate.state()["reserved"]["in_flight"] == ["s1", "s2", "s3"]
+    assert gate.state()["windows"]["in_flight"] == ["s1", "s2", "s3"]
 
     del tasks["s0"]
     await drain(gate, tasks)
@@ -106,27 +106,27 @@ async def test_burst_of_eight_on_a_cache_for_three_admits_three_and_holds_five(m
 
 
 async def test_owner_whose_growth_no_longer_fits_loses_its_window_and_waits(metrics, clock):
-    gate, probe = contract_gate(metrics, clock)
+    gate, probe = working_set_gate(metrics, clock)
     (await turn(gate, probe, "old", 50)).release()
     (await turn(gate, probe, "young", 40)).release()
-    assert gate.state()["reserved"]["idle"] == ["old", "young"]
+    assert gate.state()["windows"]["idle"] == ["old", "young"]
 
     # young grows to 60: behind old's 50 that is 110 > 100. It must not keep its window while it waits.
     task = asyncio.create_task(turn(gate, probe, "young", 60, hit=40))
     await until(lambda: waiting(gate) == 1, "young to wait")
     state = gate.state()
-    assert state["reserved"] == {"in_flight": [], "idle": ["old"]} and state["window_blocks"] == 50
+    assert state["windows"] == {"in_flight": [], "idle": ["old"]} and state["window_blocks"] == 50
     assert state["pending"] == ["young"]
-    assert state["sessions"]["young"]["reserved"] is False and state["sessions"]["young"]["windows_lost"] == 1
+    assert state["sessions"]["young"]["has_window"] is False and state["sessions"]["young"]["windows_lost"] == 1
 
     # old grows too and still passes: nothing ranks before it, whoever waits.
     lease = await turn(gate, probe, "old", 55)
-    assert lease.reason == "reserved_session" and gate.state()["sessions"]["old"]["resident_blocks"] == 55
+    assert lease.reason == "holds_window" and gate.state()["sessions"]["old"]["resident_blocks"] == 55
     assert not task.done()
     gate.finish_session("old")  # in flight: the window ends now, the record after the release
     young = await admitted(task)
-    assert young.reason == "contract_fits"  # back as a newcomer, with a new window
-    assert gate.state()["reserved"]["in_flight"] == ["young"]
+    assert young.reason == "window_fits"  # back as a newcomer, with a new window
+    assert gate.state()["windows"]["in_flight"] == ["young"]
     for held in (lease, young):
         held.release()
     gate.finish_session("young")
@@ -134,20 +134,20 @@ async def test_owner_whose_growth_no_longer_fits_loses_its_window_and_waits(metr
 
 
 async def test_a_lost_window_wakes_the_head_waiter_and_the_loser_queues_behind_it(metrics, clock):
-    gate, probe = contract_gate(metrics, clock)
+    gate, probe = working_set_gate(metrics, clock)
     (await turn(gate, probe, "a", 50)).release()
     (await turn(gate, probe, "b", 40)).release()
     newcomer = asyncio.create_task(turn(gate, probe, "c", 20))  # 90 + 20 > 100
     await until(lambda: waiting(gate) == 1)
     loser = asyncio.create_task(turn(gate, probe, "b", 60))  # 50 + 60 > 100: b loses its 40 blocks
     lease_c = await admitted(newcomer)  # ... which lets c in (50 + 20), first in line
-    assert lease_c.reason == "contract_fits"
+    assert lease_c.reason == "window_fits"
     await until(lambda: waiting(gate) == 1)
     assert gate.state()["pending"] == ["b"] and not loser.done()  # 50 + 20 + 60 > 100
     gate.finish_session("a")  # 20 + 60 fits
     lease_b = await admitted(loser)
-    assert lease_b.reason == "contract_fits"
-    assert gate.state()["reserved"]["in_flight"] == ["c", "b"]
+    assert lease_b.reason == "window_fits"
+    assert gate.state()["windows"]["in_flight"] == ["c", "b"]
     for session, held in (("c", lease_c), ("b", lease_b)):
         held.release()
         gate.finish_session(session)
@@ -155,14 +155,14 @@ async def test_a_lost_window_wakes_the_head_waiter_and_the_loser_queues_behind_i
 
 
 async def test_a_shrinking_footprint_wakes_a_waiter(metrics, clock):
-    gate, probe = contract_gate(metrics, clock)
+    gate, probe = working_set_gate(metrics, clock)
     (await turn(gate, probe, "owner", 60)).release()
     task = asyncio.create_task(turn(gate, probe, "cold", 50))  # 60 + 50 > 100
     await until(lambda: waiting(gate) == 1)
     owner = await turn(gate, probe, "owner", 40)  # e.g. its context was compacted
-    assert owner.reason == "reserved_session"
+    assert owner.reason == "holds_window"
     cold = await admitted(task)
-    assert cold.reason == "contract_fits"
+    assert cold.reason == "window_fits"
     for session, held in (("owner", owner), ("cold", cold)):
         held.release()
         gate.finish_session(session)
@@ -170,7 +170,7 @@ async def test_a_shrinking_footprint_wakes_a_waiter(metrics, clock):
 
 
 async def test_newcomers_queue_in_fifo_order_and_a_head_that_leaves_wakes_the_next(metrics, clock):
-    gate, probe = contract_gate(metrics, clock)
+    gate, probe = working_set_gate(metrics, clock)
     holder = await turn(gate, probe, "holder", 70)
     big = asyncio.create_task(turn(gate, probe, "big", 40))  # 70 + 40 > 100
     await until(lambda: waiting(gate) == 1)
@@ -181,7 +181,7 @@ async def test_newcomers_queue_in_fifo_order_and_a_head_that_leaves_wakes_the_ne
     with pytest.raises(asyncio.CancelledError):
         await big
     lease = await admitted(small)
-    assert lease.reason == "contract_fits"
+    assert lease.reason == "window_fits"
     for session, held in (("holder", holder), ("small", lease)):
         held.release()
         gate.finish_session(session)
@@ -189,15 +189,15 @@ async def test_newcomers_queue_in_fifo_order_and_a_head_that_leaves_wakes_the_ne
 
 
 async def test_owners_are_probed_every_turn_and_priced_with_their_output_allowance(metrics, clock):
-    gate, probe = contract_gate(metrics, clock)
+    gate, probe = working_set_gate(metrics, clock)
     probe.block_size = 16
     probe.set_prefix("s1", total=20, hit=0, tokens=330)
     first = await gate.acquire("s1", "chat", unbounded_body("s1", max_tokens=22))  # ceil((330 + 22) / 16) = 22
-    assert first.reason == "contract_fits" and gate.state()["sessions"]["s1"]["resident_blocks"] == 22
+    assert first.reason == "window_fits" and gate.state()["sessions"]["s1"]["resident_blocks"] == 22
     first.release()
     probe.set_prefix("s1", total=25, hit=20, tokens=410)
     second = await gate.acquire("s1", "chat", unbounded_body("s1", 4000, max_completion_tokens=30, max_tokens=1))
-    assert second.reason == "reserved_session"
+    assert second.reason == "holds_window"
     # anticipated: its prompt grew by 410 - 330 = 80 tokens, so ceil((410 + 30 + 80) / 16) = 33
     assert gate.state()["sessions"]["s1"]["resident_blocks"] == 33
     assert gate.state()["sessions"]["s1"]["growth_tokens"] == 80
@@ -208,40 +208,40 @@ async def test_owners_are_probed_every_turn_and_priced_with_their_output_allowan
 
 
 async def test_an_owner_whose_prompt_outgrew_the_cache_is_rejected_and_loses_its_window(metrics, clock):
-    gate, probe = contract_gate(metrics, clock)
+    gate, probe = working_set_gate(metrics, clock)
     (await turn(gate, probe, "s1", 90)).release()
     with pytest.raises(PromptTooLong):
         await turn(gate, probe, "s1", 101)
-    assert gate.counts()["reservations"] == 0 and gate.state()["window_blocks"] == 0
+    assert gate.counts()["windows"] == 0 and gate.state()["window_blocks"] == 0
     assert_clean(gate, clock)
 
 
-async def test_without_block_counts_contract_falls_back_to_seed(metrics, clock):
+async def test_without_block_counts_working_set_falls_back_to_watermark(metrics, clock):
     probe = FakeProbe(usage=0.9)  # the /metrics fallback: usage only
-    gate = Gate("r0", probe, settings(policy="contract", wait_poll_sec=60), metrics, clock)
+    gate = Gate("r0", probe, settings(policy="working_set", wait_poll_sec=60), metrics, clock)
     probe.set_prefix("hot", total=10, hit=10)
     lease = await gate.acquire("hot", "chat", body("hot"))
     assert lease.reason == "resident_prefix"
     lease.release()
     again = await gate.acquire("hot", "chat", body("hot"))
-    assert again.reason == "reserved_session" and probe.prefix_calls == ["hot"]  # seed: owners unprobed
+    assert again.reason == "holds_window" and probe.prefix_calls == ["hot"]  # seed: owners unprobed
     again.release()
     assert_clean(gate, clock)
 
 
 async def test_shadow_mode_drops_a_window_as_enforce_would(metrics, clock):
-    gate, probe = contract_gate(metrics, clock, mode="shadow")
+    gate, probe = working_set_gate(metrics, clock, mode="shadow")
     (await turn(gate, probe, "a", 60)).release()
     (await turn(gate, probe, "b", 30)).release()
     lease = await turn(gate, probe, "b", 50)  # 60 + 50 > 100: enforce would take the window and hold it
     assert lease.reason == "shadow_wait"
-    assert gate.state()["reserved"]["in_flight"] == [] and gate.state()["reserved"]["idle"] == ["a"]
+    assert gate.state()["windows"]["in_flight"] == [] and gate.state()["windows"]["idle"] == ["a"]
     lease.release()
     assert_clean(gate, clock)
 
 
 async def test_windows_are_priced_at_the_anticipated_footprint(metrics, clock):
-    gate, probe = contract_gate(metrics, clock)
+    gate, probe = working_set_gate(metrics, clock)
     probe.block_size = 16
     probe.set_prefix("a", total=20, hit=0, tokens=320)
     first = await gate.acquire("a", "chat", unbounded_body("a"))  # no history, nothing observed: 20 blocks
@@ -249,7 +249,7 @@ async def test_windows_are_priced_at_the_anticipated_footprint(metrics, clock):
     first.release()
     probe.set_prefix("a", total=40, hit=20, tokens=640)
     second = await gate.acquire("a", "chat", unbounded_body("a", 4000))  # grew 320 tokens: ceil((640 + 320) / 16) = 60
-    assert second.reason == "reserved_session"
+    assert second.reason == "holds_window"
     assert gate.state()["sessions"]["a"]["resident_blocks"] == 60 and gate.state()["window_blocks"] == 60
     second.release()
 
@@ -267,7 +267,7 @@ async def test_windows_are_priced_at_the_anticipated_footprint(metrics, clock):
     resent.release()
     gate.finish_session("a")
     lease = await admitted(task)
-    assert lease.reason == "contract_fits" and gate.state()["sessions"]["b"]["resident_blocks"] == 60
+    assert lease.reason == "window_fits" and gate.state()["sessions"]["b"]["resident_blocks"] == 60
     lease.release()
     gate.finish_session("b")
     assert_clean(gate, clock)
@@ -279,7 +279,7 @@ async def test_a_turn_whose_upper_bound_fits_is_admitted_at_once_and_repriced_be
     waiting for a probe, priced at the bound; as the windows now hold over half the
     cache, the exact price arrives from a probe run beside the forwarded turn. Once the
     older windows leave no room for a bound, the exact price is probed before deciding."""
-    gate, probe = contract_gate(metrics, clock, total=70, free=70)
+    gate, probe = working_set_gate(metrics, clock, total=70, free=70)
     probe.block_size = 16
 
     def price(session: str) -> int:
@@ -287,7 +287,7 @@ async def test_a_turn_whose_upper_bound_fits_is_admitted_at_once_and_repriced_be
 
     probe.set_prefix("s1", total=4, hit=0, tokens=70)
     first = await gate.acquire("s1", "chat", body("s1"))
-    assert first.reason == "contract_fits" and probe.prefix_calls == []
+    assert first.reason == "window_fits" and probe.prefix_calls == []
     assert 36 <= price("s1") <= 40
     await until(lambda: price("s1") == 5, "the exact price (ceil(70 / 16))")
     assert probe.prefix_calls == ["s1"]
@@ -295,10 +295,10 @@ async def test_a_turn_whose_upper_bound_fits_is_admitted_at_once_and_repriced_be
 
     probe.set_prefix("big", total=60, hit=0, tokens=960)
     big = await gate.acquire("big", "chat", unbounded_body("big"))  # its bound never fits: probed first
-    assert big.reason == "contract_fits" and price("big") == 60 and probe.prefix_calls == ["s1", "big"]
+    assert big.reason == "window_fits" and price("big") == 60 and probe.prefix_calls == ["s1", "big"]
     probe.set_prefix("s2", total=1, hit=0, tokens=20)
     second = await gate.acquire("s2", "chat", body("s2"))  # 38 + 65 > 70: priced before deciding
-    assert second.reason == "contract_fits" and probe.prefix_calls == ["s1", "big", "s2"] and price("s2") == 2
+    assert second.reason == "window_fits" and probe.prefix_calls == ["s1", "big", "s2"] and price("s2") == 2
     for lease, session in ((big, "big"), (second, "s2")):
         lease.release()
         gate.finish_session(session)
@@ -307,24 +307,24 @@ async def test_a_turn_whose_upper_bound_fits_is_admitted_at_once_and_repriced_be
 
 
 async def test_a_bounded_window_is_not_repriced_while_the_windows_hold_under_half_the_cache(metrics, clock):
-    gate, probe = contract_gate(metrics, clock)  # 100 blocks: one 38-block bound is under half
+    gate, probe = working_set_gate(metrics, clock)  # 100 blocks: one 38-block bound is under half
     probe.block_size = 16
     lease = await gate.acquire("s1", "chat", body("s1"))
     for _ in range(5):
         await asyncio.sleep(0)  # a background re-price, had one been started, would run now
-    assert lease.reason == "contract_fits" and probe.prefix_calls == []
+    assert lease.reason == "window_fits" and probe.prefix_calls == []
     lease.release()
     gate.finish_session("s1")
     assert_clean(gate, clock)
 
 
 async def test_media_bodies_are_always_priced_by_the_probe(metrics, clock):
-    gate, probe = contract_gate(metrics, clock)
+    gate, probe = working_set_gate(metrics, clock)
     probe.block_size = 16
     probe.set_prefix("m", total=30, hit=0, tokens=480)
     image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/cat.png"}}]}
     lease = await gate.acquire("m", "chat", {"id": "m", "messages": [image]})
-    assert lease.reason == "contract_fits" and probe.prefix_calls == ["m"]
+    assert lease.reason == "window_fits" and probe.prefix_calls == ["m"]
     lease.release()
     gate.finish_session("m")
     assert_clean(gate, clock)

@@ -1,0 +1,27 @@
+# vLLM with kvgate's plugin (the probe API and the owner record the gate reads).
+# Unbuilt here (no Docker engine on the build machine); the install step is
+# docker/install-vllm-plugin.sh, the script the real-vLLM tests install the plugin with.
+#
+#   docker build -f docker/vllm.Dockerfile -t kvgate-vllm:v0.33.0 .
+#   docker run --gpus all -p 8100:8100 kvgate-vllm:v0.33.0 --model Qwen/Qwen2.5-0.5B-Instruct --port 8100
+#
+# The base is pinned to a vLLM release the plugin supports (kvgate_vllm/support.py);
+# the install step fails the build on any other.
+FROM vllm/vllm-openai:v0.33.0
+
+WORKDIR /opt/kvgate-src
+COPY pyproject.toml README.md ./
+COPY proxy ./proxy
+COPY balancer ./balancer
+COPY gate ./gate
+COPY simulator ./simulator
+COPY bench ./bench
+COPY kvgate_vllm ./kvgate_vllm
+COPY docker/install-vllm-plugin.sh ./docker/install-vllm-plugin.sh
+RUN ./docker/install-vllm-plugin.sh --python python3 . && rm -rf /opt/kvgate-src
+WORKDIR /
+
+# Enables the plugin (VLLM_PLUGINS filters every plugin group: list any other plugins you use too).
+ENV VLLM_PLUGINS=kvgate
+# The command the real-vLLM tests run; arguments (--model, --host, --port, ...) follow it.
+ENTRYPOINT ["python3", "-m", "vllm.entrypoints.openai.api_server"]
