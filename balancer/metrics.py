@@ -1,4 +1,4 @@
-"""The balancer's Prometheus metric family (SPEC.md section 9): replica health.
+"""The balancer's Prometheus metric family (docs/reference.md, Metrics): replica health.
 
 `BalancerMetrics(registry)` registers it on the registry it is given (the proxy's
 `KvgateMetrics` composes one). The replicas' own counters, mirrored by

@@ -1,6 +1,6 @@
-"""The balancer's configuration (SPEC.md section 3: the `replicas` and `balancer` keys), as frozen dataclasses.
+"""The balancer's configuration (`replicas` and `balancer` in docs/reference.md), as frozen dataclasses.
 
-Plain data with the defaults SPEC.md gives. `kvgate.proxy.settings.Settings` composes
+Plain data with the documented defaults. `kvgate.proxy.settings.Settings` composes
 them into the whole configuration, and `kvgate.proxy.config` loads and validates them
 (a replica's name and url with `balancer.replica_fields`).
 """

@@ -39,7 +39,7 @@ import orjson
 
 from kvgate.balancer.settings import ReplicaSettings
 from kvgate.gate.admission import AdmissionController
-from kvgate.gate.policies import POLICIES
+from kvgate.gate.policies.registry import POLICIES
 from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
 from kvgate.proxy.metrics import KvgateMetrics

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from kvgate.bench.checkout import import_tree, package_dirs
-from kvgate.gate.policies import POLICIES
+from kvgate.gate.policies.registry import POLICIES
 from kvgate.gate.settings import GateSettings
 
 DEFAULT_CONCURRENCY = (1, 64, 256)

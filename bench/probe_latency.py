@@ -1,7 +1,7 @@
 """Probe latency: how long a replica takes to answer the gate's probes, idle and under load.
 
 `kvgate bench probe-latency --url URL` times `--samples` sequential `GET /v1/kvgate/kv`
-and `POST /v1/kvgate/prefix` calls (SPEC.md section 6) against one server with the
+and `POST /v1/kvgate/prefix` calls (the probe API, docs/reference.md) against one server with the
 probe API (a vLLM server with the `kvgate_vllm` plugin, or `kvgate replica`): first with
 the server idle, then while `--load-clients` clients keep sending completions
 (`--load-prompt-tokens` random token ids, `--load-max-tokens` generated tokens each).

@@ -1,4 +1,4 @@
-"""The `kvgate` command line: the one place that assembles the parts.
+"""The `kvgate` command line (docs/reference.md, Command line): the one place that assembles the parts.
 
 Each part registers its own subcommands, so this module only assembles the parser:
 `proxy.commands` adds serve and check-config (handed the simulator's replicas, which

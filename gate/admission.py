@@ -22,7 +22,7 @@ import aiohttp
 from kvgate.gate.errors import AdmissionError, AdmissionSuperseded, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 from kvgate.gate.gate import Gate, Lease
 from kvgate.gate.metrics import GateMetrics
-from kvgate.gate.policies import get_policy
+from kvgate.gate.policies.registry import get_policy
 from kvgate.gate.probe import Probe, ReplicaProbe
 from kvgate.gate.session_key import session_key
 from kvgate.gate.settings import GateSettings

@@ -44,7 +44,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from kvgate.gate.policies import GateView, body_bytes, quiet_lifetime
+from kvgate.gate.policies.economics import quiet_lifetime
+from kvgate.gate.policies.request_body import body_bytes
 from kvgate.wire.blocks import cdiv
 
 
@@ -228,30 +229,6 @@ class SessionBook:
         rec.prompt_bound = prompt_bound
 
     # -- operations
-
-    def view(
-        self,
-        rec: SessionRecord | None,
-        max_output_tokens: int = 0,
-        waiters_ahead: int = 0,
-        prompt_bound_tokens: int | None = None,
-    ) -> GateView:
-        if rec is None:
-            return GateView(anonymous=True, max_output_tokens=max_output_tokens)
-        own = rec.footprint if rec.has_window and not rec.in_flight else 0
-        return GateView(
-            has_window=rec.has_window,
-            idle_window_blocks=self.idle_window_blocks - own,
-            older_window_blocks=self.older_window_blocks(rec),
-            max_output_tokens=max_output_tokens,
-            waiters_ahead=waiters_ahead,
-            last_prompt_tokens=rec.prompt_tokens,
-            last_growth_tokens=rec.growth_tokens,
-            last_prompt_bound=rec.prompt_bound,
-            mean_growth_tokens=self.mean_growth_tokens,
-            prompt_bound_tokens=prompt_bound_tokens,
-            tokens_per_byte=self.tokens_per_byte,
-        )
 
     def begin_attempt(self, key: str, attempt: object, now: float) -> tuple[SessionRecord, object | None]:
         """Make `attempt` the session's newest; return the record and the attempt it replaces."""

@@ -1,9 +1,11 @@
 """One replica's admission gate: the asyncio shell around a policy and a SessionBook.
 
 `Gate.acquire(session_key, route_kind, body)` returns a `Lease` or raises an
-`AdmissionError`. Per attempt it loops: read usage (shared, cached), ask the prefix
-probe only if the policy needs it, decide, then admit, reject, or wait in FIFO order
-until woken and decide again. The shell carries out what the decision says (window,
+`AdmissionError`. Per attempt it loops: read usage (shared, cached), build the view
+the policy reads (`TurnFacts`), decide without a prefix reading; on `ProbeFirst` ask
+the prefix probe and decide again with its answer (`Policy.decide_read`: never
+ProbeFirst twice); then admit, reject, or wait in FIFO order until woken and decide
+again. The shell carries out what the decision says (window,
 footprint, repricing, wake-ups: the fields of `Admit`, `Wait`, `Reject`) and infers
 no policy meaning of its own.
 
@@ -53,7 +55,6 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -63,23 +64,22 @@ from kvgate.gate.book import SessionBook, SessionRecord, WindowEnd
 from kvgate.gate.errors import AdmissionError, AdmissionSuperseded, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.observations import reprefill_tokens
-from kvgate.gate.policies import (
+from kvgate.gate.policies.registry import Policy, get_policy
+from kvgate.gate.policies.request_body import output_allowance, prompt_token_bound
+from kvgate.gate.policies.vocabulary import (
+    PREFIX_UNAVAILABLE,
     AdmissionReason,
     Admit,
     Decision,
-    GateView,
-    Policy,
+    ProbeFirst,
     Reject,
     Wait,
-    get_policy,
-    output_allowance,
-    prompt_token_bound,
-    window_footprint,
 )
 from kvgate.gate.probe import Probe
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.route_prompts import body_holds_prompt
 from kvgate.gate.settings import GateSettings
+from kvgate.gate.turn_facts import TurnFacts
 from kvgate.wire.routes import PROMPT_KINDS
 
 Clock = Callable[[], float]
@@ -89,9 +89,8 @@ MIN_WAIT_SEC = 0.001  # a waiter never spins, whatever the settings or the clock
 # hits only fall while it waits (its blocks are evicted; another session computing a
 # shared prefix is the exception), and fewer hits never turn a Wait into an Admit in
 # either policy, so a reading that holds it still does; one that would admit it is
-# confirmed by a fresh probe. Each wake otherwise cost a probe: on the prefill-bound
-# real-vLLM model 735 prefix probes for 186 turns, rendered and tokenized on the API
-# server the turns share. The age bound notices a shared prefix that became resident.
+# confirmed by a fresh probe. Otherwise each wake costs a probe, rendered and tokenized
+# on the API server the turns share, several per turn. The age bound notices a shared prefix that became resident.
 HELD_READING_MAX_AGE_SEC = 1.0
 
 
@@ -244,20 +243,23 @@ class Gate:
                 usage = await self.probe.usage(newer_than)
                 attempt.checkpoint()
                 view = self._view(record, attempt, allowance, bound, usage, start)
-                decision, prefix = None, None
-                if self.policy.needs_prefix_probe(view, usage, self.settings):
+                prefix: PrefixReading | None = None
+                first = self.policy.decide(view, usage, None, self.settings)
+                if isinstance(first, ProbeFirst):
+                    decision: Decision | None = None
                     if held_on is not None and self._now() - held_on_at < HELD_READING_MAX_AGE_SEC:
                         # a held turn decides again on its recent reading first (see HELD_READING_MAX_AGE_SEC)
-                        decision = self.policy.decide(view, usage, held_on, self.settings)
+                        decision = self.policy.decide_read(view, usage, held_on, self.settings)
                     if not isinstance(decision, Wait):
                         prefix = await self.probe.prefix(route_kind, body)
                         attempt.checkpoint()
                         # windows may have changed during the probe
                         view = self._view(record, attempt, allowance, bound, usage, start)
-                        decision = self.policy.decide(view, usage, prefix, self.settings)
+                        answer = PREFIX_UNAVAILABLE if prefix is None else prefix
+                        decision = self.policy.decide_read(view, usage, answer, self.settings)
                         held_on, held_on_at = prefix, self._now()
                 else:
-                    decision = self.policy.decide(view, usage, None, self.settings)
+                    decision = first
                 tokens = prefix.total_tokens if prefix is not None else None
                 if (
                     prefix is not None
@@ -319,7 +321,10 @@ class Gate:
         prefix = await self.probe.prefix(route_kind, body)
         if prefix is None or not prefix.total_tokens:
             return
-        footprint = max(window_footprint(self._book.view(record, allowance), usage, prefix, self.settings), 0)
+        price = self.policy.price
+        assert price is not None, f"policy {self.policy.name} priced a window at a bound but cannot reprice it"
+        facts = TurnFacts(self._book, record, allowance, bound, lambda: 0, usage, self._now(), self._now())
+        footprint = max(price(self.policy.view(facts), usage, prefix, self.settings), 0)
         if self._book.reprice(record, footprint, prefix.total_tokens, bound):
             self._blocks_freed(self._now())
             self._publish_windows()
@@ -330,19 +335,14 @@ class Gate:
         attempt: Attempt,
         allowance: int,
         bound: int | None,
-        usage: UsageReading | None = None,
-        start: float | None = None,
-    ) -> GateView:
-        view = self._book.view(record, allowance, self._waiters_ahead(attempt), bound)
-        if record is None or start is None:
-            return view
-        now = self._now()
-        idle_since = self._book.idle_since_replica
-        engine_busy = usage is not None and bool(usage.num_running or usage.num_waiting)
-        idle = None if idle_since is None or engine_busy else max(0.0, now - idle_since)
-        return replace(
-            view, replica_idle_sec=idle, expected_gap_sec=self._book.replica_gap_ewma, waited_sec=max(0.0, now - start)
+        usage: UsageReading | None,
+        start: float,
+    ) -> Any:
+        """The view the policy reads, built from this turn's facts (`TurnFacts`)."""
+        facts = TurnFacts(
+            self._book, record, allowance, bound, lambda: self._waiters_ahead(attempt), usage, self._now(), start
         )
+        return self.policy.view(facts)
 
     def _waiters_ahead(self, attempt: Attempt) -> int:
         """Named waiters queued before `attempt` (all of them if it is not queued). O(queue)."""

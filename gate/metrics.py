@@ -1,4 +1,4 @@
-"""The gate's Prometheus metric families (SPEC.md section 9, docs/observability.md).
+"""The gate's Prometheus metric families (docs/reference.md, Metrics; docs/observability.md).
 
 `GateMetrics(registry)` registers every series the gates, their probes and the ownership
 check write, on the registry it is given: the proxy's `KvgateMetrics` composes one on
@@ -22,7 +22,7 @@ class GateMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         r = registry
-        # ---- admission (SPEC.md section 9)
+        # ---- admission
         self.admissions = Counter(
             "kvgate_admissions", "Gate admissions by replica and reason.", ["replica", "reason"], registry=r
         )
@@ -60,7 +60,7 @@ class GateMetrics:
             ["replica", "cause"],
             registry=r,
         )
-        # ---- probes (SPEC.md section 9; the balancer's /metrics mirror times its reads here too)
+        # ---- probes (the balancer's /metrics mirror times its reads here too)
         self.probe_seconds = Histogram(
             "kvgate_probe_seconds",
             "Latency of replica probes.",
@@ -84,7 +84,7 @@ class GateMetrics:
             ["replica"],
             registry=r,
         )
-        # ---- for the operator's dashboard and alerts (docs/observability.md), beyond SPEC.md section 9
+        # ---- for the operator's dashboard and alerts (docs/observability.md)
         self.admission_reason_wait = Histogram(
             "kvgate_admission_reason_wait_seconds",
             "Time a request was held at the gate, by admission reason.",

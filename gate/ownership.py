@@ -1,7 +1,7 @@
 """Conflict detection: an enforcing gate claims each replica's owner record, with a heartbeat.
 
 Two gates enforcing on the same vLLM server each believe their books describe its
-cache, and together admit twice the working set (DESIGN.md 3a). The server keeps a
+cache, and together admit twice the working set (docs/decisions/one-gate-per-replica.md). The server keeps a
 small lease (the owner record, `kvgate.wire.owner_record`); every enforcing
 gate claims it for each of its replicas and renews it every third of
 `ownership.ttl_sec`. The gate that holds it enforces; a gate refused because another

@@ -1,7 +1,7 @@
 """The probe client: reads one replica's KV usage and a prompt's prefix residency.
 
-`ReplicaProbe` speaks the probe API (`kvgate.wire.probe_api`) over the proxy's aiohttp
-ClientSession:
+`ReplicaProbe` speaks the probe API (`kvgate.wire.probe_api`, docs/reference.md) over the
+proxy's aiohttp ClientSession:
 
 - `usage()`: `GET KV_PATH`. Concurrent callers share one in-flight request,
   and a result (or a failure) younger than `gate.probe.usage_max_age_ms` is reused,
@@ -24,7 +24,7 @@ treats it as unavailable. Except one: a usage probe that *times out* on a replic
 answered within the last `BUSY_READING_MAX_AGE_SEC` yields that last good reading. The
 engine answers probes between scheduler steps, so a timeout usually means a long step
 (a CPU engine's chunked prefill lasts seconds): the replica is busiest exactly then,
-and deciding `open` would let every turn in (issue 9, gate-bench's real-vLLM runs).
+and deciding `open` would let every turn in.
 Latency goes to `kvgate_probe_seconds`, the last usage to `kvgate_replica_kv_usage`.
 Nothing here raises to the gate except cancellation.
 """

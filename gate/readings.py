@@ -2,9 +2,9 @@
 
 Two readings feed every admission decision:
 
-- `UsageReading`: the cheap probe's `KvAnswer` (`kvgate.wire.probe_api`), or vLLM's
-  `vllm:kv_cache_usage_perc` gauge from `/metrics` on replicas without the probe
-  endpoints (then the block counts are unknown).
+- `UsageReading`: the cheap probe's `KvAnswer` (`kvgate.wire.probe_api`, docs/reference.md),
+  or vLLM's `vllm:kv_cache_usage_perc` gauge from `/metrics` on replicas without the
+  probe endpoints (then the block counts are unknown).
 - `PrefixReading`: the prefix probe's `PrefixAnswer`, for one request body.
 
 The parsers here are pure: they take the decoded JSON (or the `/metrics` text) and

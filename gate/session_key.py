@@ -1,4 +1,4 @@
-"""The one bound on session ids (SPEC.md section 4): an id longer than 512 bytes of UTF-8
+"""The one bound on session ids (docs/reference.md, The session of a request): an id longer than 512 bytes of UTF-8
 is replaced by its SHA-256 hex digest, everywhere (routing, gate, admin, the `session_id`
 sent upstream).
 

@@ -1,6 +1,6 @@
-"""The gate's configuration (SPEC.md section 3: the `gate` and `ownership` keys), as frozen dataclasses.
+"""The gate's configuration (`gate` and `ownership` in docs/reference.md), as frozen dataclasses.
 
-Plain data with the defaults SPEC.md gives. `kvgate.proxy.settings.Settings` composes
+Plain data with the documented defaults. `kvgate.proxy.settings.Settings` composes
 them into the whole configuration, and `kvgate.proxy.config` loads and validates them;
 the gate itself never reads a file or the environment.
 """
@@ -19,9 +19,8 @@ class ProbeSettings:
 @dataclass(frozen=True)
 class GateSettings:
     mode: str = "enforce"  # one of gate.gate.MODES: enforce | shadow | off
-    policy: str = (
-        "working_set"  # a name in gate.policies.POLICIES; the agentic benchmark chose working_set (docs/bench.md)
-    )
+    # a name in gate.policies.registry.POLICIES; the agentic benchmark chose working_set (docs/bench.md)
+    policy: str = "working_set"
     high_watermark: float = 0.85
     hit_threshold: float = 0.80
     idle_grace_sec: float = 60.0

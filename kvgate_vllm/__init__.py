@@ -1,4 +1,4 @@
-"""kvgate's vLLM plugin: the probe API of SPEC.md section 6 on every vLLM server.
+"""kvgate's vLLM plugin: the probe API (docs/reference.md) on every vLLM server.
 
 Two entry points (declared in pyproject.toml), both enabled with ``VLLM_PLUGINS=kvgate``:
 

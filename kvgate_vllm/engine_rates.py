@@ -1,6 +1,6 @@
 """The engine's measured speed, read from vLLM's own Prometheus counters in the API server.
 
-`GET /v1/kvgate/kv` reports two optional figures (SPEC.md section 6, docs/gate.md):
+`GET /v1/kvgate/kv` reports two optional figures (docs/reference.md, docs/gate.md):
 `prefill_tokens_per_sec` and `decode_step_sec`, the inputs of the gate's
 work-conserving rule. vLLM's API server process holds its request metrics in the
 prometheus-client registry (the ones `/metrics` serves), so the plugin reads them
@@ -13,13 +13,12 @@ in-process, no HTTP:
   `PREFILL_WINDOW_SEC`. The prefill time is `vllm:request_prefill_time_seconds`
   (sum) capped at the window's wall time: requests prefilled in one batch, or
   chunk by chunk beside others' decodes, each count the whole span, so their sum
-  over-counts the engine's time several times over under load (measured on vLLM
-  CPU: 214-345 tokens/s from the sum, against ~2,400 tokens/s of batched
-  re-prefill), and the gate would over-price re-prefill and hold turns that cost
-  it more to hold. Capped, the figure is still a lower bound (the window also holds
-  decode-only time), so the gate errs towards holding. The window is long against
-  one request's prefill because the counters move when a prefill ends: a short
-  window would credit it with tokens computed before it began.
+  over-counts the engine's time several times over under load, and the gate would
+  over-price re-prefill and hold turns that cost it more to hold. Capped, the figure
+  is still a lower bound (the window also holds decode-only time), so the gate errs
+  towards holding. The window is long against one request's prefill because the
+  counters move when a prefill ends: a short window would credit it with tokens
+  computed before it began.
 - decode step = `vllm:request_decode_time_seconds` (sum) / `vllm:generation_tokens`,
   between two reads: the mean time between a request's output tokens.
 - prefill share = prefill seconds / (prefill + decode seconds) of the requests, between

@@ -4,11 +4,10 @@ The gate's work-conserving rule prices the re-prefill an admission causes in eng
 seconds (docs/gate.md). What that costs is the *marginal* time of the extra tokens
 in the steps that compute them, not a request's prefill time: batched into a step
 beside other requests' decodes, a re-prefill adds its tokens' compute, not another
-step. vLLM's request counters cannot tell the two apart (issue 9: on the tests' tiny
-model they gave 19,000-29,000 tokens/s, while a 1,459-token prompt cost ~10 ms more
-than a 74-token one, ~140,000 tokens/s, so the gate held turns whose re-prefill was
-nearly free). So the engine plugin times every scheduler step and records how many
-tokens it scheduled (`StepLog`), and `marginal_token_sec` fits
+step. vLLM's request counters cannot tell the two apart (on a small model they
+report several times fewer tokens per second than a longer prompt really costs, and
+the gate would hold turns whose re-prefill is nearly free). So the engine plugin
+times every scheduler step and records how many tokens it scheduled (`StepLog`), and `marginal_token_sec` fits
 step seconds = overhead + tokens x marginal seconds per token by least squares.
 """
 

@@ -1,4 +1,4 @@
-"""The admin API (SPEC.md section 5): sessions, replicas, state.
+"""The admin API (docs/reference.md, Admin API): sessions, replicas, state.
 
 Served only when `admin.token` is set; every call needs `Authorization: Bearer
 <token>` (401 otherwise, compared in constant time).
@@ -62,7 +62,7 @@ class AdminApi:
             self.finish_session(decode_path_segment(parts[1]), responder)
         else:
             send_error(
-                responder, 404, f"unknown admin route {method} {request.path}; see SPEC.md section 5", "unknown_route"
+                responder, 404, f"unknown admin route {method} {request.path}; see docs/reference.md", "unknown_route"
             )
 
     def finish_session(self, raw_id: str, responder: Responder) -> None:

@@ -1,4 +1,4 @@
-"""`kvgate serve` and `kvgate check-config` (SPEC.md section 2)."""
+"""`kvgate serve` and `kvgate check-config` (docs/reference.md, Command line)."""
 
 from __future__ import annotations
 

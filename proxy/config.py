@@ -4,7 +4,7 @@ The schema is `proxy.settings.Settings` (frozen dataclasses, composing the parts
 `gate.settings`, `balancer.settings`); this module walks it, so a
 field added there is loaded and type-checked here with no further change. Ranges and
 choices that types cannot express live in RULES, keyed by dotted path; the choices
-come from the registries that use them (`gate.policies.POLICIES`, `gate.gate.MODES`,
+come from the registries that use them (`gate.policies.registry.POLICIES`, `gate.gate.MODES`,
 `balancer.balancer.ALGORITHMS`, `proxy.topology.ROLES`), so a policy, mode or
 algorithm added there is accepted here.
 
@@ -33,7 +33,7 @@ import yaml
 from kvgate.balancer.balancer import ALGORITHMS
 from kvgate.balancer.replica_fields import replica_name_problem, replica_url_problem
 from kvgate.gate.gate import MODES
-from kvgate.gate.policies import policy_name_problem
+from kvgate.gate.policies.registry import policy_name_problem
 from kvgate.proxy.http_fields import field_value_problem
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import ROLES, role_problems
@@ -117,7 +117,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
 }
 
 
-# YAML 1.1 reads a bare `off` as the boolean false; SPEC.md spells the value `off`.
+# YAML 1.1 reads a bare `off` as the boolean false; the documented value is the word `off`.
 YAML_BOOL_WORDS: dict[str, dict[bool, str]] = {"gate.mode": {False: "off"}}
 
 

@@ -1,14 +1,18 @@
-"""The hot path: resolve the session, route, admit, forward, relay, release.
+"""The hot path: resolve the session, then route, admit and relay the turn.
+
+The steps: `forward` resolves the request (body, session, Responses chain) into a
+`Turn`; `_run` routes it (proxy.turn_route: the pinned replica, where a failed turn
+goes again), admits it (the gate's lease), opens the upstream request and relays the
+answer (proxy.relay).
 
 Invariants:
 - The request body (read whole and bounded by the server) is parsed once.
-- Every acquired lease is released exactly when the relay ends: response fully
-  written, client gone, or upstream failed. `replica.in_flight` is incremented after
-  admission and decremented on the same paths.
+- An admitted request's place in `replica.in_flight` and its lease are held by one
+  `proxy.turn_hold.Hold` block: given back exactly once when the relay ends
+  (response fully written, client gone, or upstream failed).
 - A client that disconnects cancels the handler: a pending acquire is cancelled, an
   upstream request is closed at once (its connection is dropped, never pooled, so
   vLLM aborts the generation).
-- Response bodies are relayed byte for byte; SSE chunks are written as they arrive.
 - Re-routing happens at most once for `ReplicaUnavailable` and at most once for a
   connection that could not be opened (the request never reached the replica).
 """
@@ -16,49 +20,35 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
+from dataclasses import dataclass
 
 from prometheus_client import Counter, Histogram
 
 from kvgate.balancer import Balancer, Replica
 from kvgate.gate.errors import AdmissionError, ReplicaUnavailable
-from kvgate.proxy.errors import RequestRejected, send_error, sse_error_event
+from kvgate.proxy.errors import RequestRejected, send_error
+from kvgate.proxy.http_client import UpstreamResponse
 from kvgate.proxy.http_server import HttpRequest, Responder
 from kvgate.proxy.metrics import KvgateMetrics, turn_bucket
+from kvgate.proxy.relay import H_REPLICA, AnswerRelay, lease_headers
 from kvgate.proxy.request_body import parse_json_object, stream_flag, with_member
 from kvgate.proxy.response_chains import TurnPlan, plan_turn
 from kvgate.proxy.session_id import resolve_session_id, split_body_fields
-from kvgate.proxy.session_tracker import SessionTracker
+from kvgate.proxy.session_tracker import SessionEntry, SessionTracker
 from kvgate.proxy.settings import Settings
-from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, merge_kvgate_headers, with_session_header
+from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, with_session_header
+from kvgate.proxy.turn_hold import Hold, TurnAdmission, TurnLease
+from kvgate.proxy.turn_route import Failure, Resend, after_failure, pinned_replica
 from kvgate.proxy.upstream import (
     CONNECT_ERRORS,
     EXCHANGE_ERRORS,
     UpstreamClients,
-    relayed_response_headers,
     upstream_request_headers,
 )
 from kvgate.wire.routes import PROMPT_KINDS, SESSION_FIELD_KINDS, RouteSpec
 
-log = logging.getLogger("kvgate.proxy")
-
-H_REPLICA = b"x-kvgate-replica"
-H_ADMISSION = b"x-kvgate-admission"
-H_WAIT = b"x-kvgate-wait-ms"
 CLIENT_CLOSED = 499  # the status label of a request whose client went away (nginx's convention)
-
-
-def format_wait_ms(wait_ms: float) -> bytes:
-    return b"0" if not wait_ms else f"{wait_ms:.1f}".encode()
-
-
-def lease_headers(replica: Replica, lease) -> list[tuple[bytes, bytes]]:
-    return [
-        (H_REPLICA, replica.name.encode()),
-        (H_ADMISSION, str(lease.reason).encode()),
-        (H_WAIT, format_wait_ms(lease.wait_ms)),
-    ]
 
 
 def retry_after(seconds: float | None) -> list[tuple[bytes, bytes]]:
@@ -67,12 +57,31 @@ def retry_after(seconds: float | None) -> list[tuple[bytes, bytes]]:
     return [(b"Retry-After", str(max(1, int(seconds + 0.999))).encode())]
 
 
+@dataclass(slots=True)
+class Turn:
+    """One resolved request, as the steps that route, admit and relay it read it."""
+
+    request: HttpRequest
+    responder: Responder
+    route: RouteSpec
+    raw: bytes | None  # the body to send upstream (None: a route without a body)
+    body: dict[str, object]  # `raw` parsed ({} without a body); the gate reads it
+    stream: bool
+    session_id: str | None  # None: anonymous
+    entry: SessionEntry | None  # the session's memory (None: anonymous)
+    index: int  # the turn's number in its session (0: anonymous)
+    started: float  # perf_counter() when the request arrived
+    chain: TurnPlan | None  # a Responses request's place in its chain
+    headers: list[tuple[bytes, bytes]]  # the upstream request's headers
+    target: str  # the upstream request's path and query
+
+
 class Forwarder:
     def __init__(
         self,
         settings: Settings,
         balancer: Balancer,
-        admission,
+        admission: TurnAdmission,
         clients: UpstreamClients,
         metrics: KvgateMetrics,
         sessions: SessionTracker,
@@ -88,11 +97,11 @@ class Forwarder:
         self._finish_header = settings.session.finish_header.lower()
         self._forward_session_id = settings.session.forward_session_id
         self._api_key = settings.upstream.api_key
-        self._max_buffered = settings.limits.max_buffered_response_bytes
         self._front_door = settings.role == FRONT_DOOR  # the session id travels on in the header
         self._tiered = settings.role in (FRONT_DOOR, REPLICA_GATE)
-        self._gates = settings.gate.mode != "off"
-        self._double_gating_warned: set[str] = set()
+        self.relay = AnswerRelay(
+            metrics, settings.limits.max_buffered_response_bytes, gates=settings.gate.mode != "off"
+        )
         self._counters: dict[tuple[str, str, int], Counter] = {}  # labelled children, looked up once
         self._turn_children: dict[str, Histogram] = {}
 
@@ -103,6 +112,7 @@ class Forwarder:
     ) -> None:
         started = time.perf_counter()
         kind = route.kind
+        raw: bytes | None
         try:
             if route.has_body:
                 body = parse_json_object(request.body)
@@ -123,224 +133,169 @@ class Forwarder:
                 raw = with_member(raw, body, "request_id", chain.response_id)
                 body["request_id"] = chain.response_id
 
-        if session_id is None:
-            await self._relay_turn(request, responder, route, raw, body, stream, None, None, started, chain)
-            return
-        if self._forward_session_id and kind in SESSION_FIELD_KINDS and "session_id" not in body:
-            assert raw is not None  # SESSION_FIELD_KINDS are routes with a body
-            raw = with_member(raw, body, "session_id", session_id)
-            body["session_id"] = session_id
-        entry = self.sessions.touch(session_id)
-        if chain is not None and chain.link is not None:
-            entry.replica = chain.link.replica  # the replica that holds the continued response
-        finish = request.headers.get(self._finish_header, "").lower() == "true"
-        try:
-            await self._relay_turn(request, responder, route, raw, body, stream, session_id, entry, started, chain)
-        finally:
-            if finish:
-                self.admission.finish_session(session_id)
-                self.sessions.forget(session_id)
-
-    def _route(self, session_id: str | None, entry) -> Replica | None:
-        if entry is not None:
-            pinned = entry.replica
-            if pinned is not None and pinned.healthy and not pinned.removed:
-                return pinned
-        return self.balancer.choose(session_id)
-
-    async def _relay_turn(
-        self,
-        request: HttpRequest,
-        responder: Responder,
-        route: RouteSpec,
-        raw,
-        body,
-        stream: bool,
-        session_id,
-        entry,
-        started: float,
-        chain: TurnPlan | None = None,
-    ) -> None:
-        kind = route.kind
-        replica = self._route(session_id, entry)
-        if replica is None:
-            self._no_replica(responder, kind)
-            return
-        turn_index = entry.turns + 1 if entry is not None else 0
+        entry = None
+        finish = False
+        if session_id is not None:
+            if self._forward_session_id and kind in SESSION_FIELD_KINDS and "session_id" not in body:
+                assert raw is not None  # SESSION_FIELD_KINDS are routes with a body
+                raw = with_member(raw, body, "session_id", session_id)
+                body["session_id"] = session_id
+            entry = self.sessions.touch(session_id)
+            if chain is not None and chain.link is not None:
+                entry.replica = chain.link.replica  # the replica that holds the continued response
+            finish = request.headers.get(self._finish_header, "").lower() == "true"
         headers = upstream_request_headers(request.raw_headers, self._api_key)
         if self._front_door and session_id is not None:
             headers = with_session_header(headers, self._header.encode(), session_id)
-        target = f"{route.path}?{request.query}" if request.query else route.path
-        rerouted_unavailable = rerouted_connect = False
+        turn = Turn(
+            request,
+            responder,
+            route,
+            raw,
+            body,
+            stream,
+            session_id,
+            entry,
+            entry.turns + 1 if entry is not None else 0,
+            started,
+            chain,
+            headers,
+            f"{route.path}?{request.query}" if request.query else route.path,
+        )
+        try:
+            await self._run(turn)
+        finally:
+            if finish:
+                assert session_id is not None  # only a named session can be finished
+                self.admission.finish_session(session_id)
+                self.sessions.forget(session_id)
+
+    # ---- the turn's steps: route, admit, relay --------------------------------------
+
+    async def _run(self, turn: Turn) -> None:
+        """Route, admit, open, relay. A turn is re-sent at most once per kind of failure
+        (proxy.turn_route); its place and lease on a replica are held by one `Hold`
+        block, so every way out of it gives them back exactly once."""
+        kind = turn.route.kind
+        replica = pinned_replica(turn.entry) or self.balancer.choose(turn.session_id)
+        spent: frozenset[Failure] = frozenset()
         while True:
-            try:
-                lease = await self.admission.acquire(replica, session_id, kind, body)
-            except asyncio.CancelledError:  # the client left while waiting at the gate
-                self.metrics.upstream_errors.labels(replica.name, "client_disconnect").inc()
-                self._count(kind, replica.name, CLIENT_CLOSED)
-                raise
-            except AdmissionError as refusal:
-                if isinstance(refusal, ReplicaUnavailable) and not rerouted_unavailable:
-                    rerouted_unavailable = True
-                    replica = self.balancer.choose(session_id, exclude=replica)
-                    if replica is None:
-                        self._no_replica(responder, kind)
-                        return
-                    continue
-                self._count(kind, replica.name, refusal.status)
-                send_error(
-                    responder,
-                    refusal.status,
-                    refusal.message,
-                    refusal.code,
-                    [(H_REPLICA, replica.name.encode()), *retry_after(refusal.retry_after)],
-                    type_=refusal.error_type,
-                )
+            if replica is None:
+                self._no_replica(turn.responder, kind)
                 return
+            lease = await self._admit(turn, replica)
+            if isinstance(lease, AdmissionError):
+                if isinstance(lease, ReplicaUnavailable):
+                    then = after_failure(Failure.UNAVAILABLE, spent, self._tiered, replica.in_flight)
+                    if then.resend is Resend.OTHER:
+                        spent |= {Failure.UNAVAILABLE}
+                        replica = self.balancer.choose(turn.session_id, exclude=replica)
+                        continue
+                self._refuse(turn, replica, lease)
+                return
+            with Hold(replica, lease) as held:
+                try:
+                    upstream = await self.clients.for_replica(replica).request(
+                        turn.route.method, turn.target, turn.headers, turn.raw
+                    )
+                except CONNECT_ERRORS as exc:
+                    held.release()  # before deciding: `in_flight` then counts the replica's other requests
+                    then = after_failure(Failure.CONNECT, spent, self._tiered, replica.in_flight)
+                    if then.mark_failed:
+                        self.registry.mark_failed(replica)
+                    self.metrics.upstream_errors.labels(replica.name, "connect").inc()
+                    resend = self._resend_to(then.resend, turn, replica)
+                    if resend is not None:
+                        spent |= {Failure.CONNECT}
+                        replica = resend
+                        continue
+                    self._count(kind, replica.name, 502)
+                    send_error(
+                        turn.responder,
+                        502,
+                        f"could not connect to replica {replica.name} ({exc}); it is marked "
+                        "unhealthy until its health checks pass (unless it has requests in flight); retry later",
+                        "upstream_connect_failed",
+                        lease_headers(replica, lease),
+                    )
+                    return
+                except EXCHANGE_ERRORS as exc:
+                    self.metrics.upstream_errors.labels(replica.name, "before_headers").inc()
+                    self._count(kind, replica.name, 502)
+                    send_error(
+                        turn.responder,
+                        502,
+                        f"replica {replica.name} failed before answering ({exc}); retry the request",
+                        "upstream_failed",
+                        lease_headers(replica, lease),
+                    )
+                    return
+                held.served = upstream.status < 400  # an error answer (404...) served no prompt
+                completed = await self._relay(turn, replica, lease, upstream)
+            if completed:
+                self._turn_done(turn, replica)
+            return
 
-            replica.in_flight += 1
-            try:
-                upstream = await self.clients.for_replica(replica).request(route.method, target, headers, raw)
-            except CONNECT_ERRORS as exc:
-                replica.in_flight -= 1
-                lease.release(served=False)  # no prompt served: the turn leaves no new window
-                # Tiers: a replica with other requests in flight is alive, only slow to accept (an
-                # overloaded replica gate): not marked failed, and this request (which never reached
-                # it) is re-sent to it once rather than moving the session (proxy/topology.py).
-                busy = self._tiered and replica.in_flight > 0
-                if not busy:
-                    self.registry.mark_failed(replica)
-                self.metrics.upstream_errors.labels(replica.name, "connect").inc()
-                other = (
-                    None if rerouted_connect else replica if busy else self.balancer.choose(session_id, exclude=replica)
-                )
-                if other is not None:
-                    rerouted_connect = True
-                    replica = other
-                    continue
-                self._count(kind, replica.name, 502)
-                send_error(
-                    responder,
-                    502,
-                    f"could not connect to replica {replica.name} ({exc}); it is marked "
-                    "unhealthy until its health checks pass (unless it has requests in flight); retry later",
-                    "upstream_connect_failed",
-                    lease_headers(replica, lease),
-                )
-                return
-            except EXCHANGE_ERRORS as exc:
-                replica.in_flight -= 1
-                lease.release(served=False)
-                self.metrics.upstream_errors.labels(replica.name, "before_headers").inc()
-                self._count(kind, replica.name, 502)
-                send_error(
-                    responder,
-                    502,
-                    f"replica {replica.name} failed before answering ({exc}); retry the request",
-                    "upstream_failed",
-                    lease_headers(replica, lease),
-                )
-                return
-            except BaseException:
-                replica.in_flight -= 1
-                lease.release(served=False)
-                raise
-            break
+    async def _admit(self, turn: Turn, replica: Replica) -> TurnLease | AdmissionError:
+        """The gate's lease on `replica`, or its refusal. A client that leaves while the
+        turn waits cancels the wait (counted, then re-raised)."""
+        try:
+            return await self.admission.acquire(replica, turn.session_id, turn.route.kind, turn.body)
+        except asyncio.CancelledError:
+            self.metrics.upstream_errors.labels(replica.name, "client_disconnect").inc()
+            self._count(turn.route.kind, replica.name, CLIENT_CLOSED)
+            raise
+        except AdmissionError as refusal:
+            return refusal
 
+    def _refuse(self, turn: Turn, replica: Replica, refusal: AdmissionError) -> None:
+        self._count(turn.route.kind, replica.name, refusal.status)
+        send_error(
+            turn.responder,
+            refusal.status,
+            refusal.message,
+            refusal.code,
+            [(H_REPLICA, replica.name.encode()), *retry_after(refusal.retry_after)],
+            type_=refusal.error_type,
+        )
+
+    def _resend_to(self, resend: Resend, turn: Turn, failed: Replica) -> Replica | None:
+        if resend is Resend.SAME:
+            return failed
+        if resend is Resend.OTHER:
+            return self.balancer.choose(turn.session_id, exclude=failed)
+        return None
+
+    async def _relay(self, turn: Turn, replica: Replica, lease: TurnLease, upstream: UpstreamResponse) -> bool:
+        """Relay the replica's answer; True when it was relayed whole with a status under 400."""
         if replica.health.fail_streak:
             self.registry.record_answer(replica)
-        if entry is not None:
-            entry.replica = replica
+        if turn.entry is not None:
+            turn.entry.replica = replica  # stick: the session's next turn goes here while it can
         status = CLIENT_CLOSED
         completed = False
         try:
-            status, completed = await self._relay(responder, upstream, replica, lease, stream, kind)
+            status, completed = await self.relay.relay(
+                turn.responder, upstream, replica, lease, turn.stream, turn.route.kind
+            )
         except (asyncio.CancelledError, ConnectionResetError):
             self.metrics.upstream_errors.labels(replica.name, "client_disconnect").inc()
             raise
         finally:
             if not completed:
                 upstream.close()  # drop the connection: vLLM sees the disconnect and aborts
-            replica.in_flight -= 1
-            lease.release(served=upstream.status < 400)  # an error answer (404...) served no prompt
-            self._count(kind, replica.name, status)
-        if status >= 400 or not completed:
-            return
-        if turn_index and kind in PROMPT_KINDS:
-            entry.turns = turn_index
-            self._observe_turn(turn_index, time.perf_counter() - started)
+            self._count(turn.route.kind, replica.name, status)
+        return completed and status < 400
+
+    def _turn_done(self, turn: Turn, replica: Replica) -> None:
+        """A turn answered whole: count it for its session, and link a Responses answer to its replica."""
+        entry, chain = turn.entry, turn.chain
+        if entry is not None and turn.index and turn.route.kind in PROMPT_KINDS:
+            entry.turns = turn.index
+            self._observe_turn(turn.index, time.perf_counter() - turn.started)
         if chain is not None and chain.response_id is not None:
             assert chain.chain_session is not None  # TurnPlan: set whenever response_id is
             self.sessions.responses.record(chain.response_id, chain.chain_session, replica)
-
-    # ---- relaying the response --------------------------------------------------
-
-    async def _relay(
-        self, responder: Responder, upstream, replica: Replica, lease, stream: bool, kind: str
-    ) -> tuple[int, bool]:
-        """Relay the upstream's answer: (status for metrics, completed normally)."""
-        headers, upstream_gated = merge_kvgate_headers(
-            relayed_response_headers(upstream.headers), lease_headers(replica, lease)
-        )
-        if upstream_gated and self._gates and replica.name not in self._double_gating_warned:
-            self._double_gating_warned.add(replica.name)
-            log.error(
-                "replica %s answers with x-kvgate-* headers: it is a kvgate, and this kvgate gates it a "
-                "second time; give this one role: front_door with gate.mode: off (docs/ARCHITECTURE.md)",
-                replica.name,
-            )
-        is_sse = upstream.content_type == b"text/event-stream"
-        pending: list[bytes] = []
-        if not (is_sse or (stream and upstream.content_length is None)):
-            # Buffered, so that an upstream failing mid-body still gets a clean 502; past
-            # limits.max_buffered_response_bytes the answer is relayed as it arrives.
-            size = 0
-            while size <= self._max_buffered:
-                try:
-                    data = await upstream.readany()
-                except EXCHANGE_ERRORS as exc:
-                    self.metrics.upstream_errors.labels(replica.name, "mid_body").inc()
-                    send_error(
-                        responder,
-                        502,
-                        f"replica {replica.name} broke off its response ({exc}); retry the request",
-                        "upstream_failed",
-                        lease_headers(replica, lease),
-                    )
-                    return 502, False
-                if not data:
-                    responder.send(upstream.status, b"".join(pending), headers, upstream.reason)
-                    return upstream.status, True
-                pending.append(data)
-                size += len(data)
-
-        await responder.start(upstream.status, headers, upstream.reason, None if is_sse else upstream.content_length)
-        for data in pending:
-            await responder.write(data)
-        pending.clear()
-        while True:
-            try:
-                chunk = await upstream.readany()
-            except EXCHANGE_ERRORS as exc:
-                self.metrics.upstream_errors.labels(replica.name, "mid_stream").inc()
-                if is_sse:
-                    await responder.write(
-                        sse_error_event(
-                            f"replica {replica.name} broke off the stream ({exc}); the answer is incomplete, "
-                            "retry the request",
-                            "upstream_stream_broken",
-                            anthropic=kind == "messages",
-                        )
-                    )
-                    await responder.end()
-                # else: the response stays unfinished, so the server closes the connection
-                # and the client cannot take a truncated body for a complete one.
-                return upstream.status, False
-            if not chunk:
-                break
-            await responder.write(chunk)
-        await responder.end()
-        return upstream.status, True
 
     # ---- helpers ---------------------------------------------------------------------
 

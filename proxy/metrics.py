@@ -1,4 +1,4 @@
-"""The proxy's Prometheus metrics (SPEC.md section 9), on a registry of their own.
+"""The proxy's Prometheus metrics (docs/reference.md, Metrics), on a registry of their own.
 
 One `KvgateMetrics` per proxy app, so tests can run several apps in one process
 without colliding in prometheus-client's global registry. It defines the front

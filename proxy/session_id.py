@@ -1,4 +1,4 @@
-"""Which session a request belongs to (SPEC.md section 4), as pure functions.
+"""Which session a request belongs to (docs/reference.md, The session of a request), as pure functions.
 
 First match wins: the `/sess/{id}` path, the configured header, then the configured
 body fields in order (dotted paths such as `metadata.session_id` walk nested

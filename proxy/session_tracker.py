@@ -18,6 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from kvgate.balancer import Replica
 from kvgate.proxy.response_chains import ResponseChains
 
 
@@ -25,7 +26,7 @@ class SessionEntry:
     __slots__ = ("replica", "turns", "last_seen")
 
     def __init__(self, now: float) -> None:
-        self.replica = None
+        self.replica: Replica | None = None  # the replica the session last ran on
         self.turns = 0  # completed turns
         self.last_seen = now
 

@@ -1,6 +1,6 @@
-"""The configuration schema of kvgate (SPEC.md section 3), as frozen dataclasses.
+"""The configuration schema of kvgate (docs/reference.md, Configuration), as frozen dataclasses.
 
-Every field has the default SPEC.md gives, so `Settings()` is the configuration of an
+Every field has its documented default, so `Settings()` is the configuration of an
 empty YAML file. Loading, environment overrides and validation live in
 `proxy.config`. Each part owns its own sections: `Settings` composes the gate's
 (`gate.settings`: `gate`, `ownership`) and the balancer's (`balancer.settings`:

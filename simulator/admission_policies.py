@@ -1,6 +1,6 @@
 """Admission policies: may the waiting request at the head of the queue join the running set?
 
-Pure functions of an `AdmissionView` (SPEC.md section 7). The scheduler has already
+Pure functions of an `AdmissionView` (docs/simulator.md). The scheduler has already
 checked the sequence slot; the policies only price KV blocks:
 
 | policy              | admits when |

@@ -1,4 +1,4 @@
-"""`kvgate replica` and `kvgate sim admission` (SPEC.md section 2)."""
+"""`kvgate replica` and `kvgate sim admission` (docs/reference.md, Command line)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The continuous-batching admission experiment (SPEC.md section 7), in virtual time.
+"""The continuous-batching admission experiment (docs/simulator.md), in virtual time.
 
 The same workload, cache, token budget, sequence limit and seed run through the
 scheduler once per admission policy. A step is the unit of time: arrivals of step s

@@ -3,9 +3,9 @@
 Routes (docs/ARCHITECTURE.md seam 3): POST /v1/chat/completions, POST /v1/completions
 (streaming and not), POST /v1/messages (Anthropic, as vLLM serves it), POST /v1/responses
 (streaming and not, with `previous_response_id` state held in this replica's memory),
-GET /v1/models, GET /health, GET /metrics, the probe API (`kvgate.wire.probe_api`),
-answered from the engine model without side effects, and the owner record
-(`kvgate.wire.owner_record`).
+GET /v1/models, GET /health, GET /metrics, the probe API (`kvgate.wire.probe_api`,
+docs/reference.md), answered from the engine model without side effects, and the owner
+record (`kvgate.wire.owner_record`).
 
 A client that disconnects aborts its request in the engine: streaming handlers see the
 failed write, non-streaming handlers are cancelled (the runner is built with
@@ -329,7 +329,7 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=text, headers={"Content-Type": CONTENT_TYPE})
 
 
-# -- probe API (SPEC.md section 6) -------------------------------------------------------------
+# -- probe API (docs/reference.md) ---------------------------------------------------------------
 
 
 async def probe_kv(request: web.Request) -> web.Response:

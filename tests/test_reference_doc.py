@@ -321,7 +321,7 @@ def test_headers_are_documented():
 
 
 def test_admission_reasons_are_documented():
-    from kvgate.gate.policies import AdmissionReason
+    from kvgate.gate.policies.vocabulary import AdmissionReason
 
     documented = {first_code(r[0]) for r in table_rows(doc_sections()["Admission reasons"])}
     assert_same(documented, {reason.value for reason in AdmissionReason}, "Admission reasons")

@@ -1,8 +1,9 @@
 """The replica's owner record: which kvgate enforces admission on a server.
 
 A gate's books (windows, footprints, waiters) describe one replica's cache only while
-that gate is the only one enforcing on it. The server keeps a tiny lease so that a second
-enforcing gate is detected instead of silently over-admitting:
+that gate is the only one enforcing on it (docs/decisions/one-gate-per-replica.md). The
+server keeps a tiny lease so that a second enforcing gate is detected instead of
+silently over-admitting:
 
     POST OWNER_PATH OwnerClaim {"gate_id": "...", "ttl_sec": 15}   claim or renew (ttl_sec 0: release)
     GET  OWNER_PATH                                                read

@@ -1,4 +1,4 @@
-"""The probe API: what a replica tells the gate about its KV cache, typed once.
+"""The probe API (docs/reference.md): what a replica tells the gate about its KV cache, typed once.
 
     GET  KV_PATH                  -> KvAnswer      (the replica's KV usage; cheap, constant time)
     POST PREFIX_PATH PrefixQuery  -> PrefixAnswer  (how much of one prompt is resident)

@@ -1,4 +1,4 @@
-"""The routes kvgate forwards, and the kind each one is to the gate and the probe API.
+"""The routes kvgate forwards (docs/reference.md, Forwarded routes), and the kind of each.
 
 A route's kind names its body format: the gate prices a turn by it, the prefix probe
 renders the body under a key of that name (`{"chat": body}`), and a replica serves it.

@@ -1,4 +1,4 @@
-"""The multi-turn agentic benchmark (`kvgate bench agentic`, SPEC.md section 8).
+"""The multi-turn agentic benchmark (`kvgate bench agentic`, docs/bench.md).
 
 Modules, one job each: `workload` (deterministic sessions), `ceiling` (infinite-cache
 hit rate), `driver` (agent clients over HTTP), `processes` (replica and proxy

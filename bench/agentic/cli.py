@@ -195,7 +195,9 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
             help=text,
             metavar="N" if kind is int else "X",
         )
-    gate = parser.add_argument_group("gate settings for the kvgate modes (overrides the regime; SPEC.md section 3)")
+    gate = parser.add_argument_group(
+        "gate settings for the kvgate modes (overrides the regime; docs/reference.md, Configuration)"
+    )
     for name, (kind, text) in _GATE_OPTIONS.items():
         gate.add_argument(
             "--" + name.replace("_", "-"),
@@ -226,7 +228,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the `agentic` subcommand under `kvgate bench`."""
     parser = subparsers.add_parser(
         "agentic",
-        help="the multi-turn agentic benchmark: direct vs sticky vs kvgate (SPEC.md section 8)",
+        help="the multi-turn agentic benchmark: direct vs sticky vs kvgate (docs/bench.md)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

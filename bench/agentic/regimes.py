@@ -11,13 +11,13 @@ Sizing rules (so a regime runs in about 1-3 minutes of wall time per invocation 
 
 `tiny` exists for the end-to-end test: seconds, not minutes.
 
-Regimes that can catch a gate that loses (issue 9) run the gate with its *defaults*
+Regimes that can catch a gate that loses run the gate with its *defaults*
 (no gate settings): `*-no-finish` regimes send no `x-session-finish` (sessions end
 silently, as an OpenAI-SDK agent's do); `cheap-prefill` makes holding back unable to
 pay (short contexts, prefill 10x cheaper than the default cost model: a turn is mostly
 decode); `prefill-bound` makes one full re-prefill of a session's context cost about
-its turn's decode (long contexts, longer replies); `issue-9` is the issue's
-reproduction. `--send-finish no` turns any regime into its silent-finish form.
+its turn's decode (long contexts, longer replies); `issue-9` is a burst of silent
+sessions on small caches. `--send-finish no` turns any regime into its silent-finish form.
 """
 
 from __future__ import annotations
@@ -102,10 +102,9 @@ _VLLM_CACHE = ReplicaShape(
 # probes, answered between steps, would time out (probe.timeout_sec 1) and admit `open`.
 _VLLM_PREFILL_CACHE = replace(_VLLM_CACHE, max_num_batched_tokens=512)
 # The default gate but for one setting: the engine core answers the gate's probes between two
-# scheduler steps, and on 2 shared CPU cores one step takes 0.5-2 s (the plugin measured
-# decode steps of 0.7-1.5 s under load), longer than the default probe.timeout_sec of 1 s
-# (sized for GPU steps of tens of ms). A probe that times out decides as if the replica
-# were unavailable, i.e. admits `open`: 43 of 62 turns in a vllm-prefill-no-finish run.
+# scheduler steps, and on a few shared CPU cores one step takes seconds, longer than the
+# default probe.timeout_sec of 1 s (sized for GPU steps of tens of ms). A prefix probe
+# that times out decides as if the probe were unavailable.
 _VLLM_CPU_GATE = {"probe": {"timeout_sec": 5.0}}
 _VLLM_SMALL_WORKLOAD = WorkloadSpec(
     sessions=16,
@@ -122,7 +121,7 @@ _VLLM_SMALL_WORKLOAD = WorkloadSpec(
     tool_latency_sigma=0.5,
 )
 # Contexts of ~250 tokens growing ~170 a turn to ~1,100: one full re-prefill (~0.3-1 s
-# on 2 cores) outweighs a turn's 8 decode steps; tool calls of ~0.3 s, as in issue 9.
+# on 2 cores) outweighs a turn's 8 decode steps; tool calls of ~0.3 s.
 _VLLM_PREFILL_WORKLOAD = WorkloadSpec(
     sessions=12,
     concurrency=6,
@@ -306,8 +305,8 @@ REGIMES.update(
         "prefill-bound-no-finish": _silent(REGIMES["prefill-bound"]),
         "issue-9": Regime(
             "issue-9",
-            "issue 9's reproduction: 16 sessions x 8 turns all at once, 0.3 s tool calls, no x-session-finish, "
-            "2 replicas of 64 blocks x 32 tokens, default cost model and gate (was: direct 4.5 s, kvgate 188 s)",
+            "16 sessions x 8 turns all at once, 0.3 s tool calls, no x-session-finish, "
+            "2 replicas of 64 blocks x 32 tokens, default cost model and gate",
             WorkloadSpec(
                 sessions=16,
                 concurrency=16,

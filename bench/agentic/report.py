@@ -233,7 +233,7 @@ def format_markdown(results: dict[str, dict], comparisons: dict[str, dict], chec
     return "\n".join(lines) + "\n"
 
 
-# Issue 9's targets on real vLLM, per regime family: (target text, test of the ratios).
+# The targets on real vLLM, per regime family: (target text, test of the ratios).
 # Prefill-bound model: makespan <= 0.8x sticky and hit rate >= 2x sticky's; tiny model
 # (prefill nearly free): makespan <= 1.05x sticky. With or without finish headers alike.
 def real_vllm_targets(regime: str, results: dict[str, dict]) -> list[dict]:

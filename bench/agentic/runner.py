@@ -1,6 +1,6 @@
 """One benchmark invocation: every requested mode on the same workload, each on fresh replicas.
 
-Modes (SPEC.md section 8):
+Modes:
 - `direct`: no proxy; session i goes to replica i mod R (round-robin);
 - `sticky`: kvgate with `gate.mode: off` (sticky routing only);
 - `kvgate-watermark`: kvgate enforcing the watermark policy;

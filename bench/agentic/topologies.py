@@ -1,4 +1,4 @@
-"""Scale-out modes of `kvgate bench agentic` (docs/ARCHITECTURE.md, Topologies; issue 11).
+"""Scale-out modes of `kvgate bench agentic` (docs/ARCHITECTURE.md, Topologies).
 
 Each runs the same working_set-policy gate as `kvgate-working_set` (one kvgate in front of
 every replica), laid out differently; sessions are split over two kvgates by index:

@@ -1,4 +1,4 @@
-"""A small aiohttp replica whose probe answers the test controls (SPEC.md section 6).
+"""A small aiohttp replica whose probe answers the test controls (docs/reference.md).
 
 It also answers POST /v1/chat/completions at once with a fixed reply, so a proxy can
 forward to it.

@@ -10,6 +10,9 @@ from typing import Any
 
 from kvgate.gate.gate import Gate
 from kvgate.gate.metrics import GateMetrics
+from kvgate.gate.policies.registry import Policy
+from kvgate.gate.policies.views import GateFacts
+from kvgate.gate.policies.vocabulary import ProbeFirst
 from kvgate.gate.probe import ReplicaProbe
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings, ProbeSettings
@@ -88,6 +91,12 @@ def settings(**overrides: Any) -> GateSettings:
     `quiet_floor_sec`: the tests of the grace rules keep their hand-worked clocks."""
     base = GateSettings(policy="watermark", wait_poll_sec=0.02, idle_grace_sec=60.0, quiet_floor_sec=60.0)
     return replace(base, **overrides)
+
+
+def asks_probe(policy: Policy[Any], facts: GateFacts, usage: UsageReading | None, gate_settings: GateSettings) -> bool:
+    """Whether `policy`, deciding the turn without a prefix reading (as the gate does first),
+    answers ProbeFirst."""
+    return isinstance(policy.decide(policy.view(facts), usage, None, gate_settings), ProbeFirst)
 
 
 async def until(condition: Callable[[], bool], what: str = "condition", steps: int = 2000) -> None:

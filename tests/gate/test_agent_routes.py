@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kvgate.gate.gate import Gate
-from kvgate.gate.policies import output_allowance
+from kvgate.gate.policies.request_body import output_allowance
 from kvgate.gate.route_prompts import body_holds_prompt
 from tests.gate.helpers import FakeProbe, assert_clean, settings
 

@@ -10,24 +10,32 @@ one. Every test ends with nothing left.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from kvgate.gate.gate import Gate
-from kvgate.gate.policies import AdmissionReason, Admit, Decision, Policy, Wait, WaitCause
+from kvgate.gate.policies.pricing import window_footprint
+from kvgate.gate.policies.registry import Policy
+from kvgate.gate.policies.views import WorkingSetView
+from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Decision, Wait, WaitCause
 from tests.gate.helpers import FakeProbe, assert_clean, settings, until
 
 HELD = Wait(WaitCause.COLD_PREFIX, "scripted")
 
 
+def scripted(decide: Callable[[], Decision]) -> Policy[WorkingSetView]:
+    """A policy that answers `decide()` and never asks for a prefix probe; it reprices a
+    window priced at a bound as the working_set policy does."""
+    return Policy("scripted", WorkingSetView.read, lambda *_: decide(), price=window_footprint, reads_prompt_bound=True)
+
+
 class Script:
-    """A policy whose decision the test sets; it never asks for a prefix probe."""
+    """A policy whose decision the test sets."""
 
     def __init__(self) -> None:
         self.decision: Decision = HELD
 
-    def policy(self) -> Policy:
-        return Policy(
-            "scripted", lambda view, usage, settings: False, lambda *_: self.decision, reads_prompt_bound=True
-        )
+    def policy(self) -> Policy[WorkingSetView]:
+        return scripted(lambda: self.decision)
 
 
 def make_gate(script: Script, probe, metrics, clock) -> Gate:
@@ -124,7 +132,7 @@ async def test_wake_on_release_wakes_a_waiter_behind_the_head_when_blocks_are_fr
         HELD,  # after the release: the head, woken first, stays held
         Admit(AdmissionReason.WORK_CONSERVING),  # eager goes in
     ]
-    policy = Policy("scripted", lambda view, usage, settings: False, lambda *_: decisions.pop(0) if decisions else HELD)
+    policy = scripted(lambda: decisions.pop(0) if decisions else HELD)
     gate = Gate("r0", probe, settings(wait_poll_sec=60), metrics, clock, policy)
     running = await gate.acquire("running", "chat", body("running"))
     head = asyncio.ensure_future(gate.acquire("head", "chat", body("head")))

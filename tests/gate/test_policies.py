@@ -6,31 +6,30 @@ import itertools
 
 import pytest
 
-from kvgate.gate.policies import (
+from kvgate.gate.policies.pricing import (
     HISTORY_MARGIN_TOKENS,
-    POLICIES,
-    TEMPLATE_MARGIN_TOKENS,
-    WATERMARK,
-    WORKING_SET,
+    bounded_footprint,
+    footprint_blocks,
+    history_bound,
+    turn_growth_tokens,
+)
+from kvgate.gate.policies.registry import POLICIES, WATERMARK, WORKING_SET, get_policy
+from kvgate.gate.policies.request_body import TEMPLATE_MARGIN_TOKENS, output_allowance, prompt_token_bound
+from kvgate.gate.policies.views import WorkingSetView
+from kvgate.gate.policies.vocabulary import (
+    PREFIX_UNAVAILABLE,
     AdmissionReason,
     Admit,
-    GateView,
+    ProbeFirst,
     Reject,
     RejectCode,
     Wait,
     WaitCause,
-    bounded_footprint,
-    footprint_blocks,
-    get_policy,
-    history_bound,
-    output_allowance,
-    prompt_token_bound,
-    turn_growth_tokens,
-    working_set_decide,
-    working_set_needs_prefix_probe,
 )
+from kvgate.gate.policies.working_set import working_set_decide
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
+from tests.gate.helpers import asks_probe
 
 SETTINGS = GateSettings(high_watermark=0.85, hit_threshold=0.80, headroom_blocks=4)
 LOW = UsageReading(0.5, 100, 50)
@@ -42,9 +41,9 @@ COLD = PrefixReading(total_blocks=20, hit_blocks=2, hit_ratio=0.1)
 HOT = PrefixReading(total_blocks=20, hit_blocks=18, hit_ratio=0.9)
 EDGE = PrefixReading(total_blocks=10, hit_blocks=8, hit_ratio=0.8)
 
-NAMED = GateView()
-HOLDER = GateView(has_window=True)
-ANON = GateView(anonymous=True)
+NAMED = WorkingSetView()
+HOLDER = WorkingSetView(has_window=True)
+ANON = WorkingSetView(anonymous=True)
 
 
 # ------------------------------------------------------------- watermark
@@ -66,23 +65,27 @@ ANON = GateView(anonymous=True)
         (NAMED, LOW, None, Admit(AdmissionReason.OPEN, wake_next=True)),  # below the watermark
         (HOLDER, LOW, None, Admit(AdmissionReason.OPEN, window=True, wake_next=True)),  # window kept and renewed
         (HOLDER, HIGH, None, Admit(AdmissionReason.HOLDS_WINDOW, window=True)),
-        (NAMED, HIGH, None, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
+        (NAMED, HIGH, PREFIX_UNAVAILABLE, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
         (NAMED, HIGH, HOT, Admit(AdmissionReason.RESIDENT_PREFIX, window=True, footprint=20)),
         (NAMED, AT, EDGE, Admit(AdmissionReason.RESIDENT_PREFIX, window=True, footprint=10)),  # >= at both edges
         (NAMED, HIGH, COLD, Wait(WaitCause.COLD_PREFIX, "cold prefix above the watermark")),
     ],
 )
 def test_watermark_decide(view, usage, prefix, expected):
-    assert WATERMARK.decide(view, usage, prefix, SETTINGS) == expected
+    assert WATERMARK.decide(WATERMARK.view(view), usage, prefix, SETTINGS) == expected
 
 
 def test_watermark_without_retain_session_never_opens_a_window():
     settings = GateSettings(retain_session=False)
-    assert WATERMARK.decide(NAMED, HIGH, HOT, settings) == Admit(
+    assert WATERMARK.decide(WATERMARK.view(NAMED), HIGH, HOT, settings) == Admit(
         AdmissionReason.RESIDENT_PREFIX, window=False, footprint=20
     )
-    assert WATERMARK.decide(HOLDER, HIGH, None, settings) == Admit(AdmissionReason.HOLDS_WINDOW, window=False)
-    assert WATERMARK.decide(HOLDER, LOW, None, settings) == Admit(AdmissionReason.OPEN, window=False, wake_next=True)
+    assert WATERMARK.decide(WATERMARK.view(HOLDER), HIGH, None, settings) == Admit(
+        AdmissionReason.HOLDS_WINDOW, window=False
+    )
+    assert WATERMARK.decide(WATERMARK.view(HOLDER), LOW, None, settings) == Admit(
+        AdmissionReason.OPEN, window=False, wake_next=True
+    )
 
 
 @pytest.mark.parametrize(
@@ -97,7 +100,7 @@ def test_watermark_without_retain_session_never_opens_a_window():
     ],
 )
 def test_watermark_asks_prefix_only_above_watermark_for_sessions_without_window(view, usage, expected):
-    assert WATERMARK.needs_prefix_probe(view, usage, SETTINGS) is expected
+    assert asks_probe(WATERMARK, view, usage, SETTINGS) is expected
 
 
 # ----------------------------------------------------------- working_set
@@ -111,15 +114,15 @@ def test_watermark_asks_prefix_only_above_watermark_for_sessions_without_window(
         (ANON, LOW, None, Admit(AdmissionReason.ANONYMOUS, wake_next=True)),
         (ANON, HIGH, None, Wait(WaitCause.ANONYMOUS_ABOVE_WATERMARK, "anonymous request above the watermark")),
         # a holder whose prefix probe failed keeps its window as last priced, at any usage
-        (HOLDER, LOW, None, Admit(AdmissionReason.HOLDS_WINDOW, window=True)),
-        (HOLDER, HIGH, None, Admit(AdmissionReason.HOLDS_WINDOW, window=True)),
-        (HOLDER, HIGH_NO_BLOCKS, None, Admit(AdmissionReason.HOLDS_WINDOW, window=True)),
+        (HOLDER, LOW, PREFIX_UNAVAILABLE, Admit(AdmissionReason.HOLDS_WINDOW, window=True)),
+        (HOLDER, HIGH, PREFIX_UNAVAILABLE, Admit(AdmissionReason.HOLDS_WINDOW, window=True)),
+        (HOLDER, HIGH_NO_BLOCKS, PREFIX_UNAVAILABLE, Admit(AdmissionReason.HOLDS_WINDOW, window=True)),
         # no block counts (/metrics fallback): the watermark policy decides
         (NAMED, LOW_NO_BLOCKS, None, Admit(AdmissionReason.OPEN, wake_next=True)),
-        (NAMED, HIGH_NO_BLOCKS, None, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
+        (NAMED, HIGH_NO_BLOCKS, PREFIX_UNAVAILABLE, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
         # prefix probe failed: the watermark policy decides
-        (NAMED, LOW, None, Admit(AdmissionReason.OPEN, wake_next=True)),
-        (NAMED, HIGH, None, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
+        (NAMED, LOW, PREFIX_UNAVAILABLE, Admit(AdmissionReason.OPEN, wake_next=True)),
+        (NAMED, HIGH, PREFIX_UNAVAILABLE, Admit(AdmissionReason.PREFIX_PROBE_UNAVAILABLE)),
     ],
 )
 def test_working_set_decide_fallbacks(view, usage, prefix, expected):
@@ -129,7 +132,7 @@ def test_working_set_decide_fallbacks(view, usage, prefix, expected):
 def test_working_set_hand_worked_budget():
     # 100 usable blocks, 40 free, 10 held by idle windows, headroom 4: budget 26.
     usage = UsageReading(0.6, 100, 40)
-    view = GateView(idle_window_blocks=10)
+    view = WorkingSetView(idle_window_blocks=10)
     fits = PrefixReading(total_blocks=30, hit_blocks=4, hit_ratio=4 / 30)  # 26 new: fits exactly
     over = PrefixReading(total_blocks=30, hit_blocks=3, hit_ratio=0.1)  # 27 new: waits
     assert WORKING_SET.decide(view, usage, fits, SETTINGS) == Admit(
@@ -143,10 +146,12 @@ def test_working_set_hand_worked_budget():
 def test_working_set_waits_below_watermark_when_idle_windows_hold_the_free_blocks():
     # usage reads 20% yet the free blocks are idle sessions' prefixes: the watermark is fooled, working_set is not.
     usage = UsageReading(0.2, 100, 80)
-    view = GateView(idle_window_blocks=70)
+    view = WorkingSetView(idle_window_blocks=70)
     prompt = PrefixReading(total_blocks=12, hit_blocks=0, hit_ratio=0.0)
     assert WORKING_SET.decide(view, usage, prompt, SETTINGS).cause == WaitCause.NO_FREE_BLOCKS
-    assert WATERMARK.decide(view, usage, prompt, SETTINGS) == Admit(AdmissionReason.OPEN, wake_next=True)
+    assert WATERMARK.decide(WATERMARK.view(view), usage, prompt, SETTINGS) == Admit(
+        AdmissionReason.OPEN, wake_next=True
+    )
 
 
 def test_working_set_hot_prefix_needs_only_its_new_blocks():
@@ -184,15 +189,15 @@ def test_working_set_without_retain_session_opens_no_window():
         (HOLDER, LOW, True),  # holders too: their footprint follows their prompt
         (HOLDER, HIGH, True),
         (ANON, HIGH, False),
-        (GateView(waiters_ahead=1), LOW, False),  # waits its turn, unprobed
-        (GateView(has_window=True, waiters_ahead=3), LOW, True),  # holders do not queue
+        (WorkingSetView(waiters_ahead=1), LOW, False),  # waits its turn, unprobed
+        (WorkingSetView(has_window=True, waiters_ahead=3), LOW, True),  # holders do not queue
         (NAMED, LOW_NO_BLOCKS, False),  # watermark fallback
         (NAMED, HIGH_NO_BLOCKS, True),
         (HOLDER, HIGH_NO_BLOCKS, False),
     ],
 )
-def test_working_set_needs_prefix_probe(view, usage, expected):
-    assert WORKING_SET.needs_prefix_probe(view, usage, SETTINGS) is expected
+def test_working_set_asks_for_the_prefix_probe(view, usage, expected):
+    assert asks_probe(WORKING_SET, view, usage, SETTINGS) is expected
 
 
 # ---------------------------------------- working_set: the working set
@@ -273,7 +278,7 @@ def test_output_allowance(body, expected):
 def test_working_set_holder_is_priced_behind_the_older_windows_only():
     # 60 blocks in older windows; a 36-block footprint fits 96 exactly, even with no block free
     # in vLLM's view (a holder's blocks are its own) and younger windows ignored.
-    holder = GateView(has_window=True, older_window_blocks=60, idle_window_blocks=90)
+    holder = WorkingSetView(has_window=True, older_window_blocks=60, idle_window_blocks=90)
     full = UsageReading(1.0, 100, 0, block_size=16)
     assert WORKING_SET.decide(holder, full, tokens(36 * 16), SETTINGS) == Admit(
         AdmissionReason.HOLDS_WINDOW, window=True, footprint=36
@@ -281,19 +286,19 @@ def test_working_set_holder_is_priced_behind_the_older_windows_only():
 
 
 def test_working_set_holder_that_no_longer_fits_loses_its_window():
-    holder = GateView(has_window=True, older_window_blocks=60)
+    holder = WorkingSetView(has_window=True, older_window_blocks=60)
     decision = WORKING_SET.decide(holder, ROOMY, tokens(36 * 16 + 1), SETTINGS)  # 37 blocks: 97 > 96
     assert isinstance(decision, Wait) and decision.drop_window and decision.cause == WaitCause.WINDOW_LOST
     assert "window lost" in decision.why and "37" in decision.why and "60" in decision.why
     # the oldest holder (nothing older) always fits: it makes progress
-    oldest = GateView(has_window=True, older_window_blocks=0, idle_window_blocks=95)
+    oldest = WorkingSetView(has_window=True, older_window_blocks=0, idle_window_blocks=95)
     assert WORKING_SET.decide(oldest, ROOMY, tokens(96 * 16), SETTINGS) == Admit(
         AdmissionReason.HOLDS_WINDOW, window=True, footprint=96
     )
 
 
 def test_working_set_holder_footprint_is_refreshed_from_every_turn():
-    holder = GateView(has_window=True, max_output_tokens=16)
+    holder = WorkingSetView(has_window=True, max_output_tokens=16)
     grown = WORKING_SET.decide(holder, ROOMY, tokens(600), SETTINGS)  # ceil(616 / 16) = 39
     shrunk = WORKING_SET.decide(holder, ROOMY, tokens(100), SETTINGS)  # ceil(116 / 16) = 8
     assert (grown.footprint, shrunk.footprint) == (39, 8)
@@ -302,34 +307,34 @@ def test_working_set_holder_footprint_is_refreshed_from_every_turn():
 def test_working_set_holder_is_priced_at_its_anticipated_footprint():
     # Its last turn was 320 tokens, this one is 480: it grows 160 tokens (10 blocks) a turn.
     # Footprint 30 blocks now, anticipated ceil((480 + 160) / 16) = 40.
-    grown = GateView(has_window=True, older_window_blocks=50, last_prompt_tokens=320)
+    grown = WorkingSetView(has_window=True, older_window_blocks=50, last_prompt_tokens=320)
     assert WORKING_SET.decide(grown, ROOMY, tokens(480), SETTINGS) == Admit(
         AdmissionReason.HOLDS_WINDOW, window=True, footprint=40
     )
     # Behind 60 blocks: 60 + 30 = 90 would fit at the current prompt, 60 + 40 = 100 > 96 does not.
-    behind = GateView(has_window=True, older_window_blocks=60, last_prompt_tokens=320)
+    behind = WorkingSetView(has_window=True, older_window_blocks=60, last_prompt_tokens=320)
     decision = WORKING_SET.decide(behind, ROOMY, tokens(480), SETTINGS)
     assert isinstance(decision, Wait) and decision.drop_window and decision.cause == WaitCause.WINDOW_LOST
     assert "40" in decision.why
     # The same turn re-sent keeps the growth it showed; a compacted prompt anticipates none.
-    resent = GateView(has_window=True, last_prompt_tokens=480, last_growth_tokens=160)
+    resent = WorkingSetView(has_window=True, last_prompt_tokens=480, last_growth_tokens=160)
     assert WORKING_SET.decide(resent, ROOMY, tokens(480), SETTINGS).footprint == 40
-    compacted = GateView(has_window=True, last_prompt_tokens=800, last_growth_tokens=160)
+    compacted = WorkingSetView(has_window=True, last_prompt_tokens=800, last_growth_tokens=160)
     assert WORKING_SET.decide(compacted, ROOMY, tokens(480), SETTINGS).footprint == 30
 
 
 def test_working_set_newcomer_without_history_is_priced_with_the_mean_growth():
     # 30 blocks, mean growth 7 blocks a turn: 37 behind 60 > 96; with no growth observed it fits.
     prompt = tokens(30 * 16)
-    fresh = GateView(older_window_blocks=60, mean_growth_tokens=7 * 16)
+    fresh = WorkingSetView(older_window_blocks=60, mean_growth_tokens=7 * 16)
     books = WORKING_SET.decide(fresh, ROOMY, prompt, SETTINGS)
     assert isinstance(books, Wait) and not books.drop_window and books.cause == WaitCause.WINDOWS_FULL
     assert "37" in books.why
     assert WORKING_SET.decide(
-        GateView(older_window_blocks=59, mean_growth_tokens=7 * 16), ROOMY, prompt, SETTINGS
+        WorkingSetView(older_window_blocks=59, mean_growth_tokens=7 * 16), ROOMY, prompt, SETTINGS
     ) == Admit(AdmissionReason.WINDOW_FITS, window=True, footprint=37)
     # a session with history (e.g. back after losing its window) is priced at its own growth
-    known = GateView(older_window_blocks=60, mean_growth_tokens=7 * 16, last_prompt_tokens=30 * 16 - 5)
+    known = WorkingSetView(older_window_blocks=60, mean_growth_tokens=7 * 16, last_prompt_tokens=30 * 16 - 5)
     assert WORKING_SET.decide(known, ROOMY, prompt, SETTINGS) == Admit(
         AdmissionReason.WINDOW_FITS, window=True, footprint=31
     )
@@ -337,7 +342,7 @@ def test_working_set_newcomer_without_history_is_priced_with_the_mean_growth():
 
 def test_working_set_prompt_too_long_looks_at_the_real_prompt_only():
     # 96 blocks fit 96 usable; the growth would not, but the footprint is capped at usable
-    growing = GateView(has_window=True, last_prompt_tokens=50 * 16)
+    growing = WorkingSetView(has_window=True, last_prompt_tokens=50 * 16)
     assert WORKING_SET.decide(growing, ROOMY, tokens(96 * 16), SETTINGS) == Admit(
         AdmissionReason.HOLDS_WINDOW, window=True, footprint=96
     )
@@ -348,22 +353,22 @@ def test_working_set_newcomer_needs_both_the_books_and_vllms_view():
     prompt = tokens(30 * 16)  # 30 blocks, all cold
     # books: 66 + 30 = 96 fits; vLLM: 100 free - 60 idle - 4 headroom = 36 >= 30 fits
     assert WORKING_SET.decide(
-        GateView(older_window_blocks=66, idle_window_blocks=60), ROOMY, prompt, SETTINGS
+        WorkingSetView(older_window_blocks=66, idle_window_blocks=60), ROOMY, prompt, SETTINGS
     ) == Admit(AdmissionReason.WINDOW_FITS, window=True, footprint=30)
     # books: 67 + 30 = 97 > 96, although vLLM reads everything free (windows not yet scheduled)
-    books = WORKING_SET.decide(GateView(older_window_blocks=67), ROOMY, prompt, SETTINGS)
+    books = WORKING_SET.decide(WorkingSetView(older_window_blocks=67), ROOMY, prompt, SETTINGS)
     assert isinstance(books, Wait) and not books.drop_window and books.cause == WaitCause.WINDOWS_FULL
     assert "67" in books.why
     # vLLM's view: traffic the gate does not see holds 70 blocks
     busy = UsageReading(0.7, 100, 30, block_size=16)
-    seen = WORKING_SET.decide(GateView(), busy, prompt, SETTINGS)
+    seen = WORKING_SET.decide(WorkingSetView(), busy, prompt, SETTINGS)
     assert isinstance(seen, Wait) and seen.cause == WaitCause.NO_FREE_BLOCKS and "30 new blocks, 26 free" in seen.why
     # a resident prefix needs only its new blocks from vLLM's view, but its whole footprint in the books
     hot = tokens(30 * 16, hit_blocks=26)
-    assert WORKING_SET.decide(GateView(), busy, hot, SETTINGS) == Admit(
+    assert WORKING_SET.decide(WorkingSetView(), busy, hot, SETTINGS) == Admit(
         AdmissionReason.WINDOW_FITS, window=True, footprint=30
     )
-    assert isinstance(WORKING_SET.decide(GateView(older_window_blocks=67), busy, hot, SETTINGS), Wait)
+    assert isinstance(WORKING_SET.decide(WorkingSetView(older_window_blocks=67), busy, hot, SETTINGS), Wait)
 
 
 def test_working_set_burst_admits_only_what_fits_because_each_admission_counts_at_once():
@@ -372,7 +377,7 @@ def test_working_set_burst_admits_only_what_fits_because_each_admission_counts_a
     windows: list[int] = []
     decisions = []
     for _ in range(8):
-        view = GateView(older_window_blocks=sum(windows))
+        view = WorkingSetView(older_window_blocks=sum(windows))
         decision = WORKING_SET.decide(view, ROOMY, tokens(30 * 16), SETTINGS)
         decisions.append(decision)
         if isinstance(decision, Admit):
@@ -383,11 +388,11 @@ def test_working_set_burst_admits_only_what_fits_because_each_admission_counts_a
 
 def test_working_set_output_allowance_counts_in_the_footprint():
     prompt = tokens(30 * 16)
-    view = GateView(older_window_blocks=60)
+    view = WorkingSetView(older_window_blocks=60)
     assert WORKING_SET.decide(view, ROOMY, prompt, SETTINGS) == Admit(
         AdmissionReason.WINDOW_FITS, window=True, footprint=30
     )
-    with_output = GateView(older_window_blocks=60, max_output_tokens=6 * 16 + 1)  # 30 + 7 = 37 blocks
+    with_output = WorkingSetView(older_window_blocks=60, max_output_tokens=6 * 16 + 1)  # 30 + 7 = 37 blocks
     assert WORKING_SET.decide(with_output, ROOMY, prompt, SETTINGS) == Wait(
         WaitCause.WINDOWS_FULL,
         "footprint 37 blocks + 60 in windows exceeds 96 usable blocks; no prefill-throughput measurement: holding",
@@ -395,12 +400,14 @@ def test_working_set_output_allowance_counts_in_the_footprint():
 
 
 def test_working_set_footprint_is_capped_at_usable_so_a_large_allowance_never_strands_a_turn():
-    huge = GateView(max_output_tokens=1_000_000)
+    huge = WorkingSetView(max_output_tokens=1_000_000)
     assert WORKING_SET.decide(huge, ROOMY, tokens(160), SETTINGS) == Admit(
         AdmissionReason.WINDOW_FITS, window=True, footprint=96
     )
     assert isinstance(
-        WORKING_SET.decide(GateView(older_window_blocks=1, max_output_tokens=1_000_000), ROOMY, tokens(160), SETTINGS),
+        WORKING_SET.decide(
+            WorkingSetView(older_window_blocks=1, max_output_tokens=1_000_000), ROOMY, tokens(160), SETTINGS
+        ),
         Wait,
     )
 
@@ -411,14 +418,14 @@ def test_working_set_prompt_too_long_for_holders_too():
 
 
 def test_working_set_newcomers_wait_in_fifo_order_holders_do_not():
-    behind = WORKING_SET.decide(GateView(waiters_ahead=2), ROOMY, None, SETTINGS)
+    behind = WORKING_SET.decide(WorkingSetView(waiters_ahead=2), ROOMY, None, SETTINGS)
     assert behind == Wait(WaitCause.BEHIND_WAITERS, "behind 2 waiting sessions (first come, first served)")
-    holder = GateView(has_window=True, waiters_ahead=2)
+    holder = WorkingSetView(has_window=True, waiters_ahead=2)
     assert WORKING_SET.decide(holder, ROOMY, tokens(160), SETTINGS) == Admit(
         AdmissionReason.HOLDS_WINDOW, window=True, footprint=10
     )
     # the fallbacks ignore the queue, as the watermark policy does
-    assert WORKING_SET.decide(GateView(waiters_ahead=2), LOW_NO_BLOCKS, None, SETTINGS) == Admit(
+    assert WORKING_SET.decide(WorkingSetView(waiters_ahead=2), LOW_NO_BLOCKS, None, SETTINGS) == Admit(
         AdmissionReason.OPEN, wake_next=True
     )
 
@@ -440,19 +447,24 @@ def test_prompt_token_bound_is_the_body_bytes_plus_the_template_margin():
 @pytest.mark.parametrize(
     "view, expected",
     [
-        (GateView(prompt_bound_tokens=600), 38),  # ceil(600 / 16)
-        (GateView(prompt_bound_tokens=600, max_output_tokens=32), 40),  # + the output allowance
-        (GateView(prompt_bound_tokens=600, mean_growth_tokens=160), 48),  # + the mean growth (no history)
+        (WorkingSetView(prompt_bound_tokens=600), 38),  # ceil(600 / 16)
+        (WorkingSetView(prompt_bound_tokens=600, max_output_tokens=32), 40),  # + the output allowance
+        (WorkingSetView(prompt_bound_tokens=600, mean_growth_tokens=160), 48),  # + the mean growth (no history)
         (
-            GateView(prompt_bound_tokens=600, last_prompt_tokens=500, last_growth_tokens=80, mean_growth_tokens=999),
+            WorkingSetView(
+                prompt_bound_tokens=600, last_prompt_tokens=500, last_growth_tokens=80, mean_growth_tokens=999
+            ),
             43,
         ),  # + its own growth
-        (GateView(prompt_bound_tokens=600, older_window_blocks=62), 38),  # 38 + 62 = 100: fits
-        (GateView(prompt_bound_tokens=600, older_window_blocks=63), None),  # 101 > 100: probe
-        (GateView(prompt_bound_tokens=600, idle_window_blocks=33), 38),  # 37 prompt blocks <= 70 - 33
-        (GateView(prompt_bound_tokens=600, idle_window_blocks=34), None),  # 37 > 70 - 34: vLLM's view says no
-        (GateView(has_window=True, prompt_bound_tokens=600, idle_window_blocks=60), 38),  # holders skip vLLM's view
-        (GateView(prompt_bound_tokens=None), None),  # media: always probe
+        (WorkingSetView(prompt_bound_tokens=600, older_window_blocks=62), 38),  # 38 + 62 = 100: fits
+        (WorkingSetView(prompt_bound_tokens=600, older_window_blocks=63), None),  # 101 > 100: probe
+        (WorkingSetView(prompt_bound_tokens=600, idle_window_blocks=33), 38),  # 37 prompt blocks <= 70 - 33
+        (WorkingSetView(prompt_bound_tokens=600, idle_window_blocks=34), None),  # 37 > 70 - 34: vLLM's view says no
+        (
+            WorkingSetView(has_window=True, prompt_bound_tokens=600, idle_window_blocks=60),
+            38,
+        ),  # holders skip vLLM's view
+        (WorkingSetView(prompt_bound_tokens=None), None),  # media: always probe
     ],
 )
 def test_bounded_footprint(view, expected):
@@ -462,18 +474,18 @@ def test_bounded_footprint(view, expected):
 @pytest.mark.parametrize(
     "view, expected",
     [
-        (GateView(prompt_bound_tokens=None, last_prompt_tokens=100, last_prompt_bound=600), None),  # media
-        (GateView(prompt_bound_tokens=3000), 3000),  # no history
+        (WorkingSetView(prompt_bound_tokens=None, last_prompt_tokens=100, last_prompt_bound=600), None),  # media
+        (WorkingSetView(prompt_bound_tokens=3000), 3000),  # no history
         (
-            GateView(prompt_bound_tokens=3000, last_prompt_tokens=500, last_prompt_bound=2600),
+            WorkingSetView(prompt_bound_tokens=3000, last_prompt_tokens=500, last_prompt_bound=2600),
             500 + 400 + HISTORY_MARGIN_TOKENS,
         ),  # exact size + byte growth
         (
-            GateView(prompt_bound_tokens=2000, last_prompt_tokens=500, last_prompt_bound=2600),
+            WorkingSetView(prompt_bound_tokens=2000, last_prompt_tokens=500, last_prompt_bound=2600),
             500 + HISTORY_MARGIN_TOKENS,
         ),  # a shrunk body adds nothing
         (
-            GateView(prompt_bound_tokens=700, last_prompt_tokens=650, last_prompt_bound=690),
+            WorkingSetView(prompt_bound_tokens=700, last_prompt_tokens=650, last_prompt_bound=690),
             700,
         ),  # never above the body's
     ],
@@ -484,21 +496,21 @@ def test_history_bound(view, expected):
 
 def test_working_set_admits_a_bounded_turn_without_the_probe_and_prices_it_at_the_bound():
     # 100 usable blocks: the exact price is asked for once the windows hold more than 50
-    view = GateView(prompt_bound_tokens=600)
-    assert not working_set_needs_prefix_probe(view, SMALL_BLOCKS, GateSettings())
+    view = WorkingSetView(prompt_bound_tokens=600)
+    assert not asks_probe(WORKING_SET, view, SMALL_BLOCKS, GateSettings())
     assert working_set_decide(view, SMALL_BLOCKS, None, GateSettings()) == Admit(
         AdmissionReason.WINDOW_FITS, window=True, footprint=38, reprice_above=50
     )
-    holder = GateView(has_window=True, prompt_bound_tokens=600)
+    holder = WorkingSetView(has_window=True, prompt_bound_tokens=600)
     assert working_set_decide(holder, SMALL_BLOCKS, None, GateSettings()) == Admit(
         AdmissionReason.HOLDS_WINDOW, window=True, footprint=38, reprice_above=50
     )
     # headroom comes off the usable blocks first: (100 - 4) // 2
     assert working_set_decide(view, SMALL_BLOCKS, None, SETTINGS).reprice_above == 48
     # a body without a bound is priced exactly, from its prefix reading: final
-    assert working_set_decide(GateView(), ROOMY, tokens(600), SETTINGS).reprice_above is None
-    crowded = GateView(prompt_bound_tokens=600, older_window_blocks=80)
-    assert working_set_needs_prefix_probe(crowded, SMALL_BLOCKS, GateSettings())
+    assert working_set_decide(WorkingSetView(), ROOMY, tokens(600), SETTINGS).reprice_above is None
+    crowded = WorkingSetView(prompt_bound_tokens=600, older_window_blocks=80)
+    assert asks_probe(WORKING_SET, crowded, SMALL_BLOCKS, GateSettings())
 
 
 # ------------------------------------------------- invariants, registry
@@ -508,22 +520,22 @@ VIEWS = [
     NAMED,
     HOLDER,
     ANON,
-    GateView(idle_window_blocks=50),
-    GateView(has_window=True, idle_window_blocks=5),
-    GateView(waiters_ahead=2),
-    GateView(has_window=True, waiters_ahead=2, older_window_blocks=90),
-    GateView(older_window_blocks=80, max_output_tokens=64),
-    GateView(anonymous=True, waiters_ahead=1),
-    GateView(prompt_bound_tokens=600),
-    GateView(has_window=True, prompt_bound_tokens=600, older_window_blocks=40),
-    GateView(prompt_bound_tokens=600, idle_window_blocks=60),
-    GateView(prompt_bound_tokens=600, waiters_ahead=1),
+    WorkingSetView(idle_window_blocks=50),
+    WorkingSetView(has_window=True, idle_window_blocks=5),
+    WorkingSetView(waiters_ahead=2),
+    WorkingSetView(has_window=True, waiters_ahead=2, older_window_blocks=90),
+    WorkingSetView(older_window_blocks=80, max_output_tokens=64),
+    WorkingSetView(anonymous=True, waiters_ahead=1),
+    WorkingSetView(prompt_bound_tokens=600),
+    WorkingSetView(has_window=True, prompt_bound_tokens=600, older_window_blocks=40),
+    WorkingSetView(prompt_bound_tokens=600, idle_window_blocks=60),
+    WorkingSetView(prompt_bound_tokens=600, waiters_ahead=1),
     # behind others and cheap enough to go in unprobed (unprobed_work_conserving) under the
     # measured usage below
-    GateView(prompt_bound_tokens=300, waiters_ahead=1, max_output_tokens=64),
+    WorkingSetView(prompt_bound_tokens=300, waiters_ahead=1, max_output_tokens=64),
     # priced at an observed tokens-per-byte ratio (unprobed_work_conserving's estimate)
-    GateView(prompt_bound_tokens=1512, older_window_blocks=80, max_output_tokens=32, tokens_per_byte=0.25),
-    GateView(prompt_bound_tokens=1512, waiters_ahead=1, tokens_per_byte=0.25, last_prompt_tokens=100),
+    WorkingSetView(prompt_bound_tokens=1512, older_window_blocks=80, max_output_tokens=32, tokens_per_byte=0.25),
+    WorkingSetView(prompt_bound_tokens=1512, waiters_ahead=1, tokens_per_byte=0.25, last_prompt_tokens=100),
 ]
 USAGES = [
     None,
@@ -537,36 +549,68 @@ USAGES = [
     UsageReading(0.3, 100, 70, block_size=16),
     UsageReading(0.9, 100, 10, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01),  # work-conserving
 ]
-PREFIXES = [None, COLD, HOT, EDGE, PrefixReading(400, 0, 0.0), PrefixReading(20, 0, 0.0, total_tokens=330)]
+PREFIXES = [
+    PREFIX_UNAVAILABLE,
+    COLD,
+    HOT,
+    EDGE,
+    PrefixReading(400, 0, 0.0),
+    PrefixReading(20, 0, 0.0, total_tokens=330),
+]
+READINGS = [prefix for prefix in PREFIXES if isinstance(prefix, PrefixReading)]
 
 
-@pytest.mark.parametrize("policy", list(POLICIES.values()), ids=list(POLICIES))
-def test_decision_does_not_depend_on_a_prefix_probe_it_did_not_ask_for(policy):
+def answers(policy, view, usage):
+    """The policy's answers to the turn with every prefix answer of PREFIXES (as the gate
+    decides after the probe: never ProbeFirst)."""
+    return {policy.decide_read(policy.view(view), usage, prefix, SETTINGS) for prefix in PREFIXES}
+
+
+@pytest.mark.parametrize(
+    "policy, unprobed, probed", [(WATERMARK, 110, 50), (WORKING_SET, 81, 79)], ids=["watermark", "working_set"]
+)
+def test_probe_first_exactly_when_the_prefix_would_change_the_answer(policy, unprobed, probed):
+    """Decided without a prefix reading, a policy answers ProbeFirst only when some prefix
+    answer gives another decision, and otherwise the decision every prefix answer gives."""
+    seen = {"unprobed": 0, "probed": 0}
     for view, usage in itertools.product(VIEWS, USAGES):
-        if policy.needs_prefix_probe(view, usage, SETTINGS):
-            continue
-        answers = {policy.decide(view, usage, prefix, SETTINGS) for prefix in PREFIXES}
-        assert len(answers) == 1, (view, usage, answers)
+        first = policy.decide(policy.view(view), usage, None, SETTINGS)
+        if isinstance(first, ProbeFirst):
+            assert len(answers(policy, view, usage)) > 1, (view, usage)
+            seen["probed"] += 1
+        else:
+            assert answers(policy, view, usage) == {first}, (view, usage, first)
+            seen["unprobed"] += 1
+    assert seen == {"unprobed": unprobed, "probed": probed}
 
 
-@pytest.mark.parametrize("policy", list(POLICIES.values()), ids=list(POLICIES))
-def test_fewer_hits_never_turn_a_wait_into_an_admission(policy):
+@pytest.mark.parametrize("policy, waits", [(WATERMARK, 200), (WORKING_SET, 342)], ids=["watermark", "working_set"])
+def test_fewer_hits_never_turn_a_wait_into_an_admission(policy, waits):
     """What the gate relies on to re-decide a held turn on its last reading (hits only fall
     while a turn waits, HELD_READING_MAX_AGE_SEC): a prompt that waits with some of its
     blocks resident also waits with fewer of them resident."""
-    for view, usage, prefix in itertools.product(VIEWS, USAGES, PREFIXES):
-        if prefix is None or not isinstance(policy.decide(view, usage, prefix, SETTINGS), Wait):
+    checked = 0
+    for view, usage, prefix in itertools.product(VIEWS, USAGES, READINGS):
+        if not isinstance(policy.decide_read(policy.view(view), usage, prefix, SETTINGS), Wait):
             continue
+        checked += 1
         for hit in range(prefix.hit_blocks):
             colder = PrefixReading(prefix.total_blocks, hit, hit / prefix.total_blocks, prefix.total_tokens)
-            assert isinstance(policy.decide(view, usage, colder, SETTINGS), Wait), (view, usage, prefix, hit)
+            decision = policy.decide_read(policy.view(view), usage, colder, SETTINGS)
+            assert isinstance(decision, Wait), (view, usage, prefix, hit)
+    assert checked == waits
 
 
 @pytest.mark.parametrize("policy", list(POLICIES.values()), ids=list(POLICIES))
 def test_anonymous_never_holds_a_window(policy):
-    for usage, prefix in itertools.product(USAGES, PREFIXES):
-        decision = policy.decide(ANON, usage, prefix, SETTINGS)
+    anonymous = policy.view(ANON)
+    cases = 0
+    for usage, prefix in itertools.product(USAGES, [None, *PREFIXES]):
+        decision = policy.decide(anonymous, usage, prefix, SETTINGS)
+        assert not isinstance(decision, ProbeFirst)  # the watermark alone decides an anonymous turn
         assert not (isinstance(decision, Admit) and decision.window)
+        cases += 1
+    assert cases == len(USAGES) * (1 + len(PREFIXES))
 
 
 def test_registry():

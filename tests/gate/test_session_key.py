@@ -1,4 +1,4 @@
-"""The one bound on session ids (SPEC.md section 4, `gate.session_key`): over 512 bytes
+"""The one bound on session ids (docs/reference.md, `gate.session_key`): over 512 bytes
 of UTF-8, the SHA-256 hex digest; the proxy and the gates apply the same function."""
 
 from __future__ import annotations

@@ -6,25 +6,24 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.gate.book import TOKENS_PER_BYTE_WINDOW, SessionBook
-from kvgate.gate.policies import (
-    WORKING_SET,
-    AdmissionReason,
-    Admit,
-    GateView,
-    Wait,
-    WaitCause,
-    estimated_prompt_tokens,
+from kvgate.gate.book import TOKENS_PER_BYTE_WINDOW, SessionBook, SessionRecord
+from kvgate.gate.policies.economics import (
     evicted_window_blocks,
     holding_cost_sec,
     quiet_lifetime,
     reprefill_sec,
     unprobed_work_conserving,
     work_conserving,
-    working_set_decide,
 )
+from kvgate.gate.policies.pricing import estimated_prompt_tokens
+from kvgate.gate.policies.registry import WORKING_SET
+from kvgate.gate.policies.views import WorkingSetView
+from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Wait, WaitCause
+from kvgate.gate.policies.working_set import working_set_decide
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
+from kvgate.gate.turn_facts import TurnFacts
+from tests.gate.helpers import asks_probe
 
 SETTINGS = GateSettings()  # the defaults: quiet_factor 4, quiet_floor_sec 0.5, idle_grace_sec 60
 
@@ -98,9 +97,13 @@ def test_a_session_without_a_gap_uses_the_replicas():
 
 def test_the_book_learns_the_highest_recent_tokens_per_byte():
     """Every admitted turn with a prefix reading and a body bound records tokens per body
-    byte (bound - 512); the view carries the highest of the last 64, None before any."""
+    byte (bound - 512); a named turn's facts carry the highest of the last 64, None before any."""
     book = SessionBook(grace=60.0)
-    assert book.tokens_per_byte is None and book.view(None).tokens_per_byte is None
+
+    def facts(rec: SessionRecord | None) -> TurnFacts:
+        return TurnFacts(book, rec, 0, 1512, lambda: 0, None, 0.0, 0.0)
+
+    assert book.tokens_per_byte is None and facts(None).tokens_per_byte is None
 
     def probed_turn(key: str, tokens: int | None, bound: int | None) -> None:
         attempt = _Attempt()
@@ -116,7 +119,7 @@ def test_the_book_learns_the_highest_recent_tokens_per_byte():
     probed_turn("b", 400, 1312)  # 800 bytes: the highest so far
     probed_turn("c", 100, 1512)
     assert book.tokens_per_byte == 0.5
-    assert book.view(book.records["c"], prompt_bound_tokens=1512).tokens_per_byte == 0.5
+    assert facts(book.records["c"]).tokens_per_byte == 0.5 and facts(None).tokens_per_byte is None
     for _ in range(TOKENS_PER_BYTE_WINDOW - 1):  # b's reading is pushed out of the window
         probed_turn("c", 100, 1512)
     assert book.tokens_per_byte == 0.1
@@ -131,7 +134,7 @@ UNMEASURED = UsageReading(0.8, 100, 20, 16)
 # The turn: a 40-block prompt, 10 blocks cached (30 new), 32 output tokens (2 blocks).
 PROMPT = PrefixReading(total_blocks=40, hit_blocks=10, hit_ratio=0.25, total_tokens=640)
 # 60 blocks in idle windows of other sessions: none of them fit beside this turn.
-BUSY = GateView(
+BUSY = WorkingSetView(
     idle_window_blocks=60, older_window_blocks=80, max_output_tokens=32, last_prompt_tokens=600, last_growth_tokens=40
 )
 
@@ -141,10 +144,14 @@ def test_reprefill_and_holding_cost_by_hand():
     # none free outside idle windows (20 - 60 < 0) -> all 32 out of idle windows. The larger: 32.
     assert evicted_window_blocks(BUSY, MEASURED, PROMPT, 20 - 60, 100) == 32
     # no window in the books; 10 free outside idle windows: 22 out of them, at most their 10
-    assert evicted_window_blocks(GateView(idle_window_blocks=10, max_output_tokens=32), MEASURED, PROMPT, 10, 100) == 10
+    assert (
+        evicted_window_blocks(WorkingSetView(idle_window_blocks=10, max_output_tokens=32), MEASURED, PROMPT, 10, 100)
+        == 10
+    )
     # books only: 90 in windows (none idle), 10 spare: 22 of theirs
     assert (
-        evicted_window_blocks(GateView(older_window_blocks=90, max_output_tokens=32), MEASURED, PROMPT, 20, 100) == 22
+        evicted_window_blocks(WorkingSetView(older_window_blocks=90, max_output_tokens=32), MEASURED, PROMPT, 20, 100)
+        == 22
     )
     assert reprefill_sec(32, MEASURED) == pytest.approx(0.032)  # 512 tokens at 16,000/s
     assert reprefill_sec(32, UNMEASURED) is None
@@ -155,7 +162,7 @@ def test_reprefill_and_holding_cost_by_hand():
         0.8, 100, 20, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01, prefill_share=0.75
     )
     assert holding_cost_sec(BUSY, prefill_bound) == pytest.approx(0.04)
-    idle = GateView(max_output_tokens=1, replica_idle_sec=0.2, expected_gap_sec=0.5, waited_sec=0.1)
+    idle = WorkingSetView(max_output_tokens=1, replica_idle_sec=0.2, expected_gap_sec=0.5, waited_sec=0.1)
     assert holding_cost_sec(idle, MEASURED) == pytest.approx(0.5)  # idle: the gap before a holder returns
 
 
@@ -171,7 +178,7 @@ def test_a_held_admission():
     tokens) cost 0.17 s of re-prefill, more than the 10 ms of decode it would share (5 ms
     at half its worth): held."""
     long_prompt = PrefixReading(total_blocks=110, hit_blocks=5, hit_ratio=0.05, total_tokens=1760)
-    view = GateView(idle_window_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700)
+    view = WorkingSetView(idle_window_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700)
     usage = UsageReading(0.8, 200, 60, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
     decision = working_set_decide(view, usage, long_prompt, SETTINGS)
     # needs 105 + 1 blocks, free outside idle windows 0 -> 60 come out of the idle windows (all of them)
@@ -179,7 +186,7 @@ def test_a_held_admission():
     assert "re-prefill 0.170s > holding cost 0.005s" in decision.why
     assert decision.recheck_sec is None  # busy: only a release can change the balance
     # the same turn on an idle replica that has waited 40 ms of idle time: recheck in 130 ms
-    idle = GateView(
+    idle = WorkingSetView(
         idle_window_blocks=60,
         older_window_blocks=20,
         max_output_tokens=1,
@@ -192,7 +199,7 @@ def test_a_held_admission():
     assert isinstance(held, Wait) and held.recheck_sec == pytest.approx(0.13)
     # ... and once it has waited, idle, as long as the re-prefill (ski rental): admitted
     assert working_set_decide(
-        GateView(**{**_fields(idle), "replica_idle_sec": 0.17, "waited_sec": 0.2}), usage, long_prompt, SETTINGS
+        WorkingSetView(**{**_fields(idle), "replica_idle_sec": 0.17, "waited_sec": 0.2}), usage, long_prompt, SETTINGS
     ) == Admit(AdmissionReason.WORK_CONSERVING)
 
 
@@ -203,7 +210,7 @@ def test_a_prefill_bound_engine_holds_what_a_decode_bound_one_admits():
     worth). A decode-bound engine (prefill share 0) has all of it to spare: admitted. A
     prefill-bound one (share 0.8) only 0.08 s: held."""
     prompt = PrefixReading(total_blocks=160, hit_blocks=0, hit_ratio=0.0, total_tokens=2560)
-    view = GateView(older_window_blocks=500, idle_window_blocks=0, max_output_tokens=8, last_prompt_tokens=2400)
+    view = WorkingSetView(older_window_blocks=500, idle_window_blocks=0, max_output_tokens=8, last_prompt_tokens=2400)
 
     def usage(share):
         return UsageReading(0.9, 512, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.1, prefill_share=share)
@@ -223,7 +230,7 @@ def test_no_measurement_yet_holds_and_the_knob_turns_it_off():
 
 
 def test_a_holder_that_no_longer_fits_goes_in_work_conserving_without_its_window():
-    holder = GateView(
+    holder = WorkingSetView(
         has_window=True,
         idle_window_blocks=60,
         older_window_blocks=80,
@@ -241,20 +248,20 @@ def test_a_newcomer_behind_others_is_decided_at_once_but_only_work_conserving():
     and goes in `work_conserving` when the rule says so (BUSY's numbers: 72 ms of
     re-prefill against 160 ms of decode slack), but never takes a window before them,
     even where one would fit."""
-    behind = GateView(**{**_fields(BUSY), "waiters_ahead": 3, "prompt_bound_tokens": None})
-    assert WORKING_SET.needs_prefix_probe(behind, MEASURED, SETTINGS)
+    behind = WorkingSetView(**{**_fields(BUSY), "waiters_ahead": 3, "prompt_bound_tokens": None})
+    assert asks_probe(WORKING_SET, behind, MEASURED, SETTINGS)
     assert working_set_decide(behind, MEASURED, PROMPT, SETTINGS) == Admit(AdmissionReason.WORK_CONSERVING)
     # a roomy replica: a head newcomer gets a window ((640 + 32) / 16 = 42 blocks), one behind
     # others only goes in work-conserving
     roomy = UsageReading(0.1, 100, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
-    assert working_set_decide(GateView(max_output_tokens=32), roomy, PROMPT, SETTINGS) == Admit(
+    assert working_set_decide(WorkingSetView(max_output_tokens=32), roomy, PROMPT, SETTINGS) == Admit(
         AdmissionReason.WINDOW_FITS, window=True, footprint=42
     )
-    assert working_set_decide(GateView(max_output_tokens=32, waiters_ahead=1), roomy, PROMPT, SETTINGS) == Admit(
+    assert working_set_decide(WorkingSetView(max_output_tokens=32, waiters_ahead=1), roomy, PROMPT, SETTINGS) == Admit(
         AdmissionReason.WORK_CONSERVING
     )
     # held: a 1-token turn whose own 40 blocks (640 tokens, 40 ms) outweigh 5 ms of slack
-    held = working_set_decide(GateView(max_output_tokens=1, waiters_ahead=1), roomy, PROMPT, SETTINGS)
+    held = working_set_decide(WorkingSetView(max_output_tokens=1, waiters_ahead=1), roomy, PROMPT, SETTINGS)
     assert held == Wait(
         WaitCause.BEHIND_WAITERS,
         "behind 1 waiting sessions (first come, first served); re-prefill 0.040s > holding cost 0.005s",
@@ -262,7 +269,7 @@ def test_a_newcomer_behind_others_is_decided_at_once_but_only_work_conserving():
     )
     # without a measurement or with the rule off: not probed, it waits its turn
     for usage, settings in ((UNMEASURED, SETTINGS), (MEASURED, GateSettings(work_conserving=False))):
-        assert not WORKING_SET.needs_prefix_probe(behind, usage, settings)
+        assert not asks_probe(WORKING_SET, behind, usage, settings)
         assert working_set_decide(behind, usage, None, settings) == Wait(
             WaitCause.BEHIND_WAITERS, "behind 3 waiting sessions (first come, first served)"
         )
@@ -276,7 +283,7 @@ def test_a_cheap_newcomer_goes_in_without_a_probe():
     so 34 come out of the windows; with its own 48 unprotected, 82 blocks (82 ms at one
     block per ms) at risk, against 32 decode steps of 10 ms at half their worth (160 ms):
     admitted even at its worst case, so it is not probed."""
-    view = GateView(
+    view = WorkingSetView(
         older_window_blocks=80,
         max_output_tokens=32,
         last_prompt_tokens=600,
@@ -284,9 +291,9 @@ def test_a_cheap_newcomer_goes_in_without_a_probe():
         prompt_bound_tokens=1100,
         waiters_ahead=1,
     )
-    for head_or_behind in (view, GateView(**{**_fields(view), "waiters_ahead": 0})):
+    for head_or_behind in (view, WorkingSetView(**{**_fields(view), "waiters_ahead": 0})):
         assert unprobed_work_conserving(head_or_behind, MEASURED, SETTINGS)
-        assert not WORKING_SET.needs_prefix_probe(head_or_behind, MEASURED, SETTINGS)
+        assert not asks_probe(WORKING_SET, head_or_behind, MEASURED, SETTINGS)
         for prefix in (None, PROMPT):
             assert working_set_decide(head_or_behind, MEASURED, prefix, SETTINGS) == Admit(
                 AdmissionReason.WORK_CONSERVING
@@ -300,9 +307,9 @@ def test_a_cheap_newcomer_goes_in_without_a_probe():
         ({}, MEASURED, GateSettings(work_conserving=False), False),
         ({}, UNMEASURED, SETTINGS, False),
     ):
-        other = GateView(**{**_fields(view), **changed})
+        other = WorkingSetView(**{**_fields(view), **changed})
         assert not unprobed_work_conserving(other, usage, settings)
-        assert WORKING_SET.needs_prefix_probe(other, usage, settings) is probed, changed
+        assert asks_probe(WORKING_SET, other, usage, settings) is probed, changed
 
 
 @pytest.mark.parametrize(
@@ -319,7 +326,7 @@ def test_a_cheap_newcomer_goes_in_without_a_probe():
     ],
 )
 def test_estimated_prompt_tokens(changed, tokens):
-    view = GateView(**{**_fields(GateView(prompt_bound_tokens=1512)), **changed})
+    view = WorkingSetView(**{**_fields(WorkingSetView(prompt_bound_tokens=1512)), **changed})
     assert estimated_prompt_tokens(view) == tokens
 
 
@@ -332,19 +339,19 @@ def test_a_newcomer_goes_in_unprobed_at_its_estimated_price():
     The replica's prompts have run at most 0.25 tokens a byte: 250 tokens (16 blocks),
     18 to allocate, 2 out of the windows, 18 ms at risk: admitted `work_conserving`
     without a probe, whatever the probe would have said."""
-    view = GateView(older_window_blocks=80, max_output_tokens=32, prompt_bound_tokens=1512)
+    view = WorkingSetView(older_window_blocks=80, max_output_tokens=32, prompt_bound_tokens=1512)
     assert not unprobed_work_conserving(view, MEASURED, SETTINGS)
-    assert WORKING_SET.needs_prefix_probe(view, MEASURED, SETTINGS)
-    estimated = GateView(**{**_fields(view), "tokens_per_byte": 0.25})
+    assert asks_probe(WORKING_SET, view, MEASURED, SETTINGS)
+    estimated = WorkingSetView(**{**_fields(view), "tokens_per_byte": 0.25})
     assert unprobed_work_conserving(estimated, MEASURED, SETTINGS)
-    assert not WORKING_SET.needs_prefix_probe(estimated, MEASURED, SETTINGS)
+    assert not asks_probe(WORKING_SET, estimated, MEASURED, SETTINGS)
     for prefix in (None, PROMPT, PrefixReading(total_blocks=95, hit_blocks=0, hit_ratio=0.0, total_tokens=1512)):
         assert working_set_decide(estimated, MEASURED, prefix, SETTINGS) == Admit(AdmissionReason.WORK_CONSERVING)
     # a holder is still probed: the exact price may keep its window
-    holder = GateView(**{**_fields(estimated), "has_window": True})
+    holder = WorkingSetView(**{**_fields(estimated), "has_window": True})
     assert not unprobed_work_conserving(holder, MEASURED, SETTINGS)
-    assert WORKING_SET.needs_prefix_probe(holder, MEASURED, SETTINGS)
+    assert asks_probe(WORKING_SET, holder, MEASURED, SETTINGS)
 
 
-def _fields(view: GateView) -> dict:
-    return {name: getattr(view, name) for name in GateView.__slots__}
+def _fields(view: WorkingSetView) -> dict:
+    return {name: getattr(view, name) for name in WorkingSetView.__slots__}

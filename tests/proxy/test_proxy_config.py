@@ -11,7 +11,7 @@ import pytest
 from kvgate.balancer.balancer import ALGORITHMS
 from kvgate.balancer.settings import ReplicaSettings
 from kvgate.gate.gate import MODES
-from kvgate.gate.policies import POLICIES
+from kvgate.gate.policies.registry import POLICIES
 from kvgate.proxy.config import ConfigError, load_settings, settings_from_dict
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import ROLES

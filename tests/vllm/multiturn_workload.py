@@ -8,7 +8,7 @@ re-tokenisation quirks cannot differ between them. Sessions start within
 ``start_spread_sec`` of each other and wait a tool latency of 0.5-1.5 x
 ``tool_latency_sec`` between turns (seeded, so both runs see the same timings); the
 session id travels in the ``x-session-id`` header, and with ``send_finish`` the last
-turn carries ``x-session-finish: true`` (SPEC.md sections 3 and 4); without it no turn
+turn carries ``x-session-finish: true`` (docs/reference.md); without it no turn
 does, as with an agent built on a plain OpenAI SDK.
 """
 

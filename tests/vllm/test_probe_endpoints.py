@@ -1,4 +1,4 @@
-"""The probe endpoints on a real vLLM CPU server (SPEC.md section 6).
+"""The probe endpoints on a real vLLM CPU server (docs/reference.md).
 
 All tests share one server (conftest.vllm_server). Tests that need a known cache
 state reset vLLM's prefix cache first; the others use prompts no other test sends.

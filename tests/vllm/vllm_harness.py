@@ -431,7 +431,7 @@ class KvgateProxy:
 
     @staticmethod
     def write_config(path: Path, port: int, replica_url: str, gate: dict) -> None:
-        """A kvgate YAML config (SPEC.md section 3) with one vLLM replica named v0."""
+        """A kvgate YAML config (docs/reference.md) with one vLLM replica named v0."""
         lines = [
             f"listen: {{host: 127.0.0.1, port: {port}}}",
             "replicas:",

@@ -15,8 +15,8 @@ Presets (``MODEL_PRESETS``; both share the tokenizer):
   showing what a prefix-cache hit saves.
 - ``prefill``: 8 layers of width 512 (GQA 8/2 heads, head_dim 64), about 44 MB, sized
   so that on a 2-core CPU a cold prefill of a 1,000-2,000-token agent context costs
-  at least a short turn's decode (DESIGN.md section 6: ~0.2 s for 1,200 tokens,
-  ~1.4 s for 4,000, 0.1-0.4 s for 16 decode steps). The real-vLLM `vllm-prefill`
+  at least a short turn's decode, as on a real model serving long contexts. The
+  real-vLLM `vllm-prefill`
   benchmark regime runs on it.
 """
 

@@ -1,0 +1,136 @@
+"""The economics of holding: what a window's idle life and a held turn cost the replica.
+
+- An idle window lives `quiet_lifetime`: a few of its session's usual gaps between turns.
+- The work-conserving rule (`work_conserving`): a held turn goes in, without a window,
+  when holding it back leaves more of the replica's compute unused
+  (`holding_cost_sec`) than its admission makes the replica spend computing again the
+  windows' blocks it pushes out (`reprefill_sec` of `evicted_window_blocks`).
+Without a measured prefill throughput there is no price, and the turn is held.
+"""
+
+from __future__ import annotations
+
+from kvgate.gate.policies.pricing import estimated_prompt_tokens, free_budget, usable_blocks
+from kvgate.gate.policies.views import WorkingSetView
+from kvgate.gate.policies.vocabulary import Wait, WaitCause
+from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.settings import GateSettings
+from kvgate.wire.blocks import cdiv
+
+
+def quiet_lifetime(
+    session_gap: float | None, replica_gap: float | None, factor: float, floor: float, ceiling: float
+) -> float:
+    """How long an idle window lives: `factor` x the session's usual gap between turns
+    (else the replica's, for a session with no gap yet), at least `floor`, at most
+    `ceiling` (`idle_grace_sec`). A session that ends without saying so frees its
+    window about `factor` tool calls after its last turn instead of after the grace.
+    With no gap measured anywhere: the floor."""
+    gap = session_gap if session_gap is not None else replica_gap
+    lifetime = floor if gap is None else max(floor, factor * gap)
+    return max(0.0, min(lifetime, ceiling))
+
+
+def reprefill_sec(evicted_blocks: int, usage: UsageReading) -> float | None:
+    """Seconds the replica will spend computing again `evicted_blocks` of other sessions'
+    windows, at its measured prefill throughput; None without a measurement."""
+    if not usage.prefill_tokens_per_sec or not usage.block_size:
+        return None
+    return max(0, evicted_blocks) * usage.block_size / usage.prefill_tokens_per_sec
+
+
+# A busy replica's decode slack must exceed the re-prefill twice over (see holding_cost_sec).
+# At 1, on the simulated prefill-bound regimes, sessions went in work-conserving while
+# their contexts were short and came back cold (0.73x sticky, 0.52 of the ceiling).
+DECODE_SLACK_MARGIN = 2.0
+
+
+def holding_cost_sec(view: WorkingSetView, usage: UsageReading) -> float:
+    """Engine time that holding the turn back leaves unused.
+
+    - on a busy replica: the part of its decode (`max_output_tokens` x the measured
+      decode step) that batching would give for free, i.e. outside the engine's
+      measured prefill share (a decode-bound engine takes another sequence into its
+      batch at almost no cost, a prefill-bound one has no such slack), counted at
+      1 / DECODE_SLACK_MARGIN: the slack is a forecast, the re-prefill a certainty, and
+      a session admitted without a window grows into dearer turns;
+    - on an idle replica, also the idle time ahead (the replica's expected gap before
+      a holder in a tool call returns) and the idle time it already waited (the
+      ski-rental rule: never wait, idle, longer than the re-prefill it would cause).
+    """
+    slack = 1.0 - (usage.prefill_share or 0.0)
+    cost = view.max_output_tokens * (usage.decode_step_sec or 0.0) * slack / DECODE_SLACK_MARGIN
+    if view.replica_idle_sec is not None:
+        cost = max(cost, view.expected_gap_sec or 0.0, min(view.replica_idle_sec, view.waited_sec))
+    return cost
+
+
+def work_conserving(
+    view: WorkingSetView, usage: UsageReading, evicted_blocks: int, settings: GateSettings
+) -> Wait | None:
+    """None: admit the held turn `work_conserving`, its admission causes less re-prefill
+    (`reprefill_sec` of the `evicted_blocks` it pushes out of other windows) than the
+    compute holding it leaves unused (`holding_cost_sec`). Else the Wait to return,
+    with a recheck time when waiting on an idle replica will tip the balance.
+    No prefill measurement yet: hold."""
+    reprefill = reprefill_sec(evicted_blocks, usage) if settings.work_conserving else None
+    if reprefill is None:
+        return Wait(WaitCause.WORTH_HOLDING, "no prefill-throughput measurement: holding")
+    holding = holding_cost_sec(view, usage)
+    if reprefill <= holding:
+        return None
+    recheck = None
+    if view.replica_idle_sec is not None:
+        recheck = reprefill - min(view.replica_idle_sec, view.waited_sec)
+    return Wait(
+        WaitCause.WORTH_HOLDING, f"re-prefill {reprefill:.3f}s > holding cost {holding:.3f}s", recheck_sec=recheck
+    )
+
+
+def evicted_window_blocks(
+    view: WorkingSetView, usage: UsageReading, prefix: PrefixReading, budget: int, usable: int
+) -> int:
+    """Blocks of other sessions' windows that admitting this turn (without a window)
+    pushes out of the cache, now or when they go idle.
+
+    The turn allocates its prompt's new blocks and its output's (`need`). In the gate's
+    books the windows older than it (all of them for a newcomer) own their footprints;
+    what `need` takes beyond the rest of the `usable` blocks comes out of theirs. In
+    vLLM's view, what it takes beyond `budget` (the free blocks outside idle windows
+    and headroom) comes out of idle windows' cached blocks now. The larger of the two,
+    at most the windows' blocks.
+    """
+    block_size = usage.block_size or 1
+    need = prefix.new_blocks + cdiv(view.max_output_tokens, block_size)
+    windows = view.older_window_blocks
+    spare = usable - windows
+    by_books = min(windows, need - max(0, spare))
+    by_engine = min(view.idle_window_blocks, need - max(0, budget))
+    return max(0, by_books, by_engine)
+
+
+def can_work_conserve(usage: UsageReading, settings: GateSettings) -> bool:
+    """The work-conserving rule is on and has the replica's prefill throughput to price with."""
+    return settings.work_conserving and reprefill_sec(0, usage) is not None
+
+
+def unprobed_work_conserving(view: WorkingSetView, usage: UsageReading, settings: GateSettings) -> bool:
+    """Whether a newcomer goes in `work_conserving` without a prefix probe: the rule
+    admits it at its estimated price (its prompt at `estimated_prompt_tokens`, none of
+    it cached). Asking would only make it wait for the probe, which a CPU engine answers
+    between two scheduler steps, and load the server's API process, which renders and
+    tokenizes the whole chat for it. A window the exact price might have given it is
+    not worth that: it would protect a prefix whose re-prefill costs less than holding
+    the turn. (A turn whose upper bound fits a window gets one first: `bounded_footprint`.)
+    """
+    if view.has_window or not can_work_conserve(usage, settings) or not usage.has_blocks:
+        return False
+    tokens = estimated_prompt_tokens(view)
+    if tokens is None:
+        return False
+    assert usage.block_size  # has_blocks
+    blocks = cdiv(tokens, usage.block_size)
+    cold = PrefixReading(total_blocks=blocks, hit_blocks=0, hit_ratio=0.0, total_tokens=tokens)
+    budget, usable = free_budget(view, usage, settings), usable_blocks(usage, settings)
+    at_risk = evicted_window_blocks(view, usage, cold, budget, usable) + blocks
+    return work_conserving(view, usage, at_risk, settings) is None

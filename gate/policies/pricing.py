@@ -1,0 +1,152 @@
+"""A turn's price in KV-cache blocks: exact from a prefix reading, or bounded and
+estimated from its body, and the blocks the working_set policy may hand out.
+
+Windows are priced at bounds or exact sizes (an under-priced window would over-commit
+the cache); `estimated_prompt_tokens` is the one estimate, for the work-conserving
+rule, whose admissions hold no window.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvgate.gate.policies.request_body import body_bytes
+from kvgate.gate.policies.views import WorkingSetView
+from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.settings import GateSettings
+from kvgate.wire.blocks import cdiv
+
+# Tokens a session's prompt may have gained since its last exact size beyond its body's
+# byte growth: the template markers of appended messages are fewer than the bytes of
+# their JSON wrappers, so this only covers small rewrites of earlier messages.
+HISTORY_MARGIN_TOKENS = 64
+
+
+def history_bound(view: WorkingSetView) -> int | None:
+    """The tightest upper bound on the prompt's tokens: the body-length bound, or, for a
+    session with an exact size on record, that size plus the body's growth since
+    (+ HISTORY_MARGIN_TOKENS), whichever is smaller. None: no bound (media)."""
+    bound = view.prompt_bound_tokens
+    if bound is None or view.last_prompt_tokens is None or view.last_prompt_bound is None:
+        return bound
+    grown = view.last_prompt_tokens + max(0, bound - view.last_prompt_bound) + HISTORY_MARGIN_TOKENS
+    return min(bound, grown)
+
+
+def estimated_prompt_tokens(view: WorkingSetView) -> int | None:
+    """The prompt's expected tokens, for the work-conserving rule's price: never above
+    `history_bound`, and at the replica's observed `tokens_per_byte` (the highest of its
+    recent probed turns) when there is one: the session's exact size on record plus its
+    body's growth since at that ratio, or, without history, its whole body at that ratio.
+
+    An estimate, not a bound: windows are priced at bounds (an under-priced window would
+    over-commit the cache), but a `work_conserving` admission holds no window, and its
+    rule is an economic judgment that a bound 2-5x the real prompt (a token per byte,
+    plus a template margin that a short prompt does not use) would turn into a hold or
+    a probe it did not need.
+    """
+    bound = history_bound(view)
+    ratio = view.tokens_per_byte
+    if bound is None or ratio is None or view.prompt_bound_tokens is None:
+        return bound
+    if view.last_prompt_tokens is not None and view.last_prompt_bound is not None:
+        grown_bytes = max(0, view.prompt_bound_tokens - view.last_prompt_bound)
+        estimate = view.last_prompt_tokens + math.ceil(grown_bytes * ratio)
+    else:
+        estimate = math.ceil(body_bytes(view.prompt_bound_tokens) * ratio)
+    return min(bound, estimate)
+
+
+def footprint_blocks(prefix: PrefixReading, usage: UsageReading, max_output_tokens: int, growth_tokens: int = 0) -> int:
+    """Blocks a turn occupies by the end of its generation: ceil((prompt + output) / block_size).
+
+    With `growth_tokens` it is the *anticipated* footprint: ceil((prompt + output +
+    growth) / block_size), what the session will need on its next turn if it grows as
+    it did on its last (`turn_growth_tokens`). Needs `prefix.total_tokens` and
+    `usage.block_size`; without the first it is the prompt's full blocks plus the
+    output's and the growth's blocks, without the block size only the prompt's full
+    blocks (the probe API always reports both).
+    """
+    block_size = usage.block_size
+    if not block_size:
+        return prefix.total_blocks
+    if prefix.total_tokens:
+        return cdiv(prefix.total_tokens + max_output_tokens + growth_tokens, block_size)
+    return prefix.total_blocks + cdiv(max_output_tokens + growth_tokens, block_size)
+
+
+def turn_growth_tokens(
+    prompt_tokens: int | None, last_prompt_tokens: int | None, last_growth_tokens: int, mean_growth_tokens: int
+) -> int:
+    """Prompt tokens a session added per turn, from its recorded sizes; never negative.
+
+    - no history (`last_prompt_tokens` None) or no token count: `mean_growth_tokens`
+      (the replica's mean observed growth per turn; 0 before any observation).
+    - a prompt larger than the last: the difference (tokens added since the last turn).
+    - the same prompt (a re-sent turn): `last_growth_tokens`, the growth it last showed.
+    - a smaller prompt (the context was compacted): 0.
+    """
+    if last_prompt_tokens is None or not prompt_tokens:
+        return max(0, mean_growth_tokens)
+    if prompt_tokens == last_prompt_tokens:
+        return max(0, last_growth_tokens)
+    return max(0, prompt_tokens - last_prompt_tokens)
+
+
+def usable_blocks(usage: UsageReading, settings: GateSettings) -> int:
+    """The blocks windows may hold: the replica's total less `headroom_blocks`."""
+    assert usage.num_total_blocks is not None
+    return usage.num_total_blocks - settings.headroom_blocks
+
+
+def free_budget(view: WorkingSetView, usage: UsageReading, settings: GateSettings) -> int:
+    """vLLM's free blocks a newcomer may take: outside other sessions' idle windows and
+    the headroom (may be negative)."""
+    assert usage.num_free_blocks is not None
+    return usage.num_free_blocks - view.idle_window_blocks - settings.headroom_blocks
+
+
+def bounded_footprint(view: WorkingSetView, usage: UsageReading, settings: GateSettings) -> int | None:
+    """The footprint to admit a turn at without a prefix probe, or None to probe.
+
+    The turn is priced at its upper bound (`history_bound` + output allowance +
+    growth, in blocks). If even that fits behind the older windows, and, for a
+    newcomer, fits vLLM's free blocks outside idle windows and headroom, the exact
+    price cannot change the answer, so the probe (a round trip into the engine
+    core, up to one scheduler step) is skipped: when caches are not full a turn
+    costs one shared usage reading. Windows priced this way are over-priced until
+    their holder's next probed turn re-prices them; that only makes the policy probe
+    sooner.
+    """
+    bound = history_bound(view)
+    if bound is None or not usage.block_size:
+        return None
+    assert usage.num_total_blocks is not None and usage.num_free_blocks is not None
+    growth = view.last_growth_tokens if view.last_prompt_tokens is not None else view.mean_growth_tokens
+    tokens = bound + view.max_output_tokens + growth
+    footprint = cdiv(tokens, usage.block_size)
+    if footprint + view.older_window_blocks > usable_blocks(usage, settings):
+        return None
+    if not view.has_window:
+        prompt_blocks = bound // usage.block_size
+        if prompt_blocks > free_budget(view, usage, settings):
+            return None
+    return footprint
+
+
+def reprice_threshold(usage: UsageReading, settings: GateSettings) -> int:
+    """Window blocks above which a window priced at its upper bound gets its exact price
+    (`Admit.reprice_above`): half the usable blocks. Below that, over-priced windows
+    cannot hold anyone back (a bound that fits skips the probe), so no probe is spent."""
+    return usable_blocks(usage, settings) // 2
+
+
+def window_footprint(view: WorkingSetView, usage: UsageReading, prefix: PrefixReading, settings: GateSettings) -> int:
+    """The exact price of the deciding session's window: the anticipated footprint
+    (prompt + output allowance + its growth per turn), capped at the usable blocks so
+    that a large allowance alone never strands a turn. Needs block counts."""
+    assert usage.num_total_blocks is not None
+    growth = turn_growth_tokens(
+        prefix.total_tokens, view.last_prompt_tokens, view.last_growth_tokens, view.mean_growth_tokens
+    )
+    return min(footprint_blocks(prefix, usage, view.max_output_tokens, growth), usable_blocks(usage, settings))

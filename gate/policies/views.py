@@ -1,0 +1,146 @@
+"""What each policy reads: one view type per policy, built from the gate's facts.
+
+The shell offers every fact it knows about the deciding turn as a `GateFacts` (each
+computed when read); a policy's view type reads the ones that policy decides on
+(`Policy.view`), so a policy is handed nothing it does not read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class GateFacts(Protocol):
+    """Everything the gate can tell a policy about the deciding turn and its replica.
+
+    anonymous: the request has no session id (it never holds a window).
+    has_window: the session holds a live (unexpired) window on this replica.
+    idle_window_blocks: the footprints of *other* sessions' idle windows.
+    older_window_blocks: the footprints of the windows that rank before this session's
+      own (opened earlier), in flight or idle; all windows when the session holds none.
+    max_output_tokens: the request's output allowance (`output_allowance(body)`).
+    waiters_ahead: named sessions queued at the gate ahead of this attempt (all of
+      them for an attempt not queued yet).
+    last_prompt_tokens: the prompt tokens of the session's last admitted turn on this
+      replica with a prefix reading (None: no history).
+    last_growth_tokens: the growth per turn the session last showed (`turn_growth_tokens`),
+      kept for a re-sent turn whose prompt did not change.
+    mean_growth_tokens: the replica's mean observed growth per turn, the price of a
+      session's growth before it has any history.
+    prompt_bound_tokens: an upper bound on the prompt's tokens read off the body
+      (`prompt_token_bound`), or None when the body admits no cheap bound.
+    last_prompt_bound: the body-length bound of the turn `last_prompt_tokens` was read
+      for; a session with history is bounded by its exact size plus its body's growth
+      since (`history_bound`).
+    replica_idle_sec: how long the replica has had no turn in flight (through this gate,
+      and none running or waiting in the engine where it says so); None while busy.
+    expected_gap_sec: the replica's smoothed gap between a session's turns (the idle
+      time before a holder in a tool call comes back); None before any gap was seen.
+    waited_sec: how long this attempt has been held so far.
+    tokens_per_byte: the replica's recent highest ratio of a probed prompt's tokens to
+      its body's bytes (`SessionBook.tokens_per_byte`), None before any probe.
+    An anonymous turn has only `anonymous` and `max_output_tokens`; the rest read as
+    their defaults (False, 0, None).
+    """
+
+    @property
+    def anonymous(self) -> bool: ...
+    @property
+    def has_window(self) -> bool: ...
+    @property
+    def idle_window_blocks(self) -> int: ...
+    @property
+    def older_window_blocks(self) -> int: ...
+    @property
+    def max_output_tokens(self) -> int: ...
+    @property
+    def waiters_ahead(self) -> int: ...
+    @property
+    def last_prompt_tokens(self) -> int | None: ...
+    @property
+    def last_growth_tokens(self) -> int: ...
+    @property
+    def mean_growth_tokens(self) -> int: ...
+    @property
+    def prompt_bound_tokens(self) -> int | None: ...
+    @property
+    def last_prompt_bound(self) -> int | None: ...
+    @property
+    def replica_idle_sec(self) -> float | None: ...
+    @property
+    def expected_gap_sec(self) -> float | None: ...
+    @property
+    def waited_sec(self) -> float: ...
+    @property
+    def tokens_per_byte(self) -> float | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkView:
+    """What the watermark policy reads: whether the turn is anonymous and whether its
+    session holds a window (`GateFacts` says what each means)."""
+
+    anonymous: bool = False
+    has_window: bool = False
+
+    @classmethod
+    def read(cls, facts: GateFacts) -> WatermarkView:
+        return cls(anonymous=facts.anonymous, has_window=facts.has_window)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkingSetView:
+    """What the working_set policy reads (`GateFacts` says what each field means).
+
+    The windows: `has_window`, `idle_window_blocks`, `older_window_blocks`,
+    `waiters_ahead` (its newcomers get windows in strict FIFO order). The turn's price:
+    `max_output_tokens`, the session's recorded sizes (`last_prompt_tokens`,
+    `last_growth_tokens`, `last_prompt_bound`), `mean_growth_tokens`,
+    `prompt_bound_tokens` (a turn whose bound fits is admitted without a prefix probe)
+    and `tokens_per_byte` (the work-conserving rule's estimate of an unprobed prompt).
+    The work-conserving rule's holding cost: `replica_idle_sec`, `expected_gap_sec`,
+    `waited_sec`. Anonymous turns, and replicas without block counts, are decided by
+    the watermark policy (`watermark`).
+    """
+
+    anonymous: bool = False
+    has_window: bool = False
+    idle_window_blocks: int = 0
+    older_window_blocks: int = 0
+    max_output_tokens: int = 0
+    waiters_ahead: int = 0
+    last_prompt_tokens: int | None = None
+    last_growth_tokens: int = 0
+    mean_growth_tokens: int = 0
+    prompt_bound_tokens: int | None = None
+    last_prompt_bound: int | None = None
+    replica_idle_sec: float | None = None
+    expected_gap_sec: float | None = None
+    waited_sec: float = 0.0
+    tokens_per_byte: float | None = None
+
+    @classmethod
+    def read(cls, facts: GateFacts) -> WorkingSetView:
+        return cls(
+            anonymous=facts.anonymous,
+            has_window=facts.has_window,
+            idle_window_blocks=facts.idle_window_blocks,
+            older_window_blocks=facts.older_window_blocks,
+            max_output_tokens=facts.max_output_tokens,
+            waiters_ahead=facts.waiters_ahead,
+            last_prompt_tokens=facts.last_prompt_tokens,
+            last_growth_tokens=facts.last_growth_tokens,
+            mean_growth_tokens=facts.mean_growth_tokens,
+            prompt_bound_tokens=facts.prompt_bound_tokens,
+            last_prompt_bound=facts.last_prompt_bound,
+            replica_idle_sec=facts.replica_idle_sec,
+            expected_gap_sec=facts.expected_gap_sec,
+            waited_sec=facts.waited_sec,
+            tokens_per_byte=facts.tokens_per_byte,
+        )
+
+    @property
+    def watermark(self) -> WatermarkView:
+        """The same turn as the watermark policy sees it (this policy's fallback)."""
+        return WatermarkView(anonymous=self.anonymous, has_window=self.has_window)

@@ -1,0 +1,144 @@
+"""The working_set policy: a working-set admission control priced by the gate's own books,
+made work-conserving, with windows that end when their session goes quiet.
+
+Every window has a footprint in blocks (anticipated: the prompt, the output allowance
+and the session's growth per turn), windows rank by when they opened, and a turn fits
+if its footprint plus the footprints of the windows older than its own fits the usable
+blocks. The decision table, row by row, is docs/gate.md's (`working_set`).
+
+Terms: usable = num_total_blocks - headroom_blocks; a turn's footprint is its
+anticipated window price (`window_footprint`, capped at usable), or its upper bound
+(`bounded_footprint`) when the prefix probe is skipped; a holder is a session with a
+window, a newcomer one without.
+
+Invariants (each has a table test):
+- Every window admitted or renewed here fits behind the older windows: its
+  footprint plus `older_window_blocks` <= usable. So the windows' footprints,
+  summed oldest first, stay within usable, and the oldest holder always fits.
+  `work_conserving` admissions hold no window, so they never break this.
+- A newcomer also fits vLLM's own view (new_blocks <= free blocks outside idle
+  windows and headroom), which sees traffic the gate does not.
+- A newcomer with named waiters ahead gets no window before them (windows go in
+  FIFO order); it goes in `work_conserving` or waits (without a probe where the rule
+  cannot admit it). A holder is decided on its merits, whatever waits.
+- A turn whose upper bound fits gets its window without a probe (`bounded_footprint`);
+  a newcomer that the work-conserving rule admits at its estimated price goes in
+  without one (`unprobed_work_conserving`). Every other named turn is priced from its
+  prefix reading (ProbeFirst), holders included: the price is the prompt, at any usage
+  (idle windows hold no live blocks, so usage reads low while their prefixes are about
+  to be evicted).
+- A holder that no longer fits waits as a newcomer (`Wait.drop_window`) unless
+  it goes in `work_conserving`; a prompt that can never fit (its full blocks >
+  usable) is rejected, never held.
+- A price read off the body (no prefix reading) is marked `Admit.reprice_above`;
+  a holder whose probe gave no reading keeps its window at its last price.
+Without usage, for anonymous turns and without block counts (the /metrics fallback)
+it decides as the watermark policy does.
+"""
+
+from __future__ import annotations
+
+from kvgate.gate.policies.economics import (
+    can_work_conserve,
+    evicted_window_blocks,
+    unprobed_work_conserving,
+    work_conserving,
+)
+from kvgate.gate.policies.pricing import (
+    bounded_footprint,
+    free_budget,
+    reprice_threshold,
+    usable_blocks,
+    window_footprint,
+)
+from kvgate.gate.policies.views import WorkingSetView
+from kvgate.gate.policies.vocabulary import (
+    PROBE_FIRST,
+    AdmissionReason,
+    Admit,
+    Decision,
+    PrefixAnswer,
+    PrefixUnavailable,
+    ProbeFirst,
+    Reject,
+    RejectCode,
+    Wait,
+    WaitCause,
+)
+from kvgate.gate.policies.watermark import admit_open, watermark_decide
+from kvgate.gate.readings import UsageReading
+from kvgate.gate.settings import GateSettings
+
+
+def working_set_decide(
+    view: WorkingSetView, usage: UsageReading | None, prefix: PrefixAnswer | None, settings: GateSettings
+) -> Decision | ProbeFirst:
+    """The module's policy. Every branch before `PROBE_FIRST` reads no prefix, so a
+    decision reached without a reading is the one any reading would give."""
+    if usage is None:
+        return admit_open(view.watermark, settings)
+    if view.anonymous or not usage.has_blocks:
+        return watermark_decide(view.watermark, usage, prefix, settings)
+    behind = not view.has_window and view.waiters_ahead > 0  # a newcomer with named waiters ahead
+    bounded = None if behind else bounded_footprint(view, usage, settings)
+    if bounded is not None:
+        return Admit(
+            AdmissionReason.HOLDS_WINDOW if view.has_window else AdmissionReason.WINDOW_FITS,
+            window=settings.retain_session,
+            footprint=bounded,
+            reprice_above=reprice_threshold(usage, settings),
+        )
+    if unprobed_work_conserving(view, usage, settings):
+        return Admit(AdmissionReason.WORK_CONSERVING)
+    behind_why = f"behind {view.waiters_ahead} waiting sessions (first come, first served)"
+    if behind and not can_work_conserve(usage, settings):
+        return Wait(WaitCause.BEHIND_WAITERS, behind_why)
+    if prefix is None:
+        return PROBE_FIRST
+    if isinstance(prefix, PrefixUnavailable):
+        if behind:
+            return Wait(WaitCause.BEHIND_WAITERS, behind_why)
+        if view.has_window:  # cannot re-price it: keep the window at its last footprint
+            return Admit(AdmissionReason.HOLDS_WINDOW, window=settings.retain_session)
+        return watermark_decide(view.watermark, usage, prefix, settings)
+    assert usage.num_total_blocks is not None and usage.num_free_blocks is not None
+    usable = usable_blocks(usage, settings)
+    if prefix.total_blocks > usable:
+        return Reject(
+            RejectCode.PROMPT_TOO_LONG,
+            f"the prompt needs {prefix.total_blocks} KV-cache blocks but the replica has "
+            f"{usage.num_total_blocks} (minus gate.headroom_blocks={settings.headroom_blocks}); "
+            "shorten the prompt or serve it from a replica with a larger KV cache",
+        )
+    footprint = window_footprint(view, usage, prefix, settings)
+    working_set = footprint + view.older_window_blocks
+    budget = free_budget(view, usage, settings)
+    if view.has_window and working_set <= usable:
+        return Admit(AdmissionReason.HOLDS_WINDOW, window=settings.retain_session, footprint=footprint)
+    if not view.has_window and not behind and working_set <= usable and prefix.new_blocks <= budget:
+        return Admit(AdmissionReason.WINDOW_FITS, window=settings.retain_session, footprint=footprint)
+    # Admitted without a window, its own prefix is unprotected: its next turn is expected
+    # to compute it again, so it counts with the windows' blocks it pushes out.
+    at_risk = evicted_window_blocks(view, usage, prefix, budget, usable) + prefix.total_blocks
+    held = work_conserving(view, usage, at_risk, settings)
+    if held is None:  # admitted without a window: the windows' books stay within usable
+        return Admit(AdmissionReason.WORK_CONSERVING)
+    if view.has_window:
+        return Wait(
+            WaitCause.WINDOW_LOST,
+            f"window lost: footprint {footprint} blocks + {view.older_window_blocks} in older windows "
+            f"exceeds {usable} usable blocks; {held.why}",
+            drop_window=True,
+            recheck_sec=held.recheck_sec,
+        )
+    if behind:  # no window before the waiters ahead; the rule decides again when blocks are freed
+        return Wait(
+            WaitCause.BEHIND_WAITERS, f"{behind_why}; {held.why}", recheck_sec=held.recheck_sec, wake_on_release=True
+        )
+    if working_set > usable:
+        cause = WaitCause.WINDOWS_FULL
+        why = f"footprint {footprint} blocks + {view.older_window_blocks} in windows exceeds {usable} usable blocks"
+    else:
+        cause = WaitCause.NO_FREE_BLOCKS
+        why = f"needs {prefix.new_blocks} new blocks, {budget} free outside idle windows and headroom"
+    return Wait(cause, f"{why}; {held.why}", recheck_sec=held.recheck_sec)

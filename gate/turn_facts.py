@@ -1,0 +1,114 @@
+"""What the gate shell knows about a deciding turn, offered to policies as `GateFacts`.
+
+`TurnFacts` reads the session book, the session's record and the attempt's figures
+when a policy's view asks for them, so a policy that reads little costs little: the
+watermark policy never walks the windows or the queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvgate.gate.book import SessionBook, SessionRecord
+from kvgate.gate.readings import UsageReading
+
+
+class TurnFacts:
+    """The `GateFacts` (`gate.policies.views`) of one decision of one attempt.
+
+    record None: an anonymous turn; it has only `anonymous` and `max_output_tokens`,
+    everything else reads as its default. `waiters_ahead` is counted when read (O(queue)).
+    """
+
+    __slots__ = (
+        "_book",
+        "_rec",
+        "max_output_tokens",
+        "prompt_bound_tokens",
+        "_waiters_ahead",
+        "_usage",
+        "_now",
+        "_start",
+    )
+
+    def __init__(
+        self,
+        book: SessionBook,
+        record: SessionRecord | None,
+        max_output_tokens: int,
+        prompt_bound_tokens: int | None,
+        waiters_ahead: Callable[[], int],
+        usage: UsageReading | None,
+        now: float,
+        start: float,
+    ) -> None:
+        self._book = book
+        self._rec = record
+        self.max_output_tokens = max_output_tokens
+        self.prompt_bound_tokens = prompt_bound_tokens if record is not None else None
+        self._waiters_ahead = waiters_ahead
+        self._usage = usage
+        self._now = now
+        self._start = start
+
+    @property
+    def anonymous(self) -> bool:
+        return self._rec is None
+
+    @property
+    def has_window(self) -> bool:
+        return self._rec is not None and self._rec.has_window
+
+    @property
+    def idle_window_blocks(self) -> int:
+        rec = self._rec
+        if rec is None:
+            return 0
+        own = rec.footprint if rec.has_window and not rec.in_flight else 0
+        return self._book.idle_window_blocks - own
+
+    @property
+    def older_window_blocks(self) -> int:
+        return self._book.older_window_blocks(self._rec) if self._rec is not None else 0
+
+    @property
+    def waiters_ahead(self) -> int:
+        return self._waiters_ahead() if self._rec is not None else 0
+
+    @property
+    def last_prompt_tokens(self) -> int | None:
+        return self._rec.prompt_tokens if self._rec is not None else None
+
+    @property
+    def last_growth_tokens(self) -> int:
+        return self._rec.growth_tokens if self._rec is not None else 0
+
+    @property
+    def mean_growth_tokens(self) -> int:
+        return self._book.mean_growth_tokens if self._rec is not None else 0
+
+    @property
+    def last_prompt_bound(self) -> int | None:
+        return self._rec.prompt_bound if self._rec is not None else None
+
+    @property
+    def tokens_per_byte(self) -> float | None:
+        return self._book.tokens_per_byte if self._rec is not None else None
+
+    @property
+    def replica_idle_sec(self) -> float | None:
+        """How long the replica has had no lease out, unless its engine says it is busy."""
+        idle_since = self._book.idle_since_replica
+        usage = self._usage
+        engine_busy = usage is not None and bool(usage.num_running or usage.num_waiting)
+        if self._rec is None or idle_since is None or engine_busy:
+            return None
+        return max(0.0, self._now - idle_since)
+
+    @property
+    def expected_gap_sec(self) -> float | None:
+        return self._book.replica_gap_ewma if self._rec is not None else None
+
+    @property
+    def waited_sec(self) -> float:
+        return max(0.0, self._now - self._start) if self._rec is not None else 0.0

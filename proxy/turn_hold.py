@@ -1,0 +1,69 @@
+"""What one admitted request holds while it runs: a place in its replica's in-flight
+count and the gate's lease, taken together and given back together.
+
+Invariant: `with Hold(replica, lease)` adds one to `replica.in_flight` on entry; the
+place and the lease are given back exactly once, by the first `release()` or else on
+leaving the block, whichever way it is left (answer relayed, upstream failed, client
+gone, task cancelled). `served` says whether a prompt was served: a lease given back
+unserved ends the window its admission opened (gate.gate.Lease.release).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Protocol
+
+from kvgate.balancer import Replica
+
+
+class TurnLease(Protocol):
+    """The gate's lease as the proxy uses it (gate.gate.Lease)."""
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def wait_ms(self) -> float: ...
+
+    def release(self, served: bool = True) -> None: ...
+
+
+class TurnAdmission(Protocol):
+    """The gate as the proxy's turns use it (gate.admission.AdmissionController)."""
+
+    async def acquire(
+        self, replica: Replica, session_id: str | None, route_kind: str, body: Mapping[str, object]
+    ) -> TurnLease: ...
+
+    def finish_session(self, session_id: str) -> None: ...
+
+
+class Hold:
+    """A request's place on its replica and its lease, until `release()` or the end of
+    the `with` block (a class, not a generator: it is on every request's path)."""
+
+    __slots__ = ("replica", "lease", "served", "_released")
+
+    def __init__(self, replica: Replica, lease: TurnLease) -> None:
+        self.replica = replica
+        self.lease = lease
+        self.served = False  # set once the replica answered with a status under 400
+        self._released = False
+        replica.in_flight += 1
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Give back the place and the lease; only the first call does anything."""
+        if self._released:
+            return
+        self._released = True
+        self.replica.in_flight -= 1
+        self.lease.release(served=self.served)

@@ -1,0 +1,94 @@
+"""The repository stands on its own: no file cites a text outside it, and every relative
+link in its Markdown resolves.
+
+- No tracked file names the old design texts that lived beside the repository (their
+  names are built below, so this file does not name them either): a user of a clone
+  cannot follow such a citation. Point to docs/reference.md or the doc that says it.
+- Every relative Markdown link (`[text](path)`, `[text](path#anchor)`, `[text](#anchor)`)
+  in every tracked `*.md` file, outside fenced code, names a tracked file or folder, and
+  its anchor names a heading of the target (GitHub's anchor rule).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUTSIDE_TEXTS = tuple(name + ".md" for name in ("SPEC", "DESIGN"))
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def tracked() -> list[str]:
+    out = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True)
+    return [line for line in out.stdout.splitlines() if (REPO / line).is_file()]
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out: set[str] = set()
+    for line in prose_lines(path.read_text()):
+        match = re.match(r"#{1,6} (.+)", line)
+        if match:
+            base = github_anchor(match.group(1))
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            out.add(base if count == 0 else f"{base}-{count}")
+    return out
+
+
+def prose_lines(text: str):
+    """The lines of a Markdown text outside fenced code blocks."""
+    fenced = False
+    for line in text.splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+            continue
+        if not fenced:
+            yield line
+
+
+def test_no_file_cites_texts_outside_the_repository():
+    citing = []
+    for name in tracked():
+        try:
+            text = (REPO / name).read_text()
+        except UnicodeDecodeError:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if any(outside in line for outside in OUTSIDE_TEXTS):
+                citing.append(f"{name}:{number}: {line.strip()}")
+    assert not citing, "these lines cite texts outside the repository; point to docs/ instead:\n" + "\n".join(citing)
+
+
+def test_every_relative_markdown_link_resolves():
+    files = set(tracked())
+    folders = {str(Path(name).parent) for name in files} | {
+        str(parent) for name in files for parent in Path(name).parents
+    }
+    broken = []
+    for name in sorted(n for n in files if n.endswith(".md")):
+        source = REPO / name
+        for line in prose_lines(source.read_text()):
+            for target in LINK.findall(re.sub(r"`[^`]*`", "", line)):
+                if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+                    continue
+                path_part, _, anchor = target.partition("#")
+                resolved = (source.parent / path_part).resolve() if path_part else source
+                try:
+                    relative = str(resolved.relative_to(REPO))
+                except ValueError:
+                    broken.append(f"{name}: {target} leaves the repository")
+                    continue
+                if relative not in files and relative not in folders:
+                    broken.append(f"{name}: {target} names no tracked file or folder")
+                elif anchor and relative.endswith(".md") and anchor not in anchors(resolved):
+                    broken.append(f"{name}: {target} names no heading of {relative}")
+    assert not broken, "broken links:\n" + "\n".join(broken)
