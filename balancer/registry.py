@@ -12,7 +12,7 @@ import logging
 
 from kvgate.balancer.health import HealthState, next_health
 from kvgate.balancer.metrics import BalancerMetrics
-from kvgate.balancer.replica_fields import replica_name_problem, replica_url_problem
+from kvgate.balancer.replica_fields import replica_name_problem, replica_url_key, replica_url_problem
 from kvgate.balancer.settings import HealthSettings
 
 log = logging.getLogger("kvgate.balancer")
@@ -72,6 +72,12 @@ class ReplicaRegistry:
         problem = replica_url_problem(url)
         if problem:
             raise RegistryError(f"replica url {url!r} {problem}")
+        same = next((r for r in self._replicas.values() if replica_url_key(r.url) == replica_url_key(url)), None)
+        if same is not None:
+            raise RegistryError(
+                f"replica url {url!r} already exists as replica {same.name!r}; one server is listed once "
+                "(its gate would otherwise count its cache twice)"
+            )
         if not weight > 0:
             raise RegistryError(f"replica weight must be > 0, got {weight!r}")
         replica = Replica(name, url, weight)

@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     from kvgate.bench import cli as bench_cli
     from kvgate.proxy import commands as proxy_commands
     from kvgate.simulator import cli as simulator_cli
+    from kvgate.simulator.cluster.cli import add_cluster_command
     from kvgate.simulator.replica_server import start_simulated_replicas
 
     parser = argparse.ArgumentParser(
@@ -26,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     proxy_commands.add_commands(sub, start_simulated_replicas)
-    simulator_cli.add_commands(sub)
+    simulator_cli.add_commands(sub, sim_experiments=[add_cluster_command])
     bench_cli.add_commands(sub)
     return parser
 

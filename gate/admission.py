@@ -144,6 +144,23 @@ class AdmissionController:
         key = None if session_id is None else session_key(session_id)
         return await gate.acquire(key, route_kind, body)
 
+    def probe_api(self, name: str) -> bool | None:
+        """Whether replica `name` serves the probe API, as its gate last learned: None
+        while unknown (no gate yet, or it has not answered either way)."""
+        gate = self._gates.get(name)
+        return None if gate is None else getattr(gate.probe, "probe_api", None)
+
+    async def learn_probe_api(self, replica: ReplicaAddress) -> bool | None:
+        """Ask `replica` for its usage once if its probe API is still unknown (at start,
+        before any turn); the probe logs a missing API with the fix and sets
+        `kvgate_replica_probe_api`. Returns what is known after."""
+        known = self.probe_api(replica.name)
+        if known is None:
+            gate = self.gate_for(replica.name, replica.url)
+            await gate.probe.usage()
+            known = self.probe_api(replica.name)
+        return known
+
     def finish_session(self, session_id: str) -> None:
         """End the session's ownership window on every replica; unknown ids are a no-op."""
         key = session_key(session_id)

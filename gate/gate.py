@@ -184,7 +184,8 @@ class Gate:
         self._book = SessionBook(settings.idle_grace_sec, settings.quiet_factor, settings.quiet_floor_sec)
         self._window_ends = {cause: metrics.window_ends.labels(name, cause) for cause in WindowEnd}
         self._queue: OrderedDict[Attempt, None] = OrderedDict()  # waiters, arrival order
-        self._attempts: set[Attempt] = set()
+        # insertion-ordered (a dict, not a set): close() fails them in arrival order, the same every run
+        self._attempts: dict[Attempt, None] = {}
         self._closed: AdmissionError | None = None
         self._metrics = metrics
         self._admissions: dict[str, Counter] = {}
@@ -232,7 +233,7 @@ class Gate:
             record, previous = self._book.begin_attempt(session_key, attempt, start)
             if isinstance(previous, Attempt):  # the book keeps this gate's attempts
                 self._supersede(previous)
-        self._attempts.add(attempt)
+        self._attempts[attempt] = None
         deadline = start + self._max_wait if self._max_wait is not None else None
         newer_than: float | None = None  # a re-evaluation needs usage read after the last release
         held_on: PrefixReading | None = None  # the prefix reading of the attempt's last decision, and when
@@ -283,7 +284,7 @@ class Gate:
                 await self._wait(attempt, deadline, decision.recheck_sec)
                 newer_than = self._changed_at
         finally:
-            self._attempts.discard(attempt)
+            self._attempts.pop(attempt, None)
             if attempt.queued:
                 self._leave_queue(attempt)
             if record is not None:

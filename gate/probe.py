@@ -56,6 +56,23 @@ log = logging.getLogger("kvgate.gate.probe")
 
 METRICS_PATH = "/metrics"
 KV_RECHECK_SEC = 30.0
+# What a replica without the probe API needs, in every message that reports one (the
+# gate's log, /ready, `kvgate check-config --contact-replicas`).
+PROBE_API_FIX = (
+    "install kvgate's vLLM plugin into that server's environment (docker/install-vllm-plugin.sh "
+    "--python <its python>, or run the kvgate-vllm image of docker/vllm.Dockerfile) and restart it "
+    "with VLLM_PLUGINS=kvgate"
+)
+
+
+def missing_probe_api(name: str, url: str) -> str:
+    """The message that names a replica without the probe API, and the fix."""
+    return (
+        f"replica {name} ({url}) does not serve kvgate's probe API (GET {KV_PATH} answered 404): the gate "
+        f"reads only its /metrics, without block counts or prefix probes; {PROBE_API_FIX}"
+    )
+
+
 BUSY_READING_MAX_AGE_SEC = 30.0  # a timed-out usage probe falls back to a good reading this recent
 
 Clock = Callable[[], float]
@@ -109,6 +126,7 @@ class ReplicaProbe:
         # 1 while the replica answers the probe API, 0 on the /metrics fallback (gate degraded);
         # no series until the replica has answered either way.
         self._probe_api_gauge = metrics.replica_probe_api
+        self._probe_api: bool | None = None
         self._last_error: str | None = None
         self._last_good: UsageReading | None = None  # the last reading a probe returned, and when
         self._last_good_at = float("-inf")
@@ -116,6 +134,11 @@ class ReplicaProbe:
     @property
     def has_probe_api(self) -> bool:
         return self._fallback_since is None
+
+    @property
+    def probe_api(self) -> bool | None:
+        """Whether the replica serves the probe API: None until it has answered either way."""
+        return self._probe_api
 
     # ------------------------------------------------------------------ usage
 
@@ -203,11 +226,15 @@ class ReplicaProbe:
     async def _usage_from_kv(self) -> UsageReading:
         status, payload = await self._request("GET", KV_PATH, None)
         if status == 404:
-            if self._fallback_since is None:
-                log.info("replica %s has no %s; reading usage from %s", self.name, KV_PATH, METRICS_PATH)
+            if self._probe_api is not False:
+                log.warning("%s", missing_probe_api(self.name, self.url))
+            self._probe_api = False
             self._fallback_since = self._clock()
             self._probe_api_gauge.labels(self.name).set(0)
             return await self._usage_from_metrics()
+        if self._probe_api is False:
+            log.info("replica %s (%s) serves kvgate's probe API again", self.name, self.url)
+        self._probe_api = True
         self._fallback_since = None
         self._probe_api_gauge.labels(self.name).set(1)
         return _parse(status, payload, parse_kv_answer)

@@ -9,6 +9,7 @@ checks; `await app.close()` stops everything it started.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 
 import orjson
@@ -18,7 +19,9 @@ from kvgate.balancer.health import HealthChecker
 from kvgate.balancer.replica_metrics import ReplicaMetricsScraper
 from kvgate.balancer.settings import ReplicaSettings
 from kvgate.gate.admission import AdmissionController
+from kvgate.gate.gate import MODES
 from kvgate.gate.ownership import Ownership, OwnershipClaims, conflict_flag, default_gate_id, gate_mode, readiness
+from kvgate.gate.probe import missing_probe_api
 from kvgate.proxy.admin import AdminApi
 from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
 from kvgate.proxy.forward import Forwarder
@@ -33,6 +36,7 @@ from kvgate.wire.routes import ROUTES
 
 _JSON_OK = orjson.dumps({"status": "ok"})
 _METRICS_TYPE = (b"Content-Type", CONTENT_TYPE.encode())
+_GATING_MODES = frozenset(MODES) - {"off"}
 _ROUTE_LIST = ", ".join(f"{r.method} {r.path}" for r in ROUTES) + " (also under /sess/{session_id}/)"
 
 
@@ -74,6 +78,11 @@ class ProxyApp:
         metrics.registry.register(self.replica_metrics)
         if settings.role != FRONT_DOOR:  # a front door's replicas are kvgates: nothing of vLLM's to mirror
             self.health.add_round(self.replica_metrics.read_all)
+        # A gating kvgate asks each replica for the probe API as soon as it answers, so a vLLM
+        # without the plugin is named in the log, /ready and kvgate_replica_probe_api before any turn.
+        self._asks_probe_api = _gates_vllm(settings) and hasattr(admission, "learn_probe_api")
+        if self._asks_probe_api:
+            self.health.add_round(self._learn_probe_apis)
         self.admin = (
             AdminApi(settings.admin.token, self.registry, admission, self.clients, self.sessions)
             if settings.admin.token
@@ -122,12 +131,35 @@ class ProxyApp:
             set_mode(name, gate_mode(self.settings.gate.mode, ownership))
         self.metrics.gate.gate_conflict.labels(name).set(conflict_flag(ownership))
 
+    async def _learn_probe_apis(self, _session) -> None:
+        """A health round: ask the replicas whose probe API is still unknown (see __init__)."""
+        unknown = [r for r in self.registry.all() if self.admission.probe_api(r.name) is None]
+        if unknown:
+            await asyncio.gather(*(self.admission.learn_probe_api(r) for r in unknown), return_exceptions=True)
+
+    def _missing_probe_apis(self) -> dict[str, str]:
+        """Replica name -> what its missing probe API costs and the fix (empty: none missing)."""
+        if not self._asks_probe_api:
+            return {}
+        return {
+            r.name: missing_probe_api(r.name, r.url)
+            for r in self.registry.all()
+            if self.admission.probe_api(r.name) is False
+        }
+
     def _ready(self, responder: Responder) -> None:
         ownership = self.ownership.ownership() if self.ownership is not None else {}
         ready, conflicts = readiness({r.name: r.healthy for r in self.registry.all()}, ownership)
         if ready:
-            body = {"status": "ok", "gate_conflicts": conflicts} if conflicts else None
-            responder.send(200, orjson.dumps(body) if body else _JSON_OK, [JSON_CONTENT_TYPE])
+            # Ready either way: without the plugin the gate still routes and gates on /metrics
+            # (degraded); the body names such replicas so a probe's log shows them.
+            missing = self._missing_probe_apis()
+            body: dict[str, object] = {"status": "ok"}
+            if conflicts:
+                body["gate_conflicts"] = conflicts
+            if missing:
+                body["probe_api_missing"] = missing
+            responder.send(200, orjson.dumps(body) if len(body) > 1 else _JSON_OK, [JSON_CONTENT_TYPE])
         elif conflicts and self.registry.any_healthy():
             send_error(
                 responder,
@@ -174,8 +206,17 @@ class ProxyApp:
         elif path == "/metrics" and request.method == "GET":
             responder.send(200, self.metrics.render(), [_METRICS_TYPE])
             return
-        elif path.startswith("/admin/") and self.admin is not None:
-            await self.admin.handle(request, responder)
+        elif path.startswith("/admin/"):
+            if self.admin is not None:
+                await self.admin.handle(request, responder)
+            else:
+                send_error(
+                    responder,
+                    404,
+                    f"the admin API is off, so {request.method} {path} is not served; set admin.token "
+                    "(KVGATE_ADMIN__TOKEN) to enable it, then send 'Authorization: Bearer <token>'",
+                    "admin_api_disabled",
+                )
             return
         send_error(
             responder, 404, f"unknown route {request.method} {path}; kvgate forwards {_ROUTE_LIST}", "unknown_route"
@@ -189,6 +230,11 @@ class ProxyApp:
             "method_not_allowed",
             [(b"Allow", route.method.encode())],
         )
+
+
+def _gates_vllm(settings: Settings) -> bool:
+    """Whether this kvgate gates vLLM servers itself (and so reads their probe API)."""
+    return settings.role != FRONT_DOOR and settings.gate.mode in _GATING_MODES
 
 
 def create_app(

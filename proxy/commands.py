@@ -11,6 +11,7 @@ import sys
 from kvgate.proxy.config import ConfigError, load_settings
 from kvgate.proxy.server import SimulatedReplicas
 from kvgate.wire.owner_record import OWNER_PATH
+from kvgate.wire.probe_api import KV_PATH
 
 
 def add_commands(subparsers, simulated_replicas: SimulatedReplicas | None = None) -> None:
@@ -45,7 +46,8 @@ def add_commands(subparsers, simulated_replicas: SimulatedReplicas | None = None
         "--contact-replicas",
         action="store_true",
         help="also ask every configured replica: is it a kvgate (a front door needs one, a "
-        f"gate must not have one), and does another gate already own it (GET {OWNER_PATH})",
+        f"gate must not have one), does it serve the probe API (GET {KV_PATH}: a vLLM without "
+        f"the kvgate plugin is a problem), and does another gate already own it (GET {OWNER_PATH})",
     )
     check.set_defaults(func=check_config_command)
 
@@ -101,13 +103,16 @@ def serve_command(args: argparse.Namespace, simulated_replicas: SimulatedReplica
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from kvgate.proxy.server import NoReplicas, run, serve
+    from kvgate.proxy.server import ListenError, NoReplicas, run, serve
 
     try:
         run(serve(settings, simulated_replicas=simulated_replicas))
     except KeyboardInterrupt:
         pass
+    except ListenError as exc:
+        print(f"kvgate: {exc.strerror}", file=sys.stderr)
+        return 1
     except (OSError, NoReplicas) as exc:
-        logging.getLogger("kvgate").error("kvgate: cannot serve: %s", exc)
+        logging.getLogger("kvgate").error("cannot serve: %s", exc)
         return 1
     return 0

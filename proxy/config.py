@@ -10,9 +10,14 @@ algorithm added there is accepted here.
 
 Environment overrides: `KVGATE_<PATH>` with `__` between levels
 (`KVGATE_GATE__HIGH_WATERMARK=0.9`); the value is read as a YAML scalar or flow
-collection (`true`, `0.9`, `[a, b]`, `[{name: r0, url: ...}]`). Only variables whose
-first segment names a top-level key are overrides, so unrelated `KVGATE_*`
-variables (of other tools) are left alone; within those, an unknown path is an error.
+collection (`true`, `0.9`, `[a, b]`, `[{name: r0, url: ...}]`). `KVGATE_` is kvgate's
+namespace: a variable there that names no setting is an error naming it (with the
+nearest setting's variable: `KVGATE_GATE_POLICY` -> `KVGATE_GATE__POLICY`), except the
+project's other variables, `OTHER_VARIABLES` (the plugin's and the test harnesses').
+
+Numbers are read as users write them: `1.0e9` and `1e9` are numbers (YAML 1.2), not
+the strings YAML 1.1 makes of them, and an integer setting takes a whole number written
+as a float (`1e9`, `2.0`).
 
 Every problem is collected, not just the first: `ConfigError.problems` holds one
 line per problem, each naming the key.
@@ -21,7 +26,9 @@ line per problem, each naming the key.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -31,7 +38,7 @@ from typing import Any
 import yaml
 
 from kvgate.balancer.balancer import ALGORITHMS
-from kvgate.balancer.replica_fields import replica_name_problem, replica_url_problem
+from kvgate.balancer.replica_fields import replica_name_problem, replica_url_key, replica_url_problem
 from kvgate.gate.gate import MODES
 from kvgate.gate.policies.registry import policy_name_problem
 from kvgate.proxy.http_fields import field_value_problem
@@ -39,6 +46,37 @@ from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import ROLES, role_problems
 
 ENV_PREFIX = "KVGATE_"
+# `KVGATE_*` variables that are not settings: read by the vLLM plugin, the test harnesses
+# and CI (docs/reference.md, "Other environment variables"). Every other one is an error.
+OTHER_VARIABLES = frozenset(
+    {
+        "KVGATE_PROBE_TIMEOUT_SEC",
+        "KVGATE_VLLM_VENV",
+        "KVGATE_CACHE_DIR",
+        "KVGATE_E2E_ROUNDS",
+        "KVGATE_E2E_POLICY",
+        "KVGATE_CI_FRESH",
+        "KVGATE_PROMETHEUS",
+        "KVGATE_PROMTOOL",
+    }
+)
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading YAML 1.2 floats: `1.0e9`, `1e9`, `1E-3` are numbers
+    (YAML 1.1 wants `1.0e+9` and reads the others as strings, which nobody guesses)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str):
+    """`text` parsed as kvgate reads config YAML (safe, YAML 1.2 numbers)."""
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader: no Python objects
 
 
 class ConfigError(ValueError):
@@ -131,7 +169,7 @@ def read_yaml(path: str | Path) -> dict:
     except OSError as exc:
         raise ConfigError([f"config file {path}: cannot read it ({exc.strerror or exc})"]) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError([f"config file {path}: not valid YAML ({exc})".replace("\n", " ")]) from None
     if data is None:
@@ -153,6 +191,8 @@ def apply_env_overrides(data: dict, environ: Mapping[str, str]) -> tuple[dict, l
             continue
         parts = [p.lower() for p in var[len(ENV_PREFIX) :].split("__")]
         if parts[0] not in top:
+            if var not in OTHER_VARIABLES:
+                problems.append(_unknown_variable(var))
             continue
         value = _env_value(environ[var], _leaf_type(parts))
         node = merged
@@ -168,6 +208,30 @@ def apply_env_overrides(data: dict, environ: Mapping[str, str]) -> tuple[dict, l
             node[parts[-1]] = value
             origins[".".join(parts)] = var
     return merged, problems, origins
+
+
+def setting_variables(cls=Settings, prefix: str = ENV_PREFIX) -> list[str]:
+    """The variable of every setting: `KVGATE_GATE__POLICY`, ... (sections and leaves)."""
+    names = []
+    for f in dataclasses.fields(cls):
+        name = prefix + f.name.upper()
+        names.append(name)
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            names += setting_variables(tp, name + "__")
+    return names
+
+
+def _unknown_variable(var: str) -> str:
+    known = setting_variables()
+    # compare with the level separators spelled alike, so `_` for `__` is the nearest miss
+    spelled = {name.replace("__", "_"): name for name in known}
+    close = difflib.get_close_matches(var.replace("__", "_"), list(spelled), n=1, cutoff=0.8)
+    hint = f" (did you mean {spelled[close[0]]}?)" if close else ""
+    return (
+        f"{var}: not a kvgate setting{hint}. Settings are KVGATE_<PATH> with __ between levels "
+        "(KVGATE_GATE__POLICY); unset the variable if it is not meant for kvgate"
+    )
 
 
 def _leaf_type(parts: list[str]):
@@ -192,7 +256,7 @@ def _env_value(text: str, tp):
     if tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)):
         return text
     try:
-        return yaml.safe_load(text)
+        return yaml_load(text)
     except yaml.YAMLError:
         return text  # reported by validation as a wrong type, naming the key
 
@@ -255,6 +319,8 @@ def _convert(value, tp, path: str, problems: list[str]):
                 if msg:
                     problems.append(f"{path}[{i}]: {msg}, got {item!r}")
         return tuple(items)
+    if tp is int and isinstance(value, float) and value.is_integer():
+        value = int(value)  # `1e9`, `2.0`: a whole number written as a float
     ok = {
         bool: lambda v: isinstance(v, bool),
         int: lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -342,14 +408,39 @@ def settings_from_dict(data: dict) -> Settings:
     """A validated Settings, or ConfigError listing every problem."""
     problems: list[str] = []
     settings = _build(Settings, data, "", problems)
+    problems.extend(duplicate_replica_problems(data.get("replicas")))
     if not problems and isinstance(settings, Settings):
-        names = [r.name for r in settings.replicas]
-        for name in sorted({n for n in names if names.count(n) > 1}):
-            problems.append(f"replicas: name {name!r} is used more than once; names must be unique")
         problems.extend(role_problems(settings))
     if problems:
         raise ConfigError(problems)
     return settings
+
+
+def duplicate_replica_problems(replicas: object) -> list[str]:
+    """Replica names and URLs listed more than once, read from the raw `replicas` list so
+    they are reported beside every other problem (a URL twice: one server, two replicas,
+    its cache counted twice)."""
+    if not isinstance(replicas, list):
+        return []
+    seen: dict[str, dict[str, list[str]]] = {"name": {}, "url": {}}
+    for i, item in enumerate(replicas):
+        if not isinstance(item, dict):
+            continue
+        name, url = item.get("name"), item.get("url")
+        if isinstance(name, str) and name:
+            seen["name"].setdefault(name, []).append(f"replicas[{i}]")
+        if isinstance(url, str) and replica_url_problem(url) is None:
+            seen["url"].setdefault(replica_url_key(url), []).append(f"replicas[{i}] ({url})")
+    problems = []
+    for name, where in seen["name"].items():
+        if len(where) > 1:
+            problems.append(
+                f"replicas: name {name!r} is used more than once ({', '.join(where)}); names must be unique"
+            )
+    for where in seen["url"].values():
+        if len(where) > 1:
+            problems.append(f"replicas: one server is listed more than once: {', '.join(where)}; list each server once")
+    return problems
 
 
 def _with_origin(problem: str, origins: dict[str, str]) -> str:

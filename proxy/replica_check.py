@@ -10,6 +10,7 @@ import urllib.request
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import replica_findings
 from kvgate.wire.owner_record import OWNER_PATH
+from kvgate.wire.probe_api import KV_PATH
 
 TIMEOUT_SEC = 3.0
 
@@ -33,6 +34,7 @@ def contact_replicas(settings: Settings) -> tuple[list[str], list[str]]:
         base = replica.url.rstrip("/")
         metrics_status, metrics = _get(base + "/metrics", key)
         owner_status, owner_raw = _get(base + OWNER_PATH, key)
+        kv_status, _ = _get(base + KV_PATH, key)
         try:
             owner = json.loads(owner_raw) if owner_status == 200 else None
         except ValueError:
@@ -45,6 +47,8 @@ def contact_replicas(settings: Settings) -> tuple[list[str], list[str]]:
             is_kvgate=b"kvgate_requests_total" in metrics,
             owner_status=owner_status,
             owner=owner if isinstance(owner, dict) else None,
+            kv_status=kv_status,
+            url=replica.url,
         )
         problems += found[0]
         notes += found[1]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 
+from kvgate.gate.probe import missing_probe_api
 from kvgate.proxy.settings import Settings
 from kvgate.wire.owner_record import OWNER_PATH
 
@@ -113,9 +114,12 @@ def replica_findings(
     is_kvgate: bool,
     owner_status: int | None,
     owner: dict | None,
+    kv_status: int | None = 200,
+    url: str = "",
 ) -> tuple[list[str], list[str]]:
     """(problems, notes) for replica `index` from what it answered: `is_kvgate` (its /metrics has
-    kvgate's metrics), `owner_status`/`owner` (GET /v1/kvgate/owner: status and JSON, None if unreached)."""
+    kvgate's metrics), `owner_status`/`owner` (GET /v1/kvgate/owner: status and JSON, None if unreached),
+    `kv_status` (GET /v1/kvgate/kv: 404 is a vLLM without the plugin)."""
     key = f"replicas[{index}] ({name})"
     if not reachable:
         return [f"{key}: unreachable, so this check could not look at it"], []
@@ -135,6 +139,9 @@ def replica_findings(
             f"{key}: is a kvgate, so this gate would gate a second time; give this kvgate role: "
             "front_door with gate.mode: off, or point it at the vLLM server"
         )
+        return problems, notes
+    if kv_status == 404:
+        problems.append(f"{key}: {missing_probe_api(name, url)}")
         return problems, notes
     if owner_status != 200 or owner is None:
         notes.append(

@@ -53,6 +53,24 @@ def _next_token(request: SimRequest) -> int:
     return output_token(request.num_tokens)
 
 
+def engine_kv_answer(scheduler: Scheduler, meter: StepMeter) -> KvAnswer:
+    """An engine's KV usage as the probe API answers it. The pool counts usable blocks;
+    vLLM's `num_gpu_blocks` has one more, its null block, and so does this answer."""
+    pool = scheduler.kv_cache_manager.block_pool
+    measured = meter.reading()
+    rate = measured["prefill_tokens_per_sec"]
+    return KvAnswer.of_engine(
+        num_gpu_blocks=pool.num_blocks + 1,
+        num_free_blocks=pool.get_num_free_blocks(),
+        num_cached_blocks=len(pool.cached_block_hash_to_block),
+        block_size=scheduler.kv_cache_manager.block_size,
+        num_running=len(scheduler.running),
+        num_waiting=len(scheduler.waiting),
+        **measured,
+        token_sec=1.0 / rate if rate else None,  # the meter's prefill cost per token
+    )
+
+
 class AsyncEngine:
     def __init__(
         self,
@@ -119,22 +137,7 @@ class AsyncEngine:
     # -- probes (no side effects) --------------------------------------------------------
 
     def kv_answer(self) -> KvAnswer:
-        """The engine's KV usage as the probe API answers it. The pool counts usable blocks;
-        vLLM's `num_gpu_blocks` has one more, its null block, and so does this answer."""
-        scheduler = self.scheduler
-        pool = scheduler.kv_cache_manager.block_pool
-        measured = self.meter.reading()
-        rate = measured["prefill_tokens_per_sec"]
-        return KvAnswer.of_engine(
-            num_gpu_blocks=pool.num_blocks + 1,
-            num_free_blocks=pool.get_num_free_blocks(),
-            num_cached_blocks=len(pool.cached_block_hash_to_block),
-            block_size=self.config.block_size,
-            num_running=len(scheduler.running),
-            num_waiting=len(scheduler.waiting),
-            **measured,
-            token_sec=1.0 / rate if rate else None,  # the meter's prefill cost per token
-        )
+        return engine_kv_answer(self.scheduler, self.meter)
 
     def prefix_answer(self, token_ids: list[int], cache_salt: str | None = None) -> PrefixAnswer:
         hashes = compute_block_hashes(token_ids, self.config.block_size, cache_salt)

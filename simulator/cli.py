@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import signal
 import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from kvgate.simulator.config import ConfigError, CostModel, EngineConfig
 from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH
@@ -159,8 +161,9 @@ def vars_of(config: EngineConfig) -> dict:
     }
 
 
-def add_commands(subparsers) -> None:
+def add_commands(subparsers, sim_experiments: Sequence[Callable[[Any], None]] = ()) -> None:
+    """`kvgate replica` and `kvgate sim` (with `sim_experiments`: see `add_sim_command`)."""
     from kvgate.simulator.experiment_cli import add_sim_command
 
     _add_replica_command(subparsers)
-    add_sim_command(subparsers)
+    add_sim_command(subparsers, sim_experiments)

@@ -6,6 +6,8 @@ inside a function):
                                            import the gate, nor the gate them
     proxy                                  the front door, on gate, balancer and wire
     bench                                  on the parts it measures
+    simulator.cluster                      the cluster simulation: the real gate and balancer over
+                                           the engine model, with the benchmarks' workloads
     cli                                    the command line: the only part that assembles all of them
 
 Each part owns its settings and metric families; the proxy composes them, and the command
@@ -34,13 +36,28 @@ ALLOWED: dict[str, set[str]] = {
     "vllm_plugin": {"wire"},
     "proxy": {"wire", "gate", "balancer"},
     "bench": {"wire", "gate", "balancer", "simulator", "proxy"},
-    "cli": {"wire", "gate", "balancer", "simulator", "vllm_plugin", "proxy", "bench"},
+    "simulator.cluster": {"wire", "gate", "balancer", "simulator", "bench"},
+    "cli": {"wire", "gate", "balancer", "simulator", "vllm_plugin", "proxy", "bench", "simulator.cluster"},
 }
 
 
 def parts() -> dict[str, Path]:
-    """Part name (`gate` for `kvgate.gate`) -> its folder, as pyproject.toml installs them."""
-    return {name.split(".")[1]: folder for name, folder in package_dirs(REPO).items() if name.count(".") == 1}
+    """Part name (`gate` for `kvgate.gate`) -> its folder, as pyproject.toml installs them. A
+    package nested in a part that is not a part of its own (bench.agentic) belongs to that part."""
+    return {
+        name.removeprefix("kvgate."): folder
+        for name, folder in package_dirs(REPO).items()
+        if name.count(".") == 1 or name.removeprefix("kvgate.") in ALLOWED
+    }
+
+
+def part_of(module: str) -> str | None:
+    """The part `module` belongs to: the longest part name it starts with."""
+    name = module.removeprefix("kvgate.")
+    if name == module:
+        return None
+    found = [part for part in ALLOWED if name == part or name.startswith(part + ".")]
+    return max(found, key=len) if found else None
 
 
 def imported_modules(source: str) -> list[tuple[int, str]]:
@@ -57,11 +74,7 @@ def imported_modules(source: str) -> list[tuple[int, str]]:
 
 def imported_parts(source: str) -> set[str]:
     """The kvgate parts `source` imports (`kvgate.gate.x` and `from kvgate import gate` both name `gate`)."""
-    return {
-        module.split(".")[1]
-        for _, module in imported_modules(source)
-        if module.startswith("kvgate.") and module.split(".")[1] in ALLOWED
-    }
+    return {part for _, module in imported_modules(source) if (part := part_of(module)) is not None}
 
 
 def modules_of(folder: Path, exclude: tuple[Path, ...] = ()) -> list[Path]:
@@ -69,9 +82,12 @@ def modules_of(folder: Path, exclude: tuple[Path, ...] = ()) -> list[Path]:
 
 
 def part_modules() -> dict[str, list[Path]]:
-    """Each part's own modules (a part nested in another's folder, like bench.agentic, counts with it)."""
+    """Each part's own modules: its folder's, less those of parts nested in it (simulator.cluster)."""
     folders = parts()
-    return {name: modules_of(folder) for name, folder in folders.items()}
+    return {
+        name: modules_of(folder, tuple(f for other, f in folders.items() if other != name and f.is_relative_to(folder)))
+        for name, folder in folders.items()
+    }
 
 
 @pytest.mark.parametrize(
@@ -82,6 +98,8 @@ def part_modules() -> dict[str, list[Path]]:
         ("from kvgate import simulator", {"simulator"}),
         ("def f():\n    from kvgate.bench import cli\n", {"bench"}),
         ("from kvgate.wire.probe_api import KV_PATH\nimport kvgate.balancer", {"wire", "balancer"}),
+        ("from kvgate.simulator.cluster.run import run_policy", {"simulator.cluster"}),
+        ("from kvgate.simulator import cluster", {"simulator", "simulator.cluster"}),
         ("import kvgate.proxyish", set()),
         ("from . import sibling", set()),
     ],

@@ -385,11 +385,11 @@ async def test_tiers_keep_a_busy_replica_on_a_failed_connect(http):
     accept in time) does not mark it failed or move the session: the turn is tried on it once more."""
     from kvgate.bench.agentic.processes import free_port
 
-    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: every connect fails
+    urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]  # nothing listens: every connect fails
     for role, in_flight, healthy in [("front_door", 1, True), ("front_door", 0, False), ("standalone", 1, False)]:
         config = {
             "role": role,
-            "replicas": [{"name": "g0", "url": url}, {"name": "g1", "url": url}],
+            "replicas": [{"name": "g0", "url": urls[0]}, {"name": "g1", "url": urls[1]}],
             "gate": {"mode": "off"},
         }
         kvgate = await start_kvgate("door", config, health_checks=False)
