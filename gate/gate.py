@@ -252,7 +252,11 @@ class Gate:
                         # a held turn decides again on its recent reading first (see HELD_READING_MAX_AGE_SEC)
                         decision = self.policy.decide_read(view, usage, held_on, self.settings)
                     if not isinstance(decision, Wait):
-                        prefix = await self.probe.prefix(route_kind, body)
+                        try:
+                            prefix = await self.probe.prefix(route_kind, body)
+                        except PromptTooLong:  # the replica refused to render it: longer than it serves
+                            self._drop_window(record, WindowEnd.REVOKED)
+                            raise
                         attempt.checkpoint()
                         # windows may have changed during the probe
                         view = self._view(record, attempt, allowance, bound, usage, start)
@@ -319,7 +323,10 @@ class Gate:
         usage: UsageReading,
         bound: int | None,
     ) -> None:
-        prefix = await self.probe.prefix(route_kind, body)
+        try:
+            prefix = await self.probe.prefix(route_kind, body)
+        except PromptTooLong:  # the turn itself is refused by the replica; nothing to re-price
+            return
         if prefix is None or not prefix.total_tokens:
             return
         price = self.policy.price

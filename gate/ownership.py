@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from kvgate.wire.owner_record import OWNER_PATH, OwnerAnswer, OwnerClaim
+from kvgate.wire.replica_auth import replica_headers
 
 log = logging.getLogger("kvgate.gate.ownership")
 
@@ -132,6 +133,7 @@ class OwnershipClaims:
         *,
         timeout_sec: float = 1.0,
         api_key: str | None = None,
+        replica_api_key: str | None = None,
     ) -> None:
         self.gate_id = gate_id
         self.ttl_sec = ttl_sec
@@ -139,7 +141,7 @@ class OwnershipClaims:
         self._replicas = replicas
         self._apply = apply
         self._timeout = aiohttp.ClientTimeout(total=min(timeout_sec, self.interval_sec))
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = replica_headers(api_key, replica_api_key)
         self._state: dict[str, Ownership] = {}
         self._urls: dict[str, str] = {}
         self._http: aiohttp.ClientSession | None = None

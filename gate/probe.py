@@ -25,8 +25,14 @@ answered within the last `BUSY_READING_MAX_AGE_SEC` yields that last good readin
 engine answers probes between scheduler steps, so a timeout usually means a long step
 (a CPU engine's chunked prefill lasts seconds): the replica is busiest exactly then,
 and deciding `open` would let every turn in.
+A prefix answer that contradicts itself (its blocks are not its tokens over the
+replica's block size) is such a failure too, never a reading: a replica must not be able
+to refuse every turn by claiming a million blocks (`prefix_contradiction`).
 Latency goes to `kvgate_probe_seconds`, the last usage to `kvgate_replica_kv_usage`.
-Nothing here raises to the gate except cancellation.
+Nothing here raises to the gate except cancellation and `PromptTooLong`: the replica
+refused to probe a prompt longer than it serves (`400 prompt_too_long`, which the probe
+API answers after rendering, before the engine does any work), so the turn is refused
+without being forwarded, at the cost of one rendering.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from typing import Protocol, TypeVar
 import aiohttp
 import orjson
 
+from kvgate.gate.errors import PromptTooLong
 from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.readings import (
     PrefixReading,
@@ -49,7 +56,8 @@ from kvgate.gate.readings import (
     parse_prefix_answer,
 )
 from kvgate.gate.settings import ProbeSettings
-from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, PrefixQuery, ProbeAnswerError
+from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, PROMPT_TOO_LONG, PrefixQuery, ProbeAnswerError
+from kvgate.wire.replica_auth import replica_headers
 from kvgate.wire.routes import PROMPT_KINDS
 
 log = logging.getLogger("kvgate.gate.probe")
@@ -104,13 +112,14 @@ class ReplicaProbe:
         metrics: GateMetrics,
         api_key: str | None = None,
         clock: Clock = time.monotonic,
+        replica_api_key: str | None = None,
     ) -> None:
         self.name = name
         self.url = url.rstrip("/")
         self._http = http
         self._timeout = aiohttp.ClientTimeout(total=settings.timeout_sec)
         self._max_age = settings.usage_max_age_ms / 1000.0
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = replica_headers(api_key, replica_api_key)
         self._clock = clock
         self._cached: UsageReading | None = None
         self._cached_at = float("-inf")
@@ -258,7 +267,12 @@ class ReplicaProbe:
         try:
             query = PrefixQuery.of_request(route_kind, body).to_json()
             status, payload = await self._request("POST", PREFIX_PATH, orjson.dumps(query))
-            reading = _parse(status, payload, parse_prefix_answer)
+            if status == 400:
+                refused = _too_long(payload)
+                if refused is not None:
+                    raise PromptTooLong(f"replica {self.name}: {refused}")
+            block_size = self._last_good.block_size if self._last_good is not None else None
+            reading = _parse(status, payload, lambda doc: checked_prefix_answer(doc, block_size))
         except _Failed as failure:
             self._errors["prefix"].inc()
             self._note_error(f"prefix probe failed: {failure}")
@@ -295,6 +309,41 @@ class ReplicaProbe:
 
 
 Parsed = TypeVar("Parsed")
+
+
+def prefix_contradiction(reading: PrefixReading, block_size: int | None, has_tokens: bool) -> str | None:
+    """Why a prefix answer contradicts itself, or None. A prompt of `total_tokens` tokens has
+    exactly `total_tokens // block_size` full blocks, the only ones a prefix cache holds
+    (checked when the answer gives its tokens and the replica its block size)."""
+    if not has_tokens or not block_size:
+        return None
+    expected = reading.total_tokens // block_size
+    if reading.total_blocks != expected:
+        return (
+            f"the prefix answer contradicts itself: {reading.total_tokens} tokens make {expected} full blocks "
+            f"of {block_size}, not {reading.total_blocks}"
+        )
+    return None
+
+
+def checked_prefix_answer(doc: object, block_size: int | None) -> PrefixReading:
+    """`parse_prefix_answer`, and ProbeAnswerError when the answer contradicts itself."""
+    reading = parse_prefix_answer(doc)
+    problem = prefix_contradiction(reading, block_size, isinstance(doc, dict) and "total_tokens" in doc)
+    if problem is not None:
+        raise ProbeAnswerError(problem)
+    return reading
+
+
+def _too_long(payload: bytes) -> str | None:
+    """The message of a `prompt_too_long` refusal (an OpenAI-shaped error), else None."""
+    try:
+        error = orjson.loads(payload).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    if isinstance(error, dict) and error.get("code") == PROMPT_TOO_LONG:
+        return str(error.get("message", "the prompt is longer than the replica serves"))[:500]
+    return None
 
 
 def _parse(status: int, payload: bytes, parser: Callable[[object], Parsed]) -> Parsed:

@@ -23,6 +23,7 @@ from kvgate.gate.gate import MODES
 from kvgate.gate.ownership import Ownership, OwnershipClaims, conflict_flag, default_gate_id, gate_mode, readiness
 from kvgate.gate.probe import missing_probe_api
 from kvgate.proxy.admin import AdminApi
+from kvgate.proxy.client_auth import OPEN_PATHS, ClientAuth
 from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
 from kvgate.proxy.forward import Forwarder
 from kvgate.proxy.http_fields import decode_path_segment
@@ -32,6 +33,7 @@ from kvgate.proxy.session_tracker import SessionTracker
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, claims_ownership, health_path
 from kvgate.proxy.upstream import UpstreamClients
+from kvgate.wire.replica_auth import replica_headers
 from kvgate.wire.routes import ROUTES
 
 _JSON_OK = orjson.dumps({"status": "ok"})
@@ -50,6 +52,7 @@ class ProxyApp:
             self.registry.add(r.name, r.url, r.weight)
         self.balancer = Balancer(self.registry, settings.balancer)
         self.clients = UpstreamClients(settings.upstream)
+        self.auth = ClientAuth(settings.auth.api_keys)
         self.sessions = SessionTracker()
         self.forwarder = Forwarder(settings, self.balancer, admission, self.clients, metrics, self.sessions)
         self.health = HealthChecker(
@@ -57,6 +60,8 @@ class ProxyApp:
             settings.balancer.health,
             health_path(settings.role),
             busy_is_alive=settings.role in (FRONT_DOOR, REPLICA_GATE),
+            # a front door's replica gates may ask for a client key on /ready (auth.api_keys)
+            headers=replica_headers(settings.upstream.api_key, None) if settings.role == FRONT_DOOR else None,
         )
         self.ownership = (
             OwnershipClaims(
@@ -66,6 +71,7 @@ class ProxyApp:
                 self._apply_ownership,
                 timeout_sec=settings.gate.probe.timeout_sec,
                 api_key=settings.upstream.api_key,
+                replica_api_key=settings.upstream.replica_api_key,
             )
             if claims_ownership(settings)
             else None
@@ -84,7 +90,14 @@ class ProxyApp:
         if self._asks_probe_api:
             self.health.add_round(self._learn_probe_apis)
         self.admin = (
-            AdminApi(settings.admin.token, self.registry, admission, self.clients, self.sessions)
+            AdminApi(
+                settings.admin.token,
+                self.registry,
+                admission,
+                self.clients,
+                self.sessions,
+                settings.upstream.credential_hosts,
+            )
             if settings.admin.token
             else None
         )
@@ -122,7 +135,9 @@ class ProxyApp:
     # ---- ownership (gate/ownership.py) ---------------------------------------------
 
     def _replica_urls(self) -> list[tuple[str, str]]:
-        return [(r.name, r.url) for r in self.registry.all()]
+        """The replicas this gate claims: those it may show its credentials to (a replica added at
+        run time from an untrusted host is gated, but never sent the replica API key)."""
+        return [(r.name, r.url) for r in self.registry.all() if r.credentials]
 
     def _apply_ownership(self, name: str, ownership: Ownership) -> None:
         """A claim changed this gate's standing on `name`: its gate's mode and the conflict gauge."""
@@ -176,6 +191,21 @@ class ProxyApp:
 
     async def handle(self, request: HttpRequest, responder: Responder) -> None:
         path = request.path
+        if (
+            self.auth.enabled
+            and path not in OPEN_PATHS
+            and not self._is_admin(path)
+            and not self.auth.allows(request.headers)
+        ):
+            send_error(
+                responder,
+                401,
+                "this kvgate needs a client key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>') "
+                "with one of its auth.api_keys",
+                "invalid_api_key",
+                [(b"WWW-Authenticate", b"Bearer")],
+            )
+            return
         route = self._routes.get(path)
         if route is not None:
             if request.method == route.method:
@@ -222,6 +252,10 @@ class ProxyApp:
             responder, 404, f"unknown route {request.method} {path}; kvgate forwards {_ROUTE_LIST}", "unknown_route"
         )
 
+    def _is_admin(self, path: str) -> bool:
+        """/admin/* authenticates with admin.token instead of a client key (proxy/admin.py)."""
+        return self.admin is not None and path.startswith("/admin/")
+
     def _wrong_method(self, request: HttpRequest, responder: Responder, route) -> None:
         send_error(
             responder,
@@ -249,5 +283,10 @@ def create_app(
     settings = settings or Settings()
     metrics = metrics or KvgateMetrics()
     if admission is None:
-        admission = AdmissionController(settings.gate, metrics.gate, api_key=settings.upstream.api_key)
+        admission = AdmissionController(
+            settings.gate,
+            metrics.gate,
+            api_key=settings.upstream.api_key,
+            replica_api_key=settings.upstream.replica_api_key,
+        )
     return ProxyApp(settings, metrics, admission, settings.replicas if replicas is None else replicas, health_checks)

@@ -109,6 +109,29 @@ def _non_empty(value) -> str | None:
     return "must not be empty" if not value else None
 
 
+def _secret_value_problem(value: str) -> str | None:
+    return _non_empty(value) or field_value_problem(value)
+
+
+# Settings whose values are secrets: a problem with one names the key and never shows the
+# value (`_shown`), so a config error in a log or a terminal leaks nothing.
+SECRET_KEYS = frozenset({"upstream.api_key", "upstream.replica_api_key", "admin.token", "auth.api_keys"})
+
+
+def is_secret(path: str) -> bool:
+    """Whether the dotted `path` (list items as `[i]`) holds a secret."""
+    key = _rule_key(path).replace("[]", "")
+    return key in SECRET_KEYS
+
+
+def _shown(path: str, value) -> str:
+    """`value` as a problem line may show it: a secret's only as its kind and length."""
+    if is_secret(path):
+        size = f"{len(value)} characters" if isinstance(value, str) else type(value).__name__
+        return f"<secret, {size}>"
+    return repr(value)
+
+
 RULES: dict[str, Callable[[Any], str | None]] = {
     "listen.host": _non_empty,
     "listen.port": _in_range(0, 65535),
@@ -149,6 +172,9 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "limits.max_connections": _in_range(1),
     "limits.max_buffered_response_bytes": _in_range(0),
     "upstream.api_key": field_value_problem,
+    "upstream.replica_api_key": field_value_problem,
+    "upstream.credential_hosts[]": _non_empty,
+    "auth.api_keys[]": _secret_value_problem,
     "role": _one_of(*ROLES),
     "ownership.ttl_sec": _in_range(0, 3600),
     "ownership.gate_id": _non_empty,
@@ -171,12 +197,20 @@ def read_yaml(path: str | Path) -> dict:
     try:
         data = yaml_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError([f"config file {path}: not valid YAML ({exc})".replace("\n", " ")]) from None
+        raise ConfigError([f"config file {path}: not valid YAML ({_yaml_problem(exc)})"]) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError([f"config file {path}: the top level must be a mapping of keys, got {type(data).__name__}"])
     return data
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong and where, without the quoted snippet of the file PyYAML adds (the
+    line could hold a secret)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or type(exc).__name__
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(problem)
 
 
 def apply_env_overrides(data: dict, environ: Mapping[str, str]) -> tuple[dict, list[str], dict[str, str]]:
@@ -299,17 +333,17 @@ def _convert(value, tp, path: str, problems: list[str]):
             out = _convert(value, arg, path, sub)
             if not sub:
                 return out
-        problems.append(f"{path}: must be {_type_name(tp)}, got {_describe(value)}")
+        problems.append(f"{path}: must be {_type_name(tp)}, got {_describe(value, path)}")
         return _INVALID
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            problems.append(f"{path}: must be a mapping of keys, got {_describe(value)}")
+            problems.append(f"{path}: must be a mapping of keys, got {_describe(value, path)}")
             return _INVALID
         return _build(tp, value, path + ".", problems)
     if origin in (tuple, list):
         (item_tp, *_rest) = typing.get_args(tp)
         if not isinstance(value, list):
-            problems.append(f"{path}: must be a list, got {_describe(value)}")
+            problems.append(f"{path}: must be a list, got {_describe(value, path)}")
             return _INVALID
         items = [_convert(v, item_tp, f"{path}[{i}]", problems) for i, v in enumerate(value)]
         rule = RULES.get(_rule_key(path) + "[]")
@@ -317,7 +351,7 @@ def _convert(value, tp, path: str, problems: list[str]):
             if rule is not None and item is not _INVALID:
                 msg = rule(item)
                 if msg:
-                    problems.append(f"{path}[{i}]: {msg}, got {item!r}")
+                    problems.append(f"{path}[{i}]: {msg}, got {_shown(f'{path}[{i}]', item)}")
         return tuple(items)
     if tp is int and isinstance(value, float) and value.is_integer():
         value = int(value)  # `1e9`, `2.0`: a whole number written as a float
@@ -330,14 +364,16 @@ def _convert(value, tp, path: str, problems: list[str]):
     if ok is None:
         raise TypeError(f"proxy.config cannot check annotation {tp!r} of {path}; extend _convert")
     if not ok(value):
-        problems.append(f"{path}: must be {_type_name(tp)}, got {_describe(value)}")
+        problems.append(f"{path}: must be {_type_name(tp)}, got {_describe(value, path)}")
         return _INVALID
     return float(value) if tp is float else value
 
 
-def _describe(value) -> str:
+def _describe(value, path: str = "") -> str:
     if value is None:
         return "null"
+    if is_secret(path):
+        return _shown(path, value)
     kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "mapping"}.get(
         type(value), type(value).__name__
     )
@@ -392,7 +428,7 @@ def _build(cls, data: dict, prefix: str, problems: list[str]):
         if rule is not None and value is not None:
             msg = rule(value)
             if msg:
-                problems.append(f"{path}: {msg}, got {value!r}")
+                problems.append(f"{path}: {msg}, got {_shown(path, value)}")
                 continue
         kwargs[name] = value
     if missing or len(problems) > problems_before:
@@ -452,7 +488,8 @@ def _with_origin(problem: str, origins: dict[str, str]) -> str:
 
 
 def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
-    """The configuration of `path` (None: defaults only) with environment overrides applied."""
+    """The configuration of `path` (None: defaults only) with environment overrides applied
+    and the secret files (`*_file` keys) read into the keys they stand for."""
     data = read_yaml(path) if path is not None else {}
     merged, env_problems, origins = apply_env_overrides(data, os.environ if environ is None else environ)
     try:
@@ -461,4 +498,56 @@ def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | N
         raise ConfigError(env_problems + [_with_origin(p, origins) for p in exc.problems]) from None
     if env_problems:
         raise ConfigError(env_problems)
-    return settings
+    return read_secret_files(settings)
+
+
+def _secret_lines(key: str, path: str, problems: list[str]) -> list[str]:
+    """The non-blank lines of a secret file (lines starting with # skipped); a problem naming
+    `key` when it cannot be read, is empty, or holds a line that cannot be a header value."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(f"{key}: cannot read {path} ({getattr(exc, 'strerror', None) or exc})")
+        return []
+    lines = [line.strip() for line in text.splitlines()]
+    lines = [line for line in lines if line and not line.startswith("#")]
+    if not lines:
+        problems.append(f"{key}: {path} holds no key (one key per line)")
+    elif any(field_value_problem(line) for line in lines):
+        problems.append(f"{key}: {path} holds a line that is not printable ASCII; one key per line")
+        return []
+    return lines
+
+
+def read_secret_files(settings: Settings) -> Settings:
+    """`settings` with `upstream.api_key_file`, `upstream.replica_api_key_file` and
+    `auth.api_keys_file` read (a key given both inline and as a file is a problem)."""
+    problems: list[str] = []
+    upstream, auth = settings.upstream, settings.auth
+    keys: dict[str, str] = {}
+    for name in ("api_key", "replica_api_key"):
+        file = getattr(upstream, name + "_file")
+        if file is None:
+            continue
+        if getattr(upstream, name) is not None:
+            problems.append(f"upstream.{name}_file: upstream.{name} is set too; give the key one way")
+            continue
+        lines = _secret_lines(f"upstream.{name}_file", file, problems)
+        if len(lines) > 1:
+            problems.append(f"upstream.{name}_file: {file} holds {len(lines)} keys; give exactly one")
+        elif lines:
+            keys[name] = lines[0]
+    api_keys = auth.api_keys
+    if auth.api_keys_file is not None:
+        api_keys = api_keys + tuple(_secret_lines("auth.api_keys_file", auth.api_keys_file, problems))
+    if problems:
+        raise ConfigError(problems)
+    return dataclasses.replace(
+        settings,
+        upstream=dataclasses.replace(
+            upstream,
+            api_key=keys.get("api_key", upstream.api_key),
+            replica_api_key=keys.get("replica_api_key", upstream.replica_api_key),
+        ),
+        auth=dataclasses.replace(auth, api_keys=api_keys),
+    )

@@ -37,7 +37,7 @@ from kvgate.proxy.response_chains import TurnPlan, plan_turn
 from kvgate.proxy.session_id import resolve_session_id, split_body_fields
 from kvgate.proxy.session_tracker import SessionEntry, SessionTracker
 from kvgate.proxy.settings import Settings
-from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, with_session_header
+from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, TIER_SESSION_HEADER, with_session_header
 from kvgate.proxy.turn_hold import Hold, TurnAdmission, TurnLease
 from kvgate.proxy.turn_route import Failure, Resend, after_failure, pinned_replica
 from kvgate.proxy.upstream import (
@@ -97,6 +97,8 @@ class Forwarder:
         self._finish_header = settings.session.finish_header.lower()
         self._forward_session_id = settings.session.forward_session_id
         self._api_key = settings.upstream.api_key
+        self._drop_client_keys = bool(settings.auth.api_keys)  # the client's kvgate key goes no further
+        self._replica_gate = settings.role == REPLICA_GATE  # reads the front doors' TIER_SESSION_HEADER first
         self._front_door = settings.role == FRONT_DOOR  # the session id travels on in the header
         self._tiered = settings.role in (FRONT_DOOR, REPLICA_GATE)
         self.relay = AnswerRelay(
@@ -120,7 +122,10 @@ class Forwarder:
                 raw = request.body
             else:
                 raw, body, stream = None, {}, False
-            session_id = resolve_session_id(path_session_id, request.headers, self._header, body, self._fields)
+            header = self._header
+            if self._replica_gate and TIER_SESSION_HEADER in request.headers:
+                header = TIER_SESSION_HEADER
+            session_id = resolve_session_id(path_session_id, request.headers, header, body, self._fields)
             chain = plan_turn(body, session_id, self.sessions.responses.lookup) if kind == "responses" else None
         except RequestRejected as exc:
             self._count(kind, "none", exc.status)
@@ -143,10 +148,10 @@ class Forwarder:
             entry = self.sessions.touch(session_id)
             if chain is not None and chain.link is not None:
                 entry.replica = chain.link.replica  # the replica that holds the continued response
-            finish = request.headers.get(self._finish_header, "").lower() == "true"
-        headers = upstream_request_headers(request.raw_headers, self._api_key)
-        if self._front_door and session_id is not None:
-            headers = with_session_header(headers, self._header.encode(), session_id)
+            # Only a turn ends its session: a models list that anyone can send with any session
+            # id must not end another session's window.
+            finish = kind in PROMPT_KINDS and request.headers.get(self._finish_header, "").lower() == "true"
+        headers = self._upstream_headers(request, session_id, self._api_key)
         turn = Turn(
             request,
             responder,
@@ -169,6 +174,23 @@ class Forwarder:
                 assert session_id is not None  # only a named session can be finished
                 self.admission.finish_session(session_id)
                 self.sessions.forget(session_id)
+
+    def _upstream_headers(
+        self, request: HttpRequest, session_id: str | None, api_key: str | None
+    ) -> list[tuple[bytes, bytes]]:
+        """The client's headers as a replica gets them: with `api_key`, without the client's own
+        kvgate key, and with the session for the next tier on a front door."""
+        headers = upstream_request_headers(request.raw_headers, api_key, self._drop_client_keys)
+        if self._front_door:
+            headers = with_session_header(headers, session_id)
+        return headers
+
+    def _headers_for(self, turn: Turn, replica: Replica) -> list[tuple[bytes, bytes]]:
+        """`turn.headers`, or without the upstream key for a replica that gets no credentials
+        (added at run time from a host off `upstream.credential_hosts`: proxy/client_auth.py)."""
+        if replica.credentials or not self._api_key:
+            return turn.headers
+        return self._upstream_headers(turn.request, turn.session_id, None)
 
     # ---- the turn's steps: route, admit, relay --------------------------------------
 
@@ -196,7 +218,7 @@ class Forwarder:
             with Hold(replica, lease) as held:
                 try:
                     upstream = await self.clients.for_replica(replica).request(
-                        turn.route.method, turn.target, turn.headers, turn.raw
+                        turn.route.method, turn.target, self._headers_for(turn, replica), turn.raw
                     )
                 except CONNECT_ERRORS as exc:
                     held.release()  # before deciding: `in_flight` then counts the replica's other requests

@@ -11,12 +11,12 @@ from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import replica_findings
 from kvgate.wire.owner_record import OWNER_PATH
 from kvgate.wire.probe_api import KV_PATH
+from kvgate.wire.replica_auth import replica_headers
 
 TIMEOUT_SEC = 3.0
 
 
-def _get(url: str, api_key: str | None) -> tuple[int | None, bytes]:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def _get(url: str, headers: dict[str, str]) -> tuple[int | None, bytes]:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_SEC) as resp:
             return resp.status, resp.read()
@@ -29,7 +29,7 @@ def _get(url: str, api_key: str | None) -> tuple[int | None, bytes]:
 def contact_replicas(settings: Settings) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     notes: list[str] = []
-    key = settings.upstream.api_key
+    key = replica_headers(settings.upstream.api_key, settings.upstream.replica_api_key)
     for index, replica in enumerate(settings.replicas):
         base = replica.url.rstrip("/")
         metrics_status, metrics = _get(base + "/metrics", key)

@@ -57,7 +57,9 @@ async def start_replicas(
         "(simulator.replica_server); set `replicas` in the config to serve vLLM",
         settings.simulated_replicas,
     )
-    sims = await simulated_replicas(settings.simulated_replicas, host="127.0.0.1")
+    sims = await simulated_replicas(
+        settings.simulated_replicas, host="127.0.0.1", replica_api_key=settings.upstream.replica_api_key
+    )
     log.info("simulated replicas up: %s", ", ".join(f"{s.name}={s.url}" for s in sims))
     return tuple(ReplicaSettings(s.name, s.url) for s in sims), sims
 

@@ -70,6 +70,13 @@ def claims_ownership(settings: Settings) -> bool:
     return settings.gate.mode == "enforce" and settings.ownership.ttl_sec > 0
 
 
+# The one header a front door names the session in for the replica gates behind it. Fixed,
+# not `session.header`: two tiers configured with different session headers would lose
+# every session silently. A replica gate reads it before its own `session.header`.
+TIER_SESSION_HEADER = "x-kvgate-session-id"
+_TIER_SESSION_HEADER_BYTES = TIER_SESSION_HEADER.encode()
+
+
 def session_header_value(session_id: str) -> bytes:
     """The session id as a header value for the next tier: as is when it is visible ASCII,
     else `sha256:<hex>` (deterministic, so every front door sends the same key)."""
@@ -78,13 +85,13 @@ def session_header_value(session_id: str) -> bytes:
     return b"sha256:" + hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest().encode()
 
 
-def with_session_header(
-    headers: list[tuple[bytes, bytes]], header: bytes, session_id: str
-) -> list[tuple[bytes, bytes]]:
-    """`headers` with `header` (lower case) set to the resolved session id, replacing any the client sent
-    (a `/sess/{id}` path outranks the header, and the next tier only sees headers and body)."""
-    out = [(k, v) for k, v in headers if k.lower() != header]
-    out.append((header, session_header_value(session_id)))
+def with_session_header(headers: list[tuple[bytes, bytes]], session_id: str | None) -> list[tuple[bytes, bytes]]:
+    """`headers` with TIER_SESSION_HEADER set to the resolved session id (None: removed), replacing
+    any the client sent (a `/sess/{id}` path outranks the header, and the next tier only sees
+    headers and body)."""
+    out = [(k, v) for k, v in headers if k.lower() != _TIER_SESSION_HEADER_BYTES]
+    if session_id is not None:
+        out.append((_TIER_SESSION_HEADER_BYTES, session_header_value(session_id)))
     return out
 
 

@@ -45,7 +45,17 @@ from kvgate.simulator.openai_api import (
 from kvgate.simulator.replica_metrics import CONTENT_TYPE, render_metrics
 from kvgate.simulator.tokenizer import VOCAB_SIZE, decode_token
 from kvgate.wire.owner_record import OWNER_PATH, OwnerBook, OwnerClaimError
-from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, PrefixQuery, ProbeQueryError, merge_kv, merge_prefix
+from kvgate.wire.probe_api import (
+    KV_PATH,
+    PREFIX_PATH,
+    REPLICA_API_PREFIX,
+    PrefixQuery,
+    ProbeQueryError,
+    check_prompt_length,
+    merge_kv,
+    merge_prefix,
+)
+from kvgate.wire.replica_auth import REPLICA_KEY_HEADER, UNAUTHORIZED_MESSAGE, allowed
 
 DEFAULT_MODEL_NAME = "kvgate-sim"
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -336,36 +346,58 @@ async def probe_kv(request: web.Request) -> web.Response:
     return _json(merge_kv([request.app[ENGINE_KEY].kv_answer()]).to_json())
 
 
-def parse_prefix_probe(body, store: responses_api.ResponseStore | None = None) -> tuple[list[int], str | None]:
+def parse_prefix_probe(
+    body, store: responses_api.ResponseStore | None = None, max_model_len: int | None = None
+) -> tuple[list[int], str | None]:
     """Token ids and cache_salt of a prefix probe body (a `PrefixQuery`), rendered as
     generation renders it; a `responses` body continuing a response reads `store` (404 if
-    this replica does not hold it)."""
+    this replica does not hold it). A prompt over `max_model_len` tokens is a 400
+    `prompt_too_long` (`token_ids` before its ids are read), so no probe costs more than the
+    turn it prices."""
     try:
-        query = PrefixQuery.parse(body)
+        query = PrefixQuery.parse(body, max_model_len)
+        if query.kind == "token_ids":
+            token_ids = query.token_ids or []
+            if not all(token < VOCAB_SIZE for token in token_ids):
+                raise ApiError(f"'token_ids' must be a list of integers in [0, {VOCAB_SIZE})", param="token_ids")
+            return token_ids, query.cache_salt
+        request_body = query.body or {}
+        if query.kind == "messages":
+            token_ids, salt = anthropic_api.render_messages(request_body)
+        elif query.kind == "responses":
+            token_ids, _messages, salt = responses_api.render_responses(
+                request_body, store if store is not None else responses_api.ResponseStore()
+            )
+        else:
+            token_ids, salt = render_prompt(query.kind, request_body)
+        check_prompt_length(len(token_ids), max_model_len)
     except ProbeQueryError as error:
-        raise ApiError(error.message, error.status, param=error.param) from None
-    if query.kind == "token_ids":
-        token_ids = query.token_ids or []
-        if not all(token < VOCAB_SIZE for token in token_ids):
-            raise ApiError(f"'token_ids' must be a list of integers in [0, {VOCAB_SIZE})", param="token_ids")
-        return token_ids, query.cache_salt
-    request_body = query.body or {}
-    if query.kind == "messages":
-        return anthropic_api.render_messages(request_body)
-    if query.kind == "responses":
-        ids, _messages, salt = responses_api.render_responses(
-            request_body, store if store is not None else responses_api.ResponseStore()
-        )
-        return ids, salt
-    return render_prompt(query.kind, request_body)
+        raise ApiError(error.message, error.status, param=error.param, code=error.code) from None
+    return token_ids, salt
 
 
 async def probe_prefix(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
     try:
-        token_ids, cache_salt = parse_prefix_probe(await _read_json(request), request.app[RESPONSES_KEY])
+        token_ids, cache_salt = parse_prefix_probe(
+            await _read_json(request), request.app[RESPONSES_KEY], engine.config.effective_max_model_len
+        )
     except ApiError as error:
         return _error(error)
-    return _json(merge_prefix([request.app[ENGINE_KEY].prefix_answer(token_ids, cache_salt)]).to_json())
+    return _json(merge_prefix([engine.prefix_answer(token_ids, cache_salt)]).to_json())
+
+
+def replica_key_middleware(key: str | None):
+    """The replica API (the probe API and the owner record) answers only requests with the
+    replica key (`kvgate.wire.replica_auth`); every other route is vLLM's and unaffected."""
+
+    @web.middleware
+    async def check(request: web.Request, handler):
+        if request.path.startswith(REPLICA_API_PREFIX) and not allowed(request.headers.get(REPLICA_KEY_HEADER), key):
+            return _error(ApiError(UNAUTHORIZED_MESSAGE, 401, "AuthenticationError", code="invalid_replica_key"))
+        return await handler(request)
+
+    return check
 
 
 # -- owner record (conflict detection: kvgate.wire.owner_record) ---------------------------
@@ -395,14 +427,17 @@ def build_replica_app(
     time_scale: float = 1.0,
     cost_model: CostModel | None = None,
     model_name: str = DEFAULT_MODEL_NAME,
+    replica_api_key: str | None = None,
 ) -> web.Application:
     """One simulated replica as an aiohttp app; its engine starts and stops with the app.
 
     The engine is `app[ENGINE_KEY]` (tests read its scheduler and counters directly).
-    Raises simulator.config.ConfigError for an invalid configuration.
+    `replica_api_key`: the probe and owner routes answer only requests that carry it
+    (None: anyone, as a vLLM server without the key). Raises
+    simulator.config.ConfigError for an invalid configuration.
     """
     engine = AsyncEngine(config or EngineConfig(), cost_model or CostModel(), time_scale)
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[replica_key_middleware(replica_api_key)])
     app[ENGINE_KEY] = engine
     app[INFO_KEY] = ReplicaInfo(model_name, int(time.time()))
     app[RESPONSES_KEY] = responses_api.ResponseStore()
@@ -431,10 +466,12 @@ def build_replica_app(
 
 
 def split_options(options: dict) -> tuple[EngineConfig, dict]:
-    """Split keyword options into an EngineConfig and the app's other knobs
-    (time_scale, cost_model, model_name); unknown keys raise TypeError naming them."""
+    """Split keyword options into an EngineConfig and the app's other settings
+    (time_scale, cost_model, model_name, replica_api_key); unknown keys raise TypeError naming them."""
     engine_keys = {key: options[key] for key in ENGINE_CONFIG_KEYS if key in options and options[key] is not None}
-    app_keys = {key: options[key] for key in ("time_scale", "cost_model", "model_name") if key in options}
+    app_keys = {
+        key: options[key] for key in ("time_scale", "cost_model", "model_name", "replica_api_key") if key in options
+    }
     unknown = set(options) - set(ENGINE_CONFIG_KEYS) - set(app_keys)
     if unknown:
         raise TypeError(f"unknown simulated replica option(s): {', '.join(sorted(unknown))}")
@@ -483,7 +520,7 @@ async def start_simulated_replicas(count: int, host: str = "127.0.0.1", **engine
     """Start `count` replicas named sim0, sim1, ... on free ports of `host` (seam 2).
 
     engine_options: num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
-    max_model_len, time_scale, cost_model, model_name. If one fails to start, the ones
+    max_model_len, time_scale, cost_model, model_name, replica_api_key. If one fails to start, the ones
     already started are stopped and the error propagates.
     """
     if count < 1:

@@ -31,8 +31,9 @@ from typing import Literal, cast, get_args
 from kvgate.wire.routes import PROMPT_KINDS
 
 PROBE_API_VERSION = 1
-KV_PATH = "/v1/kvgate/kv"
-PREFIX_PATH = "/v1/kvgate/prefix"
+REPLICA_API_PREFIX = "/v1/kvgate/"  # the probe API and the owner record: the routes only gates may use
+KV_PATH = REPLICA_API_PREFIX + "kv"
+PREFIX_PATH = REPLICA_API_PREFIX + "prefix"
 
 
 class ProbeAnswerError(ValueError):
@@ -361,14 +362,34 @@ QueryKind = Literal["token_ids", "chat", "completion", "messages", "responses"]
 QUERY_KINDS: tuple[QueryKind, ...] = get_args(QueryKind)
 
 
-class ProbeQueryError(ValueError):
-    """A prefix query a server cannot answer; `status` is the HTTP status to send, `param` the field."""
+PROMPT_TOO_LONG = "prompt_too_long"  # the error code of a prompt over the server's max_model_len
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400):
+
+class ProbeQueryError(ValueError):
+    """A prefix query a server cannot answer: `status` is the HTTP status to send, `code` the
+    error's code, `param` the field."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str = "invalid_request"):
         super().__init__(message)
         self.message = message
         self.param = param
         self.status = status
+        self.code = code
+
+
+def too_long(num_tokens: int, max_model_len: int) -> ProbeQueryError:
+    """The refusal of a prompt the server can never serve: a probe costs no more than its turn."""
+    return ProbeQueryError(
+        f"the prompt has {num_tokens} tokens, more than this server's max_model_len ({max_model_len}); "
+        "it can never be served here",
+        code=PROMPT_TOO_LONG,
+    )
+
+
+def check_prompt_length(num_tokens: int, max_model_len: int | None) -> None:
+    """`too_long` when a rendered prompt of `num_tokens` exceeds `max_model_len` (None: no bound)."""
+    if max_model_len is not None and num_tokens > max_model_len:
+        raise too_long(num_tokens, max_model_len)
 
 
 @dataclass(frozen=True)
@@ -405,8 +426,9 @@ class PrefixQuery:
         return doc
 
     @classmethod
-    def parse(cls, doc: object) -> PrefixQuery:
-        """The validated query, or ProbeQueryError naming the offending field."""
+    def parse(cls, doc: object, max_model_len: int | None = None) -> PrefixQuery:
+        """The validated query, or ProbeQueryError naming the offending field. `token_ids`
+        longer than `max_model_len` are refused (PROMPT_TOO_LONG) before a single id is read."""
         if not isinstance(doc, dict):
             raise ProbeQueryError("the prefix probe body must be a JSON object")
         present = [kind for kind in QUERY_KINDS if kind in doc]
@@ -419,6 +441,8 @@ class PrefixQuery:
         kind = present[0]
         if kind == "token_ids":
             token_ids = doc["token_ids"]
+            if isinstance(token_ids, list):
+                check_prompt_length(len(token_ids), max_model_len)
             if (
                 not isinstance(token_ids, list)
                 or not token_ids
