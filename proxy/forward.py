@@ -222,25 +222,12 @@ class Forwarder:
                     )
                 except CONNECT_ERRORS as exc:
                     held.release()  # before deciding: `in_flight` then counts the replica's other requests
-                    then = after_failure(Failure.CONNECT, spent, self._tiered, replica.in_flight)
-                    if then.mark_failed:
-                        self.registry.mark_failed(replica)
-                    self.metrics.upstream_errors.labels(replica.name, "connect").inc()
-                    resend = self._resend_to(then.resend, turn, replica)
-                    if resend is not None:
-                        spent |= {Failure.CONNECT}
-                        replica = resend
-                        continue
-                    self._count(kind, replica.name, 502)
-                    send_error(
-                        turn.responder,
-                        502,
-                        f"could not connect to replica {replica.name} ({exc}); it is marked "
-                        "unhealthy until its health checks pass (unless it has requests in flight); retry later",
-                        "upstream_connect_failed",
-                        lease_headers(replica, lease),
-                    )
-                    return
+                    resend = self._after_connect_failure(turn, replica, lease, spent, exc)
+                    if resend is None:
+                        return
+                    spent |= {Failure.CONNECT}
+                    replica = resend
+                    continue
                 except EXCHANGE_ERRORS as exc:
                     self.metrics.upstream_errors.labels(replica.name, "before_headers").inc()
                     self._count(kind, replica.name, 502)
@@ -281,12 +268,29 @@ class Forwarder:
             type_=refusal.error_type,
         )
 
-    def _resend_to(self, resend: Resend, turn: Turn, failed: Replica) -> Replica | None:
-        if resend is Resend.SAME:
-            return failed
-        if resend is Resend.OTHER:
-            return self.balancer.choose(turn.session_id, exclude=failed)
-        return None
+    def _after_connect_failure(
+        self, turn: Turn, replica: Replica, lease: TurnLease, spent: frozenset[Failure], error: Exception
+    ) -> Replica | None:
+        """No connection to `replica` could be opened: the replica to re-send the turn to, or
+        None once the client has its 502."""
+        then = after_failure(Failure.CONNECT, spent, self._tiered, replica.in_flight)
+        if then.mark_failed:
+            self.registry.mark_failed(replica)
+        self.metrics.upstream_errors.labels(replica.name, "connect").inc()
+        if then.resend is Resend.SAME:
+            return replica
+        resend = self.balancer.choose(turn.session_id, exclude=replica) if then.resend is Resend.OTHER else None
+        if resend is None:
+            self._count(turn.route.kind, replica.name, 502)
+            send_error(
+                turn.responder,
+                502,
+                f"could not connect to replica {replica.name} ({error}); it is marked "
+                "unhealthy until its health checks pass (unless it has requests in flight); retry later",
+                "upstream_connect_failed",
+                lease_headers(replica, lease),
+            )
+        return resend
 
     async def _relay(self, turn: Turn, replica: Replica, lease: TurnLease, upstream: UpstreamResponse) -> bool:
         """Relay the replica's answer; True when it was relayed whole with a status under 400."""
