@@ -31,7 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvgate.wire.probe_api import PROBE_API_VERSION, REPLICA_API_PREFIX
+from kvgate.wire.probe_api import PROBE_API_VERSION
+from kvgate.wire.routes import REPLICA_API_PREFIX
 
 OWNER_PATH = REPLICA_API_PREFIX + "owner"
 MAX_GATE_ID_CHARS = 256

@@ -28,10 +28,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Literal, cast, get_args
 
-from kvgate.wire.routes import PROMPT_KINDS
+from kvgate.wire.routes import PROMPT_KINDS, REPLICA_API_PREFIX
 
 PROBE_API_VERSION = 1
-REPLICA_API_PREFIX = "/v1/kvgate/"  # the probe API and the owner record: the routes only gates may use
 KV_PATH = REPLICA_API_PREFIX + "kv"
 PREFIX_PATH = REPLICA_API_PREFIX + "prefix"
 
