@@ -14,15 +14,12 @@ import asyncio
 import logging
 from pathlib import Path
 
-import aiohttp
 import orjson
-import pytest
 import yaml
 from aiohttp import web
+from security_parts import CLEAN, chat, finish_every_session, replica_config, until
 
-from kvgate.bench.processes import Kvgate, start_in_process
 from kvgate.bench.tiers import start_tiered
-from kvgate.simulator.replica_server import SimulatedReplica, start_simulated_replicas
 
 REPLICA_KEY = "replica-key-Zq81"  # the gates' credential for the replica API
 VLLM_KEY = "vllm-client-key-Hy27"  # the replicas' client key (vLLM --api-key)
@@ -30,80 +27,7 @@ CLIENT_KEY = "client-key-Pw55"  # a tenant's key for kvgate (auth.api_keys)
 ADMIN_TOKEN = "admin-token-Xk09"
 GATE_HEADERS = {"X-Kvgate-Replica-Key": REPLICA_KEY}
 SECRETS = (REPLICA_KEY, VLLM_KEY, CLIENT_KEY, ADMIN_TOKEN)
-CLEAN = {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def chat(text: str = "hello", **extra) -> dict:
-    return {"model": "kvgate-sim", "max_tokens": 4, **extra, "messages": [{"role": "user", "content": text}]}
-
-
-async def until(condition, what: str, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
-async def parts():
-    """Starts replicas and kvgates for a row and stops them after it; each kvgate must end clean."""
-    replicas: list[SimulatedReplica] = []
-    gates: list[Kvgate] = []
-    others: list = []
-
-    class Parts:
-        async def replicas(self, count: int = 1, **options) -> list[SimulatedReplica]:
-            started = await start_simulated_replicas(count, **{"time_scale": 0.0, **options})
-            replicas.extend(started)
-            return started
-
-        async def kvgate(self, config: dict, name: str = "kvgate", health_checks: bool = False) -> Kvgate:
-            gate = await start_in_process(name, config, health_checks=health_checks)
-            gates.append(gate)
-            return gate
-
-        async def server(self, app: web.Application) -> str:
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            others.append(runner)
-            host, port = runner.addresses[0][:2]
-            return f"http://{host}:{port}"
-
-        def track(self, closeable) -> None:
-            others.append(closeable)
-
-    yield Parts()
-    for gate in gates:
-        finish_every_session(gate.app.admission)
-        counts = gate.app.admission.counts()
-        await gate.close()
-        assert counts == CLEAN, f"{gate.name} left {counts}"
-    for other in others:
-        await (other.cleanup() if isinstance(other, web.AppRunner) else other.close())
-    await asyncio.gather(*(r.stop() for r in replicas), return_exceptions=True)
-
-
-def finish_every_session(admission) -> None:
-    """End every session a row left (their windows wait out idle_grace_sec otherwise), so the
-    leak check sees only what finishing cannot release."""
-    for gate_state in admission.state().values():
-        for session in gate_state.get("sessions", {}):
-            admission.finish_session(session)
-
-
-def replica_config(replica, **extra) -> dict:
-    return {"replicas": [{"name": replica.name, "url": replica.url}], **extra}
 
 
 class Recorder:
