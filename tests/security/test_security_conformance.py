@@ -160,25 +160,37 @@ async def test_f5_a_session_cannot_take_over_another_sessions_chain(parts, http)
 # ---- finding 6: an admin-token holder could collect the upstream key ------------------------------
 
 
-async def test_f6_replicas_added_at_run_time_get_no_credentials(parts, http):
-    recorder = Recorder()
-    url = await parts.server(recorder.app())
+async def _add_and_use(parts, http, config: dict, url: str) -> None:
+    """A kvgate with `config` (and the admin API): an admin adds the replica at `url`, health checks
+    and ownership claims run, and a client's turn goes there."""
     config = {
-        "upstream": {"api_key": VLLM_KEY, "replica_api_key": REPLICA_KEY},
+        **config,
         "admin": {"token": ADMIN_TOKEN},
         "ownership": {"ttl_sec": 0.6},
         "balancer": {"health": {"interval_sec": 0.1}},
     }
     gate = await parts.kvgate(config, health_checks=True)
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    async with http.post(gate.url + "/admin/replicas", json={"name": "evil", "url": url}, headers=admin) as resp:
+    async with http.post(gate.url + "/admin/replicas", json={"name": "added", "url": url}, headers=admin) as resp:
         assert resp.status == 201
-    await asyncio.sleep(0.8)  # health checks, ownership claims
-    async with http.post(
-        gate.url + "/v1/chat/completions", json=chat("secret plan"), headers={"x-session-id": "s"}
-    ) as resp:
+    await asyncio.sleep(0.8)
+    async with http.post(gate.url + "/v1/chat/completions", json=chat("plan"), headers={"x-session-id": "s"}) as resp:
         assert resp.status == 200
-    assert recorder.headers and not recorder.saw(VLLM_KEY) and not recorder.saw(REPLICA_KEY)
+
+
+async def test_f6_replicas_added_at_run_time_get_no_upstream_key(parts, http):
+    recorder = Recorder()
+    await _add_and_use(parts, http, {"upstream": {"api_key": VLLM_KEY}}, await parts.server(recorder.app()))
+    assert "/v1/chat/completions" in recorder.paths and not recorder.saw(VLLM_KEY)
+
+
+async def test_f6_nor_the_replica_key(parts, http):
+    recorder = Recorder()
+    config = {"upstream": {"api_key": VLLM_KEY, "replica_api_key": REPLICA_KEY}}
+    await _add_and_use(parts, http, config, await parts.server(recorder.app()))
+    assert "/v1/kvgate/kv" in recorder.paths  # probed, without credentials; never claimed
+    assert "/v1/kvgate/owner" not in recorder.paths
+    assert not recorder.saw(VLLM_KEY) and not recorder.saw(REPLICA_KEY)
 
 
 async def test_f6_a_host_on_the_allow_list_gets_them(parts, http):
@@ -198,14 +210,16 @@ async def test_f6_a_host_on_the_allow_list_gets_them(parts, http):
 
 
 async def test_f7b_tiers_with_different_session_headers_keep_the_session(http):
+    """An Anthropic turn carries no `session_id` body field the replica gate could fall back on."""
     topology = await start_tiered(
         1, 1, replica_gate={"session": {"header": "x-b"}}, front_door={"session": {"header": "x-a"}}, time_scale=0.0
     )
     try:
         (door,), (gate,) = topology.front_doors, topology.replica_gates
         await until(lambda: door.app.registry.any_healthy(), "the front door's replica gate healthy")
-        async with http.post(door.url + "/v1/chat/completions", json=chat(), headers={"x-a": "tenant-7"}) as resp:
-            assert resp.status == 200
+        body = {"model": "kvgate-sim", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]}
+        async with http.post(door.url + "/v1/messages", json=body, headers={"x-a": "tenant-7"}) as resp:
+            assert resp.status == 200, await resp.text()
         assert b"tenant-7" in orjson.dumps(gate.app.admission.state())
     finally:
         for kvgate in topology.replica_gates + topology.front_doors:
