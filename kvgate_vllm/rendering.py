@@ -63,6 +63,16 @@ def _error_message(error_response: Any) -> str:
 _CONTEXT_LENGTH_WORDS = "maximum context length"
 
 
+def _render_errors() -> tuple[type[BaseException], ...]:
+    """What vLLM raises for a body it will not render: Python's own errors, and its client
+    errors (`VLLMClientError`, which is not a ValueError; its context-length check raises one)."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:  # a vLLM release without the class
+        return (ValueError, TypeError, KeyError)
+    return (ValueError, TypeError, KeyError, VLLMClientError)
+
+
 def _render_refusal(message: str, kind: str) -> ProbeRequestError:
     """The 400 of a body vLLM would not render; `prompt_too_long` when it is longer than the
     server serves (the gate then refuses the turn instead of forwarding it)."""
@@ -151,7 +161,7 @@ async def _render_with(
         raise ProbeRequestError(_error_message(error), param=f"{kind}.model")
     try:
         result = await render(request, skip_mm_cache=True)
-    except (ValueError, TypeError, KeyError) as exc:
+    except _render_errors() as exc:
         raise _render_refusal(f"cannot render the {kind} body: {exc}", kind) from exc
     if isinstance(result, ErrorResponse):
         raise _render_refusal(_error_message(result), kind)
@@ -254,7 +264,7 @@ async def _render_responses(state: Any, body: dict) -> RenderedPrompt:
             raise _previous_response_not_found(request.previous_response_id)
     try:
         result = await serving._render_resolved_response_inputs(request, previous, skip_mm_cache=True)
-    except (ValueError, TypeError, KeyError) as exc:
+    except _render_errors() as exc:
         raise _render_refusal(f"cannot render the responses body: {exc}", "responses") from exc
     if isinstance(result, ErrorResponse):
         raise _render_refusal(_error_message(result), "responses")
