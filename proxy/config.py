@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from kvgate.balancer.balancer import ALGORITHMS
-from kvgate.balancer.replica_fields import replica_name_problem, replica_url_key, replica_url_problem
+from kvgate.balancer.replica_fields import is_token, replica_name_problem, replica_url_key, replica_url_problem
 from kvgate.gate.gate import MODES
 from kvgate.gate.policies.registry import policy_name_problem
 from kvgate.proxy.http_fields import field_value_problem
@@ -109,6 +109,10 @@ def _non_empty(value) -> str | None:
     return "must not be empty" if not value else None
 
 
+def _header_name(value) -> str | None:
+    return None if is_token(value) else "must be a header name (letters, digits, - and _)"
+
+
 def _secret_value_problem(value: str) -> str | None:
     return _non_empty(value) or field_value_problem(value)
 
@@ -140,6 +144,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "replicas[].weight": _in_range(0, lo_open=True),
     "simulated_replicas": _in_range(1, 64),
     "session.header": _non_empty,
+    "session.client_headers[]": _header_name,
     "session.body_fields[]": _non_empty,
     "session.finish_header": _non_empty,
     "balancer.algorithm": _one_of(*ALGORITHMS),

@@ -306,6 +306,29 @@ async def _stream_response(
 # -- plain routes ----------------------------------------------------------------------------
 
 
+async def count_tokens(request: web.Request) -> web.Response:
+    """POST /v1/messages/count_tokens (Anthropic; vLLM serves it too): the prompt's tokens,
+    rendered as for /v1/messages, with nothing scheduled."""
+    try:
+        body = await _read_json(request)
+        prompt_ids, _ = anthropic_api.render_messages(body)
+    except ApiError as error:
+        return _error_for("messages", error)
+    except ValueError as error:
+        return _error_for("messages", ApiError(str(error)))
+    return _json({"input_tokens": len(prompt_ids)})
+
+
+async def responses_retrieve(request: web.Request) -> web.Response:
+    """GET /v1/responses/{response_id}: a stored response (vLLM, with its response store
+    enabled, serves it from the memory of the one server that produced it; 404 elsewhere)."""
+    response_id = request.match_info["response_id"]
+    stored = request.app[RESPONSES_KEY].get(response_id)
+    if stored is None:
+        return _error(responses_api.not_found(response_id))
+    return _json(responses_api.stored_response_object(response_id, stored, request.app[INFO_KEY].model_name))
+
+
 async def models(request: web.Request) -> web.Response:
     info = request.app[INFO_KEY]
     return _json(models_response(info.model_name, info.created, request.app[ENGINE_KEY].config.effective_max_model_len))
@@ -477,6 +500,8 @@ def build_replica_app(
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/messages", messages)
     app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    app.router.add_get("/v1/responses/{response_id}", responses_retrieve)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
