@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from kvgate.gate.replica_auth import replica_headers
+
 log = logging.getLogger("kvgate.gate.ownership")
 
 OWNER_PATH = "/v1/kvgate/owner"
@@ -157,6 +159,7 @@ class OwnershipClaims:
         *,
         timeout_sec: float = 1.0,
         api_key: str | None = None,
+        replica_api_key: str | None = None,
     ) -> None:
         self.gate_id = gate_id
         self.ttl_sec = ttl_sec
@@ -164,7 +167,7 @@ class OwnershipClaims:
         self._replicas = replicas
         self._apply = apply
         self._timeout = aiohttp.ClientTimeout(total=min(timeout_sec, self.interval_sec))
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = replica_headers(api_key, replica_api_key)
         self._state: dict[str, Ownership] = {}
         self._urls: dict[str, str] = {}
         self._http: aiohttp.ClientSession | None = None

@@ -31,6 +31,9 @@ WORKLOAD_OPTIONS = (
 def add_sim_command(subparsers) -> None:
     sim = subparsers.add_parser("sim", help="simulator experiments", description="Deterministic simulator experiments.")
     sim_sub = sim.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
+    from kvgate.simulator.cluster.cli import add_cluster_command  # bench's workloads load only for `sim`
+
+    add_cluster_command(sim_sub)
     parser = sim_sub.add_parser(
         "admission",
         help="the continuous-batching admission experiment (naive / reserve / reserve_watermark)",

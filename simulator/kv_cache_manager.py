@@ -70,17 +70,17 @@ class KVCacheManager:
 
     # -- lookups (no side effects) ---------------------------------------------------
 
-    def find_longest_cache_hit(self, block_hashes: list[int], max_length: int) -> list[KVCacheBlock]:
-        hits = []
-        get = self.block_pool.cached_block_hash_to_block.get
-        for block_hash in block_hashes[: max_length // self.block_size]:
-            block = get(block_hash)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
+    def find_longest_cache_hit(self, block_hashes: Sequence[int], max_length: int) -> list[KVCacheBlock]:
+        """The cached blocks of the longest prefix of `block_hashes` within `max_length` tokens."""
+        # One lookup per block in C (map), then cut at the first miss: the same blocks a
+        # loop that stops at the first miss finds, several times faster on long prompts.
+        found = list(map(self.block_pool.cached_block_hash_to_block.get, block_hashes[: max_length // self.block_size]))
+        try:
+            return found[: found.index(None)]  # type: ignore[return-value]  # the prefix before the miss has no None
+        except ValueError:
+            return found  # type: ignore[return-value]  # no miss: every entry is a block
 
-    def probe_prefix(self, block_hashes: list[int], num_tokens: int) -> PrefixProbe:
+    def probe_prefix(self, block_hashes: Sequence[int], num_tokens: int) -> PrefixProbe:
         hits = self.find_longest_cache_hit(block_hashes, num_tokens)
         in_use = sum(1 for block in hits if block.ref_cnt > 0)
         return PrefixProbe(
@@ -143,11 +143,13 @@ class KVCacheManager:
         end = min(num_computed_tokens // self.block_size, len(request.block_hashes))
         if end <= start:
             return
-        blocks = self.req_to_blocks[rid]
-        hashes = request.block_hashes
-        cache = self.block_pool.cache_full_block
-        for index in range(start, end):
-            cache(blocks[index], hashes[index])
+        cached = self.block_pool.cached_block_hash_to_block
+        # BlockPool.cache_full_block's rule, inlined: this runs for every block of every
+        # prompt (a prompt's hit blocks are already registered and skipped).
+        for block, block_hash in zip(self.req_to_blocks[rid][start:end], request.block_hashes[start:end]):
+            if block.block_hash is None and block_hash not in cached:
+                block.block_hash = block_hash
+                cached[block_hash] = block
         self.num_cached_blocks[rid] = end
 
     def free(self, request: SimRequest) -> None:

@@ -215,7 +215,7 @@ class Scheduler:
         for request, num_new in output.scheduled:
             start = request.num_computed_tokens
             end = start + num_new
-            if request.output_token_ids and start == request.num_tokens - 1 and num_new == 1:
+            if request.num_output_tokens and start == request.num_tokens - 1 and num_new == 1:
                 output.num_decode_seqs += 1
             else:
                 output.num_prefill_tokens += num_new

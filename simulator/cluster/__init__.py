@@ -1,0 +1,1 @@
+"""`kvgate sim cluster`: the real gate and balancer over many simulated engines in virtual time."""

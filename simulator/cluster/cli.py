@@ -1,0 +1,253 @@
+"""`kvgate sim cluster`: compare policies on a simulated fleet in virtual time, or sweep its size.
+
+Writes to --out: `report.json` (per policy, `report.summarize`; byte-identical for the
+same options), `table.md`, `timeline_<policy>.csv`, `timeline.png`; with several
+`--replicas`, `sweep.json`, `sweep.md` and `sweep.png` (and each size's files in
+`replicas_<N>/`). Wall-clock and CPU time go to stdout only.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from kvgate.bench.agentic.regimes import REGIMES
+from kvgate.bench.agentic.workload import WorkloadSpec, generate_workload
+from kvgate.simulator.cluster.plots import write_sweep_plot, write_timeline_plot
+from kvgate.simulator.cluster.presets import CLUSTER_PRESETS, ClusterPreset
+from kvgate.simulator.cluster.report import format_sweep, format_table, summarize
+from kvgate.simulator.cluster.run import ClusterConfig, RunResult, parse_event, policy_names, run_policy
+from kvgate.simulator.cluster.workload import AgentSessions, sessions_of
+from kvgate.simulator.config import ConfigError, CostModel, EngineConfig
+
+
+def _regime_names() -> list[str]:
+    return [*CLUSTER_PRESETS, *(name for name, regime in REGIMES.items() if isinstance(regime.workload, WorkloadSpec))]
+
+
+def add_cluster_command(sim_subparsers) -> None:
+    parser = sim_subparsers.add_parser(
+        "cluster",
+        help="the real gate and balancer over many simulated replicas, in virtual time",
+        description="Run agents through the real admission gate and balancer over N simulated vLLM engines "
+        "in virtual time, once per policy (sticky = gate off, each gate policy, direct = round-robin pinning), "
+        "and report makespan, throughput, hit rate against the ceiling, latency percentiles, per-replica "
+        "balance and plots over time. Deterministic: the same options give the same report.",
+    )
+    parser.add_argument(
+        "--regime",
+        default="fleet",
+        choices=_regime_names(),
+        help="workload, replica shape and gate settings: a cluster preset, or any `kvgate bench agentic` regime "
+        "(its fixed sessions, unless --agents is given) (default fleet)",
+    )
+    parser.add_argument(
+        "--replicas", default=None, help="replica count, or a comma list to sweep (default: the regime's)"
+    )
+    parser.add_argument("--agents", type=int, default=None, help="agents in a closed loop (default: the regime's)")
+    parser.add_argument(
+        "--duration", type=float, default=None, help="seconds of traffic for --agents runs (default: the regime's)"
+    )
+    parser.add_argument(
+        "--policies", default="all", help=f"comma list from {', '.join(policy_names())}, or all (default all)"
+    )
+    parser.add_argument(
+        "--event",
+        action="append",
+        default=[],
+        metavar="KIND@SECONDS:ARG",
+        help="remove@1800:r3 (a replica fails / is removed), add@2400:r64, agents@600:2048 (load step); repeatable",
+    )
+    parser.add_argument(
+        "--fail-at-half", action="store_true", help="shorthand: replica r0 is removed at half the duration"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--p95", type=float, default=None, help="turn-latency p95 target (s) the sweep answers for")
+    parser.add_argument("--sample-sec", type=float, default=None, help="timeline sampling interval (virtual s)")
+    parser.add_argument("--num-blocks", type=int, default=None, help="KV blocks per replica (default: the regime's)")
+    parser.add_argument("--time-scale", type=float, default=None, help="cost-model multiplier (default: the regime's)")
+    parser.add_argument("--no-jump", action="store_true", help="step every engine step (the reference; slower)")
+    parser.add_argument("--out", type=Path, default=Path("results/sim_cluster"), help="output folder")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.set_defaults(func=run_cluster_command)
+
+
+def _preset(args) -> ClusterPreset:
+    preset = CLUSTER_PRESETS.get(args.regime)
+    if preset is not None:
+        return preset
+    regime = REGIMES[args.regime]
+    assert isinstance(regime.workload, WorkloadSpec)  # _regime_names offers no other
+    shape = regime.shape
+    engine = EngineConfig(
+        shape.num_blocks, shape.block_size, shape.max_num_seqs, shape.max_num_batched_tokens, shape.max_model_len
+    )
+    cost = CostModel() if shape.prefill_token_s is None else CostModel(prefill_token_s=shape.prefill_token_s)
+    return ClusterPreset(
+        regime.name,
+        regime.description,
+        regime.workload,
+        engine,
+        cost,
+        shape.time_scale,
+        regime.replicas,
+        regime.gate,
+        agents=0,
+        duration_s=0.0,
+    )
+
+
+def build_config(args, replicas: int) -> ClusterConfig:
+    """The ClusterConfig the options describe (raises ValueError / ConfigError naming a bad option)."""
+    preset = _preset(args)
+    engine = preset.engine
+    if args.num_blocks is not None:  # a smaller cache caps the model length, as vLLM's start-up check does
+        cache = args.num_blocks * engine.block_size
+        limit = None if engine.max_model_len is None else min(engine.max_model_len, cache)
+        engine = dataclasses.replace(engine, num_blocks=args.num_blocks, max_model_len=limit)
+    engine.validate()
+    agents = preset.agents if args.agents is None else args.agents
+    duration = preset.duration_s if args.duration is None else args.duration
+    events = [parse_event(text) for text in args.event]
+    if args.fail_at_half:
+        if not agents:
+            raise ValueError("--fail-at-half needs an --agents run (a duration to halve)")
+        events.append(parse_event(f"remove@{duration / 2:g}:r0"))
+    config = ClusterConfig(
+        replicas=replicas,
+        engine=engine,
+        cost_model=preset.cost_model,
+        time_scale=preset.time_scale if args.time_scale is None else args.time_scale,
+        gate=preset.gate,
+        send_finish=preset.workload.send_finish,
+        events=tuple(events),
+        jump=not args.no_jump,
+    )
+    if agents:
+        if duration <= 0:
+            raise ValueError("--duration must be > 0 for an --agents run")
+        return dataclasses.replace(
+            config,
+            agent_sessions=AgentSessions(preset.workload, args.seed),
+            agents=agents,
+            duration_s=duration,
+            sample_sec=args.sample_sec or max(1.0, duration / 360),
+        )
+    workload = generate_workload(preset.workload, args.seed)
+    return dataclasses.replace(
+        config,
+        sessions=tuple(sessions_of(workload)),
+        concurrency=preset.workload.concurrency,
+        start_interval_s=preset.workload.start_interval_s,
+        sample_sec=args.sample_sec or 1.0,
+    )
+
+
+def _policies(text: str) -> list[str]:
+    names = policy_names()
+    if text == "all":
+        return list(names)
+    chosen = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in names]
+    if unknown or not chosen:
+        raise ValueError(f"--policies: unknown {unknown}; choose from {', '.join(names)} or all")
+    return chosen
+
+
+def _write_timeline(path: Path, timeline: list[dict]) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(timeline[0]), lineterminator="\n")
+        writer.writeheader()
+        for row in timeline:
+            writer.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in row.items()})
+
+
+def run_policies(config: ClusterConfig, policies: list[str], out: Path, plots: bool, title: str, log=print) -> dict:
+    """Run every policy on `config`, write the per-size outputs into `out`; the summaries by policy."""
+    out.mkdir(parents=True, exist_ok=True)
+    summaries: dict[str, dict] = {}
+    timelines: dict[str, list[dict]] = {}
+    events: list[tuple[float, str]] = []
+    for policy in policies:
+        wall, cpu = time.perf_counter(), time.process_time()
+        result: RunResult = run_policy(config, policy)
+        summaries[policy] = summary = summarize(result)
+        timelines[policy] = result.timeline
+        events = events or result.events
+        _write_timeline(out / f"timeline_{policy}.csv", result.timeline)
+        log(
+            f"[cluster] {config.replicas} replicas, {policy}: {summary['turns_ok']} turns, makespan "
+            f"{summary['makespan_s']:.1f}s, hit rate {summary['hit_rate']:.3f}, turn p95 "
+            f"{summary['turn_latency_s']['p95']}s (wall {time.perf_counter() - wall:.1f}s, "
+            f"CPU {time.process_time() - cpu:.1f}s)"
+        )
+    (out / "report.json").write_text(json.dumps({"config": describe(config), "policies": summaries}, indent=1) + "\n")
+    (out / "table.md").write_text(format_table(summaries))
+    if plots:
+        write_timeline_plot(timelines, events, out / "timeline.png", title)
+    return summaries
+
+
+def describe(config: ClusterConfig) -> dict:
+    """The run's settings as JSON (the report's header)."""
+    return {
+        "replicas": config.replicas,
+        "engine": dataclasses.asdict(config.engine),
+        "cost_model": dataclasses.asdict(config.cost_model),
+        "time_scale": config.time_scale,
+        "gate": config.gate,
+        "agents": config.agents,
+        "duration_s": config.duration_s,
+        "sessions": len(config.sessions),
+        "concurrency": config.concurrency,
+        "workload": None
+        if config.agent_sessions is None
+        else dataclasses.asdict(config.agent_sessions.spec) | {"seed": config.agent_sessions.seed},
+        "events": [event.describe() for event in config.events],
+        "jump": config.jump,
+    }
+
+
+def run_cluster_command(args) -> int:
+    try:
+        policies = _policies(args.policies)
+        preset = _preset(args)
+        counts = [preset.replicas] if args.replicas is None else [int(n) for n in args.replicas.split(",")]
+        if any(n < 1 for n in counts):
+            raise ValueError("--replicas must be >= 1")
+        configs = {n: build_config(args, n) for n in counts}
+    except (ValueError, ConfigError) as err:
+        print(f"kvgate sim cluster: {err}", file=sys.stderr)
+        return 2
+    wall, cpu = time.perf_counter(), time.process_time()
+    if len(counts) == 1:
+        summaries = run_policies(configs[counts[0]], policies, args.out, not args.no_plots, _title(args, counts[0]))
+        print(format_table(summaries), end="")
+    else:
+        sweep = {}
+        for n in counts:
+            sweep[n] = run_policies(
+                configs[n], policies, args.out / f"replicas_{n}", not args.no_plots, _title(args, n)
+            )
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "sweep.json").write_text(
+            json.dumps({"p95_target_s": args.p95, "sweep": {str(n): s for n, s in sweep.items()}}, indent=1) + "\n"
+        )
+        text = format_sweep(sweep, args.p95)
+        (args.out / "sweep.md").write_text(text)
+        if not args.no_plots:
+            write_sweep_plot(sweep, args.p95, args.out / "sweep.png", f"{args.regime}: replica sweep")
+        print(text, end="")
+    print(
+        f"[cluster] total wall {time.perf_counter() - wall:.1f}s, CPU {time.process_time() - cpu:.1f}s; "
+        f"outputs in {args.out}"
+    )
+    return 0
+
+
+def _title(args, replicas: int) -> str:
+    return f"{args.regime}: {replicas} replicas" + (f", {args.agents} agents" if args.agents else "")

@@ -1,0 +1,179 @@
+"""The proxy's turn path in-process: route, admit, run on the engine, release.
+
+What `proxy/forward.py` does per turn, minus HTTP: a session keeps the replica it ran
+on while that replica is registered (`proxy/session_tracker.py`), otherwise the
+balancer picks one (rendezvous over the routable replicas); the replica's gate
+admits it (`AdmissionController.acquire`, the proxy's own controller with in-process
+probes); a `ReplicaUnavailable` (the replica was removed while the turn waited)
+re-routes once; the lease is released when the engine finished the request, with
+`served=False` when the replica failed under it; a finishing turn ends the session's
+windows. `direct` mode skips the gate and the balancer: session i runs on replica
+i mod (replicas), as `kvgate bench agentic`'s direct mode does.
+
+The request body the gate sees (`TurnBody`) has the JSON size of the real turn's
+body: the contract policy bounds a prompt by its body's bytes, and that is all the
+gate reads of it besides `max_tokens`; the in-process prefix probe reads the
+turn's request from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import orjson
+
+from kvgate.balancer.balancer import Balancer
+from kvgate.balancer.registry import Replica, ReplicaRegistry
+from kvgate.gate.admission import AdmissionController
+from kvgate.gate.errors import AdmissionError, ReplicaUnavailable
+from kvgate.gate.readings import PrefixReading, UsageReading, parse_kv_answer
+from kvgate.simulator.cluster.engine import EngineStopped, SimEngine
+from kvgate.simulator.cluster.session_request import SessionRequest
+
+_CHUNKS = tuple("x" * (1 << k) for k in range(25))  # shared padding strings: a body costs no memory
+_MESSAGE_BYTES = len(b'{"role":"user","content":""},')
+
+
+class TurnBody(dict):
+    """A chat body of a given JSON size that carries its turn's request for the prefix probe."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: SessionRequest, body_bytes: int, max_tokens: int) -> None:
+        super().__init__(model="sim", max_tokens=max_tokens, messages=[])
+        self.request = request
+        room = body_bytes - len(orjson.dumps(self)) + 1  # +1: the last message has no comma
+        messages = self["messages"]
+        for k in range(len(_CHUNKS) - 1, -1, -1):
+            if room >= (1 << k) + _MESSAGE_BYTES:
+                messages.append({"role": "user", "content": _CHUNKS[k]})
+                room -= (1 << k) + _MESSAGE_BYTES
+
+
+class EngineProbe:
+    """The gate's probe of one simulated engine: the probe API's answers, in-process and fresh."""
+
+    def __init__(self, engines: Mapping[str, SimEngine], name: str) -> None:
+        self._engines = engines
+        self._name = name
+
+    async def usage(self, newer_than: float | None = None) -> UsageReading | None:
+        engine = self._engines.get(self._name)
+        if engine is None or engine.stopped:
+            return None
+        return parse_kv_answer(engine.kv_state())
+
+    async def prefix(self, route_kind: str, body: Mapping[str, object]) -> PrefixReading | None:
+        engine = self._engines.get(self._name)
+        if engine is None or engine.stopped or not isinstance(body, TurnBody):
+            return None
+        probe = engine.probe_prefix(body.request)
+        return PrefixReading(probe.total_blocks, probe.hit_blocks, probe.hit_ratio, probe.total_tokens)
+
+
+@dataclass(slots=True)
+class TurnOutcome:
+    ok: bool
+    status: str  # "ok", an AdmissionError code, "upstream_failed", "no_replica"
+    replica: str | None
+    admission: str | None
+    wait_ms: float
+    finished_at: float | None
+    first_token_at: float | None
+    request: SessionRequest
+
+
+class FrontDoor:
+    def __init__(
+        self,
+        registry: ReplicaRegistry,
+        engines: dict[str, SimEngine],
+        controller: AdmissionController | None,
+    ) -> None:
+        self.registry = registry
+        self.balancer = Balancer(registry)
+        self.engines = engines
+        self.controller = controller  # None: direct (no proxy)
+        self._pins: dict[str, Replica] = {}
+
+    def _route(self, session_id: str, direct_index: int) -> Replica | None:
+        if self.controller is None:
+            routable = self.registry.routable()
+            return routable[direct_index % len(routable)] if routable else None
+        pinned = self._pins.get(session_id)
+        if pinned is not None and pinned.healthy and not pinned.removed:
+            return pinned
+        return self.balancer.choose(session_id)
+
+    async def turn(self, session_id: str, direct_index: int, request: SessionRequest, body: TurnBody, finish: bool):
+        """Run one turn; the outcome says how it ended (never raises an AdmissionError)."""
+        try:
+            return await self._turn(session_id, direct_index, request, body)
+        finally:
+            if finish and self.controller is not None:
+                self.controller.finish_session(session_id)
+                self._pins.pop(session_id, None)
+
+    async def _turn(self, session_id: str, direct_index: int, request: SessionRequest, body: TurnBody):
+        replica = self._route(session_id, direct_index)
+        if replica is None:
+            return TurnOutcome(False, "no_replica", None, None, 0.0, None, None, request)
+        lease = None
+        if self.controller is not None:
+            rerouted = False
+            while True:
+                try:
+                    lease = await self.controller.acquire(replica, session_id, "chat", body)
+                    break
+                except ReplicaUnavailable:
+                    if rerouted:
+                        return TurnOutcome(False, "replica_unavailable", replica.name, None, 0.0, None, None, request)
+                    rerouted = True
+                    other = self.balancer.choose(session_id, exclude=replica)
+                    if other is None:
+                        return TurnOutcome(False, "no_replica", None, None, 0.0, None, None, request)
+                    replica = other
+                except AdmissionError as refusal:
+                    return TurnOutcome(False, refusal.code, replica.name, None, 0.0, None, None, request)
+        engine = self.engines[replica.name]
+        replica.in_flight += 1
+        served = False
+        try:
+            turn = engine.add(request)
+            try:
+                finished_at = await turn.done
+            except (EngineStopped, ValueError) as failure:
+                status = "upstream_failed" if isinstance(failure, EngineStopped) else "prompt_too_long"
+                return TurnOutcome(
+                    False,
+                    status,
+                    replica.name,
+                    lease.reason if lease else None,
+                    lease.wait_ms if lease else 0.0,
+                    None,
+                    None,
+                    request,
+                )
+            served = True
+        finally:
+            replica.in_flight -= 1
+            if lease is not None:
+                lease.release(served=served)
+        if self.controller is not None:
+            self._pins[session_id] = replica
+        return TurnOutcome(
+            True,
+            "ok",
+            replica.name,
+            lease.reason if lease else None,
+            lease.wait_ms if lease else 0.0,
+            finished_at,
+            turn.first_token_at,
+            request,
+        )
+
+    def forget_replica(self, replica: Replica) -> None:
+        """A replica left: sessions pinned to it re-hash on their next turn."""
+        for session_id in [s for s, pinned in self._pins.items() if pinned is replica]:
+            del self._pins[session_id]

@@ -1,0 +1,170 @@
+"""A run's figures, the table comparing policies, and the replica sweep's answer.
+
+Pure functions of the run records. Definitions (as `kvgate bench agentic`'s report):
+- makespan: from the first turn's send to the last turn's end;
+- throughput: completed turns, generated tokens and prompt tokens per second of makespan;
+- hit rate: prefix-cache hit tokens over prompt tokens, counted by the engines at each
+  request's first admission (vLLM's `prefix_cache_hits/queries`); ceiling: what an
+  infinite prefix cache would hit on the same turns (`TurnRecord.ceiling_tokens`);
+- turn latency: from a turn's first send to its end (gate wait, queueing, prefill and
+  decode; retries of a failed attempt included); TTFT: to its first token;
+- session completion: from a session's first send to its last turn's end (completed
+  sessions only);
+- balance: per replica, completed turns and busy time (engine step time) over the
+  mean across replicas (1.0 is perfectly even).
+Percentiles are nearest rank (`simulator.percentiles`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from kvgate.simulator.cluster.run import RunResult
+from kvgate.simulator.percentiles import percentile
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _stats(values: list[float]) -> dict:
+    return {
+        "n": len(values),
+        "mean": _round(sum(values) / len(values)) if values else None,
+        "p50": _round(percentile(values, 50)),
+        "p95": _round(percentile(values, 95)),
+        "p99": _round(percentile(values, 99)),
+        "max": _round(max(values)) if values else None,
+    }
+
+
+def summarize(result: RunResult) -> dict:
+    """One policy's figures (see the module docstring)."""
+    turns = result.turns
+    ok = [t for t in turns if t.ok]
+    first = min((t.start_s for t in turns), default=0.0)
+    makespan = result.end_s - first
+    queries = hits = generated = preemptions = recomputed = evictions = 0
+    busy: dict[str, float] = {}
+    for name, engine in result.engines.items():
+        stats = engine.scheduler.kv_cache_manager.prefix_cache_stats
+        queries += stats.queries
+        hits += stats.hits
+        counters = engine.scheduler.counters
+        generated += counters.num_generation_tokens
+        preemptions += counters.num_preemptions
+        recomputed += counters.num_recomputed_tokens
+        evictions += engine.scheduler.kv_cache_manager.block_pool.num_evictions
+        busy[name] = engine.busy_sec
+    prompt_tokens = sum(t.prompt_tokens for t in ok)
+    ceiling_tokens = sum(t.ceiling_tokens for t in ok)
+    hit_rate = hits / queries if queries else 0.0
+    ceiling = ceiling_tokens / prompt_tokens if prompt_tokens else 0.0
+    per_turns = result.replica_turns
+    mean_turns = sum(per_turns.values()) / len(per_turns) if per_turns else 0.0
+    mean_busy = sum(busy.values()) / len(busy) if busy else 0.0
+    sessions = [s.end_s - s.start_s for s in result.sessions if s.completed]
+    reasons = Counter(t.admission for t in ok if t.admission)
+    return {
+        "policy": result.policy,
+        "makespan_s": _round(makespan),
+        "turns_ok": len(ok),
+        "turns_failed": len(turns) - len(ok),
+        "failed_attempts": result.failed_attempts,
+        "sessions_started": len(result.sessions),
+        "sessions_completed": len(sessions),
+        "turns_per_s": _round(len(ok) / makespan if makespan else 0.0),
+        "generated_tokens_per_s": _round(generated / makespan if makespan else 0.0, 1),
+        "prompt_tokens_per_s": _round(queries / makespan if makespan else 0.0, 1),
+        "hit_rate": _round(hit_rate),
+        "ceiling_hit_rate": _round(ceiling),
+        "hit_rate_of_ceiling": _round(hit_rate / ceiling if ceiling else None),
+        "prompt_tokens_prefilled": queries - hits,
+        "engine_preemptions": preemptions,
+        "recomputed_tokens": recomputed,
+        "evictions": evictions,
+        "turn_latency_s": _stats([t.end_s - t.start_s for t in ok]),
+        "ttft_s": _stats([t.ttft_s for t in ok if t.ttft_s is not None]),
+        "session_completion_s": _stats(sessions),
+        "gate_wait_ms": _stats([t.wait_ms for t in ok]),
+        "admission_reasons": dict(sorted(reasons.items())),
+        "balance": {
+            "turns_max_over_mean": _round(max(per_turns.values()) / mean_turns if mean_turns else None),
+            "turns_min_over_mean": _round(min(per_turns.values()) / mean_turns if mean_turns else None),
+            "busy_max_over_mean": _round(max(busy.values()) / mean_busy if mean_busy else None),
+            "busy_min_over_mean": _round(min(busy.values()) / mean_busy if mean_busy else None),
+        },
+        "replicas": {
+            name: {"turns": per_turns.get(name, 0), "busy_s": _round(busy[name], 3)} for name in result.engines
+        },
+        "events": [[_round(at, 3), what] for at, what in result.events],
+    }
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(summaries: dict[str, dict]) -> str:
+    """One Markdown row per policy."""
+    lines = [
+        "| policy | makespan s | × sticky | turns/s | gen tok/s | hit rate | of ceiling | turn p50 s | turn p95 s "
+        "| ttft p95 s | session p95 s | busy max/mean | failed turns |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    sticky = summaries.get("sticky")
+    for policy, s in summaries.items():
+        ratio = s["makespan_s"] / sticky["makespan_s"] if sticky and sticky["makespan_s"] else None
+        lines.append(
+            f"| {policy} | {_fmt(s['makespan_s'], '.1f')} | {_fmt(ratio, '.2f')} | {_fmt(s['turns_per_s'], '.2f')} "
+            f"| {_fmt(s['generated_tokens_per_s'], '.0f')} | {_fmt(s['hit_rate'], '.3f')} "
+            f"| {_fmt(s['hit_rate_of_ceiling'], '.2f')} | {_fmt(s['turn_latency_s']['p50'], '.2f')} "
+            f"| {_fmt(s['turn_latency_s']['p95'], '.2f')} | {_fmt(s['ttft_s']['p95'], '.2f')} "
+            f"| {_fmt(s['session_completion_s']['p95'], '.1f')} | {_fmt(s['balance']['busy_max_over_mean'], '.2f')} "
+            f"| {s['turns_failed']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def sweep_answer(sweep: dict[int, dict[str, dict]], p95_target_s: float | None) -> dict[str, int | None]:
+    """Per policy: the fewest replicas whose turn-latency p95 is within the target (None: none was)."""
+    answer: dict[str, int | None] = {}
+    if p95_target_s is None:
+        return answer
+    policies = sorted({policy for results in sweep.values() for policy in results})
+    for policy in policies:
+        fits = [
+            replicas
+            for replicas, results in sorted(sweep.items())
+            if policy in results
+            and results[policy]["turn_latency_s"]["p95"] is not None
+            and results[policy]["turn_latency_s"]["p95"] <= p95_target_s
+            and results[policy]["turns_failed"] == 0
+        ]
+        answer[policy] = fits[0] if fits else None
+    return answer
+
+
+def format_sweep(sweep: dict[int, dict[str, dict]], p95_target_s: float | None) -> str:
+    """Replicas x policy: turn p95 (s), hit rate, turns/s; then the answer for the target."""
+    policies = sorted({policy for results in sweep.values() for policy in results})
+    header = "| replicas | " + " | ".join(f"{p} p95 s / hit / turns/s" for p in policies) + " |"
+    lines = [header, "|---|" + "---|" * len(policies)]
+    for replicas, results in sorted(sweep.items()):
+        cells = []
+        for policy in policies:
+            s = results.get(policy)
+            cells.append(
+                "-"
+                if s is None
+                else f"{_fmt(s['turn_latency_s']['p95'], '.2f')} / {_fmt(s['hit_rate'], '.3f')} "
+                f"/ {_fmt(s['turns_per_s'], '.1f')}"
+            )
+        lines.append(f"| {replicas} | " + " | ".join(cells) + " |")
+    answer = sweep_answer(sweep, p95_target_s)
+    if answer:
+        lines.append("")
+        for policy, needed in answer.items():
+            verdict = f"{needed} replicas" if needed is not None else "more replicas than swept"
+            lines.append(f"- {policy}: turn p95 <= {p95_target_s:g} s needs {verdict}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,158 @@
+"""Agent sessions as the cluster simulation needs them: token counts, body sizes, tool times.
+
+Two sources, one shape (`SessionTokens`):
+
+- `sessions_of(workload)`: the agentic benchmark's own sessions (`bench.agentic.workload`),
+  rendered with the simulated replica's tokenizer and chat template exactly as the
+  benchmark's turns render (so prompt sizes, the prefix shared between sessions and
+  the bodies' JSON sizes are the benchmark's). For a run of a fixed list of sessions.
+- `AgentSessions`: endless sessions for agents in a closed loop, drawn from the same
+  `WorkloadSpec` distributions without writing their text (each word one token, as
+  the benchmark's words are): session j of agent a comes from its own seeded stream,
+  so an agent's sessions do not depend on what the others did.
+
+A session's token sequence only grows: turn k+1's prompt is turn k's prompt, its reply,
+and the tool result in the template's markers (`<|end|> <|user|> ... <|end|> <|assistant|>`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import orjson
+
+from kvgate.bench.agentic.workload import Workload, WorkloadSpec, build_messages, sample_tool_latency
+from kvgate.simulator import tokenizer
+
+# Tokens the chat template adds around a reply and the tool result that follows it:
+# <|end|> after the reply, <|user|> ... <|end|> around the result, <|assistant|> to generate.
+TURN_MARKER_TOKENS = 4
+TOOL_RESULT_LABEL = "Tool result: "
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTokens:
+    """One session: `prompts[k]` tokens and `body_bytes[k]` JSON bytes for turn k+1,
+    `tool_latency_s[k]` seconds of tool call after it, `reply_tokens` per reply;
+    `shared_prefix` = (prefix id, tokens every session of that prefix starts with)."""
+
+    sequence_id: int
+    session_id: str
+    shared_prefix: tuple[int, int]
+    prompts: tuple[int, ...]
+    body_bytes: tuple[int, ...]
+    tool_latency_s: tuple[float, ...]
+    reply_tokens: int
+
+    @property
+    def turns(self) -> int:
+        return len(self.prompts)
+
+
+def _reply_text(start: int, count: int) -> str:
+    """The simulated replica's reply to a prompt of `start` tokens (content is a function of position)."""
+    return "".join(tokenizer.decode_token(tokenizer.output_token(position)) for position in range(start, start + count))
+
+
+def _chat_body(messages: list[dict], reply_tokens: int) -> dict:
+    """The benchmark's chat turn body (bench.agentic.apis.turn_request, api chat)."""
+    return {
+        "model": "sim",
+        "messages": messages,
+        "max_tokens": reply_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def sessions_of(workload: Workload) -> list[SessionTokens]:
+    """The benchmark workload's sessions, rendered exactly (the replica's tokenizer and template)."""
+    reply = workload.spec.reply_tokens
+    firsts = [tokenizer.render_chat({"messages": build_messages(s, [], 1)}) for s in workload.sessions]
+    out = []
+    for session, first in zip(workload.sessions, firsts):
+        # what it shares with another session (session 0, or for session 0 itself session 1)
+        shared = _common_prefix(first, firsts[1 if session.index == 0 else 0]) if len(firsts) > 1 else 0
+        replies: list[str] = []
+        prompts, sizes = [], []
+        prompt = len(first)
+        for turn in session.turns:
+            messages = build_messages(session, replies, turn.index)
+            if turn.index > 1:
+                earlier = session.turns[turn.index - 2]
+                tool = tokenizer.encode(TOOL_RESULT_LABEL + (earlier.tool_result or ""))
+                prompt += reply + len(tool) + TURN_MARKER_TOKENS
+            prompts.append(prompt)
+            sizes.append(len(orjson.dumps(_chat_body(messages, reply))))
+            replies.append(_reply_text(prompt, reply))
+        latencies = tuple(turn.tool_latency_s for turn in session.turns)
+        out.append(
+            SessionTokens(
+                session.index, session.session_id, (0, shared), tuple(prompts), tuple(sizes), latencies, reply
+            )
+        )
+    return out
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+# Word-count model of the endless sessions (the benchmark's words are 1-3 two-letter
+# syllables and a space: 5 bytes on average, one token each).
+BYTES_PER_WORD = 5
+_BODY_OVERHEAD_BYTES = 160  # model, max_tokens, stream options, the first two messages' JSON
+_MESSAGE_OVERHEAD_BYTES = 32  # {"role":"assistant","content":""}, and a comma
+_REPLY_BYTES_PER_TOKEN = 6  # the replica's output words (" model", " cache", ...)
+
+
+class AgentSessions:
+    """Endless sessions of `spec`'s shape for agents in a closed loop (see the module docstring).
+
+    With `shared_system_prompt`, every session starts with the same system prompt (one
+    shared prefix); otherwise only a few template tokens, less than a block.
+    """
+
+    def __init__(self, spec: WorkloadSpec, seed: int) -> None:
+        spec.validate()
+        self.spec = spec
+        self.seed = seed
+
+    def session(self, agent: int, number: int) -> SessionTokens:
+        spec = self.spec
+        rng = random.Random(f"{self.seed}:{agent}:{number}")
+        latency_rng = random.Random(f"{self.seed}:{agent}:{number}:tool-latency")
+        system = spec.system_prompt_words + 4  # "You are agent." (+ its index when not shared)
+        task = spec.task_words + 3  # "Task N:"
+        # <|bos|> <|system|> system <|end|> <|user|> task <|end|> <|assistant|>
+        prompt = system + task + 6
+        shared = system + 4 if spec.shared_system_prompt else 5  # up to "<|user|> Task"
+        size = _BODY_OVERHEAD_BYTES + BYTES_PER_WORD * (spec.system_prompt_words + spec.task_words + 7)
+        turns = rng.randint(spec.turns_min, spec.turns_max)
+        prompts, sizes, latencies = [], [], []
+        for index in range(turns):
+            prompts.append(prompt)
+            sizes.append(size)
+            last = index == turns - 1
+            latencies.append(0.0 if last else sample_tool_latency(latency_rng, spec))
+            words = rng.randint(spec.tool_result_words_min, spec.tool_result_words_max)
+            prompt += spec.reply_tokens + words + 3 + TURN_MARKER_TOKENS
+            size += 2 * _MESSAGE_OVERHEAD_BYTES + _REPLY_BYTES_PER_TOKEN * spec.reply_tokens
+            size += BYTES_PER_WORD * (words + 3)
+        sequence = (agent << 24) | number
+        return SessionTokens(
+            sequence,
+            f"a{agent:05d}-{number:05d}",
+            (0, shared),
+            tuple(prompts),
+            tuple(sizes),
+            tuple(latencies),
+            spec.reply_tokens,
+        )

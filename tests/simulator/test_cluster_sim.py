@@ -1,0 +1,69 @@
+"""`kvgate sim cluster` at CI scale: deterministic reports, the decode jump changes nothing,
+failure events, and the run leaves no gate state behind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvgate.proxy.cli import main
+from kvgate.simulator.cluster.presets import CODING_AGENTS
+from kvgate.simulator.cluster.run import ClusterConfig, parse_event, policy_names, run_policy
+from kvgate.simulator.cluster.workload import AgentSessions
+from kvgate.simulator.config import EngineConfig
+
+SMALL_FLEET = [
+    "--regime", "fleet-small", "--replicas", "3", "--agents", "24", "--duration", "120",
+    "--num-blocks", "4000", "--event", "remove@60:r1", "--no-plots",
+]  # fmt: skip
+
+
+def _run(out, *options) -> dict:
+    assert main(["sim", "cluster", *options, "--out", str(out)]) == 0
+    return json.loads((out / "report.json").read_text())
+
+
+def test_same_options_give_byte_identical_reports(tmp_path):
+    for name in ("a", "b"):
+        _run(tmp_path / name, *SMALL_FLEET)
+    for produced in sorted(p.name for p in (tmp_path / "a").iterdir()):
+        assert (tmp_path / "a" / produced).read_bytes() == (tmp_path / "b" / produced).read_bytes(), produced
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert set(report["policies"]) == set(policy_names())
+    for policy, summary in report["policies"].items():
+        assert summary["turns_ok"] > 50, policy
+        assert summary["events"] == [[60.0, "remove r1 at 60s"]], policy
+        assert "r1" in summary["replicas"]  # the removed replica still counts in the report
+
+
+def test_the_decode_jump_gives_the_per_step_engines_results(tmp_path):
+    jumped = _run(tmp_path / "jump", *SMALL_FLEET)
+    stepped = _run(tmp_path / "step", *SMALL_FLEET, "--no-jump")
+    assert jumped["config"]["jump"] and not stepped["config"]["jump"]
+    assert jumped["policies"] == stepped["policies"]
+
+
+def test_a_fixed_session_regime_runs_every_turn(tmp_path):
+    report = _run(tmp_path, "--regime", "thrash", "--no-plots")
+    for policy, summary in report["policies"].items():
+        assert summary["turns_failed"] == 0 and summary["sessions_completed"] == 36, policy
+        assert 0 < summary["hit_rate"] <= summary["ceiling_hit_rate"] + 1e-9, policy
+
+
+@pytest.mark.parametrize("policy", [p for p in policy_names() if p not in ("sticky", "direct")])
+def test_a_replica_removed_mid_run_fails_no_session_and_leaves_the_gates_clean(policy):
+    config = ClusterConfig(
+        replicas=3,
+        engine=EngineConfig(num_blocks=2500, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048),
+        agent_sessions=AgentSessions(CODING_AGENTS.replace(turns_min=3, turns_max=5), 1),
+        agents=16,
+        duration_s=90.0,
+        events=(parse_event("remove@40:r2"),),
+        sample_sec=5.0,
+    )
+    result = run_policy(config, policy)
+    assert all(turn.ok for turn in result.turns)  # turns on the removed replica were re-sent elsewhere
+    assert not any(t.replica == "r2" for t in result.turns if t.start_s > 41)
+    assert result.failed_attempts.get("upstream_failed", 0) >= 1  # some turn was running on r2
+    assert result.timeline[-1]["gate_waiters"] == 0
