@@ -172,6 +172,7 @@ class OwnershipClaims:
         self._urls: dict[str, str] = {}
         self._http: aiohttp.ClientSession | None = None
         self._task: asyncio.Task | None = None
+        self._refused: set[str] = set()  # replica URLs that answered 401 (logged once)
 
     def ownership(self) -> dict[str, Ownership]:
         return dict(self._state)
@@ -222,6 +223,14 @@ class OwnershipClaims:
             ) as resp:
                 if resp.status in NO_API_STATUSES:
                     return NO_API
+                if resp.status == 401 and url not in self._refused:
+                    self._refused.add(url)  # said once per replica: every renewal would repeat it
+                    log.error(
+                        "replica %s refuses this gate's owner claims (401): it needs the replica key; set "
+                        "upstream.replica_api_key to the key the server reads from KVGATE_REPLICA_API_KEY[_FILE] "
+                        "(docs/security.md). Until then a second gate enforcing on it cannot be detected",
+                        url,
+                    )
                 if resp.status != 200:
                     return None
                 return parse_owner_answer(await resp.json(content_type=None))

@@ -48,6 +48,7 @@ def contact_replicas(settings: Settings) -> tuple[list[str], list[str]]:
             owner=owner if isinstance(owner, dict) else None,
             kv_status=kv_status,
             url=replica.url,
+            metrics_status=metrics_status,
         )
         problems += found[0]
         notes += found[1]
