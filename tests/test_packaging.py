@@ -62,6 +62,7 @@ def test_the_wheel_installs_only_the_kvgate_namespace(wheel):
     for module in (
         "kvgate/cli/__init__.py",
         "kvgate/gate/gate.py",
+        "kvgate/gate/policies/registry.py",
         "kvgate/balancer/balancer.py",
         "kvgate/simulator/replica_server.py",
         "kvgate/bench/agentic/cli.py",

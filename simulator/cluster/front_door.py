@@ -11,7 +11,7 @@ windows. `direct` mode skips the gate and the balancer: session i runs on replic
 i mod (replicas), as `kvgate bench agentic`'s direct mode does.
 
 The request body the gate sees (`TurnBody`) has the JSON size of the real turn's
-body: the contract policy bounds a prompt by its body's bytes, and that is all the
+body: the working_set policy bounds a prompt by its body's bytes, and that is all the
 gate reads of it besides `max_tokens`; the in-process prefix probe reads the
 turn's request from it.
 """
