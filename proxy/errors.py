@@ -1,4 +1,4 @@
-"""OpenAI-shaped error responses: `{"error": {"message", "type", "code"}}`.
+"""kvgate's own error responses, in the envelopes of `kvgate.wire.errors`.
 
 Pure request checks raise `RequestRejected`; the HTTP shell turns it into a response
 with `send_error`. Every message says what the client should do about it.
@@ -10,18 +10,7 @@ from collections.abc import Iterable
 
 import orjson
 
-_STATUS_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    409: "conflict_error",
-    405: "invalid_request_error",
-    431: "invalid_request_error",
-    500: "api_error",
-    413: "invalid_request_error",
-    502: "upstream_error",
-    503: "service_unavailable",
-}
+from kvgate.wire.errors import anthropic_error, openai_error, openai_type
 
 
 class RequestRejected(Exception):
@@ -34,12 +23,8 @@ class RequestRejected(Exception):
         self.code = code
 
 
-def error_payload(message: str, type_: str, code: str | None) -> dict:
-    return {"error": {"message": message, "type": type_, "code": code}}
-
-
 def error_json(status: int, message: str, code: str | None, type_: str | None = None) -> bytes:
-    return orjson.dumps(error_payload(message, type_ or _STATUS_TYPES.get(status, "api_error"), code))
+    return orjson.dumps(openai_error(message, type_ or openai_type(status), code))
 
 
 JSON_CONTENT_TYPE = (b"Content-Type", b"application/json")
@@ -65,6 +50,5 @@ def sse_error_event(message: str, code: str, anthropic: bool = False) -> bytes:
     `event:` line and expect `{"type": "error", "error": {...}}`, so that route gets both.
     """
     if anthropic:
-        payload = {"type": "error", "error": {"type": "api_error", "message": message, "code": code}}
-        return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
-    return b"data: " + orjson.dumps(error_payload(message, "upstream_error", code)) + b"\n\n"
+        return b"event: error\ndata: " + orjson.dumps(anthropic_error(message, "api_error", code)) + b"\n\n"
+    return b"data: " + orjson.dumps(openai_error(message, "upstream_error", code)) + b"\n\n"

@@ -37,7 +37,6 @@ from kvgate.proxy.metrics import KvgateMetrics, turn_bucket
 from kvgate.proxy.relay import H_REPLICA, AnswerRelay, lease_headers
 from kvgate.proxy.request_body import parse_json_object, passthrough_body, stream_flag, with_member
 from kvgate.proxy.response_chains import TurnPlan, plan_turn
-from kvgate.proxy.routes import PASSTHROUGH, SESSION_FIELD_KINDS, TURN_KINDS, RouteSpec, response_id_of
 from kvgate.proxy.session_id import resolve_session_id, split_body_fields
 from kvgate.proxy.session_tracker import SessionEntry, SessionTracker
 from kvgate.proxy.settings import Settings
@@ -50,6 +49,7 @@ from kvgate.proxy.upstream import (
     UpstreamClients,
     upstream_request_headers,
 )
+from kvgate.wire.routes import PASSTHROUGH, PROMPT_KINDS, SESSION_FIELD_KINDS, RouteSpec, response_id_of
 
 CLIENT_CLOSED = 499  # the status label of a request whose client went away (nginx's convention)
 
@@ -173,7 +173,7 @@ class Forwarder:
                 entry.replica = link.replica
             # Only a turn ends its session: a models list that anyone can send with any session
             # id must not end another session's window.
-            finish = kind in TURN_KINDS and request.headers.get(self._finish_header, "").lower() == "true"
+            finish = kind in PROMPT_KINDS and request.headers.get(self._finish_header, "").lower() == "true"
         headers = self._upstream_headers(request, session_id, self._api_key)
         turn = Turn(
             request,
@@ -252,25 +252,12 @@ class Forwarder:
                     )
                 except CONNECT_ERRORS as exc:
                     held.release()  # before deciding: `in_flight` then counts the replica's other requests
-                    then = after_failure(Failure.CONNECT, spent, self._tiered, replica.in_flight)
-                    if then.mark_failed:
-                        self.registry.mark_failed(replica)
-                    self.metrics.upstream_errors.labels(replica.name, "connect").inc()
-                    resend = self._resend_to(then.resend, turn, replica)
-                    if resend is not None:
-                        spent |= {Failure.CONNECT}
-                        replica = resend
-                        continue
-                    self._count(kind, replica.name, 502)
-                    send_error(
-                        turn.responder,
-                        502,
-                        f"could not connect to replica {replica.name} ({exc}); it is marked "
-                        "unhealthy until its health checks pass (unless it has requests in flight); retry later",
-                        "upstream_connect_failed",
-                        lease_headers(replica, lease),
-                    )
-                    return
+                    resend = self._after_connect_failure(turn, replica, lease, spent, exc)
+                    if resend is None:
+                        return
+                    spent |= {Failure.CONNECT}
+                    replica = resend
+                    continue
                 except EXCHANGE_ERRORS as exc:
                     self.metrics.upstream_errors.labels(replica.name, "before_headers").inc()
                     self._count(kind, replica.name, 502)
@@ -313,12 +300,29 @@ class Forwarder:
             type_=refusal.error_type,
         )
 
-    def _resend_to(self, resend: Resend, turn: Turn, failed: Replica) -> Replica | None:
-        if resend is Resend.SAME:
-            return failed
-        if resend is Resend.OTHER:
-            return self.balancer.choose(turn.session_id, exclude=failed)
-        return None
+    def _after_connect_failure(
+        self, turn: Turn, replica: Replica, lease: TurnLease, spent: frozenset[Failure], error: Exception
+    ) -> Replica | None:
+        """No connection to `replica` could be opened: the replica to re-send the turn to, or
+        None once the client has its 502."""
+        then = after_failure(Failure.CONNECT, spent, self._tiered, replica.in_flight)
+        if then.mark_failed:
+            self.registry.mark_failed(replica)
+        self.metrics.upstream_errors.labels(replica.name, "connect").inc()
+        if then.resend is Resend.SAME:
+            return replica
+        resend = self.balancer.choose(turn.session_id, exclude=replica) if then.resend is Resend.OTHER else None
+        if resend is None:
+            self._count(turn.route.kind, replica.name, 502)
+            send_error(
+                turn.responder,
+                502,
+                f"could not connect to replica {replica.name} ({error}); it is marked "
+                "unhealthy until its health checks pass (unless it has requests in flight); retry later",
+                "upstream_connect_failed",
+                lease_headers(replica, lease),
+            )
+        return resend
 
     async def _relay(self, turn: Turn, replica: Replica, lease: TurnLease, upstream: UpstreamResponse) -> bool:
         """Relay the replica's answer; True when it was relayed whole with a status under 400."""
@@ -344,7 +348,7 @@ class Forwarder:
     def _turn_done(self, turn: Turn, replica: Replica) -> None:
         """A turn answered whole: count it for its session, and link a Responses answer to its replica."""
         entry, chain = turn.entry, turn.chain
-        if entry is not None and turn.index and turn.route.kind in TURN_KINDS:
+        if entry is not None and turn.index and turn.route.kind in PROMPT_KINDS:
             entry.turns = turn.index
             self._observe_turn(turn.index, time.perf_counter() - turn.started)
         if chain is not None and chain.response_id is not None:

@@ -238,7 +238,7 @@ def test_every_environment_variable_is_documented():
 
 
 def test_forwarded_routes_are_documented():
-    from kvgate.proxy.routes import ROUTES
+    from kvgate.wire.routes import ROUTES
 
     documented = {
         (first_code(r[0]), first_code(r[1]), first_code(r[2])) for r in table_rows(doc_sections()["Forwarded routes"])
@@ -368,13 +368,15 @@ async def _simulated_replica_answers() -> tuple[set[tuple[str, str]], dict[str, 
 def _plugin_answer_fields() -> dict[str, set[str]]:
     """The fields the vLLM plugin's answers can carry, from its pure builders."""
     from kvgate.vllm_plugin.engine_rates import RateMeter
-    from kvgate.vllm_plugin.probe_results import kv_usage_result, merge_kv_usage, merge_prefix, prefix_result
+    from kvgate.wire.probe_api import KvAnswer, PrefixAnswer, merge_kv, merge_prefix
 
-    engine = kv_usage_result(
+    engine = KvAnswer.of_engine(
         num_gpu_blocks=9, num_free_blocks=4, num_cached_blocks=2, block_size=16, num_running=1, num_waiting=0
     )
-    kv = merge_kv_usage([{**engine, "token_sec": 0.001}])
-    prefix = merge_prefix([prefix_result(total_tokens=40, block_size=16, hit_block_ref_counts=[1], hit_tokens=16)])
+    kv = merge_kv([engine]).to_json()
+    prefix = merge_prefix(
+        [PrefixAnswer.of_engine(total_tokens=40, block_size=16, hit_block_ref_counts=[1], hit_tokens=16)]
+    ).to_json()
     return {
         "kv": set(kv) | {k for e in kv["engines"] for k in e} | set(RateMeter().update({}, 0.0)),
         "prefix": set(prefix) | {k for e in prefix["engines"] for k in e},
@@ -399,9 +401,9 @@ async def test_probe_api_is_documented():
     for name, fields in documented.items():
         code = simulated[name] | plugin.get(name, set())
         assert_same(fields, code, f"the probe API's {name} answer")
-    from kvgate.vllm_plugin.prefix_query import PROMPT_KINDS
+    from kvgate.wire.probe_api import QUERY_KINDS
 
-    assert_same(bodies, set(PROMPT_KINDS), "the prefix probe's bodies")
+    assert_same(bodies, set(QUERY_KINDS), "the prefix probe's bodies")
 
 
 # ---------------------------------------------------------------- metrics

@@ -196,7 +196,7 @@ def test_serve_on_a_busy_port_says_so_before_starting_anything():
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
         done = subprocess.run(
-            [sys.executable, "-m", "kvgate.proxy.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "kvgate.cli", "serve", "--port", str(port)],
             cwd=REPO,
             capture_output=True,
             text=True,

@@ -313,6 +313,43 @@ async def test_check_config_contact_replicas(tiers, http, tmp_path, capsys):
     assert code == 2 and "unreachable" in out
 
 
+async def test_check_config_contact_replicas_names_missing_keys(tiers, tmp_path, capsys):
+    """With the credentials of docs/security.md wired, a config without them is told which key it lacks."""
+    import argparse
+
+    import yaml
+
+    from kvgate.proxy.commands import check_config_command
+
+    t = await tiers(
+        1,
+        1,
+        replica_gate={"upstream": {"replica_api_key": "rk"}, "auth": {"api_keys": ["door-key"]}},
+        front_door={"upstream": {"api_key": "door-key"}},
+        replica_api_key="rk",
+        time_scale=0.0,
+    )
+    replica, gate = t.replicas[0], t.replica_gates[0]
+
+    async def check(config: dict) -> tuple[int, str]:
+        path = tmp_path / "kvgate.yaml"
+        path.write_text(yaml.safe_dump(config))
+        code = await asyncio.to_thread(check_config_command, argparse.Namespace(file=str(path), contact_replicas=True))
+        out = capsys.readouterr()
+        return code, out.out + out.err
+
+    shadow = {"gate": {"mode": "shadow"}, "replicas": [{"name": "sim0", "url": replica.url}]}
+    code, out = await check(shadow)
+    assert code == 2 and "need the replica key" in out and "rk" not in out
+    code, out = await check({**shadow, "upstream": {"replica_api_key": "rk"}})
+    assert code == 0, out
+    door = {"role": "front_door", "gate": {"mode": "off"}, "replicas": [{"name": "sim0", "url": gate.url}]}
+    code, out = await check(door)
+    assert code == 2 and "asks for a client key" in out
+    code, out = await check({**door, "upstream": {"api_key": "door-key"}})
+    assert code == 0, out
+
+
 async def test_removed_replica_record_is_released(http):
     t = await start_single(
         2, extra={"ownership": {"ttl_sec": 0.3, "gate_id": "g"}, "admin": {"token": "t"}}, time_scale=0.0

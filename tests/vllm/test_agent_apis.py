@@ -137,7 +137,7 @@ def vllm_and_simulated_behind_kvgate(vllm_server, tmp_path):
     """kvgate (working_set policy, enforcing) in front of the vLLM server and a simulated replica."""
     sim_port = free_port()
     sim = start_service(
-        [sys.executable, "-m", "kvgate.proxy.cli", "replica", "--port", str(sim_port)],
+        [sys.executable, "-m", "kvgate.cli", "replica", "--port", str(sim_port)],
         tmp_path / "sim.log",
         f"http://127.0.0.1:{sim_port}/health",
         60,
