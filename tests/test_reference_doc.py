@@ -4,8 +4,8 @@ Each check reads one kind of fact from the code as the running product exposes i
 argparse tree of the `kvgate` console script, the settings dataclasses, a live proxy's
 metrics registry and routes, the typed probe answers of `kvgate.wire` and a live simulated
 replica's answers, the environment variables the code reads) and the same kind from the
-page's tables, and asserts the two sets are equal: a fact added to the code and not to the page fails, and so does one the
-page still lists after the code dropped it. Config defaults are compared as values.
+page's tables, and asserts the two sets are equal: a fact added to the code and not to
+the page fails, and so does one the page still lists after the code dropped it. Config defaults are compared as values.
 """
 
 from __future__ import annotations
