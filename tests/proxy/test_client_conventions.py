@@ -305,3 +305,15 @@ async def _until(condition, timeout: float = 10.0) -> None:
 def test_settings_default_lists_the_three_clients():
     assert SessionSettings().client_headers == ("x-claude-code-session-id", "session_id", "x-session-affinity")
     assert dataclasses.replace(SessionSettings(), client_headers=()).client_headers == ()
+
+
+async def test_a_passthrough_body_field_of_another_type_is_not_refused(stack):
+    """`user` is a session field on the turn routes (a non-string is a 400 there); on a route
+    kvgate only relays, the replica judges the body."""
+    async with aiohttp.ClientSession() as http:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "user": 7}
+        async with http.post(stack.url + "/v1/messages/count_tokens", json=body) as resp:
+            assert resp.status == 200 and (await resp.json())["input_tokens"] > 0
+        async with http.post(stack.url + "/v1/chat/completions", json={**body, "max_tokens": 2}) as resp:
+            assert resp.status == 400 and (await resp.json())["error"]["code"] == "invalid_type"
+    stack.assert_clean()
