@@ -103,6 +103,10 @@ def serve_command(args: argparse.Namespace, simulated_replicas: SimulatedReplica
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if settings.log.access:  # bare logfmt lines, whatever --log-level says
+        from kvgate.proxy.access_log import configure_access_log
+
+        configure_access_log(sys.stderr)
     from kvgate.proxy.server import ListenError, NoReplicas, run, serve
 
     try:
