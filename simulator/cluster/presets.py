@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvgate.bench.agentic.workload import WorkloadSpec
+from kvgate.simulator.agent_trace import AgentTraceSpec
 from kvgate.simulator.config import CostModel, EngineConfig
 
 
@@ -22,7 +23,7 @@ from kvgate.simulator.config import CostModel, EngineConfig
 class ClusterPreset:
     name: str
     description: str
-    workload: WorkloadSpec
+    workload: WorkloadSpec | AgentTraceSpec
     engine: EngineConfig
     cost_model: CostModel = CostModel()
     time_scale: float = 1.0

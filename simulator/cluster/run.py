@@ -203,15 +203,16 @@ class _Cluster:
         prefix_id, prefix_tokens = session.shared_prefix
         prefix_seen = prefix_id in self.prefixes_seen
         self.prefixes_seen.add(prefix_id)
-        reply = session.reply_tokens
         for k in range(session.turns):
             if config.agent_sessions is not None and self.loop.time() >= config.duration_s:
                 return
             prompt = session.prompts[k]
+            reply = session.replies[k]
             if k == 0:
                 ceiling = min(prefix_tokens // size if prefix_seen else 0, (prompt - 1) // size) * size
             else:
-                ceiling = min((session.prompts[k - 1] + reply - 1) // size, (prompt - 1) // size) * size
+                computed = session.prompts[k - 1] + session.replies[k - 1] - 1  # the last turn's KV
+                ceiling = min(computed // size, (prompt - 1) // size) * size
             last = k == session.turns - 1
             start = self.loop.time()
             outcome = None

@@ -24,6 +24,7 @@ import orjson
 
 from kvgate.bench.agentic.workload import Workload, WorkloadSpec, build_messages, sample_tool_latency
 from kvgate.simulator import tokenizer
+from kvgate.simulator.agent_trace import AgentTrace
 
 # Tokens the chat template adds around a reply and the tool result that follows it:
 # <|end|> after the reply, <|user|> ... <|end|> around the result, <|assistant|> to generate.
@@ -34,7 +35,7 @@ TOOL_RESULT_LABEL = "Tool result: "
 @dataclass(frozen=True, slots=True)
 class SessionTokens:
     """One session: `prompts[k]` tokens and `body_bytes[k]` JSON bytes for turn k+1,
-    `tool_latency_s[k]` seconds of tool call after it, `reply_tokens` per reply;
+    `tool_latency_s[k]` seconds of tool call after it, `replies[k]` tokens of its reply;
     `shared_prefix` = (prefix id, tokens every session of that prefix starts with)."""
 
     sequence_id: int
@@ -43,7 +44,7 @@ class SessionTokens:
     prompts: tuple[int, ...]
     body_bytes: tuple[int, ...]
     tool_latency_s: tuple[float, ...]
-    reply_tokens: int
+    replies: tuple[int, ...]
 
     @property
     def turns(self) -> int:
@@ -90,7 +91,37 @@ def sessions_of(workload: Workload) -> list[SessionTokens]:
         latencies = tuple(turn.tool_latency_s for turn in session.turns)
         out.append(
             SessionTokens(
-                session.index, session.session_id, (0, shared), tuple(prompts), tuple(sizes), latencies, reply
+                session.index,
+                session.session_id,
+                (0, shared),
+                tuple(prompts),
+                tuple(sizes),
+                latencies,
+                (reply,) * len(prompts),
+            )
+        )
+    return out
+
+
+# A model token stands for about 4 bytes of English text or code in a request body.
+TRACE_BYTES_PER_TOKEN = 4
+
+
+def sessions_of_trace(trace: AgentTrace) -> list[SessionTokens]:
+    """An agent trace's sessions (`simulator.agent_trace`): its token counts as they are,
+    every session sharing the system prompt, body sizes at TRACE_BYTES_PER_TOKEN."""
+    out = []
+    for session in trace.sessions:
+        prompts = tuple(trace.prompt_tokens(session))
+        out.append(
+            SessionTokens(
+                session.index,
+                f"t{trace.seed}-{session.index:05d}",
+                (0, trace.system_prompt_tokens),
+                prompts,
+                tuple(_BODY_OVERHEAD_BYTES + TRACE_BYTES_PER_TOKEN * prompt for prompt in prompts),
+                tuple(turn.tool_time_s for turn in session.turns),
+                tuple(turn.output_tokens for turn in session.turns),
             )
         )
     return out
@@ -154,5 +185,5 @@ class AgentSessions:
             tuple(prompts),
             tuple(sizes),
             tuple(latencies),
-            spec.reply_tokens,
+            (spec.reply_tokens,) * turns,
         )
