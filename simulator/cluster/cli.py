@@ -135,6 +135,7 @@ def build_config(args, replicas: int) -> ClusterConfig:
         jump=not args.no_jump,
     )
     if agents:
+        assert isinstance(preset.workload, WorkloadSpec)  # checked above
         if duration <= 0:
             raise ValueError("--duration must be > 0 for an --agents run")
         return dataclasses.replace(
