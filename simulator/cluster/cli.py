@@ -132,6 +132,7 @@ def build_config(args, replicas: int) -> ClusterConfig:
         gate=preset.gate,
         send_finish=getattr(preset.workload, "send_finish", False),  # an agent trace announces no end
         events=tuple(events),
+        token_scale=preset.token_scale,
         jump=not args.no_jump,
     )
     if agents:
@@ -140,7 +141,7 @@ def build_config(args, replicas: int) -> ClusterConfig:
             raise ValueError("--duration must be > 0 for an --agents run")
         return dataclasses.replace(
             config,
-            agent_sessions=AgentSessions(preset.workload, args.seed),
+            agent_sessions=AgentSessions(preset.workload, args.seed, preset.token_scale),
             agents=agents,
             duration_s=duration,
             sample_sec=args.sample_sec or max(1.0, duration / 360),
@@ -224,6 +225,7 @@ def describe(config: ClusterConfig) -> dict:
         if config.agent_sessions is None
         else dataclasses.asdict(config.agent_sessions.spec) | {"seed": config.agent_sessions.seed},
         "events": [event.describe() for event in config.events],
+        "token_scale": config.token_scale,
         "jump": config.jump,
     }
 

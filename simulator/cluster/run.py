@@ -95,6 +95,7 @@ class ClusterConfig:
     send_finish: bool = True
     events: tuple[Event, ...] = ()
     sample_sec: float = 1.0
+    token_scale: float = 1.0  # one simulated token stands for this many real ones (reports undo it)
     jump: bool = True  # jump over stable decode steps (False: step by step, the reference)
 
     def gate_settings(self, policy: str) -> GateSettings:
@@ -144,6 +145,7 @@ class RunResult:
     replica_turns: dict[str, int]
     events: list[tuple[float, str]]
     end_s: float
+    token_scale: float = 1.0
 
 
 class _Cluster:
@@ -398,6 +400,7 @@ async def _run(config: ClusterConfig, policy: str) -> RunResult:
         cluster.replica_turns,
         cluster.events,
         end,
+        config.token_scale,
     )
 
 

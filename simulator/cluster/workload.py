@@ -149,23 +149,34 @@ class AgentSessions:
 
     With `shared_system_prompt`, every session starts with the same system prompt (one
     shared prefix); otherwise only a few template tokens, less than a block.
+    `token_scale` f divides every word count and the reply length by f (at least 1), for
+    engines coarsened by the same f (`CostPreset.scaled`): one token stands for f, and a
+    body's bytes describe the scaled text, so the gate's byte bound still bounds it.
     """
 
-    def __init__(self, spec: WorkloadSpec, seed: int) -> None:
+    def __init__(self, spec: WorkloadSpec, seed: int, token_scale: float = 1.0) -> None:
         spec.validate()
+        if token_scale < 1:
+            raise ValueError(f"token scale must be >= 1 (got {token_scale})")
         self.spec = spec
         self.seed = seed
+        self.token_scale = token_scale
+
+    def _scaled(self, count: float) -> int:
+        return max(1, round(count / self.token_scale))
 
     def session(self, agent: int, number: int) -> SessionTokens:
         spec = self.spec
+        scaled = self._scaled
         rng = random.Random(f"{self.seed}:{agent}:{number}")
         latency_rng = random.Random(f"{self.seed}:{agent}:{number}:tool-latency")
-        system = spec.system_prompt_words + 4  # "You are agent." (+ its index when not shared)
-        task = spec.task_words + 3  # "Task N:"
+        system = scaled(spec.system_prompt_words + 4)  # "You are agent." (+ its index when not shared)
+        task = scaled(spec.task_words + 3)  # "Task N:"
+        reply = scaled(spec.reply_tokens)
         # <|bos|> <|system|> system <|end|> <|user|> task <|end|> <|assistant|>
         prompt = system + task + 6
         shared = system + 4 if spec.shared_system_prompt else 5  # up to "<|user|> Task"
-        size = _BODY_OVERHEAD_BYTES + BYTES_PER_WORD * (spec.system_prompt_words + spec.task_words + 7)
+        size = _BODY_OVERHEAD_BYTES + BYTES_PER_WORD * (system + task)
         turns = rng.randint(spec.turns_min, spec.turns_max)
         prompts, sizes, latencies = [], [], []
         for index in range(turns):
@@ -173,10 +184,9 @@ class AgentSessions:
             sizes.append(size)
             last = index == turns - 1
             latencies.append(0.0 if last else sample_tool_latency(latency_rng, spec))
-            words = rng.randint(spec.tool_result_words_min, spec.tool_result_words_max)
-            prompt += spec.reply_tokens + words + 3 + TURN_MARKER_TOKENS
-            size += 2 * _MESSAGE_OVERHEAD_BYTES + _REPLY_BYTES_PER_TOKEN * spec.reply_tokens
-            size += BYTES_PER_WORD * (words + 3)
+            result = scaled(rng.randint(spec.tool_result_words_min, spec.tool_result_words_max) + 3)
+            prompt += reply + result + TURN_MARKER_TOKENS
+            size += 2 * _MESSAGE_OVERHEAD_BYTES + _REPLY_BYTES_PER_TOKEN * reply + BYTES_PER_WORD * result
         sequence = (agent << 24) | number
         return SessionTokens(
             sequence,
@@ -185,5 +195,5 @@ class AgentSessions:
             tuple(prompts),
             tuple(sizes),
             tuple(latencies),
-            (spec.reply_tokens,) * turns,
+            (reply,) * turns,
         )

@@ -15,7 +15,7 @@ from kvgate.simulator.config import EngineConfig
 
 SMALL_FLEET = [
     "--regime", "fleet-small", "--replicas", "3", "--agents", "24", "--duration", "120",
-    "--num-blocks", "4000", "--event", "remove@60:r1", "--no-plots",
+    "--event", "remove@60:r1", "--no-plots",
 ]  # fmt: skip
 
 
@@ -56,7 +56,7 @@ def test_a_replica_removed_mid_run_fails_no_session_and_leaves_the_gates_clean(p
     config = ClusterConfig(
         replicas=3,
         engine=EngineConfig(num_blocks=2500, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048),
-        agent_sessions=AgentSessions(CODING_AGENTS.replace(turns_min=3, turns_max=5), 1),
+        agent_sessions=AgentSessions(CODING_AGENTS.replace(turns_min=3, turns_max=5, tool_latency_median_s=1.0), 1),
         agents=16,
         duration_s=90.0,
         events=(parse_event("remove@40:r2"),),
