@@ -121,9 +121,9 @@ def build_config(args, replicas: int) -> ClusterConfig:
     if args.fail_at_half:
         if not agents:
             raise ValueError("--fail-at-half needs an --agents run (a duration to halve)")
+        events.append(parse_event(f"remove@{duration / 2:g}:r0"))
     if agents and not isinstance(preset.workload, WorkloadSpec):
         raise ValueError(f"--agents: regime {preset.name} is an agent trace; it runs its own agents and sessions")
-        events.append(parse_event(f"remove@{duration / 2:g}:r0"))
     config = ClusterConfig(
         replicas=replicas,
         engine=engine,
@@ -241,6 +241,8 @@ def run_cluster_command(args) -> int:
     except (ValueError, ConfigError) as err:
         print(f"kvgate sim cluster: {err}", file=sys.stderr)
         return 2
+    if getattr(_preset(args).workload, "retry_prob", 0.0) > 0:
+        print(f"[cluster] note: regime {args.regime} re-sends some turns (retry_prob); the simulation does not")
     wall, cpu = time.perf_counter(), time.process_time()
     if len(counts) == 1:
         summaries = run_policies(configs[counts[0]], policies, args.out, not args.no_plots, _title(args, counts[0]))

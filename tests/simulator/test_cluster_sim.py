@@ -67,3 +67,10 @@ def test_a_replica_removed_mid_run_fails_no_session_and_leaves_the_gates_clean(p
     assert not any(t.replica == "r2" for t in result.turns if t.start_s > 41)
     assert result.failed_attempts.get("upstream_failed", 0) >= 1  # some turn was running on r2
     assert result.timeline[-1]["gate_waiters"] == 0
+
+
+def test_fail_at_half_removes_r0_at_half_the_duration(tmp_path):
+    report = _run(tmp_path, "--regime", "fleet-small", "--replicas", "3", "--agents", "12", "--duration", "100",
+                  "--policies", "sticky", "--fail-at-half", "--no-plots")  # fmt: skip
+    assert report["config"]["events"] == ["remove r0 at 50s"]
+    assert report["policies"]["sticky"]["events"] == [[50.0, "remove r0 at 50s"]]
