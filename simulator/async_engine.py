@@ -49,6 +49,21 @@ class RequestHandle:
         return reason
 
 
+def kv_state_answer(scheduler: Scheduler, meter: StepMeter) -> dict:
+    """The probe API's `GET /v1/kvgate/kv` answer for an engine's scheduler and step meter."""
+    pool = scheduler.kv_cache_manager.block_pool
+    return {
+        "kv_cache_usage": pool.get_usage(),
+        "num_total_blocks": pool.num_blocks,
+        "num_free_blocks": pool.get_num_free_blocks(),
+        "num_cached_blocks": len(pool.cached_block_hash_to_block),
+        "block_size": scheduler.block_size,
+        "num_running": len(scheduler.running),
+        "num_waiting": len(scheduler.waiting),
+        **meter.reading(),
+    }
+
+
 def _next_token(request: SimRequest) -> int:
     return output_token(request.num_tokens)
 
@@ -119,18 +134,7 @@ class AsyncEngine:
     # -- probes (no side effects) --------------------------------------------------------
 
     def kv_state(self) -> dict:
-        scheduler = self.scheduler
-        pool = scheduler.kv_cache_manager.block_pool
-        return {
-            "kv_cache_usage": pool.get_usage(),
-            "num_total_blocks": pool.num_blocks,
-            "num_free_blocks": pool.get_num_free_blocks(),
-            "num_cached_blocks": len(pool.cached_block_hash_to_block),
-            "block_size": self.config.block_size,
-            "num_running": len(scheduler.running),
-            "num_waiting": len(scheduler.waiting),
-            **self.meter.reading(),
-        }
+        return kv_state_answer(self.scheduler, self.meter)
 
     def probe_prefix(self, token_ids: list[int], cache_salt: str | None = None) -> PrefixProbe:
         hashes = compute_block_hashes(token_ids, self.config.block_size, cache_salt)

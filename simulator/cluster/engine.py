@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from kvgate.simulator.async_engine import kv_state_answer
 from kvgate.simulator.config import CostModel, EngineConfig
 from kvgate.simulator.decode_jump import decode_context_tokens, jump_decode_steps, stable_decode_steps
 from kvgate.simulator.kv_cache_manager import PrefixProbe
@@ -126,18 +127,7 @@ class SimEngine:
     def kv_state(self) -> dict:
         """The probe API's `GET /v1/kvgate/kv` answer, as the simulated replica gives it."""
         self.settle()
-        scheduler = self.scheduler
-        pool = scheduler.kv_cache_manager.block_pool
-        return {
-            "kv_cache_usage": pool.get_usage(),
-            "num_total_blocks": pool.num_blocks,
-            "num_free_blocks": pool.get_num_free_blocks(),
-            "num_cached_blocks": len(pool.cached_block_hash_to_block),
-            "block_size": self.config.block_size,
-            "num_running": len(scheduler.running),
-            "num_waiting": len(scheduler.waiting),
-            **self.meter.reading(),
-        }
+        return kv_state_answer(self.scheduler, self.meter)
 
     def probe_prefix(self, request: SimRequest) -> PrefixProbe:
         """The prefix probe of `request`'s prompt (`POST /v1/kvgate/prefix`): no side effects."""
