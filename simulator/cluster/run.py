@@ -129,6 +129,7 @@ class TurnRecord:
 @dataclass
 class SessionRecord:
     index: int
+    agent: int  # the agent that ran it (with fixed sessions: the session's own index)
     start_s: float
     end_s: float
     completed: bool
@@ -200,7 +201,7 @@ class _Cluster:
         index = self.session_count
         self.session_count += 1
         started = self.loop.time()
-        record = SessionRecord(index, started, started, False)
+        record = SessionRecord(index, direct_index, started, started, False)
         self.sessions.append(record)
         prefix_id, prefix_tokens = session.shared_prefix
         prefix_seen = prefix_id in self.prefixes_seen
