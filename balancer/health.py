@@ -45,10 +45,19 @@ class HealthChecker:
     replica answers healthy with any 2xx status. The loop survives every error.
     """
 
-    def __init__(self, registry, settings: HealthSettings, path: str = "/health", busy_is_alive: bool = False) -> None:
+    def __init__(
+        self,
+        registry,
+        settings: HealthSettings,
+        path: str = "/health",
+        busy_is_alive: bool = False,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self._registry = registry
         self._settings = settings
         self._path = path  # a front door asks replica gates for /ready (proxy/topology.py)
+        # sent to replicas whose `credentials` is True only (a front door's key for its replica gates)
+        self._headers = headers or {}
         # Tiers (proxy/topology.py): a check that times out while requests to the replica are in
         # flight is no evidence. A front door's replica gate answers /ready with a definitive 503
         # when its vLLM is down; a replica gate that drops its one replica refuses all its traffic.
@@ -85,7 +94,7 @@ class HealthChecker:
     async def check_all(self) -> None:
         """One round of checks over the replicas registered now."""
         replicas = self._registry.all()
-        results = await asyncio.gather(*(self._check(r.url) for r in replicas))
+        results = await asyncio.gather(*(self._check(r.url, r.credentials) for r in replicas))
         for replica, ok in zip(replicas, results):
             if ok is None:
                 if self._busy_is_alive and replica.in_flight > 0:
@@ -93,11 +102,11 @@ class HealthChecker:
                 ok = False
             self._registry.record_check(replica, ok)
 
-    async def _check(self, url: str) -> bool | None:
+    async def _check(self, url: str, credentials: bool = True) -> bool | None:
         """True on 2xx, False on another status or a failed connection, None on a timeout."""
         assert self._session is not None, "HealthChecker.start() must run first"
         try:
-            async with self._session.get(url + self._path) as resp:
+            async with self._session.get(url + self._path, headers=self._headers if credentials else None) as resp:
                 await resp.read()
                 return 200 <= resp.status < 300
         except TimeoutError:

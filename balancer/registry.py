@@ -12,19 +12,22 @@ import logging
 
 from kvgate.balancer.health import HealthState, next_health
 from kvgate.balancer.metrics import BalancerMetrics
-from kvgate.balancer.replica_fields import replica_name_problem, replica_url_problem
+from kvgate.balancer.replica_fields import replica_name_problem, replica_url_key, replica_url_problem
 from kvgate.balancer.settings import HealthSettings
 
 log = logging.getLogger("kvgate.balancer")
 
 
 class Replica:
-    """One upstream vLLM server. `in_flight` counts requests the proxy is relaying to it."""
+    """One upstream vLLM server. `in_flight` counts requests the proxy is relaying to it.
+    `credentials`: whether kvgate sends it its upstream keys (False for a replica added at
+    run time whose host the config does not trust)."""
 
-    __slots__ = ("name", "url", "weight", "draining", "in_flight", "removed", "health")
+    __slots__ = ("name", "url", "weight", "draining", "in_flight", "removed", "health", "credentials")
 
-    def __init__(self, name: str, url: str, weight: float = 1.0) -> None:
+    def __init__(self, name: str, url: str, weight: float = 1.0, credentials: bool = True) -> None:
         self.name = name
+        self.credentials = credentials
         self.url = url.rstrip("/")
         self.weight = float(weight)
         self.draining = False
@@ -44,6 +47,7 @@ class Replica:
             "healthy": self.healthy,
             "draining": self.draining,
             "in_flight": self.in_flight,
+            "credentials": self.credentials,
         }
 
     def __repr__(self) -> str:
@@ -63,7 +67,7 @@ class ReplicaRegistry:
         # path reads it without filtering.
         self._routable: tuple[Replica, ...] = ()
 
-    def add(self, name: str, url: str, weight: float = 1.0) -> Replica:
+    def add(self, name: str, url: str, weight: float = 1.0, credentials: bool = True) -> Replica:
         problem = replica_name_problem(name)
         if problem:
             raise RegistryError(f"replica name {name!r} {problem}")
@@ -72,9 +76,15 @@ class ReplicaRegistry:
         problem = replica_url_problem(url)
         if problem:
             raise RegistryError(f"replica url {url!r} {problem}")
+        same = next((r for r in self._replicas.values() if replica_url_key(r.url) == replica_url_key(url)), None)
+        if same is not None:
+            raise RegistryError(
+                f"replica url {url!r} already exists as replica {same.name!r}; one server is listed once "
+                "(its gate would otherwise count its cache twice)"
+            )
         if not weight > 0:
             raise RegistryError(f"replica weight must be > 0, got {weight!r}")
-        replica = Replica(name, url, weight)
+        replica = Replica(name, url, weight, credentials)
         self._replicas[name] = replica
         self._changed(replica)
         return replica

@@ -51,3 +51,13 @@ def replica_url_problem(url: str) -> str | None:
     if parts.username is not None or parts.query or parts.fragment or "#" in url or "?" in url:
         return "must not carry user info, a query or a fragment"
     return None
+
+
+def replica_url_key(url: str) -> str:
+    """What makes two replica URLs the same server: scheme and host in lower case, the
+    port spelled out (80 / 443 when absent), no trailing slash. Call it on URLs that
+    `replica_url_problem` accepts."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    port = parts.port or (443 if scheme == "https" else 80)
+    return f"{scheme}://{(parts.hostname or '').lower()}:{port}{parts.path.rstrip('/')}"

@@ -7,7 +7,7 @@ sets `func`. To add a benchmark, import its module here and add one line to
 
 from __future__ import annotations
 
-from kvgate.bench import gate_load, overhead, probe_latency
+from kvgate.bench import gate_load, overhead, probe_latency, results_page, scale_out_load
 from kvgate.bench.agentic import cli as agentic_cli
 
 
@@ -19,4 +19,6 @@ def add_commands(subparsers) -> None:
     overhead.add_command(benchmarks)
     gate_load.add_command(benchmarks)
     probe_latency.add_command(benchmarks)
+    scale_out_load.add_command(benchmarks)
     agentic_cli.add_parser(benchmarks)
+    results_page.add_command(benchmarks)

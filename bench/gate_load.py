@@ -27,23 +27,28 @@ import argparse
 import asyncio
 import math
 import random
-import re
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from kvgate.balancer.settings import ReplicaSettings
+from kvgate.bench.http1 import read_response
+from kvgate.bench.processes import Endpoint, ReplicaShape, ServerGroup, start_in_process
 from kvgate.gate.admission import AdmissionController
 from kvgate.gate.policies.registry import POLICIES
 from kvgate.gate.settings import GateSettings
-from kvgate.proxy.app import create_app
 from kvgate.proxy.metrics import KvgateMetrics
 from kvgate.proxy.settings import Settings
+from kvgate.simulator.config import EngineConfig
 from kvgate.simulator.percentiles import percentile
 from kvgate.simulator.replica_server import start_simulated_replicas
 
@@ -64,28 +69,6 @@ class TurnResult:
     replica: str = ""  # x-kvgate-replica (bench/scale_out_load.py checks sessions stay on theirs)
 
 
-async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes], bytes]:
-    """One HTTP/1.1 response: status, lower-cased headers, body (Content-Length or chunked)."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    status = int(lines[0][9:12])
-    headers: dict[bytes, bytes] = {}
-    for line in lines[1:]:
-        if line:
-            name, _, value = line.partition(b":")
-            headers[name.strip().lower()] = value.strip()
-    if b"content-length" in headers:
-        return status, headers, await reader.readexactly(int(headers[b"content-length"]))
-    chunks: list[bytes] = []
-    while True:
-        size = int((await reader.readuntil(b"\r\n")).strip().split(b";")[0], 16)
-        if size == 0:
-            await reader.readuntil(b"\r\n")
-            return status, headers, b"".join(chunks)
-        chunks.append(await reader.readexactly(size))
-        await reader.readexactly(2)
-
-
 async def send_turn(reader, writer, host: str, port: int, session: str, messages: list, finish: bool) -> TurnResult:
     body = orjson.dumps({"model": "bench", "messages": messages, "max_tokens": 8})
     head = (
@@ -95,17 +78,17 @@ async def send_turn(reader, writer, host: str, port: int, session: str, messages
     )
     started = time.perf_counter()
     writer.write(head.encode() + body)
-    status, headers, payload = await read_response(reader)
+    response = await read_response(reader)
     seconds = time.perf_counter() - started
     reply = ""
-    if status == 200:
-        reply = orjson.loads(payload)["choices"][0]["message"]["content"] or ""
+    if response.status == 200:
+        reply = orjson.loads(response.body)["choices"][0]["message"]["content"] or ""
     return TurnResult(
-        status,
+        response.status,
         seconds,
-        headers.get(b"x-kvgate-admission", b"-").decode(),
+        (response.header(b"x-kvgate-admission") or b"-").decode(),
         reply,
-        headers.get(b"x-kvgate-replica", b"-").decode(),
+        (response.header(b"x-kvgate-replica") or b"-").decode(),
     )
 
 
@@ -187,15 +170,17 @@ async def run_mode(mode: str, policy: str, replicas: list, args: argparse.Namesp
     metrics = KvgateMetrics()
     controller = AdmissionController(gate, metrics.gate)
     timed = TimedAdmission(controller)
-    app = create_app(settings, metrics=metrics, admission=timed, health_checks=False)
-    host, port = await app.start("127.0.0.1", 0)
+    kvgate = await start_in_process(mode, settings, metrics=metrics, admission=timed, health_checks=False)
+    app = kvgate.app
     rng = random.Random(args.seed + run_index)
     result = RunResult(mode)
     try:
         started = time.perf_counter()
         sessions = await asyncio.gather(
             *(
-                run_session(host, port, f"{mode}-{run_index}-s{i}", args.turns, rng.uniform(0, args.ramp_sec))
+                run_session(
+                    kvgate.host, kvgate.port, f"{mode}-{run_index}-s{i}", args.turns, rng.uniform(0, args.ramp_sec)
+                )
                 for i in range(args.sessions)
             )
         )
@@ -219,75 +204,36 @@ async def run_mode(mode: str, policy: str, replicas: list, args: argparse.Namesp
     return result
 
 
-@dataclass
-class ReplicaProcess:
-    """A `kvgate replica` subprocess: `.name`, `.url`, `await .stop()`."""
-
-    name: str
-    url: str
-    process: asyncio.subprocess.Process
-
-    @classmethod
-    async def start(cls, name: str, args: argparse.Namespace) -> ReplicaProcess:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "kvgate.proxy.cli",
-            "replica",
-            "--name",
-            name,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--time-scale",
-            "0",
-            "--num-blocks",
-            str(args.num_blocks),
-            "--max-num-seqs",
-            str(args.max_num_seqs),
-            stdout=asyncio.subprocess.PIPE,
-        )
-        assert process.stdout is not None  # stdout=PIPE
-        try:
-            line = (await asyncio.wait_for(process.stdout.readline(), timeout=60)).decode()
-            match = re.search(r" on (http://\S+) ", line)
-            if match is None:
-                raise RuntimeError(f"kvgate replica {name} did not report its URL (said {line!r})")
-        except BaseException:
-            process.kill()
-            await process.wait()
-            raise
-        return cls(name, match.group(1), process)
-
-    async def stop(self) -> None:
-        if self.process.returncode is None:
-            self.process.terminate()
-            try:
-                await asyncio.wait_for(self.process.wait(), timeout=10)
-            except TimeoutError:
-                self.process.kill()
-                await self.process.wait()
-
-
-async def start_replicas(args: argparse.Namespace) -> list:
+@asynccontextmanager
+async def started_replicas(args: argparse.Namespace, log_dir: Path | None = None) -> AsyncIterator[list]:
+    """`args.replicas` simulated replicas (.name, .url) without KV pressure, stopped on exit: in this
+    process with `args.in_process_replicas`, else one `kvgate replica` process each (logs in `log_dir`,
+    default a temporary folder)."""
     if args.in_process_replicas:
-        return await start_simulated_replicas(
+        replicas = await start_simulated_replicas(
             args.replicas, host="127.0.0.1", time_scale=0.0, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs
         )
-    started: list[ReplicaProcess] = []
-    try:
-        for index in range(args.replicas):
-            started.append(await ReplicaProcess.start(f"sim{index}", args))
-    except BaseException:
-        await asyncio.gather(*(r.stop() for r in started), return_exceptions=True)
-        raise
-    return started
+        try:
+            yield replicas
+        finally:
+            await asyncio.gather(*(r.stop() for r in replicas), return_exceptions=True)
+        return
+    engine = EngineConfig()  # the replica's own defaults, but for the size and the speed
+    shape = ReplicaShape(
+        num_blocks=args.num_blocks,
+        block_size=engine.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        max_model_len=engine.max_model_len,
+        time_scale=0.0,
+    )
+    with tempfile.TemporaryDirectory(prefix="kvgate-replicas-") as tmp:
+        async with ServerGroup(log_dir or Path(tmp)) as servers:
+            yield [Endpoint(f"sim{i}", await servers.start_replica(f"sim{i}", shape)) for i in range(args.replicas)]
 
 
 async def run(args: argparse.Namespace) -> list[RunResult]:
-    replicas = await start_replicas(args)
-    try:
+    async with started_replicas(args) as replicas:
         results = []
         index = 0
         for _ in range(args.repeats):
@@ -296,8 +242,6 @@ async def run(args: argparse.Namespace) -> list[RunResult]:
                 index += 1
                 print(format_run(results[-1]), flush=True)
         return results
-    finally:
-        await asyncio.gather(*(r.stop() for r in replicas), return_exceptions=True)
 
 
 # -------------------------------------------------------------------- report

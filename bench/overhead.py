@@ -20,17 +20,16 @@ numbers; it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from kvgate.bench.checkout import import_tree, package_dirs
+from kvgate.bench.processes import ServerGroup, process_cpu_seconds
 from kvgate.gate.policies.registry import POLICIES
 from kvgate.gate.settings import GateSettings
 
@@ -98,66 +97,13 @@ def _python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-def start_upstream(port: int) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        _python_module("kvgate.bench.overhead_upstream", "--port", str(port)), stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdout is not None  # stdout=PIPE
-    line = proc.stdout.readline()
-    if not line.startswith("READY "):
-        proc.kill()
-        raise RuntimeError(f"benchmark upstream did not start (said {line!r})")
-    return proc, f"http://127.0.0.1:{int(line.split()[1])}"
-
-
-def start_kvgate(
-    upstream_url: str, gate_mode: str, gate_policy: str, workdir: Path, repo: Path | None = None
-) -> tuple[subprocess.Popen, str]:
-    """kvgate in front of the upstream: this installation's, or checkout `repo`'s. A checkout's
-    `kvgate.*` packages come from its folders through a link tree first on PYTHONPATH; an
-    older checkout's top-level packages, from its working directory (`python -m proxy.cli`)."""
-    workdir = workdir / (repo.name if repo else "this")
-    workdir.mkdir(exist_ok=True)
-    module, env = "kvgate.proxy.cli", None
-    if repo is not None and not package_dirs(repo):
-        module = "proxy.cli"
-    elif repo is not None:
-        tree = import_tree(repo, workdir / "import-tree")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
-    config = workdir / "kvgate-bench.yaml"
-    config.write_text(
-        f"replicas: [{{name: upstream, url: '{upstream_url}'}}]\ngate: {{mode: {gate_mode}, policy: {gate_policy}}}\n"
-    )
-    log = open(workdir / "kvgate.log", "w+")
-    proc = subprocess.Popen(
-        _python_module(module, "serve", "--config", str(config), "--port", "0"),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=repo,
-        env=env,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        log.seek(0)
-        found = re.search(r"listening on (http://[\d.]+:\d+)", log.read())
-        if found:
-            return proc, found.group(1)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    log.seek(0)
-    raise RuntimeError("kvgate did not start:\n" + log.read())
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+def kvgate_config(port: int, upstream_url: str, gate_mode: str, gate_policy: str) -> dict:
+    """kvgate in front of the benchmark upstream, listening on `port`."""
+    return {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "replicas": [{"name": "upstream", "url": upstream_url}],
+        "gate": {"mode": gate_mode, "policy": gate_policy},
+    }
 
 
 def run_load(url: str, concurrency: int, duration: float, warmup: float, stream: bool) -> dict:
@@ -221,15 +167,6 @@ def format_table(results: list[dict], proxied_name: str) -> str:
                     f"failed or answered non-200 ({kinds or 'see the JSON output'})"
                 )
     return "\n".join(lines)
-
-
-def process_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of process `pid` so far (Linux /proc), or None."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(
@@ -321,47 +258,8 @@ def overhead_command(args: argparse.Namespace) -> int:
     if unknown or not modes or not concurrencies or min(concurrencies) < 1 or args.repeats < 1:
         print(f"--modes must name {' and/or '.join(MODES)}; --concurrency and --repeats must be >= 1", file=sys.stderr)
         return 2
-    started = []
-    try:
-        with tempfile.TemporaryDirectory(prefix="kvgate-bench-") as tmp:
-            upstream, upstream_url = start_upstream(args.upstream_port)
-            started.append(upstream)
-            pids: dict[str, int] = {}
-            if args.target:
-                proxied_url, proxied_name = args.target.rstrip("/"), "target"
-            else:
-                kvgate, proxied_url = start_kvgate(upstream_url, args.gate_mode, args.gate_policy, Path(tmp))
-                started.append(kvgate)
-                pids["proxied"] = kvgate.pid
-                proxied_name = "kvgate"
-            baseline_url = None
-            if args.baseline_repo:
-                baseline, baseline_url = start_kvgate(
-                    upstream_url, args.gate_mode, args.gate_policy, Path(tmp), Path(args.baseline_repo).resolve()
-                )
-                started.append(baseline)
-                pids["baseline"] = baseline.pid
-                print(f"baseline kvgate of {args.baseline_repo}: {baseline_url}", flush=True)
-            print(
-                f"upstream {upstream_url}, {proxied_name} {proxied_url}; {args.repeats} x {args.duration:g} s "
-                f"per case, cpus={os.cpu_count()}",
-                flush=True,
-            )
-            results = measure(
-                upstream_url,
-                proxied_url,
-                concurrencies,
-                modes,
-                args.duration,
-                args.warmup,
-                args.repeats,
-                progress=lambda line: print(line, flush=True),
-                baseline_url=baseline_url,
-                pids=pids,
-            )
-    finally:
-        for proc in reversed(started):
-            stop(proc)
+    with tempfile.TemporaryDirectory(prefix="kvgate-bench-") as tmp:
+        results, proxied_name = asyncio.run(run(args, concurrencies, modes, Path(tmp)))
     print()
     print(format_table(results, proxied_name))
     if any("baseline" in r for r in results):
@@ -371,3 +269,48 @@ def overhead_command(args: argparse.Namespace) -> int:
         Path(args.out).write_text(json.dumps({"target": proxied_name, "results": results}, indent=2))
         print(f"\nwrote {args.out}")
     return 0
+
+
+async def run(args: argparse.Namespace, concurrencies: list[int], modes: list[str], workdir: Path) -> tuple[list, str]:
+    """Start the upstream, this kvgate (unless --target) and the baseline's, measure, stop them all."""
+    async with ServerGroup(workdir) as servers:
+        upstream_url = await servers.start_module(
+            "upstream", "kvgate.bench.overhead_upstream", [], port=args.upstream_port
+        )
+        pids: dict[str, int] = {}
+        if args.target:
+            proxied_url, proxied_name = args.target.rstrip("/"), "target"
+        else:
+            proxied_url = await servers.serve(
+                "kvgate", lambda port: kvgate_config(port, upstream_url, args.gate_mode, args.gate_policy)
+            )
+            pids["proxied"] = servers.pids()["kvgate"]
+            proxied_name = "kvgate"
+        baseline_url = None
+        if args.baseline_repo:
+            baseline_url = await servers.serve(
+                "baseline",
+                lambda port: kvgate_config(port, upstream_url, args.gate_mode, args.gate_policy),
+                repo=Path(args.baseline_repo).resolve(),
+            )
+            pids["baseline"] = servers.pids()["baseline"]
+            print(f"baseline kvgate of {args.baseline_repo}: {baseline_url}", flush=True)
+        print(
+            f"upstream {upstream_url}, {proxied_name} {proxied_url}; {args.repeats} x {args.duration:g} s "
+            f"per case, cpus={os.cpu_count()}",
+            flush=True,
+        )
+        results = await asyncio.to_thread(
+            measure,
+            upstream_url,
+            proxied_url,
+            concurrencies,
+            modes,
+            args.duration,
+            args.warmup,
+            args.repeats,
+            progress=lambda line: print(line, flush=True),
+            baseline_url=baseline_url,
+            pids=pids,
+        )
+    return results, proxied_name

@@ -3,8 +3,8 @@
 `--concurrency` workers, each on its own keep-alive connection, send the same chat
 request back to back for `--duration` seconds (after `--warmup` seconds not
 counted) and time each full response (the last byte of a stream). A minimal client
-on asyncio streams under uvloop: it parses only the status line, Content-Length or
-chunked framing, so the load generator costs little of the CPUs it shares with the
+on asyncio streams under uvloop (bench/http1.py): it parses only the status line,
+Content-Length or chunked framing, so the load generator costs little of the CPUs it shares with the
 upstream and the router under test. Prints one JSON line:
 {"requests", "errors", "error_kinds", "seconds", "rps", "p50_ms", "p99_ms"}.
 
@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from kvgate.bench.http1 import read_response
 from kvgate.simulator.percentiles import percentile
 
 PATH = "/v1/chat/completions"
@@ -38,26 +39,6 @@ def build_request(host: str, port: int, stream: bool, session: str) -> bytes:
     ).encode() + body
 
 
-async def read_response(reader: asyncio.StreamReader) -> int:
-    """Read one response; return its status."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head[9:12])
-    lower = head.lower()
-    index = lower.find(b"\r\ncontent-length:")
-    if index >= 0:
-        end = lower.index(b"\r\n", index + 2)
-        await reader.readexactly(int(lower[index + 17 : end]))
-        return status
-    if b"transfer-encoding: chunked" in lower:
-        while True:
-            size_line = await reader.readuntil(b"\r\n")
-            size = int(size_line.split(b";", 1)[0], 16)
-            await reader.readexactly(size + 2)
-            if size == 0:
-                return status
-    raise ValueError("response without Content-Length or chunked framing")
-
-
 async def worker(
     host: str, port: int, request: bytes, start: float, stop: float, latencies: list, errors: list
 ) -> None:
@@ -69,7 +50,7 @@ async def worker(
                 return
             writer.write(request)
             try:
-                status = await read_response(reader)
+                status = (await read_response(reader)).status
             except (asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
                 errors.append(type(exc).__name__)
                 writer.close()

@@ -22,7 +22,7 @@ One process holds at most `ulimit -n` sockets (20,000 on the build machine): a s
 kvgate with 10,000 sessions in flight needs one socket in and one out per session, so
 run `single` at a few thousand sessions and `tiers` at 10,000.
 
-Run: python -m kvgate.bench.scale_out_load [--sessions 10000] [--turns 4] [--front-doors 4]
+Run: kvgate bench scale-out (or python -m kvgate.bench.scale_out_load) [--sessions 10000] [--turns 4] [--front-doors 4]
      [--replicas 4] [--layouts tiers] [--repeats 1] [--out FILE]
 """
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
 import random
 import statistics
 import sys
@@ -45,8 +44,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from kvgate.bench.agentic.processes import ServerGroup
-from kvgate.bench.gate_load import SYSTEM_PROMPT, TOOL_RESULT, TurnResult, send_turn, start_replicas
+from kvgate.bench.gate_load import SYSTEM_PROMPT, TOOL_RESULT, TurnResult, send_turn, started_replicas
+from kvgate.bench.processes import ServerGroup, process_cpu_seconds
 from kvgate.proxy.server import run as serve_loop
 from kvgate.simulator.percentiles import percentile
 
@@ -76,21 +75,12 @@ class LayoutRun:
     cpu_us_per_turn: dict[str, float] = field(default_factory=dict)  # kvgate CPU per turn, by tier
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used so far (Linux /proc; 0 elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def cpu_by_tier(servers: ServerGroup) -> dict[str, float]:
     """CPU seconds so far of the kvgate processes, summed per tier (door, gate, single)."""
     out: dict[str, float] = {}
     for name, pid in servers.pids().items():
         tier = "door" if name.startswith("door") else "gate" if name.startswith("gate") else "single"
-        out[tier] = out.get(tier, 0.0) + cpu_seconds(pid)
+        out[tier] = out.get(tier, 0.0) + (process_cpu_seconds(pid) or 0.0)
     return out
 
 
@@ -309,10 +299,9 @@ async def run_layout(layout: str, replicas: list, args: argparse.Namespace, inde
 
 
 async def run(args: argparse.Namespace) -> list[LayoutRun]:
-    replicas = await start_replicas(args)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="kvgate-scale-out-"))
     print(f"[scale-out] logs under {log_dir}", flush=True)
-    try:
+    async with started_replicas(args, log_dir / "replicas") as replicas:
         results = []
         index = 0
         for _ in range(args.repeats):
@@ -321,8 +310,6 @@ async def run(args: argparse.Namespace) -> list[LayoutRun]:
                 index += 1
                 print(format_run(results[-1]), flush=True)
         return results
-    finally:
-        await asyncio.gather(*(r.stop() for r in replicas), return_exceptions=True)
 
 
 def format_run(r: LayoutRun) -> str:
@@ -363,8 +350,10 @@ def summarize(results: list[LayoutRun], layouts: list[str]) -> dict[str, Any]:
     return summary
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.scale_out_load", description=__doc__.split("\n\n")[0])
+DESCRIPTION = __doc__.split("\n\n")[0]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=int, default=10000, help="concurrent sessions (default 10000)")
     parser.add_argument("--turns", type=int, default=4, help="turns per session (default 4)")
     parser.add_argument("--replicas", type=int, default=4, help="simulated replicas (default 4)")
@@ -390,7 +379,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-dir", help="kvgate logs and configs (default: a new temporary folder)")
     parser.add_argument("--out", metavar="FILE", help="also write the runs and summary as JSON to FILE")
-    args = parser.parse_args(argv)
+
+
+def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     args.layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     args.in_process_replicas = False
     if not args.layouts or any(x not in LAYOUTS for x in args.layouts):
@@ -400,8 +391,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def add_command(subparsers) -> None:
+    """`kvgate bench scale-out`."""
+    parser = subparsers.add_parser(
+        "scale-out",
+        help="many concurrent sessions through front doors over replica gates (leaks, added latency)",
+        description=DESCRIPTION,
+    )
+    configure(parser)
+    parser.set_defaults(func=lambda args: report(validate(parser, args)))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.scale_out_load", description=DESCRIPTION)
+    configure(parser)
+    return report(validate(parser, parser.parse_args(argv)))
+
+
+def report(args: argparse.Namespace) -> int:
+    """Run the layouts of parsed `args`, print the summary; exit 1 on a failed turn, a leak, a
+    conflict or a moved session."""
     print(
         f"scale-out load: {args.sessions} sessions x {args.turns} turns, {args.replicas} simulated replicas, "
         f"{args.front_doors} front doors, layouts {','.join(args.layouts)} x{args.repeats}",

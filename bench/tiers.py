@@ -15,19 +15,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvgate.proxy.app import ProxyApp, create_app
-from kvgate.proxy.config import settings_from_dict
+from kvgate.bench.processes import Kvgate, start_in_process
 from kvgate.simulator.replica_server import SimulatedReplica, start_simulated_replicas
-
-
-@dataclass
-class Kvgate:
-    name: str
-    app: ProxyApp
-    url: str
-
-    async def close(self) -> None:
-        await self.app.close()
 
 
 @dataclass
@@ -59,16 +48,6 @@ def _merge(base: dict, extra: dict | None) -> dict:
     return out
 
 
-async def start_kvgate(name: str, config: dict, health_checks: bool = True) -> Kvgate:
-    app = create_app(settings_from_dict(config), health_checks=health_checks)
-    try:
-        host, port = await app.start("127.0.0.1", 0)
-    except BaseException:
-        await app.close()
-        raise
-    return Kvgate(name, app, f"http://{host}:{port}")
-
-
 async def start_tiered(
     num_replicas: int,
     num_front_doors: int,
@@ -93,13 +72,13 @@ async def start_tiered(
                 },
                 replica_gate,
             )
-            topology.replica_gates.append(await start_kvgate(replica.name, config))
+            topology.replica_gates.append(await start_in_process(replica.name, config))
         doors = [{"name": g.name, "url": g.url} for g in topology.replica_gates]
         for index in range(num_front_doors):
             config = _merge(
                 {"role": "front_door", "replicas": doors, "gate": {"mode": "off"}, "balancer": health}, front_door
             )
-            topology.front_doors.append(await start_kvgate(f"door{index}", config))
+            topology.front_doors.append(await start_in_process(f"door{index}", config))
     except BaseException:
         await topology.close()
         raise
@@ -125,7 +104,7 @@ async def start_single(
             },
             extra,
         )
-        topology.front_doors.append(await start_kvgate("single", config))
+        topology.front_doors.append(await start_in_process("single", config))
     except BaseException:
         await topology.close()
         raise

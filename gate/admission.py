@@ -58,7 +58,9 @@ class AdmissionController:
     The probes share one ClientSession the controller opens on first use (so it can
     be built before an event loop runs) and `aclose()` closes. api_key: sent as a
     Bearer token to replicas' probe endpoints (vLLM's --api-key guards every path
-    under /v1). clock and probe_factory exist for tests and the simulator.
+    under /v1); replica_api_key: the gates' credential for the probe API
+    (`gate.replica_auth`). A replica whose `credentials` attribute is False gets
+    neither. clock and probe_factory exist for tests and the simulator.
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class AdmissionController:
         metrics: GateMetrics,
         *,
         api_key: str | None = None,
+        replica_api_key: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         probe_factory: ProbeFactory | None = None,
     ) -> None:
@@ -74,6 +77,8 @@ class AdmissionController:
         self.metrics = metrics
         self.policy = get_policy(settings.policy)  # fail at start on an unknown name
         self._api_key = api_key
+        self._replica_api_key = replica_api_key
+        self._untrusted: set[str] = set()  # replicas that get no credentials (proxy/client_auth.py)
         self._clock = clock
         self._probe_factory = probe_factory or self._replica_probe
         self._gates: dict[str, Gate] = {}
@@ -89,7 +94,11 @@ class AdmissionController:
         return self._own_http
 
     def _replica_probe(self, name: str, url: str) -> Probe:
-        return ReplicaProbe(name, url, self._http, self.settings.probe, self.metrics, self._api_key, self._clock)
+        if name in self._untrusted:  # probed without credentials: it shows none of kvgate's keys
+            return ReplicaProbe(name, url, self._http, self.settings.probe, self.metrics, None, self._clock)
+        return ReplicaProbe(
+            name, url, self._http, self.settings.probe, self.metrics, self._api_key, self._clock, self._replica_api_key
+        )
 
     async def aclose(self) -> None:
         """Fail every waiter (the proxy is stopping) and close the controller's own ClientSession."""
@@ -111,6 +120,18 @@ class AdmissionController:
         elif self._urls[name] != url:
             gate.probe = self._probe_factory(name, url)
             self._urls[name] = url
+        return gate
+
+    def _gate_of(self, replica: ReplicaAddress) -> Gate:
+        """`gate_for` the replica, whose probe shows kvgate's credentials only when the replica
+        gets them (its `credentials` attribute; True when it has none)."""
+        gate = self._gates.get(replica.name)
+        if gate is None or self._urls[replica.name] != replica.url:
+            if getattr(replica, "credentials", True):
+                self._untrusted.discard(replica.name)
+            else:
+                self._untrusted.add(replica.name)
+            gate = self.gate_for(replica.name, replica.url)
         return gate
 
     def _settings_for(self, name: str) -> GateSettings:
@@ -138,11 +159,26 @@ class AdmissionController:
         session_id None is anonymous. `body` is read, never modified. Cancelling the
         call (client gone) leaves nothing behind.
         """
-        gate = self._gates.get(replica.name)
-        if gate is None or self._urls[replica.name] != replica.url:
-            gate = self.gate_for(replica.name, replica.url)
+        gate = self._gate_of(replica)
         key = None if session_id is None else session_key(session_id)
         return await gate.acquire(key, route_kind, body)
+
+    def probe_api(self, name: str) -> bool | None:
+        """Whether replica `name` serves the probe API, as its gate last learned: None
+        while unknown (no gate yet, or it has not answered either way)."""
+        gate = self._gates.get(name)
+        return None if gate is None else getattr(gate.probe, "probe_api", None)
+
+    async def learn_probe_api(self, replica: ReplicaAddress) -> bool | None:
+        """Ask `replica` for its usage once if its probe API is still unknown (at start,
+        before any turn); the probe logs a missing API with the fix and sets
+        `kvgate_replica_probe_api`. Returns what is known after."""
+        known = self.probe_api(replica.name)
+        if known is None:
+            gate = self._gate_of(replica)
+            await gate.probe.usage()
+            known = self.probe_api(replica.name)
+        return known
 
     def finish_session(self, session_id: str) -> None:
         """End the session's ownership window on every replica; unknown ids are a no-op."""
@@ -154,6 +190,7 @@ class AdmissionController:
         """The replica left: its waiters raise ReplicaUnavailable; its gate is forgotten."""
         gate = self._gates.pop(name, None)
         self._urls.pop(name, None)
+        self._untrusted.discard(name)
         if gate is not None:
             gate.close(f"replica {name} was removed while this request waited for admission")
 

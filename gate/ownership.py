@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from kvgate.gate.replica_auth import replica_headers
+
 log = logging.getLogger("kvgate.gate.ownership")
 
 OWNER_PATH = "/v1/kvgate/owner"
@@ -157,6 +159,7 @@ class OwnershipClaims:
         *,
         timeout_sec: float = 1.0,
         api_key: str | None = None,
+        replica_api_key: str | None = None,
     ) -> None:
         self.gate_id = gate_id
         self.ttl_sec = ttl_sec
@@ -164,11 +167,12 @@ class OwnershipClaims:
         self._replicas = replicas
         self._apply = apply
         self._timeout = aiohttp.ClientTimeout(total=min(timeout_sec, self.interval_sec))
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = replica_headers(api_key, replica_api_key)
         self._state: dict[str, Ownership] = {}
         self._urls: dict[str, str] = {}
         self._http: aiohttp.ClientSession | None = None
         self._task: asyncio.Task | None = None
+        self._refused: set[str] = set()  # replica URLs that answered 401 (logged once)
 
     def ownership(self) -> dict[str, Ownership]:
         return dict(self._state)
@@ -219,6 +223,14 @@ class OwnershipClaims:
             ) as resp:
                 if resp.status in NO_API_STATUSES:
                     return NO_API
+                if resp.status == 401 and url not in self._refused:
+                    self._refused.add(url)  # said once per replica: every renewal would repeat it
+                    log.error(
+                        "replica %s refuses this gate's owner claims (401): it needs the replica key; set "
+                        "upstream.replica_api_key to the key the server reads from KVGATE_REPLICA_API_KEY[_FILE] "
+                        "(docs/security.md). Until then a second gate enforcing on it cannot be detected",
+                        url,
+                    )
                 if resp.status != 200:
                     return None
                 return parse_owner_answer(await resp.json(content_type=None))

@@ -24,8 +24,14 @@ answered within the last `BUSY_READING_MAX_AGE_SEC` yields that last good readin
 engine answers probes between scheduler steps, so a timeout usually means a long step
 (a CPU engine's chunked prefill lasts seconds): the replica is busiest exactly then,
 and deciding `open` would let every turn in.
+A prefix answer that contradicts itself (its blocks are not its tokens over the
+replica's block size) is such a failure too, never a reading: a replica must not be able
+to refuse every turn by claiming a million blocks (`prefix_contradiction`).
 Latency goes to `kvgate_probe_seconds`, the last usage to `kvgate_replica_kv_usage`.
-Nothing here raises to the gate except cancellation.
+Nothing here raises to the gate except cancellation and `PromptTooLong`: the replica
+refused to probe a prompt longer than it serves (`400 prompt_too_long`, which the probe
+API answers after rendering, before the engine does any work), so the turn is refused
+without being forwarded, at the cost of one rendering.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from typing import Protocol, TypeVar
 import aiohttp
 import orjson
 
+from kvgate.gate.errors import PromptTooLong
 from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.readings import (
     PrefixReading,
@@ -48,6 +55,7 @@ from kvgate.gate.readings import (
     parse_metrics_usage,
     parse_prefix_answer,
 )
+from kvgate.gate.replica_auth import replica_headers
 from kvgate.gate.settings import ProbeSettings
 
 log = logging.getLogger("kvgate.gate.probe")
@@ -56,6 +64,23 @@ KV_PATH = "/v1/kvgate/kv"
 PREFIX_PATH = "/v1/kvgate/prefix"
 METRICS_PATH = "/metrics"
 KV_RECHECK_SEC = 30.0
+# What a replica without the probe API needs, in every message that reports one (the
+# gate's log, /ready, `kvgate check-config --contact-replicas`).
+PROBE_API_FIX = (
+    "install kvgate's vLLM plugin into that server's environment (docker/install-vllm-plugin.sh "
+    "--python <its python>, or run the kvgate-vllm image of docker/vllm.Dockerfile) and restart it "
+    "with VLLM_PLUGINS=kvgate"
+)
+
+
+def missing_probe_api(name: str, url: str) -> str:
+    """The message that names a replica without the probe API, and the fix."""
+    return (
+        f"replica {name} ({url}) does not serve kvgate's probe API (GET {KV_PATH} answered 404): the gate "
+        f"reads only its /metrics, without block counts or prefix probes; {PROBE_API_FIX}"
+    )
+
+
 BUSY_READING_MAX_AGE_SEC = 30.0  # a timed-out usage probe falls back to a good reading this recent
 # Route kinds the prefix probe can render; its body names its key after the kind (docs/reference.md).
 PREFIX_PROBE_KINDS = frozenset({"chat", "completion", "messages", "responses"})
@@ -89,13 +114,14 @@ class ReplicaProbe:
         metrics: GateMetrics,
         api_key: str | None = None,
         clock: Clock = time.monotonic,
+        replica_api_key: str | None = None,
     ) -> None:
         self.name = name
         self.url = url.rstrip("/")
         self._http = http
         self._timeout = aiohttp.ClientTimeout(total=settings.timeout_sec)
         self._max_age = settings.usage_max_age_ms / 1000.0
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = replica_headers(api_key, replica_api_key)
         self._clock = clock
         self._cached: UsageReading | None = None
         self._cached_at = float("-inf")
@@ -111,6 +137,7 @@ class ReplicaProbe:
         # 1 while the replica answers the probe API, 0 on the /metrics fallback (gate degraded);
         # no series until the replica has answered either way.
         self._probe_api_gauge = metrics.replica_probe_api
+        self._probe_api: bool | None = None
         self._last_error: str | None = None
         self._last_good: UsageReading | None = None  # the last reading a probe returned, and when
         self._last_good_at = float("-inf")
@@ -118,6 +145,11 @@ class ReplicaProbe:
     @property
     def has_probe_api(self) -> bool:
         return self._fallback_since is None
+
+    @property
+    def probe_api(self) -> bool | None:
+        """Whether the replica serves the probe API: None until it has answered either way."""
+        return self._probe_api
 
     # ------------------------------------------------------------------ usage
 
@@ -205,11 +237,15 @@ class ReplicaProbe:
     async def _usage_from_kv(self) -> UsageReading:
         status, payload = await self._request("GET", KV_PATH, None)
         if status == 404:
-            if self._fallback_since is None:
-                log.info("replica %s has no %s; reading usage from %s", self.name, KV_PATH, METRICS_PATH)
+            if self._probe_api is not False:
+                log.warning("%s", missing_probe_api(self.name, self.url))
+            self._probe_api = False
             self._fallback_since = self._clock()
             self._probe_api_gauge.labels(self.name).set(0)
             return await self._usage_from_metrics()
+        if self._probe_api is False:
+            log.info("replica %s (%s) serves kvgate's probe API again", self.name, self.url)
+        self._probe_api = True
         self._fallback_since = None
         self._probe_api_gauge.labels(self.name).set(1)
         return _parse(status, payload, parse_kv_answer)
@@ -232,7 +268,12 @@ class ReplicaProbe:
         started = time.perf_counter()
         try:
             status, payload = await self._request("POST", PREFIX_PATH, orjson.dumps({route_kind: body}))
-            reading = _parse(status, payload, parse_prefix_answer)
+            if status == 400:
+                refused = _too_long(payload)
+                if refused is not None:
+                    raise PromptTooLong(f"replica {self.name}: {refused}")
+            block_size = self._last_good.block_size if self._last_good is not None else None
+            reading = _parse(status, payload, lambda doc: checked_prefix_answer(doc, block_size))
         except _Failed as failure:
             self._errors["prefix"].inc()
             self._note_error(f"prefix probe failed: {failure}")
@@ -269,6 +310,41 @@ class ReplicaProbe:
 
 
 Parsed = TypeVar("Parsed")
+
+
+def prefix_contradiction(reading: PrefixReading, block_size: int | None, has_tokens: bool) -> str | None:
+    """Why a prefix answer contradicts itself, or None. A prompt of `total_tokens` tokens has
+    exactly `total_tokens // block_size` full blocks, the only ones a prefix cache holds
+    (checked when the answer gives its tokens and the replica its block size)."""
+    if not has_tokens or not block_size:
+        return None
+    expected = reading.total_tokens // block_size
+    if reading.total_blocks != expected:
+        return (
+            f"the prefix answer contradicts itself: {reading.total_tokens} tokens make {expected} full blocks "
+            f"of {block_size}, not {reading.total_blocks}"
+        )
+    return None
+
+
+def checked_prefix_answer(doc: object, block_size: int | None) -> PrefixReading:
+    """`parse_prefix_answer`, and ProbeAnswerError when the answer contradicts itself."""
+    reading = parse_prefix_answer(doc)
+    problem = prefix_contradiction(reading, block_size, isinstance(doc, dict) and "total_tokens" in doc)
+    if problem is not None:
+        raise ProbeAnswerError(problem)
+    return reading
+
+
+def _too_long(payload: bytes) -> str | None:
+    """The message of a `prompt_too_long` refusal (an OpenAI-shaped error), else None."""
+    try:
+        error = orjson.loads(payload).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    if isinstance(error, dict) and error.get("code") == "prompt_too_long":
+        return str(error.get("message", "the prompt is longer than the replica serves"))[:500]
+    return None
 
 
 def _parse(status: int, payload: bytes, parser: Callable[[object], Parsed]) -> Parsed:

@@ -3,7 +3,11 @@
 vLLM instantiates ``KvgateEndpointPlugin`` in the API server only, and only when
 ``kvgate`` is named in ``VLLM_PLUGINS``; it calls ``attach_router(app)`` while
 building the app and ``init_state(engine_client, state, args)`` once the engine
-client exists. The routes live under ``/v1`` so vLLM's ``--api-key`` guards them.
+client exists. The routes live under ``/v1`` so vLLM's ``--api-key`` guards them, and
+they answer only requests carrying the replica key (``replica_auth``: 401 otherwise;
+every route of the plugin, when ``KVGATE_REPLICA_API_KEY[_FILE]`` is set). A prompt
+longer than the server's ``max_model_len`` is refused (400 ``prompt_too_long``) before
+the engine is called, ``token_ids`` before a single id is read.
 
 Each probe is one UTILITY call per engine (``call_utility_all_async``: under data
 parallelism the single-engine call would answer for engine 0 only), bounded by
@@ -24,8 +28,15 @@ from typing import Any
 from kvgate.vllm_plugin import jsonio
 from kvgate.vllm_plugin.engine_plugin import KV_USAGE_METHOD, PREFIX_HITS_METHOD
 from kvgate.vllm_plugin.engine_rates import RateMeter, prefill_rate, read_totals
-from kvgate.vllm_plugin.prefix_query import ProbeRequestError, parse_prefix_query
+from kvgate.vllm_plugin.prefix_query import ProbeRequestError, parse_prefix_query, too_long
 from kvgate.vllm_plugin.probe_results import merge_kv_usage, merge_prefix
+from kvgate.vllm_plugin.replica_auth import (
+    OPEN_WARNING,
+    REPLICA_KEY_HEADER,
+    UNAUTHORIZED_MESSAGE,
+    allowed,
+    replica_key_from_env,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +45,7 @@ PREFIX_PATH = "/v1/kvgate/prefix"
 DEFAULT_TIMEOUT_SEC = 5.0
 _STATE_ATTR = "kvgate_probes"
 _OWNER_ATTR = "kvgate_owner"
+_KEY_ATTR = "kvgate_replica_key"
 OWNER_PATH = "/v1/kvgate/owner"
 
 
@@ -49,7 +61,9 @@ def probe_timeout_sec() -> float:
 
 def error_body(status: int, message: str, code: str, param: str | None = None) -> dict:
     """OpenAI-shaped error, as vLLM and the kvgate proxy send them."""
-    error_type = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "ServiceUnavailableError")
+    error_type = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError"}.get(
+        status, "ServiceUnavailableError"
+    )
     return {"error": {"message": message, "type": error_type, "code": code, "param": param}}
 
 
@@ -65,10 +79,11 @@ class ProbeUnavailable(RuntimeError):
 class ProbeService:
     """The imperative shell: engine utility calls with a timeout, per-engine merge."""
 
-    def __init__(self, engine_client: Any, state: Any, timeout_sec: float):
+    def __init__(self, engine_client: Any, state: Any, timeout_sec: float, max_model_len: int | None = None):
         self.engine_client = engine_client
         self.state = state
         self.timeout_sec = timeout_sec
+        self.max_model_len = max_model_len  # longer prompts are refused before the engine sees them
         self.rates = RateMeter()
 
     async def _call_all_engines(self, method: str, *args: Any) -> list[dict]:
@@ -113,8 +128,10 @@ class ProbeService:
     async def prefix(self, body: object) -> dict:
         from kvgate.vllm_plugin.rendering import render_prefix_query
 
-        query = parse_prefix_query(body)
+        query = parse_prefix_query(body, self.max_model_len)
         prompt = await render_prefix_query(self.state, query)
+        if self.max_model_len is not None and len(prompt.token_ids) > self.max_model_len:
+            raise too_long(len(prompt.token_ids), self.max_model_len)
         results = await self._call_all_engines(PREFIX_HITS_METHOD, prompt.token_ids, prompt.cache_salt, prompt.lora)
         return merge_prefix(results)
 
@@ -133,11 +150,21 @@ def _service(request: Any) -> ProbeService | None:
     return getattr(request.app.state, _STATE_ATTR, None)
 
 
+def _unauthorized(raw_request: Any):
+    """The 401 of a request without the replica key, or None when it may use the replica API."""
+    key = getattr(raw_request.app.state, _KEY_ATTR, None)
+    if allowed(raw_request.headers.get(REPLICA_KEY_HEADER), key):
+        return None
+    return _json_response(401, error_body(401, UNAUTHORIZED_MESSAGE, "invalid_replica_key"))
+
+
 def _not_ready():
     return _json_response(503, error_body(503, "the kvgate probes are not initialised yet; retry shortly", "not_ready"))
 
 
 async def kv_route(raw_request: Any):
+    if (refused := _unauthorized(raw_request)) is not None:
+        return refused
     service = _service(raw_request)
     if service is None:
         return _not_ready()
@@ -148,6 +175,8 @@ async def kv_route(raw_request: Any):
 
 
 async def prefix_route(raw_request: Any):
+    if (refused := _unauthorized(raw_request)) is not None:
+        return refused
     service = _service(raw_request)
     if service is None:
         return _not_ready()
@@ -158,7 +187,7 @@ async def prefix_route(raw_request: Any):
     try:
         return _json_response(200, await service.prefix(body))
     except ProbeRequestError as exc:
-        return _json_response(exc.status, error_body(exc.status, exc.message, "invalid_request", exc.param))
+        return _json_response(exc.status, error_body(exc.status, exc.message, exc.code, exc.param))
     except ProbeUnavailable as exc:
         return _json_response(exc.status, error_body(exc.status, str(exc), exc.code))
 
@@ -182,6 +211,8 @@ def _owner_book(request: Any):
 async def owner_claim_route(raw_request: Any):
     from kvgate.vllm_plugin.owner_record import OwnerClaimError
 
+    if (refused := _unauthorized(raw_request)) is not None:
+        return refused
     try:
         body = jsonio.loads(await raw_request.body())
     except ValueError as exc:
@@ -193,6 +224,8 @@ async def owner_claim_route(raw_request: Any):
 
 
 async def owner_read_route(raw_request: Any):
+    if (refused := _unauthorized(raw_request)) is not None:
+        return refused
     return _json_response(200, _owner_book(raw_request).read())
 
 
@@ -204,6 +237,12 @@ class KvgateEndpointPlugin:
 
     def attach_router(self, app: Any) -> None:
         from fastapi import APIRouter, Request
+
+        # Read once, at start: a key file that cannot be read stops the server here, saying why.
+        key = replica_key_from_env(os.environ)
+        setattr(app.state, _KEY_ATTR, key)
+        if key is None:
+            logger.warning(OPEN_WARNING)
 
         router = APIRouter()
 
@@ -229,5 +268,11 @@ class KvgateEndpointPlugin:
         if engine_client is None:
             logger.warning("kvgate: no engine client (render-only server); probes disabled")
             return
-        setattr(state, _STATE_ATTR, ProbeService(engine_client, state, probe_timeout_sec()))
+        max_model_len = getattr(getattr(engine_client, "model_config", None), "max_model_len", None)
+        if not isinstance(max_model_len, int):
+            max_model_len = getattr(getattr(args, "model_config", None), "max_model_len", None)
+        service = ProbeService(
+            engine_client, state, probe_timeout_sec(), max_model_len if isinstance(max_model_len, int) else None
+        )
+        setattr(state, _STATE_ATTR, service)
         logger.info("kvgate: probe endpoints %s and %s ready", KV_PATH, PREFIX_PATH)

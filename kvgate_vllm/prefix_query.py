@@ -23,11 +23,21 @@ PROMPT_KINDS: tuple[PromptKind, ...] = get_args(PromptKind)
 class ProbeRequestError(ValueError):
     """A probe body the server cannot answer; ``status`` is the HTTP status to send."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400):
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str = "invalid_request"):
         super().__init__(message)
         self.message = message
         self.param = param
         self.status = status
+        self.code = code
+
+
+def too_long(num_tokens: int, max_model_len: int) -> ProbeRequestError:
+    """The refusal of a prompt the server can never serve: a probe costs no more than its turn."""
+    return ProbeRequestError(
+        f"the prompt has {num_tokens} tokens, more than this server's max_model_len ({max_model_len}); "
+        "it can never be served here",
+        code="prompt_too_long",
+    )
 
 
 @dataclass(frozen=True)
@@ -49,8 +59,9 @@ def _optional_str(body: dict, key: str) -> str | None:
     return value
 
 
-def parse_prefix_query(body: object) -> PrefixQuery:
-    """The validated query, or ``ProbeRequestError`` naming the offending field."""
+def parse_prefix_query(body: object, max_model_len: int | None = None) -> PrefixQuery:
+    """The validated query, or ``ProbeRequestError`` naming the offending field. ``token_ids``
+    longer than ``max_model_len`` are refused (``prompt_too_long``) before a single id is read."""
     if not isinstance(body, dict):
         raise ProbeRequestError("the prefix probe body must be a JSON object")
     present = [kind for kind in PROMPT_KINDS if kind in body]
@@ -63,6 +74,8 @@ def parse_prefix_query(body: object) -> PrefixQuery:
     kind = present[0]
     if kind == "token_ids":
         token_ids = body["token_ids"]
+        if isinstance(token_ids, list) and max_model_len is not None and len(token_ids) > max_model_len:
+            raise too_long(len(token_ids), max_model_len)
         if (
             not isinstance(token_ids, list)
             or not token_ids

@@ -58,6 +58,29 @@ def _error_message(error_response: Any) -> str:
     return getattr(error, "message", None) or str(error_response)
 
 
+# vLLM's own words when a prompt exceeds max_model_len: its renderer checks the text's length
+# before tokenizing (cheaply) and the token count after, as it does for generation.
+_CONTEXT_LENGTH_WORDS = "maximum context length"
+
+
+def _render_errors() -> tuple[type[BaseException], ...]:
+    """What vLLM raises for a body it will not render: Python's own errors, and its client
+    errors (`VLLMClientError`, which is not a ValueError; its context-length check raises one)."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:  # a vLLM release without the class
+        return (ValueError, TypeError, KeyError)
+    return (ValueError, TypeError, KeyError, VLLMClientError)
+
+
+def _render_refusal(message: str, kind: str) -> ProbeRequestError:
+    """The 400 of a body vLLM would not render; `prompt_too_long` when it is longer than the
+    server serves (the gate then refuses the turn instead of forwarding it)."""
+    if _CONTEXT_LENGTH_WORDS in message:
+        return ProbeRequestError(message, param=kind, code="prompt_too_long")
+    return ProbeRequestError(message, param=kind)
+
+
 def _reject_multimodal_parts(items: Any, param: str) -> None:
     """400 before rendering, so a probe never downloads or processes media.
 
@@ -138,10 +161,10 @@ async def _render_with(
         raise ProbeRequestError(_error_message(error), param=f"{kind}.model")
     try:
         result = await render(request, skip_mm_cache=True)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ProbeRequestError(f"cannot render the {kind} body: {exc}", param=kind) from exc
+    except _render_errors() as exc:
+        raise _render_refusal(f"cannot render the {kind} body: {exc}", kind) from exc
     if isinstance(result, ErrorResponse):
-        raise ProbeRequestError(_error_message(result), param=kind)
+        raise _render_refusal(_error_message(result), kind)
     engine_inputs = result[1] if chat_shaped else result
     rendered = _single_token_input(list(engine_inputs), kind)
     # Chat generation also picks a default multimodal LoRA; completions do not.
@@ -241,10 +264,10 @@ async def _render_responses(state: Any, body: dict) -> RenderedPrompt:
             raise _previous_response_not_found(request.previous_response_id)
     try:
         result = await serving._render_resolved_response_inputs(request, previous, skip_mm_cache=True)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ProbeRequestError(f"cannot render the responses body: {exc}", param="responses") from exc
+    except _render_errors() as exc:
+        raise _render_refusal(f"cannot render the responses body: {exc}", "responses") from exc
     if isinstance(result, ErrorResponse):
-        raise ProbeRequestError(_error_message(result), param="responses")
+        raise _render_refusal(_error_message(result), "responses")
     rendered = _single_token_input([result.engine_input], "responses")
     lora = lora_fields(serving._maybe_get_adapters(request))
     return RenderedPrompt(rendered.token_ids, rendered.cache_salt, lora)

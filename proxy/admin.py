@@ -11,6 +11,7 @@ import hmac
 import orjson
 
 from kvgate.balancer.registry import RegistryError
+from kvgate.proxy.client_auth import gets_credentials
 from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
 from kvgate.proxy.http_fields import decode_path_segment
 from kvgate.proxy.http_server import HttpRequest, Responder
@@ -23,8 +24,11 @@ def _json(responder: Responder, data, status: int = 200) -> None:
 
 
 class AdminApi:
-    def __init__(self, token: str, registry, admission, clients, sessions) -> None:
+    def __init__(
+        self, token: str, registry, admission, clients, sessions, credential_hosts: tuple[str, ...] = ()
+    ) -> None:
         self._expected = f"Bearer {token}".encode()
+        self._credential_hosts = credential_hosts  # upstream.credential_hosts (proxy/client_auth.py)
         self.registry = registry
         self.admission = admission
         self.clients = clients
@@ -95,7 +99,7 @@ class AdminApi:
             send_error(responder, 400, "field 'weight' must be a number > 0", "invalid_type")
             return
         try:
-            replica = self.registry.add(name, url, weight)
+            replica = self.registry.add(name, url, weight, gets_credentials(url, self._credential_hosts))
         except RegistryError as exc:
             send_error(responder, 409 if "already exists" in str(exc) else 400, str(exc), "invalid_replica")
             return

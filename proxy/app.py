@@ -9,6 +9,7 @@ checks; `await app.close()` stops everything it started.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 
 import orjson
@@ -18,14 +19,18 @@ from kvgate.balancer.health import HealthChecker
 from kvgate.balancer.replica_metrics import ReplicaMetricsScraper
 from kvgate.balancer.settings import ReplicaSettings
 from kvgate.gate.admission import AdmissionController
+from kvgate.gate.gate import MODES
 from kvgate.gate.ownership import Ownership, OwnershipClaims, conflict_flag, default_gate_id, gate_mode, readiness
+from kvgate.gate.probe import missing_probe_api
+from kvgate.gate.replica_auth import replica_headers
 from kvgate.proxy.admin import AdminApi
+from kvgate.proxy.client_auth import OPEN_PATHS, ClientAuth
 from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
 from kvgate.proxy.forward import Forwarder
 from kvgate.proxy.http_fields import decode_path_segment
 from kvgate.proxy.http_server import FrontServer, HttpRequest, Responder
 from kvgate.proxy.metrics import CONTENT_TYPE, KvgateMetrics
-from kvgate.proxy.routes import ROUTES
+from kvgate.proxy.routes import ROUTES, passthrough_route
 from kvgate.proxy.session_tracker import SessionTracker
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, claims_ownership, health_path
@@ -33,7 +38,11 @@ from kvgate.proxy.upstream import UpstreamClients
 
 _JSON_OK = orjson.dumps({"status": "ok"})
 _METRICS_TYPE = (b"Content-Type", CONTENT_TYPE.encode())
-_ROUTE_LIST = ", ".join(f"{r.method} {r.path}" for r in ROUTES) + " (also under /sess/{session_id}/)"
+_GATING_MODES = frozenset(MODES) - {"off"}
+_ROUTE_LIST = (
+    ", ".join(f"{r.method} {r.path}" for r in ROUTES)
+    + ", any other /v1/ route to the session's replica (also under /sess/{session_id}/)"
+)
 
 
 class ProxyApp:
@@ -46,6 +55,7 @@ class ProxyApp:
             self.registry.add(r.name, r.url, r.weight)
         self.balancer = Balancer(self.registry, settings.balancer)
         self.clients = UpstreamClients(settings.upstream)
+        self.auth = ClientAuth(settings.auth.api_keys)
         self.sessions = SessionTracker()
         self.forwarder = Forwarder(settings, self.balancer, admission, self.clients, metrics, self.sessions)
         self.health = HealthChecker(
@@ -53,6 +63,8 @@ class ProxyApp:
             settings.balancer.health,
             health_path(settings.role),
             busy_is_alive=settings.role in (FRONT_DOOR, REPLICA_GATE),
+            # a front door's replica gates may ask for a client key on /ready (auth.api_keys)
+            headers=replica_headers(settings.upstream.api_key, None) if settings.role == FRONT_DOOR else None,
         )
         self.ownership = (
             OwnershipClaims(
@@ -62,6 +74,7 @@ class ProxyApp:
                 self._apply_ownership,
                 timeout_sec=settings.gate.probe.timeout_sec,
                 api_key=settings.upstream.api_key,
+                replica_api_key=settings.upstream.replica_api_key,
             )
             if claims_ownership(settings)
             else None
@@ -74,8 +87,20 @@ class ProxyApp:
         metrics.registry.register(self.replica_metrics)
         if settings.role != FRONT_DOOR:  # a front door's replicas are kvgates: nothing of vLLM's to mirror
             self.health.add_round(self.replica_metrics.read_all)
+        # A gating kvgate asks each replica for the probe API as soon as it answers, so a vLLM
+        # without the plugin is named in the log, /ready and kvgate_replica_probe_api before any turn.
+        self._asks_probe_api = _gates_vllm(settings) and hasattr(admission, "learn_probe_api")
+        if self._asks_probe_api:
+            self.health.add_round(self._learn_probe_apis)
         self.admin = (
-            AdminApi(settings.admin.token, self.registry, admission, self.clients, self.sessions)
+            AdminApi(
+                settings.admin.token,
+                self.registry,
+                admission,
+                self.clients,
+                self.sessions,
+                settings.upstream.credential_hosts,
+            )
             if settings.admin.token
             else None
         )
@@ -113,7 +138,9 @@ class ProxyApp:
     # ---- ownership (gate/ownership.py) ---------------------------------------------
 
     def _replica_urls(self) -> list[tuple[str, str]]:
-        return [(r.name, r.url) for r in self.registry.all()]
+        """The replicas this gate claims: those it may show its credentials to (a replica added at
+        run time from an untrusted host is gated, but never sent the replica API key)."""
+        return [(r.name, r.url) for r in self.registry.all() if r.credentials]
 
     def _apply_ownership(self, name: str, ownership: Ownership) -> None:
         """A claim changed this gate's standing on `name`: its gate's mode and the conflict gauge."""
@@ -122,12 +149,35 @@ class ProxyApp:
             set_mode(name, gate_mode(self.settings.gate.mode, ownership))
         self.metrics.gate.gate_conflict.labels(name).set(conflict_flag(ownership))
 
+    async def _learn_probe_apis(self, _session) -> None:
+        """A health round: ask the replicas whose probe API is still unknown (see __init__)."""
+        unknown = [r for r in self.registry.all() if self.admission.probe_api(r.name) is None]
+        if unknown:
+            await asyncio.gather(*(self.admission.learn_probe_api(r) for r in unknown), return_exceptions=True)
+
+    def _missing_probe_apis(self) -> dict[str, str]:
+        """Replica name -> what its missing probe API costs and the fix (empty: none missing)."""
+        if not self._asks_probe_api:
+            return {}
+        return {
+            r.name: missing_probe_api(r.name, r.url)
+            for r in self.registry.all()
+            if self.admission.probe_api(r.name) is False
+        }
+
     def _ready(self, responder: Responder) -> None:
         ownership = self.ownership.ownership() if self.ownership is not None else {}
         ready, conflicts = readiness({r.name: r.healthy for r in self.registry.all()}, ownership)
         if ready:
-            body = {"status": "ok", "gate_conflicts": conflicts} if conflicts else None
-            responder.send(200, orjson.dumps(body) if body else _JSON_OK, [JSON_CONTENT_TYPE])
+            # Ready either way: without the plugin the gate still routes and gates on /metrics
+            # (degraded); the body names such replicas so a probe's log shows them.
+            missing = self._missing_probe_apis()
+            body: dict[str, object] = {"status": "ok"}
+            if conflicts:
+                body["gate_conflicts"] = conflicts
+            if missing:
+                body["probe_api_missing"] = missing
+            responder.send(200, orjson.dumps(body) if len(body) > 1 else _JSON_OK, [JSON_CONTENT_TYPE])
         elif conflicts and self.registry.any_healthy():
             send_error(
                 responder,
@@ -144,6 +194,21 @@ class ProxyApp:
 
     async def handle(self, request: HttpRequest, responder: Responder) -> None:
         path = request.path
+        if (
+            self.auth.enabled
+            and path not in OPEN_PATHS
+            and not self._is_admin(path)
+            and not self.auth.allows(request.headers)
+        ):
+            send_error(
+                responder,
+                401,
+                "this kvgate needs a client key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>') "
+                "with one of its auth.api_keys",
+                "invalid_api_key",
+                [(b"WWW-Authenticate", b"Bearer")],
+            )
+            return
         route = self._routes.get(path)
         if route is not None:
             if request.method == route.method:
@@ -153,7 +218,7 @@ class ProxyApp:
             return
         if path.startswith("/sess/"):
             raw_id, slash, rest = path[6:].partition("/")
-            route = self._routes.get("/" + rest) if slash else None
+            route = (self._routes.get("/" + rest) or passthrough_route(request.method, "/" + rest)) if slash else None
             if route is not None:
                 if request.method == route.method:
                     try:
@@ -174,12 +239,30 @@ class ProxyApp:
         elif path == "/metrics" and request.method == "GET":
             responder.send(200, self.metrics.render(), [_METRICS_TYPE])
             return
-        elif path.startswith("/admin/") and self.admin is not None:
-            await self.admin.handle(request, responder)
+        elif path.startswith("/admin/"):
+            if self.admin is not None:
+                await self.admin.handle(request, responder)
+            else:
+                send_error(
+                    responder,
+                    404,
+                    f"the admin API is off, so {request.method} {path} is not served; set admin.token "
+                    "(KVGATE_ADMIN__TOKEN) to enable it, then send 'Authorization: Bearer <token>'",
+                    "admin_api_disabled",
+                )
             return
+        else:
+            route = passthrough_route(request.method, path)
+            if route is not None:  # another route vLLM serves: to the session's replica, ungated
+                await self.forwarder.forward(request, responder, route, None)
+                return
         send_error(
             responder, 404, f"unknown route {request.method} {path}; kvgate forwards {_ROUTE_LIST}", "unknown_route"
         )
+
+    def _is_admin(self, path: str) -> bool:
+        """/admin/* authenticates with admin.token instead of a client key (proxy/admin.py)."""
+        return self.admin is not None and path.startswith("/admin/")
 
     def _wrong_method(self, request: HttpRequest, responder: Responder, route) -> None:
         send_error(
@@ -189,6 +272,11 @@ class ProxyApp:
             "method_not_allowed",
             [(b"Allow", route.method.encode())],
         )
+
+
+def _gates_vllm(settings: Settings) -> bool:
+    """Whether this kvgate gates vLLM servers itself (and so reads their probe API)."""
+    return settings.role != FRONT_DOOR and settings.gate.mode in _GATING_MODES
 
 
 def create_app(
@@ -203,5 +291,10 @@ def create_app(
     settings = settings or Settings()
     metrics = metrics or KvgateMetrics()
     if admission is None:
-        admission = AdmissionController(settings.gate, metrics.gate, api_key=settings.upstream.api_key)
+        admission = AdmissionController(
+            settings.gate,
+            metrics.gate,
+            api_key=settings.upstream.api_key,
+            replica_api_key=settings.upstream.replica_api_key,
+        )
     return ProxyApp(settings, metrics, admission, settings.replicas if replicas is None else replicas, health_checks)

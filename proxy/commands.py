@@ -40,7 +40,8 @@ def add_commands(subparsers) -> None:
         "--contact-replicas",
         action="store_true",
         help="also ask every configured replica: is it a kvgate (a front door needs one, a "
-        "gate must not have one), and does another gate already own it (GET /v1/kvgate/owner)",
+        "gate must not have one), does it serve the probe API (GET /v1/kvgate/kv: a vLLM without "
+        "the kvgate plugin is a problem), and does another gate already own it (GET /v1/kvgate/owner)",
     )
     check.set_defaults(func=check_config_command)
 
@@ -96,13 +97,16 @@ def serve_command(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from kvgate.proxy.server import run, serve
+    from kvgate.proxy.server import ListenError, run, serve
 
     try:
         run(serve(settings))
     except KeyboardInterrupt:
         pass
+    except ListenError as exc:
+        print(f"kvgate: {exc.strerror}", file=sys.stderr)
+        return 1
     except OSError as exc:
-        logging.getLogger("kvgate").error("kvgate: cannot serve: %s", exc)
+        logging.getLogger("kvgate").error("cannot serve: %s", exc)
         return 1
     return 0

@@ -10,9 +10,14 @@ algorithm added there is accepted here.
 
 Environment overrides: `KVGATE_<PATH>` with `__` between levels
 (`KVGATE_GATE__HIGH_WATERMARK=0.9`); the value is read as a YAML scalar or flow
-collection (`true`, `0.9`, `[a, b]`, `[{name: r0, url: ...}]`). Only variables whose
-first segment names a top-level key are overrides, so unrelated `KVGATE_*`
-variables (of other tools) are left alone; within those, an unknown path is an error.
+collection (`true`, `0.9`, `[a, b]`, `[{name: r0, url: ...}]`). `KVGATE_` is kvgate's
+namespace: a variable there that names no setting is an error naming it (with the
+nearest setting's variable: `KVGATE_GATE_POLICY` -> `KVGATE_GATE__POLICY`), except the
+project's other variables, `OTHER_VARIABLES` (the plugin's and the test harnesses').
+
+Numbers are read as users write them: `1.0e9` and `1e9` are numbers (YAML 1.2), not
+the strings YAML 1.1 makes of them, and an integer setting takes a whole number written
+as a float (`1e9`, `2.0`).
 
 Every problem is collected, not just the first: `ConfigError.problems` holds one
 line per problem, each naming the key.
@@ -21,7 +26,9 @@ line per problem, each naming the key.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -31,7 +38,7 @@ from typing import Any
 import yaml
 
 from kvgate.balancer.balancer import ALGORITHMS
-from kvgate.balancer.replica_fields import replica_name_problem, replica_url_problem
+from kvgate.balancer.replica_fields import is_token, replica_name_problem, replica_url_key, replica_url_problem
 from kvgate.gate.gate import MODES
 from kvgate.gate.policies.registry import policy_name_problem
 from kvgate.proxy.http_fields import field_value_problem
@@ -39,6 +46,37 @@ from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import ROLES, role_problems
 
 ENV_PREFIX = "KVGATE_"
+# `KVGATE_*` variables that are not settings: read by the vLLM plugin, the test harnesses
+# and CI (docs/reference.md, "Other environment variables"). Every other one is an error.
+OTHER_VARIABLES = frozenset(
+    {
+        "KVGATE_PROBE_TIMEOUT_SEC",
+        "KVGATE_VLLM_VENV",
+        "KVGATE_CACHE_DIR",
+        "KVGATE_E2E_ROUNDS",
+        "KVGATE_E2E_POLICY",
+        "KVGATE_CI_FRESH",
+        "KVGATE_PROMETHEUS",
+        "KVGATE_PROMTOOL",
+    }
+)
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading YAML 1.2 floats: `1.0e9`, `1e9`, `1E-3` are numbers
+    (YAML 1.1 wants `1.0e+9` and reads the others as strings, which nobody guesses)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str):
+    """`text` parsed as kvgate reads config YAML (safe, YAML 1.2 numbers)."""
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader: no Python objects
 
 
 class ConfigError(ValueError):
@@ -71,6 +109,33 @@ def _non_empty(value) -> str | None:
     return "must not be empty" if not value else None
 
 
+def _header_name(value) -> str | None:
+    return None if is_token(value) else "must be a header name (letters, digits, - and _)"
+
+
+def _secret_value_problem(value: str) -> str | None:
+    return _non_empty(value) or field_value_problem(value)
+
+
+# Settings whose values are secrets: a problem with one names the key and never shows the
+# value (`_shown`), so a config error in a log or a terminal leaks nothing.
+SECRET_KEYS = frozenset({"upstream.api_key", "upstream.replica_api_key", "admin.token", "auth.api_keys"})
+
+
+def is_secret(path: str) -> bool:
+    """Whether the dotted `path` (list items as `[i]`) holds a secret."""
+    key = _rule_key(path).replace("[]", "")
+    return key in SECRET_KEYS
+
+
+def _shown(path: str, value) -> str:
+    """`value` as a problem line may show it: a secret's only as its kind and length."""
+    if is_secret(path):
+        size = f"{len(value)} characters" if isinstance(value, str) else type(value).__name__
+        return f"<secret, {size}>"
+    return repr(value)
+
+
 RULES: dict[str, Callable[[Any], str | None]] = {
     "listen.host": _non_empty,
     "listen.port": _in_range(0, 65535),
@@ -79,6 +144,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "replicas[].weight": _in_range(0, lo_open=True),
     "simulated_replicas": _in_range(1, 64),
     "session.header": _non_empty,
+    "session.client_headers[]": _header_name,
     "session.body_fields[]": _non_empty,
     "session.finish_header": _non_empty,
     "balancer.algorithm": _one_of(*ALGORITHMS),
@@ -111,6 +177,9 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "limits.max_connections": _in_range(1),
     "limits.max_buffered_response_bytes": _in_range(0),
     "upstream.api_key": field_value_problem,
+    "upstream.replica_api_key": field_value_problem,
+    "upstream.credential_hosts[]": _non_empty,
+    "auth.api_keys[]": _secret_value_problem,
     "role": _one_of(*ROLES),
     "ownership.ttl_sec": _in_range(0, 3600),
     "ownership.gate_id": _non_empty,
@@ -131,14 +200,22 @@ def read_yaml(path: str | Path) -> dict:
     except OSError as exc:
         raise ConfigError([f"config file {path}: cannot read it ({exc.strerror or exc})"]) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError([f"config file {path}: not valid YAML ({exc})".replace("\n", " ")]) from None
+        raise ConfigError([f"config file {path}: not valid YAML ({_yaml_problem(exc)})"]) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError([f"config file {path}: the top level must be a mapping of keys, got {type(data).__name__}"])
     return data
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong and where, without the quoted snippet of the file PyYAML adds (the
+    line could hold a secret)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or type(exc).__name__
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(problem)
 
 
 def apply_env_overrides(data: dict, environ: Mapping[str, str]) -> tuple[dict, list[str], dict[str, str]]:
@@ -153,6 +230,8 @@ def apply_env_overrides(data: dict, environ: Mapping[str, str]) -> tuple[dict, l
             continue
         parts = [p.lower() for p in var[len(ENV_PREFIX) :].split("__")]
         if parts[0] not in top:
+            if var not in OTHER_VARIABLES:
+                problems.append(_unknown_variable(var))
             continue
         value = _env_value(environ[var], _leaf_type(parts))
         node = merged
@@ -168,6 +247,30 @@ def apply_env_overrides(data: dict, environ: Mapping[str, str]) -> tuple[dict, l
             node[parts[-1]] = value
             origins[".".join(parts)] = var
     return merged, problems, origins
+
+
+def setting_variables(cls=Settings, prefix: str = ENV_PREFIX) -> list[str]:
+    """The variable of every setting: `KVGATE_GATE__POLICY`, ... (sections and leaves)."""
+    names = []
+    for f in dataclasses.fields(cls):
+        name = prefix + f.name.upper()
+        names.append(name)
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            names += setting_variables(tp, name + "__")
+    return names
+
+
+def _unknown_variable(var: str) -> str:
+    known = setting_variables()
+    # compare with the level separators spelled alike, so `_` for `__` is the nearest miss
+    spelled = {name.replace("__", "_"): name for name in known}
+    close = difflib.get_close_matches(var.replace("__", "_"), list(spelled), n=1, cutoff=0.8)
+    hint = f" (did you mean {spelled[close[0]]}?)" if close else ""
+    return (
+        f"{var}: not a kvgate setting{hint}. Settings are KVGATE_<PATH> with __ between levels "
+        "(KVGATE_GATE__POLICY); unset the variable if it is not meant for kvgate"
+    )
 
 
 def _leaf_type(parts: list[str]):
@@ -192,7 +295,7 @@ def _env_value(text: str, tp):
     if tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)):
         return text
     try:
-        return yaml.safe_load(text)
+        return yaml_load(text)
     except yaml.YAMLError:
         return text  # reported by validation as a wrong type, naming the key
 
@@ -235,17 +338,17 @@ def _convert(value, tp, path: str, problems: list[str]):
             out = _convert(value, arg, path, sub)
             if not sub:
                 return out
-        problems.append(f"{path}: must be {_type_name(tp)}, got {_describe(value)}")
+        problems.append(f"{path}: must be {_type_name(tp)}, got {_describe(value, path)}")
         return _INVALID
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            problems.append(f"{path}: must be a mapping of keys, got {_describe(value)}")
+            problems.append(f"{path}: must be a mapping of keys, got {_describe(value, path)}")
             return _INVALID
         return _build(tp, value, path + ".", problems)
     if origin in (tuple, list):
         (item_tp, *_rest) = typing.get_args(tp)
         if not isinstance(value, list):
-            problems.append(f"{path}: must be a list, got {_describe(value)}")
+            problems.append(f"{path}: must be a list, got {_describe(value, path)}")
             return _INVALID
         items = [_convert(v, item_tp, f"{path}[{i}]", problems) for i, v in enumerate(value)]
         rule = RULES.get(_rule_key(path) + "[]")
@@ -253,8 +356,10 @@ def _convert(value, tp, path: str, problems: list[str]):
             if rule is not None and item is not _INVALID:
                 msg = rule(item)
                 if msg:
-                    problems.append(f"{path}[{i}]: {msg}, got {item!r}")
+                    problems.append(f"{path}[{i}]: {msg}, got {_shown(f'{path}[{i}]', item)}")
         return tuple(items)
+    if tp is int and isinstance(value, float) and value.is_integer():
+        value = int(value)  # `1e9`, `2.0`: a whole number written as a float
     ok = {
         bool: lambda v: isinstance(v, bool),
         int: lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -264,14 +369,16 @@ def _convert(value, tp, path: str, problems: list[str]):
     if ok is None:
         raise TypeError(f"proxy.config cannot check annotation {tp!r} of {path}; extend _convert")
     if not ok(value):
-        problems.append(f"{path}: must be {_type_name(tp)}, got {_describe(value)}")
+        problems.append(f"{path}: must be {_type_name(tp)}, got {_describe(value, path)}")
         return _INVALID
     return float(value) if tp is float else value
 
 
-def _describe(value) -> str:
+def _describe(value, path: str = "") -> str:
     if value is None:
         return "null"
+    if is_secret(path):
+        return _shown(path, value)
     kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "mapping"}.get(
         type(value), type(value).__name__
     )
@@ -326,7 +433,7 @@ def _build(cls, data: dict, prefix: str, problems: list[str]):
         if rule is not None and value is not None:
             msg = rule(value)
             if msg:
-                problems.append(f"{path}: {msg}, got {value!r}")
+                problems.append(f"{path}: {msg}, got {_shown(path, value)}")
                 continue
         kwargs[name] = value
     if missing or len(problems) > problems_before:
@@ -342,14 +449,39 @@ def settings_from_dict(data: dict) -> Settings:
     """A validated Settings, or ConfigError listing every problem."""
     problems: list[str] = []
     settings = _build(Settings, data, "", problems)
+    problems.extend(duplicate_replica_problems(data.get("replicas")))
     if not problems and isinstance(settings, Settings):
-        names = [r.name for r in settings.replicas]
-        for name in sorted({n for n in names if names.count(n) > 1}):
-            problems.append(f"replicas: name {name!r} is used more than once; names must be unique")
         problems.extend(role_problems(settings))
     if problems:
         raise ConfigError(problems)
     return settings
+
+
+def duplicate_replica_problems(replicas: object) -> list[str]:
+    """Replica names and URLs listed more than once, read from the raw `replicas` list so
+    they are reported beside every other problem (a URL twice: one server, two replicas,
+    its cache counted twice)."""
+    if not isinstance(replicas, list):
+        return []
+    seen: dict[str, dict[str, list[str]]] = {"name": {}, "url": {}}
+    for i, item in enumerate(replicas):
+        if not isinstance(item, dict):
+            continue
+        name, url = item.get("name"), item.get("url")
+        if isinstance(name, str) and name:
+            seen["name"].setdefault(name, []).append(f"replicas[{i}]")
+        if isinstance(url, str) and replica_url_problem(url) is None:
+            seen["url"].setdefault(replica_url_key(url), []).append(f"replicas[{i}] ({url})")
+    problems = []
+    for name, where in seen["name"].items():
+        if len(where) > 1:
+            problems.append(
+                f"replicas: name {name!r} is used more than once ({', '.join(where)}); names must be unique"
+            )
+    for where in seen["url"].values():
+        if len(where) > 1:
+            problems.append(f"replicas: one server is listed more than once: {', '.join(where)}; list each server once")
+    return problems
 
 
 def _with_origin(problem: str, origins: dict[str, str]) -> str:
@@ -361,7 +493,8 @@ def _with_origin(problem: str, origins: dict[str, str]) -> str:
 
 
 def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
-    """The configuration of `path` (None: defaults only) with environment overrides applied."""
+    """The configuration of `path` (None: defaults only) with environment overrides applied
+    and the secret files (`*_file` keys) read into the keys they stand for."""
     data = read_yaml(path) if path is not None else {}
     merged, env_problems, origins = apply_env_overrides(data, os.environ if environ is None else environ)
     try:
@@ -370,4 +503,56 @@ def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | N
         raise ConfigError(env_problems + [_with_origin(p, origins) for p in exc.problems]) from None
     if env_problems:
         raise ConfigError(env_problems)
-    return settings
+    return read_secret_files(settings)
+
+
+def _secret_lines(key: str, path: str, problems: list[str]) -> list[str]:
+    """The non-blank lines of a secret file (lines starting with # skipped); a problem naming
+    `key` when it cannot be read, is empty, or holds a line that cannot be a header value."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(f"{key}: cannot read {path} ({getattr(exc, 'strerror', None) or exc})")
+        return []
+    lines = [line.strip() for line in text.splitlines()]
+    lines = [line for line in lines if line and not line.startswith("#")]
+    if not lines:
+        problems.append(f"{key}: {path} holds no key (one key per line)")
+    elif any(field_value_problem(line) for line in lines):
+        problems.append(f"{key}: {path} holds a line that is not printable ASCII; one key per line")
+        return []
+    return lines
+
+
+def read_secret_files(settings: Settings) -> Settings:
+    """`settings` with `upstream.api_key_file`, `upstream.replica_api_key_file` and
+    `auth.api_keys_file` read (a key given both inline and as a file is a problem)."""
+    problems: list[str] = []
+    upstream, auth = settings.upstream, settings.auth
+    keys: dict[str, str] = {}
+    for name in ("api_key", "replica_api_key"):
+        file = getattr(upstream, name + "_file")
+        if file is None:
+            continue
+        if getattr(upstream, name) is not None:
+            problems.append(f"upstream.{name}_file: upstream.{name} is set too; give the key one way")
+            continue
+        lines = _secret_lines(f"upstream.{name}_file", file, problems)
+        if len(lines) > 1:
+            problems.append(f"upstream.{name}_file: {file} holds {len(lines)} keys; give exactly one")
+        elif lines:
+            keys[name] = lines[0]
+    api_keys = auth.api_keys
+    if auth.api_keys_file is not None:
+        api_keys = api_keys + tuple(_secret_lines("auth.api_keys_file", auth.api_keys_file, problems))
+    if problems:
+        raise ConfigError(problems)
+    return dataclasses.replace(
+        settings,
+        upstream=dataclasses.replace(
+            upstream,
+            api_key=keys.get("api_key", upstream.api_key),
+            replica_api_key=keys.get("replica_api_key", upstream.replica_api_key),
+        ),
+        auth=dataclasses.replace(auth, api_keys=api_keys),
+    )

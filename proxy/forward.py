@@ -32,14 +32,14 @@ from kvgate.proxy.http_client import UpstreamResponse
 from kvgate.proxy.http_server import HttpRequest, Responder
 from kvgate.proxy.metrics import KvgateMetrics, turn_bucket
 from kvgate.proxy.relay import H_REPLICA, AnswerRelay, lease_headers
-from kvgate.proxy.request_body import parse_json_object, stream_flag, with_member
+from kvgate.proxy.request_body import parse_json_object, passthrough_body, stream_flag, with_member
 from kvgate.proxy.response_chains import TurnPlan, plan_turn
-from kvgate.proxy.routes import SESSION_FIELD_KINDS, TURN_KINDS, RouteSpec
+from kvgate.proxy.routes import PASSTHROUGH, SESSION_FIELD_KINDS, TURN_KINDS, RouteSpec, response_id_of
 from kvgate.proxy.session_id import resolve_session_id, split_body_fields
 from kvgate.proxy.session_tracker import SessionEntry, SessionTracker
 from kvgate.proxy.settings import Settings
-from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, with_session_header
-from kvgate.proxy.turn_hold import Hold, TurnAdmission, TurnLease
+from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, TIER_SESSION_HEADER, with_session_header
+from kvgate.proxy.turn_hold import UNGATED, Hold, TurnAdmission, TurnLease
 from kvgate.proxy.turn_route import Failure, Resend, after_failure, pinned_replica
 from kvgate.proxy.upstream import (
     CONNECT_ERRORS,
@@ -94,9 +94,13 @@ class Forwarder:
         self.sessions = sessions
         self._fields = split_body_fields(settings.session.body_fields)
         self._header = settings.session.header.lower()
+        # kvgate's own header first, then the agent clients' own (session.client_headers)
+        self._headers = (self._header, *(h.lower() for h in settings.session.client_headers))
         self._finish_header = settings.session.finish_header.lower()
         self._forward_session_id = settings.session.forward_session_id
         self._api_key = settings.upstream.api_key
+        self._drop_client_keys = bool(settings.auth.api_keys)  # the client's kvgate key goes no further
+        self._replica_gate = settings.role == REPLICA_GATE  # reads the front doors' TIER_SESSION_HEADER first
         self._front_door = settings.role == FRONT_DOOR  # the session id travels on in the header
         self._tiered = settings.role in (FRONT_DOOR, REPLICA_GATE)
         self.relay = AnswerRelay(
@@ -113,19 +117,31 @@ class Forwarder:
         started = time.perf_counter()
         kind = route.kind
         raw: bytes | None
+        link = None
         try:
-            if route.has_body:
+            if kind == PASSTHROUGH:  # relayed as sent: vLLM judges the body; kvgate reads what it can
+                raw = request.body or None
+                body = passthrough_body(raw)
+                stream = body.get("stream") is True
+                response_id = response_id_of(route.path)
+                link = self.sessions.responses.lookup(response_id) if response_id is not None else None
+            elif route.has_body:
                 body = parse_json_object(request.body)
                 stream = stream_flag(body)
                 raw = request.body
             else:
                 raw, body, stream = None, {}, False
-            session_id = resolve_session_id(path_session_id, request.headers, self._header, body, self._fields)
+            headers_read = self._headers
+            if self._replica_gate and TIER_SESSION_HEADER in request.headers:
+                headers_read = (TIER_SESSION_HEADER,)  # the id its front door resolved
+            session_id = resolve_session_id(path_session_id, request.headers, headers_read, body, self._fields)
             chain = plan_turn(body, session_id, self.sessions.responses.lookup) if kind == "responses" else None
         except RequestRejected as exc:
             self._count(kind, "none", exc.status)
             send_error(responder, exc.status, exc.message, exc.code)
             return
+        if link is not None:  # a stored response: its session, on the replica that holds it
+            session_id = link.session_id
         if chain is not None:
             session_id = chain.session_id
             if chain.set_request_id:  # vLLM answers with id = request_id: the link is known up front
@@ -143,10 +159,12 @@ class Forwarder:
             entry = self.sessions.touch(session_id)
             if chain is not None and chain.link is not None:
                 entry.replica = chain.link.replica  # the replica that holds the continued response
-            finish = request.headers.get(self._finish_header, "").lower() == "true"
-        headers = upstream_request_headers(request.raw_headers, self._api_key)
-        if self._front_door and session_id is not None:
-            headers = with_session_header(headers, self._header.encode(), session_id)
+            elif link is not None:
+                entry.replica = link.replica
+            # Only a turn ends its session: a models list that anyone can send with any session
+            # id must not end another session's window.
+            finish = kind in TURN_KINDS and request.headers.get(self._finish_header, "").lower() == "true"
+        headers = self._upstream_headers(request, session_id, self._api_key)
         turn = Turn(
             request,
             responder,
@@ -169,6 +187,23 @@ class Forwarder:
                 assert session_id is not None  # only a named session can be finished
                 self.admission.finish_session(session_id)
                 self.sessions.forget(session_id)
+
+    def _upstream_headers(
+        self, request: HttpRequest, session_id: str | None, api_key: str | None
+    ) -> list[tuple[bytes, bytes]]:
+        """The client's headers as a replica gets them: with `api_key`, without the client's own
+        kvgate key, and with the session for the next tier on a front door."""
+        headers = upstream_request_headers(request.raw_headers, api_key, self._drop_client_keys)
+        if self._front_door:
+            headers = with_session_header(headers, session_id)
+        return headers
+
+    def _headers_for(self, turn: Turn, replica: Replica) -> list[tuple[bytes, bytes]]:
+        """`turn.headers`, or without the upstream key for a replica that gets no credentials
+        (added at run time from a host off `upstream.credential_hosts`: proxy/client_auth.py)."""
+        if replica.credentials or not self._api_key:
+            return turn.headers
+        return self._upstream_headers(turn.request, turn.session_id, None)
 
     # ---- the turn's steps: route, admit, relay --------------------------------------
 
@@ -196,29 +231,16 @@ class Forwarder:
             with Hold(replica, lease) as held:
                 try:
                     upstream = await self.clients.for_replica(replica).request(
-                        turn.route.method, turn.target, turn.headers, turn.raw
+                        turn.route.method, turn.target, self._headers_for(turn, replica), turn.raw
                     )
                 except CONNECT_ERRORS as exc:
                     held.release()  # before deciding: `in_flight` then counts the replica's other requests
-                    then = after_failure(Failure.CONNECT, spent, self._tiered, replica.in_flight)
-                    if then.mark_failed:
-                        self.registry.mark_failed(replica)
-                    self.metrics.upstream_errors.labels(replica.name, "connect").inc()
-                    resend = self._resend_to(then.resend, turn, replica)
-                    if resend is not None:
-                        spent |= {Failure.CONNECT}
-                        replica = resend
-                        continue
-                    self._count(kind, replica.name, 502)
-                    send_error(
-                        turn.responder,
-                        502,
-                        f"could not connect to replica {replica.name} ({exc}); it is marked "
-                        "unhealthy until its health checks pass (unless it has requests in flight); retry later",
-                        "upstream_connect_failed",
-                        lease_headers(replica, lease),
-                    )
-                    return
+                    resend = self._after_connect_failure(turn, replica, lease, spent, exc)
+                    if resend is None:
+                        return
+                    spent |= {Failure.CONNECT}
+                    replica = resend
+                    continue
                 except EXCHANGE_ERRORS as exc:
                     self.metrics.upstream_errors.labels(replica.name, "before_headers").inc()
                     self._count(kind, replica.name, 502)
@@ -239,6 +261,8 @@ class Forwarder:
     async def _admit(self, turn: Turn, replica: Replica) -> TurnLease | AdmissionError:
         """The gate's lease on `replica`, or its refusal. A client that leaves while the
         turn waits cancels the wait (counted, then re-raised)."""
+        if turn.route.kind == PASSTHROUGH:
+            return UNGATED  # not a turn: nothing for the gate to price or hold
         try:
             return await self.admission.acquire(replica, turn.session_id, turn.route.kind, turn.body)
         except asyncio.CancelledError:
@@ -259,12 +283,29 @@ class Forwarder:
             type_=refusal.error_type,
         )
 
-    def _resend_to(self, resend: Resend, turn: Turn, failed: Replica) -> Replica | None:
-        if resend is Resend.SAME:
-            return failed
-        if resend is Resend.OTHER:
-            return self.balancer.choose(turn.session_id, exclude=failed)
-        return None
+    def _after_connect_failure(
+        self, turn: Turn, replica: Replica, lease: TurnLease, spent: frozenset[Failure], error: Exception
+    ) -> Replica | None:
+        """No connection to `replica` could be opened: the replica to re-send the turn to, or
+        None once the client has its 502."""
+        then = after_failure(Failure.CONNECT, spent, self._tiered, replica.in_flight)
+        if then.mark_failed:
+            self.registry.mark_failed(replica)
+        self.metrics.upstream_errors.labels(replica.name, "connect").inc()
+        if then.resend is Resend.SAME:
+            return replica
+        resend = self.balancer.choose(turn.session_id, exclude=replica) if then.resend is Resend.OTHER else None
+        if resend is None:
+            self._count(turn.route.kind, replica.name, 502)
+            send_error(
+                turn.responder,
+                502,
+                f"could not connect to replica {replica.name} ({error}); it is marked "
+                "unhealthy until its health checks pass (unless it has requests in flight); retry later",
+                "upstream_connect_failed",
+                lease_headers(replica, lease),
+            )
+        return resend
 
     async def _relay(self, turn: Turn, replica: Replica, lease: TurnLease, upstream: UpstreamResponse) -> bool:
         """Relay the replica's answer; True when it was relayed whole with a status under 400."""

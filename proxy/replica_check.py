@@ -7,14 +7,15 @@ import json
 import urllib.error
 import urllib.request
 
+from kvgate.gate.probe import KV_PATH
+from kvgate.gate.replica_auth import replica_headers
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import replica_findings
 
 TIMEOUT_SEC = 3.0
 
 
-def _get(url: str, api_key: str | None) -> tuple[int | None, bytes]:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def _get(url: str, headers: dict[str, str]) -> tuple[int | None, bytes]:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_SEC) as resp:
             return resp.status, resp.read()
@@ -27,11 +28,12 @@ def _get(url: str, api_key: str | None) -> tuple[int | None, bytes]:
 def contact_replicas(settings: Settings) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     notes: list[str] = []
-    key = settings.upstream.api_key
+    key = replica_headers(settings.upstream.api_key, settings.upstream.replica_api_key)
     for index, replica in enumerate(settings.replicas):
         base = replica.url.rstrip("/")
         metrics_status, metrics = _get(base + "/metrics", key)
         owner_status, owner_raw = _get(base + "/v1/kvgate/owner", key)
+        kv_status, _ = _get(base + KV_PATH, key)
         try:
             owner = json.loads(owner_raw) if owner_status == 200 else None
         except ValueError:
@@ -44,6 +46,9 @@ def contact_replicas(settings: Settings) -> tuple[list[str], list[str]]:
             is_kvgate=b"kvgate_requests_total" in metrics,
             owner_status=owner_status,
             owner=owner if isinstance(owner, dict) else None,
+            kv_status=kv_status,
+            url=replica.url,
+            metrics_status=metrics_status,
         )
         problems += found[0]
         notes += found[1]

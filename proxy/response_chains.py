@@ -22,6 +22,13 @@ Which session a turn belongs to:
 - else none (anonymous, as any request without an id); if its response is stored, the
   chain it starts is the session named by that first response id from its next turn on.
 A response that is not stored (`store: false`) cannot be continued: no link is kept.
+
+Bounds and ownership: response ids are client-chosen (`request_id`), so they are bounded
+as session ids are (`gate.session_key`: over 512 bytes, the SHA-256 hex digest) wherever
+kvgate keeps or looks one up, and a session id taken from a response id is bounded the
+same way. A link belongs to the session that first recorded it: a turn of another session
+that reuses the id (a `request_id` equal to someone else's response id) never replaces it,
+so no session can re-route another's chain.
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kvgate.gate.session_key import session_key
 from kvgate.proxy.errors import RequestRejected
+from kvgate.proxy.session_id import bounded_session_id
 
 
 @dataclass(slots=True)
@@ -82,12 +91,12 @@ def plan_turn(
     store = body.get("store")
     if store is not None and not isinstance(store, bool):
         raise RequestRejected(400, f"field 'store' must be a boolean, got {type(store).__name__}", "invalid_type")
-    link = lookup(previous_id) if previous_id else None
+    link = lookup(bounded_session_id(previous_id)) if previous_id else None
     session_id = link.session_id if link is not None else resolved_session
     if store is False:
         return TurnPlan(session_id, link, None, False, None)
     response_id = request_id or new_id()
-    return TurnPlan(session_id, link, response_id, request_id is None, session_id or response_id)
+    return TurnPlan(session_id, link, response_id, request_id is None, session_id or bounded_session_id(response_id))
 
 
 class ResponseChains:
@@ -109,6 +118,7 @@ class ResponseChains:
 
     def lookup(self, response_id: str) -> ChainLink | None:
         """The live link (touched, with its session's other links kept alive), or None."""
+        response_id = session_key(response_id)
         link = self._links.get(response_id)
         if link is None:
             return None
@@ -120,14 +130,20 @@ class ResponseChains:
         self._links.move_to_end(response_id)
         return link
 
-    def record(self, response_id: str, session_id: str, replica: Any) -> None:
-        """Remember that `response_id` (produced on `replica`) continues `session_id`."""
+    def record(self, response_id: str, session_id: str, replica: Any) -> bool:
+        """Remember that `response_id` (produced on `replica`) continues `session_id`. False,
+        and nothing changed, when a live link of another session has that id (module doc)."""
+        response_id = session_key(response_id)
+        existing = self.lookup(response_id)
+        if existing is not None and existing.session_id != session_id:
+            return False
         if response_id in self._links:
             self._drop(response_id)
         self._links[response_id] = ChainLink(session_id, replica, self._clock())
         self._by_session.setdefault(session_id, set()).add(response_id)
         while len(self._links) > self._max:
             self._drop(next(iter(self._links)))
+        return True
 
     def forget_session(self, session_id: str) -> None:
         for response_id in self._by_session.pop(session_id, ()):

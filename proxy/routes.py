@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 
 class RouteSpec(NamedTuple):
     method: str
     path: str  # the upstream path, also the proxy path without the /sess/{id} prefix
-    kind: str  # Seam 1 route_kind: chat | completion | messages | responses | models
+    kind: str  # Seam 1 route_kind: chat | completion | messages | responses | models; PASSTHROUGH (ungated)
     has_body: bool
 
 
@@ -19,6 +20,36 @@ ROUTES = (
     RouteSpec("POST", "/v1/responses", "responses", True),
     RouteSpec("GET", "/v1/models", "models", False),
 )
+
+# Every other route vLLM serves is forwarded to the session's replica without the gate:
+# token counting (`/v1/messages/count_tokens`), the Responses API's retrieve, cancel,
+# delete and input_items, embeddings, tokenize and detokenize, pooling and scoring, ...
+# Their kind (the `route` label of kvgate_requests_total):
+PASSTHROUGH = "passthrough"
+# vLLM's routes outside /v1 and /v2 that clients call (tokenizer, pooling, scoring, SageMaker's).
+VLLM_TOP_LEVEL_ROUTES = frozenset(
+    {"/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/invocations", "/version"}
+)
+# kvgate's own protocol with the replicas (probe API, owner record) is never relayed for clients.
+PROBE_API_PREFIX = "/v1/kvgate/"
+_RESPONSE_PATH = re.compile(r"/v1/responses/([^/]+)(?:/cancel|/input_items)?")
+
+
+def passthrough_route(method: str, path: str) -> RouteSpec | None:
+    """The route of a request kvgate forwards ungated, or None: any path under /v1/ or /v2/
+    that is not a gated route (the caller looks those up first) nor the probe API, and
+    vLLM's top-level API routes. vLLM answers the ones it does not serve."""
+    if path.startswith(("/v1/", "/v2/")) and not path.startswith(PROBE_API_PREFIX) or path in VLLM_TOP_LEVEL_ROUTES:
+        return RouteSpec(method, path, PASSTHROUGH, True)
+    return None
+
+
+def response_id_of(path: str) -> str | None:
+    """The response a Responses API route names (`/v1/responses/{id}`, `.../cancel`,
+    `.../input_items`): it lives on the replica that produced it."""
+    match = _RESPONSE_PATH.fullmatch(path)
+    return match.group(1) if match else None
+
 
 # Kinds that are turns of a session (counted for kvgate_turn_seconds).
 TURN_KINDS = frozenset({"chat", "completion", "messages", "responses"})

@@ -7,8 +7,10 @@ The admission gate is the app's default controller (`proxy.app.create_app`); its
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
+import socket
 
 from kvgate.balancer.settings import ReplicaSettings
 from kvgate.proxy.app import create_app
@@ -34,13 +36,42 @@ async def start_replicas(settings: Settings) -> tuple[tuple[ReplicaSettings, ...
     )
     from kvgate.simulator.replica_server import start_simulated_replicas
 
-    sims = await start_simulated_replicas(settings.simulated_replicas, host="127.0.0.1")
+    sims = await start_simulated_replicas(
+        settings.simulated_replicas, host="127.0.0.1", replica_api_key=settings.upstream.replica_api_key
+    )
     log.info("simulated replicas up: %s", ", ".join(f"{s.name}={s.url}" for s in sims))
     return tuple(ReplicaSettings(s.name, s.url) for s in sims), sims
 
 
+class ListenError(OSError):
+    """The listen address cannot be bound; the message says what to do."""
+
+
+def check_listen_address(host: str, port: int) -> None:
+    """Bind `host:port` once and let go, before anything else starts: a busy port or an
+    address this host does not have is reported at once, not after the simulated replicas
+    started. (The app binds again right after; SO_REUSEADDR, as there.)"""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in infos:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        fix = (
+            "stop what listens there, or choose another port (--port, listen.port or KVGATE_LISTEN__PORT)"
+            if exc.errno == errno.EADDRINUSE
+            else "choose an address of this host (--host, listen.host or KVGATE_LISTEN__HOST; 0.0.0.0 for all)"
+        )
+        raise ListenError(exc.errno, f"cannot listen on {host}:{port}: {reason}; {fix}") from None
+
+
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Run the proxy until `stop` is set (by default: SIGINT or SIGTERM)."""
+    check_listen_address(settings.listen.host, settings.listen.port)
     loop = asyncio.get_running_loop()
     if stop is None:
         stop = asyncio.Event()

@@ -22,9 +22,15 @@ class ListenSettings:
     port: int = 8000
 
 
+# The headers agent clients put their session in by themselves (read after kvgate's own
+# `header`, in this order): Claude Code, Codex CLI, OpenCode.
+CLIENT_SESSION_HEADERS = ("x-claude-code-session-id", "session_id", "x-session-affinity")
+
+
 @dataclass(frozen=True)
 class SessionSettings:
     header: str = "x-session-id"
+    client_headers: tuple[str, ...] = CLIENT_SESSION_HEADERS
     body_fields: tuple[str, ...] = ("session_id", "prompt_cache_key", "metadata.session_id", "metadata.user_id", "user")
     forward_session_id: bool = True
     finish_header: str = "x-session-finish"
@@ -32,9 +38,24 @@ class SessionSettings:
 
 @dataclass(frozen=True)
 class UpstreamSettings:
+    """How kvgate reaches its replicas, and the credentials it presents (docs/security.md).
+
+    `api_key` (or the first line of `api_key_file`) is the replicas' client key: vLLM's
+    `--api-key`, or the `auth.api_keys` of a replica gate behind a front door.
+    `replica_api_key` (or `replica_api_key_file`) is the gates' own credential for the
+    replicas' owner and probe routes, which only gates may use; the vLLM servers read the
+    same secret from `KVGATE_REPLICA_API_KEY` or `KVGATE_REPLICA_API_KEY_FILE`.
+    `credential_hosts`: replicas added at run time (`POST /admin/replicas`) get neither
+    key unless their URL's host is listed here; configured replicas always get them.
+    """
+
     connect_timeout_sec: float = 5.0
     read_timeout_sec: float = 600.0
     api_key: str | None = None
+    api_key_file: str | None = None
+    replica_api_key: str | None = None
+    replica_api_key_file: str | None = None
+    credential_hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,6 +79,17 @@ class AdminSettings:
 
 
 @dataclass(frozen=True)
+class AuthSettings:
+    """Client authentication, as vLLM's `--api-key` has it (docs/security.md): with any key
+    set, every route but `/health` needs `Authorization: Bearer <key>` (compared in constant
+    time); `/admin/*` takes `admin.token` instead. `api_keys_file`: one key per line (blank
+    lines and lines starting with # skipped), added to `api_keys`."""
+
+    api_keys: tuple[str, ...] = ()
+    api_keys_file: str | None = None
+
+
+@dataclass(frozen=True)
 class Settings:
     listen: ListenSettings = field(default_factory=ListenSettings)
     replicas: tuple[ReplicaSettings, ...] = ()
@@ -68,5 +100,6 @@ class Settings:
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
     role: str = "standalone"  # standalone | front_door | replica_gate (proxy/topology.py)
     ownership: OwnershipSettings = field(default_factory=OwnershipSettings)

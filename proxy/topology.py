@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 
+from kvgate.gate.probe import missing_probe_api
 from kvgate.proxy.settings import Settings
 
 STANDALONE = "standalone"
@@ -68,6 +69,13 @@ def claims_ownership(settings: Settings) -> bool:
     return settings.gate.mode == "enforce" and settings.ownership.ttl_sec > 0
 
 
+# The one header a front door names the session in for the replica gates behind it. Fixed,
+# not `session.header`: two tiers configured with different session headers would lose
+# every session silently. A replica gate reads it before its own `session.header`.
+TIER_SESSION_HEADER = "x-kvgate-session-id"
+_TIER_SESSION_HEADER_BYTES = TIER_SESSION_HEADER.encode()
+
+
 def session_header_value(session_id: str) -> bytes:
     """The session id as a header value for the next tier: as is when it is visible ASCII,
     else `sha256:<hex>` (deterministic, so every front door sends the same key)."""
@@ -76,13 +84,13 @@ def session_header_value(session_id: str) -> bytes:
     return b"sha256:" + hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest().encode()
 
 
-def with_session_header(
-    headers: list[tuple[bytes, bytes]], header: bytes, session_id: str
-) -> list[tuple[bytes, bytes]]:
-    """`headers` with `header` (lower case) set to the resolved session id, replacing any the client sent
-    (a `/sess/{id}` path outranks the header, and the next tier only sees headers and body)."""
-    out = [(k, v) for k, v in headers if k.lower() != header]
-    out.append((header, session_header_value(session_id)))
+def with_session_header(headers: list[tuple[bytes, bytes]], session_id: str | None) -> list[tuple[bytes, bytes]]:
+    """`headers` with TIER_SESSION_HEADER set to the resolved session id (None: removed), replacing
+    any the client sent (a `/sess/{id}` path outranks the header, and the next tier only sees
+    headers and body)."""
+    out = [(k, v) for k, v in headers if k.lower() != _TIER_SESSION_HEADER_BYTES]
+    if session_id is not None:
+        out.append((_TIER_SESSION_HEADER_BYTES, session_header_value(session_id)))
     return out
 
 
@@ -112,16 +120,26 @@ def replica_findings(
     is_kvgate: bool,
     owner_status: int | None,
     owner: dict | None,
+    kv_status: int | None = 200,
+    url: str = "",
+    metrics_status: int | None = 200,
 ) -> tuple[list[str], list[str]]:
     """(problems, notes) for replica `index` from what it answered: `is_kvgate` (its /metrics has
-    kvgate's metrics), `owner_status`/`owner` (GET /v1/kvgate/owner: status and JSON, None if unreached)."""
+    kvgate's metrics), `owner_status`/`owner` (GET /v1/kvgate/owner: status and JSON, None if unreached),
+    `kv_status` (GET /v1/kvgate/kv: 404 is a vLLM without the plugin, 401 one that wants the
+    replica key), `metrics_status` (GET /metrics: 401 is a replica gate that wants a client key)."""
     key = f"replicas[{index}] ({name})"
     if not reachable:
         return [f"{key}: unreachable, so this check could not look at it"], []
     problems: list[str] = []
     notes: list[str] = []
     if settings.role == FRONT_DOOR:
-        if not is_kvgate:
+        if metrics_status == 401:
+            problems.append(
+                f"{key}: answers 401: it asks for a client key; set upstream.api_key (or upstream.api_key_file) "
+                "to one of its auth.api_keys (docs/security.md)"
+            )
+        elif not is_kvgate:
             problems.append(
                 f"{key}: is not a kvgate (no kvgate metrics on /metrics); a front door routes to "
                 "replica gates (role: replica_gate beside each vLLM), or use role: standalone"
@@ -133,6 +151,16 @@ def replica_findings(
         problems.append(
             f"{key}: is a kvgate, so this gate would gate a second time; give this kvgate role: "
             "front_door with gate.mode: off, or point it at the vLLM server"
+        )
+        return problems, notes
+    if kv_status == 404:
+        problems.append(f"{key}: {missing_probe_api(name, url)}")
+        return problems, notes
+    if 401 in (kv_status, owner_status):
+        problems.append(
+            f"{key}: its probe and owner routes answer 401: they need the replica key; set "
+            "upstream.replica_api_key (or upstream.replica_api_key_file) to the key the server reads from "
+            "KVGATE_REPLICA_API_KEY[_FILE] (docs/security.md)"
         )
         return problems, notes
     if owner_status != 200 or owner is None:

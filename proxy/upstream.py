@@ -47,12 +47,17 @@ def connection_named(headers) -> frozenset[bytes]:
     return names
 
 
-def upstream_request_headers(raw_headers, api_key: str | None) -> list[tuple[bytes, bytes]]:
+def upstream_request_headers(
+    raw_headers, api_key: str | None, drop_client_keys: bool = False
+) -> list[tuple[bytes, bytes]]:
     """The client's raw headers minus hop-by-hop ones (fixed, and those Connection
-    names); `api_key` replaces Authorization."""
+    names); `api_key` replaces Authorization. `drop_client_keys` (client authentication
+    on): the key the client showed kvgate (Authorization, x-api-key) goes no further."""
     named = connection_named(raw_headers)
     drop = _REQUEST_DROP | named if named else _REQUEST_DROP
-    if api_key:
+    if drop_client_keys:
+        drop = drop | {b"authorization", b"x-api-key"}
+    elif api_key:
         drop = drop | {b"authorization"}
     out = [(k, v) for k, v in raw_headers if k.lower() not in drop]
     if api_key:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 
@@ -40,7 +41,9 @@ def _add_replica_command(subparsers) -> None:
         help="run one simulated vLLM replica (engine model behind vLLM's HTTP API and the probe API)",
         description="Run one simulated vLLM replica: the simulator's engine model (paged KV cache, prefix "
         "cache, continuous-batching scheduler) in real time behind vLLM's OpenAI routes, /metrics with vLLM "
-        "metric names, and the kvgate probe API (/v1/kvgate/kv, /v1/kvgate/prefix).",
+        "metric names, and the kvgate probe API (/v1/kvgate/kv, /v1/kvgate/prefix). The probe and owner "
+        "routes answer only the replica key of KVGATE_REPLICA_API_KEY or KVGATE_REPLICA_API_KEY_FILE, when set "
+        "(never a command-line argument: any local user can read those).",
     )
     defaults = EngineConfig()
     costs = CostModel()
@@ -89,6 +92,15 @@ def _add_replica_command(subparsers) -> None:
 
 
 def run_replica(args: argparse.Namespace) -> int:
+    from kvgate.vllm_plugin.replica_auth import OPEN_WARNING, ReplicaKeyError, replica_key_from_env
+
+    try:
+        replica_api_key = replica_key_from_env(os.environ)
+    except ReplicaKeyError as error:
+        print(f"kvgate replica: error: {error}", file=sys.stderr)
+        return 2
+    if replica_api_key is None:
+        print(OPEN_WARNING, file=sys.stderr)
     try:
         config = EngineConfig(
             num_blocks=args.num_blocks,
@@ -107,10 +119,12 @@ def run_replica(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"kvgate replica: error: {error}", file=sys.stderr)
         return 2
-    return asyncio.run(_serve_replica(args, config, cost_model))
+    return asyncio.run(_serve_replica(args, config, cost_model, replica_api_key))
 
 
-async def _serve_replica(args: argparse.Namespace, config: EngineConfig, cost_model: CostModel) -> int:
+async def _serve_replica(
+    args: argparse.Namespace, config: EngineConfig, cost_model: CostModel, replica_api_key: str | None = None
+) -> int:
     from kvgate.simulator.replica_server import SimulatedReplica
 
     try:
@@ -121,6 +135,7 @@ async def _serve_replica(args: argparse.Namespace, config: EngineConfig, cost_mo
             time_scale=args.time_scale,
             cost_model=cost_model,
             model_name=args.model_name,
+            replica_api_key=replica_api_key,
             **vars_of(config),
         )
     except OSError as error:

@@ -18,15 +18,24 @@ DEFAULT_MAX_TOKENS = 16
 class ApiError(Exception):
     """An error answered as vLLM does: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, message: str, status: int = 400, error_type: str = "BadRequestError", param: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        error_type: str = "BadRequestError",
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.status = status
         self.error_type = error_type
         self.param = param
+        self.code = code  # None: the status, as vLLM's own errors; the probe API's name theirs
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.status}}
+        code = self.status if self.code is None else self.code
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": code}}
 
 
 @dataclass(frozen=True)

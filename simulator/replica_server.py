@@ -45,6 +45,7 @@ from kvgate.simulator.openai_api import (
 from kvgate.simulator.replica_metrics import CONTENT_TYPE, render_metrics
 from kvgate.simulator.tokenizer import VOCAB_SIZE, decode_token
 from kvgate.vllm_plugin.owner_record import OWNER_PATH, OwnerBook, OwnerClaimError
+from kvgate.vllm_plugin.replica_auth import REPLICA_KEY_HEADER, UNAUTHORIZED_MESSAGE, allowed
 
 DEFAULT_MODEL_NAME = "kvgate-sim"
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -60,6 +61,7 @@ class ReplicaInfo:
 ENGINE_KEY = web.AppKey("kvgate_sim_engine", AsyncEngine)
 INFO_KEY = web.AppKey("kvgate_sim_info", ReplicaInfo)
 RESPONSES_KEY = web.AppKey("kvgate_sim_responses", responses_api.ResponseStore)
+REPLICA_API_PREFIX = "/v1/kvgate/"
 
 
 def _json(body, status: int = 200) -> web.Response:
@@ -304,6 +306,29 @@ async def _stream_response(
 # -- plain routes ----------------------------------------------------------------------------
 
 
+async def count_tokens(request: web.Request) -> web.Response:
+    """POST /v1/messages/count_tokens (Anthropic; vLLM serves it too): the prompt's tokens,
+    rendered as for /v1/messages, with nothing scheduled."""
+    try:
+        body = await _read_json(request)
+        prompt_ids, _ = anthropic_api.render_messages(body)
+    except ApiError as error:
+        return _error_for("messages", error)
+    except ValueError as error:
+        return _error_for("messages", ApiError(str(error)))
+    return _json({"input_tokens": len(prompt_ids)})
+
+
+async def responses_retrieve(request: web.Request) -> web.Response:
+    """GET /v1/responses/{response_id}: a stored response (vLLM, with its response store
+    enabled, serves it from the memory of the one server that produced it; 404 elsewhere)."""
+    response_id = request.match_info["response_id"]
+    stored = request.app[RESPONSES_KEY].get(response_id)
+    if stored is None:
+        return _error(responses_api.not_found(response_id))
+    return _json(responses_api.stored_response_object(response_id, stored, request.app[INFO_KEY].model_name))
+
+
 async def models(request: web.Request) -> web.Response:
     info = request.app[INFO_KEY]
     return _json(models_response(info.model_name, info.created, request.app[ENGINE_KEY].config.effective_max_model_len))
@@ -339,10 +364,14 @@ async def probe_kv(request: web.Request) -> web.Response:
 PROBE_FORMS = ("token_ids", "chat", "completion", "messages", "responses")
 
 
-def parse_prefix_probe(body, store: responses_api.ResponseStore | None = None) -> tuple[list[int], str | None]:
+def parse_prefix_probe(
+    body, store: responses_api.ResponseStore | None = None, max_model_len: int | None = None
+) -> tuple[list[int], str | None]:
     """Token ids and cache_salt of a POST /v1/kvgate/prefix body (one of PROBE_FORMS), rendered
     as generation renders it; a `responses` body continuing a response reads `store` (404 if
-    this replica does not hold it)."""
+    this replica does not hold it). A prompt over `max_model_len` tokens is a 400
+    `prompt_too_long` (`token_ids` before its ids are read), so no probe costs more than the
+    turn it prices."""
     if not isinstance(body, dict):
         raise ApiError(f"the probe body must be a JSON object with one of {', '.join(PROBE_FORMS)}")
     forms = [key for key in PROBE_FORMS if key in body]
@@ -350,6 +379,8 @@ def parse_prefix_probe(body, store: responses_api.ResponseStore | None = None) -
         raise ApiError(f"the probe body needs exactly one of {', '.join(PROBE_FORMS)}")
     if forms[0] == "token_ids":
         token_ids = body["token_ids"]
+        if isinstance(token_ids, list):
+            _within(len(token_ids), max_model_len)
         if not isinstance(token_ids, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) and 0 <= t < VOCAB_SIZE for t in token_ids
         ):
@@ -359,21 +390,35 @@ def parse_prefix_probe(body, store: responses_api.ResponseStore | None = None) -
             raise ApiError("'cache_salt' must be a string", param="cache_salt")
         return token_ids, salt
     if forms[0] == "messages":
-        return anthropic_api.render_messages(body["messages"])
-    if forms[0] == "responses":
-        ids, _messages, salt = responses_api.render_responses(
+        token_ids, salt = anthropic_api.render_messages(body["messages"])
+    elif forms[0] == "responses":
+        token_ids, _messages, salt = responses_api.render_responses(
             body["responses"], store if store is not None else responses_api.ResponseStore()
         )
-        return ids, salt
-    return render_prompt(forms[0], body[forms[0]])
+    else:
+        token_ids, salt = render_prompt(forms[0], body[forms[0]])
+    _within(len(token_ids), max_model_len)
+    return token_ids, salt
+
+
+def _within(num_tokens: int, max_model_len: int | None) -> None:
+    if max_model_len is not None and num_tokens > max_model_len:
+        raise ApiError(
+            f"the prompt has {num_tokens} tokens, more than this server's max_model_len ({max_model_len}); "
+            "it can never be served here",
+            code="prompt_too_long",
+        )
 
 
 async def probe_prefix(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
     try:
-        token_ids, cache_salt = parse_prefix_probe(await _read_json(request), request.app[RESPONSES_KEY])
+        token_ids, cache_salt = parse_prefix_probe(
+            await _read_json(request), request.app[RESPONSES_KEY], engine.config.effective_max_model_len
+        )
     except ApiError as error:
         return _error(error)
-    probe = request.app[ENGINE_KEY].probe_prefix(token_ids, cache_salt)
+    probe = engine.probe_prefix(token_ids, cache_salt)
     return _json(
         {
             "version": 1,
@@ -386,6 +431,19 @@ async def probe_prefix(request: web.Request) -> web.Response:
             "hit_blocks_evictable": probe.hit_blocks_evictable,
         }
     )
+
+
+def replica_key_middleware(key: str | None):
+    """The replica API (`/v1/kvgate/...`) answers only requests with the replica key
+    (kvgate_vllm/replica_auth.py); every other route is vLLM's and unaffected."""
+
+    @web.middleware
+    async def check(request: web.Request, handler):
+        if request.path.startswith(REPLICA_API_PREFIX) and not allowed(request.headers.get(REPLICA_KEY_HEADER), key):
+            return _error(ApiError(UNAUTHORIZED_MESSAGE, 401, "AuthenticationError", code="invalid_replica_key"))
+        return await handler(request)
+
+    return check
 
 
 # -- owner record (conflict detection: kvgate_vllm/owner_record.py) ---------------------------
@@ -415,14 +473,17 @@ def build_replica_app(
     time_scale: float = 1.0,
     cost_model: CostModel | None = None,
     model_name: str = DEFAULT_MODEL_NAME,
+    replica_api_key: str | None = None,
 ) -> web.Application:
     """One simulated replica as an aiohttp app; its engine starts and stops with the app.
 
     The engine is `app[ENGINE_KEY]` (tests read its scheduler and counters directly).
-    Raises simulator.config.ConfigError for an invalid configuration.
+    `replica_api_key`: the probe and owner routes answer only requests that carry it
+    (None: anyone, as a vLLM server without the key). Raises
+    simulator.config.ConfigError for an invalid configuration.
     """
     engine = AsyncEngine(config or EngineConfig(), cost_model or CostModel(), time_scale)
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[replica_key_middleware(replica_api_key)])
     app[ENGINE_KEY] = engine
     app[INFO_KEY] = ReplicaInfo(model_name, int(time.time()))
     app[RESPONSES_KEY] = responses_api.ResponseStore()
@@ -439,6 +500,8 @@ def build_replica_app(
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/messages", messages)
     app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    app.router.add_get("/v1/responses/{response_id}", responses_retrieve)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
@@ -451,10 +514,12 @@ def build_replica_app(
 
 
 def split_options(options: dict) -> tuple[EngineConfig, dict]:
-    """Split keyword options into an EngineConfig and the app's other knobs
-    (time_scale, cost_model, model_name); unknown keys raise TypeError naming them."""
+    """Split keyword options into an EngineConfig and the app's other settings
+    (time_scale, cost_model, model_name, replica_api_key); unknown keys raise TypeError naming them."""
     engine_keys = {key: options[key] for key in ENGINE_CONFIG_KEYS if key in options and options[key] is not None}
-    app_keys = {key: options[key] for key in ("time_scale", "cost_model", "model_name") if key in options}
+    app_keys = {
+        key: options[key] for key in ("time_scale", "cost_model", "model_name", "replica_api_key") if key in options
+    }
     unknown = set(options) - set(ENGINE_CONFIG_KEYS) - set(app_keys)
     if unknown:
         raise TypeError(f"unknown simulated replica option(s): {', '.join(sorted(unknown))}")
@@ -503,7 +568,7 @@ async def start_simulated_replicas(count: int, host: str = "127.0.0.1", **engine
     """Start `count` replicas named sim0, sim1, ... on free ports of `host` (seam 2).
 
     engine_options: num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
-    max_model_len, time_scale, cost_model, model_name. If one fails to start, the ones
+    max_model_len, time_scale, cost_model, model_name, replica_api_key. If one fails to start, the ones
     already started are stopped and the error propagates.
     """
     if count < 1:

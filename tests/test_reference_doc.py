@@ -229,6 +229,9 @@ def test_every_environment_variable_is_documented():
         code |= set(re.findall(r"\$\{?(KVGATE_[A-Z0-9_]+)", path.read_text()))
     documented = {name for row in table_rows(doc_sections()["Other environment variables"]) for name in codes(row[0])}
     assert_same(documented, code, "Other environment variables")
+    from kvgate.proxy.config import OTHER_VARIABLES  # the config loader refuses every other KVGATE_* name
+
+    assert_same(documented, set(OTHER_VARIABLES), "Other environment variables (kvgate.proxy.config.OTHER_VARIABLES)")
 
 
 # ---------------------------------------------------------------- HTTP

@@ -3,7 +3,7 @@
 A regime preset (`--regime`) sets the workload, the replica shape and the gate settings;
 every other option overrides one of them. Output in `--out`: `results.md` (the table
 in Markdown), `results.json` (the configuration, the ceiling, one summary per mode,
-comparisons against `sticky`, the issue's targets met or not, the sweep),
+comparisons against `sticky`, the regime's targets met or not, the sweep),
 `attempts_<mode>.jsonl` (every HTTP attempt),
 `hit_rate_over_time.png`, `turn_latency_by_turn.png`, and `logs/<mode>/` (server logs
 and the proxy's config). The table goes to stdout.

@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from kvgate.bench.agentic.processes import ReplicaShape
 from kvgate.bench.agentic.workload import WorkloadSpec
+from kvgate.bench.processes import ReplicaShape
 from kvgate.simulator.agent_trace import AgentTraceSpec
 from kvgate.simulator.cost_presets import get_cost_preset
 

@@ -142,7 +142,7 @@ def compare_to(results: dict[str, dict], baseline: str = "sticky") -> dict[str, 
 
 
 def evaluate_targets(regime: str, results: dict[str, dict]) -> list[dict]:
-    """The issue's targets for `regime`, per kvgate mode that ran: each met or not, with the number.
+    """The targets for `regime`, per kvgate mode that ran: each met or not, with the number.
 
     no-pressure: makespan within 5% of sticky and the same hit rate (within 1 point);
     thrash: hit rate >= 85% of the ceiling, makespan <= 0.6x sticky, no failed turn.

@@ -26,11 +26,11 @@ from pathlib import Path
 import aiohttp
 
 from kvgate.bench.agentic.driver import WorkloadDriver
-from kvgate.bench.agentic.processes import ReplicaShape, ServerGroup
 from kvgate.bench.agentic.report import summarize_mode
 from kvgate.bench.agentic.scrape import Counters, fetch_counters, sum_counters
 from kvgate.bench.agentic.topologies import TOPOLOGY_MODES, gate_conflicts, start_topology, topology_gate
 from kvgate.bench.agentic.workload import Workload
+from kvgate.bench.processes import ReplicaShape, ServerGroup
 
 MODES = ("direct", "sticky", "kvgate-watermark", "kvgate-working_set")
 # Mode names of earlier releases, refused with the new name.

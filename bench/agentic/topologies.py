@@ -19,7 +19,7 @@ import asyncio
 
 import aiohttp
 
-from kvgate.bench.agentic.processes import ServerGroup
+from kvgate.bench.processes import ServerGroup
 
 TOPOLOGY_MODES = ("tiers", "naive", "naive-detected")
 FRONT_DOORS = 2

@@ -39,9 +39,9 @@ def reprefill_sec(evicted_blocks: int, usage: UsageReading) -> float | None:
     return max(0, evicted_blocks) * usage.block_size / usage.prefill_tokens_per_sec
 
 
-# A busy replica's decode slack must exceed the re-prefill twice over (see holding_cost_sec).
-# At 1, on the simulated prefill-bound regimes, sessions went in work-conserving while
-# their contexts were short and came back cold (0.73x sticky, 0.52 of the ceiling).
+# A busy replica's decode slack must exceed the re-prefill twice over (see holding_cost_sec):
+# the slack is a forecast and the re-prefill a certainty. At 1, sessions go in
+# work-conserving while their contexts are short and come back cold.
 DECODE_SLACK_MARGIN = 2.0
 
 

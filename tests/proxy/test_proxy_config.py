@@ -93,7 +93,7 @@ def test_environment_overrides_file_values(tmp_path):
             "KVGATE_BALANCER__HEALTH__UNHEALTHY_AFTER": "5",
             "KVGATE_SESSION__FORWARD_SESSION_ID": "false",
             "KVGATE_REPLICAS": "[{name: r0, url: 'http://vllm:8000'}]",
-            "KVGATE_SOMETHING_ELSE": "ignored",
+            "KVGATE_VLLM_VENV": "/elsewhere",  # the project's other variables are not settings
             "PATH": "/bin",
         },
     )

@@ -12,7 +12,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from kvgate.bench.tiers import start_kvgate, start_single, start_tiered
+from kvgate.bench.processes import start_in_process
+from kvgate.bench.tiers import start_single, start_tiered
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
 
 CLEAN = {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}
@@ -112,7 +113,7 @@ async def test_refusals_pass_through_a_front_door_unchanged(http, aiohttp_server
     script = ReplicaScript()
     script.usage(0.99)  # under pressure; every prompt cold: the watermark policy holds every named turn
     fake = await aiohttp_server(fake_replica_app(script), host="127.0.0.1")
-    gate = await start_kvgate(
+    gate = await start_in_process(
         "fake0",
         {
             "role": "replica_gate",
@@ -127,7 +128,7 @@ async def test_refusals_pass_through_a_front_door_unchanged(http, aiohttp_server
         },
         health_checks=False,
     )
-    door = await start_kvgate(
+    door = await start_in_process(
         "door",
         {"role": "front_door", "replicas": [{"name": "fake0", "url": gate.url}], "gate": {"mode": "off"}},
         health_checks=False,
@@ -179,7 +180,7 @@ async def test_conflict_is_detected_and_the_late_gate_shadows(http):
     )
     replica = base.replicas[0]
     early = base.front_doors[0]
-    late = await start_kvgate(
+    late = await start_in_process(
         "late",
         {"replicas": [{"name": replica.name, "url": replica.url}], "ownership": {"ttl_sec": 0.6, "gate_id": "late"}},
     )
@@ -312,6 +313,43 @@ async def test_check_config_contact_replicas(tiers, http, tmp_path, capsys):
     assert code == 2 and "unreachable" in out
 
 
+async def test_check_config_contact_replicas_names_missing_keys(tiers, tmp_path, capsys):
+    """With the credentials of docs/security.md wired, a config without them is told which key it lacks."""
+    import argparse
+
+    import yaml
+
+    from kvgate.proxy.commands import check_config_command
+
+    t = await tiers(
+        1,
+        1,
+        replica_gate={"upstream": {"replica_api_key": "rk"}, "auth": {"api_keys": ["door-key"]}},
+        front_door={"upstream": {"api_key": "door-key"}},
+        replica_api_key="rk",
+        time_scale=0.0,
+    )
+    replica, gate = t.replicas[0], t.replica_gates[0]
+
+    async def check(config: dict) -> tuple[int, str]:
+        path = tmp_path / "kvgate.yaml"
+        path.write_text(yaml.safe_dump(config))
+        code = await asyncio.to_thread(check_config_command, argparse.Namespace(file=str(path), contact_replicas=True))
+        out = capsys.readouterr()
+        return code, out.out + out.err
+
+    shadow = {"gate": {"mode": "shadow"}, "replicas": [{"name": "sim0", "url": replica.url}]}
+    code, out = await check(shadow)
+    assert code == 2 and "need the replica key" in out and "rk" not in out
+    code, out = await check({**shadow, "upstream": {"replica_api_key": "rk"}})
+    assert code == 0, out
+    door = {"role": "front_door", "gate": {"mode": "off"}, "replicas": [{"name": "sim0", "url": gate.url}]}
+    code, out = await check(door)
+    assert code == 2 and "asks for a client key" in out
+    code, out = await check({**door, "upstream": {"api_key": "door-key"}})
+    assert code == 0, out
+
+
 async def test_removed_replica_record_is_released(http):
     t = await start_single(
         2, extra={"ownership": {"ttl_sec": 0.3, "gate_id": "g"}, "admin": {"token": "t"}}, time_scale=0.0
@@ -383,16 +421,16 @@ async def test_front_door_health_timeouts_under_load_are_no_evidence(aiohttp_ser
 async def test_tiers_keep_a_busy_replica_on_a_failed_connect(http):
     """A connect failure to a replica that has requests in flight (a replica gate too loaded to
     accept in time) does not mark it failed or move the session: the turn is tried on it once more."""
-    from kvgate.bench.agentic.processes import free_port
+    from kvgate.bench.processes import free_port
 
-    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: every connect fails
+    urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]  # nothing listens: every connect fails
     for role, in_flight, healthy in [("front_door", 1, True), ("front_door", 0, False), ("standalone", 1, False)]:
         config = {
             "role": role,
-            "replicas": [{"name": "g0", "url": url}, {"name": "g1", "url": url}],
+            "replicas": [{"name": "g0", "url": urls[0]}, {"name": "g1", "url": urls[1]}],
             "gate": {"mode": "off"},
         }
-        kvgate = await start_kvgate("door", config, health_checks=False)
+        kvgate = await start_in_process("door", config, health_checks=False)
         try:
             replica = kvgate.app.balancer.choose("s")
             replica.in_flight = in_flight

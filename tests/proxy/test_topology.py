@@ -48,11 +48,14 @@ def test_session_header_value_is_safe_and_stable():
 
 
 def test_with_session_header_replaces_the_clients():
-    headers = [(b"X-Session-Id", b"from-client"), (b"accept", b"*/*")]
-    assert with_session_header(headers, b"x-session-id", "from-path") == [
+    headers = [(b"X-Kvgate-Session-Id", b"from-client"), (b"x-session-id", b"agent"), (b"accept", b"*/*")]
+    assert with_session_header(headers, "from-path") == [
+        (b"x-session-id", b"agent"),
         (b"accept", b"*/*"),
-        (b"x-session-id", b"from-path"),
+        (b"x-kvgate-session-id", b"from-path"),
     ]
+    # an anonymous request carries no tier header, whatever the client sent
+    assert with_session_header(headers, None) == [(b"x-session-id", b"agent"), (b"accept", b"*/*")]
 
 
 def test_merge_kvgate_headers():

@@ -102,3 +102,19 @@ def test_parse_rejects_bad_bodies_naming_the_field(body, param):
     with pytest.raises(ProbeRequestError) as caught:
         parse_prefix_query(body)
     assert caught.value.status == 400 and caught.value.param == param and caught.value.message
+
+
+def test_token_ids_over_max_model_len_are_refused_before_any_id_is_read():
+    assert parse_prefix_query({"token_ids": [1, 2, 3]}, max_model_len=3).token_ids == [1, 2, 3]
+    # a list whose ids are not even integers: refused for its length, so none was checked
+    with pytest.raises(ProbeRequestError) as err:
+        parse_prefix_query({"token_ids": ["x"] * 4}, max_model_len=3)
+    assert (err.value.code, err.value.status) == ("prompt_too_long", 400)
+
+
+def test_vllms_context_length_refusal_is_prompt_too_long():
+    from kvgate.vllm_plugin.rendering import _render_refusal
+
+    too_long = _render_refusal("This model's maximum context length is 2016 tokens. However, ...", "chat")
+    assert (too_long.code, too_long.param) == ("prompt_too_long", "chat")
+    assert _render_refusal("messages: must be a list", "chat").code == "invalid_request"

@@ -36,8 +36,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvgate.bench.agentic.processes import free_port
 from kvgate.bench.agentic.scrape import HITS, QUERIES, parse_prometheus
+from kvgate.bench.processes import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -215,11 +215,17 @@ def ensure_prefill_model(python: Path) -> Path:
 
 
 def http_json(
-    method: str, url: str, body: object | None = None, timeout: float = 120, raw: bytes | None = None
+    method: str,
+    url: str,
+    body: object | None = None,
+    timeout: float = 120,
+    raw: bytes | None = None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, dict]:
     """(status, parsed JSON body); non-2xx statuses are returned, not raised."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    request = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    sent = {"content-type": "application/json", **(headers or {})}
+    request = urllib.request.Request(url, data=data, method=method, headers=sent)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read() or b"null")
@@ -337,6 +343,7 @@ class VllmServer:
     served_model_name: str = "tiny"
     kv_cache_memory_bytes: str = "64M"  # must hold num_blocks blocks of this model's KV
     extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()  # e.g. the replica key (KVGATE_REPLICA_API_KEY_FILE)
     port: int = 0
     process: subprocess.Popen | None = field(default=None, repr=False)
 
@@ -388,6 +395,7 @@ class VllmServer:
             DO_NOT_TRACK="1",
             PYTHONUNBUFFERED="1",
         )
+        env.update(self.extra_env)
         return env
 
     def start(self, timeout: float = 600) -> VllmServer:

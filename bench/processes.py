@@ -1,10 +1,15 @@
-"""Starting and stopping the servers of a run: simulated replicas and the kvgate proxy.
+"""Starting and stopping the servers a benchmark measures, and metering their CPU.
 
-Each is a subprocess of the current interpreter (`python -m kvgate.proxy.cli ...`, the same
-code as the `kvgate` console script), bound to a free port on 127.0.0.1, with its
-output in a log file under the run's folder. `ServerGroup` owns every process it
-started and stops them all on exit, also when the run fails, so a benchmark never
-leaves a server behind.
+Every benchmark starts the servers it measures here. In their own processes:
+simulated replicas (`kvgate replica`), kvgate itself (`kvgate serve`, of this
+installation or of another checkout) and helper servers (`python -m MODULE`). Each is
+a subprocess of the current interpreter bound to a free port on 127.0.0.1, with its
+output in a log file under the run's folder, and counts as started once an HTTP GET
+of its readiness path answers 200. `ServerGroup` owns every process it started and
+stops them all on exit, also when the run fails, so a benchmark never leaves a
+server behind. In this process: `start_in_process` (a kvgate app on a free port, for
+benchmarks that reach into the app: its gate, its registry). `process_cpu_seconds` is
+the one CPU meter of the benchmarks.
 """
 
 from __future__ import annotations
@@ -15,11 +20,18 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import yaml
+
+from kvgate.bench.checkout import import_tree, package_dirs
+from kvgate.proxy.app import ProxyApp, create_app
+from kvgate.proxy.config import settings_from_dict
+from kvgate.proxy.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -30,7 +42,7 @@ class ReplicaShape:
     block_size: int = 16
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
-    max_model_len: int = 8192
+    max_model_len: int | None = 8192  # None: the whole cache
     time_scale: float = 1.0
     prefill_token_s: float | None = None  # cost model: seconds per prompt token (None: the replica's default)
     step_overhead_s: float | None = None  # cost model: fixed seconds per step
@@ -47,11 +59,11 @@ class ReplicaShape:
             str(self.max_num_seqs),
             "--max-num-batched-tokens",
             str(self.max_num_batched_tokens),
-            "--max-model-len",
-            str(self.max_model_len),
             "--time-scale",
             str(self.time_scale),
         ]
+        if self.max_model_len is not None:
+            args += ["--max-model-len", str(self.max_model_len)]
         for name in ("prefill_token_s", "step_overhead_s", "decode_seq_s", "context_token_s"):
             value = getattr(self, name)
             if value is not None:
@@ -68,8 +80,72 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """A started server: its name and base URL."""
+
+    name: str
+    url: str
+
+
+def python_module(module: str) -> list[str]:
+    return [sys.executable, "-m", module]
+
+
 def kvgate_command() -> list[str]:
-    return [sys.executable, "-m", "kvgate.proxy.cli"]
+    """The `kvgate` console script, as a module of this interpreter."""
+    return python_module("kvgate.proxy.cli")
+
+
+def checkout_launch(repo: Path, workdir: Path) -> tuple[list[str], dict[str, str]]:
+    """(command, environment) that run the `kvgate` of checkout `repo` from its working directory:
+    its `kvgate.*` packages through a link tree first on PYTHONPATH (bench/checkout.py), or, for a
+    checkout from before the namespace, its top-level packages (`python -m proxy.cli`)."""
+    if not package_dirs(repo):
+        return python_module("proxy.cli"), dict(os.environ)
+    tree = import_tree(repo, workdir / "import-tree")
+    path = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
+    return kvgate_command(), {**os.environ, "PYTHONPATH": path}
+
+
+@dataclass
+class Kvgate:
+    """A kvgate app running in this process."""
+
+    name: str
+    app: ProxyApp
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def close(self) -> None:
+        await self.app.close()
+
+
+async def start_in_process(name: str, settings: Settings | dict, **options: Any) -> Kvgate:
+    """A kvgate app (`proxy.app.create_app(settings, **options)`) listening on a free port of
+    127.0.0.1; `settings` may be a config as YAML gives it."""
+    if isinstance(settings, dict):
+        settings = settings_from_dict(settings)
+    app = create_app(settings, **options)
+    try:
+        host, port = await app.start("127.0.0.1", 0)
+    except BaseException:
+        await app.close()
+        raise
+    return Kvgate(name, app, host, port)
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds process `pid` has used so far (Linux /proc), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def kvgate_config(
@@ -101,18 +177,22 @@ class ServerGroup:
     async def __aexit__(self, *exc) -> None:
         await self.stop_all()
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def _spawn(
+        self, name: str, command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
         env = {k: v for k, v in env.items() if not k.startswith("KVGATE_")}  # the config file rules
-        proc = subprocess.Popen(kvgate_command() + args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         log.close()
         self._procs.append((name, proc))
         return proc
 
     async def start_replica(self, name: str, shape: ReplicaShape) -> str:
+        """A simulated replica (`kvgate replica --name NAME`) of `shape`; its URL."""
         port = free_port()
-        proc = self._spawn(name, ["replica", "--host", "127.0.0.1", "--port", str(port)] + shape.args())
+        args = ["replica", "--name", name, "--host", "127.0.0.1", "--port", str(port)] + shape.args()
+        proc = self._spawn(name, kvgate_command() + args)
         url = f"http://127.0.0.1:{port}"
         await self._wait_ok(name, proc, url + "/health")
         return url
@@ -126,12 +206,33 @@ class ServerGroup:
         names: list[str] | None = None,
         ready_path: str = "/ready",
     ) -> str:
+        """`kvgate serve` with `kvgate_config(...)` (a free port); its URL once `ready_path` answers 200."""
+        return await self.serve(
+            name, lambda port: kvgate_config(replica_urls, port, gate, extra, names), ready_path=ready_path
+        )
+
+    async def serve(
+        self, name: str, config: Callable[[int], dict], repo: Path | None = None, ready_path: str = "/ready"
+    ) -> str:
+        """`kvgate serve` with the config `config(port)` (port: a free one it must listen on), of
+        this installation or of checkout `repo`; its URL once `ready_path` answers 200."""
         port = free_port()
         config_path = self.log_dir / f"{name}.yaml"
-        config_path.write_text(yaml.safe_dump(kvgate_config(replica_urls, port, gate, extra, names), sort_keys=False))
-        proc = self._spawn(name, ["serve", "--config", str(config_path)])
+        config_path.write_text(yaml.safe_dump(config(port), sort_keys=False))
+        command, env = kvgate_command(), None
+        if repo is not None:
+            command, env = checkout_launch(repo, self.log_dir / name)
+        proc = self._spawn(name, command + ["serve", "--config", str(config_path)], env=env, cwd=repo)
         url = f"http://127.0.0.1:{port}"
         await self._wait_ok(name, proc, url + ready_path)
+        return url
+
+    async def start_module(self, name: str, module: str, args: list[str], port: int = 0) -> str:
+        """A helper server `python -m MODULE ARGS --port PORT` (0: a free one); its URL once /health answers 200."""
+        port = port or free_port()
+        proc = self._spawn(name, python_module(module) + args + ["--port", str(port)])
+        url = f"http://127.0.0.1:{port}"
+        await self._wait_ok(name, proc, url + "/health")
         return url
 
     async def _wait_ok(self, name: str, proc: subprocess.Popen, url: str, timeout_s: float = 60.0) -> None:

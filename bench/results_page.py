@@ -1,0 +1,324 @@
+"""`kvgate bench results`: run the listed regimes and write the one results page, docs/results.md.
+
+Each row of the page is one `kvgate bench agentic` invocation (the gate's default policy
+against `sticky`, modes interleaved over `--repeat` rounds, each mode's median round),
+recorded with its exact command, the date it ran and the commit it ran from. The rows'
+data is kept in docs/results.json, so `--only` re-runs some rows and keeps the others
+(each keeps its own command, date and commit). The page is rendered from that file
+only: nothing on it is written by hand.
+
+Targets (met or missed, with the number), per row:
+- every simulated row: makespan <= 1.02x sticky's, and session-completion p95 <= sticky's;
+- trace rows where the gate held turns back (its longest wait >= 0.1 s): turn p99
+  <= 1.5x sticky's with the mean turn time below sticky's;
+- prefill-bound rows and the dear trace preset: makespan <= 0.4x sticky's;
+- real-vLLM rows (`--vllm`: tests/vllm/scripts/run_vllm_bench.py starts the server): the
+  tiny model <= 1.05x sticky's, the prefill-bound model <= 0.8x.
+A missed target is shown next to what limits it (`limiting_factor`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+GATE_MODE = "kvgate-working_set"  # the gate's default policy
+HELD_WAIT_MS = 100.0  # a longest wait at least this long: the gate held turns back
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    """One row: a regime run against sticky, and the targets it is held to."""
+
+    regime: str
+    targets: tuple[str, ...]  # names in TARGETS
+    extra: tuple[str, ...] = ()  # further `kvgate bench agentic` options
+    real_vllm: bool = False  # run through tests/vllm/scripts/run_vllm_bench.py
+
+    @property
+    def key(self) -> str:
+        return self.regime + ("" if not self.extra else " " + " ".join(self.extra))
+
+
+SIMULATED = ("makespan<=1.02x", "session_p95<=sticky")
+ROWS: tuple[ResultRow, ...] = (
+    ResultRow("no-pressure", SIMULATED),
+    ResultRow("cheap-prefill", SIMULATED),
+    ResultRow("cheap-prefill-no-finish", SIMULATED),
+    ResultRow("thrash", SIMULATED),
+    ResultRow("thrash-no-finish", SIMULATED),
+    ResultRow("prefill-bound", SIMULATED + ("makespan<=0.4x",)),
+    ResultRow("prefill-bound-no-finish", SIMULATED + ("makespan<=0.4x",)),
+    ResultRow("trace-8b", SIMULATED + ("tail_if_held",)),
+    ResultRow("trace-8b-tight", SIMULATED + ("tail_if_held",)),
+    ResultRow("trace-70b", SIMULATED + ("tail_if_held", "makespan<=0.4x")),
+    ResultRow("vllm-small-no-finish", ("makespan<=1.05x",), real_vllm=True),
+    ResultRow("vllm-prefill-no-finish", ("makespan<=0.8x",), real_vllm=True),
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    target: str
+    value: str
+    met: bool
+
+
+def _ratio(gate: dict, sticky: dict, field: str, stat: str | None = None) -> float:
+    a = gate[field] if stat is None else gate[field][stat]
+    b = sticky[field] if stat is None else sticky[field][stat]
+    if a is None or b is None:
+        return float("nan")
+    return a / b if b else float("inf")
+
+
+def evaluate(targets: tuple[str, ...], gate: dict, sticky: dict) -> list[Check]:
+    """Each named target of a row, met or missed, from the two modes' summaries
+    (`results.json` -> `modes.<mode>` of `kvgate bench agentic`)."""
+    checks = []
+    makespan = _ratio(gate, sticky, "makespan_s")
+    for target in targets:
+        if target.startswith("makespan<="):
+            limit = float(target.removeprefix("makespan<=").removesuffix("x"))
+            checks.append(Check(f"makespan <= {limit:g}x sticky", f"{makespan:.2f}x", makespan <= limit))
+        elif target == "session_p95<=sticky":
+            ratio = _ratio(gate, sticky, "session_completion_s", "p95")
+            checks.append(Check("session p95 <= sticky", f"{ratio:.2f}x", ratio <= 1.0))
+        elif target == "tail_if_held":
+            if (gate["admission_wait_ms"]["max"] or 0.0) < HELD_WAIT_MS:
+                continue  # the gate held nothing back: no tail of its making
+            p99 = _ratio(gate, sticky, "turn_latency_s", "p99")
+            mean = _ratio(gate, sticky, "turn_latency_s", "mean")
+            checks.append(
+                Check(
+                    "turn p99 <= 1.5x sticky, mean lower", f"p99 {p99:.2f}x, mean {mean:.2f}x", p99 <= 1.5 and mean < 1
+                )
+            )
+        else:
+            raise ValueError(f"unknown target {target!r}")
+    return checks
+
+
+def limiting_factor(checks: list[Check], gate: dict, sticky: dict) -> str:
+    """What stands between a row and its missed targets, read off the two summaries:
+    re-prefill the gate did not save, the gate's waits, or (neither) the path's own cost."""
+    if all(c.met for c in checks):
+        return ""
+    parts = []
+    waits = gate["admission_wait_ms"]
+    if (waits["max"] or 0.0) >= HELD_WAIT_MS:
+        parts.append(
+            f"gate waits: total {gate['admission_wait_ms_total'] / 1000:.1f} s, longest {waits['max'] / 1000:.1f} s"
+        )
+    saved = sticky["prompt_tokens_prefilled"] - gate["prompt_tokens_prefilled"]
+    if gate["hit_rate_of_ceiling"] is not None and gate["hit_rate_of_ceiling"] < 0.9:
+        parts.append(
+            f"hit rate {gate['hit_rate']:.2f} of a {gate['ceiling_hit_rate']:.2f} ceiling "
+            f"(sticky {sticky['hit_rate']:.2f}; {saved:+.0f} prefill tokens saved)"
+        )
+    elif sticky["hit_rate_of_ceiling"] is not None and sticky["hit_rate_of_ceiling"] >= 0.9:
+        parts.append(f"nothing to win: sticky already hits {sticky['hit_rate_of_ceiling']:.2f} of the ceiling")
+    if gate["turns_failed"] or gate["turns_not_run"]:
+        parts.append(f"{gate['turns_failed'] + gate['turns_not_run']} turns failed")
+    return "; ".join(parts) or "no wait and no lost hit: the proxy path's own cost"
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render(records: list[dict]) -> str:
+    """docs/results.md from the stored rows (in `ROWS` order, unknown keys last)."""
+    order = {row.key: i for i, row in enumerate(ROWS)}
+    records = sorted(records, key=lambda r: (order.get(r["key"], len(order)), r["key"]))
+    lines = [
+        "# Results",
+        "",
+        "One row per regime: the gate with its default policy (`working_set`) against `sticky`",
+        "(the same proxy with the gate off), modes interleaved over the rounds, each mode's median",
+        "round. Simulated rows use `kvgate replica` processes; real-vLLM rows a vLLM CPU server.",
+        "Regimes and what they measure: [bench.md](bench.md). This page is generated by",
+        "`kvgate bench results` (`--only REGIME` re-runs one row); do not edit it by hand.",
+        "",
+        "| regime | replicas | makespan s: sticky → gate | hit rate: sticky → gate (ceiling) "
+        "| turn p50 / p95 / p99 s: sticky → gate | session p50 / p95 s: sticky → gate | longest wait s "
+        "| targets | limited by | command | date | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        s, g = r["sticky"], r["gate"]
+        checks = [Check(**c) for c in r["checks"]]
+        targets = "<br>".join(f"{c.target}: {c.value} **{'met' if c.met else 'missed'}**" for c in checks)
+
+        def turns(m: dict) -> str:
+            t = m["turn_latency_s"]
+            return f"{_fmt(t['p50'], '.2f')} / {_fmt(t['p95'], '.2f')} / {_fmt(t['p99'], '.2f')}"
+
+        def sessions(m: dict) -> str:
+            t = m["session_completion_s"]
+            return f"{_fmt(t['p50'], '.1f')} / {_fmt(t['p95'], '.1f')}"
+
+        longest = g["admission_wait_ms"]["max"]
+        lines.append(
+            f"| {r['key']} | {r['replicas']} "
+            f"| {s['makespan_s']:.1f} → {g['makespan_s']:.1f} ({g['makespan_s'] / s['makespan_s']:.2f}x) "
+            f"| {s['hit_rate']:.3f} → {g['hit_rate']:.3f} ({g['ceiling_hit_rate']:.3f}) "
+            f"| {turns(s)} → {turns(g)} | {sessions(s)} → {sessions(g)} "
+            f"| {_fmt(None if longest is None else longest / 1000, '.1f')} "
+            f"| {targets} | {r['limit'] or '-'} | `{r['command']}` | {r['date']} | {r['commit']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def record_of(row: ResultRow, document: dict, command: str, date: str, commit: str) -> dict:
+    """The stored row of one `kvgate bench agentic` results.json."""
+    sticky, gate = document["modes"]["sticky"], document["modes"][GATE_MODE]
+    checks = evaluate(row.targets, gate, sticky)
+    replicas = document["replicas"]
+    if isinstance(replicas, dict):
+        what = f"{replicas['count']} simulated"
+        if document.get("cost_preset"):
+            what += f", {document['cost_preset']} (tokens / {document.get('token_scale', 1):g})"
+    else:
+        what = "real vLLM CPU"
+    keep = (
+        "makespan_s",
+        "hit_rate",
+        "ceiling_hit_rate",
+        "hit_rate_of_ceiling",
+        "prompt_tokens_prefilled",
+        "turn_latency_s",
+        "session_completion_s",
+        "admission_wait_ms",
+        "admission_wait_ms_total",
+        "turns_failed",
+        "turns_not_run",
+        "rounds",
+    )
+    return {
+        "key": row.key,
+        "command": command,
+        "date": date,
+        "commit": commit,
+        "replicas": what,
+        "sticky": {k: sticky.get(k) for k in keep},
+        "gate": {k: gate.get(k) for k in keep},
+        "checks": [c.__dict__ for c in checks],
+        "limit": limiting_factor(checks, gate, sticky),
+    }
+
+
+def current_commit(repo: Path = REPO) -> str:
+    """The checkout's short commit, `+changes` if tracked files differ from it (the page's own
+    files aside), or `unknown` outside a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    changed = [line for line in status if not line[3:].startswith("docs/results.")]
+    return head + ("+changes" if changed else "")
+
+
+def row_command(row: ResultRow, repeat: int, out: Path) -> list[str]:
+    """The command that runs `row` (the agentic benchmark, or the real-vLLM runner that wraps it)."""
+    options = ["--modes", f"sticky,{GATE_MODE}", "--repeat", str(repeat), "--no-plots", *row.extra]
+    if row.real_vllm:
+        runner = "tests/vllm/scripts/run_vllm_bench.py"
+        return [sys.executable, runner, "--regime", row.regime, "--out", str(out), *options]
+    return [sys.executable, "-m", "kvgate.bench.agentic", "--regime", row.regime, "--out", str(out), *options]
+
+
+def shown_command(row: ResultRow, repeat: int) -> str:
+    """The row's command as a user types it (no interpreter path, no scratch folder)."""
+    options = ["--modes", f"sticky,{GATE_MODE}", "--repeat", str(repeat), *row.extra]
+    if row.real_vllm:
+        return shlex.join(["python", "tests/vllm/scripts/run_vllm_bench.py", "--regime", row.regime, *options])
+    return shlex.join(["kvgate", "bench", "agentic", "--regime", row.regime, *options])
+
+
+def add_command(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "results",
+        help="run the listed regimes against sticky and write the results page (docs/results.md)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--only", default=None, help="comma-separated regimes to run (default: every simulated row); others are kept"
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds per row (default 3)")
+    parser.add_argument(
+        "--vllm",
+        action="store_true",
+        help="also run the real-vLLM rows (a vLLM CPU venv: KVGATE_VLLM_VENV, built if missing)",
+    )
+    parser.add_argument("--page", type=Path, default=REPO / "docs" / "results.md", help="the page to write")
+    parser.add_argument(
+        "--data", type=Path, default=None, help="the rows' data (default: results.json beside the page)"
+    )
+    parser.add_argument("--render-only", action="store_true", help="run nothing: render the page from the data")
+    parser.set_defaults(func=main)
+
+
+def selected_rows(only: str | None, vllm: bool) -> list[ResultRow]:
+    """The rows to run: `only` (regime names, any kind), else every simulated row (and the
+    real-vLLM ones with `vllm`). ValueError naming an unknown regime."""
+    if only is None:
+        return [row for row in ROWS if vllm or not row.real_vllm]
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    known = {row.regime: row for row in ROWS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"--only: no row for {unknown}; rows: {', '.join(known)}")
+    return [known[n] for n in names]
+
+
+def main(args) -> int:
+    data_path = args.data or args.page.with_suffix(".json")
+    stored = json.loads(data_path.read_text()) if data_path.exists() else []
+    if not args.render_only:
+        try:
+            rows = selected_rows(args.only, args.vllm)
+        except ValueError as exc:
+            print(f"kvgate bench results: {exc}", file=sys.stderr)
+            return 2
+        if args.repeat < 1:
+            print("kvgate bench results: --repeat must be >= 1", file=sys.stderr)
+            return 2
+        commit = current_commit()
+        for row in rows:
+            with tempfile.TemporaryDirectory(prefix="kvgate-results-") as scratch:
+                out = Path(scratch) / "run"
+                command = row_command(row, args.repeat, out)
+                print(f"[results] {shown_command(row, args.repeat)}", flush=True)
+                date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+                env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+                status = subprocess.run(command, cwd=REPO, env=env).returncode
+                results = out / "results.json"
+                if status != 0 or not results.exists():
+                    print(f"[results] {row.key}: exit {status}, row not updated", file=sys.stderr)
+                    continue
+                record = record_of(row, json.loads(results.read_text()), shown_command(row, args.repeat), date, commit)
+            stored = [r for r in stored if r["key"] != row.key] + [record]
+            data_path.write_text(json.dumps(stored, indent=1) + "\n")  # after every row: a stop loses no row
+            args.page.write_text(render(stored))
+    args.page.write_text(render(stored))
+    print(f"[results] wrote {args.page} ({len(stored)} rows)")
+    return 0

@@ -1,0 +1,91 @@
+"""The results page: targets, limiting factors and the page are pure functions of stored rows."""
+
+import argparse
+import json
+
+import pytest
+
+from kvgate.bench import results_page
+from kvgate.bench.results_page import ROWS, Check, evaluate, limiting_factor, record_of, render, selected_rows
+
+
+def summary(makespan=10.0, hit=0.9, ceiling=0.95, prefilled=1000, p99=1.0, mean=0.5, session_p95=20.0, wait_max=0.0):
+    return {
+        "makespan_s": makespan,
+        "hit_rate": hit,
+        "ceiling_hit_rate": ceiling,
+        "hit_rate_of_ceiling": hit / ceiling,
+        "prompt_tokens_prefilled": prefilled,
+        "turn_latency_s": {"p50": 0.2, "p95": 0.8, "p99": p99, "mean": mean},
+        "session_completion_s": {"p50": 10.0, "p95": session_p95},
+        "admission_wait_ms": {"max": wait_max, "p95": 0.0},
+        "admission_wait_ms_total": wait_max * 3,
+        "turns_failed": 0,
+        "turns_not_run": 0,
+        "rounds": [],
+    }
+
+
+def test_simulated_targets_met_and_missed():
+    sticky = summary()
+    met = evaluate(("makespan<=1.02x", "session_p95<=sticky"), summary(makespan=10.1, session_p95=19.0), sticky)
+    assert [c.met for c in met] == [True, True]
+    missed = evaluate(("makespan<=1.02x", "session_p95<=sticky"), summary(makespan=10.5, session_p95=21.0), sticky)
+    assert [c.met for c in missed] == [False, False] and missed[0].value == "1.05x"
+    assert evaluate(("makespan<=0.4x",), summary(makespan=3.9), sticky)[0].met
+
+
+def test_tail_target_only_where_the_gate_held():
+    sticky = summary(p99=2.0, mean=1.0)
+    assert evaluate(("tail_if_held",), summary(p99=9.0, wait_max=50.0), sticky) == []
+    held = evaluate(("tail_if_held",), summary(p99=2.9, mean=0.8, wait_max=4000.0), sticky)
+    assert held[0].met and held[0].value == "p99 1.45x, mean 0.80x"
+    slow_mean = evaluate(("tail_if_held",), summary(p99=2.9, mean=1.1, wait_max=4000.0), sticky)
+    assert not slow_mean[0].met
+    with pytest.raises(ValueError):
+        evaluate(("fast",), sticky, sticky)
+
+
+def test_limiting_factor_names_waits_lost_hits_or_the_path():
+    sticky = summary(hit=0.3, prefilled=5000)
+    assert limiting_factor([Check("t", "1", True)], summary(), sticky) == ""
+    missed = [Check("t", "1", False)]
+    assert "gate waits" in limiting_factor(missed, summary(wait_max=5000.0), sticky)
+    assert "hit rate 0.50" in limiting_factor(missed, summary(hit=0.5), sticky)
+    assert "nothing to win" in limiting_factor(missed, summary(), summary())
+    assert "own cost" in limiting_factor(missed, summary(), sticky)
+
+
+def test_record_and_page_carry_command_date_commit_and_every_target():
+    document = {
+        "modes": {"sticky": summary(), results_page.GATE_MODE: summary(makespan=12.0)},
+        "replicas": {"count": 2, "shape": {}},
+        "cost_preset": "h100-8b",
+        "token_scale": 8,
+    }
+    record = record_of(
+        ROWS[0], document, "kvgate bench agentic --regime no-pressure", "2026-12-01 21:00 UTC", "abc1234"
+    )
+    assert record["limit"] and not record["checks"][0]["met"]
+    page = render([json.loads(json.dumps(record))])
+    row = page.splitlines()[-1]
+    for part in ("no-pressure", "kvgate bench agentic --regime no-pressure", "2026-12-01 21:00 UTC", "abc1234"):
+        assert part in row
+    assert "10.0 → 12.0 (1.20x)" in row and "**missed**" in row and "h100-8b (tokens / 8)" in row
+
+
+def test_row_selection():
+    assert all(not r.real_vllm for r in selected_rows(None, vllm=False))
+    assert any(r.real_vllm for r in selected_rows(None, vllm=True))
+    assert [r.regime for r in selected_rows("thrash,trace-8b", vllm=False)] == ["thrash", "trace-8b"]
+    with pytest.raises(ValueError, match="nope"):
+        selected_rows("nope", vllm=False)
+
+
+def test_render_only_writes_the_page_from_the_data(tmp_path):
+    document = {"modes": {"sticky": summary(), results_page.GATE_MODE: summary()}, "replicas": ["http://x"]}
+    record = record_of(ROWS[-1], document, "python run", "d", "c")
+    (tmp_path / "results.json").write_text(json.dumps([record]))
+    args = argparse.Namespace(page=tmp_path / "results.md", data=None, render_only=True)
+    assert results_page.main(args) == 0
+    assert "real vLLM CPU" in (tmp_path / "results.md").read_text()

@@ -1,0 +1,113 @@
+"""The replica API on a real vLLM CPU server with both keys set, as docs/security.md deploys it:
+vLLM's own client key (`VLLM_API_KEY`) and the gates' replica key
+(`KVGATE_REPLICA_API_KEY_FILE`). The plugin must enforce what the simulated replica does in
+tests/security/test_security_conformance.py: only a gate reads the cache or the owner
+record, and no probe costs more than the turn it prices."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from vllm_harness import REPO_ROOT, VllmServer, free_port, http_json, start_service, stop_process_group
+
+pytestmark = pytest.mark.vllm
+
+VLLM_KEY = "vllm-client-key-" + uuid.uuid4().hex[:8]
+REPLICA_KEY = "replica-key-" + uuid.uuid4().hex[:8]
+CLIENT = {"Authorization": f"Bearer {VLLM_KEY}"}
+GATE = {**CLIENT, "X-Kvgate-Replica-Key": REPLICA_KEY}
+
+
+@pytest.fixture(scope="module")
+def keyed_server(vllm_python: Path, tiny_model: Path, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("vllm-keyed")
+    key_file = folder / "replica.key"
+    key_file.write_text(REPLICA_KEY + "\n")
+    server = VllmServer(
+        python=vllm_python,
+        model_dir=tiny_model,
+        log_path=folder / "vllm.log",
+        served_model_name="tiny",
+        extra_env=(("KVGATE_REPLICA_API_KEY_FILE", str(key_file)), ("VLLM_API_KEY", VLLM_KEY)),
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def chat(text: str) -> dict:
+    return {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": text}]}
+
+
+def test_probe_and_owner_routes_answer_only_the_replica_key(keyed_server):
+    url = keyed_server.url
+    routes = [
+        ("GET", "/v1/kvgate/kv", None),
+        ("POST", "/v1/kvgate/prefix", {"chat": chat("my salary is 120000")}),
+        ("GET", "/v1/kvgate/owner", None),
+        ("POST", "/v1/kvgate/owner", {"gate_id": "evil", "ttl_sec": 3600}),
+    ]
+    for method, path, body in routes:
+        for headers in (CLIENT, {**CLIENT, "X-Kvgate-Replica-Key": "guess"}):
+            status, answer = http_json(method, url + path, body, headers=headers)
+            assert status == 401 and answer["error"]["code"] == "invalid_replica_key", (path, answer)
+    assert http_json("GET", url + "/v1/kvgate/kv", headers={"X-Kvgate-Replica-Key": REPLICA_KEY})[0] == 401
+    for method, path, body in routes[:3]:
+        status, answer = http_json(method, url + path, body, headers=GATE)
+        assert status == 200, (path, answer)
+    assert http_json("POST", url + "/v1/chat/completions", chat("hi"), headers=CLIENT)[0] == 200
+
+
+def test_prompts_longer_than_max_model_len_are_refused_before_the_engine(keyed_server):
+    url = keyed_server.url + "/v1/kvgate/prefix"
+    too_many = keyed_server.max_model_len + 1
+    started = time.perf_counter()
+    status, answer = http_json("POST", url, {"token_ids": [1] * 2_000_000}, headers=GATE)
+    assert status == 400 and answer["error"]["code"] == "prompt_too_long", answer
+    status, answer = http_json("POST", url, {"token_ids": [1] * too_many}, headers=GATE)
+    assert status == 400 and answer["error"]["code"] == "prompt_too_long", answer
+    status, answer = http_json("POST", url, {"chat": chat("word " * (4 * too_many))}, headers=GATE)
+    assert status == 400 and answer["error"]["code"] == "prompt_too_long", answer
+    print(f"three over-long probes refused in {time.perf_counter() - started:.2f} s")
+    status, answer = http_json("POST", url, {"token_ids": [1] * keyed_server.max_model_len}, headers=GATE)
+    assert status == 200 and answer["total_tokens"] == keyed_server.max_model_len
+
+
+def test_a_kvgate_with_both_keys_from_files_gates_the_server(keyed_server, tmp_path: Path):
+    (tmp_path / "vllm.key").write_text(VLLM_KEY + "\n")
+    (tmp_path / "replica.key").write_text(REPLICA_KEY + "\n")
+    port = free_port()
+    config = tmp_path / "kvgate.yaml"
+    config.write_text(
+        f"listen: {{host: 127.0.0.1, port: {port}}}\n"
+        f'replicas: [{{name: v0, url: "{keyed_server.url}"}}]\n'
+        f"upstream: {{api_key_file: {tmp_path / 'vllm.key'}, replica_api_key_file: {tmp_path / 'replica.key'}}}\n"
+        "ownership: {ttl_sec: 6}\n"
+    )
+    proc = start_service(
+        [sys.executable, "-m", "kvgate.proxy.cli", "serve", "--config", str(config)],
+        tmp_path / "kvgate.log",
+        f"http://127.0.0.1:{port}/ready",
+        90,
+        poll=0.3,
+        what="kvgate",
+        cwd=REPO_ROOT,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        status, answer = http_json(
+            "POST", base + "/v1/chat/completions", chat("hello there"), headers={"x-session-id": "s"}
+        )
+        assert status == 200, answer
+        status, owner = http_json("GET", keyed_server.url + "/v1/kvgate/owner", headers=GATE)
+        assert status == 200 and owner["expires_in_sec"] > 0, owner
+    finally:
+        stop_process_group(proc, grace=15)
+    log = (tmp_path / "kvgate.log").read_text()
+    assert VLLM_KEY not in log and REPLICA_KEY not in log
