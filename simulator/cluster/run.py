@@ -264,6 +264,11 @@ class _Cluster:
             if not outcome.ok:
                 return
             if session.tool_latency_s[k] > 0 and not last:
+                if (
+                    config.agent_sessions is not None
+                    and self.loop.time() + session.tool_latency_s[k] >= config.duration_s
+                ):
+                    return  # the next turn would start after the traffic ends: the agent stops here
                 await asyncio.sleep(session.tool_latency_s[k])
         record.completed = True
 
