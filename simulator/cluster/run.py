@@ -195,7 +195,8 @@ class _Cluster:
 
     # ------------------------------------------------------------------ agents
 
-    async def run_session(self, session: SessionTokens, direct_index: int) -> None:
+    async def run_session(self, session: SessionTokens, direct_index: int) -> bool:
+        """Run `session`'s turns; False when the traffic ended before the session did (the agent stops)."""
         config = self.config
         size = config.engine.block_size
         index = self.session_count
@@ -208,7 +209,7 @@ class _Cluster:
         self.prefixes_seen.add(prefix_id)
         for k in range(session.turns):
             if config.agent_sessions is not None and self.loop.time() >= config.duration_s:
-                return
+                return False
             prompt = session.prompts[k]
             reply = session.replies[k]
             if k == 0:
@@ -262,15 +263,16 @@ class _Cluster:
             )
             record.end_s = end
             if not outcome.ok:
-                return
+                return True  # a failed turn ends its session, not its agent
             if session.tool_latency_s[k] > 0 and not last:
                 if (
                     config.agent_sessions is not None
                     and self.loop.time() + session.tool_latency_s[k] >= config.duration_s
                 ):
-                    return  # the next turn would start after the traffic ends: the agent stops here
+                    return False  # the next turn would start after the traffic ends
                 await asyncio.sleep(session.tool_latency_s[k])
         record.completed = True
+        return True
 
     async def fixed_sessions(self) -> None:
         config = self.config
@@ -299,7 +301,8 @@ class _Cluster:
                 if number >= self.active_agents:  # not active now: wait for a load step (or the end)
                     await self._wait_agents_change()
                     continue
-                await self.run_session(source.session(number, session_number), number)
+                if not await self.run_session(source.session(number, session_number), number):
+                    return
                 session_number += 1
 
         await asyncio.gather(*(agent(number) for number in range(most)))
