@@ -93,7 +93,9 @@ def test_violations_name_each_thread_outside_its_sides_cpus():
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs 2 CPUs")
 def test_pinning_a_server_tree_moves_every_thread_of_the_root_and_of_each_process_below():
     """A stand-in server: a root with a thread, and a child with a thread (the engine's shape)."""
-    child = "import threading, time; threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); time.sleep(60)"
+    child = (
+        "import threading, time; threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); time.sleep(60)"
+    )
     root_code = (
         "import subprocess, sys, threading, time; "
         f"subprocess.Popen([sys.executable, '-c', {child!r}]); "
