@@ -24,7 +24,7 @@ from kvgate.gate.ownership import Ownership, OwnershipClaims, conflict_flag, def
 from kvgate.gate.probe import missing_probe_api
 from kvgate.proxy.admin import AdminApi
 from kvgate.proxy.client_auth import OPEN_PATHS, ClientAuth
-from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
+from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, error_shape, send_error
 from kvgate.proxy.forward import Forwarder
 from kvgate.proxy.http_fields import decode_path_segment
 from kvgate.proxy.http_server import FrontServer, HttpRequest, Responder
@@ -194,6 +194,7 @@ class ProxyApp:
 
     async def handle(self, request: HttpRequest, responder: Responder) -> None:
         path = request.path
+        responder.error_shape = error_shape(path)  # kvgate's own errors speak the client's API
         if (
             self.auth.enabled
             and path not in OPEN_PATHS

@@ -2,6 +2,12 @@
 
 Pure request checks raise `RequestRejected`; the HTTP shell turns it into a response
 with `send_error`. Every message says what the client should do about it.
+
+The envelope follows the API the client speaks: Anthropic's on the Messages API
+(`/v1/messages` and the routes below it, also under `/sess/{id}/`), so Anthropic's SDKs
+parse kvgate's refusals (admission, bad input, no healthy replica, ...) as they parse the
+API's own; OpenAI's everywhere else. The app sets `Responder.error_shape` from the path
+(`error_shape`) before it handles a request, and every error it sends takes that shape.
 """
 
 from __future__ import annotations
@@ -10,7 +16,21 @@ from collections.abc import Iterable
 
 import orjson
 
-from kvgate.wire.errors import anthropic_error, openai_error, openai_type
+from kvgate.wire.errors import anthropic_error, anthropic_type, openai_error, openai_type
+from kvgate.wire.routes import PATHS
+
+OPENAI = "openai"
+ANTHROPIC = "anthropic"
+_MESSAGES_PATH = PATHS["messages"]
+
+
+def error_shape(path: str) -> str:
+    """ANTHROPIC for the Messages API's paths (with or without the /sess/{id} prefix), else OPENAI."""
+    if path.startswith("/sess/"):
+        path = "/" + path[6:].partition("/")[2]
+    if path == _MESSAGES_PATH or path.startswith(_MESSAGES_PATH + "/"):
+        return ANTHROPIC
+    return OPENAI
 
 
 class RequestRejected(Exception):
@@ -23,7 +43,11 @@ class RequestRejected(Exception):
         self.code = code
 
 
-def error_json(status: int, message: str, code: str | None, type_: str | None = None) -> bytes:
+def error_json(status: int, message: str, code: str | None, type_: str | None = None, shape: str = OPENAI) -> bytes:
+    """The error's body in `shape`. `type_` overrides the OpenAI type of `status`; an
+    Anthropic error takes Anthropic's type of `status` (its clients dispatch on those)."""
+    if shape == ANTHROPIC:
+        return orjson.dumps(anthropic_error(message, anthropic_type(status), code))
     return orjson.dumps(openai_error(message, type_ or openai_type(status), code))
 
 
@@ -39,8 +63,9 @@ def send_error(
     type_: str | None = None,
     close: bool = False,
 ) -> None:
-    """Answer with an OpenAI-shaped error through a `proxy.http_server.Responder`."""
-    responder.send(status, error_json(status, message, code, type_), [JSON_CONTENT_TYPE, *headers], close=close)
+    """Answer with an error through a `proxy.http_server.Responder`, in its `error_shape`."""
+    body = error_json(status, message, code, type_, getattr(responder, "error_shape", OPENAI))
+    responder.send(status, body, [JSON_CONTENT_TYPE, *headers], close=close)
 
 
 def sse_error_event(message: str, code: str, anthropic: bool = False) -> bytes:

@@ -1,11 +1,12 @@
 """The wheel: it installs one top-level import name, `kvgate`, and its entry points (the
 `kvgate` console script, the vLLM plugins) name objects that import from it.
 
-`pip install 'kvgate[vllm]'` goes into vLLM's own environment: a top-level `proxy`, `gate`,
-`bench` or `simulator` there could shadow, or be shadowed by, other distributions of those
-names (docs/ARCHITECTURE.md, Packaging). The wheel is built as pip builds it for a user (in
-an isolated environment with pyproject.toml's [build-system] requirements), from a copy of
-the checkout, so the build leaves nothing in the working tree.
+The plugin's install (`docker/install-vllm-plugin.sh`) puts kvgate into vLLM's own
+environment: a top-level `proxy`, `gate`, `bench` or `simulator` there could shadow, or
+be shadowed by, other distributions of those names (docs/ARCHITECTURE.md, Packaging).
+The wheel is built as pip builds it for a user (in an isolated environment with
+pyproject.toml's [build-system] requirements), from a copy of the checkout, so the build
+leaves nothing in the working tree.
 """
 
 from __future__ import annotations
