@@ -44,9 +44,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from kvgate.gate.blocks import cdiv
 from kvgate.gate.policies.economics import quiet_lifetime
 from kvgate.gate.policies.request_body import body_bytes
+from kvgate.wire.blocks import cdiv
 
 
 class WindowEnd(StrEnum):

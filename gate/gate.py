@@ -83,6 +83,7 @@ from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.route_prompts import body_holds_prompt, turn_key
 from kvgate.gate.settings import GateSettings
 from kvgate.gate.turn_facts import TurnFacts
+from kvgate.wire.routes import PROMPT_KINDS
 
 Clock = Callable[[], float]
 MODES = ("enforce", "shadow", "off")
@@ -94,9 +95,6 @@ MIN_WAIT_SEC = 0.001  # a waiter never spins, whatever the settings or the clock
 # confirmed by a fresh probe. Otherwise each wake costs a probe, rendered and tokenized
 # on the API server the turns share, several per turn. The age bound notices a shared prefix that became resident.
 HELD_READING_MAX_AGE_SEC = 1.0
-# Route kinds that carry a prompt. Anything else (GET /v1/models) never touches the
-# session books: it neither opens nor renews a window.
-PROMPT_KINDS = frozenset({"chat", "completion", "messages", "responses"})
 
 
 class Attempt:
@@ -218,6 +216,8 @@ class Gate:
         """Admit one request of `session_key` (None: anonymous) or raise an AdmissionError."""
         if self._closed is not None:
             raise self._closed
+        # A route without a prompt (GET /v1/models) never touches the session books: it
+        # neither opens nor renews a window.
         if self.settings.mode == "off" or route_kind not in PROMPT_KINDS:
             return self._grant_unbooked()
         start = self._now()

@@ -2,7 +2,7 @@
 
 Two gates enforcing on the same vLLM server each believe their books describe its
 cache, and together admit twice the working set (docs/decisions/one-gate-per-replica.md). The server keeps a
-small lease (`kvgate_vllm/owner_record.py`, `POST /v1/kvgate/owner`); every enforcing
+small lease (the owner record, `kvgate.wire.owner_record`); every enforcing
 gate claims it for each of its replicas and renews it every third of
 `ownership.ttl_sec`. The gate that holds it enforces; a gate refused because another
 holds it logs the conflict, sets `kvgate_gate_conflict{replica}` to 1, falls back to
@@ -11,7 +11,7 @@ claiming: when the owner's lease lapses (the owner stopped or was reconfigured) 
 takes the record and enforces again. The owner also sets the gauge while the record
 lists contenders, so both sides of a conflict show it.
 
-Pure: `parse_owner_answer`, `next_ownership`, `gate_mode`, `conflict_flag`,
+Pure: `next_ownership`, `gate_mode`, `conflict_flag`,
 `transition_message`, `readiness`. The shell, `OwnershipClaims`, does the HTTP and
 applies the verdicts through two callbacks. A replica without the owner route (404,
 405, 501: no kvgate plugin, or an old one) is `unchecked`: the gate keeps enforcing,
@@ -32,11 +32,10 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from kvgate.gate.replica_auth import replica_headers
+from kvgate.wire.owner_record import OWNER_PATH, OwnerAnswer, OwnerClaim
+from kvgate.wire.replica_auth import replica_headers
 
 log = logging.getLogger("kvgate.gate.ownership")
-
-OWNER_PATH = "/v1/kvgate/owner"
 
 UNKNOWN = "unknown"  # no answer yet
 OWNER = "owner"  # this gate holds the record: it enforces
@@ -53,36 +52,11 @@ def default_gate_id() -> str:
 
 
 @dataclass(frozen=True)
-class OwnerAnswer:
-    owner: str | None
-    held: bool
-    expires_in_sec: float
-    contenders: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class Ownership:
     status: str = UNKNOWN
     owner: str | None = None
     contenders: tuple[str, ...] = ()
     expires_in_sec: float = 0.0
-
-
-def parse_owner_answer(data: object) -> OwnerAnswer:
-    """The owner record's answer; ValueError when it is not one."""
-    if not isinstance(data, dict):
-        raise ValueError("the owner answer is not a JSON object")
-    owner, held, expires = data.get("owner"), data.get("held"), data.get("expires_in_sec", 0.0)
-    contenders = data.get("contenders", [])
-    if owner is not None and not isinstance(owner, str):
-        raise ValueError("'owner' must be a string or null")
-    if not isinstance(held, bool):
-        raise ValueError("'held' must be a boolean")
-    if isinstance(expires, bool) or not isinstance(expires, (int, float)):
-        raise ValueError("'expires_in_sec' must be a number")
-    if not isinstance(contenders, list) or not all(isinstance(c, str) for c in contenders):
-        raise ValueError("'contenders' must be a list of strings")
-    return OwnerAnswer(owner, held, float(expires), tuple(contenders))
 
 
 def next_ownership(previous: Ownership, outcome: OwnerAnswer | str | None) -> Ownership:
@@ -217,7 +191,7 @@ class OwnershipClaims:
         try:
             async with self._http.post(
                 url.rstrip("/") + OWNER_PATH,
-                json={"gate_id": self.gate_id, "ttl_sec": ttl_sec},
+                json=OwnerClaim(self.gate_id, ttl_sec).to_json(),
                 headers=self._headers,
                 timeout=self._timeout,
             ) as resp:
@@ -233,7 +207,7 @@ class OwnershipClaims:
                     )
                 if resp.status != 200:
                     return None
-                return parse_owner_answer(await resp.json(content_type=None))
+                return OwnerAnswer.parse(await resp.json(content_type=None))
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             return None
 

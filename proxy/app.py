@@ -22,19 +22,19 @@ from kvgate.gate.admission import AdmissionController
 from kvgate.gate.gate import MODES
 from kvgate.gate.ownership import Ownership, OwnershipClaims, conflict_flag, default_gate_id, gate_mode, readiness
 from kvgate.gate.probe import missing_probe_api
-from kvgate.gate.replica_auth import replica_headers
 from kvgate.proxy.admin import AdminApi
 from kvgate.proxy.client_auth import OPEN_PATHS, ClientAuth
-from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
+from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, error_shape, send_error
 from kvgate.proxy.forward import Forwarder
 from kvgate.proxy.http_fields import decode_path_segment
 from kvgate.proxy.http_server import FrontServer, HttpRequest, Responder
 from kvgate.proxy.metrics import CONTENT_TYPE, KvgateMetrics
-from kvgate.proxy.routes import ROUTES, passthrough_route
 from kvgate.proxy.session_tracker import SessionTracker
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, claims_ownership, health_path
 from kvgate.proxy.upstream import UpstreamClients
+from kvgate.wire.replica_auth import replica_headers
+from kvgate.wire.routes import ROUTES, passthrough_route
 
 _JSON_OK = orjson.dumps({"status": "ok"})
 _METRICS_TYPE = (b"Content-Type", CONTENT_TYPE.encode())
@@ -194,6 +194,7 @@ class ProxyApp:
 
     async def handle(self, request: HttpRequest, responder: Responder) -> None:
         path = request.path
+        responder.error_shape = error_shape(path)  # kvgate's own errors speak the client's API
         if (
             self.auth.enabled
             and path not in OPEN_PATHS

@@ -20,6 +20,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -27,6 +28,8 @@ from prometheus_client import Counter, Histogram
 
 from kvgate.balancer import Balancer, Replica
 from kvgate.gate.errors import AdmissionError, ReplicaUnavailable
+from kvgate.proxy.access_log import LOGGER as ACCESS_LOGGER
+from kvgate.proxy.access_log import access_line
 from kvgate.proxy.errors import RequestRejected, send_error
 from kvgate.proxy.http_client import UpstreamResponse
 from kvgate.proxy.http_server import HttpRequest, Responder
@@ -34,7 +37,6 @@ from kvgate.proxy.metrics import KvgateMetrics, turn_bucket
 from kvgate.proxy.relay import H_REPLICA, AnswerRelay, lease_headers
 from kvgate.proxy.request_body import parse_json_object, passthrough_body, stream_flag, with_member
 from kvgate.proxy.response_chains import TurnPlan, plan_turn
-from kvgate.proxy.routes import PASSTHROUGH, SESSION_FIELD_KINDS, TURN_KINDS, RouteSpec, response_id_of
 from kvgate.proxy.session_id import resolve_session_id, split_body_fields
 from kvgate.proxy.session_tracker import SessionEntry, SessionTracker
 from kvgate.proxy.settings import Settings
@@ -47,6 +49,7 @@ from kvgate.proxy.upstream import (
     UpstreamClients,
     upstream_request_headers,
 )
+from kvgate.wire.routes import PASSTHROUGH, PROMPT_KINDS, SESSION_FIELD_KINDS, RouteSpec, response_id_of
 
 CLIENT_CLOSED = 499  # the status label of a request whose client went away (nginx's convention)
 
@@ -74,6 +77,10 @@ class Turn:
     chain: TurnPlan | None  # a Responses request's place in its chain
     headers: list[tuple[bytes, bytes]]  # the upstream request's headers
     target: str  # the upstream request's path and query
+    # what happened, for the access log: the replica last chosen, the gate's answer, its wait
+    replica: str | None = None
+    admission: str | None = None
+    wait_ms: float = 0.0
 
 
 class Forwarder:
@@ -107,6 +114,7 @@ class Forwarder:
             metrics, settings.limits.max_buffered_response_bytes, gates=settings.gate.mode != "off"
         )
         self._counters: dict[tuple[str, str, int], Counter] = {}  # labelled children, looked up once
+        self._access = logging.getLogger(ACCESS_LOGGER) if settings.log.access else None
         self._turn_children: dict[str, Histogram] = {}
 
     # ---- the request --------------------------------------------------------------
@@ -139,6 +147,8 @@ class Forwarder:
         except RequestRejected as exc:
             self._count(kind, "none", exc.status)
             send_error(responder, exc.status, exc.message, exc.code)
+            if self._access is not None:
+                self._log_access(kind, None, None, exc.status, started, exc.code)
             return
         if link is not None:  # a stored response: its session, on the replica that holds it
             session_id = link.session_id
@@ -163,7 +173,7 @@ class Forwarder:
                 entry.replica = link.replica
             # Only a turn ends its session: a models list that anyone can send with any session
             # id must not end another session's window.
-            finish = kind in TURN_KINDS and request.headers.get(self._finish_header, "").lower() == "true"
+            finish = kind in PROMPT_KINDS and request.headers.get(self._finish_header, "").lower() == "true"
         headers = self._upstream_headers(request, session_id, self._api_key)
         turn = Turn(
             request,
@@ -180,9 +190,13 @@ class Forwarder:
             headers,
             f"{route.path}?{request.query}" if request.query else route.path,
         )
+        status = CLIENT_CLOSED
         try:
             await self._run(turn)
+            status = responder.status or CLIENT_CLOSED
         finally:
+            if self._access is not None:
+                self._log_access(turn.route.kind, session_id, turn, status, started)
             if finish:
                 assert session_id is not None  # only a named session can be finished
                 self.admission.finish_session(session_id)
@@ -218,8 +232,10 @@ class Forwarder:
             if replica is None:
                 self._no_replica(turn.responder, kind)
                 return
+            turn.replica = replica.name
             lease = await self._admit(turn, replica)
             if isinstance(lease, AdmissionError):
+                turn.admission = lease.code
                 if isinstance(lease, ReplicaUnavailable):
                     then = after_failure(Failure.UNAVAILABLE, spent, self._tiered, replica.in_flight)
                     if then.resend is Resend.OTHER:
@@ -228,6 +244,7 @@ class Forwarder:
                         continue
                 self._refuse(turn, replica, lease)
                 return
+            turn.admission, turn.wait_ms = lease.reason or None, lease.wait_ms
             with Hold(replica, lease) as held:
                 try:
                     upstream = await self.clients.for_replica(replica).request(
@@ -331,7 +348,7 @@ class Forwarder:
     def _turn_done(self, turn: Turn, replica: Replica) -> None:
         """A turn answered whole: count it for its session, and link a Responses answer to its replica."""
         entry, chain = turn.entry, turn.chain
-        if entry is not None and turn.index and turn.route.kind in TURN_KINDS:
+        if entry is not None and turn.index and turn.route.kind in PROMPT_KINDS:
             entry.turns = turn.index
             self._observe_turn(turn.index, time.perf_counter() - turn.started)
         if chain is not None and chain.response_id is not None:
@@ -339,6 +356,24 @@ class Forwarder:
             self.sessions.responses.record(chain.response_id, chain.chain_session, replica)
 
     # ---- helpers ---------------------------------------------------------------------
+
+    def _log_access(
+        self, kind: str, session_id: str | None, turn: Turn | None, status: int, started: float, refused: str = ""
+    ) -> None:
+        assert self._access is not None
+        self._access.info(
+            "%s",
+            access_line(
+                time.time(),
+                kind,
+                session_id,
+                turn.replica if turn is not None else None,
+                turn.admission if turn is not None else refused,
+                turn.wait_ms if turn is not None else 0.0,
+                status,
+                time.perf_counter() - started,
+            ),
+        )
 
     def _count(self, kind: str, replica: str, status: int) -> None:
         key = (kind, replica, status)

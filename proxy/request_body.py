@@ -50,7 +50,7 @@ def with_member(raw: bytes, body: dict, name: str, value: str) -> bytes:
 
 
 def passthrough_body(raw: bytes | None) -> dict:
-    """What kvgate reads of a body it relays ungated (proxy.routes.PASSTHROUGH): the JSON
+    """What kvgate reads of a body it relays ungated (kvgate.wire.routes.PASSTHROUGH): the JSON
     object, or {} for anything else (a multipart upload, an empty body, a JSON array).
     Never rejected here: the replica answers for its own routes."""
     if not raw or raw[:1] not in (b"{", b" ", b"\n", b"\r", b"\t"):

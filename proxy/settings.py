@@ -90,6 +90,11 @@ class AuthSettings:
 
 
 @dataclass(frozen=True)
+class LogSettings:
+    access: bool = False  # one logfmt line per forwarded request (proxy/access_log.py)
+
+
+@dataclass(frozen=True)
 class Settings:
     listen: ListenSettings = field(default_factory=ListenSettings)
     replicas: tuple[ReplicaSettings, ...] = ()
@@ -103,3 +108,4 @@ class Settings:
     auth: AuthSettings = field(default_factory=AuthSettings)
     role: str = "standalone"  # standalone | front_door | replica_gate (proxy/topology.py)
     ownership: OwnershipSettings = field(default_factory=OwnershipSettings)
+    log: LogSettings = field(default_factory=LogSettings)

@@ -20,6 +20,7 @@ import hashlib
 
 from kvgate.gate.probe import missing_probe_api
 from kvgate.proxy.settings import Settings
+from kvgate.wire.owner_record import OWNER_PATH
 
 STANDALONE = "standalone"
 FRONT_DOOR = "front_door"
@@ -165,7 +166,7 @@ def replica_findings(
         return problems, notes
     if owner_status != 200 or owner is None:
         notes.append(
-            f"{key}: no owner record (GET /v1/kvgate/owner answered {owner_status}); start vLLM with "
+            f"{key}: no owner record (GET {OWNER_PATH} answered {owner_status}); start vLLM with "
             "the kvgate plugin, or a second gate enforcing on it cannot be detected"
         )
         return problems, notes

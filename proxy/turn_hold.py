@@ -70,7 +70,7 @@ class Hold:
 
 
 class _Ungated:
-    """The lease of a request the gate never sees (proxy.routes.PASSTHROUGH): nothing to
+    """The lease of a request the gate never sees (kvgate.wire.routes.PASSTHROUGH): nothing to
     give back; its answer carries no admission headers (reason "")."""
 
     reason = ""

@@ -41,7 +41,7 @@ class WaitCause(StrEnum):
 
 
 class RejectCode(StrEnum):
-    """Why a turn was refused for good: the error `code` the client gets."""
+    """Why a turn was refused for good: the error `code` the client gets (docs/reference.md, Errors)."""
 
     PROMPT_TOO_LONG = "prompt_too_long"
 

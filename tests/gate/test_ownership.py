@@ -12,16 +12,14 @@ from kvgate.gate.ownership import (
     OWNER,
     UNCHECKED,
     UNKNOWN,
-    OwnerAnswer,
     Ownership,
     conflict_flag,
     gate_mode,
     next_ownership,
-    parse_owner_answer,
     readiness,
     transition_message,
 )
-from kvgate.vllm_plugin.owner_record import OwnerClaimError, OwnerRecord, answer, claim, parse_claim
+from kvgate.wire.owner_record import OwnerAnswer, OwnerClaim, OwnerClaimError, OwnerRecord, answer, claim
 
 INF = float("inf")
 
@@ -52,19 +50,19 @@ def run(steps):
 )
 def test_owner_record_table(steps, owner, held, contenders):
     _, out = run(steps)
-    assert (out["owner"], out["held"], out["contenders"]) == (owner, held, contenders)
+    assert (out.owner, out.held, list(out.contenders)) == (owner, held, contenders)
 
 
 def test_owner_record_read_and_expiry_figures():
     record, _ = run([("a", 10, 0)])
-    assert answer(record, None, 4) == {
+    assert answer(record, None, 4).to_json() == {
         "version": 1,
         "owner": "a",
         "held": False,
         "expires_in_sec": 6.0,
         "contenders": [],
     }
-    assert answer(record, None, 11)["owner"] is None
+    assert answer(record, None, 11).owner is None
 
 
 @pytest.mark.parametrize(
@@ -82,17 +80,17 @@ def test_owner_record_read_and_expiry_figures():
 )
 def test_bad_claims_name_the_field(body, param):
     with pytest.raises(OwnerClaimError) as err:
-        parse_claim(body)
+        OwnerClaim.parse(body)
     assert err.value.param == param
 
 
 def test_parse_owner_answer():
-    assert parse_owner_answer({"owner": "a", "held": True, "expires_in_sec": 3, "contenders": ["b"]}) == OwnerAnswer(
+    assert OwnerAnswer.parse({"owner": "a", "held": True, "expires_in_sec": 3, "contenders": ["b"]}) == OwnerAnswer(
         "a", True, 3.0, ("b",)
     )
     for bad in ([], {"held": "yes"}, {"held": True, "owner": 3}, {"held": True, "contenders": "b"}):
         with pytest.raises(ValueError):
-            parse_owner_answer(bad)
+            OwnerAnswer.parse(bad)
 
 
 HELD = OwnerAnswer("me", True, 9.0)

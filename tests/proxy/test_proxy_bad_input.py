@@ -16,7 +16,7 @@ async def assert_error(resp, status: int, code: str | None = None) -> dict:
     assert resp.status == status, await resp.text()
     body = await resp.json()
     error = body["error"]
-    assert set(error) == {"message", "type", "code"}
+    assert set(error) == {"message", "type", "param", "code"}
     assert isinstance(error["message"], str) and error["message"]
     if code is not None:
         assert error["code"] == code

@@ -97,13 +97,13 @@ async def test_f4_a_prompt_longer_than_max_model_len_is_refused_before_the_engin
 
     monkeypatch.setattr(replica_server, "_parse", counted_turn)
     engine_probes: list[int] = []
-    probe_prefix = replica.engine.probe_prefix
+    prefix_answer = replica.engine.prefix_answer
 
     def counted(token_ids, cache_salt=None):
         engine_probes.append(len(token_ids))
-        return probe_prefix(token_ids, cache_salt)
+        return prefix_answer(token_ids, cache_salt)
 
-    replica.engine.probe_prefix = counted  # type: ignore[method-assign]
+    replica.engine.prefix_answer = counted  # type: ignore[method-assign]
     for body in ({"token_ids": [1] * 100_000}, {"chat": chat("word " * 5_000)}):
         async with http.post(replica.url + "/v1/kvgate/prefix", json=body) as resp:
             assert resp.status == 400
@@ -265,7 +265,7 @@ async def test_f7d_a_prefix_answer_that_contradicts_itself_is_probe_unavailable(
 
 
 async def test_f7e_secrets_are_never_printed(parts, http, tmp_path, capsys, caplog):
-    from kvgate.proxy.cli import main
+    from kvgate.cli import main
 
     config = tmp_path / "bad.yaml"
     config.write_text(

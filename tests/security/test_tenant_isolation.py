@@ -22,13 +22,13 @@ async def test_tenants_cache_salt_passes_through_to_turns_and_probes(parts, http
 
     monkeypatch.setattr(replica_server, "_parse", recorded)
     probed: list[str | None] = []
-    probe_prefix = replica.engine.probe_prefix
+    prefix_answer = replica.engine.prefix_answer
 
     def counted(token_ids, cache_salt=None):
         probed.append(cache_salt)
-        return probe_prefix(token_ids, cache_salt)
+        return prefix_answer(token_ids, cache_salt)
 
-    replica.engine.probe_prefix = counted  # type: ignore[method-assign]
+    replica.engine.prefix_answer = counted  # type: ignore[method-assign]
     gate = await parts.kvgate(replica_config(replica))
     prompt = "shared system prompt " * 60  # its byte bound exceeds the cache: the gate probes it
     for tenant in ("tenant-a", "tenant-b"):

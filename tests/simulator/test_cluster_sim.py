@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kvgate.proxy.cli import main
+from kvgate.cli import main
 from kvgate.simulator.cluster.presets import CODING_AGENTS
 from kvgate.simulator.cluster.run import ClusterConfig, parse_event, policy_names, run_policy
 from kvgate.simulator.cluster.workload import AgentSessions

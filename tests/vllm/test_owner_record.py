@@ -60,7 +60,7 @@ def test_second_enforcing_kvgate_is_detected(vllm_server, tmp_path: Path):
             # the early gate must be ready (it holds the record) before the late one starts
             procs.append(
                 start_service(
-                    [sys.executable, "-m", "kvgate.proxy.cli", "serve", "--config", str(config)],
+                    [sys.executable, "-m", "kvgate.cli", "serve", "--config", str(config)],
                     tmp_path / f"{name}.log",
                     urls[-1] + ("/ready" if name == "early" else "/health"),
                     90,

@@ -91,7 +91,7 @@ def test_a_kvgate_with_both_keys_from_files_gates_the_server(keyed_server, tmp_p
         "ownership: {ttl_sec: 6}\n"
     )
     proc = start_service(
-        [sys.executable, "-m", "kvgate.proxy.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "kvgate.cli", "serve", "--config", str(config)],
         tmp_path / "kvgate.log",
         f"http://127.0.0.1:{port}/ready",
         90,

@@ -426,7 +426,7 @@ class VllmServer:
 
 @dataclass
 class KvgateProxy:
-    """``python -m kvgate.proxy.cli serve --config FILE`` (the main venv's kvgate) as a subprocess."""
+    """``python -m kvgate.cli serve --config FILE`` (the main venv's kvgate) as a subprocess."""
 
     config_path: Path
     log_path: Path
@@ -450,7 +450,7 @@ class KvgateProxy:
         path.write_text("\n".join(lines) + "\n")
 
     def start(self, timeout: float = 60) -> KvgateProxy:
-        command = [sys.executable, "-m", "kvgate.proxy.cli", "serve", "--config", str(self.config_path)]
+        command = [sys.executable, "-m", "kvgate.cli", "serve", "--config", str(self.config_path)]
         self.process = start_service(
             command, self.log_path, self.url + "/ready", timeout, poll=0.3, what="kvgate", cwd=REPO_ROOT
         )
