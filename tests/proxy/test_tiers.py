@@ -275,23 +275,28 @@ async def test_front_door_failover_keeps_sessions_on_their_replicas(tiers):
     await until(lambda: t.gate_counts() == CLEAN, "every gate clean")
 
 
-async def test_check_config_contact_replicas(tiers, http, tmp_path, capsys):
-    """`kvgate check-config --contact-replicas` flags configs that cannot be right on these replicas."""
+async def check_config(config: dict, tmp_path, capsys) -> tuple[int, str]:
+    """`kvgate check-config --contact-replicas` on `config`: (exit code, what it printed)."""
     import argparse
 
     import yaml
 
     from kvgate.proxy.commands import check_config_command
 
+    path = tmp_path / "kvgate.yaml"
+    path.write_text(yaml.safe_dump(config))
+    code = await asyncio.to_thread(check_config_command, argparse.Namespace(file=str(path), contact_replicas=True))
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+async def test_check_config_contact_replicas(tiers, http, tmp_path, capsys):
+    """`kvgate check-config --contact-replicas` flags configs that cannot be right on these replicas."""
     t = await tiers(1, 1, time_scale=0.0)
     replica, gate = t.replicas[0], t.replica_gates[0]
 
-    async def check(config: dict) -> tuple[int, str]:
-        path = tmp_path / "kvgate.yaml"
-        path.write_text(yaml.safe_dump(config))
-        code = await asyncio.to_thread(check_config_command, argparse.Namespace(file=str(path), contact_replicas=True))
-        out = capsys.readouterr()
-        return code, out.out + out.err
+    def check(config: dict):
+        return check_config(config, tmp_path, capsys)
 
     # the replica gate holds the simulated replica's record: a second enforcing gate is refused
     code, out = await check({"replicas": [{"name": "sim0", "url": replica.url}]})
@@ -316,12 +321,6 @@ async def test_check_config_contact_replicas(tiers, http, tmp_path, capsys):
 
 async def test_check_config_contact_replicas_names_missing_keys(tiers, tmp_path, capsys):
     """With the credentials of docs/security.md wired, a config without them is told which key it lacks."""
-    import argparse
-
-    import yaml
-
-    from kvgate.proxy.commands import check_config_command
-
     t = await tiers(
         1,
         1,
@@ -332,12 +331,8 @@ async def test_check_config_contact_replicas_names_missing_keys(tiers, tmp_path,
     )
     replica, gate = t.replicas[0], t.replica_gates[0]
 
-    async def check(config: dict) -> tuple[int, str]:
-        path = tmp_path / "kvgate.yaml"
-        path.write_text(yaml.safe_dump(config))
-        code = await asyncio.to_thread(check_config_command, argparse.Namespace(file=str(path), contact_replicas=True))
-        out = capsys.readouterr()
-        return code, out.out + out.err
+    def check(config: dict):
+        return check_config(config, tmp_path, capsys)
 
     shadow = {"gate": {"mode": "shadow"}, "replicas": [{"name": "sim0", "url": replica.url}]}
     code, out = await check(shadow)
