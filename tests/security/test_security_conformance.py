@@ -96,18 +96,17 @@ async def test_f1_the_owner_record_cannot_be_read_released_or_taken_by_others(pa
 
 
 async def test_f2_contenders_are_capped_and_logged_as_counts(parts, http, caplog):
-    (replica,) = await parts.replicas(replica_api_key=REPLICA_KEY)
+    """Played on a replica without the replica key, where anyone may claim (docs/security.md)."""
+    (replica,) = await parts.replicas()
     caplog.set_level(logging.INFO, logger="kvgate")
-    gate = await parts.kvgate(
-        replica_config(replica, upstream={"replica_api_key": REPLICA_KEY}, ownership={"ttl_sec": 0.6})
-    )
+    gate = await parts.kvgate(replica_config(replica, ownership={"ttl_sec": 0.6}))
     owner_url = replica.url + "/v1/kvgate/owner"
     await until(lambda: gate.app.ownership.ownership().get(replica.name) is not None, "the first claim")
     for index in range(400):
         body = {"gate_id": f"{index:d}".rjust(256, "x"), "ttl_sec": 3600}
-        async with http.post(owner_url, json=body, headers=GATE_HEADERS) as resp:
+        async with http.post(owner_url, json=body) as resp:
             assert resp.status == 200 and len(await resp.read()) < 1024
-    async with http.get(owner_url, headers=GATE_HEADERS) as resp:
+    async with http.get(owner_url) as resp:
         assert len(await resp.read()) < 1024
     await until(lambda: gate.app.ownership.ownership()[replica.name].contenders > 0, "the owner's renewal")
     await asyncio.sleep(0.7)  # more renewals: the count changes nothing more in the log
@@ -261,10 +260,8 @@ async def test_f6_a_host_on_the_allow_list_gets_them(parts, http):
 
 
 async def test_f7a_two_processes_with_one_gate_id_are_a_conflict(parts):
-    (replica,) = await parts.replicas(replica_api_key=REPLICA_KEY)
-    config = replica_config(
-        replica, upstream={"replica_api_key": REPLICA_KEY}, ownership={"gate_id": "g", "ttl_sec": 3}
-    )
+    (replica,) = await parts.replicas()
+    config = replica_config(replica, ownership={"gate_id": "g", "ttl_sec": 3})
     first = await parts.kvgate(config, "first")
     second = await parts.kvgate(config, "second")
     await first.app.ownership.round()  # the first renews and learns of the second
