@@ -142,7 +142,13 @@ class Forwarder:
             headers_read = self._headers
             if self._replica_gate and TIER_SESSION_HEADER in request.headers:
                 headers_read = (TIER_SESSION_HEADER,)  # the id its front door resolved
-            session_id = resolve_session_id(path_session_id, request.headers, headers_read, body, self._fields)
+            try:
+                session_id = resolve_session_id(path_session_id, request.headers, headers_read, body, self._fields)
+            except RequestRejected:
+                if kind != PASSTHROUGH:
+                    raise
+                # on a route kvgate does not define, a body field of another type is no session id
+                session_id = resolve_session_id(path_session_id, request.headers, headers_read, None, self._fields)
             chain = plan_turn(body, session_id, self.sessions.responses.lookup) if kind == "responses" else None
         except RequestRejected as exc:
             self._count(kind, "none", exc.status)

@@ -118,6 +118,6 @@ class PrefixUnavailable(Enum):
 
 PREFIX_UNAVAILABLE = PrefixUnavailable.PREFIX_UNAVAILABLE
 
-# What `decide` is told about the prompt's prefix: None (not read yet: the policy may
-# answer ProbeFirst), a reading, or PREFIX_UNAVAILABLE (read, and there is none).
-PrefixAnswer = PrefixReading | PrefixUnavailable
+# What the prefix probe gave, as `decide` is told: a reading or PREFIX_UNAVAILABLE. A call
+# with None instead (not read yet) may answer ProbeFirst.
+ProbedPrefix = PrefixReading | PrefixUnavailable

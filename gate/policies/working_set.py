@@ -57,8 +57,8 @@ from kvgate.gate.policies.vocabulary import (
     AdmissionReason,
     Admit,
     Decision,
-    PrefixAnswer,
     PrefixUnavailable,
+    ProbedPrefix,
     ProbeFirst,
     Reject,
     RejectCode,
@@ -71,7 +71,7 @@ from kvgate.gate.settings import GateSettings
 
 
 def working_set_decide(
-    view: WorkingSetView, usage: UsageReading | None, prefix: PrefixAnswer | None, settings: GateSettings
+    view: WorkingSetView, usage: UsageReading | None, prefix: ProbedPrefix | None, settings: GateSettings
 ) -> Decision | ProbeFirst:
     """The module's policy. Every branch before `PROBE_FIRST` reads no prefix, so a
     decision reached without a reading is the one any reading would give."""

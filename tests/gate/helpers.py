@@ -92,7 +92,8 @@ def body(session: str, content: str = "hi", **fields: Any) -> dict[str, Any]:
 
 def settings(**overrides: Any) -> GateSettings:
     """GateSettings with test-friendly defaults: the default policy (tests of the watermark
-    policy ask for it by name), long grace, short real-time poll. Quiet expiry is off
+    policy ask for it by name), long grace, a 60 s poll (a waiter re-decides when the gate
+    wakes it, or when a test moves the fake clock past its poll). Quiet expiry is off
     (its floor is the grace: a window lives `idle_grace_sec`) unless a test sets
     `quiet_floor_sec`: the tests of the grace rules keep their hand-worked clocks."""
     base = GateSettings(wait_poll_sec=60.0, idle_grace_sec=60.0, quiet_floor_sec=60.0)

@@ -110,7 +110,7 @@ async def test_timeout_and_prompt_too_long_over_http(stack):
 
 
 async def test_a_turn_the_upstream_answers_404_and_a_models_request_leave_no_window(stack):
-    """Issue 9 / 14: a request without a prompt (GET /v1/models) never touches the gate's
+    """A request without a prompt (GET /v1/models) never touches the gate's
     books; a turn whose upstream answers 404 (the fake replica serves no /v1/completions)
     was admitted into a new window, which ends (`revoked`) when its lease is released."""
     script, clock, controller, http = await stack(policy="watermark", wait_poll_sec=60, idle_grace_sec=10)

@@ -1,4 +1,4 @@
-"""Windows in the asyncio gate (issue 9): quiet expiry, the window-end metric by cause,
+"""Windows in the asyncio gate: quiet expiry, the window-end metric by cause,
 no window for a request without a prompt or for a turn that served none, and the
 work-conserving admission of a held turn. Fake clock; every test ends clean."""
 

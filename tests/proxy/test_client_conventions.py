@@ -82,63 +82,49 @@ def assert_sticky(replicas_by_session: dict[str, list[str]]) -> None:
 # ---- one test per client convention ----------------------------------------------------
 
 
-async def test_claude_code_session_header_alone_is_the_session(stack):
+async def claude_code_turn(client, history: list[dict], headers) -> tuple[str, str]:
+    raw = await client.messages.with_raw_response.create(
+        model=MODEL, max_tokens=4, messages=history, extra_headers=headers
+    )
+    return raw.headers["x-kvgate-replica"], (await raw.parse()).content[0].text
+
+
+async def codex_turn(client, history: list[dict], headers) -> tuple[str, str]:
+    raw = await client.responses.with_raw_response.create(
+        model=MODEL, input=history, store=False, max_output_tokens=4, extra_headers=headers
+    )
+    return raw.headers["x-kvgate-replica"], raw.parse().output_text
+
+
+async def opencode_turn(client, history: list[dict], headers) -> tuple[str, str]:
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=history, max_tokens=4, extra_headers=headers
+    )
+    return raw.headers["x-kvgate-replica"], raw.parse().choices[0].message.content or ""
+
+
+@pytest.mark.parametrize(
+    "header, sdk, send",
+    [
+        ("x-claude-code-session-id", "anthropic", claude_code_turn),  # Claude Code: /v1/messages
+        ("session_id", "openai", codex_turn),  # Codex CLI: /v1/responses, store false
+        ("x-session-affinity", "openai", opencode_turn),  # OpenCode: chat completions
+    ],
+)
+async def test_a_client_session_header_alone_is_the_session(stack, header, sdk, send):
+    """Three turns of six sessions, each carrying its id only in the client's own header:
+    the gate books each under that id, and each stays on one replica."""
     seen: dict[str, list[str]] = {}
     for sid in SESSIONS:
-        client = stack.anthropic(default_headers={"x-claude-code-session-id": sid})
+        client = getattr(stack, sdk)(default_headers={header: sid})
         history: list[dict] = []
         for turn in range(3):
             history.append({"role": "user", "content": f"step {turn} of the task"})
-            raw = await client.messages.with_raw_response.create(
-                model=MODEL, max_tokens=4, messages=history, extra_headers=FINISH if turn == 2 else None
-            )
-            message = await raw.parse()
-            history.append({"role": "assistant", "content": message.content[0].text or "ok"})
-            seen.setdefault(sid, []).append(raw.headers["x-kvgate-replica"])
+            replica, text = await send(client, history, FINISH if turn == 2 else None)
+            history.append({"role": "assistant", "content": text or "ok"})
+            seen.setdefault(sid, []).append(replica)
             if turn == 0:
-                assert sid in stack.booked()  # booked under Claude Code's own id (no metadata sent)
-        await client.close()
-    assert_sticky(seen)
-    stack.assert_clean()
-
-
-async def test_codex_session_id_header_alone_is_the_session(stack):
-    seen: dict[str, list[str]] = {}
-    for sid in SESSIONS:
-        client = stack.openai(default_headers={"session_id": sid})
-        items: list[dict] = []
-        for turn in range(3):
-            items.append({"role": "user", "content": f"step {turn}"})
-            raw = await client.responses.with_raw_response.create(
-                model=MODEL,
-                input=items,
-                store=False,
-                max_output_tokens=4,
-                extra_headers=FINISH if turn == 2 else None,
-            )
-            items.append({"role": "assistant", "content": raw.parse().output_text or "ok"})
-            seen.setdefault(sid, []).append(raw.headers["x-kvgate-replica"])
-            if turn == 0:
-                assert sid in stack.booked()
-        await client.close()
-    assert_sticky(seen)
-    stack.assert_clean()
-
-
-async def test_opencode_session_affinity_header_alone_is_the_session(stack):
-    seen: dict[str, list[str]] = {}
-    for sid in SESSIONS:
-        client = stack.openai(default_headers={"x-session-affinity": sid})
-        messages: list[dict] = []
-        for turn in range(3):
-            messages.append({"role": "user", "content": f"step {turn}"})
-            raw = await client.chat.completions.with_raw_response.create(
-                model=MODEL, messages=messages, max_tokens=4, extra_headers=FINISH if turn == 2 else None
-            )
-            messages.append({"role": "assistant", "content": raw.parse().choices[0].message.content or "ok"})
-            seen.setdefault(sid, []).append(raw.headers["x-kvgate-replica"])
-            if turn == 0:
-                assert sid in stack.booked()
+                assert sid in stack.booked()  # booked under the client's own id (no body field sent)
         await client.close()
     assert_sticky(seen)
     stack.assert_clean()
@@ -319,3 +305,15 @@ async def _until(condition, timeout: float = 10.0) -> None:
 def test_settings_default_lists_the_three_clients():
     assert SessionSettings().client_headers == ("x-claude-code-session-id", "session_id", "x-session-affinity")
     assert dataclasses.replace(SessionSettings(), client_headers=()).client_headers == ()
+
+
+async def test_a_passthrough_body_field_of_another_type_is_not_refused(stack):
+    """`user` is a session field on the turn routes (a non-string is a 400 there); on a route
+    kvgate only relays, the replica judges the body."""
+    async with aiohttp.ClientSession() as http:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "user": 7}
+        async with http.post(stack.url + "/v1/messages/count_tokens", json=body) as resp:
+            assert resp.status == 200 and (await resp.json())["input_tokens"] > 0
+        async with http.post(stack.url + "/v1/chat/completions", json={**body, "max_tokens": 2}) as resp:
+            assert resp.status == 400 and (await resp.json())["error"]["code"] == "invalid_type"
+    stack.assert_clean()
