@@ -283,13 +283,13 @@ async def test_the_plugins_builders_answer_every_field_of_every_message(monkeypa
         ]
     )
     monkeypatch.setattr(endpoint_plugin, "read_totals", lambda: next(totals))
-    await service.kv_usage()
-    kv = assert_round_trips(KvAnswer, (await service.kv_usage()).to_json())
+    await service.kv_answer()
+    kv = assert_round_trips(KvAnswer, (await service.kv_answer()).to_json())
     assert unset_fields(kv) == set()
     assert [engine.engine for engine in kv.engines] == [0, 1] and kv.num_total_blocks == 128
 
     query = PrefixQuery("token_ids", list(range(70)), cache_salt="tenant", model="m")
-    prefix = assert_round_trips(PrefixAnswer, (await service.prefix(query.to_json())).to_json())
+    prefix = assert_round_trips(PrefixAnswer, (await service.prefix_answer(query.to_json())).to_json())
     assert unset_fields(prefix) == set()
     assert prefix.hit_blocks == 2 and prefix.hit_blocks_in_use == 1  # the engine with the fewest hits
 
