@@ -60,7 +60,8 @@ ROWS: tuple[ResultRow, ...] = (
     ResultRow("prefill-bound-no-finish", SIMULATED + ("makespan<=0.4x",)),
     ResultRow("trace-8b", SIMULATED + ("tail_if_held",)),
     ResultRow("trace-8b-tight", SIMULATED + ("tail_if_held",)),
-    ResultRow("trace-70b", SIMULATED + ("tail_if_held", "makespan<=0.4x")),
+    ResultRow("trace-70b", SIMULATED + ("tail_if_held",)),
+    ResultRow("trace-70b-tight", SIMULATED + ("tail_if_held", "makespan<=0.4x")),
     ResultRow("vllm-small-no-finish", ("makespan<=1.05x",), real_vllm=True),
     ResultRow("vllm-prefill-no-finish", ("makespan<=0.8x",), real_vllm=True),
 )
