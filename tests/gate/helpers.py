@@ -88,8 +88,12 @@ def settings(**overrides: Any) -> GateSettings:
     """GateSettings with test-friendly defaults: the watermark policy (tests of the working_set
     policy ask for it by name), long grace, short real-time poll. Quiet expiry is off
     (its floor is the grace: a window lives `idle_grace_sec`) unless a test sets
-    `quiet_floor_sec`: the tests of the grace rules keep their hand-worked clocks."""
-    base = GateSettings(policy="watermark", wait_poll_sec=0.02, idle_grace_sec=60.0, quiet_floor_sec=60.0)
+    `quiet_floor_sec`, and so is the cap on a held turn's wait unless a test sets
+    `wait_cap_factor`: the tests of the grace rules and of waking keep their hand-worked
+    clocks (the cap's re-decisions run on real time, the fake clock never reaches it)."""
+    base = GateSettings(
+        policy="watermark", wait_poll_sec=0.02, idle_grace_sec=60.0, quiet_floor_sec=60.0, wait_cap_factor=0.0
+    )
     return replace(base, **overrides)
 
 
