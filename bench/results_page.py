@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import fcntl
 import json
 import os
 import shlex
@@ -291,9 +292,22 @@ def selected_rows(only: str | None, vllm: bool) -> list[ResultRow]:
     return [known[n] for n in names]
 
 
+def _load(data_path: Path) -> list[dict]:
+    return json.loads(data_path.read_text()) if data_path.exists() else []
+
+
+def store_row(data_path: Path, page: Path, record: dict) -> None:
+    """Put `record` in the data (replacing its key's row) and render the page, under a lock
+    beside the data: invocations running other rows at the same time each add theirs."""
+    with open(data_path.with_name(data_path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stored = [r for r in _load(data_path) if r["key"] != record["key"]] + [record]
+        data_path.write_text(json.dumps(stored, indent=1) + "\n")
+        page.write_text(render(stored))
+
+
 def main(args) -> int:
     data_path = args.data or args.page.with_suffix(".json")
-    stored = json.loads(data_path.read_text()) if data_path.exists() else []
     if not args.render_only:
         try:
             rows = selected_rows(args.only, args.vllm)
@@ -317,9 +331,8 @@ def main(args) -> int:
                     print(f"[results] {row.key}: exit {status}, row not updated", file=sys.stderr)
                     continue
                 record = record_of(row, json.loads(results.read_text()), shown_command(row, args.repeat), date, commit)
-            stored = [r for r in stored if r["key"] != row.key] + [record]
-            data_path.write_text(json.dumps(stored, indent=1) + "\n")  # after every row: a stop loses no row
-            args.page.write_text(render(stored))
+            store_row(data_path, args.page, record)  # after every row: a stop loses no row
+    stored = _load(data_path)
     args.page.write_text(render(stored))
     print(f"[results] wrote {args.page} ({len(stored)} rows)")
     return 0
