@@ -375,8 +375,7 @@ REGIMES.update(
         ),
         "trace-70b-tight": _trace_regime(
             "trace-70b-tight",
-            "trace-70b with 1/4 of the preset's KV cache per replica: contexts need ~2x the cache, "
-            "re-prefill is dear",
+            "trace-70b with 1/4 of the preset's KV cache per replica: contexts need ~2x the cache, re-prefill is dear",
             "h100x2-70b",
             kv_fraction=1 / 4,
         ),

@@ -6,12 +6,12 @@
   (`holding_cost_sec`) than its admission makes the replica spend computing again the
   windows' blocks it pushes out (`reprefill_sec` of `evicted_window_blocks`).
 Without a measured prefill throughput there is no price, and the turn is held.
-- The cap on a held turn's wait (`capped`): however the rule weighs, a turn goes in,
-  without a window, once it has waited `wait_cap_factor` times its session's recent
-  turn time (`wait_cap_sec`). So no turn waits more than about that multiple of its
-  own service time: the tail of a closed loop's turns stays bounded where windows are
-  held across long tool calls, and where holding keeps losing bets the loss per turn
-  does too.
+- The cap on a held turn's wait (`capped`, when `wait_cap_factor` > 0): however the
+  rule weighs, a turn goes in, without a window, once it has waited `wait_cap_factor`
+  times its session's recent turn time (`wait_cap_sec`). So no turn waits more than
+  about that multiple of its own service time; turns let in early push windows out,
+  so the cap trades part of a win for the bounded tail
+  (docs/decisions/wait-cap.md).
 """
 
 from __future__ import annotations
