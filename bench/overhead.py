@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvgate.bench.processes import ServerGroup, process_cpu_seconds
+from kvgate.bench.processes import ServerGroup, process_cpu_seconds, python_module
 from kvgate.gate.policies.registry import POLICIES
 from kvgate.gate.settings import GateSettings
 
@@ -93,10 +93,6 @@ def add_command(subparsers) -> None:
 # ---- processes --------------------------------------------------------------------
 
 
-def _python_module(module: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", module, *args]
-
-
 def kvgate_config(port: int, upstream_url: str, gate_mode: str, gate_policy: str) -> dict:
     """kvgate in front of the benchmark upstream, listening on `port`."""
     return {
@@ -111,7 +107,7 @@ def run_load(url: str, concurrency: int, duration: float, warmup: float, stream:
     if stream:
         args.append("--stream")
     out = subprocess.run(
-        _python_module("kvgate.bench.overhead_load", *args),
+        python_module("kvgate.bench.overhead_load") + args,
         capture_output=True,
         text=True,
         timeout=duration + warmup + 60,

@@ -20,6 +20,8 @@ import signal
 import orjson
 from aiohttp import web
 
+from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, KvAnswer, PrefixAnswer, merge_kv, merge_prefix
+
 STREAM_CHUNKS = 20
 
 _FULL = orjson.dumps(
@@ -46,31 +48,25 @@ _CHUNK = (
     + b"\n\n"
 )
 _DONE = b"data: [DONE]\n\n"
+# An idle replica with an empty prefix cache, built as the probe API's servers build theirs.
 _KV = orjson.dumps(
-    {
-        "version": 1,
-        "kv_cache_usage": 0.0,
-        "num_total_blocks": 4096,
-        "num_free_blocks": 4096,
-        "num_cached_blocks": 0,
-        "block_size": 16,
-        "num_running": 0,
-        "num_waiting": 0,
-        "engines": [],
-    }
+    merge_kv(
+        [
+            KvAnswer.of_engine(
+                num_gpu_blocks=4097,
+                num_free_blocks=4096,
+                num_cached_blocks=0,
+                block_size=16,
+                num_running=0,
+                num_waiting=0,
+            )
+        ]
+    ).to_json()
 )
 _PREFIX = orjson.dumps(
-    {
-        "version": 1,
-        "total_tokens": 8,
-        "total_blocks": 0,
-        "hit_blocks": 0,
-        "hit_tokens": 0,
-        "hit_ratio": 0.0,
-        "hit_blocks_in_use": 0,
-        "hit_blocks_evictable": 0,
-        "block_size": 16,
-    }
+    merge_prefix(
+        [PrefixAnswer.of_engine(total_tokens=8, block_size=16, hit_block_ref_counts=[], hit_tokens=0)]
+    ).to_json()
 )
 _METRICS = (
     b"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.0\n"
@@ -82,7 +78,7 @@ async def handle(request: web.BaseRequest) -> web.StreamResponse:
     path = request.path
     if request.method == "POST":
         body = await request.read()
-        if path == "/v1/kvgate/prefix":
+        if path == PREFIX_PATH:
             return web.Response(body=_PREFIX, content_type="application/json")
         if b'"stream":true' in body.replace(b" ", b""):
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -93,7 +89,7 @@ async def handle(request: web.BaseRequest) -> web.StreamResponse:
             await response.write_eof()
             return response
         return web.Response(body=_FULL, content_type="application/json")
-    if path == "/v1/kvgate/kv":
+    if path == KV_PATH:
         return web.Response(body=_KV, content_type="application/json")
     if path == "/metrics":
         return web.Response(body=_METRICS, content_type="text/plain")

@@ -30,6 +30,7 @@ from pathlib import Path
 import aiohttp
 
 from kvgate.simulator.percentiles import percentile
+from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, KvAnswer, PrefixAnswer, PrefixQuery, ProbeAnswerError
 
 PROBES = ("kv", "prefix")
 WORDS = ("ka", "lo", "mirenso", "tovel", "dorin", "exqu")
@@ -66,14 +67,16 @@ async def _call(http: aiohttp.ClientSession, method: str, url: str, body: dict |
 async def timed_probes(http: aiohttp.ClientSession, url: str, chat: dict, samples: int) -> Phase:
     """`samples` rounds of one kv probe then one prefix probe, one call at a time."""
     phase = Phase()
-    calls = (("kv", "GET", url + "/v1/kvgate/kv", None), ("prefix", "POST", url + "/v1/kvgate/prefix", {"chat": chat}))
+    query = PrefixQuery.of_request("chat", chat).to_json()
+    calls = (("kv", "GET", url + KV_PATH, None), ("prefix", "POST", url + PREFIX_PATH, query))
     for _ in range(samples):
         for name, method, target, body in calls:
             started = time.perf_counter()
             answer = await _call(http, method, target, body)
             phase.latencies[name].append((time.perf_counter() - started) * 1000)
-            if name == "kv":
-                phase.max_running = max(phase.max_running, answer["num_running"])
+            parsed = KvAnswer.parse(answer) if name == "kv" else PrefixAnswer.parse(answer)  # a valid answer
+            if isinstance(parsed, KvAnswer):
+                phase.max_running = max(phase.max_running, parsed.num_running or 0)
     return phase
 
 
@@ -110,8 +113,8 @@ class Options:
 async def measure(options: Options) -> dict:
     """Run both phases against `options.url`; the results as a JSON-able dict.
 
-    Raises ProbeFailed when a probe does not answer 200. Every load client is stopped
-    and awaited before it returns (or raises).
+    Raises ProbeFailed when a probe does not answer 200, ProbeAnswerError when its answer is
+    not a valid one. Every load client is stopped and awaited before it returns (or raises).
     """
     url = options.url.rstrip("/")
     rng = random.Random(options.seed)
@@ -123,7 +126,8 @@ async def measure(options: Options) -> dict:
             "model": model,
             "messages": [{"role": "system", "content": history}, {"role": "user", "content": "next"}],
         }
-        prefix_tokens = (await _call(http, "POST", url + "/v1/kvgate/prefix", {"chat": chat}))["total_tokens"]
+        query = PrefixQuery.of_request("chat", chat).to_json()
+        prefix_tokens = PrefixAnswer.parse(await _call(http, "POST", url + PREFIX_PATH, query)).total_tokens
         idle = await timed_probes(http, url, chat, options.samples)
 
         stop = asyncio.Event()
@@ -186,7 +190,7 @@ def add_command(benchmarks) -> None:
     parser = benchmarks.add_parser(
         "probe-latency",
         help="time the probe API of one replica, idle and under load",
-        description="Times GET /v1/kvgate/kv and POST /v1/kvgate/prefix, one call at a time, on an idle "
+        description=f"Times GET {KV_PATH} and POST {PREFIX_PATH}, one call at a time, on an idle "
         "server and then while load clients keep it busy. Prints p50/p95/max; asserts none of them. "
         "Exit 1 when a probe or a load request failed, or nothing ran while the loaded probes did.",
     )
@@ -228,7 +232,7 @@ def probe_latency_command(args: argparse.Namespace) -> int:
     )
     try:
         result = asyncio.run(measure(options))
-    except (ProbeFailed, aiohttp.ClientError) as exc:
+    except (ProbeFailed, ProbeAnswerError, aiohttp.ClientError) as exc:
         print(f"probe-latency: {exc}", file=sys.stderr)
         return 1
     print(format_table(result))

@@ -94,18 +94,21 @@ def python_module(module: str) -> list[str]:
 
 def kvgate_command() -> list[str]:
     """The `kvgate` console script, as a module of this interpreter."""
-    return python_module("kvgate.proxy.cli")
+    return python_module("kvgate.cli")
 
 
 def checkout_launch(repo: Path, workdir: Path) -> tuple[list[str], dict[str, str]]:
     """(command, environment) that run the `kvgate` of checkout `repo` from its working directory:
     its `kvgate.*` packages through a link tree first on PYTHONPATH (bench/checkout.py), or, for a
-    checkout from before the namespace, its top-level packages (`python -m proxy.cli`)."""
-    if not package_dirs(repo):
+    checkout from before the namespace, its top-level packages (`python -m proxy.cli`). The
+    command line is `kvgate.cli`, or `kvgate.proxy.cli` in a checkout from before it had its own."""
+    dirs = package_dirs(repo)
+    if not dirs:
         return python_module("proxy.cli"), dict(os.environ)
     tree = import_tree(repo, workdir / "import-tree")
     path = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
-    return kvgate_command(), {**os.environ, "PYTHONPATH": path}
+    command = kvgate_command() if "kvgate.cli" in dirs else python_module("kvgate.proxy.cli")
+    return command, {**os.environ, "PYTHONPATH": path}
 
 
 @dataclass

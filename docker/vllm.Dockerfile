@@ -17,6 +17,8 @@ COPY gate ./gate
 COPY simulator ./simulator
 COPY bench ./bench
 COPY kvgate_vllm ./kvgate_vllm
+COPY wire ./wire
+COPY cli ./cli
 COPY docker/install-vllm-plugin.sh ./docker/install-vllm-plugin.sh
 RUN ./docker/install-vllm-plugin.sh --python python3 . && rm -rf /opt/kvgate-src
 WORKDIR /

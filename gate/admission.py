@@ -59,7 +59,7 @@ class AdmissionController:
     be built before an event loop runs) and `aclose()` closes. api_key: sent as a
     Bearer token to replicas' probe endpoints (vLLM's --api-key guards every path
     under /v1); replica_api_key: the gates' credential for the probe API
-    (`gate.replica_auth`). A replica whose `credentials` attribute is False gets
+    (`kvgate.wire.replica_auth`). A replica whose `credentials` attribute is False gets
     neither. clock and probe_factory exist for tests and the simulator.
     """
 

@@ -46,9 +46,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from kvgate.gate.blocks import cdiv
 from kvgate.gate.policies.economics import quiet_lifetime
 from kvgate.gate.policies.request_body import body_bytes
+from kvgate.wire.blocks import cdiv
 
 
 class WindowEnd(StrEnum):
@@ -77,7 +77,10 @@ class SessionRecord:
     in_flight: int = 0
     has_window: bool = False
     footprint: int = 0  # the window's price in blocks (/admin/state: resident_blocks)
-    attempt: object | None = None  # the newest attempt still acquiring (the shell's token, compared by identity)
+    # The attempts still acquiring, by turn (`route_prompts.turn_key`): the newest attempt of
+    # each distinct turn (the shell's tokens, compared by identity). A re-sent turn replaces
+    # its older attempt; distinct turns of one session acquire side by side.
+    attempts: dict[str, object] = field(default_factory=dict)
     finished: bool = False
     idle_since: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
@@ -98,7 +101,15 @@ class SessionRecord:
 
     @property
     def is_idle(self) -> bool:
-        return self.in_flight == 0 and self.attempt is None
+        return self.in_flight == 0 and not self.attempts
+
+    def drop_attempt(self, attempt: object) -> bool:
+        """Forget `attempt` (it stopped acquiring); False if it was not the newest of its turn."""
+        for turn, held in self.attempts.items():
+            if held is attempt:
+                del self.attempts[turn]
+                return True
+        return False
 
 
 class SessionBook:
@@ -236,8 +247,12 @@ class SessionBook:
 
     # -- operations
 
-    def begin_attempt(self, key: str, attempt: object, now: float) -> tuple[SessionRecord, object | None]:
-        """Make `attempt` the session's newest; return the record and the attempt it replaces."""
+    def begin_attempt(
+        self, key: str, attempt: object, now: float, turn: str = ""
+    ) -> tuple[SessionRecord, object | None]:
+        """Make `attempt` the newest of its `turn` (`route_prompts.turn_key`); return the record
+        and the attempt of the same turn it replaces (a re-sent turn supersedes its waiting
+        attempt; a distinct turn of the session replaces nothing)."""
         rec = self.records.get(key)
         if rec is None:
             rec = self.records[key] = SessionRecord(key)
@@ -245,10 +260,10 @@ class SessionBook:
         if rec.turn_ended_at is not None and rec.is_idle:
             self._observe_gap(rec, max(0.0, now - rec.turn_ended_at))
         rec.turn_ended_at = None
-        previous = rec.attempt
+        previous = rec.attempts.get(turn)
         if previous is not None:
             rec.num_superseded += 1
-        rec.attempt = attempt
+        rec.attempts[turn] = attempt
         rec.finished = False
         self._enter(rec, now)
         return rec, previous
@@ -272,10 +287,10 @@ class SessionBook:
 
     def end_attempt(self, rec: SessionRecord, attempt: object, now: float) -> SessionRecord | None:
         """The attempt stopped acquiring without a lease; returns the record if that ended it."""
-        if rec.attempt is not attempt or self.records.get(rec.key) is not rec:
+        if self.records.get(rec.key) is not rec or attempt not in rec.attempts.values():
             return None
         self._leave(rec)
-        rec.attempt = None
+        rec.drop_attempt(attempt)
         self._enter(rec, now)
         return self._end(rec) if rec.finished and rec.is_idle else None
 
@@ -302,16 +317,21 @@ class SessionBook:
         if rec is None:
             return
         self._leave(rec)
-        if rec.attempt is attempt:
-            rec.attempt = None
+        rec.drop_attempt(attempt)
+        # Another request of the session is in flight in its window (concurrent distinct
+        # turns): the window covers both, priced together, and a windowless admission of
+        # this one does not end the other's window.
+        sharing = rec.in_flight > 0 and rec.has_window
         rec.in_flight += 1
         rec.admitted_at = now
         if window and not rec.has_window:
             rec.opener = attempt
-        elif not window and rec.has_window:
+        elif not window and rec.has_window and not sharing:
             self._window_ended(WindowEnd.REVOKED, rec)
-        self._set_window(rec, window)
-        if footprint is not None:
+        self._set_window(rec, window or sharing)
+        if footprint is not None and window:
+            rec.footprint = rec.footprint + footprint if sharing else footprint
+        elif footprint is not None and not sharing:
             rec.footprint = footprint
         rec.reasons[label] = rec.reasons.get(label, 0) + 1
         self._record_size(rec, prompt_tokens, prompt_bound)
@@ -325,8 +345,8 @@ class SessionBook:
         `idle_window_blocks` and its place in `idle`, which this must not disturb (its
         next turn prices it again).
         """
-        if self.records.get(rec.key) is not rec or not rec.has_window or not rec.in_flight:
-            return False
+        if self.records.get(rec.key) is not rec or not rec.has_window or rec.in_flight != 1:
+            return False  # idle, or shared by concurrent turns priced together (the next turn reprices it)
         shrank = footprint < rec.footprint
         rec.footprint = footprint
         self._record_size(rec, prompt_tokens, prompt_bound)
@@ -350,7 +370,7 @@ class SessionBook:
         self._leave(rec)
         rec.in_flight -= 1
         if attempt is not None and rec.opener is attempt:
-            if served:
+            if served or rec.in_flight:  # a concurrent turn of the session still uses the window
                 rec.opener = None
             elif rec.has_window:
                 self._window_ended(WindowEnd.REVOKED, rec)

@@ -11,9 +11,12 @@ no policy meaning of its own.
 
 Invariants (each has a test):
 - Every lease is counted until released; `Lease.release()` is idempotent.
-- A session has at most one attempt acquiring: a newer attempt aborts the older one,
-  which raises `AdmissionSuperseded` at its next checkpoint (before and after each
-  probe, and on waking); so a retry storm leaves at most one waiter per session.
+- A turn has at most one attempt acquiring: a re-sent turn (same `turn_key`: same
+  prompt) aborts its older attempt, which raises `AdmissionSuperseded` at its next
+  checkpoint (before and after each probe, and on waking); so a retry storm leaves at
+  most one waiter per turn. Distinct turns of one session (a main turn beside a side
+  request, parallel subagents) acquire side by side; while one is in flight in the
+  session's window the next is priced behind it, and the window covers both.
 - Cancelling an acquire (client disconnect) leaves no waiter, attempt or lease.
 - A held turn re-decides on its last prefix reading while it is younger than
   HELD_READING_MAX_AGE_SEC, and probes again only if that reading would admit it
@@ -77,9 +80,10 @@ from kvgate.gate.policies.vocabulary import (
 )
 from kvgate.gate.probe import Probe
 from kvgate.gate.readings import PrefixReading, UsageReading
-from kvgate.gate.route_prompts import body_holds_prompt
+from kvgate.gate.route_prompts import body_holds_prompt, turn_key
 from kvgate.gate.settings import GateSettings
 from kvgate.gate.turn_facts import TurnFacts
+from kvgate.wire.routes import PROMPT_KINDS
 
 Clock = Callable[[], float]
 MODES = ("enforce", "shadow", "off")
@@ -91,9 +95,6 @@ MIN_WAIT_SEC = 0.001  # a waiter never spins, whatever the settings or the clock
 # confirmed by a fresh probe. Otherwise each wake costs a probe, rendered and tokenized
 # on the API server the turns share, several per turn. The age bound notices a shared prefix that became resident.
 HELD_READING_MAX_AGE_SEC = 1.0
-# Route kinds that carry a prompt. Anything else (GET /v1/models) never touches the
-# session books: it neither opens nor renews a window.
-PROMPT_KINDS = frozenset({"chat", "completion", "messages", "responses"})
 
 
 class Attempt:
@@ -215,6 +216,8 @@ class Gate:
         """Admit one request of `session_key` (None: anonymous) or raise an AdmissionError."""
         if self._closed is not None:
             raise self._closed
+        # A route without a prompt (GET /v1/models) never touches the session books: it
+        # neither opens nor renews a window.
         if self.settings.mode == "off" or route_kind not in PROMPT_KINDS:
             return self._grant_unbooked()
         start = self._now()
@@ -230,7 +233,7 @@ class Gate:
         )
         record: SessionRecord | None = None
         if session_key is not None:
-            record, previous = self._book.begin_attempt(session_key, attempt, start)
+            record, previous = self._book.begin_attempt(session_key, attempt, start, turn_key(route_kind, body))
             if isinstance(previous, Attempt):  # the book keeps this gate's attempts
                 self._supersede(previous)
         self._attempts[attempt] = None
@@ -279,10 +282,13 @@ class Gate:
                     if decision.reprice_above is not None and self._book.window_blocks > decision.reprice_above:
                         self._reprice_later(record, route_kind, body, allowance, usage, bound)
                     return lease
+                # A window that another turn of the session is using stays (it ends with its turns).
+                shared = record is not None and record.in_flight > 0
                 if isinstance(decision, Reject):
-                    self._drop_window(record, WindowEnd.REVOKED)
+                    if not shared:
+                        self._drop_window(record, WindowEnd.REVOKED)
                     raise PromptTooLong(decision.message)
-                if decision.drop_window:
+                if decision.drop_window and not shared:
                     self._drop_window(record)
                 attempt.held = decision
                 await self._wait(attempt, deadline, decision.recheck_sec)
@@ -677,10 +683,11 @@ class Gate:
                 ),
                 "quiet_lifetime_sec": round(self._book.quiet_lifetime(rec), 3),
                 "last_window_end": rec.last_window_end,
-                "held": _held_state(rec.attempt),
+                "held": next((h for h in map(_held_state, rec.attempts.values()) if h is not None), None),
+                "attempts": len(rec.attempts),
             }
-        pending = [k for k, rec in self._book.records.items() if rec.attempt is not None and rec.attempt in self._queue]
-        anonymous_waiting = len(self._queue) - len(pending)
+        pending = [k for k, rec in self._book.records.items() if any(a in self._queue for a in rec.attempts.values())]
+        anonymous_waiting = sum(1 for waiter in self._queue if not waiter.named)
         return {
             "mode": self.settings.mode,
             "policy": self.policy.name,

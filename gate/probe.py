@@ -1,8 +1,9 @@
 """The probe client: reads one replica's KV usage and a prompt's prefix residency.
 
-`ReplicaProbe` speaks the probe API (docs/reference.md) over the proxy's aiohttp ClientSession:
+`ReplicaProbe` speaks the probe API (`kvgate.wire.probe_api`, docs/reference.md) over the
+proxy's aiohttp ClientSession:
 
-- `usage()`: `GET /v1/kvgate/kv`. Concurrent callers share one in-flight request,
+- `usage()`: `GET KV_PATH`. Concurrent callers share one in-flight request,
   and a result (or a failure) younger than `gate.probe.usage_max_age_ms` is reused,
   so a burst of acquires costs one probe. An older result is still used while its
   refresh runs in the background (bounded: see `usage`), so an acquire does not
@@ -11,7 +12,7 @@
   replica to the `/metrics` fallback (`vllm:kv_cache_usage_perc`, no block counts, no prefix probe);
   the probe API is tried again every `KV_RECHECK_SEC`, in case the replica restarts
   with the plugin.
-- `prefix(route_kind, body)`: `POST /v1/kvgate/prefix` with `{"chat": body}`,
+- `prefix(route_kind, body)`: `POST PREFIX_PATH` with `{"chat": body}`,
   `{"completion": body}`, `{"messages": body}` (Anthropic) or `{"responses": body}`,
   so the replica renders the prompt exactly as for generation (a Responses body that
   continues a `previous_response_id` with the state that replica holds; a replica
@@ -49,19 +50,18 @@ from kvgate.gate.errors import PromptTooLong
 from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.readings import (
     PrefixReading,
-    ProbeAnswerError,
     UsageReading,
     parse_kv_answer,
     parse_metrics_usage,
     parse_prefix_answer,
 )
-from kvgate.gate.replica_auth import replica_headers
 from kvgate.gate.settings import ProbeSettings
+from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, PROMPT_TOO_LONG, PrefixQuery, ProbeAnswerError
+from kvgate.wire.replica_auth import replica_headers
+from kvgate.wire.routes import PROMPT_KINDS
 
 log = logging.getLogger("kvgate.gate.probe")
 
-KV_PATH = "/v1/kvgate/kv"
-PREFIX_PATH = "/v1/kvgate/prefix"
 METRICS_PATH = "/metrics"
 KV_RECHECK_SEC = 30.0
 # What a replica without the probe API needs, in every message that reports one (the
@@ -82,8 +82,6 @@ def missing_probe_api(name: str, url: str) -> str:
 
 
 BUSY_READING_MAX_AGE_SEC = 30.0  # a timed-out usage probe falls back to a good reading this recent
-# Route kinds the prefix probe can render; its body names its key after the kind (docs/reference.md).
-PREFIX_PROBE_KINDS = frozenset({"chat", "completion", "messages", "responses"})
 
 Clock = Callable[[], float]
 
@@ -263,11 +261,12 @@ class ReplicaProbe:
 
     async def prefix(self, route_kind: str, body: Mapping[str, object]) -> PrefixReading | None:
         """The prompt's residency on the replica; None when unavailable."""
-        if route_kind not in PREFIX_PROBE_KINDS or self._fallback_since is not None:
+        if route_kind not in PROMPT_KINDS or self._fallback_since is not None:
             return None
         started = time.perf_counter()
         try:
-            status, payload = await self._request("POST", PREFIX_PATH, orjson.dumps({route_kind: body}))
+            query = PrefixQuery.of_request(route_kind, body).to_json()
+            status, payload = await self._request("POST", PREFIX_PATH, orjson.dumps(query))
             if status == 400:
                 refused = _too_long(payload)
                 if refused is not None:
@@ -342,7 +341,7 @@ def _too_long(payload: bytes) -> str | None:
         error = orjson.loads(payload).get("error")
     except (orjson.JSONDecodeError, AttributeError):
         return None
-    if isinstance(error, dict) and error.get("code") == "prompt_too_long":
+    if isinstance(error, dict) and error.get("code") == PROMPT_TOO_LONG:
         return str(error.get("message", "the prompt is longer than the replica serves"))[:500]
     return None
 

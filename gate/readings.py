@@ -2,24 +2,22 @@
 
 Two readings feed every admission decision:
 
-- `UsageReading`: the cheap probe, `GET /v1/kvgate/kv` (docs/reference.md), or
-  vLLM's `vllm:kv_cache_usage_perc` gauge from `/metrics` on replicas without the
+- `UsageReading`: the cheap probe's `KvAnswer` (`kvgate.wire.probe_api`, docs/reference.md),
+  or vLLM's `vllm:kv_cache_usage_perc` gauge from `/metrics` on replicas without the
   probe endpoints (then the block counts are unknown).
-- `PrefixReading`: the prefix probe, `POST /v1/kvgate/prefix`, for one request body.
+- `PrefixReading`: the prefix probe's `PrefixAnswer`, for one request body.
 
 The parsers here are pure: they take the decoded JSON (or the `/metrics` text) and
-return a reading, or raise `ProbeAnswerError` naming what was wrong. A reading that
-exists is valid: usage in [0, 1], block counts non-negative and consistent.
+return a reading, or raise `ProbeAnswerError` naming what was wrong (the answers are
+validated by `kvgate.wire.probe_api`). A reading that exists is valid: usage in [0, 1],
+block counts non-negative and consistent.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-
-class ProbeAnswerError(ValueError):
-    """A replica answered a probe with something that is not a valid reading."""
+from kvgate.wire.probe_api import KvAnswer, PrefixAnswer, ProbeAnswerError
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,73 +68,35 @@ class PrefixReading:
         return self.total_blocks - self.hit_blocks
 
 
-def _ratio(doc: dict[str, object], key: str) -> float:
-    value = doc.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ProbeAnswerError(f"field {key!r} must be a number, got {value!r:.80}")
-    value = float(value)
-    if not (0.0 <= value <= 1.0) or math.isnan(value):
-        raise ProbeAnswerError(f"field {key!r} must lie in [0, 1], got {value}")
-    return value
-
-
-def _count(doc: dict[str, object], key: str, required: bool) -> int | None:
-    value = doc.get(key)
-    if value is None and not required:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ProbeAnswerError(f"field {key!r} must be a non-negative integer, got {value!r:.80}")
-    return value
-
-
-def parse_kv_answer(doc: object) -> UsageReading:
-    """Turn the JSON of `GET /v1/kvgate/kv` into a UsageReading, or raise ProbeAnswerError."""
-    if not isinstance(doc, dict):
-        raise ProbeAnswerError(f"the kv probe answer must be a JSON object, got {type(doc).__name__}")
-    usage = _ratio(doc, "kv_cache_usage")
-    total = _count(doc, "num_total_blocks", required=False)
-    free = _count(doc, "num_free_blocks", required=False)
-    block_size = _count(doc, "block_size", required=False)
-    if (total is None) != (free is None):
-        raise ProbeAnswerError("num_total_blocks and num_free_blocks must come together")
-    if total is not None and free is not None and free > total:
-        raise ProbeAnswerError(f"num_free_blocks {free} exceeds num_total_blocks {total}")
+def usage_reading(answer: KvAnswer) -> UsageReading:
+    """The reading a kv probe answer gives (its whole-server figures)."""
     return UsageReading(
-        usage,
-        total,
-        free,
-        block_size,
+        answer.kv_cache_usage,
+        answer.num_total_blocks,
+        answer.num_free_blocks,
+        answer.block_size,
         "kv",
-        _positive(doc, "prefill_tokens_per_sec"),
-        _positive(doc, "decode_step_sec"),
-        _count(doc, "num_running", required=False),
-        _count(doc, "num_waiting", required=False),
-        _ratio(doc, "prefill_share") if doc.get("prefill_share") is not None else None,
+        answer.prefill_tokens_per_sec,
+        answer.decode_step_sec,
+        answer.num_running,
+        answer.num_waiting,
+        answer.prefill_share,
     )
 
 
-def _positive(doc: dict[str, object], key: str) -> float | None:
-    """An optional measurement: a positive finite number, or None (absent, null: not measured yet)."""
-    value = doc.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ProbeAnswerError(f"field {key!r} must be a positive number or null, got {value!r:.80}")
-    return float(value)
+def prefix_reading(answer: PrefixAnswer) -> PrefixReading:
+    """The reading a prefix probe answer gives (the whole server's: its engine with the fewest hits)."""
+    return PrefixReading(answer.total_blocks, answer.hit_blocks, answer.hit_ratio, answer.total_tokens or 0)
+
+
+def parse_kv_answer(doc: object) -> UsageReading:
+    """Turn the JSON of the kv probe into a UsageReading, or raise ProbeAnswerError."""
+    return usage_reading(KvAnswer.parse(doc))
 
 
 def parse_prefix_answer(doc: object) -> PrefixReading:
-    """Turn the JSON of `POST /v1/kvgate/prefix` into a PrefixReading, or raise ProbeAnswerError."""
-    if not isinstance(doc, dict):
-        raise ProbeAnswerError(f"the prefix probe answer must be a JSON object, got {type(doc).__name__}")
-    total = _count(doc, "total_blocks", required=True)
-    hit = _count(doc, "hit_blocks", required=True)
-    assert total is not None and hit is not None
-    if hit > total:
-        raise ProbeAnswerError(f"hit_blocks {hit} exceeds total_blocks {total}")
-    ratio = _ratio(doc, "hit_ratio")
-    tokens = _count(doc, "total_tokens", required=False) or 0
-    return PrefixReading(total, hit, ratio, tokens)
+    """Turn the JSON of the prefix probe into a PrefixReading, or raise ProbeAnswerError."""
+    return prefix_reading(PrefixAnswer.parse(doc))
 
 
 USAGE_GAUGE = "vllm:kv_cache_usage_perc"

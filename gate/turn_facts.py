@@ -69,7 +69,13 @@ class TurnFacts:
 
     @property
     def older_window_blocks(self) -> int:
-        return self._book.older_window_blocks(self._rec) if self._rec is not None else 0
+        rec = self._rec
+        if rec is None:
+            return 0
+        # Another turn of the session is in flight in its window (concurrent distinct
+        # requests): this one is priced behind it, so the two are priced together.
+        sibling = rec.footprint if rec.has_window and rec.in_flight else 0
+        return self._book.older_window_blocks(rec) + sibling
 
     @property
     def waiters_ahead(self) -> int:

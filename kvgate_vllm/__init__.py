@@ -3,8 +3,8 @@
 Two entry points (declared in pyproject.toml), both enabled with ``VLLM_PLUGINS=kvgate``:
 
 - ``vllm.general_plugins: kvgate = kvgate_vllm.engine_plugin:register`` adds two
-  UTILITY methods to vLLM's ``EngineCore`` (``engine_plugin.KV_USAGE_METHOD`` and
-  ``engine_plugin.PREFIX_HITS_METHOD``), computed by ``engine_probes``.
+  UTILITY methods to vLLM's ``EngineCore`` (``engine_plugin.KV_ANSWER_METHOD`` and
+  ``engine_plugin.PREFIX_ANSWER_METHOD``), computed by ``engine_probes``.
 - ``vllm.endpoint_plugins: kvgate = kvgate_vllm.endpoint_plugin:KvgateEndpointPlugin``
   adds ``GET /v1/kvgate/kv`` and ``POST /v1/kvgate/prefix`` to the API server.
 

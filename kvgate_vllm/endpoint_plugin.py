@@ -4,7 +4,7 @@ vLLM instantiates ``KvgateEndpointPlugin`` in the API server only, and only when
 ``kvgate`` is named in ``VLLM_PLUGINS``; it calls ``attach_router(app)`` while
 building the app and ``init_state(engine_client, state, args)`` once the engine
 client exists. The routes live under ``/v1`` so vLLM's ``--api-key`` guards them, and
-they answer only requests carrying the replica key (``replica_auth``: 401 otherwise;
+they answer only requests carrying the replica key (``kvgate.wire.replica_auth``: 401 otherwise;
 every route of the plugin, when ``KVGATE_REPLICA_API_KEY[_FILE]`` is set). A prompt
 longer than the server's ``max_model_len`` is refused (400 ``prompt_too_long``) before
 the engine is called, ``token_ids`` before a single id is read.
@@ -23,14 +23,27 @@ import asyncio
 import logging
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 from kvgate.vllm_plugin import jsonio
-from kvgate.vllm_plugin.engine_plugin import KV_USAGE_METHOD, PREFIX_HITS_METHOD
+from kvgate.vllm_plugin.engine_plugin import KV_ANSWER_METHOD, PREFIX_ANSWER_METHOD
 from kvgate.vllm_plugin.engine_rates import RateMeter, prefill_rate, read_totals
-from kvgate.vllm_plugin.prefix_query import ProbeRequestError, parse_prefix_query, too_long
-from kvgate.vllm_plugin.probe_results import merge_kv_usage, merge_prefix
-from kvgate.vllm_plugin.replica_auth import (
+from kvgate.wire.errors import openai_error
+from kvgate.wire.owner_record import OWNER_PATH
+from kvgate.wire.probe_api import (
+    KV_PATH,
+    PREFIX_PATH,
+    KvAnswer,
+    PrefixAnswer,
+    PrefixQuery,
+    ProbeAnswerError,
+    ProbeQueryError,
+    check_prompt_length,
+    merge_kv,
+    merge_prefix,
+)
+from kvgate.wire.replica_auth import (
     OPEN_WARNING,
     REPLICA_KEY_HEADER,
     UNAUTHORIZED_MESSAGE,
@@ -40,13 +53,10 @@ from kvgate.vllm_plugin.replica_auth import (
 
 logger = logging.getLogger(__name__)
 
-KV_PATH = "/v1/kvgate/kv"
-PREFIX_PATH = "/v1/kvgate/prefix"
 DEFAULT_TIMEOUT_SEC = 5.0
 _STATE_ATTR = "kvgate_probes"
 _OWNER_ATTR = "kvgate_owner"
 _KEY_ATTR = "kvgate_replica_key"
-OWNER_PATH = "/v1/kvgate/owner"
 
 
 def probe_timeout_sec() -> float:
@@ -60,11 +70,11 @@ def probe_timeout_sec() -> float:
 
 
 def error_body(status: int, message: str, code: str, param: str | None = None) -> dict:
-    """OpenAI-shaped error, as vLLM and the kvgate proxy send them."""
+    """OpenAI-shaped error with vLLM's type names, as vLLM answers."""
     error_type = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError"}.get(
         status, "ServiceUnavailableError"
     )
-    return {"error": {"message": message, "type": error_type, "code": code, "param": param}}
+    return openai_error(message, error_type, code, param)
 
 
 class ProbeUnavailable(RuntimeError):
@@ -115,25 +125,41 @@ class ProbeService:
                 raise ProbeUnavailable(result["error"], 501, "probe_unsupported")
         return list(results)
 
-    async def kv_usage(self) -> dict:
-        merged = merge_kv_usage(await self._call_all_engines(KV_USAGE_METHOD))
-        token_sec = merged.pop("token_sec", None)
+    async def kv_answer(self) -> KvAnswer:
+        merged = merge_kv(_parsed(await self._call_all_engines(KV_ANSWER_METHOD), KvAnswer.parse))
+        rates: dict = {}
         try:
-            merged.update(self.rates.update(read_totals(), time.monotonic()))
+            rates = self.rates.update(read_totals(), time.monotonic())
         except Exception:  # the figures are optional: a registry surprise must not fail the probe
             logger.debug("kvgate: could not read vLLM's rate counters", exc_info=True)
-        merged["prefill_tokens_per_sec"] = prefill_rate(merged.get("prefill_tokens_per_sec"), token_sec)
-        return merged
+        return replace(
+            merged,
+            prefill_tokens_per_sec=prefill_rate(rates.get("prefill_tokens_per_sec"), merged.token_sec),
+            decode_step_sec=rates.get("decode_step_sec"),
+            prefill_share=rates.get("prefill_share"),
+        )
 
-    async def prefix(self, body: object) -> dict:
+    async def prefix_answer(self, body: object) -> PrefixAnswer:
         from kvgate.vllm_plugin.rendering import render_prefix_query
 
-        query = parse_prefix_query(body, self.max_model_len)
+        query = PrefixQuery.parse(body, self.max_model_len)
         prompt = await render_prefix_query(self.state, query)
-        if self.max_model_len is not None and len(prompt.token_ids) > self.max_model_len:
-            raise too_long(len(prompt.token_ids), self.max_model_len)
-        results = await self._call_all_engines(PREFIX_HITS_METHOD, prompt.token_ids, prompt.cache_salt, prompt.lora)
-        return merge_prefix(results)
+        check_prompt_length(len(prompt.token_ids), self.max_model_len)
+        results = await self._call_all_engines(PREFIX_ANSWER_METHOD, prompt.token_ids, prompt.cache_salt, prompt.lora)
+        return merge_prefix(_parsed(results, PrefixAnswer.parse))
+
+
+def _parsed(results: list[dict], parse: Any) -> list:
+    """The engines' answers, typed; an engine answering something else is a plugin mismatch (503)."""
+    try:
+        return [parse(result) for result in results]
+    except ProbeAnswerError as exc:
+        raise ProbeUnavailable(
+            f"an engine answered the probe with an invalid answer ({exc}); "
+            "the API server and the engine core must run the same kvgate version",
+            503,
+            "engine_error",
+        ) from exc
 
 
 async def _as_list(awaitable: Any) -> list:
@@ -169,7 +195,7 @@ async def kv_route(raw_request: Any):
     if service is None:
         return _not_ready()
     try:
-        return _json_response(200, await service.kv_usage())
+        return _json_response(200, (await service.kv_answer()).to_json())
     except ProbeUnavailable as exc:
         return _json_response(exc.status, error_body(exc.status, str(exc), exc.code))
 
@@ -185,21 +211,21 @@ async def prefix_route(raw_request: Any):
     except ValueError as exc:
         return _json_response(400, error_body(400, f"the body is not valid JSON: {exc}", "invalid_json"))
     try:
-        return _json_response(200, await service.prefix(body))
-    except ProbeRequestError as exc:
+        return _json_response(200, (await service.prefix_answer(body)).to_json())
+    except ProbeQueryError as exc:
         return _json_response(exc.status, error_body(exc.status, exc.message, exc.code, exc.param))
     except ProbeUnavailable as exc:
         return _json_response(exc.status, error_body(exc.status, str(exc), exc.code))
 
 
 def _owner_book(request: Any):
-    """The server's owner record, made on first use (conflict detection, kvgate_vllm/owner_record.py).
+    """The server's owner record, made on first use (conflict detection, kvgate.wire.owner_record).
 
     Kept in this API server process: with ``--api-server-count`` > 1 each API server
     process has its own record (docs/vllm-plugin.md, limits)."""
     import time
 
-    from kvgate.vllm_plugin.owner_record import OwnerBook
+    from kvgate.wire.owner_record import OwnerBook
 
     book = getattr(request.app.state, _OWNER_ATTR, None)
     if book is None:
@@ -209,7 +235,7 @@ def _owner_book(request: Any):
 
 
 async def owner_claim_route(raw_request: Any):
-    from kvgate.vllm_plugin.owner_record import OwnerClaimError
+    from kvgate.wire.owner_record import OwnerClaimError
 
     if (refused := _unauthorized(raw_request)) is not None:
         return refused

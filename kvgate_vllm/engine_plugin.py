@@ -7,8 +7,8 @@ worker, possibly more than once per process, and a forked engine core inherits
 process it runs in) and idempotently (a second call changes nothing).
 
 The API server reaches the methods with
-``engine_client.engine_core.call_utility_all_async(KV_USAGE_METHOD)`` and
-``(PREFIX_HITS_METHOD, token_ids, cache_salt, lora)``; the engine core runs them on
+``engine_client.engine_core.call_utility_all_async(KV_ANSWER_METHOD)`` and
+``(PREFIX_ANSWER_METHOD, token_ids, cache_salt, lora)``; the engine core runs them on
 its main thread between two scheduler steps (``EngineCoreProc._handle_client_request``
 dispatches UTILITY requests by ``getattr``), so they never enter a scheduler queue.
 
@@ -26,19 +26,19 @@ from kvgate.vllm_plugin.support import FIX, installed_vllm_version, unsupported_
 
 logger = logging.getLogger(__name__)
 
-KV_USAGE_METHOD = "kvgate_kv_usage"
-PREFIX_HITS_METHOD = "kvgate_prefix_hits"
+KV_ANSWER_METHOD = "kvgate_kv_answer"
+PREFIX_ANSWER_METHOD = "kvgate_prefix_answer"
 _PATCH_MARKER = "_kvgate_probes_installed"
 _STEP_METHOD = "step"  # EngineCore's scheduler step, timed (`_timed_step`)
 _STEP_LOG = "_kvgate_step_log"  # the engine core instance's StepLog
 _SCHEDULED = "_kvgate_scheduled_tokens"  # tokens the scheduler's last schedule() scheduled
 
 
-def _kv_usage(self) -> dict:
-    from kvgate.vllm_plugin.engine_probes import read_kv_usage
+def _kv_answer(self) -> dict:
+    from kvgate.vllm_plugin.engine_probes import kv_answer
     from kvgate.vllm_plugin.step_costs import marginal_token_sec
 
-    result = read_kv_usage(self)
+    result = kv_answer(self)
     log = getattr(self, _STEP_LOG, None)
     if log is not None and "error" not in result:
         result["token_sec"] = marginal_token_sec(log.steps)
@@ -80,18 +80,18 @@ def _timed_step(step):
 
 # No annotations on purpose: vLLM converts UTILITY arguments whose annotation is a
 # msgspec.Struct class, and these must stay plain lists/str/dicts.
-def _prefix_hits(self, token_ids, cache_salt=None, lora=None) -> dict:
-    from kvgate.vllm_plugin.engine_probes import count_prefix_hits
+def _prefix_answer(self, token_ids, cache_salt=None, lora=None) -> dict:
+    from kvgate.vllm_plugin.engine_probes import prefix_answer
 
-    return count_prefix_hits(self, token_ids, cache_salt, lora)
+    return prefix_answer(self, token_ids, cache_salt, lora)
 
 
 def install_probes(engine_core_cls: type) -> bool:
     """Add the probe methods to ``engine_core_cls``; False if they were already there."""
     if getattr(engine_core_cls, _PATCH_MARKER, False):
         return False
-    setattr(engine_core_cls, KV_USAGE_METHOD, _kv_usage)
-    setattr(engine_core_cls, PREFIX_HITS_METHOD, _prefix_hits)
+    setattr(engine_core_cls, KV_ANSWER_METHOD, _kv_answer)
+    setattr(engine_core_cls, PREFIX_ANSWER_METHOD, _prefix_answer)
     step = getattr(engine_core_cls, _STEP_METHOD, None)
     if callable(step):
         setattr(engine_core_cls, _STEP_METHOD, _timed_step(step))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvgate.vllm_plugin.probe_results import kv_usage_result, prefix_result
+from kvgate.wire.probe_api import KvAnswer, PrefixAnswer
 
 SUPPORTED_VLLM = "vLLM >=0.32,<0.34"
 PROBE_REQUEST_ID = "kvgate-prefix-probe"
@@ -45,20 +45,20 @@ def _cached_block_count(block_pool: Any) -> int:
     return len(block_pool.cached_block_hash_to_block)
 
 
-def read_kv_usage(engine_core: Any) -> dict:
-    """KV usage of one engine in constant time; see ``probe_results.kv_usage_result``."""
+def kv_answer(engine_core: Any) -> dict:
+    """This engine's ``KvAnswer`` (as JSON: it crosses the UTILITY channel), in constant time."""
     try:
         scheduler = engine_core.scheduler
         block_pool = scheduler.kv_cache_manager.block_pool
         num_running, num_waiting = scheduler.get_request_counts()
-        return kv_usage_result(
+        return KvAnswer.of_engine(
             num_gpu_blocks=int(block_pool.num_gpu_blocks),
             num_free_blocks=int(block_pool.get_num_free_blocks()),
             num_cached_blocks=_cached_block_count(block_pool),
             block_size=int(scheduler.block_size),
             num_running=int(num_running),
             num_waiting=int(num_waiting),
-        )
+        ).to_json()
     except (AttributeError, TypeError, ValueError) as exc:
         return _unsupported("read KV usage", exc)
 
@@ -88,13 +88,13 @@ def build_probe_request(
     )
 
 
-def count_prefix_hits(
+def prefix_answer(
     engine_core: Any,
     token_ids: list[int],
     cache_salt: str | None = None,
     lora: dict | None = None,
 ) -> dict:
-    """How much of this prompt's prefix one engine holds; see ``probe_results.prefix_result``.
+    """This engine's ``PrefixAnswer`` for the prompt (as JSON: it crosses the UTILITY channel).
 
     ``hit_blocks`` counts resident leading full blocks (lookup up to the whole
     prompt); ``hit_tokens`` repeats the scheduler's own lookup (up to the prompt
@@ -125,9 +125,9 @@ def count_prefix_hits(
     except (AttributeError, TypeError) as exc:
         return _unsupported("look up prefix-cache residency", exc)
     first_group = resident[0] if resident else []
-    return prefix_result(
+    return PrefixAnswer.of_engine(
         total_tokens=len(token_ids),
         block_size=block_size,
         hit_block_ref_counts=[block.ref_cnt for block in first_group],
         hit_tokens=int(reusable_tokens),
-    )
+    ).to_json()

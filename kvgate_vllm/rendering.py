@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate.vllm_plugin.prefix_query import PrefixQuery, ProbeRequestError
+from kvgate.wire.probe_api import PROMPT_TOO_LONG, PrefixQuery, ProbeQueryError
 
 _MULTIMODAL_PART_MARKERS = ("image", "audio", "video", "embeds", "file")
 
@@ -58,6 +58,29 @@ def _error_message(error_response: Any) -> str:
     return getattr(error, "message", None) or str(error_response)
 
 
+# vLLM's own words when a prompt exceeds max_model_len: its renderer checks the text's length
+# before tokenizing (cheaply) and the token count after, as it does for generation.
+_CONTEXT_LENGTH_WORDS = "maximum context length"
+
+
+def _render_errors() -> tuple[type[BaseException], ...]:
+    """What vLLM raises for a body it will not render: Python's own errors, and its client
+    errors (`VLLMClientError`, which is not a ValueError; its context-length check raises one)."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:  # a vLLM release without the class
+        return (ValueError, TypeError, KeyError)
+    return (ValueError, TypeError, KeyError, VLLMClientError)
+
+
+def _render_refusal(message: str, kind: str) -> ProbeQueryError:
+    """The 400 of a body vLLM would not render; `prompt_too_long` when it is longer than the
+    server serves (the gate then refuses the turn instead of forwarding it)."""
+    if _CONTEXT_LENGTH_WORDS in message:
+        return ProbeQueryError(message, param=kind, code=PROMPT_TOO_LONG)
+    return ProbeQueryError(message, param=kind)
+
+
 def _reject_multimodal_parts(items: Any, param: str) -> None:
     """400 before rendering, so a probe never downloads or processes media.
 
@@ -71,7 +94,7 @@ def _reject_multimodal_parts(items: Any, param: str) -> None:
         for part in parts:
             part_type = part.get("type", "") if isinstance(part, dict) else ""
             if any(marker in str(part_type) for marker in _MULTIMODAL_PART_MARKERS):
-                raise ProbeRequestError(
+                raise ProbeQueryError(
                     f"multimodal content ('{part_type}') is not supported by the prefix "
                     "probe yet; probe the text-only prompt or its token_ids",
                     param=param,
@@ -84,7 +107,7 @@ def _reject_multimodal_messages(body: dict) -> None:
 
 def _single_token_input(engine_inputs: list, kind: str) -> RenderedPrompt:
     if len(engine_inputs) != 1:
-        raise ProbeRequestError(
+        raise ProbeQueryError(
             f"the {kind} body renders to {len(engine_inputs)} prompts; the prefix probe "
             "takes exactly one prompt per call",
             param=kind,
@@ -92,7 +115,7 @@ def _single_token_input(engine_inputs: list, kind: str) -> RenderedPrompt:
     engine_input = engine_inputs[0]
     input_type = engine_input.get("type")
     if input_type != "token":
-        raise ProbeRequestError(
+        raise ProbeQueryError(
             f"the {kind} body renders to a '{input_type}' input; the prefix probe supports "
             "text/token prompts only (no multimodal or embedding inputs yet)",
             param=kind,
@@ -114,7 +137,7 @@ def _model_lora(state: Any, model: str | None) -> dict | None:
     lora_request = models.lora_requests.get(model)
     if lora_request is None:
         names = ", ".join(path.name for path in models.base_model_paths)
-        raise ProbeRequestError(
+        raise ProbeQueryError(
             f"the model `{model}` does not exist on this server; valid names: {names}",
             param="model",
         )
@@ -132,16 +155,16 @@ async def _render_with(
     from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
     if serving is None:
-        raise ProbeRequestError(f"this server does not serve {kind} requests", param=kind)
+        raise ProbeQueryError(f"this server does not serve {kind} requests", param=kind)
     error = await serving._check_model(request)
     if error is not None:
-        raise ProbeRequestError(_error_message(error), param=f"{kind}.model")
+        raise ProbeQueryError(_error_message(error), param=f"{kind}.model")
     try:
         result = await render(request, skip_mm_cache=True)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ProbeRequestError(f"cannot render the {kind} body: {exc}", param=kind) from exc
+    except _render_errors() as exc:
+        raise _render_refusal(f"cannot render the {kind} body: {exc}", kind) from exc
     if isinstance(result, ErrorResponse):
-        raise ProbeRequestError(_error_message(result), param=kind)
+        raise _render_refusal(_error_message(result), kind)
     engine_inputs = result[1] if chat_shaped else result
     rendered = _single_token_input(list(engine_inputs), kind)
     # Chat generation also picks a default multimodal LoRA; completions do not.
@@ -153,11 +176,11 @@ def _validate(model_cls: Any, body: dict, kind: str) -> Any:
     try:
         return model_cls.model_validate(body)
     except (ValueError, TypeError) as exc:  # pydantic.ValidationError is a ValueError
-        raise ProbeRequestError(f"invalid {kind} body: {exc}", param=kind) from exc
+        raise ProbeQueryError(f"invalid {kind} body: {exc}", param=kind) from exc
 
 
 async def render_prefix_query(state: Any, query: PrefixQuery) -> RenderedPrompt:
-    """Token ids, cache salt and LoRA for ``query``, or ``ProbeRequestError`` (400)."""
+    """Token ids, cache salt and LoRA for ``query``, or ``ProbeQueryError`` (400)."""
     if query.kind == "token_ids":
         return RenderedPrompt(
             token_ids=list(query.token_ids or []),
@@ -180,7 +203,7 @@ async def render_prefix_query(state: Any, query: PrefixQuery) -> RenderedPrompt:
 
     request = _validate(CompletionRequest, query.body or {}, "completion")
     if request.prompt_embeds is not None:
-        raise ProbeRequestError("prompt_embeds are not supported by the prefix probe yet", param="completion")
+        raise ProbeQueryError("prompt_embeds are not supported by the prefix probe yet", param="completion")
     serving = getattr(state, "openai_serving_completion", None)
     return await _render_with(serving, request, "completion", renderer.render_completion)
 
@@ -192,7 +215,7 @@ async def _render_messages(state: Any, body: dict) -> RenderedPrompt:
 
     serving = getattr(state, "anthropic_serving_messages", None)
     if serving is None:
-        raise ProbeRequestError("this server does not serve Anthropic /v1/messages requests", param="messages")
+        raise ProbeQueryError("this server does not serve Anthropic /v1/messages requests", param="messages")
     _reject_multimodal_parts(body.get("messages"), "messages.messages")
     request = _validate(AnthropicMessagesRequest, body, "messages")
     effort = "none"
@@ -203,12 +226,12 @@ async def _render_messages(state: Any, body: dict) -> RenderedPrompt:
             request, merge_inline_system=serving._merge_inline_system, disabled_thinking_effort=effort
         )
     except (ValueError, TypeError, KeyError) as exc:
-        raise ProbeRequestError(f"cannot convert the messages body: {exc}", param="messages") from exc
+        raise ProbeQueryError(f"cannot convert the messages body: {exc}", param="messages") from exc
     return await _render_with(serving, chat_request, "messages", state.online_renderer.render_chat, chat_shaped=True)
 
 
-def _previous_response_not_found(response_id: str) -> ProbeRequestError:
-    return ProbeRequestError(
+def _previous_response_not_found(response_id: str) -> ProbeQueryError:
+    return ProbeQueryError(
         f"Response with id '{response_id}' not found on this server: vLLM keeps Responses state "
         "in the memory of the server that produced it (and only with VLLM_ENABLE_RESPONSES_API_STORE=1)",
         param="responses.previous_response_id",
@@ -224,15 +247,15 @@ async def _render_responses(state: Any, body: dict) -> RenderedPrompt:
 
     serving = getattr(state, "openai_serving_responses", None)
     if serving is None:
-        raise ProbeRequestError("this server does not serve /v1/responses requests", param="responses")
+        raise ProbeQueryError("this server does not serve /v1/responses requests", param="responses")
     _reject_multimodal_parts(body.get("input"), "responses.input")
     request = _validate(ResponsesRequest, body, "responses")
     error = await serving._check_model(request)
     if error is not None:
-        raise ProbeRequestError(_error_message(error), param="responses.model")
+        raise ProbeQueryError(_error_message(error), param="responses.model")
     error = serving._validate_create_responses_input(request)
     if error is not None:
-        raise ProbeRequestError(_error_message(error), param="responses")
+        raise ProbeQueryError(_error_message(error), param="responses")
     previous = None
     if request.previous_response_id is not None:
         async with serving.response_store_lock:
@@ -241,10 +264,10 @@ async def _render_responses(state: Any, body: dict) -> RenderedPrompt:
             raise _previous_response_not_found(request.previous_response_id)
     try:
         result = await serving._render_resolved_response_inputs(request, previous, skip_mm_cache=True)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ProbeRequestError(f"cannot render the responses body: {exc}", param="responses") from exc
+    except _render_errors() as exc:
+        raise _render_refusal(f"cannot render the responses body: {exc}", "responses") from exc
     if isinstance(result, ErrorResponse):
-        raise ProbeRequestError(_error_message(result), param="responses")
+        raise _render_refusal(_error_message(result), "responses")
     rendered = _single_token_input([result.engine_input], "responses")
     lora = lora_fields(serving._maybe_get_adapters(request))
     return RenderedPrompt(rendered.token_ids, rendered.cache_salt, lora)

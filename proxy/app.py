@@ -22,24 +22,27 @@ from kvgate.gate.admission import AdmissionController
 from kvgate.gate.gate import MODES
 from kvgate.gate.ownership import Ownership, OwnershipClaims, conflict_flag, default_gate_id, gate_mode, readiness
 from kvgate.gate.probe import missing_probe_api
-from kvgate.gate.replica_auth import replica_headers
 from kvgate.proxy.admin import AdminApi
 from kvgate.proxy.client_auth import OPEN_PATHS, ClientAuth
-from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
+from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, error_shape, send_error
 from kvgate.proxy.forward import Forwarder
 from kvgate.proxy.http_fields import decode_path_segment
 from kvgate.proxy.http_server import FrontServer, HttpRequest, Responder
 from kvgate.proxy.metrics import CONTENT_TYPE, KvgateMetrics
-from kvgate.proxy.routes import ROUTES
 from kvgate.proxy.session_tracker import SessionTracker
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, claims_ownership, health_path
 from kvgate.proxy.upstream import UpstreamClients
+from kvgate.wire.replica_auth import replica_headers
+from kvgate.wire.routes import ROUTES, passthrough_route
 
 _JSON_OK = orjson.dumps({"status": "ok"})
 _METRICS_TYPE = (b"Content-Type", CONTENT_TYPE.encode())
 _GATING_MODES = frozenset(MODES) - {"off"}
-_ROUTE_LIST = ", ".join(f"{r.method} {r.path}" for r in ROUTES) + " (also under /sess/{session_id}/)"
+_ROUTE_LIST = (
+    ", ".join(f"{r.method} {r.path}" for r in ROUTES)
+    + ", any other /v1/ route to the session's replica (also under /sess/{session_id}/)"
+)
 
 
 class ProxyApp:
@@ -191,6 +194,7 @@ class ProxyApp:
 
     async def handle(self, request: HttpRequest, responder: Responder) -> None:
         path = request.path
+        responder.error_shape = error_shape(path)  # kvgate's own errors speak the client's API
         if (
             self.auth.enabled
             and path not in OPEN_PATHS
@@ -215,7 +219,7 @@ class ProxyApp:
             return
         if path.startswith("/sess/"):
             raw_id, slash, rest = path[6:].partition("/")
-            route = self._routes.get("/" + rest) if slash else None
+            route = (self._routes.get("/" + rest) or passthrough_route(request.method, "/" + rest)) if slash else None
             if route is not None:
                 if request.method == route.method:
                     try:
@@ -248,6 +252,11 @@ class ProxyApp:
                     "admin_api_disabled",
                 )
             return
+        else:
+            route = passthrough_route(request.method, path)
+            if route is not None:  # another route vLLM serves: to the session's replica, ungated
+                await self.forwarder.forward(request, responder, route, None)
+                return
         send_error(
             responder, 404, f"unknown route {request.method} {path}; kvgate forwards {_ROUTE_LIST}", "unknown_route"
         )

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import sys
 
 from kvgate.proxy.config import ConfigError, load_settings
+from kvgate.proxy.server import SimulatedReplicas
+from kvgate.wire.owner_record import OWNER_PATH
+from kvgate.wire.probe_api import KV_PATH
 
 
-def add_commands(subparsers) -> None:
+def add_commands(subparsers, simulated_replicas: SimulatedReplicas | None = None) -> None:
+    """Add serve and check-config. `simulated_replicas(count, host)` starts the replicas
+    `kvgate serve` serves when none is configured (the command line passes the simulator's)."""
     serve = subparsers.add_parser(
         "serve",
         help="run the proxy",
@@ -27,7 +33,7 @@ def add_commands(subparsers) -> None:
     serve.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level (default INFO)"
     )
-    serve.set_defaults(func=serve_command)
+    serve.set_defaults(func=functools.partial(serve_command, simulated_replicas=simulated_replicas))
 
     check = subparsers.add_parser(
         "check-config",
@@ -40,8 +46,8 @@ def add_commands(subparsers) -> None:
         "--contact-replicas",
         action="store_true",
         help="also ask every configured replica: is it a kvgate (a front door needs one, a "
-        "gate must not have one), does it serve the probe API (GET /v1/kvgate/kv: a vLLM without "
-        "the kvgate plugin is a problem), and does another gate already own it (GET /v1/kvgate/owner)",
+        f"gate must not have one), does it serve the probe API (GET {KV_PATH}: a vLLM without "
+        f"the kvgate plugin is a problem), and does another gate already own it (GET {OWNER_PATH})",
     )
     check.set_defaults(func=check_config_command)
 
@@ -81,7 +87,7 @@ def check_config_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve_command(args: argparse.Namespace) -> int:
+def serve_command(args: argparse.Namespace, simulated_replicas: SimulatedReplicas | None = None) -> int:
     settings = _settings_or_exit(args.config)
     if settings is None:
         return 2
@@ -97,16 +103,20 @@ def serve_command(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from kvgate.proxy.server import ListenError, run, serve
+    if settings.log.access:  # bare logfmt lines, whatever --log-level says
+        from kvgate.proxy.access_log import configure_access_log
+
+        configure_access_log(sys.stderr)
+    from kvgate.proxy.server import ListenError, NoReplicas, run, serve
 
     try:
-        run(serve(settings))
+        run(serve(settings, simulated_replicas=simulated_replicas))
     except KeyboardInterrupt:
         pass
     except ListenError as exc:
         print(f"kvgate: {exc.strerror}", file=sys.stderr)
         return 1
-    except OSError as exc:
+    except (OSError, NoReplicas) as exc:
         logging.getLogger("kvgate").error("cannot serve: %s", exc)
         return 1
     return 0

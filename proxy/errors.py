@@ -1,7 +1,13 @@
-"""OpenAI-shaped error responses: `{"error": {"message", "type", "code"}}`.
+"""kvgate's own error responses, in the envelopes of `kvgate.wire.errors`.
 
 Pure request checks raise `RequestRejected`; the HTTP shell turns it into a response
 with `send_error`. Every message says what the client should do about it.
+
+The envelope follows the API the client speaks: Anthropic's on the Messages API
+(`/v1/messages` and the routes below it, also under `/sess/{id}/`), so Anthropic's SDKs
+parse kvgate's refusals (admission, bad input, no healthy replica, ...) as they parse the
+API's own; OpenAI's everywhere else. The app sets `Responder.error_shape` from the path
+(`error_shape`) before it handles a request, and every error it sends takes that shape.
 """
 
 from __future__ import annotations
@@ -10,18 +16,21 @@ from collections.abc import Iterable
 
 import orjson
 
-_STATUS_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    409: "conflict_error",
-    405: "invalid_request_error",
-    431: "invalid_request_error",
-    500: "api_error",
-    413: "invalid_request_error",
-    502: "upstream_error",
-    503: "service_unavailable",
-}
+from kvgate.wire.errors import anthropic_error, anthropic_type, openai_error, openai_type
+from kvgate.wire.routes import PATHS
+
+OPENAI = "openai"
+ANTHROPIC = "anthropic"
+_MESSAGES_PATH = PATHS["messages"]
+
+
+def error_shape(path: str) -> str:
+    """ANTHROPIC for the Messages API's paths (with or without the /sess/{id} prefix), else OPENAI."""
+    if path.startswith("/sess/"):
+        path = "/" + path[6:].partition("/")[2]
+    if path == _MESSAGES_PATH or path.startswith(_MESSAGES_PATH + "/"):
+        return ANTHROPIC
+    return OPENAI
 
 
 class RequestRejected(Exception):
@@ -34,12 +43,12 @@ class RequestRejected(Exception):
         self.code = code
 
 
-def error_payload(message: str, type_: str, code: str | None) -> dict:
-    return {"error": {"message": message, "type": type_, "code": code}}
-
-
-def error_json(status: int, message: str, code: str | None, type_: str | None = None) -> bytes:
-    return orjson.dumps(error_payload(message, type_ or _STATUS_TYPES.get(status, "api_error"), code))
+def error_json(status: int, message: str, code: str | None, type_: str | None = None, shape: str = OPENAI) -> bytes:
+    """The error's body in `shape`. `type_` overrides the OpenAI type of `status`; an
+    Anthropic error takes Anthropic's type of `status` (its clients dispatch on those)."""
+    if shape == ANTHROPIC:
+        return orjson.dumps(anthropic_error(message, anthropic_type(status), code))
+    return orjson.dumps(openai_error(message, type_ or openai_type(status), code))
 
 
 JSON_CONTENT_TYPE = (b"Content-Type", b"application/json")
@@ -54,8 +63,9 @@ def send_error(
     type_: str | None = None,
     close: bool = False,
 ) -> None:
-    """Answer with an OpenAI-shaped error through a `proxy.http_server.Responder`."""
-    responder.send(status, error_json(status, message, code, type_), [JSON_CONTENT_TYPE, *headers], close=close)
+    """Answer with an error through a `proxy.http_server.Responder`, in its `error_shape`."""
+    body = error_json(status, message, code, type_, getattr(responder, "error_shape", OPENAI))
+    responder.send(status, body, [JSON_CONTENT_TYPE, *headers], close=close)
 
 
 def sse_error_event(message: str, code: str, anthropic: bool = False) -> bytes:
@@ -65,6 +75,5 @@ def sse_error_event(message: str, code: str, anthropic: bool = False) -> bytes:
     `event:` line and expect `{"type": "error", "error": {...}}`, so that route gets both.
     """
     if anthropic:
-        payload = {"type": "error", "error": {"type": "api_error", "message": message, "code": code}}
-        return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
-    return b"data: " + orjson.dumps(error_payload(message, "upstream_error", code)) + b"\n\n"
+        return b"event: error\ndata: " + orjson.dumps(anthropic_error(message, "api_error", code)) + b"\n\n"
+    return b"data: " + orjson.dumps(openai_error(message, "upstream_error", code)) + b"\n\n"

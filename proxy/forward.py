@@ -20,6 +20,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -27,19 +28,20 @@ from prometheus_client import Counter, Histogram
 
 from kvgate.balancer import Balancer, Replica
 from kvgate.gate.errors import AdmissionError, ReplicaUnavailable
+from kvgate.proxy.access_log import LOGGER as ACCESS_LOGGER
+from kvgate.proxy.access_log import access_line
 from kvgate.proxy.errors import RequestRejected, send_error
 from kvgate.proxy.http_client import UpstreamResponse
 from kvgate.proxy.http_server import HttpRequest, Responder
 from kvgate.proxy.metrics import KvgateMetrics, turn_bucket
 from kvgate.proxy.relay import H_REPLICA, AnswerRelay, lease_headers
-from kvgate.proxy.request_body import parse_json_object, stream_flag, with_member
+from kvgate.proxy.request_body import parse_json_object, passthrough_body, stream_flag, with_member
 from kvgate.proxy.response_chains import TurnPlan, plan_turn
-from kvgate.proxy.routes import SESSION_FIELD_KINDS, TURN_KINDS, RouteSpec
 from kvgate.proxy.session_id import resolve_session_id, split_body_fields
 from kvgate.proxy.session_tracker import SessionEntry, SessionTracker
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, TIER_SESSION_HEADER, with_session_header
-from kvgate.proxy.turn_hold import Hold, TurnAdmission, TurnLease
+from kvgate.proxy.turn_hold import UNGATED, Hold, TurnAdmission, TurnLease
 from kvgate.proxy.turn_route import Failure, Resend, after_failure, pinned_replica
 from kvgate.proxy.upstream import (
     CONNECT_ERRORS,
@@ -47,6 +49,7 @@ from kvgate.proxy.upstream import (
     UpstreamClients,
     upstream_request_headers,
 )
+from kvgate.wire.routes import PASSTHROUGH, PROMPT_KINDS, SESSION_FIELD_KINDS, RouteSpec, response_id_of
 
 CLIENT_CLOSED = 499  # the status label of a request whose client went away (nginx's convention)
 
@@ -74,6 +77,10 @@ class Turn:
     chain: TurnPlan | None  # a Responses request's place in its chain
     headers: list[tuple[bytes, bytes]]  # the upstream request's headers
     target: str  # the upstream request's path and query
+    # what happened, for the access log: the replica last chosen, the gate's answer, its wait
+    replica: str | None = None
+    admission: str | None = None
+    wait_ms: float = 0.0
 
 
 class Forwarder:
@@ -94,6 +101,8 @@ class Forwarder:
         self.sessions = sessions
         self._fields = split_body_fields(settings.session.body_fields)
         self._header = settings.session.header.lower()
+        # kvgate's own header first, then the agent clients' own (session.client_headers)
+        self._headers = (self._header, *(h.lower() for h in settings.session.client_headers))
         self._finish_header = settings.session.finish_header.lower()
         self._forward_session_id = settings.session.forward_session_id
         self._api_key = settings.upstream.api_key
@@ -105,6 +114,7 @@ class Forwarder:
             metrics, settings.limits.max_buffered_response_bytes, gates=settings.gate.mode != "off"
         )
         self._counters: dict[tuple[str, str, int], Counter] = {}  # labelled children, looked up once
+        self._access = logging.getLogger(ACCESS_LOGGER) if settings.log.access else None
         self._turn_children: dict[str, Histogram] = {}
 
     # ---- the request --------------------------------------------------------------
@@ -115,22 +125,39 @@ class Forwarder:
         started = time.perf_counter()
         kind = route.kind
         raw: bytes | None
+        link = None
         try:
-            if route.has_body:
+            if kind == PASSTHROUGH:  # relayed as sent: vLLM judges the body; kvgate reads what it can
+                raw = request.body or None
+                body = passthrough_body(raw)
+                stream = body.get("stream") is True
+                response_id = response_id_of(route.path)
+                link = self.sessions.responses.lookup(response_id) if response_id is not None else None
+            elif route.has_body:
                 body = parse_json_object(request.body)
                 stream = stream_flag(body)
                 raw = request.body
             else:
                 raw, body, stream = None, {}, False
-            header = self._header
+            headers_read = self._headers
             if self._replica_gate and TIER_SESSION_HEADER in request.headers:
-                header = TIER_SESSION_HEADER
-            session_id = resolve_session_id(path_session_id, request.headers, header, body, self._fields)
+                headers_read = (TIER_SESSION_HEADER,)  # the id its front door resolved
+            try:
+                session_id = resolve_session_id(path_session_id, request.headers, headers_read, body, self._fields)
+            except RequestRejected:
+                if kind != PASSTHROUGH:
+                    raise
+                # on a route kvgate does not define, a body field of another type is no session id
+                session_id = resolve_session_id(path_session_id, request.headers, headers_read, None, self._fields)
             chain = plan_turn(body, session_id, self.sessions.responses.lookup) if kind == "responses" else None
         except RequestRejected as exc:
             self._count(kind, "none", exc.status)
             send_error(responder, exc.status, exc.message, exc.code)
+            if self._access is not None:
+                self._log_access(kind, None, None, exc.status, started, exc.code)
             return
+        if link is not None:  # a stored response: its session, on the replica that holds it
+            session_id = link.session_id
         if chain is not None:
             session_id = chain.session_id
             if chain.set_request_id:  # vLLM answers with id = request_id: the link is known up front
@@ -148,9 +175,11 @@ class Forwarder:
             entry = self.sessions.touch(session_id)
             if chain is not None and chain.link is not None:
                 entry.replica = chain.link.replica  # the replica that holds the continued response
+            elif link is not None:
+                entry.replica = link.replica
             # Only a turn ends its session: a models list that anyone can send with any session
             # id must not end another session's window.
-            finish = kind in TURN_KINDS and request.headers.get(self._finish_header, "").lower() == "true"
+            finish = kind in PROMPT_KINDS and request.headers.get(self._finish_header, "").lower() == "true"
         headers = self._upstream_headers(request, session_id, self._api_key)
         turn = Turn(
             request,
@@ -167,9 +196,13 @@ class Forwarder:
             headers,
             f"{route.path}?{request.query}" if request.query else route.path,
         )
+        status = CLIENT_CLOSED
         try:
             await self._run(turn)
+            status = responder.status or CLIENT_CLOSED
         finally:
+            if self._access is not None:
+                self._log_access(turn.route.kind, session_id, turn, status, started)
             if finish:
                 assert session_id is not None  # only a named session can be finished
                 self.admission.finish_session(session_id)
@@ -205,8 +238,10 @@ class Forwarder:
             if replica is None:
                 self._no_replica(turn.responder, kind)
                 return
+            turn.replica = replica.name
             lease = await self._admit(turn, replica)
             if isinstance(lease, AdmissionError):
+                turn.admission = lease.code
                 if isinstance(lease, ReplicaUnavailable):
                     then = after_failure(Failure.UNAVAILABLE, spent, self._tiered, replica.in_flight)
                     if then.resend is Resend.OTHER:
@@ -215,6 +250,7 @@ class Forwarder:
                         continue
                 self._refuse(turn, replica, lease)
                 return
+            turn.admission, turn.wait_ms = lease.reason or None, lease.wait_ms
             with Hold(replica, lease) as held:
                 try:
                     upstream = await self.clients.for_replica(replica).request(
@@ -222,25 +258,12 @@ class Forwarder:
                     )
                 except CONNECT_ERRORS as exc:
                     held.release()  # before deciding: `in_flight` then counts the replica's other requests
-                    then = after_failure(Failure.CONNECT, spent, self._tiered, replica.in_flight)
-                    if then.mark_failed:
-                        self.registry.mark_failed(replica)
-                    self.metrics.upstream_errors.labels(replica.name, "connect").inc()
-                    resend = self._resend_to(then.resend, turn, replica)
-                    if resend is not None:
-                        spent |= {Failure.CONNECT}
-                        replica = resend
-                        continue
-                    self._count(kind, replica.name, 502)
-                    send_error(
-                        turn.responder,
-                        502,
-                        f"could not connect to replica {replica.name} ({exc}); it is marked "
-                        "unhealthy until its health checks pass (unless it has requests in flight); retry later",
-                        "upstream_connect_failed",
-                        lease_headers(replica, lease),
-                    )
-                    return
+                    resend = self._after_connect_failure(turn, replica, lease, spent, exc)
+                    if resend is None:
+                        return
+                    spent |= {Failure.CONNECT}
+                    replica = resend
+                    continue
                 except EXCHANGE_ERRORS as exc:
                     self.metrics.upstream_errors.labels(replica.name, "before_headers").inc()
                     self._count(kind, replica.name, 502)
@@ -261,6 +284,8 @@ class Forwarder:
     async def _admit(self, turn: Turn, replica: Replica) -> TurnLease | AdmissionError:
         """The gate's lease on `replica`, or its refusal. A client that leaves while the
         turn waits cancels the wait (counted, then re-raised)."""
+        if turn.route.kind == PASSTHROUGH:
+            return UNGATED  # not a turn: nothing for the gate to price or hold
         try:
             return await self.admission.acquire(replica, turn.session_id, turn.route.kind, turn.body)
         except asyncio.CancelledError:
@@ -281,12 +306,29 @@ class Forwarder:
             type_=refusal.error_type,
         )
 
-    def _resend_to(self, resend: Resend, turn: Turn, failed: Replica) -> Replica | None:
-        if resend is Resend.SAME:
-            return failed
-        if resend is Resend.OTHER:
-            return self.balancer.choose(turn.session_id, exclude=failed)
-        return None
+    def _after_connect_failure(
+        self, turn: Turn, replica: Replica, lease: TurnLease, spent: frozenset[Failure], error: Exception
+    ) -> Replica | None:
+        """No connection to `replica` could be opened: the replica to re-send the turn to, or
+        None once the client has its 502."""
+        then = after_failure(Failure.CONNECT, spent, self._tiered, replica.in_flight)
+        if then.mark_failed:
+            self.registry.mark_failed(replica)
+        self.metrics.upstream_errors.labels(replica.name, "connect").inc()
+        if then.resend is Resend.SAME:
+            return replica
+        resend = self.balancer.choose(turn.session_id, exclude=replica) if then.resend is Resend.OTHER else None
+        if resend is None:
+            self._count(turn.route.kind, replica.name, 502)
+            send_error(
+                turn.responder,
+                502,
+                f"could not connect to replica {replica.name} ({error}); it is marked "
+                "unhealthy until its health checks pass (unless it has requests in flight); retry later",
+                "upstream_connect_failed",
+                lease_headers(replica, lease),
+            )
+        return resend
 
     async def _relay(self, turn: Turn, replica: Replica, lease: TurnLease, upstream: UpstreamResponse) -> bool:
         """Relay the replica's answer; True when it was relayed whole with a status under 400."""
@@ -312,7 +354,7 @@ class Forwarder:
     def _turn_done(self, turn: Turn, replica: Replica) -> None:
         """A turn answered whole: count it for its session, and link a Responses answer to its replica."""
         entry, chain = turn.entry, turn.chain
-        if entry is not None and turn.index and turn.route.kind in TURN_KINDS:
+        if entry is not None and turn.index and turn.route.kind in PROMPT_KINDS:
             entry.turns = turn.index
             self._observe_turn(turn.index, time.perf_counter() - turn.started)
         if chain is not None and chain.response_id is not None:
@@ -320,6 +362,24 @@ class Forwarder:
             self.sessions.responses.record(chain.response_id, chain.chain_session, replica)
 
     # ---- helpers ---------------------------------------------------------------------
+
+    def _log_access(
+        self, kind: str, session_id: str | None, turn: Turn | None, status: int, started: float, refused: str = ""
+    ) -> None:
+        assert self._access is not None
+        self._access.info(
+            "%s",
+            access_line(
+                time.time(),
+                kind,
+                session_id,
+                turn.replica if turn is not None else None,
+                turn.admission if turn is not None else refused,
+                turn.wait_ms if turn is not None else 0.0,
+                status,
+                time.perf_counter() - started,
+            ),
+        )
 
     def _count(self, kind: str, replica: str, status: int) -> None:
         key = (kind, replica, status)

@@ -119,7 +119,7 @@ def response_head(status: int, headers: Iterable[Header], reason: bytes | None =
 class Responder:
     """How a handler answers one request. See the module doc for the contract."""
 
-    __slots__ = ("_protocol", "_keep_alive", "_chunked", "started", "finished", "status")
+    __slots__ = ("_protocol", "_keep_alive", "_chunked", "started", "finished", "status", "error_shape")
 
     def __init__(self, protocol: FrontProtocol, keep_alive: bool, chunked_ok: bool) -> None:
         self._protocol = protocol
@@ -128,6 +128,7 @@ class Responder:
         self.started = False
         self.finished = False
         self.status = 0
+        self.error_shape = "openai"  # the envelope of kvgate's own errors (proxy.errors.error_shape)
 
     def send(
         self, status: int, body: bytes, headers: Iterable[Header] = (), reason: bytes | None = None, close: bool = False
@@ -213,6 +214,7 @@ class _Refusal(Exception):
         self.status = status
         self.message = message
         self.code = code
+        self.path = ""  # the request's path as far as it was read: the error's shape follows it
 
 
 def body_too_large(size: int | None, limit: int) -> _Refusal:
@@ -490,6 +492,7 @@ class FrontProtocol(asyncio.Protocol):
         """Stop reading; answer `refusal` once the requests before it are answered."""
         self._reading_done = True
         self._in_head = False
+        refusal.path = self._url.decode("latin-1").partition("?")[0]  # the target as far as it was read
         if self._task is None and not self._queue:
             self._send_refusal(refusal)
         else:
@@ -502,15 +505,16 @@ class FrontProtocol(asyncio.Protocol):
         sends is discarded for LINGER_SEC, so a client busy uploading a body reads the
         error instead of a connection reset.
         """
-        from kvgate.proxy.errors import error_json  # the error shape is the proxy's, kept in one place
+        from kvgate.proxy.errors import error_json, error_shape  # the error shape is the proxy's, kept in one place
 
         self.phase = "closing"
         if self._closed:
             return
         responder = Responder(self, keep_alive=False, chunked_ok=True)
+        shape = error_shape(refusal.path)
         responder.send(
             refusal.status,
-            error_json(refusal.status, refusal.message, refusal.code),
+            error_json(refusal.status, refusal.message, refusal.code, shape=shape),
             [(b"Content-Type", b"application/json")],
         )
         transport = self._transport
@@ -560,7 +564,9 @@ class FrontProtocol(asyncio.Protocol):
 
                 responder.send(
                     500,
-                    error_json(500, "kvgate failed on this request; see its log", "internal_error"),
+                    error_json(
+                        500, "kvgate failed on this request; see its log", "internal_error", shape=responder.error_shape
+                    ),
                     [(b"Content-Type", b"application/json")],
                     close=True,
                 )

@@ -36,6 +36,8 @@ def format_wait_ms(wait_ms: float) -> bytes:
 
 
 def lease_headers(replica: Replica, lease: TurnLease) -> list[tuple[bytes, bytes]]:
+    if not lease.reason:  # an ungated request: only the replica it went to
+        return [(H_REPLICA, replica.name.encode())]
     return [
         (H_REPLICA, replica.name.encode()),
         (H_ADMISSION, str(lease.reason).encode()),

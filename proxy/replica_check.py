@@ -7,10 +7,11 @@ import json
 import urllib.error
 import urllib.request
 
-from kvgate.gate.probe import KV_PATH
-from kvgate.gate.replica_auth import replica_headers
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import replica_findings
+from kvgate.wire.owner_record import OWNER_PATH
+from kvgate.wire.probe_api import KV_PATH
+from kvgate.wire.replica_auth import replica_headers
 
 TIMEOUT_SEC = 3.0
 
@@ -32,7 +33,7 @@ def contact_replicas(settings: Settings) -> tuple[list[str], list[str]]:
     for index, replica in enumerate(settings.replicas):
         base = replica.url.rstrip("/")
         metrics_status, metrics = _get(base + "/metrics", key)
-        owner_status, owner_raw = _get(base + "/v1/kvgate/owner", key)
+        owner_status, owner_raw = _get(base + OWNER_PATH, key)
         kv_status, _ = _get(base + KV_PATH, key)
         try:
             owner = json.loads(owner_raw) if owner_status == 200 else None
@@ -48,6 +49,7 @@ def contact_replicas(settings: Settings) -> tuple[list[str], list[str]]:
             owner=owner if isinstance(owner, dict) else None,
             kv_status=kv_status,
             url=replica.url,
+            metrics_status=metrics_status,
         )
         problems += found[0]
         notes += found[1]

@@ -47,3 +47,16 @@ def with_member(raw: bytes, body: dict, name: str, value: str) -> bytes:
     start = raw.index(b"{") + 1  # a JSON object: only whitespace comes before its brace
     member = orjson.dumps(name) + b":" + orjson.dumps(value)
     return b"".join((raw[:start], member, b"," if body else b"", raw[start:]))
+
+
+def passthrough_body(raw: bytes | None) -> dict:
+    """What kvgate reads of a body it relays ungated (kvgate.wire.routes.PASSTHROUGH): the JSON
+    object, or {} for anything else (a multipart upload, an empty body, a JSON array).
+    Never rejected here: the replica answers for its own routes."""
+    if not raw or raw[:1] not in (b"{", b" ", b"\n", b"\r", b"\t"):
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {}
+    return body if isinstance(body, dict) else {}

@@ -11,6 +11,8 @@ import errno
 import logging
 import signal
 import socket
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 from kvgate.balancer.settings import ReplicaSettings
 from kvgate.proxy.app import create_app
@@ -20,7 +22,26 @@ from kvgate.proxy.settings import Settings
 log = logging.getLogger("kvgate")
 
 
-async def start_replicas(settings: Settings) -> tuple[tuple[ReplicaSettings, ...], list]:
+class RunningReplica(Protocol):
+    """A replica started for this process: its name and URL, and how to stop it."""
+
+    name: str
+    url: str
+
+    async def stop(self) -> None: ...
+
+
+# (count, host) -> that many replicas started on free ports of host
+SimulatedReplicas = Callable[..., Awaitable[Sequence[RunningReplica]]]
+
+
+class NoReplicas(Exception):
+    """No replica is configured and no simulated replicas can be started."""
+
+
+async def start_replicas(
+    settings: Settings, simulated_replicas: SimulatedReplicas | None = None
+) -> tuple[tuple[ReplicaSettings, ...], Sequence[RunningReplica]]:
     """The replicas to serve, and the simulated ones started for them (to stop later)."""
     if settings.replicas:
         log.info(
@@ -29,14 +50,14 @@ async def start_replicas(settings: Settings) -> tuple[tuple[ReplicaSettings, ...
             ", ".join(f"{r.name}={r.url}" for r in settings.replicas),
         )
         return settings.replicas, []
+    if simulated_replicas is None:
+        raise NoReplicas("no replicas configured: set `replicas` in the config")
     log.info(
         "no replicas configured: starting %d simulated replicas in-process "
         "(simulator.replica_server); set `replicas` in the config to serve vLLM",
         settings.simulated_replicas,
     )
-    from kvgate.simulator.replica_server import start_simulated_replicas
-
-    sims = await start_simulated_replicas(
+    sims = await simulated_replicas(
         settings.simulated_replicas, host="127.0.0.1", replica_api_key=settings.upstream.replica_api_key
     )
     log.info("simulated replicas up: %s", ", ".join(f"{s.name}={s.url}" for s in sims))
@@ -69,15 +90,18 @@ def check_listen_address(host: str, port: int) -> None:
         raise ListenError(exc.errno, f"cannot listen on {host}:{port}: {reason}; {fix}") from None
 
 
-async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    """Run the proxy until `stop` is set (by default: SIGINT or SIGTERM)."""
+async def serve(
+    settings: Settings, stop: asyncio.Event | None = None, simulated_replicas: SimulatedReplicas | None = None
+) -> None:
+    """Run the proxy until `stop` is set (by default: SIGINT or SIGTERM). With no replica
+    configured it serves `simulated_replicas(settings.simulated_replicas, host=...)`."""
     check_listen_address(settings.listen.host, settings.listen.port)
     loop = asyncio.get_running_loop()
     if stop is None:
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-    replicas, sims = await start_replicas(settings)
+    replicas, sims = await start_replicas(settings, simulated_replicas)
     app = None
     try:
         metrics = KvgateMetrics()

@@ -1,9 +1,10 @@
 """Which session a request belongs to (docs/reference.md, The session of a request), as pure functions.
 
-First match wins: the `/sess/{id}` path, the configured header, then the configured
-body fields in order (dotted paths such as `metadata.session_id` walk nested
-objects). Empty values count as absent. A value of a body field the proxy reads that
-is not a string is rejected (400), never coerced.
+First match wins: the `/sess/{id}` path, the configured headers in order (kvgate's own
+`session.header`, then `session.client_headers`: the headers agent clients send their
+session in by themselves), then the configured body fields in order (dotted paths such
+as `metadata.session_id` walk nested objects). Empty values count as absent. A value of
+a body field the proxy reads that is not a string is rejected (400), never coerced.
 
 JSON-encoded values: a string field whose value is a JSON object with a non-empty
 string `session_id` names that session (Claude Code >= 2.1.78 sends
@@ -86,11 +87,12 @@ def session_id_from_body(body: dict, fields: tuple[tuple[str, ...], ...]) -> str
 def resolve_session_id(
     path_id: str | None,
     headers: Mapping[str, str],
-    header_name: str,
+    header_names: str | tuple[str, ...],
     body: dict | None,
     fields: tuple[tuple[str, ...], ...],
 ) -> str | None:
-    """The session id of a request (bounded, see module doc), or None for anonymous."""
+    """The session id of a request (bounded, see module doc), or None for anonymous.
+    `header_names`: lower-case header names, tried in order (one name: just that one)."""
     if path_id is not None:
         if not path_id:
             raise RequestRejected(
@@ -99,9 +101,10 @@ def resolve_session_id(
                 "invalid_session_id",
             )
         return bounded_session_id(path_id)
-    value = headers.get(header_name)
-    if value:
-        return bounded_session_id(value)
+    for name in (header_names,) if isinstance(header_names, str) else header_names:
+        value = headers.get(name)
+        if value:
+            return bounded_session_id(value)
     if body:
         found = session_id_from_body(body, fields)
         if found is not None:

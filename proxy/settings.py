@@ -22,9 +22,15 @@ class ListenSettings:
     port: int = 8000
 
 
+# The headers agent clients put their session in by themselves (read after kvgate's own
+# `header`, in this order): Claude Code, Codex CLI, OpenCode.
+CLIENT_SESSION_HEADERS = ("x-claude-code-session-id", "session_id", "x-session-affinity")
+
+
 @dataclass(frozen=True)
 class SessionSettings:
     header: str = "x-session-id"
+    client_headers: tuple[str, ...] = CLIENT_SESSION_HEADERS
     body_fields: tuple[str, ...] = ("session_id", "prompt_cache_key", "metadata.session_id", "metadata.user_id", "user")
     forward_session_id: bool = True
     finish_header: str = "x-session-finish"
@@ -84,6 +90,11 @@ class AuthSettings:
 
 
 @dataclass(frozen=True)
+class LogSettings:
+    access: bool = False  # one logfmt line per forwarded request (proxy/access_log.py)
+
+
+@dataclass(frozen=True)
 class Settings:
     listen: ListenSettings = field(default_factory=ListenSettings)
     replicas: tuple[ReplicaSettings, ...] = ()
@@ -97,3 +108,4 @@ class Settings:
     auth: AuthSettings = field(default_factory=AuthSettings)
     role: str = "standalone"  # standalone | front_door | replica_gate (proxy/topology.py)
     ownership: OwnershipSettings = field(default_factory=OwnershipSettings)
+    log: LogSettings = field(default_factory=LogSettings)

@@ -20,6 +20,7 @@ import hashlib
 
 from kvgate.gate.probe import missing_probe_api
 from kvgate.proxy.settings import Settings
+from kvgate.wire.owner_record import OWNER_PATH
 
 STANDALONE = "standalone"
 FRONT_DOOR = "front_door"
@@ -122,17 +123,24 @@ def replica_findings(
     owner: dict | None,
     kv_status: int | None = 200,
     url: str = "",
+    metrics_status: int | None = 200,
 ) -> tuple[list[str], list[str]]:
     """(problems, notes) for replica `index` from what it answered: `is_kvgate` (its /metrics has
     kvgate's metrics), `owner_status`/`owner` (GET /v1/kvgate/owner: status and JSON, None if unreached),
-    `kv_status` (GET /v1/kvgate/kv: 404 is a vLLM without the plugin)."""
+    `kv_status` (GET /v1/kvgate/kv: 404 is a vLLM without the plugin, 401 one that wants the
+    replica key), `metrics_status` (GET /metrics: 401 is a replica gate that wants a client key)."""
     key = f"replicas[{index}] ({name})"
     if not reachable:
         return [f"{key}: unreachable, so this check could not look at it"], []
     problems: list[str] = []
     notes: list[str] = []
     if settings.role == FRONT_DOOR:
-        if not is_kvgate:
+        if metrics_status == 401:
+            problems.append(
+                f"{key}: answers 401: it asks for a client key; set upstream.api_key (or upstream.api_key_file) "
+                "to one of its auth.api_keys (docs/security.md)"
+            )
+        elif not is_kvgate:
             problems.append(
                 f"{key}: is not a kvgate (no kvgate metrics on /metrics); a front door routes to "
                 "replica gates (role: replica_gate beside each vLLM), or use role: standalone"
@@ -149,18 +157,25 @@ def replica_findings(
     if kv_status == 404:
         problems.append(f"{key}: {missing_probe_api(name, url)}")
         return problems, notes
+    if 401 in (kv_status, owner_status):
+        problems.append(
+            f"{key}: its probe and owner routes answer 401: they need the replica key; set "
+            "upstream.replica_api_key (or upstream.replica_api_key_file) to the key the server reads from "
+            "KVGATE_REPLICA_API_KEY[_FILE] (docs/security.md)"
+        )
+        return problems, notes
     if owner_status != 200 or owner is None:
         notes.append(
-            f"{key}: no owner record (GET /v1/kvgate/owner answered {owner_status}); start vLLM with "
+            f"{key}: no owner record (GET {OWNER_PATH} answered {owner_status}); start vLLM with "
             "the kvgate plugin, or a second gate enforcing on it cannot be detected"
         )
         return problems, notes
-    holder = owner.get("owner")
-    if holder and holder != settings.ownership.gate_id and settings.gate.mode == "enforce":
+    owned = owner.get("owned") is True
+    if owned and settings.gate.mode == "enforce":
         problems.append(
-            f"{key}: kvgate {holder} already enforces on it (lease {owner.get('expires_in_sec', 0)}s "
-            "left); this one would only shadow it. One gate per replica: see docs/ARCHITECTURE.md"
+            f"{key}: a kvgate already enforces on it (lease {owner.get('expires_in_sec', 0)}s left); this one "
+            "would only shadow it. One gate per replica: see docs/ARCHITECTURE.md"
         )
     else:
-        notes.append(f"{key}: owner record {'held by ' + holder if holder else 'free'}")
+        notes.append(f"{key}: owner record {'held' if owned else 'free'}")
     return problems, notes

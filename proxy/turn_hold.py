@@ -67,3 +67,17 @@ class Hold:
         self._released = True
         self.replica.in_flight -= 1
         self.lease.release(served=self.served)
+
+
+class _Ungated:
+    """The lease of a request the gate never sees (kvgate.wire.routes.PASSTHROUGH): nothing to
+    give back; its answer carries no admission headers (reason "")."""
+
+    reason = ""
+    wait_ms = 0.0
+
+    def release(self, served: bool = True) -> None:
+        return None
+
+
+UNGATED: TurnLease = _Ungated()

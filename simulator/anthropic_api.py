@@ -15,15 +15,13 @@ import orjson
 
 from kvgate.simulator.openai_api import ApiError, GenerationParams, _optional
 from kvgate.simulator.tokenizer import TemplateError, render_chat
+from kvgate.wire.errors import anthropic_error, anthropic_type
 
 STOP_REASONS = {"length": "max_tokens"}
 
 
 def anthropic_error_body(error: ApiError) -> dict:
-    kind = (
-        "invalid_request_error" if error.status == 400 else "overloaded_error" if error.status == 503 else "api_error"
-    )
-    return {"type": "error", "error": {"type": kind, "message": error.message}}
+    return anthropic_error(error.message, anthropic_type(error.status))
 
 
 def to_chat_body(body: dict) -> dict:

@@ -6,7 +6,7 @@ step), then sample one token for every request whose known tokens are computed a
 its reader. The loop sleeps on an event when there is no work.
 
 Invariant: the scheduler is only touched from the event loop thread, between awaits,
-so probes (`kv_state`, `probe_prefix`) see a consistent state and change nothing.
+so probes (`kv_answer`, `prefix_answer`) see a consistent state and change nothing.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import logging
 
 from kvgate.simulator.admission_policies import AdmissionPolicy, naive
 from kvgate.simulator.config import CostModel, EngineConfig
-from kvgate.simulator.kv_cache_manager import PrefixProbe
 from kvgate.simulator.request import RequestStatus, SimRequest, compute_block_hashes
 from kvgate.simulator.scheduler import Scheduler
 from kvgate.simulator.step_meter import StepMeter
 from kvgate.simulator.tokenizer import output_token
+from kvgate.wire.probe_api import KvAnswer, PrefixAnswer
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,24 @@ class RequestHandle:
 
 def _next_token(request: SimRequest) -> int:
     return output_token(request.num_tokens)
+
+
+def engine_kv_answer(scheduler: Scheduler, meter: StepMeter) -> KvAnswer:
+    """An engine's KV usage as the probe API answers it. The pool counts usable blocks;
+    vLLM's `num_gpu_blocks` has one more, its null block, and so does this answer."""
+    pool = scheduler.kv_cache_manager.block_pool
+    measured = meter.reading()
+    rate = measured["prefill_tokens_per_sec"]
+    return KvAnswer.of_engine(
+        num_gpu_blocks=pool.num_blocks + 1,
+        num_free_blocks=pool.get_num_free_blocks(),
+        num_cached_blocks=len(pool.cached_block_hash_to_block),
+        block_size=scheduler.kv_cache_manager.block_size,
+        num_running=len(scheduler.running),
+        num_waiting=len(scheduler.waiting),
+        **measured,
+        token_sec=1.0 / rate if rate else None,  # the meter's prefill cost per token
+    )
 
 
 class AsyncEngine:
@@ -118,23 +136,12 @@ class AsyncEngine:
 
     # -- probes (no side effects) --------------------------------------------------------
 
-    def kv_state(self) -> dict:
-        scheduler = self.scheduler
-        pool = scheduler.kv_cache_manager.block_pool
-        return {
-            "kv_cache_usage": pool.get_usage(),
-            "num_total_blocks": pool.num_blocks,
-            "num_free_blocks": pool.get_num_free_blocks(),
-            "num_cached_blocks": len(pool.cached_block_hash_to_block),
-            "block_size": self.config.block_size,
-            "num_running": len(scheduler.running),
-            "num_waiting": len(scheduler.waiting),
-            **self.meter.reading(),
-        }
+    def kv_answer(self) -> KvAnswer:
+        return engine_kv_answer(self.scheduler, self.meter)
 
-    def probe_prefix(self, token_ids: list[int], cache_salt: str | None = None) -> PrefixProbe:
+    def prefix_answer(self, token_ids: list[int], cache_salt: str | None = None) -> PrefixAnswer:
         hashes = compute_block_hashes(token_ids, self.config.block_size, cache_salt)
-        return self.scheduler.kv_cache_manager.probe_prefix(hashes, len(token_ids))
+        return self.scheduler.kv_cache_manager.prefix_answer(hashes, len(token_ids))
 
     # -- the step loop ---------------------------------------------------------------------
 

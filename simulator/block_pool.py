@@ -70,6 +70,50 @@ class FreeKVCacheBlockQueue:
         self._tail.prev_free = block
         self.num_free_blocks += 1
 
+    def popleft_many(self, count: int) -> list[KVCacheBlock]:
+        """The first `count` blocks (count <= num_free_blocks), taken off at once: the blocks
+        `count` poplefts would return, in that order."""
+        head = self._head
+        block = head.next_free
+        taken = []
+        for _ in range(count):
+            assert block is not None and block is not self._tail, "popleft_many: not enough free blocks"
+            taken.append(block)
+            following = block.next_free
+            block.prev_free = block.next_free = None
+            block = following
+        assert block is not None
+        head.next_free = block
+        block.prev_free = head
+        self.num_free_blocks -= count
+        return taken
+
+    def remove_all(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """`remove` each of `blocks` (all in the queue), one loop without a call per block."""
+        removed = 0
+        for block in blocks:
+            prev, nxt = block.prev_free, block.next_free
+            assert prev is not None and nxt is not None, f"{block} is not in the free queue"
+            prev.next_free = nxt
+            nxt.prev_free = prev
+            block.prev_free = block.next_free = None
+            removed += 1
+        self.num_free_blocks -= removed
+
+    def append_all(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """`append` each of `blocks` in order, one loop without a call per block."""
+        last = self._tail.prev_free
+        assert last is not None
+        added = 0
+        for block in blocks:
+            last.next_free = block
+            block.prev_free = last
+            last = block
+            added += 1
+        last.next_free = self._tail
+        self._tail.prev_free = last
+        self.num_free_blocks += added
+
     def block_ids(self) -> list[int]:
         """Head-to-tail order (eviction order); for tests and debugging."""
         ids = []
@@ -104,30 +148,33 @@ class BlockPool:
         """Pop blocks from the head of the free queue, evicting their cached content."""
         if num_blocks > self.free_block_queue.num_free_blocks:
             raise ValueError(f"cannot get {num_blocks} blocks: only {self.get_num_free_blocks()} free")
-        new_blocks = []
-        for _ in range(num_blocks):
-            block = self.free_block_queue.popleft()
+        cached = self.cached_block_hash_to_block
+        new_blocks = self.free_block_queue.popleft_many(num_blocks)
+        for block in new_blocks:
             if block.block_hash is not None:
-                del self.cached_block_hash_to_block[block.block_hash]
+                del cached[block.block_hash]
                 block.block_hash = None
                 self.num_evictions += 1
             block.ref_cnt = 1
-            new_blocks.append(block)
         return new_blocks
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """A request starts using cached blocks: pin them (out of the free queue)."""
+        unpinned = []
         for block in blocks:
             if block.ref_cnt == 0:
-                self.free_block_queue.remove(block)
+                unpinned.append(block)
             block.ref_cnt += 1
+        self.free_block_queue.remove_all(unpinned)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each block; blocks reaching 0 go to the free queue's tail in order."""
+        released = []
         for block in ordered_blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free_block_queue.append(block)
+                released.append(block)
+        self.free_block_queue.append_all(released)
 
     def cache_full_block(self, block: KVCacheBlock, block_hash: int) -> None:
         """Register a full block under its hash. If another block already holds that content

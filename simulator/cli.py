@@ -7,8 +7,11 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from kvgate.simulator.config import ConfigError, CostModel, EngineConfig
+from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH
 
 
 def _add_engine_options(parser: argparse.ArgumentParser, defaults: EngineConfig) -> None:
@@ -41,7 +44,7 @@ def _add_replica_command(subparsers) -> None:
         help="run one simulated vLLM replica (engine model behind vLLM's HTTP API and the probe API)",
         description="Run one simulated vLLM replica: the simulator's engine model (paged KV cache, prefix "
         "cache, continuous-batching scheduler) in real time behind vLLM's OpenAI routes, /metrics with vLLM "
-        "metric names, and the kvgate probe API (/v1/kvgate/kv, /v1/kvgate/prefix). The probe and owner "
+        f"metric names, and the kvgate probe API ({KV_PATH}, {PREFIX_PATH}). The probe and owner "
         "routes answer only the replica key of KVGATE_REPLICA_API_KEY or KVGATE_REPLICA_API_KEY_FILE, when set "
         "(never a command-line argument: any local user can read those).",
     )
@@ -92,7 +95,7 @@ def _add_replica_command(subparsers) -> None:
 
 
 def run_replica(args: argparse.Namespace) -> int:
-    from kvgate.vllm_plugin.replica_auth import OPEN_WARNING, ReplicaKeyError, replica_key_from_env
+    from kvgate.wire.replica_auth import OPEN_WARNING, ReplicaKeyError, replica_key_from_env
 
     try:
         replica_api_key = replica_key_from_env(os.environ)
@@ -173,8 +176,9 @@ def vars_of(config: EngineConfig) -> dict:
     }
 
 
-def add_commands(subparsers) -> None:
+def add_commands(subparsers, sim_experiments: Sequence[Callable[[Any], None]] = ()) -> None:
+    """`kvgate replica` and `kvgate sim` (with `sim_experiments`: see `add_sim_command`)."""
     from kvgate.simulator.experiment_cli import add_sim_command
 
     _add_replica_command(subparsers)
-    add_sim_command(subparsers)
+    add_sim_command(subparsers, sim_experiments)

@@ -45,7 +45,7 @@ def _is_stable(scheduler: Scheduler) -> bool:
 
 def _events(scheduler: Scheduler, steps: int) -> list[tuple[int, int, int, int]]:
     """(step, running index, kind, block index) of every allocation and registration in
-    the next `steps` stable steps, in the order the per-step scheduler makes them."""
+    the next `steps` stable steps; sorted, the order the per-step scheduler makes them."""
     manager = scheduler.kv_cache_manager
     size = scheduler.block_size
     events = []
@@ -61,7 +61,6 @@ def _events(scheduler: Scheduler, steps: int) -> list[tuple[int, int, int, int]]
         first = (cached + 1) * size - computed - 1
         for step in range(max(0, first), steps, size):
             events.append((step, index, _CACHE, cached + (step - first) // size))
-    events.sort()
     return events
 
 
@@ -76,12 +75,9 @@ def stable_decode_steps(scheduler: Scheduler, limit: int) -> int:
     if steps <= 0:
         return 0
     free = scheduler.num_free_blocks
-    allocations = 0
-    for step, _, kind, _ in _events(scheduler, steps):
-        if kind == _ALLOCATE:
-            allocations += 1
-            if allocations > free:
-                return step
+    allocations = sorted(event for event in _events(scheduler, steps) if event[2] == _ALLOCATE)
+    if len(allocations) > free:
+        return allocations[free][0]  # the step of the first allocation that would not fit
     return steps
 
 
@@ -93,7 +89,7 @@ def jump_decode_steps(scheduler: Scheduler, steps: int, next_token: Callable[[Si
     running = scheduler.running
     manager = scheduler.kv_cache_manager
     pool = manager.block_pool
-    events = _events(scheduler, steps)
+    events = sorted(_events(scheduler, steps))
     for request in running:  # the sampled tokens first: a registration needs its block's hash
         advance = getattr(request, "advance_output", None)
         if advance is not None:

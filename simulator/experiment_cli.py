@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from kvgate.simulator.admission_policies import POLICY_NAMES
 from kvgate.simulator.config import ConfigError, EngineConfig
@@ -28,12 +30,14 @@ WORKLOAD_OPTIONS = (
 )
 
 
-def add_sim_command(subparsers) -> None:
+def add_sim_command(subparsers, experiments: Sequence[Callable[[Any], None]] = ()) -> None:
+    """`kvgate sim`, with `admission` and the `experiments` the command line adds (each
+    `add(sim_subparsers)`: the cluster simulation, which drives the real gate, lives
+    outside the engine model's dependencies)."""
     sim = subparsers.add_parser("sim", help="simulator experiments", description="Deterministic simulator experiments.")
     sim_sub = sim.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
-    from kvgate.simulator.cluster.cli import add_cluster_command  # bench's workloads load only for `sim`
-
-    add_cluster_command(sim_sub)
+    for add in experiments:
+        add(sim_sub)
     parser = sim_sub.add_parser(
         "admission",
         help="the continuous-batching admission experiment (naive / reserve / reserve_watermark)",

@@ -3,7 +3,8 @@ top of the block pool, prefix-cache lookups, and the counters vLLM exposes.
 
 `allocate_slots` either allocates everything a step needs for a request or nothing
 (returns None), like vLLM's; the scheduler then preempts or stops admitting.
-`probe_prefix` is the side-effect-free residency query behind POST /v1/kvgate/prefix.
+`prefix_answer` is the side-effect-free residency query behind the prefix probe
+(`kvgate.wire.probe_api.PrefixAnswer`).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvgate.gate.blocks import cdiv
 from kvgate.simulator.block_pool import BlockPool, KVCacheBlock
 from kvgate.simulator.request import SimRequest
+from kvgate.wire.blocks import cdiv
+from kvgate.wire.probe_api import PrefixAnswer
 
 
 @dataclass
@@ -42,24 +44,6 @@ class PrefixCacheStats:
             self.hits += num_hits
 
 
-@dataclass(frozen=True)
-class PrefixProbe:
-    total_tokens: int
-    block_size: int
-    total_blocks: int  # full blocks of the prompt
-    hit_blocks: int  # longest resident prefix, in full blocks
-    hit_blocks_in_use: int  # of which held by a live request
-    hit_blocks_evictable: int  # of which cached with ref_cnt 0
-
-    @property
-    def hit_tokens(self) -> int:
-        return self.hit_blocks * self.block_size
-
-    @property
-    def hit_ratio(self) -> float:
-        return self.hit_blocks / self.total_blocks if self.total_blocks else 0.0
-
-
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.block_size = block_size
@@ -80,16 +64,15 @@ class KVCacheManager:
         except ValueError:
             return found  # type: ignore[return-value]  # no miss: every entry is a block
 
-    def probe_prefix(self, block_hashes: Sequence[int], num_tokens: int) -> PrefixProbe:
+    def prefix_answer(self, block_hashes: Sequence[int], num_tokens: int) -> PrefixAnswer:
+        """How much of a prompt of `num_tokens` tokens (its block hashes) is resident. The
+        model counts a hit in whole blocks: `hit_tokens` is `hit_blocks * block_size`."""
         hits = self.find_longest_cache_hit(block_hashes, num_tokens)
-        in_use = sum(1 for block in hits if block.ref_cnt > 0)
-        return PrefixProbe(
+        return PrefixAnswer.of_engine(
             total_tokens=num_tokens,
             block_size=self.block_size,
-            total_blocks=num_tokens // self.block_size,
-            hit_blocks=len(hits),
-            hit_blocks_in_use=in_use,
-            hit_blocks_evictable=len(hits) - in_use,
+            hit_block_ref_counts=[block.ref_cnt for block in hits],
+            hit_tokens=len(hits) * self.block_size,
         )
 
     def get_computed_blocks(self, request: SimRequest) -> tuple[list[KVCacheBlock], int]:

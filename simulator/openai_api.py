@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.simulator.tokenizer import TemplateError, render_chat, render_completion_prompt
+from kvgate.wire.errors import openai_error
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -34,8 +35,7 @@ class ApiError(Exception):
         self.code = code  # None: the status, as vLLM's own errors; the probe API's name theirs
 
     def body(self) -> dict:
-        code = self.status if self.code is None else self.code
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": code}}
+        return openai_error(self.message, self.error_type, self.status if self.code is None else self.code, self.param)
 
 
 @dataclass(frozen=True)

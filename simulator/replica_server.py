@@ -3,9 +3,9 @@
 Routes (docs/ARCHITECTURE.md seam 3): POST /v1/chat/completions, POST /v1/completions
 (streaming and not), POST /v1/messages (Anthropic, as vLLM serves it), POST /v1/responses
 (streaming and not, with `previous_response_id` state held in this replica's memory),
-GET /v1/models, GET /health, GET /metrics, and the probe API of
-the probe API of docs/reference.md (GET /v1/kvgate/kv, POST /v1/kvgate/prefix), answered from the engine
-model without side effects.
+GET /v1/models, GET /health, GET /metrics, the probe API (`kvgate.wire.probe_api`,
+docs/reference.md), answered from the engine model without side effects, and the owner
+record (`kvgate.wire.owner_record`).
 
 A client that disconnects aborts its request in the engine: streaming handlers see the
 failed write, non-streaming handlers are cancelled (the runner is built with
@@ -44,8 +44,18 @@ from kvgate.simulator.openai_api import (
 )
 from kvgate.simulator.replica_metrics import CONTENT_TYPE, render_metrics
 from kvgate.simulator.tokenizer import VOCAB_SIZE, decode_token
-from kvgate.vllm_plugin.owner_record import OWNER_PATH, OwnerBook, OwnerClaimError
-from kvgate.vllm_plugin.replica_auth import REPLICA_KEY_HEADER, UNAUTHORIZED_MESSAGE, allowed
+from kvgate.wire.owner_record import OWNER_PATH, OwnerBook, OwnerClaimError
+from kvgate.wire.probe_api import (
+    KV_PATH,
+    PREFIX_PATH,
+    PrefixQuery,
+    ProbeQueryError,
+    check_prompt_length,
+    merge_kv,
+    merge_prefix,
+)
+from kvgate.wire.replica_auth import REPLICA_KEY_HEADER, UNAUTHORIZED_MESSAGE, allowed
+from kvgate.wire.routes import REPLICA_API_PREFIX
 
 DEFAULT_MODEL_NAME = "kvgate-sim"
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -61,7 +71,6 @@ class ReplicaInfo:
 ENGINE_KEY = web.AppKey("kvgate_sim_engine", AsyncEngine)
 INFO_KEY = web.AppKey("kvgate_sim_info", ReplicaInfo)
 RESPONSES_KEY = web.AppKey("kvgate_sim_responses", responses_api.ResponseStore)
-REPLICA_API_PREFIX = "/v1/kvgate/"
 
 
 def _json(body, status: int = 200) -> web.Response:
@@ -306,6 +315,29 @@ async def _stream_response(
 # -- plain routes ----------------------------------------------------------------------------
 
 
+async def count_tokens(request: web.Request) -> web.Response:
+    """POST /v1/messages/count_tokens (Anthropic; vLLM serves it too): the prompt's tokens,
+    rendered as for /v1/messages, with nothing scheduled."""
+    try:
+        body = await _read_json(request)
+        prompt_ids, _ = anthropic_api.render_messages(body)
+    except ApiError as error:
+        return _error_for("messages", error)
+    except ValueError as error:
+        return _error_for("messages", ApiError(str(error)))
+    return _json({"input_tokens": len(prompt_ids)})
+
+
+async def responses_retrieve(request: web.Request) -> web.Response:
+    """GET /v1/responses/{response_id}: a stored response (vLLM, with its response store
+    enabled, serves it from the memory of the one server that produced it; 404 elsewhere)."""
+    response_id = request.match_info["response_id"]
+    stored = request.app[RESPONSES_KEY].get(response_id)
+    if stored is None:
+        return _error(responses_api.not_found(response_id))
+    return _json(responses_api.stored_response_object(response_id, stored, request.app[INFO_KEY].model_name))
+
+
 async def models(request: web.Request) -> web.Response:
     info = request.app[INFO_KEY]
     return _json(models_response(info.model_name, info.created, request.app[ENGINE_KEY].config.effective_max_model_len))
@@ -322,7 +354,7 @@ async def metrics(request: web.Request) -> web.Response:
         request.app[INFO_KEY].model_name,
         engine.config.block_size,
         engine.config.num_blocks,
-        engine.kv_state(),
+        engine.kv_answer().to_json(),
         engine.scheduler.counters,
         manager.prefix_cache_stats,
         manager.block_pool.num_evictions,
@@ -333,61 +365,41 @@ async def metrics(request: web.Request) -> web.Response:
 # -- probe API (docs/reference.md) ---------------------------------------------------------------
 
 
-async def probe_kv(request: web.Request) -> web.Response:
-    state = request.app[ENGINE_KEY].kv_state()
-    return _json({"version": 1, **state, "engines": [{"engine": 0, **state}]})
-
-
-PROBE_FORMS = ("token_ids", "chat", "completion", "messages", "responses")
+async def kv_route(request: web.Request) -> web.Response:
+    return _json(merge_kv([request.app[ENGINE_KEY].kv_answer()]).to_json())
 
 
 def parse_prefix_probe(
     body, store: responses_api.ResponseStore | None = None, max_model_len: int | None = None
 ) -> tuple[list[int], str | None]:
-    """Token ids and cache_salt of a POST /v1/kvgate/prefix body (one of PROBE_FORMS), rendered
-    as generation renders it; a `responses` body continuing a response reads `store` (404 if
+    """Token ids and cache_salt of a prefix probe body (a `PrefixQuery`), rendered as
+    generation renders it; a `responses` body continuing a response reads `store` (404 if
     this replica does not hold it). A prompt over `max_model_len` tokens is a 400
     `prompt_too_long` (`token_ids` before its ids are read), so no probe costs more than the
     turn it prices."""
-    if not isinstance(body, dict):
-        raise ApiError(f"the probe body must be a JSON object with one of {', '.join(PROBE_FORMS)}")
-    forms = [key for key in PROBE_FORMS if key in body]
-    if len(forms) != 1:
-        raise ApiError(f"the probe body needs exactly one of {', '.join(PROBE_FORMS)}")
-    if forms[0] == "token_ids":
-        token_ids = body["token_ids"]
-        if isinstance(token_ids, list):
-            _within(len(token_ids), max_model_len)
-        if not isinstance(token_ids, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < VOCAB_SIZE for t in token_ids
-        ):
-            raise ApiError(f"'token_ids' must be a list of integers in [0, {VOCAB_SIZE})", param="token_ids")
-        salt = body.get("cache_salt")
-        if salt is not None and not isinstance(salt, str):
-            raise ApiError("'cache_salt' must be a string", param="cache_salt")
-        return token_ids, salt
-    if forms[0] == "messages":
-        token_ids, salt = anthropic_api.render_messages(body["messages"])
-    elif forms[0] == "responses":
-        token_ids, _messages, salt = responses_api.render_responses(
-            body["responses"], store if store is not None else responses_api.ResponseStore()
-        )
-    else:
-        token_ids, salt = render_prompt(forms[0], body[forms[0]])
-    _within(len(token_ids), max_model_len)
+    try:
+        query = PrefixQuery.parse(body, max_model_len)
+        if query.kind == "token_ids":
+            token_ids = query.token_ids or []
+            if not all(token < VOCAB_SIZE for token in token_ids):
+                raise ApiError(f"'token_ids' must be a list of integers in [0, {VOCAB_SIZE})", param="token_ids")
+            return token_ids, query.cache_salt
+        request_body = query.body or {}
+        if query.kind == "messages":
+            token_ids, salt = anthropic_api.render_messages(request_body)
+        elif query.kind == "responses":
+            token_ids, _messages, salt = responses_api.render_responses(
+                request_body, store if store is not None else responses_api.ResponseStore()
+            )
+        else:
+            token_ids, salt = render_prompt(query.kind, request_body)
+        check_prompt_length(len(token_ids), max_model_len)
+    except ProbeQueryError as error:
+        raise ApiError(error.message, error.status, param=error.param, code=error.code) from None
     return token_ids, salt
 
 
-def _within(num_tokens: int, max_model_len: int | None) -> None:
-    if max_model_len is not None and num_tokens > max_model_len:
-        raise ApiError(
-            f"the prompt has {num_tokens} tokens, more than this server's max_model_len ({max_model_len}); "
-            "it can never be served here",
-            code="prompt_too_long",
-        )
-
-
-async def probe_prefix(request: web.Request) -> web.Response:
+async def prefix_route(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     try:
         token_ids, cache_salt = parse_prefix_probe(
@@ -395,24 +407,12 @@ async def probe_prefix(request: web.Request) -> web.Response:
         )
     except ApiError as error:
         return _error(error)
-    probe = engine.probe_prefix(token_ids, cache_salt)
-    return _json(
-        {
-            "version": 1,
-            "total_tokens": probe.total_tokens,
-            "total_blocks": probe.total_blocks,
-            "hit_blocks": probe.hit_blocks,
-            "hit_tokens": probe.hit_tokens,
-            "hit_ratio": round(probe.hit_ratio, 6),
-            "hit_blocks_in_use": probe.hit_blocks_in_use,
-            "hit_blocks_evictable": probe.hit_blocks_evictable,
-        }
-    )
+    return _json(merge_prefix([engine.prefix_answer(token_ids, cache_salt)]).to_json())
 
 
 def replica_key_middleware(key: str | None):
-    """The replica API (`/v1/kvgate/...`) answers only requests with the replica key
-    (kvgate_vllm/replica_auth.py); every other route is vLLM's and unaffected."""
+    """The replica API (the probe API and the owner record) answers only requests with the
+    replica key (`kvgate.wire.replica_auth`); every other route is vLLM's and unaffected."""
 
     @web.middleware
     async def check(request: web.Request, handler):
@@ -423,7 +423,7 @@ def replica_key_middleware(key: str | None):
     return check
 
 
-# -- owner record (conflict detection: kvgate_vllm/owner_record.py) ---------------------------
+# -- owner record (conflict detection: kvgate.wire.owner_record) ---------------------------
 
 OWNER_KEY = web.AppKey("kvgate_sim_owner", OwnerBook)
 
@@ -477,11 +477,13 @@ def build_replica_app(
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/messages", messages)
     app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    app.router.add_get("/v1/responses/{response_id}", responses_retrieve)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/kvgate/kv", probe_kv)
-    app.router.add_post("/v1/kvgate/prefix", probe_prefix)
+    app.router.add_get(KV_PATH, kv_route)
+    app.router.add_post(PREFIX_PATH, prefix_route)
     app[OWNER_KEY] = OwnerBook(time.monotonic)
     app.router.add_post(OWNER_PATH, owner_claim)
     app.router.add_get(OWNER_PATH, owner_read)

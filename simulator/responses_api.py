@@ -283,6 +283,18 @@ def response_object(
     }
 
 
+def stored_response_object(response_id: str, stored: StoredResponse, model: str) -> dict:
+    """What GET /v1/responses/{id} answers for a stored response: its id and output."""
+    return {
+        "id": response_id,
+        "object": "response",
+        "model": model,
+        "status": "completed",
+        "output": [output_message("msg_" + response_id, stored.output_text, "completed")],
+        "store": True,
+    }
+
+
 def final_status(finish_reason: str) -> str:
     return "incomplete" if finish_reason == "length" else "completed"
 

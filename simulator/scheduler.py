@@ -21,11 +21,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvgate.gate.blocks import cdiv
 from kvgate.simulator.admission_policies import AdmissionPolicy, AdmissionView, naive
 from kvgate.simulator.config import EngineConfig
 from kvgate.simulator.kv_cache_manager import KVCacheManager
 from kvgate.simulator.request import RequestStatus, SimRequest
+from kvgate.wire.blocks import cdiv
 
 
 @dataclass

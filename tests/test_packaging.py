@@ -1,11 +1,12 @@
 """The wheel: it installs one top-level import name, `kvgate`, and its entry points (the
 `kvgate` console script, the vLLM plugins) name objects that import from it.
 
-`pip install 'kvgate[vllm]'` goes into vLLM's own environment: a top-level `proxy`, `gate`,
-`bench` or `simulator` there could shadow, or be shadowed by, other distributions of those
-names (docs/ARCHITECTURE.md, Packaging). The wheel is built as pip builds it for a user (in
-an isolated environment with pyproject.toml's [build-system] requirements), from a copy of
-the checkout, so the build leaves nothing in the working tree.
+The plugin's install (`docker/install-vllm-plugin.sh`) puts kvgate into vLLM's own
+environment: a top-level `proxy`, `gate`, `bench` or `simulator` there could shadow, or
+be shadowed by, other distributions of those names (docs/ARCHITECTURE.md, Packaging).
+The wheel is built as pip builds it for a user (in an isolated environment with
+pyproject.toml's [build-system] requirements), from a copy of the checkout, so the build
+leaves nothing in the working tree.
 """
 
 from __future__ import annotations
@@ -60,12 +61,14 @@ def test_the_wheel_installs_only_the_kvgate_namespace(wheel):
     assert top - dist_info == {"kvgate"}, f"top-level names besides kvgate: {sorted(top - dist_info - {'kvgate'})}"
     assert "kvgate/__init__.py" not in names  # a namespace package (PEP 420): nothing of its own
     for module in (
-        "kvgate/proxy/cli.py",
+        "kvgate/cli/__init__.py",
         "kvgate/gate/gate.py",
+        "kvgate/gate/policies/registry.py",
         "kvgate/balancer/balancer.py",
         "kvgate/simulator/replica_server.py",
         "kvgate/bench/agentic/cli.py",
         "kvgate/vllm_plugin/engine_plugin.py",
+        "kvgate/wire/probe_api.py",
     ):
         assert module in names, module
     assert not any(name.startswith("kvgate/tests") or "/tests/" in name for name in names)
@@ -118,8 +121,9 @@ def test_the_entry_points_name_importable_kvgate_objects(wheel, tmp_path):
 
 
 def test_loading_the_vllm_plugin_imports_no_other_part():
-    """What vLLM loads through the entry points pulls in the plugin alone: nothing of the
-    proxy, gate, balancer, simulator or benchmarks, and no aiohttp (docs/ARCHITECTURE.md)."""
+    """What vLLM loads through the entry points pulls in the plugin and the wire contract
+    alone: nothing of the proxy, gate, balancer, simulator or benchmarks, and no aiohttp
+    (docs/ARCHITECTURE.md)."""
     probe = (
         "import json, sys\n"
         "import kvgate.vllm_plugin.endpoint_plugin, kvgate.vllm_plugin.engine_plugin\n"
@@ -129,4 +133,4 @@ def test_loading_the_vllm_plugin_imports_no_other_part():
     assert done.returncode == 0, done.stderr
     loaded = json.loads(done.stdout)
     assert any(name.startswith("kvgate.vllm_plugin.") for name in loaded), loaded
-    assert [name for name in loaded if not name.startswith("kvgate.vllm_plugin")] == [], loaded
+    assert [name for name in loaded if not name.startswith(("kvgate.vllm_plugin", "kvgate.wire"))] == [], loaded

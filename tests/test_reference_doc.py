@@ -2,10 +2,10 @@
 
 Each check reads one kind of fact from the code as the running product exposes it (the
 argparse tree of the `kvgate` console script, the settings dataclasses, a live proxy's
-metrics registry and routes, a live simulated replica's probe answers, the environment
-variables the code reads) and the same kind from the page's tables, and asserts the two
-sets are equal: a fact added to the code and not to the page fails, and so does one the
-page still lists after the code dropped it. Config defaults are compared as values.
+metrics registry and routes, the typed probe answers of `kvgate.wire` and a live simulated
+replica's answers, the environment variables the code reads) and the same kind from the
+page's tables, and asserts the two sets are equal: a fact added to the code and not to
+the page fails, and so does one the page still lists after the code dropped it. Config defaults are compared as values.
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def test_every_environment_variable_is_documented():
 
 
 def test_forwarded_routes_are_documented():
-    from kvgate.proxy.routes import ROUTES
+    from kvgate.wire.routes import ROUTES
 
     documented = {
         (first_code(r[0]), first_code(r[1]), first_code(r[2])) for r in table_rows(doc_sections()["Forwarded routes"])
@@ -365,19 +365,15 @@ async def _simulated_replica_answers() -> tuple[set[tuple[str, str]], dict[str, 
     return routes, fields
 
 
-def _plugin_answer_fields() -> dict[str, set[str]]:
-    """The fields the vLLM plugin's answers can carry, from its pure builders."""
-    from kvgate.vllm_plugin.engine_rates import RateMeter
-    from kvgate.vllm_plugin.probe_results import kv_usage_result, merge_kv_usage, merge_prefix, prefix_result
+def _wire_answer_fields() -> dict[str, set[str]]:
+    """The fields of the typed answers in `kvgate.wire`, which both the vLLM plugin and the
+    simulated replica build their answers with (`to_json()` writes every field)."""
+    from kvgate.wire.owner_record import OwnerAnswer
+    from kvgate.wire.probe_api import KvAnswer, PrefixAnswer
 
-    engine = kv_usage_result(
-        num_gpu_blocks=9, num_free_blocks=4, num_cached_blocks=2, block_size=16, num_running=1, num_waiting=0
-    )
-    kv = merge_kv_usage([{**engine, "token_sec": 0.001}])
-    prefix = merge_prefix([prefix_result(total_tokens=40, block_size=16, hit_block_ref_counts=[1], hit_tokens=16)])
     return {
-        "kv": set(kv) | {k for e in kv["engines"] for k in e} | set(RateMeter().update({}, 0.0)),
-        "prefix": set(prefix) | {k for e in prefix["engines"] for k in e},
+        name: {f.name for f in dataclasses.fields(cls)}
+        for name, cls in (("kv", KvAnswer), ("prefix", PrefixAnswer), ("owner", OwnerAnswer))
     }
 
 
@@ -387,7 +383,7 @@ def _documented_fields(title: str) -> set[str]:
 
 async def test_probe_api_is_documented():
     routes, simulated = await _simulated_replica_answers()
-    plugin = _plugin_answer_fields()
+    typed = _wire_answer_fields()
     assert_same(set(_documented_routes("Replica side: the probe API and the owner record")), routes, "Replica side")
     prefix_rows = table_rows(doc_sections()["`POST /v1/kvgate/prefix`"])
     bodies = {re.match(r'`\{"(\w+)"', r[0]).group(1) for r in prefix_rows if r[0].startswith("`{")}  # type: ignore[union-attr]
@@ -397,11 +393,11 @@ async def test_probe_api_is_documented():
         "owner": _documented_fields("`/v1/kvgate/owner`"),
     }
     for name, fields in documented.items():
-        code = simulated[name] | plugin.get(name, set())
+        code = simulated[name] | typed[name]
         assert_same(fields, code, f"the probe API's {name} answer")
-    from kvgate.vllm_plugin.prefix_query import PROMPT_KINDS
+    from kvgate.wire.probe_api import QUERY_KINDS
 
-    assert_same(bodies, set(PROMPT_KINDS), "the prefix probe's bodies")
+    assert_same(bodies, set(QUERY_KINDS), "the prefix probe's bodies")
 
 
 # ---------------------------------------------------------------- metrics

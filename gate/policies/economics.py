@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvgate.gate.blocks import cdiv
 from kvgate.gate.policies.pricing import estimated_prompt_tokens, free_budget, usable_blocks
 from kvgate.gate.policies.views import WorkingSetView
 from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Wait, WaitCause
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
+from kvgate.wire.blocks import cdiv
 
 
 def quiet_lifetime(

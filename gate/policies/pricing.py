@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 
-from kvgate.gate.blocks import cdiv
 from kvgate.gate.policies.request_body import body_bytes
 from kvgate.gate.policies.views import WorkingSetView
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
+from kvgate.wire.blocks import cdiv
 
 # Tokens a session's prompt may have gained since its last exact size beyond its body's
 # byte growth: the template markers of appended messages are fewer than the bytes of

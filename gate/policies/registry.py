@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 
 from kvgate.gate.policies.pricing import window_footprint
 from kvgate.gate.policies.views import GateFacts, WatermarkView, WorkingSetView
-from kvgate.gate.policies.vocabulary import Decision, PrefixAnswer, ProbeFirst
+from kvgate.gate.policies.vocabulary import Decision, ProbedPrefix, ProbeFirst
 from kvgate.gate.policies.watermark import watermark_decide
 from kvgate.gate.policies.working_set import working_set_decide
 from kvgate.gate.readings import PrefixReading, UsageReading
@@ -38,12 +38,12 @@ class Policy(Generic[V]):
 
     name: str
     view: Callable[[GateFacts], V]
-    decide: Callable[[V, UsageReading | None, PrefixAnswer | None, GateSettings], Decision | ProbeFirst]
+    decide: Callable[[V, UsageReading | None, ProbedPrefix | None, GateSettings], Decision | ProbeFirst]
     price: Callable[[V, UsageReading, PrefixReading, GateSettings], int] | None = None
     reads_prompt_bound: bool = False
 
     def decide_read(
-        self, view: V, usage: UsageReading | None, prefix: PrefixAnswer, settings: GateSettings
+        self, view: V, usage: UsageReading | None, prefix: ProbedPrefix, settings: GateSettings
     ) -> Decision:
         """Decide with the prefix probe's answer in hand: never ProbeFirst again."""
         decision = self.decide(view, usage, prefix, settings)

@@ -42,7 +42,7 @@ class WaitCause(StrEnum):
 
 
 class RejectCode(StrEnum):
-    """Why a turn was refused for good: the error `code` the client gets."""
+    """Why a turn was refused for good: the error `code` the client gets (docs/reference.md, Errors)."""
 
     PROMPT_TOO_LONG = "prompt_too_long"
 
@@ -119,6 +119,6 @@ class PrefixUnavailable(Enum):
 
 PREFIX_UNAVAILABLE = PrefixUnavailable.PREFIX_UNAVAILABLE
 
-# What `decide` is told about the prompt's prefix: None (not read yet: the policy may
-# answer ProbeFirst), a reading, or PREFIX_UNAVAILABLE (read, and there is none).
-PrefixAnswer = PrefixReading | PrefixUnavailable
+# What the prefix probe gave, as `decide` is told: a reading or PREFIX_UNAVAILABLE. A call
+# with None instead (not read yet) may answer ProbeFirst.
+ProbedPrefix = PrefixReading | PrefixUnavailable

@@ -21,8 +21,8 @@ from kvgate.gate.policies.vocabulary import (
     AdmissionReason,
     Admit,
     Decision,
-    PrefixAnswer,
     PrefixUnavailable,
+    ProbedPrefix,
     ProbeFirst,
     Wait,
     WaitCause,
@@ -39,7 +39,7 @@ def admit_open(view: WatermarkView, settings: GateSettings) -> Admit:
 
 
 def watermark_decide(
-    view: WatermarkView, usage: UsageReading | None, prefix: PrefixAnswer | None, settings: GateSettings
+    view: WatermarkView, usage: UsageReading | None, prefix: ProbedPrefix | None, settings: GateSettings
 ) -> Decision | ProbeFirst:
     """The module's tree; ProbeFirst only for a named turn without a window at or above
     the watermark (the one branch the prefix decides)."""

@@ -60,8 +60,8 @@ from kvgate.gate.policies.vocabulary import (
     AdmissionReason,
     Admit,
     Decision,
-    PrefixAnswer,
     PrefixUnavailable,
+    ProbedPrefix,
     ProbeFirst,
     Reject,
     RejectCode,
@@ -74,7 +74,7 @@ from kvgate.gate.settings import GateSettings
 
 
 def working_set_decide(
-    view: WorkingSetView, usage: UsageReading | None, prefix: PrefixAnswer | None, settings: GateSettings
+    view: WorkingSetView, usage: UsageReading | None, prefix: ProbedPrefix | None, settings: GateSettings
 ) -> Decision | ProbeFirst:
     """The module's policy: `_decide`, with every Wait of a named turn bounded by its cap
     (`capped`: once it has waited `wait_cap_factor` x its session's turn time it goes in
@@ -86,7 +86,7 @@ def working_set_decide(
 
 
 def _decide(
-    view: WorkingSetView, usage: UsageReading | None, prefix: PrefixAnswer | None, settings: GateSettings
+    view: WorkingSetView, usage: UsageReading | None, prefix: ProbedPrefix | None, settings: GateSettings
 ) -> Decision | ProbeFirst:
     """The decision table without the cap. Every branch before `PROBE_FIRST` reads no
     prefix, so a decision reached without a reading is the one any reading would give."""

@@ -17,16 +17,17 @@ from pathlib import Path
 
 from kvgate.bench.agentic.regimes import REGIMES
 from kvgate.bench.agentic.workload import WorkloadSpec, generate_workload
+from kvgate.simulator.agent_trace import AgentTraceSpec, generate_trace
 from kvgate.simulator.cluster.plots import write_sweep_plot, write_timeline_plot
 from kvgate.simulator.cluster.presets import CLUSTER_PRESETS, ClusterPreset
 from kvgate.simulator.cluster.report import format_sweep, format_table, summarize
 from kvgate.simulator.cluster.run import ClusterConfig, RunResult, parse_event, policy_names, run_policy
-from kvgate.simulator.cluster.workload import AgentSessions, sessions_of
+from kvgate.simulator.cluster.workload import AgentSessions, sessions_of, sessions_of_trace
 from kvgate.simulator.config import ConfigError, CostModel, EngineConfig
 
 
 def _regime_names() -> list[str]:
-    return [*CLUSTER_PRESETS, *(name for name, regime in REGIMES.items() if isinstance(regime.workload, WorkloadSpec))]
+    return [*CLUSTER_PRESETS, *REGIMES]
 
 
 def add_cluster_command(sim_subparsers) -> None:
@@ -81,12 +82,16 @@ def _preset(args) -> ClusterPreset:
     if preset is not None:
         return preset
     regime = REGIMES[args.regime]
-    assert isinstance(regime.workload, WorkloadSpec)  # _regime_names offers no other
     shape = regime.shape
     engine = EngineConfig(
         shape.num_blocks, shape.block_size, shape.max_num_seqs, shape.max_num_batched_tokens, shape.max_model_len
     )
-    cost = CostModel() if shape.prefill_token_s is None else CostModel(prefill_token_s=shape.prefill_token_s)
+    costs = {
+        name: getattr(shape, name)
+        for name in ("step_overhead_s", "prefill_token_s", "decode_seq_s", "context_token_s")
+        if getattr(shape, name, None) is not None
+    }
+    cost = CostModel(**costs)
     return ClusterPreset(
         regime.name,
         regime.description,
@@ -117,25 +122,37 @@ def build_config(args, replicas: int) -> ClusterConfig:
         if not agents:
             raise ValueError("--fail-at-half needs an --agents run (a duration to halve)")
         events.append(parse_event(f"remove@{duration / 2:g}:r0"))
+    if agents and not isinstance(preset.workload, WorkloadSpec):
+        raise ValueError(f"--agents: regime {preset.name} is an agent trace; it runs its own agents and sessions")
     config = ClusterConfig(
         replicas=replicas,
         engine=engine,
         cost_model=preset.cost_model,
         time_scale=preset.time_scale if args.time_scale is None else args.time_scale,
         gate=preset.gate,
-        send_finish=preset.workload.send_finish,
+        send_finish=getattr(preset.workload, "send_finish", False),  # an agent trace announces no end
         events=tuple(events),
+        token_scale=preset.token_scale,
         jump=not args.no_jump,
     )
     if agents:
+        assert isinstance(preset.workload, WorkloadSpec)  # checked above
         if duration <= 0:
             raise ValueError("--duration must be > 0 for an --agents run")
         return dataclasses.replace(
             config,
-            agent_sessions=AgentSessions(preset.workload, args.seed),
+            agent_sessions=AgentSessions(preset.workload, args.seed, preset.token_scale),
             agents=agents,
             duration_s=duration,
             sample_sec=args.sample_sec or max(1.0, duration / 360),
+        )
+    if isinstance(preset.workload, AgentTraceSpec):  # a trace regime: its agents run its sessions
+        trace = generate_trace(preset.workload, args.seed)
+        return dataclasses.replace(
+            config,
+            sessions=tuple(sessions_of_trace(trace)),
+            concurrency=preset.workload.agents,
+            sample_sec=args.sample_sec or 1.0,
         )
     workload = generate_workload(preset.workload, args.seed)
     return dataclasses.replace(
@@ -208,6 +225,7 @@ def describe(config: ClusterConfig) -> dict:
         if config.agent_sessions is None
         else dataclasses.asdict(config.agent_sessions.spec) | {"seed": config.agent_sessions.seed},
         "events": [event.describe() for event in config.events],
+        "token_scale": config.token_scale,
         "jump": config.jump,
     }
 
@@ -223,6 +241,8 @@ def run_cluster_command(args) -> int:
     except (ValueError, ConfigError) as err:
         print(f"kvgate sim cluster: {err}", file=sys.stderr)
         return 2
+    if getattr(_preset(args).workload, "retry_prob", 0.0) > 0:
+        print(f"[cluster] note: regime {args.regime} re-sends some turns (retry_prob); the simulation does not")
     wall, cpu = time.perf_counter(), time.process_time()
     if len(counts) == 1:
         summaries = run_policies(configs[counts[0]], policies, args.out, not args.no_plots, _title(args, counts[0]))

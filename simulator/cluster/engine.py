@@ -26,12 +26,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from kvgate.simulator.async_engine import engine_kv_answer
 from kvgate.simulator.config import CostModel, EngineConfig
 from kvgate.simulator.decode_jump import decode_context_tokens, jump_decode_steps, stable_decode_steps
-from kvgate.simulator.kv_cache_manager import PrefixProbe
 from kvgate.simulator.request import SimRequest
 from kvgate.simulator.scheduler import Scheduler, SchedulerOutput
 from kvgate.simulator.step_meter import StepMeter
+from kvgate.wire.probe_api import KvAnswer, PrefixAnswer
 
 MAX_JUMP_STEPS = 4096  # a stretch longer than this is taken in several jumps (bounds the plan's size)
 
@@ -123,26 +124,15 @@ class SimEngine:
 
     # --------------------------------------------------------------------- probes
 
-    def kv_state(self) -> dict:
-        """The probe API's `GET /v1/kvgate/kv` answer, as the simulated replica gives it."""
+    def kv_answer(self) -> KvAnswer:
+        """The kv probe's answer, as the simulated replica gives it."""
         self.settle()
-        scheduler = self.scheduler
-        pool = scheduler.kv_cache_manager.block_pool
-        return {
-            "kv_cache_usage": pool.get_usage(),
-            "num_total_blocks": pool.num_blocks,
-            "num_free_blocks": pool.get_num_free_blocks(),
-            "num_cached_blocks": len(pool.cached_block_hash_to_block),
-            "block_size": self.config.block_size,
-            "num_running": len(scheduler.running),
-            "num_waiting": len(scheduler.waiting),
-            **self.meter.reading(),
-        }
+        return engine_kv_answer(self.scheduler, self.meter)
 
-    def probe_prefix(self, request: SimRequest) -> PrefixProbe:
-        """The prefix probe of `request`'s prompt (`POST /v1/kvgate/prefix`): no side effects."""
+    def prefix_answer(self, request: SimRequest) -> PrefixAnswer:
+        """The prefix probe's answer for `request`'s prompt: no side effects."""
         self.settle()
-        return self.scheduler.kv_cache_manager.probe_prefix(request.block_hashes, request.num_prompt_tokens)
+        return self.scheduler.kv_cache_manager.prefix_answer(request.block_hashes, request.num_prompt_tokens)
 
     # ----------------------------------------------------------------- stepping
 

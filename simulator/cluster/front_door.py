@@ -11,7 +11,7 @@ windows. `direct` mode skips the gate and the balancer: session i runs on replic
 i mod (replicas), as `kvgate bench agentic`'s direct mode does.
 
 The request body the gate sees (`TurnBody`) has the JSON size of the real turn's
-body: the contract policy bounds a prompt by its body's bytes, and that is all the
+body: the working_set policy bounds a prompt by its body's bytes, and that is all the
 gate reads of it besides `max_tokens`; the in-process prefix probe reads the
 turn's request from it.
 """
@@ -27,7 +27,7 @@ from kvgate.balancer.balancer import Balancer
 from kvgate.balancer.registry import Replica, ReplicaRegistry
 from kvgate.gate.admission import AdmissionController
 from kvgate.gate.errors import AdmissionError, ReplicaUnavailable
-from kvgate.gate.readings import PrefixReading, UsageReading, parse_kv_answer
+from kvgate.gate.readings import PrefixReading, UsageReading, prefix_reading, usage_reading
 from kvgate.simulator.cluster.engine import EngineStopped, SimEngine
 from kvgate.simulator.cluster.session_request import SessionRequest
 
@@ -62,14 +62,13 @@ class EngineProbe:
         engine = self._engines.get(self._name)
         if engine is None or engine.stopped:
             return None
-        return parse_kv_answer(engine.kv_state())
+        return usage_reading(engine.kv_answer())
 
     async def prefix(self, route_kind: str, body: Mapping[str, object]) -> PrefixReading | None:
         engine = self._engines.get(self._name)
         if engine is None or engine.stopped or not isinstance(body, TurnBody):
             return None
-        probe = engine.probe_prefix(body.request)
-        return PrefixReading(probe.total_blocks, probe.hit_blocks, probe.hit_ratio, probe.total_tokens)
+        return prefix_reading(engine.prefix_answer(body.request))
 
 
 @dataclass(slots=True)

@@ -64,7 +64,7 @@ def write_timeline_plot(
     axes[-1].set_xlabel("virtual seconds")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=90, metadata={"Software": None})
+    fig.savefig(path, dpi=72, metadata={"Software": None})
     plt.close(fig)
     return True
 
@@ -93,6 +93,6 @@ def write_sweep_plot(sweep: dict[int, dict[str, dict]], p95_target_s: float | No
     top.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=90, metadata={"Software": None})
+    fig.savefig(path, dpi=72, metadata={"Software": None})
     plt.close(fig)
     return True

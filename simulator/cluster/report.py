@@ -74,8 +74,9 @@ def summarize(result: RunResult) -> dict:
         "sessions_started": len(result.sessions),
         "sessions_completed": len(sessions),
         "turns_per_s": _round(len(ok) / makespan if makespan else 0.0),
-        "generated_tokens_per_s": _round(generated / makespan if makespan else 0.0, 1),
-        "prompt_tokens_per_s": _round(queries / makespan if makespan else 0.0, 1),
+        # in real tokens: a coarsened run's token stands for `token_scale` of them
+        "generated_tokens_per_s": _round(generated * result.token_scale / makespan if makespan else 0.0, 1),
+        "prompt_tokens_per_s": _round(queries * result.token_scale / makespan if makespan else 0.0, 1),
         "hit_rate": _round(hit_rate),
         "ceiling_hit_rate": _round(ceiling),
         "hit_rate_of_ceiling": _round(hit_rate / ceiling if ceiling else None),

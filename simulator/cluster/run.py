@@ -95,6 +95,7 @@ class ClusterConfig:
     send_finish: bool = True
     events: tuple[Event, ...] = ()
     sample_sec: float = 1.0
+    token_scale: float = 1.0  # one simulated token stands for this many real ones (reports undo it)
     jump: bool = True  # jump over stable decode steps (False: step by step, the reference)
 
     def gate_settings(self, policy: str) -> GateSettings:
@@ -128,6 +129,7 @@ class TurnRecord:
 @dataclass
 class SessionRecord:
     index: int
+    agent: int  # the agent that ran it (with fixed sessions: the session's own index)
     start_s: float
     end_s: float
     completed: bool
@@ -144,6 +146,7 @@ class RunResult:
     replica_turns: dict[str, int]
     events: list[tuple[float, str]]
     end_s: float
+    token_scale: float = 1.0
 
 
 class _Cluster:
@@ -192,26 +195,28 @@ class _Cluster:
 
     # ------------------------------------------------------------------ agents
 
-    async def run_session(self, session: SessionTokens, direct_index: int) -> None:
+    async def run_session(self, session: SessionTokens, direct_index: int) -> bool:
+        """Run `session`'s turns; False when the traffic ended before the session did (the agent stops)."""
         config = self.config
         size = config.engine.block_size
         index = self.session_count
         self.session_count += 1
         started = self.loop.time()
-        record = SessionRecord(index, started, started, False)
+        record = SessionRecord(index, direct_index, started, started, False)
         self.sessions.append(record)
         prefix_id, prefix_tokens = session.shared_prefix
         prefix_seen = prefix_id in self.prefixes_seen
         self.prefixes_seen.add(prefix_id)
-        reply = session.reply_tokens
         for k in range(session.turns):
             if config.agent_sessions is not None and self.loop.time() >= config.duration_s:
-                return
+                return False
             prompt = session.prompts[k]
+            reply = session.replies[k]
             if k == 0:
                 ceiling = min(prefix_tokens // size if prefix_seen else 0, (prompt - 1) // size) * size
             else:
-                ceiling = min((session.prompts[k - 1] + reply - 1) // size, (prompt - 1) // size) * size
+                computed = session.prompts[k - 1] + session.replies[k - 1] - 1  # the last turn's KV
+                ceiling = min(computed // size, (prompt - 1) // size) * size
             last = k == session.turns - 1
             start = self.loop.time()
             outcome = None
@@ -258,10 +263,16 @@ class _Cluster:
             )
             record.end_s = end
             if not outcome.ok:
-                return
+                return True  # a failed turn ends its session, not its agent
             if session.tool_latency_s[k] > 0 and not last:
+                if (
+                    config.agent_sessions is not None
+                    and self.loop.time() + session.tool_latency_s[k] >= config.duration_s
+                ):
+                    return False  # the next turn would start after the traffic ends
                 await asyncio.sleep(session.tool_latency_s[k])
         record.completed = True
+        return True
 
     async def fixed_sessions(self) -> None:
         config = self.config
@@ -290,7 +301,8 @@ class _Cluster:
                 if number >= self.active_agents:  # not active now: wait for a load step (or the end)
                     await self._wait_agents_change()
                     continue
-                await self.run_session(source.session(number, session_number), number)
+                if not await self.run_session(source.session(number, session_number), number):
+                    return
                 session_number += 1
 
         await asyncio.gather(*(agent(number) for number in range(most)))
@@ -397,6 +409,7 @@ async def _run(config: ClusterConfig, policy: str) -> RunResult:
         cluster.replica_turns,
         cluster.events,
         end,
+        config.token_scale,
     )
 
 

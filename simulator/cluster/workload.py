@@ -24,6 +24,7 @@ import orjson
 
 from kvgate.bench.agentic.workload import Workload, WorkloadSpec, build_messages, sample_tool_latency
 from kvgate.simulator import tokenizer
+from kvgate.simulator.agent_trace import AgentTrace
 
 # Tokens the chat template adds around a reply and the tool result that follows it:
 # <|end|> after the reply, <|user|> ... <|end|> around the result, <|assistant|> to generate.
@@ -34,7 +35,7 @@ TOOL_RESULT_LABEL = "Tool result: "
 @dataclass(frozen=True, slots=True)
 class SessionTokens:
     """One session: `prompts[k]` tokens and `body_bytes[k]` JSON bytes for turn k+1,
-    `tool_latency_s[k]` seconds of tool call after it, `reply_tokens` per reply;
+    `tool_latency_s[k]` seconds of tool call after it, `replies[k]` tokens of its reply;
     `shared_prefix` = (prefix id, tokens every session of that prefix starts with)."""
 
     sequence_id: int
@@ -43,7 +44,7 @@ class SessionTokens:
     prompts: tuple[int, ...]
     body_bytes: tuple[int, ...]
     tool_latency_s: tuple[float, ...]
-    reply_tokens: int
+    replies: tuple[int, ...]
 
     @property
     def turns(self) -> int:
@@ -90,7 +91,37 @@ def sessions_of(workload: Workload) -> list[SessionTokens]:
         latencies = tuple(turn.tool_latency_s for turn in session.turns)
         out.append(
             SessionTokens(
-                session.index, session.session_id, (0, shared), tuple(prompts), tuple(sizes), latencies, reply
+                session.index,
+                session.session_id,
+                (0, shared),
+                tuple(prompts),
+                tuple(sizes),
+                latencies,
+                (reply,) * len(prompts),
+            )
+        )
+    return out
+
+
+# A model token stands for about 4 bytes of English text or code in a request body.
+TRACE_BYTES_PER_TOKEN = 4
+
+
+def sessions_of_trace(trace: AgentTrace) -> list[SessionTokens]:
+    """An agent trace's sessions (`simulator.agent_trace`): its token counts as they are,
+    every session sharing the system prompt, body sizes at TRACE_BYTES_PER_TOKEN."""
+    out = []
+    for session in trace.sessions:
+        prompts = tuple(trace.prompt_tokens(session))
+        out.append(
+            SessionTokens(
+                session.index,
+                f"t{trace.seed}-{session.index:05d}",
+                (0, trace.system_prompt_tokens),
+                prompts,
+                tuple(_BODY_OVERHEAD_BYTES + TRACE_BYTES_PER_TOKEN * prompt for prompt in prompts),
+                tuple(turn.tool_time_s for turn in session.turns),
+                tuple(turn.output_tokens for turn in session.turns),
             )
         )
     return out
@@ -118,23 +149,34 @@ class AgentSessions:
 
     With `shared_system_prompt`, every session starts with the same system prompt (one
     shared prefix); otherwise only a few template tokens, less than a block.
+    `token_scale` f divides every word count and the reply length by f (at least 1), for
+    engines coarsened by the same f (`CostPreset.scaled`): one token stands for f, and a
+    body's bytes describe the scaled text, so the gate's byte bound still bounds it.
     """
 
-    def __init__(self, spec: WorkloadSpec, seed: int) -> None:
+    def __init__(self, spec: WorkloadSpec, seed: int, token_scale: float = 1.0) -> None:
         spec.validate()
+        if token_scale < 1:
+            raise ValueError(f"token scale must be >= 1 (got {token_scale})")
         self.spec = spec
         self.seed = seed
+        self.token_scale = token_scale
+
+    def _scaled(self, count: float) -> int:
+        return max(1, round(count / self.token_scale))
 
     def session(self, agent: int, number: int) -> SessionTokens:
         spec = self.spec
+        scaled = self._scaled
         rng = random.Random(f"{self.seed}:{agent}:{number}")
         latency_rng = random.Random(f"{self.seed}:{agent}:{number}:tool-latency")
-        system = spec.system_prompt_words + 4  # "You are agent." (+ its index when not shared)
-        task = spec.task_words + 3  # "Task N:"
+        system = scaled(spec.system_prompt_words + 4)  # "You are agent." (+ its index when not shared)
+        task = scaled(spec.task_words + 3)  # "Task N:"
+        reply = scaled(spec.reply_tokens)
         # <|bos|> <|system|> system <|end|> <|user|> task <|end|> <|assistant|>
         prompt = system + task + 6
         shared = system + 4 if spec.shared_system_prompt else 5  # up to "<|user|> Task"
-        size = _BODY_OVERHEAD_BYTES + BYTES_PER_WORD * (spec.system_prompt_words + spec.task_words + 7)
+        size = _BODY_OVERHEAD_BYTES + BYTES_PER_WORD * (system + task)
         turns = rng.randint(spec.turns_min, spec.turns_max)
         prompts, sizes, latencies = [], [], []
         for index in range(turns):
@@ -142,10 +184,9 @@ class AgentSessions:
             sizes.append(size)
             last = index == turns - 1
             latencies.append(0.0 if last else sample_tool_latency(latency_rng, spec))
-            words = rng.randint(spec.tool_result_words_min, spec.tool_result_words_max)
-            prompt += spec.reply_tokens + words + 3 + TURN_MARKER_TOKENS
-            size += 2 * _MESSAGE_OVERHEAD_BYTES + _REPLY_BYTES_PER_TOKEN * spec.reply_tokens
-            size += BYTES_PER_WORD * (words + 3)
+            result = scaled(rng.randint(spec.tool_result_words_min, spec.tool_result_words_max) + 3)
+            prompt += reply + result + TURN_MARKER_TOKENS
+            size += 2 * _MESSAGE_OVERHEAD_BYTES + _REPLY_BYTES_PER_TOKEN * reply + BYTES_PER_WORD * result
         sequence = (agent << 24) | number
         return SessionTokens(
             sequence,
@@ -154,5 +195,5 @@ class AgentSessions:
             tuple(prompts),
             tuple(sizes),
             tuple(latencies),
-            spec.reply_tokens,
+            (reply,) * turns,
         )

@@ -19,14 +19,14 @@ def test_the_tree_imports_this_checkouts_folders(tmp_path):
     assert (root / "kvgate" / "bench" / "agentic").resolve() == (REPO / "bench" / "agentic").resolve()
     assert not (root / "kvgate" / "__init__.py").exists()  # kvgate stays a namespace package
     printed = subprocess.run(
-        [sys.executable, "-c", "import kvgate.proxy.cli as m; print(m.__file__)"],
+        [sys.executable, "-c", "import kvgate.cli as m; print(m.__file__)"],
         env={"PYTHONPATH": str(root)},
         cwd=tmp_path,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    assert printed == str(root / "kvgate" / "proxy" / "cli.py")
+    assert printed == str(root / "kvgate" / "cli" / "__init__.py")
 
 
 def test_a_checkout_from_before_the_namespace_maps_nothing(tmp_path):

@@ -14,7 +14,7 @@ async def run_benchmark(url: str, *options: str) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "kvgate.proxy.cli",
+        "kvgate.cli",
         "bench",
         "probe-latency",
         "--url",
@@ -52,8 +52,8 @@ async def test_probe_latency_runs_idle_and_under_load(tmp_path):
         assert result["load_max_running"] > 0 and result["load_requests"] > 0
         assert result["load_failed_requests"] == 0
         assert "load (" in stdout and "prefix" in stdout  # the table was printed
-        state = replica.engine.kv_state()
-        assert state["num_running"] == state["num_waiting"] == 0  # every load request ended
+        state = replica.engine.kv_answer()
+        assert state.num_running == state.num_waiting == 0  # every load request ended
     finally:
         await replica.stop()
 

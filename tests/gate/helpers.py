@@ -84,16 +84,21 @@ class FakeProbe:
         self.prefixes[body_id] = PrefixReading(total, hit, hit / total if total else 0.0, tokens)
 
 
+def body(session: str, content: str = "hi", **fields: Any) -> dict[str, Any]:
+    """A chat request body of `session`: its `id` keys FakeProbe's prefix readings and the
+    fake replica's; `fields` add or replace top-level keys (max_tokens, model, ...)."""
+    return {"id": session, "messages": [{"role": "user", "content": content}], **fields}
+
+
 def settings(**overrides: Any) -> GateSettings:
-    """GateSettings with test-friendly defaults: the watermark policy (tests of the working_set
-    policy ask for it by name), long grace, short real-time poll. Quiet expiry is off
+    """GateSettings with test-friendly defaults: the default policy (tests of the watermark
+    policy ask for it by name), long grace, a 60 s poll (a waiter re-decides when the gate
+    wakes it, or when a test moves the fake clock past its poll). Quiet expiry is off
     (its floor is the grace: a window lives `idle_grace_sec`) unless a test sets
     `quiet_floor_sec`, and so is the cap on a held turn's wait unless a test sets
-    `wait_cap_factor`: the tests of the grace rules and of waking keep their hand-worked
-    clocks (the cap's re-decisions run on real time, the fake clock never reaches it)."""
-    base = GateSettings(
-        policy="watermark", wait_poll_sec=0.02, idle_grace_sec=60.0, quiet_floor_sec=60.0, wait_cap_factor=0.0
-    )
+    `wait_cap_factor` (its default is off too): the tests of the grace rules keep their
+    hand-worked clocks."""
+    base = GateSettings(wait_poll_sec=60.0, idle_grace_sec=60.0, quiet_floor_sec=60.0, wait_cap_factor=0.0)
     return replace(base, **overrides)
 
 
@@ -104,16 +109,26 @@ def asks_probe(policy: Policy[Any], facts: GateFacts, usage: UsageReading | None
 
 
 async def until(condition: Callable[[], bool], what: str = "condition", steps: int = 2000) -> None:
-    """Let the event loop run until `condition()` holds (no timing assertions: a step budget)."""
+    """Let the event loop run until `condition()` holds (no timing assertions: a step budget).
+
+    On a loop whose time is a FakeClock (`loop_on_clock`) only the clock moves time, so
+    the budget is in loop iterations alone; otherwise real-time waits get 1 s more."""
     for _ in range(steps):
         if condition():
             return
         await asyncio.sleep(0)
-    for _ in range(200):  # give real-time waits (wait_poll_sec) a chance too
-        if condition():
-            return
-        await asyncio.sleep(0.005)
+    if not isinstance(asyncio.get_running_loop().time, FakeClock):
+        for _ in range(200):  # give real-time waits (a real HTTP round trip) a chance too
+            if condition():
+                return
+            await asyncio.sleep(0.005)
     raise AssertionError(f"gave up waiting for {what}")
+
+
+async def settle(steps: int = 50) -> None:
+    """Let every ready callback run (a woken waiter re-decides), without moving any clock."""
+    for _ in range(steps):
+        await asyncio.sleep(0)
 
 
 def assert_clean(gate: Gate, clock: FakeClock) -> None:

@@ -18,7 +18,7 @@ from kvgate.gate.admission import (
 )
 from kvgate.gate.settings import ProbeSettings
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
-from tests.gate.helpers import CLEAN, FakeProbe, sample, settings, until
+from tests.gate.helpers import CLEAN, FakeProbe, body, sample, settings, until
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,6 @@ async def http():
 async def start_replica(aiohttp_server, script: ReplicaScript, name: str) -> Replica:
     server = await aiohttp_server(fake_replica_app(script), host="127.0.0.1")
     return Replica(name, str(server.make_url("")).rstrip("/"))
-
-
-def chat(session: str) -> dict:
-    return {"id": session, "model": "m", "messages": [{"role": "user", "content": f"turn of {session}"}]}
 
 
 def assert_clean(controller: AdmissionController, clock) -> None:
@@ -67,35 +63,38 @@ async def test_whole_decision_tree_through_http(aiohttp_server, make_controller,
     replica = await start_replica(aiohttp_server, script, "r0")
     # every look reads usage afresh: readings are stale at once and unusable after 0.5 s
     gate_settings = settings(
-        wait_poll_sec=60, idle_grace_sec=10, probe=ProbeSettings(timeout_sec=0.5, usage_max_age_ms=0)
+        policy="watermark",
+        wait_poll_sec=60,
+        idle_grace_sec=10,
+        probe=ProbeSettings(timeout_sec=0.5, usage_max_age_ms=0),
     )
     controller = make_controller(gate_settings)
 
     # below the watermark: open, no prefix probe
-    busy = await controller.acquire(replica, "busy", "chat", chat("busy"))
+    busy = await controller.acquire(replica, "busy", "chat", body("busy"))
     assert busy.reason == "open" and script.prefix_requests == []
 
     # above it: a resident session passes and gets a window
     script.usage(0.9)
     clock.advance(1)
     script.prefix("hot", total=20, hit=19)
-    hot = await controller.acquire(replica, "hot", "chat", chat("hot"))
+    hot = await controller.acquire(replica, "hot", "chat", body("hot"))
     assert hot.reason == "resident_prefix"
     hot.release()
 
     # a cold session waits
-    cold = asyncio.create_task(controller.acquire(replica, "cold", "chat", chat("cold")))
+    cold = asyncio.create_task(controller.acquire(replica, "cold", "chat", body("cold")))
     await until(lambda: controller.counts()["waiters"] == 1)
     assert controller.state()["r0"]["pending"] == ["cold"]
 
     # the window holder passes without a prefix probe
     probed = len(script.prefix_requests)
-    again = await controller.acquire(replica, "hot", "chat", chat("hot"))
+    again = await controller.acquire(replica, "hot", "chat", body("hot"))
     assert again.reason == "holds_window" and len(script.prefix_requests) == probed
     again.release()
 
     # a retry of the cold session gets the older attempt a 409
-    retry = asyncio.create_task(controller.acquire(replica, "cold", "chat", chat("cold")))
+    retry = asyncio.create_task(controller.acquire(replica, "cold", "chat", body("cold")))
     with pytest.raises(AdmissionSuperseded):
         await cold
     await until(lambda: controller.counts()["waiters"] == 1 and controller.counts()["attempts"] == 1)
@@ -128,13 +127,13 @@ async def test_gates_are_per_replica_and_created_lazily(metrics, clock):
 
     controller = AdmissionController(settings(), metrics, probe_factory=factory, clock=clock)
     assert controller.state() == {}
-    a = await controller.acquire(Replica("calm", "http://calm"), "s1", "chat", chat("s1"))
-    b = await controller.acquire(Replica("hot", "http://hot"), "s1", "chat", chat("s1"))
+    a = await controller.acquire(Replica("calm", "http://calm"), "s1", "chat", body("s1"))
+    b = await controller.acquire(Replica("hot", "http://hot"), "s1", "chat", body("s1"))
     assert (a.reason, a.replica, b.reason, b.replica) == ("open", "calm", "prefix_probe_unavailable", "hot")
     assert set(controller.state()) == {"calm", "hot"}
     # a replica re-added under the same name with a new url gets a fresh probe, same gate
     old = probes["calm"]
-    c = await controller.acquire(Replica("calm", "http://calm2"), "s2", "chat", chat("s2"))
+    c = await controller.acquire(Replica("calm", "http://calm2"), "s2", "chat", body("s2"))
     assert probes["calm"] is not old and c.reason == "open"
     for lease in (a, b, c):
         lease.release()
@@ -148,8 +147,8 @@ async def test_remove_replica_fails_its_waiters_not_others(metrics, clock):
     probe = FakeProbe(usage=0.9)
     controller = AdmissionController(settings(wait_poll_sec=60), metrics, probe_factory=lambda n, u: probe, clock=clock)
     r0, r1 = Replica("r0", "http://r0"), Replica("r1", "http://r1")
-    waiters = [asyncio.create_task(controller.acquire(r0, f"s{i}", "chat", chat(f"s{i}"))) for i in range(3)]
-    other = asyncio.create_task(controller.acquire(r1, "t", "chat", chat("t")))
+    waiters = [asyncio.create_task(controller.acquire(r0, f"s{i}", "chat", body(f"s{i}"))) for i in range(3)]
+    other = asyncio.create_task(controller.acquire(r1, "t", "chat", body("t")))
     await until(lambda: controller.counts()["waiters"] == 4)
     controller.remove_replica("r0")
     controller.remove_replica("never-added")
@@ -169,7 +168,7 @@ async def test_a_10kb_session_id_is_booked_hashed_and_never_in_metrics(metrics, 
     probe.set_prefix("big", total=10, hit=10)
     controller = AdmissionController(settings(), metrics, probe_factory=lambda n, u: probe, clock=clock)
     huge = "x" * 10_240
-    lease = await controller.acquire(Replica("r0", "http://r0"), huge, "chat", chat("big"))
+    lease = await controller.acquire(Replica("r0", "http://r0"), huge, "chat", body("big"))
     assert lease.reason == "resident_prefix"
     [key] = controller.state()["r0"]["sessions"]
     assert key == session_key(huge) == hashlib.sha256(huge.encode()).hexdigest()
@@ -183,7 +182,7 @@ async def test_controller_opens_and_closes_its_own_client_session(aiohttp_server
     script = ReplicaScript()
     replica = await start_replica(aiohttp_server, script, "r0")
     controller = AdmissionController(settings(), metrics, clock=clock)
-    lease = await controller.acquire(replica, None, "chat", chat("a"))
+    lease = await controller.acquire(replica, None, "chat", body("a"))
     assert lease.reason == "anonymous" and script.kv_hits == 1
     lease.release()
     await controller.aclose()
@@ -200,9 +199,11 @@ async def test_waiters_on_a_replica_that_dies_are_not_stranded(aiohttp_server, m
     script.usage(0.95)
     server = await aiohttp_server(fake_replica_app(script), host="127.0.0.1")
     replica = Replica("r0", str(server.make_url("")).rstrip("/"))
-    gate_settings = settings(wait_poll_sec=0.02, probe=ProbeSettings(timeout_sec=0.5, usage_max_age_ms=0))
+    gate_settings = settings(
+        policy="watermark", wait_poll_sec=0.02, probe=ProbeSettings(timeout_sec=0.5, usage_max_age_ms=0)
+    )
     controller = make_controller(gate_settings)
-    waiters = [asyncio.create_task(controller.acquire(replica, f"s{i}", "chat", chat(f"s{i}"))) for i in range(3)]
+    waiters = [asyncio.create_task(controller.acquire(replica, f"s{i}", "chat", body(f"s{i}"))) for i in range(3)]
     await until(lambda: controller.counts()["waiters"] == 3)
     await server.close()  # the replica dies: probes fail, usage is unknown
     clock.advance(1)

@@ -11,6 +11,9 @@ from kvgate.gate.policies.request_body import output_allowance
 from kvgate.gate.route_prompts import body_holds_prompt
 from tests.gate.helpers import FakeProbe, assert_clean, settings
 
+# Logic tests: the gate's timers run on the fake clock (see conftest.loop_on_clock).
+pytestmark = pytest.mark.usefixtures("loop_on_clock")
+
 
 @pytest.mark.parametrize(
     "route_kind, body, holds",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.gate.blocks import cdiv
+from kvgate.wire.blocks import cdiv
 
 
 @pytest.mark.parametrize("a, b, expected", [(0, 16, 0), (1, 16, 1), (16, 16, 1), (17, 16, 2), (352, 16, 22), (5, 1, 5)])

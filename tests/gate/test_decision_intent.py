@@ -12,12 +12,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import pytest
+
 from kvgate.gate.gate import Gate
 from kvgate.gate.policies.pricing import window_footprint
 from kvgate.gate.policies.registry import Policy
 from kvgate.gate.policies.views import WorkingSetView
 from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Decision, Wait, WaitCause
-from tests.gate.helpers import FakeProbe, assert_clean, settings, until
+from tests.gate.helpers import FakeProbe, assert_clean, body, settings, settle, until
+
+# Logic tests: the gate's timers run on the fake clock (see conftest.loop_on_clock).
+pytestmark = pytest.mark.usefixtures("loop_on_clock")
 
 HELD = Wait(WaitCause.COLD_PREFIX, "scripted")
 
@@ -41,15 +46,6 @@ class Script:
 def make_gate(script: Script, probe, metrics, clock) -> Gate:
     # no poll within a test: a waiter re-decides only when the shell wakes it
     return Gate("r0", probe, settings(wait_poll_sec=60), metrics, clock, script.policy())
-
-
-def body(session: str) -> dict:
-    return {"id": session, "messages": [{"role": "user", "content": "hi"}]}
-
-
-async def settle() -> None:
-    for _ in range(50):
-        await asyncio.sleep(0)
 
 
 async def test_wake_next_wakes_the_next_waiter_whatever_the_reason(probe, metrics, clock):
@@ -142,7 +138,8 @@ async def test_wake_on_release_wakes_a_waiter_behind_the_head_when_blocks_are_fr
     eager = asyncio.ensure_future(gate.acquire("eager", "chat", body("eager")))
     await until(lambda: gate.counts()["waiters"] == 3, "a waiter that asked to be woken on release")
     running.release()  # blocks freed
-    eager_lease = await asyncio.wait_for(eager, 5)  # without the wake it would wait for its 60 s poll
+    await until(eager.done, "the eager waiter to be admitted")  # without the wake: its 60 s poll, never here
+    eager_lease = eager.result()
     await settle()
     assert not head.done() and not plain.done() and gate.counts()["waiters"] == 2
     for waiter in (head, plain):

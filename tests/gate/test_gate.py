@@ -8,7 +8,10 @@ import pytest
 
 from kvgate.gate.errors import AdmissionSuperseded, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 from kvgate.gate.gate import HELD_READING_MAX_AGE_SEC, Gate
-from tests.gate.helpers import CLEAN, FakeProbe, assert_clean, sample, settings, until
+from tests.gate.helpers import CLEAN, FakeProbe, assert_clean, body, sample, settings, until
+
+# Logic tests: the gate's timers run on the fake clock (see conftest.loop_on_clock).
+pytestmark = pytest.mark.usefixtures("loop_on_clock")
 
 HIGH = 0.9
 LOW = 0.1
@@ -16,10 +19,6 @@ LOW = 0.1
 
 def make_gate(probe, metrics, clock, **overrides) -> Gate:
     return Gate("r0", probe, settings(**overrides), metrics, clock)
-
-
-def body(session: str) -> dict:
-    return {"id": session, "messages": [{"role": "user", "content": "hi"}]}
 
 
 def waiting(gate: Gate) -> int:
@@ -205,13 +204,14 @@ async def test_finish_session_ends_window_and_wakes_waiter(metrics, clock):
 
 
 async def test_max_wait_raises_timeout_with_retry_after(probe, metrics, clock):
-    gate = make_gate(probe, metrics, clock, max_wait_sec=5, wait_poll_sec=0.01)
+    gate = make_gate(probe, metrics, clock, max_wait_sec=5, wait_poll_sec=1)
     probe.usage_value = HIGH
     task = asyncio.create_task(gate.acquire("cold", "chat", body("cold")))
     await until(lambda: waiting(gate) == 1)
-    clock.advance(4)
-    for _ in range(5):
-        await asyncio.sleep(0.01)
+    for _ in range(4):  # four polls, each decides to wait again
+        calls = probe.usage_calls
+        clock.advance(1)
+        await until(lambda calls=calls: probe.usage_calls > calls, "the waiter to poll")
     assert not task.done()
     clock.advance(2)
     with pytest.raises(AdmissionTimeout) as info:
@@ -379,12 +379,16 @@ async def test_closed_gate_fails_waiters_and_still_takes_releases(probe, metrics
 
 
 async def test_wait_poll_re_evaluates_without_any_wake(probe, metrics, clock):
-    gate = make_gate(probe, metrics, clock, wait_poll_sec=0.01)
+    gate = make_gate(probe, metrics, clock, wait_poll_sec=0.25)
     probe.usage_value = HIGH
     task = asyncio.create_task(gate.acquire("cold", "chat", body("cold")))
-    await until(lambda: probe.usage_calls >= 3, "the waiter to poll")  # on its last reading: no new probe
-    assert probe.prefix_calls == ["cold"]
+    await until(lambda: waiting(gate) == 1, "the turn to wait")
+    for polls in (2, 3):
+        clock.advance(0.25)
+        await until(lambda polls=polls: probe.usage_calls >= polls, "the waiter to poll")
+    assert probe.prefix_calls == ["cold"]  # decided again on its last reading: no new probe
     probe.usage_value = LOW
+    clock.advance(0.25)
     lease = await task
     assert lease.reason == "open"
     lease.release()

@@ -9,7 +9,10 @@ import pytest
 
 from kvgate.gate.gate import Gate
 from kvgate.gate.observations import reprefill_tokens
-from tests.gate.helpers import FakeProbe, assert_clean, make_probe, sample, settings, until
+from tests.gate.helpers import FakeProbe, assert_clean, body, make_probe, sample, settings, until
+
+# Logic tests: the gate's timers run on the fake clock (see conftest.loop_on_clock).
+pytestmark = pytest.mark.usefixtures("loop_on_clock")
 
 
 @pytest.mark.parametrize(
@@ -28,10 +31,6 @@ from tests.gate.helpers import FakeProbe, assert_clean, make_probe, sample, sett
 )
 def test_reprefill_tokens(previous, prompt, hit_blocks, block_size, expected):
     assert reprefill_tokens(previous, prompt, hit_blocks, block_size) == expected
-
-
-def body(session: str) -> dict:
-    return {"id": session, "messages": [{"role": "user", "content": "hi"}]}
 
 
 async def test_oldest_waiter_age_and_wait_by_reason(metrics, clock):
@@ -64,7 +63,7 @@ async def test_oldest_waiter_age_and_wait_by_reason(metrics, clock):
 
 async def test_reprefill_counts_evicted_blocks_of_the_previous_turn(metrics, clock):
     probe = FakeProbe(usage=0.9, total=64, free=10, block_size=16)
-    gate = Gate("r0", probe, settings(retain_session=False), metrics, clock)  # every turn probed
+    gate = Gate("r0", probe, settings(policy="watermark", retain_session=False), metrics, clock)  # every turn probed
     probe.set_prefix("s1", total=20, hit=18, tokens=330)
     lease = await gate.acquire("s1", "chat", body("s1"))
     lease.release()

@@ -56,7 +56,7 @@ async def turn(http: aiohttp.ClientSession, session: str, finish: bool = False):
 
 
 async def test_decision_tree_end_to_end(stack):
-    script, clock, controller, http = await stack(wait_poll_sec=60, idle_grace_sec=10)
+    script, clock, controller, http = await stack(policy="watermark", wait_poll_sec=60, idle_grace_sec=10)
 
     status, headers, _ = await turn(http, "busy")
     assert (status, headers["x-kvgate-admission"], headers["x-kvgate-replica"]) == (200, "open", "r0")
@@ -110,10 +110,10 @@ async def test_timeout_and_prompt_too_long_over_http(stack):
 
 
 async def test_a_turn_the_upstream_answers_404_and_a_models_request_leave_no_window(stack):
-    """Issue 9 / 14: a request without a prompt (GET /v1/models) never touches the gate's
+    """A request without a prompt (GET /v1/models) never touches the gate's
     books; a turn whose upstream answers 404 (the fake replica serves no /v1/completions)
     was admitted into a new window, which ends (`revoked`) when its lease is released."""
-    script, clock, controller, http = await stack(wait_poll_sec=60, idle_grace_sec=10)
+    script, clock, controller, http = await stack(policy="watermark", wait_poll_sec=60, idle_grace_sec=10)
     script.usage(0.9)
     script.prefix("lost", total=20, hit=19)
     async with http.get("/v1/models", headers={"x-session-id": "lost"}) as resp:

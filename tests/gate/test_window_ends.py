@@ -1,4 +1,4 @@
-"""Windows in the asyncio gate (issue 9): quiet expiry, the window-end metric by cause,
+"""Windows in the asyncio gate: quiet expiry, the window-end metric by cause,
 no window for a request without a prompt or for a turn that served none, and the
 work-conserving admission of a held turn. Fake clock; every test ends clean."""
 
@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from kvgate.gate.gate import Gate
 from kvgate.gate.readings import UsageReading
-from tests.gate.helpers import FakeProbe, assert_clean, sample, settings, until
+from tests.gate.helpers import FakeProbe, assert_clean, body, sample, settings, settle, until
 
-
-def body(session: str) -> dict:
-    return {"id": session, "messages": [{"role": "user", "content": "hi"}]}
+# Logic tests: the gate's timers run on the fake clock (see conftest.loop_on_clock).
+pytestmark = pytest.mark.usefixtures("loop_on_clock")
 
 
 def ends(metrics, cause: str) -> float:
@@ -119,8 +120,11 @@ async def test_a_held_turn_goes_in_work_conserving_once_the_idle_replica_waited_
         gate.acquire("b", "chat", {"id": "b", "max_tokens": 0, "messages": [{"role": "user", "content": "y" * 2000}]})
     )
     await until(lambda: gate.counts()["waiters"] == 1, "b to be held")
+    await settle()
+    assert not task.done()
     clock.advance(0.081)  # the replica stayed idle longer than the re-prefill b causes (80 ms)
-    lease = await asyncio.wait_for(task, 5)  # the recheck fires on its own (not the 60 s poll)
+    await until(task.done, "b's recheck")  # its own timer fires (not the 60 s poll)
+    lease = task.result()
     assert lease.reason == "work_conserving" and gate.state()["windows"]["in_flight"] == []
     lease.release()
     assert sample(metrics, "kvgate_admissions_total", replica="r0", reason="work_conserving") == 1
@@ -142,8 +146,11 @@ async def test_a_newcomer_held_behind_a_silent_sessions_window_gets_in_once_it_g
     task = asyncio.create_task(gate.acquire("next", "chat", {"id": "next", **big}))
     await until(lambda: gate.counts()["waiters"] == 1, "the newcomer to be held")
     assert gate.counts()["leases"] == 0  # nothing in flight: no release will wake it
+    await settle()
+    assert not task.done()
     clock.advance(0.05)  # the silent session's window is quiet now
-    lease = await asyncio.wait_for(task, 5)  # woken by its own timer, not the 60 s poll
+    await until(task.done, "the newcomer's timer")  # its own timer, not the 60 s poll
+    lease = task.result()
     assert lease.reason == "window_fits"
     lease.release()
     assert ends(metrics, "quiet") == 1

@@ -1,4 +1,4 @@
-"""Issue 9's policy pieces as pure functions on hand-worked states: quiet expiry of an
+"""The economics of holding as pure functions on hand-worked states: quiet expiry of an
 idle window, and the working_set policy's work-conserving rule (a held turn that goes in
 because holding it costs more than the re-prefill it causes, and one that is held)."""
 

@@ -13,7 +13,10 @@ import pytest
 
 from kvgate.gate.errors import PromptTooLong
 from kvgate.gate.gate import Gate, Lease
-from tests.gate.helpers import FakeProbe, assert_clean, sample, settings, until
+from tests.gate.helpers import FakeProbe, assert_clean, body, sample, settings, until
+
+# Logic tests: the gate's timers run on the fake clock (see conftest.loop_on_clock).
+pytestmark = pytest.mark.usefixtures("loop_on_clock")
 
 
 def working_set_gate(metrics, clock, total: int = 100, free: int = 100, **overrides) -> tuple[Gate, FakeProbe]:
@@ -23,16 +26,12 @@ def working_set_gate(metrics, clock, total: int = 100, free: int = 100, **overri
     return gate, probe
 
 
-def body(session: str, **fields) -> dict:
-    return {"id": session, "messages": [{"role": "user", "content": "hi"}], **fields}
-
-
 def unbounded_body(session: str, size: int = 2000, **fields) -> dict:
     """A body whose byte-length bound on its prompt (over `size` tokens; 2,000: 125
     blocks of 16) exceeds a 100-block replica, so the working_set policy must probe to
     price it. A later turn of the same session must grow by as many bytes as it grows
     in tokens, or more (as real prompts do), else its history bound fits."""
-    return {"id": session, "messages": [{"role": "user", "content": "x" * size}], **fields}
+    return body(session, "x" * size, **fields)
 
 
 def waiting(gate: Gate) -> int:

@@ -110,7 +110,7 @@ def flag(args: list[str], name: str) -> str | None:
 def kvgate_listen(argv: list[str], env: dict[str, str], files: dict[str, Path]) -> Listen:
     """Where `kvgate ARGV` listens with environment `env`; `files` maps the container's
     paths to the repository files mounted or copied there."""
-    from kvgate.proxy.cli import build_parser
+    from kvgate.cli import build_parser
 
     args = build_parser().parse_args(argv)
     if args.command == "replica":

@@ -16,7 +16,7 @@ async def start_serve(*args: str) -> tuple[asyncio.subprocess.Process, list[str]
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "kvgate.proxy.cli",
+        "kvgate.cli",
         "serve",
         "--port",
         "0",

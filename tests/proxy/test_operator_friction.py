@@ -7,18 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
+import re
 import socket
 import subprocess
 import sys
 import time
 
+import aiohttp
 import pytest
 from fake_upstream import FakeUpstream
 from proxy_client import ADMIN_TOKEN, ProxyClient, proxy_settings
-from serve_process import REPO
+from serve_process import REPO, start_serve, stop_serve
 
 from kvgate.gate.settings import GateSettings
+from kvgate.proxy.access_log import access_line
 from kvgate.proxy.app import create_app
 from kvgate.proxy.commands import check_config_command
 from kvgate.proxy.config import OTHER_VARIABLES, ConfigError, load_settings, settings_from_dict
@@ -192,7 +196,7 @@ def test_serve_on_a_busy_port_says_so_before_starting_anything():
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
         done = subprocess.run(
-            [sys.executable, "-m", "kvgate.proxy.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "kvgate.cli", "serve", "--port", str(port)],
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -203,3 +207,83 @@ def test_serve_on_a_busy_port_says_so_before_starting_anything():
     (line,) = [line for line in done.stderr.splitlines() if line.strip()]
     assert line.startswith(f"kvgate: cannot listen on 127.0.0.1:{port}: Address already in use")
     assert "--port" in line and "kvgate: kvgate:" not in line
+
+
+# ---- the access log ------------------------------------------------------------------
+
+LOGFMT = re.compile(r"^(\w+=\S+)( \w+=\S+)*$")
+
+
+def parse_logfmt(line: str) -> dict[str, str]:
+    assert LOGFMT.match(line), line
+    return dict(pair.split("=", 1) for pair in line.split(" "))
+
+
+def test_access_line_is_logfmt_with_the_session_hashed():
+    line = access_line(1764624001.25, "chat", "agent 42", "r0", "window_fits", 12.34, 200, 0.8341)
+    fields = parse_logfmt(line)
+    assert list(fields) == ["time", "route", "session", "replica", "admission", "wait_ms", "status", "duration_ms"]
+    assert fields["time"] == "2025-12-01T21:20:01.250Z"
+    assert fields["session"] == hashlib.sha256(b"agent 42").hexdigest()[:16] and "agent" not in line
+    assert (fields["wait_ms"], fields["status"], fields["duration_ms"]) == ("12.3", "200", "834.1")
+    anonymous = parse_logfmt(access_line(0.0, "models", None, None, None, 0.0, 503, 0.001))
+    assert (anonymous["session"], anonymous["replica"], anonymous["admission"]) == ("-", "-", "-")
+
+
+async def test_serve_with_log_access_writes_one_line_per_request():
+    proc, lines, url = await start_serve_env({"KVGATE_LOG__ACCESS": "true"})
+    try:
+        async with aiohttp.ClientSession() as http:
+            for turn in range(2):
+                body = {
+                    "model": "kvgate-sim",
+                    "messages": [{"role": "user", "content": f"turn {turn}"}],
+                    "max_tokens": 2,
+                }
+                async with http.post(
+                    url + "/v1/chat/completions", json=body, headers={"x-session-id": "secret-id"}
+                ) as r:
+                    assert r.status == 200
+                    replica, admission = r.headers["x-kvgate-replica"], r.headers["x-kvgate-admission"]
+            async with http.post(url + "/v1/chat/completions", data=b"{not json", headers={"x-session-id": "x"}) as r:
+                assert r.status == 400
+        access: list[dict[str, str]] = []
+        while len(access) < 3:
+            line = (await asyncio.wait_for(proc.stdout.readline(), timeout=30)).decode().strip()
+            lines.append(line)
+            if line.startswith("time="):
+                access.append(parse_logfmt(line))
+    finally:
+        await stop_serve(proc)
+    assert not any("secret-id" in line for line in lines)
+    first, second, refused = access
+    assert first["session"] == second["session"] == hashlib.sha256(b"secret-id").hexdigest()[:16]
+    assert (second["route"], second["replica"], second["admission"], second["status"]) == (
+        "chat",
+        replica,
+        admission,
+        "200",
+    )
+    assert float(second["duration_ms"]) > 0 and float(second["wait_ms"]) >= 0
+    assert (refused["status"], refused["admission"], refused["replica"]) == ("400", "invalid_json", "-")
+
+
+async def test_serve_without_log_access_writes_no_access_line():
+    proc, lines, url = await start_serve_env({})
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url + "/v1/models", headers={"x-session-id": "s"}) as r:
+                assert r.status == 200
+    finally:
+        await stop_serve(proc)
+    rest = (await proc.stdout.read()).decode()
+    assert not any(line.startswith("time=") for line in lines + rest.splitlines())
+
+
+async def start_serve_env(env: dict[str, str]):
+    """`kvgate serve --port 0` (simulated replicas) with `env` added to the environment."""
+    import os
+    from unittest import mock
+
+    with mock.patch.dict(os.environ, env):
+        return await start_serve()

@@ -41,7 +41,7 @@ def test_short_run_through_kvgate_prints_the_table_and_writes_json(tmp_path):
         [
             sys.executable,
             "-m",
-            "kvgate.proxy.cli",
+            "kvgate.cli",
             "bench",
             "overhead",
             "--duration",
@@ -77,7 +77,7 @@ def test_short_run_through_kvgate_prints_the_table_and_writes_json(tmp_path):
 
 def test_bad_arguments_exit_2():
     result = subprocess.run(
-        [sys.executable, "-m", "kvgate.proxy.cli", "bench", "overhead", "--modes", "sideways"],
+        [sys.executable, "-m", "kvgate.cli", "bench", "overhead", "--modes", "sideways"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -93,7 +93,7 @@ def test_baseline_repo_is_measured_in_the_same_run_with_cpu_per_request(tmp_path
         [
             sys.executable,
             "-m",
-            "kvgate.proxy.cli",
+            "kvgate.cli",
             "bench",
             "overhead",
             "--duration",

@@ -205,7 +205,7 @@ def test_missing_file(tmp_path):
 
 def run_cli(*args, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "kvgate.proxy.cli", *args], capture_output=True, text=True, timeout=60, cwd=REPO, env=env
+        [sys.executable, "-m", "kvgate.cli", *args], capture_output=True, text=True, timeout=60, cwd=REPO, env=env
     )
 
 

@@ -136,7 +136,7 @@ def test_kubernetes_has_one_gate_per_replica_and_front_doors_that_agree():
 
 
 def test_compose_tiers_gate_per_replica_and_front_doors_agree():
-    from kvgate.proxy.cli import build_parser
+    from kvgate.cli import build_parser
 
     compose = yaml.safe_load((DOCKER / "compose-tiers.yaml").read_text())
     services = compose["services"]

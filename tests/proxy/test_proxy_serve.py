@@ -55,7 +55,7 @@ async def test_serve_with_an_invalid_config_exits_2(tmp_path):
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "kvgate.proxy.cli",
+        "kvgate.cli",
         "serve",
         "--config",
         str(config),

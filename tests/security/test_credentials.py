@@ -7,7 +7,7 @@ import pytest
 
 from kvgate.proxy.client_auth import ClientAuth, gets_credentials
 from kvgate.proxy.config import ConfigError, load_settings
-from kvgate.vllm_plugin.replica_auth import ReplicaKeyError, allowed, replica_key_from_env
+from kvgate.wire.replica_auth import ReplicaKeyError, allowed, replica_key_from_env
 
 
 def test_secret_files_are_read_into_the_keys_they_stand_for(tmp_path):

@@ -14,15 +14,12 @@ import asyncio
 import logging
 from pathlib import Path
 
-import aiohttp
 import orjson
-import pytest
 import yaml
 from aiohttp import web
+from security_parts import CLEAN, chat, finish_every_session, replica_config, until
 
-from kvgate.bench.processes import Kvgate, start_in_process
 from kvgate.bench.tiers import start_tiered
-from kvgate.simulator.replica_server import SimulatedReplica, start_simulated_replicas
 
 REPLICA_KEY = "replica-key-Zq81"  # the gates' credential for the replica API
 VLLM_KEY = "vllm-client-key-Hy27"  # the replicas' client key (vLLM --api-key)
@@ -30,80 +27,7 @@ CLIENT_KEY = "client-key-Pw55"  # a tenant's key for kvgate (auth.api_keys)
 ADMIN_TOKEN = "admin-token-Xk09"
 GATE_HEADERS = {"X-Kvgate-Replica-Key": REPLICA_KEY}
 SECRETS = (REPLICA_KEY, VLLM_KEY, CLIENT_KEY, ADMIN_TOKEN)
-CLEAN = {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def chat(text: str = "hello", **extra) -> dict:
-    return {"model": "kvgate-sim", "max_tokens": 4, **extra, "messages": [{"role": "user", "content": text}]}
-
-
-async def until(condition, what: str, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
-async def parts():
-    """Starts replicas and kvgates for a row and stops them after it; each kvgate must end clean."""
-    replicas: list[SimulatedReplica] = []
-    gates: list[Kvgate] = []
-    others: list = []
-
-    class Parts:
-        async def replicas(self, count: int = 1, **options) -> list[SimulatedReplica]:
-            started = await start_simulated_replicas(count, **{"time_scale": 0.0, **options})
-            replicas.extend(started)
-            return started
-
-        async def kvgate(self, config: dict, name: str = "kvgate", health_checks: bool = False) -> Kvgate:
-            gate = await start_in_process(name, config, health_checks=health_checks)
-            gates.append(gate)
-            return gate
-
-        async def server(self, app: web.Application) -> str:
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            others.append(runner)
-            host, port = runner.addresses[0][:2]
-            return f"http://{host}:{port}"
-
-        def track(self, closeable) -> None:
-            others.append(closeable)
-
-    yield Parts()
-    for gate in gates:
-        finish_every_session(gate.app.admission)
-        counts = gate.app.admission.counts()
-        await gate.close()
-        assert counts == CLEAN, f"{gate.name} left {counts}"
-    for other in others:
-        await (other.cleanup() if isinstance(other, web.AppRunner) else other.close())
-    await asyncio.gather(*(r.stop() for r in replicas), return_exceptions=True)
-
-
-def finish_every_session(admission) -> None:
-    """End every session a row left (their windows wait out idle_grace_sec otherwise), so the
-    leak check sees only what finishing cannot release."""
-    for gate_state in admission.state().values():
-        for session in gate_state.get("sessions", {}):
-            admission.finish_session(session)
-
-
-def replica_config(replica, **extra) -> dict:
-    return {"replicas": [{"name": replica.name, "url": replica.url}], **extra}
 
 
 class Recorder:
@@ -139,7 +63,57 @@ class Recorder:
 # ---- finding 1: anyone who could reach a replica could switch its gate off ----------------
 
 
+async def test_f1_the_owner_record_cannot_be_read_released_or_taken_by_others(parts, http):
+    (replica,) = await parts.replicas(replica_api_key=REPLICA_KEY)
+    gate = await parts.kvgate(
+        replica_config(replica, upstream={"replica_api_key": REPLICA_KEY}, ownership={"ttl_sec": 1.5}),
+        health_checks=True,
+    )
+    owner_url = replica.url + "/v1/kvgate/owner"
+    await until(lambda: gate.app.ownership.ownership().get(replica.name, None) is not None, "the first claim")
+    claim_id = gate.app.ownership.gate_id
+    # a client of vLLM (with its key, without the gates' credential) gets nothing
+    vllm_client = {"Authorization": f"Bearer {VLLM_KEY}"}
+    async with http.get(owner_url, headers=vllm_client) as resp:
+        assert resp.status == 401
+    async with http.post(owner_url, json={"gate_id": claim_id, "ttl_sec": 0}, headers=vllm_client) as resp:
+        assert resp.status == 401
+    # even a holder of the credential: GET names no owner, and the owner's id releases nothing
+    async with http.get(owner_url, headers=GATE_HEADERS) as resp:
+        assert resp.status == 200 and claim_id not in await resp.text()
+    async with http.post(owner_url, json={"gate_id": claim_id, "ttl_sec": 0}, headers=GATE_HEADERS) as resp:
+        assert resp.status in (200, 403)
+    async with http.post(owner_url, json={"gate_id": "evil", "ttl_sec": 3600}, headers=GATE_HEADERS) as resp:
+        taken = await resp.json()
+    assert taken["held"] is False
+    await asyncio.sleep(1.2)  # more than two renewals
+    assert gate.app.ownership.ownership()[replica.name].status == "owner"
+    async with http.get(gate.url + "/ready") as resp:
+        assert resp.status == 200
+
+
 # ---- finding 2: the contender list was unbounded, and logged whole ---------------------------
+
+
+async def test_f2_contenders_are_capped_and_logged_as_counts(parts, http, caplog):
+    """Played on a replica without the replica key, where anyone may claim (docs/security.md)."""
+    (replica,) = await parts.replicas()
+    caplog.set_level(logging.INFO, logger="kvgate")
+    gate = await parts.kvgate(replica_config(replica, ownership={"ttl_sec": 0.6}))
+    owner_url = replica.url + "/v1/kvgate/owner"
+    await until(lambda: gate.app.ownership.ownership().get(replica.name) is not None, "the first claim")
+    for index in range(400):
+        body = {"gate_id": f"{index:d}".rjust(256, "x"), "ttl_sec": 3600}
+        async with http.post(owner_url, json=body) as resp:
+            assert resp.status == 200 and len(await resp.read()) < 1024
+    async with http.get(owner_url) as resp:
+        assert len(await resp.read()) < 1024
+    await until(lambda: gate.app.ownership.ownership()[replica.name].contenders > 0, "the owner's renewal")
+    await asyncio.sleep(0.7)  # more renewals: the count changes nothing more in the log
+    conflict_lines = [r.getMessage() for r in caplog.records if "also try to enforce" in r.getMessage()]
+    assert len(conflict_lines) == 1 and "16 other kvgate(s)" in conflict_lines[0], conflict_lines
+    assert max(len(record.getMessage()) for record in caplog.records) < 2000
+    assert gate.app.ownership.ownership()[replica.name].status == "owner"
 
 
 # ---- finding 3: the prefix probe was an exact cache side channel ------------------------------
@@ -173,13 +147,13 @@ async def test_f4_a_prompt_longer_than_max_model_len_is_refused_before_the_engin
 
     monkeypatch.setattr(replica_server, "_parse", counted_turn)
     engine_probes: list[int] = []
-    probe_prefix = replica.engine.probe_prefix
+    prefix_answer = replica.engine.prefix_answer
 
     def counted(token_ids, cache_salt=None):
         engine_probes.append(len(token_ids))
-        return probe_prefix(token_ids, cache_salt)
+        return prefix_answer(token_ids, cache_salt)
 
-    replica.engine.probe_prefix = counted  # type: ignore[method-assign]
+    replica.engine.prefix_answer = counted  # type: ignore[method-assign]
     for body in ({"token_ids": [1] * 100_000}, {"chat": chat("word " * 5_000)}):
         async with http.post(replica.url + "/v1/kvgate/prefix", json=body) as resp:
             assert resp.status == 400
@@ -236,25 +210,37 @@ async def test_f5_a_session_cannot_take_over_another_sessions_chain(parts, http)
 # ---- finding 6: an admin-token holder could collect the upstream key ------------------------------
 
 
-async def test_f6_replicas_added_at_run_time_get_no_credentials(parts, http):
-    recorder = Recorder()
-    url = await parts.server(recorder.app())
+async def _add_and_use(parts, http, config: dict, url: str) -> None:
+    """A kvgate with `config` (and the admin API): an admin adds the replica at `url`, health checks
+    and ownership claims run, and a client's turn goes there."""
     config = {
-        "upstream": {"api_key": VLLM_KEY, "replica_api_key": REPLICA_KEY},
+        **config,
         "admin": {"token": ADMIN_TOKEN},
         "ownership": {"ttl_sec": 0.6},
         "balancer": {"health": {"interval_sec": 0.1}},
     }
     gate = await parts.kvgate(config, health_checks=True)
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    async with http.post(gate.url + "/admin/replicas", json={"name": "evil", "url": url}, headers=admin) as resp:
+    async with http.post(gate.url + "/admin/replicas", json={"name": "added", "url": url}, headers=admin) as resp:
         assert resp.status == 201
-    await asyncio.sleep(0.8)  # health checks, ownership claims
-    async with http.post(
-        gate.url + "/v1/chat/completions", json=chat("secret plan"), headers={"x-session-id": "s"}
-    ) as resp:
+    await asyncio.sleep(0.8)
+    async with http.post(gate.url + "/v1/chat/completions", json=chat("plan"), headers={"x-session-id": "s"}) as resp:
         assert resp.status == 200
-    assert recorder.headers and not recorder.saw(VLLM_KEY) and not recorder.saw(REPLICA_KEY)
+
+
+async def test_f6_replicas_added_at_run_time_get_no_upstream_key(parts, http):
+    recorder = Recorder()
+    await _add_and_use(parts, http, {"upstream": {"api_key": VLLM_KEY}}, await parts.server(recorder.app()))
+    assert "/v1/chat/completions" in recorder.paths and not recorder.saw(VLLM_KEY)
+
+
+async def test_f6_nor_the_replica_key(parts, http):
+    recorder = Recorder()
+    config = {"upstream": {"api_key": VLLM_KEY, "replica_api_key": REPLICA_KEY}}
+    await _add_and_use(parts, http, config, await parts.server(recorder.app()))
+    assert "/v1/kvgate/kv" in recorder.paths  # probed, without credentials; never claimed
+    assert "/v1/kvgate/owner" not in recorder.paths
+    assert not recorder.saw(VLLM_KEY) and not recorder.saw(REPLICA_KEY)
 
 
 async def test_f6_a_host_on_the_allow_list_gets_them(parts, http):
@@ -273,15 +259,31 @@ async def test_f6_a_host_on_the_allow_list_gets_them(parts, http):
 # ---- finding 7: the low ones -----------------------------------------------------------------------
 
 
+async def test_f7a_two_processes_with_one_gate_id_are_a_conflict(parts):
+    (replica,) = await parts.replicas()
+    config = replica_config(replica, ownership={"gate_id": "g", "ttl_sec": 3})
+    first = await parts.kvgate(config, "first")
+    second = await parts.kvgate(config, "second")
+    await first.app.ownership.round()  # the first renews and learns of the second
+    statuses = {
+        first.app.ownership.ownership()[replica.name].status,
+        second.app.ownership.ownership()[replica.name].status,
+    }
+    assert statuses == {"owner", "conflict"}
+    assert first.app.metrics.registry.get_sample_value("kvgate_gate_conflict", {"replica": replica.name}) == 1
+
+
 async def test_f7b_tiers_with_different_session_headers_keep_the_session(http):
+    """An Anthropic turn carries no `session_id` body field the replica gate could fall back on."""
     topology = await start_tiered(
         1, 1, replica_gate={"session": {"header": "x-b"}}, front_door={"session": {"header": "x-a"}}, time_scale=0.0
     )
     try:
         (door,), (gate,) = topology.front_doors, topology.replica_gates
         await until(lambda: door.app.registry.any_healthy(), "the front door's replica gate healthy")
-        async with http.post(door.url + "/v1/chat/completions", json=chat(), headers={"x-a": "tenant-7"}) as resp:
-            assert resp.status == 200
+        body = {"model": "kvgate-sim", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]}
+        async with http.post(door.url + "/v1/messages", json=body, headers={"x-a": "tenant-7"}) as resp:
+            assert resp.status == 200, await resp.text()
         assert b"tenant-7" in orjson.dumps(gate.app.admission.state())
     finally:
         for kvgate in topology.replica_gates + topology.front_doors:
@@ -327,7 +329,7 @@ async def test_f7d_a_prefix_answer_that_contradicts_itself_is_probe_unavailable(
 
 
 async def test_f7e_secrets_are_never_printed(parts, http, tmp_path, capsys, caplog):
-    from kvgate.proxy.cli import main
+    from kvgate.cli import main
 
     config = tmp_path / "bad.yaml"
     config.write_text(

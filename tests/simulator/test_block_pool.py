@@ -54,7 +54,7 @@ def test_last_token_is_never_a_hit():
     again = SimRequest("b", list(range(8)), max_tokens=1, block_size=4)
     # Both blocks are cached, but the last token must be computed to produce logits.
     assert manager.get_computed_blocks(again)[1] == 4
-    assert manager.probe_prefix(again.block_hashes, 8).hit_blocks == 2
+    assert manager.prefix_answer(again.block_hashes, 8).hit_blocks == 2
 
 
 def test_usage_counts_only_blocks_held_by_live_requests():
@@ -94,7 +94,7 @@ def test_incremental_output_hashes_match_full_hashing():
     assert request.block_hashes == compute_block_hashes(request.all_token_ids, 4, cache_salt="s")
 
 
-def test_probe_prefix_reports_in_use_and_evictable_without_side_effects():
+def test_prefix_answer_reports_in_use_and_evictable_without_side_effects():
     manager = KVCacheManager(num_blocks=8, block_size=4)
     pool = manager.block_pool
     done = SimRequest("a", list(range(8)), max_tokens=1, block_size=4)
@@ -105,7 +105,7 @@ def test_probe_prefix_reports_in_use_and_evictable_without_side_effects():
     manager.allocate_slots(live, live.num_tokens - hit_tokens, hits, hit_tokens)
     queue_before = pool.free_block_queue.block_ids()
     refs_before = [b.ref_cnt for b in pool.blocks]
-    probe = manager.probe_prefix(live.block_hashes, live.num_tokens)
+    probe = manager.prefix_answer(live.block_hashes, live.num_tokens)
     assert (probe.total_blocks, probe.hit_blocks, probe.hit_blocks_in_use, probe.hit_blocks_evictable) == (3, 3, 3, 0)
     assert probe.hit_tokens == 12 and probe.hit_ratio == 1.0
     # No side effect: LRU order, ref counts and prefix-cache statistics are untouched.
@@ -113,5 +113,5 @@ def test_probe_prefix_reports_in_use_and_evictable_without_side_effects():
     assert [b.ref_cnt for b in pool.blocks] == refs_before
     assert manager.prefix_cache_stats.queries == 0
     manager.free(live)
-    probe = manager.probe_prefix(live.block_hashes, live.num_tokens)
+    probe = manager.prefix_answer(live.block_hashes, live.num_tokens)
     assert (probe.hit_blocks_in_use, probe.hit_blocks_evictable) == (0, 3)

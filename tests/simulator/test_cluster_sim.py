@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kvgate.proxy.cli import main
+from kvgate.cli import main
 from kvgate.simulator.cluster.presets import CODING_AGENTS
 from kvgate.simulator.cluster.run import ClusterConfig, parse_event, policy_names, run_policy
 from kvgate.simulator.cluster.workload import AgentSessions
@@ -15,7 +15,7 @@ from kvgate.simulator.config import EngineConfig
 
 SMALL_FLEET = [
     "--regime", "fleet-small", "--replicas", "3", "--agents", "24", "--duration", "120",
-    "--num-blocks", "4000", "--event", "remove@60:r1", "--no-plots",
+    "--event", "remove@60:r1", "--no-plots",
 ]  # fmt: skip
 
 
@@ -56,7 +56,7 @@ def test_a_replica_removed_mid_run_fails_no_session_and_leaves_the_gates_clean(p
     config = ClusterConfig(
         replicas=3,
         engine=EngineConfig(num_blocks=2500, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048),
-        agent_sessions=AgentSessions(CODING_AGENTS.replace(turns_min=3, turns_max=5), 1),
+        agent_sessions=AgentSessions(CODING_AGENTS.replace(turns_min=3, turns_max=5, tool_latency_median_s=1.0), 1),
         agents=16,
         duration_s=90.0,
         events=(parse_event("remove@40:r2"),),
@@ -67,3 +67,30 @@ def test_a_replica_removed_mid_run_fails_no_session_and_leaves_the_gates_clean(p
     assert not any(t.replica == "r2" for t in result.turns if t.start_s > 41)
     assert result.failed_attempts.get("upstream_failed", 0) >= 1  # some turn was running on r2
     assert result.timeline[-1]["gate_waiters"] == 0
+
+
+def test_fail_at_half_removes_r0_at_half_the_duration(tmp_path):
+    report = _run(tmp_path, "--regime", "fleet-small", "--replicas", "3", "--agents", "12", "--duration", "100",
+                  "--policies", "sticky", "--fail-at-half", "--no-plots")  # fmt: skip
+    assert report["config"]["events"] == ["remove r0 at 50s"]
+    assert report["policies"]["sticky"]["events"] == [[50.0, "remove r0 at 50s"]]
+
+
+def test_a_load_step_starts_the_extra_agents_at_its_time():
+    def run(*events: str):
+        config = ClusterConfig(
+            replicas=2,
+            engine=EngineConfig(num_blocks=2500, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048),
+            agent_sessions=AgentSessions(CODING_AGENTS.replace(turns_min=2, turns_max=3, tool_latency_median_s=1.0), 2),
+            agents=4,
+            duration_s=60.0,
+            events=tuple(parse_event(e) for e in events),
+            sample_sec=5.0,
+        )
+        return run_policy(config, "sticky")
+
+    flat, stepped = run(), run("agents@30:8")
+    assert {s.agent for s in flat.sessions} == {0, 1, 2, 3}
+    extra = [s for s in stepped.sessions if s.agent >= 4]
+    assert {s.agent for s in extra} == {4, 5, 6, 7}
+    assert min(s.start_s for s in extra) == 30.0  # they start at the step, not before

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from kvgate.proxy.cli import main
+from kvgate.cli import main
 from kvgate.simulator.config import ConfigError
 from kvgate.simulator.experiment import ExperimentConfig, run_experiment
 from kvgate.simulator.percentiles import percentile

@@ -13,7 +13,7 @@ async def test_replica_process_serves_and_stops_cleanly():
         [
             sys.executable,
             "-m",
-            "kvgate.proxy.cli",
+            "kvgate.cli",
             "replica",
             "--port",
             "0",

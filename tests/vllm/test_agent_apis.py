@@ -137,7 +137,7 @@ def vllm_and_simulated_behind_kvgate(vllm_server, tmp_path):
     """kvgate (working_set policy, enforcing) in front of the vLLM server and a simulated replica."""
     sim_port = free_port()
     sim = start_service(
-        [sys.executable, "-m", "kvgate.proxy.cli", "replica", "--port", str(sim_port)],
+        [sys.executable, "-m", "kvgate.cli", "replica", "--port", str(sim_port)],
         tmp_path / "sim.log",
         f"http://127.0.0.1:{sim_port}/health",
         60,
@@ -189,3 +189,47 @@ def test_chains_through_kvgate_stay_on_the_replica_that_holds_them(vllm_and_simu
             assert raw.headers["x-kvgate-admission"] in ("window_fits", "holds_window")
             chains[index] = (raw.parse().id, replica)
     client.close()
+
+
+def test_count_tokens_and_responses_retrieve_reach_the_real_vllm_through_kvgate(
+    vllm_server, vllm_and_simulated_behind_kvgate
+):
+    """The routes agent clients call besides generation, ungated: Claude Code's count_tokens
+    (its session in `x-claude-code-session-id` only) reaches the session's replica, and
+    vLLM counts what it would prefill; a stored response is retrieved from the vLLM server
+    that holds it, whichever session asks."""
+    url = vllm_and_simulated_behind_kvgate.url
+    messages = [{"role": "user", "content": "Count me: " + words(25, "count-tokens")}]
+    direct = anthropic.Anthropic(base_url=vllm_server.url, api_key="k", max_retries=0)
+    expected = direct.messages.count_tokens(model=MODEL, messages=messages).input_tokens
+    on_vllm = 0
+    for index in range(8):
+        client = anthropic.Anthropic(
+            base_url=url, api_key="k", max_retries=0, default_headers={"x-claude-code-session-id": f"cc-{index}"}
+        )
+        first = client.messages.with_raw_response.count_tokens(model=MODEL, messages=messages)
+        again = client.messages.with_raw_response.count_tokens(model=MODEL, messages=messages)
+        assert first.headers["x-kvgate-replica"] == again.headers["x-kvgate-replica"]  # the session's replica
+        assert "x-kvgate-admission" not in first.headers  # never gated
+        if first.headers["x-kvgate-replica"] == "v0":
+            on_vllm += 1
+            assert first.parse().input_tokens == expected
+        client.close()
+    assert on_vllm > 0
+    direct.close()
+
+    openai_client = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    stored = []
+    for index in range(6):
+        raw = openai_client.responses.with_raw_response.create(
+            model=MODEL, input="Store me: " + words(10, f"retrieve-{index}"), max_output_tokens=3
+        )
+        stored.append((raw.parse(), raw.headers["x-kvgate-replica"]))
+    assert "v0" in {replica for _, replica in stored}
+    for response, replica in stored:
+        raw = openai_client.responses.with_raw_response.retrieve(response.id, extra_headers={"x-session-id": "other"})
+        assert raw.headers["x-kvgate-replica"] == replica
+        assert raw.parse().id == response.id
+        if replica == "v0":
+            assert raw.parse().output_text == response.output_text
+    openai_client.close()

@@ -66,7 +66,7 @@ def test_register_on_an_unsupported_vllm_says_so_in_the_log(fake_vllm, monkeypat
     assert len(errors) == 1
     assert "vLLM 0.40.1 is not supported" in errors[0] and support.SUPPORTED_TEXT in errors[0]
     assert "docker/vllm.Dockerfile" in errors[0]
-    assert hasattr(fake_vllm, engine_plugin.KV_USAGE_METHOD)  # still installed: the probes report their own errors
+    assert hasattr(fake_vllm, engine_plugin.KV_ANSWER_METHOD)  # still installed: the probes report their own errors
 
 
 def test_register_on_a_supported_vllm_logs_no_error(fake_vllm, monkeypatch, caplog):

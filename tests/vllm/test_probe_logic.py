@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-from kvgate.vllm_plugin.prefix_query import PrefixQuery, ProbeRequestError, parse_prefix_query
-from kvgate.vllm_plugin.probe_results import kv_usage_result, merge_kv_usage, merge_prefix, prefix_result
+from kvgate.wire.probe_api import KvAnswer, PrefixAnswer, PrefixQuery, ProbeQueryError, merge_kv, merge_prefix
 
 
 def test_importing_the_plugin_does_not_import_vllm():
@@ -20,66 +19,66 @@ def test_importing_the_plugin_does_not_import_vllm():
 
 
 def test_kv_usage_excludes_the_null_block():
-    result = kv_usage_result(
+    result = KvAnswer.of_engine(
         num_gpu_blocks=65, num_free_blocks=48, num_cached_blocks=30, block_size=32, num_running=2, num_waiting=1
     )
-    assert (result["num_total_blocks"], result["num_gpu_blocks"]) == (64, 65)
-    assert result["kv_cache_usage"] == pytest.approx(16 / 64)
-    assert (result["num_running"], result["num_waiting"], result["version"]) == (2, 1, 1)
+    assert (result.num_total_blocks, result.num_gpu_blocks) == (64, 65)
+    assert result.kv_cache_usage == pytest.approx(16 / 64)
+    assert (result.num_running, result.num_waiting, result.version) == (2, 1, 1)
 
 
-def test_prefix_result_splits_in_use_and_evictable():
-    result = prefix_result(total_tokens=100, block_size=32, hit_block_ref_counts=[2, 1, 0], hit_tokens=64)
-    assert (result["total_blocks"], result["hit_blocks"]) == (3, 3)
-    assert (result["hit_blocks_in_use"], result["hit_blocks_evictable"]) == (2, 1)
-    assert result["hit_ratio"] == 1.0 and result["hit_tokens"] == 64
+def test_prefix_answer_splits_in_use_and_evictable():
+    result = PrefixAnswer.of_engine(total_tokens=100, block_size=32, hit_block_ref_counts=[2, 1, 0], hit_tokens=64)
+    assert (result.total_blocks, result.hit_blocks) == (3, 3)
+    assert (result.hit_blocks_in_use, result.hit_blocks_evictable) == (2, 1)
+    assert result.hit_ratio == 1.0 and result.hit_tokens == 64
 
 
-def test_prefix_result_without_a_full_block_has_ratio_zero():
-    result = prefix_result(total_tokens=31, block_size=32, hit_block_ref_counts=[], hit_tokens=0)
-    assert (result["total_blocks"], result["hit_ratio"]) == (0, 0.0)
+def test_prefix_answer_without_a_full_block_has_ratio_zero():
+    result = PrefixAnswer.of_engine(total_tokens=31, block_size=32, hit_block_ref_counts=[], hit_tokens=0)
+    assert (result.total_blocks, result.hit_ratio) == (0, 0.0)
 
 
 def test_merge_kv_usage_sums_engines_and_recomputes_usage():
-    a = kv_usage_result(
+    a = KvAnswer.of_engine(
         num_gpu_blocks=11, num_free_blocks=10, num_cached_blocks=1, block_size=16, num_running=0, num_waiting=0
     )
-    b = kv_usage_result(
+    b = KvAnswer.of_engine(
         num_gpu_blocks=11, num_free_blocks=0, num_cached_blocks=4, block_size=16, num_running=3, num_waiting=2
     )
-    merged = merge_kv_usage([a, b])
-    assert merged["num_total_blocks"] == 20 and merged["num_free_blocks"] == 10
-    assert merged["num_gpu_blocks"] == 22
-    assert merged["kv_cache_usage"] == pytest.approx(0.5)
-    assert (merged["num_running"], merged["num_waiting"]) == (3, 2)
-    assert [engine["engine"] for engine in merged["engines"]] == [0, 1]
-    assert merged["engines"][1]["kv_cache_usage"] == 1.0
+    merged = merge_kv([a, b])
+    assert merged.num_total_blocks == 20 and merged.num_free_blocks == 10
+    assert merged.num_gpu_blocks == 22
+    assert merged.kv_cache_usage == pytest.approx(0.5)
+    assert (merged.num_running, merged.num_waiting) == (3, 2)
+    assert [engine.engine for engine in merged.engines] == [0, 1]
+    assert merged.engines[1].kv_cache_usage == 1.0
 
 
 def test_merge_prefix_reports_the_engine_with_fewest_hits():
-    hot = prefix_result(total_tokens=128, block_size=32, hit_block_ref_counts=[0, 0, 0, 0], hit_tokens=96)
-    cold = prefix_result(total_tokens=128, block_size=32, hit_block_ref_counts=[0], hit_tokens=32)
+    hot = PrefixAnswer.of_engine(total_tokens=128, block_size=32, hit_block_ref_counts=[0, 0, 0, 0], hit_tokens=96)
+    cold = PrefixAnswer.of_engine(total_tokens=128, block_size=32, hit_block_ref_counts=[0], hit_tokens=32)
     merged = merge_prefix([hot, cold])
-    assert merged["hit_blocks"] == 1 and merged["hit_ratio"] == 0.25
-    assert [engine["hit_blocks"] for engine in merged["engines"]] == [4, 1]
+    assert merged.hit_blocks == 1 and merged.hit_ratio == 0.25
+    assert [engine.hit_blocks for engine in merged.engines] == [4, 1]
 
 
 def test_merge_of_nothing_is_an_error():
     with pytest.raises(ValueError):
-        merge_kv_usage([])
+        merge_kv([])
     with pytest.raises(ValueError):
         merge_prefix([])
 
 
 def test_parse_token_ids_query():
-    query = parse_prefix_query({"token_ids": [1, 2, 3], "cache_salt": "s", "model": "m"})
+    query = PrefixQuery.parse({"token_ids": [1, 2, 3], "cache_salt": "s", "model": "m"})
     assert query == PrefixQuery(kind="token_ids", token_ids=[1, 2, 3], cache_salt="s", model="m")
 
 
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 def test_parse_request_body_queries(kind):
     body = {"model": "m", "messages": []} if kind == "chat" else {"prompt": "x"}
-    assert parse_prefix_query({kind: body}) == PrefixQuery(kind=kind, body=body)
+    assert PrefixQuery.parse({kind: body}) == PrefixQuery(kind=kind, body=body)
 
 
 @pytest.mark.parametrize(
@@ -99,6 +98,22 @@ def test_parse_request_body_queries(kind):
     ],
 )
 def test_parse_rejects_bad_bodies_naming_the_field(body, param):
-    with pytest.raises(ProbeRequestError) as caught:
-        parse_prefix_query(body)
+    with pytest.raises(ProbeQueryError) as caught:
+        PrefixQuery.parse(body)
     assert caught.value.status == 400 and caught.value.param == param and caught.value.message
+
+
+def test_token_ids_over_max_model_len_are_refused_before_any_id_is_read():
+    assert PrefixQuery.parse({"token_ids": [1, 2, 3]}, max_model_len=3).token_ids == [1, 2, 3]
+    # a list whose ids are not even integers: refused for its length, so none was checked
+    with pytest.raises(ProbeQueryError) as err:
+        PrefixQuery.parse({"token_ids": ["x"] * 4}, max_model_len=3)
+    assert (err.value.code, err.value.status) == ("prompt_too_long", 400)
+
+
+def test_vllms_context_length_refusal_is_prompt_too_long():
+    from kvgate.vllm_plugin.rendering import _render_refusal
+
+    too_long = _render_refusal("This model's maximum context length is 2016 tokens. However, ...", "chat")
+    assert (too_long.code, too_long.param) == ("prompt_too_long", "chat")
+    assert _render_refusal("messages: must be a list", "chat").code == "invalid_request"

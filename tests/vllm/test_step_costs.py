@@ -3,8 +3,8 @@
 import pytest
 
 from kvgate.vllm_plugin.engine_rates import prefill_rate
-from kvgate.vllm_plugin.probe_results import kv_usage_result, merge_kv_usage
 from kvgate.vllm_plugin.step_costs import MAX_STEPS, MIN_STEPS, StepLog, marginal_token_sec
+from kvgate.wire.probe_api import KvAnswer, merge_kv
 
 
 def test_the_fit_by_hand():
@@ -43,10 +43,15 @@ def test_the_step_log_keeps_the_most_recent_non_empty_steps():
 
 def test_merge_reports_the_slowest_engines_token_cost():
     def engine(token_sec):
-        result = kv_usage_result(
-            num_gpu_blocks=65, num_free_blocks=64, num_cached_blocks=0, block_size=16, num_running=0, num_waiting=0
+        return KvAnswer.of_engine(
+            num_gpu_blocks=65,
+            num_free_blocks=64,
+            num_cached_blocks=0,
+            block_size=16,
+            num_running=0,
+            num_waiting=0,
+            token_sec=token_sec,
         )
-        return {**result, "token_sec": token_sec}
 
-    assert merge_kv_usage([engine(1e-5), engine(None), engine(3e-5)])["token_sec"] == 3e-5
-    assert "token_sec" not in merge_kv_usage([engine(None)])
+    assert merge_kv([engine(1e-5), engine(None), engine(3e-5)]).token_sec == 3e-5
+    assert merge_kv([engine(None)]).token_sec is None

@@ -137,7 +137,11 @@ def installed_checkout(report: dict | None, repo_root: Path) -> bool:
 
 
 def _repo_installed(python: Path) -> bool:
-    """True when the venv's installed ``kvgate`` is this checkout (see _INSTALLED_CHECK)."""
+    """True when the venv's installed ``kvgate`` is this checkout (see _INSTALLED_CHECK) and
+    its plugin loads there: the install script's own check (``kvgate.vllm_plugin.support``),
+    which imports both entry points. An editable install maps the packages that existed when
+    it ran, so a package added to the checkout since (``kvgate.wire``) fails that check and
+    the checkout is installed again."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="kvgate-check-") as empty:
@@ -145,9 +149,19 @@ def _repo_installed(python: Path) -> bool:
         result = subprocess.run(
             [str(python), "-I", "-c", _INSTALLED_CHECK], capture_output=True, text=True, timeout=120, cwd=empty, env=env
         )
-    if result.returncode != 0 or not result.stdout.strip():
-        return False
-    return installed_checkout(json.loads(result.stdout.strip().splitlines()[-1]), REPO_ROOT)
+        if result.returncode != 0 or not result.stdout.strip():
+            return False
+        if not installed_checkout(json.loads(result.stdout.strip().splitlines()[-1]), REPO_ROOT):
+            return False
+        loads = subprocess.run(
+            [str(python), "-I", "-m", "kvgate.vllm_plugin.support"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=empty,
+            env=env,
+        )
+    return loads.returncode == 0
 
 
 def install_plugin_command(python: Path, source: Path, editable: bool = False) -> list[str]:
@@ -426,7 +440,7 @@ class VllmServer:
 
 @dataclass
 class KvgateProxy:
-    """``python -m kvgate.proxy.cli serve --config FILE`` (the main venv's kvgate) as a subprocess."""
+    """``python -m kvgate.cli serve --config FILE`` (the main venv's kvgate) as a subprocess."""
 
     config_path: Path
     log_path: Path
@@ -450,7 +464,7 @@ class KvgateProxy:
         path.write_text("\n".join(lines) + "\n")
 
     def start(self, timeout: float = 60) -> KvgateProxy:
-        command = [sys.executable, "-m", "kvgate.proxy.cli", "serve", "--config", str(self.config_path)]
+        command = [sys.executable, "-m", "kvgate.cli", "serve", "--config", str(self.config_path)]
         self.process = start_service(
             command, self.log_path, self.url + "/ready", timeout, poll=0.3, what="kvgate", cwd=REPO_ROOT
         )

@@ -24,8 +24,8 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.request import Request
 
-from kvgate.vllm_plugin.engine_plugin import KV_USAGE_METHOD, PREFIX_HITS_METHOD, install_probes
-from kvgate.vllm_plugin.engine_probes import count_prefix_hits, read_kv_usage
+from kvgate.vllm_plugin.engine_plugin import KV_ANSWER_METHOD, PREFIX_ANSWER_METHOD, install_probes
+from kvgate.vllm_plugin.engine_probes import kv_answer, prefix_answer
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 32
@@ -116,20 +116,18 @@ def main() -> int:
 
     before = snapshot(manager)
     probes = {
-        "a": count_prefix_hits(engine_core, prompt_a),
-        "a_extended": count_prefix_hits(engine_core, prompt_a[: 3 * BLOCK_SIZE] + [7] * 40),
-        "a_salted": count_prefix_hits(engine_core, prompt_a, cache_salt="tenant-1"),
-        "a_lora": count_prefix_hits(
-            engine_core, prompt_a, lora={"lora_name": "x", "lora_int_id": 1, "lora_path": "/x"}
-        ),
-        "b": count_prefix_hits(engine_core, prompt_b),
-        "unseen": count_prefix_hits(engine_core, list(range(9000, 9100))),
-        "short": count_prefix_hits(engine_core, [1, 2, 3]),
-        "kv": read_kv_usage(engine_core),
+        "a": prefix_answer(engine_core, prompt_a),
+        "a_extended": prefix_answer(engine_core, prompt_a[: 3 * BLOCK_SIZE] + [7] * 40),
+        "a_salted": prefix_answer(engine_core, prompt_a, cache_salt="tenant-1"),
+        "a_lora": prefix_answer(engine_core, prompt_a, lora={"lora_name": "x", "lora_int_id": 1, "lora_path": "/x"}),
+        "b": prefix_answer(engine_core, prompt_b),
+        "unseen": prefix_answer(engine_core, list(range(9000, 9100))),
+        "short": prefix_answer(engine_core, [1, 2, 3]),
+        "kv": kv_answer(engine_core),
     }
     for _ in range(20):
-        count_prefix_hits(engine_core, prompt_a)
-        read_kv_usage(engine_core)
+        prefix_answer(engine_core, prompt_a)
+        kv_answer(engine_core)
     after = snapshot(manager)
 
     # What the scheduler would actually reuse for A right now, through its own path.
@@ -145,7 +143,7 @@ def main() -> int:
 
     first_install = install_probes(Probe)
     second_install = install_probes(Probe)
-    has_methods = hasattr(Probe, KV_USAGE_METHOD) and hasattr(Probe, PREFIX_HITS_METHOD)
+    has_methods = hasattr(Probe, KV_ANSWER_METHOD) and hasattr(Probe, PREFIX_ANSWER_METHOD)
 
     changed = sorted(key for key in before if before[key] != after[key])
     control_changed = sorted(key for key in after if after[key] != touched[key])

@@ -1,17 +1,23 @@
-"""The replica API's credential: only gates may use the probe and owner routes (pure).
+"""The replica API's credential: only gates may use the probe and owner routes.
 
-The kvgate plugin and the simulated replica answer `GET /v1/kvgate/kv`,
-`POST /v1/kvgate/prefix` and `/v1/kvgate/owner` only to a request whose
-`X-Kvgate-Replica-Key` header holds the replica key (compared in constant time), else
-401. The key is the gates' own secret, separate from the clients' vLLM key: a client
-that may generate must still not read what the cache holds (the prefix probe answers
-exactly how much of a guessed prompt is resident) nor take the owner record.
+The kvgate plugin and the simulated replica answer the probe API (`probe_api`) and the
+owner record (`owner_record`) only to a request whose `X-Kvgate-Replica-Key` header
+holds the replica key (compared in constant time), else 401. The key is the gates' own
+secret, separate from the clients' vLLM key: a client that may generate must still not
+read what the cache holds (the prefix probe answers exactly how much of a guessed prompt
+is resident) nor take the owner record.
 
 The server reads the key from the environment, never from its command line (which any
 local user can read): `KVGATE_REPLICA_API_KEY`, or `KVGATE_REPLICA_API_KEY_FILE`
 naming a file whose first non-blank line is the key (Docker and Kubernetes secrets).
 A server with neither answers everyone, as vLLM's own routes do without `--api-key`,
 and says so once at start (docs/security.md).
+
+The gate's side is `replica_headers`: two secrets, two headers. `Authorization: Bearer
+<api_key>` is the replica's client key (vLLM's `--api-key`, which guards every path under
+/v1, the probe API's included); `REPLICA_KEY_HEADER: <replica_api_key>` is the gates' own.
+A replica the gate must not trust (added at run time from a host the config does not
+list) gets neither.
 """
 
 from __future__ import annotations
@@ -41,8 +47,8 @@ class ReplicaKeyError(ValueError):
 def replica_key_from_env(environ: Mapping[str, str]) -> str | None:
     """The replica key the environment gives, or None; ReplicaKeyError when both variables are
     set or the file cannot be read or holds no key."""
-    inline = environ.get(ENV_KEY) or None
-    path = environ.get(ENV_KEY_FILE) or None
+    inline = environ.get("KVGATE_REPLICA_API_KEY") or None  # ENV_KEY, spelled out for tests/test_reference_doc.py
+    path = environ.get("KVGATE_REPLICA_API_KEY_FILE") or None  # ENV_KEY_FILE
     if inline is not None and path is not None:
         raise ReplicaKeyError(f"set {ENV_KEY} or {ENV_KEY_FILE}, not both")
     if path is None:
@@ -63,3 +69,13 @@ def allowed(given: str | None, key: str | None) -> bool:
     if key is None:
         return True
     return hmac.compare_digest((given or "").encode("utf-8", "surrogateescape"), key.encode())
+
+
+def replica_headers(api_key: str | None, replica_api_key: str | None, trusted: bool = True) -> dict[str, str]:
+    """The headers of a probe or owner claim to a replica (`trusted`: it gets credentials)."""
+    if not trusted:
+        return {}
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    if replica_api_key:
+        headers[REPLICA_KEY_HEADER] = replica_api_key
+    return headers

@@ -1,7 +1,7 @@
-"""Block arithmetic shared by the gate and the simulated engine (no I/O, no imports).
+"""Block arithmetic shared by the gate and the engines it reads (no I/O, no imports).
 
 `cdiv` is vLLM's `vllm.utils.cdiv`: the blocks that `a` tokens fill, `b` tokens a block,
-a partial block counting whole. The gate prices windows with it and the simulator
+a partial block counting whole. The gate prices windows with it and the simulated engine
 allocates block tables with it, so the two count a prompt's blocks the same way.
 """
 

@@ -1,0 +1,7 @@
+"""`python -m kvgate.cli`: the `kvgate` command."""
+
+import sys
+
+from kvgate.cli import main
+
+sys.exit(main())

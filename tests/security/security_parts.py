@@ -1,0 +1,32 @@
+"""Helpers of the security tests: bodies, configs, waiting, and the leak check's cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+
+CLEAN = {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}
+
+
+def chat(text: str = "hello", **extra) -> dict:
+    return {"model": "kvgate-sim", "max_tokens": 4, **extra, "messages": [{"role": "user", "content": text}]}
+
+
+async def until(condition, what: str, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def finish_every_session(admission) -> None:
+    """End every session a row left (their windows wait out idle_grace_sec otherwise), so the
+    leak check sees only what finishing cannot release."""
+    for gate_state in admission.state().values():
+        for session in gate_state.get("sessions", {}):
+            admission.finish_session(session)
+
+
+def replica_config(replica, **extra) -> dict:
+    return {"replicas": [{"name": replica.name, "url": replica.url}], **extra}

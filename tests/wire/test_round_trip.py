@@ -1,0 +1,304 @@
+"""Every field of every wire message, through both implementations of the replica API.
+
+For each message of `kvgate.wire` (the prefix query, the kv and prefix answers, the owner
+claim and answer, the error envelope) the tests check two things:
+
+- the message round-trips: `parse(to_json(x)) == x`, and a document a server sent is
+  exactly what its parsed message writes back (a server sends no field the type does not
+  know, and the type drops none it sends);
+- every field is exercised: set (not None, not empty) somewhere in the message, its
+  per-engine entries included, so no field of the contract goes untested.
+
+Both implementations: the simulated replica as a real aiohttp server on loopback, and the
+vLLM plugin's answer builders at unit level (the engine-core methods the plugin installs,
+run on a stand-in engine core, and the API server's `ProbeService`, which merges the
+engines' answers). The plugin on a real vLLM is tests/vllm/test_probe_endpoints.py and
+tests/vllm/test_owner_record.py (marker `vllm`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import fields
+from types import SimpleNamespace
+
+import aiohttp
+import pytest
+
+from kvgate.simulator.replica_server import SimulatedReplica
+from kvgate.vllm_plugin import endpoint_plugin, jsonio
+from kvgate.vllm_plugin.endpoint_plugin import ProbeService
+from kvgate.vllm_plugin.engine_plugin import PREFIX_ANSWER_METHOD, install_probes
+from kvgate.wire.errors import anthropic_error, openai_error
+from kvgate.wire.owner_record import OWNER_PATH, OwnerAnswer, OwnerBook, OwnerClaim
+from kvgate.wire.probe_api import (
+    KV_PATH,
+    PREFIX_PATH,
+    QUERY_KINDS,
+    KvAnswer,
+    PrefixAnswer,
+    PrefixQuery,
+    merge_kv,
+    merge_prefix,
+)
+from kvgate.wire.routes import PROMPT_KINDS
+
+BLOCK = 16
+
+
+def unset_fields(message) -> set[str]:
+    """The fields of a wire message that neither it nor any of its engine entries sets."""
+    nodes = [message, *getattr(message, "engines", ())]
+    return {f.name for f in fields(message) if all(getattr(node, f.name) in (None, ()) for node in nodes)}
+
+
+def assert_round_trips(message_type, doc: dict) -> object:
+    """`doc` (a server's JSON, through a JSON codec) parses, and writes back exactly as sent."""
+    doc = jsonio.loads(jsonio.dumps(doc))
+    message = message_type.parse(doc)
+    assert message.to_json() == doc
+    assert message_type.parse(message.to_json()) == message
+    return message
+
+
+# ------------------------------------------------------------------ the messages alone
+
+
+def full_kv() -> KvAnswer:
+    engines = [
+        KvAnswer.of_engine(
+            num_gpu_blocks=65,
+            num_free_blocks=free,
+            num_cached_blocks=7,
+            block_size=BLOCK,
+            num_running=2,
+            num_waiting=1,
+            prefill_tokens_per_sec=9000.0,
+            decode_step_sec=0.01,
+            prefill_share=0.4,
+            token_sec=1e-4,
+        )
+        for free in (40, 30)
+    ]
+    return merge_kv(engines)
+
+
+def full_prefix() -> PrefixAnswer:
+    return merge_prefix(
+        [
+            PrefixAnswer.of_engine(total_tokens=70, block_size=BLOCK, hit_block_ref_counts=refs, hit_tokens=hit)
+            for refs, hit in (([1, 0, 0], 48), ([2, 0], 32))
+        ]
+    )
+
+
+MESSAGES = {
+    "kv answer": (KvAnswer, full_kv),
+    "prefix answer": (PrefixAnswer, full_prefix),
+    "owner claim": (OwnerClaim, lambda: OwnerClaim("gate-a", 15.0, "nonce-1")),
+    "owner answer": (OwnerAnswer, lambda: OwnerAnswer(True, True, 12.5, 1, "nonce-1")),
+}
+
+
+@pytest.mark.parametrize("name", MESSAGES)
+def test_each_message_round_trips_with_every_field_set(name):
+    message_type, build = MESSAGES[name]
+    message = build()
+    assert unset_fields(message) == set(), name
+    assert assert_round_trips(message_type, message.to_json()) == message
+
+
+@pytest.mark.parametrize("kind", QUERY_KINDS)
+def test_every_prefix_query_round_trips(kind):
+    if kind == "token_ids":
+        query = PrefixQuery("token_ids", [1, 2, 3], cache_salt="tenant", model="m")
+        assert unset_fields(query) == {"body"}  # a query of token ids has no request body
+    else:
+        query = PrefixQuery.of_request(kind, {"model": "m", "messages": []})
+        assert unset_fields(query) == {"token_ids", "cache_salt", "model"}  # ... nor a body kind token ids
+    assert PrefixQuery.parse(jsonio.loads(jsonio.dumps(query.to_json()))) == query
+    assert set(QUERY_KINDS) == {"token_ids", *PROMPT_KINDS}
+
+
+def test_the_error_envelopes_carry_every_field():
+    assert openai_error("m", "t", "c", "p") == {"error": {"message": "m", "type": "t", "param": "p", "code": "c"}}
+    assert anthropic_error("m", "t", "c") == {"type": "error", "error": {"type": "t", "message": "m", "code": "c"}}
+
+
+@pytest.mark.parametrize(
+    "message_type, doc, field",
+    [
+        (KvAnswer, {"kv_cache_usage": 0.5, "token_sec": 0}, "token_sec"),
+        (KvAnswer, {"kv_cache_usage": 0.5, "num_gpu_blocks": -1}, "num_gpu_blocks"),
+        (KvAnswer, {"kv_cache_usage": 0.5, "engines": [{"kv_cache_usage": 0.5}]}, "engine"),
+        (KvAnswer, {"kv_cache_usage": 0.5, "version": "1"}, "version"),
+        (PrefixAnswer, {"total_blocks": 3, "hit_blocks": 2, "hit_ratio": 0.6, "block_size": 1.5}, "block_size"),
+        (
+            PrefixAnswer,
+            {"total_blocks": 3, "hit_blocks": 2, "hit_ratio": 0.6, "hit_blocks_in_use": 2, "hit_blocks_evictable": 1},
+            "hit_blocks_in_use",
+        ),
+        (PrefixAnswer, {"total_blocks": 3, "hit_blocks": 2, "hit_ratio": 0.6, "engines": {}}, "engines"),
+    ],
+)
+def test_parse_names_the_field_that_is_wrong(message_type, doc, field):
+    with pytest.raises(ValueError, match=field):
+        message_type.parse(doc)
+
+
+# --------------------------------------------------------- the simulated replica (HTTP)
+
+
+@pytest.fixture
+async def replica():
+    started = await SimulatedReplica.start(num_blocks=64, block_size=BLOCK, time_scale=0)
+    try:
+        yield started
+    finally:
+        await started.stop()
+
+
+CHAT = {"model": "kvgate-sim", "messages": [{"role": "user", "content": "a conversation " * 12}], "max_tokens": 8}
+
+
+async def test_the_simulated_replica_answers_every_field_of_every_message(replica):
+    base = replica.url
+    async with aiohttp.ClientSession() as http:
+        # prefill steps and decode steps, so the engine has measured itself
+        for _ in range(2):
+            async with http.post(base + "/v1/chat/completions", json=CHAT) as resp:
+                assert resp.status == 200, await resp.text()
+        async with http.get(base + KV_PATH) as resp:
+            kv = assert_round_trips(KvAnswer, await resp.json())
+        assert unset_fields(kv) == set()
+        assert kv.num_gpu_blocks == kv.num_total_blocks + 1 == 65
+
+        queries = [
+            PrefixQuery("token_ids", list(range(40)), cache_salt="tenant", model="kvgate-sim"),
+            PrefixQuery.of_request("chat", CHAT),
+            PrefixQuery.of_request("completion", {"model": "kvgate-sim", "prompt": "a conversation " * 12}),
+            PrefixQuery.of_request(
+                "messages", {"model": "kvgate-sim", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+            ),
+            PrefixQuery.of_request("responses", {"model": "kvgate-sim", "input": "a conversation " * 12}),
+        ]
+        assert {query.kind for query in queries} == set(QUERY_KINDS)
+        answers = []
+        for query in queries:
+            async with http.post(base + PREFIX_PATH, json=query.to_json()) as resp:
+                assert resp.status == 200, (query.kind, await resp.text())
+                answers.append(assert_round_trips(PrefixAnswer, await resp.json()))
+        chat = answers[1]
+        assert chat.hit_blocks > 0 and chat.total_tokens  # the conversation above is resident
+        assert unset_fields(chat) == set()
+
+        claims = [OwnerClaim("gate-a", 15.0), OwnerClaim("gate-b", 15.0)]
+        owner_answers = []
+        for claim in claims:
+            assert OwnerClaim.parse(claim.to_json()) == claim
+            async with http.post(base + OWNER_PATH, json=claim.to_json()) as resp:
+                assert resp.status == 200, await resp.text()
+                owner_answers.append(assert_round_trips(OwnerAnswer, await resp.json()))
+        renewal = OwnerClaim("gate-a", 15.0, owner_answers[0].nonce)
+        assert unset_fields(renewal) == set()
+        async with http.post(base + OWNER_PATH, json=renewal.to_json()) as resp:  # a renewal learns of b
+            renewed = assert_round_trips(OwnerAnswer, await resp.json())
+        assert owner_answers[1].owned and not owner_answers[1].held and owner_answers[1].nonce is None
+        assert renewed.held and renewed.contenders == 1 and renewed.expires_in_sec > 0
+        assert unset_fields(renewed) == set()
+        async with http.get(base + OWNER_PATH) as resp:
+            read = assert_round_trips(OwnerAnswer, await resp.json())
+        assert read.owned and not read.held and read.nonce is None
+
+        async with http.post(base + PREFIX_PATH, json={"token_ids": [1], "cache_salt": 3}) as resp:
+            assert resp.status == 400
+            error = await resp.json()
+        assert set(error["error"]) == {"message", "type", "param", "code"} and error["error"]["param"] == "cache_salt"
+
+
+# ------------------------------------------------------ the vLLM plugin (unit level)
+
+
+class StandInEngineCore:
+    """What the plugin's engine-core methods read of vLLM's EngineCore (``scheduler``,
+    ``step``), with a scheduler whose steps take time in proportion to their tokens, so
+    the installed step timer fits a marginal token cost (`step_costs`)."""
+
+    def __init__(self, free_blocks: int, running: int) -> None:
+        pool = SimpleNamespace(
+            num_gpu_blocks=65,
+            get_num_free_blocks=lambda: free_blocks,
+            cached_block_hash_to_block={index: object() for index in range(9)},
+        )
+        self.scheduler = SimpleNamespace(
+            kv_cache_manager=SimpleNamespace(block_pool=pool),
+            block_size=BLOCK,
+            get_request_counts=lambda: (running, 1),
+            schedule=self._schedule,
+        )
+        self._tokens = 0
+
+    def _schedule(self):
+        return SimpleNamespace(total_num_scheduled_tokens=self._tokens)
+
+    def step(self, tokens: int) -> None:
+        self._tokens = tokens
+        self.scheduler.schedule()
+        time.sleep(0.0005 + tokens * 2e-5)
+
+
+install_probes(StandInEngineCore)
+
+
+class StandInEngineClient:
+    """The API server's view of the engines: one UTILITY call answered by each engine core."""
+
+    def __init__(self, cores: list[StandInEngineCore], prefixes: list[PrefixAnswer]) -> None:
+        async def call_utility_all_async(method, *args):
+            if method == PREFIX_ANSWER_METHOD:  # the engine side needs vLLM's Request to hash a prompt
+                return [answer.to_json() for answer in prefixes]
+            return [getattr(core, method)(*args) for core in cores]
+
+        self.engine_core = SimpleNamespace(call_utility_all_async=call_utility_all_async)
+
+
+async def test_the_plugins_builders_answer_every_field_of_every_message(monkeypatch):
+    cores = [StandInEngineCore(free_blocks=40, running=2), StandInEngineCore(free_blocks=20, running=3)]
+    for core in cores:
+        for index in range(40):
+            core.step(10 + 8 * index)  # varied step sizes: a marginal cost can be fitted
+    assert all(core.kvgate_kv_answer()["token_sec"] for core in cores)  # the installed method
+    prefixes = [  # what each engine's `prefix_answer` builds for a 70-token prompt
+        PrefixAnswer.of_engine(total_tokens=70, block_size=BLOCK, hit_block_ref_counts=refs, hit_tokens=hit)
+        for refs, hit in (([1, 0, 0], 48), ([2, 0], 32))
+    ]
+    state = SimpleNamespace(openai_serving_models=SimpleNamespace(is_base_model=lambda name: name == "m"))
+    service = ProbeService(StandInEngineClient(cores, prefixes), state, timeout_sec=5.0, max_model_len=4096)
+
+    # vLLM's counters, as the API server's registry holds them: they grow between two probes
+    totals = iter(
+        [
+            {"prompt_tokens": 1000, "hit_tokens": 200, "prefill_sec": 0.5, "generation_tokens": 100, "decode_sec": 1.0},
+            {"prompt_tokens": 3000, "hit_tokens": 400, "prefill_sec": 1.0, "generation_tokens": 300, "decode_sec": 3.0},
+        ]
+    )
+    monkeypatch.setattr(endpoint_plugin, "read_totals", lambda: next(totals))
+    await service.kv_answer()
+    kv = assert_round_trips(KvAnswer, (await service.kv_answer()).to_json())
+    assert unset_fields(kv) == set()
+    assert [engine.engine for engine in kv.engines] == [0, 1] and kv.num_total_blocks == 128
+
+    query = PrefixQuery("token_ids", list(range(70)), cache_salt="tenant", model="m")
+    prefix = assert_round_trips(PrefixAnswer, (await service.prefix_answer(query.to_json())).to_json())
+    assert unset_fields(prefix) == set()
+    assert prefix.hit_blocks == 2 and prefix.hit_blocks_in_use == 1  # the engine with the fewest hits
+
+    book = OwnerBook(iter(range(100)).__next__)  # the record both servers keep
+    taken = assert_round_trips(OwnerAnswer, book.claim(OwnerClaim("gate-a", 15.0).to_json()))
+    book.claim(OwnerClaim("gate-b", 15.0).to_json())
+    renewed = assert_round_trips(OwnerAnswer, book.claim(OwnerClaim("gate-a", 15.0, taken.nonce).to_json()))
+    assert unset_fields(renewed) == set() and renewed.contenders == 1
+    assert assert_round_trips(OwnerAnswer, book.read()).owned
+
+    bad = endpoint_plugin.error_body(400, "'cache_salt' must be a string", "invalid_request", "cache_salt")
+    assert set(bad["error"]) == {"message", "type", "param", "code"}
