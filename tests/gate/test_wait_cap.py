@@ -114,9 +114,10 @@ def test_the_book_smooths_each_sessions_turn_times_and_the_replicas():
     assert (a.turn_ewma, book.replica_turn_ewma) == (pytest.approx(1.0), pytest.approx(1.0))
     b = book.records.get("b")
     assert b is None
-    rec, _ = book.begin_attempt("b", _Attempt(), 2.0)
+    waiting = _Attempt()
+    rec, _ = book.begin_attempt("b", waiting, 2.0)
     assert book.recent_turn_sec(rec) == pytest.approx(1.0)  # no turn of its own yet: the replica's
-    book.end_attempt(rec, rec.attempt, 2.0)
+    book.end_attempt(rec, waiting, 2.0)
     turn("a", 2.0, 2.6)  # served 0.5 s: smoothed at weight 0.5
     assert book.recent_turn_sec(a) == pytest.approx(0.75) and book.replica_turn_ewma == pytest.approx(0.75)
     # a lease released unserved (the upstream failed) teaches no turn time
