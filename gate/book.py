@@ -352,7 +352,7 @@ class SessionBook:
         self._leave(rec)
         rec.in_flight -= 1
         if attempt is not None and rec.opener is attempt:
-            if served:
+            if served or rec.in_flight:  # a concurrent turn of the session still uses the window
                 rec.opener = None
             elif rec.has_window:
                 self._window_ended(WindowEnd.REVOKED, rec)
