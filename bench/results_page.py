@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import fcntl
 import json
 import os
 import shlex
@@ -62,7 +63,8 @@ ROWS: tuple[ResultRow, ...] = (
     ResultRow("prefill-bound-no-finish", SIMULATED + ("makespan<=0.4x",)),
     ResultRow("trace-8b", SIMULATED + ("tail_if_held",)),
     ResultRow("trace-8b-tight", SIMULATED + ("tail_if_held",)),
-    ResultRow("trace-70b", SIMULATED + ("tail_if_held", "makespan<=0.4x")),
+    ResultRow("trace-70b", SIMULATED + ("tail_if_held",)),
+    ResultRow("trace-70b-tight", SIMULATED + ("tail_if_held", "makespan<=0.4x")),
     ResultRow("vllm-small-no-finish", ("makespan<=1.05x",), ("--pinning", "pinned"), real_vllm=True),
     ResultRow("vllm-small-no-finish", (), ("--pinning", "unpinned"), real_vllm=True),
     ResultRow("vllm-prefill-no-finish", ("makespan<=0.8x",), ("--pinning", "pinned"), real_vllm=True),
@@ -303,9 +305,22 @@ def selected_rows(only: str | None, vllm: bool) -> list[ResultRow]:
     return [row for n in names for row in ROWS if row.regime == n]  # each regime's rows (pinned, unpinned)
 
 
+def _load(data_path: Path) -> list[dict]:
+    return json.loads(data_path.read_text()) if data_path.exists() else []
+
+
+def store_row(data_path: Path, page: Path, record: dict) -> None:
+    """Put `record` in the data (replacing its key's row) and render the page, under a lock
+    beside the data: invocations running other rows at the same time each add theirs."""
+    with open(data_path.with_name(data_path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stored = [r for r in _load(data_path) if r["key"] != record["key"]] + [record]
+        data_path.write_text(json.dumps(stored, indent=1) + "\n")
+        page.write_text(render(stored))
+
+
 def main(args) -> int:
     data_path = args.data or args.page.with_suffix(".json")
-    stored = json.loads(data_path.read_text()) if data_path.exists() else []
     if not args.render_only:
         try:
             rows = selected_rows(args.only, args.vllm)
@@ -337,9 +352,8 @@ def main(args) -> int:
                     commit,
                     json.loads(pinning.read_text()) if pinning.exists() else None,
                 )
-            stored = [r for r in stored if r["key"] != row.key] + [record]
-            data_path.write_text(json.dumps(stored, indent=1) + "\n")  # after every row: a stop loses no row
-            args.page.write_text(render(stored))
+            store_row(data_path, args.page, record)  # after every row: a stop loses no row
+    stored = _load(data_path)
     args.page.write_text(render(stored))
     print(f"[results] wrote {args.page} ({len(stored)} rows)")
     return 0

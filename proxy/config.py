@@ -175,6 +175,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "gate.probe.usage_max_age_ms": _in_range(0),
     "gate.quiet_factor": _in_range(1),
     "gate.quiet_floor_sec": _in_range(0),
+    "gate.wait_cap_factor": _in_range(0),
     "upstream.connect_timeout_sec": _in_range(0, lo_open=True),
     "upstream.read_timeout_sec": _in_range(0, lo_open=True),
     "limits.max_body_bytes": _in_range(1),

@@ -91,6 +91,19 @@ def test_render_only_writes_the_page_from_the_data(tmp_path):
     assert "real vLLM CPU" in (tmp_path / "results.md").read_text()
 
 
+def test_store_row_replaces_its_key_and_keeps_the_others(tmp_path):
+    document = {"modes": {"sticky": summary(), results_page.GATE_MODE: summary()}, "replicas": {"count": 2}}
+    data, page = tmp_path / "results.json", tmp_path / "results.md"
+    first = record_of(ROWS[0], document, "cmd a", "d1", "c1")
+    other = record_of(ROWS[1], document, "cmd b", "d1", "c1")
+    again = record_of(ROWS[0], document, "cmd a", "d2", "c2")
+    for record in (first, other, again):
+        results_page.store_row(data, page, record)
+    stored = json.loads(data.read_text())
+    assert [(r["key"], r["date"]) for r in stored] == [(ROWS[1].key, "d1"), (ROWS[0].key, "d2")]
+    assert page.read_text().count("| cmd") == 0 and "`cmd a`" in page.read_text()
+
+
 def test_each_real_vllm_model_has_a_pinned_row_with_its_target_and_an_unpinned_row_without():
     rows = selected_rows("vllm-small-no-finish,vllm-prefill-no-finish", vllm=True)
     assert [(r.regime, r.extra, r.targets) for r in rows] == [
