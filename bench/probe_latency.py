@@ -30,7 +30,7 @@ from pathlib import Path
 import aiohttp
 
 from kvgate.simulator.percentiles import percentile
-from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, PrefixAnswer, PrefixQuery
+from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, KvAnswer, PrefixAnswer, PrefixQuery, ProbeAnswerError
 
 PROBES = ("kv", "prefix")
 WORDS = ("ka", "lo", "mirenso", "tovel", "dorin", "exqu")
@@ -74,8 +74,9 @@ async def timed_probes(http: aiohttp.ClientSession, url: str, chat: dict, sample
             started = time.perf_counter()
             answer = await _call(http, method, target, body)
             phase.latencies[name].append((time.perf_counter() - started) * 1000)
-            if name == "kv":
-                phase.max_running = max(phase.max_running, answer["num_running"])
+            parsed = KvAnswer.parse(answer) if name == "kv" else PrefixAnswer.parse(answer)  # a valid answer
+            if isinstance(parsed, KvAnswer):
+                phase.max_running = max(phase.max_running, parsed.num_running or 0)
     return phase
 
 
@@ -112,8 +113,8 @@ class Options:
 async def measure(options: Options) -> dict:
     """Run both phases against `options.url`; the results as a JSON-able dict.
 
-    Raises ProbeFailed when a probe does not answer 200. Every load client is stopped
-    and awaited before it returns (or raises).
+    Raises ProbeFailed when a probe does not answer 200, ProbeAnswerError when its answer is
+    not a valid one. Every load client is stopped and awaited before it returns (or raises).
     """
     url = options.url.rstrip("/")
     rng = random.Random(options.seed)
@@ -231,7 +232,7 @@ def probe_latency_command(args: argparse.Namespace) -> int:
     )
     try:
         result = asyncio.run(measure(options))
-    except (ProbeFailed, aiohttp.ClientError) as exc:
+    except (ProbeFailed, ProbeAnswerError, aiohttp.ClientError) as exc:
         print(f"probe-latency: {exc}", file=sys.stderr)
         return 1
     print(format_table(result))

@@ -19,7 +19,9 @@ state change goes through a `SessionBook` method, which keeps these invariants:
   active again are stale and skipped).
 - A session's *gap* is the time from the end of its last turn (its last lease
   released) to the start of its next attempt; `gap_ewma` / `last_gap` are the
-  session's, `replica_gap_ewma` the replica's over every session.
+  session's, `replica_gap_ewma` the replica's over every session. A turn's *service
+  time* runs from its admission to the release of its lease (served); `turn_ewma` is
+  the session's, `replica_turn_ewma` the replica's.
 - Every window that ends is counted under its cause in `window_ends` (finish, quiet,
   grace, lost, revoked); `take_window_ends()` hands the new ones to the shell.
 - `leases` counts every lease not yet released, anonymous ones included;
@@ -63,6 +65,7 @@ class WindowEnd(StrEnum):
 
 
 GAP_EWMA_WEIGHT = 0.5  # weight of the newest gap: a session's rhythm follows its recent turns
+TURN_EWMA_WEIGHT = 0.5  # weight of the newest turn's service time, likewise
 # Recorded sizes the tokens-per-byte ratio is the highest of: recent enough to follow a
 # change of workload, enough to cover its sessions' different templates and languages.
 TOKENS_PER_BYTE_WINDOW = 64
@@ -93,6 +96,8 @@ class SessionRecord:
     idle_gen: int = 0  # bumped at every idle period: heap entries of older periods are stale
     opener: object | None = None  # the attempt whose admission opened the window, until a turn of it is served
     last_window_end: WindowEnd | None = None  # the cause its last window ended with
+    admitted_at: float | None = None  # when its turn in flight was admitted
+    turn_ewma: float | None = None  # its turns' service times (admission to release), smoothed
 
     @property
     def is_idle(self) -> bool:
@@ -115,6 +120,7 @@ class SessionBook:
         self._deadlines: list[tuple[float, int, str, int]] = []  # (when, seq, key, idle_gen)
         self._seq = 0
         self.replica_gap_ewma: float | None = None
+        self.replica_turn_ewma: float | None = None  # every session's turn service times, smoothed
         self.window_ends: dict[str, int] = {cause.value: 0 for cause in WindowEnd}  # plain keys: JSON
         self._new_window_ends: list[WindowEnd] = []
         self.idle_since_replica: float | None = 0.0
@@ -268,6 +274,17 @@ class SessionBook:
         replica = self.replica_gap_ewma
         self.replica_gap_ewma = gap if replica is None else replica + GAP_EWMA_WEIGHT * (gap - replica)
 
+    def _observe_turn(self, rec: SessionRecord, service: float) -> None:
+        rec.turn_ewma = (
+            service if rec.turn_ewma is None else rec.turn_ewma + TURN_EWMA_WEIGHT * (service - rec.turn_ewma)
+        )
+        replica = self.replica_turn_ewma
+        self.replica_turn_ewma = service if replica is None else replica + TURN_EWMA_WEIGHT * (service - replica)
+
+    def recent_turn_sec(self, rec: SessionRecord) -> float | None:
+        """The session's recent turn service time, else the replica's (None before any turn ended)."""
+        return rec.turn_ewma if rec.turn_ewma is not None else self.replica_turn_ewma
+
     def end_attempt(self, rec: SessionRecord, attempt: object, now: float) -> SessionRecord | None:
         """The attempt stopped acquiring without a lease; returns the record if that ended it."""
         if self.records.get(rec.key) is not rec or attempt not in rec.attempts.values():
@@ -306,6 +323,7 @@ class SessionBook:
         # this one does not end the other's window.
         sharing = rec.in_flight > 0 and rec.has_window
         rec.in_flight += 1
+        rec.admitted_at = now
         if window and not rec.has_window:
             rec.opener = attempt
         elif not window and rec.has_window and not sharing:
@@ -352,13 +370,15 @@ class SessionBook:
         self._leave(rec)
         rec.in_flight -= 1
         if attempt is not None and rec.opener is attempt:
-            if served:
+            if served or rec.in_flight:  # a concurrent turn of the session still uses the window
                 rec.opener = None
             elif rec.has_window:
                 self._window_ended(WindowEnd.REVOKED, rec)
                 self._set_window(rec, False)
         if served and not rec.in_flight:
             rec.turn_ended_at = now
+            if rec.admitted_at is not None:
+                self._observe_turn(rec, max(0.0, now - rec.admitted_at))
         self._enter(rec, now)
         return self._end(rec) if rec.finished and rec.is_idle else None
 

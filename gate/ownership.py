@@ -9,7 +9,13 @@ holds it logs the conflict, sets `kvgate_gate_conflict{replica}` to 1, falls bac
 shadow mode for that replica (it decides and records, never holds), and keeps
 claiming: when the owner's lease lapses (the owner stopped or was reconfigured) it
 takes the record and enforces again. The owner also sets the gauge while the record
-lists contenders, so both sides of a conflict show it.
+counts contenders, so both sides of a conflict show it.
+
+The record is the holder's (docs/security.md): the answer that grants it carries a nonce,
+which this gate keeps per replica (never logged) and shows to renew and release it. Its
+claims go under `instance_id(ownership.gate_id)`, unique per process, so two gates
+configured with one id still see each other. Answers name no owner and count the
+contenders, and so do the logs.
 
 Pure: `next_ownership`, `gate_mode`, `conflict_flag`,
 `transition_message`, `readiness`. The shell, `OwnershipClaims`, does the HTTP and
@@ -32,7 +38,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from kvgate.wire.owner_record import OWNER_PATH, OwnerAnswer, OwnerClaim
+from kvgate.wire.owner_record import MAX_GATE_ID_CHARS, OWNER_PATH, OwnerAnswer, OwnerClaim
 from kvgate.wire.replica_auth import replica_headers
 
 log = logging.getLogger("kvgate.gate.ownership")
@@ -46,16 +52,28 @@ NO_API = "no_api"  # an outcome: the route does not exist on the replica
 NO_API_STATUSES = frozenset({404, 405, 501})
 
 
+# Characters of `ownership.gate_id` that fit beside the instance suffix in a claim's gate_id.
+MAX_CONFIGURED_GATE_ID_CHARS = MAX_GATE_ID_CHARS - 9
+
+
 def default_gate_id() -> str:
     """`<hostname>:<pid>:<random>`: unique per process start, readable in logs."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
+def instance_id(gate_id: str) -> str:
+    """The id this process claims under: the configured one plus a random suffix, so two
+    processes given one `ownership.gate_id` are two gates to the record."""
+    return f"{gate_id[:MAX_CONFIGURED_GATE_ID_CHARS]}~{secrets.token_hex(4)}"
+
+
 @dataclass(frozen=True)
 class Ownership:
+    """This gate's standing on one replica's record; `contenders` counts the other gates
+    claiming it (the record names none of them, nor its owner)."""
+
     status: str = UNKNOWN
-    owner: str | None = None
-    contenders: tuple[str, ...] = ()
+    contenders: int = 0
     expires_in_sec: float = 0.0
 
 
@@ -67,7 +85,7 @@ def next_ownership(previous: Ownership, outcome: OwnerAnswer | str | None) -> Ow
         return Ownership(UNCHECKED)
     assert isinstance(outcome, OwnerAnswer)
     status = OWNER if outcome.held else CONFLICT
-    return Ownership(status, outcome.owner, outcome.contenders, outcome.expires_in_sec)
+    return Ownership(status, outcome.contenders, outcome.expires_in_sec)
 
 
 def gate_mode(configured: str, ownership: Ownership) -> str:
@@ -79,23 +97,23 @@ def gate_mode(configured: str, ownership: Ownership) -> str:
 
 def conflict_flag(ownership: Ownership) -> int:
     """`kvgate_gate_conflict`: 1 while another gate holds the record, or contends for ours."""
-    if ownership.status == CONFLICT or (ownership.status == OWNER and ownership.contenders):
+    if ownership.status == CONFLICT or (ownership.status == OWNER and ownership.contenders > 0):
         return 1
     return 0
 
 
 def transition_message(replica: str, gate_id: str, before: Ownership, after: Ownership) -> tuple[int, str] | None:
     """(log level, line) when the ownership changed in a way an operator must hear about."""
-    if after.status == CONFLICT and (before.status != CONFLICT or before.owner != after.owner):
+    if after.status == CONFLICT and before.status != CONFLICT:
         return logging.ERROR, (
-            f"gate conflict on replica {replica}: kvgate {after.owner} already enforces on it (lease "
+            f"gate conflict on replica {replica}: another kvgate already enforces on it (lease "
             f"{after.expires_in_sec:.1f}s left); this kvgate ({gate_id}) falls back to shadow mode for it until "
             "that lease lapses. Two enforcing gates on one vLLM server over-admit: run one gate per replica "
             "(role: replica_gate) and route to it from front doors with gate.mode off (docs/ARCHITECTURE.md)"
         )
-    if after.status == OWNER and after.contenders and set(after.contenders) != set(before.contenders):
+    if after.status == OWNER and after.contenders > 0 and (before.status != OWNER or before.contenders == 0):
         return logging.ERROR, (
-            f"gate conflict on replica {replica}: kvgate(s) {', '.join(after.contenders)} also try to enforce on "
+            f"gate conflict on replica {replica}: {after.contenders} other kvgate(s) also try to enforce on "
             f"it; this kvgate ({gate_id}) holds it and keeps enforcing, they shadow"
         )
     if after.status == OWNER and before.status != OWNER:
@@ -110,8 +128,13 @@ def transition_message(replica: str, gate_id: str, before: Ownership, after: Own
 
 def readiness(healthy: dict[str, bool], ownership: dict[str, Ownership]) -> tuple[bool, dict[str, str]]:
     """(ready, conflicts): ready while some replica is healthy and not gated by another kvgate;
-    conflicts names, per replica this gate shadows because of a conflict, the gate that owns it."""
-    conflicts = {name: o.owner or "?" for name, o in ownership.items() if o.status == CONFLICT}
+    conflicts says, per replica this gate shadows because of a conflict, how long the other
+    gate's lease has left (the record does not name that gate)."""
+    conflicts = {
+        name: f"another kvgate, lease {o.expires_in_sec:.0f}s left"
+        for name, o in ownership.items()
+        if o.status == CONFLICT
+    }
     return any(ok and name not in conflicts for name, ok in healthy.items()), conflicts
 
 
@@ -135,7 +158,7 @@ class OwnershipClaims:
         api_key: str | None = None,
         replica_api_key: str | None = None,
     ) -> None:
-        self.gate_id = gate_id
+        self.gate_id = instance_id(gate_id)
         self.ttl_sec = ttl_sec
         self.interval_sec = ttl_sec / 3.0
         self._replicas = replicas
@@ -144,6 +167,7 @@ class OwnershipClaims:
         self._headers = replica_headers(api_key, replica_api_key)
         self._state: dict[str, Ownership] = {}
         self._urls: dict[str, str] = {}
+        self._nonces: dict[str, str] = {}  # replica URL -> the nonce of the record this gate holds there
         self._http: aiohttp.ClientSession | None = None
         self._task: asyncio.Task | None = None
         self._refused: set[str] = set()  # replica URLs that answered 401 (logged once)
@@ -191,7 +215,7 @@ class OwnershipClaims:
         try:
             async with self._http.post(
                 url.rstrip("/") + OWNER_PATH,
-                json=OwnerClaim(self.gate_id, ttl_sec).to_json(),
+                json=OwnerClaim(self.gate_id, ttl_sec, self._nonces.get(url)).to_json(),
                 headers=self._headers,
                 timeout=self._timeout,
             ) as resp:
@@ -207,9 +231,14 @@ class OwnershipClaims:
                     )
                 if resp.status != 200:
                     return None
-                return OwnerAnswer.parse(await resp.json(content_type=None))
+                answer = OwnerAnswer.parse(await resp.json(content_type=None))
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             return None
+        if answer.held and answer.nonce is not None and ttl_sec > 0:
+            self._nonces[url] = answer.nonce
+        else:  # released, lost or never held: a nonce shown again would only be refused
+            self._nonces.pop(url, None)
+        return answer
 
     async def close(self) -> None:
         if self._task is not None:

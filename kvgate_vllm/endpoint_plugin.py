@@ -125,7 +125,7 @@ class ProbeService:
                 raise ProbeUnavailable(result["error"], 501, "probe_unsupported")
         return list(results)
 
-    async def kv_usage(self) -> KvAnswer:
+    async def kv_answer(self) -> KvAnswer:
         merged = merge_kv(_parsed(await self._call_all_engines(KV_ANSWER_METHOD), KvAnswer.parse))
         rates: dict = {}
         try:
@@ -139,7 +139,7 @@ class ProbeService:
             prefill_share=rates.get("prefill_share"),
         )
 
-    async def prefix(self, body: object) -> PrefixAnswer:
+    async def prefix_answer(self, body: object) -> PrefixAnswer:
         from kvgate.vllm_plugin.rendering import render_prefix_query
 
         query = PrefixQuery.parse(body, self.max_model_len)
@@ -195,7 +195,7 @@ async def kv_route(raw_request: Any):
     if service is None:
         return _not_ready()
     try:
-        return _json_response(200, (await service.kv_usage()).to_json())
+        return _json_response(200, (await service.kv_answer()).to_json())
     except ProbeUnavailable as exc:
         return _json_response(exc.status, error_body(exc.status, str(exc), exc.code))
 
@@ -211,7 +211,7 @@ async def prefix_route(raw_request: Any):
     except ValueError as exc:
         return _json_response(400, error_body(400, f"the body is not valid JSON: {exc}", "invalid_json"))
     try:
-        return _json_response(200, (await service.prefix(body)).to_json())
+        return _json_response(200, (await service.prefix_answer(body)).to_json())
     except ProbeQueryError as exc:
         return _json_response(exc.status, error_body(exc.status, exc.message, exc.code, exc.param))
     except ProbeUnavailable as exc:

@@ -40,6 +40,7 @@ import yaml
 from kvgate.balancer.balancer import ALGORITHMS
 from kvgate.balancer.replica_fields import is_token, replica_name_problem, replica_url_key, replica_url_problem
 from kvgate.gate.gate import MODES
+from kvgate.gate.ownership import MAX_CONFIGURED_GATE_ID_CHARS
 from kvgate.gate.policies.registry import policy_name_problem
 from kvgate.proxy.http_fields import field_value_problem
 from kvgate.proxy.settings import Settings
@@ -51,6 +52,8 @@ ENV_PREFIX = "KVGATE_"
 OTHER_VARIABLES = frozenset(
     {
         "KVGATE_PROBE_TIMEOUT_SEC",
+        "KVGATE_REPLICA_API_KEY",
+        "KVGATE_REPLICA_API_KEY_FILE",
         "KVGATE_VLLM_VENV",
         "KVGATE_CACHE_DIR",
         "KVGATE_E2E_ROUNDS",
@@ -113,6 +116,13 @@ def _header_name(value) -> str | None:
     return None if is_token(value) else "must be a header name (letters, digits, - and _)"
 
 
+def _gate_id_problem(value: str) -> str | None:
+    """Room for the instance suffix the owner claims add (gate.ownership.instance_id)."""
+    if len(value) > MAX_CONFIGURED_GATE_ID_CHARS:
+        return f"must be 1-{MAX_CONFIGURED_GATE_ID_CHARS} characters"
+    return _non_empty(value)
+
+
 def _secret_value_problem(value: str) -> str | None:
     return _non_empty(value) or field_value_problem(value)
 
@@ -165,6 +175,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "gate.probe.usage_max_age_ms": _in_range(0),
     "gate.quiet_factor": _in_range(1),
     "gate.quiet_floor_sec": _in_range(0),
+    "gate.wait_cap_factor": _in_range(0),
     "upstream.connect_timeout_sec": _in_range(0, lo_open=True),
     "upstream.read_timeout_sec": _in_range(0, lo_open=True),
     "limits.max_body_bytes": _in_range(1),
@@ -182,7 +193,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "auth.api_keys[]": _secret_value_problem,
     "role": _one_of(*ROLES),
     "ownership.ttl_sec": _in_range(0, 3600),
-    "ownership.gate_id": _non_empty,
+    "ownership.gate_id": _gate_id_problem,
 }
 
 

@@ -170,12 +170,12 @@ def replica_findings(
             "the kvgate plugin, or a second gate enforcing on it cannot be detected"
         )
         return problems, notes
-    holder = owner.get("owner")
-    if holder and holder != settings.ownership.gate_id and settings.gate.mode == "enforce":
+    owned = owner.get("owned") is True
+    if owned and settings.gate.mode == "enforce":
         problems.append(
-            f"{key}: kvgate {holder} already enforces on it (lease {owner.get('expires_in_sec', 0)}s "
-            "left); this one would only shadow it. One gate per replica: see docs/ARCHITECTURE.md"
+            f"{key}: a kvgate already enforces on it (lease {owner.get('expires_in_sec', 0)}s left); this one "
+            "would only shadow it. One gate per replica: see docs/ARCHITECTURE.md"
         )
     else:
-        notes.append(f"{key}: owner record {'held by ' + holder if holder else 'free'}")
+        notes.append(f"{key}: owner record {'held' if owned else 'free'}")
     return problems, notes

@@ -23,7 +23,7 @@ def render_metrics(
     model_name: str,
     block_size: int,
     num_blocks: int,
-    kv_state: dict,
+    kv: dict,  # the engine's kv answer (`KvAnswer.to_json()`)
     counters: SchedulerCounters,
     prefix_stats: PrefixCacheStats,
     num_evictions: int,
@@ -43,9 +43,9 @@ def render_metrics(
     def counter(name: str, help_text: str, value: float) -> None:
         family(name, "counter", help_text, [(name + "_total", base, value)])
 
-    gauge("vllm:num_requests_running", "Number of requests in model execution batches.", kv_state["num_running"])
-    gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", kv_state["num_waiting"])
-    gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv_state["kv_cache_usage"])
+    gauge("vllm:num_requests_running", "Number of requests in model execution batches.", kv["num_running"])
+    gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", kv["num_waiting"])
+    gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv["kv_cache_usage"])
     counter(
         "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", prefix_stats.queries
     )
@@ -110,10 +110,10 @@ def render_metrics(
     )
     counter("kvgate_sim:aborted_requests", "Requests aborted (client disconnected).", counters.num_aborted)
     counter("kvgate_sim:steps", "Engine steps run.", counters.num_steps)
-    gauge("kvgate_sim:num_free_blocks", "Free blocks (including evictable cached blocks).", kv_state["num_free_blocks"])
+    gauge("kvgate_sim:num_free_blocks", "Free blocks (including evictable cached blocks).", kv["num_free_blocks"])
     gauge(
         "kvgate_sim:num_cached_blocks",
         "Blocks holding prefix-cache content (in use or evictable).",
-        kv_state["num_cached_blocks"],
+        kv["num_cached_blocks"],
     )
     return "\n".join(lines) + "\n"

@@ -365,7 +365,7 @@ async def metrics(request: web.Request) -> web.Response:
 # -- probe API (docs/reference.md) ---------------------------------------------------------------
 
 
-async def probe_kv(request: web.Request) -> web.Response:
+async def kv_route(request: web.Request) -> web.Response:
     return _json(merge_kv([request.app[ENGINE_KEY].kv_answer()]).to_json())
 
 
@@ -399,7 +399,7 @@ def parse_prefix_probe(
     return token_ids, salt
 
 
-async def probe_prefix(request: web.Request) -> web.Response:
+async def prefix_route(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     try:
         token_ids, cache_salt = parse_prefix_probe(
@@ -482,8 +482,8 @@ def build_replica_app(
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get(KV_PATH, probe_kv)
-    app.router.add_post(PREFIX_PATH, probe_prefix)
+    app.router.add_get(KV_PATH, kv_route)
+    app.router.add_post(PREFIX_PATH, prefix_route)
     app[OWNER_KEY] = OwnerBook(time.monotonic)
     app.router.add_post(OWNER_PATH, owner_claim)
     app.router.add_get(OWNER_PATH, owner_read)

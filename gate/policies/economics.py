@@ -6,13 +6,21 @@
   (`holding_cost_sec`) than its admission makes the replica spend computing again the
   windows' blocks it pushes out (`reprefill_sec` of `evicted_window_blocks`).
 Without a measured prefill throughput there is no price, and the turn is held.
+- The cap on a held turn's wait (`capped`, when `wait_cap_factor` > 0): however the
+  rule weighs, a turn goes in, without a window, once it has waited `wait_cap_factor`
+  times its session's recent turn time (`wait_cap_sec`). So no turn waits more than
+  about that multiple of its own service time; turns let in early push windows out,
+  so the cap trades part of a win for the bounded tail
+  (docs/decisions/wait-cap.md).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvgate.gate.policies.pricing import estimated_prompt_tokens, free_budget, usable_blocks
 from kvgate.gate.policies.views import WorkingSetView
-from kvgate.gate.policies.vocabulary import Wait, WaitCause
+from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Wait, WaitCause
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
 from kvgate.wire.blocks import cdiv
@@ -134,3 +142,28 @@ def unprobed_work_conserving(view: WorkingSetView, usage: UsageReading, settings
     budget, usable = free_budget(view, usage, settings), usable_blocks(usage, settings)
     at_risk = evicted_window_blocks(view, usage, cold, budget, usable) + blocks
     return work_conserving(view, usage, at_risk, settings) is None
+
+
+# The shortest cap: a session of very short turns still waits for a release or two.
+WAIT_CAP_FLOOR_SEC = 0.1
+
+
+def wait_cap_sec(view: WorkingSetView, settings: GateSettings) -> float | None:
+    """How long a held turn may wait: `wait_cap_factor` x its session's recent turn time
+    (else the replica's), at least WAIT_CAP_FLOOR_SEC. None: no cap (factor 0, or no
+    turn has ended on the replica yet)."""
+    if settings.wait_cap_factor <= 0 or view.recent_turn_sec is None:
+        return None
+    return max(WAIT_CAP_FLOOR_SEC, settings.wait_cap_factor * view.recent_turn_sec)
+
+
+def capped(wait: Wait, view: WorkingSetView, settings: GateSettings) -> Wait | Admit:
+    """`wait`, due again by the time its cap runs out; or, once the turn has waited its
+    cap, an Admit `wait_capped` without a window (the windows' books stay within usable)."""
+    cap = wait_cap_sec(view, settings)
+    if cap is None:
+        return wait
+    left = cap - view.waited_sec
+    if left <= 0:
+        return Admit(AdmissionReason.WAIT_CAPPED)
+    return replace(wait, recheck_sec=left if wait.recheck_sec is None else min(wait.recheck_sec, left))

@@ -38,6 +38,8 @@ class GateFacts(Protocol):
     expected_gap_sec: the replica's smoothed gap between a session's turns (the idle
       time before a holder in a tool call comes back); None before any gap was seen.
     waited_sec: how long this attempt has been held so far.
+    recent_turn_sec: the session's recent turn service time (admission to release,
+      smoothed), else the replica's; None before any turn ended on the replica.
     tokens_per_byte: the replica's recent highest ratio of a probed prompt's tokens to
       its body's bytes (`SessionBook.tokens_per_byte`), None before any probe.
     An anonymous turn has only `anonymous` and `max_output_tokens`; the rest read as
@@ -73,6 +75,8 @@ class GateFacts(Protocol):
     @property
     def waited_sec(self) -> float: ...
     @property
+    def recent_turn_sec(self) -> float | None: ...
+    @property
     def tokens_per_byte(self) -> float | None: ...
 
 
@@ -100,8 +104,9 @@ class WorkingSetView:
     `prompt_bound_tokens` (a turn whose bound fits is admitted without a prefix probe)
     and `tokens_per_byte` (the work-conserving rule's estimate of an unprobed prompt).
     The work-conserving rule's holding cost: `replica_idle_sec`, `expected_gap_sec`,
-    `waited_sec`. Anonymous turns, and replicas without block counts, are decided by
-    the watermark policy (`watermark`).
+    `waited_sec`. The cap on a held turn's wait: `waited_sec`, `recent_turn_sec`.
+    Anonymous turns, and replicas without block counts, are decided by the watermark
+    policy (`watermark`).
     """
 
     anonymous: bool = False
@@ -119,6 +124,7 @@ class WorkingSetView:
     expected_gap_sec: float | None = None
     waited_sec: float = 0.0
     tokens_per_byte: float | None = None
+    recent_turn_sec: float | None = None
 
     @classmethod
     def read(cls, facts: GateFacts) -> WorkingSetView:
@@ -138,6 +144,7 @@ class WorkingSetView:
             expected_gap_sec=facts.expected_gap_sec,
             waited_sec=facts.waited_sec,
             tokens_per_byte=facts.tokens_per_byte,
+            recent_turn_sec=facts.recent_turn_sec,
         )
 
     @property

@@ -26,6 +26,7 @@ class AdmissionReason(StrEnum):
     RESIDENT_PREFIX = "resident_prefix"
     WINDOW_FITS = "window_fits"
     WORK_CONSERVING = "work_conserving"
+    WAIT_CAPPED = "wait_capped"
 
 
 class WaitCause(StrEnum):

@@ -30,6 +30,8 @@ Invariants (each has a table test):
 - A holder that no longer fits waits as a newcomer (`Wait.drop_window`) unless
   it goes in `work_conserving`; a prompt that can never fit (its full blocks >
   usable) is rejected, never held.
+- No named turn waits longer than its cap (`capped`): then it goes in `wait_capped`,
+  without a window, so the cap never breaks the windows' books either.
 - A price read off the body (no prefix reading) is marked `Admit.reprice_above`;
   a holder whose probe gave no reading keeps its window at its last price.
 Without usage, for anonymous turns and without block counts (the /metrics fallback)
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 from kvgate.gate.policies.economics import (
     can_work_conserve,
+    capped,
     evicted_window_blocks,
     unprobed_work_conserving,
     work_conserving,
@@ -73,8 +76,20 @@ from kvgate.gate.settings import GateSettings
 def working_set_decide(
     view: WorkingSetView, usage: UsageReading | None, prefix: ProbedPrefix | None, settings: GateSettings
 ) -> Decision | ProbeFirst:
-    """The module's policy. Every branch before `PROBE_FIRST` reads no prefix, so a
-    decision reached without a reading is the one any reading would give."""
+    """The module's policy: `_decide`, with every Wait of a named turn bounded by its cap
+    (`capped`: once it has waited `wait_cap_factor` x its session's turn time it goes in
+    `wait_capped`, without a window)."""
+    decision = _decide(view, usage, prefix, settings)
+    if isinstance(decision, Wait) and not view.anonymous:
+        return capped(decision, view, settings)
+    return decision
+
+
+def _decide(
+    view: WorkingSetView, usage: UsageReading | None, prefix: ProbedPrefix | None, settings: GateSettings
+) -> Decision | ProbeFirst:
+    """The decision table without the cap. Every branch before `PROBE_FIRST` reads no
+    prefix, so a decision reached without a reading is the one any reading would give."""
     if usage is None:
         return admit_open(view.watermark, settings)
     if view.anonymous or not usage.has_blocks:

@@ -89,3 +89,43 @@ def test_render_only_writes_the_page_from_the_data(tmp_path):
     args = argparse.Namespace(page=tmp_path / "results.md", data=None, render_only=True)
     assert results_page.main(args) == 0
     assert "real vLLM CPU" in (tmp_path / "results.md").read_text()
+
+
+def test_store_row_replaces_its_key_and_keeps_the_others(tmp_path):
+    document = {"modes": {"sticky": summary(), results_page.GATE_MODE: summary()}, "replicas": {"count": 2}}
+    data, page = tmp_path / "results.json", tmp_path / "results.md"
+    first = record_of(ROWS[0], document, "cmd a", "d1", "c1")
+    other = record_of(ROWS[1], document, "cmd b", "d1", "c1")
+    again = record_of(ROWS[0], document, "cmd a", "d2", "c2")
+    for record in (first, other, again):
+        results_page.store_row(data, page, record)
+    stored = json.loads(data.read_text())
+    assert [(r["key"], r["date"]) for r in stored] == [(ROWS[1].key, "d1"), (ROWS[0].key, "d2")]
+    assert page.read_text().count("| cmd") == 0 and "`cmd a`" in page.read_text()
+
+
+def test_each_real_vllm_model_has_a_pinned_row_with_its_target_and_an_unpinned_row_without():
+    rows = selected_rows("vllm-small-no-finish,vllm-prefill-no-finish", vllm=True)
+    assert [(r.regime, r.extra, r.targets) for r in rows] == [
+        ("vllm-small-no-finish", ("--pinning", "pinned"), ("makespan<=1.05x",)),
+        ("vllm-small-no-finish", ("--pinning", "unpinned"), ()),
+        ("vllm-prefill-no-finish", ("--pinning", "pinned"), ("makespan<=0.8x",)),
+        ("vllm-prefill-no-finish", ("--pinning", "unpinned"), ()),
+    ]
+    assert len({r.key for r in rows}) == 4
+    assert "--pinning pinned" in results_page.shown_command(rows[0], 3)
+    assert results_page.row_command(rows[0], 3, results_page.REPO / "out")[-2:] == ["--pinning", "pinned"]
+
+
+def test_a_real_vllm_row_names_its_cpu_split_and_an_untargeted_row_shows_no_target():
+    pinned_row, unpinned_row = selected_rows("vllm-small-no-finish", vllm=True)
+    document = {"modes": {"sticky": summary(), results_page.GATE_MODE: summary(makespan=10.3)}, "replicas": ["u"]}
+    pinned = record_of(
+        pinned_row, document, "c", "d", "e", {"pinning": "pinned", "engine_cpus": "1", "frontend_cpus": "0"}
+    )
+    unpinned = record_of(unpinned_row, document, "c", "d", "e", {"pinning": "unpinned", "engine_cpus": None})
+    assert pinned["replicas"] == "real vLLM CPU, pinned: engine CPUs 1, frontend CPUs 0"
+    assert unpinned["replicas"] == "real vLLM CPU, unpinned" and unpinned["checks"] == []
+    page = render([pinned, unpinned]).splitlines()
+    assert "makespan <= 1.05x sticky: 1.03x **met**" in page[-2]
+    assert "| - | - |" in page[-1]

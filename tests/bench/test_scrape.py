@@ -39,3 +39,26 @@ def test_counters_delta_and_sum():
     total = sum_counters([delta, before])
     assert (total.queries, total.hits, total.sim["kvgate_sim:preemptions_total"]) == (1500.0, 600.0, 3.0)
     assert Counters().hit_rate == 0.0
+
+
+def test_probe_totals_by_kind_summed_over_replicas():
+    import pytest
+
+    from kvgate.bench.agentic.scrape import probe_totals
+
+    text = "\n".join(
+        [
+            "# HELP kvgate_probe_seconds Latency of replica probes.",
+            'kvgate_probe_seconds_bucket{le="0.01",probe="kv",replica="r0"} 3.0',
+            'kvgate_probe_seconds_count{probe="kv",replica="r0"} 4.0',
+            'kvgate_probe_seconds_sum{probe="kv",replica="r0"} 0.02',
+            'kvgate_probe_seconds_count{probe="kv",replica="r1"} 6.0',
+            'kvgate_probe_seconds_sum{probe="kv",replica="r1"} 0.03',
+            'kvgate_probe_seconds_count{probe="prefix",replica="r0"} 2.0',
+            'kvgate_probe_seconds_sum{probe="prefix",replica="r0"} 0.5',
+            'kvgate_probe_seconds_created{probe="prefix",replica="r0"} 1.7e9',
+        ]
+    )
+    totals = probe_totals(text)
+    assert totals["kv"] == {"count": 10.0, "seconds": pytest.approx(0.05)}
+    assert totals["prefix"] == {"count": 2.0, "seconds": 0.5}

@@ -100,3 +100,21 @@ async def test_concurrent_turns_of_a_session_are_priced_together(metrics, clock)
     (await asyncio.wait_for(other, 5)).release()
     gate.finish_session("o")
     assert_clean(gate, clock)
+
+
+async def test_a_failed_turn_leaves_the_window_its_concurrent_sibling_uses(metrics, clock):
+    """The turn that opened the window fails (served=False) while the session's side request
+    is still in flight in it: the window stays for the sibling (a lone failed turn's window
+    ends, cause revoked)."""
+    gate, probe = working_set_gate(metrics, clock)
+    probe.set_prefix("main", total=30, hit=0)
+    probe.set_prefix("side", total=20, hit=0)
+    main = await gate.acquire("s", "chat", request("main", "fix the bug"))
+    side = await gate.acquire("s", "chat", request("side", "a title"))
+    main.release(served=False)
+    state = gate.state()
+    assert state["sessions"]["s"]["has_window"] and state["windows"]["in_flight"] == ["s"]
+    assert sample(metrics, "kvgate_window_ends_total", replica="r0", cause="revoked") == 0
+    side.release()
+    gate.finish_session("s")
+    assert_clean(gate, clock)

@@ -14,6 +14,7 @@ import pytest
 
 from kvgate.bench.processes import start_in_process
 from kvgate.bench.tiers import start_single, start_tiered
+from kvgate.gate.ownership import OWNER, Ownership
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
 
 CLEAN = {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}
@@ -199,7 +200,7 @@ async def test_conflict_is_detected_and_the_late_gate_shadows(http):
             assert resp.status == 200
         async with http.get(replica.url + "/v1/kvgate/owner") as resp:
             record = await resp.json()
-        assert (record["owner"], record["contenders"]) == ("early", ["late"])
+        assert (record["owned"], record["contenders"]) == (True, 1) and "owner" not in record
         # the owner stops (releasing its record): the late gate takes over and enforces
         for sid in ("a", "b"):
             await post(
@@ -274,23 +275,28 @@ async def test_front_door_failover_keeps_sessions_on_their_replicas(tiers):
     await until(lambda: t.gate_counts() == CLEAN, "every gate clean")
 
 
-async def test_check_config_contact_replicas(tiers, http, tmp_path, capsys):
-    """`kvgate check-config --contact-replicas` flags configs that cannot be right on these replicas."""
+async def check_config(config: dict, tmp_path, capsys) -> tuple[int, str]:
+    """`kvgate check-config --contact-replicas` on `config`: (exit code, what it printed)."""
     import argparse
 
     import yaml
 
     from kvgate.proxy.commands import check_config_command
 
+    path = tmp_path / "kvgate.yaml"
+    path.write_text(yaml.safe_dump(config))
+    code = await asyncio.to_thread(check_config_command, argparse.Namespace(file=str(path), contact_replicas=True))
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+async def test_check_config_contact_replicas(tiers, http, tmp_path, capsys):
+    """`kvgate check-config --contact-replicas` flags configs that cannot be right on these replicas."""
     t = await tiers(1, 1, time_scale=0.0)
     replica, gate = t.replicas[0], t.replica_gates[0]
 
-    async def check(config: dict) -> tuple[int, str]:
-        path = tmp_path / "kvgate.yaml"
-        path.write_text(yaml.safe_dump(config))
-        code = await asyncio.to_thread(check_config_command, argparse.Namespace(file=str(path), contact_replicas=True))
-        out = capsys.readouterr()
-        return code, out.out + out.err
+    def check(config: dict):
+        return check_config(config, tmp_path, capsys)
 
     # the replica gate holds the simulated replica's record: a second enforcing gate is refused
     code, out = await check({"replicas": [{"name": "sim0", "url": replica.url}]})
@@ -315,12 +321,6 @@ async def test_check_config_contact_replicas(tiers, http, tmp_path, capsys):
 
 async def test_check_config_contact_replicas_names_missing_keys(tiers, tmp_path, capsys):
     """With the credentials of docs/security.md wired, a config without them is told which key it lacks."""
-    import argparse
-
-    import yaml
-
-    from kvgate.proxy.commands import check_config_command
-
     t = await tiers(
         1,
         1,
@@ -331,12 +331,8 @@ async def test_check_config_contact_replicas_names_missing_keys(tiers, tmp_path,
     )
     replica, gate = t.replicas[0], t.replica_gates[0]
 
-    async def check(config: dict) -> tuple[int, str]:
-        path = tmp_path / "kvgate.yaml"
-        path.write_text(yaml.safe_dump(config))
-        code = await asyncio.to_thread(check_config_command, argparse.Namespace(file=str(path), contact_replicas=True))
-        out = capsys.readouterr()
-        return code, out.out + out.err
+    def check(config: dict):
+        return check_config(config, tmp_path, capsys)
 
     shadow = {"gate": {"mode": "shadow"}, "replicas": [{"name": "sim0", "url": replica.url}]}
     code, out = await check(shadow)
@@ -357,24 +353,27 @@ async def test_removed_replica_record_is_released(http):
     try:
         kvgate = t.front_doors[0]
 
-        async def owner_of(replica):
+        async def owned(replica) -> bool:
             async with http.get(replica.url + "/v1/kvgate/owner") as resp:
-                return (await resp.json())["owner"]
+                return (await resp.json())["owned"]
+
+        def held_by_the_gate() -> list[bool]:
+            return [kvgate.app.ownership.ownership().get(r.name, Ownership()).status == OWNER for r in t.replicas]
 
         # The gate claims both replicas once it runs (the first claim races start-up on a loaded machine).
         for _ in range(100):
-            if [await owner_of(replica) for replica in t.replicas] == ["g", "g"]:
+            if held_by_the_gate() == [True, True]:
                 break
             await asyncio.sleep(0.05)
-        assert [await owner_of(replica) for replica in t.replicas] == ["g", "g"]
+        assert held_by_the_gate() == [True, True] and [await owned(r) for r in t.replicas] == [True, True]
         async with http.delete(kvgate.url + "/admin/replicas/sim1", headers={"Authorization": "Bearer t"}) as resp:
             assert resp.status == 200
 
         for _ in range(100):
-            if await owner_of(t.replicas[1]) is None:
+            if not await owned(t.replicas[1]):
                 break
             await asyncio.sleep(0.05)
-        assert await owner_of(t.replicas[1]) is None and await owner_of(t.replicas[0]) == "g"
+        assert not await owned(t.replicas[1]) and await owned(t.replicas[0])
     finally:
         await t.close()
 

@@ -63,7 +63,57 @@ class Recorder:
 # ---- finding 1: anyone who could reach a replica could switch its gate off ----------------
 
 
+async def test_f1_the_owner_record_cannot_be_read_released_or_taken_by_others(parts, http):
+    (replica,) = await parts.replicas(replica_api_key=REPLICA_KEY)
+    gate = await parts.kvgate(
+        replica_config(replica, upstream={"replica_api_key": REPLICA_KEY}, ownership={"ttl_sec": 1.5}),
+        health_checks=True,
+    )
+    owner_url = replica.url + "/v1/kvgate/owner"
+    await until(lambda: gate.app.ownership.ownership().get(replica.name, None) is not None, "the first claim")
+    claim_id = gate.app.ownership.gate_id
+    # a client of vLLM (with its key, without the gates' credential) gets nothing
+    vllm_client = {"Authorization": f"Bearer {VLLM_KEY}"}
+    async with http.get(owner_url, headers=vllm_client) as resp:
+        assert resp.status == 401
+    async with http.post(owner_url, json={"gate_id": claim_id, "ttl_sec": 0}, headers=vllm_client) as resp:
+        assert resp.status == 401
+    # even a holder of the credential: GET names no owner, and the owner's id releases nothing
+    async with http.get(owner_url, headers=GATE_HEADERS) as resp:
+        assert resp.status == 200 and claim_id not in await resp.text()
+    async with http.post(owner_url, json={"gate_id": claim_id, "ttl_sec": 0}, headers=GATE_HEADERS) as resp:
+        assert resp.status in (200, 403)
+    async with http.post(owner_url, json={"gate_id": "evil", "ttl_sec": 3600}, headers=GATE_HEADERS) as resp:
+        taken = await resp.json()
+    assert taken["held"] is False
+    await asyncio.sleep(1.2)  # more than two renewals
+    assert gate.app.ownership.ownership()[replica.name].status == "owner"
+    async with http.get(gate.url + "/ready") as resp:
+        assert resp.status == 200
+
+
 # ---- finding 2: the contender list was unbounded, and logged whole ---------------------------
+
+
+async def test_f2_contenders_are_capped_and_logged_as_counts(parts, http, caplog):
+    """Played on a replica without the replica key, where anyone may claim (docs/security.md)."""
+    (replica,) = await parts.replicas()
+    caplog.set_level(logging.INFO, logger="kvgate")
+    gate = await parts.kvgate(replica_config(replica, ownership={"ttl_sec": 0.6}))
+    owner_url = replica.url + "/v1/kvgate/owner"
+    await until(lambda: gate.app.ownership.ownership().get(replica.name) is not None, "the first claim")
+    for index in range(400):
+        body = {"gate_id": f"{index:d}".rjust(256, "x"), "ttl_sec": 3600}
+        async with http.post(owner_url, json=body) as resp:
+            assert resp.status == 200 and len(await resp.read()) < 1024
+    async with http.get(owner_url) as resp:
+        assert len(await resp.read()) < 1024
+    await until(lambda: gate.app.ownership.ownership()[replica.name].contenders > 0, "the owner's renewal")
+    await asyncio.sleep(0.7)  # more renewals: the count changes nothing more in the log
+    conflict_lines = [r.getMessage() for r in caplog.records if "also try to enforce" in r.getMessage()]
+    assert len(conflict_lines) == 1 and "16 other kvgate(s)" in conflict_lines[0], conflict_lines
+    assert max(len(record.getMessage()) for record in caplog.records) < 2000
+    assert gate.app.ownership.ownership()[replica.name].status == "owner"
 
 
 # ---- finding 3: the prefix probe was an exact cache side channel ------------------------------
@@ -207,6 +257,20 @@ async def test_f6_a_host_on_the_allow_list_gets_them(parts, http):
 
 
 # ---- finding 7: the low ones -----------------------------------------------------------------------
+
+
+async def test_f7a_two_processes_with_one_gate_id_are_a_conflict(parts):
+    (replica,) = await parts.replicas()
+    config = replica_config(replica, ownership={"gate_id": "g", "ttl_sec": 3})
+    first = await parts.kvgate(config, "first")
+    second = await parts.kvgate(config, "second")
+    await first.app.ownership.round()  # the first renews and learns of the second
+    statuses = {
+        first.app.ownership.ownership()[replica.name].status,
+        second.app.ownership.ownership()[replica.name].status,
+    }
+    assert statuses == {"owner", "conflict"}
+    assert first.app.metrics.registry.get_sample_value("kvgate_gate_conflict", {"replica": replica.name}) == 1
 
 
 async def test_f7b_tiers_with_different_session_headers_keep_the_session(http):

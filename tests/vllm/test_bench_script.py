@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,3 +53,36 @@ def test_the_server_matches_the_regimes_cache_shape(regime, tmp_path):
 def test_each_preset_has_its_own_cache_directory():
     assert model_cache_dir("tiny") != model_cache_dir("prefill")
     assert model_cache_dir("tiny") == model_cache_dir("tiny")
+
+
+def test_a_pinned_server_binds_vllms_openmp_threads_to_the_engine_cpus_and_unpinned_binds_none(tmp_path):
+    split = run_vllm_bench.plan_split({0, 1, 2, 3})
+    pinned = run_vllm_bench.server_for("vllm-small", Path("/venv/bin/python"), tmp_path, tmp_path / "log", split)
+    assert pinned.environment()["VLLM_CPU_OMP_THREADS_BIND"] == "2-3"
+    unpinned = run_vllm_bench.server_for("vllm-small", Path("/venv/bin/python"), tmp_path, tmp_path / "log")
+    assert unpinned.environment()["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+
+
+def test_both_pinnings_run_pinned_first_each_into_its_own_folder():
+    out = Path("results/x")
+    assert run_vllm_bench.runs_of("both", out) == [("pinned", out / "pinned"), ("unpinned", out / "unpinned")]
+    assert run_vllm_bench.runs_of("pinned", out) == [("pinned", out)]
+    assert run_vllm_bench.runs_of("unpinned", out) == [("unpinned", out)]
+
+
+@pytest.mark.parametrize("pinning", ["pinned", "both"])
+def test_on_one_cpu_the_runner_refuses_pinned_mode_before_starting_anything(pinning, tmp_path):
+    """Run on one CPU: exit 2 with the reason and what to run instead; no venv is looked for."""
+    first = min(os.sched_getaffinity(0))
+    env = {**os.environ, "KVGATE_VLLM_VENV": str(tmp_path / "no-venv")}
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--regime", "vllm-small", "--pinning", pinning, "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        preexec_fn=lambda: os.sched_setaffinity(0, {first}),
+    )
+    assert result.returncode == 2, result.stderr
+    assert "pinned mode needs at least 2 CPUs" in result.stderr and "--pinning unpinned" in result.stderr
+    assert not (tmp_path / "no-venv").exists() and not (tmp_path / "out").exists()

@@ -22,18 +22,22 @@ def test_owner_record_claim_renew_conflict_release(vllm_server):
     url = vllm_server.url + OWNER
     a, b = f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"
     status, body = http_json("POST", url, {"gate_id": a, "ttl_sec": 30})
-    assert status == 200 and (body["owner"], body["held"]) == (a, True), body
+    assert status == 200 and body["held"] is True and body["nonce"], body
+    nonce = body["nonce"]
     assert 29 <= body["expires_in_sec"] <= 30
     status, body = http_json("POST", url, {"gate_id": b, "ttl_sec": 30})
-    assert (status, body["owner"], body["held"], body["contenders"]) == (200, a, False, [b])
-    status, body = http_json("POST", url, {"gate_id": a, "ttl_sec": 30})  # renewal: a learns of b
-    assert (body["held"], body["contenders"]) == (True, [b])
+    assert (status, body["held"], body["owned"], body["contenders"]) == (200, False, True, 1)
+    assert "nonce" not in body and "owner" not in body
+    status, body = http_json("POST", url, {"gate_id": a, "ttl_sec": 30, "nonce": nonce})  # renewal: a learns of b
+    assert (body["held"], body["contenders"], body["nonce"]) == (True, 1, nonce)
     status, body = http_json("GET", url)
-    assert (status, body["owner"], body["held"]) == (200, a, False)
-    assert http_json("POST", url, {"gate_id": a, "ttl_sec": 0})[1]["owner"] is None  # release
+    assert (status, body["owned"], body["held"]) == (200, True, False) and a not in json.dumps(body)
+    # the owner's id without its nonce releases nothing; with it, the record is free at once
+    assert http_json("POST", url, {"gate_id": a, "ttl_sec": 0})[1]["owned"] is True
+    assert http_json("POST", url, {"gate_id": a, "ttl_sec": 0, "nonce": nonce})[1]["owned"] is False
     status, body = http_json("POST", url, {"gate_id": b, "ttl_sec": 30})
-    assert (body["owner"], body["held"]) == (b, True)
-    http_json("POST", url, {"gate_id": b, "ttl_sec": 0})
+    assert body["held"] is True
+    http_json("POST", url, {"gate_id": b, "ttl_sec": 0, "nonce": body["nonce"]})
     status, body = http_json("POST", url, {"gate_id": "", "ttl_sec": 1})
     assert status == 400 and body["error"]["param"] == "gate_id"
 
@@ -88,4 +92,4 @@ def test_second_enforcing_kvgate_is_detected(vllm_server, tmp_path: Path):
         for proc in reversed(procs):
             stop_process_group(proc, grace=15)
     # both stopped cleanly: the record is free again
-    assert http_json("GET", vllm_server.url + OWNER)[1]["owner"] is None
+    assert http_json("GET", vllm_server.url + OWNER)[1]["owned"] is False

@@ -95,8 +95,8 @@ def full_prefix() -> PrefixAnswer:
 MESSAGES = {
     "kv answer": (KvAnswer, full_kv),
     "prefix answer": (PrefixAnswer, full_prefix),
-    "owner claim": (OwnerClaim, lambda: OwnerClaim("gate-a", 15.0)),
-    "owner answer": (OwnerAnswer, lambda: OwnerAnswer("gate-a", True, 12.5, ("gate-b",))),
+    "owner claim": (OwnerClaim, lambda: OwnerClaim("gate-a", 15.0, "nonce-1")),
+    "owner answer": (OwnerAnswer, lambda: OwnerAnswer(True, True, 12.5, 1, "nonce-1")),
 }
 
 
@@ -199,13 +199,16 @@ async def test_the_simulated_replica_answers_every_field_of_every_message(replic
             async with http.post(base + OWNER_PATH, json=claim.to_json()) as resp:
                 assert resp.status == 200, await resp.text()
                 owner_answers.append(assert_round_trips(OwnerAnswer, await resp.json()))
-        async with http.post(base + OWNER_PATH, json=claims[0].to_json()) as resp:  # a renewal learns of b
+        renewal = OwnerClaim("gate-a", 15.0, owner_answers[0].nonce)
+        assert unset_fields(renewal) == set()
+        async with http.post(base + OWNER_PATH, json=renewal.to_json()) as resp:  # a renewal learns of b
             renewed = assert_round_trips(OwnerAnswer, await resp.json())
-        assert owner_answers[1].owner == "gate-a" and not owner_answers[1].held
-        assert renewed.held and renewed.contenders == ("gate-b",) and renewed.expires_in_sec > 0
+        assert owner_answers[1].owned and not owner_answers[1].held and owner_answers[1].nonce is None
+        assert renewed.held and renewed.contenders == 1 and renewed.expires_in_sec > 0
         assert unset_fields(renewed) == set()
         async with http.get(base + OWNER_PATH) as resp:
-            assert assert_round_trips(OwnerAnswer, await resp.json()).owner == "gate-a"
+            read = assert_round_trips(OwnerAnswer, await resp.json())
+        assert read.owned and not read.held and read.nonce is None
 
         async with http.post(base + PREFIX_PATH, json={"token_ids": [1], "cache_salt": 3}) as resp:
             assert resp.status == 400
@@ -280,22 +283,22 @@ async def test_the_plugins_builders_answer_every_field_of_every_message(monkeypa
         ]
     )
     monkeypatch.setattr(endpoint_plugin, "read_totals", lambda: next(totals))
-    await service.kv_usage()
-    kv = assert_round_trips(KvAnswer, (await service.kv_usage()).to_json())
+    await service.kv_answer()
+    kv = assert_round_trips(KvAnswer, (await service.kv_answer()).to_json())
     assert unset_fields(kv) == set()
     assert [engine.engine for engine in kv.engines] == [0, 1] and kv.num_total_blocks == 128
 
     query = PrefixQuery("token_ids", list(range(70)), cache_salt="tenant", model="m")
-    prefix = assert_round_trips(PrefixAnswer, (await service.prefix(query.to_json())).to_json())
+    prefix = assert_round_trips(PrefixAnswer, (await service.prefix_answer(query.to_json())).to_json())
     assert unset_fields(prefix) == set()
     assert prefix.hit_blocks == 2 and prefix.hit_blocks_in_use == 1  # the engine with the fewest hits
 
     book = OwnerBook(iter(range(100)).__next__)  # the record both servers keep
-    book.claim(OwnerClaim("gate-a", 15.0).to_json())
+    taken = assert_round_trips(OwnerAnswer, book.claim(OwnerClaim("gate-a", 15.0).to_json()))
     book.claim(OwnerClaim("gate-b", 15.0).to_json())
-    renewed = assert_round_trips(OwnerAnswer, book.claim(OwnerClaim("gate-a", 15.0).to_json()))
-    assert unset_fields(renewed) == set() and renewed.contenders == ("gate-b",)
-    assert assert_round_trips(OwnerAnswer, book.read()).owner == "gate-a"
+    renewed = assert_round_trips(OwnerAnswer, book.claim(OwnerClaim("gate-a", 15.0, taken.nonce).to_json()))
+    assert unset_fields(renewed) == set() and renewed.contenders == 1
+    assert assert_round_trips(OwnerAnswer, book.read()).owned
 
     bad = endpoint_plugin.error_body(400, "'cache_salt' must be a string", "invalid_request", "cache_salt")
     assert set(bad["error"]) == {"message", "type", "param", "code"}

@@ -1,0 +1,160 @@
+"""The cap on a held turn's wait: pure table tests of the rule, the book's turn times, and
+the asyncio gate letting a held turn in `wait_capped` once its cap runs out (leak-free)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvgate.gate.book import SessionBook
+from kvgate.gate.gate import Gate
+from kvgate.gate.policies.economics import WAIT_CAP_FLOOR_SEC, capped, wait_cap_sec
+from kvgate.gate.policies.views import WorkingSetView
+from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Wait, WaitCause
+from kvgate.gate.policies.working_set import working_set_decide
+from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.settings import GateSettings
+from tests.gate.helpers import FakeProbe, assert_clean, settings, until
+
+CAP_1 = GateSettings(wait_cap_factor=1.0)
+HELD = Wait(WaitCause.WINDOWS_FULL, "does not fit")
+
+
+@pytest.mark.parametrize(
+    "factor, recent, expected",
+    [
+        (0.0, 0.5, None),  # factor 0: no cap
+        (1.0, None, None),  # no turn has ended on the replica: nothing to measure the cap by
+        (1.0, 0.5, 0.5),
+        (2.0, 0.5, 1.0),
+        (1.0, 0.01, WAIT_CAP_FLOOR_SEC),  # very short turns: the floor
+    ],
+)
+def test_wait_cap_sec(factor, recent, expected):
+    view = WorkingSetView(recent_turn_sec=recent)
+    cap = wait_cap_sec(view, GateSettings(wait_cap_factor=factor))
+    assert cap == (None if expected is None else pytest.approx(expected))
+
+
+@pytest.mark.parametrize(
+    "waited, recheck, expected",
+    [
+        (0.0, None, HELD.__class__(HELD.cause, HELD.why, recheck_sec=0.5)),  # due again when the cap runs out
+        (0.2, None, Wait(HELD.cause, HELD.why, recheck_sec=0.3)),
+        (0.2, 0.1, Wait(HELD.cause, HELD.why, recheck_sec=0.1)),  # an earlier recheck stays
+        (0.5, None, Admit(AdmissionReason.WAIT_CAPPED)),  # waited its cap: in, without a window
+        (3.0, 0.1, Admit(AdmissionReason.WAIT_CAPPED)),
+    ],
+)
+def test_capped(waited, recheck, expected):
+    wait = Wait(HELD.cause, HELD.why, recheck_sec=recheck)
+    decided = capped(wait, WorkingSetView(recent_turn_sec=0.5, waited_sec=waited), CAP_1)
+    if isinstance(expected, Wait):
+        assert isinstance(decided, Wait) and decided.cause == expected.cause
+        assert decided.recheck_sec == pytest.approx(expected.recheck_sec)
+    else:
+        assert decided == expected and not decided.window
+
+
+# A long prompt on a busy replica with short output: the work-conserving rule holds it
+# (the numbers of tests/gate/test_work_conserving.py::test_a_held_admission).
+LONG = PrefixReading(total_blocks=110, hit_blocks=5, hit_ratio=0.05, total_tokens=1760)
+USAGE = UsageReading(0.8, 200, 60, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
+
+
+def held_view(**fields) -> WorkingSetView:
+    base = dict(idle_window_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700)
+    return WorkingSetView(**{**base, **fields})
+
+
+def test_the_policy_holds_until_the_cap_then_admits_wait_capped():
+    no_cap = working_set_decide(
+        held_view(waited_sec=5.0, recent_turn_sec=0.4), USAGE, LONG, GateSettings(wait_cap_factor=0)
+    )
+    assert isinstance(no_cap, Wait) and no_cap.recheck_sec is None  # the rule alone: held, however long
+    early = working_set_decide(held_view(waited_sec=0.1, recent_turn_sec=0.4), USAGE, LONG, CAP_1)
+    assert isinstance(early, Wait) and early.cause == WaitCause.NO_FREE_BLOCKS
+    assert early.recheck_sec == pytest.approx(0.3)
+    late = working_set_decide(held_view(waited_sec=0.4, recent_turn_sec=0.4), USAGE, LONG, CAP_1)
+    assert late == Admit(AdmissionReason.WAIT_CAPPED)
+
+
+def test_a_holder_that_lost_its_window_is_capped_too_and_admissions_are_untouched():
+    holder = held_view(has_window=True, older_window_blocks=150, waited_sec=1.0, recent_turn_sec=0.2)
+    assert working_set_decide(holder, USAGE, LONG, CAP_1) == Admit(AdmissionReason.WAIT_CAPPED)
+    # a turn that fits a window keeps getting one, however long it waited
+    roomy = UsageReading(0.1, 400, 400, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
+    fits = working_set_decide(held_view(idle_window_blocks=0, waited_sec=9.0, recent_turn_sec=0.1), roomy, LONG, CAP_1)
+    assert isinstance(fits, Admit) and fits.reason == AdmissionReason.WINDOW_FITS and fits.window
+
+
+def test_anonymous_turns_are_never_capped():
+    decision = working_set_decide(
+        WorkingSetView(anonymous=True, waited_sec=9.0, recent_turn_sec=0.1), USAGE, None, CAP_1
+    )
+    assert not (isinstance(decision, Admit) and decision.reason == AdmissionReason.WAIT_CAPPED)
+
+
+class _Attempt:
+    pass
+
+
+def test_the_book_smooths_each_sessions_turn_times_and_the_replicas():
+    book = SessionBook(grace=60.0)
+
+    def turn(key, start, end):
+        attempt = _Attempt()
+        rec, _ = book.begin_attempt(key, attempt, start)
+        book.admit(rec, attempt, "window_fits", start + 0.1, window=True, footprint=1)  # waited 0.1 s
+        book.release(rec, end, attempt)
+        return rec
+
+    a = turn("a", 0.0, 1.1)  # served 1.0 s (from admission, not from the attempt's start)
+    assert (a.turn_ewma, book.replica_turn_ewma) == (pytest.approx(1.0), pytest.approx(1.0))
+    b = book.records.get("b")
+    assert b is None
+    waiting = _Attempt()
+    rec, _ = book.begin_attempt("b", waiting, 2.0)
+    assert book.recent_turn_sec(rec) == pytest.approx(1.0)  # no turn of its own yet: the replica's
+    book.end_attempt(rec, waiting, 2.0)
+    turn("a", 2.0, 2.6)  # served 0.5 s: smoothed at weight 0.5
+    assert book.recent_turn_sec(a) == pytest.approx(0.75) and book.replica_turn_ewma == pytest.approx(0.75)
+    # a lease released unserved (the upstream failed) teaches no turn time
+    attempt = _Attempt()
+    book.begin_attempt("a", attempt, 3.0)
+    book.admit(a, attempt, "holds_window", 3.0, window=True)
+    book.release(a, 9.0, attempt, served=False)
+    assert a.turn_ewma == pytest.approx(0.75)
+
+
+async def test_a_held_turn_goes_in_wait_capped_once_its_cap_runs_out(metrics, clock):
+    """A window of 90 blocks on a 100-block replica holds a 50-block newcomer back (no
+    prefill measurement: the work-conserving rule holds). The replica's turns took 60 ms,
+    so at factor 2 the newcomer waits until it has waited 120 ms, then goes in without a
+    window. The cap's re-decisions run on real time (at most 120 ms apart); the fake clock
+    decides when it ran out."""
+    probe = FakeProbe(usage=0.1, total=100, free=100)
+    gate = Gate("r0", probe, settings(policy="working_set", wait_poll_sec=60, wait_cap_factor=2.0), metrics, clock)
+    probe.set_prefix("a", total=90, hit=0)
+    lease = await gate.acquire("a", "chat", {"id": "a", "messages": [{"role": "user", "content": "x" * 4000}]})
+    clock.advance(0.06)
+    lease.release()
+    probe.set_prefix("b", total=50, hit=0)
+    task = asyncio.create_task(
+        gate.acquire("b", "chat", {"id": "b", "messages": [{"role": "user", "content": "y" * 4000}]})
+    )
+    await until(lambda: gate.counts()["waiters"] == 1, "the newcomer to wait")
+    clock.advance(0.1)  # under its 120 ms cap: still held at its next re-decision
+    calls = probe.usage_calls
+    await until(lambda: probe.usage_calls > calls + 1, "the newcomer to re-decide")
+    assert not task.done()
+    clock.advance(0.03)  # past its cap
+    await until(task.done, "the cap to admit the newcomer")
+    lease_b = task.result()
+    assert lease_b.reason == "wait_capped"
+    assert gate.state()["windows"]["in_flight"] == []  # it holds no window; a's stays idle
+    lease_b.release()
+    gate.finish_session("a")
+    gate.finish_session("b")
+    assert_clean(gate, clock)
