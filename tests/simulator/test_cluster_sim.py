@@ -104,3 +104,13 @@ def test_a_load_step_starts_the_extra_agents_at_its_time():
     extra = [s for s in stepped.sessions if s.agent >= 4]
     assert {s.agent for s in extra} == {4, 5, 6, 7}
     assert min(s.start_s for s in extra) == 30.0  # they start at the step, not before
+
+
+def test_an_agent_trace_regime_runs_its_sessions_on_its_cost_preset(tmp_path):
+    report = _run(tmp_path, "--regime", "trace-8b", "--policies", "sticky,working_set", "--no-plots")
+    assert report["config"]["token_scale"] == 8.0
+    assert report["config"]["cost_model"]["decode_seq_s"] == pytest.approx(0.000006 * 8)
+    for policy, summary in report["policies"].items():
+        assert summary["turns_failed"] == 0, policy
+        assert summary["sessions_completed"] == report["config"]["sessions"] > 0, policy
+        assert 0 < summary["hit_rate"] <= summary["ceiling_hit_rate"] + 1e-9, policy
