@@ -66,6 +66,9 @@ ROWS: tuple[ResultRow, ...] = (
     ResultRow("trace-8b", SIMULATED + ("tail_if_held",)),
     ResultRow("trace-8b-tight", SIMULATED + ("tail_if_held",)),
     ResultRow("trace-70b", SIMULATED + ("tail_if_held",)),
+    # the cap on a held turn's wait (off by default), where it bounds the tail and where it costs the win
+    ResultRow("trace-8b-tight", SIMULATED + ("tail_if_held",), ("--wait-cap-factor", "1")),
+    ResultRow("prefill-bound-no-finish", SIMULATED + ("makespan<=0.4x",), ("--wait-cap-factor", "1")),
     ResultRow("trace-70b-tight", SIMULATED + ("tail_if_held", "makespan<=0.4x")),
     ResultRow("vllm-small-no-finish", ("makespan<=1.05x",), ("--pinning", "pinned"), real_vllm=True),
     ResultRow("vllm-small-no-finish", (), ("--pinning", "unpinned"), real_vllm=True),
@@ -300,16 +303,21 @@ def add_command(subparsers) -> None:
 
 
 def selected_rows(only: str | None, vllm: bool) -> list[ResultRow]:
-    """The rows to run: `only` (regime names, any kind), else every simulated row (and the
-    real-vLLM ones with `vllm`). ValueError naming an unknown regime."""
+    """The rows to run: `only` (regime names, each meaning all its rows, or exact row keys such
+    as `trace-8b-tight --wait-cap-factor 1`), else every simulated row (and the real-vLLM
+    ones with `vllm`). ValueError naming an unknown regime."""
     if only is None:
         return [row for row in ROWS if vllm or not row.real_vllm]
     names = [n.strip() for n in only.split(",") if n.strip()]
     known = list(dict.fromkeys(row.regime for row in ROWS))
-    unknown = [n for n in names if n not in known]
+    keys = {row.key: row for row in ROWS}
+    unknown = [n for n in names if n not in known and n not in keys]
     if unknown:
         raise ValueError(f"--only: no row for {unknown}; rows: {', '.join(known)}")
-    return [row for n in names for row in ROWS if row.regime == n]  # each regime's rows (pinned, unpinned)
+    # a regime means each of its rows (pinned, unpinned; with settings); a key its one row
+    return [keys[n] for n in names if n in keys and n not in known] + [
+        row for n in names if n in known for row in ROWS if row.regime == n
+    ]
 
 
 def _load(data_path: Path) -> list[dict]:

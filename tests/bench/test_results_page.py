@@ -140,3 +140,9 @@ def test_the_page_judges_stored_rows_by_the_current_targets():
     record["checks"] = [{"target": "stale", "value": "1x", "met": True}]  # as an older generator wrote it
     row = render([record]).splitlines()[-1]
     assert "stale" not in row and "makespan <= 1.02x sticky: 1.021x **missed**" in row
+
+
+def test_only_takes_a_row_key_for_one_row_of_a_regime():
+    capped = selected_rows("trace-8b-tight --wait-cap-factor 1", vllm=False)
+    assert [r.extra for r in capped] == [("--wait-cap-factor", "1")]
+    assert len(selected_rows("trace-8b-tight", vllm=False)) == 2
