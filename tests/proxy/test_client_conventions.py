@@ -10,6 +10,7 @@ re-sent turn still supersedes. Every test ends with no lease, waiter or attempt 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 
 import aiohttp
@@ -49,7 +50,10 @@ class Stack:
         assert (counts["leases"], counts["waiters"], counts["attempts"]) == (0, 0, 0), counts
 
 
-async def make_stack(num_blocks: int = 256, **settings) -> tuple[Stack, list]:
+@contextlib.asynccontextmanager
+async def running_stack(num_blocks: int = 256, **settings):
+    """kvgate (working_set, enforcing) before two simulated replicas of `num_blocks` blocks;
+    everything stopped on exit."""
     replicas = await start_simulated_replicas(2, time_scale=0, num_blocks=num_blocks, block_size=16)
     config = Settings(
         replicas=tuple(ReplicaSettings(r.name, r.url) for r in replicas),
@@ -57,19 +61,19 @@ async def make_stack(num_blocks: int = 256, **settings) -> tuple[Stack, list]:
         **settings,
     )
     app = create_app(config, health_checks=False)
-    host, port = await app.start("127.0.0.1", 0)
-    return Stack(app, f"http://{host}:{port}"), replicas
+    try:
+        host, port = await app.start("127.0.0.1", 0)
+        yield Stack(app, f"http://{host}:{port}")
+    finally:
+        await app.close()
+        for replica in replicas:
+            await replica.stop()
 
 
 @pytest.fixture
 async def stack():
-    made, replicas = await make_stack()
-    try:
+    async with running_stack() as made:
         yield made
-    finally:
-        await made.app.close()
-        for replica in replicas:
-            await replica.stop()
 
 
 def assert_sticky(replicas_by_session: dict[str, list[str]]) -> None:
@@ -206,8 +210,7 @@ async def test_distinct_concurrent_requests_of_a_session_are_both_served_under_p
     """The reproduction: a 40-block replica pair under load; one session sends its main
     turn and a side request (a title) at once. Both are served (on main, the older got 409
     admission_superseded)."""
-    made, replicas = await make_stack(num_blocks=40)
-    try:
+    async with running_stack(num_blocks=40) as made:
         client = made.openai()
         context = "tool output line\n" * 60
         load = [
@@ -241,18 +244,13 @@ async def test_distinct_concurrent_requests_of_a_session_are_both_served_under_p
         )
         made.assert_clean()
         await client.close()
-    finally:
-        await made.app.close()
-        for replica in replicas:
-            await replica.stop()
 
 
 async def test_a_resent_turn_still_supersedes_through_kvgate():
     """Hold the session's turn at the gate (its replica is full of another session's
     window), re-send the same turn: the first attempt gets 409 admission_superseded, the
     re-sent one is served once the window frees."""
-    made, replicas = await make_stack(num_blocks=40, session=SessionSettings())
-    try:
+    async with running_stack(num_blocks=40, session=SessionSettings()) as made:
         client = made.openai()
         big = "x " * 500
         # one session fills one replica's 40 blocks with its window; the agent's session is
@@ -276,10 +274,6 @@ async def test_a_resent_turn_still_supersedes_through_kvgate():
         made.app.admission.finish_session(agent_id)
         made.assert_clean()
         await client.close()
-    finally:
-        await made.app.close()
-        for replica in replicas:
-            await replica.stop()
 
 
 def _same_replica_ids(stack: Stack) -> tuple[str, str]:
