@@ -36,7 +36,8 @@ class AdmissionTimeout(AdmissionError):
 
 
 class PromptTooLong(AdmissionError):
-    """The prompt can never fit the replica's KV cache (working_set policy, 400)."""
+    """The prompt can never be served by the replica: it cannot fit its KV cache (working_set
+    policy) or is longer than its max_model_len (400)."""
 
     status = 400
     code = "prompt_too_long"

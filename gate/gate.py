@@ -45,6 +45,10 @@ Invariants (each has a test):
 - Every window end is counted in `kvgate_window_ends_total{replica,cause}`; an idle
   window ends when its session goes quiet (`SessionBook`), and a waiter whose policy
   names a `recheck_sec` (the work-conserving rule) re-decides by then.
+- A prompt turn whose body proves it longer than the replica's `max_model_len`
+  (`prompt_floor.over_long`, from the last usage reading) is refused before the policy
+  decides: no prefix probe, never forwarded (in `shadow` mode it is recorded as
+  `shadow_prompt_too_long`, unprobed, and forwarded).
 - mode `off`: admit `open` with no probe and no session bookkeeping
   (`_grant_unbooked`). mode `shadow`: decide as `enforce` would (windows included),
   record `shadow_<reason>` (`shadow_wait`, `shadow_prompt_too_long`), never hold or
@@ -79,6 +83,7 @@ from kvgate.gate.policies.vocabulary import (
     Wait,
 )
 from kvgate.gate.probe import Probe
+from kvgate.gate.prompt_floor import over_long, user_text_bytes
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.route_prompts import body_holds_prompt, turn_key
 from kvgate.gate.settings import GateSettings
@@ -231,6 +236,7 @@ class Gate:
             if session_key is not None and self._prices_bodies and body_holds_prompt(route_kind, body)
             else None
         )
+        kept_bytes = user_text_bytes(route_kind, body)  # the text every rendering keeps (`prompt_floor`)
         record: SessionRecord | None = None
         if session_key is not None:
             record, previous = self._book.begin_attempt(session_key, attempt, start, turn_key(route_kind, body))
@@ -248,7 +254,9 @@ class Gate:
                 attempt.checkpoint()
                 view = self._view(record, attempt, allowance, bound, usage, start)
                 prefix: PrefixReading | None = None
-                first = self.policy.decide(view, usage, None, self.settings)
+                # A prompt the body alone proves too long is refused before any probe.
+                refusal = over_long(kept_bytes, usage.max_model_len, usage.max_token_bytes) if usage else None
+                first = refusal or self.policy.decide(view, usage, None, self.settings)
                 if isinstance(first, ProbeFirst):
                     decision: Decision | None = None
                     if held_on is not None and self._now() - held_on_at < HELD_READING_MAX_AGE_SEC:

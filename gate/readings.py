@@ -44,6 +44,10 @@ class UsageReading:
     num_running: int | None = None
     num_waiting: int | None = None
     prefill_share: float | None = None
+    # The server's figures (None when it does not give them): the longest prompt it
+    # serves, and the most bytes of text one token of its vocabulary stands for.
+    max_model_len: int | None = None
+    max_token_bytes: int | None = None
 
     @property
     def has_blocks(self) -> bool:
@@ -81,6 +85,8 @@ def usage_reading(answer: KvAnswer) -> UsageReading:
         answer.num_running,
         answer.num_waiting,
         answer.prefill_share,
+        answer.max_model_len,
+        answer.max_token_bytes,
     )
 
 

@@ -7,7 +7,9 @@ client exists. The routes live under ``/v1`` so vLLM's ``--api-key`` guards them
 they answer only requests carrying the replica key (``kvgate.wire.replica_auth``: 401 otherwise;
 every route of the plugin, when ``KVGATE_REPLICA_API_KEY[_FILE]`` is set). A prompt
 longer than the server's ``max_model_len`` is refused (400 ``prompt_too_long``) before
-the engine is called, ``token_ids`` before a single id is read.
+the engine is called, ``token_ids`` before a single id is read. The kv answer carries
+``max_model_len`` and the vocabulary's ``max_token_bytes`` (read once at start), so a gate
+refuses such a prompt without sending it.
 
 Each probe is one UTILITY call per engine (``call_utility_all_async``: under data
 parallelism the single-engine call would answer for engine 0 only), bounded by
@@ -89,11 +91,19 @@ class ProbeUnavailable(RuntimeError):
 class ProbeService:
     """The imperative shell: engine utility calls with a timeout, per-engine merge."""
 
-    def __init__(self, engine_client: Any, state: Any, timeout_sec: float, max_model_len: int | None = None):
+    def __init__(
+        self,
+        engine_client: Any,
+        state: Any,
+        timeout_sec: float,
+        max_model_len: int | None = None,
+        max_token_bytes: int | None = None,
+    ):
         self.engine_client = engine_client
         self.state = state
         self.timeout_sec = timeout_sec
         self.max_model_len = max_model_len  # longer prompts are refused before the engine sees them
+        self.max_token_bytes = max_token_bytes  # read once from the tokenizer's vocabulary (`max_token_bytes`)
         self.rates = RateMeter()
 
     async def _call_all_engines(self, method: str, *args: Any) -> list[dict]:
@@ -137,6 +147,8 @@ class ProbeService:
             prefill_tokens_per_sec=prefill_rate(rates.get("prefill_tokens_per_sec"), merged.token_sec),
             decode_step_sec=rates.get("decode_step_sec"),
             prefill_share=rates.get("prefill_share"),
+            max_model_len=self.max_model_len,
+            max_token_bytes=self.max_token_bytes,
         )
 
     async def prefix_answer(self, body: object) -> PrefixAnswer:
@@ -147,6 +159,30 @@ class ProbeService:
         check_prompt_length(len(prompt.token_ids), self.max_model_len)
         results = await self._call_all_engines(PREFIX_ANSWER_METHOD, prompt.token_ids, prompt.cache_salt, prompt.lora)
         return merge_prefix(_parsed(results, PrefixAnswer.parse))
+
+
+def max_token_bytes(vocabulary: Any) -> int | None:
+    """The most UTF-8 bytes of any token's string in ``vocabulary`` (``tokenizer.get_vocab()``:
+    token string -> id), None when it is empty or not a mapping.
+
+    A token's string holds at least as many bytes as the text the token stands for: a
+    byte-level BPE writes each byte as one character (1 or 2 bytes in UTF-8), SentencePiece
+    writes a space as ``▁`` (3 bytes) and a fallback byte as ``<0x0A>`` (6), and added
+    tokens are their own text. So no token stands for more text than this.
+    """
+    if not isinstance(vocabulary, dict) or not vocabulary:
+        return None
+    return max((len(token.encode("utf-8")) for token in vocabulary if isinstance(token, str)), default=0) or None
+
+
+def _vocabulary_bound(engine_client: Any) -> int | None:
+    """``max_token_bytes`` of the server's tokenizer, None without one (``--skip-tokenizer-init``)."""
+    try:
+        tokenizer = getattr(engine_client, "tokenizer", None)
+        return max_token_bytes(tokenizer.get_vocab()) if tokenizer is not None else None
+    except Exception:  # an unusual tokenizer: the kv answer then goes without the figure
+        logger.warning("kvgate: could not read the tokenizer's vocabulary; max_token_bytes unknown", exc_info=True)
+        return None
 
 
 def _parsed(results: list[dict], parse: Any) -> list:
@@ -298,7 +334,11 @@ class KvgateEndpointPlugin:
         if not isinstance(max_model_len, int):
             max_model_len = getattr(getattr(args, "model_config", None), "max_model_len", None)
         service = ProbeService(
-            engine_client, state, probe_timeout_sec(), max_model_len if isinstance(max_model_len, int) else None
+            engine_client,
+            state,
+            probe_timeout_sec(),
+            max_model_len if isinstance(max_model_len, int) else None,
+            _vocabulary_bound(engine_client),
         )
         setattr(state, _STATE_ATTR, service)
         logger.info("kvgate: probe endpoints %s and %s ready", KV_PATH, PREFIX_PATH)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 from aiohttp import web
@@ -43,7 +43,7 @@ from kvgate.simulator.openai_api import (
     usage_chunk,
 )
 from kvgate.simulator.replica_metrics import CONTENT_TYPE, render_metrics
-from kvgate.simulator.tokenizer import VOCAB_SIZE, decode_token
+from kvgate.simulator.tokenizer import MAX_TOKEN_BYTES, VOCAB_SIZE, decode_token
 from kvgate.wire.owner_record import OWNER_PATH, OwnerBook, OwnerClaimError
 from kvgate.wire.probe_api import (
     KV_PATH,
@@ -366,7 +366,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def kv_route(request: web.Request) -> web.Response:
-    return _json(merge_kv([request.app[ENGINE_KEY].kv_answer()]).to_json())
+    engine = request.app[ENGINE_KEY]
+    answer = merge_kv([engine.kv_answer()])
+    answer = replace(answer, max_model_len=engine.config.effective_max_model_len, max_token_bytes=MAX_TOKEN_BYTES)
+    return _json(answer.to_json())
 
 
 def parse_prefix_probe(

@@ -4,8 +4,9 @@ Deterministic and stable across processes: a text piece's id is derived from
 zlib.crc32 of its UTF-8 bytes, never from Python's randomised str hash.
 
 Pieces: a word of up to 8 word characters with at most one leading space, one
-punctuation character with at most one leading space, or a run of whitespace. So
-roughly one token per short word, like a real BPE on English text.
+punctuation character with at most one leading space, or a run of up to 16 whitespace
+characters. So roughly one token per short word, like a real BPE on English text, and
+no token stands for more than MAX_TOKEN_BYTES bytes of text.
 
 Chat template (prefix-stable): every message renders as
     <|role|> content-tokens <|end|>
@@ -38,7 +39,11 @@ SPECIAL_TEXT = {
 }
 SPECIAL_TEXT.update({token: f"<|{role}|>" for role, token in ROLE_TOKENS.items()})
 
-_PIECE = re.compile(r"\s?\w{1,8}|\s?[^\w\s]|\s+")
+MAX_WORD_CHARS, MAX_SPACE_RUN = 8, 16
+_PIECE = re.compile(rf"\s?\w{{1,{MAX_WORD_CHARS}}}|\s?[^\w\s]|\s{{1,{MAX_SPACE_RUN}}}")
+# The most UTF-8 bytes one piece can hold (a character takes at most 4, a whitespace
+# character at most 3): a word with its leading space, or a whitespace run.
+MAX_TOKEN_BYTES = max(3 + 4 * MAX_WORD_CHARS, 3 + 4, 3 * MAX_SPACE_RUN)
 
 # Output text is drawn from this word list, so generated ids decode to readable text.
 OUTPUT_WORDS = (

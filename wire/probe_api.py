@@ -69,6 +69,14 @@ def _count(doc: dict, key: str, required: bool = False) -> int | None:
     return value
 
 
+def _at_least_one(doc: dict, key: str) -> int | None:
+    """An optional size: a positive integer, or None (absent, null: not known)."""
+    value = _count(doc, key)
+    if value == 0:
+        raise ProbeAnswerError(f"field {key!r} must be a positive integer or null, got 0")
+    return value
+
+
 def _positive(doc: dict, key: str) -> float | None:
     """An optional measurement: a positive finite number, or None (absent, null: not measured yet)."""
     value = doc.get(key)
@@ -128,6 +136,12 @@ class KvAnswer:
     `decode_step_sec` (seconds per decode step), `prefill_share` (the share of recent busy
     time spent prefilling), `token_sec` (an engine's marginal seconds per scheduled token,
     fitted from its steps).
+
+    Two figures are the server's, not an engine's (set on the whole answer only; None from
+    a server that does not know them): `max_model_len`, the longest prompt the server
+    serves, in tokens; `max_token_bytes`, an upper bound on the UTF-8 bytes of text any one
+    token of its vocabulary stands for. Together they let a client refuse a prompt without
+    sending it: a text of `n` bytes renders to at least `n / max_token_bytes` tokens.
     """
 
     kv_cache_usage: float
@@ -142,6 +156,8 @@ class KvAnswer:
     decode_step_sec: float | None = None
     prefill_share: float | None = None
     token_sec: float | None = None
+    max_model_len: int | None = None
+    max_token_bytes: int | None = None
     engine: int | None = None
     engines: tuple[KvAnswer, ...] = ()
     version: int = PROBE_API_VERSION
@@ -209,6 +225,8 @@ class KvAnswer:
             decode_step_sec=_positive(doc, "decode_step_sec"),
             prefill_share=_ratio(doc, "prefill_share", required=False),
             token_sec=_positive(doc, "token_sec"),
+            max_model_len=_at_least_one(doc, "max_model_len"),
+            max_token_bytes=_at_least_one(doc, "max_token_bytes"),
             engine=_count(doc, "engine"),
             engines=_engines(doc, cls.parse),
             version=_version(doc),
@@ -232,7 +250,8 @@ def merge_kv(per_engine: Sequence[KvAnswer]) -> KvAnswer:
     it stays "held blocks over usable blocks". The block size is the engines' common one.
     The measurements are the slowest engine's (a turn may land on any of them): the lowest
     prefill throughput, the longest decode step and marginal token cost, the largest
-    prefill share.
+    prefill share. The server's own figures (`max_model_len`, `max_token_bytes`) are the
+    server's to add (`dataclasses.replace`).
     """
     if not per_engine:
         raise ValueError("merge_kv needs at least one engine answer")

@@ -101,8 +101,7 @@ def _preset(args) -> ClusterPreset:
         shape.time_scale,
         regime.replicas,
         regime.gate,
-        agents=0,
-        duration_s=0.0,
+        token_scale=getattr(regime.workload, "token_scale", 1.0),  # a trace regime's coarsening
     )
 
 

@@ -99,9 +99,9 @@ class ClusterConfig:
     jump: bool = True  # jump over stable decode steps (False: step by step, the reference)
 
     def gate_settings(self, policy: str) -> GateSettings:
-        knobs = dict(self.gate)
-        probe = knobs.pop("probe", None)
-        settings = dataclasses.replace(GateSettings(), **knobs)
+        values = dict(self.gate)
+        probe = values.pop("probe", None)
+        settings = dataclasses.replace(GateSettings(), **values)
         if probe:
             settings = dataclasses.replace(settings, probe=dataclasses.replace(ProbeSettings(), **probe))
         if policy == "sticky":

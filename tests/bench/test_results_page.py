@@ -31,7 +31,7 @@ def test_simulated_targets_met_and_missed():
     met = evaluate(("makespan<=1.02x", "session_p95<=sticky"), summary(makespan=10.1, session_p95=19.0), sticky)
     assert [c.met for c in met] == [True, True]
     missed = evaluate(("makespan<=1.02x", "session_p95<=sticky"), summary(makespan=10.5, session_p95=21.0), sticky)
-    assert [c.met for c in missed] == [False, False] and missed[0].value == "1.05x"
+    assert [c.met for c in missed] == [False, False] and missed[0].value == "1.050x"
     assert evaluate(("makespan<=0.4x",), summary(makespan=3.9), sticky)[0].met
 
 
@@ -127,5 +127,22 @@ def test_a_real_vllm_row_names_its_cpu_split_and_an_untargeted_row_shows_no_targ
     assert pinned["replicas"] == "real vLLM CPU, pinned: engine CPUs 1, frontend CPUs 0"
     assert unpinned["replicas"] == "real vLLM CPU, unpinned" and unpinned["checks"] == []
     page = render([pinned, unpinned]).splitlines()
-    assert "makespan <= 1.05x sticky: 1.03x **met**" in page[-2]
+    assert "makespan <= 1.05x sticky: 1.030x **met**" in page[-2]
     assert "| - | - |" in page[-1]
+
+
+def test_the_page_judges_stored_rows_by_the_current_targets():
+    document = {
+        "modes": {"sticky": summary(), results_page.GATE_MODE: summary(makespan=10.21)},
+        "replicas": {"count": 2},
+    }
+    record = record_of(ROWS[0], document, "cmd", "d", "c")
+    record["checks"] = [{"target": "stale", "value": "1x", "met": True}]  # as an older generator wrote it
+    row = render([record]).splitlines()[-1]
+    assert "stale" not in row and "makespan <= 1.02x sticky: 1.021x **missed**" in row
+
+
+def test_only_takes_a_row_key_for_one_row_of_a_regime():
+    capped = selected_rows("trace-8b-tight --wait-cap-factor 1", vllm=False)
+    assert [r.extra for r in capped] == [("--wait-cap-factor", "1")]
+    assert len(selected_rows("trace-8b-tight", vllm=False)) == 2

@@ -51,8 +51,12 @@ class FakeProbe:
         total: int | None = None,
         free: int | None = None,
         block_size: int | None = None,
+        max_model_len: int | None = None,
+        max_token_bytes: int | None = None,
     ) -> None:
         self.usage_value = usage
+        self.max_model_len = max_model_len
+        self.max_token_bytes = max_token_bytes
         self.total = total
         self.free = free
         self.block_size = block_size
@@ -70,7 +74,14 @@ class FakeProbe:
             await self.hold.wait()
         if self.usage_value is None:
             return None
-        return UsageReading(self.usage_value, self.total, self.free, self.block_size)
+        return UsageReading(
+            self.usage_value,
+            self.total,
+            self.free,
+            self.block_size,
+            max_model_len=self.max_model_len,
+            max_token_bytes=self.max_token_bytes,
+        )
 
     async def prefix(self, route_kind: str, body: dict[str, Any]) -> PrefixReading | None:
         self.prefix_calls.append(body.get("id", ""))

@@ -168,6 +168,37 @@ async def test_f4_a_prompt_longer_than_max_model_len_is_refused_before_the_engin
     assert engine_probes == [] and turns == []
 
 
+async def test_f4b_kvgate_refuses_an_over_long_body_before_probing_or_forwarding(parts, http, monkeypatch):
+    """A 14 MB chat body: the replica's kv answer (max_model_len, max_token_bytes) proves it too
+    long, so kvgate answers 400 prompt_too_long and the replica reads no byte of it (no prefix
+    probe, no turn): on a session's first turn, its next one, and an anonymous one."""
+    from kvgate.simulator import replica_server
+
+    (replica,) = await parts.replicas(num_blocks=256, block_size=16, max_model_len=4096)
+    bodies_read: list[str] = []  # the replica's prefix probes and turns, by path
+    read_json = replica_server._read_json
+
+    async def counted(request):
+        if not request.path.endswith("/owner"):
+            bodies_read.append(request.path)
+        return await read_json(request)
+
+    monkeypatch.setattr(replica_server, "_read_json", counted)
+    gate = await parts.kvgate(replica_config(replica))
+    huge = orjson.dumps(chat("word " * 2_800_000))
+    assert len(huge) > 14_000_000
+    for session in ({"x-session-id": "big"}, {"x-session-id": "big"}, {}):
+        headers = {**session, "Content-Type": "application/json"}
+        async with http.post(gate.url + "/v1/chat/completions", data=huge, headers=headers) as resp:
+            assert resp.status == 400, await resp.text()
+            assert (await resp.json())["error"]["code"] == "prompt_too_long"
+    assert bodies_read == []
+    short = chat("short")
+    async with http.post(gate.url + "/v1/chat/completions", json=short, headers={"x-session-id": "big"}) as resp:
+        assert resp.status == 200, await resp.text()  # the session goes on with a prompt that fits
+    assert "/v1/chat/completions" in bodies_read
+
+
 # ---- finding 5: Responses chains escaped every bound, and could be taken over ------------------
 
 

@@ -4,6 +4,9 @@ failure events, and the run leaves no gate state behind."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -14,8 +17,8 @@ from kvgate.simulator.cluster.workload import AgentSessions
 from kvgate.simulator.config import EngineConfig
 
 SMALL_FLEET = [
-    "--regime", "fleet-small", "--replicas", "3", "--agents", "24", "--duration", "120",
-    "--event", "remove@60:r1", "--no-plots",
+    "--regime", "fleet-small", "--replicas", "3", "--agents", "24", "--duration", "90",
+    "--event", "remove@45:r1", "--no-plots",
 ]  # fmt: skip
 
 
@@ -25,15 +28,22 @@ def _run(out, *options) -> dict:
 
 
 def test_same_options_give_byte_identical_reports(tmp_path):
-    for name in ("a", "b"):
-        _run(tmp_path / name, *SMALL_FLEET)
+    _run(tmp_path / "a", *SMALL_FLEET)
+    # the second run in a process of its own: nothing may depend on object addresses or hash seeds
+    subprocess.run(
+        [sys.executable, "-m", "kvgate.cli", "sim", "cluster", *SMALL_FLEET, "--out", str(tmp_path / "b")],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "PYTHONHASHSEED": "123"},
+        timeout=300,
+    )
     for produced in sorted(p.name for p in (tmp_path / "a").iterdir()):
         assert (tmp_path / "a" / produced).read_bytes() == (tmp_path / "b" / produced).read_bytes(), produced
     report = json.loads((tmp_path / "a" / "report.json").read_text())
     assert set(report["policies"]) == set(policy_names())
     for policy, summary in report["policies"].items():
         assert summary["turns_ok"] > 50, policy
-        assert summary["events"] == [[60.0, "remove r1 at 60s"]], policy
+        assert summary["events"] == [[45.0, "remove r1 at 45s"]], policy
         assert "r1" in summary["replicas"]  # the removed replica still counts in the report
 
 
@@ -94,3 +104,13 @@ def test_a_load_step_starts_the_extra_agents_at_its_time():
     extra = [s for s in stepped.sessions if s.agent >= 4]
     assert {s.agent for s in extra} == {4, 5, 6, 7}
     assert min(s.start_s for s in extra) == 30.0  # they start at the step, not before
+
+
+def test_an_agent_trace_regime_runs_its_sessions_on_its_cost_preset(tmp_path):
+    report = _run(tmp_path, "--regime", "trace-8b", "--policies", "sticky,working_set", "--no-plots")
+    assert report["config"]["token_scale"] == 8.0
+    assert report["config"]["cost_model"]["decode_seq_s"] == pytest.approx(0.000006 * 8)
+    for policy, summary in report["policies"].items():
+        assert summary["turns_failed"] == 0, policy
+        assert summary["sessions_completed"] == report["config"]["sessions"] > 0, policy
+        assert 0 < summary["hit_rate"] <= summary["ceiling_hit_rate"] + 1e-9, policy

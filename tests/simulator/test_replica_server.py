@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from kvgate.simulator.replica_server import ENGINE_KEY, SimulatedReplica, start_simulated_replicas
+from kvgate.simulator.tokenizer import MAX_TOKEN_BYTES
 
 CHAT = {
     "model": "any",
@@ -127,7 +128,10 @@ async def test_kv_probe_shape(replica_client):
     kv = await (await client.get("/v1/kvgate/kv")).json()
     assert kv["version"] == 1 and kv["num_total_blocks"] == 64 and kv["block_size"] == 16
     assert kv["kv_cache_usage"] == 0.0 and kv["num_free_blocks"] == 64 and kv["num_cached_blocks"] > 0
-    assert kv["engines"] == [{"engine": 0, **{k: v for k, v in kv.items() if k != "engines"}}]
+    # the server's own figures: its longest prompt (the whole cache by default) and longest token
+    assert (kv["max_model_len"], kv["max_token_bytes"]) == (64 * 16, MAX_TOKEN_BYTES)
+    server_only = {"max_model_len": None, "max_token_bytes": None}
+    assert kv["engines"] == [{"engine": 0, **{k: v for k, v in kv.items() if k != "engines"}, **server_only}]
 
 
 async def test_prefix_probe_renders_like_generation_and_has_no_side_effects(replica_client):

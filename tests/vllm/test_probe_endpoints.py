@@ -6,6 +6,7 @@ state reset vLLM's prefix cache first; the others use prompts no other test send
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 import uuid
@@ -242,3 +243,52 @@ def test_bad_prefix_bodies_get_400(vllm_server, raw):
 def test_server_still_answers_after_bad_bodies(vllm_server):
     http_json("POST", vllm_server.url + "/v1/kvgate/prefix", raw=b'{"token_ids": [1, "a"]}')
     assert probe_kv(vllm_server)["version"] == 1
+
+
+VOCABULARY_LONGEST = """
+import sys
+from transformers import AutoTokenizer
+vocabulary = AutoTokenizer.from_pretrained(sys.argv[1]).get_vocab()
+print(max(len(token.encode("utf-8")) for token in vocabulary))
+"""
+
+# Texts whose tokens stand for the most bytes: long whitespace runs, code, multi-byte scripts.
+FLOOR_TEXTS = (
+    "plain words of an ordinary english sentence, " * 8,
+    " " * 600 + "x",
+    "\n" * 300 + "y",
+    "def f(x):\n        return x  # indented\n" * 10,
+    "日本語のテキストは一文字が三バイトです。" * 10,
+    "emoji 😀🎉🚀 " * 30,
+    "\u1100\u1161\u11a8" * 60,
+)
+
+
+def test_kv_probe_reports_the_servers_prompt_limits(vllm_server):
+    """The plugin reports the server's max_model_len and its vocabulary's longest token (as the
+    tokenizer the server loads computes it), and no text renders to fewer tokens than the
+    bound the gate draws from them (vLLM's own /tokenize and prefix probe count)."""
+    from kvgate.gate.prompt_floor import prompt_token_floor, user_text_bytes
+
+    kv = probe_kv(vllm_server)
+    assert kv["max_model_len"] == vllm_server.max_model_len
+    longest = subprocess.run(
+        [str(vllm_server.python), "-c", VOCABULARY_LONGEST, str(vllm_server.model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout.split()[-1]
+    max_token_bytes = kv["max_token_bytes"]
+    assert max_token_bytes == int(longest)
+    assert all(engine["max_token_bytes"] is None and engine["max_model_len"] is None for engine in kv["engines"])
+    for text in FLOOR_TEXTS:
+        status, tokenized = http_json(
+            "POST", vllm_server.url + "/tokenize", {"model": MODEL, "prompt": text, "add_special_tokens": False}
+        )
+        assert status == 200, tokenized
+        # no token stands for more than max_token_bytes bytes: the bound holds without any margin
+        assert tokenized["count"] * max_token_bytes >= len(text.encode("utf-8")), text[:40]
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": text}]}
+        rendered = probe_prefix(vllm_server, {"chat": chat})["total_tokens"]
+        assert rendered >= prompt_token_floor(user_text_bytes("chat", chat), max_token_bytes), text[:40]

@@ -45,6 +45,12 @@ def chat(text: str) -> dict:
     return {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": text}]}
 
 
+def replica_requests(server: VllmServer) -> tuple[int, int]:
+    """How many prefix probes and chat turns the server has answered (its access log)."""
+    log = server.log_path.read_text(errors="replace")
+    return log.count('"POST /v1/kvgate/prefix HTTP'), log.count('"POST /v1/chat/completions HTTP')
+
+
 def test_probe_and_owner_routes_answer_only_the_replica_key(keyed_server):
     url = keyed_server.url
     routes = [
@@ -105,6 +111,15 @@ def test_a_kvgate_with_both_keys_from_files_gates_the_server(keyed_server, tmp_p
             "POST", base + "/v1/chat/completions", chat("hello there"), headers={"x-session-id": "s"}
         )
         assert status == 200, answer
+        # a 4 MB body the kv answer's max_model_len and max_token_bytes prove too long: refused
+        # by kvgate, and vLLM serves no request for it (no prefix probe, no turn)
+        seen = replica_requests(keyed_server)
+        for session in ("s", "s", "new"):
+            status, answer = http_json(
+                "POST", base + "/v1/chat/completions", chat("word " * 800_000), headers={"x-session-id": session}
+            )
+            assert status == 400 and answer["error"]["code"] == "prompt_too_long", answer
+        assert replica_requests(keyed_server) == seen
         status, owner = http_json("GET", keyed_server.url + "/v1/kvgate/owner", headers=GATE)
         assert status == 200 and owner["owned"] is True and "owner" not in owner, owner
     finally:

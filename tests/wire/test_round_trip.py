@@ -19,7 +19,7 @@ tests/vllm/test_owner_record.py (marker `vllm`).
 from __future__ import annotations
 
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from types import SimpleNamespace
 
 import aiohttp
@@ -80,7 +80,7 @@ def full_kv() -> KvAnswer:
         )
         for free in (40, 30)
     ]
-    return merge_kv(engines)
+    return replace(merge_kv(engines), max_model_len=4096, max_token_bytes=48)  # the server's own figures
 
 
 def full_prefix() -> PrefixAnswer:
@@ -132,6 +132,9 @@ def test_the_error_envelopes_carry_every_field():
         (KvAnswer, {"kv_cache_usage": 0.5, "num_gpu_blocks": -1}, "num_gpu_blocks"),
         (KvAnswer, {"kv_cache_usage": 0.5, "engines": [{"kv_cache_usage": 0.5}]}, "engine"),
         (KvAnswer, {"kv_cache_usage": 0.5, "version": "1"}, "version"),
+        (KvAnswer, {"kv_cache_usage": 0.5, "max_model_len": -1}, "max_model_len"),
+        (KvAnswer, {"kv_cache_usage": 0.5, "max_token_bytes": 0}, "max_token_bytes"),
+        (KvAnswer, {"kv_cache_usage": 0.5, "max_token_bytes": 2.5}, "max_token_bytes"),
         (PrefixAnswer, {"total_blocks": 3, "hit_blocks": 2, "hit_ratio": 0.6, "block_size": 1.5}, "block_size"),
         (
             PrefixAnswer,
@@ -172,6 +175,7 @@ async def test_the_simulated_replica_answers_every_field_of_every_message(replic
             kv = assert_round_trips(KvAnswer, await resp.json())
         assert unset_fields(kv) == set()
         assert kv.num_gpu_blocks == kv.num_total_blocks + 1 == 65
+        assert (kv.max_model_len, kv.max_token_bytes) == (replica.engine.config.effective_max_model_len, 48)
 
         queries = [
             PrefixQuery("token_ids", list(range(40)), cache_salt="tenant", model="kvgate-sim"),
@@ -273,7 +277,14 @@ async def test_the_plugins_builders_answer_every_field_of_every_message(monkeypa
         for refs, hit in (([1, 0, 0], 48), ([2, 0], 32))
     ]
     state = SimpleNamespace(openai_serving_models=SimpleNamespace(is_base_model=lambda name: name == "m"))
-    service = ProbeService(StandInEngineClient(cores, prefixes), state, timeout_sec=5.0, max_model_len=4096)
+    vocabulary = {"▁hello": 0, "<0x0A>": 1, "Ġworld": 2}  # SentencePiece and byte-level BPE spellings
+    service = ProbeService(
+        StandInEngineClient(cores, prefixes),
+        state,
+        timeout_sec=5.0,
+        max_model_len=4096,
+        max_token_bytes=endpoint_plugin.max_token_bytes(vocabulary),
+    )
 
     # vLLM's counters, as the API server's registry holds them: they grow between two probes
     totals = iter(
@@ -287,6 +298,7 @@ async def test_the_plugins_builders_answer_every_field_of_every_message(monkeypa
     kv = assert_round_trips(KvAnswer, (await service.kv_answer()).to_json())
     assert unset_fields(kv) == set()
     assert [engine.engine for engine in kv.engines] == [0, 1] and kv.num_total_blocks == 128
+    assert (kv.max_model_len, kv.max_token_bytes) == (4096, 8)  # "▁hello": 3 + 5 bytes
 
     query = PrefixQuery("token_ids", list(range(70)), cache_salt="tenant", model="m")
     prefix = assert_round_trips(PrefixAnswer, (await service.prefix_answer(query.to_json())).to_json())
