@@ -29,3 +29,12 @@ def test_ci_runs_exactly_the_readme_test_command():
     _, test = readme_commands()
     ci_lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
     assert test in ci_lines, f".ci/run must run the README's test command as is: {test}"
+
+
+def test_documentation_table_lists_each_document_once():
+    text = (REPO / "README.md").read_text()
+    table = text[text.index("## Documentation") :]
+    targets = re.findall(r"^\| \[[^\]]*\]\(([^)]+)\)", table, re.M)
+    assert targets, "README.md: the Documentation section is a table of links"
+    repeated = sorted({t for t in targets if targets.count(t) > 1})
+    assert not repeated, f"README.md lists these documents twice: {repeated}"
