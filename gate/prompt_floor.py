@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from kvgate.gate.policies.vocabulary import Reject, RejectCode
+from kvgate.wire.blocks import cdiv
 
 # The most a Unicode normalizer (NFC, NFKC) shrinks text in UTF-8 bytes: three jamo
 # (9 bytes) composing into one Hangul syllable (3 bytes).
@@ -44,7 +45,10 @@ _TEXT_PARTS = ("text", "input_text")
 
 
 def _stripped_bytes(text: object) -> int:
-    return len(text.strip().encode("utf-8")) if isinstance(text, str) else 0
+    if not isinstance(text, str):
+        return 0
+    text = text.strip()
+    return len(text) if text.isascii() else len(text.encode("utf-8"))  # isascii is O(1): no copy
 
 
 def _content_texts(content: object) -> Iterator[object]:
@@ -88,8 +92,7 @@ def user_text_bytes(route_kind: str, body: Mapping[str, object]) -> int:
 
 def prompt_token_floor(text_bytes: int, max_token_bytes: int) -> int:
     """The fewest tokens `text_bytes` bytes of kept text render to (module docstring)."""
-    per_token = max_token_bytes * MAX_TEXT_SHRINK
-    return -(-text_bytes // per_token)  # ceiling: a partial token is still a token
+    return cdiv(text_bytes, max_token_bytes * MAX_TEXT_SHRINK)  # a partial token is still a token
 
 
 def over_long(text_bytes: int, max_model_len: int | None, max_token_bytes: int | None) -> Reject | None:
