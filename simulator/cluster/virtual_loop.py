@@ -9,6 +9,8 @@ Invariants:
 - the clock never goes backwards, and it only moves when nothing is ready to run;
 - a jump lands exactly on the earliest timer's `when()` (no float drift between a
   timer's deadline and the clock it fires at);
+- timers due at the same instant fire in the order they were set, whatever else is
+  scheduled (asyncio's heap alone breaks such ties by its shape);
 - the loop never waits on real I/O: a run with nothing ready and no timer left is a
   deadlock in the simulated program, raised as `SimulationDeadlock` instead of hanging.
 
@@ -20,6 +22,8 @@ same way every time.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import selectors
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -62,6 +66,25 @@ class _VirtualSelector(selectors.BaseSelector):
         self._map.clear()
 
 
+class _OrderedTimerHandle(asyncio.TimerHandle):
+    """A timer that sorts by (deadline, creation order): timers due at the same instant
+    fire in the order they were set, whatever else the heap holds."""
+
+    __slots__ = ("_order",)
+
+    def __init__(self, when, callback, args, loop, context, order: int) -> None:
+        super().__init__(when, callback, args, loop, context)
+        self._order = order
+
+    def __lt__(self, other):
+        if isinstance(other, _OrderedTimerHandle) and self.when() == other.when():
+            return self._order < other._order
+        return super().__lt__(other)
+
+    def __le__(self, other):
+        return self < other or self == other
+
+
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """A selector event loop on a virtual clock starting at `start` seconds."""
 
@@ -70,6 +93,18 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         super().__init__(selector)
         selector.loop = self
         self._now = start
+        self._timer_order = itertools.count()
+
+    def call_at(self, when, callback, *args, context=None):  # type: ignore[override]
+        """asyncio's call_at with ties broken by creation order (asyncio's heap breaks them
+        by the heap's shape, which any unrelated timer changes)."""
+        self._check_closed()  # type: ignore[attr-defined]
+        timer = _OrderedTimerHandle(when, callback, args, self, context, next(self._timer_order))
+        if timer._source_traceback:  # type: ignore[attr-defined]
+            del timer._source_traceback[-1]  # type: ignore[attr-defined]
+        heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
+        timer._scheduled = True  # type: ignore[attr-defined]
+        return timer
 
     def time(self) -> float:
         return self._now

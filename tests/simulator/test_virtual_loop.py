@@ -1,0 +1,48 @@
+"""The virtual-time loop: its clock jumps to the next timer, ties fire in the order set, a
+program with nothing left to wait for raises instead of hanging."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from kvgate.simulator.cluster.virtual_loop import SimulationDeadlock, run_virtual
+
+
+def test_an_hour_of_sleeps_and_timeouts_takes_no_wall_time():
+    async def main():
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(3600)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(5):
+                await asyncio.sleep(10)
+        return loop.time()
+
+    started = time.perf_counter()
+    assert run_virtual(main()) == 3605.0
+    assert time.perf_counter() - started < 5
+
+
+def test_timers_due_together_fire_in_the_order_they_were_set():
+    async def main():
+        loop = asyncio.get_running_loop()
+        fired: list[int] = []
+        for i in range(40):  # other timers give asyncio's heap a shape that scrambles its ties
+            loop.call_at(5.0 + (i % 7) * 0.25, lambda: None)
+        for i in range(30):
+            loop.call_at(3.0, fired.append, i)
+            loop.call_at(4.0 + (i % 3), lambda: None)
+        await asyncio.sleep(10)
+        return fired
+
+    assert run_virtual(main()) == list(range(30))
+
+
+def test_waiting_forever_is_an_error_not_a_hang():
+    async def main():
+        await asyncio.Event().wait()
+
+    with pytest.raises(SimulationDeadlock):
+        run_virtual(main())
