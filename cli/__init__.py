@@ -14,9 +14,9 @@ import argparse
 
 def build_parser() -> argparse.ArgumentParser:
     from kvgate.bench import cli as bench_cli
+    from kvgate.bench.cluster.cli import add_cluster_command
     from kvgate.proxy import commands as proxy_commands
     from kvgate.simulator import cli as simulator_cli
-    from kvgate.simulator.cluster.cli import add_cluster_command
     from kvgate.simulator.replica_server import start_simulated_replicas
 
     parser = argparse.ArgumentParser(

@@ -66,12 +66,15 @@ def test_the_wheel_installs_only_the_kvgate_namespace(wheel):
         "kvgate/gate/policies/registry.py",
         "kvgate/balancer/balancer.py",
         "kvgate/simulator/replica_server.py",
+        "kvgate/simulator/virtual_engine.py",
         "kvgate/bench/agentic/cli.py",
+        "kvgate/bench/cluster/run.py",
         "kvgate/vllm_plugin/engine_plugin.py",
         "kvgate/wire/probe_api.py",
     ):
         assert module in names, module
     assert not any(name.startswith("kvgate/tests") or "/tests/" in name for name in names)
+    assert not any(name.startswith("kvgate/simulator/cluster/") for name in names)  # the cluster is bench's
 
 
 def entry_points_of(wheel: Path) -> configparser.ConfigParser:

@@ -12,11 +12,11 @@ import random
 
 import pytest
 
-from kvgate.simulator.cluster.session_request import SessionRequest
 from kvgate.simulator.config import EngineConfig
 from kvgate.simulator.decode_jump import decode_context_tokens, jump_decode_steps, stable_decode_steps
 from kvgate.simulator.request import SimRequest
 from kvgate.simulator.scheduler import Scheduler
+from kvgate.simulator.session_request import SessionRequest
 from kvgate.simulator.tokenizer import output_token
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kvgate.simulator.cluster.virtual_loop import SimulationDeadlock, run_virtual
+from kvgate.simulator.virtual_loop import SimulationDeadlock, run_virtual
 
 
 def test_an_hour_of_sleeps_and_timeouts_takes_no_wall_time():

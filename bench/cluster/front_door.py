@@ -28,8 +28,8 @@ from kvgate.balancer.registry import Replica, ReplicaRegistry
 from kvgate.gate.admission import AdmissionController
 from kvgate.gate.errors import AdmissionError, ReplicaUnavailable
 from kvgate.gate.readings import PrefixReading, UsageReading, prefix_reading, usage_reading
-from kvgate.simulator.cluster.engine import EngineStopped, SimEngine
-from kvgate.simulator.cluster.session_request import SessionRequest
+from kvgate.simulator.session_request import SessionRequest
+from kvgate.simulator.virtual_engine import EngineStopped, SimEngine
 
 _CHUNKS = tuple("x" * (1 << k) for k in range(25))  # shared padding strings: a body costs no memory
 _MESSAGE_BYTES = len(b'{"role":"user","content":""},')

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
+from kvgate.bench.cluster.presets import CODING_AGENTS
+from kvgate.bench.cluster.run import ClusterConfig, parse_event, policy_names, run_policy
+from kvgate.bench.cluster.workload import AgentSessions
 from kvgate.cli import main
-from kvgate.simulator.cluster.presets import CODING_AGENTS
-from kvgate.simulator.cluster.run import ClusterConfig, parse_event, policy_names, run_policy
-from kvgate.simulator.cluster.workload import AgentSessions
 from kvgate.simulator.config import EngineConfig
 
 SMALL_FLEET = [

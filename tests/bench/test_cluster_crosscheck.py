@@ -32,9 +32,9 @@ import sys
 
 from kvgate.bench.agentic.regimes import get_regime
 from kvgate.bench.agentic.workload import generate_workload
-from kvgate.simulator.cluster.report import summarize
-from kvgate.simulator.cluster.run import ClusterConfig, run_policy
-from kvgate.simulator.cluster.workload import sessions_of
+from kvgate.bench.cluster.report import summarize
+from kvgate.bench.cluster.run import ClusterConfig, run_policy
+from kvgate.bench.cluster.workload import sessions_of
 from kvgate.simulator.config import EngineConfig
 
 CHANGES = {"sessions": 12, "concurrency": 12, "turns_min": 4, "turns_max": 5}

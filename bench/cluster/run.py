@@ -28,16 +28,16 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from kvgate.balancer.registry import ReplicaRegistry
+from kvgate.bench.cluster.front_door import EngineProbe, FrontDoor, TurnBody
+from kvgate.bench.cluster.workload import AgentSessions, SessionTokens
 from kvgate.gate.admission import AdmissionController
 from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.policies.registry import POLICIES
 from kvgate.gate.settings import GateSettings, ProbeSettings
-from kvgate.simulator.cluster.engine import SimEngine
-from kvgate.simulator.cluster.front_door import EngineProbe, FrontDoor, TurnBody
-from kvgate.simulator.cluster.session_request import SessionRequest
-from kvgate.simulator.cluster.virtual_loop import run_virtual
-from kvgate.simulator.cluster.workload import AgentSessions, SessionTokens
 from kvgate.simulator.config import CostModel, EngineConfig
+from kvgate.simulator.session_request import SessionRequest
+from kvgate.simulator.virtual_engine import SimEngine
+from kvgate.simulator.virtual_loop import run_virtual
 
 RETRY_AFTER_SEC = 1.0
 MAX_ATTEMPTS = 3

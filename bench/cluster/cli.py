@@ -17,12 +17,12 @@ from pathlib import Path
 
 from kvgate.bench.agentic.regimes import REGIMES
 from kvgate.bench.agentic.workload import WorkloadSpec, generate_workload
+from kvgate.bench.cluster.plots import write_sweep_plot, write_timeline_plot
+from kvgate.bench.cluster.presets import CLUSTER_PRESETS, ClusterPreset
+from kvgate.bench.cluster.report import format_sweep, format_table, summarize
+from kvgate.bench.cluster.run import ClusterConfig, RunResult, parse_event, policy_names, run_policy
+from kvgate.bench.cluster.workload import AgentSessions, sessions_of, sessions_of_trace
 from kvgate.simulator.agent_trace import AgentTraceSpec, generate_trace
-from kvgate.simulator.cluster.plots import write_sweep_plot, write_timeline_plot
-from kvgate.simulator.cluster.presets import CLUSTER_PRESETS, ClusterPreset
-from kvgate.simulator.cluster.report import format_sweep, format_table, summarize
-from kvgate.simulator.cluster.run import ClusterConfig, RunResult, parse_event, policy_names, run_policy
-from kvgate.simulator.cluster.workload import AgentSessions, sessions_of, sessions_of_trace
 from kvgate.simulator.config import ConfigError, CostModel, EngineConfig
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kvgate.simulator.cluster.run import RunResult
+from kvgate.bench.cluster.run import RunResult
 from kvgate.simulator.percentiles import percentile
 
 

@@ -18,7 +18,7 @@ the simulated replica runs); this module only moves them through time, as
   decode step, prefill throughput and prefill share are the simulated replica's.
 
 Invariant: the state any caller sees at virtual time t equals the per-step engine's
-state at t (tests/simulator/test_cluster_engine.py).
+state at t (tests/bench/test_cluster_sim.py runs whole clusters both ways).
 """
 
 from __future__ import annotations
