@@ -17,6 +17,12 @@ Targets (met or missed, with the number), per row:
   the tiny model <= 1.05x sticky's, the prefill-bound model <= 0.8x) and unpinned (every
   process on every CPU, a CPU-only host: shown without a target).
 A missed target is shown next to what limits it (`limiting_factor`).
+
+The page also shows the cluster simulation's two fleet runs (`kvgate sim cluster`, in virtual
+time: `CLUSTER_ROWS`), each with its command, date and commit: one replica of 8 failing at
+half time, and the replica sweep that answers how many replicas keep the turn p95 within its
+target. Their outputs the cluster docs show (tables, plots) are copied beside the page, under
+`cluster/<row>/`. `--only cluster` re-runs those two alone.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import fcntl
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -75,6 +82,118 @@ ROWS: tuple[ResultRow, ...] = (
     ResultRow("vllm-prefill-no-finish", ("makespan<=0.8x",), ("--pinning", "pinned"), real_vllm=True),
     ResultRow("vllm-prefill-no-finish", (), ("--pinning", "unpinned"), real_vllm=True),
 )
+
+
+@dataclass(frozen=True)
+class ClusterRow:
+    """One `kvgate sim cluster` run on the page, and the outputs it leaves beside the page."""
+
+    name: str  # `--only` name; outputs go to cluster/<name>/ beside the page
+    title: str
+    options: tuple[str, ...]
+    outputs: tuple[str, ...]  # files of --out copied beside the page (docs/cluster.md shows them)
+
+    @property
+    def key(self) -> str:
+        return f"cluster-{self.name}"
+
+    @property
+    def sweep(self) -> bool:
+        return "--replicas" in self.options and "," in self.options[self.options.index("--replicas") + 1]
+
+
+CLUSTER_ROWS: tuple[ClusterRow, ...] = (
+    ClusterRow(
+        "failure",
+        "One replica of 8 failing at half time (`fleet-small`: 512 coding agents, 10 minutes, every policy)",
+        ("--regime", "fleet-small", "--fail-at-half"),
+        ("report.json", "table.md", "timeline.png"),
+    ),
+    ClusterRow(
+        "sweep",
+        "How many replicas: 1,024 agents of the fleet's shape on 4 to 64 replicas, five minutes each, "
+        "turn p95 target 2 s",
+        (
+            "--regime",
+            "fleet",
+            "--agents",
+            "1024",
+            "--duration",
+            "300",
+            "--replicas",
+            "4,8,16,32,64",
+            "--policies",
+            "sticky,working_set,direct",
+            "--p95",
+            "2",
+        ),  # fmt: skip
+        ("sweep.md", "sweep.png"),
+    ),
+)
+# What the page keeps of a policy's summary (`kvgate.bench.cluster.report.summarize`): what
+# `format_table` and `format_sweep` read.
+CLUSTER_KEEP = (
+    "makespan_s",
+    "turns_per_s",
+    "generated_tokens_per_s",
+    "hit_rate",
+    "hit_rate_of_ceiling",
+    "turn_latency_s",
+    "ttft_s",
+    "session_completion_s",
+    "turns_failed",
+)
+
+
+def cluster_summary(summary: dict) -> dict:
+    """The part of one policy's summary the page renders."""
+    return {k: summary[k] for k in CLUSTER_KEEP} | {
+        "balance": {"busy_max_over_mean": summary["balance"]["busy_max_over_mean"]}
+    }
+
+
+def cluster_record(row: ClusterRow, out: Path, command: str, date: str, commit: str) -> dict:
+    """The stored row of one `kvgate sim cluster` run, from its --out folder."""
+    record = {"key": row.key, "kind": "cluster", "command": command, "date": date, "commit": commit}
+    if row.sweep:
+        document = json.loads((out / "sweep.json").read_text())
+        record["p95_target_s"] = document["p95_target_s"]
+        record["sweep"] = {
+            n: {policy: cluster_summary(s) for policy, s in results.items()} for n, results in document["sweep"].items()
+        }
+    else:
+        document = json.loads((out / "report.json").read_text())
+        record["policies"] = {policy: cluster_summary(s) for policy, s in document["policies"].items()}
+    return record
+
+
+def render_cluster(records: list[dict]) -> list[str]:
+    """The cluster section of the page from the stored cluster rows (in `CLUSTER_ROWS` order)."""
+    from kvgate.bench.cluster.report import format_sweep, format_table
+
+    rows = {row.key: row for row in CLUSTER_ROWS}
+    order = {row.key: i for i, row in enumerate(CLUSTER_ROWS)}
+    lines = [
+        "",
+        "## A fleet in virtual time (`kvgate sim cluster`)",
+        "",
+        "The real gate and balancer over simulated replicas in virtual time: deterministic, so",
+        "the same command gives the same figures. What it models and where it differs from the",
+        "wall-clock benchmark: [cluster.md](cluster.md).",
+    ]
+    for r in sorted(records, key=lambda r: (order.get(r["key"], len(order)), r["key"])):
+        row = rows.get(r["key"])
+        lines += ["", f"### {row.title if row else r['key']}", ""]
+        lines += [f"`{r['command']}` ({r['date']}, {r['commit']})", ""]
+        if "sweep" in r:
+            sweep = {int(n): results for n, results in r["sweep"].items()}
+            lines += format_sweep(sweep, r["p95_target_s"]).rstrip("\n").split("\n")
+        else:
+            lines += format_table(r["policies"]).rstrip("\n").split("\n")
+        if row:
+            plots = [name for name in row.outputs if name.endswith(".png")]
+            lines += ["", *(f"![{row.name}](cluster/{row.name}/{name})" for name in plots)]
+    return lines
 
 
 @dataclass(frozen=True)
@@ -148,7 +267,10 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def render(records: list[dict]) -> str:
-    """docs/results.md from the stored rows (in `ROWS` order, unknown keys last)."""
+    """docs/results.md from the stored rows (in `ROWS` order, unknown keys last; the cluster
+    rows in a section of their own)."""
+    cluster = [r for r in records if r.get("kind") == "cluster"]
+    records = [r for r in records if r.get("kind") != "cluster"]
     order = {row.key: i for i, row in enumerate(ROWS)}
     records = sorted(records, key=lambda r: (order.get(r["key"], len(order)), r["key"]))
     lines = [
@@ -160,7 +282,8 @@ def render(records: list[dict]) -> str:
         "pinned (the engine on CPUs of its own, the API server, kvgate and the load on the others,",
         "as on a GPU host: these rows carry the targets) or unpinned (every process on every CPU).",
         "Regimes and what they measure: [bench.md](bench.md). This page is generated by",
-        "`kvgate bench results` (`--only REGIME` re-runs one row); do not edit it by hand.",
+        "`kvgate bench results` (`--only REGIME` re-runs one row, `--only cluster` the fleet runs);",
+        "do not edit it by hand.",
         "",
         "| regime | replicas | makespan s: sticky → gate | hit rate: sticky → gate (ceiling) "
         "| turn p50 / p95 / p99 s: sticky → gate | session p50 / p95 s: sticky → gate | longest wait s "
@@ -194,6 +317,8 @@ def render(records: list[dict]) -> str:
             f"| {_fmt(None if longest is None else longest / 1000, '.1f')} "
             f"| {targets} | {limit or '-'} | `{r['command']}` | {r['date']} | {r['commit']} |"
         )
+    if cluster:
+        lines += render_cluster(cluster)
     return "\n".join(lines) + "\n"
 
 
@@ -257,7 +382,7 @@ def current_commit(repo: Path = REPO) -> str:
         ).stdout.splitlines()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    changed = [line for line in status if not line[3:].startswith("docs/results.")]
+    changed = [line for line in status if not line[3:].startswith(("docs/results.", "docs/cluster/"))]
     return head + ("+changes" if changed else "")
 
 
@@ -302,18 +427,28 @@ def add_command(subparsers) -> None:
     parser.set_defaults(func=main)
 
 
+def selected_cluster_rows(only: str | None) -> list[ClusterRow]:
+    """The cluster runs `only` names (`cluster`: both; `cluster-failure`, `cluster-sweep`), every
+    one without `only`."""
+    if only is None:
+        return list(CLUSTER_ROWS)
+    names = {n.strip() for n in only.split(",")}
+    return [row for row in CLUSTER_ROWS if "cluster" in names or row.key in names]
+
+
 def selected_rows(only: str | None, vllm: bool) -> list[ResultRow]:
     """The rows to run: `only` (regime names, each meaning all its rows, or exact row keys such
     as `trace-8b-tight --wait-cap-factor 1`), else every simulated row (and the real-vLLM
     ones with `vllm`). ValueError naming an unknown regime."""
     if only is None:
         return [row for row in ROWS if vllm or not row.real_vllm]
-    names = [n.strip() for n in only.split(",") if n.strip()]
+    cluster = {"cluster", *(row.key for row in CLUSTER_ROWS)}
+    names = [n.strip() for n in only.split(",") if n.strip() and n.strip() not in cluster]
     known = list(dict.fromkeys(row.regime for row in ROWS))
     keys = {row.key: row for row in ROWS}
     unknown = [n for n in names if n not in known and n not in keys]
     if unknown:
-        raise ValueError(f"--only: no row for {unknown}; rows: {', '.join(known)}")
+        raise ValueError(f"--only: no row for {unknown}; rows: {', '.join(known + sorted(cluster))}")
     # a regime means each of its rows (pinned, unpinned; with settings); a key its one row
     return [keys[n] for n in names if n in keys and n not in known] + [
         row for n in names if n in known for row in ROWS if row.regime == n
@@ -332,6 +467,27 @@ def store_row(data_path: Path, page: Path, record: dict) -> None:
         stored = [r for r in _load(data_path) if r["key"] != record["key"]] + [record]
         data_path.write_text(json.dumps(stored, indent=1) + "\n")
         page.write_text(render(stored))
+
+
+def run_cluster_row(row: ClusterRow, data_path: Path, page: Path, commit: str) -> None:
+    """Run one `kvgate sim cluster` row, copy its shown outputs beside the page, store it."""
+    shown = shlex.join(["kvgate", "sim", "cluster", *row.options])
+    print(f"[results] {shown}", flush=True)
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    with tempfile.TemporaryDirectory(prefix="kvgate-results-") as scratch:
+        out = Path(scratch) / "run"
+        command = [sys.executable, "-m", "kvgate.cli", "sim", "cluster", *row.options, "--out", str(out)]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        status = subprocess.run(command, cwd=REPO, env=env).returncode
+        if status != 0:
+            print(f"[results] {row.key}: exit {status}, row not updated", file=sys.stderr)
+            return
+        record = cluster_record(row, out, shown, date, commit)
+        shown_dir = page.parent / "cluster" / row.name
+        shown_dir.mkdir(parents=True, exist_ok=True)
+        for name in row.outputs:
+            shutil.copyfile(out / name, shown_dir / name)
+    store_row(data_path, page, record)
 
 
 def main(args) -> int:
@@ -368,6 +524,8 @@ def main(args) -> int:
                     json.loads(pinning.read_text()) if pinning.exists() else None,
                 )
             store_row(data_path, args.page, record)  # after every row: a stop loses no row
+        for cluster_row in selected_cluster_rows(args.only):
+            run_cluster_row(cluster_row, data_path, args.page, commit)
     stored = _load(data_path)
     args.page.write_text(render(stored))
     print(f"[results] wrote {args.page} ({len(stored)} rows)")
