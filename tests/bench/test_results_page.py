@@ -146,3 +146,48 @@ def test_only_takes_a_row_key_for_one_row_of_a_regime():
     capped = selected_rows("trace-8b-tight --wait-cap-factor 1", vllm=False)
     assert [r.extra for r in capped] == [("--wait-cap-factor", "1")]
     assert len(selected_rows("trace-8b-tight", vllm=False)) == 2
+
+
+def test_only_cluster_selects_the_fleet_runs_and_no_regime_row():
+    assert selected_rows("cluster", vllm=False) == []
+    assert [r.key for r in results_page.selected_cluster_rows("cluster")] == ["cluster-failure", "cluster-sweep"]
+    assert [r.key for r in results_page.selected_cluster_rows("thrash,cluster-sweep")] == ["cluster-sweep"]
+    assert results_page.selected_cluster_rows("thrash") == []
+    assert len(results_page.selected_cluster_rows(None)) == len(results_page.CLUSTER_ROWS)
+    # the page's rows are the ones docs/cluster.md shows, at its scale
+    failure, sweep = results_page.CLUSTER_ROWS
+    assert failure.options[:2] == ("--regime", "fleet-small") and "--fail-at-half" in failure.options
+    assert sweep.sweep and not failure.sweep
+
+
+def test_the_cluster_rows_run_their_command_and_keep_the_regime_rows(tmp_path, monkeypatch):
+    """A run of each kind at a small scale (the real `kvgate sim cluster`): the page shows the
+    command, date and commit and the figures of the run, the plots' files land beside it, and
+    the regime rows already stored stay."""
+    small = (
+        results_page.ClusterRow(
+            "failure", "a failure", ("--regime", "tiny", "--agents", "4", "--duration", "20", "--fail-at-half",
+                                     "--replicas", "2", "--policies", "sticky,working_set"), ("table.md",)
+        ),
+        results_page.ClusterRow(
+            "sweep", "a sweep", ("--regime", "tiny", "--policies", "sticky", "--replicas", "1,2", "--p95", "9"),
+            ("sweep.md", "sweep.png"),
+        ),
+    )  # fmt: skip
+    monkeypatch.setattr(results_page, "CLUSTER_ROWS", small)
+    document = {"modes": {"sticky": summary(), results_page.GATE_MODE: summary()}, "replicas": {"count": 2}}
+    data, page = tmp_path / "results.json", tmp_path / "results.md"
+    results_page.store_row(data, page, record_of(ROWS[0], document, "cmd a", "d1", "c1"))
+    for row in small:
+        results_page.run_cluster_row(row, data, page, "abc1234")
+    text = page.read_text()
+    assert "`cmd a`" in text
+    assert "`kvgate sim cluster --regime tiny --agents 4 --duration 20 --fail-at-half" in text
+    assert "`kvgate sim cluster --regime tiny --policies sticky --replicas 1,2 --p95 9` (" in text
+    assert text.count("abc1234)") == 2
+    assert "| working_set |" in text and "| 2 |" in text and "turn p95 <= 9 s needs" in text
+    assert (tmp_path / "cluster" / "sweep" / "sweep.png").stat().st_size > 0
+    assert (tmp_path / "cluster" / "failure" / "table.md").read_text().startswith("| policy |")
+    stored = json.loads(data.read_text())
+    assert [r["key"] for r in stored] == [ROWS[0].key, "cluster-failure", "cluster-sweep"]
+    assert results_page.render(stored) == text  # the page is rendered from the stored data alone
