@@ -154,7 +154,7 @@ def cluster_summary(summary: dict) -> dict:
 
 def cluster_record(row: ClusterRow, out: Path, command: str, date: str, commit: str) -> dict:
     """The stored row of one `kvgate sim cluster` run, from its --out folder."""
-    record = {"key": row.key, "kind": "cluster", "command": command, "date": date, "commit": commit}
+    record: dict = {"key": row.key, "kind": "cluster", "command": command, "date": date, "commit": commit}
     if row.sweep:
         document = json.loads((out / "sweep.json").read_text())
         record["p95_target_s"] = document["p95_target_s"]
