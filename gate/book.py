@@ -30,8 +30,10 @@ state change goes through a `SessionBook` method, which keeps these invariants:
   lease in flight; `idle_window_blocks` sums the footprints of the idle ones.
 - `windows` holds exactly the records that hold a window, in the order their windows
   opened (a window that ends and opens again goes to the back). A record's
-  `footprint` is its window's price in blocks; `window_blocks` sums them, and
-  `older_window_blocks(rec)` sums those ranked before `rec` (O(windows): tens).
+  `footprint` is its window's price in blocks; `window_blocks` sums them (kept as a
+  running total: every change of a window holder's footprint goes through
+  `_set_footprint`), and `older_window_blocks(rec)` sums those ranked before `rec`
+  (O(windows before rec)).
 - A record's `prompt_tokens` / `growth_tokens` are the session's recorded sizes (the
   prompt of its last admitted turn with a prefix reading, and how much it grew since
   the turn before); `mean_growth_tokens` is the mean of every growth observed on the
@@ -131,6 +133,7 @@ class SessionBook:
         self.idle_window_blocks = 0
         self.leases = 0
         self.windows: OrderedDict[str, SessionRecord] = OrderedDict()
+        self._window_blocks = 0  # sum of the footprints of `windows`
         self.growth_observed = 0  # growth observations, and their sum in tokens
         self.growth_sum = 0
         self._tokens_per_byte: deque[float] = deque(maxlen=TOKENS_PER_BYTE_WINDOW)
@@ -185,7 +188,8 @@ class SessionBook:
 
     def _end(self, rec: SessionRecord) -> SessionRecord:
         self._leave(rec)
-        self.windows.pop(rec.key, None)  # rec.has_window stays: the caller reads it
+        if self.windows.pop(rec.key, None) is not None:  # rec.has_window stays: the caller reads it
+            self._window_blocks -= rec.footprint
         if rec.has_window:
             self._window_ended(WindowEnd.GRACE, rec)
         del self.records[rec.key]
@@ -197,16 +201,24 @@ class SessionBook:
         """Begin or end the record's window (call between _leave and _enter)."""
         if has_window and not rec.has_window:
             self.windows[rec.key] = rec
+            self._window_blocks += rec.footprint
         elif rec.has_window and not has_window:
-            self.windows.pop(rec.key, None)
+            if self.windows.pop(rec.key, None) is not None:
+                self._window_blocks -= rec.footprint
         rec.has_window = has_window
+
+    def _set_footprint(self, rec: SessionRecord, footprint: int) -> None:
+        """Price the record's window (or its next one) at `footprint` blocks."""
+        if self.windows.get(rec.key) is rec:
+            self._window_blocks += footprint - rec.footprint
+        rec.footprint = footprint
 
     # -- the working_set policy's books
 
     @property
     def window_blocks(self) -> int:
         """Footprints of every window, in flight or idle."""
-        return sum(rec.footprint for rec in self.windows.values())
+        return self._window_blocks
 
     def older_window_blocks(self, rec: SessionRecord | None) -> int:
         """Footprints of the windows opened before `rec`'s; all of them if it holds none."""
@@ -330,9 +342,9 @@ class SessionBook:
             self._window_ended(WindowEnd.REVOKED, rec)
         self._set_window(rec, window or sharing)
         if footprint is not None and window:
-            rec.footprint = rec.footprint + footprint if sharing else footprint
+            self._set_footprint(rec, rec.footprint + footprint if sharing else footprint)
         elif footprint is not None and not sharing:
-            rec.footprint = footprint
+            self._set_footprint(rec, footprint)
         rec.reasons[label] = rec.reasons.get(label, 0) + 1
         self._record_size(rec, prompt_tokens, prompt_bound)
         self._enter(rec, now)
@@ -348,7 +360,7 @@ class SessionBook:
         if self.records.get(rec.key) is not rec or not rec.has_window or rec.in_flight != 1:
             return False  # idle, or shared by concurrent turns priced together (the next turn reprices it)
         shrank = footprint < rec.footprint
-        rec.footprint = footprint
+        self._set_footprint(rec, footprint)
         self._record_size(rec, prompt_tokens, prompt_bound)
         return shrank
 
