@@ -31,6 +31,7 @@ The makespan against the same proxy without the gate is the benchmark's figure, 
 (``kvgate bench results --only vllm-prefill-no-finish --vllm``). The walls printed here
 (run with ``-s``) are for reading only.
 """
+
 from __future__ import annotations
 
 import asyncio
