@@ -1,4 +1,4 @@
-"""Security conformance table: one row per finding of the red-team pass (issue 20).
+"""Security conformance table: one row per finding of the red-team pass.
 
 Each row plays the attack as it was reproduced, against real parts on loopback (kvgate
 apps, `kvgate replica`'s app, the owner record, aiohttp clients), and states what must
