@@ -69,18 +69,19 @@ def json_usage(body: bytes) -> PromptUsage | None:
         return None
 
 
-def _event_usage(event: bytes) -> PromptUsage | None:
-    """The usage of one SSE event if it is the usage event (`choices: []`, a usage object)."""
+def _event_usage(event: bytes) -> tuple[PromptUsage | None, bool]:
+    """The usage of one SSE event, and whether it is the usage event (`choices: []`, a
+    usage object) rather than a content event that carries usage too (a server that
+    reports usage on every event, vLLM's `--enable-force-include-usage`)."""
     start = event.find(b"data:")
     if start < 0 or _USAGE_KEY not in event:
-        return None
+        return None, False
     try:
         doc = orjson.loads(event[start + 5 :])
     except orjson.JSONDecodeError:
-        return None
-    if not isinstance(doc, dict) or doc.get("choices") not in ([], None):
-        return None
-    return usage_of(doc)
+        return None, False
+    usage = usage_of(doc)
+    return usage, usage is not None and isinstance(doc, dict) and doc.get("choices") in ([], None)
 
 
 def asks_for_usage(body: dict) -> bool:
@@ -97,7 +98,7 @@ class UsageTap:
     """Watches one answer for its usage: an SSE stream's chunks through `feed` (which
     returns the bytes to pass on) and `finish`, or a whole JSON body through `whole`."""
 
-    __slots__ = ("strip", "usage", "_tail", "_recent", "_recent_bytes")
+    __slots__ = ("strip", "usage", "_tail", "_recent", "_recent_bytes", "_unasked")
 
     def __init__(self, strip: bool) -> None:
         self.strip = strip
@@ -105,6 +106,9 @@ class UsageTap:
         self._tail = b""  # strip: the start of an event whose end has not arrived
         self._recent: deque[bytes] = deque()  # no strip: the last chunks, _TAIL_BYTES or a little more
         self._recent_bytes = 0
+        # strip: a content event carried usage, so the server sends usage unasked
+        # (`--enable-force-include-usage`): its usage event is the client's too, kept.
+        self._unasked = False
 
     def feed(self, chunk: bytes) -> bytes:
         if not self.strip:
@@ -125,11 +129,12 @@ class UsageTap:
             return whole
         kept = []
         for event in whole.split(_EVENT_END)[:-1]:
-            usage = _event_usage(event)
-            if usage is None:
-                kept.append(event + _EVENT_END)
-            else:
+            usage, usage_event = _event_usage(event)
+            if usage is not None:
                 self.usage = usage
+                self._unasked |= not usage_event
+            if not usage_event or self._unasked:
+                kept.append(event + _EVENT_END)
         return b"".join(kept)
 
     def whole(self, body: bytes) -> None:
@@ -143,7 +148,7 @@ class UsageTap:
             self._recent.clear()
             self._recent_bytes = 0
             for event in reversed(tail.split(_EVENT_END)):
-                usage = _event_usage(event)
+                usage, _ = _event_usage(event)
                 if usage is not None:
                     self.usage = usage
                     break

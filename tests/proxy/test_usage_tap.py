@@ -102,3 +102,12 @@ def test_json_usage():
 )
 def test_asks_for_usage(body, asks):
     assert asks_for_usage(body) is asks
+
+
+def test_a_server_that_sends_usage_unasked_keeps_its_usage_event():
+    """vLLM with --enable-force-include-usage puts usage on every event and sends the usage
+    event whatever the request asked: the client would get it without kvgate, so it stays."""
+    content = sse({"id": "c", "choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": {"prompt_tokens": 120}})
+    stream = content + USAGE_EVENT + DONE
+    tap = UsageTap(strip=True)
+    assert relay(tap, [stream]) == stream and tap.usage == PromptUsage(120, 96)
