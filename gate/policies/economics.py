@@ -62,19 +62,14 @@ def holding_cost_sec(view: WorkingSetView, usage: UsageReading) -> float:
       batch at almost no cost, a prefill-bound one has no such slack), counted at
       1 / DECODE_SLACK_MARGIN: the slack is a forecast, the re-prefill a certainty, and
       a session admitted without a window grows into dearer turns;
-    - the idle time ahead: the replica's expected gap before a holder in a tool call
-      returns. On an idle replica it is certain. On a busy one it is where the hold
-      would end: as the turns in flight end and their sessions go into tool calls the
-      replica drains, and this same cost then admits the turn; a hold whose re-prefill
-      is below the gap only delays the turn until the drain, so it is not made;
-    - on an idle replica, also the idle time it already waited (the ski-rental rule:
-      never wait, idle, longer than the re-prefill it would cause).
+    - on an idle replica, also the idle time ahead (the replica's expected gap before
+      a holder in a tool call returns) and the idle time it already waited (the
+      ski-rental rule: never wait, idle, longer than the re-prefill it would cause).
     """
     slack = 1.0 - (usage.prefill_share or 0.0)
     cost = view.max_output_tokens * (usage.decode_step_sec or 0.0) * slack / DECODE_SLACK_MARGIN
-    cost = max(cost, view.expected_gap_sec or 0.0)
     if view.replica_idle_sec is not None:
-        cost = max(cost, min(view.replica_idle_sec, view.waited_sec))
+        cost = max(cost, view.expected_gap_sec or 0.0, min(view.replica_idle_sec, view.waited_sec))
     return cost
 
 

@@ -203,24 +203,6 @@ def test_a_held_admission():
     ) == Admit(AdmissionReason.WORK_CONSERVING)
 
 
-def test_a_hold_that_would_end_when_the_replica_drains_is_not_made():
-    """The held turn of test_a_held_admission (0.17 s of re-prefill) on a busy replica whose
-    sessions usually spend 0.3 s in tool calls between turns: as soon as the replica
-    drains, the idle time ahead (0.3 s) outweighs the re-prefill and the turn goes in
-    anyway, so holding it until then only delays it: admitted at once. Where the usual
-    gap is shorter than the re-prefill (agents that come back within 50 ms), it is held."""
-    long_prompt = PrefixReading(total_blocks=110, hit_blocks=5, hit_ratio=0.05, total_tokens=1760)
-    usage = UsageReading(0.8, 200, 60, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
-    base = dict(idle_window_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700)
-    slow_tools = WorkingSetView(**base, expected_gap_sec=0.3)
-    assert holding_cost_sec(slow_tools, usage) == pytest.approx(0.3)
-    assert working_set_decide(slow_tools, usage, long_prompt, SETTINGS) == Admit(AdmissionReason.WORK_CONSERVING)
-    fast_tools = WorkingSetView(**base, expected_gap_sec=0.05)
-    held = working_set_decide(fast_tools, usage, long_prompt, SETTINGS)
-    assert isinstance(held, Wait) and "re-prefill 0.170s > holding cost 0.050s" in held.why
-    assert held.recheck_sec is None  # busy: only a release can change the balance
-
-
 def test_a_prefill_bound_engine_holds_what_a_decode_bound_one_admits():
     """A 160-block prompt (all new) + 8 output tokens (1 block) behind 500 blocks of windows
     on 512: 149 blocks of the windows go, and its own 160 are unprotected (4,944 tokens:
