@@ -216,6 +216,9 @@ class Gate:
         # The replica reports each turn's prompt usage (`Lease.learn`): a window priced at
         # its bound gets its exact price when its turn ends, without a probe.
         self._learns_usage = False
+        # Windows in flight priced at their bound whose repricing probe was left to their
+        # turn's usage: probed as soon as a turn waits (over-priced windows may hold it).
+        self._unpriced: dict[SessionRecord, tuple[str, Mapping[str, object], int, UsageReading | None, int | None]] = {}
         self._usage: UsageReading | None = None  # the last usage reading a decision was made on
         self._now = clock
         self._book = SessionBook(settings.idle_grace_sec, settings.quiet_factor, settings.quiet_floor_sec)
@@ -319,8 +322,11 @@ class Gate:
                     return self._grant_shadow(record, attempt, decision, start, tokens, note)
                 if isinstance(decision, Admit):
                     lease = self._admit(record, attempt, decision, start, tokens, note)
-                    if decision.reprice_above is not None and self._needs_reprice_probe(decision.reprice_above):
-                        self._reprice_later(record, route_kind, body, allowance, usage, bound)
+                    if decision.reprice_above is not None and self._book.window_blocks > decision.reprice_above:
+                        if not self._learns_usage or self._queue:
+                            self._reprice_later(record, route_kind, body, allowance, usage, bound)
+                        elif record is not None:  # its usage prices it, unless a turn must wait first
+                            self._unpriced[record] = (route_kind, body, allowance, usage, bound)
                     return lease
                 # A window that another turn of the session is using stays (it ends with its turns).
                 shared = record is not None and record.in_flight > 0
@@ -343,19 +349,11 @@ class Gate:
                     self._session_ended(ended)
                 self._publish_windows()
 
-    def _needs_reprice_probe(self, reprice_above: int) -> bool:
-        """Whether a window just priced at its bound gets its exact price from a probe beside
-        its turn: when the windows hold more than `reprice_above` blocks and either the
-        replica does not report its turns' usage, or turns wait here (over-priced windows
-        can be what holds them). Otherwise the turn's own usage prices it when it ends."""
-        if self._book.window_blocks <= reprice_above:
-            return False
-        return not self._learns_usage or bool(self._queue)
-
     def _learn(self, record: SessionRecord, turn: TurnNote, prompt_tokens: int, cached_tokens: int | None) -> None:
         """A served turn's usage: its exact size goes into the session's history, prices its
         window (as a repricing probe would) and, for a turn no prefix reading priced,
         counts its re-prefill."""
+        self._unpriced.pop(record, None)
         if self._book.records.get(record.key) is not record:
             return
         self._learns_usage = True
@@ -390,6 +388,14 @@ class Gate:
         if self._book.reprice(record, footprint, prefix.total_tokens, bound):
             self._blocks_freed(self._now())
             self._publish_windows()
+
+    def _reprice_unpriced(self) -> None:
+        """A turn waits: the windows in flight still priced at their bound get their exact
+        price from a probe now, not when their turns end."""
+        unpriced, self._unpriced = self._unpriced, {}
+        for record, (route_kind, body, allowance, usage, bound) in unpriced.items():
+            if record.in_flight:
+                self._reprice_later(record, route_kind, body, allowance, usage, bound)
 
     def _reprice_later(
         self,
@@ -566,6 +572,7 @@ class Gate:
             attempt.queued = True
             attempt.queued_at = self._now()
             self._pending_gauge.set(len(self._queue))
+            self._reprice_unpriced()
         now = self._now()
         timeout = self.settings.wait_poll_sec
         if deadline is not None:
@@ -622,6 +629,8 @@ class Gate:
     # ------------------------------------------------------------- windows/leases
 
     def _release(self, record: SessionRecord | None, attempt: Attempt | None = None, served: bool = True) -> None:
+        if record is not None:
+            self._unpriced.pop(record, None)
         now = self._changed_at = self._now()
         ended = self._book.release(record, now, attempt, served)
         if ended is not None:
@@ -710,6 +719,7 @@ class Gate:
         self._purge(self._now())
         self._pending_gauge.set(0)
         self._oldest_waiter.set_function(lambda: 0.0)  # let go of this gate
+        self._unpriced.clear()
         for task in list(self._repricing):
             task.cancel()
         close_probe = getattr(self.probe, "close", None)

@@ -376,3 +376,31 @@ async def test_a_turns_learned_hits_count_its_reprefill_without_a_probe(metrics,
     assert sample(metrics, "kvgate_reprefill_tokens_estimated_total", replica="r0") == 160
     gate.finish_session("s")
     assert_clean(gate, clock)
+
+
+async def test_a_window_left_to_its_usage_is_probed_once_a_turn_waits(metrics, clock):
+    """A window priced at its bound whose repricing was left to its turn's usage gets its
+    exact price from a probe as soon as another turn must wait: over-priced windows may
+    be what holds it, and a long turn's usage comes too late."""
+    gate, probe = working_set_gate(metrics, clock, total=70, free=70)
+    probe.block_size = 16
+    probe.set_prefix("s1", total=4, hit=0, tokens=70)
+    first = await gate.acquire("s1", "chat", body("s1"))
+    await until(lambda: probe.prefix_calls == ["s1"], "the repricing probe: nothing learned yet")
+    first.learn(70, 0)
+    first.release()
+    probe.set_prefix("s2", total=2, hit=0, tokens=40)
+    second = await gate.acquire("s2", "chat", body("s2"))  # at its bound (~38 blocks), left to its usage
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert probe.prefix_calls == ["s1"]
+    probe.set_prefix("big", total=60, hit=0, tokens=960)
+    big = asyncio.create_task(gate.acquire("big", "chat", unbounded_body("big")))  # 60 + 5 + 38 > 70: waits
+    await until(lambda: "s2" in probe.prefix_calls, "the waiting turn to get s2 repriced")
+    lease = await admitted(big)  # s2's exact price (3 blocks) lets it in
+    assert lease.reason == "window_fits"
+    for held, session in ((second, "s2"), (lease, "big")):
+        held.release()
+        gate.finish_session(session)
+    gate.finish_session("s1")
+    assert_clean(gate, clock)
