@@ -9,7 +9,7 @@ run `--turns` turns (default 10) back to back on their own keep-alive connection
 a chat request carrying the whole history plus a new tool result, the reply
 appended; the last turn carries the finish header.
 
-After each run it checks that nothing leaked: every lease released, no window,
+After each run it checks that nothing leaked: every lease released once, no window,
 waiter, attempt or session record left in any gate, no replica in-flight count.
 It reports per mode the client-side turn latency (p50, p95), the time spent inside
 `acquire` + `release` (what the gate itself adds), the admission reasons seen in
@@ -147,8 +147,7 @@ class _TimedLease:
         self._learn_s += time.perf_counter() - started
 
     def release(self, served: bool = True) -> None:
-        if self.lease.released:
-            return
+        # Called exactly once per lease: the proxy's turn_hold.Hold gives a lease back once.
         started = time.perf_counter()
         self.lease.release(served)
         self.samples.append(time.perf_counter() - started + self._learn_s)
@@ -206,6 +205,8 @@ async def run_mode(mode: str, policy: str, replicas: list, args: argparse.Namesp
         result.statuses = {str(k): v for k, v in Counter(t.status for t in turns).items()}
         counts = controller.counts()
         counts["replica_in_flight"] = sum(r.in_flight for r in app.registry.all())
+        # one release per acquisition (Hold gives a lease back once), so the pairs above are a turn's each
+        counts["unpaired_releases"] = len(timed.release_seconds) - len(timed.acquire_seconds)
         result.leaked = {k: v for k, v in counts.items() if v}
     finally:
         await app.close()
