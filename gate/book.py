@@ -449,6 +449,17 @@ class SessionBook:
                 windows_ended = True
         return ended, windows_ended
 
-    def next_expiry(self) -> float | None:
-        """The earliest pending deadline (possibly stale: an early wake-up only), or None."""
-        return self._deadlines[0][0] if self._deadlines else None
+    def next_expiry(self, now: float) -> float | None:
+        """The earliest deadline after `now` that `purge` would act on, or None. Stale
+        entries (their record ended or became active again) are dropped on the way;
+        deadlines already due are left for `purge`."""
+        heap = self._deadlines
+        while heap:
+            when, _, key, gen = heap[0]
+            if when <= now:
+                return when
+            rec = self.records.get(key)
+            if rec is not None and rec.idle_gen == gen and rec.is_idle:
+                return when
+            heapq.heappop(heap)
+        return None

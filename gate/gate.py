@@ -24,11 +24,15 @@ Invariants (each has a test):
 - Waiters are woken in arrival order: one per released lease, finished, expired or
   lost window, or shrunk window footprint (anything that lowers the blocks committed
   to windows), and each admitted waiter (or an `Admit` with `wake_next`: no
-  pressure), or a head waiter that leaves, wakes the next; each waiter also wakes
-  itself every `wait_poll_sec` (and when the oldest idle window is due), so no
-  wake-up is ever needed for liveness. A waiter whose last Wait set `wake_on_release`
-  (one behind others the work-conserving rule may let in) is also woken whenever
-  blocks are freed, not only when it heads the queue.
+  pressure), or a head waiter that leaves, wakes the next. The head of the queue
+  also wakes itself every `wait_poll_sec` and when the next idle window is due, so
+  no wake-up is ever needed for liveness: the head always has a timer, and whoever
+  heads the queue next is woken when it leaves. Behind the head, a waiter does the
+  same unless its last Wait set `poll=False` (the policy says only what the shell sees
+  can change its decision). A waiter whose last Wait set `wake_on_release` (one
+  behind others the work-conserving rule may let in) is also woken whenever blocks
+  are freed, not only when it heads the queue; a release that leaves the replica
+  without a lease out (it goes idle) wakes every waiter.
 - The policy sees how many named waiters are ahead of the attempt (the working_set
   policy gives newcomers windows in strict FIFO order) and the request's output allowance,
   read once from the body.
@@ -574,7 +578,14 @@ class Gate:
             self._pending_gauge.set(len(self._queue))
             self._reprice_unpriced()
         now = self._now()
-        timeout = self.settings.wait_poll_sec
+        timeout: float | None = None
+        # The head polls (liveness: see the module docstring); behind it, a waiter whose
+        # Wait says nothing unseen can change its decision waits to be woken.
+        if attempt.held is None or attempt.held.poll or next(iter(self._queue)) is attempt:
+            timeout = self.settings.wait_poll_sec
+            expiry = self._book.next_expiry(now)
+            if expiry is not None and expiry > now:
+                timeout = min(timeout, expiry - now)
         if deadline is not None:
             if now >= deadline:
                 raise AdmissionTimeout(
@@ -582,20 +593,18 @@ class Gate:
                     f"{self.settings.max_wait_sec}s (its KV cache is under pressure); retry later",
                     retry_after=self._retry_after,
                 )
-            timeout = min(timeout, deadline - now)
-        expiry = self._book.next_expiry()
-        if expiry is not None and expiry > now:
-            timeout = min(timeout, expiry - now)
+            timeout = deadline - now if timeout is None else min(timeout, deadline - now)
         if recheck is not None:
-            timeout = min(timeout, recheck)
+            timeout = recheck if timeout is None else min(timeout, recheck)
         try:
-            async with asyncio.timeout(max(timeout, MIN_WAIT_SEC)):
+            async with asyncio.timeout(None if timeout is None else max(timeout, MIN_WAIT_SEC)):
                 await attempt.event.wait()
         except TimeoutError:
             pass
+        # purge first: a window it ends wakes waiters, this one included, which is awake already
+        self._purge(self._now())
         attempt.event.clear()
         attempt.checkpoint()
-        self._purge(self._now())
 
     def _leave_queue(self, attempt: Attempt) -> None:
         """A waiter leaves without a lease (cancelled, superseded, timed out, rejected)."""
@@ -639,7 +648,11 @@ class Gate:
         if record is not None:
             self._publish_windows()
         if self._queue:
-            self._wake_on_change()
+            if self._book.leases:
+                self._wake_on_change()
+            else:  # the replica went idle: every held turn's economics changed
+                for waiter in self._queue:
+                    waiter.wake()
 
     def _blocks_freed(self, now: float) -> None:
         """Fewer blocks are committed (or live): let the head waiter re-decide on a fresh reading."""
