@@ -48,7 +48,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from kvgate.gate.policies.economics import quiet_lifetime
+from kvgate.gate.policies.economics import late_after, quiet_lifetime
 from kvgate.gate.policies.request_body import body_bytes
 from kvgate.wire.blocks import cdiv
 
@@ -425,16 +425,34 @@ class SessionBook:
         self._enter(rec, now)
         return True
 
-    def reclaim_idle_windows(self, rec: SessionRecord | None, blocks: int) -> int:
-        """End other sessions' idle windows (cause `reclaimed`), the longest idle first, until
-        at least `blocks` of their footprints are uncommitted; returns the blocks uncommitted.
-        The records stay idle (same period) until their grace, as after a quiet end."""
+    def late_windows(self, rec: SessionRecord | None, now: float) -> tuple[list[SessionRecord], float | None]:
+        """Other sessions' idle windows whose sessions are late (`late_after`, at least the
+        quiet floor), the longest idle first, and the seconds until the next of the
+        others turns late (None: no other idle window). O(windows)."""
+        late: list[SessionRecord] = []
+        due: float | None = None
+        if not self.windows_idle:
+            return late, due
+        for other in self.windows.values():
+            if other is rec or not other.is_idle:  # in flight, or its next turn is acquiring
+                continue
+            left = late_after(other.gap_ewma, self.replica_gap_ewma, self.quiet_floor) - (now - other.idle_since)
+            if left < 0:
+                late.append(other)
+            else:
+                due = left if due is None else min(due, left)
+        late.sort(key=lambda other: other.idle_since)
+        return late, due
+
+    def reclaim_late_windows(self, rec: SessionRecord | None, blocks: int, now: float) -> int:
+        """End other sessions' late idle windows (cause `reclaimed`), the longest idle first,
+        until at least `blocks` of their footprints are uncommitted; returns the blocks
+        uncommitted. The records stay idle (same period) until their grace, as after a
+        quiet end."""
         freed = 0
-        for other in list(self.idle.values()):  # in the order they became idle
+        for other in self.late_windows(rec, now)[0]:
             if freed >= blocks:
                 break
-            if other is rec or not other.has_window:
-                continue
             freed += other.footprint
             self.windows_idle -= 1
             self.idle_window_blocks -= other.footprint

@@ -37,6 +37,15 @@ def quiet_lifetime(
     return max(0.0, min(lifetime, ceiling))
 
 
+def late_after(session_gap: float | None, replica_gap: float | None, floor: float) -> float:
+    """How long an idle window's session may be idle before it is late: its usual gap
+    between turns (else the replica's), at least `floor` (the quiet floor). A late
+    session sits in an unusually long tool call, or has gone quietly: of all windows,
+    its blocks are the least likely to be read again soon."""
+    gap = session_gap if session_gap is not None else replica_gap
+    return floor if gap is None else max(floor, gap)
+
+
 def reprefill_sec(evicted_blocks: int, usage: UsageReading) -> float | None:
     """Seconds the replica will spend computing again `evicted_blocks` of other sessions'
     windows, at its measured prefill throughput; None without a measurement."""

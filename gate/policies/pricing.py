@@ -155,9 +155,10 @@ def window_footprint(view: WorkingSetView, usage: UsageReading, prefix: PrefixRe
 def reclaim_window(
     view: WorkingSetView, usage: UsageReading, prefix: PrefixReading, settings: GateSettings
 ) -> tuple[int, int] | None:
-    """A window for a newcomer made of other sessions' idle windows: (its footprint, the
-    blocks of idle windows that must end for it to fit), or None if ending every idle
-    window would not make room (the windows in flight alone leave too little).
+    """A window for a newcomer made of late idle windows (`late_window_blocks`: other
+    sessions idle longer than their usual gap): (its footprint, the blocks of late
+    windows that must end for it to fit), or None if ending every late window would not
+    make room.
 
     It fits when its footprint plus every window left stays within usable, and its
     new blocks within vLLM's free blocks outside the idle windows left and headroom:
@@ -169,4 +170,4 @@ def reclaim_window(
     over_books = footprint + view.older_window_blocks - usable
     over_engine = prefix.new_blocks - free_budget(view, usage, settings)
     blocks = max(0, over_books, over_engine)
-    return (footprint, blocks) if blocks <= view.idle_window_blocks else None
+    return (footprint, blocks) if blocks <= view.late_window_blocks else None

@@ -31,10 +31,11 @@ Invariants (each has a table test):
   it goes in `work_conserving`; a prompt that can never fit (its full blocks >
   usable) is rejected, never held.
 - A named turn that has waited its cap (`wait_cap_left`) goes in `wait_capped` as
-  soon as a window can be made for it of idle windows (`reclaim_window`: they end,
-  the longest idle first, and the books stay within usable); until then it re-decides
-  whenever blocks are freed. A holder that no longer fits, or a turn without block
-  counts or a prefix reading, goes in at its cap without a window.
+  soon as a window can be made for it of late idle windows (`reclaim_window`: sessions
+  idle longer than their usual gap; they end, the longest idle first, and the books
+  stay within usable); until then it re-decides whenever blocks are freed. A holder
+  that no longer fits, or a turn without block counts or a prefix reading, goes in at
+  its cap without a window.
 - A price read off the body (no prefix reading) is marked `Admit.reprice_above`;
   a holder whose probe gave no reading keeps its window at its last price.
 Without usage, for anonymous turns and without block counts (the /metrics fallback)
@@ -95,11 +96,12 @@ def _capped(
     wait: Wait, view: WorkingSetView, usage: UsageReading | None, prefix: ProbedPrefix | None, settings: GateSettings
 ) -> Decision | ProbeFirst:
     """`wait`, due again when its cap runs out (`wait_cap_left`); past its cap, the turn
-    goes in `wait_capped` with a window made of idle windows (`reclaim_window`): sessions
-    sitting in tool calls give their place to a turn that waited long enough, and the
-    windows in flight keep theirs. If even every idle window would not make room, it
-    waits on, woken whenever blocks are freed (a turn in flight ends: its window is idle
-    then). Where no window can be priced (a holder that no longer fits behind the older
+    goes in `wait_capped` with a window made of late idle windows (`reclaim_window`):
+    sessions sitting in a tool call longer than their usual gap (or gone quietly) give
+    their place to a turn that waited long enough; the windows in flight, and those of
+    sessions due back soon, keep theirs. If the late windows would not make room, it
+    waits on, woken whenever blocks are freed and when the next idle window turns late.
+    Where no window can be priced (a holder that no longer fits behind the older
     windows, no block counts, no prefix reading) it goes in without one."""
     left = wait_cap_left(view, settings)
     if left is None:
@@ -112,7 +114,9 @@ def _capped(
         return PROBE_FIRST
     reclaim = reclaim_window(view, usage, prefix, settings)
     if reclaim is None:
-        return replace(wait, why=f"waited its cap, for a window to go idle; {wait.why}", wake_on_release=True)
+        why = f"waited its cap, for late idle windows to make room; {wait.why}"
+        waiting = replace(wait, why=why, wake_on_release=True)
+        return waiting if view.next_late_sec is None else due_by(waiting, view.next_late_sec)
     footprint, blocks = reclaim
     return Admit(
         AdmissionReason.WAIT_CAPPED, window=settings.retain_session, footprint=footprint, reclaim_blocks=blocks
