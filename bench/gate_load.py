@@ -132,17 +132,25 @@ class TimedAdmission:
 
 
 class _TimedLease:
-    __slots__ = ("lease", "samples", "reason", "wait_ms")
+    """The lease with its `learn` and `release` timed together: the gate's cost at a turn's end."""
+
+    __slots__ = ("lease", "samples", "reason", "wait_ms", "_learn_s")
 
     def __init__(self, lease, samples: list[float]) -> None:
         self.lease, self.samples = lease, samples
         self.reason, self.wait_ms = lease.reason, lease.wait_ms
+        self._learn_s = 0.0
+
+    def learn(self, prompt_tokens: int, cached_tokens: int | None) -> None:
+        started = time.perf_counter()
+        self.lease.learn(prompt_tokens, cached_tokens)
+        self._learn_s += time.perf_counter() - started
 
     def release(self, served: bool = True) -> None:
         # Called exactly once per lease: the proxy's turn_hold.Hold gives a lease back once.
         started = time.perf_counter()
         self.lease.release(served)
-        self.samples.append(time.perf_counter() - started)
+        self.samples.append(time.perf_counter() - started + self._learn_s)
 
 
 # ----------------------------------------------------------------------- runs
