@@ -79,7 +79,7 @@ class _OrderedTimerHandle(asyncio.TimerHandle):
         self._order = order
 
     def __lt__(self, other):
-        when, other_when = self._when, other._when
+        when, other_when = self._when, other._when  # type: ignore[attr-defined]  # TimerHandle's slot
         return when < other_when or (when == other_when and self._order < other._order)
 
     def __le__(self, other):
