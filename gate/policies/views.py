@@ -42,6 +42,8 @@ class GateFacts(Protocol):
       smoothed), else the replica's; None before any turn ended on the replica.
     tokens_per_byte: the replica's recent highest ratio of a probed prompt's tokens to
       its body's bytes (`SessionBook.tokens_per_byte`), None before any probe.
+    prefix_probe_sec: how long a turn has recently waited for a prefix probe on this
+      replica (smoothed), None before any.
     An anonymous turn has only `anonymous` and `max_output_tokens`; the rest read as
     their defaults (False, 0, None).
     """
@@ -78,6 +80,8 @@ class GateFacts(Protocol):
     def recent_turn_sec(self) -> float | None: ...
     @property
     def tokens_per_byte(self) -> float | None: ...
+    @property
+    def prefix_probe_sec(self) -> float | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +108,8 @@ class WorkingSetView:
     `prompt_bound_tokens` (a turn whose bound fits is admitted without a prefix probe)
     and `tokens_per_byte` (the work-conserving rule's estimate of an unprobed prompt).
     The work-conserving rule's holding cost: `replica_idle_sec`, `expected_gap_sec`,
-    `waited_sec`. The cap on a held turn's wait: `waited_sec`, `recent_turn_sec`.
+    `waited_sec`, and `prefix_probe_sec` (the wait a probe would add). The cap on a
+    held turn's wait: `waited_sec`, `recent_turn_sec`.
     Anonymous turns, and replicas without block counts, are decided by the watermark
     policy (`watermark`).
     """
@@ -125,6 +130,7 @@ class WorkingSetView:
     waited_sec: float = 0.0
     tokens_per_byte: float | None = None
     recent_turn_sec: float | None = None
+    prefix_probe_sec: float | None = None
 
     @classmethod
     def read(cls, facts: GateFacts) -> WorkingSetView:
@@ -145,6 +151,7 @@ class WorkingSetView:
             waited_sec=facts.waited_sec,
             tokens_per_byte=facts.tokens_per_byte,
             recent_turn_sec=facts.recent_turn_sec,
+            prefix_probe_sec=facts.prefix_probe_sec,
         )
 
     @property

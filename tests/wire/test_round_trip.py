@@ -77,8 +77,9 @@ def full_kv() -> KvAnswer:
             decode_step_sec=0.01,
             prefill_share=0.4,
             token_sec=1e-4,
+            busy_share=busy,
         )
-        for free in (40, 30)
+        for free, busy in ((40, 0.5), (30, 0.75))
     ]
     return replace(merge_kv(engines), max_model_len=4096, max_token_bytes=48)  # the server's own figures
 
@@ -129,6 +130,7 @@ def test_the_error_envelopes_carry_every_field():
     "message_type, doc, field",
     [
         (KvAnswer, {"kv_cache_usage": 0.5, "token_sec": 0}, "token_sec"),
+        (KvAnswer, {"kv_cache_usage": 0.5, "busy_share": 1.5}, "busy_share"),
         (KvAnswer, {"kv_cache_usage": 0.5, "num_gpu_blocks": -1}, "num_gpu_blocks"),
         (KvAnswer, {"kv_cache_usage": 0.5, "engines": [{"kv_cache_usage": 0.5}]}, "engine"),
         (KvAnswer, {"kv_cache_usage": 0.5, "version": "1"}, "version"),
