@@ -63,7 +63,8 @@ SIMULATED = ("makespan<=1.02x", "session_p95<=sticky")
 ROWS: tuple[ResultRow, ...] = (
     ResultRow("no-pressure", SIMULATED),
     ResultRow("no-pressure-no-finish", SIMULATED),
-    ResultRow("issue-9", SIMULATED),  # cheap re-prefill, a cache for about one session: holding cannot pay
+    ResultRow("calm", SIMULATED),  # two sessions, room for both
+    ResultRow("silent-burst", SIMULATED),  # cheap re-prefill, a cache for about one session: holding cannot pay
     ResultRow("cheap-prefill", SIMULATED),
     ResultRow("cheap-prefill-no-finish", SIMULATED),
     ResultRow("thrash", SIMULATED),

@@ -246,7 +246,7 @@ class SessionBook:
         """The highest tokens-per-body-byte ratio of the recent recorded sizes; None before any."""
         return max(self._tokens_per_byte, default=None)
 
-    def _record_size(self, rec: SessionRecord, prompt_tokens: int | None, prompt_bound: int | None = None) -> None:
+    def record_size(self, rec: SessionRecord, prompt_tokens: int | None, prompt_bound: int | None = None) -> None:
         """Record an admitted turn's prompt size; a size that differs from the last is a growth observation."""
         if not prompt_tokens:
             return
@@ -354,7 +354,7 @@ class SessionBook:
         elif footprint is not None and not sharing:
             self._set_footprint(rec, footprint)
         rec.reasons[label] = rec.reasons.get(label, 0) + 1
-        self._record_size(rec, prompt_tokens, prompt_bound)
+        self.record_size(rec, prompt_tokens, prompt_bound)
         self._enter(rec, now)
 
     def reprice(self, rec: SessionRecord, footprint: int, prompt_tokens: int, prompt_bound: int | None) -> bool:
@@ -369,7 +369,7 @@ class SessionBook:
             return False  # idle, or shared by concurrent turns priced together (the next turn reprices it)
         shrank = footprint < rec.footprint
         self._set_footprint(rec, footprint)
-        self._record_size(rec, prompt_tokens, prompt_bound)
+        self.record_size(rec, prompt_tokens, prompt_bound)
         return shrank
 
     def release(
@@ -457,6 +457,17 @@ class SessionBook:
                 windows_ended = True
         return ended, windows_ended
 
-    def next_expiry(self) -> float | None:
-        """The earliest pending deadline (possibly stale: an early wake-up only), or None."""
-        return self._deadlines[0][0] if self._deadlines else None
+    def next_expiry(self, now: float) -> float | None:
+        """The earliest deadline after `now` that `purge` would act on, or None. Stale
+        entries (their record ended or became active again) are dropped on the way;
+        deadlines already due are left for `purge`."""
+        heap = self._deadlines
+        while heap:
+            when, _, key, gen = heap[0]
+            if when <= now:
+                return when
+            rec = self.records.get(key)
+            if rec is not None and rec.idle_gen == gen and rec.is_idle:
+                return when
+            heapq.heappop(heap)
+        return None

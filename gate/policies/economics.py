@@ -125,6 +125,15 @@ def work_conserving(
     )
 
 
+def could_work_conserve(view: WorkingSetView, usage: UsageReading, own_blocks: int, settings: GateSettings) -> bool:
+    """Whether freeing blocks could let a held turn of `own_blocks` in `work_conserving`:
+    the re-prefill its admission causes counts its own prompt whatever is freed
+    (`evicted_window_blocks` + its blocks), so once that alone costs more than holding
+    it, only a higher holding cost (an idle replica, a slower decode) can."""
+    reprefill = reprefill_sec(own_blocks, usage) if settings.work_conserving else None
+    return reprefill is not None and reprefill <= holding_cost_sec(view, usage)
+
+
 def evicted_window_blocks(
     view: WorkingSetView, usage: UsageReading, prefix: PrefixReading, budget: int, usable: int
 ) -> int:

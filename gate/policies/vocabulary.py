@@ -82,6 +82,11 @@ class Wait:
     wake_on_release: the shell wakes it whenever blocks are freed (a release, a window
     that ended or shrank), not only when it heads the queue: a newcomer behind others
     that the work-conserving rule may let in once the cache has more room.
+    poll: the shell re-decides it every `wait_poll_sec` as well. False: only what the
+    shell sees change can change this decision (it heads the queue, blocks are freed
+    with `wake_on_release`, the replica goes idle, `recheck_sec`), so it is not polled
+    while another waiter heads the queue: a turn that waits behind others and that no
+    freed block can let in.
     """
 
     cause: WaitCause
@@ -89,6 +94,7 @@ class Wait:
     drop_window: bool = False
     recheck_sec: float | None = None  # decide again no later than this (the decision may change by then)
     wake_on_release: bool = False
+    poll: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from __future__ import annotations
 from kvgate.gate.policies.economics import (
     can_work_conserve,
     capped,
+    could_work_conserve,
     evicted_window_blocks,
     unprobed_work_conserving,
     work_conserving,
@@ -107,7 +108,7 @@ def _decide(
         return Admit(AdmissionReason.WORK_CONSERVING)
     behind_why = f"behind {view.waiters_ahead} waiting sessions (first come, first served)"
     if behind and not can_work_conserve(usage, settings):
-        return Wait(WaitCause.BEHIND_WAITERS, behind_why)
+        return Wait(WaitCause.BEHIND_WAITERS, behind_why, poll=False)  # nothing but its place can change
     if prefix is None:
         return PROBE_FIRST
     if isinstance(prefix, PrefixUnavailable):
@@ -146,9 +147,16 @@ def _decide(
             drop_window=True,
             recheck_sec=held.recheck_sec,
         )
-    if behind:  # no window before the waiters ahead; the rule decides again when blocks are freed
+    if behind:  # no window before the waiters ahead; the rule decides again when blocks are freed ...
+        # ... unless its own prompt's re-prefill alone outweighs holding it: then no freed
+        # block can let it in, and it waits for its place (or an idle replica) unpolled.
+        freeable = could_work_conserve(view, usage, prefix.total_blocks, settings)
         return Wait(
-            WaitCause.BEHIND_WAITERS, f"{behind_why}; {held.why}", recheck_sec=held.recheck_sec, wake_on_release=True
+            WaitCause.BEHIND_WAITERS,
+            f"{behind_why}; {held.why}",
+            recheck_sec=held.recheck_sec,
+            wake_on_release=freeable,
+            poll=freeable,
         )
     if working_set > usable:
         cause = WaitCause.WINDOWS_FULL

@@ -261,18 +261,29 @@ def test_a_newcomer_behind_others_is_decided_at_once_but_only_work_conserving():
     assert working_set_decide(WorkingSetView(max_output_tokens=32, waiters_ahead=1), roomy, PROMPT, SETTINGS) == Admit(
         AdmissionReason.WORK_CONSERVING
     )
-    # held: a 1-token turn whose own 40 blocks (640 tokens, 40 ms) outweigh 5 ms of slack
+    # held: a 1-token turn whose own 40 blocks (640 tokens, 40 ms) outweigh 5 ms of slack:
+    # no freed block can let it in, so it waits for its place, unpolled
     held = working_set_decide(WorkingSetView(max_output_tokens=1, waiters_ahead=1), roomy, PROMPT, SETTINGS)
     assert held == Wait(
         WaitCause.BEHIND_WAITERS,
         "behind 1 waiting sessions (first come, first served); re-prefill 0.040s > holding cost 0.005s",
-        wake_on_release=True,  # more room may tip the balance: decide again on every release
+        poll=False,
+    )
+    # held by the windows' blocks it would push out: 90 in older windows leave 10 spare, so
+    # 21 of its 31 new blocks come out of them; 61 blocks (61 ms) against 10 decode steps
+    # at half their worth (50 ms), but its own 40 (40 ms) alone would pass: more room may
+    # tip the balance, so it decides again on every release (and polls)
+    crowded = WorkingSetView(max_output_tokens=10, waiters_ahead=1, older_window_blocks=90)
+    assert working_set_decide(crowded, roomy, PROMPT, SETTINGS) == Wait(
+        WaitCause.BEHIND_WAITERS,
+        "behind 1 waiting sessions (first come, first served); re-prefill 0.061s > holding cost 0.050s",
+        wake_on_release=True,
     )
     # without a measurement or with the rule off: not probed, it waits its turn
     for usage, settings in ((UNMEASURED, SETTINGS), (MEASURED, GateSettings(work_conserving=False))):
         assert not asks_probe(WORKING_SET, behind, usage, settings)
         assert working_set_decide(behind, usage, None, settings) == Wait(
-            WaitCause.BEHIND_WAITERS, "behind 3 waiting sessions (first come, first served)"
+            WaitCause.BEHIND_WAITERS, "behind 3 waiting sessions (first come, first served)", poll=False
         )
 
 
