@@ -55,19 +55,26 @@ def reprefill_sec(evicted_blocks: int, usage: UsageReading) -> float | None:
 DECODE_SLACK_MARGIN = 2.0
 
 
+# The rent counts at half its worth, as the decode slack does: a session admitted without
+# a window grows into dearer turns than the re-prefill of this one admission.
+RENT_MARGIN = 2.0
+
+
 def busy_rent_sec(view: WorkingSetView, usage: UsageReading) -> float:
     """Engine time a held turn's wait has left unused while the replica was not idle:
     the time it waited, at the engine's measured idle share (`1 - busy_share`, the share
-    of its recent wall time outside scheduler steps). A replica with turns in flight is
-    not always computing: its engine idles while they are rendered, queued in its API
-    server or streamed, and while it runs a batch smaller than it could. Counted at the
-    idle share, a wait on an engine that steps back to back costs nothing (it computes
-    for others), and one on an engine that mostly idles costs nearly its length.
+    of its recent wall time outside scheduler steps), split with the named waiters ahead
+    of it. A replica with turns in flight is not always computing: its engine idles
+    while they are rendered, queued in its API server or streamed. Counted at the idle
+    share, a wait on an engine that steps back to back costs nothing (it computes for
+    others), and one on an engine that mostly idles costs nearly its length. The idle
+    capacity is one for all the held turns, and the oldest would take it first: a turn
+    with `waiters_ahead` named waiters before it is charged 1 / (1 + waiters_ahead) of it.
     0 on an idle replica (the ski-rental term of `holding_cost_sec` counts that) and
     without a busy-share measurement."""
     if view.replica_idle_sec is not None or usage.busy_share is None:
         return 0.0
-    return view.waited_sec * (1.0 - usage.busy_share)
+    return view.waited_sec * (1.0 - usage.busy_share) / (1 + view.waiters_ahead) / RENT_MARGIN
 
 
 def holding_cost_sec(view: WorkingSetView, usage: UsageReading) -> float:
@@ -96,12 +103,12 @@ def recheck_sec(view: WorkingSetView, usage: UsageReading, reprefill: float, hol
     """When the waiting turn's holding cost will have grown to `reprefill` if nothing else
     changes (so the gate decides again then, not at its next poll): on an idle replica
     the idle time it still has to wait; on a busy one with a busy share below 1, the
-    rest of the re-prefill at the rate its rent grows (`1 - busy_share` per second).
+    rest of the re-prefill at the rate its rent grows (`busy_rent_sec`).
     None: the cost does not grow with the wait."""
     if view.replica_idle_sec is not None:
         return reprefill - min(view.replica_idle_sec, view.waited_sec)
     if usage.busy_share is not None and usage.busy_share < 1.0:
-        return (reprefill - holding) / (1.0 - usage.busy_share)
+        return (reprefill - holding) * (1 + view.waiters_ahead) * RENT_MARGIN / (1.0 - usage.busy_share)
     return None
 
 
