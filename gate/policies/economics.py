@@ -55,11 +55,6 @@ def reprefill_sec(evicted_blocks: int, usage: UsageReading) -> float | None:
 DECODE_SLACK_MARGIN = 2.0
 
 
-# The rent counts at half its worth, as the decode slack does: a session admitted without
-# a window grows into dearer turns than the re-prefill of this one admission.
-RENT_MARGIN = 2.0
-
-
 def busy_rent_sec(view: WorkingSetView, usage: UsageReading) -> float:
     """Engine time a held turn's wait has left unused while the replica was not idle:
     the time it waited, at the engine's measured idle share (`1 - busy_share`, the share
@@ -74,7 +69,7 @@ def busy_rent_sec(view: WorkingSetView, usage: UsageReading) -> float:
     without a busy-share measurement."""
     if view.replica_idle_sec is not None or usage.busy_share is None:
         return 0.0
-    return view.waited_sec * (1.0 - usage.busy_share) / (1 + view.waiters_ahead) / RENT_MARGIN
+    return view.waited_sec * (1.0 - usage.busy_share) / (1 + view.waiters_ahead)
 
 
 def holding_cost_sec(view: WorkingSetView, usage: UsageReading) -> float:
@@ -108,7 +103,7 @@ def recheck_sec(view: WorkingSetView, usage: UsageReading, reprefill: float, hol
     if view.replica_idle_sec is not None:
         return reprefill - min(view.replica_idle_sec, view.waited_sec)
     if usage.busy_share is not None and usage.busy_share < 1.0:
-        return (reprefill - holding) * (1 + view.waiters_ahead) * RENT_MARGIN / (1.0 - usage.busy_share)
+        return (reprefill - holding) * (1 + view.waiters_ahead) / (1.0 - usage.busy_share)
     return None
 
 

@@ -190,9 +190,8 @@ def _long(session: str) -> dict:
 
 async def test_a_held_turn_on_a_busy_replica_goes_in_once_its_wait_cost_the_reprefill(metrics, clock):
     """As above, but another turn is in flight and the engine steps half the time: b's
-    80 ms of re-prefill are paid for by 320 ms of waiting at the engine's idle share (0.5),
-    counted at half its worth, and its own timer lets it re-decide then. An engine that
-    steps all the time holds it."""
+    80 ms of re-prefill are paid for by 160 ms of waiting at the engine's idle share (0.5),
+    and its own timer lets it re-decide then. An engine that steps all the time holds it."""
     for busy_share, admitted in ((0.5, True), (1.0, False)):
         probe = _BusyProbe(clock, busy_share)
         probe.set_prefix("a", total=80, hit=0, tokens=80 * 16)
@@ -203,7 +202,7 @@ async def test_a_held_turn_on_a_busy_replica_goes_in_once_its_wait_cost_the_repr
         task = asyncio.create_task(gate.acquire("b", "chat", _long("b")))
         await until(lambda gate=gate: gate.counts()["waiters"] == 1, "b to be held")
         await settle()
-        clock.advance(0.319)
+        clock.advance(0.159)
         await settle()
         assert not task.done()
         clock.advance(0.002)
@@ -224,15 +223,15 @@ async def test_a_held_turn_on_a_busy_replica_goes_in_once_its_wait_cost_the_repr
 
 
 async def test_the_gate_learns_how_long_prefix_probes_keep_a_turn_waiting(metrics, clock):
-    """Each probe on a turn's path takes 0.8 s of the clock: the gate smooths that latency
+    """Each probe on a turn's path takes 0.4 s of the clock: the gate smooths that latency
     (`prefix_probe_sec`), and once a probe would cost more than the re-prefill it could
     save, a newcomer that would have been probed goes in unprobed."""
-    probe = _BusyProbe(clock, busy_share=0.5, probe_sec=0.8)
+    probe = _BusyProbe(clock, busy_share=0.5, probe_sec=0.4)
     probe.set_prefix("a", total=80, hit=0, tokens=80 * 16)
     gate = Gate("r0", probe, settings(policy="working_set", wait_poll_sec=60), metrics, clock)
     (await gate.acquire("a", "chat", _long("a"))).release()
     assert probe.prefix_calls == ["a"]
-    assert gate._book.prefix_probe_ewma == pytest.approx(0.8)
+    assert gate._book.prefix_probe_ewma == pytest.approx(0.4)
     other = await gate.acquire(None, "chat", _long("z"))
     probe.set_prefix("b", total=50, hit=0, tokens=50 * 16)
     lease = await gate.acquire("b", "chat", _long("b"))
