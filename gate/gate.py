@@ -499,7 +499,11 @@ class Gate:
         tokens: int | None,
         note: TurnNote,
     ) -> Lease:
-        """Grant the lease the policy's Admit asks for, as it asks (window, footprint, wake-up)."""
+        """Grant the lease the policy's Admit asks for, as it asks (idle windows it ends,
+        window, footprint, wake-up)."""
+        if decision.reclaim_blocks and record is not None:
+            self._book.reclaim_late_windows(record, decision.reclaim_blocks, self._now())
+            self._publish_windows()
         return self._grant(
             record,
             attempt,

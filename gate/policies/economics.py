@@ -8,12 +8,10 @@
   admission makes the replica spend computing again the windows' blocks it pushes out
   (`reprefill_sec` of `evicted_window_blocks`).
 Without a measured prefill throughput there is no price, and the turn is held.
-- The cap on a held turn's wait (`capped`, when `wait_cap_factor` > 0): however the
-  rule weighs, a turn goes in, without a window, once it has waited `wait_cap_factor`
-  times its session's recent turn time (`wait_cap_sec`). So no turn waits more than
-  about that multiple of its own service time; turns let in early push windows out,
-  so the cap trades part of a win for the bounded tail
-  (docs/decisions/wait-cap.md).
+- The cap on a held turn's wait (`wait_cap_left`, when `wait_cap_factor` > 0): once a
+  turn has waited `wait_cap_factor` times its session's recent turn time
+  (`wait_cap_sec`), the policy lets it in however the rule weighs (`working_set`:
+  into a window made of idle windows, `reclaim_window`; docs/decisions/wait-cap.md).
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from dataclasses import replace
 
 from kvgate.gate.policies.pricing import estimated_prompt_tokens, free_budget, usable_blocks
 from kvgate.gate.policies.views import WorkingSetView
-from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Wait, WaitCause
+from kvgate.gate.policies.vocabulary import Wait, WaitCause
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
 from kvgate.wire.blocks import cdiv
@@ -39,6 +37,15 @@ def quiet_lifetime(
     gap = session_gap if session_gap is not None else replica_gap
     lifetime = floor if gap is None else max(floor, factor * gap)
     return max(0.0, min(lifetime, ceiling))
+
+
+def late_after(session_gap: float | None, replica_gap: float | None, floor: float) -> float:
+    """How long an idle window's session may be idle before it is late: its usual gap
+    between turns (else the replica's), at least `floor` (the quiet floor). A late
+    session sits in an unusually long tool call, or has gone quietly: of all windows,
+    its blocks are the least likely to be read again soon."""
+    gap = session_gap if session_gap is not None else replica_gap
+    return floor if gap is None else max(floor, gap)
 
 
 def reprefill_sec(evicted_blocks: int, usage: UsageReading) -> float | None:
@@ -202,13 +209,13 @@ def wait_cap_sec(view: WorkingSetView, settings: GateSettings) -> float | None:
     return max(WAIT_CAP_FLOOR_SEC, settings.wait_cap_factor * view.recent_turn_sec)
 
 
-def capped(wait: Wait, view: WorkingSetView, settings: GateSettings) -> Wait | Admit:
-    """`wait`, due again by the time its cap runs out; or, once the turn has waited its
-    cap, an Admit `wait_capped` without a window (the windows' books stay within usable)."""
+def wait_cap_left(view: WorkingSetView, settings: GateSettings) -> float | None:
+    """Seconds the held turn may still wait before its cap runs out (<= 0: it ran out);
+    None: no cap (`wait_cap_sec`)."""
     cap = wait_cap_sec(view, settings)
-    if cap is None:
-        return wait
-    left = cap - view.waited_sec
-    if left <= 0:
-        return Admit(AdmissionReason.WAIT_CAPPED)
+    return None if cap is None else cap - view.waited_sec
+
+
+def due_by(wait: Wait, left: float) -> Wait:
+    """`wait`, re-decided no later than `left` seconds from now (its own recheck if sooner)."""
     return replace(wait, recheck_sec=left if wait.recheck_sec is None else min(wait.recheck_sec, left))
