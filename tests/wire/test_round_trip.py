@@ -18,6 +18,7 @@ tests/vllm/test_owner_record.py (marker `vllm`).
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import fields, replace
 from types import SimpleNamespace
@@ -29,6 +30,7 @@ from kvgate.simulator.replica_server import SimulatedReplica
 from kvgate.vllm_plugin import endpoint_plugin, jsonio
 from kvgate.vllm_plugin.endpoint_plugin import ProbeService
 from kvgate.vllm_plugin.engine_plugin import PREFIX_ANSWER_METHOD, install_probes
+from kvgate.vllm_plugin.engine_rates import READ_INTERVAL_SEC
 from kvgate.wire.errors import anthropic_error, openai_error
 from kvgate.wire.owner_record import OWNER_PATH, OwnerAnswer, OwnerBook, OwnerClaim
 from kvgate.wire.probe_api import (
@@ -296,6 +298,9 @@ async def test_the_plugins_builders_answer_every_field_of_every_message(monkeypa
         ]
     )
     monkeypatch.setattr(endpoint_plugin, "read_totals", lambda: next(totals))
+    # the counters are read at most every READ_INTERVAL_SEC: the second probe comes that much later
+    ticks = itertools.count(100.0, READ_INTERVAL_SEC)
+    monkeypatch.setattr(endpoint_plugin, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
     await service.kv_answer()
     kv = assert_round_trips(KvAnswer, (await service.kv_answer()).to_json())
     assert unset_fields(kv) == set()
