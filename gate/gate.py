@@ -301,11 +301,13 @@ class Gate:
                         # a held turn decides again on its recent reading first (see HELD_READING_MAX_AGE_SEC)
                         decision = self.policy.decide_read(view, usage, held_on, self.settings)
                     if not isinstance(decision, Wait):
+                        probed_at = self._now()
                         try:
                             prefix = await self.probe.prefix(route_kind, body)
                         except PromptTooLong:  # the replica refused to render it: longer than it serves
                             self._drop_window(record, WindowEnd.REVOKED)
                             raise
+                        self._book.observe_prefix_probe(self._now() - probed_at)  # what the next probe may cost
                         attempt.checkpoint()
                         # windows may have changed during the probe
                         view = self._view(record, attempt, allowance, bound, usage, start)

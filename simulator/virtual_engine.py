@@ -132,18 +132,17 @@ class SimEngine:
         self.settle()
         scheduler, meter = self.scheduler, self.meter
         pool = scheduler.kv_cache_manager.block_pool
+        now = self._loop.time()
         key = (
+            now,
+            meter.observations,
             pool.free_block_queue.num_free_blocks,
             len(pool.cached_block_hash_to_block),
             len(scheduler.running),
             len(scheduler.waiting),
-            meter.prefill_tokens_per_sec,
-            meter.decode_step_sec,
-            meter._prefill_time,
-            meter._busy_time,
         )
         if key != self._answer_key or self._answer is None:
-            self._answer, self._answer_key = engine_kv_answer(scheduler, meter), key
+            self._answer, self._answer_key = engine_kv_answer(scheduler, meter, now), key
         return self._answer
 
     def prefix_answer(self, request: SimRequest) -> PrefixAnswer:
@@ -166,7 +165,7 @@ class SimEngine:
         assert self._timer is not None
         self._timer.cancel()
         self._timer = None
-        self._jump(done, seconds)
+        self._jump(done, seconds, ends)
         if done == len(ends):
             self._begin()
             return
@@ -197,9 +196,9 @@ class SimEngine:
         self._timer = None
         output, self._output = self._output, None
         assert output is not None
-        self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, self._step_sec)
-        self.busy_sec += self._step_sec
         now = self._step_began + self._step_sec
+        self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, self._step_sec, now)
+        self.busy_sec += self._step_sec
         finished = self.scheduler.update_from_output(output, self._next_token)
         turns = self._turns
         step = self.scheduler.step_index - 1
@@ -235,15 +234,15 @@ class SimEngine:
         _, ends, seconds = self._stretch
         self._stretch = None
         self._timer = None
-        self._jump(len(ends), seconds)
+        self._jump(len(ends), seconds, ends)
         self._begin()
 
-    def _jump(self, steps: int, seconds: list[float]) -> None:
+    def _jump(self, steps: int, seconds: list[float], ends: list[float]) -> None:
         """Jump the first `steps` steps of the planned stretch (their meter readings included)."""
         if steps == 0:
             return
         decoders = len(self.scheduler.running)
-        for step in seconds[:steps]:
-            self.meter.observe(0, decoders, step)
+        for step, end in zip(seconds[:steps], ends[:steps], strict=True):
+            self.meter.observe(0, decoders, step, end)
             self.busy_sec += step
         jump_decode_steps(self.scheduler, steps, self._next_token)
