@@ -333,19 +333,26 @@ async def test_media_bodies_are_always_priced_by_the_probe(metrics, clock):
     assert_clean(gate, clock)
 
 
-async def test_a_turns_usage_prices_its_window_and_spares_the_repricing_probe(metrics, clock):
-    """The replica reports each served turn's prompt (`Lease.learn`): the window priced at
-    its bound gets its exact price when the turn ends, and a later bound-priced turn is not
-    repriced by a probe beside it while no turn waits; a turn with no learned usage before
-    it still is (the first one here)."""
+async def learned_gate(metrics, clock) -> tuple[Gate, FakeProbe]:
+    """A 70-block working_set gate after one turn of s1 (70 tokens) whose usage it learned:
+    the turn was repriced by a probe beside it (no usage learned before it), its window
+    is priced at 5 blocks."""
     gate, probe = working_set_gate(metrics, clock, total=70, free=70)
     probe.block_size = 16
-
     probe.set_prefix("s1", total=4, hit=0, tokens=70)
     first = await gate.acquire("s1", "chat", body("s1"))
     await until(lambda: probe.prefix_calls == ["s1"], "the repricing probe: nothing learned yet")
     first.learn(70, 0)
     first.release()
+    return gate, probe
+
+
+async def test_a_turns_usage_prices_its_window_and_spares_the_repricing_probe(metrics, clock):
+    """The replica reports each served turn's prompt (`Lease.learn`): the window priced at
+    its bound gets its exact price when the turn ends, and a later bound-priced turn is not
+    repriced by a probe beside it while no turn waits; a turn with no learned usage before
+    it still is (the first one here)."""
+    gate, probe = await learned_gate(metrics, clock)
     assert window_price(gate, "s1") == 5  # ceil(70 / 16)
 
     second = await gate.acquire("s2", "chat", body("s2"))  # 38 blocks at its bound: over half of 70
@@ -383,13 +390,7 @@ async def test_a_window_left_to_its_usage_is_probed_once_a_turn_waits(metrics, c
     """A window priced at its bound whose repricing was left to its turn's usage gets its
     exact price from a probe as soon as another turn must wait: over-priced windows may
     be what holds it, and a long turn's usage comes too late."""
-    gate, probe = working_set_gate(metrics, clock, total=70, free=70)
-    probe.block_size = 16
-    probe.set_prefix("s1", total=4, hit=0, tokens=70)
-    first = await gate.acquire("s1", "chat", body("s1"))
-    await until(lambda: probe.prefix_calls == ["s1"], "the repricing probe: nothing learned yet")
-    first.learn(70, 0)
-    first.release()
+    gate, probe = await learned_gate(metrics, clock)
     probe.set_prefix("s2", total=2, hit=0, tokens=40)
     second = await gate.acquire("s2", "chat", body("s2"))  # at its bound (~38 blocks), left to its usage
     for _ in range(5):
