@@ -301,11 +301,13 @@ class Gate:
                         # a held turn decides again on its recent reading first (see HELD_READING_MAX_AGE_SEC)
                         decision = self.policy.decide_read(view, usage, held_on, self.settings)
                     if not isinstance(decision, Wait):
+                        probed_at = self._now()
                         try:
                             prefix = await self.probe.prefix(route_kind, body)
                         except PromptTooLong:  # the replica refused to render it: longer than it serves
                             self._drop_window(record, WindowEnd.REVOKED)
                             raise
+                        self._book.observe_prefix_probe(self._now() - probed_at)  # what the next probe may cost
                         attempt.checkpoint()
                         # windows may have changed during the probe
                         view = self._view(record, attempt, allowance, bound, usage, start)
@@ -497,7 +499,11 @@ class Gate:
         tokens: int | None,
         note: TurnNote,
     ) -> Lease:
-        """Grant the lease the policy's Admit asks for, as it asks (window, footprint, wake-up)."""
+        """Grant the lease the policy's Admit asks for, as it asks (idle windows it ends,
+        window, footprint, wake-up)."""
+        if decision.reclaim_blocks and record is not None:
+            self._book.reclaim_late_windows(record, decision.reclaim_blocks, self._now())
+            self._publish_windows()
         return self._grant(
             record,
             attempt,

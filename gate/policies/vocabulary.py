@@ -61,6 +61,9 @@ class Admit:
     price is exact.
     wake_next: the replica has room beyond this turn (no pressure read): the shell
     wakes the next waiter too, as it does whenever a queued attempt is admitted.
+    reclaim_blocks: before booking the turn, the shell ends other sessions' late idle
+    windows (`late_after`; cause `reclaimed`), the longest idle first, until at least this
+    many of their blocks are uncommitted: the turn's window is made of them.
     """
 
     reason: AdmissionReason
@@ -68,6 +71,7 @@ class Admit:
     footprint: int | None = None
     reprice_above: int | None = None
     wake_next: bool = False
+    reclaim_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,8 +30,12 @@ Invariants (each has a table test):
 - A holder that no longer fits waits as a newcomer (`Wait.drop_window`) unless
   it goes in `work_conserving`; a prompt that can never fit (its full blocks >
   usable) is rejected, never held.
-- No named turn waits longer than its cap (`capped`): then it goes in `wait_capped`,
-  without a window, so the cap never breaks the windows' books either.
+- A named turn that has waited its cap (`wait_cap_left`) goes in `wait_capped` as
+  soon as a window can be made for it of late idle windows (`reclaim_window`: sessions
+  idle longer than their usual gap; they end, the longest idle first, and the books
+  stay within usable); until then it re-decides whenever blocks are freed. A holder
+  that no longer fits, or a turn without block counts or a prefix reading, goes in at
+  its cap without a window.
 - A price read off the body (no prefix reading) is marked `Admit.reprice_above`;
   a holder whose probe gave no reading keeps its window at its last price.
 Without usage, for anonymous turns and without block counts (the /metrics fallback)
@@ -40,17 +44,21 @@ it decides as the watermark policy does.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvgate.gate.policies.economics import (
     can_work_conserve,
-    capped,
     could_work_conserve,
+    due_by,
     evicted_window_blocks,
     unprobed_work_conserving,
+    wait_cap_left,
     work_conserving,
 )
 from kvgate.gate.policies.pricing import (
     bounded_footprint,
     free_budget,
+    reclaim_window,
     reprice_threshold,
     usable_blocks,
     window_footprint,
@@ -78,12 +86,42 @@ def working_set_decide(
     view: WorkingSetView, usage: UsageReading | None, prefix: ProbedPrefix | None, settings: GateSettings
 ) -> Decision | ProbeFirst:
     """The module's policy: `_decide`, with every Wait of a named turn bounded by its cap
-    (`capped`: once it has waited `wait_cap_factor` x its session's turn time it goes in
-    `wait_capped`, without a window)."""
+    (`_capped`)."""
     decision = _decide(view, usage, prefix, settings)
     if isinstance(decision, Wait) and not view.anonymous:
-        return capped(decision, view, settings)
+        return _capped(decision, view, usage, prefix, settings)
     return decision
+
+
+def _capped(
+    wait: Wait, view: WorkingSetView, usage: UsageReading | None, prefix: ProbedPrefix | None, settings: GateSettings
+) -> Decision | ProbeFirst:
+    """`wait`, due again when its cap runs out (`wait_cap_left`); past its cap, the turn
+    goes in `wait_capped` with a window made of late idle windows (`reclaim_window`):
+    sessions sitting in a tool call longer than their usual gap (or gone quietly) give
+    their place to a turn that waited long enough; the windows in flight, and those of
+    sessions due back soon, keep theirs. If the late windows would not make room, it
+    waits on, woken whenever blocks are freed and when the next idle window turns late.
+    Where no window can be priced (a holder that no longer fits behind the older
+    windows, no block counts, no prefix reading) it goes in without one."""
+    left = wait_cap_left(view, settings)
+    if left is None:
+        return wait
+    if left > 0:
+        return due_by(wait, left)
+    if view.has_window or usage is None or not usage.has_blocks or isinstance(prefix, PrefixUnavailable):
+        return Admit(AdmissionReason.WAIT_CAPPED)
+    if prefix is None:
+        return PROBE_FIRST
+    reclaim = reclaim_window(view, usage, prefix, settings)
+    if reclaim is None:
+        why = f"waited its cap, for late idle windows to make room; {wait.why}"
+        waiting = replace(wait, why=why, wake_on_release=True, poll=True)
+        return waiting if view.next_late_sec is None else due_by(waiting, view.next_late_sec)
+    footprint, blocks = reclaim
+    return Admit(
+        AdmissionReason.WAIT_CAPPED, window=settings.retain_session, footprint=footprint, reclaim_blocks=blocks
+    )
 
 
 def _decide(
