@@ -170,7 +170,9 @@ def kvgate_config(
 
 
 # Open groups and the task that opened each: SIGTERM cancels those tasks (see ServerGroup).
+# All of them run on the loop that holds the handler (the main thread's).
 _open_groups: dict[ServerGroup, asyncio.Task] = {}
+_handler_loop: list[asyncio.AbstractEventLoop] = []  # the loop the SIGTERM handler is installed on, if any
 SIGTERM_EXIT_STATUS = 128 + signal.SIGTERM
 
 
@@ -198,13 +200,14 @@ class ServerGroup:
 
     async def __aenter__(self) -> ServerGroup:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        task = asyncio.current_task()
-        if task is not None:
-            if not _open_groups:
-                try:
-                    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, _on_sigterm)
-                except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or not Unix
-                    pass
+        task, loop = asyncio.current_task(), asyncio.get_running_loop()
+        if task is not None and not _handler_loop:
+            try:
+                loop.add_signal_handler(signal.SIGTERM, _on_sigterm)
+                _handler_loop.append(loop)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or not Unix
+                pass
+        if task is not None and _handler_loop == [loop]:
             _open_groups[self] = task
         return self
 
@@ -213,10 +216,7 @@ class ServerGroup:
             await self.stop_all()
         finally:
             if _open_groups.pop(self, None) is not None and not _open_groups:
-                try:
-                    asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
-                except (NotImplementedError, RuntimeError, ValueError):
-                    pass
+                _handler_loop.pop().remove_signal_handler(signal.SIGTERM)
         if self.terminated:
             raise SystemExit(SIGTERM_EXIT_STATUS)
 

@@ -12,6 +12,8 @@ link in its Markdown resolves.
   top-level folders, such as `tests/vllm/conftest.py`) names a tracked file or folder,
   except the few a user or a run creates (`CREATED_PATHS`). Patterns (`*`, `{a,b}`,
   `<name>`) and prefixes in code are not citations of one file and are skipped.
+- No tracked file names an issue of the project's tracker (the word issue and its number): a
+  reader of a clone cannot open it. Say what the code or test does instead.
 """
 
 from __future__ import annotations
@@ -134,3 +136,16 @@ def test_every_cited_repository_path_exists():
                 if path not in files and path not in folders and not created:
                     missing.append(f"{name}:{number}: {path}")
     assert not missing, "these lines cite repository paths that do not exist:\n" + "\n".join(missing)
+
+
+def test_no_file_cites_tracker_issues():
+    citing = []
+    for name in tracked():
+        try:
+            text = (REPO / name).read_text()
+        except UnicodeDecodeError:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if re.search(r"\bissues?[ \t]+#?\d+|\bissue[ \t]*#\d+", line, re.IGNORECASE):
+                citing.append(f"{name}:{number}: {line.strip()}")
+    assert not citing, "these lines cite tracker issues; say what is meant instead:\n" + "\n".join(citing)

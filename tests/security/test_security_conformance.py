@@ -10,7 +10,6 @@ tests/vllm/test_replica_security.py checks them on a real vLLM server.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from pathlib import Path
@@ -252,9 +251,11 @@ async def test_f5_a_session_cannot_take_over_another_sessions_chain(parts, http)
 # ---- finding 6: an admin-token holder could collect the upstream key ------------------------------
 
 
-async def _add_and_use(parts, http, config: dict, url: str) -> None:
-    """A kvgate with `config` (and the admin API): an admin adds the replica at `url`, health checks
-    and ownership claims run, and a client's turn goes there."""
+async def _add_and_use(parts, http, config: dict, recorder: Recorder) -> None:
+    """A kvgate with `config` (and the admin API): an admin adds `recorder`'s server as a replica,
+    health checks and metrics reads reach it (ownership claims run beside them), and a client's
+    turn goes there."""
+    url = await parts.server(recorder.app())
     config = {
         **config,
         "admin": {"token": ADMIN_TOKEN},
@@ -265,21 +266,22 @@ async def _add_and_use(parts, http, config: dict, url: str) -> None:
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with http.post(gate.url + "/admin/replicas", json={"name": "added", "url": url}, headers=admin) as resp:
         assert resp.status == 201
-    await asyncio.sleep(0.8)
+    # every call the gate makes to a replica without a turn (health check, metrics read) reached it
+    await until(lambda: {"/health", "/metrics"} <= set(recorder.paths), "the health check and the metrics read", 30)
     async with http.post(gate.url + "/v1/chat/completions", json=chat("plan"), headers={"x-session-id": "s"}) as resp:
         assert resp.status == 200
 
 
 async def test_f6_replicas_added_at_run_time_get_no_upstream_key(parts, http):
     recorder = Recorder()
-    await _add_and_use(parts, http, {"upstream": {"api_key": VLLM_KEY}}, await parts.server(recorder.app()))
+    await _add_and_use(parts, http, {"upstream": {"api_key": VLLM_KEY}}, recorder)
     assert "/v1/chat/completions" in recorder.paths and not recorder.saw(VLLM_KEY)
 
 
 async def test_f6_nor_the_replica_key(parts, http):
     recorder = Recorder()
     config = {"upstream": {"api_key": VLLM_KEY, "replica_api_key": REPLICA_KEY}}
-    await _add_and_use(parts, http, config, await parts.server(recorder.app()))
+    await _add_and_use(parts, http, config, recorder)
     assert "/v1/kvgate/kv" in recorder.paths  # probed, without credentials; never claimed
     assert "/v1/kvgate/owner" not in recorder.paths
     assert not recorder.saw(VLLM_KEY) and not recorder.saw(REPLICA_KEY)

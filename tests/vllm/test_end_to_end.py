@@ -28,8 +28,9 @@ What is asserted, from vLLM's own counters, the answers and kvgate's ``/metrics`
 No timing is asserted: how long the runs take depends on the machine's other load.
 The makespan against the same proxy without the gate is the benchmark's figure, the
 ``vllm-prefill-no-finish`` rows of the results page
-(``kvgate bench results --only vllm-prefill-no-finish --vllm``). The walls printed here
-(run with ``-s``) are for reading only.
+(``kvgate bench results --only vllm-prefill-no-finish --vllm``), and the proxy's own cost
+per request against going straight to the server is ``kvgate bench overhead``'s. The
+walls printed here (run with ``-s``) are for reading only.
 """
 
 from __future__ import annotations
