@@ -21,7 +21,8 @@ state change goes through a `SessionBook` method, which keeps these invariants:
   released) to the start of its next attempt; `gap_ewma` / `last_gap` are the
   session's, `replica_gap_ewma` the replica's over every session. A turn's *service
   time* runs from its admission to the release of its lease (served); `turn_ewma` is
-  the session's, `replica_turn_ewma` the replica's.
+  the session's, `replica_turn_ewma` the replica's. `prefix_probe_ewma` is the
+  replica's smoothed prefix-probe latency, as a turn waiting on the probe sees it.
 - Every window that ends is counted under its cause in `window_ends` (finish, quiet,
   grace, lost, revoked, reclaimed); `take_window_ends()` hands the new ones to the shell.
 - `leases` counts every lease not yet released, anonymous ones included;
@@ -68,6 +69,7 @@ class WindowEnd(StrEnum):
 
 
 GAP_EWMA_WEIGHT = 0.5  # weight of the newest gap: a session's rhythm follows its recent turns
+PROBE_EWMA_WEIGHT = 0.3  # weight of the newest prefix probe's latency: the API server's load drifts
 TURN_EWMA_WEIGHT = 0.5  # weight of the newest turn's service time, likewise
 # Recorded sizes the tokens-per-byte ratio is the highest of: recent enough to follow a
 # change of workload, enough to cover its sessions' different templates and languages.
@@ -124,6 +126,7 @@ class SessionBook:
         self._seq = 0
         self.replica_gap_ewma: float | None = None
         self.replica_turn_ewma: float | None = None  # every session's turn service times, smoothed
+        self.prefix_probe_ewma: float | None = None  # prefix probes on a turn's path, seconds, smoothed
         self.window_ends: dict[str, int] = {cause.value: 0 for cause in WindowEnd}  # plain keys: JSON
         self._new_window_ends: list[WindowEnd] = []
         self.idle_since_replica: float | None = 0.0
@@ -286,6 +289,11 @@ class SessionBook:
         rec.gap_ewma = gap if rec.gap_ewma is None else rec.gap_ewma + GAP_EWMA_WEIGHT * (gap - rec.gap_ewma)
         replica = self.replica_gap_ewma
         self.replica_gap_ewma = gap if replica is None else replica + GAP_EWMA_WEIGHT * (gap - replica)
+
+    def observe_prefix_probe(self, seconds: float) -> None:
+        """A prefix probe a deciding turn waited for took `seconds`."""
+        probe = self.prefix_probe_ewma
+        self.prefix_probe_ewma = seconds if probe is None else probe + PROBE_EWMA_WEIGHT * (seconds - probe)
 
     def _observe_turn(self, rec: SessionRecord, service: float) -> None:
         rec.turn_ewma = (

@@ -301,11 +301,13 @@ class Gate:
                         # a held turn decides again on its recent reading first (see HELD_READING_MAX_AGE_SEC)
                         decision = self.policy.decide_read(view, usage, held_on, self.settings)
                     if not isinstance(decision, Wait):
+                        probed_at = self._now()
                         try:
                             prefix = await self.probe.prefix(route_kind, body)
                         except PromptTooLong:  # the replica refused to render it: longer than it serves
                             self._drop_window(record, WindowEnd.REVOKED)
                             raise
+                        self._book.observe_prefix_probe(self._now() - probed_at)  # what the next probe may cost
                         attempt.checkpoint()
                         # windows may have changed during the probe
                         view = self._view(record, attempt, allowance, bound, usage, start)
@@ -623,11 +625,17 @@ class Gate:
         attempt.queued = False
 
     def _wake_one(self) -> None:
+        """Wake the first waiter not awake already, in arrival order. One behind the head
+        whose last Wait said `poll=False` is passed over: nothing but its place, which this
+        wake-up does not give it, can change its decision. The head is never passed over."""
+        head = True
         for waiter in self._queue:
             event = waiter.event  # queued waiters always have one (made before queueing)
             if event is not None and not event.is_set():
-                event.set()
-                return
+                if head or waiter.held is None or waiter.held.poll:
+                    event.set()
+                    return
+            head = False
 
     def _supersede(self, previous: Attempt) -> None:
         previous.abort = AdmissionSuperseded(

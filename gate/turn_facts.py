@@ -129,5 +129,9 @@ class TurnFacts:
         return self._book.recent_turn_sec(self._rec) if self._rec is not None else None
 
     @property
+    def prefix_probe_sec(self) -> float | None:
+        return self._book.prefix_probe_ewma if self._rec is not None else None
+
+    @property
     def waited_sec(self) -> float:
         return max(0.0, self._now - self._start) if self._rec is not None else 0.0

@@ -3,8 +3,10 @@
 - An idle window lives `quiet_lifetime`: a few of its session's usual gaps between turns.
 - The work-conserving rule (`work_conserving`): a held turn goes in, without a window,
   when holding it back leaves more of the replica's compute unused
-  (`holding_cost_sec`) than its admission makes the replica spend computing again the
-  windows' blocks it pushes out (`reprefill_sec` of `evicted_window_blocks`).
+  (`holding_cost_sec`: its decode slack, the idle time ahead on an idle replica, and
+  the time it has waited at the engine's idle share, `busy_rent_sec`) than its
+  admission makes the replica spend computing again the windows' blocks it pushes out
+  (`reprefill_sec` of `evicted_window_blocks`).
 Without a measured prefill throughput there is no price, and the turn is held.
 - The cap on a held turn's wait (`wait_cap_left`, when `wait_cap_factor` > 0): once a
   turn has waited `wait_cap_factor` times its session's recent turn time
@@ -60,6 +62,23 @@ def reprefill_sec(evicted_blocks: int, usage: UsageReading) -> float | None:
 DECODE_SLACK_MARGIN = 2.0
 
 
+def busy_rent_sec(view: WorkingSetView, usage: UsageReading) -> float:
+    """Engine time a held turn's wait has left unused while the replica was not idle:
+    the time it waited, at the engine's measured idle share (`1 - busy_share`, the share
+    of its recent wall time outside scheduler steps), split with the named waiters ahead
+    of it. A replica with turns in flight is not always computing: its engine idles
+    while they are rendered, queued in its API server or streamed. Counted at the idle
+    share, a wait on an engine that steps back to back costs nothing (it computes for
+    others), and one on an engine that mostly idles costs nearly its length. The idle
+    capacity is one for all the held turns, and the oldest would take it first: a turn
+    with `waiters_ahead` named waiters before it is charged 1 / (1 + waiters_ahead) of it.
+    0 on an idle replica (the ski-rental term of `holding_cost_sec` counts that) and
+    without a busy-share measurement."""
+    if view.replica_idle_sec is not None or usage.busy_share is None:
+        return 0.0
+    return view.waited_sec * (1.0 - usage.busy_share) / (1 + view.waiters_ahead)
+
+
 def holding_cost_sec(view: WorkingSetView, usage: UsageReading) -> float:
     """Engine time that holding the turn back leaves unused.
 
@@ -68,16 +87,31 @@ def holding_cost_sec(view: WorkingSetView, usage: UsageReading) -> float:
       measured prefill share (a decode-bound engine takes another sequence into its
       batch at almost no cost, a prefill-bound one has no such slack), counted at
       1 / DECODE_SLACK_MARGIN: the slack is a forecast, the re-prefill a certainty, and
-      a session admitted without a window grows into dearer turns;
+      a session admitted without a window grows into dearer turns; or, if larger, the
+      time it waited at the engine's idle share (`busy_rent_sec`);
     - on an idle replica, also the idle time ahead (the replica's expected gap before
       a holder in a tool call returns) and the idle time it already waited (the
       ski-rental rule: never wait, idle, longer than the re-prefill it would cause).
     """
     slack = 1.0 - (usage.prefill_share or 0.0)
     cost = view.max_output_tokens * (usage.decode_step_sec or 0.0) * slack / DECODE_SLACK_MARGIN
+    cost = max(cost, busy_rent_sec(view, usage))
     if view.replica_idle_sec is not None:
         cost = max(cost, view.expected_gap_sec or 0.0, min(view.replica_idle_sec, view.waited_sec))
     return cost
+
+
+def recheck_sec(view: WorkingSetView, usage: UsageReading, reprefill: float, holding: float) -> float | None:
+    """When the waiting turn's holding cost will have grown to `reprefill` if nothing else
+    changes (so the gate decides again then, not at its next poll): on an idle replica
+    the idle time it still has to wait; on a busy one with a busy share below 1, the
+    rest of the re-prefill at the rate its rent grows (`busy_rent_sec`).
+    None: the cost does not grow with the wait."""
+    if view.replica_idle_sec is not None:
+        return reprefill - min(view.replica_idle_sec, view.waited_sec)
+    if usage.busy_share is not None and usage.busy_share < 1.0:
+        return (reprefill - holding) * (1 + view.waiters_ahead) / (1.0 - usage.busy_share)
+    return None
 
 
 def work_conserving(
@@ -94,9 +128,7 @@ def work_conserving(
     holding = holding_cost_sec(view, usage)
     if reprefill <= holding:
         return None
-    recheck = None
-    if view.replica_idle_sec is not None:
-        recheck = reprefill - min(view.replica_idle_sec, view.waited_sec)
+    recheck = recheck_sec(view, usage, reprefill, holding)
     return Wait(
         WaitCause.WORTH_HOLDING, f"re-prefill {reprefill:.3f}s > holding cost {holding:.3f}s", recheck_sec=recheck
     )
@@ -146,6 +178,9 @@ def unprobed_work_conserving(view: WorkingSetView, usage: UsageReading, settings
     tokenizes the whole chat for it. A window the exact price might have given it is
     not worth that: it would protect a prefix whose re-prefill costs less than holding
     the turn. (A turn whose upper bound fits a window gets one first: `bounded_footprint`.)
+    The holding cost is weighed as if the turn had already waited for the probe (the
+    replica's recent prefix-probe latency, `prefix_probe_sec`): a probe whose own wait
+    costs more than the estimated re-prefill cannot pay for itself, so it is not asked.
     """
     if view.has_window or not can_work_conserve(usage, settings) or not usage.has_blocks:
         return False
@@ -157,7 +192,8 @@ def unprobed_work_conserving(view: WorkingSetView, usage: UsageReading, settings
     cold = PrefixReading(total_blocks=blocks, hit_blocks=0, hit_ratio=0.0, total_tokens=tokens)
     budget, usable = free_budget(view, usage, settings), usable_blocks(usage, settings)
     at_risk = evicted_window_blocks(view, usage, cold, budget, usable) + blocks
-    return work_conserving(view, usage, at_risk, settings) is None
+    probed = replace(view, waited_sec=view.waited_sec + (view.prefix_probe_sec or 0.0))
+    return work_conserving(probed, usage, at_risk, settings) is None
 
 
 # The shortest cap: a session of very short turns still waits for a release or two.

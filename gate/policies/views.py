@@ -45,6 +45,8 @@ class GateFacts(Protocol):
       smoothed), else the replica's; None before any turn ended on the replica.
     tokens_per_byte: the replica's recent highest ratio of a probed prompt's tokens to
       its body's bytes (`SessionBook.tokens_per_byte`), None before any probe.
+    prefix_probe_sec: how long a turn has recently waited for a prefix probe on this
+      replica (smoothed), None before any.
     An anonymous turn has only `anonymous` and `max_output_tokens`; the rest read as
     their defaults (False, 0, None).
     """
@@ -85,6 +87,8 @@ class GateFacts(Protocol):
     def recent_turn_sec(self) -> float | None: ...
     @property
     def tokens_per_byte(self) -> float | None: ...
+    @property
+    def prefix_probe_sec(self) -> float | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +115,9 @@ class WorkingSetView:
     `prompt_bound_tokens` (a turn whose bound fits is admitted without a prefix probe)
     and `tokens_per_byte` (the work-conserving rule's estimate of an unprobed prompt).
     The work-conserving rule's holding cost: `replica_idle_sec`, `expected_gap_sec`,
-    `waited_sec`. The cap on a held turn's wait: `waited_sec`, `recent_turn_sec`,
-    `late_window_blocks`, `next_late_sec` (read only for a turn that has waited: they
-    walk the windows).
+    `waited_sec`, and `prefix_probe_sec` (the wait a probe would add). The cap on a
+    held turn's wait: `waited_sec`, `recent_turn_sec`, `late_window_blocks`,
+    `next_late_sec` (read only for a turn that has waited: they walk the windows).
     Anonymous turns, and replicas without block counts, are decided by the watermark
     policy (`watermark`).
     """
@@ -134,6 +138,7 @@ class WorkingSetView:
     waited_sec: float = 0.0
     tokens_per_byte: float | None = None
     recent_turn_sec: float | None = None
+    prefix_probe_sec: float | None = None
     late_window_blocks: int = 0
     next_late_sec: float | None = None
 
@@ -156,6 +161,7 @@ class WorkingSetView:
             waited_sec=facts.waited_sec,
             tokens_per_byte=facts.tokens_per_byte,
             recent_turn_sec=facts.recent_turn_sec,
+            prefix_probe_sec=facts.prefix_probe_sec,
             # these walk the windows: read only for a turn that has waited (the cap reads them)
             late_window_blocks=facts.late_window_blocks if facts.waited_sec > 0 else 0,
             next_late_sec=facts.next_late_sec if facts.waited_sec > 0 else None,

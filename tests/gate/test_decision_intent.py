@@ -179,10 +179,10 @@ def tagged(session: str) -> dict:
     return body(session, max_tokens=SESSIONS.index(session))  # the scripted policy reads it back
 
 
-async def _queue_of_three(decider: Decider, probe, metrics, clock, poll: float = 60.0):
-    """`busy` in flight, then `head` (HELD), `behind` and `last` (UNPOLLED) waiting."""
+async def _queue_of_three(decider: Decider, probe, metrics, clock, poll: float = 60.0, behind: Wait = UNPOLLED):
+    """`busy` in flight, then `head` (HELD), `behind` (`behind`) and `last` (UNPOLLED) waiting."""
     gate = Gate("r0", probe, settings(wait_poll_sec=poll), metrics, clock, decider.policy(SESSIONS))
-    decider.by_session = {"busy": Admit(AdmissionReason.OPEN), "behind": UNPOLLED, "last": UNPOLLED}
+    decider.by_session = {"busy": Admit(AdmissionReason.OPEN), "behind": behind, "last": UNPOLLED}
     busy = await gate.acquire("busy", "chat", tagged("busy"))
     tasks = {}
     for count, session in enumerate(("head", "behind", "last"), start=1):
@@ -280,4 +280,27 @@ async def test_the_replica_going_idle_wakes_every_waiter(probe, metrics, clock):
     for task in tasks.values():
         task.cancel()
     await asyncio.gather(*tasks.values(), return_exceptions=True)
+    assert_clean(gate, clock)
+
+
+@pytest.mark.parametrize("behind_polls", [True, False])
+async def test_each_release_wakes_the_next_waiter_not_awake_but_passes_over_unpolled_ones(
+    behind_polls, probe, metrics, clock
+):
+    """Two releases at once wake two waiters in arrival order (the head, then the next);
+    a waiter whose Wait said `poll=False` is passed over (its place did not change)."""
+    decider = Decider()
+    gate, busy, tasks = await _queue_of_three(decider, probe, metrics, clock, behind=HELD if behind_polls else UNPOLLED)
+    others = [await gate.acquire("busy", "chat", tagged("busy")) for _ in range(2)]
+    before = dict(decider.calls)
+    for lease in others:  # both before any waiter runs: the second finds the head awake
+        lease.release()
+    await settle()
+    assert decider.calls["head"] == before["head"] + 1
+    assert decider.calls["behind"] == before["behind"] + (1 if behind_polls else 0)
+    assert decider.calls["last"] == before["last"]
+    for task in tasks.values():
+        task.cancel()
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
+    busy.release()
     assert_clean(gate, clock)

@@ -43,7 +43,7 @@ def test_kv_probe_block_totals_match_cache_config_info(vllm_server):
 def test_kv_probe_measures_the_engines_speed(vllm_server):
     """The work-conserving rule's inputs (docs/gate.md): after requests ran, `/v1/kvgate/kv`
     reports a prefill throughput over a window of at least PREFILL_WINDOW_SEC, a decode step and
-    a prefill share, read from vLLM's own counters."""
+    a prefill share, read from vLLM's own counters, and the engine's busy share from its steps."""
     from kvgate.vllm_plugin.engine_rates import PREFILL_WINDOW_SEC
 
     probe_kv(vllm_server)  # opens a window (or a previous test did)
@@ -62,6 +62,8 @@ def test_kv_probe_measures_the_engines_speed(vllm_server):
         time.sleep(0.25)
     assert kv["prefill_tokens_per_sec"] > 0 and kv["decode_step_sec"] > 0, kv
     assert 0.0 <= kv["prefill_share"] <= 1.0, kv
+    # the engine's timed steps give its busy share: some steps ran, and it has idled since
+    assert 0.0 < kv["busy_share"] < 1.0 and kv["engines"][0]["busy_share"] == kv["busy_share"], kv
 
 
 def test_chat_prefix_hit_ratio_lifecycle(vllm_server):
