@@ -132,11 +132,11 @@ class TimedAdmission:
 
 
 class _TimedLease:
-    __slots__ = ("lease", "samples", "reason", "wait_ms")
+    __slots__ = ("lease", "samples", "reason", "wait_ms", "priority")
 
     def __init__(self, lease, samples: list[float]) -> None:
         self.lease, self.samples = lease, samples
-        self.reason, self.wait_ms = lease.reason, lease.wait_ms
+        self.reason, self.wait_ms, self.priority = lease.reason, lease.wait_ms, lease.priority
 
     def release(self, served: bool = True) -> None:
         if self.lease.released:

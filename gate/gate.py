@@ -88,7 +88,7 @@ from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.route_prompts import body_holds_prompt, turn_key
 from kvgate.gate.settings import GateSettings
 from kvgate.gate.turn_facts import TurnFacts
-from kvgate.wire.routes import PROMPT_KINDS
+from kvgate.wire.routes import PRIORITY_FIELD_KINDS, PROMPT_KINDS
 
 Clock = Callable[[], float]
 MODES = ("enforce", "shadow", "off")
@@ -135,14 +135,25 @@ def _held_state(attempt: object) -> dict[str, str] | None:
 
 
 class Lease:
-    """The right to have one request in flight on the replica, until `release()`."""
+    """The right to have one request in flight on the replica, until `release()`.
 
-    __slots__ = ("reason", "wait_ms", "replica", "_gate", "_record", "_attempt", "_released")
+    `priority`: the vLLM `priority` the admission asks the request to be forwarded with
+    (`Admit.priority`); None: as sent.
+    """
+
+    __slots__ = ("reason", "wait_ms", "replica", "priority", "_gate", "_record", "_attempt", "_released")
 
     def __init__(
-        self, gate: Gate, record: SessionRecord | None, reason: str, wait_ms: float, attempt: Attempt | None = None
+        self,
+        gate: Gate,
+        record: SessionRecord | None,
+        reason: str,
+        wait_ms: float,
+        attempt: Attempt | None = None,
+        priority: int | None = None,
     ) -> None:
         self.reason = reason
+        self.priority = priority  # the vLLM `priority` to forward the request with (None: the body's own)
         self.wait_ms = wait_ms
         self.replica = gate.name
         self._gate = gate
@@ -237,6 +248,7 @@ class Gate:
             else None
         )
         kept_bytes = user_text_bytes(route_kind, body)  # the text every rendering keeps (`prompt_floor`)
+        priority_field = route_kind in PRIORITY_FIELD_KINDS
         record: SessionRecord | None = None
         if session_key is not None:
             record, previous = self._book.begin_attempt(session_key, attempt, start, turn_key(route_kind, body))
@@ -252,7 +264,7 @@ class Gate:
                 attempt.checkpoint()
                 usage = await self.probe.usage(newer_than)
                 attempt.checkpoint()
-                view = self._view(record, attempt, allowance, bound, usage, start)
+                view = self._view(record, attempt, allowance, bound, usage, start, priority_field)
                 prefix: PrefixReading | None = None
                 # A prompt the body alone proves too long is refused before any probe.
                 refusal = over_long(kept_bytes, usage.max_model_len, usage.max_token_bytes) if usage else None
@@ -270,7 +282,7 @@ class Gate:
                             raise
                         attempt.checkpoint()
                         # windows may have changed during the probe
-                        view = self._view(record, attempt, allowance, bound, usage, start)
+                        view = self._view(record, attempt, allowance, bound, usage, start, priority_field)
                         answer = PREFIX_UNAVAILABLE if prefix is None else prefix
                         decision = self.policy.decide_read(view, usage, answer, self.settings)
                         held_on, held_on_at = prefix, self._now()
@@ -359,10 +371,19 @@ class Gate:
         bound: int | None,
         usage: UsageReading | None,
         start: float,
+        priority_field: bool,
     ) -> Any:
         """The view the policy reads, built from this turn's facts (`TurnFacts`)."""
         facts = TurnFacts(
-            self._book, record, allowance, bound, lambda: self._waiters_ahead(attempt), usage, self._now(), start
+            self._book,
+            record,
+            allowance,
+            bound,
+            lambda: self._waiters_ahead(attempt),
+            usage,
+            self._now(),
+            start,
+            priority_field,
         )
         return self.policy.view(facts)
 
@@ -421,6 +442,7 @@ class Gate:
             wake_next=decision.wake_next,
             tokens=tokens,
             bound=bound,
+            priority=decision.priority,
         )
 
     def _grant(
@@ -435,6 +457,7 @@ class Gate:
         wake_next: bool = False,
         tokens: int | None = None,
         bound: int | None = None,
+        priority: int | None = None,
     ) -> Lease:
         """Book an admission under `label` (its `x-kvgate-admission` value) and hand out its lease.
 
@@ -443,6 +466,7 @@ class Gate:
         admitted always does, since the head of the queue moved.
         tokens: the prompt size of the turn's prefix reading, recorded for the session's growth
         (with `bound`, the turn's body-length bound, which later turns' bounds are measured from).
+        priority: the vLLM priority to forward the request with (`Admit.priority`).
         """
         now = self._now()
         wait = max(0.0, now - start)
@@ -457,7 +481,7 @@ class Gate:
             if attempt.queued:
                 self._dequeue(attempt)
             self._wake_one()
-        return Lease(self, record, label, wait * 1000.0, attempt)
+        return Lease(self, record, label, wait * 1000.0, attempt, priority)
 
     def _grant_unbooked(self) -> Lease:
         """Admit `open` with nothing booked but the lease (mode off, or a route without a

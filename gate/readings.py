@@ -48,6 +48,13 @@ class UsageReading:
     # serves, and the most bytes of text one token of its vocabulary stands for.
     max_model_len: int | None = None
     max_token_bytes: int | None = None
+    # The server's `--scheduling-policy` ("fcfs" | "priority"; None: not said).
+    scheduling_policy: str | None = None
+
+    @property
+    def schedules_by_priority(self) -> bool:
+        """The replica orders requests by their `priority` field (vLLM's priority scheduling)."""
+        return self.scheduling_policy == "priority"
 
     @property
     def has_blocks(self) -> bool:
@@ -87,6 +94,7 @@ def usage_reading(answer: KvAnswer) -> UsageReading:
         answer.prefill_share,
         answer.max_model_len,
         answer.max_token_bytes,
+        answer.scheduling_policy,
     )
 
 

@@ -39,7 +39,7 @@ def stream_flag(body: dict) -> bool:
     raise RequestRejected(400, f"field 'stream' must be a boolean, got {type(value).__name__}", "invalid_type")
 
 
-def with_member(raw: bytes, body: dict, name: str, value: str) -> bytes:
+def with_member(raw: bytes, body: dict, name: str, value: str | int) -> bytes:
     """`raw` (the bytes `body` was parsed from) with `"<name>": <value>` spliced in as
     its first member: the client's bytes are kept as sent (big integers, number
     spelling, duplicate keys, key order), and nothing is encoded twice. The caller
@@ -47,6 +47,18 @@ def with_member(raw: bytes, body: dict, name: str, value: str) -> bytes:
     start = raw.index(b"{") + 1  # a JSON object: only whitespace comes before its brace
     member = orjson.dumps(name) + b":" + orjson.dumps(value)
     return b"".join((raw[:start], member, b"," if body else b"", raw[start:]))
+
+
+def with_priority(raw: bytes, body: dict, priority: int) -> bytes:
+    """`raw` forwarded at vLLM `priority` (lower is served first): spliced in when the body
+    has none; a body with its own integer priority keeps the later of the two (re-encoded,
+    the one case the client's bytes are not kept); any other value is left for vLLM to judge."""
+    own = body.get("priority")
+    if own is None and "priority" not in body:
+        return with_member(raw, body, "priority", priority)
+    if type(own) is not int or own >= priority:
+        return raw
+    return orjson.dumps({**body, "priority": priority})
 
 
 def passthrough_body(raw: bytes | None) -> dict:

@@ -42,6 +42,8 @@ class GateFacts(Protocol):
       smoothed), else the replica's; None before any turn ended on the replica.
     tokens_per_byte: the replica's recent highest ratio of a probed prompt's tokens to
       its body's bytes (`SessionBook.tokens_per_byte`), None before any probe.
+    priority_field: the turn's route carries vLLM's `priority` field
+      (`kvgate.wire.routes.PRIORITY_FIELD_KINDS`).
     An anonymous turn has only `anonymous` and `max_output_tokens`; the rest read as
     their defaults (False, 0, None).
     """
@@ -78,6 +80,8 @@ class GateFacts(Protocol):
     def recent_turn_sec(self) -> float | None: ...
     @property
     def tokens_per_byte(self) -> float | None: ...
+    @property
+    def priority_field(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +109,7 @@ class WorkingSetView:
     and `tokens_per_byte` (the work-conserving rule's estimate of an unprobed prompt).
     The work-conserving rule's holding cost: `replica_idle_sec`, `expected_gap_sec`,
     `waited_sec`. The cap on a held turn's wait: `waited_sec`, `recent_turn_sec`.
+    Forwarding a held turn at low priority instead (`held_priority`): `priority_field`.
     Anonymous turns, and replicas without block counts, are decided by the watermark
     policy (`watermark`).
     """
@@ -125,6 +130,7 @@ class WorkingSetView:
     waited_sec: float = 0.0
     tokens_per_byte: float | None = None
     recent_turn_sec: float | None = None
+    priority_field: bool = False
 
     @classmethod
     def read(cls, facts: GateFacts) -> WorkingSetView:
@@ -145,6 +151,7 @@ class WorkingSetView:
             waited_sec=facts.waited_sec,
             tokens_per_byte=facts.tokens_per_byte,
             recent_turn_sec=facts.recent_turn_sec,
+            priority_field=facts.priority_field,
         )
 
     @property

@@ -27,6 +27,7 @@ class AdmissionReason(StrEnum):
     WINDOW_FITS = "window_fits"
     WORK_CONSERVING = "work_conserving"
     WAIT_CAPPED = "wait_capped"
+    LOW_PRIORITY = "low_priority"
 
 
 class WaitCause(StrEnum):
@@ -61,6 +62,8 @@ class Admit:
     price is exact.
     wake_next: the replica has room beyond this turn (no pressure read): the shell
     wakes the next waiter too, as it does whenever a queued attempt is admitted.
+    priority: forward the request with this vLLM `priority` (lower is served first;
+    the replica schedules by priority); None: the body's own, as sent.
     """
 
     reason: AdmissionReason
@@ -68,6 +71,7 @@ class Admit:
     footprint: int | None = None
     reprice_above: int | None = None
     wake_next: bool = False
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

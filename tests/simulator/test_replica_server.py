@@ -130,7 +130,8 @@ async def test_kv_probe_shape(replica_client):
     assert kv["kv_cache_usage"] == 0.0 and kv["num_free_blocks"] == 64 and kv["num_cached_blocks"] > 0
     # the server's own figures: its longest prompt (the whole cache by default) and longest token
     assert (kv["max_model_len"], kv["max_token_bytes"]) == (64 * 16, MAX_TOKEN_BYTES)
-    server_only = {"max_model_len": None, "max_token_bytes": None}
+    assert kv["scheduling_policy"] == "fcfs"  # vLLM's default --scheduling-policy
+    server_only = {"max_model_len": None, "max_token_bytes": None, "scheduling_policy": None}
     assert kv["engines"] == [{"engine": 0, **{k: v for k, v in kv.items() if k != "engines"}, **server_only}]
 
 
