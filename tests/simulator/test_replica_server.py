@@ -253,3 +253,13 @@ async def test_multi_turn_sessions_hit_when_they_fit_and_thrash_when_they_outgro
     thrash = await run_sessions(await replica_client(num_blocks=128, block_size=16), num_sessions=8, num_turns=8)
     assert fit["hit_rate"] > 0.8 and fit["evictions"] == 0
     assert thrash["hit_rate"] < 0.2 and thrash["evictions"] > 100
+
+
+async def test_priority_is_vllms_request_field_and_the_kv_answer_names_the_policy(replica_client):
+    client = await replica_client(num_blocks=64, block_size=16, scheduling_policy="priority")
+    kv = await (await client.get("/v1/kvgate/kv")).json()
+    assert kv["scheduling_policy"] == "priority"
+    served = await client.post("/v1/chat/completions", json={**CHAT, "priority": 3})
+    assert served.status == 200
+    refused = await client.post("/v1/chat/completions", json={**CHAT, "priority": "low"})
+    assert refused.status == 400 and (await refused.json())["error"]["param"] == "priority"

@@ -1,0 +1,92 @@
+"""Forwarding a held turn at low priority (`gate.held_priority`): the rule's table, and the
+asyncio gate handing out a `low_priority` lease with its priority instead of a wait (leak-free)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvgate.gate.gate import Gate
+from kvgate.gate.policies.low_priority import forwarded_low
+from kvgate.gate.policies.views import WorkingSetView
+from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Wait, WaitCause
+from kvgate.gate.policies.working_set import working_set_decide
+from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.settings import GateSettings
+from tests.gate.helpers import FakeProbe, assert_clean, settings, until
+
+HELD = Wait(WaitCause.WINDOWS_FULL, "does not fit")
+LOW = GateSettings(held_priority=1)
+BY_PRIORITY = UsageReading(0.8, 200, 60, 16, scheduling_policy="priority")
+NAMED = WorkingSetView(priority_field=True)
+
+
+@pytest.mark.parametrize(
+    "view, usage, gate_settings, forwarded",
+    [
+        (NAMED, BY_PRIORITY, LOW, True),
+        (NAMED, BY_PRIORITY, GateSettings(held_priority=0), False),  # the default: held at the proxy
+        (NAMED, UsageReading(0.8, 200, 60, 16, scheduling_policy="fcfs"), LOW, False),  # vLLM's default policy
+        (NAMED, UsageReading(0.8, 200, 60, 16), LOW, False),  # a replica that does not say
+        (NAMED, None, LOW, False),
+        (WorkingSetView(priority_field=False), BY_PRIORITY, LOW, False),  # a route without the field (messages)
+        (WorkingSetView(anonymous=True, priority_field=True), BY_PRIORITY, LOW, False),
+    ],
+)
+def test_a_held_turn_goes_in_low_priority_only_where_the_replica_can_yield_it(view, usage, gate_settings, forwarded):
+    decided = forwarded_low(HELD, view, usage, gate_settings)
+    if forwarded:
+        assert decided == Admit(AdmissionReason.LOW_PRIORITY, priority=1) and not decided.window
+    else:
+        assert decided is HELD
+
+
+def test_the_policy_forwards_what_it_would_hold_and_leaves_admissions_alone():
+    """A long prompt beside idle windows on a busy replica: the work-conserving rule holds it
+    (the numbers of tests/gate/test_wait_cap.py); with held_priority it goes in at priority 2."""
+    long = PrefixReading(total_blocks=110, hit_blocks=5, hit_ratio=0.05, total_tokens=1760)
+    usage = UsageReading(
+        0.8, 200, 60, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01, scheduling_policy="priority"
+    )
+    view = WorkingSetView(
+        idle_window_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700, priority_field=True
+    )
+    held = working_set_decide(view, usage, long, GateSettings())
+    assert isinstance(held, Wait) and held.cause == WaitCause.NO_FREE_BLOCKS
+    forwarded = working_set_decide(view, usage, long, GateSettings(held_priority=2))
+    assert forwarded == Admit(AdmissionReason.LOW_PRIORITY, priority=2)
+    # a turn that fits a window gets one, at the body's priority
+    roomy = UsageReading(0.1, 400, 400, 16, prefill_tokens_per_sec=16000.0, scheduling_policy="priority")
+    fits = working_set_decide(WorkingSetView(priority_field=True), roomy, long, GateSettings(held_priority=2))
+    assert isinstance(fits, Admit) and fits.reason == AdmissionReason.WINDOW_FITS and fits.priority is None
+
+
+async def test_the_gate_hands_out_a_low_priority_lease_instead_of_a_wait(metrics, clock):
+    """A window of 90 blocks on a 100-block replica that schedules by priority: a 50-block
+    newcomer on a chat route goes in at once, `low_priority` at priority 1, without a window
+    or a waiter; on the messages route (no priority field in vLLM's body) it waits."""
+    probe = FakeProbe(usage=0.1, total=100, free=100, scheduling_policy="priority")
+    gate = Gate("r0", probe, settings(policy="working_set", wait_poll_sec=60, held_priority=1), metrics, clock)
+    probe.set_prefix("a", total=90, hit=0)
+    lease_a = await gate.acquire("a", "chat", {"id": "a", "messages": [{"role": "user", "content": "x" * 4000}]})
+    assert lease_a.reason == "window_fits" and lease_a.priority is None
+    probe.set_prefix("b", total=50, hit=0)
+    lease_b = await gate.acquire("b", "chat", {"id": "b", "messages": [{"role": "user", "content": "y" * 4000}]})
+    assert (lease_b.reason, lease_b.priority, lease_b.wait_ms) == ("low_priority", 1, 0.0)
+    assert gate.state()["windows"]["in_flight"] == ["a"]  # b holds no window
+    assert gate.counts()["waiters"] == 0
+    probe.set_prefix("c", total=50, hit=0)
+    held = asyncio.create_task(
+        gate.acquire("c", "messages", {"id": "c", "messages": [{"role": "user", "content": "z" * 4000}]})
+    )
+    await until(lambda: gate.counts()["waiters"] == 1, "the messages turn to wait")
+    lease_b.release()
+    lease_a.release()
+    gate.finish_session("a")  # a's window ends: c fits and gets one
+    lease_c = await asyncio.wait_for(held, 5)
+    assert lease_c.reason == "window_fits" and lease_c.priority is None
+    lease_c.release()
+    for key in ("b", "c"):
+        gate.finish_session(key)
+    assert_clean(gate, clock)
