@@ -160,7 +160,7 @@ async def _serve_replica(
         f"kvgate replica {args.name}: simulated vLLM serving '{args.model_name}' on {replica.url} "
         f"(num_blocks={config.num_blocks}, block_size={config.block_size}, max_num_seqs={config.max_num_seqs}, "
         f"max_num_batched_tokens={config.max_num_batched_tokens}, max_model_len={config.effective_max_model_len}, "
-        f"time_scale={args.time_scale})",
+        f"time_scale={args.time_scale}, scheduling_policy={config.scheduling_policy})",
         flush=True,
     )
     stop = asyncio.Event()
@@ -181,6 +181,7 @@ def vars_of(config: EngineConfig) -> dict:
         "max_num_seqs": config.max_num_seqs,
         "max_num_batched_tokens": config.max_num_batched_tokens,
         "max_model_len": config.max_model_len,
+        "scheduling_policy": config.scheduling_policy,
     }
 
 

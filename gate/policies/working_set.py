@@ -32,8 +32,10 @@ Invariants (each has a table test):
   usable) is rejected, never held.
 - No named turn waits longer than its cap (`capped`): then it goes in `wait_capped`,
   without a window, so the cap never breaks the windows' books either.
-- With `held_priority` > 0 on a replica that schedules by priority, a named turn that
-  would wait goes in `low_priority` instead, without a window (`low_priority.py`).
+- With `held_priority` > 0 on a replica that schedules by priority, the named turns
+  without a window go at that vLLM priority, and a turn that would wait whose new
+  blocks fit vLLM's free blocks outside idle windows and headroom goes in
+  `low_priority` instead, without a window (`low_priority.py`).
 - A price read off the body (no prefix reading) is marked `Admit.reprice_above`;
   a holder whose probe gave no reading keeps its window at its last price.
 Without usage, for anonymous turns and without block counts (the /metrics fallback)
@@ -49,7 +51,7 @@ from kvgate.gate.policies.economics import (
     unprobed_work_conserving,
     work_conserving,
 )
-from kvgate.gate.policies.low_priority import forwarded_low
+from kvgate.gate.policies.low_priority import at_low_priority
 from kvgate.gate.policies.pricing import (
     bounded_footprint,
     free_budget,
@@ -81,14 +83,13 @@ def working_set_decide(
 ) -> Decision | ProbeFirst:
     """The module's policy: `_decide`, with every Wait of a named turn bounded by its cap
     (`capped`: once it has waited `wait_cap_factor` x its session's turn time it goes in
-    `wait_capped`, without a window), and forwarded at low priority instead where the
-    replica schedules by priority and `held_priority` says so (`forwarded_low`)."""
+    `wait_capped`, without a window); where the replica schedules by priority and
+    `held_priority` says so, the turns without a window go at that priority
+    (`at_low_priority`)."""
     decision = _decide(view, usage, prefix, settings)
     if isinstance(decision, Wait) and not view.anonymous:
         decision = capped(decision, view, settings)
-        if isinstance(decision, Wait):
-            return forwarded_low(decision, view, usage, settings)
-    return decision
+    return at_low_priority(decision, view, usage, prefix, settings)
 
 
 def _decide(

@@ -4,11 +4,12 @@ asyncio gate handing out a `low_priority` lease with its priority instead of a w
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
 from kvgate.gate.gate import Gate
-from kvgate.gate.policies.low_priority import forwarded_low
+from kvgate.gate.policies.low_priority import at_low_priority
 from kvgate.gate.policies.views import WorkingSetView
 from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Wait, WaitCause
 from kvgate.gate.policies.working_set import working_set_decide
@@ -19,46 +20,70 @@ from tests.gate.helpers import FakeProbe, assert_clean, settings, until
 HELD = Wait(WaitCause.WINDOWS_FULL, "does not fit")
 LOW = GateSettings(held_priority=1)
 BY_PRIORITY = UsageReading(0.8, 200, 60, 16, scheduling_policy="priority")
-NAMED = WorkingSetView(priority_field=True)
+NAMED = WorkingSetView(priority_field=True, idle_window_blocks=20, max_output_tokens=32)
+FITS = PrefixReading(total_blocks=50, hit_blocks=12, hit_ratio=0.24)  # 38 new + 2 output blocks <= 60 - 20 free
+TOO_BIG = PrefixReading(total_blocks=50, hit_blocks=10, hit_ratio=0.2)  # 40 + 2 > 40
 
 
 @pytest.mark.parametrize(
-    "view, usage, gate_settings, forwarded",
+    "view, usage, prefix, gate_settings, forwarded",
     [
-        (NAMED, BY_PRIORITY, LOW, True),
-        (NAMED, BY_PRIORITY, GateSettings(held_priority=0), False),  # the default: held at the proxy
-        (NAMED, UsageReading(0.8, 200, 60, 16, scheduling_policy="fcfs"), LOW, False),  # vLLM's default policy
-        (NAMED, UsageReading(0.8, 200, 60, 16), LOW, False),  # a replica that does not say
-        (NAMED, None, LOW, False),
-        (WorkingSetView(priority_field=False), BY_PRIORITY, LOW, False),  # a route without the field (messages)
-        (WorkingSetView(anonymous=True, priority_field=True), BY_PRIORITY, LOW, False),
+        (NAMED, BY_PRIORITY, FITS, LOW, True),
+        (NAMED, BY_PRIORITY, TOO_BIG, LOW, False),  # it would evict an idle window's prefix
+        (NAMED, BY_PRIORITY, None, LOW, False),  # no prefix reading: no price
+        (NAMED, BY_PRIORITY, FITS, GateSettings(held_priority=0), False),  # the default: held at the proxy
+        (NAMED, UsageReading(0.8, 200, 60, 16, scheduling_policy="fcfs"), FITS, LOW, False),  # vLLM's default
+        (NAMED, UsageReading(0.8, 200, 60, 16), FITS, LOW, False),  # a replica that does not say
+        (NAMED, None, FITS, LOW, False),
+        (replace(NAMED, priority_field=False), BY_PRIORITY, FITS, LOW, False),  # a route without the field
+        (replace(NAMED, anonymous=True), BY_PRIORITY, FITS, LOW, False),
     ],
 )
-def test_a_held_turn_goes_in_low_priority_only_where_the_replica_can_yield_it(view, usage, gate_settings, forwarded):
-    decided = forwarded_low(HELD, view, usage, gate_settings)
+def test_a_held_turn_goes_in_low_priority_only_where_the_replica_can_run_and_yield_it(
+    view, usage, prefix, gate_settings, forwarded
+):
+    decided = at_low_priority(HELD, view, usage, prefix, gate_settings)
     if forwarded:
         assert decided == Admit(AdmissionReason.LOW_PRIORITY, priority=1) and not decided.window
     else:
         assert decided is HELD
 
 
-def test_the_policy_forwards_what_it_would_hold_and_leaves_admissions_alone():
-    """A long prompt beside idle windows on a busy replica: the work-conserving rule holds it
-    (the numbers of tests/gate/test_wait_cap.py); with held_priority it goes in at priority 2."""
-    long = PrefixReading(total_blocks=110, hit_blocks=5, hit_ratio=0.05, total_tokens=1760)
+@pytest.mark.parametrize(
+    "admit, lowered",
+    [
+        (Admit(AdmissionReason.WORK_CONSERVING), True),
+        (Admit(AdmissionReason.WAIT_CAPPED), True),
+        (Admit(AdmissionReason.WINDOW_FITS, window=True, footprint=10), False),  # window holders go as sent
+        (Admit(AdmissionReason.HOLDS_WINDOW, window=True), False),
+    ],
+)
+def test_only_turns_without_a_window_are_lowered(admit, lowered):
+    decided = at_low_priority(admit, NAMED, BY_PRIORITY, FITS, LOW)
+    assert decided == (replace(admit, priority=1) if lowered else admit)
+    assert at_low_priority(admit, NAMED, replace(BY_PRIORITY, scheduling_policy="fcfs"), FITS, LOW) == admit
+
+
+def test_the_policy_lets_in_what_it_would_hold_only_where_it_fits_the_free_room():
+    """The windows' books are full (180 of 200 blocks) but vLLM has 150 free, 20 of them an
+    idle window's: a 40-block newcomer is held (the work-conserving rule: re-prefill 0.061 s >
+    holding 0.005 s); with held_priority it goes in at priority 2. A 110-block one would
+    evict the idle window: held either way."""
     usage = UsageReading(
-        0.8, 200, 60, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01, scheduling_policy="priority"
+        0.25, 200, 150, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01, scheduling_policy="priority"
     )
-    view = WorkingSetView(
-        idle_window_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700, priority_field=True
+    view = WorkingSetView(idle_window_blocks=20, older_window_blocks=180, max_output_tokens=1, priority_field=True)
+    small = PrefixReading(total_blocks=40, hit_blocks=0, hit_ratio=0.0, total_tokens=640)
+    held = working_set_decide(view, usage, small, GateSettings())
+    assert isinstance(held, Wait) and held.cause == WaitCause.WINDOWS_FULL
+    assert working_set_decide(view, usage, small, GateSettings(held_priority=2)) == Admit(
+        AdmissionReason.LOW_PRIORITY, priority=2
     )
-    held = working_set_decide(view, usage, long, GateSettings())
-    assert isinstance(held, Wait) and held.cause == WaitCause.NO_FREE_BLOCKS
-    forwarded = working_set_decide(view, usage, long, GateSettings(held_priority=2))
-    assert forwarded == Admit(AdmissionReason.LOW_PRIORITY, priority=2)
+    big = PrefixReading(total_blocks=150, hit_blocks=10, hit_ratio=0.07, total_tokens=2400)
+    assert isinstance(working_set_decide(view, usage, big, GateSettings(held_priority=2)), Wait)
     # a turn that fits a window gets one, at the body's priority
     roomy = UsageReading(0.1, 400, 400, 16, prefill_tokens_per_sec=16000.0, scheduling_policy="priority")
-    fits = working_set_decide(WorkingSetView(priority_field=True), roomy, long, GateSettings(held_priority=2))
+    fits = working_set_decide(WorkingSetView(priority_field=True), roomy, small, GateSettings(held_priority=2))
     assert isinstance(fits, Admit) and fits.reason == AdmissionReason.WINDOW_FITS and fits.priority is None
 
 

@@ -80,7 +80,8 @@ def full_kv() -> KvAnswer:
         )
         for free in (40, 30)
     ]
-    return replace(merge_kv(engines), max_model_len=4096, max_token_bytes=48, scheduling_policy="priority")  # the server's own figures
+    # the server's own figures
+    return replace(merge_kv(engines), max_model_len=4096, max_token_bytes=48, scheduling_policy="priority")
 
 
 def full_prefix() -> PrefixAnswer:
