@@ -7,6 +7,7 @@ low priority end to end: both sessions are served, nothing hangs.
 from __future__ import annotations
 
 import concurrent.futures
+import time
 
 import openai
 import pytest
@@ -44,11 +45,18 @@ def test_the_kv_answer_names_the_policy_and_vllm_serves_the_priority_field(prior
     assert status == 200 and answer["usage"]["completion_tokens"] == 4, answer
 
 
+def running(server: VllmServer) -> int:
+    """Requests running in the server's engine now (its kv answer)."""
+    status, kv = http_json("GET", server.url + KV_PATH)
+    assert status == 200, kv
+    return kv["num_running"]
+
+
 def test_kvgate_forwards_a_turn_it_would_hold_at_low_priority(priority_server, tmp_path):
-    """a's window is priced at its ~300-token prompt and its 1,500-token output allowance
-    (57 of 63 blocks); while a decodes, b fits vLLM's free blocks but not the windows'
-    books: the gate would hold it (the work-conserving rule is off), and forwards it at
-    priority 1 instead. Both are served in full."""
+    """a's window is priced at its ~240-token prompt and its 1,700-token output allowance
+    (61 of 63 blocks of 32); while a decodes, b (8 blocks) fits vLLM's free blocks but not
+    the windows' books: the gate would hold it (the work-conserving rule is off), and
+    forwards it at priority 1 instead. Both are served in full."""
     priority_server.reset_prefix_cache()
     config = tmp_path / "kvgate.yaml"
     proxy = KvgateProxy(config_path=config, log_path=tmp_path / "kvgate.log", port=free_port())
@@ -69,13 +77,13 @@ def test_kvgate_forwards_a_turn_it_would_hold_at_low_priority(priority_server, t
 
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            first = pool.submit(turn, "a", 1500)
-            for _ in range(600):  # until a runs in the engine
-                status, kv = http_json("GET", priority_server.url + KV_PATH)
-                if kv.get("num_running"):
-                    break
+            first = pool.submit(turn, "a", 1700)
+            deadline = time.monotonic() + 120
+            while not running(priority_server) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert running(priority_server), "a never ran: " + proxy.log_tail()
             second = turn("b", 8)
-            assert first.result(timeout=300) == ("window_fits", 1500)
+            assert first.result(timeout=300) == ("window_fits", 1700)
         assert second == ("low_priority", 8), proxy.log_tail()
     finally:
         client.close()
