@@ -9,7 +9,7 @@ run `--turns` turns (default 10) back to back on their own keep-alive connection
 a chat request carrying the whole history plus a new tool result, the reply
 appended; the last turn carries the finish header.
 
-After each run it checks that nothing leaked: every lease released, no window,
+After each run it checks that nothing leaked: every lease released once, no window,
 waiter, attempt or session record left in any gate, no replica in-flight count.
 It reports per mode the client-side turn latency (p50, p95), the time spent inside
 `acquire` + `release` (what the gate itself adds), the admission reasons seen in
@@ -132,18 +132,25 @@ class TimedAdmission:
 
 
 class _TimedLease:
-    __slots__ = ("lease", "samples", "reason", "wait_ms", "priority")
+    """The lease with its `learn` and `release` timed together: the gate's cost at a turn's end."""
+
+    __slots__ = ("lease", "samples", "reason", "wait_ms", "priority", "_learn_s")
 
     def __init__(self, lease, samples: list[float]) -> None:
         self.lease, self.samples = lease, samples
         self.reason, self.wait_ms, self.priority = lease.reason, lease.wait_ms, lease.priority
+        self._learn_s = 0.0
+
+    def learn(self, prompt_tokens: int, cached_tokens: int | None) -> None:
+        started = time.perf_counter()
+        self.lease.learn(prompt_tokens, cached_tokens)
+        self._learn_s += time.perf_counter() - started
 
     def release(self, served: bool = True) -> None:
-        if self.lease.released:
-            return
+        # Called exactly once per lease: the proxy's turn_hold.Hold gives a lease back once.
         started = time.perf_counter()
         self.lease.release(served)
-        self.samples.append(time.perf_counter() - started)
+        self.samples.append(time.perf_counter() - started + self._learn_s)
 
 
 # ----------------------------------------------------------------------- runs
@@ -198,6 +205,8 @@ async def run_mode(mode: str, policy: str, replicas: list, args: argparse.Namesp
         result.statuses = {str(k): v for k, v in Counter(t.status for t in turns).items()}
         counts = controller.counts()
         counts["replica_in_flight"] = sum(r.in_flight for r in app.registry.all())
+        # one release per acquisition (Hold gives a lease back once), so the pairs above are a turn's each
+        counts["unpaired_releases"] = len(timed.release_seconds) - len(timed.acquire_seconds)
         result.leaked = {k: v for k, v in counts.items() if v}
     finally:
         await app.close()

@@ -6,8 +6,10 @@ installation or of another checkout) and helper servers (`python -m MODULE`). Ea
 a subprocess of the current interpreter bound to a free port on 127.0.0.1, with its
 output in a log file under the run's folder, and counts as started once an HTTP GET
 of its readiness path answers 200. `ServerGroup` owns every process it started and
-stops them all on exit, also when the run fails, so a benchmark never leaves a
-server behind. In this process: `start_in_process` (a kvgate app on a free port, for
+stops them all on exit, also when the run fails or the benchmark is stopped with
+SIGINT or SIGTERM (while a group is open, SIGTERM cancels the task that opened it, the
+group stops its processes, and the benchmark exits with status 143), so a benchmark
+never leaves a server behind. In this process: `start_in_process` (a kvgate app on a free port, for
 benchmarks that reach into the app: its gate, its registry). `process_cpu_seconds` is
 the one CPU meter of the benchmarks.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -169,19 +172,56 @@ def kvgate_config(
     }
 
 
+# Open groups and the task that opened each: SIGTERM cancels those tasks (see ServerGroup).
+# All of them run on the loop that holds the handler (the main thread's).
+_open_groups: dict[ServerGroup, asyncio.Task] = {}
+_handler_loop: list[asyncio.AbstractEventLoop] = []  # the loop the SIGTERM handler is installed on, if any
+SIGTERM_EXIT_STATUS = 128 + signal.SIGTERM
+
+
+def _on_sigterm() -> None:
+    for group, task in list(_open_groups.items()):
+        if not group.terminated:  # a second SIGTERM must not cut the first one's cleanup short
+            group.terminated = True
+            task.cancel()
+
+
 class ServerGroup:
-    """Processes started for one run; `async with` stops them all at exit."""
+    """Processes started for one run; `async with` stops them all at exit.
+
+    Python's default SIGTERM action ends the process at once, without unwinding, which
+    would leave every process started here running. So while a group is open in the main
+    thread's event loop, SIGTERM cancels the task that opened it instead: the group stops
+    its processes (also one still starting) and then raises SystemExit(143), the status
+    a process ended by SIGTERM reports. The handler is installed by the first group
+    opened and removed with the last one closed."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self._procs: list[tuple[str, subprocess.Popen]] = []
+        self.terminated = False  # set by SIGTERM while this group was open
 
     async def __aenter__(self) -> ServerGroup:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        task, loop = asyncio.current_task(), asyncio.get_running_loop()
+        if task is not None and not _handler_loop:
+            try:
+                loop.add_signal_handler(signal.SIGTERM, _on_sigterm)
+                _handler_loop.append(loop)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or not Unix
+                pass
+        if task is not None and _handler_loop == [loop]:
+            _open_groups[self] = task
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await self.stop_all()
+        try:
+            await self.stop_all()
+        finally:
+            if _open_groups.pop(self, None) is not None and not _open_groups:
+                _handler_loop.pop().remove_signal_handler(signal.SIGTERM)
+        if self.terminated:
+            raise SystemExit(SIGTERM_EXIT_STATUS)
 
     def _spawn(
         self, name: str, command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None

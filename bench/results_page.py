@@ -63,7 +63,8 @@ SIMULATED = ("makespan<=1.02x", "session_p95<=sticky")
 ROWS: tuple[ResultRow, ...] = (
     ResultRow("no-pressure", SIMULATED),
     ResultRow("no-pressure-no-finish", SIMULATED),
-    ResultRow("issue-9", SIMULATED),  # cheap re-prefill, a cache for about one session: holding cannot pay
+    ResultRow("calm", SIMULATED),  # two sessions, room for both
+    ResultRow("silent-burst", SIMULATED),  # cheap re-prefill, a cache for about one session: holding cannot pay
     ResultRow("cheap-prefill", SIMULATED),
     ResultRow("cheap-prefill-no-finish", SIMULATED),
     ResultRow("thrash", SIMULATED),
@@ -73,10 +74,9 @@ ROWS: tuple[ResultRow, ...] = (
     ResultRow("trace-8b", SIMULATED + ("tail_if_held",)),
     ResultRow("trace-8b-tight", SIMULATED + ("tail_if_held",)),
     ResultRow("trace-70b", SIMULATED + ("tail_if_held",)),
-    # the cap on a held turn's wait (off by default), where it bounds the tail and where it costs the win
-    ResultRow("trace-8b-tight", SIMULATED + ("tail_if_held",), ("--wait-cap-factor", "1")),
-    ResultRow("prefill-bound-no-finish", SIMULATED + ("makespan<=0.4x",), ("--wait-cap-factor", "1")),
     ResultRow("trace-70b-tight", SIMULATED + ("tail_if_held", "makespan<=0.4x")),
+    # the gate without the cap on a held turn's wait (gate.wait_cap_factor 0): what the cap does to the tail
+    ResultRow("trace-70b-tight", SIMULATED + ("tail_if_held", "makespan<=0.4x"), ("--wait-cap-factor", "0")),
     ResultRow("vllm-small-no-finish", ("makespan<=1.05x",), ("--pinning", "pinned"), real_vllm=True),
     ResultRow("vllm-small-no-finish", (), ("--pinning", "unpinned"), real_vllm=True),
     ResultRow("vllm-prefill-no-finish", ("makespan<=0.8x",), ("--pinning", "pinned"), real_vllm=True),
@@ -438,7 +438,7 @@ def selected_cluster_rows(only: str | None) -> list[ClusterRow]:
 
 def selected_rows(only: str | None, vllm: bool) -> list[ResultRow]:
     """The rows to run: `only` (regime names, each meaning all its rows, or exact row keys such
-    as `trace-8b-tight --wait-cap-factor 1`), else every simulated row (and the real-vLLM
+    as `trace-70b-tight --wait-cap-factor 0`), else every simulated row (and the real-vLLM
     ones with `vllm`). ValueError naming an unknown regime."""
     if only is None:
         return [row for row in ROWS if vllm or not row.real_vllm]

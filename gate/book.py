@@ -21,9 +21,10 @@ state change goes through a `SessionBook` method, which keeps these invariants:
   released) to the start of its next attempt; `gap_ewma` / `last_gap` are the
   session's, `replica_gap_ewma` the replica's over every session. A turn's *service
   time* runs from its admission to the release of its lease (served); `turn_ewma` is
-  the session's, `replica_turn_ewma` the replica's.
+  the session's, `replica_turn_ewma` the replica's. `prefix_probe_ewma` is the
+  replica's smoothed prefix-probe latency, as a turn waiting on the probe sees it.
 - Every window that ends is counted under its cause in `window_ends` (finish, quiet,
-  grace, lost, revoked); `take_window_ends()` hands the new ones to the shell.
+  grace, lost, revoked, reclaimed); `take_window_ends()` hands the new ones to the shell.
 - `leases` counts every lease not yet released, anonymous ones included;
   `idle_since_replica` is when it last dropped to 0 (None while a lease is out).
 - `windows_in_flight`, `windows_idle` count records holding a window with / without a
@@ -48,7 +49,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from kvgate.gate.policies.economics import quiet_lifetime
+from kvgate.gate.policies.economics import late_after, quiet_lifetime
 from kvgate.gate.policies.request_body import body_bytes
 from kvgate.wire.blocks import cdiv
 
@@ -64,9 +65,11 @@ class WindowEnd(StrEnum):
     REVOKED = (
         "revoked"  # its turn served no prompt, its prompt can never fit, it went work_conserving, or the replica left
     )
+    RECLAIMED = "reclaimed"  # working_set policy: idle, its blocks made a window for a turn that waited its cap
 
 
 GAP_EWMA_WEIGHT = 0.5  # weight of the newest gap: a session's rhythm follows its recent turns
+PROBE_EWMA_WEIGHT = 0.3  # weight of the newest prefix probe's latency: the API server's load drifts
 TURN_EWMA_WEIGHT = 0.5  # weight of the newest turn's service time, likewise
 # Recorded sizes the tokens-per-byte ratio is the highest of: recent enough to follow a
 # change of workload, enough to cover its sessions' different templates and languages.
@@ -123,6 +126,7 @@ class SessionBook:
         self._seq = 0
         self.replica_gap_ewma: float | None = None
         self.replica_turn_ewma: float | None = None  # every session's turn service times, smoothed
+        self.prefix_probe_ewma: float | None = None  # prefix probes on a turn's path, seconds, smoothed
         self.window_ends: dict[str, int] = {cause.value: 0 for cause in WindowEnd}  # plain keys: JSON
         self._new_window_ends: list[WindowEnd] = []
         self.idle_since_replica: float | None = 0.0
@@ -243,7 +247,7 @@ class SessionBook:
         """The highest tokens-per-body-byte ratio of the recent recorded sizes; None before any."""
         return max(self._tokens_per_byte, default=None)
 
-    def _record_size(self, rec: SessionRecord, prompt_tokens: int | None, prompt_bound: int | None = None) -> None:
+    def record_size(self, rec: SessionRecord, prompt_tokens: int | None, prompt_bound: int | None = None) -> None:
         """Record an admitted turn's prompt size; a size that differs from the last is a growth observation."""
         if not prompt_tokens:
             return
@@ -285,6 +289,11 @@ class SessionBook:
         rec.gap_ewma = gap if rec.gap_ewma is None else rec.gap_ewma + GAP_EWMA_WEIGHT * (gap - rec.gap_ewma)
         replica = self.replica_gap_ewma
         self.replica_gap_ewma = gap if replica is None else replica + GAP_EWMA_WEIGHT * (gap - replica)
+
+    def observe_prefix_probe(self, seconds: float) -> None:
+        """A prefix probe a deciding turn waited for took `seconds`."""
+        probe = self.prefix_probe_ewma
+        self.prefix_probe_ewma = seconds if probe is None else probe + PROBE_EWMA_WEIGHT * (seconds - probe)
 
     def _observe_turn(self, rec: SessionRecord, service: float) -> None:
         rec.turn_ewma = (
@@ -346,7 +355,7 @@ class SessionBook:
         elif footprint is not None and not sharing:
             self._set_footprint(rec, footprint)
         rec.reasons[label] = rec.reasons.get(label, 0) + 1
-        self._record_size(rec, prompt_tokens, prompt_bound)
+        self.record_size(rec, prompt_tokens, prompt_bound)
         self._enter(rec, now)
 
     def reprice(self, rec: SessionRecord, footprint: int, prompt_tokens: int, prompt_bound: int | None) -> bool:
@@ -361,7 +370,7 @@ class SessionBook:
             return False  # idle, or shared by concurrent turns priced together (the next turn reprices it)
         shrank = footprint < rec.footprint
         self._set_footprint(rec, footprint)
-        self._record_size(rec, prompt_tokens, prompt_bound)
+        self.record_size(rec, prompt_tokens, prompt_bound)
         return shrank
 
     def release(
@@ -424,6 +433,42 @@ class SessionBook:
         self._enter(rec, now)
         return True
 
+    def late_windows(self, rec: SessionRecord | None, now: float) -> tuple[list[SessionRecord], float | None]:
+        """Other sessions' idle windows whose sessions are late (`late_after`, at least the
+        quiet floor), the longest idle first, and the seconds until the next of the
+        others turns late (None: no other idle window). O(windows)."""
+        late: list[SessionRecord] = []
+        due: float | None = None
+        if not self.windows_idle:
+            return late, due
+        for other in self.windows.values():
+            if other is rec or not other.is_idle:  # in flight, or its next turn is acquiring
+                continue
+            left = late_after(other.gap_ewma, self.replica_gap_ewma, self.quiet_floor) - (now - other.idle_since)
+            if left < 0:
+                late.append(other)
+            else:
+                due = left if due is None else min(due, left)
+        late.sort(key=lambda other: other.idle_since)
+        return late, due
+
+    def reclaim_late_windows(self, rec: SessionRecord | None, blocks: int, now: float) -> int:
+        """End other sessions' late idle windows (cause `reclaimed`), the longest idle first,
+        until at least `blocks` of their footprints are uncommitted; returns the blocks
+        uncommitted. The records stay idle (same period) until their grace, as after a
+        quiet end."""
+        freed = 0
+        for other in self.late_windows(rec, now)[0]:
+            if freed >= blocks:
+                break
+            freed += other.footprint
+            self.windows_idle -= 1
+            self.idle_window_blocks -= other.footprint
+            self._window_ended(WindowEnd.RECLAIMED, other)
+            self._set_window(other, False)
+            other.quiet_deadline = None
+        return freed
+
     def purge(self, now: float) -> tuple[list[SessionRecord], bool]:
         """End every window whose session went quiet, and every record idle for `grace`
         seconds or more, in deadline order. Returns the ended records and whether any
@@ -449,6 +494,17 @@ class SessionBook:
                 windows_ended = True
         return ended, windows_ended
 
-    def next_expiry(self) -> float | None:
-        """The earliest pending deadline (possibly stale: an early wake-up only), or None."""
-        return self._deadlines[0][0] if self._deadlines else None
+    def next_expiry(self, now: float) -> float | None:
+        """The earliest deadline after `now` that `purge` would act on, or None. Stale
+        entries (their record ended or became active again) are dropped on the way;
+        deadlines already due are left for `purge`."""
+        heap = self._deadlines
+        while heap:
+            when, _, key, gen = heap[0]
+            if when <= now:
+                return when
+            rec = self.records.get(key)
+            if rec is not None and rec.idle_gen == gen and rec.is_idle:
+                return when
+            heapq.heappop(heap)
+        return None

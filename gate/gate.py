@@ -24,11 +24,15 @@ Invariants (each has a test):
 - Waiters are woken in arrival order: one per released lease, finished, expired or
   lost window, or shrunk window footprint (anything that lowers the blocks committed
   to windows), and each admitted waiter (or an `Admit` with `wake_next`: no
-  pressure), or a head waiter that leaves, wakes the next; each waiter also wakes
-  itself every `wait_poll_sec` (and when the oldest idle window is due), so no
-  wake-up is ever needed for liveness. A waiter whose last Wait set `wake_on_release`
-  (one behind others the work-conserving rule may let in) is also woken whenever
-  blocks are freed, not only when it heads the queue.
+  pressure), or a head waiter that leaves, wakes the next. The head of the queue
+  also wakes itself every `wait_poll_sec` and when the next idle window is due, so
+  no wake-up is ever needed for liveness: the head always has a timer, and whoever
+  heads the queue next is woken when it leaves. Behind the head, a waiter does the
+  same unless its last Wait set `poll=False` (the policy says only what the shell sees
+  can change its decision). A waiter whose last Wait set `wake_on_release` (one
+  behind others the work-conserving rule may let in) is also woken whenever blocks
+  are freed, not only when it heads the queue; a release that leaves the replica
+  without a lease out (it goes idle) wakes every waiter.
 - The policy sees how many named waiters are ahead of the attempt (the working_set
   policy gives newcomers windows in strict FIFO order) and the request's output allowance,
   read once from the body.
@@ -62,6 +66,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -141,7 +146,7 @@ class Lease:
     (`Admit.priority`); None: as sent.
     """
 
-    __slots__ = ("reason", "wait_ms", "replica", "priority", "_gate", "_record", "_attempt", "_released")
+    __slots__ = ("reason", "wait_ms", "replica", "priority", "_gate", "_record", "_attempt", "_released", "_turn")
 
     def __init__(
         self,
@@ -150,6 +155,7 @@ class Lease:
         reason: str,
         wait_ms: float,
         attempt: Attempt | None = None,
+        turn: TurnNote | None = None,
         priority: int | None = None,
     ) -> None:
         self.reason = reason
@@ -160,6 +166,14 @@ class Lease:
         self._record = record
         self._attempt = attempt
         self._released = False
+        self._turn = turn
+
+    def learn(self, prompt_tokens: int, cached_tokens: int | None) -> None:
+        """The served turn's usage, as the replica reported it (before `release()`): its
+        exact prompt size and the prompt tokens its prefix cache held. No-op after release
+        and for a turn without a session."""
+        if not self._released and self._record is not None and self._turn is not None:
+            self._gate._learn(self._record, self._turn, prompt_tokens, cached_tokens)
 
     @property
     def released(self) -> bool:
@@ -181,6 +195,16 @@ class Lease:
         return f"Lease({self.replica!r}, {self.reason!r}, released={self._released})"
 
 
+@dataclass(frozen=True, slots=True)
+class TurnNote:
+    """What the gate keeps of an admitted named turn to learn from its usage: its output
+    allowance, its body-length bound, and whether a prefix reading priced it."""
+
+    allowance: int
+    bound: int | None
+    probed: bool
+
+
 class Gate:
     def __init__(
         self,
@@ -199,6 +223,13 @@ class Gate:
         self.policy = policy or get_policy(settings.policy)
         self._prices_bodies = self.policy.reads_prompt_bound
         self._repricing: set[asyncio.Future[None]] = set()
+        # The replica reports each turn's prompt usage (`Lease.learn`): a window priced at
+        # its bound gets its exact price when its turn ends, without a probe.
+        self._learns_usage = False
+        # Windows in flight priced at their bound whose repricing probe was left to their
+        # turn's usage: probed as soon as a turn waits (over-priced windows may hold it).
+        self._unpriced: dict[SessionRecord, tuple[str, Mapping[str, object], int, UsageReading | None, int | None]] = {}
+        self._usage: UsageReading | None = None  # the last usage reading a decision was made on
         self._now = clock
         self._book = SessionBook(settings.idle_grace_sec, settings.quiet_factor, settings.quiet_floor_sec)
         self._window_ends = {cause: metrics.window_ends.labels(name, cause) for cause in WindowEnd}
@@ -264,6 +295,8 @@ class Gate:
                 attempt.checkpoint()
                 usage = await self.probe.usage(newer_than)
                 attempt.checkpoint()
+                if usage is not None:
+                    self._usage = usage
                 view = self._view(record, attempt, allowance, bound, usage, start, priority_field)
                 prefix: PrefixReading | None = None
                 # A prompt the body alone proves too long is refused before any probe.
@@ -275,11 +308,13 @@ class Gate:
                         # a held turn decides again on its recent reading first (see HELD_READING_MAX_AGE_SEC)
                         decision = self.policy.decide_read(view, usage, held_on, self.settings)
                     if not isinstance(decision, Wait):
+                        probed_at = self._now()
                         try:
                             prefix = await self.probe.prefix(route_kind, body)
                         except PromptTooLong:  # the replica refused to render it: longer than it serves
                             self._drop_window(record, WindowEnd.REVOKED)
                             raise
+                        self._book.observe_prefix_probe(self._now() - probed_at)  # what the next probe may cost
                         attempt.checkpoint()
                         # windows may have changed during the probe
                         view = self._view(record, attempt, allowance, bound, usage, start, priority_field)
@@ -295,12 +330,16 @@ class Gate:
                     and (self.settings.mode == "shadow" or isinstance(decision, Admit))
                 ):
                     self._count_reprefill(record, prefix, usage)
+                note = TurnNote(allowance, bound, prefix is not None)
                 if self.settings.mode == "shadow":
-                    return self._grant_shadow(record, attempt, decision, start, tokens, bound)
+                    return self._grant_shadow(record, attempt, decision, start, tokens, note)
                 if isinstance(decision, Admit):
-                    lease = self._admit(record, attempt, decision, start, tokens, bound)
+                    lease = self._admit(record, attempt, decision, start, tokens, note)
                     if decision.reprice_above is not None and self._book.window_blocks > decision.reprice_above:
-                        self._reprice_later(record, route_kind, body, allowance, usage, bound)
+                        if not self._learns_usage or self._queue:
+                            self._reprice_later(record, route_kind, body, allowance, usage, bound)
+                        elif record is not None:  # its usage prices it, unless a turn must wait first
+                            self._unpriced[record] = (route_kind, body, allowance, usage, bound)
                     return lease
                 # A window that another turn of the session is using stays (it ends with its turns).
                 shared = record is not None and record.in_flight > 0
@@ -322,6 +361,54 @@ class Gate:
                 if ended is not None:
                     self._session_ended(ended)
                 self._publish_windows()
+
+    def _learn(self, record: SessionRecord, turn: TurnNote, prompt_tokens: int, cached_tokens: int | None) -> None:
+        """A served turn's usage: its exact size goes into the session's history, prices its
+        window (as a repricing probe would) and, for a turn no prefix reading priced,
+        counts its re-prefill."""
+        self._unpriced.pop(record, None)
+        if self._book.records.get(record.key) is not record:
+            return
+        self._learns_usage = True
+        usage = self._usage
+        block_size = usage.block_size if usage is not None else None
+        hit_blocks = cached_tokens // block_size if cached_tokens is not None and block_size else 0
+        if not block_size:
+            self._book.record_size(record, prompt_tokens, turn.bound)
+            return
+        learned = PrefixReading(prompt_tokens // block_size, hit_blocks, 0.0, prompt_tokens)
+        if not turn.probed and cached_tokens is not None:
+            self._count_reprefill(record, learned, usage)
+        self._apply_price(record, learned, turn.allowance, usage, turn.bound)
+
+    def _apply_price(
+        self,
+        record: SessionRecord,
+        prefix: PrefixReading,
+        allowance: int,
+        usage: UsageReading | None,
+        bound: int | None,
+    ) -> None:
+        """Price the session's window in flight at `prefix`'s exact size (a policy that prices
+        windows), and record the size; wake a waiter if the window shrank."""
+        price = self.policy.price
+        if price is None or usage is None or not usage.has_blocks or not record.has_window or record.in_flight != 1:
+            # no window to price, or one shared by concurrent turns priced together: the next turn prices it
+            self._book.record_size(record, prefix.total_tokens, bound)
+            return
+        facts = TurnFacts(self._book, record, allowance, bound, lambda: 0, usage, self._now(), self._now())
+        footprint = max(price(self.policy.view(facts), usage, prefix, self.settings), 0)
+        if self._book.reprice(record, footprint, prefix.total_tokens, bound):
+            self._blocks_freed(self._now())
+            self._publish_windows()
+
+    def _reprice_unpriced(self) -> None:
+        """A turn waits: the windows in flight still priced at their bound get their exact
+        price from a probe now, not when their turns end."""
+        unpriced, self._unpriced = self._unpriced, {}
+        for record, (route_kind, body, allowance, usage, bound) in unpriced.items():
+            if record.in_flight:
+                self._reprice_later(record, route_kind, body, allowance, usage, bound)
 
     def _reprice_later(
         self,
@@ -355,13 +442,10 @@ class Gate:
             return
         if prefix is None or not prefix.total_tokens:
             return
-        price = self.policy.price
-        assert price is not None, f"policy {self.policy.name} priced a window at a bound but cannot reprice it"
-        facts = TurnFacts(self._book, record, allowance, bound, lambda: 0, usage, self._now(), self._now())
-        footprint = max(price(self.policy.view(facts), usage, prefix, self.settings), 0)
-        if self._book.reprice(record, footprint, prefix.total_tokens, bound):
-            self._blocks_freed(self._now())
-            self._publish_windows()
+        assert self.policy.price is not None, (
+            f"policy {self.policy.name} priced a window at a bound but cannot reprice it"
+        )
+        self._apply_price(record, prefix, allowance, usage, bound)
 
     def _view(
         self,
@@ -403,7 +487,7 @@ class Gate:
         decision: Decision,
         start: float,
         tokens: int | None,
-        bound: int | None,
+        note: TurnNote,
     ) -> Lease:
         """Admit whatever was decided, recorded as `shadow_<reason>`: an Admit is booked as
         enforce would book it (its window included), a Wait or Reject as an admission
@@ -417,10 +501,10 @@ class Gate:
                 window=decision.window,
                 footprint=decision.footprint,
                 tokens=tokens,
-                bound=bound,
+                note=note,
             )
         label = "shadow_wait" if isinstance(decision, Wait) else f"shadow_{decision.code}"
-        return self._grant(record, attempt, label, start, tokens=tokens, bound=bound)
+        return self._grant(record, attempt, label, start, tokens=tokens, note=note)
 
     def _admit(
         self,
@@ -429,9 +513,13 @@ class Gate:
         decision: Admit,
         start: float,
         tokens: int | None,
-        bound: int | None,
+        note: TurnNote,
     ) -> Lease:
-        """Grant the lease the policy's Admit asks for, as it asks (window, footprint, wake-up)."""
+        """Grant the lease the policy's Admit asks for, as it asks (idle windows it ends,
+        window, footprint, wake-up)."""
+        if decision.reclaim_blocks and record is not None:
+            self._book.reclaim_late_windows(record, decision.reclaim_blocks, self._now())
+            self._publish_windows()
         return self._grant(
             record,
             attempt,
@@ -441,7 +529,7 @@ class Gate:
             footprint=decision.footprint,
             wake_next=decision.wake_next,
             tokens=tokens,
-            bound=bound,
+            note=note,
             priority=decision.priority,
         )
 
@@ -456,7 +544,7 @@ class Gate:
         footprint: int | None = None,
         wake_next: bool = False,
         tokens: int | None = None,
-        bound: int | None = None,
+        note: TurnNote | None = None,
         priority: int | None = None,
     ) -> Lease:
         """Book an admission under `label` (its `x-kvgate-admission` value) and hand out its lease.
@@ -465,9 +553,11 @@ class Gate:
         wake_next: wake the next waiter too (`Admit.wake_next`); a queued attempt that is
         admitted always does, since the head of the queue moved.
         tokens: the prompt size of the turn's prefix reading, recorded for the session's growth
-        (with `bound`, the turn's body-length bound, which later turns' bounds are measured from).
+        (with `note.bound`, the turn's body-length bound, which later turns' bounds are measured
+        from); `note` stays with the lease, for what the turn's usage teaches (`Lease.learn`).
         priority: the vLLM priority to forward the request with (`Admit.priority`).
         """
+        bound = note.bound if note is not None else None
         now = self._now()
         wait = max(0.0, now - start)
         committed = self._book.window_blocks if record is not None else 0
@@ -481,7 +571,7 @@ class Gate:
             if attempt.queued:
                 self._dequeue(attempt)
             self._wake_one()
-        return Lease(self, record, label, wait * 1000.0, attempt, priority)
+        return Lease(self, record, label, wait * 1000.0, attempt, note, priority)
 
     def _grant_unbooked(self) -> Lease:
         """Admit `open` with nothing booked but the lease (mode off, or a route without a
@@ -511,8 +601,16 @@ class Gate:
             attempt.queued = True
             attempt.queued_at = self._now()
             self._pending_gauge.set(len(self._queue))
+            self._reprice_unpriced()
         now = self._now()
-        timeout = self.settings.wait_poll_sec
+        timeout: float | None = None
+        # The head polls (liveness: see the module docstring); behind it, a waiter whose
+        # Wait says nothing unseen can change its decision waits to be woken.
+        if attempt.held is None or attempt.held.poll or next(iter(self._queue)) is attempt:
+            timeout = self.settings.wait_poll_sec
+            expiry = self._book.next_expiry(now)
+            if expiry is not None and expiry > now:
+                timeout = min(timeout, expiry - now)
         if deadline is not None:
             if now >= deadline:
                 raise AdmissionTimeout(
@@ -520,20 +618,18 @@ class Gate:
                     f"{self.settings.max_wait_sec}s (its KV cache is under pressure); retry later",
                     retry_after=self._retry_after,
                 )
-            timeout = min(timeout, deadline - now)
-        expiry = self._book.next_expiry()
-        if expiry is not None and expiry > now:
-            timeout = min(timeout, expiry - now)
+            timeout = deadline - now if timeout is None else min(timeout, deadline - now)
         if recheck is not None:
-            timeout = min(timeout, recheck)
+            timeout = recheck if timeout is None else min(timeout, recheck)
         try:
-            async with asyncio.timeout(max(timeout, MIN_WAIT_SEC)):
+            async with asyncio.timeout(None if timeout is None else max(timeout, MIN_WAIT_SEC)):
                 await attempt.event.wait()
         except TimeoutError:
             pass
+        # purge first: a window it ends wakes waiters, this one included, which is awake already
+        self._purge(self._now())
         attempt.event.clear()
         attempt.checkpoint()
-        self._purge(self._now())
 
     def _leave_queue(self, attempt: Attempt) -> None:
         """A waiter leaves without a lease (cancelled, superseded, timed out, rejected)."""
@@ -567,6 +663,8 @@ class Gate:
     # ------------------------------------------------------------- windows/leases
 
     def _release(self, record: SessionRecord | None, attempt: Attempt | None = None, served: bool = True) -> None:
+        if record is not None:
+            self._unpriced.pop(record, None)
         now = self._changed_at = self._now()
         ended = self._book.release(record, now, attempt, served)
         if ended is not None:
@@ -575,7 +673,11 @@ class Gate:
         if record is not None:
             self._publish_windows()
         if self._queue:
-            self._wake_on_change()
+            if self._book.leases:
+                self._wake_on_change()
+            else:  # the replica went idle: every held turn's economics changed
+                for waiter in self._queue:
+                    waiter.wake()
 
     def _blocks_freed(self, now: float) -> None:
         """Fewer blocks are committed (or live): let the head waiter re-decide on a fresh reading."""
@@ -655,6 +757,7 @@ class Gate:
         self._purge(self._now())
         self._pending_gauge.set(0)
         self._oldest_waiter.set_function(lambda: 0.0)  # let go of this gate
+        self._unpriced.clear()
         for task in list(self._repricing):
             task.cancel()
         close_probe = getattr(self.probe, "close", None)

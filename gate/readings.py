@@ -38,7 +38,8 @@ class UsageReading:
     # prefill_tokens_per_sec: prompt tokens the engine computes per second of prefill;
     # decode_step_sec: seconds per decode step (one output token of every running request);
     # num_running / num_waiting: the engine's running and waiting requests;
-    # prefill_share: the share of the engine's recent time spent prefilling, in [0, 1].
+    # prefill_share: the share of the engine's recent time spent prefilling, in [0, 1];
+    # busy_share: the share of its recent wall time spent in scheduler steps, in [0, 1].
     prefill_tokens_per_sec: float | None = None
     decode_step_sec: float | None = None
     num_running: int | None = None
@@ -48,6 +49,7 @@ class UsageReading:
     # serves, and the most bytes of text one token of its vocabulary stands for.
     max_model_len: int | None = None
     max_token_bytes: int | None = None
+    busy_share: float | None = None
     # The server's `--scheduling-policy` ("fcfs" | "priority"; None: not said).
     scheduling_policy: str | None = None
 
@@ -94,6 +96,7 @@ def usage_reading(answer: KvAnswer) -> UsageReading:
         answer.prefill_share,
         answer.max_model_len,
         answer.max_token_bytes,
+        answer.busy_share,
         answer.scheduling_policy,
     )
 

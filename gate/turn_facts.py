@@ -72,6 +72,15 @@ class TurnFacts:
         return self._book.idle_window_blocks - own
 
     @property
+    def late_window_blocks(self) -> int:
+        rec = self._rec
+        return 0 if rec is None else sum(other.footprint for other in self._book.late_windows(rec, self._now)[0])
+
+    @property
+    def next_late_sec(self) -> float | None:
+        return None if self._rec is None else self._book.late_windows(self._rec, self._now)[1]
+
+    @property
     def older_window_blocks(self) -> int:
         rec = self._rec
         if rec is None:
@@ -122,6 +131,10 @@ class TurnFacts:
     @property
     def recent_turn_sec(self) -> float | None:
         return self._book.recent_turn_sec(self._rec) if self._rec is not None else None
+
+    @property
+    def prefix_probe_sec(self) -> float | None:
+        return self._book.prefix_probe_ewma if self._rec is not None else None
 
     @property
     def waited_sec(self) -> float:

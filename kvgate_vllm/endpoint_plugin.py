@@ -140,9 +140,11 @@ class ProbeService:
 
     async def kv_answer(self) -> KvAnswer:
         merged = merge_kv(_parsed(await self._call_all_engines(KV_ANSWER_METHOD), KvAnswer.parse))
-        rates: dict = {}
+        rates: dict = self.rates.figures()
         try:
-            rates = self.rates.update(read_totals(), time.monotonic())
+            now = time.monotonic()
+            if self.rates.due(now):  # reading the registry is most of a kv probe's cost: not on every probe
+                rates = self.rates.update(read_totals(), now)
         except Exception:  # the figures are optional: a registry surprise must not fail the probe
             logger.debug("kvgate: could not read vLLM's rate counters", exc_info=True)
         return replace(

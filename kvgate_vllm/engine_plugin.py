@@ -14,7 +14,8 @@ dispatches UTILITY requests by ``getattr``), so they never enter a scheduler que
 
 It also wraps ``EngineCore.step`` to time every scheduler step and note the tokens it
 scheduled (`step_costs.StepLog`); the KV probe reports the marginal seconds per token
-fitted from them (``token_sec``, `step_costs.marginal_token_sec`).
+fitted from them (``token_sec``, `step_costs.marginal_token_sec`) and the share of
+recent wall time spent in steps (``busy_share``, `kvgate.wire.busy_share`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def _kv_answer(self) -> dict:
     log = getattr(self, _STEP_LOG, None)
     if log is not None and "error" not in result:
         result["token_sec"] = marginal_token_sec(log.steps)
+        result["busy_share"] = log.busy.share(time.perf_counter())
     return result
 
 
@@ -72,7 +74,8 @@ def _timed_step(step):
         setattr(self.scheduler, _SCHEDULED, 0)
         started = time.perf_counter()
         result = step(self, *args, **kwargs)
-        log.record(time.perf_counter() - started, getattr(self.scheduler, _SCHEDULED, 0))
+        ended = time.perf_counter()
+        log.record(ended - started, getattr(self.scheduler, _SCHEDULED, 0), ended)
         return result
 
     return timed_step

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
+from kvgate.wire.busy_share import BusyMeter
+
 MAX_STEPS = 512  # the fit covers the engine's most recent steps
 MIN_STEPS = 32  # fewer: no figure yet
 # The fit needs steps of different sizes; a spread of tokens below this (decode-only
@@ -24,16 +26,22 @@ MIN_TOKEN_SPREAD = 64
 
 
 class StepLog:
-    """The engine's recent steps as (seconds, scheduled tokens); O(1) per step."""
+    """The engine's recent steps as (seconds, scheduled tokens), and its busy share
+    (`busy`: `kvgate.wire.busy_share`, from the steps' ends); O(1) per step."""
 
-    __slots__ = ("steps",)
+    __slots__ = ("steps", "busy")
 
     def __init__(self, max_steps: int = MAX_STEPS) -> None:
         self.steps: deque[tuple[float, int]] = deque(maxlen=max_steps)
+        self.busy = BusyMeter()
 
-    def record(self, seconds: float, tokens: int) -> None:
+    def record(self, seconds: float, tokens: int, ended_at: float | None = None) -> None:
+        """A step of `seconds` that scheduled `tokens`, ending at `ended_at` (a monotonic
+        clock's reading; None: not counted in the busy share)."""
         if tokens > 0 and seconds >= 0:  # an empty step computed nothing
             self.steps.append((seconds, tokens))
+            if ended_at is not None:
+                self.busy.observe(ended_at, seconds)
 
 
 def marginal_token_sec(steps: Iterable[tuple[float, int]]) -> float | None:

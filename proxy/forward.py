@@ -55,6 +55,7 @@ from kvgate.proxy.upstream import (
     UpstreamClients,
     upstream_request_headers,
 )
+from kvgate.proxy.usage_tap import USAGE_KINDS, USAGE_OPTION, UsageTap, asks_for_usage
 from kvgate.wire.routes import PASSTHROUGH, PROMPT_KINDS, SESSION_FIELD_KINDS, RouteSpec, response_id_of
 
 CLIENT_CLOSED = 499  # the status label of a request whose client went away (nginx's convention)
@@ -83,6 +84,7 @@ class Turn:
     chain: TurnPlan | None  # a Responses request's place in its chain
     headers: list[tuple[bytes, bytes]]  # the upstream request's headers
     target: str  # the upstream request's path and query
+    strip_usage: bool = False  # kvgate asked for the answer's usage: the client did not (proxy.usage_tap)
     # what happened, for the access log: the replica last chosen, the gate's answer, its wait
     replica: str | None = None
     admission: str | None = None
@@ -116,6 +118,7 @@ class Forwarder:
         self._replica_gate = settings.role == REPLICA_GATE  # reads the front doors' TIER_SESSION_HEADER first
         self._front_door = settings.role == FRONT_DOOR  # the session id travels on in the header
         self._tiered = settings.role in (FRONT_DOOR, REPLICA_GATE)
+        self._learns_usage = settings.gate.mode != "off"  # the gate learns each turn's prompt size from its usage
         self.relay = AnswerRelay(
             metrics, settings.limits.max_buffered_response_bytes, gates=settings.gate.mode != "off"
         )
@@ -186,6 +189,10 @@ class Forwarder:
             # Only a turn ends its session: a models list that anyone can send with any session
             # id must not end another session's window.
             finish = kind in PROMPT_KINDS and request.headers.get(self._finish_header, "").lower() == "true"
+        strip_usage = self._learns_usage and kind in USAGE_KINDS and asks_for_usage(body)
+        if strip_usage:  # the gate learns from the usage; the client gets the answer it asked for
+            assert raw is not None  # USAGE_KINDS are routes with a body
+            raw = with_member(raw, body, "stream_options", USAGE_OPTION)
         headers = self._upstream_headers(request, session_id, self._api_key)
         turn = Turn(
             request,
@@ -201,6 +208,7 @@ class Forwarder:
             chain,
             headers,
             f"{route.path}?{request.query}" if request.query else route.path,
+            strip_usage,
         )
         status = CLIENT_CLOSED
         try:
@@ -345,9 +353,12 @@ class Forwarder:
         status = CLIENT_CLOSED
         completed = False
         try:
+            tap = UsageTap(turn.strip_usage) if self._learns_usage and turn.route.kind in USAGE_KINDS else None
             status, completed = await self.relay.relay(
-                turn.responder, upstream, replica, lease, turn.stream, turn.route.kind
+                turn.responder, upstream, replica, lease, turn.stream, turn.route.kind, tap
             )
+            if completed and tap is not None and tap.usage is not None:
+                lease.learn(tap.usage.prompt_tokens, tap.usage.cached_tokens)
         except (asyncio.CancelledError, ConnectionResetError):
             self.metrics.upstream_errors.labels(replica.name, "client_disconnect").inc()
             raise

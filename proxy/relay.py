@@ -9,6 +9,8 @@ Invariants:
   error event; any other body is left unfinished, so the server closes the connection
   and the client cannot take a truncated body for a complete one.
 - Every answer carries the lease's headers (replica, admission reason, wait).
+- With a `UsageTap`, the answer's usage is read as it passes (`proxy.usage_tap`); a tap
+  that strips takes the usage event kvgate asked for out of the stream, nothing else.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from kvgate.proxy.metrics import KvgateMetrics
 from kvgate.proxy.topology import merge_kvgate_headers
 from kvgate.proxy.turn_hold import TurnLease
 from kvgate.proxy.upstream import EXCHANGE_ERRORS, relayed_response_headers
+from kvgate.proxy.usage_tap import UsageTap
 
 log = logging.getLogger("kvgate.proxy")
 
@@ -63,8 +66,10 @@ class AnswerRelay:
         lease: TurnLease,
         stream: bool,
         kind: str,
+        tap: UsageTap | None = None,
     ) -> tuple[int, bool]:
-        """Relay the upstream's answer: (status for metrics, completed normally)."""
+        """Relay the upstream's answer: (status for metrics, completed normally). `tap`
+        (answers under 400 only) reads its usage."""
         headers, upstream_gated = merge_kvgate_headers(
             relayed_response_headers(upstream.headers), lease_headers(replica, lease)
         )
@@ -76,6 +81,8 @@ class AnswerRelay:
                 replica.name,
             )
         is_sse = upstream.content_type == b"text/event-stream"
+        if upstream.status >= 400:
+            tap = None
         pending: list[bytes] = []
         if not (is_sse or (stream and upstream.content_length is None)):
             size = 0
@@ -93,7 +100,10 @@ class AnswerRelay:
                     )
                     return 502, False
                 if not data:
-                    responder.send(upstream.status, b"".join(pending), headers, upstream.reason)
+                    body = b"".join(pending)
+                    if tap is not None:
+                        tap.whole(body)
+                    responder.send(upstream.status, body, headers, upstream.reason)
                     return upstream.status, True
                 pending.append(data)
                 size += len(data)
@@ -102,6 +112,8 @@ class AnswerRelay:
         for data in pending:
             await responder.write(data)
         pending.clear()
+        if not is_sse:
+            tap = None  # an unbuffered answer that is not SSE: its usage is not read
         while True:
             try:
                 chunk = await upstream.readany()
@@ -120,6 +132,14 @@ class AnswerRelay:
                 return upstream.status, False
             if not chunk:
                 break
+            if tap is not None:
+                chunk = tap.feed(chunk)
+                if not chunk:
+                    continue
             await responder.write(chunk)
+        if tap is not None:
+            rest = tap.finish()
+            if rest:
+                await responder.write(rest)
         await responder.end()
         return upstream.status, True

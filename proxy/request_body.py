@@ -39,7 +39,7 @@ def stream_flag(body: dict) -> bool:
     raise RequestRejected(400, f"field 'stream' must be a boolean, got {type(value).__name__}", "invalid_type")
 
 
-def with_member(raw: bytes, body: dict, name: str, value: str | int) -> bytes:
+def with_member(raw: bytes, body: dict, name: str, value: object) -> bytes:
     """`raw` (the bytes `body` was parsed from) with `"<name>": <value>` spliced in as
     its first member: the client's bytes are kept as sent (big integers, number
     spelling, duplicate keys, key order), and nothing is encoded twice. The caller

@@ -31,6 +31,8 @@ class TurnLease(Protocol):
 
     def release(self, served: bool = True) -> None: ...
 
+    def learn(self, prompt_tokens: int, cached_tokens: int | None) -> None: ...
+
 
 class TurnAdmission(Protocol):
     """The gate as the proxy's turns use it (gate.admission.AdmissionController)."""
@@ -81,6 +83,9 @@ class _Ungated:
     priority = None
 
     def release(self, served: bool = True) -> None:
+        return None
+
+    def learn(self, prompt_tokens: int, cached_tokens: int | None) -> None:
         return None
 
 

@@ -53,11 +53,12 @@ def _next_token(request: SimRequest) -> int:
     return output_token(request.num_tokens)
 
 
-def engine_kv_answer(scheduler: Scheduler, meter: StepMeter) -> KvAnswer:
-    """An engine's KV usage as the probe API answers it. The pool counts usable blocks;
-    vLLM's `num_gpu_blocks` has one more, its null block, and so does this answer."""
+def engine_kv_answer(scheduler: Scheduler, meter: StepMeter, now: float | None = None) -> KvAnswer:
+    """An engine's KV usage as the probe API answers it, its measurements as of `now` (the
+    engine's clock). The pool counts usable blocks; vLLM's `num_gpu_blocks` has one more, its
+    null block, and so does this answer."""
     pool = scheduler.kv_cache_manager.block_pool
-    measured = meter.reading()
+    measured = meter.reading(now)
     rate = measured["prefill_tokens_per_sec"]
     return KvAnswer.of_engine(
         num_gpu_blocks=pool.num_blocks + 1,
@@ -149,7 +150,7 @@ class AsyncEngine:
     # -- probes (no side effects) --------------------------------------------------------
 
     def kv_answer(self) -> KvAnswer:
-        return engine_kv_answer(self.scheduler, self.meter)
+        return engine_kv_answer(self.scheduler, self.meter, asyncio.get_running_loop().time())
 
     def prefix_answer(self, token_ids: list[int], cache_salt: str | None = None) -> PrefixAnswer:
         hashes = compute_block_hashes(token_ids, self.config.block_size, cache_salt)
@@ -184,7 +185,8 @@ class AsyncEngine:
             )
             delay = step_seconds * self.time_scale - (loop.time() - started)
             await asyncio.sleep(delay if delay > 0 else 0)
-            self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, loop.time() - started)
+            ended = loop.time()
+            self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, ended - started, ended)
             finished = scheduler.update_from_output(output, _next_token)
             handles = self._handles
             for request, _ in output.scheduled:

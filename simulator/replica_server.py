@@ -562,8 +562,8 @@ async def start_simulated_replicas(count: int, host: str = "127.0.0.1", **engine
     """Start `count` replicas named sim0, sim1, ... on free ports of `host` (seam 2).
 
     engine_options: num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
-    max_model_len, scheduling_policy, time_scale, cost_model, model_name, replica_api_key. If one fails to start, the ones
-    already started are stopped and the error propagates.
+    max_model_len, scheduling_policy, time_scale, cost_model, model_name, replica_api_key. If
+    one fails to start, the ones already started are stopped and the error propagates.
     """
     if count < 1:
         raise ValueError(f"count must be >= 1 (got {count})")

@@ -7,7 +7,9 @@ work-conserving rule weighs (docs/gate.md):
   token of every running sequence);
 - `prefill_tokens_per_sec`: prompt tokens per second of the time prefill *added* to a
   step: a step that computed prompt tokens, minus the decode step it also was;
-- `prefill_share`: of the engine's recent busy time, the part prefill added.
+- `prefill_share`: of the engine's recent busy time, the part prefill added;
+- `busy_share`: of the engine's recent wall time, the part spent in steps
+  (`kvgate.wire.busy_share`; needs each step's end time and the reading's time).
 
 The rates are smoothed per step (EWMA, `weight` on the newest step); the share over
 busy time (its two sums decay by exp(-seconds / `horizon_sec`) each step, so it
@@ -19,7 +21,9 @@ knows it has no measurement yet. Pure: no clock, the caller passes the step's se
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from kvgate.wire.busy_share import BusyMeter
 
 
 @dataclass
@@ -30,12 +34,19 @@ class StepMeter:
     decode_step_sec: float | None = None
     _prefill_time: float = 0.0  # decayed seconds that prefill added, and decayed busy seconds
     _busy_time: float = 0.0
+    _busy: BusyMeter = field(init=False)
 
-    def observe(self, prefill_tokens: int, decode_seqs: int, seconds: float) -> None:
+    def __post_init__(self) -> None:
+        self._busy = BusyMeter(self.horizon_sec)  # the busy share decays as the prefill share does
+
+    def observe(self, prefill_tokens: int, decode_seqs: int, seconds: float, ended_at: float | None = None) -> None:
         """One engine step: `prefill_tokens` prompt tokens computed, `decode_seqs` sequences
-        decoded, `seconds` of wall time (a step of no measurable time is skipped)."""
+        decoded, `seconds` of wall time, ending at `ended_at` (the engine's clock; None: the
+        step does not count in the busy share). A step of no measurable time is skipped."""
         if seconds <= 0:
             return
+        if ended_at is not None:
+            self._busy.observe(ended_at, seconds)
         added = 0.0
         if prefill_tokens > 0:
             added = seconds - (self.decode_step_sec or 0.0)
@@ -51,11 +62,13 @@ class StepMeter:
     def _smooth(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.weight * (new - old)
 
-    def reading(self) -> dict:
-        """The probe API's optional fields (None: not measured yet)."""
+    def reading(self, now: float | None = None) -> dict:
+        """The probe API's optional fields (None: not measured yet); the busy share as of
+        `now` (the clock the steps' ends were given in; None: not reported)."""
         share = self._prefill_time / self._busy_time if self._busy_time > 0 else None
         return {
             "prefill_tokens_per_sec": self.prefill_tokens_per_sec,
             "decode_step_sec": self.decode_step_sec,
             "prefill_share": share,
+            "busy_share": None if now is None else self._busy.share(now),
         }

@@ -127,7 +127,7 @@ class SimEngine:
     def kv_answer(self) -> KvAnswer:
         """The kv probe's answer, as the simulated replica gives it."""
         self.settle()
-        return engine_kv_answer(self.scheduler, self.meter)
+        return engine_kv_answer(self.scheduler, self.meter, self._loop.time())
 
     def prefix_answer(self, request: SimRequest) -> PrefixAnswer:
         """The prefix probe's answer for `request`'s prompt: no side effects."""
@@ -149,7 +149,7 @@ class SimEngine:
         assert self._timer is not None
         self._timer.cancel()
         self._timer = None
-        self._jump(done, seconds)
+        self._jump(done, seconds, ends)
         if done == len(ends):
             self._begin()
             return
@@ -180,9 +180,9 @@ class SimEngine:
         self._timer = None
         output, self._output = self._output, None
         assert output is not None
-        self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, self._step_sec)
-        self.busy_sec += self._step_sec
         now = self._step_began + self._step_sec
+        self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, self._step_sec, now)
+        self.busy_sec += self._step_sec
         finished = self.scheduler.update_from_output(output, self._next_token)
         turns = self._turns
         step = self.scheduler.step_index - 1
@@ -218,15 +218,15 @@ class SimEngine:
         _, ends, seconds = self._stretch
         self._stretch = None
         self._timer = None
-        self._jump(len(ends), seconds)
+        self._jump(len(ends), seconds, ends)
         self._begin()
 
-    def _jump(self, steps: int, seconds: list[float]) -> None:
+    def _jump(self, steps: int, seconds: list[float], ends: list[float]) -> None:
         """Jump the first `steps` steps of the planned stretch (their meter readings included)."""
         if steps == 0:
             return
         decoders = len(self.scheduler.running)
-        for step in seconds[:steps]:
-            self.meter.observe(0, decoders, step)
+        for step, end in zip(seconds[:steps], ends[:steps], strict=True):
+            self.meter.observe(0, decoders, step, end)
             self.busy_sec += step
         jump_decode_steps(self.scheduler, steps, self._next_token)

@@ -7,6 +7,13 @@ link in its Markdown resolves.
 - Every relative Markdown link (`[text](path)`, `[text](path#anchor)`, `[text](#anchor)`)
   in every tracked `*.md` file, outside fenced code, names a tracked file or folder, and
   its anchor names a heading of the target (GitHub's anchor rule).
+- Every repository path cited anywhere in a tracked text file (code docstrings and
+  comments, configs, scripts, docs: a path that starts with one of the repository's
+  top-level folders, such as `tests/vllm/conftest.py`) names a tracked file or folder,
+  except the few a user or a run creates (`CREATED_PATHS`). Patterns (`*`, `{a,b}`,
+  `<name>`) and prefixes in code are not citations of one file and are skipped.
+- No tracked file names an issue of the project's tracker (the word issue and its number): a
+  reader of a clone cannot open it. Say what the code or test does instead.
 """
 
 from __future__ import annotations
@@ -17,6 +24,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 OUTSIDE_TEXTS = tuple(name + ".md" for name in ("SPEC", "DESIGN"))
+# Paths that are cited but made by the user or a run, never tracked.
+CREATED_PATHS = (
+    "docker/secrets",  # the Compose files' secrets: the user makes them (docker/compose*.yaml)
+    "docs/results.json.lock",  # taken by `kvgate bench results` while it writes the page
+)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
@@ -92,3 +104,48 @@ def test_every_relative_markdown_link_resolves():
                 elif anchor and relative.endswith(".md") and anchor not in anchors(resolved):
                     broken.append(f"{name}: {target} names no heading of {relative}")
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def cited_paths(line: str, top_folders: list[str]) -> list[str]:
+    """The repository paths `line` cites: words that start with a top-level folder and a
+    slash. Left out: patterns, and prefixes in code (a string literal that ends in `.` or
+    `/`, such as `startswith("docs/results.")`)."""
+    folders = "|".join(map(re.escape, top_folders))
+    pattern = r"(?<![\w./-])(?:" + folders + r")/[\w./*{}<>-]*[\w*}>]"
+    cited = []
+    for match in re.finditer(pattern, line):
+        path, after = match.group(), line[match.end() : match.end() + 2]
+        if not any(mark in path for mark in "*{}<>") and after not in ('."', ".'", '/"', "/'"):
+            cited.append(path)
+    return cited
+
+
+def test_every_cited_repository_path_exists():
+    files = set(tracked())
+    folders = {str(parent) for name in files for parent in Path(name).parents if str(parent) != "."}
+    top_folders = sorted({name.split("/", 1)[0] for name in files if "/" in name})
+    missing = []
+    for name in sorted(files):
+        try:
+            text = (REPO / name).read_text()
+        except UnicodeDecodeError:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            for path in cited_paths(line, top_folders):
+                created = any(path == c or path.startswith(c + "/") for c in CREATED_PATHS)
+                if path not in files and path not in folders and not created:
+                    missing.append(f"{name}:{number}: {path}")
+    assert not missing, "these lines cite repository paths that do not exist:\n" + "\n".join(missing)
+
+
+def test_no_file_cites_tracker_issues():
+    citing = []
+    for name in tracked():
+        try:
+            text = (REPO / name).read_text()
+        except UnicodeDecodeError:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if re.search(r"\bissues?[ \t]+#?\d+|\bissue[ \t]*#\d+", line, re.IGNORECASE):
+                citing.append(f"{name}:{number}: {line.strip()}")
+    assert not citing, "these lines cite tracker issues; say what is meant instead:\n" + "\n".join(citing)

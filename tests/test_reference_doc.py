@@ -330,6 +330,97 @@ def test_admission_reasons_are_documented():
     assert_same(documented, {reason.value for reason in AdmissionReason}, "Admission reasons")
 
 
+# ---------------------------------------------------------------- errors
+
+# The calls that answer a client with an error code: callee -> (index of the status
+# argument, index of the code argument); None: an error event inside a stream, no status.
+ERROR_CALLS = {"RequestRejected": (0, 2), "_Refusal": (0, 2), "send_error": (1, 3), "error_json": (0, 2)}
+STREAM_ERROR_CALLS = {"sse_error_event": 1}
+STREAM = "stream"
+
+
+def _constants(node: ast.AST | None) -> list:
+    """A constant argument's value, or both branches of a conditional one; [] when computed
+    (`exc.code`: the code of an error found elsewhere, passed on)."""
+    if isinstance(node, ast.Constant):
+        return [node.value]
+    if isinstance(node, ast.IfExp):
+        return _constants(node.body) + _constants(node.orelse)
+    return []
+
+
+def _argument(call: ast.Call, index: int, name: str) -> ast.AST | None:
+    if index < len(call.args):
+        return call.args[index]
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def _emitted_error_codes() -> set[tuple[str, str]]:
+    """(status, code) of every error the front door (proxy/, gate/, balancer/) can answer with:
+    the error calls' constant codes (a callee's default code when the call gives none), and
+    the `status`/`code` class attributes of every error class that is instantiated."""
+    trees = [
+        ast.parse(path.read_text()) for part in ("proxy", "gate", "balancer") for path in (REPO / part).rglob("*.py")
+    ]
+    default_codes: dict[str, str] = {}
+    classes: dict[str, tuple[list[str], dict[str, object]]] = {}
+    calls: list[ast.Call] = []
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                attrs = {}
+                for stmt in node.body:
+                    target = stmt.targets[0] if isinstance(stmt, ast.Assign) else getattr(stmt, "target", None)
+                    if isinstance(target, ast.Name) and isinstance(getattr(stmt, "value", None), ast.Constant):
+                        attrs[target.id] = stmt.value.value  # type: ignore[union-attr]
+                    if isinstance(stmt, ast.FunctionDef) and stmt.name == "__init__":
+                        names = [a.arg for a in stmt.args.args]
+                        names = names[len(names) - len(stmt.args.defaults) :]  # the defaults are the last ones
+                        for arg, default in zip(names, stmt.args.defaults):
+                            if arg == "code" and isinstance(default, ast.Constant):
+                                default_codes[node.name] = default.value
+                classes[node.name] = ([b.id for b in node.bases if isinstance(b, ast.Name)], attrs)
+            elif isinstance(node, ast.Call):
+                calls.append(node)
+    emitted: set[tuple[str, str]] = set()
+    instantiated = set()
+    for call in calls:
+        name = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", None)
+        instantiated.add(name)
+        if name in STREAM_ERROR_CALLS:
+            emitted |= {(STREAM, code) for code in _constants(_argument(call, STREAM_ERROR_CALLS[name], "code"))}
+        if name not in ERROR_CALLS:
+            continue
+        status_at, code_at = ERROR_CALLS[name]
+        code_node = _argument(call, code_at, "code")
+        found = _constants(code_node) if code_node is not None else [default_codes[name]]
+        statuses = _constants(_argument(call, status_at, "status"))
+        assert statuses or not found, f"{ast.unparse(call)}: a constant code with a computed status"
+        emitted |= {(str(status), code) for status in statuses for code in found}
+
+    def attribute(cls: str, attr: str) -> object:
+        bases, attrs = classes[cls]
+        if attr in attrs:
+            return attrs[attr]
+        return next((attribute(b, attr) for b in bases if b in classes), None)
+
+    for cls in instantiated & set(classes):
+        code, status = attribute(cls, "code"), attribute(cls, "status")
+        if isinstance(code, str) and isinstance(status, int):
+            emitted.add((str(status), code))
+    return emitted
+
+
+def test_error_codes_are_documented():
+    """The Errors table lists exactly the (status, code) pairs the front door can answer with;
+    a status cell may name several statuses, or say the code comes inside a stream."""
+    documented = set()
+    for row in table_rows(doc_sections()["Errors"]):
+        statuses = [STREAM] if STREAM in row[0] else re.findall(r"\d{3}", row[0])
+        documented |= {(status, code) for status in statuses for code in codes(row[1])}
+    assert_same(documented, _emitted_error_codes(), "Errors")
+
+
 # ---------------------------------------------------------------- probe API
 
 

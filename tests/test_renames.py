@@ -33,12 +33,15 @@ RETIRED = {
     '"policy": "contract"': '"policy": "working_set"',
     "POLICY=seed": "POLICY=watermark",
     "POLICY=contract": "POLICY=working_set",
+    "issue-9": "silent-burst",
 }
 # Where an old name must appear: the list of renames, and the refusals that name the new one.
 ALLOWED = {
     "CHANGELOG.md",
     "gate/policies/registry.py",
     "bench/agentic/runner.py",
+    "bench/agentic/regimes.py",
+    "tests/bench/test_agentic_regimes.py",
     "tests/gate/test_policies.py",
     "tests/proxy/test_proxy_config.py",
     "tests/test_renames.py",

@@ -135,7 +135,8 @@ class KvAnswer:
     `prefill_tokens_per_sec` (prompt tokens the engine computes per second of prefill),
     `decode_step_sec` (seconds per decode step), `prefill_share` (the share of recent busy
     time spent prefilling), `token_sec` (an engine's marginal seconds per scheduled token,
-    fitted from its steps).
+    fitted from its steps), `busy_share` (the share of recent wall time the engine spent
+    in scheduler steps, `kvgate.wire.busy_share`).
 
     Two figures are the server's, not an engine's (set on the whole answer only; None from
     a server that does not know them): `max_model_len`, the longest prompt the server
@@ -158,6 +159,7 @@ class KvAnswer:
     decode_step_sec: float | None = None
     prefill_share: float | None = None
     token_sec: float | None = None
+    busy_share: float | None = None
     max_model_len: int | None = None
     max_token_bytes: int | None = None
     scheduling_policy: str | None = None
@@ -179,6 +181,7 @@ class KvAnswer:
         decode_step_sec: float | None = None,
         prefill_share: float | None = None,
         token_sec: float | None = None,
+        busy_share: float | None = None,
     ) -> KvAnswer:
         """One engine's answer from its raw figures (`num_gpu_blocks` with the null block)."""
         num_total_blocks = max(num_gpu_blocks - 1, 0)
@@ -195,6 +198,7 @@ class KvAnswer:
             decode_step_sec=decode_step_sec,
             prefill_share=prefill_share,
             token_sec=token_sec,
+            busy_share=busy_share,
         )
 
     @property
@@ -228,6 +232,7 @@ class KvAnswer:
             decode_step_sec=_positive(doc, "decode_step_sec"),
             prefill_share=_ratio(doc, "prefill_share", required=False),
             token_sec=_positive(doc, "token_sec"),
+            busy_share=_ratio(doc, "busy_share", required=False),
             max_model_len=_at_least_one(doc, "max_model_len"),
             max_token_bytes=_at_least_one(doc, "max_token_bytes"),
             scheduling_policy=_scheduling_policy(doc),
@@ -266,7 +271,7 @@ def merge_kv(per_engine: Sequence[KvAnswer]) -> KvAnswer:
     it stays "held blocks over usable blocks". The block size is the engines' common one.
     The measurements are the slowest engine's (a turn may land on any of them): the lowest
     prefill throughput, the longest decode step and marginal token cost, the largest
-    prefill share. The server's own figures (`max_model_len`, `max_token_bytes`) are the
+    prefill share and busy share. The server's own figures (`max_model_len`, `max_token_bytes`) are the
     server's to add (`dataclasses.replace`).
     """
     if not per_engine:
@@ -285,6 +290,7 @@ def merge_kv(per_engine: Sequence[KvAnswer]) -> KvAnswer:
         decode_step_sec=_slowest((a.decode_step_sec for a in per_engine), max),
         prefill_share=_slowest((a.prefill_share for a in per_engine), max),
         token_sec=_slowest((a.token_sec for a in per_engine), max),
+        busy_share=_slowest((a.busy_share for a in per_engine), max),
         engines=tuple(replace(answer, engine=index, engines=()) for index, answer in enumerate(per_engine)),
     )
 

@@ -96,11 +96,20 @@ _GATE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
 }
 
 
+def _regime_name(name: str) -> str:
+    """A known regime's name; a renamed or unknown one is refused saying what to write."""
+    try:
+        return get_regime(name).name
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--regime",
         default="thrash",
-        choices=sorted(REGIMES),
+        type=_regime_name,
+        metavar="{" + ",".join(sorted(REGIMES)) + "}",
         help="preset of workload, replica shape and gate settings (default: thrash); "
         + "; ".join(f"{r.name}: {r.description}" for r in REGIMES.values()).replace("%", "%%"),
     )

@@ -16,8 +16,9 @@ Regimes that can catch a gate that loses run the gate with its *defaults*
 silently, as an OpenAI-SDK agent's do); `cheap-prefill` makes holding back unable to
 pay (short contexts, prefill 10x cheaper than the default cost model: a turn is mostly
 decode); `prefill-bound` makes one full re-prefill of a session's context cost about
-its turn's decode (long contexts, longer replies); `issue-9` is a burst of silent
-sessions on small caches. `--send-finish no` turns any regime into its silent-finish form.
+its turn's decode (long contexts, longer replies); `silent-burst` is a burst of silent
+sessions on caches that hold about one session's context, where re-prefill is cheap;
+`calm` is two sessions and room for both. `--send-finish no` turns any regime into its silent-finish form.
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ def _thrash_workload(**changes) -> WorkloadSpec:
     return base.replace(**changes)
 
 
+_ROOMY_CACHE = ReplicaShape(
+    num_blocks=4096, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=8192, time_scale=1.5
+)
 _SMALL_CACHE = ReplicaShape(
     num_blocks=512, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=8192, time_scale=1.5
 )
@@ -162,15 +166,14 @@ REGIMES: dict[str, Regime] = {
         "no-pressure",
         "every active session's prompt fits in its replica's cache: the gate must cost nothing",
         _thrash_workload(),
-        ReplicaShape(
-            num_blocks=4096,
-            block_size=16,
-            max_num_seqs=64,
-            max_num_batched_tokens=2048,
-            max_model_len=8192,
-            time_scale=1.5,
-        ),
+        _ROOMY_CACHE,
         gate={"idle_grace_sec": 5.0, "wait_poll_sec": 0.25},
+    ),
+    "calm": Regime(
+        "calm",
+        "two sessions at once on no-pressure replicas, default gate settings: the gate must cost nothing",
+        _thrash_workload(sessions=2, concurrency=2),
+        _ROOMY_CACHE,
     ),
     "thrash": Regime(
         "thrash",
@@ -303,10 +306,11 @@ REGIMES.update(
         "thrash-no-finish": _silent(REGIMES["thrash"], ": windows must end when sessions go quiet"),
         "cheap-prefill-no-finish": _silent(REGIMES["cheap-prefill"]),
         "prefill-bound-no-finish": _silent(REGIMES["prefill-bound"]),
-        "issue-9": Regime(
-            "issue-9",
+        "silent-burst": Regime(
+            "silent-burst",
             "16 sessions x 8 turns all at once, 0.3 s tool calls, no x-session-finish, "
-            "2 replicas of 64 blocks x 32 tokens, default cost model and gate",
+            "2 replicas of 64 blocks x 32 tokens (about one session's context), default cost model and gate: "
+            "re-prefill is cheap and holding cannot pay",
             WorkloadSpec(
                 sessions=16,
                 concurrency=16,
@@ -383,7 +387,13 @@ REGIMES.update(
 )
 
 
+# Regime names of earlier releases, refused with the new name.
+RENAMED_REGIMES = {"issue-9": "silent-burst"}
+
+
 def get_regime(name: str) -> Regime:
+    if name in RENAMED_REGIMES:
+        raise ValueError(f"regime {name!r} is now called {RENAMED_REGIMES[name]!r}")
     try:
         return REGIMES[name]
     except KeyError:

@@ -33,7 +33,7 @@ from kvgate.bench.agentic.report import summarize_mode
 from kvgate.bench.agentic.scrape import Counters, fetch_counters, fetch_probe_totals, sum_counters
 from kvgate.bench.agentic.topologies import TOPOLOGY_MODES, gate_conflicts, start_topology, topology_gate
 from kvgate.bench.agentic.workload import Workload
-from kvgate.bench.processes import ReplicaShape, ServerGroup
+from kvgate.bench.processes import ReplicaShape, ServerGroup, process_cpu_seconds
 
 MODES = ("direct", "sticky", "kvgate-watermark", "kvgate-working_set", "kvgate-priority")
 # Mode names of earlier releases, refused with the new name.
@@ -185,6 +185,9 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
         before = await _snapshot(http, urls)
         driver = WorkloadDriver(plan.workload, target, model, http, plan.request_timeout_s, plan.api)
         timeline: list[dict] = []
+        proxies = {name: pid for name, pid in servers.pids().items() if not name.startswith("replica")}
+        cpu_before = cpu_seconds(proxies)
+        load_cpu_before = time.process_time()
         t0 = time.perf_counter()
         sampler = asyncio.create_task(_sample(http, urls, before, t0, plan.sample_interval_s, timeline))
         try:
@@ -192,6 +195,8 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
         finally:
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
+        load_cpu = time.process_time() - load_cpu_before
+        proxy_cpu = cpu_seconds(proxies) - cpu_before if proxies else None
         delta = (await _snapshot(http, urls)).minus(before)
         # the gate's probes over the run (a fresh kvgate per mode: its totals are the run's)
         probes = await fetch_probe_totals(http, proxy_url) if proxy_url is not None else None
@@ -201,6 +206,7 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
         mode, driver.attempts, driver.turns, delta, makespan, ceiling_hit_rate, plan.workload.num_turns
     )
     summary["gate"] = gate
+    summary["cpu_s"] = cpu_summary(proxy_cpu, delta.cpu_seconds, load_cpu)
     if probes is not None:
         summary["gate_probes"] = probes
     summary["api"] = plan.api
@@ -209,6 +215,18 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
     if reset is not None:
         summary["prefix_cache_reset"] = reset
     return ModeRun(summary, timeline, driver.attempts, driver.turns)
+
+
+def cpu_seconds(pids: dict[str, int]) -> float:
+    """CPU seconds the processes `pids` have used so far (summed; a gone process counts 0)."""
+    return sum(process_cpu_seconds(pid) or 0.0 for pid in pids.values())
+
+
+def cpu_summary(proxy: float | None, servers: float | None, load: float) -> dict[str, float | None]:
+    """CPU seconds a mode's run took, by process: the kvgate proxies (None: no proxy), the
+    replicas' server processes (`process_cpu_seconds_total` of their /metrics: vLLM's API
+    server, not its engine core; None when they do not export it), the load generator."""
+    return {"kvgate": proxy, "replica_server": servers, "load_generator": load}
 
 
 def median_run(runs: list[ModeRun]) -> ModeRun:

@@ -20,6 +20,7 @@ QUERIES = "vllm:prefix_cache_queries_total"
 HITS = "vllm:prefix_cache_hits_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
 SIM_PREFIX = "kvgate_sim:"
+CPU = "process_cpu_seconds_total"  # prometheus-client's process collector: the serving process's CPU
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -61,23 +62,38 @@ class Counters:
     hits: float = 0.0
     preemptions: float = 0.0
     sim: dict[str, float] = field(default_factory=dict)  # kvgate_sim:*_total counters by name
+    cpu_seconds: float | None = None  # `process_cpu_seconds_total`; None when a replica does not export it
 
     @classmethod
     def from_metrics(cls, totals: dict[str, float]) -> Counters:
         sim = {k: v for k, v in totals.items() if k.startswith(SIM_PREFIX) and k.endswith("_total")}
-        return cls(totals.get(QUERIES, 0.0), totals.get(HITS, 0.0), totals.get(PREEMPTIONS, 0.0), sim)
+        return cls(totals.get(QUERIES, 0.0), totals.get(HITS, 0.0), totals.get(PREEMPTIONS, 0.0), sim, totals.get(CPU))
 
     def __add__(self, other: Counters) -> Counters:
         sim = dict(self.sim)
         for k, v in other.sim.items():
             sim[k] = sim.get(k, 0.0) + v
-        return Counters(self.queries + other.queries, self.hits + other.hits, self.preemptions + other.preemptions, sim)
+        return Counters(
+            self.queries + other.queries,
+            self.hits + other.hits,
+            self.preemptions + other.preemptions,
+            sim,
+            _add(self.cpu_seconds, other.cpu_seconds),
+        )
 
     def minus(self, earlier: Counters) -> Counters:
-        """The delta since `earlier` (a counter missing earlier counts from 0)."""
+        """The delta since `earlier` (a counter missing earlier counts from 0; the CPU is None
+        unless both snapshots have it)."""
         sim = {k: v - earlier.sim.get(k, 0.0) for k, v in self.sim.items()}
+        cpu = None
+        if self.cpu_seconds is not None and earlier.cpu_seconds is not None:
+            cpu = self.cpu_seconds - earlier.cpu_seconds
         return Counters(
-            self.queries - earlier.queries, self.hits - earlier.hits, self.preemptions - earlier.preemptions, sim
+            self.queries - earlier.queries,
+            self.hits - earlier.hits,
+            self.preemptions - earlier.preemptions,
+            sim,
+            cpu,
         )
 
     @property
@@ -85,9 +101,16 @@ class Counters:
         return self.hits / self.queries if self.queries else 0.0
 
 
+def _add(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a + b
+
+
 def sum_counters(items) -> Counters:
-    total = Counters()
-    for item in items:
+    items = list(items)
+    if not items:
+        return Counters()
+    total = items[0]
+    for item in items[1:]:
         total = total + item
     return total
 

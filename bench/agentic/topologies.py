@@ -8,7 +8,8 @@ every replica), laid out differently; sessions are split over two kvgates by ind
 - `naive`: two standalone kvgates, each enforcing on every replica, conflict detection
   off (`ownership.ttl_sec: 0`): each prices the replicas' caches as if alone;
 - `naive-detected`: the same two with conflict detection on: the late one finds every
-  replica owned, shadows them, and says so (`kvgate_gate_conflict`, /ready 503). Clients
+  replica owned, shadows them, and says so (`kvgate_gate_conflict`, /ready 503; the run
+  waits for that 503, up to `DETECTION_DEADLINE_SEC`, before it routes a client). Clients
   use the kvgates whose /ready is 200, as a Kubernetes Service or any load balancer with
   readiness checks would: so all sessions go through the one gate that owns the replicas.
 """
@@ -23,6 +24,9 @@ from kvgate.bench.processes import ServerGroup
 
 TOPOLOGY_MODES = ("tiers", "naive", "naive-detected")
 FRONT_DOORS = 2
+# How long `naive-detected` waits for the late kvgate to find the replicas owned: its claim
+# rounds come every third of ownership.ttl_sec (15 s by default).
+DETECTION_DEADLINE_SEC = 30.0
 
 
 def topology_gate(mode: str, settings: dict) -> dict:
@@ -64,8 +68,20 @@ async def start_topology(
             "kvgate1", urls, gate, extra=ttl, ready_path="/ready" if mode == "naive" else "/health"
         )
     )
+    if mode == "naive-detected":
+        await until_not_ready(doors[1], DETECTION_DEADLINE_SEC)
     ready = [url for url, ok in zip(doors, await asyncio.gather(*(is_ready(url) for url in doors))) if ok]
     return ready, doors
+
+
+async def until_not_ready(url: str, deadline_sec: float) -> None:
+    """Wait until the kvgate at `url` answers /ready with anything but 200, or `deadline_sec`.
+    A late kvgate learns that the replicas are owned from its claims' answers; a claim that
+    times out (1 s, on a loaded machine) leaves it ready until its next round."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + deadline_sec
+    while await is_ready(url) and loop.time() < give_up:
+        await asyncio.sleep(0.2)
 
 
 async def is_ready(url: str) -> bool:

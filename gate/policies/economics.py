@@ -3,15 +3,15 @@
 - An idle window lives `quiet_lifetime`: a few of its session's usual gaps between turns.
 - The work-conserving rule (`work_conserving`): a held turn goes in, without a window,
   when holding it back leaves more of the replica's compute unused
-  (`holding_cost_sec`) than its admission makes the replica spend computing again the
-  windows' blocks it pushes out (`reprefill_sec` of `evicted_window_blocks`).
+  (`holding_cost_sec`: its decode slack, the idle time ahead on an idle replica, and
+  the time it has waited at the engine's idle share, `busy_rent_sec`) than its
+  admission makes the replica spend computing again the windows' blocks it pushes out
+  (`reprefill_sec` of `evicted_window_blocks`).
 Without a measured prefill throughput there is no price, and the turn is held.
-- The cap on a held turn's wait (`capped`, when `wait_cap_factor` > 0): however the
-  rule weighs, a turn goes in, without a window, once it has waited `wait_cap_factor`
-  times its session's recent turn time (`wait_cap_sec`). So no turn waits more than
-  about that multiple of its own service time; turns let in early push windows out,
-  so the cap trades part of a win for the bounded tail
-  (docs/decisions/wait-cap.md).
+- The cap on a held turn's wait (`wait_cap_left`, when `wait_cap_factor` > 0): once a
+  turn has waited `wait_cap_factor` times its session's recent turn time
+  (`wait_cap_sec`), the policy lets it in however the rule weighs (`working_set`:
+  into a window made of idle windows, `reclaim_window`; docs/decisions/wait-cap.md).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from kvgate.gate.policies.pricing import estimated_prompt_tokens, free_budget, usable_blocks
 from kvgate.gate.policies.views import WorkingSetView
-from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Wait, WaitCause
+from kvgate.gate.policies.vocabulary import Wait, WaitCause
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
 from kvgate.wire.blocks import cdiv
@@ -39,6 +39,15 @@ def quiet_lifetime(
     return max(0.0, min(lifetime, ceiling))
 
 
+def late_after(session_gap: float | None, replica_gap: float | None, floor: float) -> float:
+    """How long an idle window's session may be idle before it is late: its usual gap
+    between turns (else the replica's), at least `floor` (the quiet floor). A late
+    session sits in an unusually long tool call, or has gone quietly: of all windows,
+    its blocks are the least likely to be read again soon."""
+    gap = session_gap if session_gap is not None else replica_gap
+    return floor if gap is None else max(floor, gap)
+
+
 def reprefill_sec(evicted_blocks: int, usage: UsageReading) -> float | None:
     """Seconds the replica will spend computing again `evicted_blocks` of other sessions'
     windows, at its measured prefill throughput; None without a measurement."""
@@ -53,6 +62,23 @@ def reprefill_sec(evicted_blocks: int, usage: UsageReading) -> float | None:
 DECODE_SLACK_MARGIN = 2.0
 
 
+def busy_rent_sec(view: WorkingSetView, usage: UsageReading) -> float:
+    """Engine time a held turn's wait has left unused while the replica was not idle:
+    the time it waited, at the engine's measured idle share (`1 - busy_share`, the share
+    of its recent wall time outside scheduler steps), split with the named waiters ahead
+    of it. A replica with turns in flight is not always computing: its engine idles
+    while they are rendered, queued in its API server or streamed. Counted at the idle
+    share, a wait on an engine that steps back to back costs nothing (it computes for
+    others), and one on an engine that mostly idles costs nearly its length. The idle
+    capacity is one for all the held turns, and the oldest would take it first: a turn
+    with `waiters_ahead` named waiters before it is charged 1 / (1 + waiters_ahead) of it.
+    0 on an idle replica (the ski-rental term of `holding_cost_sec` counts that) and
+    without a busy-share measurement."""
+    if view.replica_idle_sec is not None or usage.busy_share is None:
+        return 0.0
+    return view.waited_sec * (1.0 - usage.busy_share) / (1 + view.waiters_ahead)
+
+
 def holding_cost_sec(view: WorkingSetView, usage: UsageReading) -> float:
     """Engine time that holding the turn back leaves unused.
 
@@ -61,16 +87,31 @@ def holding_cost_sec(view: WorkingSetView, usage: UsageReading) -> float:
       measured prefill share (a decode-bound engine takes another sequence into its
       batch at almost no cost, a prefill-bound one has no such slack), counted at
       1 / DECODE_SLACK_MARGIN: the slack is a forecast, the re-prefill a certainty, and
-      a session admitted without a window grows into dearer turns;
+      a session admitted without a window grows into dearer turns; or, if larger, the
+      time it waited at the engine's idle share (`busy_rent_sec`);
     - on an idle replica, also the idle time ahead (the replica's expected gap before
       a holder in a tool call returns) and the idle time it already waited (the
       ski-rental rule: never wait, idle, longer than the re-prefill it would cause).
     """
     slack = 1.0 - (usage.prefill_share or 0.0)
     cost = view.max_output_tokens * (usage.decode_step_sec or 0.0) * slack / DECODE_SLACK_MARGIN
+    cost = max(cost, busy_rent_sec(view, usage))
     if view.replica_idle_sec is not None:
         cost = max(cost, view.expected_gap_sec or 0.0, min(view.replica_idle_sec, view.waited_sec))
     return cost
+
+
+def recheck_sec(view: WorkingSetView, usage: UsageReading, reprefill: float, holding: float) -> float | None:
+    """When the waiting turn's holding cost will have grown to `reprefill` if nothing else
+    changes (so the gate decides again then, not at its next poll): on an idle replica
+    the idle time it still has to wait; on a busy one with a busy share below 1, the
+    rest of the re-prefill at the rate its rent grows (`busy_rent_sec`).
+    None: the cost does not grow with the wait."""
+    if view.replica_idle_sec is not None:
+        return reprefill - min(view.replica_idle_sec, view.waited_sec)
+    if usage.busy_share is not None and usage.busy_share < 1.0:
+        return (reprefill - holding) * (1 + view.waiters_ahead) / (1.0 - usage.busy_share)
+    return None
 
 
 def work_conserving(
@@ -87,12 +128,19 @@ def work_conserving(
     holding = holding_cost_sec(view, usage)
     if reprefill <= holding:
         return None
-    recheck = None
-    if view.replica_idle_sec is not None:
-        recheck = reprefill - min(view.replica_idle_sec, view.waited_sec)
+    recheck = recheck_sec(view, usage, reprefill, holding)
     return Wait(
         WaitCause.WORTH_HOLDING, f"re-prefill {reprefill:.3f}s > holding cost {holding:.3f}s", recheck_sec=recheck
     )
+
+
+def could_work_conserve(view: WorkingSetView, usage: UsageReading, own_blocks: int, settings: GateSettings) -> bool:
+    """Whether freeing blocks could let a held turn of `own_blocks` in `work_conserving`:
+    the re-prefill its admission causes counts its own prompt whatever is freed
+    (`evicted_window_blocks` + its blocks), so once that alone costs more than holding
+    it, only a higher holding cost (an idle replica, a slower decode) can."""
+    reprefill = reprefill_sec(own_blocks, usage) if settings.work_conserving else None
+    return reprefill is not None and reprefill <= holding_cost_sec(view, usage)
 
 
 def evicted_window_blocks(
@@ -130,6 +178,9 @@ def unprobed_work_conserving(view: WorkingSetView, usage: UsageReading, settings
     tokenizes the whole chat for it. A window the exact price might have given it is
     not worth that: it would protect a prefix whose re-prefill costs less than holding
     the turn. (A turn whose upper bound fits a window gets one first: `bounded_footprint`.)
+    The holding cost is weighed as if the turn had already waited for the probe (the
+    replica's recent prefix-probe latency, `prefix_probe_sec`): a probe whose own wait
+    costs more than the estimated re-prefill cannot pay for itself, so it is not asked.
     """
     if view.has_window or not can_work_conserve(usage, settings) or not usage.has_blocks:
         return False
@@ -141,7 +192,8 @@ def unprobed_work_conserving(view: WorkingSetView, usage: UsageReading, settings
     cold = PrefixReading(total_blocks=blocks, hit_blocks=0, hit_ratio=0.0, total_tokens=tokens)
     budget, usable = free_budget(view, usage, settings), usable_blocks(usage, settings)
     at_risk = evicted_window_blocks(view, usage, cold, budget, usable) + blocks
-    return work_conserving(view, usage, at_risk, settings) is None
+    probed = replace(view, waited_sec=view.waited_sec + (view.prefix_probe_sec or 0.0))
+    return work_conserving(probed, usage, at_risk, settings) is None
 
 
 # The shortest cap: a session of very short turns still waits for a release or two.
@@ -157,13 +209,13 @@ def wait_cap_sec(view: WorkingSetView, settings: GateSettings) -> float | None:
     return max(WAIT_CAP_FLOOR_SEC, settings.wait_cap_factor * view.recent_turn_sec)
 
 
-def capped(wait: Wait, view: WorkingSetView, settings: GateSettings) -> Wait | Admit:
-    """`wait`, due again by the time its cap runs out; or, once the turn has waited its
-    cap, an Admit `wait_capped` without a window (the windows' books stay within usable)."""
+def wait_cap_left(view: WorkingSetView, settings: GateSettings) -> float | None:
+    """Seconds the held turn may still wait before its cap runs out (<= 0: it ran out);
+    None: no cap (`wait_cap_sec`)."""
     cap = wait_cap_sec(view, settings)
-    if cap is None:
-        return wait
-    left = cap - view.waited_sec
-    if left <= 0:
-        return Admit(AdmissionReason.WAIT_CAPPED)
+    return None if cap is None else cap - view.waited_sec
+
+
+def due_by(wait: Wait, left: float) -> Wait:
+    """`wait`, re-decided no later than `left` seconds from now (its own recheck if sooner)."""
     return replace(wait, recheck_sec=left if wait.recheck_sec is None else min(wait.recheck_sec, left))

@@ -15,7 +15,7 @@ running holder that needs blocks preempts them. Those turns are:
   cache: a new request allocates from the free blocks least recently freed first,
   whatever prefix they cache, and an idle window's prefix is such blocks. The fit keeps
   a turn let in this way from evicting a window's prefix when it is admitted;
-- a turn admitted without a window (`work_conserving`, `wait_capped`).
+- a turn admitted without a window (`work_conserving`, `wait_capped` where no window can be made).
 
 Invariants:
 - Only named turns, only on a replica whose kv answer says it schedules by priority,

@@ -150,3 +150,24 @@ def window_footprint(view: WorkingSetView, usage: UsageReading, prefix: PrefixRe
         prefix.total_tokens, view.last_prompt_tokens, view.last_growth_tokens, view.mean_growth_tokens
     )
     return min(footprint_blocks(prefix, usage, view.max_output_tokens, growth), usable_blocks(usage, settings))
+
+
+def reclaim_window(
+    view: WorkingSetView, usage: UsageReading, prefix: PrefixReading, settings: GateSettings
+) -> tuple[int, int] | None:
+    """A window for a newcomer made of late idle windows (`late_window_blocks`: other
+    sessions idle longer than their usual gap): (its footprint, the blocks of late
+    windows that must end for it to fit), or None if ending every late window would not
+    make room.
+
+    It fits when its footprint plus every window left stays within usable, and its
+    new blocks within vLLM's free blocks outside the idle windows left and headroom:
+    each block of an idle window that ends counts once in both (an idle window's
+    blocks are cached but free in vLLM's count). Needs block counts.
+    """
+    usable = usable_blocks(usage, settings)
+    footprint = window_footprint(view, usage, prefix, settings)
+    over_books = footprint + view.older_window_blocks - usable
+    over_engine = prefix.new_blocks - free_budget(view, usage, settings)
+    blocks = max(0, over_books, over_engine)
+    return (footprint, blocks) if blocks <= view.late_window_blocks else None

@@ -17,6 +17,9 @@ class GateFacts(Protocol):
     anonymous: the request has no session id (it never holds a window).
     has_window: the session holds a live (unexpired) window on this replica.
     idle_window_blocks: the footprints of *other* sessions' idle windows.
+    late_window_blocks: the footprints of other sessions' idle windows whose sessions
+      are late (`late_after`: idle longer than their usual gap between turns).
+    next_late_sec: seconds until the next other idle window turns late (None: none).
     older_window_blocks: the footprints of the windows that rank before this session's
       own (opened earlier), in flight or idle; all windows when the session holds none.
     max_output_tokens: the request's output allowance (`output_allowance(body)`).
@@ -42,6 +45,8 @@ class GateFacts(Protocol):
       smoothed), else the replica's; None before any turn ended on the replica.
     tokens_per_byte: the replica's recent highest ratio of a probed prompt's tokens to
       its body's bytes (`SessionBook.tokens_per_byte`), None before any probe.
+    prefix_probe_sec: how long a turn has recently waited for a prefix probe on this
+      replica (smoothed), None before any.
     priority_field: the turn's route carries vLLM's `priority` field
       (`kvgate.wire.routes.PRIORITY_FIELD_KINDS`).
     An anonymous turn has only `anonymous` and `max_output_tokens`; the rest read as
@@ -54,6 +59,10 @@ class GateFacts(Protocol):
     def has_window(self) -> bool: ...
     @property
     def idle_window_blocks(self) -> int: ...
+    @property
+    def late_window_blocks(self) -> int: ...
+    @property
+    def next_late_sec(self) -> float | None: ...
     @property
     def older_window_blocks(self) -> int: ...
     @property
@@ -80,6 +89,8 @@ class GateFacts(Protocol):
     def recent_turn_sec(self) -> float | None: ...
     @property
     def tokens_per_byte(self) -> float | None: ...
+    @property
+    def prefix_probe_sec(self) -> float | None: ...
     @property
     def priority_field(self) -> bool: ...
 
@@ -108,7 +119,9 @@ class WorkingSetView:
     `prompt_bound_tokens` (a turn whose bound fits is admitted without a prefix probe)
     and `tokens_per_byte` (the work-conserving rule's estimate of an unprobed prompt).
     The work-conserving rule's holding cost: `replica_idle_sec`, `expected_gap_sec`,
-    `waited_sec`. The cap on a held turn's wait: `waited_sec`, `recent_turn_sec`.
+    `waited_sec`, and `prefix_probe_sec` (the wait a probe would add). The cap on a
+    held turn's wait: `waited_sec`, `recent_turn_sec`, `late_window_blocks`,
+    `next_late_sec` (read only for a turn that has waited: they walk the windows).
     Forwarding a held turn at low priority instead (`held_priority`): `priority_field`.
     Anonymous turns, and replicas without block counts, are decided by the watermark
     policy (`watermark`).
@@ -130,6 +143,9 @@ class WorkingSetView:
     waited_sec: float = 0.0
     tokens_per_byte: float | None = None
     recent_turn_sec: float | None = None
+    prefix_probe_sec: float | None = None
+    late_window_blocks: int = 0
+    next_late_sec: float | None = None
     priority_field: bool = False
 
     @classmethod
@@ -151,6 +167,10 @@ class WorkingSetView:
             waited_sec=facts.waited_sec,
             tokens_per_byte=facts.tokens_per_byte,
             recent_turn_sec=facts.recent_turn_sec,
+            prefix_probe_sec=facts.prefix_probe_sec,
+            # these walk the windows: read only for a turn that has waited (the cap reads them)
+            late_window_blocks=facts.late_window_blocks if facts.waited_sec > 0 else 0,
+            next_late_sec=facts.next_late_sec if facts.waited_sec > 0 else None,
             priority_field=facts.priority_field,
         )
 

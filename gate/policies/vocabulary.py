@@ -62,6 +62,9 @@ class Admit:
     price is exact.
     wake_next: the replica has room beyond this turn (no pressure read): the shell
     wakes the next waiter too, as it does whenever a queued attempt is admitted.
+    reclaim_blocks: before booking the turn, the shell ends other sessions' late idle
+    windows (`late_after`; cause `reclaimed`), the longest idle first, until at least this
+    many of their blocks are uncommitted: the turn's window is made of them.
     priority: forward the request with this vLLM `priority` (lower is served first;
     the replica schedules by priority); None: the body's own, as sent.
     """
@@ -71,6 +74,7 @@ class Admit:
     footprint: int | None = None
     reprice_above: int | None = None
     wake_next: bool = False
+    reclaim_blocks: int = 0
     priority: int | None = None
 
 
@@ -86,6 +90,11 @@ class Wait:
     wake_on_release: the shell wakes it whenever blocks are freed (a release, a window
     that ended or shrank), not only when it heads the queue: a newcomer behind others
     that the work-conserving rule may let in once the cache has more room.
+    poll: the shell re-decides it every `wait_poll_sec` as well. False: only what the
+    shell sees change can change this decision (it heads the queue, blocks are freed
+    with `wake_on_release`, the replica goes idle, `recheck_sec`), so it is not polled
+    while another waiter heads the queue: a turn that waits behind others and that no
+    freed block can let in.
     """
 
     cause: WaitCause
@@ -93,6 +102,7 @@ class Wait:
     drop_window: bool = False
     recheck_sec: float | None = None  # decide again no later than this (the decision may change by then)
     wake_on_release: bool = False
+    poll: bool = True
 
 
 @dataclass(frozen=True, slots=True)

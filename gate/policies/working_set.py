@@ -30,8 +30,12 @@ Invariants (each has a table test):
 - A holder that no longer fits waits as a newcomer (`Wait.drop_window`) unless
   it goes in `work_conserving`; a prompt that can never fit (its full blocks >
   usable) is rejected, never held.
-- No named turn waits longer than its cap (`capped`): then it goes in `wait_capped`,
-  without a window, so the cap never breaks the windows' books either.
+- A named turn that has waited its cap (`wait_cap_left`) goes in `wait_capped` as
+  soon as a window can be made for it of late idle windows (`reclaim_window`: sessions
+  idle longer than their usual gap; they end, the longest idle first, and the books
+  stay within usable); until then it re-decides whenever blocks are freed. A holder
+  that no longer fits, or a turn without block counts or a prefix reading, goes in at
+  its cap without a window.
 - With `held_priority` > 0 on a replica that schedules by priority, the named turns
   without a window go at that vLLM priority, and a turn that would wait whose new
   blocks fit vLLM's free blocks outside idle windows and headroom goes in
@@ -44,17 +48,22 @@ it decides as the watermark policy does.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvgate.gate.policies.economics import (
     can_work_conserve,
-    capped,
+    could_work_conserve,
+    due_by,
     evicted_window_blocks,
     unprobed_work_conserving,
+    wait_cap_left,
     work_conserving,
 )
 from kvgate.gate.policies.low_priority import at_low_priority
 from kvgate.gate.policies.pricing import (
     bounded_footprint,
     free_budget,
+    reclaim_window,
     reprice_threshold,
     usable_blocks,
     window_footprint,
@@ -82,14 +91,45 @@ def working_set_decide(
     view: WorkingSetView, usage: UsageReading | None, prefix: ProbedPrefix | None, settings: GateSettings
 ) -> Decision | ProbeFirst:
     """The module's policy: `_decide`, with every Wait of a named turn bounded by its cap
-    (`capped`: once it has waited `wait_cap_factor` x its session's turn time it goes in
-    `wait_capped`, without a window); where the replica schedules by priority and
-    `held_priority` says so, the turns without a window go at that priority
-    (`at_low_priority`)."""
+    (`_capped`); where the replica schedules by priority and `held_priority` says so, the
+    turns without a window go at that priority (`at_low_priority`)."""
     decision = _decide(view, usage, prefix, settings)
     if isinstance(decision, Wait) and not view.anonymous:
-        decision = capped(decision, view, settings)
+        decision = _capped(decision, view, usage, prefix, settings)
+    if isinstance(decision, ProbeFirst):
+        return decision
     return at_low_priority(decision, view, usage, prefix, settings)
+
+
+def _capped(
+    wait: Wait, view: WorkingSetView, usage: UsageReading | None, prefix: ProbedPrefix | None, settings: GateSettings
+) -> Decision | ProbeFirst:
+    """`wait`, due again when its cap runs out (`wait_cap_left`); past its cap, the turn
+    goes in `wait_capped` with a window made of late idle windows (`reclaim_window`):
+    sessions sitting in a tool call longer than their usual gap (or gone quietly) give
+    their place to a turn that waited long enough; the windows in flight, and those of
+    sessions due back soon, keep theirs. If the late windows would not make room, it
+    waits on, woken whenever blocks are freed and when the next idle window turns late.
+    Where no window can be priced (a holder that no longer fits behind the older
+    windows, no block counts, no prefix reading) it goes in without one."""
+    left = wait_cap_left(view, settings)
+    if left is None:
+        return wait
+    if left > 0:
+        return due_by(wait, left)
+    if view.has_window or usage is None or not usage.has_blocks or isinstance(prefix, PrefixUnavailable):
+        return Admit(AdmissionReason.WAIT_CAPPED)
+    if prefix is None:
+        return PROBE_FIRST
+    reclaim = reclaim_window(view, usage, prefix, settings)
+    if reclaim is None:
+        why = f"waited its cap, for late idle windows to make room; {wait.why}"
+        waiting = replace(wait, why=why, wake_on_release=True, poll=True)
+        return waiting if view.next_late_sec is None else due_by(waiting, view.next_late_sec)
+    footprint, blocks = reclaim
+    return Admit(
+        AdmissionReason.WAIT_CAPPED, window=settings.retain_session, footprint=footprint, reclaim_blocks=blocks
+    )
 
 
 def _decide(
@@ -114,7 +154,7 @@ def _decide(
         return Admit(AdmissionReason.WORK_CONSERVING)
     behind_why = f"behind {view.waiters_ahead} waiting sessions (first come, first served)"
     if behind and not can_work_conserve(usage, settings):
-        return Wait(WaitCause.BEHIND_WAITERS, behind_why)
+        return Wait(WaitCause.BEHIND_WAITERS, behind_why, poll=False)  # nothing but its place can change
     if prefix is None:
         return PROBE_FIRST
     if isinstance(prefix, PrefixUnavailable):
@@ -153,9 +193,16 @@ def _decide(
             drop_window=True,
             recheck_sec=held.recheck_sec,
         )
-    if behind:  # no window before the waiters ahead; the rule decides again when blocks are freed
+    if behind:  # no window before the waiters ahead; the rule decides again when blocks are freed ...
+        # ... unless its own prompt's re-prefill alone outweighs holding it: then no freed
+        # block can let it in, and it waits for its place (or an idle replica) unpolled.
+        freeable = could_work_conserve(view, usage, prefix.total_blocks, settings)
         return Wait(
-            WaitCause.BEHIND_WAITERS, f"{behind_why}; {held.why}", recheck_sec=held.recheck_sec, wake_on_release=True
+            WaitCause.BEHIND_WAITERS,
+            f"{behind_why}; {held.why}",
+            recheck_sec=held.recheck_sec,
+            wake_on_release=freeable,
+            poll=freeable,
         )
     if working_set > usable:
         cause = WaitCause.WINDOWS_FULL

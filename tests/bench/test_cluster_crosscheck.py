@@ -16,12 +16,21 @@ they must agree within:
   (a simulated replica's asyncio sleep overshoots; CI shares two cores with other
   work), and a closed loop carries each delay into the next turn's start. The gated
   policy suffers most: each held turn's re-decisions wait on prefix probes that a
-  starved replica process answers late; on the shared 2-core machine its wall-clock
-  makespan ran up to a third over virtual time's while the hit rate and the p95
-  stayed close (on a quiet machine all agree within a few percent).
+  starved replica process answers late (on a quiet machine all agree within a few
+  percent).
 - A gated policy's turn latencies are bimodal (admitted at once, or held for at least
   one `wait_poll_sec`), so their median falls on either side with a small shift in
   timing: it is printed, not bounded.
+
+Those tolerances hold on a machine with a few other busy processes. Other work on the
+machine makes each of the wall-clock run's timer wake-ups (an engine step's sleep, each
+HTTP hop) late by the time its process waits for a CPU, which virtual time cannot know.
+So the test measures that lateness while the benchmark runs (`Lateness`: a thread that
+sleeps 5 ms at a time and records how late it wakes) and lets the wall-clock figures run
+later than virtual time by that much more: per turn, lateness x `WAKES_PER_TURN`; for the
+makespan, x that many per turn of the longest session. Only in that direction: a loaded
+machine never makes the wall-clock run faster. On a quiet machine the lateness is a
+fraction of a millisecond and the bounds are the ones above.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 
 from kvgate.bench.agentic.regimes import get_regime
 from kvgate.bench.agentic.workload import generate_workload
@@ -38,11 +49,45 @@ from kvgate.bench.cluster.workload import sessions_of
 from kvgate.simulator.config import EngineConfig
 
 CHANGES = {"sessions": 12, "concurrency": 12, "turns_min": 4, "turns_max": 5}
-# Steps 4x the cost model's (thrash runs 1.5x): a step's asyncio sleep overshoots by about
-# the same milliseconds at any scale on a loaded machine, so longer steps keep that drift
-# a small share of each turn.
-TIME_SCALE = 4.0
+# Steps 10x the cost model's (thrash runs 1.5x): what the wall-clock run adds per step and
+# per turn (a late wake-up, an HTTP hop, a prefix probe that a starved replica answers in
+# tens of milliseconds) stays about the same at any scale, so longer steps keep it a small
+# share of each turn. At 4x, with six busy loops beside it on two cores, the gated run's
+# makespan came out 1.7x virtual time's; at 10x, 1.12x.
+TIME_SCALE = 10.0
 MODES = {"sticky": "sticky", "kvgate-working_set": "working_set"}  # bench mode -> cluster policy
+# A turn's timer wake-ups in the wall-clock run: an engine step's sleep for each of its
+# 8 reply tokens and its prefill (2 chunks at most), and about 6 hops (client, proxy,
+# replica and back; a gate probe), so 16.
+WAKES_PER_TURN = 16
+
+
+class Lateness:
+    """How late this machine wakes a sleeping thread, on average, while the `with` block runs."""
+
+    def __init__(self, period_sec: float = 0.005) -> None:
+        self.period = period_sec
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            time.sleep(self.period)
+            self.samples.append(max(0.0, time.monotonic() - started - self.period))
+
+    def __enter__(self) -> Lateness:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def mean_sec(self) -> float:
+        return sum(self.samples) / len(self.samples) if self.samples else 0.0
 
 
 def _bench(out) -> dict:
@@ -50,7 +95,7 @@ def _bench(out) -> dict:
     result = subprocess.run(
         [sys.executable, "-m", "kvgate.bench.agentic", "--regime", "thrash", "--modes", ",".join(MODES),
          *options, f"--time-scale={TIME_SCALE}", "--out", str(out), "--no-plots", "--request-timeout", "60"],
-        capture_output=True, text=True, timeout=240,
+        capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads((out / "results.json").read_text())["modes"]
@@ -73,13 +118,20 @@ def _cluster() -> dict[str, dict]:
     return {policy: summarize(run_policy(config, policy)) for policy in MODES.values()}
 
 
-def _close(simulated: float, measured: float, relative: float, absolute: float = 0.0) -> bool:
-    return abs(simulated - measured) <= max(relative * measured, absolute)
+def _close(simulated: float, measured: float, relative: float, absolute: float = 0.0, late: float = 0.0) -> bool:
+    """Within the tolerance either way; the wall-clock figure may also be up to `late` seconds later."""
+    allowed = max(relative * measured, absolute)
+    return -allowed <= measured - simulated <= allowed + late
 
 
 def test_virtual_time_agrees_with_the_wall_clock_benchmark(tmp_path):
-    measured = _bench(tmp_path / "bench")
+    with Lateness() as lateness:
+        measured = _bench(tmp_path / "bench")
     simulated = _cluster()
+    turn_late = lateness.mean_sec * WAKES_PER_TURN
+    late = {"makespan_s": turn_late * CHANGES["turns_max"], "turn_mean_s": turn_late, "turn_p95_s": turn_late}
+    print(f"\nwake-up lateness during the wall-clock run: {lateness.mean_sec * 1000:.2f} ms mean "
+          f"({len(lateness.samples)} samples); a turn may run {turn_late:.3f} s later")  # fmt: skip
     report = []
     for mode, policy in MODES.items():
         m, s = measured[mode], simulated[policy]
@@ -96,7 +148,7 @@ def test_virtual_time_agrees_with_the_wall_clock_benchmark(tmp_path):
             if name == "turn_p50_s" and policy != "sticky":
                 verdict = "not bounded"
             else:
-                verdict = "ok" if _close(sim, wall, relative, absolute) else "OUT"
+                verdict = "ok" if _close(sim, wall, relative, absolute, late.get(name, 0.0)) else "OUT"
             report.append((mode, name, round(sim, 3), round(wall, 3), verdict))
     print("\n".join(f"{mode:<20}{name:<12} virtual {sim:>8} wall-clock {wall:>8} {verdict}"
                     for mode, name, sim, wall, verdict in report))  # fmt: skip

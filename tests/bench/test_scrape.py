@@ -41,6 +41,18 @@ def test_counters_delta_and_sum():
     assert Counters().hit_rate == 0.0
 
 
+def test_the_servers_cpu_seconds_when_every_replica_exports_them():
+    cpu = "process_cpu_seconds_total 2.5\n"
+    before = Counters.from_metrics(parse_prometheus(cpu))
+    after = Counters.from_metrics(parse_prometheus("process_cpu_seconds_total 4.0\n"))
+    assert before.cpu_seconds == 2.5 and after.minus(before).cpu_seconds == 1.5
+    assert sum_counters([before, after]).cpu_seconds == 6.5
+    without = Counters.from_metrics(parse_prometheus(TEXT))
+    assert without.cpu_seconds is None  # a replica that does not export it: unknown, not 0
+    assert sum_counters([before, without]).cpu_seconds is None
+    assert after.minus(without).cpu_seconds is None
+
+
 def test_probe_totals_by_kind_summed_over_replicas():
     import pytest
 

@@ -14,11 +14,12 @@ from collections.abc import Callable
 
 import pytest
 
+from kvgate.gate.errors import AdmissionTimeout
 from kvgate.gate.gate import Gate
 from kvgate.gate.policies.pricing import window_footprint
 from kvgate.gate.policies.registry import Policy
 from kvgate.gate.policies.views import WorkingSetView
-from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Decision, Wait, WaitCause
+from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Decision, Reject, RejectCode, Wait, WaitCause
 from tests.gate.helpers import FakeProbe, assert_clean, body, settings, settle, until
 
 # Logic tests: the gate's timers run on the fake clock (see conftest.loop_on_clock).
@@ -122,6 +123,7 @@ async def test_wake_on_release_wakes_a_waiter_behind_the_head_when_blocks_are_fr
     for it (`wake_on_release`); the other re-decides at its poll (60 s here)."""
     decisions: list[Decision] = [
         Admit(AdmissionReason.WINDOW_FITS),  # running
+        Admit(AdmissionReason.WINDOW_FITS),  # another turn in flight: the release leaves the replica busy
         HELD,  # head
         HELD,  # plain
         Wait(WaitCause.BEHIND_WAITERS, "scripted", wake_on_release=True),  # eager
@@ -131,6 +133,7 @@ async def test_wake_on_release_wakes_a_waiter_behind_the_head_when_blocks_are_fr
     policy = scripted(lambda: decisions.pop(0) if decisions else HELD)
     gate = Gate("r0", probe, settings(wait_poll_sec=60), metrics, clock, policy)
     running = await gate.acquire("running", "chat", body("running"))
+    busy = await gate.acquire("busy", "chat", body("busy"))
     head = asyncio.ensure_future(gate.acquire("head", "chat", body("head")))
     await until(lambda: gate.counts()["waiters"] == 1, "the head waiter")
     plain = asyncio.ensure_future(gate.acquire("plain", "chat", body("plain")))
@@ -145,5 +148,136 @@ async def test_wake_on_release_wakes_a_waiter_behind_the_head_when_blocks_are_fr
     for waiter in (head, plain):
         waiter.cancel()
     eager_lease.release()
+    busy.release()
     await settle()
+    assert_clean(gate, clock)
+
+
+class Decider:
+    """A scripted policy that answers per session (`by_session`, else HELD) and counts
+    each session's decisions: who the shell woke, and when."""
+
+    def __init__(self) -> None:
+        self.by_session: dict[str, Decision] = {}
+        self.calls: dict[str, int] = {}
+
+    def policy(self, sessions: list[str]) -> Policy[WorkingSetView]:
+        # The view does not carry the session: each acquire tags its body, read back here.
+        def decide(view: WorkingSetView, *_: object) -> Decision:
+            session = sessions[view.max_output_tokens]
+            self.calls[session] = self.calls.get(session, 0) + 1
+            return self.by_session.get(session, HELD)
+
+        return Policy("scripted", WorkingSetView.read, decide)
+
+
+UNPOLLED = Wait(WaitCause.BEHIND_WAITERS, "scripted", poll=False)
+SESSIONS = ["busy", "head", "behind", "last"]
+
+
+def tagged(session: str) -> dict:
+    return body(session, max_tokens=SESSIONS.index(session))  # the scripted policy reads it back
+
+
+async def _queue_of_three(decider: Decider, probe, metrics, clock, poll: float = 60.0):
+    """`busy` in flight, then `head` (HELD), `behind` and `last` (UNPOLLED) waiting."""
+    gate = Gate("r0", probe, settings(wait_poll_sec=poll), metrics, clock, decider.policy(SESSIONS))
+    decider.by_session = {"busy": Admit(AdmissionReason.OPEN), "behind": UNPOLLED, "last": UNPOLLED}
+    busy = await gate.acquire("busy", "chat", tagged("busy"))
+    tasks = {}
+    for count, session in enumerate(("head", "behind", "last"), start=1):
+        tasks[session] = asyncio.ensure_future(gate.acquire(session, "chat", tagged(session)))
+        await until(lambda count=count: gate.counts()["waiters"] == count, f"{session} to wait")
+    return gate, busy, tasks
+
+
+async def test_only_the_head_and_polled_waiters_poll(probe, metrics, clock):
+    """The head re-decides every wait_poll_sec; a waiter behind it whose Wait said
+    `poll=False` does not (only the head leaving, freed blocks it asked for, or an idle
+    replica can change its decision)."""
+    decider = Decider()
+    gate, busy, tasks = await _queue_of_three(decider, probe, metrics, clock, poll=1.0)
+    before = dict(decider.calls)
+    for _ in range(3):
+        clock.advance(1.0)
+        await settle()
+    assert decider.calls["head"] == before["head"] + 3
+    assert decider.calls["behind"] == before["behind"] and decider.calls["last"] == before["last"]
+    for task in tasks.values():
+        task.cancel()
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
+    busy.release()
+    assert_clean(gate, clock)
+
+
+@pytest.mark.parametrize("how", ["admitted", "cancelled", "superseded", "rejected", "timed_out"])
+async def test_an_unpolled_waiter_is_woken_when_it_heads_the_queue_and_then_polls(how, probe, metrics, clock):
+    """However the head leaves, the waiter behind it is woken at once (no poll ever would),
+    re-decides, and, heading the queue now, polls; the one behind it still does not."""
+    decider = Decider()
+    max_wait = {"max_wait_sec": 5.0} if how == "timed_out" else {}
+    gate = Gate("r0", probe, settings(wait_poll_sec=1.0, **max_wait), metrics, clock, decider.policy(SESSIONS))
+    decider.by_session = {"busy": Admit(AdmissionReason.OPEN), "behind": UNPOLLED, "last": UNPOLLED}
+    busy = await gate.acquire("busy", "chat", tagged("busy"))
+    tasks = {}
+    for count, session in enumerate(("head", "behind", "last"), start=1):
+        tasks[session] = asyncio.ensure_future(gate.acquire(session, "chat", tagged(session)))
+        await until(lambda count=count: gate.counts()["waiters"] == count, f"{session} to wait")
+        if how == "timed_out" and session == "head":
+            clock.advance(2.0)  # the head reaches max_wait_sec first
+            await settle()
+    before = dict(decider.calls)
+    head_lease = None
+    if how == "admitted":
+        decider.by_session["head"] = Admit(AdmissionReason.WINDOW_FITS)
+        clock.advance(1.0)  # the head's poll admits it
+        head_lease = await tasks["head"]
+    elif how == "cancelled":
+        tasks["head"].cancel()
+    elif how == "superseded":
+        again = asyncio.ensure_future(gate.acquire("head", "chat", tagged("head")))  # the same turn, re-sent
+    elif how == "rejected":
+        decider.by_session["head"] = Reject(RejectCode.PROMPT_TOO_LONG, "scripted")
+        clock.advance(1.0)
+    else:
+        clock.advance(3.0)  # past the head's max_wait_sec, not the others'
+        with pytest.raises(AdmissionTimeout):
+            await tasks["head"]
+    await until(lambda: decider.calls["behind"] > before["behind"], "the new head to re-decide")
+    assert decider.calls["last"] == before["last"]
+    if how == "superseded":  # the re-sent turn queues behind `last`
+        await until(lambda: gate.counts()["waiters"] == 3, "the re-sent turn to wait")
+    calls = decider.calls["behind"]
+    clock.advance(1.0)  # `behind` heads the queue now: it polls (`last` does not)
+    await until(lambda: decider.calls["behind"] == calls + 1, "the new head's poll")
+    assert decider.calls["last"] == before["last"]
+    pending = [t for t in tasks.values() if not t.done()] + ([again] if how == "superseded" else [])
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*tasks.values(), *pending, return_exceptions=True)
+    for lease in (head_lease, busy):
+        if lease is not None:
+            lease.release()
+    assert_clean(gate, clock)
+
+
+async def test_the_replica_going_idle_wakes_every_waiter(probe, metrics, clock):
+    """The release of the last lease out wakes every waiter, unpolled ones included (an
+    idle replica changes what holding a turn costs); a release that leaves one out wakes
+    the head only."""
+    decider = Decider()
+    gate, busy, tasks = await _queue_of_three(decider, probe, metrics, clock)
+    decider.by_session["busy"] = Admit(AdmissionReason.OPEN)
+    other = await gate.acquire("busy", "chat", tagged("busy"))  # a second turn in flight
+    before = dict(decider.calls)
+    other.release()
+    await settle()
+    assert decider.calls["head"] == before["head"] + 1
+    assert decider.calls["behind"] == before["behind"] and decider.calls["last"] == before["last"]
+    busy.release()  # the last lease: the replica is idle
+    await until(lambda: decider.calls["last"] == before["last"] + 1, "every waiter to re-decide")
+    assert decider.calls["behind"] == before["behind"] + 1 and decider.calls["head"] == before["head"] + 2
+    for task in tasks.values():
+        task.cancel()
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
     assert_clean(gate, clock)

@@ -122,6 +122,7 @@ async def test_anonymous_checked_against_watermark_only_and_never_booked(probe, 
 async def test_release_wakes_one_waiter_in_arrival_order_not_a_herd(probe, metrics, clock):
     gate = make_gate(probe, metrics, clock, wait_poll_sec=60)
     holder = await gate.acquire("busy", "chat", body("busy"))
+    other = await gate.acquire("other", "chat", body("other"))  # in flight throughout: the replica stays busy
     probe.usage_value = HIGH
     tasks = [asyncio.create_task(gate.acquire(s, "chat", body(s))) for s in ("a", "b", "c")]
     await until(lambda: waiting(gate) == 3)
@@ -139,7 +140,7 @@ async def test_release_wakes_one_waiter_in_arrival_order_not_a_herd(probe, metri
     lease_b = await tasks[1]  # ... and each admitted waiter wakes the next
     lease_c = await tasks[2]
     assert [lease.reason for lease in (lease_a, lease_b, lease_c)] == ["open"] * 3
-    for lease in (extra, lease_a, lease_b, lease_c):
+    for lease in (extra, lease_a, lease_b, lease_c, other):
         lease.release()
     assert_clean(gate, clock)
 

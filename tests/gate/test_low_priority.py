@@ -91,13 +91,14 @@ async def test_the_gate_hands_out_a_low_priority_lease_instead_of_a_wait(metrics
     """A window of 90 blocks on a 100-block replica that schedules by priority: a 50-block
     newcomer on a chat route goes in at once, `low_priority` at priority 1, without a window
     or a waiter; on the messages route (no priority field in vLLM's body) it waits."""
-    probe = FakeProbe(usage=0.1, total=100, free=100, scheduling_policy="priority")
+    probe = FakeProbe(usage=0.1, total=100, free=100, block_size=16, scheduling_policy="priority")
     gate = Gate("r0", probe, settings(policy="working_set", wait_poll_sec=60, held_priority=1), metrics, clock)
     probe.set_prefix("a", total=90, hit=0)
     lease_a = await gate.acquire("a", "chat", {"id": "a", "messages": [{"role": "user", "content": "x" * 4000}]})
     assert lease_a.reason == "window_fits" and lease_a.priority is None
     probe.set_prefix("b", total=50, hit=0)
-    lease_b = await gate.acquire("b", "chat", {"id": "b", "messages": [{"role": "user", "content": "y" * 4000}]})
+    b_body = {"id": "b", "messages": [{"role": "user", "content": "y" * 4000}]}
+    lease_b = await asyncio.wait_for(gate.acquire("b", "chat", b_body), 30)  # not held: no wait
     assert (lease_b.reason, lease_b.priority, lease_b.wait_ms) == ("low_priority", 1, 0.0)
     assert gate.state()["windows"]["in_flight"] == ["a"]  # b holds no window
     assert gate.counts()["waiters"] == 0
@@ -109,7 +110,7 @@ async def test_the_gate_hands_out_a_low_priority_lease_instead_of_a_wait(metrics
     lease_b.release()
     lease_a.release()
     gate.finish_session("a")  # a's window ends: c fits and gets one
-    lease_c = await asyncio.wait_for(held, 5)
+    lease_c = await asyncio.wait_for(held, 30)
     assert lease_c.reason == "window_fits" and lease_c.priority is None
     lease_c.release()
     for key in ("b", "c"):

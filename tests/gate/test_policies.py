@@ -419,7 +419,7 @@ def test_working_set_prompt_too_long_for_holders_too():
 
 def test_working_set_newcomers_wait_in_fifo_order_holders_do_not():
     behind = WORKING_SET.decide(WorkingSetView(waiters_ahead=2), ROOMY, None, SETTINGS)
-    assert behind == Wait(WaitCause.BEHIND_WAITERS, "behind 2 waiting sessions (first come, first served)")
+    assert behind == Wait(WaitCause.BEHIND_WAITERS, "behind 2 waiting sessions (first come, first served)", poll=False)
     holder = WorkingSetView(has_window=True, waiters_ahead=2)
     assert WORKING_SET.decide(holder, ROOMY, tokens(160), SETTINGS) == Admit(
         AdmissionReason.HOLDS_WINDOW, window=True, footprint=10

@@ -1,21 +1,25 @@
-"""The cap on a held turn's wait: pure table tests of the rule, the book's turn times, and
-the asyncio gate letting a held turn in `wait_capped` once its cap runs out (leak-free)."""
+"""The cap on a held turn's wait: pure table tests of the rule (a window made of idle
+windows once the cap runs out), the book's turn times and reclaimed windows, and the
+asyncio gate letting a held turn in `wait_capped` once its cap runs out (leak-free)."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
-from kvgate.gate.book import SessionBook
+from kvgate.gate.book import SessionBook, WindowEnd
 from kvgate.gate.gate import Gate
-from kvgate.gate.policies.economics import WAIT_CAP_FLOOR_SEC, capped, wait_cap_sec
+from kvgate.gate.policies.economics import WAIT_CAP_FLOOR_SEC, due_by, wait_cap_left, wait_cap_sec
+from kvgate.gate.policies.pricing import reclaim_window
 from kvgate.gate.policies.views import WorkingSetView
-from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Wait, WaitCause
+from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, ProbeFirst, Wait, WaitCause
 from kvgate.gate.policies.working_set import working_set_decide
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
-from tests.gate.helpers import FakeProbe, assert_clean, settings, until
+from tests.gate.helpers import FakeProbe, assert_clean, sample, settings, until
 
 CAP_1 = GateSettings(wait_cap_factor=1.0)
 HELD = Wait(WaitCause.WINDOWS_FULL, "does not fit")
@@ -38,49 +42,89 @@ def test_wait_cap_sec(factor, recent, expected):
 
 
 @pytest.mark.parametrize(
-    "waited, recheck, expected",
+    "waited, recheck, left, due",
     [
-        (0.0, None, HELD.__class__(HELD.cause, HELD.why, recheck_sec=0.5)),  # due again when the cap runs out
-        (0.2, None, Wait(HELD.cause, HELD.why, recheck_sec=0.3)),
-        (0.2, 0.1, Wait(HELD.cause, HELD.why, recheck_sec=0.1)),  # an earlier recheck stays
-        (0.5, None, Admit(AdmissionReason.WAIT_CAPPED)),  # waited its cap: in, without a window
-        (3.0, 0.1, Admit(AdmissionReason.WAIT_CAPPED)),
+        (0.0, None, 0.5, 0.5),  # due again when the cap runs out
+        (0.2, None, 0.3, 0.3),
+        (0.2, 0.1, 0.3, 0.1),  # an earlier recheck stays
+        (0.5, None, 0.0, 0.0),  # waited its cap
     ],
 )
-def test_capped(waited, recheck, expected):
-    wait = Wait(HELD.cause, HELD.why, recheck_sec=recheck)
-    decided = capped(wait, WorkingSetView(recent_turn_sec=0.5, waited_sec=waited), CAP_1)
-    if isinstance(expected, Wait):
-        assert isinstance(decided, Wait) and decided.cause == expected.cause
-        assert decided.recheck_sec == pytest.approx(expected.recheck_sec)
-    else:
-        assert decided == expected and not decided.window
+def test_wait_cap_left_and_due_by(waited, recheck, left, due):
+    view = WorkingSetView(recent_turn_sec=0.5, waited_sec=waited)
+    assert wait_cap_left(view, CAP_1) == pytest.approx(left)
+    assert wait_cap_left(view, GateSettings(wait_cap_factor=0)) is None
+    decided = due_by(Wait(HELD.cause, HELD.why, recheck_sec=recheck), left)
+    assert decided.cause == HELD.cause and decided.recheck_sec == pytest.approx(due)
 
 
-# A long prompt on a busy replica with short output: the work-conserving rule holds it
-# (the numbers of tests/gate/test_work_conserving.py::test_a_held_admission).
+# A long prompt on a busy replica with short output: the work-conserving rule holds it.
+# 200 blocks: windows hold 150, 100 of them idle (sessions in tool calls, all late), 50
+# in flight; vLLM counts the idle windows' cached blocks as free (140).
 LONG = PrefixReading(total_blocks=110, hit_blocks=5, hit_ratio=0.05, total_tokens=1760)
-USAGE = UsageReading(0.8, 200, 60, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
+USAGE = UsageReading(0.3, 200, 140, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
+# its window: 1,760 prompt tokens + 1 output + 60 growth = 114 blocks
+FOOTPRINT = 114
 
 
 def held_view(**fields) -> WorkingSetView:
-    base = dict(idle_window_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700)
+    base = dict(
+        idle_window_blocks=100,
+        late_window_blocks=100,
+        older_window_blocks=150,
+        max_output_tokens=1,
+        last_prompt_tokens=1700,
+    )
     return WorkingSetView(**{**base, **fields})
 
 
-def test_the_policy_holds_until_the_cap_then_admits_wait_capped():
+@pytest.mark.parametrize(
+    "older, idle, late, free, expected",
+    [
+        # books: 114 + 150 - 200 = 64 over; engine: 105 new blocks - (140 - 100) = 65 over
+        (150, 100, 100, 140, (FOOTPRINT, 65)),
+        (150, 100, 65, 140, (FOOTPRINT, 65)),
+        (150, 100, 64, 140, None),  # the late windows are too few: the others are due back
+        (150, 100, 100, 200, (FOOTPRINT, 64)),  # vLLM has room: the books decide
+        (60, 10, 0, 200, (FOOTPRINT, 0)),  # fits already (a turn held behind others)
+        (190, 20, 20, 140, None),  # the windows in flight alone leave too little
+    ],
+)
+def test_reclaim_window(older, idle, late, free, expected):
+    usage = UsageReading(0.3, 200, free, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
+    view = held_view(older_window_blocks=older, idle_window_blocks=idle, late_window_blocks=late)
+    assert reclaim_window(view, usage, LONG, GateSettings()) == expected
+
+
+def test_the_policy_holds_until_the_cap_then_admits_into_a_window_of_idle_windows():
     no_cap = working_set_decide(
         held_view(waited_sec=5.0, recent_turn_sec=0.4), USAGE, LONG, GateSettings(wait_cap_factor=0)
     )
     assert isinstance(no_cap, Wait) and no_cap.recheck_sec is None  # the rule alone: held, however long
     early = working_set_decide(held_view(waited_sec=0.1, recent_turn_sec=0.4), USAGE, LONG, CAP_1)
-    assert isinstance(early, Wait) and early.cause == WaitCause.NO_FREE_BLOCKS
+    assert isinstance(early, Wait) and early.cause == WaitCause.WINDOWS_FULL
     assert early.recheck_sec == pytest.approx(0.3)
     late = working_set_decide(held_view(waited_sec=0.4, recent_turn_sec=0.4), USAGE, LONG, CAP_1)
-    assert late == Admit(AdmissionReason.WAIT_CAPPED)
+    assert late == Admit(AdmissionReason.WAIT_CAPPED, window=True, footprint=FOOTPRINT, reclaim_blocks=65)
+    # without a reading yet (held behind others, unprobed), past its cap it asks for one
+    unread = working_set_decide(held_view(waited_sec=0.4, recent_turn_sec=0.4, waiters_ahead=2), USAGE, None, CAP_1)
+    assert isinstance(unread, ProbeFirst)
 
 
-def test_a_holder_that_lost_its_window_is_capped_too_and_admissions_are_untouched():
+def test_past_its_cap_a_turn_waits_on_until_late_idle_windows_make_room():
+    view = held_view(
+        older_window_blocks=150, late_window_blocks=20, next_late_sec=0.25, waited_sec=0.5, recent_turn_sec=0.4
+    )
+    decision = working_set_decide(view, USAGE, LONG, CAP_1)
+    assert isinstance(decision, Wait) and decision.wake_on_release  # re-decides when a turn ends
+    assert decision.recheck_sec == pytest.approx(0.25)  # ... and when the next idle window turns late
+    assert "waited its cap" in decision.why
+    nothing_idle = held_view(older_window_blocks=190, idle_window_blocks=0, late_window_blocks=0, waited_sec=0.5)
+    decision = working_set_decide(replace(nothing_idle, recent_turn_sec=0.4), USAGE, LONG, CAP_1)
+    assert isinstance(decision, Wait) and decision.wake_on_release and decision.recheck_sec is None
+
+
+def test_a_holder_that_lost_its_window_is_capped_without_a_window_and_admissions_are_untouched():
     holder = held_view(has_window=True, older_window_blocks=150, waited_sec=1.0, recent_turn_sec=0.2)
     assert working_set_decide(holder, USAGE, LONG, CAP_1) == Admit(AdmissionReason.WAIT_CAPPED)
     # a turn that fits a window keeps getting one, however long it waited
@@ -128,16 +172,33 @@ def test_the_book_smooths_each_sessions_turn_times_and_the_replicas():
     assert a.turn_ewma == pytest.approx(0.75)
 
 
+def turns_of_a(gate: Gate, clock, service: float) -> Any:
+    """Two turns of session a, `service` seconds each, 0.3 s of tool call between them:
+    its gap is 0.3 s, so its idle window is late after 0.3 s (the quiet floor is 0.2 s)
+    and ends quiet after 1.2 s. Returns the second turn's lease."""
+
+    async def run():
+        first = await gate.acquire("a", "chat", {"id": "a", "messages": [{"role": "user", "content": "x" * 4000}]})
+        clock.advance(service)
+        first.release()
+        clock.advance(0.3)
+        return await gate.acquire("a", "chat", {"id": "a", "messages": [{"role": "user", "content": "x" * 4001}]})
+
+    return run()
+
+
 async def test_a_held_turn_goes_in_wait_capped_once_its_cap_runs_out(metrics, clock):
     """A window of 90 blocks on a 100-block replica holds a 50-block newcomer back (no
     prefill measurement: the work-conserving rule holds). The replica's turns took 60 ms,
-    so at factor 2 the newcomer waits until it has waited 120 ms, then goes in without a
-    window. The cap's re-decisions run on real time (at most 120 ms apart); the fake clock
-    decides when it ran out."""
+    so at factor 2 the newcomer waits until it has waited 120 ms; then it goes in, with
+    a window made of the idle one, once that window's session is late (idle longer than
+    its usual gap). The re-decisions run on real time (the cap, the time until a window
+    turns late); the fake clock decides what they see."""
     probe = FakeProbe(usage=0.1, total=100, free=100)
-    gate = Gate("r0", probe, settings(policy="working_set", wait_poll_sec=60, wait_cap_factor=2.0), metrics, clock)
+    gate_settings = settings(policy="working_set", wait_cap_factor=2.0, quiet_floor_sec=0.2)
+    gate = Gate("r0", probe, gate_settings, metrics, clock)
     probe.set_prefix("a", total=90, hit=0)
-    lease = await gate.acquire("a", "chat", {"id": "a", "messages": [{"role": "user", "content": "x" * 4000}]})
+    lease = await turns_of_a(gate, clock, 0.06)
     clock.advance(0.06)
     lease.release()
     probe.set_prefix("b", total=50, hit=0)
@@ -149,12 +210,83 @@ async def test_a_held_turn_goes_in_wait_capped_once_its_cap_runs_out(metrics, cl
     calls = probe.usage_calls
     await until(lambda: probe.usage_calls > calls + 1, "the newcomer to re-decide")
     assert not task.done()
-    clock.advance(0.03)  # past its cap
+    clock.advance(0.03)  # past its cap; a, idle 0.13 s, is not late yet
+    calls = probe.usage_calls
+    await until(lambda: probe.usage_calls > calls, "the newcomer to re-decide past its cap")
+    assert not task.done()
+    assert "waited its cap" in gate.state()["sessions"]["b"]["held"]["why"]
+    clock.advance(0.2)  # a is late (idle 0.33 s): b takes its window when a turns late (0.17 s of real time on)
     await until(task.done, "the cap to admit the newcomer")
     lease_b = task.result()
     assert lease_b.reason == "wait_capped"
-    assert gate.state()["windows"]["in_flight"] == []  # it holds no window; a's stays idle
+    state = gate.state()
+    assert state["windows"] == {"in_flight": ["b"], "idle": []}  # a's idle window became b's
+    assert state["window_ends"]["reclaimed"] == 1 and state["sessions"]["a"]["last_window_end"] == "reclaimed"
+    assert sample(metrics, "kvgate_window_ends_total", replica="r0", cause="reclaimed") == 1
     lease_b.release()
     gate.finish_session("a")
     gate.finish_session("b")
     assert_clean(gate, clock)
+
+
+async def test_past_its_cap_a_turn_goes_in_once_a_window_in_flight_goes_idle_and_late(metrics, clock):
+    """Past its cap, a newcomer that no late idle window makes room for waits on: woken by
+    the release that leaves the in-flight window idle (the poll is a minute), it waits
+    again until that window is late, then takes it."""
+    probe = FakeProbe(usage=0.1, total=100, free=100)
+    gate_settings = settings(policy="working_set", wait_cap_factor=1.0, quiet_floor_sec=0.2)
+    gate = Gate("r0", probe, gate_settings, metrics, clock)
+    probe.set_prefix("a", total=90, hit=0)
+    second = await turns_of_a(gate, clock, 0.2)  # the replica's turns take 0.2 s: the newcomer's cap
+    assert gate.state()["windows"]["in_flight"] == ["a"]
+    probe.set_prefix("b", total=50, hit=0)
+    task = asyncio.create_task(
+        gate.acquire("b", "chat", {"id": "b", "messages": [{"role": "user", "content": "y" * 4000}]})
+    )
+    await until(lambda: gate.counts()["waiters"] == 1, "the newcomer to wait")
+    calls = probe.usage_calls
+    clock.advance(0.5)  # past its cap (it re-decides then, 0.2 s of real time on), but a's window is in flight
+    await until(lambda: probe.usage_calls > calls, "the newcomer to re-decide past its cap")
+    assert not task.done()
+    held = gate.state()["sessions"]["b"]["held"]
+    assert held["cause"] == "windows_full" and "waited its cap" in held["why"]
+    calls = probe.usage_calls
+    second.release()  # a's window goes idle: the newcomer is woken, but a is due back
+    await until(lambda: probe.usage_calls > calls, "the release to wake the capped newcomer")
+    assert not task.done()
+    clock.advance(0.4)  # a idle past its 0.3 s gap: late
+    await until(task.done, "the late window to let the capped newcomer in")
+    lease_b = task.result()
+    assert lease_b.reason == "wait_capped"
+    assert gate.state()["windows"] == {"in_flight": ["b"], "idle": []}
+    lease_b.release()
+    gate.finish_session("a")
+    gate.finish_session("b")
+    assert_clean(gate, clock)
+
+
+def test_the_book_reclaims_idle_windows_the_longest_idle_first():
+    book = SessionBook(grace=60.0)
+
+    def admit(key, at, footprint):
+        attempt = _Attempt()
+        rec, _ = book.begin_attempt(key, attempt, at)
+        book.admit(rec, attempt, "window_fits", at, window=True, footprint=footprint)
+        return rec, attempt
+
+    a, a_turn = admit("a", 0.0, 30)
+    b, _ = admit("b", 0.1, 40)  # stays in flight
+    c, c_turn = admit("c", 0.2, 20)
+    book.release(c, 1.0, c_turn)  # idle since 1.0
+    book.release(a, 2.0, a_turn)  # idle since 2.0
+    waiting = _Attempt()
+    d, _ = book.begin_attempt("d", waiting, 2.2)
+    # no gap measured: late after the quiet floor (0.5 s); a (idle 0.2 s) is due in 0.3 s
+    assert book.late_windows(d, 2.2) == ([c], pytest.approx(0.3))
+    assert book.reclaim_late_windows(d, 100, 2.2) == 20  # c alone is late
+    assert (c.has_window, a.has_window, b.has_window) == (False, True, True)
+    assert c.last_window_end == WindowEnd.RECLAIMED and c.is_idle  # the record stays, without its window
+    assert book.reclaim_late_windows(a, 100, 3.0) == 0  # never its own, never one in flight
+    assert book.reclaim_late_windows(d, 10, 3.0) == 30
+    assert (book.windows_idle, book.idle_window_blocks, book.window_blocks) == (0, 0, 40)
+    assert book.window_ends["reclaimed"] == 2

@@ -85,6 +85,34 @@ async def test_a_turn_that_served_no_prompt_leaves_no_new_window(metrics, clock)
     assert_clean(gate, clock)
 
 
+class _MeasuredProbe(FakeProbe):
+    """100 blocks of 16, measured 16,000 prefill tokens/s and 1 ms decode steps; its engine
+    runs `running` requests and has stepped `busy_share` of the time (None: not reported);
+    a prefix probe takes `probe_sec` of the clock."""
+
+    def __init__(self, clock, busy_share: float | None = None, running: int = 0, probe_sec: float = 0.0) -> None:
+        super().__init__(usage=0.1, total=100, free=100, block_size=16)
+        self.clock, self.busy_share, self.running, self.probe_sec = clock, busy_share, running, probe_sec
+
+    async def usage(self, newer_than=None):
+        reading = await super().usage(newer_than)
+        return UsageReading(
+            reading.kv_cache_usage,
+            100,
+            self.free,
+            16,
+            prefill_tokens_per_sec=16000.0,
+            decode_step_sec=0.001,
+            num_running=self.running,
+            num_waiting=0,
+            busy_share=self.busy_share,
+        )
+
+    async def prefix(self, route_kind, body):
+        self.clock.advance(self.probe_sec)
+        return await super().prefix(route_kind, body)
+
+
 async def test_a_held_turn_goes_in_work_conserving_once_the_idle_replica_waited_out_the_reprefill(metrics, clock):
     """100 blocks of 16, measured 16,000 prefill tokens/s: `a` owns an idle window of 80
     blocks; `b` (50 new blocks) does not fit. The replica is idle, so b's holding cost is
@@ -92,21 +120,7 @@ async def test_a_held_turn_goes_in_work_conserving_once_the_idle_replica_waited_
     and leaves its own 50 unprotected (80 ms of re-prefill): it waits until that much
     idle time passed, then goes in `work_conserving` without a window."""
 
-    class MeasuredProbe(FakeProbe):
-        async def usage(self, newer_than=None):
-            reading = await super().usage(newer_than)
-            return UsageReading(
-                reading.kv_cache_usage,
-                100,
-                self.free,
-                16,
-                prefill_tokens_per_sec=16000.0,
-                decode_step_sec=0.001,
-                num_running=0,
-                num_waiting=0,
-            )
-
-    probe = MeasuredProbe(usage=0.1, total=100, free=100, block_size=16)
+    probe = _MeasuredProbe(clock)
     probe.set_prefix("a", total=80, hit=0, tokens=80 * 16)
     gate = Gate("r0", probe, settings(policy="working_set", wait_poll_sec=60), metrics, clock)
     (
@@ -154,4 +168,63 @@ async def test_a_newcomer_held_behind_a_silent_sessions_window_gets_in_once_it_g
     assert lease.reason == "window_fits"
     lease.release()
     assert ends(metrics, "quiet") == 1
+    assert_clean(gate, clock)
+
+
+def _long(session: str) -> dict:
+    return {"id": session, "max_tokens": 0, "messages": [{"role": "user", "content": session * 2000}]}
+
+
+async def test_a_held_turn_on_a_busy_replica_goes_in_once_its_wait_cost_the_reprefill(metrics, clock):
+    """As above, but another turn is in flight and the engine steps half the time: b's
+    80 ms of re-prefill are paid for by 160 ms of waiting at the engine's idle share (0.5),
+    and its own timer lets it re-decide then. An engine that steps all the time holds it."""
+    for busy_share, admitted in ((0.5, True), (1.0, False)):
+        probe = _MeasuredProbe(clock, busy_share, running=1)
+        probe.set_prefix("a", total=80, hit=0, tokens=80 * 16)
+        gate = Gate("r0", probe, settings(policy="working_set", wait_poll_sec=60), metrics, clock)
+        (await gate.acquire("a", "chat", _long("a"))).release()
+        other = await gate.acquire(None, "chat", _long("z"))  # a turn in flight: the replica is busy
+        probe.set_prefix("b", total=50, hit=0, tokens=50 * 16)
+        task = asyncio.create_task(gate.acquire("b", "chat", _long("b")))
+        await until(lambda gate=gate: gate.counts()["waiters"] == 1, "b to be held")
+        await settle()
+        clock.advance(0.159)
+        await settle()
+        assert not task.done()
+        clock.advance(0.002)
+        if admitted:
+            await until(task.done, "b's recheck")  # its own timer (not the 60 s poll)
+            lease = task.result()
+            assert lease.reason == "work_conserving" and gate.state()["windows"]["in_flight"] == []
+            lease.release()
+        else:
+            await settle()
+            assert not task.done()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        other.release()
+        gate.finish_session("a")
+        assert_clean(gate, clock)
+        gate.close("test over")
+
+
+async def test_the_gate_learns_how_long_prefix_probes_keep_a_turn_waiting(metrics, clock):
+    """Each probe on a turn's path takes 0.4 s of the clock: the gate smooths that latency
+    (`prefix_probe_sec`), and once a probe would cost more than the re-prefill it could
+    save, a newcomer that would have been probed goes in unprobed."""
+    probe = _MeasuredProbe(clock, busy_share=0.5, running=1, probe_sec=0.4)
+    probe.set_prefix("a", total=80, hit=0, tokens=80 * 16)
+    gate = Gate("r0", probe, settings(policy="working_set", wait_poll_sec=60), metrics, clock)
+    (await gate.acquire("a", "chat", _long("a"))).release()
+    assert probe.prefix_calls == ["a"]
+    assert gate._book.prefix_probe_ewma == pytest.approx(0.4)
+    other = await gate.acquire(None, "chat", _long("z"))
+    probe.set_prefix("b", total=50, hit=0, tokens=50 * 16)
+    lease = await gate.acquire("b", "chat", _long("b"))
+    assert lease.reason == "work_conserving" and probe.prefix_calls == ["a"]  # b was not probed
+    for held in (lease, other):
+        held.release()
+    gate.finish_session("a")
+    gate.finish_session("b")
     assert_clean(gate, clock)

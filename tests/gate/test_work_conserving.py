@@ -8,6 +8,7 @@ import pytest
 
 from kvgate.gate.book import TOKENS_PER_BYTE_WINDOW, SessionBook, SessionRecord
 from kvgate.gate.policies.economics import (
+    busy_rent_sec,
     evicted_window_blocks,
     holding_cost_sec,
     quiet_lifetime,
@@ -260,18 +261,29 @@ def test_a_newcomer_behind_others_is_decided_at_once_but_only_work_conserving():
     assert working_set_decide(WorkingSetView(max_output_tokens=32, waiters_ahead=1), roomy, PROMPT, SETTINGS) == Admit(
         AdmissionReason.WORK_CONSERVING
     )
-    # held: a 1-token turn whose own 40 blocks (640 tokens, 40 ms) outweigh 5 ms of slack
+    # held: a 1-token turn whose own 40 blocks (640 tokens, 40 ms) outweigh 5 ms of slack:
+    # no freed block can let it in, so it waits for its place, unpolled
     held = working_set_decide(WorkingSetView(max_output_tokens=1, waiters_ahead=1), roomy, PROMPT, SETTINGS)
     assert held == Wait(
         WaitCause.BEHIND_WAITERS,
         "behind 1 waiting sessions (first come, first served); re-prefill 0.040s > holding cost 0.005s",
-        wake_on_release=True,  # more room may tip the balance: decide again on every release
+        poll=False,
+    )
+    # held by the windows' blocks it would push out: 90 in older windows leave 10 spare, so
+    # 21 of its 31 new blocks come out of them; 61 blocks (61 ms) against 10 decode steps
+    # at half their worth (50 ms), but its own 40 (40 ms) alone would pass: more room may
+    # tip the balance, so it decides again on every release (and polls)
+    crowded = WorkingSetView(max_output_tokens=10, waiters_ahead=1, older_window_blocks=90)
+    assert working_set_decide(crowded, roomy, PROMPT, SETTINGS) == Wait(
+        WaitCause.BEHIND_WAITERS,
+        "behind 1 waiting sessions (first come, first served); re-prefill 0.061s > holding cost 0.050s",
+        wake_on_release=True,
     )
     # without a measurement or with the rule off: not probed, it waits its turn
     for usage, settings in ((UNMEASURED, SETTINGS), (MEASURED, GateSettings(work_conserving=False))):
         assert not asks_probe(WORKING_SET, behind, usage, settings)
         assert working_set_decide(behind, usage, None, settings) == Wait(
-            WaitCause.BEHIND_WAITERS, "behind 3 waiting sessions (first come, first served)"
+            WaitCause.BEHIND_WAITERS, "behind 3 waiting sessions (first come, first served)", poll=False
         )
 
 
@@ -355,3 +367,76 @@ def test_a_newcomer_goes_in_unprobed_at_its_estimated_price():
 
 def _fields(view: WorkingSetView) -> dict:
     return {name: getattr(view, name) for name in WorkingSetView.__slots__}
+
+
+# ------------------------------------------------ waiting on an engine that is not computing
+
+# The held turn of `test_a_held_admission`: 0.17 s of re-prefill against 5 ms of decode slack.
+LONG_PROMPT = PrefixReading(total_blocks=110, hit_blocks=5, hit_ratio=0.05, total_tokens=1760)
+HELD = WorkingSetView(idle_window_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700)
+
+
+def _engine(busy_share: float | None) -> UsageReading:
+    return UsageReading(0.8, 200, 60, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01, busy_share=busy_share)
+
+
+def test_a_busy_replicas_wait_costs_the_engines_idle_share():
+    """A turn held 0.2 s on a replica with turns in flight whose engine stepped 40% of the
+    time: its wait left 0.12 s of engine time unused, more than its 5 ms of decode slack.
+    Behind two named waiters it shares that idle time with them: a third."""
+    waited = WorkingSetView(**{**_fields(HELD), "waited_sec": 0.2})
+    assert busy_rent_sec(waited, _engine(0.4)) == pytest.approx(0.12)
+    assert holding_cost_sec(waited, _engine(0.4)) == pytest.approx(0.12)
+    behind = WorkingSetView(**{**_fields(waited), "waiters_ahead": 2})
+    assert busy_rent_sec(behind, _engine(0.4)) == pytest.approx(0.04)
+    # an engine stepping back to back computes for others meanwhile: no rent; unmeasured: none
+    assert busy_rent_sec(waited, _engine(1.0)) == 0.0
+    assert busy_rent_sec(waited, _engine(None)) == 0.0
+    # an idle replica's wait is the ski-rental term's, not the rent's
+    idle = WorkingSetView(**{**_fields(waited), "replica_idle_sec": 0.1})
+    assert busy_rent_sec(idle, _engine(0.4)) == 0.0
+
+
+def test_a_held_turn_goes_in_once_its_wait_cost_the_re_prefill_it_saves():
+    """0.17 s of re-prefill. Just arrived on an engine busy 60% of the time: held, and due
+    again when 0.4 s of rent per second has paid for the rest: (0.17 - 0.005) / 0.4 s.
+    After 0.5 s it has cost 0.2 s: admitted without a window. On an engine busy all the
+    time, or one that does not measure it, it waits for a release as before."""
+    held = working_set_decide(HELD, _engine(0.6), LONG_PROMPT, SETTINGS)
+    assert isinstance(held, Wait) and held.cause == WaitCause.NO_FREE_BLOCKS
+    assert held.recheck_sec == pytest.approx((0.17 - 0.005) / 0.4)
+    waited = WorkingSetView(**{**_fields(HELD), "waited_sec": 0.5})
+    assert working_set_decide(waited, _engine(0.6), LONG_PROMPT, SETTINGS) == Admit(AdmissionReason.WORK_CONSERVING)
+    for saturated in (_engine(1.0), _engine(None)):
+        still = working_set_decide(waited, saturated, LONG_PROMPT, SETTINGS)
+        assert isinstance(still, Wait) and still.recheck_sec is None
+
+
+def test_a_probe_that_costs_more_than_it_can_save_is_not_asked():
+    """The newcomer of `test_a_newcomer_goes_in_unprobed_at_its_estimated_price`, without a
+    ratio: at its worst case 175 ms at risk against 160 ms of holding cost, so it is
+    probed. But on this replica a turn has lately waited 0.4 s for a prefix probe, and its
+    engine steps half the time: once probed, its wait alone would have cost 200 ms, more
+    than the re-prefill at the estimate's worst case: admitted now, unprobed."""
+    view = WorkingSetView(older_window_blocks=80, max_output_tokens=32, prompt_bound_tokens=1512)
+    half_busy = UsageReading(0.8, 100, 20, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01, busy_share=0.5)
+    assert asks_probe(WORKING_SET, view, half_busy, SETTINGS)  # no probe latency known yet
+    slow_probe = WorkingSetView(**{**_fields(view), "prefix_probe_sec": 0.4})
+    assert unprobed_work_conserving(slow_probe, half_busy, SETTINGS)
+    assert not asks_probe(WORKING_SET, slow_probe, half_busy, SETTINGS)
+    # a faster probe (0.1 s: 50 ms of rent, below the decode slack), or an engine computing
+    # all the time: probed
+    fast_probe = WorkingSetView(**{**_fields(view), "prefix_probe_sec": 0.1})
+    assert asks_probe(WORKING_SET, fast_probe, half_busy, SETTINGS)
+    assert asks_probe(WORKING_SET, slow_probe, MEASURED, SETTINGS)
+
+
+def test_the_book_smooths_the_prefix_probe_latency():
+    book = SessionBook(grace=60.0)
+    assert book.prefix_probe_ewma is None
+    book.observe_prefix_probe(0.1)
+    book.observe_prefix_probe(0.2)
+    assert book.prefix_probe_ewma == pytest.approx(0.13)  # 0.1 + 0.3 x 0.1
+    rec, _ = book.begin_attempt("s", _Attempt(), 0.0)
+    assert TurnFacts(book, rec, 1, None, lambda: 0, None, 0.0, 0.0).prefix_probe_sec == pytest.approx(0.13)
+    assert TurnFacts(book, None, 1, None, lambda: 0, None, 0.0, 0.0).prefix_probe_sec is None

@@ -327,3 +327,80 @@ async def test_media_bodies_are_always_priced_by_the_probe(metrics, clock):
     lease.release()
     gate.finish_session("m")
     assert_clean(gate, clock)
+
+
+async def test_a_turns_usage_prices_its_window_and_spares_the_repricing_probe(metrics, clock):
+    """The replica reports each served turn's prompt (`Lease.learn`): the window priced at
+    its bound gets its exact price when the turn ends, and a later bound-priced turn is not
+    repriced by a probe beside it while no turn waits; a turn with no learned usage before
+    it still is (the first one here)."""
+    gate, probe = working_set_gate(metrics, clock, total=70, free=70)
+    probe.block_size = 16
+
+    def price(session: str) -> int:
+        return gate.state()["sessions"][session]["resident_blocks"]
+
+    probe.set_prefix("s1", total=4, hit=0, tokens=70)
+    first = await gate.acquire("s1", "chat", body("s1"))
+    await until(lambda: probe.prefix_calls == ["s1"], "the repricing probe: nothing learned yet")
+    first.learn(70, 0)
+    first.release()
+    assert price("s1") == 5  # ceil(70 / 16)
+
+    second = await gate.acquire("s2", "chat", body("s2"))  # 38 blocks at its bound: over half of 70
+    assert second.reason == "window_fits" and 36 <= price("s2") <= 40
+    for _ in range(5):
+        await asyncio.sleep(0)  # a repricing probe, had one been started, would run now
+    assert probe.prefix_calls == ["s1"]
+    second.learn(100, 32)  # 100 tokens, 2 blocks of them cached
+    assert price("s2") == 7  # ceil(100 / 16)
+    second.release()
+    assert price("s2") == 7
+    for session in ("s1", "s2"):
+        gate.finish_session(session)
+    assert_clean(gate, clock)
+
+
+async def test_a_turns_learned_hits_count_its_reprefill_without_a_probe(metrics, clock):
+    """A turn admitted without a prefix reading (its bound fits) still counts the tokens
+    it prefilled again, from its usage: its previous turn's full blocks that its
+    `cached_tokens` do not cover."""
+    gate, probe = working_set_gate(metrics, clock)
+    probe.block_size = 16
+    for prompt, cached in ((320, 0), (400, 160)):
+        lease = await gate.acquire("s", "chat", body("s"))
+        lease.learn(prompt, cached)
+        lease.release()
+    assert probe.prefix_calls == []
+    # the previous prompt's 20 full blocks, 10 of them cached: 10 blocks computed again
+    assert sample(metrics, "kvgate_reprefill_tokens_estimated_total", replica="r0") == 160
+    gate.finish_session("s")
+    assert_clean(gate, clock)
+
+
+async def test_a_window_left_to_its_usage_is_probed_once_a_turn_waits(metrics, clock):
+    """A window priced at its bound whose repricing was left to its turn's usage gets its
+    exact price from a probe as soon as another turn must wait: over-priced windows may
+    be what holds it, and a long turn's usage comes too late."""
+    gate, probe = working_set_gate(metrics, clock, total=70, free=70)
+    probe.block_size = 16
+    probe.set_prefix("s1", total=4, hit=0, tokens=70)
+    first = await gate.acquire("s1", "chat", body("s1"))
+    await until(lambda: probe.prefix_calls == ["s1"], "the repricing probe: nothing learned yet")
+    first.learn(70, 0)
+    first.release()
+    probe.set_prefix("s2", total=2, hit=0, tokens=40)
+    second = await gate.acquire("s2", "chat", body("s2"))  # at its bound (~38 blocks), left to its usage
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert probe.prefix_calls == ["s1"]
+    probe.set_prefix("big", total=60, hit=0, tokens=960)
+    big = asyncio.create_task(gate.acquire("big", "chat", unbounded_body("big")))  # 60 + 5 + 38 > 70: waits
+    await until(lambda: "s2" in probe.prefix_calls, "the waiting turn to get s2 repriced")
+    lease = await admitted(big)  # s2's exact price (3 blocks) lets it in
+    assert lease.reason == "window_fits"
+    for held, session in ((second, "s2"), (lease, "big")):
+        held.release()
+        gate.finish_session(session)
+    gate.finish_session("s1")
+    assert_clean(gate, clock)

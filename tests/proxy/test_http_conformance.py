@@ -1,6 +1,6 @@
-"""Raw-bytes conformance table of the front door and the upstream client (issue 10).
+"""Raw-bytes conformance table of the front door and the upstream client.
 
-One row per finding of issue 10, named after it (`f1_...` is finding 1). Every row
+One row per finding of the HTTP review, named after it (`f1_...` is finding 1). Every row
 sends the bytes a hostile client or a broken upstream sent, to a real kvgate on
 loopback, and states what RFC 9112/9110 (and nginx) make of them. Each row failed on
 the hand-written parser that came before llhttp, and passes now.

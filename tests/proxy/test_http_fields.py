@@ -1,4 +1,4 @@
-"""The pure checks of issue 10: values kvgate writes into HTTP heads, the session-id
+"""The pure checks of the HTTP layer: values kvgate writes into HTTP heads, the session-id
 splice, Connection-named headers, the descriptor budget, the new config keys."""
 
 from __future__ import annotations

@@ -22,10 +22,14 @@ class RecordedLease:
         self.priority = priority
         self.releases = 0
         self.served: list[bool] = []
+        self.learned: list[tuple] = []
 
     def release(self, served=True):
         self.releases += 1
         self.served.append(served)
+
+    def learn(self, prompt_tokens, cached_tokens):
+        self.learned.append((prompt_tokens, cached_tokens))
 
 
 class RecordingAdmission:

@@ -1,4 +1,4 @@
-"""Issue 14 with the official SDKs: `anthropic` and `openai` (Responses) clients through
+"""Agent clients with the official SDKs: `anthropic` and `openai` (Responses) clients through
 kvgate, with the working_set gate enforcing, in front of two simulated replicas.
 
 Each turn's probe reading is checked against the generation itself: asked right before

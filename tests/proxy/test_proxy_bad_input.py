@@ -1,4 +1,4 @@
-"""Every "Bad input" case of issue 2: an OpenAI-shaped error, and the proxy keeps serving."""
+"""Bad input of every kind: an OpenAI-shaped error, and the proxy keeps serving."""
 
 from __future__ import annotations
 

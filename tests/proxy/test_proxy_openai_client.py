@@ -1,4 +1,4 @@
-"""Done-when of issue 2: the official `openai` client through kvgate, against two replicas."""
+"""The official `openai` client through kvgate, against two replicas."""
 
 from __future__ import annotations
 

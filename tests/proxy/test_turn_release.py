@@ -50,6 +50,9 @@ class CountedLease:
         self.releases.append(served)
         self.lease.release(served)
 
+    def learn(self, prompt_tokens: int, cached_tokens: int | None) -> None:
+        self.lease.learn(prompt_tokens, cached_tokens)
+
 
 class CountedAdmission:
     """The real AdmissionController with every lease counted. `refuse[name]`: errors raised

@@ -20,6 +20,21 @@ async def until(condition, what: str, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+async def renewals(gate, replica: str, count: int, timeout: float = 30.0) -> None:
+    """Wait until `gate` has renewed its claim on `replica`'s owner record `count` more times
+    (each answered claim stores a new `Ownership`; a failed one keeps the old), instead of
+    sleeping for what the renewal interval would take on an idle machine."""
+    seen = [gate.app.ownership.ownership().get(replica)]
+
+    def renewed() -> bool:
+        current = gate.app.ownership.ownership().get(replica)
+        if current is not seen[-1]:
+            seen.append(current)
+        return len(seen) > count
+
+    await until(renewed, f"{count} renewals of the owner record of {replica}", timeout)
+
+
 def finish_every_session(admission) -> None:
     """End every session a row left (their windows wait out idle_grace_sec otherwise), so the
     leak check sees only what finishing cannot release."""

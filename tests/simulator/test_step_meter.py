@@ -11,6 +11,7 @@ def test_step_meter_by_hand():
         "prefill_tokens_per_sec": None,
         "decode_step_sec": None,
         "prefill_share": None,
+        "busy_share": None,
     }  # nothing measured yet
     meter.observe(prefill_tokens=0, decode_seqs=4, seconds=0.010)  # decode step 10 ms
     meter.observe(prefill_tokens=1000, decode_seqs=2, seconds=0.060)  # prefill added 50 ms: 20,000 tokens/s
@@ -22,7 +23,16 @@ def test_step_meter_by_hand():
         "prefill_tokens_per_sec": pytest.approx(15000.0),
         "decode_step_sec": pytest.approx(0.012),
         "prefill_share": pytest.approx(0.100 / 0.146),
+        "busy_share": None,  # no step's end given, and no reading time
     }
+
+
+def test_the_busy_share_is_the_steps_share_of_the_wall_time():
+    meter = StepMeter(horizon_sec=1e9)  # no decay: plain sums
+    meter.observe(prefill_tokens=100, decode_seqs=0, seconds=0.2, ended_at=10.2)  # the meter begins at 10.0
+    meter.observe(prefill_tokens=0, decode_seqs=1, seconds=0.2, ended_at=10.6)  # idle 10.2-10.4
+    assert meter.reading(now=10.6)["busy_share"] == pytest.approx(0.4 / 0.6)
+    assert meter.reading(now=11.0)["busy_share"] == pytest.approx(0.4 / 1.0)  # idle since
 
 
 def test_the_prefill_share_follows_the_last_seconds_of_work():

@@ -1,4 +1,4 @@
-"""Issue 14 on the real vLLM CPU server: Anthropic messages and OpenAI Responses turns,
+"""Agent APIs on the real vLLM CPU server: Anthropic messages and OpenAI Responses turns,
 with the official SDKs, and the probe exact for both bodies.
 
 Exact means: probed right before a turn with the turn's own body, `total_tokens` is the

@@ -1,4 +1,4 @@
-"""kvgate in front of a real vLLM CPU server: no fewer prefix-cache hits, and not much slower.
+"""kvgate in front of a real vLLM CPU server: every turn served, no fewer prefix-cache hits.
 
 The same multi-turn workload (8 sessions x 8 turns, ~60 new prompt tokens a turn,
 contexts of ~400-900 tokens that together outgrow the 63-usable-block x 32-token
@@ -14,21 +14,23 @@ than the turn's decode on these CPUs, so the re-prefill the gate saves is real t
 as it is for agent contexts on GPUs. (On the tiny model re-prefill costs about
 nothing, so a gate that gives up little may rightly admit everything.)
 
-Two assertions, from vLLM's own counters and the client's clock:
+What is asserted, from vLLM's own counters, the answers and kvgate's ``/metrics``:
+- every turn of every run is served (a turn held past ``gate.max_wait_sec`` would be
+  a 503), through kvgate (each answer carries ``x-kvgate-admission``);
 - the hit rate, averaged over the rounds (``vllm:prefix_cache_hits_total`` over
   ``..._queries_total``, deltas), is not below the direct one by more than
   ``HIT_RATE_TOLERANCE`` (0.01: about one context's blocks of ~80,000 prompt tokens):
   the gate never makes cache reuse worse. Re-prefill is cheap on this model and these
   CPUs, so most turns go in `work_conserving`, without a window, and both runs can see
   almost no hits: a higher hit rate than direct is not asserted;
-- the makespan, summed over the rounds, is at most ``MAX_MAKESPAN_VS_DIRECT`` x the
-  direct one. The aim is 1.1x; held turns can still wait seconds before going in
-  `work_conserving` on a CPU engine, so the bound asserted is 1.25x. A gate that holds
-  sessions back for a window that outlives them fails this by minutes. Each run is
-  tens of seconds of prefill-bound work, the server is warmed up first and the rounds
-  interleave, so fixed overheads (HTTP, the proxy) and bursts of other load on the
-  machine stay well below the margin.
-Run with ``-s`` to see the numbers.
+- once a gated run's last answer is in, the gate holds no lease, no window in flight
+  and no waiter (``/admin/state``).
+No timing is asserted: how long the runs take depends on the machine's other load.
+The makespan against the same proxy without the gate is the benchmark's figure, the
+``vllm-prefill-no-finish`` rows of the results page
+(``kvgate bench results --only vllm-prefill-no-finish --vllm``), and the proxy's own cost
+per request against going straight to the server is ``kvgate bench overhead``'s. The
+walls printed here (run with ``-s``) are for reading only.
 """
 
 from __future__ import annotations
@@ -40,20 +42,20 @@ from pathlib import Path
 
 import pytest
 from multiturn_workload import WorkloadShape, run_workload
-from vllm_harness import KvgateProxy, free_port, prefix_counters
+from vllm_harness import KvgateProxy, free_port, http_json, prefix_counters
 
 from kvgate.simulator.percentiles import percentile
 
 pytestmark = pytest.mark.vllm
 
 SHAPE = WorkloadShape(model="prefill", send_finish=False)
-MAX_MAKESPAN_VS_DIRECT = 1.25  # the aim is 1.1 (see the module docstring)
 HIT_RATE_TOLERANCE = 0.01  # both runs' hit rates are near 0 on this model and cache (see the module docstring)
 # The default policy unless overridden, for comparing policies by hand.
 GATE_POLICY = os.environ.get("KVGATE_E2E_POLICY", "working_set")
 # The one knob off its default: CPU engine steps last 0.5-2 s on 2 shared cores and the
 # engine core answers probes between steps; a probe past its 1 s default admits `open`.
 PROBE_TIMEOUT_SEC = 5.0
+ADMIN_TOKEN = "e2e-admin-token"
 # Rounds of (direct, kvgate), interleaved; walls are summed and hit rates averaged.
 ROUNDS = int(os.environ.get("KVGATE_E2E_ROUNDS", "2"))
 
@@ -79,16 +81,35 @@ def gated_run(server, tmp_path: Path, seed: int):
         server.url,
         {"mode": "enforce", "policy": GATE_POLICY, "probe": {"timeout_sec": PROBE_TIMEOUT_SEC}},
     )
+    with config.open("a") as text:
+        text.write(f"admin: {{token: {ADMIN_TOKEN}}}\n")  # for /admin/state
     proxy.start()
     try:
         result, hit_rate = measured_run(server, proxy.url, seed=seed)
+        held = gate_holdings(proxy.url)
     finally:
         proxy.stop()
     assert not result.failures, result.failures[:3] + [proxy.log_tail()]
+    nothing = {"leases": 0, "windows_in_flight": [], "pending": [], "pending_anonymous": 0}
+    assert held == nothing, f"the gate still holds turns after the run's last answer: {held}"
     return result, hit_rate
 
 
-def test_kvgate_keeps_the_hit_rate_and_is_no_slower_without_finish_headers(vllm_prefill_server, tmp_path):
+def gate_holdings(proxy_url: str) -> dict[str, object]:
+    """What the gate of replica v0 holds right now, from ``/admin/state``: leases (turns in
+    flight), windows with a turn in flight, waiting sessions and anonymous waiters."""
+    status, state = http_json("GET", proxy_url + "/admin/state", headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert status == 200, state
+    gate = state["gates"]["v0"]
+    return {
+        "leases": gate["leases"],
+        "windows_in_flight": gate["windows"]["in_flight"],
+        "pending": gate["pending"],
+        "pending_anonymous": gate["pending_anonymous"],
+    }
+
+
+def test_kvgate_serves_every_turn_and_keeps_the_hit_rate_without_finish_headers(vllm_prefill_server, tmp_path):
     server = vllm_prefill_server
     # Warm-up: vLLM's first batches of a new shape are slow; whichever run came first would pay it.
     warmup, _ = measured_run(
@@ -107,7 +128,7 @@ def test_kvgate_keeps_the_hit_rate_and_is_no_slower_without_finish_headers(vllm_
     gated_wall = sum(result.wall_sec for result, _ in gated_runs)
     direct_hit_rate = sum(rate for _, rate in direct_runs) / ROUNDS
     gated_hit_rate = sum(rate for _, rate in gated_runs) / ROUNDS
-    makespan_ratio = gated_wall / direct_wall
+    makespan_ratio = gated_wall / direct_wall  # printed, not asserted (see the module docstring)
     admissions = sum((result.admissions for result, _ in gated_runs), Counter())
     waits = [w for result, _ in gated_runs for w in result.wait_ms]
     print(
@@ -127,9 +148,4 @@ def test_kvgate_keeps_the_hit_rate_and_is_no_slower_without_finish_headers(vllm_
     assert gated_hit_rate >= direct_hit_rate - HIT_RATE_TOLERANCE, (
         f"kvgate hit rate {gated_hit_rate:.3f} is below the direct {direct_hit_rate:.3f}: the gate made "
         f"cache reuse worse; admission reasons {dict(admissions)}"
-    )
-    assert makespan_ratio <= MAX_MAKESPAN_VS_DIRECT, (
-        f"kvgate took {gated_wall:.1f}s, {makespan_ratio:.2f}x the direct {direct_wall:.1f}s "
-        f"(allowed {MAX_MAKESPAN_VS_DIRECT}x); gate wait p95 {percentile(waits, 95, 0.0):.0f} ms: "
-        "do windows of sessions that went quiet without x-session-finish outlive them?"
     )

@@ -3,7 +3,7 @@
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from kvgate.vllm_plugin.engine_rates import PREFILL_WINDOW_SEC, RateMeter, read_totals
+from kvgate.vllm_plugin.engine_rates import PREFILL_WINDOW_SEC, READ_INTERVAL_SEC, RateMeter, read_totals
 
 
 def test_rate_meter_by_hand():
@@ -60,3 +60,19 @@ def test_read_totals_from_a_registry_like_vllms():
         "generation_tokens": 40.0,
         "decode_sec": 0.5,
     }
+
+
+def test_the_counters_are_read_at_most_every_read_interval():
+    meter = RateMeter()
+    assert meter.due(5.0) and meter.figures() == {
+        "prefill_tokens_per_sec": None,
+        "decode_step_sec": None,
+        "prefill_share": None,
+    }
+    totals = {"prompt_tokens": 0.0, "hit_tokens": 0.0, "prefill_sec": 0.0, "generation_tokens": 0.0, "decode_sec": 0.0}
+    meter.update(totals, now=5.0)
+    assert not meter.due(5.0 + READ_INTERVAL_SEC / 2)
+    assert meter.due(5.0 + READ_INTERVAL_SEC)
+    moved = {**totals, "generation_tokens": 10.0, "decode_sec": 0.2}
+    figures = meter.update(moved, now=5.0 + READ_INTERVAL_SEC)
+    assert figures["decode_step_sec"] == pytest.approx(0.02) and meter.figures() == figures

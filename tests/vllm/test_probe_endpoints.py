@@ -27,6 +27,8 @@ from vllm_harness import http_json, prefix_counters, scrape_metrics
 
 pytestmark = pytest.mark.vllm
 
+LONG_REQUEST_SEC = 600  # a deadline for requests that take seconds on an idle machine (see their test)
+
 
 def test_kv_probe_block_totals_match_cache_config_info(vllm_server):
     kv = probe_kv(vllm_server)
@@ -41,7 +43,7 @@ def test_kv_probe_block_totals_match_cache_config_info(vllm_server):
 def test_kv_probe_measures_the_engines_speed(vllm_server):
     """The work-conserving rule's inputs (docs/gate.md): after requests ran, `/v1/kvgate/kv`
     reports a prefill throughput over a window of at least PREFILL_WINDOW_SEC, a decode step and
-    a prefill share, read from vLLM's own counters."""
+    a prefill share, read from vLLM's own counters, and the engine's busy share from its steps."""
     from kvgate.vllm_plugin.engine_rates import PREFILL_WINDOW_SEC
 
     probe_kv(vllm_server)  # opens a window (or a previous test did)
@@ -60,6 +62,8 @@ def test_kv_probe_measures_the_engines_speed(vllm_server):
         time.sleep(0.25)
     assert kv["prefill_tokens_per_sec"] > 0 and kv["decode_step_sec"] > 0, kv
     assert 0.0 <= kv["prefill_share"] <= 1.0, kv
+    # the engine's timed steps give its busy share: some steps ran, and it has idled since
+    assert 0.0 < kv["busy_share"] < 1.0 and kv["engines"][0]["busy_share"] == kv["busy_share"], kv
 
 
 def test_chat_prefix_hit_ratio_lifecycle(vllm_server):
@@ -179,18 +183,26 @@ def test_probes_leave_counters_and_eviction_order_alone(vllm_server):
 
 
 def test_kv_usage_rises_while_requests_run_and_returns_to_zero(vllm_server):
+    """Four long completions run at once: the KV probe sees one running with blocks in use, and,
+    once all four are answered, a cache with nothing running and every block free (the finished
+    requests' blocks cached). The deadlines are generous (a loaded 2-core machine runs these
+    requests for minutes where an idle one takes seconds): only a state that never comes fails."""
     server = vllm_server
     tag = uuid.uuid4().hex
+    answers: dict[int, object] = {}
 
     def long_request(index: int) -> None:
         body = {"model": MODEL, "prompt": token_prompt(100, f"{tag}{index}"), "max_tokens": 400, "ignore_eos": True}
-        serve(server, "/v1/completions", body)
+        try:
+            answers[index] = http_json("POST", server.url + "/v1/completions", body, timeout=LONG_REQUEST_SEC)[0]
+        except Exception as error:  # a thread's exception would only be printed: keep it for the assert
+            answers[index] = error
 
     threads = [threading.Thread(target=long_request, args=(index,)) for index in range(4)]
     for thread in threads:
         thread.start()
     busy = None
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + LONG_REQUEST_SEC
     while time.monotonic() < deadline and any(thread.is_alive() for thread in threads):
         kv = probe_kv(server)
         if kv["num_running"] > 0 and kv["kv_cache_usage"] > 0:
@@ -198,19 +210,23 @@ def test_kv_usage_rises_while_requests_run_and_returns_to_zero(vllm_server):
             break
         time.sleep(0.05)
     for thread in threads:
-        thread.join(timeout=300)
+        thread.join(timeout=LONG_REQUEST_SEC)
+    assert not any(thread.is_alive() for thread in threads), f"requests still running after {LONG_REQUEST_SEC}s"
+    assert answers == {index: 200 for index in range(4)}, answers
     assert busy is not None, "never saw a running request in the KV probe"
     assert busy["num_free_blocks"] < busy["num_total_blocks"]
 
+    # Every request is answered; the engine frees their blocks at its next step.
     idle = probe_kv(server)
-    for _ in range(50):
-        if idle["num_running"] == 0:
-            break
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (
+        idle["num_running"] == idle["num_waiting"] == idle["kv_cache_usage"] == 0
+    ):
         time.sleep(0.1)
         idle = probe_kv(server)
-    assert (idle["num_running"], idle["num_waiting"]) == (0, 0)
-    assert idle["kv_cache_usage"] == 0.0
-    assert idle["num_free_blocks"] == idle["num_total_blocks"]
+    assert (idle["num_running"], idle["num_waiting"]) == (0, 0), idle
+    assert idle["kv_cache_usage"] == 0.0, idle
+    assert idle["num_free_blocks"] == idle["num_total_blocks"], idle
     assert idle["num_cached_blocks"] > 0  # the finished requests' blocks stay cached
 
 

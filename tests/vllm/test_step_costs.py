@@ -55,3 +55,15 @@ def test_merge_reports_the_slowest_engines_token_cost():
 
     assert merge_kv([engine(1e-5), engine(None), engine(3e-5)]).token_sec == 3e-5
     assert merge_kv([engine(None)]).token_sec is None
+
+
+def test_the_step_log_measures_the_busy_share_from_its_steps_ends():
+    log = StepLog()
+    assert log.busy.share(1.0) is None
+    log.record(0.01, 0, ended_at=0.5)  # nothing scheduled: not counted
+    assert log.busy.share(1.0) is None
+    for i in range(1, 1001):  # a 10 ms step every 40 ms for 40 s
+        log.record(0.01, 8, ended_at=i * 0.04)
+    assert log.busy.share(40.0) == pytest.approx(0.25, abs=0.01)
+    log.record(0.02, 8)  # no end given: fitted, not counted in the share
+    assert log.steps[-1] == (0.02, 8) and log.busy.share(40.0) == pytest.approx(0.25, abs=0.01)

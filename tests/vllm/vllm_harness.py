@@ -402,7 +402,7 @@ class VllmServer:
             VLLM_PLUGINS="kvgate",
             VLLM_CPU_OMP_THREADS_BIND="nobind",
             VLLM_SERVER_DEV_MODE="1",  # POST /reset_prefix_cache between test phases
-            VLLM_ENABLE_RESPONSES_API_STORE="1",  # previous_response_id state (issue 14's chains)
+            VLLM_ENABLE_RESPONSES_API_STORE="1",  # previous_response_id state (Responses chains)
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
             VLLM_NO_USAGE_STATS="1",

@@ -18,6 +18,7 @@ tests/vllm/test_owner_record.py (marker `vllm`).
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import fields, replace
 from types import SimpleNamespace
@@ -29,6 +30,7 @@ from kvgate.simulator.replica_server import SimulatedReplica
 from kvgate.vllm_plugin import endpoint_plugin, jsonio
 from kvgate.vllm_plugin.endpoint_plugin import ProbeService
 from kvgate.vllm_plugin.engine_plugin import PREFIX_ANSWER_METHOD, install_probes
+from kvgate.vllm_plugin.engine_rates import READ_INTERVAL_SEC
 from kvgate.wire.errors import anthropic_error, openai_error
 from kvgate.wire.owner_record import OWNER_PATH, OwnerAnswer, OwnerBook, OwnerClaim
 from kvgate.wire.probe_api import (
@@ -77,8 +79,9 @@ def full_kv() -> KvAnswer:
             decode_step_sec=0.01,
             prefill_share=0.4,
             token_sec=1e-4,
+            busy_share=busy,
         )
-        for free in (40, 30)
+        for free, busy in ((40, 0.5), (30, 0.75))
     ]
     # the server's own figures
     return replace(merge_kv(engines), max_model_len=4096, max_token_bytes=48, scheduling_policy="priority")
@@ -130,6 +133,7 @@ def test_the_error_envelopes_carry_every_field():
     "message_type, doc, field",
     [
         (KvAnswer, {"kv_cache_usage": 0.5, "token_sec": 0}, "token_sec"),
+        (KvAnswer, {"kv_cache_usage": 0.5, "busy_share": 1.5}, "busy_share"),
         (KvAnswer, {"kv_cache_usage": 0.5, "num_gpu_blocks": -1}, "num_gpu_blocks"),
         (KvAnswer, {"kv_cache_usage": 0.5, "engines": [{"kv_cache_usage": 0.5}]}, "engine"),
         (KvAnswer, {"kv_cache_usage": 0.5, "version": "1"}, "version"),
@@ -296,6 +300,9 @@ async def test_the_plugins_builders_answer_every_field_of_every_message(monkeypa
         ]
     )
     monkeypatch.setattr(endpoint_plugin, "read_totals", lambda: next(totals))
+    # the counters are read at most every READ_INTERVAL_SEC: the second probe comes that much later
+    ticks = itertools.count(100.0, READ_INTERVAL_SEC)
+    monkeypatch.setattr(endpoint_plugin, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
     await service.kv_answer()
     kv = assert_round_trips(KvAnswer, (await service.kv_answer()).to_json())
     assert unset_fields(kv) == set()

@@ -1,0 +1,90 @@
+"""The gate learns each turn's prompt from its usage, and the client sees what it would
+have seen without kvgate: the official `openai` client, through the real proxy with the
+gate on, against a simulated replica (which reports `prompt_tokens_details.cached_tokens`
+as vLLM does with --enable-prompt-tokens-details)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import openai
+import pytest
+
+from kvgate.balancer.settings import ReplicaSettings
+from kvgate.gate.admission import AdmissionController
+from kvgate.gate.settings import GateSettings
+from kvgate.proxy.app import create_app
+from kvgate.proxy.metrics import KvgateMetrics
+from kvgate.proxy.settings import Settings
+from kvgate.simulator.replica_server import start_simulated_replicas
+from tests.gate.helpers import CLEAN
+
+MESSAGES = [{"role": "user", "content": "list the files of the repository and read the README " * 4}]
+VOLATILE = {"id", "created"}  # differ between any two answers
+
+
+@pytest.fixture
+async def stack():
+    """One simulated replica (roomy: every turn's bound fits, so no turn is probed) and the
+    proxy with the working_set gate in front; yields (kvgate URL, replica URL, gate)."""
+    (replica,) = await start_simulated_replicas(1, time_scale=0.0, num_blocks=512, block_size=16)
+    gate_settings = GateSettings(policy="working_set", idle_grace_sec=60.0, quiet_floor_sec=60.0, wait_poll_sec=0.1)
+    metrics = KvgateMetrics()
+    controller = AdmissionController(gate_settings, metrics.gate)
+    app = create_app(
+        replace(Settings(), gate=gate_settings, replicas=(ReplicaSettings(replica.name, replica.url),)),
+        metrics=metrics,
+        admission=controller,
+        health_checks=False,
+    )
+    try:
+        host, port = await app.start("127.0.0.1", 0)
+        yield f"http://{host}:{port}", replica.url, controller
+        for key in list(controller._gates[replica.name]._book.records):
+            controller.finish_session(key)
+        assert controller._gates[replica.name].counts() == CLEAN
+    finally:
+        await app.close()
+        await replica.stop()
+
+
+def client(url: str, session: str | None = None) -> openai.AsyncOpenAI:
+    headers = {"x-session-id": session} if session else None
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0, default_headers=headers)
+
+
+async def chunks(api: openai.AsyncOpenAI, **options) -> list[dict]:
+    stream = await api.chat.completions.create(model="m", messages=MESSAGES, max_tokens=6, stream=True, **options)
+    return [chunk.model_dump(exclude=VOLATILE) async for chunk in stream]
+
+
+def learned(controller: AdmissionController, session: str) -> int | None:
+    (gate,) = controller._gates.values()
+    return gate._book.records[session].prompt_tokens
+
+
+async def test_a_stream_without_include_usage_is_relayed_as_sent_and_teaches_the_gate(stack):
+    kvgate, replica, controller = stack
+    via, direct = client(kvgate, "s"), client(replica)
+    got = await chunks(via)
+    assert got == await chunks(direct)  # kvgate asked for the usage and took its event out again
+    assert got and all(chunk["usage"] is None and chunk["choices"] for chunk in got)
+    with_usage = await chunks(direct, stream_options={"include_usage": True})
+    # admitted at its bound, unprobed (a roomy replica): the size comes from the turn's usage
+    assert learned(controller, "s") == with_usage[-1]["usage"]["prompt_tokens"]
+    await via.close()
+    await direct.close()
+
+
+async def test_a_client_that_asks_for_its_usage_gets_it(stack):
+    kvgate, replica, controller = stack
+    via = client(kvgate, "u")
+    got = await chunks(via, stream_options={"include_usage": True})
+    usage = got[-1]["usage"]
+    assert got[-1]["choices"] == [] and usage["prompt_tokens"] > 0 and usage["completion_tokens"] == 6
+    assert learned(controller, "u") == usage["prompt_tokens"]
+    answer = await via.chat.completions.create(model="m", messages=MESSAGES + MESSAGES, max_tokens=3)
+    assert answer.usage is not None and answer.usage.prompt_tokens_details is not None
+    assert answer.usage.prompt_tokens_details.cached_tokens > 0  # the first turn's prefix
+    assert learned(controller, "u") == answer.usage.prompt_tokens  # a JSON answer teaches it too
+    await via.close()

@@ -1,0 +1,113 @@
+"""proxy.usage_tap: a turn's usage read off its answer; the usage event kvgate asked for taken out."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from kvgate.proxy.usage_tap import PromptUsage, UsageTap, asks_for_usage, json_usage, usage_of
+
+
+def sse(doc: object) -> bytes:
+    return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+
+CHUNKS = [
+    sse({"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "hi"}}]}),
+    sse(
+        {"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    ),
+]
+USAGE_EVENT = sse(
+    {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "choices": [],
+        "usage": {"prompt_tokens": 120, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 96}},
+    }
+)
+DONE = b"data: [DONE]\n\n"
+STREAM = b"".join(CHUNKS) + USAGE_EVENT + DONE
+
+
+def relay(tap: UsageTap, pieces: list[bytes]) -> bytes:
+    return b"".join(tap.feed(piece) for piece in pieces) + tap.finish()
+
+
+@pytest.mark.parametrize("cut", range(1, len(STREAM)))
+def test_stripping_removes_exactly_the_usage_event_however_the_stream_is_cut(cut):
+    tap = UsageTap(strip=True)
+    assert relay(tap, [STREAM[:cut], STREAM[cut:]]) == b"".join(CHUNKS) + DONE
+    assert tap.usage == PromptUsage(120, 96)
+
+
+def test_stripping_passes_whole_events_on_at_once():
+    tap = UsageTap(strip=True)
+    assert tap.feed(CHUNKS[0]) == CHUNKS[0]  # nothing held back: vLLM writes whole events
+    assert tap.feed(CHUNKS[1][:10]) == b""  # the start of an event waits for its end
+    assert tap.feed(CHUNKS[1][10:]) == CHUNKS[1]
+
+
+def test_without_stripping_every_chunk_passes_as_it_came():
+    tap = UsageTap(strip=False)
+    pieces = [STREAM[i : i + 7] for i in range(0, len(STREAM), 7)]
+    assert [tap.feed(piece) for piece in pieces] == pieces
+    assert tap.finish() == b"" and tap.usage == PromptUsage(120, 96)
+
+
+def test_a_stream_without_a_usage_event_has_no_usage_and_is_untouched():
+    stream = b"".join(CHUNKS) + DONE
+    for strip in (True, False):
+        tap = UsageTap(strip=strip)
+        assert relay(tap, [stream]) == stream and tap.usage is None
+
+
+def test_a_content_chunk_that_mentions_usage_is_kept():
+    chunk = sse({"id": "c", "choices": [{"index": 0, "delta": {"content": '"usage": {"prompt_tokens": 5}'}}]})
+    tap = UsageTap(strip=True)
+    assert relay(tap, [chunk + DONE]) == chunk + DONE and tap.usage is None
+
+
+@pytest.mark.parametrize(
+    "doc, expected",
+    [
+        ({"usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 4}}}, PromptUsage(10, 4)),
+        ({"usage": {"prompt_tokens": 10}}, PromptUsage(10, None)),  # a server without prompt_tokens_details
+        ({"usage": {"prompt_tokens": 10, "prompt_tokens_details": None}}, PromptUsage(10, None)),
+        ({"usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 11}}}, PromptUsage(10, None)),
+        ({"usage": {"prompt_tokens": 0}}, None),
+        ({"usage": {"prompt_tokens": True}}, None),
+        ({"usage": None}, None),
+        ([], None),
+    ],
+)
+def test_usage_of(doc, expected):
+    assert usage_of(doc) == expected
+
+
+def test_json_usage():
+    assert json_usage(orjson.dumps({"choices": [], "usage": {"prompt_tokens": 7}})) == PromptUsage(7, None)
+    assert json_usage(b'{"usage": ') is None and json_usage(b"{}") is None
+
+
+@pytest.mark.parametrize(
+    "body, asks",
+    [
+        ({"stream": True}, True),
+        ({"stream": True, "stream_options": {"include_usage": True}}, False),  # the client asked itself
+        ({"stream": True, "stream_options": {"continuous_usage_stats": False}}, False),  # left as sent
+        ({"stream": False}, False),  # the JSON answer always has its usage
+        ({}, False),
+    ],
+)
+def test_asks_for_usage(body, asks):
+    assert asks_for_usage(body) is asks
+
+
+def test_a_server_that_sends_usage_unasked_keeps_its_usage_event():
+    """vLLM with --enable-force-include-usage puts usage on every event and sends the usage
+    event whatever the request asked: the client would get it without kvgate, so it stays."""
+    content = sse({"id": "c", "choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": {"prompt_tokens": 120}})
+    stream = content + USAGE_EVENT + DONE
+    tap = UsageTap(strip=True)
+    assert relay(tap, [stream]) == stream and tap.usage == PromptUsage(120, 96)

@@ -1,0 +1,55 @@
+"""What the probe API's `busy_share` measures, and how a server measures it (pure).
+
+`busy_share` is the share of the engine's recent wall time spent in scheduler steps,
+in [0, 1]: 1 when the engine steps back to back (every second a turn is held back, it
+computes for others), 0 when it idles. Recent: every step's seconds and the wall time
+since the meter began both decay by exp(-age / `horizon_sec`), so the share follows
+the last few seconds, and a meter younger than its horizon divides by the wall time
+it has seen, not by the horizon.
+
+Both servers of the probe API (the vLLM plugin, timing `EngineCore.step`; the
+simulated replica, timing its cost model's steps) feed a `BusyMeter` with each step's
+end and seconds and report `share(now)`. O(1) per step, no clock of its own: the
+caller passes the times (a monotonic clock, or the simulation's).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DEFAULT_HORIZON_SEC = 2.0
+
+
+@dataclass
+class BusyMeter:
+    """Decayed busy seconds over decayed wall seconds. Invariant: 0 <= `share(now)` <= 1."""
+
+    horizon_sec: float = DEFAULT_HORIZON_SEC
+    _busy: float = 0.0  # decayed step seconds, as of `_at`
+    _at: float | None = None  # the end of the last step observed
+    _began: float | None = None  # the start of the first step observed
+
+    def observe(self, ended_at: float, seconds: float) -> None:
+        """One step of `seconds` that ended at `ended_at` (steps arrive in order)."""
+        if seconds < 0:
+            return
+        if self._at is None or self._began is None:
+            self._began, self._at = ended_at - seconds, ended_at
+            self._busy = seconds
+            return
+        elapsed = max(0.0, ended_at - self._at)
+        self._busy = self._busy * math.exp(-elapsed / self.horizon_sec) + seconds
+        self._at = max(self._at, ended_at)
+
+    def share(self, now: float) -> float | None:
+        """The busy share at `now`; None before any step (no measurement)."""
+        if self._at is None or self._began is None:
+            return None
+        since_step = max(0.0, now - self._at)
+        busy = self._busy * math.exp(-since_step / self.horizon_sec)
+        # the decayed wall time since the meter began: the integral of exp(-age / horizon)
+        wall = self.horizon_sec * (1.0 - math.exp(-max(0.0, now - self._began) / self.horizon_sec))
+        if wall <= 0:
+            return None
+        return min(1.0, busy / wall)
