@@ -644,11 +644,17 @@ class Gate:
         attempt.queued = False
 
     def _wake_one(self) -> None:
+        """Wake the first waiter not awake already, in arrival order. One behind the head
+        whose last Wait said `poll=False` is passed over: nothing but its place, which this
+        wake-up does not give it, can change its decision. The head is never passed over."""
+        head = True
         for waiter in self._queue:
             event = waiter.event  # queued waiters always have one (made before queueing)
             if event is not None and not event.is_set():
-                event.set()
-                return
+                if head or waiter.held is None or waiter.held.poll:
+                    event.set()
+                    return
+            head = False
 
     def _supersede(self, previous: Attempt) -> None:
         previous.abort = AdmissionSuperseded(

@@ -113,6 +113,8 @@ class KVCacheManager:
             return None
         if new_computed_blocks:
             pool.touch(new_computed_blocks)
+            if not req_blocks:  # the prefix-cache hits lead the table: already cached, under these hashes
+                self.num_cached_blocks[rid] = len(new_computed_blocks)
             req_blocks.extend(new_computed_blocks)
         new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
         req_blocks.extend(new_blocks)

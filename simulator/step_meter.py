@@ -35,6 +35,7 @@ class StepMeter:
     _prefill_time: float = 0.0  # decayed seconds that prefill added, and decayed busy seconds
     _busy_time: float = 0.0
     _busy: BusyMeter = field(init=False)
+    observations: int = field(default=0, init=False)  # steps observed: a reading changes only with them and `now`
 
     def __post_init__(self) -> None:
         self._busy = BusyMeter(self.horizon_sec)  # the busy share decays as the prefill share does
@@ -45,6 +46,7 @@ class StepMeter:
         step does not count in the busy share). A step of no measurable time is skipped."""
         if seconds <= 0:
             return
+        self.observations += 1
         if ended_at is not None:
             self._busy.observe(ended_at, seconds)
         added = 0.0

@@ -85,6 +85,8 @@ class SimEngine:
         self._step_began = 0.0
         self._step_sec = 0.0
         self._stretch: tuple[float, list[float], list[float]] | None = None  # (began, step ends, step seconds)
+        self._answer: KvAnswer | None = None  # the last kv answer, and the figures it was made of
+        self._answer_key: tuple = ()
 
     # ------------------------------------------------------------------ requests
 
@@ -125,9 +127,23 @@ class SimEngine:
     # --------------------------------------------------------------------- probes
 
     def kv_answer(self) -> KvAnswer:
-        """The kv probe's answer, as the simulated replica gives it."""
+        """The kv probe's answer, as the simulated replica gives it: the same object while
+        nothing it reads has changed (the waiters a release wakes all probe at one instant)."""
         self.settle()
-        return engine_kv_answer(self.scheduler, self.meter, self._loop.time())
+        scheduler, meter = self.scheduler, self.meter
+        pool = scheduler.kv_cache_manager.block_pool
+        now = self._loop.time()
+        key = (
+            now,
+            meter.observations,
+            pool.free_block_queue.num_free_blocks,
+            len(pool.cached_block_hash_to_block),
+            len(scheduler.running),
+            len(scheduler.waiting),
+        )
+        if key != self._answer_key or self._answer is None:
+            self._answer, self._answer_key = engine_kv_answer(scheduler, meter, now), key
+        return self._answer
 
     def prefix_answer(self, request: SimRequest) -> PrefixAnswer:
         """The prefix probe's answer for `request`'s prompt: no side effects."""

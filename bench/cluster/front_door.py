@@ -30,6 +30,7 @@ from kvgate.gate.errors import AdmissionError, ReplicaUnavailable
 from kvgate.gate.readings import PrefixReading, UsageReading, prefix_reading, usage_reading
 from kvgate.simulator.session_request import SessionRequest
 from kvgate.simulator.virtual_engine import EngineStopped, SimEngine
+from kvgate.wire.probe_api import KvAnswer
 
 _CHUNKS = tuple("x" * (1 << k) for k in range(25))  # shared padding strings: a body costs no memory
 _MESSAGE_BYTES = len(b'{"role":"user","content":""},')
@@ -57,12 +58,17 @@ class EngineProbe:
     def __init__(self, engines: Mapping[str, SimEngine], name: str) -> None:
         self._engines = engines
         self._name = name
+        self._answer: KvAnswer | None = None  # the engine's last answer and its reading (readings are immutable)
+        self._reading: UsageReading | None = None
 
     async def usage(self, newer_than: float | None = None) -> UsageReading | None:
         engine = self._engines.get(self._name)
         if engine is None or engine.stopped:
             return None
-        return usage_reading(engine.kv_answer())
+        answer = engine.kv_answer()
+        if answer is not self._answer:
+            self._answer, self._reading = answer, usage_reading(answer)
+        return self._reading
 
     async def prefix(self, route_kind: str, body: Mapping[str, object]) -> PrefixReading | None:
         engine = self._engines.get(self._name)

@@ -30,10 +30,11 @@ Invariants (each has a table test):
 - A holder that no longer fits waits as a newcomer (`Wait.drop_window`) unless
   it goes in `work_conserving`; a prompt that can never fit (its full blocks >
   usable) is rejected, never held.
-- A named turn that has waited its cap (`wait_cap_left`) goes in `wait_capped` as
-  soon as a window can be made for it of late idle windows (`reclaim_window`: sessions
-  idle longer than their usual gap; they end, the longest idle first, and the books
-  stay within usable); until then it re-decides whenever blocks are freed. A holder
+- A named turn that has waited its cap (`wait_cap_left`) and heads the queue goes in
+  `wait_capped` as soon as a window can be made for it of late idle windows
+  (`reclaim_window`: sessions idle longer than their usual gap; they end, the longest
+  idle first, and the books stay within usable); until then it re-decides whenever
+  blocks are freed. Behind other waiters it keeps its place (the oldest first). A holder
   that no longer fits, or a turn without block counts or a prefix reading, goes in at
   its cap without a window.
 - With `held_priority` > 0 on a replica that schedules by priority, the named turns
@@ -108,8 +109,10 @@ def _capped(
     goes in `wait_capped` with a window made of late idle windows (`reclaim_window`):
     sessions sitting in a tool call longer than their usual gap (or gone quietly) give
     their place to a turn that waited long enough; the windows in flight, and those of
-    sessions due back soon, keep theirs. If the late windows would not make room, it
-    waits on, woken whenever blocks are freed and when the next idle window turns late.
+    sessions due back soon, keep theirs. Only the head of the queue takes them (the
+    oldest waiter first: a turn behind others past its cap keeps its place). If the
+    late windows would not make room, it waits on, woken whenever blocks are freed and
+    when the next idle window turns late.
     Where no window can be priced (a holder that no longer fits behind the older
     windows, no block counts, no prefix reading) it goes in without one."""
     left = wait_cap_left(view, settings)
@@ -119,8 +122,9 @@ def _capped(
         return due_by(wait, left)
     if view.has_window or usage is None or not usage.has_blocks or isinstance(prefix, PrefixUnavailable):
         return Admit(AdmissionReason.WAIT_CAPPED)
-    if prefix is None:
-        return PROBE_FIRST
+    if view.waiters_ahead > 0:  # the oldest waiter first: late windows go to the head of the queue
+        return wait
+    assert prefix is not None, "a newcomer at the head of the queue is held only on a prefix reading"
     reclaim = reclaim_window(view, usage, prefix, settings)
     if reclaim is None:
         why = f"waited its cap, for late idle windows to make room; {wait.why}"

@@ -179,15 +179,22 @@ def tagged(session: str) -> dict:
     return body(session, max_tokens=SESSIONS.index(session))  # the scripted policy reads it back
 
 
-async def _queue_of_three(decider: Decider, probe, metrics, clock, poll: float = 60.0):
-    """`busy` in flight, then `head` (HELD), `behind` and `last` (UNPOLLED) waiting."""
-    gate = Gate("r0", probe, settings(wait_poll_sec=poll), metrics, clock, decider.policy(SESSIONS))
-    decider.by_session = {"busy": Admit(AdmissionReason.OPEN), "behind": UNPOLLED, "last": UNPOLLED}
+async def _queue_of_three(
+    decider: Decider, probe, metrics, clock, poll: float = 60.0, behind: Wait = UNPOLLED, head_ahead_sec: float = 0.0
+):
+    """`busy` in flight, then `head` (HELD), `behind` (`behind`) and `last` (UNPOLLED)
+    waiting; the head joins `head_ahead_sec` before the others (with a max_wait_sec of 5 s)."""
+    max_wait = {"max_wait_sec": 5.0} if head_ahead_sec else {}
+    gate = Gate("r0", probe, settings(wait_poll_sec=poll, **max_wait), metrics, clock, decider.policy(SESSIONS))
+    decider.by_session = {"busy": Admit(AdmissionReason.OPEN), "behind": behind, "last": UNPOLLED}
     busy = await gate.acquire("busy", "chat", tagged("busy"))
     tasks = {}
     for count, session in enumerate(("head", "behind", "last"), start=1):
         tasks[session] = asyncio.ensure_future(gate.acquire(session, "chat", tagged(session)))
         await until(lambda count=count: gate.counts()["waiters"] == count, f"{session} to wait")
+        if session == "head" and head_ahead_sec:
+            clock.advance(head_ahead_sec)
+            await settle()
     return gate, busy, tasks
 
 
@@ -215,17 +222,8 @@ async def test_an_unpolled_waiter_is_woken_when_it_heads_the_queue_and_then_poll
     """However the head leaves, the waiter behind it is woken at once (no poll ever would),
     re-decides, and, heading the queue now, polls; the one behind it still does not."""
     decider = Decider()
-    max_wait = {"max_wait_sec": 5.0} if how == "timed_out" else {}
-    gate = Gate("r0", probe, settings(wait_poll_sec=1.0, **max_wait), metrics, clock, decider.policy(SESSIONS))
-    decider.by_session = {"busy": Admit(AdmissionReason.OPEN), "behind": UNPOLLED, "last": UNPOLLED}
-    busy = await gate.acquire("busy", "chat", tagged("busy"))
-    tasks = {}
-    for count, session in enumerate(("head", "behind", "last"), start=1):
-        tasks[session] = asyncio.ensure_future(gate.acquire(session, "chat", tagged(session)))
-        await until(lambda count=count: gate.counts()["waiters"] == count, f"{session} to wait")
-        if how == "timed_out" and session == "head":
-            clock.advance(2.0)  # the head reaches max_wait_sec first
-            await settle()
+    ahead = 2.0 if how == "timed_out" else 0.0  # the head reaches max_wait_sec first
+    gate, busy, tasks = await _queue_of_three(decider, probe, metrics, clock, poll=1.0, head_ahead_sec=ahead)
     before = dict(decider.calls)
     head_lease = None
     if how == "admitted":
@@ -280,4 +278,27 @@ async def test_the_replica_going_idle_wakes_every_waiter(probe, metrics, clock):
     for task in tasks.values():
         task.cancel()
     await asyncio.gather(*tasks.values(), return_exceptions=True)
+    assert_clean(gate, clock)
+
+
+@pytest.mark.parametrize("behind_polls", [True, False])
+async def test_each_release_wakes_the_next_waiter_not_awake_but_passes_over_unpolled_ones(
+    behind_polls, probe, metrics, clock
+):
+    """Two releases at once wake two waiters in arrival order (the head, then the next);
+    a waiter whose Wait said `poll=False` is passed over (its place did not change)."""
+    decider = Decider()
+    gate, busy, tasks = await _queue_of_three(decider, probe, metrics, clock, behind=HELD if behind_polls else UNPOLLED)
+    others = [await gate.acquire("busy", "chat", tagged("busy")) for _ in range(2)]
+    before = dict(decider.calls)
+    for lease in others:  # both before any waiter runs: the second finds the head awake
+        lease.release()
+    await settle()
+    assert decider.calls["head"] == before["head"] + 1
+    assert decider.calls["behind"] == before["behind"] + (1 if behind_polls else 0)
+    assert decider.calls["last"] == before["last"]
+    for task in tasks.values():
+        task.cancel()
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
+    busy.release()
     assert_clean(gate, clock)

@@ -15,7 +15,7 @@ from kvgate.gate.gate import Gate
 from kvgate.gate.policies.economics import WAIT_CAP_FLOOR_SEC, due_by, wait_cap_left, wait_cap_sec
 from kvgate.gate.policies.pricing import reclaim_window
 from kvgate.gate.policies.views import WorkingSetView
-from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, ProbeFirst, Wait, WaitCause
+from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Wait, WaitCause
 from kvgate.gate.policies.working_set import working_set_decide
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
@@ -106,9 +106,9 @@ def test_the_policy_holds_until_the_cap_then_admits_into_a_window_of_idle_window
     assert early.recheck_sec == pytest.approx(0.3)
     late = working_set_decide(held_view(waited_sec=0.4, recent_turn_sec=0.4), USAGE, LONG, CAP_1)
     assert late == Admit(AdmissionReason.WAIT_CAPPED, window=True, footprint=FOOTPRINT, reclaim_blocks=65)
-    # without a reading yet (held behind others, unprobed), past its cap it asks for one
-    unread = working_set_decide(held_view(waited_sec=0.4, recent_turn_sec=0.4, waiters_ahead=2), USAGE, None, CAP_1)
-    assert isinstance(unread, ProbeFirst)
+    # behind other waiters it keeps its place: the head of the queue takes late windows first
+    behind = working_set_decide(held_view(waited_sec=0.4, recent_turn_sec=0.4, waiters_ahead=2), USAGE, LONG, CAP_1)
+    assert isinstance(behind, Wait) and behind.cause == WaitCause.BEHIND_WAITERS
 
 
 def test_past_its_cap_a_turn_waits_on_until_late_idle_windows_make_room():

@@ -34,6 +34,11 @@ def unbounded_body(session: str, size: int = 2000, **fields) -> dict:
     return body(session, "x" * size, **fields)
 
 
+def window_price(gate: Gate, session: str) -> int:
+    """The session's window price in blocks, as /admin/state shows it."""
+    return gate.state()["sessions"][session]["resident_blocks"]
+
+
 def waiting(gate: Gate) -> int:
     return gate.counts()["waiters"]
 
@@ -281,23 +286,22 @@ async def test_a_turn_whose_upper_bound_fits_is_admitted_at_once_and_repriced_be
     gate, probe = working_set_gate(metrics, clock, total=70, free=70)
     probe.block_size = 16
 
-    def price(session: str) -> int:
-        return gate.state()["sessions"][session]["resident_blocks"]
-
     probe.set_prefix("s1", total=4, hit=0, tokens=70)
     first = await gate.acquire("s1", "chat", body("s1"))
     assert first.reason == "window_fits" and probe.prefix_calls == []
-    assert 36 <= price("s1") <= 40
-    await until(lambda: price("s1") == 5, "the exact price (ceil(70 / 16))")
+    assert 36 <= window_price(gate, "s1") <= 40
+    await until(lambda: window_price(gate, "s1") == 5, "the exact price (ceil(70 / 16))")
     assert probe.prefix_calls == ["s1"]
     first.release()
 
     probe.set_prefix("big", total=60, hit=0, tokens=960)
     big = await gate.acquire("big", "chat", unbounded_body("big"))  # its bound never fits: probed first
-    assert big.reason == "window_fits" and price("big") == 60 and probe.prefix_calls == ["s1", "big"]
+    assert big.reason == "window_fits" and window_price(gate, "big") == 60 and probe.prefix_calls == ["s1", "big"]
     probe.set_prefix("s2", total=1, hit=0, tokens=20)
     second = await gate.acquire("s2", "chat", body("s2"))  # 38 + 65 > 70: priced before deciding
-    assert second.reason == "window_fits" and probe.prefix_calls == ["s1", "big", "s2"] and price("s2") == 2
+    assert (
+        second.reason == "window_fits" and probe.prefix_calls == ["s1", "big", "s2"] and window_price(gate, "s2") == 2
+    )
     for lease, session in ((big, "big"), (second, "s2")):
         lease.release()
         gate.finish_session(session)
@@ -329,33 +333,37 @@ async def test_media_bodies_are_always_priced_by_the_probe(metrics, clock):
     assert_clean(gate, clock)
 
 
-async def test_a_turns_usage_prices_its_window_and_spares_the_repricing_probe(metrics, clock):
-    """The replica reports each served turn's prompt (`Lease.learn`): the window priced at
-    its bound gets its exact price when the turn ends, and a later bound-priced turn is not
-    repriced by a probe beside it while no turn waits; a turn with no learned usage before
-    it still is (the first one here)."""
+async def learned_gate(metrics, clock) -> tuple[Gate, FakeProbe]:
+    """A 70-block working_set gate after one turn of s1 (70 tokens) whose usage it learned:
+    the turn was repriced by a probe beside it (no usage learned before it), its window
+    is priced at 5 blocks."""
     gate, probe = working_set_gate(metrics, clock, total=70, free=70)
     probe.block_size = 16
-
-    def price(session: str) -> int:
-        return gate.state()["sessions"][session]["resident_blocks"]
-
     probe.set_prefix("s1", total=4, hit=0, tokens=70)
     first = await gate.acquire("s1", "chat", body("s1"))
     await until(lambda: probe.prefix_calls == ["s1"], "the repricing probe: nothing learned yet")
     first.learn(70, 0)
     first.release()
-    assert price("s1") == 5  # ceil(70 / 16)
+    return gate, probe
+
+
+async def test_a_turns_usage_prices_its_window_and_spares_the_repricing_probe(metrics, clock):
+    """The replica reports each served turn's prompt (`Lease.learn`): the window priced at
+    its bound gets its exact price when the turn ends, and a later bound-priced turn is not
+    repriced by a probe beside it while no turn waits; a turn with no learned usage before
+    it still is (the first one here)."""
+    gate, probe = await learned_gate(metrics, clock)
+    assert window_price(gate, "s1") == 5  # ceil(70 / 16)
 
     second = await gate.acquire("s2", "chat", body("s2"))  # 38 blocks at its bound: over half of 70
-    assert second.reason == "window_fits" and 36 <= price("s2") <= 40
+    assert second.reason == "window_fits" and 36 <= window_price(gate, "s2") <= 40
     for _ in range(5):
         await asyncio.sleep(0)  # a repricing probe, had one been started, would run now
     assert probe.prefix_calls == ["s1"]
     second.learn(100, 32)  # 100 tokens, 2 blocks of them cached
-    assert price("s2") == 7  # ceil(100 / 16)
+    assert window_price(gate, "s2") == 7  # ceil(100 / 16)
     second.release()
-    assert price("s2") == 7
+    assert window_price(gate, "s2") == 7
     for session in ("s1", "s2"):
         gate.finish_session(session)
     assert_clean(gate, clock)
@@ -382,13 +390,7 @@ async def test_a_window_left_to_its_usage_is_probed_once_a_turn_waits(metrics, c
     """A window priced at its bound whose repricing was left to its turn's usage gets its
     exact price from a probe as soon as another turn must wait: over-priced windows may
     be what holds it, and a long turn's usage comes too late."""
-    gate, probe = working_set_gate(metrics, clock, total=70, free=70)
-    probe.block_size = 16
-    probe.set_prefix("s1", total=4, hit=0, tokens=70)
-    first = await gate.acquire("s1", "chat", body("s1"))
-    await until(lambda: probe.prefix_calls == ["s1"], "the repricing probe: nothing learned yet")
-    first.learn(70, 0)
-    first.release()
+    gate, probe = await learned_gate(metrics, clock)
     probe.set_prefix("s2", total=2, hit=0, tokens=40)
     second = await gate.acquire("s2", "chat", body("s2"))  # at its bound (~38 blocks), left to its usage
     for _ in range(5):

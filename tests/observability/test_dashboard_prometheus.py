@@ -207,14 +207,38 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometh
             print(f"load: {len(driver.turns)} turns in {time.monotonic() - started:.1f}s")
             ok = [t for t in driver.turns if t.ok]
             assert len(ok) >= len(driver.turns) * 0.9, "the load itself failed; see the kvgate log"
-            await asyncio.sleep(3)  # the last changes reach the mirror (0.5 s) and Prometheus (1 s)
 
-            # ---- every dashboard query returns data -----------------------------------------
-            empty = []
-            for title, expr in queries:
-                result = await prometheus.query(http, as_grafana_runs_it(expr))  # valid PromQL or fails
-                if not finite_values(result):
-                    empty.append(f"{title}: {expr} -> {result}")
+            # ---- every dashboard query returns data, and the mirror caught up -------------------
+            # The last changes reach the mirror (every 0.5 s) and Prometheus (every 1 s) a few
+            # seconds after the load, more on a loaded machine: ask again until every panel has
+            # data and the mirrored counters equal the replicas' own, for up to a minute; a panel
+            # whose query can never have data, or a mirror that drifts, stays so and fails below.
+            async def mirror_pairs() -> list[tuple]:
+                pairs = []
+                for r in replicas:
+                    for source, mirror in (
+                        ("vllm:prefix_cache_hits_total", "kvgate_replica_prefix_cache_hits_total"),
+                        ("vllm:prefix_cache_queries_total", "kvgate_replica_prefix_cache_queries_total"),
+                    ):
+                        own = finite_values(await prometheus.query(http, f'sum({source}{{replica="{r.name}"}})'))
+                        mirrored = finite_values(
+                            await prometheus.query(http, f'sum({mirror}{{job="kvgate", replica="{r.name}"}})')
+                        )
+                        pairs.append((r.name, source, own, mirrored))
+                return pairs
+
+            deadline = time.monotonic() + 60
+            while True:
+                empty = []
+                for title, expr in queries:
+                    result = await prometheus.query(http, as_grafana_runs_it(expr))  # valid PromQL or fails
+                    if not finite_values(result):
+                        empty.append(f"{title}: {expr} -> {result}")
+                mirrored_pairs = await mirror_pairs()
+                caught_up = all(own and own == mirrored for _, _, own, mirrored in mirrored_pairs)
+                if (not empty and caught_up) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(1)
             targets = (await prometheus.api(http, "targets"))["activeTargets"]
             assert not empty, "dashboard panels without data:\n" + "\n".join(empty) + f"\ntargets: {targets}"
 
@@ -233,16 +257,8 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometh
             assert set(names) >= {r.name for r in replicas}
 
             # ---- the mirror equals the replicas' own counters --------------------------------
-            for r in replicas:
-                for source, mirror in (
-                    ("vllm:prefix_cache_hits_total", "kvgate_replica_prefix_cache_hits_total"),
-                    ("vllm:prefix_cache_queries_total", "kvgate_replica_prefix_cache_queries_total"),
-                ):
-                    own = finite_values(await prometheus.query(http, f'sum({source}{{replica="{r.name}"}})'))
-                    mirrored = finite_values(
-                        await prometheus.query(http, f'sum({mirror}{{job="kvgate", replica="{r.name}"}})')
-                    )
-                    assert own and own == mirrored and own[0] > 0, (r.name, source, own, mirrored)
+            for name, source, own, mirrored in mirrored_pairs:
+                assert own and own == mirrored and own[0] > 0, (name, source, own, mirrored)
 
             # ---- the thrash load showed what the dashboard is for ---------------------------
             hit_rate = finite_values(await prometheus.query(http, as_grafana_runs_it(queries[0][1])))

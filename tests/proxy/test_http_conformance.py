@@ -72,6 +72,14 @@ async def exchange(address, raw: bytes, timeout: float = 5.0) -> tuple[bytes, bo
     return data, closed
 
 
+async def until(condition, what: str, timeout: float = 30.0) -> None:
+    """Wait for `condition()` (a state the server reaches on its own time, later on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
 class Stack:
     """kvgate (gate off, admin on) in front of one scripted upstream named r0."""
 
@@ -249,12 +257,12 @@ async def test_f5_idle_keep_alive_connection_is_closed(stack_factory):
 async def test_f5_connections_beyond_the_limit_are_refused_cleanly(stack_factory):
     stack = await stack_factory(max_connections=4)
     held = [await asyncio.open_connection(*stack.address) for _ in range(4)]
-    await asyncio.sleep(0.05)
+    await until(lambda: len(stack.app._server.connections) == 4, "the server to take the 4 connections")
     data, closed = await exchange(stack.address, b"GET /health HTTP/1.1\r\nHost: k\r\n\r\n")
     assert statuses(data) == [503] and b"too_many_connections" in data and closed
     for _, writer in held:
         writer.close()
-    await asyncio.sleep(0.1)
+    await until(lambda: not stack.app._server.connections, "the server to see the 4 connections closed")
     assert await stack.health_ok()  # below the limit again: served
 
 
