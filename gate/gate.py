@@ -198,11 +198,14 @@ class Lease:
 @dataclass(frozen=True, slots=True)
 class TurnNote:
     """What the gate keeps of an admitted named turn to learn from its usage: its output
-    allowance, its body-length bound, and whether a prefix reading priced it."""
+    allowance, its body-length bound, whether a prefix reading priced it, and the session's
+    prompt size before this turn (what its usage shows re-prefilled is measured against
+    that, not against a size this turn's own repricing probe recorded)."""
 
     allowance: int
     bound: int | None
     probed: bool
+    previous_tokens: int | None = None
 
 
 class Gate:
@@ -329,8 +332,9 @@ class Gate:
                     and record is not None
                     and (self.settings.mode == "shadow" or isinstance(decision, Admit))
                 ):
-                    self._count_reprefill(record, prefix, usage)
-                note = TurnNote(allowance, bound, prefix is not None)
+                    self._count_reprefill(record.prompt_tokens, prefix, usage)
+                previous_tokens = record.prompt_tokens if record is not None else None
+                note = TurnNote(allowance, bound, prefix is not None, previous_tokens)
                 if self.settings.mode == "shadow":
                     return self._grant_shadow(record, attempt, decision, start, tokens, note)
                 if isinstance(decision, Admit):
@@ -378,7 +382,7 @@ class Gate:
             return
         learned = PrefixReading(prompt_tokens // block_size, hit_blocks, 0.0, prompt_tokens)
         if not turn.probed and cached_tokens is not None:
-            self._count_reprefill(record, learned, usage)
+            self._count_reprefill(turn.previous_tokens, learned, usage)
         self._apply_price(record, learned, turn.allowance, usage, turn.bound)
 
     def _apply_price(
@@ -777,10 +781,13 @@ class Gate:
         oldest = next(iter(self._queue), None)  # the queue keeps arrival order
         return max(0.0, self._now() - oldest.queued_at) if oldest is not None else 0.0
 
-    def _count_reprefill(self, record: SessionRecord, prefix: PrefixReading, usage: UsageReading | None) -> None:
-        """Count the tokens this admitted turn prefills again (before its size is recorded)."""
+    def _count_reprefill(
+        self, previous_tokens: int | None, prefix: PrefixReading, usage: UsageReading | None
+    ) -> None:
+        """Count the tokens an admitted turn prefills again: of the session's prompt before
+        this turn (`previous_tokens`), what `prefix` (its reading or its usage) found evicted."""
         block_size = usage.block_size if usage is not None else None
-        tokens = reprefill_tokens(record.prompt_tokens, prefix.total_tokens, prefix.hit_blocks, block_size)
+        tokens = reprefill_tokens(previous_tokens, prefix.total_tokens, prefix.hit_blocks, block_size)
         if tokens:
             self._reprefill.inc(tokens)
 
