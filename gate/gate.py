@@ -781,9 +781,7 @@ class Gate:
         oldest = next(iter(self._queue), None)  # the queue keeps arrival order
         return max(0.0, self._now() - oldest.queued_at) if oldest is not None else 0.0
 
-    def _count_reprefill(
-        self, previous_tokens: int | None, prefix: PrefixReading, usage: UsageReading | None
-    ) -> None:
+    def _count_reprefill(self, previous_tokens: int | None, prefix: PrefixReading, usage: UsageReading | None) -> None:
         """Count the tokens an admitted turn prefills again: of the session's prompt before
         this turn (`previous_tokens`), what `prefix` (its reading or its usage) found evicted."""
         block_size = usage.block_size if usage is not None else None

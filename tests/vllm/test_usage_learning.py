@@ -30,9 +30,7 @@ def kvgate_metric(url: str, name: str, label: str = "") -> float:
     with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
         lines = response.read().decode().splitlines()
     return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in lines
-        if line.split("{")[0].split(" ")[0] == name and label in line
+        float(line.rsplit(" ", 1)[1]) for line in lines if line.split("{")[0].split(" ")[0] == name and label in line
     )
 
 
@@ -91,9 +89,7 @@ def test_a_stream_without_usage_is_relayed_as_sent_and_teaches_the_gate(vllm_ser
         block = vllm_server.block_size
         assert kvgate_metric(proxy.url, "kvgate_reprefill_tokens_estimated_total") == prompt_tokens // block * block
         assert prefix_probes(proxy.url) == probes_before_second  # the second turn was priced by its usage
-        status, state = http_json(
-            "GET", proxy.url + "/admin/state", headers={"authorization": f"Bearer {ADMIN_TOKEN}"}
-        )
+        status, state = http_json("GET", proxy.url + "/admin/state", headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
         assert status == 200, state
         gate = state["gates"]["v0"]
         assert (gate["leases"], gate["pending"], gate["pending_anonymous"]) == (0, [], 0)
