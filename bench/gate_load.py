@@ -134,11 +134,11 @@ class TimedAdmission:
 class _TimedLease:
     """The lease with its `learn` and `release` timed together: the gate's cost at a turn's end."""
 
-    __slots__ = ("lease", "samples", "reason", "wait_ms", "_learn_s")
+    __slots__ = ("lease", "samples", "reason", "wait_ms", "priority", "_learn_s")
 
     def __init__(self, lease, samples: list[float]) -> None:
         self.lease, self.samples = lease, samples
-        self.reason, self.wait_ms = lease.reason, lease.wait_ms
+        self.reason, self.wait_ms, self.priority = lease.reason, lease.wait_ms, lease.priority
         self._learn_s = 0.0
 
     def learn(self, prompt_tokens: int, cached_tokens: int | None) -> None:

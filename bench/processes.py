@@ -51,6 +51,7 @@ class ReplicaShape:
     step_overhead_s: float | None = None  # cost model: fixed seconds per step
     decode_seq_s: float | None = None  # cost model: seconds per decoding sequence
     context_token_s: float | None = None  # cost model: seconds per context token read
+    scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy: fcfs | priority
 
     def args(self) -> list[str]:
         args = [
@@ -67,6 +68,8 @@ class ReplicaShape:
         ]
         if self.max_model_len is not None:
             args += ["--max-model-len", str(self.max_model_len)]
+        if self.scheduling_policy != "fcfs":
+            args += ["--scheduling-policy", self.scheduling_policy]
         for name in ("prefill_token_s", "step_overhead_s", "decode_seq_s", "context_token_s"):
             value = getattr(self, name)
             if value is not None:

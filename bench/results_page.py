@@ -75,8 +75,6 @@ ROWS: tuple[ResultRow, ...] = (
     ResultRow("trace-8b-tight", SIMULATED + ("tail_if_held",)),
     ResultRow("trace-70b", SIMULATED + ("tail_if_held",)),
     ResultRow("trace-70b-tight", SIMULATED + ("tail_if_held", "makespan<=0.4x")),
-    # the gate without the cap on a held turn's wait (gate.wait_cap_factor 0): what the cap does to the tail
-    ResultRow("trace-70b-tight", SIMULATED + ("tail_if_held", "makespan<=0.4x"), ("--wait-cap-factor", "0")),
     ResultRow("vllm-small-no-finish", ("makespan<=1.05x",), ("--pinning", "pinned"), real_vllm=True),
     ResultRow("vllm-small-no-finish", (), ("--pinning", "unpinned"), real_vllm=True),
     ResultRow("vllm-prefill-no-finish", ("makespan<=0.8x",), ("--pinning", "pinned"), real_vllm=True),
@@ -438,7 +436,7 @@ def selected_cluster_rows(only: str | None) -> list[ClusterRow]:
 
 def selected_rows(only: str | None, vllm: bool) -> list[ResultRow]:
     """The rows to run: `only` (regime names, each meaning all its rows, or exact row keys such
-    as `trace-70b-tight --wait-cap-factor 0`), else every simulated row (and the real-vLLM
+    as `vllm-small-no-finish --pinning pinned`), else every simulated row (and the real-vLLM
     ones with `vllm`). ValueError naming an unknown regime."""
     if only is None:
         return [row for row in ROWS if vllm or not row.real_vllm]

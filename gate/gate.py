@@ -93,7 +93,7 @@ from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.route_prompts import body_holds_prompt, turn_key
 from kvgate.gate.settings import GateSettings
 from kvgate.gate.turn_facts import TurnFacts
-from kvgate.wire.routes import PROMPT_KINDS
+from kvgate.wire.routes import PRIORITY_FIELD_KINDS, PROMPT_KINDS
 
 Clock = Callable[[], float]
 MODES = ("enforce", "shadow", "off")
@@ -140,9 +140,13 @@ def _held_state(attempt: object) -> dict[str, str] | None:
 
 
 class Lease:
-    """The right to have one request in flight on the replica, until `release()`."""
+    """The right to have one request in flight on the replica, until `release()`.
 
-    __slots__ = ("reason", "wait_ms", "replica", "_gate", "_record", "_attempt", "_released", "_turn")
+    `priority`: the vLLM `priority` the admission asks the request to be forwarded with
+    (`Admit.priority`); None: as sent.
+    """
+
+    __slots__ = ("reason", "wait_ms", "replica", "priority", "_gate", "_record", "_attempt", "_released", "_turn")
 
     def __init__(
         self,
@@ -152,8 +156,10 @@ class Lease:
         wait_ms: float,
         attempt: Attempt | None = None,
         turn: TurnNote | None = None,
+        priority: int | None = None,
     ) -> None:
         self.reason = reason
+        self.priority = priority  # the vLLM `priority` to forward the request with (None: the body's own)
         self.wait_ms = wait_ms
         self.replica = gate.name
         self._gate = gate
@@ -192,11 +198,14 @@ class Lease:
 @dataclass(frozen=True, slots=True)
 class TurnNote:
     """What the gate keeps of an admitted named turn to learn from its usage: its output
-    allowance, its body-length bound, and whether a prefix reading priced it."""
+    allowance, its body-length bound, whether a prefix reading priced it, and the session's
+    prompt size before this turn (what its usage shows re-prefilled is measured against
+    that, not against a size this turn's own repricing probe recorded)."""
 
     allowance: int
     bound: int | None
     probed: bool
+    previous_tokens: int | None = None
 
 
 class Gate:
@@ -273,6 +282,7 @@ class Gate:
             else None
         )
         kept_bytes = user_text_bytes(route_kind, body)  # the text every rendering keeps (`prompt_floor`)
+        priority_field = route_kind in PRIORITY_FIELD_KINDS
         record: SessionRecord | None = None
         if session_key is not None:
             record, previous = self._book.begin_attempt(session_key, attempt, start, turn_key(route_kind, body))
@@ -290,7 +300,7 @@ class Gate:
                 attempt.checkpoint()
                 if usage is not None:
                     self._usage = usage
-                view = self._view(record, attempt, allowance, bound, usage, start)
+                view = self._view(record, attempt, allowance, bound, usage, start, priority_field)
                 prefix: PrefixReading | None = None
                 # A prompt the body alone proves too long is refused before any probe.
                 refusal = over_long(kept_bytes, usage.max_model_len, usage.max_token_bytes) if usage else None
@@ -310,7 +320,7 @@ class Gate:
                         self._book.observe_prefix_probe(self._now() - probed_at)  # what the next probe may cost
                         attempt.checkpoint()
                         # windows may have changed during the probe
-                        view = self._view(record, attempt, allowance, bound, usage, start)
+                        view = self._view(record, attempt, allowance, bound, usage, start, priority_field)
                         answer = PREFIX_UNAVAILABLE if prefix is None else prefix
                         decision = self.policy.decide_read(view, usage, answer, self.settings)
                         held_on, held_on_at = prefix, self._now()
@@ -322,8 +332,9 @@ class Gate:
                     and record is not None
                     and (self.settings.mode == "shadow" or isinstance(decision, Admit))
                 ):
-                    self._count_reprefill(record, prefix, usage)
-                note = TurnNote(allowance, bound, prefix is not None)
+                    self._count_reprefill(record.prompt_tokens, prefix, usage)
+                previous_tokens = record.prompt_tokens if record is not None else None
+                note = TurnNote(allowance, bound, prefix is not None, previous_tokens)
                 if self.settings.mode == "shadow":
                     return self._grant_shadow(record, attempt, decision, start, tokens, note)
                 if isinstance(decision, Admit):
@@ -371,7 +382,7 @@ class Gate:
             return
         learned = PrefixReading(prompt_tokens // block_size, hit_blocks, 0.0, prompt_tokens)
         if not turn.probed and cached_tokens is not None:
-            self._count_reprefill(record, learned, usage)
+            self._count_reprefill(turn.previous_tokens, learned, usage)
         self._apply_price(record, learned, turn.allowance, usage, turn.bound)
 
     def _apply_price(
@@ -448,10 +459,19 @@ class Gate:
         bound: int | None,
         usage: UsageReading | None,
         start: float,
+        priority_field: bool,
     ) -> Any:
         """The view the policy reads, built from this turn's facts (`TurnFacts`)."""
         facts = TurnFacts(
-            self._book, record, allowance, bound, lambda: self._waiters_ahead(attempt), usage, self._now(), start
+            self._book,
+            record,
+            allowance,
+            bound,
+            lambda: self._waiters_ahead(attempt),
+            usage,
+            self._now(),
+            start,
+            priority_field,
         )
         return self.policy.view(facts)
 
@@ -514,6 +534,7 @@ class Gate:
             wake_next=decision.wake_next,
             tokens=tokens,
             note=note,
+            priority=decision.priority,
         )
 
     def _grant(
@@ -528,6 +549,7 @@ class Gate:
         wake_next: bool = False,
         tokens: int | None = None,
         note: TurnNote | None = None,
+        priority: int | None = None,
     ) -> Lease:
         """Book an admission under `label` (its `x-kvgate-admission` value) and hand out its lease.
 
@@ -537,6 +559,7 @@ class Gate:
         tokens: the prompt size of the turn's prefix reading, recorded for the session's growth
         (with `note.bound`, the turn's body-length bound, which later turns' bounds are measured
         from); `note` stays with the lease, for what the turn's usage teaches (`Lease.learn`).
+        priority: the vLLM priority to forward the request with (`Admit.priority`).
         """
         bound = note.bound if note is not None else None
         now = self._now()
@@ -552,7 +575,7 @@ class Gate:
             if attempt.queued:
                 self._dequeue(attempt)
             self._wake_one()
-        return Lease(self, record, label, wait * 1000.0, attempt, note)
+        return Lease(self, record, label, wait * 1000.0, attempt, note, priority)
 
     def _grant_unbooked(self) -> Lease:
         """Admit `open` with nothing booked but the lease (mode off, or a route without a
@@ -758,10 +781,11 @@ class Gate:
         oldest = next(iter(self._queue), None)  # the queue keeps arrival order
         return max(0.0, self._now() - oldest.queued_at) if oldest is not None else 0.0
 
-    def _count_reprefill(self, record: SessionRecord, prefix: PrefixReading, usage: UsageReading | None) -> None:
-        """Count the tokens this admitted turn prefills again (before its size is recorded)."""
+    def _count_reprefill(self, previous_tokens: int | None, prefix: PrefixReading, usage: UsageReading | None) -> None:
+        """Count the tokens an admitted turn prefills again: of the session's prompt before
+        this turn (`previous_tokens`), what `prefix` (its reading or its usage) found evicted."""
         block_size = usage.block_size if usage is not None else None
-        tokens = reprefill_tokens(record.prompt_tokens, prefix.total_tokens, prefix.hit_blocks, block_size)
+        tokens = reprefill_tokens(previous_tokens, prefix.total_tokens, prefix.hit_blocks, block_size)
         if tokens:
             self._reprefill.inc(tokens)
 

@@ -50,6 +50,13 @@ class UsageReading:
     max_model_len: int | None = None
     max_token_bytes: int | None = None
     busy_share: float | None = None
+    # The server's `--scheduling-policy` ("fcfs" | "priority"; None: not said).
+    scheduling_policy: str | None = None
+
+    @property
+    def schedules_by_priority(self) -> bool:
+        """The replica orders requests by their `priority` field (vLLM's priority scheduling)."""
+        return self.scheduling_policy == "priority"
 
     @property
     def has_blocks(self) -> bool:
@@ -90,6 +97,7 @@ def usage_reading(answer: KvAnswer) -> UsageReading:
         answer.max_model_len,
         answer.max_token_bytes,
         answer.busy_share,
+        answer.scheduling_policy,
     )
 
 

@@ -35,6 +35,9 @@ class GateSettings:
     # working_set: a held turn goes in once it waited this x its session's turn time, into a
     # window made of late idle windows (0: no cap; docs/decisions/wait-cap.md)
     wait_cap_factor: float = 2.0
+    # working_set: a turn it would hold is forwarded at this vLLM priority instead, on a replica
+    # that schedules by priority (`--scheduling-policy priority`); 0: held at the proxy
+    held_priority: int = 0
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ class TurnFacts:
 
     record None: an anonymous turn; it has only `anonymous` and `max_output_tokens`,
     everything else reads as its default. `waiters_ahead` is counted when read (O(queue)).
+    priority_field: the turn's route carries vLLM's `priority` field.
     """
 
     __slots__ = (
@@ -29,6 +30,7 @@ class TurnFacts:
         "_usage",
         "_now",
         "_start",
+        "priority_field",
     )
 
     def __init__(
@@ -41,6 +43,7 @@ class TurnFacts:
         usage: UsageReading | None,
         now: float,
         start: float,
+        priority_field: bool = False,
     ) -> None:
         self._book = book
         self._rec = record
@@ -50,6 +53,7 @@ class TurnFacts:
         self._usage = usage
         self._now = now
         self._start = start
+        self.priority_field = priority_field and record is not None
 
     @property
     def anonymous(self) -> bool:

@@ -36,6 +36,7 @@ from kvgate.wire.owner_record import OWNER_PATH
 from kvgate.wire.probe_api import (
     KV_PATH,
     PREFIX_PATH,
+    SCHEDULING_POLICIES,
     KvAnswer,
     PrefixAnswer,
     PrefixQuery,
@@ -98,12 +99,14 @@ class ProbeService:
         timeout_sec: float,
         max_model_len: int | None = None,
         max_token_bytes: int | None = None,
+        scheduling_policy: str | None = None,
     ):
         self.engine_client = engine_client
         self.state = state
         self.timeout_sec = timeout_sec
         self.max_model_len = max_model_len  # longer prompts are refused before the engine sees them
         self.max_token_bytes = max_token_bytes  # read once from the tokenizer's vocabulary (`max_token_bytes`)
+        self.scheduling_policy = scheduling_policy  # the server's --scheduling-policy (fcfs | priority)
         self.rates = RateMeter()
 
     async def _call_all_engines(self, method: str, *args: Any) -> list[dict]:
@@ -151,6 +154,7 @@ class ProbeService:
             prefill_share=rates.get("prefill_share"),
             max_model_len=self.max_model_len,
             max_token_bytes=self.max_token_bytes,
+            scheduling_policy=self.scheduling_policy,
         )
 
     async def prefix_answer(self, body: object) -> PrefixAnswer:
@@ -161,6 +165,17 @@ class ProbeService:
         check_prompt_length(len(prompt.token_ids), self.max_model_len)
         results = await self._call_all_engines(PREFIX_ANSWER_METHOD, prompt.token_ids, prompt.cache_salt, prompt.lora)
         return merge_prefix(_parsed(results, PrefixAnswer.parse))
+
+
+def scheduling_policy(engine_client: Any, args: Any) -> str | None:
+    """The server's ``--scheduling-policy`` (``fcfs`` or ``priority``), from its scheduler
+    config, else its arguments; None when neither says (the gate then never asks for priorities)."""
+    config = getattr(getattr(engine_client, "vllm_config", None), "scheduler_config", None)
+    for value in (getattr(config, "policy", None), getattr(args, "scheduling_policy", None)):
+        value = getattr(value, "value", value)  # an enum in some vLLM releases
+        if value in SCHEDULING_POLICIES:
+            return value
+    return None
 
 
 def max_token_bytes(vocabulary: Any) -> int | None:
@@ -341,6 +356,7 @@ class KvgateEndpointPlugin:
             probe_timeout_sec(),
             max_model_len if isinstance(max_model_len, int) else None,
             _vocabulary_bound(engine_client),
+            scheduling_policy(engine_client, args),
         )
         setattr(state, _STATE_ATTR, service)
         logger.info("kvgate: probe endpoints %s and %s ready", KV_PATH, PREFIX_PATH)

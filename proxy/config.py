@@ -176,6 +176,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "gate.quiet_factor": _in_range(1),
     "gate.quiet_floor_sec": _in_range(0),
     "gate.wait_cap_factor": _in_range(0),
+    "gate.held_priority": _in_range(0),
     "upstream.connect_timeout_sec": _in_range(0, lo_open=True),
     "upstream.read_timeout_sec": _in_range(0, lo_open=True),
     "limits.max_body_bytes": _in_range(1),

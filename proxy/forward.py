@@ -35,7 +35,13 @@ from kvgate.proxy.http_client import UpstreamResponse
 from kvgate.proxy.http_server import HttpRequest, Responder
 from kvgate.proxy.metrics import KvgateMetrics, turn_bucket
 from kvgate.proxy.relay import H_REPLICA, AnswerRelay, lease_headers
-from kvgate.proxy.request_body import parse_json_object, passthrough_body, stream_flag, with_member
+from kvgate.proxy.request_body import (
+    parse_json_object,
+    passthrough_body,
+    stream_flag,
+    with_member,
+    with_priority,
+)
 from kvgate.proxy.response_chains import TurnPlan, plan_turn
 from kvgate.proxy.session_id import resolve_session_id, split_body_fields
 from kvgate.proxy.session_tracker import SessionEntry, SessionTracker
@@ -262,7 +268,7 @@ class Forwarder:
             with Hold(replica, lease) as held:
                 try:
                     upstream = await self.clients.for_replica(replica).request(
-                        turn.route.method, turn.target, self._headers_for(turn, replica), turn.raw
+                        turn.route.method, turn.target, self._headers_for(turn, replica), _forwarded_body(turn, lease)
                     )
                 except CONNECT_ERRORS as exc:
                     held.release()  # before deciding: `in_flight` then counts the replica's other requests
@@ -415,3 +421,11 @@ class Forwarder:
             "no_healthy_replica",
             [(b"Retry-After", b"1")],
         )
+
+
+def _forwarded_body(turn: Turn, lease: TurnLease) -> bytes | None:
+    """The body sent upstream: as received, or at the priority the admission asked for
+    (`Lease.priority`: a turn the gate would hold, forwarded to yield to window holders)."""
+    if lease.priority is None or turn.raw is None:
+        return turn.raw
+    return with_priority(turn.raw, turn.body, lease.priority)

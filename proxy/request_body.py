@@ -49,6 +49,18 @@ def with_member(raw: bytes, body: dict, name: str, value: object) -> bytes:
     return b"".join((raw[:start], member, b"," if body else b"", raw[start:]))
 
 
+def with_priority(raw: bytes, body: dict, priority: int) -> bytes:
+    """`raw` forwarded at vLLM `priority` (lower is served first): spliced in when the body
+    has none; a body with its own integer priority keeps the later of the two (re-encoded,
+    the one case the client's bytes are not kept); any other value is left for vLLM to judge."""
+    own = body.get("priority")
+    if own is None and "priority" not in body:
+        return with_member(raw, body, "priority", priority)
+    if type(own) is not int or own >= priority:
+        return raw
+    return orjson.dumps({**body, "priority": priority})
+
+
 def passthrough_body(raw: bytes | None) -> dict:
     """What kvgate reads of a body it relays ungated (kvgate.wire.routes.PASSTHROUGH): the JSON
     object, or {} for anything else (a multipart upload, an empty body, a JSON array).

@@ -26,6 +26,9 @@ class TurnLease(Protocol):
     @property
     def wait_ms(self) -> float: ...
 
+    @property
+    def priority(self) -> int | None: ...  # the vLLM priority to forward the request with (None: as sent)
+
     def release(self, served: bool = True) -> None: ...
 
     def learn(self, prompt_tokens: int, cached_tokens: int | None) -> None: ...
@@ -77,6 +80,7 @@ class _Ungated:
 
     reason = ""
     wait_ms = 0.0
+    priority = None
 
     def release(self, served: bool = True) -> None:
         return None

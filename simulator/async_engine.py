@@ -111,18 +111,30 @@ class AsyncEngine:
 
     # -- requests ----------------------------------------------------------------------
 
-    def add_request(self, prompt_token_ids: list[int], max_tokens: int, cache_salt: str | None = None) -> RequestHandle:
+    def add_request(
+        self, prompt_token_ids: list[int], max_tokens: int, cache_salt: str | None = None, priority: int = 0
+    ) -> RequestHandle:
         """Queue a request. Raises ValueError if it can never fit the cache (the HTTP
-        layer checks max_model_len first, which the config keeps within the cache)."""
-        request_id = f"req-{next(self._ids)}"
-        request = SimRequest(request_id, prompt_token_ids, max_tokens, self.config.block_size, cache_salt)
+        layer checks max_model_len first, which the config keeps within the cache).
+        `priority` orders it under priority scheduling (lower first); its arrival is its
+        place in the order requests came."""
+        sequence = next(self._ids)
+        request = SimRequest(
+            f"req-{sequence}",
+            prompt_token_ids,
+            max_tokens,
+            self.config.block_size,
+            cache_salt,
+            arrival=float(sequence),
+            priority=priority,
+        )
         if not self.scheduler.add_request(request):
             raise ValueError(
                 f"request of {len(prompt_token_ids)} prompt + {max_tokens} output tokens can never fit the "
                 f"KV cache of {self.config.cache_tokens} tokens"
             )
         handle = RequestHandle(request)
-        self._handles[request_id] = handle
+        self._handles[request.request_id] = handle
         self._wake.set()
         return handle
 

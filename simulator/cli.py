@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvgate.simulator.config import ConfigError, CostModel, EngineConfig
-from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH
+from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, SCHEDULING_POLICIES
 
 
 def _add_engine_options(parser: argparse.ArgumentParser, defaults: EngineConfig) -> None:
@@ -60,6 +60,13 @@ def _add_replica_command(subparsers) -> None:
         type=int,
         default=None,
         help="longest prompt + output in tokens; longer requests get a 400 (default: the whole cache)",
+    )
+    parser.add_argument(
+        "--scheduling-policy",
+        choices=SCHEDULING_POLICIES,
+        default=defaults.scheduling_policy,
+        help="vLLM's --scheduling-policy: fcfs (arrival order) or priority (a request's `priority` "
+        f"field first, lower served first; the lowest is preempted first) (default {defaults.scheduling_policy})",
     )
     parser.add_argument(
         "--time-scale",
@@ -111,6 +118,7 @@ def run_replica(args: argparse.Namespace) -> int:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=args.max_model_len,
+            scheduling_policy=args.scheduling_policy,
         ).validate()
         cost_model = CostModel(
             args.step_overhead_s, args.prefill_token_s, args.decode_seq_s, args.context_token_s
@@ -152,7 +160,7 @@ async def _serve_replica(
         f"kvgate replica {args.name}: simulated vLLM serving '{args.model_name}' on {replica.url} "
         f"(num_blocks={config.num_blocks}, block_size={config.block_size}, max_num_seqs={config.max_num_seqs}, "
         f"max_num_batched_tokens={config.max_num_batched_tokens}, max_model_len={config.effective_max_model_len}, "
-        f"time_scale={args.time_scale})",
+        f"time_scale={args.time_scale}, scheduling_policy={config.scheduling_policy})",
         flush=True,
     )
     stop = asyncio.Event()
@@ -173,6 +181,7 @@ def vars_of(config: EngineConfig) -> dict:
         "max_num_seqs": config.max_num_seqs,
         "max_num_batched_tokens": config.max_num_batched_tokens,
         "max_model_len": config.max_model_len,
+        "scheduling_policy": config.scheduling_policy,
     }
 
 

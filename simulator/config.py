@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvgate.wire.probe_api import SCHEDULING_POLICIES  # vLLM's `--scheduling-policy` values
+
 
 class ConfigError(ValueError):
     """An invalid engine or experiment parameter; the message names the parameter."""
@@ -30,6 +32,9 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 8192
     max_model_len: int | None = None
+    # vLLM's `--scheduling-policy`: "fcfs" serves waiting requests in arrival order and
+    # preempts the newest running one; "priority" orders both by (priority, arrival).
+    scheduling_policy: str = "fcfs"
 
     @property
     def cache_tokens(self) -> int:
@@ -49,6 +54,10 @@ class EngineConfig:
             )
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1 (got {self.max_num_seqs})")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)} (got {self.scheduling_policy!r})"
+            )
         if self.max_num_batched_tokens < 1:
             raise ConfigError(f"max_num_batched_tokens must be >= 1 (got {self.max_num_batched_tokens})")
         if self.max_model_len is not None:

@@ -47,6 +47,7 @@ class GenerationParams:
     stream: bool
     include_usage: bool
     cache_salt: str | None
+    priority: int = 0  # vLLM's request field: lower is served first under priority scheduling
 
 
 def _optional(body: dict, key: str, types: tuple, what: str):
@@ -86,6 +87,8 @@ def parse_generation(kind: str, body, served_model: str, max_model_len: int) -> 
         raise ApiError("the simulated replica supports n=1 only", param="n")
     _optional(body, "ignore_eos", (bool,), "a boolean")  # accepted: output length is always max_tokens
     _optional(body, "session_id", (str,), "a string")  # vLLM's field: accepted and ignored
+    # vLLM's field; under fcfs scheduling it is accepted and has no effect, as in vLLM
+    priority = _optional(body, "priority", (int,), "an integer") or 0
     max_tokens = None
     for key in ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",):
         value = _optional(body, key, (int,), "an integer")
@@ -109,7 +112,7 @@ def parse_generation(kind: str, body, served_model: str, max_model_len: int) -> 
             f"{prompt_len + max_tokens} tokens ({prompt_len} in the {where}, {max_tokens} in the completion). "
             f"Please reduce the length of the {where} or completion."
         )
-    return GenerationParams(kind, model, prompt_ids, max_tokens, stream, include_usage, cache_salt)
+    return GenerationParams(kind, model, prompt_ids, max_tokens, stream, include_usage, cache_salt, priority)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:

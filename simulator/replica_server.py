@@ -59,7 +59,14 @@ from kvgate.wire.routes import REPLICA_API_PREFIX
 
 DEFAULT_MODEL_NAME = "kvgate-sim"
 MAX_BODY_BYTES = 64 * 1024 * 1024
-ENGINE_CONFIG_KEYS = ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
+ENGINE_CONFIG_KEYS = (
+    "num_blocks",
+    "block_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "scheduling_policy",
+)
 
 
 @dataclass(frozen=True)
@@ -123,7 +130,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     try:
         body = await _read_json(request)
         params = _parse(kind, body, info.model_name, engine.config.effective_max_model_len)
-        handle = engine.add_request(params.prompt_token_ids, params.max_tokens, params.cache_salt)
+        handle = engine.add_request(params.prompt_token_ids, params.max_tokens, params.cache_salt, params.priority)
     except ApiError as error:
         return _error_for(kind, error)
     except ValueError as error:
@@ -249,7 +256,9 @@ async def responses(request: web.Request) -> web.StreamResponse:
             body, request.app[INFO_KEY].model_name, engine.config.effective_max_model_len, store
         )
         generation = params.generation
-        handle = engine.add_request(generation.prompt_token_ids, generation.max_tokens, generation.cache_salt)
+        handle = engine.add_request(
+            generation.prompt_token_ids, generation.max_tokens, generation.cache_salt, generation.priority
+        )
     except ApiError as error:
         return _error(error)
     except ValueError as error:
@@ -368,7 +377,12 @@ async def metrics(request: web.Request) -> web.Response:
 async def kv_route(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     answer = merge_kv([engine.kv_answer()])
-    answer = replace(answer, max_model_len=engine.config.effective_max_model_len, max_token_bytes=MAX_TOKEN_BYTES)
+    answer = replace(
+        answer,
+        max_model_len=engine.config.effective_max_model_len,
+        max_token_bytes=MAX_TOKEN_BYTES,
+        scheduling_policy=engine.config.scheduling_policy,
+    )
     return _json(answer.to_json())
 
 
@@ -548,8 +562,8 @@ async def start_simulated_replicas(count: int, host: str = "127.0.0.1", **engine
     """Start `count` replicas named sim0, sim1, ... on free ports of `host` (seam 2).
 
     engine_options: num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
-    max_model_len, time_scale, cost_model, model_name, replica_api_key. If one fails to start, the ones
-    already started are stopped and the error propagates.
+    max_model_len, scheduling_policy, time_scale, cost_model, model_name, replica_api_key. If
+    one fails to start, the ones already started are stopped and the error propagates.
     """
     if count < 1:
         raise ValueError(f"count must be >= 1 (got {count})")

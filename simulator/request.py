@@ -67,6 +67,9 @@ class RequestStatus(enum.Enum):
 class SimRequest:
     """One generation request. `all_token_ids` = prompt + outputs so far.
 
+    `priority` and `arrival` order it under priority scheduling: (priority, arrival),
+    lowest first, as vLLM's `Request.__lt__`.
+
     Invariants: `num_computed_tokens <= num_tokens`; `block_hashes` covers exactly the full
     blocks of `all_token_ids`; `max_computed_tokens` is the high-water mark of computed
     tokens, so tokens computed again below it are recomputation (after a preemption).
@@ -86,6 +89,7 @@ class SimRequest:
         "max_computed_tokens",
         "status",
         "arrival",
+        "priority",
         "num_preemptions",
         "first_token_step",
         "finish_step",
@@ -102,6 +106,7 @@ class SimRequest:
         block_size: int,
         cache_salt: str | None = None,
         arrival: float = 0.0,
+        priority: int = 0,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -116,6 +121,7 @@ class SimRequest:
         self.max_computed_tokens = 0
         self.status = RequestStatus.WAITING
         self.arrival = arrival
+        self.priority = priority  # vLLM's request priority: lower is served first (priority scheduling only)
         self.num_preemptions = 0
         self.first_token_step: int | None = None
         self.finish_step: int | None = None

@@ -223,7 +223,8 @@ def parse_responses(body, served_model: str, max_model_len: int, store: Response
             "max_output_tokens",
         )
     }
-    generation = GenerationParams("responses", model, prompt_ids, max_tokens, stream, True, cache_salt)
+    priority = _optional(body, "priority", (int,), "an integer") or 0  # vLLM's field, as on chat
+    generation = GenerationParams("responses", model, prompt_ids, max_tokens, stream, True, cache_salt, priority)
     return ResponsesParams(generation, response_id, tuple(messages), keep is not False, echo)
 
 

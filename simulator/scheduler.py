@@ -11,6 +11,15 @@ One step (`schedule`, then `update_from_output` once the step's tokens exist):
    and is allocated its first chunk; a failed allocation stops admission (head of line).
 A request whose prompt plus output can never fit the cache is rejected on arrival.
 
+`EngineConfig.scheduling_policy` is vLLM's `--scheduling-policy`. Under "fcfs" the
+waiting queue is arrival order, a preempted request goes back to its head, and the
+victim of a preemption is the newest running request. Under "priority" the waiting
+queue is ordered by (priority, arrival), a preempted request goes back to its place in
+that order, and the victim is the running request last in that order (the lowest
+priority, the newest among equals; vLLM's `max(running, key=(priority, arrival_time))`),
+whose tokens already scheduled in the step are given back to the budget. In both,
+a waiting request that does not fit stops admission: it never preempts a running one.
+
 The same code runs in virtual time (the admission experiment) and in real time (the
 async engine behind the simulated replica). It does no I/O and reads no clock.
 """
@@ -63,6 +72,10 @@ class SchedulerCounters:
     shadow_disagreements: int = 0
 
 
+def _priority_order(request: SimRequest) -> tuple[int, float]:
+    return request.priority, request.arrival
+
+
 class Scheduler:
     def __init__(
         self,
@@ -80,6 +93,7 @@ class Scheduler:
         self.requests: dict[str, SimRequest] = {}
         self.counters = SchedulerCounters()
         self.step_index = 0
+        self.by_priority = config.scheduling_policy == "priority"
 
     # -- queue management -----------------------------------------------------------------
 
@@ -95,8 +109,21 @@ class Scheduler:
             return False
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self._enqueue(request, front=False)
         return True
+
+    def _enqueue(self, request: SimRequest, front: bool) -> None:
+        """Put a request in the waiting queue: under fcfs at the tail (new) or the head
+        (preempted); under priority at its place in (priority, arrival) order."""
+        if not self.by_priority:
+            (self.waiting.appendleft if front else self.waiting.append)(request)
+            return
+        key = (request.priority, request.arrival)
+        for position, queued in enumerate(self.waiting):
+            if key < (queued.priority, queued.arrival):
+                self.waiting.insert(position, request)
+                return
+        self.waiting.append(request)
 
     def abort_request(self, request_id: str) -> bool:
         request = self.requests.pop(request_id, None)
@@ -138,7 +165,7 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
-        self.waiting.appendleft(request)
+        self._enqueue(request, front=True)
         output.preempted.append(request)
         self.counters.num_preemptions += 1
 
@@ -163,7 +190,16 @@ class Scheduler:
             request = self.running[index]
             num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
             while manager.allocate_slots(request, num_new_tokens) is None:
-                victim = self.running.pop()
+                if self.by_priority:
+                    victim = max(self.running, key=_priority_order)
+                    position = self.running.index(victim)
+                    del self.running[position]
+                    if position < index:  # scheduled earlier in this step: give its tokens back
+                        index -= 1
+                        slot = next(i for i, (queued, _) in enumerate(scheduled) if queued is victim)
+                        token_budget += scheduled.pop(slot)[1]
+                else:
+                    victim = self.running.pop()
                 self._preempt(victim, output)
                 if victim is request:
                     break

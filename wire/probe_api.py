@@ -143,6 +143,8 @@ class KvAnswer:
     serves, in tokens; `max_token_bytes`, an upper bound on the UTF-8 bytes of text any one
     token of its vocabulary stands for. Together they let a client refuse a prompt without
     sending it: a text of `n` bytes renders to at least `n / max_token_bytes` tokens.
+    `scheduling_policy` is the server's `--scheduling-policy` ("fcfs" or "priority"): under
+    "priority" a request's `priority` field orders it (lower first) and picks preemption victims.
     """
 
     kv_cache_usage: float
@@ -160,6 +162,7 @@ class KvAnswer:
     busy_share: float | None = None
     max_model_len: int | None = None
     max_token_bytes: int | None = None
+    scheduling_policy: str | None = None
     engine: int | None = None
     engines: tuple[KvAnswer, ...] = ()
     version: int = PROBE_API_VERSION
@@ -232,10 +235,23 @@ class KvAnswer:
             busy_share=_ratio(doc, "busy_share", required=False),
             max_model_len=_at_least_one(doc, "max_model_len"),
             max_token_bytes=_at_least_one(doc, "max_token_bytes"),
+            scheduling_policy=_scheduling_policy(doc),
             engine=_count(doc, "engine"),
             engines=_engines(doc, cls.parse),
             version=_version(doc),
         )
+
+
+SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's `--scheduling-policy` values
+
+
+def _scheduling_policy(doc: dict) -> str | None:
+    value = doc.get("scheduling_policy")
+    if value is None:
+        return None
+    if value not in SCHEDULING_POLICIES:
+        raise ProbeAnswerError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {value!r}")
+    return value
 
 
 def _summed(per_engine: Sequence, key: str) -> int | None:

@@ -63,5 +63,7 @@ def response_id_of(path: str) -> str | None:
 # prefix probe renders them, `kvgate_turn_seconds` counts them. Anything else (the models
 # list) never touches the gate.
 PROMPT_KINDS: frozenset[RouteKind] = frozenset({"chat", "completion", "messages", "responses"})
+# Kinds whose vLLM body accepts vLLM's own `priority` field (priority scheduling).
+PRIORITY_FIELD_KINDS: frozenset[RouteKind] = frozenset({"chat", "completion", "responses"})
 # Kinds whose vLLM body accepts vLLM's own `session_id` field.
 SESSION_FIELD_KINDS: frozenset[RouteKind] = frozenset({"chat", "completion", "responses"})

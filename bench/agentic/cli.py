@@ -88,6 +88,7 @@ _GATE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "quiet_factor": (float, "an idle window ends after this many times its session's usual gap"),
     "quiet_floor_sec": (float, "... but never sooner than this (idle_grace_sec is the ceiling)"),
     "wait_cap_factor": (float, "working_set: a held turn goes in once it waited this x its session's turn time"),
+    "held_priority": (int, "working_set: forward a held turn at this vLLM priority (replicas schedule by priority)"),
     "work_conserving": (
         lambda v: {"yes": True, "no": False}[v],
         "yes|no: working_set policy admits a held turn when holding costs more than the re-prefill it causes",

@@ -4,7 +4,10 @@ Modes:
 - `direct`: no proxy; session i goes to replica i mod R (round-robin);
 - `sticky`: kvgate with `gate.mode: off` (sticky routing only);
 - `kvgate-watermark`: kvgate enforcing the watermark policy;
-- `kvgate-working_set`: kvgate enforcing the working_set policy.
+- `kvgate-working_set`: kvgate enforcing the working_set policy;
+- `kvgate-priority`: the same, on replicas that schedule by priority (vLLM's
+  `--scheduling-policy priority`), forwarding the turns it would hold at low priority
+  (`gate.held_priority`, 1 unless the settings say otherwise).
 
 With simulated replicas every mode starts its own replicas (and proxy), so no mode
 inherits another's cache. With `--replica-url` the servers are given and cannot be
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import aiohttp
@@ -32,7 +35,7 @@ from kvgate.bench.agentic.topologies import TOPOLOGY_MODES, gate_conflicts, star
 from kvgate.bench.agentic.workload import Workload
 from kvgate.bench.processes import ReplicaShape, ServerGroup, process_cpu_seconds
 
-MODES = ("direct", "sticky", "kvgate-watermark", "kvgate-working_set")
+MODES = ("direct", "sticky", "kvgate-watermark", "kvgate-working_set", "kvgate-priority")
 # Mode names of earlier releases, refused with the new name.
 RENAMED_MODES = {"kvgate": "kvgate-watermark", "kvgate-contract": "kvgate-working_set"}
 
@@ -47,9 +50,17 @@ def gate_config(mode: str, settings: dict) -> dict | None:
         return {**settings, "mode": "enforce", "policy": "watermark"}
     if mode == "kvgate-working_set":
         return {**settings, "mode": "enforce", "policy": "working_set"}
+    if mode == "kvgate-priority":
+        return {"held_priority": 1, **settings, "mode": "enforce", "policy": "working_set"}
     if mode in TOPOLOGY_MODES:
         return topology_gate(mode, settings)
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+
+
+def replica_shape(mode: str, shape: ReplicaShape) -> ReplicaShape:
+    """The simulated replicas' shape in `mode`: `kvgate-priority` runs them with priority
+    scheduling, every other mode as vLLM runs by default (fcfs)."""
+    return replace(shape, scheduling_policy="priority") if mode == "kvgate-priority" else shape
 
 
 @dataclass
@@ -147,7 +158,10 @@ async def run_mode(plan: RunPlan, mode: str, ceiling_hit_rate: float) -> ModeRun
         else:
             urls = list(
                 await asyncio.gather(
-                    *(servers.start_replica(f"replica{i}", plan.shape) for i in range(plan.num_replicas))
+                    *(
+                        servers.start_replica(f"replica{i}", replica_shape(mode, plan.shape))
+                        for i in range(plan.num_replicas)
+                    )
                 )
             )
         model = plan.model or await model_name(http, urls[0])

@@ -47,6 +47,8 @@ class GateFacts(Protocol):
       its body's bytes (`SessionBook.tokens_per_byte`), None before any probe.
     prefix_probe_sec: how long a turn has recently waited for a prefix probe on this
       replica (smoothed), None before any.
+    priority_field: the turn's route carries vLLM's `priority` field
+      (`kvgate.wire.routes.PRIORITY_FIELD_KINDS`).
     An anonymous turn has only `anonymous` and `max_output_tokens`; the rest read as
     their defaults (False, 0, None).
     """
@@ -89,6 +91,8 @@ class GateFacts(Protocol):
     def tokens_per_byte(self) -> float | None: ...
     @property
     def prefix_probe_sec(self) -> float | None: ...
+    @property
+    def priority_field(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +122,7 @@ class WorkingSetView:
     `waited_sec`, and `prefix_probe_sec` (the wait a probe would add). The cap on a
     held turn's wait: `waited_sec`, `recent_turn_sec`, `late_window_blocks`,
     `next_late_sec` (read only for a turn that has waited: they walk the windows).
+    Forwarding a held turn at low priority instead (`held_priority`): `priority_field`.
     Anonymous turns, and replicas without block counts, are decided by the watermark
     policy (`watermark`).
     """
@@ -141,6 +146,7 @@ class WorkingSetView:
     prefix_probe_sec: float | None = None
     late_window_blocks: int = 0
     next_late_sec: float | None = None
+    priority_field: bool = False
 
     @classmethod
     def read(cls, facts: GateFacts) -> WorkingSetView:
@@ -165,6 +171,7 @@ class WorkingSetView:
             # these walk the windows: read only for a turn that has waited (the cap reads them)
             late_window_blocks=facts.late_window_blocks if facts.waited_sec > 0 else 0,
             next_late_sec=facts.next_late_sec if facts.waited_sec > 0 else None,
+            priority_field=facts.priority_field,
         )
 
     @property

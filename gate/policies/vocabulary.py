@@ -27,6 +27,7 @@ class AdmissionReason(StrEnum):
     WINDOW_FITS = "window_fits"
     WORK_CONSERVING = "work_conserving"
     WAIT_CAPPED = "wait_capped"
+    LOW_PRIORITY = "low_priority"
 
 
 class WaitCause(StrEnum):
@@ -64,6 +65,8 @@ class Admit:
     reclaim_blocks: before booking the turn, the shell ends other sessions' late idle
     windows (`late_after`; cause `reclaimed`), the longest idle first, until at least this
     many of their blocks are uncommitted: the turn's window is made of them.
+    priority: forward the request with this vLLM `priority` (lower is served first;
+    the replica schedules by priority); None: the body's own, as sent.
     """
 
     reason: AdmissionReason
@@ -72,6 +75,7 @@ class Admit:
     reprice_above: int | None = None
     wake_next: bool = False
     reclaim_blocks: int = 0
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,10 @@ Invariants (each has a table test):
   blocks are freed. Behind other waiters it keeps its place (the oldest first). A holder
   that no longer fits, or a turn without block counts or a prefix reading, goes in at
   its cap without a window.
+- With `held_priority` > 0 on a replica that schedules by priority, the named turns
+  without a window go at that vLLM priority, and a turn that would wait whose new
+  blocks fit vLLM's free blocks outside idle windows and headroom goes in
+  `low_priority` instead, without a window (`low_priority.py`).
 - A price read off the body (no prefix reading) is marked `Admit.reprice_above`;
   a holder whose probe gave no reading keeps its window at its last price.
 Without usage, for anonymous turns and without block counts (the /metrics fallback)
@@ -56,6 +60,7 @@ from kvgate.gate.policies.economics import (
     wait_cap_left,
     work_conserving,
 )
+from kvgate.gate.policies.low_priority import at_low_priority
 from kvgate.gate.policies.pricing import (
     bounded_footprint,
     free_budget,
@@ -87,11 +92,14 @@ def working_set_decide(
     view: WorkingSetView, usage: UsageReading | None, prefix: ProbedPrefix | None, settings: GateSettings
 ) -> Decision | ProbeFirst:
     """The module's policy: `_decide`, with every Wait of a named turn bounded by its cap
-    (`_capped`)."""
+    (`_capped`); where the replica schedules by priority and `held_priority` says so, the
+    turns without a window go at that priority (`at_low_priority`)."""
     decision = _decide(view, usage, prefix, settings)
     if isinstance(decision, Wait) and not view.anonymous:
-        return _capped(decision, view, usage, prefix, settings)
-    return decision
+        decision = _capped(decision, view, usage, prefix, settings)
+    if isinstance(decision, ProbeFirst):
+        return decision
+    return at_low_priority(decision, view, usage, prefix, settings)
 
 
 def _capped(

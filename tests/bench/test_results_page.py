@@ -143,9 +143,9 @@ def test_the_page_judges_stored_rows_by_the_current_targets():
 
 
 def test_only_takes_a_row_key_for_one_row_of_a_regime():
-    uncapped = selected_rows("trace-70b-tight --wait-cap-factor 0", vllm=False)
-    assert [r.extra for r in uncapped] == [("--wait-cap-factor", "0")]
-    assert len(selected_rows("trace-70b-tight", vllm=False)) == 2
+    pinned = selected_rows("vllm-small-no-finish --pinning pinned", vllm=False)
+    assert [r.extra for r in pinned] == [("--pinning", "pinned")]
+    assert len(selected_rows("vllm-small-no-finish", vllm=False)) == 2
 
 
 def test_only_cluster_selects_the_fleet_runs_and_no_regime_row():

@@ -53,8 +53,10 @@ class FakeProbe:
         block_size: int | None = None,
         max_model_len: int | None = None,
         max_token_bytes: int | None = None,
+        scheduling_policy: str | None = None,
     ) -> None:
         self.usage_value = usage
+        self.scheduling_policy = scheduling_policy
         self.max_model_len = max_model_len
         self.max_token_bytes = max_token_bytes
         self.total = total
@@ -81,6 +83,7 @@ class FakeProbe:
             self.block_size,
             max_model_len=self.max_model_len,
             max_token_bytes=self.max_token_bytes,
+            scheduling_policy=self.scheduling_policy,
         )
 
     async def prefix(self, route_kind: str, body: dict[str, Any]) -> PrefixReading | None:

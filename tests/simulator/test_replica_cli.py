@@ -21,6 +21,8 @@ async def test_replica_process_serves_and_stops_cleanly():
             "0",
             "--num-blocks",
             "128",
+            "--scheduling-policy",
+            "priority",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -39,7 +41,7 @@ async def test_replica_process_serves_and_stops_cleanly():
             assert response.status == 200
             assert (await response.json())["usage"]["completion_tokens"] == 3
             kv = await (await session.get(match.group(1) + "/v1/kvgate/kv")).json()
-            assert kv["num_total_blocks"] == 128
+            assert kv["num_total_blocks"] == 128 and kv["scheduling_policy"] == "priority"
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
     finally:

@@ -130,7 +130,8 @@ async def test_kv_probe_shape(replica_client):
     assert kv["kv_cache_usage"] == 0.0 and kv["num_free_blocks"] == 64 and kv["num_cached_blocks"] > 0
     # the server's own figures: its longest prompt (the whole cache by default) and longest token
     assert (kv["max_model_len"], kv["max_token_bytes"]) == (64 * 16, MAX_TOKEN_BYTES)
-    server_only = {"max_model_len": None, "max_token_bytes": None}
+    assert kv["scheduling_policy"] == "fcfs"  # vLLM's default --scheduling-policy
+    server_only = {"max_model_len": None, "max_token_bytes": None, "scheduling_policy": None}
     assert kv["engines"] == [{"engine": 0, **{k: v for k, v in kv.items() if k != "engines"}, **server_only}]
 
 
@@ -252,3 +253,13 @@ async def test_multi_turn_sessions_hit_when_they_fit_and_thrash_when_they_outgro
     thrash = await run_sessions(await replica_client(num_blocks=128, block_size=16), num_sessions=8, num_turns=8)
     assert fit["hit_rate"] > 0.8 and fit["evictions"] == 0
     assert thrash["hit_rate"] < 0.2 and thrash["evictions"] > 100
+
+
+async def test_priority_is_vllms_request_field_and_the_kv_answer_names_the_policy(replica_client):
+    client = await replica_client(num_blocks=64, block_size=16, scheduling_policy="priority")
+    kv = await (await client.get("/v1/kvgate/kv")).json()
+    assert kv["scheduling_policy"] == "priority"
+    served = await client.post("/v1/chat/completions", json={**CHAT, "priority": 3})
+    assert served.status == 200
+    refused = await client.post("/v1/chat/completions", json={**CHAT, "priority": "low"})
+    assert refused.status == 400 and (await refused.json())["error"]["param"] == "priority"

@@ -168,8 +168,80 @@ def test_policies_price_obligations_and_headroom():
         ("max_num_batched_tokens", 0, "max_num_batched_tokens"),
         ("max_num_seqs", 0, "max_num_seqs"),
         ("max_model_len", 10_000, "max_model_len"),
+        ("scheduling_policy", "lifo", "scheduling_policy"),
     ],
 )
 def test_invalid_config_names_the_parameter(field, value, message):
     with pytest.raises(ConfigError, match=message):
         EngineConfig(**{"num_blocks": 10, "block_size": 16, field: value}).validate()
+
+
+# -- priority scheduling (vLLM's --scheduling-policy priority) ---------------------------------
+
+
+def prioritized(rid, prompt_len, max_tokens, base, priority, arrival):
+    request = make(rid, prompt_len, max_tokens, base)
+    request.priority, request.arrival = priority, arrival
+    return request
+
+
+@pytest.mark.parametrize("policy, order", [("fcfs", ["x", "y", "z"]), ("priority", ["y", "z", "x"])])
+def test_waiting_requests_go_in_priority_order_only_under_priority_scheduling(policy, order):
+    """One sequence slot: requests are admitted one at a time, in the waiting queue's order.
+    x came first at priority 1; y and z after it at priority 0 (lower is served first)."""
+    config = EngineConfig(num_blocks=100, block_size=4, max_num_seqs=1, scheduling_policy=policy)
+    scheduler = Scheduler(config)
+    for index, (rid, priority) in enumerate((("x", 1), ("y", 0), ("z", 0))):
+        scheduler.add_request(prioritized(rid, 4, 1, index * 100, priority, float(index)))
+    admitted = []
+    while scheduler.has_unfinished_requests():
+        admitted += [r.request_id for r in step(scheduler).admitted]
+    assert admitted == order
+
+
+def test_priority_scheduling_preempts_the_lowest_priority_not_the_newest():
+    """The trace of test_preemption_of_newest_running_request_and_recompute, with a (the
+    older) at priority 1 and b at 0: at step 5 the cache is full and the victim is a, the
+    lowest priority (fcfs preempts b, the newest); b runs on."""
+    config = EngineConfig(num_blocks=6, block_size=4, max_num_seqs=2, scheduling_policy="priority")
+    scheduler = Scheduler(config)
+    a, b = prioritized("a", 8, 10, 0, 1, 0.0), prioritized("b", 8, 10, 1000, 0, 1.0)
+    scheduler.add_request(a)
+    scheduler.add_request(b)
+    for _ in range(5):
+        step(scheduler)
+    output = step(scheduler)  # step 5
+    assert output.preempted == [a] and [r.request_id for r, _ in output.scheduled] == ["b"]
+    assert b.status == RequestStatus.RUNNING and b.num_preemptions == 0
+    assert list(scheduler.waiting) == [a]
+    output = step(scheduler)
+    assert [r.request_id for r, _ in output.scheduled] == ["b"]  # a cannot resume while b holds the blocks
+    while scheduler.has_unfinished_requests():
+        step(scheduler)
+    assert b.finish_step < a.finish_step and scheduler.counters.num_preemptions == 1
+    assert scheduler.num_free_blocks == 6
+
+
+def test_a_victim_already_scheduled_in_the_step_gives_its_tokens_back():
+    """low (priority 1) runs first; high (priority 0) comes later, so it is after low in the
+    running list. When high needs a block, low is preempted though it was scheduled earlier
+    in the same step: it leaves the step's schedule and its token goes back to the budget."""
+    config = EngineConfig(num_blocks=5, block_size=4, max_num_seqs=2, scheduling_policy="priority")
+    scheduler = Scheduler(config)
+    low, high = prioritized("low", 8, 10, 0, 1, 0.0), prioritized("high", 8, 10, 1000, 0, 1.0)
+    scheduler.add_request(low)
+    step(scheduler)
+    scheduler.add_request(high)
+    preempting = None
+    for _ in range(10):
+        output = step(scheduler)
+        if output.preempted:
+            preempting = output
+            break
+    assert preempting is not None and preempting.preempted == [low]
+    assert [r.request_id for r, _ in preempting.scheduled] == ["high"]
+    assert preempting.num_scheduled_tokens == 1 and low.num_computed_tokens == 0
+    while scheduler.has_unfinished_requests():
+        step(scheduler)
+    assert high.finish_step < low.finish_step and high.num_preemptions == 0
+    assert scheduler.num_free_blocks == 5

@@ -393,6 +393,7 @@ class VllmServer:
             "--max-num-seqs",
             str(self.max_num_seqs),
             "--enforce-eager",
+            "--enable-prompt-tokens-details",  # the usage kvgate learns hits from (docs/vllm-plugin.md)
             *self.extra_args,
         ]
 

@@ -83,7 +83,8 @@ def full_kv() -> KvAnswer:
         )
         for free, busy in ((40, 0.5), (30, 0.75))
     ]
-    return replace(merge_kv(engines), max_model_len=4096, max_token_bytes=48)  # the server's own figures
+    # the server's own figures
+    return replace(merge_kv(engines), max_model_len=4096, max_token_bytes=48, scheduling_policy="priority")
 
 
 def full_prefix() -> PrefixAnswer:
@@ -288,6 +289,7 @@ async def test_the_plugins_builders_answer_every_field_of_every_message(monkeypa
         timeout_sec=5.0,
         max_model_len=4096,
         max_token_bytes=endpoint_plugin.max_token_bytes(vocabulary),
+        scheduling_policy=endpoint_plugin.scheduling_policy(None, SimpleNamespace(scheduling_policy="priority")),
     )
 
     # vLLM's counters, as the API server's registry holds them: they grow between two probes

@@ -83,7 +83,7 @@ def server_for(
         num_blocks=shape.num_blocks + 1,
         max_num_seqs=shape.max_num_seqs,
         served_model_name=regime.vllm_model,
-        extra_args=("--enable-prompt-tokens-details", "--max-num-batched-tokens", str(shape.max_num_batched_tokens)),
+        extra_args=("--max-num-batched-tokens", str(shape.max_num_batched_tokens)),
         extra_env=() if split is None else (("VLLM_CPU_OMP_THREADS_BIND", split.omp_threads_bind),),
     )
 
