@@ -37,6 +37,17 @@ def tracked() -> list[str]:
     return [line for line in out.stdout.splitlines() if (REPO / line).is_file()]
 
 
+def tracked_lines():
+    """(file, line number, line) of every tracked text file, in `git ls-files` order."""
+    for name in tracked():
+        try:
+            text = (REPO / name).read_text()
+        except UnicodeDecodeError:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            yield name, number, line
+
+
 def github_anchor(heading: str) -> str:
     """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
@@ -68,15 +79,11 @@ def prose_lines(text: str):
 
 
 def test_no_file_cites_texts_outside_the_repository():
-    citing = []
-    for name in tracked():
-        try:
-            text = (REPO / name).read_text()
-        except UnicodeDecodeError:
-            continue
-        for number, line in enumerate(text.splitlines(), 1):
-            if any(outside in line for outside in OUTSIDE_TEXTS):
-                citing.append(f"{name}:{number}: {line.strip()}")
+    citing = [
+        f"{name}:{number}: {line.strip()}"
+        for name, number, line in tracked_lines()
+        if any(outside in line for outside in OUTSIDE_TEXTS)
+    ]
     assert not citing, "these lines cite texts outside the repository; point to docs/ instead:\n" + "\n".join(citing)
 
 
@@ -125,27 +132,18 @@ def test_every_cited_repository_path_exists():
     folders = {str(parent) for name in files for parent in Path(name).parents if str(parent) != "."}
     top_folders = sorted({name.split("/", 1)[0] for name in files if "/" in name})
     missing = []
-    for name in sorted(files):
-        try:
-            text = (REPO / name).read_text()
-        except UnicodeDecodeError:
-            continue
-        for number, line in enumerate(text.splitlines(), 1):
-            for path in cited_paths(line, top_folders):
-                created = any(path == c or path.startswith(c + "/") for c in CREATED_PATHS)
-                if path not in files and path not in folders and not created:
-                    missing.append(f"{name}:{number}: {path}")
+    for name, number, line in tracked_lines():
+        for path in cited_paths(line, top_folders):
+            created = any(path == c or path.startswith(c + "/") for c in CREATED_PATHS)
+            if path not in files and path not in folders and not created:
+                missing.append(f"{name}:{number}: {path}")
     assert not missing, "these lines cite repository paths that do not exist:\n" + "\n".join(missing)
 
 
 def test_no_file_cites_tracker_issues():
-    citing = []
-    for name in tracked():
-        try:
-            text = (REPO / name).read_text()
-        except UnicodeDecodeError:
-            continue
-        for number, line in enumerate(text.splitlines(), 1):
-            if re.search(r"\bissues?[ \t]+#?\d+|\bissue[ \t]*#\d+", line, re.IGNORECASE):
-                citing.append(f"{name}:{number}: {line.strip()}")
+    citing = [
+        f"{name}:{number}: {line.strip()}"
+        for name, number, line in tracked_lines()
+        if re.search(r"\bissues?[ \t]+#?\d+|\bissue[ \t]*#\d+", line, re.IGNORECASE)
+    ]
     assert not citing, "these lines cite tracker issues; say what is meant instead:\n" + "\n".join(citing)
