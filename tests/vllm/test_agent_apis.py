@@ -30,6 +30,13 @@ TOOLS = [
 ]
 
 
+def anthropic_prompt(usage) -> int:
+    """A Messages answer's whole prompt: Anthropic's `input_tokens` leaves out the tokens
+    read from or written to the prompt cache, which vLLM started with
+    --enable-prompt-tokens-details reports apart."""
+    return usage.input_tokens + (usage.cache_creation_input_tokens or 0) + (usage.cache_read_input_tokens or 0)
+
+
 def exact_turn(server, kind: str, body: dict, send) -> tuple[dict, object]:
     """Probe `body`, then send it; assert the probe named the very prompt and hits of the turn."""
     reading = probe_prefix(server, {kind: body})
@@ -53,7 +60,7 @@ def test_anthropic_messages_create_stream_and_tool_use_are_probed_exactly(vllm_s
             "messages": history,
         }
         reading, message = exact_turn(vllm_server, "messages", body, lambda body=body: client.messages.create(**body))
-        assert reading["total_tokens"] == message.usage.input_tokens
+        assert reading["total_tokens"] == anthropic_prompt(message.usage)
         if turn > 1:
             assert reading["hit_tokens"] > 0
         history = history + [
@@ -68,7 +75,7 @@ def test_anthropic_messages_create_stream_and_tool_use_are_probed_exactly(vllm_s
             return events.get_final_message()
 
     reading, final = exact_turn(vllm_server, "messages", body, stream)
-    assert reading["total_tokens"] == final.usage.input_tokens and final.content[0].type == "text"
+    assert reading["total_tokens"] == anthropic_prompt(final.usage) and final.content[0].type == "text"
 
     # Tool use: definitions, a tool_use block and its tool_result. The server has no tool
     # parser, so the test asks for no new tool call (tool_choice none), as vLLM requires.
@@ -84,7 +91,7 @@ def test_anthropic_messages_create_stream_and_tool_use_are_probed_exactly(vllm_s
     ]
     body = {"model": MODEL, "max_tokens": 4, "tools": TOOLS, "tool_choice": {"type": "none"}, "messages": tool_history}
     reading, message = exact_turn(vllm_server, "messages", body, lambda: client.messages.create(**body))
-    assert reading["total_tokens"] == message.usage.input_tokens
+    assert reading["total_tokens"] == anthropic_prompt(message.usage)
     client.close()
 
 

@@ -95,6 +95,8 @@ def test_readme_install_commands_from_a_fresh_clone_give_a_vllm_with_the_probes(
     assert words[:5] == ["VLLM_PLUGINS=kvgate", str(python), "-m", "vllm.entrypoints.openai.api_server", "--model"]
     server = VllmServer(python=python, model_dir=tiny_model, log_path=tmp_path / "vllm.log", served_model_name="tiny")
     assert server.command()[:4] == words[1:5] and server.environment()["VLLM_PLUGINS"] == "kvgate"
+    # the usage the gate learns prefix hits from (docs/vllm-plugin.md), in the README and in every test server
+    assert "--enable-prompt-tokens-details" in words and "--enable-prompt-tokens-details" in server.command()
     server.start()
     try:
         status, kv = http_json("GET", server.url + "/v1/kvgate/kv")
