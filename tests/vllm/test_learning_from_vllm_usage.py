@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 import openai
@@ -32,6 +33,24 @@ def kvgate_metric(url: str, name: str, label: str = "") -> float:
     return sum(
         float(line.rsplit(" ", 1)[1]) for line in lines if line.split("{")[0].split(" ")[0] == name and label in line
     )
+
+
+def gate_state(url: str) -> dict:
+    """Replica v0's gate in kvgate's /admin/state."""
+    status, state = http_json("GET", url + "/admin/state", headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert status == 200, state
+    return state["gates"]["v0"]
+
+
+def settled_gate(url: str) -> dict:
+    """The gate's state once it holds no lease. It learns a turn's usage before it gives the
+    turn's lease back, which may come after the client has read the stream's end."""
+    gate = gate_state(url)
+    deadline = time.monotonic() + 30
+    while gate["leases"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+        gate = gate_state(url)
+    return gate
 
 
 def prefix_probes(url: str) -> float:
@@ -76,6 +95,7 @@ def test_a_stream_without_usage_is_relayed_as_sent_and_teaches_the_gate(vllm_ser
         assert content(got) == content(reference)
         assert all(chunk["usage"] is None for chunk in reference)  # vLLM sends none unasked
 
+        assert settled_gate(proxy.url)["leases"] == 0  # the first turn's usage is learned
         vllm_server.reset_prefix_cache()  # the session's prefix is gone: its next turn prefills it again
         probes_before_second = prefix_probes(proxy.url)  # the first turn's: repriced beside it, nothing learned yet
         second = first + [
@@ -86,13 +106,11 @@ def test_a_stream_without_usage_is_relayed_as_sent_and_teaches_the_gate(vllm_ser
         usage = answer[-1]["usage"]  # a client that asks gets its usage event, as from vLLM
         assert answer[-1]["choices"] == [] and usage["prompt_tokens_details"]["cached_tokens"] == 0
 
+        gate = settled_gate(proxy.url)
+        assert (gate["leases"], gate["pending"], gate["pending_anonymous"]) == (0, [], 0)
         block = vllm_server.block_size
         assert kvgate_metric(proxy.url, "kvgate_reprefill_tokens_estimated_total") == prompt_tokens // block * block
         assert prefix_probes(proxy.url) == probes_before_second  # the second turn was priced by its usage
-        status, state = http_json("GET", proxy.url + "/admin/state", headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
-        assert status == 200, state
-        gate = state["gates"]["v0"]
-        assert (gate["leases"], gate["pending"], gate["pending_anonymous"]) == (0, [], 0)
         via.close()
     finally:
         proxy.stop()
