@@ -55,7 +55,7 @@ from kvgate.proxy.upstream import (
     UpstreamClients,
     upstream_request_headers,
 )
-from kvgate.proxy.usage_tap import USAGE_KINDS, USAGE_OPTION, UsageTap, asks_for_usage
+from kvgate.proxy.usage_tap import ASKED_USAGE_KINDS, USAGE_KINDS, USAGE_OPTION, UsageTap, asks_for_usage
 from kvgate.wire.routes import PASSTHROUGH, PROMPT_KINDS, SESSION_FIELD_KINDS, RouteSpec, response_id_of
 
 CLIENT_CLOSED = 499  # the status label of a request whose client went away (nginx's convention)
@@ -189,9 +189,9 @@ class Forwarder:
             # Only a turn ends its session: a models list that anyone can send with any session
             # id must not end another session's window.
             finish = kind in PROMPT_KINDS and request.headers.get(self._finish_header, "").lower() == "true"
-        strip_usage = self._learns_usage and kind in USAGE_KINDS and asks_for_usage(body)
+        strip_usage = self._learns_usage and kind in ASKED_USAGE_KINDS and asks_for_usage(body)
         if strip_usage:  # the gate learns from the usage; the client gets the answer it asked for
-            assert raw is not None  # USAGE_KINDS are routes with a body
+            assert raw is not None  # ASKED_USAGE_KINDS are routes with a body
             raw = with_member(raw, body, "stream_options", USAGE_OPTION)
         headers = self._upstream_headers(request, session_id, self._api_key)
         turn = Turn(
@@ -352,11 +352,10 @@ class Forwarder:
             turn.entry.replica = replica  # stick: the session's next turn goes here while it can
         status = CLIENT_CLOSED
         completed = False
+        kind = turn.route.kind
         try:
-            tap = UsageTap(turn.strip_usage) if self._learns_usage and turn.route.kind in USAGE_KINDS else None
-            status, completed = await self.relay.relay(
-                turn.responder, upstream, replica, lease, turn.stream, turn.route.kind, tap
-            )
+            tap = UsageTap(turn.strip_usage, kind) if self._learns_usage and kind in USAGE_KINDS else None
+            status, completed = await self.relay.relay(turn.responder, upstream, replica, lease, turn.stream, kind, tap)
             if completed and tap is not None and tap.usage is not None:
                 lease.learn(tap.usage.prompt_tokens, tap.usage.cached_tokens)
         except (asyncio.CancelledError, ConnectionResetError):
@@ -365,7 +364,7 @@ class Forwarder:
         finally:
             if not completed:
                 upstream.close()  # drop the connection: vLLM sees the disconnect and aborts
-            self._count(turn.route.kind, replica.name, status)
+            self._count(kind, replica.name, status)
         return completed and status < 400
 
     def _turn_done(self, turn: Turn, replica: Replica) -> None:

@@ -1,14 +1,25 @@
 """A turn's prompt usage, read off the replica's answer as it is relayed.
 
 vLLM reports after the fact how many prompt tokens a request had and how many of them
-its prefix cache held: `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens`
-(the latter when the server runs with `--enable-prompt-tokens-details`). The gate learns
-a turn's exact size from it without a probe (`gate.gate.Lease.learn`).
+its prefix cache held (the latter when the server runs with
+`--enable-prompt-tokens-details`). The gate learns a turn's exact size from it without
+a probe (`gate.gate.Lease.learn`). Each API names them its own way:
+- `chat`, `completion`: `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens`;
+- `messages` (Anthropic): the prompt is `input_tokens + cache_read_input_tokens +
+  cache_creation_input_tokens` (vLLM reports the last two apart from `input_tokens`, as
+  Anthropic does, and only with prompt details on); the cached part `cache_read_input_tokens`;
+- `responses`: `usage.input_tokens` and `usage.input_tokens_details.cached_tokens`.
 
-Where the usage is, on the two OpenAI routes (`chat`, `completion`):
+Where the usage is:
 - a JSON answer: its `usage` member;
-- an SSE stream: its usage event, the last before `data: [DONE]` (`"choices": []` and a
-  `usage` object), sent only when the request asked for `stream_options.include_usage`.
+- `chat`, `completion` streams: the usage event, the last before `data: [DONE]`
+  (`"choices": []` and a `usage` object), sent only when the request asked for
+  `stream_options.include_usage`;
+- `messages` streams: the `message_delta` event's `usage` (`message_start` carries only
+  `input_tokens`);
+- `responses` streams: the `response.completed` event's `response.usage`. That event
+  holds the whole response (output, instructions, tools), so these streams are read
+  event by event, not from their last bytes.
 
 kvgate adds that option to a streamed request without `stream_options` (`asks_for_usage`); `UsageTap` with
 `strip=True` then takes the usage event out of the stream, so the client receives the
@@ -18,20 +29,26 @@ events it would have received from the replica without kvgate. Invariants:
   events (SSE events end with a blank line, `\\n\\n`, as vLLM writes them); an event
   is passed on once its end has arrived (vLLM writes whole events, so nothing waits);
 - a malformed or missing usage is no usage (None), never an error: the answer is the
-  client's, the usage only a hint to the gate.
+  client's, the usage only a hint to the gate;
+- Anthropic and Responses streams report usage unasked: they are never stripped; an
+  event of theirs longer than `_EVENT_BYTES` is not held, the rest of the stream is
+  then read from its last bytes as a chat stream is.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import orjson
 
-USAGE_KINDS = frozenset({"chat", "completion"})  # routes whose answers carry OpenAI `usage`
+USAGE_KINDS = frozenset({"chat", "completion", "messages", "responses"})  # routes whose answers report usage
+ASKED_USAGE_KINDS = frozenset({"chat", "completion"})  # routes whose streams report it only when asked
 _USAGE_KEY = b'"usage"'
 _EVENT_END = b"\n\n"
 _TAIL_BYTES = 16384  # the stream's last bytes kept to find the usage event in (the last but [DONE])
+_EVENT_BYTES = 1 << 22  # the longest Anthropic or Responses event read (a response.completed holds the response)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,34 +59,64 @@ class PromptUsage:
     cached_tokens: int | None  # None: the server does not report prompt_tokens_details
 
 
-def usage_of(doc: object) -> PromptUsage | None:
-    """The PromptUsage of an answer object (`{"usage": {...}}`), or None."""
+def _count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _usage(prompt: object, cached: object) -> PromptUsage | None:
+    """`prompt` tokens (> 0), `cached` of them (None unless 0 <= cached <= prompt)."""
+    if not _count(prompt) or prompt == 0:
+        return None
+    return PromptUsage(prompt, cached if _count(cached) and cached <= prompt else None)
+
+
+def _openai_usage(usage: dict) -> PromptUsage | None:
+    details = usage.get("prompt_tokens_details")
+    return _usage(usage.get("prompt_tokens"), details.get("cached_tokens") if isinstance(details, dict) else None)
+
+
+def _anthropic_usage(usage: dict) -> PromptUsage | None:
+    """`input_tokens` leaves out the tokens read from and written to the prefix cache."""
+    uncached = usage.get("input_tokens")
+    read = usage.get("cache_read_input_tokens")
+    created = usage.get("cache_creation_input_tokens")
+    if not _count(uncached) or not all(part is None or _count(part) for part in (read, created)):
+        return None
+    return _usage(uncached + (read or 0) + (created or 0), read)
+
+
+def _responses_usage(usage: dict) -> PromptUsage | None:
+    details = usage.get("input_tokens_details")
+    return _usage(usage.get("input_tokens"), details.get("cached_tokens") if isinstance(details, dict) else None)
+
+
+_READERS = {"messages": _anthropic_usage, "responses": _responses_usage}
+
+
+def usage_of(doc: object, kind: str = "chat") -> PromptUsage | None:
+    """The PromptUsage of an answer object or stream event of route `kind` (`{"usage":
+    {...}}`; a Responses stream event: `{"response": {"usage": {...}}}`), or None."""
     if not isinstance(doc, dict):
         return None
     usage = doc.get("usage")
+    if kind == "responses" and usage is None and isinstance(doc.get("response"), dict):
+        usage = doc["response"].get("usage")  # response.completed (response.created: usage null)
     if not isinstance(usage, dict):
         return None
-    prompt = usage.get("prompt_tokens")
-    if not isinstance(prompt, int) or isinstance(prompt, bool) or prompt <= 0:
-        return None
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    if not isinstance(cached, int) or isinstance(cached, bool) or not 0 <= cached <= prompt:
-        cached = None
-    return PromptUsage(prompt, cached)
+    return _READERS.get(kind, _openai_usage)(usage)
 
 
-def json_usage(body: bytes) -> PromptUsage | None:
-    """The usage of a whole JSON answer, or None."""
+def json_usage(body: bytes, kind: str = "chat") -> PromptUsage | None:
+    """The usage of a whole JSON answer of route `kind`, or None."""
     if _USAGE_KEY not in body:
         return None
     try:
-        return usage_of(orjson.loads(body))
+        return usage_of(orjson.loads(body), kind)
     except orjson.JSONDecodeError:
         return None
 
 
-def _event_usage(event: bytes) -> tuple[PromptUsage | None, bool]:
+def _event_usage(event: bytes, kind: str = "chat") -> tuple[PromptUsage | None, bool]:
     """The usage of one SSE event, and whether it is the usage event (`choices: []`, a
     usage object) rather than a content event that carries usage too (a server that
     reports usage on every event, vLLM's `--enable-force-include-usage`)."""
@@ -80,7 +127,7 @@ def _event_usage(event: bytes) -> tuple[PromptUsage | None, bool]:
         doc = orjson.loads(event[start + 5 :])
     except orjson.JSONDecodeError:
         return None, False
-    usage = usage_of(doc)
+    usage = usage_of(doc, kind)
     return usage, usage is not None and isinstance(doc, dict) and doc.get("choices") in ([], None)
 
 
@@ -95,23 +142,28 @@ USAGE_OPTION = {"include_usage": True}
 
 
 class UsageTap:
-    """Watches one answer for its usage: an SSE stream's chunks through `feed` (which
-    returns the bytes to pass on) and `finish`, or a whole JSON body through `whole`."""
+    """Watches one answer of route `kind` for its usage: an SSE stream's chunks through
+    `feed` (which returns the bytes to pass on) and `finish`, or a whole JSON body
+    through `whole`. `strip` (chat and completion only) takes the usage event out."""
 
-    __slots__ = ("strip", "usage", "_tail", "_recent", "_recent_bytes", "_unasked")
+    __slots__ = ("strip", "kind", "usage", "_by_event", "_tail", "_recent", "_recent_bytes", "_unasked")
 
-    def __init__(self, strip: bool) -> None:
+    def __init__(self, strip: bool, kind: str = "chat") -> None:
+        assert not strip or kind in ASKED_USAGE_KINDS
         self.strip = strip
+        self.kind = kind
         self.usage: PromptUsage | None = None
-        self._tail = b""  # strip: the start of an event whose end has not arrived
-        self._recent: deque[bytes] = deque()  # no strip: the last chunks, _TAIL_BYTES or a little more
+        # read event by event (strip, or a stream whose usage is not in its last event)
+        self._by_event = strip or kind not in ASKED_USAGE_KINDS
+        self._tail = b""  # _by_event: the start of an event whose end has not arrived
+        self._recent: deque[bytes] = deque()  # otherwise: the last chunks, _TAIL_BYTES or a little more
         self._recent_bytes = 0
         # strip: a content event carried usage, so the server sends usage unasked
         # (`--enable-force-include-usage`): its usage event is the client's too, kept.
         self._unasked = False
 
     def feed(self, chunk: bytes) -> bytes:
-        if not self.strip:
+        if not self._by_event:
             recent = self._recent
             recent.append(chunk)
             self._recent_bytes += len(chunk)
@@ -120,38 +172,38 @@ class UsageTap:
             return chunk
         data = self._tail + chunk if self._tail else chunk
         cut = data.rfind(_EVENT_END)
-        if cut < 0:
-            self._tail = data
-            return b""
-        cut += len(_EVENT_END)
+        cut = cut + len(_EVENT_END) if cut >= 0 else 0
         whole, self._tail = data[:cut], data[cut:]
+        if not self.strip and len(self._tail) > _EVENT_BYTES:  # read from the last bytes from here on
+            self._by_event, self._tail = False, b""
+            self.feed(chunk)
         if _USAGE_KEY not in whole:
-            return whole
+            return whole if self.strip else chunk
         kept = []
         for event in whole.split(_EVENT_END)[:-1]:
-            usage, usage_event = _event_usage(event)
+            usage, usage_event = _event_usage(event, self.kind)
             if usage is not None:
                 self.usage = usage
                 self._unasked |= not usage_event
             if not usage_event or self._unasked:
                 kept.append(event + _EVENT_END)
-        return b"".join(kept)
+        return b"".join(kept) if self.strip else chunk
 
     def whole(self, body: bytes) -> None:
         """A JSON answer, whole."""
-        self.usage = json_usage(body)
+        self.usage = json_usage(body, self.kind)
 
     def finish(self) -> bytes:
         """The stream ended: the bytes still to pass on; `usage` is final."""
-        if not self.strip:
+        if not self._by_event:
             tail = b"".join(self._recent)
             self._recent.clear()
             self._recent_bytes = 0
             for event in reversed(tail.split(_EVENT_END)):
-                usage, _ = _event_usage(event)
+                usage, _ = _event_usage(event, self.kind)
                 if usage is not None:
                     self.usage = usage
                     break
             return b""
         rest, self._tail = self._tail, b""
-        return rest
+        return rest if self.strip else b""

@@ -67,15 +67,21 @@ def parse_messages(body, served_model: str, max_model_len: int) -> GenerationPar
     return GenerationParams("messages", model, prompt_ids, max_tokens, stream, True, None)
 
 
-def message_response(
-    message_id: str,
-    model: str,
-    text: str,
-    finish_reason: str,
-    prompt_tokens: int,
-    output_tokens: int,
-    cached_tokens: int,
-) -> dict:
+def message_usage(prompt_tokens: int, output_tokens: int, cached_tokens: int, block_size: int) -> dict:
+    """A turn's usage as vLLM started with --enable-prompt-tokens-details reports it:
+    `input_tokens` leaves out, as Anthropic's does, the prompt tokens read from the prefix
+    cache (`cache_read_input_tokens`) and those the turn wrote to it, its full blocks
+    beyond the hit (`cache_creation_input_tokens`). The three add up to the prompt."""
+    created = max(0, prompt_tokens // block_size * block_size - cached_tokens)
+    return {
+        "input_tokens": prompt_tokens - cached_tokens - created,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": created,
+        "cache_read_input_tokens": cached_tokens,
+    }
+
+
+def message_response(message_id: str, model: str, text: str, finish_reason: str, usage: dict) -> dict:
     return {
         "id": message_id,
         "type": "message",
@@ -84,11 +90,7 @@ def message_response(
         "content": [{"type": "text", "text": text}],
         "stop_reason": STOP_REASONS.get(finish_reason, "end_turn"),
         "stop_sequence": None,
-        "usage": {
-            "input_tokens": prompt_tokens,
-            "output_tokens": output_tokens,
-            "cache_read_input_tokens": cached_tokens,
-        },
+        "usage": usage,
     }
 
 
@@ -123,7 +125,8 @@ def stream_delta(text: str) -> bytes:
     )
 
 
-def stream_closing(finish_reason: str, output_tokens: int, cached_tokens: int) -> list[bytes]:
+def stream_closing(finish_reason: str, usage: dict) -> list[bytes]:
+    """The closing events; `message_delta` carries the whole usage (`message_usage`), as vLLM's does."""
     return [
         event("content_block_stop", {"type": "content_block_stop", "index": 0}),
         event(
@@ -131,7 +134,7 @@ def stream_closing(finish_reason: str, output_tokens: int, cached_tokens: int) -
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": STOP_REASONS.get(finish_reason, "end_turn"), "stop_sequence": None},
-                "usage": {"output_tokens": output_tokens, "cache_read_input_tokens": cached_tokens},
+                "usage": usage,
             },
         ),
         event("message_stop", {"type": "message_stop"}),

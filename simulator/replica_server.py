@@ -151,10 +151,9 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
             sim_request.num_cached_prompt_tokens,
         )
         if kind == "messages":
+            message_usage = anthropic_api.message_usage(prompt, output, cached, engine.config.block_size)
             return _json(
-                anthropic_api.message_response(
-                    request_id, params.model, text, handle.final_reason, prompt, output, cached
-                )
+                anthropic_api.message_response(request_id, params.model, text, handle.final_reason, message_usage)
             )
         build = chat_response if kind == "chat" else completion_response
         return _json(build(request_id, created, params.model, text, handle.final_reason, usage(prompt, output, cached)))
@@ -185,16 +184,22 @@ def _delta_events(
     return [_sse(completion_chunk(request_id, created, params.model, text, finish_reason))]
 
 
-def _closing_events(params: GenerationParams, request_id: str, created: int, handle: RequestHandle) -> list[bytes]:
+def _closing_events(
+    params: GenerationParams, request_id: str, created: int, handle: RequestHandle, block_size: int
+) -> list[bytes]:
     sim_request = handle.request
     if handle.finish_reason == "abort":
         if params.kind == "messages":
             return [anthropic_api.event("error", anthropic_api.anthropic_error_body(ABORTED))]
         return [_sse(ABORTED.body()), b"data: [DONE]\n\n"]
     if params.kind == "messages":
-        return anthropic_api.stream_closing(
-            handle.final_reason, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens
+        message_usage = anthropic_api.message_usage(
+            sim_request.num_prompt_tokens,
+            sim_request.num_output_tokens,
+            sim_request.num_cached_prompt_tokens,
+            block_size,
         )
+        return anthropic_api.stream_closing(handle.final_reason, message_usage)
     events = []
     if params.include_usage:
         usage_body = usage(
@@ -227,7 +232,7 @@ async def _stream(
                 await response.write(chunk)
         if handle.finished:
             break
-    for chunk in _closing_events(params, request_id, created, handle):
+    for chunk in _closing_events(params, request_id, created, handle, request.app[ENGINE_KEY].config.block_size):
         await response.write(chunk)
     await response.write_eof()
     return response

@@ -83,6 +83,11 @@ async def stack():
             await replica.stop()
 
 
+def prompt_of(usage) -> int:
+    """A Messages answer's whole prompt: its input_tokens leave out the cache reads and writes."""
+    return usage.input_tokens + (usage.cache_creation_input_tokens or 0) + (usage.cache_read_input_tokens or 0)
+
+
 def claude_code_metadata(session: str) -> dict:
     """What Claude Code >= 2.1.78 sends: a JSON string in metadata.user_id."""
     return {"user_id": json.dumps({"device_id": "dev-1", "account_uuid": "acc-1", "session_id": session})}
@@ -114,7 +119,7 @@ async def test_anthropic_messages_create_is_sticky_by_claude_code_metadata_and_p
         replicas.add(replica)
         assert message.type == "message" and message.content[0].type == "text"
         if probe_before is not None:
-            assert probe_before["total_tokens"] == message.usage.input_tokens
+            assert probe_before["total_tokens"] == prompt_of(message.usage)
             assert probe_before["hit_tokens"] == message.usage.cache_read_input_tokens
         cached.append(message.usage.cache_read_input_tokens)
         history = history + [
@@ -173,7 +178,7 @@ async def test_anthropic_tool_use_conversation_is_probed_exactly(stack):
     again = await client.messages.with_raw_response.create(**body, extra_headers=FINISH)
     assert again.headers["x-kvgate-replica"] == replica
     usage = (await again.parse()).usage
-    assert reading["total_tokens"] == usage.input_tokens == (await first.parse()).usage.input_tokens
+    assert reading["total_tokens"] == prompt_of(usage) == prompt_of((await first.parse()).usage)
     assert reading["hit_tokens"] == usage.cache_read_input_tokens > 0
     # the tool definitions are part of the rendered prompt
     without_tools = await stack.probe(replica, "messages", {**body, "tools": None})

@@ -1,17 +1,20 @@
 """The gate learns each turn's prompt from its usage, and the client sees what it would
-have seen without kvgate: the official `openai` client, through the real proxy with the
-gate on, against a simulated replica (which reports `prompt_tokens_details.cached_tokens`
-as vLLM does with --enable-prompt-tokens-details)."""
+have seen without kvgate: the official `openai` and `anthropic` clients, through the real
+proxy with the gate on, against a simulated replica (which reports the cached tokens of
+each API as vLLM does with --enable-prompt-tokens-details)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
+import anthropic
 import openai
 import pytest
 
 from kvgate.balancer.settings import ReplicaSettings
 from kvgate.gate.admission import AdmissionController
+from kvgate.gate.gate import Gate
 from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
 from kvgate.proxy.metrics import KvgateMetrics
@@ -20,6 +23,7 @@ from kvgate.simulator.replica_server import start_simulated_replicas
 from tests.gate.helpers import CLEAN
 
 MESSAGES = [{"role": "user", "content": "list the files of the repository and read the README " * 4}]
+NEXT = "now run the tests and say which of them fail " * 4  # a turn that adds full blocks
 VOLATILE = {"id", "created"}  # differ between any two answers
 
 
@@ -88,3 +92,89 @@ async def test_a_client_that_asks_for_its_usage_gets_it(stack):
     assert answer.usage.prompt_tokens_details.cached_tokens > 0  # the first turn's prefix
     assert learned(controller, "u") == answer.usage.prompt_tokens  # a JSON answer teaches it too
     await via.close()
+
+
+@pytest.fixture
+def taught(monkeypatch) -> list[tuple[int, int | None]]:
+    """Every (prompt_tokens, cached_tokens) a gate is taught by a turn's usage, in order."""
+    seen: list[tuple[int, int | None]] = []
+    learn = Gate._learn
+
+    def spy(gate, record, turn, prompt_tokens, cached_tokens):
+        seen.append((prompt_tokens, cached_tokens))
+        learn(gate, record, turn, prompt_tokens, cached_tokens)
+
+    monkeypatch.setattr(Gate, "_learn", spy)
+    return seen
+
+
+async def settled(controller: AdmissionController) -> None:
+    """The gate learns a turn's usage before it gives the lease back, which may come just
+    after the client read the answer's end."""
+    (gate,) = controller._gates.values()
+    for _ in range(200):
+        if not gate.counts()["leases"]:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("a lease outlived its turn")
+
+
+def anthropic_prompt(usage) -> tuple[int, int]:
+    """(prompt, cached) of a Messages usage: input_tokens leaves out the cache reads and writes."""
+    read = usage.cache_read_input_tokens or 0
+    return usage.input_tokens + read + (usage.cache_creation_input_tokens or 0), read
+
+
+async def anthropic_turn(api: anthropic.AsyncAnthropic, messages: list[dict], stream: bool) -> tuple[str, object]:
+    """(reply text, usage) of one Messages turn; a stream's usage is its message_delta's."""
+    if not stream:
+        message = await api.messages.create(model="m", max_tokens=6, messages=messages)
+        return message.content[0].text, message.usage
+    text, usage = "", None
+    async for event in await api.messages.create(model="m", max_tokens=6, messages=messages, stream=True):
+        if event.type == "content_block_delta":
+            text += event.delta.text
+        elif event.type == "message_delta":
+            usage = event.usage
+    return text, usage
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_anthropic_messages_teach_the_gate_their_prompt_and_cache_reads(stack, taught, stream):
+    kvgate, _, controller = stack
+    api = anthropic.AsyncAnthropic(
+        base_url=kvgate, api_key="k", max_retries=0, default_headers={"x-session-id": "claude"}
+    )
+    history = list(MESSAGES)
+    for turn in (1, 2):
+        text, usage = await anthropic_turn(api, history, stream)
+        await settled(controller)
+        prompt, cached = anthropic_prompt(usage)
+        # the first turn's prefix is read from the cache, each turn writes its new full blocks
+        assert usage.cache_creation_input_tokens > 0 and (cached > 0) == (turn == 2)
+        assert learned(controller, "claude") == prompt and taught[-1] == (prompt, cached)
+        history += [{"role": "assistant", "content": text}, {"role": "user", "content": NEXT}]
+    assert len(taught) == 2
+    await api.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_responses_teach_the_gate_their_prompt_and_cache_reads(stack, taught, stream):
+    kvgate, _, controller = stack
+    api = client(kvgate, "codex")
+    previous = None
+    for turn, text in enumerate((MESSAGES[0]["content"], NEXT), 1):
+        options = {"previous_response_id": previous} if previous else {}
+        if stream:
+            events = await api.responses.create(model="m", input=text, max_output_tokens=6, stream=True, **options)
+            (response,) = [event.response async for event in events if event.type == "response.completed"]
+        else:
+            response = await api.responses.create(model="m", input=text, max_output_tokens=6, **options)
+        await settled(controller)
+        usage = response.usage
+        cached = usage.input_tokens_details.cached_tokens
+        assert (cached > 0) == (turn == 2)  # the chain's first turn is the prefix of its second
+        assert learned(controller, "codex") == usage.input_tokens and taught[-1] == (usage.input_tokens, cached)
+        previous = response.id
+    assert len(taught) == 2
+    await api.close()

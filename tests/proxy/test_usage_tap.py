@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from kvgate.proxy import usage_tap
 from kvgate.proxy.usage_tap import PromptUsage, UsageTap, asks_for_usage, json_usage, usage_of
 
 
@@ -111,3 +112,117 @@ def test_a_server_that_sends_usage_unasked_keeps_its_usage_event():
     stream = content + USAGE_EVENT + DONE
     tap = UsageTap(strip=True)
     assert relay(tap, [stream]) == stream and tap.usage == PromptUsage(120, 96)
+
+
+def event(name: str, doc: object) -> bytes:
+    return b"event: " + name.encode() + b"\n" + sse(doc)
+
+
+# an Anthropic stream as vLLM sends it: message_start has the whole prompt in input_tokens,
+# message_delta the usage in parts (with --enable-prompt-tokens-details)
+MESSAGES_STREAM = b"".join(
+    [
+        event("message_start", {"type": "message_start", "message": {"usage": {"input_tokens": 120}}}),
+        event("content_block_delta", {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hi"}}),
+        event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "usage": {
+                    "input_tokens": 8,
+                    "output_tokens": 2,
+                    "cache_creation_input_tokens": 16,
+                    "cache_read_input_tokens": 96,
+                },
+            },
+        ),
+        event("message_stop", {"type": "message_stop"}),
+    ]
+)
+
+
+def responses_stream(text: str) -> bytes:
+    """A Responses stream whose response.completed holds the output `text` (as vLLM's does)."""
+    usage = {"input_tokens": 120, "input_tokens_details": {"cached_tokens": 96}, "output_tokens": 2}
+    return b"".join(
+        [
+            event("response.created", {"type": "response.created", "response": {"id": "r", "usage": None}}),
+            event("response.output_text.delta", {"type": "response.output_text.delta", "delta": text}),
+            event(
+                "response.completed",
+                {"type": "response.completed", "response": {"id": "r", "output": [text], "usage": usage}},
+            ),
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "kind, doc, expected",
+    [
+        ("messages", {"usage": {"input_tokens": 10}}, PromptUsage(10, None)),  # no prompt details
+        (
+            "messages",
+            {"usage": {"input_tokens": 3, "cache_creation_input_tokens": 16, "cache_read_input_tokens": 32}},
+            PromptUsage(51, 32),
+        ),
+        ("messages", {"usage": {"input_tokens": 3, "cache_read_input_tokens": None}}, PromptUsage(3, None)),
+        ("messages", {"usage": {"input_tokens": 0, "cache_read_input_tokens": 16}}, PromptUsage(16, 16)),
+        ("messages", {"usage": {"input_tokens": 3, "cache_read_input_tokens": "16"}}, None),
+        ("messages", {"usage": {"input_tokens": 0}}, None),
+        ("messages", {"usage": {"prompt_tokens": 10}}, None),
+        ("messages", {"type": "message_start", "message": {"usage": {"input_tokens": 10}}}, None),
+        (
+            "responses",
+            {"usage": {"input_tokens": 50, "input_tokens_details": {"cached_tokens": 48}}},
+            PromptUsage(50, 48),
+        ),
+        ("responses", {"usage": {"input_tokens": 50}}, PromptUsage(50, None)),
+        (
+            "responses",
+            {"type": "response.completed", "response": {"usage": {"input_tokens": 50}}},
+            PromptUsage(50, None),
+        ),
+        ("responses", {"type": "response.created", "response": {"usage": None}}, None),
+        ("responses", {"usage": {"prompt_tokens": 10}}, None),
+        ("chat", {"usage": {"input_tokens": 10}}, None),
+    ],
+)
+def test_usage_of_each_api(kind, doc, expected):
+    assert usage_of(doc, kind) == expected
+    assert json_usage(orjson.dumps(doc), kind) == expected
+
+
+@pytest.mark.parametrize("cut", range(1, len(MESSAGES_STREAM), 7))
+def test_an_anthropic_stream_passes_as_it_came_and_its_message_delta_has_the_usage(cut):
+    tap = UsageTap(strip=False, kind="messages")
+    pieces = [MESSAGES_STREAM[:cut], MESSAGES_STREAM[cut:]]
+    assert [tap.feed(piece) for piece in pieces] == pieces and tap.finish() == b""
+    assert tap.usage == PromptUsage(120, 96)
+
+
+@pytest.mark.parametrize("size", [10, 100_000])
+def test_a_responses_stream_has_its_usage_in_response_completed_however_long(size):
+    """response.completed holds the whole response: far more than a chat stream's last bytes."""
+    stream = responses_stream("x" * size)
+    pieces = [stream[i : i + 4096] for i in range(0, len(stream), 4096)]
+    tap = UsageTap(strip=False, kind="responses")
+    assert [tap.feed(piece) for piece in pieces] == pieces and tap.finish() == b""
+    assert tap.usage == PromptUsage(120, 96)
+
+
+def test_an_event_too_long_to_hold_is_not_held(monkeypatch):
+    monkeypatch.setattr(usage_tap, "_EVENT_BYTES", 1000)
+    stream = responses_stream("x" * 5000)
+    tap = UsageTap(strip=False, kind="responses")
+    assert tap.feed(stream[:3000]) == stream[:3000] and tap._tail == b""
+    assert tap.feed(stream[3000:]) == stream[3000:] and tap.finish() == b""
+    assert tap.usage == PromptUsage(120, 96)  # read from the stream's last bytes, as a chat stream's
+
+
+def test_json_answers_of_each_api():
+    message = {"type": "message", "usage": {"input_tokens": 5, "cache_read_input_tokens": 16}}
+    response = {"object": "response", "usage": {"input_tokens": 21, "input_tokens_details": {"cached_tokens": 16}}}
+    for kind, answer in (("messages", message), ("responses", response)):
+        tap = UsageTap(strip=False, kind=kind)
+        tap.whole(orjson.dumps(answer))
+        assert tap.usage == PromptUsage(21, 16)

@@ -12,12 +12,19 @@ BODY = {
 }
 
 
+def prompt_of(usage: dict) -> int:
+    return usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["cache_creation_input_tokens"]
+
+
 async def test_message_non_streaming_and_prefix_reuse_across_turns(replica_client):
     client = await replica_client()
     first = await (await client.post("/v1/messages", json=BODY)).json()
     assert first["type"] == "message" and first["role"] == "assistant" and first["model"] == "claude-any"
     assert first["stop_reason"] == "max_tokens" and len(first["content"][0]["text"].split()) == 4
-    assert first["usage"]["output_tokens"] == 4 and first["usage"]["input_tokens"] > 20
+    # as vLLM with --enable-prompt-tokens-details: input_tokens leaves out the cache reads and writes
+    assert first["usage"]["output_tokens"] == 4 and prompt_of(first["usage"]) > 20
+    assert first["usage"]["cache_read_input_tokens"] == 0
+    assert first["usage"]["cache_creation_input_tokens"] == prompt_of(first["usage"]) // 16 * 16
     turn2 = BODY | {
         "messages": BODY["messages"]
         + [
@@ -29,8 +36,11 @@ async def test_message_non_streaming_and_prefix_reuse_across_turns(replica_clien
         ]
     }
     second = await (await client.post("/v1/messages", json=turn2)).json()
-    # The first turn's prompt is an exact prefix of the second's: its full blocks hit.
-    assert second["usage"]["cache_read_input_tokens"] == first["usage"]["input_tokens"] // 16 * 16
+    # The first turn's prompt is an exact prefix of the second's: its full blocks hit,
+    # and the second writes its own full blocks beyond them.
+    first_blocks, second_blocks = prompt_of(first["usage"]) // 16 * 16, prompt_of(second["usage"]) // 16 * 16
+    assert second["usage"]["cache_read_input_tokens"] == first_blocks
+    assert second["usage"]["cache_creation_input_tokens"] == second_blocks - first_blocks > 0
 
 
 async def test_message_streaming_event_sequence(replica_client):
@@ -47,6 +57,8 @@ async def test_message_streaming_event_sequence(replica_client):
     ]
     data = [orjson.loads(lines[1].removeprefix("data: ")) for lines in events]
     assert data[-2]["delta"]["stop_reason"] == "max_tokens" and data[-2]["usage"]["output_tokens"] == 4
+    # message_start has the whole prompt in input_tokens; message_delta the usage in parts, as vLLM's
+    assert prompt_of(data[-2]["usage"]) == data[0]["message"]["usage"]["input_tokens"] > 20
     text = "".join(d["delta"]["text"] for d in data if d["type"] == "content_block_delta")
     assert len(text.split()) == 4
 
