@@ -132,9 +132,11 @@ class StreamState:
             usage = event.get("usage") or {}
             if usage.get("cache_read_input_tokens") is not None:
                 self.cached_tokens = usage["cache_read_input_tokens"]
-                # Anthropic's input_tokens excludes cache reads when the server reports them
+                # Anthropic's input_tokens excludes the tokens read from and written to the
+                # cache when the server reports them (vLLM with --enable-prompt-tokens-details)
                 if self.prompt_tokens is not None and usage.get("input_tokens") is not None:
-                    self.prompt_tokens = usage["input_tokens"] + self.cached_tokens
+                    created = usage.get("cache_creation_input_tokens") or 0
+                    self.prompt_tokens = usage["input_tokens"] + self.cached_tokens + created
         return False
 
     def _responses(self, event: dict) -> bool:

@@ -88,6 +88,29 @@ def test_responses_stream():
     assert (state.text, state.response_id, state.prompt_tokens, state.cached_tokens) == (" x y", "resp_9", 50, 48)
 
 
+def test_messages_stream_counts_the_cache_reads_and_writes_in_the_prompt():
+    """vLLM with --enable-prompt-tokens-details: message_start has the whole prompt in
+    input_tokens, message_delta the tokens it did not read from nor write to the cache."""
+    usage = {"input_tokens": 8, "output_tokens": 2, "cache_creation_input_tokens": 16, "cache_read_input_tokens": 96}
+    state, _ = feed(
+        "messages",
+        [
+            {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 120}}},
+            {"type": "content_block_delta", "delta": {"type": "text_delta", "text": " a"}},
+            {"type": "message_delta", "usage": usage},
+        ],
+    )
+    assert (state.prompt_tokens, state.cached_tokens) == (120, 96)
+    state, _ = feed(
+        "messages",
+        [
+            {"type": "message_start", "message": {"usage": {"input_tokens": 120}}},
+            {"type": "message_delta", "usage": {**usage, "cache_creation_input_tokens": None}},
+        ],
+    )
+    assert (state.prompt_tokens, state.cached_tokens) == (104, 96)  # a server that reports no cache writes
+
+
 @pytest.mark.parametrize(
     "api, event",
     [
