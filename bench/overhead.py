@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -120,6 +121,25 @@ def run_load(url: str, concurrency: int, duration: float, warmup: float, stream:
 # ---- the measurement ------------------------------------------------------------------
 
 
+def missing(value: float | None) -> bool:
+    """No figure: a run that completed no request has no percentiles (the load generator
+    writes them as null), a router without a CPU reading no CPU per request."""
+    return value is None or math.isnan(value)
+
+
+def fmt(value: float | None, spec: str) -> str:
+    """`value` formatted with `spec` (`>9.3f`), or "n/a" in the same width when it is missing."""
+    if missing(value):
+        return format("n/a", ">" + spec.lstrip("<>^").split(".")[0])
+    return format(value, spec)
+
+
+def median(values) -> float | None:
+    """The median of the values present, or None."""
+    present = [v for v in values if not missing(v)]
+    return statistics.median(present) if present else None
+
+
 def summarize(runs: list[dict]) -> dict:
     """Medians over repeated runs of one (mode, concurrency, target)."""
     kinds: dict[str, int] = {}
@@ -128,15 +148,16 @@ def summarize(runs: list[dict]) -> dict:
             kinds[kind] = kinds.get(kind, 0) + n
     cpu = [r["cpu_us_per_request"] for r in runs if "cpu_us_per_request" in r]
     return (
-        {key: statistics.median(r[key] for r in runs) for key in ("rps", "p50_ms", "p99_ms")}
+        {key: median(r[key] for r in runs) for key in ("rps", "p50_ms", "p99_ms")}
         | {"errors": sum(r["errors"] for r in runs), "error_kinds": kinds, "runs": len(runs)}
         | ({"cpu_us_per_request": statistics.median(cpu)} if cpu else {})
     )
 
 
 def compare(direct: dict, proxied: dict) -> dict:
+    p50s = (proxied["p50_ms"], direct["p50_ms"])
     return {
-        "added_p50_ms": proxied["p50_ms"] - direct["p50_ms"],
+        "added_p50_ms": None if any(missing(p50) for p50 in p50s) else p50s[0] - p50s[1],
         "throughput_ratio": proxied["rps"] / direct["rps"] if direct["rps"] else float("nan"),
     }
 
@@ -150,9 +171,9 @@ def format_table(results: list[dict], proxied_name: str) -> str:
     for r in results:
         d, p = r["direct"], r["proxied"]
         lines.append(
-            f"{r['mode']:<14}{r['concurrency']:>8} | {d['rps']:>11.0f}{d['p50_ms']:>9.3f}{d['p99_ms']:>9.3f} | "
-            f"{p['rps']:>12.0f}{p['p50_ms']:>9.3f}{p['p99_ms']:>9.3f} | "
-            f"{r['added_p50_ms']:>13.3f}{r['throughput_ratio']:>7.2f}"
+            f"{r['mode']:<14}{r['concurrency']:>8} | {fmt(d['rps'], '>11.0f')}{fmt(d['p50_ms'], '>9.3f')}"
+            f"{fmt(d['p99_ms'], '>9.3f')} | {fmt(p['rps'], '>12.0f')}{fmt(p['p50_ms'], '>9.3f')}"
+            f"{fmt(p['p99_ms'], '>9.3f')} | {fmt(r['added_p50_ms'], '>13.3f')}{fmt(r['throughput_ratio'], '>7.2f')}"
         )
     for r in results:
         for target in ("direct", "proxied"):
@@ -199,7 +220,7 @@ def measure(
                     runs.setdefault((mode, concurrency, target), []).append(result)
                     progress(
                         f"  run {repeat + 1}/{repeats} {mode:<13} c={concurrency:<4} {target:<8} "
-                        f"{result['rps']:8.0f} rps  p50 {result['p50_ms']:.3f} ms"
+                        f"{fmt(result['rps'], '8.0f')} rps  p50 {fmt(result['p50_ms'], '.3f')} ms"
                     )
     results = []
     for mode in modes:
@@ -235,10 +256,11 @@ def format_baseline_table(results: list[dict], proxied_name: str) -> str:
         b, p, vs = r["baseline"], r["proxied"], r["baseline_vs_direct"]
         b_cpu, p_cpu = b.get("cpu_us_per_request", nan), p.get("cpu_us_per_request", nan)
         lines.append(
-            f"{r['mode']:<14}{r['concurrency']:>8} | {b['rps']:>13.0f}{b['p50_ms']:>9.3f}"
-            f"{vs['added_p50_ms']:>10.3f}{b_cpu:>11.0f} | {p['rps']:>12.0f}{p['p50_ms']:>9.3f}"
-            f"{r['added_p50_ms']:>10.3f}{p_cpu:>11.0f} | "
-            f"{(p['rps'] / b['rps'] if b['rps'] else nan):>16.2f}{(p_cpu / b_cpu if b_cpu else nan):>16.2f}"
+            f"{r['mode']:<14}{r['concurrency']:>8} | {fmt(b['rps'], '>13.0f')}{fmt(b['p50_ms'], '>9.3f')}"
+            f"{fmt(vs['added_p50_ms'], '>10.3f')}{fmt(b_cpu, '>11.0f')} | {fmt(p['rps'], '>12.0f')}"
+            f"{fmt(p['p50_ms'], '>9.3f')}{fmt(r['added_p50_ms'], '>10.3f')}{fmt(p_cpu, '>11.0f')} | "
+            f"{fmt(p['rps'] / b['rps'] if b['rps'] else nan, '>16.2f')}"
+            f"{fmt(p_cpu / b_cpu if b_cpu else nan, '>16.2f')}"
         )
     return "\n".join(lines)
 

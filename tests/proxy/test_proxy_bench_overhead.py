@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvgate.bench.overhead import compare, format_table, summarize
+from kvgate.bench.overhead import compare, fmt, format_baseline_table, format_table, summarize
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,6 +33,23 @@ def test_summary_takes_medians_and_compare_derives_added_p50_and_ratio():
     )
     assert "streaming" in table and "0.50" in table
     assert "WARNING: streaming c=64 direct: 1 requests failed or answered non-200 (status 502: 1)" in table
+
+
+def test_a_run_without_samples_prints_n_a():
+    """A short run on a loaded machine may complete no request: the load generator writes
+    its percentiles as null, and a router's CPU reading may be missing."""
+    empty = {"requests": 0, "rps": 0.0, "p50_ms": None, "p99_ms": None, "errors": 0}
+    full = {"requests": 9, "rps": 90.0, "p50_ms": 1.5, "p99_ms": 3.0, "errors": 0}
+    direct, proxied = summarize([full]), summarize([empty])
+    assert proxied["p50_ms"] is None and summarize([empty, full])["p50_ms"] == 1.5
+    row = {"mode": "streaming", "concurrency": 4, "direct": direct, "proxied": proxied, **compare(direct, proxied)}
+    assert row["added_p50_ms"] is None
+    header, _, line = format_table([row], "kvgate").splitlines()
+    assert line.count("n/a") == 3 and len(line) == len(header)  # p50, p99, added p50
+    row |= {"baseline": direct | {"cpu_us_per_request": 20.0}, "baseline_vs_direct": compare(direct, direct)}
+    header, _, line = format_baseline_table([row], "kvgate").splitlines()
+    assert line.count("n/a") == 4 and len(line) == len(header)  # p50, added p50, cpu us/req, cpu vs baseline
+    assert (fmt(None, ">9.3f"), fmt(float("nan"), ".3f"), fmt(1.25, ">9.3f")) == ("      n/a", "n/a", "    1.250")
 
 
 def test_short_run_through_kvgate_prints_the_table_and_writes_json(tmp_path):
