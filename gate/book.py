@@ -141,6 +141,7 @@ class SessionBook:
         self.growth_observed = 0  # growth observations, and their sum in tokens
         self.growth_sum = 0
         self._tokens_per_byte: deque[float] = deque(maxlen=TOKENS_PER_BYTE_WINDOW)
+        self._tokens_per_byte_max: float | None = None  # max of the deque; None: not known (recompute)
 
     # -- classification: every mutation is bracketed by _leave / _enter
 
@@ -245,7 +246,20 @@ class SessionBook:
     @property
     def tokens_per_byte(self) -> float | None:
         """The highest tokens-per-body-byte ratio of the recent recorded sizes; None before any."""
-        return max(self._tokens_per_byte, default=None)
+        # Read at every decision, changed only by admissions: kept, recomputed only when
+        # the highest ratio leaves the window.
+        if self._tokens_per_byte_max is None:
+            self._tokens_per_byte_max = max(self._tokens_per_byte, default=None)
+        return self._tokens_per_byte_max
+
+    def _record_tokens_per_byte(self, ratio: float) -> None:
+        ratios, highest = self._tokens_per_byte, self._tokens_per_byte_max
+        leaving = ratios[0] if len(ratios) == ratios.maxlen else None
+        ratios.append(ratio)
+        if highest is not None and ratio >= highest:
+            self._tokens_per_byte_max = ratio
+        elif leaving is not None and leaving == highest:
+            self._tokens_per_byte_max = None
 
     def record_size(self, rec: SessionRecord, prompt_tokens: int | None, prompt_bound: int | None = None) -> None:
         """Record an admitted turn's prompt size; a size that differs from the last is a growth observation."""
@@ -253,7 +267,7 @@ class SessionBook:
             return
         size = body_bytes(prompt_bound) if prompt_bound is not None else 0
         if size > 0:
-            self._tokens_per_byte.append(prompt_tokens / size)
+            self._record_tokens_per_byte(prompt_tokens / size)
         if rec.prompt_tokens is not None and prompt_tokens != rec.prompt_tokens:
             rec.growth_tokens = max(0, prompt_tokens - rec.prompt_tokens)
             self.growth_observed += 1

@@ -31,6 +31,7 @@ class TurnFacts:
         "_now",
         "_start",
         "priority_field",
+        "_late",
     )
 
     def __init__(
@@ -54,6 +55,13 @@ class TurnFacts:
         self._now = now
         self._start = start
         self.priority_field = priority_field and record is not None
+        self._late: tuple[int, float | None] | None = None  # (late_window_blocks, next_late_sec): one walk
+
+    def _late_windows(self) -> tuple[int, float | None]:
+        if self._late is None:
+            late, due = self._book.late_windows(self._rec, self._now)
+            self._late = (sum(other.footprint for other in late), due)
+        return self._late
 
     @property
     def anonymous(self) -> bool:
@@ -73,12 +81,11 @@ class TurnFacts:
 
     @property
     def late_window_blocks(self) -> int:
-        rec = self._rec
-        return 0 if rec is None else sum(other.footprint for other in self._book.late_windows(rec, self._now)[0])
+        return 0 if self._rec is None else self._late_windows()[0]
 
     @property
     def next_late_sec(self) -> float | None:
-        return None if self._rec is None else self._book.late_windows(self._rec, self._now)[1]
+        return None if self._rec is None else self._late_windows()[1]
 
     @property
     def older_window_blocks(self) -> int:

@@ -192,8 +192,9 @@ def unprobed_work_conserving(view: WorkingSetView, usage: UsageReading, settings
     cold = PrefixReading(total_blocks=blocks, hit_blocks=0, hit_ratio=0.0, total_tokens=tokens)
     budget, usable = free_budget(view, usage, settings), usable_blocks(usage, settings)
     at_risk = evicted_window_blocks(view, usage, cold, budget, usable) + blocks
-    probed = replace(view, waited_sec=view.waited_sec + (view.prefix_probe_sec or 0.0))
-    return work_conserving(probed, usage, at_risk, settings) is None
+    if view.prefix_probe_sec:  # (a copy only where the probe's wait adds something: this runs at every decision)
+        view = replace(view, waited_sec=view.waited_sec + view.prefix_probe_sec)
+    return work_conserving(view, usage, at_risk, settings) is None
 
 
 # The shortest cap: a session of very short turns still waits for a release or two.

@@ -121,7 +121,8 @@ class WorkingSetView:
     The work-conserving rule's holding cost: `replica_idle_sec`, `expected_gap_sec`,
     `waited_sec`, and `prefix_probe_sec` (the wait a probe would add). The cap on a
     held turn's wait: `waited_sec`, `recent_turn_sec`, `late_window_blocks`,
-    `next_late_sec` (read only for a turn that has waited: they walk the windows).
+    `next_late_sec` (read only for a newcomer at the head of the queue that has
+    waited: they walk the windows, and the cap reads them for no other turn).
     Forwarding a held turn at low priority instead (`held_priority`): `priority_field`.
     Anonymous turns, and replicas without block counts, are decided by the watermark
     policy (`watermark`).
@@ -150,13 +151,17 @@ class WorkingSetView:
 
     @classmethod
     def read(cls, facts: GateFacts) -> WorkingSetView:
+        has_window, waiters_ahead, waited_sec = facts.has_window, facts.waiters_ahead, facts.waited_sec
+        # The late windows are read by the wait cap only, for a newcomer at the head of
+        # the queue that has waited; they walk the windows, so no other turn reads them.
+        reads_late = waited_sec > 0 and not has_window and waiters_ahead == 0
         return cls(
             anonymous=facts.anonymous,
-            has_window=facts.has_window,
+            has_window=has_window,
             idle_window_blocks=facts.idle_window_blocks,
             older_window_blocks=facts.older_window_blocks,
             max_output_tokens=facts.max_output_tokens,
-            waiters_ahead=facts.waiters_ahead,
+            waiters_ahead=waiters_ahead,
             last_prompt_tokens=facts.last_prompt_tokens,
             last_growth_tokens=facts.last_growth_tokens,
             mean_growth_tokens=facts.mean_growth_tokens,
@@ -164,13 +169,12 @@ class WorkingSetView:
             last_prompt_bound=facts.last_prompt_bound,
             replica_idle_sec=facts.replica_idle_sec,
             expected_gap_sec=facts.expected_gap_sec,
-            waited_sec=facts.waited_sec,
+            waited_sec=waited_sec,
             tokens_per_byte=facts.tokens_per_byte,
             recent_turn_sec=facts.recent_turn_sec,
             prefix_probe_sec=facts.prefix_probe_sec,
-            # these walk the windows: read only for a turn that has waited (the cap reads them)
-            late_window_blocks=facts.late_window_blocks if facts.waited_sec > 0 else 0,
-            next_late_sec=facts.next_late_sec if facts.waited_sec > 0 else None,
+            late_window_blocks=facts.late_window_blocks if reads_late else 0,
+            next_late_sec=facts.next_late_sec if reads_late else None,
             priority_field=facts.priority_field,
         )
 
