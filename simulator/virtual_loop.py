@@ -7,14 +7,15 @@ polls) run in simulated time, as fast as the CPU allows.
 
 Invariants:
 - the clock never goes backwards, and it only moves when nothing is ready to run;
-- a jump lands exactly on the earliest timer's `when()` (no float drift between a
+- a jump lands exactly on the earliest timer's deadline (no float drift between a
   timer's deadline and the clock it fires at);
 - timers due at the same instant fire in the order they were set, whatever else is
   scheduled (asyncio's heap alone breaks such ties by its shape);
 - the loop never waits on real I/O: a run with nothing ready and no timer left is a
   deadlock in the simulated program, raised as `SimulationDeadlock` instead of hanging.
 
-The order in which ready callbacks run is asyncio's own (FIFO, timers by deadline), so
+The order in which ready callbacks run is asyncio's own (FIFO, timers by deadline; the
+loop's `_run_once` is asyncio's with the I/O poll replaced by the jump), so
 a program that does not read the wall clock or iterate unordered containers runs the
 same way every time.
 """
@@ -36,14 +37,14 @@ class SimulationDeadlock(RuntimeError):
 
 
 class _VirtualSelector(selectors.BaseSelector):
-    """A selector with no file descriptors to watch: `select(timeout)` advances the clock."""
+    """A selector with no file descriptors to watch. Only the loop's own self-pipe (for
+    call_soon_threadsafe) is registered, and the loop never selects: its `_run_once`
+    jumps the clock instead."""
 
     def __init__(self) -> None:
         self._map: dict[Any, selectors.SelectorKey] = {}
-        self.loop: VirtualTimeLoop | None = None
 
     def register(self, fileobj, events, data=None) -> selectors.SelectorKey:
-        # Only the loop's own self-pipe is registered (for call_soon_threadsafe); it never fires here.
         key = selectors.SelectorKey(fileobj, id(fileobj), events, data)
         self._map[fileobj] = key
         return key
@@ -52,12 +53,7 @@ class _VirtualSelector(selectors.BaseSelector):
         return self._map.pop(fileobj)
 
     def select(self, timeout: float | None = None) -> list:
-        assert self.loop is not None
-        if timeout is None:
-            raise SimulationDeadlock("the simulation has nothing ready and no timer: it would wait forever")
-        if timeout > 0:
-            self.loop.jump()
-        return []
+        raise AssertionError("a VirtualTimeLoop never selects")
 
     def get_map(self):
         return self._map
@@ -66,57 +62,73 @@ class _VirtualSelector(selectors.BaseSelector):
         self._map.clear()
 
 
-class _OrderedTimerHandle(asyncio.TimerHandle):
-    """A timer that sorts by (deadline, creation order): timers due at the same instant
-    fire in the order they were set, whatever else the heap holds. Every timer of a
-    VirtualTimeLoop is one (`call_at` makes them all), so they compare with each other
-    only; the heap compares with `<` alone, the hottest call of a large simulation."""
-
-    __slots__ = ("_order",)
-
-    def __init__(self, when, callback, args, loop, context, order: int) -> None:
-        super().__init__(when, callback, args, loop, context)
-        self._order = order
-
-    def __lt__(self, other):
-        when, other_when = self._when, other._when  # type: ignore[attr-defined]  # TimerHandle's slot
-        return when < other_when or (when == other_when and self._order < other._order)
-
-    def __le__(self, other):
-        return self < other or self == other
+# asyncio's rule for dropping cancelled timers all at once (base_events): more than this
+# many timers, more than this fraction of them cancelled.
+_MIN_TIMERS_TO_SWEEP = 100
+_CANCELLED_FRACTION_TO_SWEEP = 0.5
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """A selector event loop on a virtual clock starting at `start` seconds."""
+    """A selector event loop on a virtual clock starting at `start` seconds.
+
+    Its timer heap holds (deadline, creation order, timer) entries, so timers compare
+    as tuples (the heap's comparisons are the hottest code of a large simulation) and
+    timers due at the same instant fire in the order they were set. `_run_once` is
+    asyncio's, with the I/O poll replaced by the jump of the clock.
+    """
 
     def __init__(self, start: float = 0.0) -> None:
-        selector = _VirtualSelector()
-        super().__init__(selector)
-        selector.loop = self
+        super().__init__(_VirtualSelector())
         self._now = start
         self._timer_order = itertools.count()
 
     def call_at(self, when, callback, *args, context=None):  # type: ignore[override]
-        """asyncio's call_at with ties broken by creation order (asyncio's heap breaks them
-        by the heap's shape, which any unrelated timer changes)."""
+        """asyncio's call_at, its timer keyed by (deadline, creation order)."""
         self._check_closed()  # type: ignore[attr-defined]
-        timer = _OrderedTimerHandle(when, callback, args, self, context, next(self._timer_order))
+        timer = asyncio.TimerHandle(when, callback, args, self, context)
         if timer._source_traceback:  # type: ignore[attr-defined]
             del timer._source_traceback[-1]  # type: ignore[attr-defined]
-        heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
+        heapq.heappush(self._scheduled, (when, next(self._timer_order), timer))  # type: ignore[attr-defined]
         timer._scheduled = True  # type: ignore[attr-defined]
         return timer
 
     def time(self) -> float:
         return self._now
 
-    def jump(self) -> None:
-        """Move the clock to the earliest timer (called only when nothing is ready)."""
-        # asyncio's timer heap (stable since 3.4); it drops cancelled timers from its head
-        # before it selects, so the head is the next timer that will fire.
+    def _run_once(self) -> None:
+        """One iteration: drop cancelled timers (asyncio's rule), jump the clock to the
+        earliest timer if nothing is ready, move the timers due to the ready queue and
+        run the callbacks ready at the start of the iteration, in order."""
         scheduled = self._scheduled  # type: ignore[attr-defined]
-        if scheduled:
-            self._now = max(self._now, scheduled[0].when())
+        count = len(scheduled)
+        if count > _MIN_TIMERS_TO_SWEEP and self._timer_cancelled_count / count > _CANCELLED_FRACTION_TO_SWEEP:  # type: ignore[attr-defined]
+            kept = []
+            for entry in scheduled:
+                if entry[2]._cancelled:
+                    entry[2]._scheduled = False
+                else:
+                    kept.append(entry)
+            heapq.heapify(kept)
+            self._scheduled = scheduled = kept
+            self._timer_cancelled_count = 0
+        else:
+            while scheduled and scheduled[0][2]._cancelled:
+                self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
+                heapq.heappop(scheduled)[2]._scheduled = False
+        ready = self._ready  # type: ignore[attr-defined]
+        if not ready and not self._stopping:  # type: ignore[attr-defined]
+            if not scheduled:
+                raise SimulationDeadlock("the simulation has nothing ready and no timer: it would wait forever")
+            self._now = max(self._now, scheduled[0][0])  # the jump: nothing can happen before it
+        end_time = self._now + self._clock_resolution  # type: ignore[attr-defined]
+        while scheduled and scheduled[0][0] < end_time:
+            timer = heapq.heappop(scheduled)[2]
+            timer._scheduled = False
+            ready.append(timer)
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if not handle._cancelled:
+                handle._run()
 
 
 def run_virtual(main: Coroutine[Any, Any, T], start: float = 0.0) -> T:

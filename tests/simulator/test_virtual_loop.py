@@ -46,3 +46,21 @@ def test_waiting_forever_is_an_error_not_a_hang():
 
     with pytest.raises(SimulationDeadlock):
         run_virtual(main())
+
+
+def test_cancelled_timers_never_fire_and_the_rest_keep_their_order():
+    """Enough cancelled timers make the loop sweep its heap at once (asyncio's rule); the
+    timers left still fire by (deadline, order set), and no cancelled one fires."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        fired: list[int] = []
+        handles = [loop.call_at(1.0 + (i % 5), fired.append, i) for i in range(300)]
+        for i, handle in enumerate(handles):
+            if i % 4:  # three in four cancelled: past the sweep's threshold
+                handle.cancel()
+        await asyncio.sleep(10)
+        return fired
+
+    kept = [i for i in range(300) if i % 4 == 0]
+    assert run_virtual(main()) == sorted(kept, key=lambda i: (1.0 + (i % 5), i))
