@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from kvgate.simulator.block_pool import BlockPool, KVCacheBlock
 from kvgate.simulator.request import SimRequest
 from kvgate.wire.blocks import cdiv
 from kvgate.wire.probe_api import PrefixAnswer
+
+_REF_CNT = attrgetter("ref_cnt")
 
 
 @dataclass
@@ -71,7 +74,7 @@ class KVCacheManager:
         return PrefixAnswer.of_engine(
             total_tokens=num_tokens,
             block_size=self.block_size,
-            hit_block_ref_counts=[block.ref_cnt for block in hits],
+            hit_block_ref_counts=list(map(_REF_CNT, hits)),
             hit_tokens=len(hits) * self.block_size,
         )
 

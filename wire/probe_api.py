@@ -335,7 +335,7 @@ class PrefixAnswer:
         """
         total_blocks = total_tokens // block_size if block_size else 0
         hit_blocks = min(len(hit_block_ref_counts), total_blocks)
-        in_use = sum(1 for ref_cnt in hit_block_ref_counts[:hit_blocks] if ref_cnt > 0)
+        in_use = hit_blocks - hit_block_ref_counts[:hit_blocks].count(0)  # ref counts are never negative
         return cls(
             total_blocks=total_blocks,
             hit_blocks=hit_blocks,
