@@ -4,6 +4,10 @@ Writes to --out: `report.json` (per policy, `report.summarize`; byte-identical f
 same options), `table.md`, `timeline_<policy>.csv`, `timeline.png`; with several
 `--replicas`, `sweep.json`, `sweep.md` and `sweep.png` (and each size's files in
 `replicas_<N>/`). Wall-clock and CPU time go to stdout only.
+
+The runs of one command (each policy at each replica count) are independent: with
+`--jobs` above 1 they run in that many processes at once, and the outputs are the same
+as one after the other.
 """
 
 from __future__ import annotations
@@ -11,8 +15,13 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import multiprocessing
+import os
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvgate.bench.agentic.regimes import REGIMES
@@ -74,6 +83,13 @@ def add_cluster_command(sim_subparsers) -> None:
     parser.add_argument("--no-jump", action="store_true", help="step every engine step (the reference; slower)")
     parser.add_argument("--out", type=Path, default=Path("results/sim_cluster"), help="output folder")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="runs (policies x replica counts) at once, in separate processes; the outputs do not depend "
+        "on it (default: the CPUs, at most the runs)",
+    )
     parser.set_defaults(func=run_cluster_command)
 
 
@@ -182,25 +198,68 @@ def _write_timeline(path: Path, timeline: list[dict]) -> None:
             writer.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in row.items()})
 
 
-def run_policies(config: ClusterConfig, policies: list[str], out: Path, plots: bool, title: str, log=print) -> dict:
-    """Run every policy on `config`, write the per-size outputs into `out`; the summaries by policy."""
+@dataclass
+class PolicyRun:
+    """One policy's run at one replica count, as the outputs need it."""
+
+    summary: dict
+    timeline: list[dict]
+    events: list[tuple[float, str]]
+    wall_s: float
+    cpu_s: float
+
+
+def _run_one(config: ClusterConfig, policy: str) -> PolicyRun:
+    wall, cpu = time.perf_counter(), time.process_time()
+    result: RunResult = run_policy(config, policy)
+    return PolicyRun(
+        summarize(result), result.timeline, result.events, time.perf_counter() - wall, time.process_time() - cpu
+    )
+
+
+def run_all(
+    runs: list[tuple[ClusterConfig, str]], jobs: int, on_done: Callable[[int, PolicyRun], None] | None = None
+) -> list[PolicyRun]:
+    """Every (config, policy) run, in order; `jobs` > 1 runs them in that many processes
+    (fresh interpreters: nothing of this one's state is shared). `on_done(index, run)` is
+    called as each run ends."""
+    done = on_done or (lambda index, run: None)
+    if jobs <= 1 or len(runs) <= 1:
+        results = []
+        for index, (config, policy) in enumerate(runs):
+            results.append(_run_one(config, policy))
+            done(index, results[-1])
+        return results
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=context) as pool:
+        futures = {pool.submit(_run_one, config, policy): index for index, (config, policy) in enumerate(runs)}
+        for future in as_completed(futures):
+            done(futures[future], future.result())
+        return [future.result() for future in futures]
+
+
+def progress_line(config: ClusterConfig, policy: str, run: PolicyRun) -> str:
+    summary = run.summary
+    return (
+        f"[cluster] {config.replicas} replicas, {policy}: {summary['turns_ok']} turns, makespan "
+        f"{summary['makespan_s']:.1f}s, hit rate {summary['hit_rate']:.3f}, turn p95 "
+        f"{summary['turn_latency_s']['p95']}s (wall {run.wall_s:.1f}s, CPU {run.cpu_s:.1f}s)"
+    )
+
+
+def write_outputs(
+    config: ClusterConfig, policies: list[str], runs: list[PolicyRun], out: Path, plots: bool, title: str
+) -> dict:
+    """Write one replica count's outputs into `out` (its runs in `policies` order); the summaries by policy."""
     out.mkdir(parents=True, exist_ok=True)
     summaries: dict[str, dict] = {}
     timelines: dict[str, list[dict]] = {}
     events: list[tuple[float, str]] = []
-    for policy in policies:
-        wall, cpu = time.perf_counter(), time.process_time()
-        result: RunResult = run_policy(config, policy)
-        summaries[policy] = summary = summarize(result)
-        timelines[policy] = result.timeline
-        events = events or result.events
-        _write_timeline(out / f"timeline_{policy}.csv", result.timeline)
-        log(
-            f"[cluster] {config.replicas} replicas, {policy}: {summary['turns_ok']} turns, makespan "
-            f"{summary['makespan_s']:.1f}s, hit rate {summary['hit_rate']:.3f}, turn p95 "
-            f"{summary['turn_latency_s']['p95']}s (wall {time.perf_counter() - wall:.1f}s, "
-            f"CPU {time.process_time() - cpu:.1f}s)"
-        )
+    for policy, run in zip(policies, runs, strict=True):
+        summaries[policy] = run.summary
+        timelines[policy] = run.timeline
+        events = events or run.events
+        _write_timeline(out / f"timeline_{policy}.csv", run.timeline)
     (out / "report.json").write_text(json.dumps({"config": describe(config), "policies": summaries}, indent=1) + "\n")
     (out / "table.md").write_text(format_table(summaries))
     if plots:
@@ -236,21 +295,28 @@ def run_cluster_command(args) -> int:
         counts = [preset.replicas] if args.replicas is None else [int(n) for n in args.replicas.split(",")]
         if any(n < 1 for n in counts):
             raise ValueError("--replicas must be >= 1")
+        if args.jobs is not None and args.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1 (got {args.jobs})")
         configs = {n: build_config(args, n) for n in counts}
     except (ValueError, ConfigError) as err:
         print(f"kvgate sim cluster: {err}", file=sys.stderr)
         return 2
     if getattr(_preset(args).workload, "retry_prob", 0.0) > 0:
         print(f"[cluster] note: regime {args.regime} re-sends some turns (retry_prob); the simulation does not")
-    wall, cpu = time.perf_counter(), time.process_time()
+    jobs = args.jobs if args.jobs is not None else os.cpu_count() or 1
+    wall = time.perf_counter()
+    pairs = [(configs[n], policy) for n in counts for policy in policies]
+    runs = run_all(pairs, jobs, lambda index, run: print(progress_line(*pairs[index], run), flush=True))
+    by_count = {n: runs[i * len(policies) : (i + 1) * len(policies)] for i, n in enumerate(counts)}
     if len(counts) == 1:
-        summaries = run_policies(configs[counts[0]], policies, args.out, not args.no_plots, _title(args, counts[0]))
+        n = counts[0]
+        summaries = write_outputs(configs[n], policies, by_count[n], args.out, not args.no_plots, _title(args, n))
         print(format_table(summaries), end="")
     else:
         sweep = {}
         for n in counts:
-            sweep[n] = run_policies(
-                configs[n], policies, args.out / f"replicas_{n}", not args.no_plots, _title(args, n)
+            sweep[n] = write_outputs(
+                configs[n], policies, by_count[n], args.out / f"replicas_{n}", not args.no_plots, _title(args, n)
             )
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "sweep.json").write_text(
@@ -262,8 +328,8 @@ def run_cluster_command(args) -> int:
             write_sweep_plot(sweep, args.p95, args.out / "sweep.png", f"{args.regime}: replica sweep")
         print(text, end="")
     print(
-        f"[cluster] total wall {time.perf_counter() - wall:.1f}s, CPU {time.process_time() - cpu:.1f}s; "
-        f"outputs in {args.out}"
+        f"[cluster] total wall {time.perf_counter() - wall:.1f}s, CPU {sum(run.cpu_s for run in runs):.1f}s "
+        f"in {min(jobs, len(runs))} process(es); outputs in {args.out}"
     )
     return 0
 

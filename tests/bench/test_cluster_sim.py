@@ -28,10 +28,14 @@ def _run(out, *options) -> dict:
 
 
 def test_same_options_give_byte_identical_reports(tmp_path):
-    _run(tmp_path / "a", *SMALL_FLEET)
-    # the second run in a process of its own: nothing may depend on object addresses or hash seeds
+    _run(tmp_path / "a", *SMALL_FLEET, "--jobs", "1")
+    # the second run in processes of its own, its policies in two at once: nothing may
+    # depend on object addresses, hash seeds or which runs share a process
     subprocess.run(
-        [sys.executable, "-m", "kvgate.cli", "sim", "cluster", *SMALL_FLEET, "--out", str(tmp_path / "b")],
+        [
+            *(sys.executable, "-m", "kvgate.cli", "sim", "cluster", *SMALL_FLEET),
+            *("--jobs", "2", "--out", str(tmp_path / "b")),
+        ],
         check=True,
         capture_output=True,
         env={**os.environ, "PYTHONHASHSEED": "123"},
