@@ -14,7 +14,12 @@ from kvgate.gate.policies.pricing import (
     turn_growth_tokens,
 )
 from kvgate.gate.policies.registry import POLICIES, WATERMARK, WORKING_SET, get_policy
-from kvgate.gate.policies.request_body import TEMPLATE_MARGIN_TOKENS, output_allowance, prompt_token_bound
+from kvgate.gate.policies.request_body import (
+    _MEDIA_MARKERS,
+    TEMPLATE_MARGIN_TOKENS,
+    output_allowance,
+    prompt_token_bound,
+)
 from kvgate.gate.policies.views import WorkingSetView
 from kvgate.gate.policies.vocabulary import (
     PREFIX_UNAVAILABLE,
@@ -442,6 +447,13 @@ def test_prompt_token_bound_is_the_body_bytes_plus_the_template_margin():
     assert prompt_token_bound(b'{"content":"say \\"type\\":\\"image\\""}') is not None
     assert prompt_token_bound(b'{"content":[{"type":"image_url","image_url":{"url":"u"}}]}') is None
     assert prompt_token_bound(b'{"content":[{"type":"input_audio"}]}') is None
+
+
+@pytest.mark.parametrize("marker", _MEDIA_MARKERS)
+def test_any_media_marker_anywhere_in_a_long_body_means_no_bound(marker):
+    text = b'{"type":"text","text":"' + b"word " * 2000 + b'"},'
+    assert prompt_token_bound(b'{"content":[' + text * 5 + b"{" + marker + b"}]}") is None
+    assert prompt_token_bound(b'{"content":[' + text * 5 + b'{"type":"text"}]}') is not None
 
 
 @pytest.mark.parametrize(
