@@ -18,11 +18,12 @@ Targets (met or missed, with the number), per row:
   process on every CPU, a CPU-only host: shown without a target).
 A missed target is shown next to what limits it (`limiting_factor`).
 
-The page also shows the cluster simulation's two fleet runs (`kvgate sim cluster`, in virtual
+The page also shows the cluster simulation's fleet runs (`kvgate sim cluster`, in virtual
 time: `CLUSTER_ROWS`), each with its command, date and commit: one replica of 8 failing at
-half time, and the replica sweep that answers how many replicas keep the turn p95 within its
-target. Their outputs the cluster docs show (tables, plots) are copied beside the page, under
-`cluster/<row>/`. `--only cluster` re-runs those two alone.
+half time, the replica sweep that answers how many replicas keep the turn p95 within its
+target, and the full fleet (64 replicas, 4,096 agents, an hour) with a replica failing at
+half time. Their outputs the cluster docs show (tables, plots) are copied beside the page,
+under `cluster/<row>/`. `--only cluster` re-runs those alone.
 """
 
 from __future__ import annotations
@@ -126,6 +127,13 @@ CLUSTER_ROWS: tuple[ClusterRow, ...] = (
             "2",
         ),  # fmt: skip
         ("sweep.md", "sweep.png"),
+    ),
+    ClusterRow(
+        "fleet",
+        "The full fleet: 4,096 coding agents on 64 replicas for an hour, replica r0 failing at half time "
+        "(every policy)",
+        ("--regime", "fleet", "--fail-at-half"),
+        ("report.json", "table.md", "timeline.png"),
     ),
 )
 # What the page keeps of a policy's summary (`kvgate.bench.cluster.report.summarize`): what
@@ -426,8 +434,8 @@ def add_command(subparsers) -> None:
 
 
 def selected_cluster_rows(only: str | None) -> list[ClusterRow]:
-    """The cluster runs `only` names (`cluster`: both; `cluster-failure`, `cluster-sweep`), every
-    one without `only`."""
+    """The cluster runs `only` names (`cluster`: all; `cluster-failure`, `cluster-sweep`,
+    `cluster-fleet`), every one without `only`."""
     if only is None:
         return list(CLUSTER_ROWS)
     names = {n.strip() for n in only.split(",")}

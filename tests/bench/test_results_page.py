@@ -150,14 +150,19 @@ def test_only_takes_a_row_key_for_one_row_of_a_regime():
 
 def test_only_cluster_selects_the_fleet_runs_and_no_regime_row():
     assert selected_rows("cluster", vllm=False) == []
-    assert [r.key for r in results_page.selected_cluster_rows("cluster")] == ["cluster-failure", "cluster-sweep"]
+    assert [r.key for r in results_page.selected_cluster_rows("cluster")] == [
+        "cluster-failure",
+        "cluster-sweep",
+        "cluster-fleet",
+    ]
     assert [r.key for r in results_page.selected_cluster_rows("thrash,cluster-sweep")] == ["cluster-sweep"]
     assert results_page.selected_cluster_rows("thrash") == []
     assert len(results_page.selected_cluster_rows(None)) == len(results_page.CLUSTER_ROWS)
     # the page's rows are the ones docs/cluster.md shows, at its scale
-    failure, sweep = results_page.CLUSTER_ROWS
+    failure, sweep, fleet = results_page.CLUSTER_ROWS
     assert failure.options[:2] == ("--regime", "fleet-small") and "--fail-at-half" in failure.options
     assert sweep.sweep and not failure.sweep
+    assert fleet.options == ("--regime", "fleet", "--fail-at-half") and not fleet.sweep  # the fleet at full scale
 
 
 def test_the_cluster_rows_run_their_command_and_keep_the_regime_rows(tmp_path, monkeypatch):
