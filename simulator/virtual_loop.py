@@ -77,6 +77,10 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     asyncio's, with the I/O poll replaced by the jump of the clock.
     """
 
+    # asyncio's own attributes (BaseEventLoop), as this loop uses them
+    _scheduled: list[tuple[float, int, asyncio.TimerHandle]]
+    _timer_cancelled_count: int
+
     def __init__(self, start: float = 0.0) -> None:
         super().__init__(_VirtualSelector())
         self._now = start
@@ -88,7 +92,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         timer = asyncio.TimerHandle(when, callback, args, self, context)
         if timer._source_traceback:  # type: ignore[attr-defined]
             del timer._source_traceback[-1]  # type: ignore[attr-defined]
-        heapq.heappush(self._scheduled, (when, next(self._timer_order), timer))  # type: ignore[attr-defined]
+        heapq.heappush(self._scheduled, (when, next(self._timer_order), timer))
         timer._scheduled = True  # type: ignore[attr-defined]
         return timer
 
@@ -99,13 +103,13 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """One iteration: drop cancelled timers (asyncio's rule), jump the clock to the
         earliest timer if nothing is ready, move the timers due to the ready queue and
         run the callbacks ready at the start of the iteration, in order."""
-        scheduled = self._scheduled  # type: ignore[attr-defined]
+        scheduled = self._scheduled
         count = len(scheduled)
-        if count > _MIN_TIMERS_TO_SWEEP and self._timer_cancelled_count / count > _CANCELLED_FRACTION_TO_SWEEP:  # type: ignore[attr-defined]
+        if count > _MIN_TIMERS_TO_SWEEP and self._timer_cancelled_count / count > _CANCELLED_FRACTION_TO_SWEEP:
             kept = []
             for entry in scheduled:
                 if entry[2]._cancelled:
-                    entry[2]._scheduled = False
+                    entry[2]._scheduled = False  # type: ignore[attr-defined]  # TimerHandle's slot
                 else:
                     kept.append(entry)
             heapq.heapify(kept)
@@ -113,8 +117,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             self._timer_cancelled_count = 0
         else:
             while scheduled and scheduled[0][2]._cancelled:
-                self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
-                heapq.heappop(scheduled)[2]._scheduled = False
+                self._timer_cancelled_count -= 1
+                heapq.heappop(scheduled)[2]._scheduled = False  # type: ignore[attr-defined]
         ready = self._ready  # type: ignore[attr-defined]
         if not ready and not self._stopping:  # type: ignore[attr-defined]
             if not scheduled:
@@ -123,7 +127,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         end_time = self._now + self._clock_resolution  # type: ignore[attr-defined]
         while scheduled and scheduled[0][0] < end_time:
             timer = heapq.heappop(scheduled)[2]
-            timer._scheduled = False
+            timer._scheduled = False  # type: ignore[attr-defined]
             ready.append(timer)
         for _ in range(len(ready)):
             handle = ready.popleft()
