@@ -353,15 +353,20 @@ class Forwarder:
         status = CLIENT_CLOSED
         completed = False
         kind = turn.route.kind
+        tap = UsageTap(turn.strip_usage, kind) if self._learns_usage and kind in USAGE_KINDS else None
         try:
-            tap = UsageTap(turn.strip_usage, kind) if self._learns_usage and kind in USAGE_KINDS else None
             status, completed = await self.relay.relay(turn.responder, upstream, replica, lease, turn.stream, kind, tap)
-            if completed and tap is not None and tap.usage is not None:
-                lease.learn(tap.usage.prompt_tokens, tap.usage.cached_tokens)
         except (asyncio.CancelledError, ConnectionResetError):
             self.metrics.upstream_errors.labels(replica.name, "client_disconnect").inc()
             raise
         finally:
+            if tap is not None:
+                if not completed:
+                    tap.finish()  # cut short (the client gone): read the usage off what came
+                # The answer's usage came, so the replica served the prompt: the gate learns
+                # it even from a client gone before the stream's last bytes (SDKs stop at [DONE]).
+                if tap.usage is not None:
+                    lease.learn(tap.usage.prompt_tokens, tap.usage.cached_tokens)
             if not completed:
                 upstream.close()  # drop the connection: vLLM sees the disconnect and aborts
             self._count(kind, replica.name, status)

@@ -6,11 +6,14 @@ each API as vLLM does with --enable-prompt-tokens-details)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
 
 import anthropic
 import openai
+import orjson
 import pytest
+from aiohttp import web
 
 from kvgate.balancer.settings import ReplicaSettings
 from kvgate.gate.admission import AdmissionController
@@ -178,3 +181,71 @@ async def test_responses_teach_the_gate_their_prompt_and_cache_reads(stack, taug
         previous = response.id
     assert len(taught) == 2
     await api.close()
+
+
+@pytest.mark.parametrize("asks", [False, True])
+async def test_a_client_gone_after_the_last_event_still_teaches_the_gate(taught, asks):
+    """vLLM sent the turn's usage, so it served the turn: kvgate learns it even when the
+    client drops the connection before the stream's last bytes (an SDK stops reading at
+    `data: [DONE]`; the replica here holds its response open a moment after it), whether
+    kvgate asked for the usage (and takes it out) or the client did."""
+    done = asyncio.Event()
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        assert body["stream_options"] == {"include_usage": True}  # kvgate asked on the client's behalf
+        answer = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await answer.prepare(request)
+        delta = {"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}
+        usage = {"prompt_tokens": 40, "completion_tokens": 1, "total_tokens": 41}
+        usage["prompt_tokens_details"] = {"cached_tokens": 16}
+        await answer.write(b"data: " + orjson.dumps({"id": "c", "choices": [delta]}) + b"\n\n")
+        await answer.write(b"data: " + orjson.dumps({"id": "c", "choices": [], "usage": usage}) + b"\n\n")
+        await answer.write(b"data: [DONE]\n\n")
+        await done.wait()  # the client is gone before the stream ends
+        with contextlib.suppress(ConnectionResetError):  # kvgate dropped this connection with its client's
+            await answer.write_eof()
+        return answer
+
+    upstream = web.Application()
+    upstream.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(upstream, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    replica_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    gate_settings = GateSettings(policy="working_set", idle_grace_sec=60.0, wait_poll_sec=0.1)
+    metrics = KvgateMetrics()
+    controller = AdmissionController(gate_settings, metrics.gate)
+    app = create_app(
+        replace(Settings(), gate=gate_settings, replicas=(ReplicaSettings("r", replica_url),)),
+        metrics=metrics,
+        admission=controller,
+        health_checks=False,
+    )
+    try:
+        host, port = await app.start("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection(host, port)
+        request = {"model": "m", "messages": MESSAGES, "max_tokens": 1, "stream": True}
+        if asks:
+            request["stream_options"] = {"include_usage": True}
+        payload = orjson.dumps(request)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: kvgate\r\ncontent-type: application/json\r\n"
+            b"x-session-id: gone\r\ncontent-length: %d\r\n\r\n%s" % (len(payload), payload)
+        )
+        received = b""
+        while b"data: [DONE]" not in received:
+            received += await asyncio.wait_for(reader.read(65536), 10)
+        assert (b'"usage"' in received) == asks  # taken out unless the client asked for it
+        writer.transport.abort()  # gone at once, as a client that closes its socket at [DONE]
+        await asyncio.sleep(0.1)
+        done.set()
+        await settled(controller)
+        assert taught == [(40, 16)]
+        controller.finish_session("gone")
+        assert controller._gates["r"].counts() == CLEAN
+    finally:
+        done.set()
+        await app.close()
+        await runner.cleanup()

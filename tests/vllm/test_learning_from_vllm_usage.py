@@ -1,5 +1,6 @@
 """The gate learns each turn's prompt from vLLM's own usage, on the real vLLM CPU server
-(started with --enable-prompt-tokens-details, as docs/vllm-plugin.md says):
+(started with --enable-prompt-tokens-details, as docs/vllm-plugin.md says), for chat,
+Anthropic messages and Responses turns:
 
 - a streamed turn whose client did not ask for its usage is relayed with no usage event,
   as vLLM streams it to a client that did not ask;
@@ -14,6 +15,7 @@ from __future__ import annotations
 import time
 import urllib.request
 
+import anthropic
 import openai
 import pytest
 from server_calls import words
@@ -105,6 +107,87 @@ def test_a_stream_without_usage_is_relayed_as_sent_and_teaches_the_gate(vllm_ser
         answer = streamed(via, second, stream_options={"include_usage": True})
         usage = answer[-1]["usage"]  # a client that asks gets its usage event, as from vLLM
         assert answer[-1]["choices"] == [] and usage["prompt_tokens_details"]["cached_tokens"] == 0
+
+        gate = settled_gate(proxy.url)
+        assert (gate["leases"], gate["pending"], gate["pending_anonymous"]) == (0, [], 0)
+        block = vllm_server.block_size
+        assert kvgate_metric(proxy.url, "kvgate_reprefill_tokens_estimated_total") == prompt_tokens // block * block
+        assert prefix_probes(proxy.url) == probes_before_second  # the second turn was priced by its usage
+        via.close()
+    finally:
+        proxy.stop()
+        direct.close()
+
+
+def first_turn(kind: str) -> dict:
+    """A first turn's body, without `model` and the output allowance, per API."""
+    system, task = "You are agent. " + words(30, f"{kind}-system"), "Task: " + words(40, f"{kind}-task")
+    if kind == "messages":
+        return {"system": system, "messages": [{"role": "user", "content": task}]}
+    return {"instructions": system, "input": [{"role": "user", "content": task}]}
+
+
+def next_turn(kind: str, body: dict, reply: str) -> dict:
+    """The session's next turn: the last reply and a tool result appended."""
+    key = "messages" if kind == "messages" else "input"
+    result = {"role": "user", "content": "Tool result: " + words(30, f"{kind}-tool")}
+    return {**body, key: [*body[key], {"role": "assistant", "content": reply}, result]}
+
+
+def send_turn(kind: str, client, body: dict, stream: bool) -> tuple[int, int, str]:
+    """One turn through `client`: (prompt tokens, cached prompt tokens, reply text), as its usage says."""
+    if kind == "messages":
+        request = {"model": MODEL, "max_tokens": 4, **body}
+        if stream:
+            with client.messages.stream(**request) as events:
+                message = events.get_final_message()
+        else:
+            message = client.messages.create(**request)
+        usage = message.usage
+        prompt = usage.input_tokens + (usage.cache_creation_input_tokens or 0) + (usage.cache_read_input_tokens or 0)
+        return prompt, usage.cache_read_input_tokens or 0, "".join(b.text for b in message.content if b.type == "text")
+    request = {"model": MODEL, "max_output_tokens": 4, "temperature": 0.0, **body}
+    if stream:
+        with client.responses.stream(**request) as events:
+            response = events.get_final_response()
+    else:
+        response = client.responses.create(**request)
+    details = response.usage.input_tokens_details
+    return response.usage.input_tokens, details.cached_tokens if details else 0, response.output_text
+
+
+@pytest.mark.parametrize("kind", ["messages", "responses"])
+def test_anthropic_and_responses_turns_teach_the_gate_their_prompt(vllm_server, tmp_path, kind):
+    """The same lesson as the chat stream's, from each API's own usage fields: streamed,
+    the first turn's prompt is learned; after the cache is emptied, the next turn is
+    counted as re-prefilling it whole, without a prefix probe."""
+    config = tmp_path / "kvgate.yaml"
+    proxy = KvgateProxy(config_path=config, log_path=tmp_path / "kvgate.log", port=free_port())
+    KvgateProxy.write_config(config, proxy.port, vllm_server.url, {"mode": "enforce", "policy": "working_set"})
+    with config.open("a") as text:
+        text.write(f"admin: {{token: {ADMIN_TOKEN}}}\n")
+
+    def client(url: str, session: str | None = None):
+        headers = {"x-session-id": session} if session else None
+        if kind == "messages":
+            return anthropic.Anthropic(base_url=url, api_key="k", max_retries=0, default_headers=headers)
+        return openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0, default_headers=headers)
+
+    first = first_turn(kind)
+    direct = client(vllm_server.url)
+    prompt_tokens, _, _ = send_turn(kind, direct, first, stream=False)  # the first turn's prompt, as vLLM counts it
+    proxy.start()
+    try:
+        via = client(proxy.url, f"usage-{kind}")
+        vllm_server.reset_prefix_cache()
+        got_prompt, _, reply = send_turn(kind, via, first, stream=True)
+        assert got_prompt == prompt_tokens
+
+        assert settled_gate(proxy.url)["leases"] == 0  # the first turn's usage is learned
+        vllm_server.reset_prefix_cache()  # the session's prefix is gone: its next turn prefills it again
+        probes_before_second = prefix_probes(proxy.url)
+        _, cached, _ = send_turn(kind, via, next_turn(kind, first, reply), stream=True)
+        assert cached == 0
 
         gate = settled_gate(proxy.url)
         assert (gate["leases"], gate["pending"], gate["pending_anonymous"]) == (0, [], 0)
