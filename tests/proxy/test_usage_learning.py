@@ -30,20 +30,27 @@ NEXT = "now run the tests and say which of them fail " * 4  # a turn that adds f
 VOLATILE = {"id", "created"}  # differ between any two answers
 
 
+def gated_app(name: str, url: str):
+    """The proxy with the working_set gate in front of replica `name` at `url` (not
+    started), and its AdmissionController."""
+    gate_settings = GateSettings(policy="working_set", idle_grace_sec=60.0, quiet_floor_sec=60.0, wait_poll_sec=0.1)
+    metrics = KvgateMetrics()
+    controller = AdmissionController(gate_settings, metrics.gate)
+    app = create_app(
+        replace(Settings(), gate=gate_settings, replicas=(ReplicaSettings(name, url),)),
+        metrics=metrics,
+        admission=controller,
+        health_checks=False,
+    )
+    return app, controller
+
+
 @pytest.fixture
 async def stack():
     """One simulated replica (roomy: every turn's bound fits, so no turn is probed) and the
     proxy with the working_set gate in front; yields (kvgate URL, replica URL, gate)."""
     (replica,) = await start_simulated_replicas(1, time_scale=0.0, num_blocks=512, block_size=16)
-    gate_settings = GateSettings(policy="working_set", idle_grace_sec=60.0, quiet_floor_sec=60.0, wait_poll_sec=0.1)
-    metrics = KvgateMetrics()
-    controller = AdmissionController(gate_settings, metrics.gate)
-    app = create_app(
-        replace(Settings(), gate=gate_settings, replicas=(ReplicaSettings(replica.name, replica.url),)),
-        metrics=metrics,
-        admission=controller,
-        health_checks=False,
-    )
+    app, controller = gated_app(replica.name, replica.url)
     try:
         host, port = await app.start("127.0.0.1", 0)
         yield f"http://{host}:{port}", replica.url, controller
@@ -213,16 +220,7 @@ async def test_a_client_gone_after_the_last_event_still_teaches_the_gate(taught,
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    replica_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    gate_settings = GateSettings(policy="working_set", idle_grace_sec=60.0, wait_poll_sec=0.1)
-    metrics = KvgateMetrics()
-    controller = AdmissionController(gate_settings, metrics.gate)
-    app = create_app(
-        replace(Settings(), gate=gate_settings, replicas=(ReplicaSettings("r", replica_url),)),
-        metrics=metrics,
-        admission=controller,
-        health_checks=False,
-    )
+    app, controller = gated_app("r", f"http://127.0.0.1:{runner.addresses[0][1]}")
     try:
         host, port = await app.start("127.0.0.1", 0)
         reader, writer = await asyncio.open_connection(host, port)

@@ -34,6 +34,13 @@ def chat_body(system: str, user: str, **extra) -> dict:
     return body
 
 
+def anthropic_prompt(usage) -> int:
+    """A Messages answer's whole prompt: Anthropic's `input_tokens` leaves out the tokens
+    read from or written to the prompt cache, which vLLM started with
+    --enable-prompt-tokens-details reports apart."""
+    return usage.input_tokens + (usage.cache_creation_input_tokens or 0) + (usage.cache_read_input_tokens or 0)
+
+
 def probe_prefix(server, payload: dict) -> dict:
     status, body = http_json("POST", server.url + "/v1/kvgate/prefix", payload)
     assert status == 200, body

@@ -15,7 +15,7 @@ import sys
 import anthropic
 import openai
 import pytest
-from server_calls import probe_prefix, settled_counters, words
+from server_calls import anthropic_prompt, probe_prefix, settled_counters, words
 from vllm_harness import REPO_ROOT, KvgateProxy, free_port, start_service, stop_process_group
 
 pytestmark = pytest.mark.vllm
@@ -28,13 +28,6 @@ TOOLS = [
         "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
     }
 ]
-
-
-def anthropic_prompt(usage) -> int:
-    """A Messages answer's whole prompt: Anthropic's `input_tokens` leaves out the tokens
-    read from or written to the prompt cache, which vLLM started with
-    --enable-prompt-tokens-details reports apart."""
-    return usage.input_tokens + (usage.cache_creation_input_tokens or 0) + (usage.cache_read_input_tokens or 0)
 
 
 def exact_turn(server, kind: str, body: dict, send) -> tuple[dict, object]:

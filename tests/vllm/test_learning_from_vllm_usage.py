@@ -18,7 +18,7 @@ import urllib.request
 import anthropic
 import openai
 import pytest
-from server_calls import words
+from server_calls import anthropic_prompt, words
 from vllm_harness import KvgateProxy, free_port, http_json
 
 pytestmark = pytest.mark.vllm
@@ -60,6 +60,17 @@ def prefix_probes(url: str) -> float:
     return kvgate_metric(url, "kvgate_probe_seconds_count", 'probe="prefix"')
 
 
+def usage_proxy(vllm_server, tmp_path) -> KvgateProxy:
+    """kvgate (not started) in front of the server, the working_set gate enforcing, its
+    /admin/state open to ADMIN_TOKEN."""
+    config = tmp_path / "kvgate.yaml"
+    proxy = KvgateProxy(config_path=config, log_path=tmp_path / "kvgate.log", port=free_port())
+    KvgateProxy.write_config(config, proxy.port, vllm_server.url, {"mode": "enforce", "policy": "working_set"})
+    with config.open("a") as text:
+        text.write(f"admin: {{token: {ADMIN_TOKEN}}}\n")
+    return proxy
+
+
 def streamed(client: openai.OpenAI, messages: list[dict], **options) -> list[dict]:
     stream = client.chat.completions.create(
         model=MODEL, messages=messages, max_tokens=4, temperature=0.0, stream=True, **options
@@ -73,11 +84,7 @@ def content(chunks: list[dict]) -> list[tuple[str | None, str | None]]:
 
 
 def test_a_stream_without_usage_is_relayed_as_sent_and_teaches_the_gate(vllm_server, tmp_path):
-    config = tmp_path / "kvgate.yaml"
-    proxy = KvgateProxy(config_path=config, log_path=tmp_path / "kvgate.log", port=free_port())
-    KvgateProxy.write_config(config, proxy.port, vllm_server.url, {"mode": "enforce", "policy": "working_set"})
-    with config.open("a") as text:
-        text.write(f"admin: {{token: {ADMIN_TOKEN}}}\n")
+    proxy = usage_proxy(vllm_server, tmp_path)
     first = [
         {"role": "system", "content": "You are agent. " + words(30, "usage-system")},
         {"role": "user", "content": "Task: " + words(40, "usage-task")},
@@ -143,9 +150,8 @@ def send_turn(kind: str, client, body: dict, stream: bool) -> tuple[int, int, st
                 message = events.get_final_message()
         else:
             message = client.messages.create(**request)
-        usage = message.usage
-        prompt = usage.input_tokens + (usage.cache_creation_input_tokens or 0) + (usage.cache_read_input_tokens or 0)
-        return prompt, usage.cache_read_input_tokens or 0, "".join(b.text for b in message.content if b.type == "text")
+        cached = message.usage.cache_read_input_tokens or 0
+        return anthropic_prompt(message.usage), cached, "".join(b.text for b in message.content if b.type == "text")
     request = {"model": MODEL, "max_output_tokens": 4, "temperature": 0.0, **body}
     if stream:
         with client.responses.stream(**request) as events:
@@ -161,11 +167,7 @@ def test_anthropic_and_responses_turns_teach_the_gate_their_prompt(vllm_server, 
     """The same lesson as the chat stream's, from each API's own usage fields: streamed,
     the first turn's prompt is learned; after the cache is emptied, the next turn is
     counted as re-prefilling it whole, without a prefix probe."""
-    config = tmp_path / "kvgate.yaml"
-    proxy = KvgateProxy(config_path=config, log_path=tmp_path / "kvgate.log", port=free_port())
-    KvgateProxy.write_config(config, proxy.port, vllm_server.url, {"mode": "enforce", "policy": "working_set"})
-    with config.open("a") as text:
-        text.write(f"admin: {{token: {ADMIN_TOKEN}}}\n")
+    proxy = usage_proxy(vllm_server, tmp_path)
 
     def client(url: str, session: str | None = None):
         headers = {"x-session-id": session} if session else None
