@@ -13,7 +13,9 @@ Environment overrides: `KVGATE_<PATH>` with `__` between levels
 collection (`true`, `0.9`, `[a, b]`, `[{name: r0, url: ...}]`). `KVGATE_` is kvgate's
 namespace: a variable there that names no setting is an error naming it (with the
 nearest setting's variable: `KVGATE_GATE_POLICY` -> `KVGATE_GATE__POLICY`), except the
-project's other variables, `OTHER_VARIABLES` (the plugin's and the test harnesses').
+project's other variables, `OTHER_VARIABLES` (the plugin's and the test harnesses'), and
+the service-link variables Kubernetes writes for a Service named `kvgate...`
+(`proxy.service_links`: `KVGATE_SERVICE_HOST=10.0.0.11`, `KVGATE_PORT=tcp://...`).
 
 Numbers are read as users write them: `1.0e9` and `1e9` are numbers (YAML 1.2), not
 the strings YAML 1.1 makes of them, and an integer setting takes a whole number written
@@ -43,6 +45,7 @@ from kvgate.gate.gate import MODES
 from kvgate.gate.ownership import MAX_CONFIGURED_GATE_ID_CHARS
 from kvgate.gate.policies.registry import policy_name_problem
 from kvgate.proxy.http_fields import field_value_problem
+from kvgate.proxy.service_links import is_service_link
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import ROLES, role_problems
 
@@ -242,7 +245,7 @@ def apply_env_overrides(data: dict, environ: Mapping[str, str]) -> tuple[dict, l
             continue
         parts = [p.lower() for p in var[len(ENV_PREFIX) :].split("__")]
         if parts[0] not in top:
-            if var not in OTHER_VARIABLES:
+            if var not in OTHER_VARIABLES and not is_service_link(var, environ[var]):
                 problems.append(_unknown_variable(var))
             continue
         value = _env_value(environ[var], _leaf_type(parts))
@@ -424,7 +427,9 @@ def _build(cls, data: dict, prefix: str, problems: list[str]):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in data:
         if key not in fields:
-            problems.append(f"{prefix}{key}: unknown key; known keys here: {', '.join(fields)}")
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.8)
+            meant = f" (did you mean {prefix}{close[0]}?)" if close else ""
+            problems.append(f"{prefix}{key}: unknown key{meant}; known keys here: {', '.join(fields)}")
     kwargs = {}
     missing = False
     problems_before = len(problems)

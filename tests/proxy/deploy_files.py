@@ -153,3 +153,62 @@ def compose(name: str) -> dict:
 
 def k8s_docs() -> list[dict]:
     return [d for d in yaml.safe_load_all((DOCKER / "kubernetes-sidecar.yaml").read_text()) if d]
+
+
+# ---- the environment the kubelet gives a container -----------------------------------
+
+
+def service_link_variables(service: dict, cluster_ip: str) -> dict[str, str]:
+    """The legacy service-link variables of `service`, as the kubelet writes them
+    (pkg/kubelet/envvars: `NAME_SERVICE_HOST`, `NAME_SERVICE_PORT[_PORTNAME]`, and the
+    Docker-links `NAME_PORT`, `NAME_PORT_<port>_<PROTO>[_PROTO|_PORT|_ADDR]`); none for a
+    headless Service (`clusterIP: None`)."""
+    if service["spec"].get("clusterIP") == "None":
+        return {}
+    name = service["metadata"]["name"].upper().replace("-", "_")
+    ports = service["spec"]["ports"]
+    host = f"[{cluster_ip}]" if ":" in cluster_ip else cluster_ip
+    env = {f"{name}_SERVICE_HOST": cluster_ip, f"{name}_SERVICE_PORT": str(ports[0]["port"])}
+    for port in ports:
+        if port.get("name"):
+            env[f"{name}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}"] = str(port["port"])
+    for i, port in enumerate(ports):
+        protocol = port.get("protocol", "TCP")
+        url = f"{protocol.lower()}://{host}:{port['port']}"
+        if i == 0:
+            env[f"{name}_PORT"] = url
+        prefix = f"{name}_PORT_{port['port']}_{protocol.upper()}"
+        env |= {prefix: url, f"{prefix}_PROTO": protocol.lower(), f"{prefix}_PORT": str(port["port"])}
+        env[f"{prefix}_ADDR"] = cluster_ip
+    return env
+
+
+def pod_environment(pod_name: str, container: dict, services: list[dict], image_env: dict[str, str]) -> dict[str, str]:
+    """What a container of pod `pod_name` finds in its environment with service links on:
+    the image's ENV, under every Service's links, under the container's own `env` entries
+    with `$(VAR)` expanded from what is defined before them (the kubelet's order)."""
+    env = dict(image_env)
+    for i, service in enumerate(services):
+        env |= service_link_variables(service, f"10.96.0.{10 + i}")
+    field_values = {"metadata.name": pod_name, "metadata.namespace": "default"}
+    for item in container.get("env", []):
+        if "value" in item:
+            value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), item["value"])
+        else:
+            value = field_values[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        env[item["name"]] = value
+    return env
+
+
+def pod_templates(docs: list[dict]) -> list[tuple[str, dict]]:
+    """(the name of one pod it makes, pod spec) of every Pod, Deployment and StatefulSet."""
+    out = []
+    for doc in docs:
+        name = doc["metadata"]["name"]
+        if doc["kind"] == "StatefulSet":
+            out.append((f"{name}-0", doc["spec"]["template"]["spec"]))
+        elif doc["kind"] == "Deployment":
+            out.append((f"{name}-5d8f7c9b6-x2k4q", doc["spec"]["template"]["spec"]))
+        elif doc["kind"] == "Pod":
+            out.append((name, doc["spec"]))
+    return out
