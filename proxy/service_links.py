@@ -51,7 +51,7 @@ def _value_fits(kind: str, value: str) -> bool:
     if kind == "protocol":
         return value in ("tcp", "udp", "sctp")
     found = _URL.fullmatch(value)
-    return bool(found) and _is_address(found.group(2).strip("[]")) and _is_port(found.group(3))
+    return found is not None and _is_address(found.group(2).strip("[]")) and _is_port(found.group(3))
 
 
 def _is_address(text: str) -> bool:
