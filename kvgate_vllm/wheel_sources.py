@@ -25,6 +25,7 @@ import subprocess
 import sys
 import urllib.request
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 CACHE_ROOT = Path(os.environ.get("KVGATE_CACHE_DIR", Path.home() / ".cache" / "kvgate")) / "vllm-wheels"
@@ -116,16 +117,17 @@ class WheelSources:
     ``read("vllm.v1.request")`` is the text of ``vllm/v1/request.py`` (or of the
     package's ``__init__.py``), None when the wheel has no such module."""
 
-    def __init__(self, version: str, cache_root: Path | None = None):
+    def __init__(self, version: str, cache_root: Path | None = None, resolve: Callable[[str], str] = wheel_url):
         self.version = version
         self.folder = (cache_root or CACHE_ROOT) / f"vllm-{version}"
+        self.resolve = resolve  # version -> the wheel's URL (pip's resolution; tests serve their own)
         self._zip: zipfile.ZipFile | None = None
         self._names: set[str] | None = None
 
     def _open_zip(self) -> zipfile.ZipFile:
         if self._zip is None:
             try:
-                self._zip = zipfile.ZipFile(RangeFile(wheel_url(self.version)))
+                self._zip = zipfile.ZipFile(RangeFile(self.resolve(self.version)))
             except (OSError, zipfile.BadZipFile) as exc:
                 raise WheelUnavailable(f"cannot read the vllm=={self.version} wheel: {exc}") from exc
         return self._zip
