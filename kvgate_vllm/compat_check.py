@@ -106,11 +106,15 @@ def _member(cls: ast.ClassDef, name: str) -> ast.AST | None:
     for node in cls.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
             return node
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
         if any(isinstance(target, ast.Name) and target.id == name for target in targets):
             return node
     for node in ast.walk(cls):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
         for target in targets:
             if isinstance(target, ast.Attribute) and target.attr == name and _is_name(target.value, "self"):
                 return node
@@ -151,7 +155,9 @@ def call_problem(
         return f"has no parameter {', '.join(unknown)}"
     missing = [name for name in params[positional:first_required] if name not in keywords]
     missing += [
-        arg.arg for arg, default in zip(args.kwonlyargs, args.kw_defaults, strict=True) if default is None and arg.arg not in keywords
+        arg.arg
+        for arg, default in zip(args.kwonlyargs, args.kw_defaults, strict=True)
+        if default is None and arg.arg not in keywords
     ]
     if missing:
         return f"requires {', '.join(missing)}, which the plugin does not pass"
@@ -221,7 +227,9 @@ def _constructor_problem(tree: Tree, found: Found, entry: Call) -> str | None:
 def _check_assigned(tree: ast.Module, dotted: str) -> str | None:
     owner, _, attribute = dotted.partition(".")
     for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
         for target in targets:
             if isinstance(target, ast.Attribute) and target.attr == attribute and _is_name(target.value, owner):
                 return None

@@ -112,6 +112,7 @@ _WITH = "rendering._render_with"
 _MESSAGES = "rendering._render_messages"
 _RESPONSES = "rendering._render_responses"
 _RATES = "engine_rates.SAMPLES"
+_LORA_FIELDS = ("lora_name", "lora_int_id", "lora_path")  # read in the API server, rebuilt in the engine
 
 ENGINE_CORE: tuple[Internal, ...] = (
     Symbol(CORE, "EngineCore", "engine_plugin.register"),
@@ -150,7 +151,7 @@ ENGINE_CORE: tuple[Internal, ...] = (
     Member(REQUEST, "Request.block_hashes", _PREFIX),
     Member(REQUEST, "Request.num_tokens", _PREFIX),
     Call("vllm.sampling_params", "SamplingParams", _BUILD, keywords=("max_tokens",)),
-    Call("vllm.lora.request", "LoRARequest", _BUILD, keywords=("lora_name", "lora_int_id", "lora_path")),
+    Call("vllm.lora.request", "LoRARequest", _BUILD, keywords=_LORA_FIELDS),
 )
 
 API_SERVER: tuple[Internal, ...] = (
@@ -162,7 +163,10 @@ API_SERVER: tuple[Internal, ...] = (
     Member(ASYNC_LLM, "AsyncLLM.vllm_config", "endpoint_plugin.scheduling_policy"),
     Member(ASYNC_LLM, "AsyncLLM.model_config", _INIT),
     Member(ASYNC_LLM, "AsyncLLM.tokenizer", "endpoint_plugin._vocabulary_bound"),
+    Member("vllm.config.vllm", "VllmConfig.scheduler_config", "endpoint_plugin.scheduling_policy"),
     Member("vllm.config.scheduler", "SchedulerConfig.policy", "endpoint_plugin.scheduling_policy"),
+    Member("vllm.config.model", "ModelConfig.max_model_len", _INIT),
+    Call("vllm.tokenizers.protocol", "TokenizerLike.get_vocab", "endpoint_plugin._vocabulary_bound"),
     Call(CORE_CLIENT, "AsyncMPClient.call_utility_all_async", _SERVICE, positional=4),
     Call(CORE_CLIENT, "AsyncMPClient.call_utility_async", _SERVICE, positional=4),
     *(Text(METRICS, metric, _RATES) for metric in ("vllm:prompt_tokens", "vllm:prefix_cache_hits")),
@@ -174,6 +178,8 @@ RENDERING: tuple[Internal, ...] = (
     Symbol("vllm.exceptions", "VLLMClientError", "rendering._render_errors"),
     Symbol(ERRORS, "ErrorResponse", _WITH),
     Member(ERRORS, "ErrorResponse.error", "rendering._error_message"),
+    Member(ERRORS, "ErrorInfo.message", "rendering._error_message"),
+    *(Member("vllm.lora.request", f"LoRARequest.{field}", "rendering.lora_fields") for field in _LORA_FIELDS),
     Assigned(APP_STATE, "state.online_renderer", _RENDER),
     Assigned(APP_STATE, "state.openai_serving_models", "rendering._model_lora"),
     Assigned(GENERATE_ROUTES, "state.openai_serving_chat", _RENDER),
@@ -185,6 +191,7 @@ RENDERING: tuple[Internal, ...] = (
     Call(MODELS, "OpenAIServingModels.is_base_model", "rendering._model_lora", positional=1),
     Member(MODELS, "OpenAIServingModels.lora_requests", "rendering._model_lora"),
     Member(MODELS, "OpenAIServingModels.base_model_paths", "rendering._model_lora"),
+    Member("vllm.entrypoints.openai.models.protocol", "BaseModelPath.name", "rendering._model_lora"),
     Call(BASE_SERVING, "BaseServing._check_model", _WITH, positional=1),
     Call(BASE_SERVING, "BaseServing._maybe_get_adapters", _WITH, positional=1, keywords=("supports_default_mm_loras",)),
     Symbol(CHAT, "ChatCompletionRequest", _RENDER),
@@ -233,6 +240,7 @@ RENDERING: tuple[Internal, ...] = (
         positional=2,
         keywords=("skip_mm_cache",),
     ),
+    Member(RENDERER, "ResponsesRenderResult.engine_input", _RESPONSES),
     Call(RESPONSES, "OpenAIServingResponses._maybe_get_adapters", _RESPONSES, positional=1),
 )
 

@@ -105,13 +105,43 @@ def test_a_release_with_everything_has_no_problems():
 @pytest.mark.parametrize(
     "module, old, new, symbol, says",
     [
-        ("vllm.v1.engine.core", "def step(self)", "def stepped(self)", "EngineCore.step", "no attribute or method step"),
-        ("vllm.v1.engine.core", "self.scheduler: Scheduler =", "self.sched: Scheduler =", "EngineCore.scheduler", "scheduler"),
-        ("vllm.v1.engine.core", "class EngineCore(Base)", "class Engine(Base)", "EngineCore", "EngineCore is gone from vllm.v1.engine.core"),
+        (
+            "vllm.v1.engine.core",
+            "def step(self)",
+            "def stepped(self)",
+            "EngineCore.step",
+            "no attribute or method step",
+        ),
+        (
+            "vllm.v1.engine.core",
+            "self.scheduler: Scheduler =",
+            "self.sched: Scheduler =",
+            "EngineCore.scheduler",
+            "scheduler",
+        ),
+        (
+            "vllm.v1.engine.core",
+            "class EngineCore(Base)",
+            "class Engine(Base)",
+            "EngineCore",
+            "EngineCore is gone from vllm.v1.engine.core",
+        ),
         ("vllm.base", 'label: str = "base"', "", "EngineCore.label", "no attribute or method label"),
         ("vllm.base", "verbose: bool = False", "loud: bool = False", "EngineCore.counts", "has no parameter verbose"),
-        ("vllm.base", "*, verbose: bool = False", "*, verbose: bool, quiet: bool", "EngineCore.counts", "requires quiet"),
-        ("vllm.v1.core.sched.scheduler", "tuple[list, int, int]", "tuple[list, int]", "Scheduler.find", "tuple of 2 items"),
+        (
+            "vllm.base",
+            "*, verbose: bool = False",
+            "*, verbose: bool, quiet: bool",
+            "EngineCore.counts",
+            "requires quiet",
+        ),
+        (
+            "vllm.v1.core.sched.scheduler",
+            "tuple[list, int, int]",
+            "tuple[list, int]",
+            "Scheduler.find",
+            "tuple of 2 items",
+        ),
         (
             "vllm.v1.core.sched.scheduler",
             "find(self, block_hashes, max_length, extra=None)",
@@ -127,7 +157,13 @@ def test_a_release_with_everything_has_no_problems():
             "requires extra",
         ),
         ("vllm.v1.core.sched.scheduler", "def __init__(self, config)", "def __init__(self)", "Scheduler", "at most 0"),
-        ("vllm.v1.core.sched.scheduler", "max_tokens: int = 16", "max_new_tokens: int = 16", "Params", "no field max_tokens"),
+        (
+            "vllm.v1.core.sched.scheduler",
+            "max_tokens: int = 16",
+            "max_new_tokens: int = 16",
+            "Params",
+            "no field max_tokens",
+        ),
         ("vllm.app", "state.online_renderer =", "state.renderer =", "state.online_renderer", "no longer assigns"),
         ("vllm.app", '"vllm:prompt_tokens"', '"vllm:prompt_tokens_v2"', "", ""),
         ("vllm.app", '"vllm:prompt_tokens"', '"vllm:input_tokens"', "vllm:prompt_tokens", "no longer contains"),
@@ -145,16 +181,22 @@ def test_a_doctored_release_fails_naming_the_release_and_the_symbol(module, old,
 
 def test_a_missing_module_is_named():
     found = compat_check.problems("0.33.0", Sources({k: v for k, v in RELEASE.items() if k != "vllm.app"}), TABLE)
+    gone = "module vllm.app is gone (needed by kvgate_vllm/"
     assert found == [
-        "vLLM 0.33.0: vllm.app.state.online_renderer: module vllm.app is gone (needed by kvgate_vllm/rendering.render_prefix_query)",
-        "vLLM 0.33.0: vllm.app.vllm:prompt_tokens: module vllm.app is gone (needed by kvgate_vllm/engine_rates.SAMPLES)",
+        f"vLLM 0.33.0: vllm.app.state.online_renderer: {gone}rendering.render_prefix_query)",
+        f"vLLM 0.33.0: vllm.app.vllm:prompt_tokens: {gone}engine_rates.SAMPLES)",
     ]
 
 
 def test_an_entry_limited_to_some_releases_is_checked_on_those_only():
-    entry = Member("vllm.v1.engine.core", "EngineCore.resolver", "rendering._disabled_thinking_effort", ((0, 33), (999, 0)))
+    entry = Member(
+        "vllm.v1.engine.core", "EngineCore.resolver", "rendering._disabled_thinking_effort", ((0, 33), (999, 0))
+    )
     assert compat_check.problems("0.32.0", Sources(RELEASE), (entry,)) == []
-    assert "vLLM 0.33.0: vllm.v1.engine.core.EngineCore.resolver" in compat_check.problems("0.33.0", Sources(RELEASE), (entry,))[0]
+    assert (
+        "vLLM 0.33.0: vllm.v1.engine.core.EngineCore.resolver"
+        in compat_check.problems("0.33.0", Sources(RELEASE), (entry,))[0]
+    )
 
 
 def test_a_property_is_not_a_callable_method():
