@@ -40,6 +40,14 @@ class Found:
     node: ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
 
 
+@dataclass(frozen=True)
+class ClassFound:
+    """A class definition, and the module it is in."""
+
+    module: str
+    node: ast.ClassDef
+
+
 class Tree:
     """Parsed modules of one release, each parsed once."""
 
@@ -65,7 +73,7 @@ class Tree:
         source = _imported_from(tree, name)
         return self.definition(source, name, depth + 1) if source else None
 
-    def class_chain(self, found: Found) -> Iterator[Found]:
+    def class_chain(self, found: Found) -> Iterator[ClassFound]:
         """The class and its bases defined in vLLM, nearest first (each once)."""
         seen: set[tuple[str, str]] = set()
         queue = [(found, 0)]
@@ -75,7 +83,7 @@ class Tree:
             if key in seen or not isinstance(current.node, ast.ClassDef):
                 continue
             seen.add(key)
-            yield current
+            yield ClassFound(current.module, current.node)
             for base in current.node.bases:
                 base_name = _base_name(base)
                 base_found = self.definition(current.module, base_name) if base_name else None
@@ -103,29 +111,34 @@ def _base_name(base: ast.expr) -> str | None:
 def _member(cls: ast.ClassDef, name: str) -> ast.AST | None:
     """``name`` as defined by this class's own body: a method, a class-level (annotated)
     assignment, or ``self.name = ...`` in any of its methods."""
-    for node in cls.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
-            return node
-        targets = (
-            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        )
-        if any(isinstance(target, ast.Name) and target.id == name for target in targets):
-            return node
+    for statement in cls.body:
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef) and statement.name == name:
+            return statement
+        if any(isinstance(target, ast.Name) and target.id == name for target in _targets(statement)):
+            return statement
     for node in ast.walk(cls):
-        targets = (
-            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        )
-        for target in targets:
-            if isinstance(target, ast.Attribute) and target.attr == name and _is_name(target.value, "self"):
-                return node
+        if any(_is_attribute(target, "self", name) for target in _targets(node)):
+            return node
     return None
+
+
+def _targets(node: ast.AST) -> list[ast.expr]:
+    """What an assignment (plain or annotated) assigns to; nothing for other nodes."""
+    if isinstance(node, ast.Assign):
+        return node.targets
+    return [node.target] if isinstance(node, ast.AnnAssign) else []
+
+
+def _is_attribute(target: ast.expr, owner: str, attribute: str) -> bool:
+    """Whether ``target`` is ``owner.attribute``."""
+    return isinstance(target, ast.Attribute) and target.attr == attribute and _is_name(target.value, owner)
 
 
 def _is_name(node: ast.expr, name: str) -> bool:
     return isinstance(node, ast.Name) and node.id == name
 
 
-def _fields(chain: list[Found]) -> set[str]:
+def _fields(chain: list[ClassFound]) -> set[str]:
     """Annotated class-level names over a class chain (dataclass, msgspec and pydantic fields)."""
     return {
         node.target.id
@@ -186,7 +199,7 @@ def _check_member(tree: Tree, module: str, dotted: str) -> tuple[str | None, ast
         return f"class {class_name} is gone from {module}", None
     chain = list(tree.class_chain(found))
     for link in chain:
-        node = _member(link.node, member)  # type: ignore[arg-type]
+        node = _member(link.node, member)
         if node is not None:
             return None, node
     return f"{class_name} has no attribute or method {member}", None
@@ -217,7 +230,7 @@ def _constructor_problem(tree: Tree, found: Found, entry: Call) -> str | None:
     """A class call: its nearest ``__init__`` in vLLM, else its declared fields."""
     chain = list(tree.class_chain(found))
     for link in chain:
-        init = _member(link.node, "__init__")  # type: ignore[arg-type]
+        init = _member(link.node, "__init__")
         if isinstance(init, ast.FunctionDef):
             return call_problem(init, entry.positional, entry.keywords, bound=True)
     unknown = [keyword for keyword in entry.keywords if keyword not in _fields(chain)]
@@ -227,12 +240,8 @@ def _constructor_problem(tree: Tree, found: Found, entry: Call) -> str | None:
 def _check_assigned(tree: ast.Module, dotted: str) -> str | None:
     owner, _, attribute = dotted.partition(".")
     for node in ast.walk(tree):
-        targets = (
-            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        )
-        for target in targets:
-            if isinstance(target, ast.Attribute) and target.attr == attribute and _is_name(target.value, owner):
-                return None
+        if any(_is_attribute(target, owner, attribute) for target in _targets(node)):
+            return None
     return f"no longer assigns {dotted}"
 
 

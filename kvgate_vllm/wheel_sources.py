@@ -105,7 +105,7 @@ class RangeFile(io.RawIOBase):
         self.pos += len(data)
         return data
 
-    def readinto(self, target) -> int:  # type: ignore[no-untyped-def]
+    def readinto(self, target) -> int:
         data = self.read(len(target))
         target[: len(data)] = data
         return len(data)
