@@ -112,6 +112,9 @@ _WITH = "rendering._render_with"
 _MESSAGES = "rendering._render_messages"
 _RESPONSES = "rendering._render_responses"
 _RATES = "engine_rates.SAMPLES"
+_EFFORT = "rendering._disabled_thinking_effort"
+_UP_TO_0_32: tuple[Release, Release] = ((0, 0), (0, 33))
+_SINCE_0_33: tuple[Release, Release] = ((0, 33), ANY_RELEASE[1])
 _LORA_FIELDS = ("lora_name", "lora_int_id", "lora_path")  # read in the API server, rebuilt in the engine
 
 ENGINE_CORE: tuple[Internal, ...] = (
@@ -208,25 +211,9 @@ RENDERING: tuple[Internal, ...] = (
     ),
     Member(ANTHROPIC, "AnthropicServingMessages._merge_inline_system", _MESSAGES),
     # The effort for thinking.type "disabled": a method up to 0.32, a resolver object since 0.33.
-    Call(
-        ANTHROPIC,
-        "AnthropicServingMessages._get_disabled_thinking_effort",
-        "rendering._disabled_thinking_effort",
-        releases=((0, 0), (0, 33)),
-    ),
-    Member(
-        ANTHROPIC,
-        "AnthropicServingMessages.disabled_thinking_effort_resolver",
-        "rendering._disabled_thinking_effort",
-        releases=((0, 33), ANY_RELEASE[1]),
-    ),
-    Call(
-        ANTHROPIC,
-        "DisabledThinkingEffortResolver.resolve_for",
-        "rendering._disabled_thinking_effort",
-        positional=1,
-        releases=((0, 33), ANY_RELEASE[1]),
-    ),
+    Call(ANTHROPIC, "AnthropicServingMessages._get_disabled_thinking_effort", _EFFORT, releases=_UP_TO_0_32),
+    Member(ANTHROPIC, "AnthropicServingMessages.disabled_thinking_effort_resolver", _EFFORT, releases=_SINCE_0_33),
+    Call(ANTHROPIC, "DisabledThinkingEffortResolver.resolve_for", _EFFORT, positional=1, releases=_SINCE_0_33),
     Symbol(RESPONSES_PROTOCOL, "ResponsesRequest", _RESPONSES),
     Member(RESPONSES_PROTOCOL, "ResponsesRequest.previous_response_id", _RESPONSES),
     Call(RESPONSES, "OpenAIServingResponses._check_model", _RESPONSES, positional=1),
