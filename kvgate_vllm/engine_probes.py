@@ -1,4 +1,4 @@
-"""The two probes, computed inside vLLM's engine core (vLLM 0.32, V1 engine).
+"""The two probes, computed inside vLLM's engine core (vLLM 0.32-0.34, V1 engine).
 
 Both functions take an ``EngineCore`` (or anything with the same ``scheduler`` and
 ``request_block_hasher`` attributes) and only *read* it. Invariants, checked by
@@ -10,7 +10,8 @@ tests/vllm against the real ``KVCacheManager``/``BlockPool``:
   reset counters and are never called) and no KV event is queued;
 - the throw-away ``Request`` built to hash the prompt is never registered anywhere.
 
-vLLM internals used (feature-detected; a missing one yields ``{"error": ...}``):
+vLLM internals used (listed in ``vllm_internals``, checked against every supported
+release by ``compat_check``; feature-detected: a missing one yields ``{"error": ...}``):
 ``scheduler.kv_cache_manager.block_pool`` (``num_gpu_blocks``,
 ``get_num_free_blocks()``, ``cached_block_hash_to_block``),
 ``scheduler.get_request_counts()``, ``scheduler.block_size``,
@@ -22,9 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvgate.vllm_plugin.support import SUPPORTED_TEXT
 from kvgate.wire.probe_api import KvAnswer, PrefixAnswer
 
-SUPPORTED_VLLM = "vLLM >=0.32,<0.34"
+SUPPORTED_VLLM = f"vLLM {SUPPORTED_TEXT}"
 PROBE_REQUEST_ID = "kvgate-prefix-probe"
 
 

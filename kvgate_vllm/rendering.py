@@ -1,6 +1,6 @@
 """Turn a validated prefix query into the exact prompt vLLM would generate from.
 
-Runs in the API server, with the app state vLLM 0.32 builds in ``init_app_state``:
+Runs in the API server, with the app state vLLM (0.32-0.34) builds at start:
 ``online_renderer`` (``render_chat(request, skip_mm_cache=True)``,
 ``render_completion(request, skip_mm_cache=True)``), ``openai_serving_chat`` /
 ``openai_serving_completion`` (model check and LoRA lookup, as generation does)
@@ -14,7 +14,7 @@ their generation routes do (nothing is reimplemented here):
 
 - ``messages``: ``state.anthropic_serving_messages`` (``AnthropicServingMessages``)
   converts the body to a chat request with ``to_chat_completion_request`` (with the
-  server's inline-system merge and disabled-thinking effort), which is then rendered
+  server's inline-system merge and disabled-thinking effort, `_disabled_thinking_effort`), which is then rendered
   like a chat body; ``create_messages`` does the same before generating.
 - ``responses``: ``state.openai_serving_responses`` (``OpenAIServingResponses``)
   checks the body like ``create_responses``, looks up ``previous_response_id`` in its
@@ -218,9 +218,7 @@ async def _render_messages(state: Any, body: dict) -> RenderedPrompt:
         raise ProbeQueryError("this server does not serve Anthropic /v1/messages requests", param="messages")
     _reject_multimodal_parts(body.get("messages"), "messages.messages")
     request = _validate(AnthropicMessagesRequest, body, "messages")
-    effort = "none"
-    if request.thinking is not None and request.thinking.type == "disabled":
-        effort = await serving._get_disabled_thinking_effort()
+    effort = await _disabled_thinking_effort(serving, request)
     try:
         chat_request = serving.to_chat_completion_request(
             request, merge_inline_system=serving._merge_inline_system, disabled_thinking_effort=effort
@@ -228,6 +226,18 @@ async def _render_messages(state: Any, body: dict) -> RenderedPrompt:
     except (ValueError, TypeError, KeyError) as exc:
         raise ProbeQueryError(f"cannot convert the messages body: {exc}", param="messages") from exc
     return await _render_with(serving, chat_request, "messages", state.online_renderer.render_chat, chat_shaped=True)
+
+
+async def _disabled_thinking_effort(serving: Any, request: Any) -> str:
+    """The reasoning effort ``create_messages`` uses for this body's ``thinking``: since vLLM
+    0.33 its ``disabled_thinking_effort_resolver`` decides (0.34 also maps ``between_tools``);
+    0.32 asks ``_get_disabled_thinking_effort`` for ``thinking.type == "disabled"`` only."""
+    resolver = getattr(serving, "disabled_thinking_effort_resolver", None)
+    if resolver is not None:
+        return await resolver.resolve_for(request)
+    if request.thinking is not None and request.thinking.type == "disabled":
+        return await serving._get_disabled_thinking_effort()
+    return "none"
 
 
 def _previous_response_not_found(response_id: str) -> ProbeQueryError:

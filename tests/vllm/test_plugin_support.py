@@ -19,7 +19,9 @@ from kvgate.vllm_plugin import engine_plugin, support
         ("0.33.1", True),
         ("0.33.0+cpu", True),
         ("v0.32.0", True),
-        ("0.34.0", False),
+        ("0.34.0", True),
+        ("0.34.2+cpu", True),
+        ("0.35.0", False),
         ("0.31.2", False),
         ("1.0.0", False),
         ("0.4.0", False),
@@ -38,6 +40,15 @@ def test_pyproject_vllm_extra_names_the_same_releases():
     pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
     assert extras["vllm"] == ["vllm" + support.SUPPORTED_TEXT]
+
+
+def test_the_compatibility_check_reads_one_release_of_each_supported_minor():
+    """The current release and the two before it, each with a wheel the check reads."""
+    minors = sorted(support.release(version) for version in support.CHECKED_RELEASES)
+    low, high = support.SUPPORTED_VLLM
+    assert minors[0] == low and (minors[-1][0], minors[-1][1] + 1) == high
+    assert minors == [(low[0], minor) for minor in range(low[1], high[1])]
+    assert all(support.unsupported_reason(version) is None for version in support.CHECKED_RELEASES)
 
 
 @pytest.fixture

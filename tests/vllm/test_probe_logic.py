@@ -117,3 +117,55 @@ def test_vllms_context_length_refusal_is_prompt_too_long():
     too_long = _render_refusal("This model's maximum context length is 2016 tokens. However, ...", "chat")
     assert (too_long.code, too_long.param) == ("prompt_too_long", "chat")
     assert _render_refusal("messages: must be a list", "chat").code == "invalid_request"
+
+
+class _Thinking:
+    def __init__(self, kind: str):
+        self.type = kind
+
+
+class _AnthropicBody:
+    def __init__(self, thinking: str | None):
+        self.thinking = _Thinking(thinking) if thinking else None
+
+
+class _Resolver:
+    """vLLM >= 0.33's DisabledThinkingEffortResolver: it decides from the whole request."""
+
+    def __init__(self):
+        self.asked: list = []
+
+    async def resolve_for(self, request):
+        self.asked.append(request)
+        return "low" if request.thinking is not None else "none"
+
+
+class _ServingWithResolver:
+    def __init__(self):
+        self.disabled_thinking_effort_resolver = _Resolver()
+
+
+class _ServingWithMethod:
+    """vLLM 0.32's AnthropicServingMessages: a method, asked for thinking.type "disabled" only."""
+
+    async def _get_disabled_thinking_effort(self):
+        return "minimal"
+
+
+async def test_the_disabled_thinking_effort_comes_from_the_resolver_since_vllm_0_33():
+    from kvgate.vllm_plugin.rendering import _disabled_thinking_effort
+
+    serving = _ServingWithResolver()
+    between_tools = _AnthropicBody("between_tools")  # 0.34 maps this one too: the resolver decides
+    assert await _disabled_thinking_effort(serving, between_tools) == "low"
+    assert await _disabled_thinking_effort(serving, _AnthropicBody(None)) == "none"
+    assert serving.disabled_thinking_effort_resolver.asked[0] is between_tools
+
+
+async def test_the_disabled_thinking_effort_on_vllm_0_32_asks_the_method_for_disabled_only():
+    from kvgate.vllm_plugin.rendering import _disabled_thinking_effort
+
+    serving = _ServingWithMethod()
+    assert await _disabled_thinking_effort(serving, _AnthropicBody("disabled")) == "minimal"
+    assert await _disabled_thinking_effort(serving, _AnthropicBody("enabled")) == "none"
+    assert await _disabled_thinking_effort(serving, _AnthropicBody(None)) == "none"
