@@ -55,12 +55,11 @@ class TurnFacts:
         self._now = now
         self._start = start
         self.priority_field = priority_field and record is not None
-        self._late: tuple[int, float | None] | None = None  # (late_window_blocks, next_late_sec): one walk
+        self._late: tuple[int, float | None] | None = None  # (late_window_blocks, next_late_sec): one query
 
     def _late_windows(self) -> tuple[int, float | None]:
         if self._late is None:
-            late, due = self._book.late_windows(self._rec, self._now)
-            self._late = (sum(other.footprint for other in late), due)
+            self._late = self._book.late_window_blocks(self._rec, self._now)
         return self._late
 
     @property
