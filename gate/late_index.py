@@ -83,9 +83,7 @@ class LateIndex:
             self._late_own_blocks -= rec.footprint
 
     def _rebuild_heap(self) -> None:
-        self._pending = [
-            (rec.idle_since + allowance, seq, key) for key, (seq, rec, allowance) in self._entry.items()
-        ]
+        self._pending = [(rec.idle_since + allowance, seq, key) for key, (seq, rec, allowance) in self._entry.items()]
         heapq.heapify(self._pending)
 
     def _shared_boundary(self, replica_gap: float | None, now: float) -> int:

@@ -178,6 +178,18 @@ class WorkingSetView:
             priority_field=facts.priority_field,
         )
 
+    @classmethod
+    def read_price(cls, facts: GateFacts) -> WorkingSetView:
+        """The part of the view `pricing.window_footprint` reads (the turn's output allowance
+        and the session's and replica's recorded sizes), the rest at its defaults: what a
+        window's repricing from a turn's usage builds, read off the facts as `read` does."""
+        return cls(
+            max_output_tokens=facts.max_output_tokens,
+            last_prompt_tokens=facts.last_prompt_tokens,
+            last_growth_tokens=facts.last_growth_tokens,
+            mean_growth_tokens=facts.mean_growth_tokens,
+        )
+
     @property
     def watermark(self) -> WatermarkView:
         """The same turn as the watermark policy sees it (this policy's fallback)."""
