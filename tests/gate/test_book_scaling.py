@@ -8,7 +8,6 @@ from collections import OrderedDict
 
 from kvgate.gate.gate import Gate
 from kvgate.gate.metrics import GateMetrics
-
 from tests.gate.helpers import FakeClock, FakeProbe, assert_clean, body, settings
 
 
