@@ -10,7 +10,10 @@ non-streaming, in runs of `--duration` seconds that alternate gate off and gate 
 `--repeats` times. It prints, per N, each kvgate's median CPU per request (its process's
 user + system time over a run, warmup included, divided by the requests timed), the
 ratio on / off, requests/s, the windows the gate holds after the runs
-(`kvgate_windows`) and any request that failed or answered non-200. It asserts nothing.
+(`kvgate_windows`) and any request that failed or answered non-200. With
+`--baseline-repo DIR` the kvgate of that checkout runs too, gate on, in the same
+alternation (column `base`, ratio base / off): a change's scaling against its
+predecessor's under the same machine load. It asserts nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from kvgate.bench.processes import ServerGroup, process_cpu_seconds
 # many times over, and 2% of it is in use.
 CALM_KV_BLOCKS = 1 << 20
 CALM_KV_USED = 0.02
-TARGETS = ("off", "on")
+TARGETS = ("off", "on")  # and "base" with --baseline-repo
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -54,14 +57,15 @@ def windows_held(url: str) -> int | None:
 def measure_size(
     urls: dict[str, str], pids: dict[str, int], sessions: int, args: argparse.Namespace, progress=print
 ) -> dict:
-    """Prime both kvgates with `sessions` sessions, then alternate timed runs; medians per target."""
+    """Prime every kvgate (`urls`: by target) with `sessions` sessions, then alternate timed
+    runs; medians per target."""
     clients = args.session_clients
-    for target in TARGETS:
+    for target in urls:
         primed = run_load(urls[target], clients, 0.0, 0.0, False, ["--sessions", str(sessions), "--prime"])
         progress(f"  N={sessions:<6} gate {target:<3} primed: {primed['requests']} sessions, {primed['errors']} errors")
-    runs: dict[str, list[dict]] = {target: [] for target in TARGETS}
+    runs: dict[str, list[dict]] = {target: [] for target in urls}
     for repeat in range(args.repeats):
-        for target in TARGETS:
+        for target in urls:
             before = process_cpu_seconds(pids[target])
             result = run_load(urls[target], clients, args.duration, args.warmup, False, ["--sessions", str(sessions)])
             after = process_cpu_seconds(pids[target])
@@ -73,7 +77,7 @@ def measure_size(
                 f"{fmt(result.get('cpu_us_per_request'), '7.0f')} us/req"
             )
     row: dict = {"sessions": sessions, "clients": clients, "windows": windows_held(urls["on"])}
-    for target in TARGETS:
+    for target in urls:
         cpu = [r["cpu_us_per_request"] for r in runs[target] if "cpu_us_per_request" in r]
         row[target] = {
             "cpu_us_per_request": statistics.median(cpu) if cpu else None,
@@ -83,6 +87,9 @@ def measure_size(
         }
     off, on = row["off"]["cpu_us_per_request"], row["on"]["cpu_us_per_request"]
     row["cpu_ratio"] = on / off if on is not None and off else None
+    if "base" in urls:
+        base = row["base"]["cpu_us_per_request"]
+        row["base_cpu_ratio"] = base / off if base is not None and off else None
     return row
 
 
@@ -91,14 +98,21 @@ def format_sessions_table(rows: list[dict]) -> str:
         f"{'sessions':>9}{'windows':>9} | {'off us/req':>11}{'off rps':>9} | "
         f"{'on us/req':>10}{'on rps':>9} | {'cpu on/off':>11}{'errors':>8}"
     )
+    based = any("base" in r for r in rows)
+    if based:
+        header += f" | {'base us/req':>12}{'base/off':>9}"
     lines = [header, "-" * len(header)]
     for r in rows:
         off, on = r["off"], r["on"]
-        lines.append(
+        errors = sum(r[t]["errors"] for t in ("off", "on", "base") if t in r)
+        line = (
             f"{r['sessions']:>9}{fmt(r['windows'], '>9.0f')} | {fmt(off['cpu_us_per_request'], '>11.0f')}"
             f"{fmt(off['rps'], '>9.0f')} | {fmt(on['cpu_us_per_request'], '>10.0f')}{fmt(on['rps'], '>9.0f')} | "
-            f"{fmt(r['cpu_ratio'], '>11.2f')}{off['errors'] + on['errors']:>8}"
+            f"{fmt(r['cpu_ratio'], '>11.2f')}{errors:>8}"
         )
+        if based:
+            line += f" | {fmt(r['base']['cpu_us_per_request'], '>12.0f')}{fmt(r['base_cpu_ratio'], '>9.2f')}"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -118,6 +132,14 @@ async def run_sessions(args: argparse.Namespace, sizes: list[int], workdir: Path
             ),
         }
         pids = {"off": servers.pids()["gate-off"], "on": servers.pids()["gate-on"]}
+        if args.baseline_repo:
+            urls["base"] = await servers.serve(
+                "baseline",
+                lambda port: kvgate_config(port, upstream, "enforce", args.gate_policy),
+                repo=Path(args.baseline_repo).resolve(),
+            )
+            pids["base"] = servers.pids()["baseline"]
+            print(f"baseline kvgate of {args.baseline_repo}, gate on: {urls['base']}", flush=True)
         print(
             f"calm upstream {upstream}; kvgate gate off {urls['off']}, on {urls['on']} "
             f"(policy {args.gate_policy}); {args.repeats} x {args.duration:g} s per size and gate, "
