@@ -145,7 +145,7 @@ class SessionBook:
         self.leases = 0
         self.windows: OrderedDict[str, SessionRecord] = OrderedDict()
         self._order: OrderedSums[SessionRecord] = OrderedSums()  # `windows`, with their footprints' sums
-        self._idle_windows = LateIndex(quiet_floor)
+        self._idle_windows: LateIndex[SessionRecord] = LateIndex(quiet_floor)
         self.growth_observed = 0  # growth observations, and their sum in tokens
         self.growth_sum = 0
         self._tokens_per_byte: deque[float] = deque(maxlen=TOKENS_PER_BYTE_WINDOW)
@@ -469,7 +469,7 @@ class SessionBook:
         (equal idle times: the older window first). O(late windows x log + log n)."""
         if rec is not None and rec.key in self._idle_windows:
             return self._late_windows_walk(rec, now)[0]
-        late: list[SessionRecord] = self._idle_windows.late(self.replica_gap_ewma, now)  # type: ignore[assignment]
+        late = self._idle_windows.late(self.replica_gap_ewma, now)
         late.sort(key=lambda other: (other.idle_since, self._order.rank(other.key)))
         return late
 

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import heapq
 import math
+from typing import Generic, Protocol, TypeVar
 
 from kvgate.gate.ordered_sums import OrderedSums
 from kvgate.gate.policies.economics import late_after
 
 
-class IdleWindow:
+class IdleWindow(Protocol):
     """What the index needs of an idle window's record (`book.SessionRecord` has it)."""
 
     key: str
@@ -41,18 +42,21 @@ class IdleWindow:
     gap_ewma: float | None
 
 
+R = TypeVar("R", bound=IdleWindow)
+
+
 def _margin(now: float) -> float:
     """A bound on the rounding between `idle_since + g < now` and the exact test."""
     return 8 * math.ulp(abs(now) + 1.0)
 
 
-class LateIndex:
+class LateIndex(Generic[R]):
     def __init__(self, floor: float) -> None:
         self.floor = floor
-        self._shared: OrderedSums[IdleWindow] = OrderedSums()
+        self._shared: OrderedSums[R] = OrderedSums()
         self._pending: list[tuple[float, int, str]] = []  # (deadline, seq, key)
-        self._entry: dict[str, tuple[int, IdleWindow, float]] = {}  # key -> (seq, record, allowance)
-        self._late_own: dict[str, IdleWindow] = {}
+        self._entry: dict[str, tuple[int, R, float]] = {}  # key -> (seq, record, allowance)
+        self._late_own: dict[str, R] = {}
         self._late_own_blocks = 0
         self._seq = 0
 
@@ -62,7 +66,7 @@ class LateIndex:
     def __contains__(self, key: str) -> bool:
         return key in self._shared or key in self._entry or key in self._late_own
 
-    def add(self, rec: IdleWindow) -> None:
+    def add(self, rec: R) -> None:
         """The record's window went idle (at `rec.idle_since`)."""
         if rec.gap_ewma is None:
             self._shared.append(rec.key, rec, rec.footprint, rec.idle_since)
@@ -72,7 +76,7 @@ class LateIndex:
         self._entry[rec.key] = (self._seq, rec, allowance)
         heapq.heappush(self._pending, (rec.idle_since + allowance, self._seq, rec.key))
 
-    def remove(self, rec: IdleWindow) -> None:
+    def remove(self, rec: R) -> None:
         """The record's window ended, or its record became active (no-op if not indexed)."""
         key = rec.key
         if self._shared.remove(key) or self._entry.pop(key, None) is not None:
@@ -144,7 +148,7 @@ class LateIndex:
             due = left if due is None else min(due, left)
         return blocks, due
 
-    def late(self, replica_gap: float | None, now: float) -> list[IdleWindow]:
+    def late(self, replica_gap: float | None, now: float) -> list[R]:
         """The late windows (unordered). O(late windows + log n)."""
         self._promote(now)
         boundary = self._shared_boundary(replica_gap, now)

@@ -103,9 +103,14 @@ class OrderedSums(Generic[T]):
                 counts[parent] += counts[i]
         self._tree, self._counts, self._next = tree, counts, len(live)
 
+    def _item(self, slot: int) -> T:
+        item = self._items[slot]
+        assert item is not None, f"slot {slot} is a hole"
+        return item
+
     def _live(self) -> list[tuple[str, T, int, float]]:
         by_slot = sorted(self._slot.items(), key=lambda kv: kv[1])
-        return [(key, self._items[s], self._values[s], self._keys[s]) for key, s in by_slot]  # type: ignore[misc]
+        return [(key, self._item(s), self._values[s], self._keys[s]) for key, s in by_slot]
 
     # -- operations
 
@@ -174,7 +179,7 @@ class OrderedSums(Generic[T]):
         if k > len(self._slot):
             return None
         slot = self._kth(k)
-        return self._items[slot], self._keys[slot]  # type: ignore[return-value]
+        return self._item(slot), self._keys[slot]
 
     def items_before(self, boundary: int) -> Iterator[T]:
         """The live entries' items in the slots before `boundary`, in order (O(boundary))."""
