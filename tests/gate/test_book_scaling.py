@@ -1,4 +1,4 @@
-"""A gate's turns never walk its windows (issue 31): admissions price windows on O(log n)
+"""A gate's turns never walk its windows: admissions price windows on O(log n)
 queries of the book (`older_window_blocks`, the late windows), and a turn's usage
 reprices its window (`Lease.learn`) without building what the price does not read."""
 
