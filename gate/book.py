@@ -473,9 +473,9 @@ class SessionBook:
         late.sort(key=lambda other: (other.idle_since, self._order.rank(other.key)))
         return late
 
-    def _late_windows_walk(self, rec: SessionRecord, now: float) -> tuple[list[SessionRecord], float | None]:
-        """`late_windows` and its due time by a walk over every window, for a `rec` whose own
-        window is idle (the index counts it; O(windows))."""
+    def _late_windows_walk(self, rec: SessionRecord | None, now: float) -> tuple[list[SessionRecord], float | None]:
+        """`late_windows` and its due time by a walk over every window (O(windows)): for a
+        `rec` whose own window is idle (the index counts it), and the tests' reference."""
         late: list[SessionRecord] = []
         due: float | None = None
         for other in self.windows.values():
