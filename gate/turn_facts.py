@@ -2,7 +2,8 @@
 
 `TurnFacts` reads the session book, the session's record and the attempt's figures
 when a policy's view asks for them, so a policy that reads little costs little: the
-watermark policy never walks the windows or the queue.
+watermark policy never queries the windows or walks the queue. The book answers the
+window queries in O(log n) (`SessionBook`); `waiters_ahead` walks the queue.
 """
 
 from __future__ import annotations
