@@ -25,8 +25,8 @@ OPTIONS = ("--sessions", "100,1000,10000", "--duration", "3", "--repeats", "3")
 CPU_TARGETS = {100: 1.3, 10_000: 1.5}
 LIMIT = (
     "the gate's own Python per turn (the view the policy reads, its decision, the window's "
-    "books, the admission metrics, the repricing from the turn's usage): flat in N, not in "
-    "the books' size"
+    "books, the admission metrics, the repricing from the turn's usage); the books' queries "
+    "are O(log n) (`gate/book.py`)"
 )
 
 
