@@ -13,8 +13,9 @@ measured the same way. `--baseline-repo DIR` also starts the kvgate of another
 checkout (say, the previous commit) and measures it in the same run, alternating
 with this one, so that a change is compared under the same machine load (its `kvgate.*`
 packages are imported from its folders, `bench/checkout.py`; a checkout from before the
-namespace, from its top-level packages). This prints
-numbers; it asserts nothing.
+namespace, from its top-level packages). `--sessions 100,1000,10000` measures instead how
+the gate's CPU per request grows with the sessions it books (`bench/overhead_sessions.py`).
+This prints numbers; it asserts nothing.
 """
 
 from __future__ import annotations
@@ -87,6 +88,15 @@ def add_command(subparsers) -> None:
         help="also measure the kvgate of this checkout (e.g. the previous commit, via git "
         "worktree), alternating with this one in the same run",
     )
+    parser.add_argument(
+        "--sessions",
+        metavar="N,N,...",
+        help="instead: kvgate's CPU per request with the gate off and on, per number of sessions N "
+        "(the requests take N session ids in turn), against a calm replica, non-streaming; e.g. 100,1000,10000",
+    )
+    parser.add_argument(
+        "--session-clients", type=int, default=16, help="concurrent clients of --sessions runs (default 16)"
+    )
     parser.add_argument("--out", metavar="FILE", help="also write the results as JSON to FILE")
     parser.set_defaults(func=overhead_command)
 
@@ -103,15 +113,18 @@ def kvgate_config(port: int, upstream_url: str, gate_mode: str, gate_policy: str
     }
 
 
-def run_load(url: str, concurrency: int, duration: float, warmup: float, stream: bool) -> dict:
+def run_load(
+    url: str, concurrency: int, duration: float, warmup: float, stream: bool, extra: list[str] | None = None
+) -> dict:
+    """One run of the load generator (`extra`: more of its options); its JSON result."""
     args = ["--url", url, "--concurrency", str(concurrency), "--duration", str(duration), "--warmup", str(warmup)]
     if stream:
         args.append("--stream")
     out = subprocess.run(
-        python_module("kvgate.bench.overhead_load") + args,
+        python_module("kvgate.bench.overhead_load") + args + (extra or []),
         capture_output=True,
         text=True,
-        timeout=duration + warmup + 60,
+        timeout=duration + warmup + 600,
     )
     if out.returncode != 0:
         raise RuntimeError(f"load generator failed against {url}:\n{out.stderr[-2000:]}")
@@ -266,6 +279,16 @@ def format_baseline_table(results: list[dict], proxied_name: str) -> str:
 
 
 def overhead_command(args: argparse.Namespace) -> int:
+    if args.sessions:
+        from kvgate.bench.overhead_sessions import parse_sizes, sessions_command
+
+        try:
+            parse_sizes(args.sessions)
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        with tempfile.TemporaryDirectory(prefix="kvgate-bench-") as tmp:
+            return sessions_command(args, Path(tmp))
     try:
         concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
     except ValueError:

@@ -2,7 +2,10 @@
 
 `--concurrency` workers, each on its own keep-alive connection, send the same chat
 request back to back for `--duration` seconds (after `--warmup` seconds not
-counted) and time each full response (the last byte of a stream). A minimal client
+counted) and time each full response (the last byte of a stream). Each worker is one
+session (`bench-<i>`), or with `--sessions N` the workers take the N sessions in turn
+(session ids `bench-0` .. `bench-<N-1>`, round robin); `--prime` sends each of the N
+sessions one request and stops (no warmup, every request counted). A minimal client
 on asyncio streams under uvloop (bench/http1.py): it parses only the status line,
 Content-Length or chunked framing, so the load generator costs little of the CPUs it shares with the
 upstream and the router under test. Prints one JSON line:
@@ -29,6 +32,7 @@ PATH = "/v1/chat/completions"
 
 
 def build_request(host: str, port: int, stream: bool, session: str) -> bytes:
+    """The chat request of one session, as the wire carries it."""
     body = orjson.dumps(
         {"model": "bench", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16, "stream": stream}
     )
@@ -40,14 +44,18 @@ def build_request(host: str, port: int, stream: bool, session: str) -> bytes:
 
 
 async def worker(
-    host: str, port: int, request: bytes, start: float, stop: float, latencies: list, errors: list
+    host: str, port: int, requests: list[bytes], start: float, stop: float, latencies: list, errors: list, once=False
 ) -> None:
+    """Send `requests` in turn until `stop` (`once`: each one once)."""
     reader, writer = await asyncio.open_connection(host, port)
+    sent = 0
     try:
         while True:
             t0 = time.perf_counter()
-            if t0 >= stop:
+            if t0 >= stop or (once and sent == len(requests)):
                 return
+            request = requests[sent % len(requests)]
+            sent += 1
             writer.write(request)
             try:
                 status = (await read_response(reader)).status
@@ -66,21 +74,43 @@ async def worker(
         writer.close()
 
 
-async def run(url: str, concurrency: int, duration: float, warmup: float, stream: bool) -> dict:
+def sessions_of(worker_index: int, concurrency: int, sessions: int | None) -> list[str]:
+    """The session ids one worker takes in turn: its own, or its share of `sessions` (the
+    workers together take every id once per round)."""
+    if sessions is None:
+        return [f"bench-{worker_index}"]
+    return [f"bench-{i}" for i in range(worker_index, sessions, concurrency)]
+
+
+async def run(
+    url: str,
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    stream: bool,
+    sessions: int | None = None,
+    prime: bool = False,
+) -> dict:
     parts = urlsplit(url)
     host, port = parts.hostname, parts.port or 80
     if host is None:
         raise ValueError(f"--url {url!r} names no host")
+    if prime:
+        warmup, duration = 0.0, float("inf")
     now = time.perf_counter()
     start, stop = now + warmup, now + warmup + duration
     latencies: list[float] = []
     errors: list[str] = []
+    workers = [
+        [build_request(host, port, stream, session) for session in sessions_of(i, concurrency, sessions)]
+        for i in range(concurrency)
+    ]
+    began = time.perf_counter()
     await asyncio.gather(
-        *(
-            worker(host, port, build_request(host, port, stream, f"bench-{i}"), start, stop, latencies, errors)
-            for i in range(concurrency)
-        )
+        *(worker(host, port, requests, start, stop, latencies, errors, prime) for requests in workers if requests)
     )
+    if prime:
+        duration = time.perf_counter() - began
     latencies.sort()
     kinds: dict[str, int] = {}
     for kind in errors:
@@ -103,13 +133,17 @@ def cli() -> None:
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--sessions", type=int, help="session ids the workers take in turn (default: one per worker)")
+    parser.add_argument("--prime", action="store_true", help="send each of the --sessions once, then stop")
     args = parser.parse_args()
     from kvgate.proxy.server import run as run_loop
 
     result = {}
 
     async def main():
-        result.update(await run(args.url, args.concurrency, args.duration, args.warmup, args.stream))
+        result.update(
+            await run(args.url, args.concurrency, args.duration, args.warmup, args.stream, args.sessions, args.prime)
+        )
 
     run_loop(main())
     sys.stdout.write(orjson.dumps(result).decode() + "\n")

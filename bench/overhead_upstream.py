@@ -4,7 +4,9 @@
 or, with `"stream": true`, STREAM_CHUNKS SSE events and `data: [DONE]`, written as
 separate chunks with no delay. `/health`, `/metrics` and the probes (`GET /v1/kvgate/kv`,
 `POST /v1/kvgate/prefix`) report an idle replica with an empty prefix cache, so a gate
-in front of it admits everything, and each policy pays exactly its probes.
+in front of it admits everything, and each policy pays exactly its probes. `--kv-blocks`
+and `--kv-used` size its KV cache and the share of it in use (a calm replica: room for
+every window of thousands of sessions, `kvgate bench overhead --sessions`).
 Built on aiohttp's low-level server (no router) under uvloop, to spend as little of
 the shared CPUs as possible. Prints `READY <port>` once listening.
 
@@ -48,21 +50,21 @@ _CHUNK = (
     + b"\n\n"
 )
 _DONE = b"data: [DONE]\n\n"
-# An idle replica with an empty prefix cache, built as the probe API's servers build theirs.
-_KV = orjson.dumps(
-    merge_kv(
-        [
-            KvAnswer.of_engine(
-                num_gpu_blocks=4097,
-                num_free_blocks=4096,
-                num_cached_blocks=0,
-                block_size=16,
-                num_running=0,
-                num_waiting=0,
-            )
-        ]
-    ).to_json()
-)
+DEFAULT_KV_BLOCKS = 4097
+
+
+def kv_answer(blocks: int, used: float) -> bytes:
+    """The kv probe's answer of a replica with `blocks` KV blocks, a share `used` of them in
+    use (at least the one vLLM reserves), an empty prefix cache and nothing running, built as
+    the probe API's servers build theirs."""
+    free = min(blocks - 1, int(blocks * (1.0 - used)))
+    engine = KvAnswer.of_engine(
+        num_gpu_blocks=blocks, num_free_blocks=free, num_cached_blocks=0, block_size=16, num_running=0, num_waiting=0
+    )
+    return orjson.dumps(merge_kv([engine]).to_json())
+
+
+_KV = kv_answer(DEFAULT_KV_BLOCKS, 0.0)  # an idle replica
 _PREFIX = orjson.dumps(
     merge_prefix(
         [PrefixAnswer.of_engine(total_tokens=8, block_size=16, hit_block_ref_counts=[], hit_tokens=0)]
@@ -117,7 +119,11 @@ def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--kv-blocks", type=int, default=DEFAULT_KV_BLOCKS, help="KV-cache blocks it reports")
+    parser.add_argument("--kv-used", type=float, default=0.0, help="share of them it reports in use (0..1)")
     args = parser.parse_args()
+    global _KV
+    _KV = kv_answer(args.kv_blocks, args.kv_used)
     from kvgate.proxy.server import run
 
     run(main(args.host, args.port))

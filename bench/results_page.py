@@ -24,6 +24,10 @@ half time, the replica sweep that answers how many replicas keep the turn p95 wi
 target, and the full fleet (64 replicas, 4,096 agents, an hour) with a replica failing at
 half time. Their outputs the cluster docs show (tables, plots) are copied beside the page,
 under `cluster/<row>/`. `--only cluster` re-runs those alone.
+
+And it shows the gate's CPU per request as its sessions grow (`kvgate bench overhead
+--sessions`, `bench/results_overhead.py`), judged against its targets; `--only overhead`
+re-runs that alone.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from kvgate.bench import results_overhead
 
 REPO = Path(__file__).resolve().parent.parent
 GATE_MODE = "kvgate-working_set"  # the gate's default policy
@@ -276,7 +282,8 @@ def render(records: list[dict]) -> str:
     """docs/results.md from the stored rows (in `ROWS` order, unknown keys last; the cluster
     rows in a section of their own)."""
     cluster = [r for r in records if r.get("kind") == "cluster"]
-    records = [r for r in records if r.get("kind") != "cluster"]
+    overhead = [r for r in records if r.get("kind") == "overhead"]
+    records = [r for r in records if r.get("kind") not in ("cluster", "overhead")]
     order = {row.key: i for i, row in enumerate(ROWS)}
     records = sorted(records, key=lambda r: (order.get(r["key"], len(order)), r["key"]))
     lines = [
@@ -325,6 +332,7 @@ def render(records: list[dict]) -> str:
         )
     if cluster:
         lines += render_cluster(cluster)
+    lines += results_overhead.render(overhead)
     return "\n".join(lines) + "\n"
 
 
@@ -417,7 +425,9 @@ def add_command(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--only", default=None, help="comma-separated regimes to run (default: every simulated row); others are kept"
+        "--only",
+        default=None,
+        help="comma-separated rows to run: regimes, cluster, overhead (default: every simulated row); others are kept",
     )
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds per row (default 3)")
     parser.add_argument(
@@ -448,7 +458,7 @@ def selected_rows(only: str | None, vllm: bool) -> list[ResultRow]:
     ones with `vllm`). ValueError naming an unknown regime."""
     if only is None:
         return [row for row in ROWS if vllm or not row.real_vllm]
-    cluster = {"cluster", *(row.key for row in CLUSTER_ROWS)}
+    cluster = {"cluster", results_overhead.KEY, *(row.key for row in CLUSTER_ROWS)}
     names = [n.strip() for n in only.split(",") if n.strip() and n.strip() not in cluster]
     known = list(dict.fromkeys(row.regime for row in ROWS))
     keys = {row.key: row for row in ROWS}
@@ -532,6 +542,8 @@ def main(args) -> int:
             store_row(data_path, args.page, record)  # after every row: a stop loses no row
         for cluster_row in selected_cluster_rows(args.only):
             run_cluster_row(cluster_row, data_path, args.page, commit)
+        if args.only is None or results_overhead.KEY in {n.strip() for n in args.only.split(",")}:
+            results_overhead.run_row(lambda record: store_row(data_path, args.page, record), commit, cwd=REPO)
     stored = _load(data_path)
     args.page.write_text(render(stored))
     print(f"[results] wrote {args.page} ({len(stored)} rows)")

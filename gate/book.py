@@ -31,10 +31,15 @@ state change goes through a `SessionBook` method, which keeps these invariants:
   lease in flight; `idle_window_blocks` sums the footprints of the idle ones.
 - `windows` holds exactly the records that hold a window, in the order their windows
   opened (a window that ends and opens again goes to the back). A record's
-  `footprint` is its window's price in blocks; `window_blocks` sums them (kept as a
-  running total: every change of a window holder's footprint goes through
-  `_set_footprint`), and `older_window_blocks(rec)` sums those ranked before `rec`
-  (O(windows before rec)).
+  `footprint` is its window's price in blocks. `_order` (`OrderedSums`) holds the same
+  records in the same order with their footprints in a Fenwick tree: every change of
+  a window holder's footprint goes through `_set_footprint`, so `window_blocks` (their
+  running total) and `older_window_blocks(rec)` (those ranked before `rec`) are O(1)
+  and O(log n).
+- `_idle_windows` (`LateIndex`) holds exactly the records with a window that are idle
+  (no lease in flight, no attempt acquiring), indexed by when their sessions turn late:
+  `late_window_blocks` and `late_windows` answer in O(log n) (plus the late windows
+  listed), for a `now` that never decreases (the gate's clock is monotonic).
 - A record's `prompt_tokens` / `growth_tokens` are the session's recorded sizes (the
   prompt of its last admitted turn with a prefix reading, and how much it grew since
   the turn before); `mean_growth_tokens` is the mean of every growth observed on the
@@ -49,6 +54,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from kvgate.gate.late_index import LateIndex
+from kvgate.gate.ordered_sums import OrderedSums
 from kvgate.gate.policies.economics import late_after, quiet_lifetime
 from kvgate.gate.policies.request_body import body_bytes
 from kvgate.wire.blocks import cdiv
@@ -137,7 +144,8 @@ class SessionBook:
         self.idle_window_blocks = 0
         self.leases = 0
         self.windows: OrderedDict[str, SessionRecord] = OrderedDict()
-        self._window_blocks = 0  # sum of the footprints of `windows`
+        self._order: OrderedSums[SessionRecord] = OrderedSums()  # `windows`, with their footprints' sums
+        self._idle_windows: LateIndex[SessionRecord] = LateIndex(quiet_floor)
         self.growth_observed = 0  # growth observations, and their sum in tokens
         self.growth_sum = 0
         self._tokens_per_byte: deque[float] = deque(maxlen=TOKENS_PER_BYTE_WINDOW)
@@ -152,6 +160,8 @@ class SessionBook:
             else:
                 self.windows_idle -= 1
                 self.idle_window_blocks -= rec.footprint
+            if rec.is_idle:
+                self._idle_windows.remove(rec)
         self.idle.pop(rec.key, None)
 
     def _enter(self, rec: SessionRecord, now: float) -> None:
@@ -169,6 +179,7 @@ class SessionBook:
             if rec.has_window:
                 rec.quiet_deadline = now + self.quiet_lifetime(rec)
                 self._schedule(rec, rec.quiet_deadline)
+                self._idle_windows.add(rec)
             self._schedule(rec, now + self.grace)
 
     def _schedule(self, rec: SessionRecord, when: float) -> None:
@@ -194,7 +205,7 @@ class SessionBook:
     def _end(self, rec: SessionRecord) -> SessionRecord:
         self._leave(rec)
         if self.windows.pop(rec.key, None) is not None:  # rec.has_window stays: the caller reads it
-            self._window_blocks -= rec.footprint
+            self._order.remove(rec.key)
         if rec.has_window:
             self._window_ended(WindowEnd.GRACE, rec)
         del self.records[rec.key]
@@ -206,16 +217,18 @@ class SessionBook:
         """Begin or end the record's window (call between _leave and _enter)."""
         if has_window and not rec.has_window:
             self.windows[rec.key] = rec
-            self._window_blocks += rec.footprint
+            self._order.append(rec.key, rec, rec.footprint)
         elif rec.has_window and not has_window:
             if self.windows.pop(rec.key, None) is not None:
-                self._window_blocks -= rec.footprint
+                self._order.remove(rec.key)
+            self._idle_windows.remove(rec)  # ended while idle (quiet, reclaimed): outside _leave/_enter
         rec.has_window = has_window
 
     def _set_footprint(self, rec: SessionRecord, footprint: int) -> None:
-        """Price the record's window (or its next one) at `footprint` blocks."""
+        """Price the record's window (or its next one) at `footprint` blocks (never an idle
+        window's: `_idle_windows` keeps the price it went idle with)."""
         if self.windows.get(rec.key) is rec:
-            self._window_blocks += footprint - rec.footprint
+            self._order.set_value(rec.key, footprint)
         rec.footprint = footprint
 
     # -- the working_set policy's books
@@ -223,18 +236,13 @@ class SessionBook:
     @property
     def window_blocks(self) -> int:
         """Footprints of every window, in flight or idle."""
-        return self._window_blocks
+        return self._order.total
 
     def older_window_blocks(self, rec: SessionRecord | None) -> int:
-        """Footprints of the windows opened before `rec`'s; all of them if it holds none."""
+        """Footprints of the windows opened before `rec`'s; all of them if it holds none. O(log n)."""
         if rec is None or not rec.has_window:
-            return self.window_blocks
-        total = 0
-        for other in self.windows.values():
-            if other is rec:
-                return total
-            total += other.footprint
-        raise AssertionError(f"window holder {rec.key!r} missing from the windows")
+            return self._order.total
+        return self._order.sum_before(self._order.rank(rec.key))
 
     @property
     def mean_growth_tokens(self) -> int:
@@ -447,14 +455,29 @@ class SessionBook:
         self._enter(rec, now)
         return True
 
-    def late_windows(self, rec: SessionRecord | None, now: float) -> tuple[list[SessionRecord], float | None]:
-        """Other sessions' idle windows whose sessions are late (`late_after`, at least the
-        quiet floor), the longest idle first, and the seconds until the next of the
-        others turns late (None: no other idle window). O(windows)."""
+    def late_window_blocks(self, rec: SessionRecord | None, now: float) -> tuple[int, float | None]:
+        """The footprints of other sessions' idle windows whose sessions are late
+        (`late_after`, at least the quiet floor), and the seconds until the next of the
+        others turns late (None: no other idle window). O(log n) amortized."""
+        if rec is not None and rec.key in self._idle_windows:  # never the gate's: a deciding turn is acquiring
+            late, due = self._late_windows_walk(rec, now)
+            return sum(other.footprint for other in late), due
+        return self._idle_windows.late_blocks(self.replica_gap_ewma, now)
+
+    def late_windows(self, rec: SessionRecord | None, now: float) -> list[SessionRecord]:
+        """Other sessions' idle windows whose sessions are late, the longest idle first
+        (equal idle times: the older window first). O(late windows x log + log n)."""
+        if rec is not None and rec.key in self._idle_windows:
+            return self._late_windows_walk(rec, now)[0]
+        late = self._idle_windows.late(self.replica_gap_ewma, now)
+        late.sort(key=lambda other: (other.idle_since, self._order.rank(other.key)))
+        return late
+
+    def _late_windows_walk(self, rec: SessionRecord | None, now: float) -> tuple[list[SessionRecord], float | None]:
+        """`late_windows` and its due time by a walk over every window (O(windows)): for a
+        `rec` whose own window is idle (the index counts it), and the tests' reference."""
         late: list[SessionRecord] = []
         due: float | None = None
-        if not self.windows_idle:
-            return late, due
         for other in self.windows.values():
             if other is rec or not other.is_idle:  # in flight, or its next turn is acquiring
                 continue
@@ -472,7 +495,7 @@ class SessionBook:
         uncommitted. The records stay idle (same period) until their grace, as after a
         quiet end."""
         freed = 0
-        for other in self.late_windows(rec, now)[0]:
+        for other in self.late_windows(rec, now):
             if freed >= blocks:
                 break
             freed += other.footprint

@@ -401,7 +401,8 @@ class Gate:
             self._book.record_size(record, prefix.total_tokens, bound)
             return
         facts = TurnFacts(self._book, record, allowance, bound, lambda: 0, usage, self._now(), self._now())
-        footprint = max(price(self.policy.view(facts), usage, prefix, self.settings), 0)
+        view = (self.policy.price_view or self.policy.view)(facts)  # what the price reads: O(1)
+        footprint = max(price(view, usage, prefix, self.settings), 0)
         if self._book.reprice(record, footprint, prefix.total_tokens, bound):
             self._blocks_freed(self._now())
             self._publish_windows()

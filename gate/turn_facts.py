@@ -2,7 +2,8 @@
 
 `TurnFacts` reads the session book, the session's record and the attempt's figures
 when a policy's view asks for them, so a policy that reads little costs little: the
-watermark policy never walks the windows or the queue.
+watermark policy never queries the windows or walks the queue. The book answers the
+window queries in O(log n) (`SessionBook`); `waiters_ahead` walks the queue.
 """
 
 from __future__ import annotations
@@ -55,12 +56,11 @@ class TurnFacts:
         self._now = now
         self._start = start
         self.priority_field = priority_field and record is not None
-        self._late: tuple[int, float | None] | None = None  # (late_window_blocks, next_late_sec): one walk
+        self._late: tuple[int, float | None] | None = None  # (late_window_blocks, next_late_sec): one query
 
     def _late_windows(self) -> tuple[int, float | None]:
         if self._late is None:
-            late, due = self._book.late_windows(self._rec, self._now)
-            self._late = (sum(other.footprint for other in late), due)
+            self._late = self._book.late_window_blocks(self._rec, self._now)
         return self._late
 
     @property

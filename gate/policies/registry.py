@@ -31,6 +31,8 @@ class Policy(Generic[V]):
       `decide_read` with the answer.
     price: the exact window price from a prefix reading, for an `Admit.reprice_above`
       (None: the policy never prices at a bound).
+    price_view: builds the view `price` is called with (None: `view`); it must read every
+      fact `price` reads as `view` reads it (a turn's usage reprices its window on it).
     reads_prompt_bound: the shell must fill `GateFacts.prompt_bound_tokens` (it costs
       one encoding of the body per turn).
     `usage is None` means the usage probe failed (usage unknown).
@@ -41,6 +43,7 @@ class Policy(Generic[V]):
     decide: Callable[[V, UsageReading | None, ProbedPrefix | None, GateSettings], Decision | ProbeFirst]
     price: Callable[[V, UsageReading, PrefixReading, GateSettings], int] | None = None
     reads_prompt_bound: bool = False
+    price_view: Callable[[GateFacts], V] | None = None
 
     def decide_read(
         self, view: V, usage: UsageReading | None, prefix: ProbedPrefix, settings: GateSettings
@@ -53,7 +56,12 @@ class Policy(Generic[V]):
 
 WATERMARK: Policy[WatermarkView] = Policy("watermark", WatermarkView.read, watermark_decide)
 WORKING_SET: Policy[WorkingSetView] = Policy(
-    "working_set", WorkingSetView.read, working_set_decide, price=window_footprint, reads_prompt_bound=True
+    "working_set",
+    WorkingSetView.read,
+    working_set_decide,
+    price=window_footprint,
+    reads_prompt_bound=True,
+    price_view=WorkingSetView.read_price,
 )
 
 POLICIES: dict[str, Policy[Any]] = {p.name: p for p in (WATERMARK, WORKING_SET)}

@@ -122,7 +122,7 @@ class WorkingSetView:
     `waited_sec`, and `prefix_probe_sec` (the wait a probe would add). The cap on a
     held turn's wait: `waited_sec`, `recent_turn_sec`, `late_window_blocks`,
     `next_late_sec` (read only for a newcomer at the head of the queue that has
-    waited: they walk the windows, and the cap reads them for no other turn).
+    waited: the cap reads them for no other turn).
     Forwarding a held turn at low priority instead (`held_priority`): `priority_field`.
     Anonymous turns, and replicas without block counts, are decided by the watermark
     policy (`watermark`).
@@ -153,7 +153,7 @@ class WorkingSetView:
     def read(cls, facts: GateFacts) -> WorkingSetView:
         has_window, waiters_ahead, waited_sec = facts.has_window, facts.waiters_ahead, facts.waited_sec
         # The late windows are read by the wait cap only, for a newcomer at the head of
-        # the queue that has waited; they walk the windows, so no other turn reads them.
+        # the queue that has waited (an O(log n) query of the book); no other turn reads them.
         reads_late = waited_sec > 0 and not has_window and waiters_ahead == 0
         return cls(
             anonymous=facts.anonymous,
@@ -176,6 +176,18 @@ class WorkingSetView:
             late_window_blocks=facts.late_window_blocks if reads_late else 0,
             next_late_sec=facts.next_late_sec if reads_late else None,
             priority_field=facts.priority_field,
+        )
+
+    @classmethod
+    def read_price(cls, facts: GateFacts) -> WorkingSetView:
+        """The part of the view `pricing.window_footprint` reads (the turn's output allowance
+        and the session's and replica's recorded sizes), the rest at its defaults: what a
+        window's repricing from a turn's usage builds, read off the facts as `read` does."""
+        return cls(
+            max_output_tokens=facts.max_output_tokens,
+            last_prompt_tokens=facts.last_prompt_tokens,
+            last_growth_tokens=facts.last_growth_tokens,
+            mean_growth_tokens=facts.mean_growth_tokens,
         )
 
     @property

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from kvgate.bench import results_page
+from kvgate.bench import results_overhead, results_page
 from kvgate.bench.results_page import ROWS, Check, evaluate, limiting_factor, record_of, render, selected_rows
 
 
@@ -196,3 +196,53 @@ def test_the_cluster_rows_run_their_command_and_keep_the_regime_rows(tmp_path, m
     stored = json.loads(data.read_text())
     assert [r["key"] for r in stored] == [ROWS[0].key, "cluster-failure", "cluster-sweep"]
     assert results_page.render(stored) == text  # the page is rendered from the stored data alone
+
+
+def overhead_document(ratios: dict[int, float | None]) -> dict:
+    """A `kvgate bench overhead --sessions` --out document with these on/off ratios."""
+    rows = []
+    for n, ratio in ratios.items():
+        on = None if ratio is None else 100.0 * ratio
+        rows.append(
+            {
+                "sessions": n,
+                "clients": 16,
+                "windows": n,
+                "off": {"cpu_us_per_request": 100.0, "rps": 5000.0, "errors": 0, "runs": 3},
+                "on": {"cpu_us_per_request": on, "rps": 4000.0, "errors": 1, "runs": 3},
+                "cpu_ratio": ratio,
+            }
+        )
+    return {"sessions": rows}
+
+
+def test_the_overhead_row_is_judged_against_its_targets_and_names_its_limit_when_missed():
+    met = results_overhead.record(overhead_document({100: 1.25, 1000: 1.4, 10000: 1.5}), "cmd o", "d", "c")
+    text = render([met])
+    assert "## The gate's CPU per request as its sessions grow" in text and "`cmd o` (d, c)" in text
+    assert "| 100 | 100 | 100 | 125 | 1.25x | <= 1.3x: 1.25x **met** | 1 |" in text
+    assert "| 1000 | 1000 | 100 | 140 | 1.40x | - | 1 |" in text  # no target at 1,000
+    assert "<= 1.5x: 1.50x **met**" in text and "Limited by" not in text
+    missed = results_overhead.record(overhead_document({100: 2.0, 10000: None}), "cmd o", "d", "c")
+    text = render([missed])
+    assert "<= 1.3x: 2.00x **missed**" in text and "<= 1.5x: no figure **missed**" in text
+    assert f"Limited by {results_overhead.LIMIT}." in text
+    assert selected_rows("overhead", vllm=False) == []  # a row of its own, not a regime
+    assert results_page.selected_cluster_rows("overhead") == []
+
+
+def test_the_overhead_row_runs_its_command_and_keeps_the_other_rows(tmp_path):
+    """A real `kvgate bench overhead --sessions` at a small scale: its row lands on the page
+    beside the rows already stored, rendered from the stored data alone."""
+    document = {"modes": {"sticky": summary(), results_page.GATE_MODE: summary()}, "replicas": {"count": 2}}
+    data, page = tmp_path / "results.json", tmp_path / "results.md"
+    results_page.store_row(data, page, record_of(ROWS[0], document, "cmd a", "d1", "c1"))
+    options = ("--sessions", "3,6", "--duration", "0.3", "--warmup", "0.1", "--repeats", "1")
+    assert results_overhead.run_row(lambda record: results_page.store_row(data, page, record), "abc1234", options)
+    text = page.read_text()
+    assert "`kvgate bench overhead --sessions 3,6 --duration 0.3 --warmup 0.1 --repeats 1` (" in text
+    assert "abc1234)" in text and "| 3 | 3 |" in text and "| 6 | 6 |" in text
+    stored = json.loads(data.read_text())
+    assert [r["key"] for r in stored] == [ROWS[0].key, "overhead"]
+    assert all(row["errors"] == 0 and row["on_us"] > 0 and row["off_us"] > 0 for row in stored[1]["sessions"])
+    assert results_page.render(stored) == text

@@ -282,7 +282,8 @@ def test_the_book_reclaims_idle_windows_the_longest_idle_first():
     waiting = _Attempt()
     d, _ = book.begin_attempt("d", waiting, 2.2)
     # no gap measured: late after the quiet floor (0.5 s); a (idle 0.2 s) is due in 0.3 s
-    assert book.late_windows(d, 2.2) == ([c], pytest.approx(0.3))
+    assert book.late_windows(d, 2.2) == [c]
+    assert book.late_window_blocks(d, 2.2) == (20, pytest.approx(0.3))
     assert book.reclaim_late_windows(d, 100, 2.2) == 20  # c alone is late
     assert (c.has_window, a.has_window, b.has_window) == (False, True, True)
     assert c.last_window_end == WindowEnd.RECLAIMED and c.is_idle  # the record stays, without its window

@@ -1,0 +1,111 @@
+"""The results page's overhead row: `kvgate bench overhead --sessions`, the gate's CPU per
+request as the sessions it books grow, judged against its targets (`CPU_TARGETS`).
+
+`kvgate bench results --only overhead` runs it (every run without `--only` too); the row
+is stored with the others in docs/results.json (kind `overhead`) and rendered in a
+section of its own.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+KEY = "overhead"
+OPTIONS = ("--sessions", "100,1000,10000", "--duration", "3", "--repeats", "3")
+# Gate on over gate off, CPU per request, at most this at N sessions: a gate that costs little
+# more than the proxy without it, whatever the sessions it books.
+CPU_TARGETS = {100: 1.3, 10_000: 1.5}
+LIMIT = (
+    "the gate's own Python per turn (the view the policy reads, its decision, the window's "
+    "books, the admission metrics, the repricing from the turn's usage); the books' queries "
+    "are O(log n) (`gate/book.py`)"
+)
+
+
+def record(document: dict, command: str, date: str, commit: str) -> dict:
+    """The stored row of one `kvgate bench overhead --sessions` run (its --out JSON)."""
+    rows = [
+        {
+            "sessions": r["sessions"],
+            "windows": r["windows"],
+            "off_us": r["off"]["cpu_us_per_request"],
+            "on_us": r["on"]["cpu_us_per_request"],
+            "ratio": r["cpu_ratio"],
+            "errors": r["off"]["errors"] + r["on"]["errors"],
+        }
+        for r in document["sessions"]
+    ]
+    return {"key": KEY, "kind": "overhead", "command": command, "date": date, "commit": commit, "sessions": rows}
+
+
+def judged(row: dict) -> str:
+    """The row's target, met or missed, or '-' for a size without one."""
+    target = CPU_TARGETS.get(row["sessions"])
+    if target is None:
+        return "-"
+    if row["ratio"] is None:
+        return f"<= {target}x: no figure **missed**"
+    return f"<= {target}x: {row['ratio']:.2f}x **{'met' if row['ratio'] <= target else 'missed'}**"
+
+
+def render(records: list[dict]) -> list[str]:
+    """The overhead section of the page from its stored row."""
+    lines: list[str] = []
+    for r in records:
+        lines += [
+            "",
+            "## The gate's CPU per request as its sessions grow (`kvgate bench overhead --sessions`)",
+            "",
+            "kvgate in front of a fast upstream that answers the probe API as a calm replica, with the",
+            "gate off and on, each request's session taken in turn from N; CPU per request is the",
+            "kvgate process's (median of the runs). Details: [proxy.md](proxy.md#overhead-benchmark).",
+            "",
+            f"`{r['command']}` ({r['date']}, {r['commit']})",
+            "",
+            "| sessions | windows | gate off µs/req | gate on µs/req | on / off | target | errors |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        missed = False
+        for row in r["sessions"]:
+            verdict = judged(row)
+            missed |= "missed" in verdict
+
+            def us(value: float | None) -> str:
+                return "-" if value is None else f"{value:.0f}"
+
+            ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
+            windows = "-" if row["windows"] is None else str(row["windows"])
+            lines.append(
+                f"| {row['sessions']} | {windows} | {us(row['off_us'])} | {us(row['on_us'])} | {ratio} "
+                f"| {verdict} | {row['errors']} |"
+            )
+        if missed:
+            lines += ["", f"Limited by {LIMIT}."]
+    return lines
+
+
+def run_row(
+    store: Callable[[dict], None], commit: str, options: tuple[str, ...] = OPTIONS, cwd: Path | None = None
+) -> bool:
+    """Run the benchmark with `options` and `store` its row; False (row not updated) if it failed."""
+    shown = shlex.join(["kvgate", "bench", "overhead", *options])
+    print(f"[results] {shown}", flush=True)
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    with tempfile.TemporaryDirectory(prefix="kvgate-results-") as scratch:
+        out = Path(scratch) / "overhead.json"
+        command = [sys.executable, "-m", "kvgate.cli", "bench", "overhead", *options, "--out", str(out)]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        status = subprocess.run(command, cwd=cwd, env=env).returncode
+        if status != 0 or not out.exists():
+            print(f"[results] {KEY}: exit {status}, row not updated", file=sys.stderr)
+            return False
+        store(record(json.loads(out.read_text()), shown, date, commit))
+    return True
