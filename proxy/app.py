@@ -23,6 +23,7 @@ from kvgate.gate.gate import MODES
 from kvgate.gate.ownership import Ownership, OwnershipClaims, conflict_flag, default_gate_id, gate_mode, readiness
 from kvgate.gate.probe import missing_probe_api
 from kvgate.proxy.admin import AdminApi
+from kvgate.proxy.canonical_path import non_canonical_message, path_problem
 from kvgate.proxy.client_auth import OPEN_PATHS, ClientAuth
 from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, error_shape, send_error
 from kvgate.proxy.forward import Forwarder
@@ -195,6 +196,10 @@ class ProxyApp:
     async def handle(self, request: HttpRequest, responder: Responder) -> None:
         path = request.path
         responder.error_shape = error_shape(path)  # kvgate's own errors speak the client's API
+        problem = path_problem(path)
+        if problem is not None:  # before auth and routing: both must see what the replica sees
+            send_error(responder, 400, non_canonical_message(path, problem), "non_canonical_path")
+            return
         if (
             self.auth.enabled
             and path not in OPEN_PATHS
