@@ -187,6 +187,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "limits.max_headers": _in_range(1),
     "limits.header_timeout_sec": _in_range(0, lo_open=True),
     "limits.body_timeout_sec": _in_range(0, lo_open=True),
+    "limits.body_deadline_sec": _in_range(0, lo_open=True),
     "limits.keepalive_timeout_sec": _in_range(0, lo_open=True),
     "limits.write_timeout_sec": _in_range(0, lo_open=True),
     "limits.max_connections": _in_range(1),
