@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+from aiohttp import web
 from security_parts import address_of, chat, raw_exchange, replica_config, until
 from yarl import URL
 
@@ -134,3 +135,107 @@ async def test_e1_a_body_trickling_in_meets_a_total_deadline(parts, http):
         assert answer.startswith(b"HTTP/1.1 408 ") and b"body_deadline_sec" in answer, answer
     finally:
         writer.close()
+
+
+# ---- finding 6: learned usage was not clamped ---------------------------------------------
+
+HUGE = 2**63 - 1
+
+
+async def kv(_request: web.Request) -> web.Response:
+    """A replica's kv answer: 100 blocks of 16 tokens, max_model_len 1024."""
+    doc = {"version": 1, "kv_cache_usage": 0.1, "num_total_blocks": 100, "num_free_blocks": 90}
+    return web.json_response({**doc, "block_size": 16, "max_model_len": 1024, "max_token_bytes": 16})
+
+
+def hostile_replica() -> web.Application:
+    """A replica that reports every prompt as 2^63-1 tokens."""
+
+    async def chat_completions(request: web.Request) -> web.Response:
+        await request.read()
+        usage = {"prompt_tokens": HUGE, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": HUGE}}
+        message = {"role": "assistant", "content": "ok"}
+        return web.json_response({"id": "c", "choices": [{"index": 0, "message": message}], "usage": usage})
+
+    app = web.Application()
+    app.router.add_get("/v1/kvgate/kv", kv)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    return app
+
+
+async def test_e6_a_replica_reporting_huge_usage_cannot_poison_the_gate(parts, http):
+    url = await parts.server(hostile_replica())
+    gate = await parts.kvgate({"replicas": [{"name": "hostile", "url": url}]})
+    for turn in range(3):
+        body = chat("hello " * (turn + 1))
+        async with http.post(gate.url + "/v1/chat/completions", json=body, headers={"x-session-id": "s"}) as resp:
+            assert resp.status == 200, await resp.text()
+    book = gate.app.admission._gates["hostile"]._book
+    sizes = [record.prompt_tokens for record in book.records.values()]
+    assert sizes and all(size is not None and 0 < size <= 1024 for size in sizes), sizes
+    assert book.growth_sum <= 1024 * book.growth_observed
+
+
+# ---- finding 5: the usage tap was unbounded, quadratic, and blind to CRLF -----------------
+
+
+def streaming_replica(first: bytes, rest: bytes, release: asyncio.Event) -> web.Application:
+    """A replica whose chat stream sends `first`, waits for `release`, then sends `rest`."""
+
+    async def chat_completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        assert body.get("stream_options") == {"include_usage": True}  # kvgate asked for it
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(first)
+        await release.wait()
+        await resp.write(rest)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/kvgate/kv", kv)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    return app
+
+
+def sse_crlf(doc: dict) -> bytes:
+    import orjson
+
+    return b"data: " + orjson.dumps(doc) + b"\r\n\r\n"
+
+
+async def read_at_least(resp, size: int, timeout: float = 10.0) -> bytes:
+    data = b""
+    async with asyncio.timeout(timeout):
+        while len(data) < size:
+            piece = await resp.content.read(1 << 20)
+            if not piece:
+                break
+            data += piece
+    return data
+
+
+async def test_e5_crlf_events_pass_at_once_and_the_usage_event_kvgate_asked_for_is_taken_out(parts, http):
+    content = sse_crlf({"id": "c", "choices": [{"index": 0, "delta": {"content": "hi"}}]})
+    usage = sse_crlf({"id": "c", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 1}})
+    release = asyncio.Event()
+    url = await parts.server(streaming_replica(content, usage + b"data: [DONE]\r\n\r\n", release))
+    gate = await parts.kvgate({"replicas": [{"name": "r", "url": url}]})
+    body = chat(stream=True)
+    async with http.post(gate.url + "/v1/chat/completions", json=body, headers={"x-session-id": "s"}) as resp:
+        assert await read_at_least(resp, len(content), timeout=5) == content  # before the stream ends
+        release.set()
+        rest = await resp.read()
+    assert rest == b"data: [DONE]\r\n\r\n"  # the usage event the client did not ask for is not relayed
+
+
+async def test_e5_an_over_long_event_is_relayed_as_it_comes_not_held(parts, http):
+    huge = b"data: " + b'{"choices":[{"index":0,"delta":{"content":"' + b"x" * (6 << 20)  # no end yet
+    release = asyncio.Event()
+    url = await parts.server(streaming_replica(huge, b'"}}]}\n\ndata: [DONE]\n\n', release))
+    gate = await parts.kvgate({"replicas": [{"name": "r", "url": url}]})
+    async with http.post(gate.url + "/v1/chat/completions", json=chat(stream=True), headers={"x-session-id": "s"}) as r:
+        assert len(await read_at_least(r, len(huge))) >= len(huge)  # relayed before the event ends
+        release.set()
+        await r.read()
