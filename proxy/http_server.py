@@ -255,7 +255,8 @@ class FrontProtocol(asyncio.Protocol):
     - Transfer-Encoding must be exactly `chunked` (llhttp accepts `gzip, chunked`,
       a coding nobody here can undo) and only on HTTP/1.1;
     - the HTTP version: 1.0 or 1.1;
-    - optional whitespace is stripped from the end of values (llhttp strips the start).
+    - optional whitespace is stripped from the end of values (llhttp strips the start);
+    - trailer fields of a chunked body are discarded, never merged into the headers.
 
     Phases, for the timeouts the server's sweeper enforces: "idle" (waiting for a
     request: keep-alive timeout), "head" (a request began: header timeout), "body"
@@ -414,6 +415,11 @@ class FrontProtocol(asyncio.Protocol):
         size = self._head_size = self._head_size + len(name) + len(value) + 4
         if size > self._max_head:
             raise self._head_too_large()
+        if not self._in_head:
+            # A chunked body's trailer field (llhttp reports it like a header): discarded
+            # (RFC 9110 6.5.1). Merged, a trailer Authorization or session header would act
+            # after the head was screened, unseen by an ingress that filters headers.
+            return
         raw_headers = self._raw_headers
         if len(raw_headers) >= self._max_headers:
             raise _Refusal(

@@ -239,3 +239,51 @@ async def test_e5_an_over_long_event_is_relayed_as_it_comes_not_held(parts, http
         assert len(await read_at_least(r, len(huge))) >= len(huge)  # relayed before the event ends
         release.set()
         await r.read()
+
+
+# ---- finding 7: trailers were merged into the headers --------------------------------------
+
+
+def chunked_with_trailer(path: str, head: bytes, body: bytes, trailer: bytes) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: k\r\nContent-Type: application/json\r\n".encode()
+        + head
+        + b"Transfer-Encoding: chunked\r\n\r\n"
+        + f"{len(body):x}\r\n".encode()
+        + body
+        + b"\r\n0\r\n"
+        + trailer
+        + b"\r\n"
+    )
+
+
+async def test_e7_trailer_fields_are_neither_honoured_nor_forwarded(parts, http):
+    import orjson
+
+    seen: list[dict[str, str]] = []
+
+    async def chat_completions(request: web.Request) -> web.Response:
+        seen.append({k.lower(): v for k, v in request.headers.items()})
+        await request.read()
+        return web.json_response({"id": "c", "choices": [{"index": 0, "message": {"role": "assistant"}}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/kvgate/kv", kv)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    url = await parts.server(app)
+    gate = await parts.kvgate({"replicas": [{"name": "r", "url": url}], **KEYED})
+    body = orjson.dumps(chat())
+    # a trailer Authorization does not authenticate
+    raw_bytes = chunked_with_trailer(
+        "/v1/chat/completions", b"", body, f"Authorization: Bearer {CLIENT_KEY}\r\n".encode()
+    )
+    data, _ = await raw_exchange(gate.url, raw_bytes, timeout=3)
+    assert data.startswith(b"HTTP/1.1 401 "), data
+    # a trailer session id neither names the session nor reaches the replica
+    head = f"Authorization: Bearer {CLIENT_KEY}\r\nx-session-id: mine\r\nConnection: close\r\n".encode()
+    trailer = b"x-session-id: victim\r\nx-kvgate-session-id: victim\r\nx-smuggled: 1\r\n"
+    data, _ = await raw_exchange(gate.url, chunked_with_trailer("/v1/chat/completions", head, body, trailer), 3)
+    assert data.startswith(b"HTTP/1.1 200 "), data
+    (headers,) = seen
+    assert headers.get("x-session-id") == "mine" and "x-smuggled" not in headers
+    assert "victim" not in str(headers) and "victim" not in str(gate.app.admission.state())
