@@ -558,7 +558,8 @@ def duplicate_replica_problems(replicas: object) -> list[str]:
     for name, where in seen["name"].items():
         if len(where) > 1:
             problems.append(
-                f"replicas: name {_clipped(repr(name))} is used more than once ({', '.join(where)}); names must be unique"
+                f"replicas: name {_clipped(repr(name))} is used more than once ({', '.join(where)}); "
+                "names must be unique"
             )
     for where in seen["url"].values():
         if len(where) > 1:
