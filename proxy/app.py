@@ -207,7 +207,9 @@ class ProxyApp:
             return None if self.admin.allows(request.headers) else self.admin.refusal()
         if not self.auth.enabled or (path in OPEN_PATHS and not has_body):
             return None
-        if self.auth.allows(request.headers):
+        index = self.auth.match(request.headers)
+        if index >= 0:
+            request.tenant = self.auth.tenant(index)
             return None
         return HeadRefusal(
             401,

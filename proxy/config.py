@@ -45,6 +45,7 @@ from kvgate.balancer.replica_fields import is_token, replica_name_problem, repli
 from kvgate.gate.gate import MODES
 from kvgate.gate.ownership import MAX_CONFIGURED_GATE_ID_CHARS
 from kvgate.gate.policies.registry import policy_name_problem
+from kvgate.proxy.errors import clipped as _clipped
 from kvgate.proxy.http_fields import field_value_problem
 from kvgate.proxy.service_links import is_service_link
 from kvgate.proxy.settings import Settings
@@ -178,13 +179,6 @@ def is_secret(path: str) -> bool:
     """Whether the dotted `path` (list items as `[i]`) holds a secret."""
     key = _rule_key(path).replace("[]", "")
     return key in SECRET_KEYS
-
-
-SHOWN_CHARS = 80  # the most of a value a problem line shows
-
-
-def _clipped(text: str, limit: int = SHOWN_CHARS) -> str:
-    return text if len(text) <= limit else f"{text[: limit - 3]}... ({len(text)} characters)"
 
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")

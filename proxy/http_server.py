@@ -64,7 +64,7 @@ class HttpRequest:
     headers joined by ", "); `raw_headers` keeps the received (name, value) byte pairs
     in order, for relaying."""
 
-    __slots__ = ("method", "path", "query", "version", "raw_headers", "headers", "body", "keep_alive")
+    __slots__ = ("method", "path", "query", "version", "raw_headers", "headers", "body", "keep_alive", "tenant")
 
     def __init__(
         self,
@@ -84,6 +84,7 @@ class HttpRequest:
         self.headers = headers
         self.body = b""
         self.keep_alive = keep_alive
+        self.tenant: str | None = None  # set by the app's screen: the client key's tenant (proxy.tenancy)
 
 
 class _DateCache:

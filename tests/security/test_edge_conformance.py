@@ -287,3 +287,58 @@ async def test_e7_trailer_fields_are_neither_honoured_nor_forwarded(parts, http)
     (headers,) = seen
     assert headers.get("x-session-id") == "mine" and "x-smuggled" not in headers
     assert "victim" not in str(headers) and "victim" not in str(gate.app.admission.state())
+
+
+# ---- findings 3 and 4: tenants (client keys) shared session ids and Responses links ----------
+
+TENANT_A = {"Authorization": f"Bearer {CLIENT_KEY}"}
+
+
+async def test_e4_a_tenant_cannot_probe_finish_or_share_another_tenants_session(parts, http):
+    (replica,) = await parts.replicas(num_blocks=512, block_size=16)
+    gate = await parts.kvgate(replica_config(replica, **KEYED))
+
+    async def turn(headers: dict, **extra) -> str:
+        all_headers = {**headers, "x-session-id": "alpha", **extra}
+        async with http.post(gate.url + "/v1/chat/completions", json=chat(), headers=all_headers) as resp:
+            assert resp.status == 200, await resp.text()
+            return resp.headers["x-kvgate-admission"]
+
+    await turn(TENANT_A)
+    assert await turn(TENANT_A) == "holds_window"  # A's own session holds its window
+    # B guesses A's id: a session of its own, so the admission says nothing of A's
+    assert await turn(TENANT_B) != "holds_window"
+    await turn(TENANT_B, **{"x-session-finish": "true"})  # B ends "alpha": its own
+    assert await turn(TENANT_A) == "holds_window"  # A's window is still there
+    sessions = list(gate.app.admission.state()[replica.name]["sessions"])
+    assert "alpha" not in sessions and all(s.endswith(":alpha") for s in sessions), sessions
+
+
+async def test_e3_responses_ids_and_stored_responses_belong_to_their_tenant(parts, http):
+    replicas = await parts.replicas(2)
+    config = {"replicas": [{"name": r.name, "url": r.url} for r in replicas], **KEYED}
+    gate = await parts.kvgate(config)
+
+    async def respond(headers: dict, session: str, status: int = 200, **fields) -> dict:
+        body = {"model": "kvgate-sim", "input": f"{session} says hi", "max_output_tokens": 4, **fields}
+        async with http.post(gate.url + "/v1/responses", json=body, headers={**headers, "x-session-id": session}) as r:
+            assert r.status == status, await r.text()
+            return await r.json()
+
+    # B records "turn-1" first; A's continuation of "turn-1" does not join B's conversation
+    await respond(TENANT_B, "b-session", request_id="turn-1")
+    refused = await respond(TENANT_A, "a-session", 404, previous_response_id="turn-1")
+    assert refused["error"]["code"] == "response_not_found"
+    # nor may A store a response under B's id: 409 before forwarding
+    refused = await respond(TENANT_A, "a-session", 409, request_id="turn-1")
+    assert refused["error"]["code"] == "response_id_taken"
+    # A's stored response: readable by A, not by B (not even told it exists)
+    mine = await respond(TENANT_A, "a-session")
+    async with http.get(gate.url + f"/v1/responses/{mine['id']}", headers=TENANT_B) as resp:
+        assert resp.status == 404 and (await resp.json())["error"]["code"] == "response_not_found"
+    async with http.get(gate.url + "/v1/responses/resp_never_made", headers=TENANT_B) as resp:
+        assert resp.status == 404 and (await resp.json())["error"]["code"] == "response_not_found"
+    async with http.get(gate.url + f"/v1/responses/{mine['id']}", headers=TENANT_A) as resp:
+        assert resp.status == 200, await resp.text()
+    # and A continues its own chain as before
+    await respond(TENANT_A, "a-session", previous_response_id=mine["id"])
