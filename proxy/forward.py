@@ -332,6 +332,10 @@ class Forwarder:
                         lease_headers(replica, lease),
                     )
                     return
+                except asyncio.CancelledError:  # the client left before the replica's headers came
+                    self.metrics.upstream_errors.labels(replica.name, "client_disconnect").inc()
+                    self._count(kind, replica.name, CLIENT_CLOSED)
+                    raise
                 held.served = upstream.status < 400  # an error answer (404...) served no prompt
                 completed = await self._relay(turn, replica, lease, upstream)
             if completed:
