@@ -145,6 +145,12 @@ def _last_event_end(data: bytearray, start: int) -> int:
     return max(lf + 2 if lf >= 0 else -1, crlf + 3 if crlf >= 0 else -1)
 
 
+def _first_event_end(data: bytearray, start: int) -> int:
+    """The offset just past the first event end in `data` found from `start`, or -1."""
+    ends = [at + size for at, size in ((data.find(b"\n\n", start), 2), (data.find(b"\n\r\n", start), 3)) if at >= 0]
+    return min(ends) if ends else -1
+
+
 def _events(data: bytes, keep_rest: bool = False) -> list[bytes]:
     """`data`'s whole events, each with its end; and what follows the last end if `keep_rest`."""
     events, begin = [], 0
@@ -195,8 +201,8 @@ class UsageTap:
         held = self._held
         scan_from = max(0, len(held) - _END_OVERLAP)
         held += chunk
-        cut = _last_event_end(held, scan_from)
-        if self._passing:  # the rest of an over-long event: passed on as it comes
+        if self._passing:  # the rest of an over-long event: passed on as it comes, up to its end
+            cut = _first_event_end(held, scan_from)
             if cut < 0:
                 del held[: max(0, len(held) - _END_OVERLAP)]
                 return chunk
@@ -204,6 +210,7 @@ class UsageTap:
             rest = bytes(held[cut:])  # new events: read from their start
             held.clear()
             return chunk[: len(chunk) - len(rest)] + self.feed(rest) if rest else chunk
+        cut = _last_event_end(held, scan_from)
         whole = bytes(held[:cut]) if cut > 0 else b""
         if cut > 0:
             del held[:cut]

@@ -256,3 +256,16 @@ def test_an_event_too_long_to_hold_is_passed_on_unread_when_stripping(monkeypatc
         assert len(tap._held) <= 1000 + 300  # never more than the cap and one chunk
     assert b"".join(out) + tap.finish() == long_event + b"".join(CHUNKS) + DONE
     assert tap.usage == PromptUsage(120, 96)  # the events after the long one are read again
+
+
+@pytest.mark.parametrize("crlf", [False, True])
+def test_the_events_after_an_over_long_one_are_read_however_the_stream_is_cut(monkeypatch, crlf):
+    monkeypatch.setattr(usage_tap, "_EVENT_BYTES", 200)
+    end = b"\r\n\r\n" if crlf else b"\n\n"
+    long_event = sse({"choices": [{"index": 0, "delta": {"content": "x" * 250}}]}).replace(b"\n\n", end)
+    stream = long_event + USAGE_EVENT.replace(b"\n\n", end) + DONE.replace(b"\n\n", end)
+    for cut in range(1, len(stream)):
+        tap = UsageTap(strip=True)
+        out = tap.feed(stream[:cut]) + tap.feed(stream[cut:]) + tap.finish()
+        assert out == long_event + DONE.replace(b"\n\n", end), cut
+        assert tap.usage == PromptUsage(120, 96), cut
