@@ -26,12 +26,13 @@ Contract with the handler, `async handler(request: HttpRequest, responder: Respo
 Limits (`proxy.settings.LimitsSettings`, the `limits` config section): head size and header count
 per request, body size, header-read, body-read (between reads, and whole), idle keep-alive
 and client write timeouts, and the number of client connections (at the limit, the
-longest-waiting connection without a screened request gives way to a new one).
+longest-waiting of the oldest connections without a screened request gives way to a new one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import resource
 import time
@@ -305,7 +306,6 @@ class FrontProtocol(asyncio.Protocol):
         self.phase = "idle"
         self.deadline = 0.0  # when the current phase's timeout expires (monotonic)
         self._body_deadline = 0.0  # when the body being read must have arrived whole
-        self.phase_since = 0.0  # when the current phase began: the oldest evictable goes first
         self.write_blocked_since = 0.0
 
     # ---- transport events ------------------------------------------------------------
@@ -315,13 +315,15 @@ class FrontProtocol(asyncio.Protocol):
         # subclassing it).
         self._transport = cast(asyncio.Transport, transport)
         self._server.connections.add(self)
-        self.phase_since = now = time.monotonic()
+        self._server.displaceable(self, True)
+        now = time.monotonic()
         self.deadline = now + self._limits.header_timeout_sec
 
     def connection_lost(self, exc) -> None:
         self._closed = True
         self._reading_done = True
         self._server.connections.discard(self)
+        self._server.displaceable(self, False)
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client left: withdraw the admission, abort the upstream
         waiter = self._drain_waiter
@@ -400,7 +402,8 @@ class FrontProtocol(asyncio.Protocol):
         self._chunked = self._expect_continue = False
         self._content_length = None
         self.phase = "head"
-        self.phase_since = now = time.monotonic()
+        self._server.displaceable(self, True)
+        now = time.monotonic()
         self.deadline = now + self._limits.header_timeout_sec
 
     def _head_too_large(self) -> _Refusal:
@@ -475,6 +478,7 @@ class FrontProtocol(asyncio.Protocol):
         refusal = self._screen(request, self._chunked or bool(length))
         if refusal is not None:
             raise refusal  # before 100 Continue and before any body byte
+        self._server.displaceable(self, False)  # screened: it holds a request now
         self._body_parts = []
         self._body_size = 0
         self.phase = "body"
@@ -501,7 +505,7 @@ class FrontProtocol(asyncio.Protocol):
             request.body = parts[0] if len(parts) == 1 else b"".join(parts)
             self._body_parts = []
         self.phase = "idle"
-        self.phase_since = now = time.monotonic()
+        now = time.monotonic()
         self.deadline = now + self._limits.keepalive_timeout_sec
         if self._task is None and not self._queue:
             self._dispatch(request)
@@ -549,6 +553,7 @@ class FrontProtocol(asyncio.Protocol):
         self.phase = "closing"
         if self._closed:
             return
+        self._server.displaceable(self, True)
         responder = Responder(self, keep_alive=False, chunked_ok=True)
         shape = error_shape(refusal.path)
         responder.send(
@@ -635,8 +640,9 @@ class FrontProtocol(asyncio.Protocol):
             self._reading_done = True
             return
         if self.phase == "idle":
-            self.phase_since = now = time.monotonic()
+            now = time.monotonic()
             self.deadline = now + self._limits.keepalive_timeout_sec
+            self._server.displaceable(self, True)
         if self._queue:
             item = self._queue.popleft()
             if isinstance(item, _Refusal):
@@ -666,6 +672,9 @@ def too_many_connections_response(limit: int) -> bytes:
 
 
 MAX_LINGERING_REFUSALS = 64
+# Displaceable connections looked at, oldest first, for one to displace at the limit: a
+# bounded cost per accepted connection, however many are open.
+EVICTION_SCAN = 64
 
 
 class _Refused(asyncio.Protocol):
@@ -729,6 +738,9 @@ class FrontServer:
         self._limits = limits if isinstance(limits, LimitsSettings) else LimitsSettings(max_body_bytes=limits)
         self._server: asyncio.base_events.Server | None = None
         self.connections: set[FrontProtocol] = set()
+        # Connections holding no screened request (idle, mid-head, closing after a refusal),
+        # longest in that state first: an ordered set, the candidates to displace.
+        self._displaceable: dict[FrontProtocol, None] = {}
         self._max_connections = self._limits.max_connections
         self._refusal = b""
         self.lingering_refusals = 0
@@ -745,15 +757,19 @@ class FrontServer:
         then either a request being served, a body being read (screened: authenticated
         where keys are set) or a socket that the next client may displace, so anonymous
         sockets cannot keep /health and keyed clients out."""
-        oldest: FrontProtocol | None = None
-        for conn in self.connections:
-            if conn.evictable and (oldest is None or conn.phase_since < oldest.phase_since):
-                oldest = conn
-        if oldest is None:
-            return False
-        self.connections.discard(oldest)
-        oldest.evict()
-        return True
+        for conn in itertools.islice(self._displaceable, EVICTION_SCAN):
+            if conn.evictable:  # not if a pipelined head began while a request is answered
+                del self._displaceable[conn]
+                self.connections.discard(conn)
+                conn.evict()
+                return True
+        return False
+
+    def displaceable(self, conn: FrontProtocol, holds_nothing: bool) -> None:
+        """Record whether `conn` holds no screened request; one that newly holds none goes last."""
+        self._displaceable.pop(conn, None)
+        if holds_nothing:
+            self._displaceable[conn] = None
 
     async def start(self, host: str, port: int, backlog: int = 2048) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
