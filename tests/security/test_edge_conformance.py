@@ -342,3 +342,30 @@ async def test_e3_responses_ids_and_stored_responses_belong_to_their_tenant(part
         assert resp.status == 200, await resp.text()
     # and A continues its own chain as before
     await respond(TENANT_A, "a-session", previous_response_id=mine["id"])
+
+
+async def test_e4_a_tenant_cannot_supersede_another_tenants_waiting_turn(parts, http):
+    from kvgate.proxy.tenancy import scoped_session, tenant_tag
+
+    (replica,) = await parts.replicas(num_blocks=40, block_size=16)
+    gate = await parts.kvgate(replica_config(replica, gate={"mode": "enforce", "policy": "working_set"}, **KEYED))
+    waiters = gate.app.admission.counts
+    big = "x " * 500
+
+    async def post(headers: dict, session: str, text: str) -> int:
+        all_headers = {**headers, "x-session-id": session}
+        async with http.post(gate.url + "/v1/chat/completions", json=chat(text), headers=all_headers) as resp:
+            return resp.status
+
+    assert await post(TENANT_A, "filler", big) == 200  # A's window fills the replica
+    first = asyncio.ensure_future(post(TENANT_A, "agent", big + " agent"))
+    await until(lambda: waiters()["waiters"] == 1, "A's turn to wait at the gate")
+    # B re-sends A's very turn under A's session id: on one namespace it superseded A's (409)
+    second = asyncio.ensure_future(post(TENANT_B, "agent", big + " agent"))
+    await until(lambda: waiters()["waiters"] == 2, "B's turn to wait beside A's, superseding nothing")
+    assert not first.done()
+    tenant_a = tenant_tag(CLIENT_KEY)
+    gate.app.admission.finish_session(scoped_session(tenant_a, "filler"))
+    assert await asyncio.wait_for(first, 30) == 200
+    gate.app.admission.finish_session(scoped_session(tenant_a, "agent"))
+    assert await asyncio.wait_for(second, 30) == 200
