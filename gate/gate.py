@@ -195,6 +195,26 @@ class Lease:
         return f"Lease({self.replica!r}, {self.reason!r}, released={self._released})"
 
 
+# The most prompt tokens learned from a replica that states neither its max_model_len nor
+# its cache size, for a turn without a body bound: far above any model's context.
+LEARNED_TOKENS_CEILING = 1 << 24
+
+
+def learned_tokens_cap(bound: int | None, usage: UsageReading | None) -> int:
+    """The most prompt tokens a served turn's reported usage may claim: no more than its
+    body's bound, the replica's max_model_len or its whole cache (a prompt that long was
+    not served), so a replica reporting 2^63-1 cannot poison the session's history."""
+    caps = [LEARNED_TOKENS_CEILING]
+    if bound is not None:
+        caps.append(bound)
+    if usage is not None:
+        if usage.max_model_len:
+            caps.append(usage.max_model_len)
+        if usage.num_total_blocks and usage.block_size:
+            caps.append(usage.num_total_blocks * usage.block_size)
+    return min(caps)
+
+
 @dataclass(frozen=True, slots=True)
 class TurnNote:
     """What the gate keeps of an admitted named turn to learn from its usage: its output
@@ -375,6 +395,8 @@ class Gate:
             return
         self._learns_usage = True
         usage = self._usage
+        prompt_tokens = min(prompt_tokens, learned_tokens_cap(turn.bound, usage))  # a replica's word, bounded
+        cached_tokens = None if cached_tokens is None else min(cached_tokens, prompt_tokens)
         block_size = usage.block_size if usage is not None else None
         hit_blocks = cached_tokens // block_size if cached_tokens is not None and block_size else 0
         if not block_size:

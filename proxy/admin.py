@@ -14,7 +14,7 @@ from kvgate.balancer.registry import RegistryError
 from kvgate.proxy.client_auth import gets_credentials
 from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
 from kvgate.proxy.http_fields import decode_path_segment
-from kvgate.proxy.http_server import HttpRequest, Responder
+from kvgate.proxy.http_server import HeadRefusal, HttpRequest, Responder
 from kvgate.proxy.request_body import parse_json_object
 from kvgate.proxy.session_id import bounded_session_id
 
@@ -34,17 +34,26 @@ class AdminApi:
         self.clients = clients
         self.sessions = sessions
 
+    def allows(self, headers) -> bool:
+        """Whether `headers` carry `Authorization: Bearer <admin.token>` (constant time)."""
+        given = headers.get("authorization", "").encode("utf-8", "surrogateescape")
+        return hmac.compare_digest(given, self._expected)
+
+    @staticmethod
+    def refusal() -> HeadRefusal:
+        return HeadRefusal(
+            401,
+            "admin API needs 'Authorization: Bearer <admin.token>'",
+            "unauthorized",
+            ((b"WWW-Authenticate", b"Bearer"),),
+        )
+
     async def handle(self, request: HttpRequest, responder: Responder) -> None:
-        """Answer a request whose path starts with /admin/."""
-        given = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
-        if not hmac.compare_digest(given, self._expected):
-            send_error(
-                responder,
-                401,
-                "admin API needs 'Authorization: Bearer <admin.token>'",
-                "unauthorized",
-                [(b"WWW-Authenticate", b"Bearer")],
-            )
+        """Answer a request whose path starts with /admin/ (its token was checked at its head,
+        `allows`; checked again here for callers without the server's screen)."""
+        if not self.allows(request.headers):
+            refusal = self.refusal()
+            send_error(responder, refusal.status, refusal.message, refusal.code, list(refusal.headers))
             return
         try:
             self._route(request, responder)

@@ -23,11 +23,12 @@ from kvgate.gate.gate import MODES
 from kvgate.gate.ownership import Ownership, OwnershipClaims, conflict_flag, default_gate_id, gate_mode, readiness
 from kvgate.gate.probe import missing_probe_api
 from kvgate.proxy.admin import AdminApi
+from kvgate.proxy.canonical_path import non_canonical_message, path_problem
 from kvgate.proxy.client_auth import OPEN_PATHS, ClientAuth
 from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, error_shape, send_error
 from kvgate.proxy.forward import Forwarder
 from kvgate.proxy.http_fields import decode_path_segment
-from kvgate.proxy.http_server import FrontServer, HttpRequest, Responder
+from kvgate.proxy.http_server import FrontServer, HeadRefusal, HttpRequest, Responder
 from kvgate.proxy.metrics import CONTENT_TYPE, KvgateMetrics
 from kvgate.proxy.session_tracker import SessionTracker
 from kvgate.proxy.settings import Settings
@@ -111,7 +112,7 @@ class ProxyApp:
 
     async def start(self, host: str | None = None, port: int | None = None) -> tuple[str, int]:
         """Listen (defaults: settings.listen) and start health checks; the bound address."""
-        self._server = FrontServer(self.handle, self.settings.limits)
+        self._server = FrontServer(self.handle, self.settings.limits, self.screen)
         address = await self._server.start(
             self.settings.listen.host if host is None else host, self.settings.listen.port if port is None else port
         )
@@ -192,24 +193,36 @@ class ProxyApp:
 
     # ---- dispatch ----------------------------------------------------------------
 
+    def screen(self, request: HttpRequest, has_body: bool) -> HeadRefusal | None:
+        """A request's head, before its body is read (`Screen` in proxy/http_server.py): a canonical
+        path (before auth and routing, which must see what the replica sees), then the client
+        key, or the admin token on /admin/. Without a key only /health is served, and no
+        body is read: an anonymous socket holds nothing but its head."""
+        path = request.path
+        problem = path_problem(path)
+        if problem is not None:
+            return HeadRefusal(400, non_canonical_message(path, problem), "non_canonical_path")
+        if self._is_admin(path):
+            assert self.admin is not None
+            return None if self.admin.allows(request.headers) else self.admin.refusal()
+        if not self.auth.enabled or (path in OPEN_PATHS and not has_body):
+            return None
+        index = self.auth.match(request.headers)
+        if index >= 0:
+            request.tenant = self.auth.tenant(index)
+            return None
+        return HeadRefusal(
+            401,
+            "this kvgate needs a client key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>') "
+            "with one of its auth.api_keys",
+            "invalid_api_key",
+            ((b"WWW-Authenticate", b"Bearer"),),
+        )
+
     async def handle(self, request: HttpRequest, responder: Responder) -> None:
+        """Answer a request that passed `screen` (the server screens every head)."""
         path = request.path
         responder.error_shape = error_shape(path)  # kvgate's own errors speak the client's API
-        if (
-            self.auth.enabled
-            and path not in OPEN_PATHS
-            and not self._is_admin(path)
-            and not self.auth.allows(request.headers)
-        ):
-            send_error(
-                responder,
-                401,
-                "this kvgate needs a client key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>') "
-                "with one of its auth.api_keys",
-                "invalid_api_key",
-                [(b"WWW-Authenticate", b"Bearer")],
-            )
-            return
         route = self._routes.get(path)
         if route is not None:
             if request.method == route.method:

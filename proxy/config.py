@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import types
@@ -44,6 +45,7 @@ from kvgate.balancer.replica_fields import is_token, replica_name_problem, repli
 from kvgate.gate.gate import MODES
 from kvgate.gate.ownership import MAX_CONFIGURED_GATE_ID_CHARS
 from kvgate.gate.policies.registry import policy_name_problem
+from kvgate.proxy.errors import clipped as _clipped
 from kvgate.proxy.http_fields import field_value_problem
 from kvgate.proxy.service_links import is_service_link
 from kvgate.proxy.settings import Settings
@@ -68,9 +70,47 @@ OTHER_VARIABLES = frozenset(
 )
 
 
+MAX_YAML_DEPTH = 32  # nested collections; kvgate's deepest setting is 3 levels down
+
+
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, reading YAML 1.2 floats: `1.0e9`, `1e9`, `1E-3` are numbers
-    (YAML 1.1 wants `1.0e+9` and reads the others as strings, which nobody guesses)."""
+    (YAML 1.1 wants `1.0e+9` and reads the others as strings, which nobody guesses).
+
+    Hostile files end in one problem line, never in a traceback or a long wait: aliases
+    (`*name`, which let 400 bytes expand into gigabytes) and collections nested deeper
+    than MAX_YAML_DEPTH are refused while composing, and a key given twice in one
+    mapping is a problem (PyYAML keeps the last one silently)."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.events.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not accepted; write the value out", self.peek_event().start_mark
+            )
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", self.peek_event().start_mark
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: set = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, typing.Hashable) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {_clipped(repr(key))} is given twice in one mapping", key_node.start_mark
+                    )
+                if isinstance(key, typing.Hashable):
+                    seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -141,12 +181,21 @@ def is_secret(path: str) -> bool:
     return key in SECRET_KEYS
 
 
+_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+
+
+def _redacted(text: str) -> str:
+    """`text` with the user info of any URL in it (`user:password@`) replaced."""
+    return _USERINFO.sub("<user info>@", text)
+
+
 def _shown(path: str, value) -> str:
-    """`value` as a problem line may show it: a secret's only as its kind and length."""
+    """`value` as a problem line may show it: a secret's only as its kind and length, a
+    URL's without its user info, a long one cut short."""
     if is_secret(path):
         size = f"{len(value)} characters" if isinstance(value, str) else type(value).__name__
         return f"<secret, {size}>"
-    return repr(value)
+    return _clipped(_redacted(repr(value)))
 
 
 RULES: dict[str, Callable[[Any], str | None]] = {
@@ -187,6 +236,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "limits.max_headers": _in_range(1),
     "limits.header_timeout_sec": _in_range(0, lo_open=True),
     "limits.body_timeout_sec": _in_range(0, lo_open=True),
+    "limits.body_deadline_sec": _in_range(0, lo_open=True),
     "limits.keepalive_timeout_sec": _in_range(0, lo_open=True),
     "limits.write_timeout_sec": _in_range(0, lo_open=True),
     "limits.max_connections": _in_range(1),
@@ -209,15 +259,22 @@ YAML_BOOL_WORDS: dict[str, dict[bool, str]] = {"gate.mode": {False: "off"}}
 
 
 def read_yaml(path: str | Path) -> dict:
-    """The YAML file as a mapping (an empty file is {}); ConfigError if unreadable."""
+    """The YAML file as a mapping (an empty file is {}); ConfigError (one line) if it cannot be
+    read, is not UTF-8, is not YAML kvgate accepts (`_Loader`) or holds a number too long."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"config file {path}: cannot read it ({exc.strerror or exc})"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"config file {path}: not UTF-8 text (byte {exc.start}); save it as UTF-8"]) from None
     try:
         data = yaml_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError([f"config file {path}: not valid YAML ({_yaml_problem(exc)})"]) from None
+    except ValueError as exc:  # an integer of more digits than Python converts (sys.int_info)
+        raise ConfigError([f"config file {path}: a value cannot be read ({_clipped(str(exc))})"]) from None
+    except RecursionError:
+        raise ConfigError([f"config file {path}: nested too deeply"]) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -311,7 +368,7 @@ def _env_value(text: str, tp):
         return text
     try:
         return yaml_load(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, RecursionError):
         return text  # reported by validation as a wrong type, naming the key
 
 
@@ -386,6 +443,9 @@ def _convert(value, tp, path: str, problems: list[str]):
     if not ok(value):
         problems.append(f"{path}: must be {_type_name(tp)}, got {_describe(value, path)}")
         return _INVALID
+    if tp is float and not math.isfinite(value):
+        problems.append(f"{path}: must be a finite number, got {value}")  # nan passes every range check
+        return _INVALID
     return float(value) if tp is float else value
 
 
@@ -397,8 +457,7 @@ def _describe(value, path: str = "") -> str:
     kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "mapping"}.get(
         type(value), type(value).__name__
     )
-    text = repr(value)
-    return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"
+    return f"{kind} {_clipped(_redacted(repr(value)), 40)}"
 
 
 def _rule_key(path: str) -> str:
@@ -429,7 +488,7 @@ def _build(cls, data: dict, prefix: str, problems: list[str]):
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.8)
             meant = f" (did you mean {prefix}{close[0]}?)" if close else ""
-            problems.append(f"{prefix}{key}: unknown key{meant}; known keys here: {', '.join(fields)}")
+            problems.append(f"{prefix}{_clipped(str(key))}: unknown key{meant}; known keys here: {', '.join(fields)}")
     kwargs = {}
     missing = False
     problems_before = len(problems)
@@ -493,7 +552,8 @@ def duplicate_replica_problems(replicas: object) -> list[str]:
     for name, where in seen["name"].items():
         if len(where) > 1:
             problems.append(
-                f"replicas: name {name!r} is used more than once ({', '.join(where)}); names must be unique"
+                f"replicas: name {_clipped(repr(name))} is used more than once ({', '.join(where)}); "
+                "names must be unique"
             )
     for where in seen["url"].values():
         if len(where) > 1:

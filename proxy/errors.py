@@ -24,6 +24,14 @@ ANTHROPIC = "anthropic"
 _MESSAGES_PATH = PATHS["messages"]
 
 
+SHOWN_CHARS = 80  # the most of a client's or the config's value that a message shows
+
+
+def clipped(text: str, limit: int = SHOWN_CHARS) -> str:
+    """`text`, cut short (with its length) when longer than `limit`: messages stay one short line."""
+    return text if len(text) <= limit else f"{text[: limit - 3]}... ({len(text)} characters)"
+
+
 def error_shape(path: str) -> str:
     """ANTHROPIC for the Messages API's paths (with or without the /sess/{id} prefix), else OPENAI."""
     if path.startswith("/sess/"):

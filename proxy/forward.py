@@ -30,8 +30,9 @@ from kvgate.balancer import Balancer, Replica
 from kvgate.gate.errors import AdmissionError, ReplicaUnavailable
 from kvgate.proxy.access_log import LOGGER as ACCESS_LOGGER
 from kvgate.proxy.access_log import access_line
-from kvgate.proxy.errors import RequestRejected, send_error
+from kvgate.proxy.errors import RequestRejected, clipped, send_error
 from kvgate.proxy.http_client import UpstreamResponse
+from kvgate.proxy.http_fields import decode_path_segment
 from kvgate.proxy.http_server import HttpRequest, Responder
 from kvgate.proxy.metrics import KvgateMetrics, turn_bucket
 from kvgate.proxy.relay import H_REPLICA, AnswerRelay, lease_headers
@@ -42,10 +43,11 @@ from kvgate.proxy.request_body import (
     with_member,
     with_priority,
 )
-from kvgate.proxy.response_chains import TurnPlan, plan_turn
+from kvgate.proxy.response_chains import ChainLink, TurnPlan, plan_turn
 from kvgate.proxy.session_id import resolve_session_id, split_body_fields
 from kvgate.proxy.session_tracker import SessionEntry, SessionTracker
 from kvgate.proxy.settings import Settings
+from kvgate.proxy.tenancy import scoped_session, visible
 from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, TIER_SESSION_HEADER, with_session_header
 from kvgate.proxy.turn_hold import UNGATED, Hold, TurnAdmission, TurnLease
 from kvgate.proxy.turn_route import Failure, Resend, after_failure, pinned_replica
@@ -141,7 +143,9 @@ class Forwarder:
                 body = passthrough_body(raw)
                 stream = body.get("stream") is True
                 response_id = response_id_of(route.path)
-                link = self.sessions.responses.lookup(response_id) if response_id is not None else None
+                if response_id is not None:
+                    response_id = decode_path_segment(response_id, "response id")
+                    link = self._stored_response(response_id, request.tenant)
             elif route.has_body:
                 body = parse_json_object(request.body)
                 stream = stream_flag(body)
@@ -158,7 +162,8 @@ class Forwarder:
                     raise
                 # on a route kvgate does not define, a body field of another type is no session id
                 session_id = resolve_session_id(path_session_id, request.headers, headers_read, None, self._fields)
-            chain = plan_turn(body, session_id, self.sessions.responses.lookup) if kind == "responses" else None
+            session_id = scoped_session(request.tenant, session_id)  # a tenant's ids are its own
+            chain = self._plan_chain(body, session_id, request.tenant) if kind == "responses" else None
         except RequestRejected as exc:
             self._count(kind, "none", exc.status)
             send_error(responder, exc.status, exc.message, exc.code)
@@ -221,6 +226,44 @@ class Forwarder:
                 assert session_id is not None  # only a named session can be finished
                 self.admission.finish_session(session_id)
                 self.sessions.forget(session_id)
+
+    def _stored_response(self, response_id: str, tenant: str | None, field: str = "") -> ChainLink | None:
+        """The link of a stored response a request names (None: kvgate did not see it). With
+        several tenants, one that is not the caller's (or unknown) is 404: a tenant can
+        neither read nor continue another's response, nor learn that it exists."""
+        link = self.sessions.responses.lookup(response_id)
+        if tenant is None or (link is not None and visible(link.tenant, tenant)):
+            return link
+        where = f"{field} " if field else ""
+        raise RequestRejected(
+            404,
+            f"the response {where}{clipped(response_id)!r} is not one this client key made through this kvgate; "
+            "name a response your own turns stored",
+            "response_not_found",
+        )
+
+    def _plan_chain(self, body: dict, session_id: str | None, tenant: str | None) -> TurnPlan:
+        """A Responses turn's plan (proxy.response_chains): its previous response must be the
+        tenant's own, and a response id it chose must not be linked to another session (409,
+        before forwarding: the replica would store the answer under that id)."""
+        chain = plan_turn(
+            body,
+            session_id,
+            lambda previous: self._stored_response(previous, tenant, "previous_response_id"),
+            scope=lambda chain_session: scoped_session(tenant, chain_session) or chain_session,
+        )
+        if (
+            chain.response_id is not None
+            and not chain.set_request_id
+            and self.sessions.responses.taken(chain.response_id, chain.chain_session, tenant)
+        ):
+            raise RequestRejected(
+                409,
+                f"request_id {clipped(chain.response_id)!r} already names a response of another session; "
+                "choose a fresh request_id (or leave it out: kvgate picks one)",
+                "response_id_taken",
+            )
+        return chain
 
     def _upstream_headers(
         self, request: HttpRequest, session_id: str | None, api_key: str | None
@@ -289,6 +332,10 @@ class Forwarder:
                         lease_headers(replica, lease),
                     )
                     return
+                except asyncio.CancelledError:  # the client left before the replica's headers came
+                    self.metrics.upstream_errors.labels(replica.name, "client_disconnect").inc()
+                    self._count(kind, replica.name, CLIENT_CLOSED)
+                    raise
                 held.served = upstream.status < 400  # an error answer (404...) served no prompt
                 completed = await self._relay(turn, replica, lease, upstream)
             if completed:
@@ -380,7 +427,7 @@ class Forwarder:
             self._observe_turn(turn.index, time.perf_counter() - turn.started)
         if chain is not None and chain.response_id is not None:
             assert chain.chain_session is not None  # TurnPlan: set whenever response_id is
-            self.sessions.responses.record(chain.response_id, chain.chain_session, replica)
+            self.sessions.responses.record(chain.response_id, chain.chain_session, replica, turn.request.tenant)
 
     # ---- helpers ---------------------------------------------------------------------
 

@@ -9,9 +9,11 @@ by default; `FrontProtocol` adds the checks it leaves to us (see its doc). This 
 knows HTTP framing only; what a request means is the handler's business.
 
 Contract with the handler, `async handler(request: HttpRequest, responder: Responder)`:
+- Each request's head is first screened (`Screen`: the app's authentication); a
+  refused one is answered and the connection closed before a byte of its body is read.
 - The request arrives with its whole body read (bounded by `max_body_bytes`; a
   larger declared body is answered 413 without reading it, and the connection is
-  closed). `Expect: 100-continue` is answered before the body is read.
+  closed). `Expect: 100-continue` is answered after the screen, before the body is read.
 - The handler answers once: `responder.send(...)` for a whole body, or
   `await responder.start(...)`, `await responder.write(chunk)`..., `await responder.end()`
   for a streamed one (chunked framing, or the given Content-Length; close-delimited
@@ -22,13 +24,15 @@ Contract with the handler, `async handler(request: HttpRequest, responder: Respo
   a request that cannot be read is answered in its turn, then the connection closes.
 
 Limits (`proxy.settings.LimitsSettings`, the `limits` config section): head size and header count
-per request, body size, header-read, body-read, idle keep-alive and client write
-timeouts, and the number of client connections.
+per request, body size, header-read, body-read (between reads, and whole), idle keep-alive
+and client write timeouts, and the number of client connections (at the limit, the
+longest-waiting of the oldest connections without a screened request gives way to a new one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import resource
 import time
@@ -61,7 +65,7 @@ class HttpRequest:
     headers joined by ", "); `raw_headers` keeps the received (name, value) byte pairs
     in order, for relaying."""
 
-    __slots__ = ("method", "path", "query", "version", "raw_headers", "headers", "body", "keep_alive")
+    __slots__ = ("method", "path", "query", "version", "raw_headers", "headers", "body", "keep_alive", "tenant")
 
     def __init__(
         self,
@@ -81,6 +85,7 @@ class HttpRequest:
         self.headers = headers
         self.body = b""
         self.keep_alive = keep_alive
+        self.tenant: str | None = None  # set by the app's screen: the client key's tenant (proxy.tenancy)
 
 
 class _DateCache:
@@ -206,15 +211,29 @@ class Responder:
 Handler = Callable[[HttpRequest, Responder], Awaitable[None]]
 
 
+def _let_in(_request: HttpRequest, _has_body: bool) -> None:
+    return None
+
+
 class _Refusal(Exception):
     """A request the server answers itself with an error, then closes the connection."""
 
-    def __init__(self, status: int, message: str, code: str = "invalid_request") -> None:
+    def __init__(
+        self, status: int, message: str, code: str = "invalid_request", headers: tuple[Header, ...] = ()
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
+        self.headers = headers  # extra response headers (WWW-Authenticate)
         self.path = ""  # the request's path as far as it was read: the error's shape follows it
+
+
+HeadRefusal = _Refusal  # what a Screen returns to refuse a request at its head
+# Called with each request once its head is complete, before `100 Continue` and before a
+# byte of its body is read: a HeadRefusal answers it and closes the connection; None
+# lets it in. `has_body` says whether a body follows (Content-Length > 0, or chunked).
+Screen = Callable[[HttpRequest, bool], "HeadRefusal | None"]
 
 
 def body_too_large(size: int | None, limit: int) -> _Refusal:
@@ -238,16 +257,22 @@ class FrontProtocol(asyncio.Protocol):
     - Transfer-Encoding must be exactly `chunked` (llhttp accepts `gzip, chunked`,
       a coding nobody here can undo) and only on HTTP/1.1;
     - the HTTP version: 1.0 or 1.1;
-    - optional whitespace is stripped from the end of values (llhttp strips the start).
+    - optional whitespace is stripped from the end of values (llhttp strips the start);
+    - trailer fields of a chunked body are discarded, never merged into the headers.
 
     Phases, for the timeouts the server's sweeper enforces: "idle" (waiting for a
     request: keep-alive timeout), "head" (a request began: header timeout), "body"
-    (body-read timeout, restarted by every read), "busy" (the handler runs; the write
-    timeout applies while the client's socket buffer stays full).
+    (body-read timeout, restarted by every read, and the body deadline, which is not),
+    "busy" (the handler runs; the write timeout applies while the client's socket buffer
+    stays full).
+
+    Each head is screened (`Screen`, the app's authentication) before its body is read:
+    a request refused there costs no body bytes and gets no `100 Continue`.
     """
 
-    def __init__(self, handler: Handler, limits: LimitsSettings, server: FrontServer) -> None:
+    def __init__(self, handler: Handler, limits: LimitsSettings, server: FrontServer, screen: Screen = _let_in) -> None:
         self._handler = handler
+        self._screen = screen
         self._limits = limits
         self._server = server
         self._loop = asyncio.get_event_loop()
@@ -280,6 +305,7 @@ class FrontProtocol(asyncio.Protocol):
         self._reading_paused = False
         self.phase = "idle"
         self.deadline = 0.0  # when the current phase's timeout expires (monotonic)
+        self._body_deadline = 0.0  # when the body being read must have arrived whole
         self.write_blocked_since = 0.0
 
     # ---- transport events ------------------------------------------------------------
@@ -289,12 +315,15 @@ class FrontProtocol(asyncio.Protocol):
         # subclassing it).
         self._transport = cast(asyncio.Transport, transport)
         self._server.connections.add(self)
-        self.deadline = time.monotonic() + self._limits.header_timeout_sec
+        self._server.displaceable(self, True)
+        now = time.monotonic()
+        self.deadline = now + self._limits.header_timeout_sec
 
     def connection_lost(self, exc) -> None:
         self._closed = True
         self._reading_done = True
         self._server.connections.discard(self)
+        self._server.displaceable(self, False)
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client left: withdraw the admission, abort the upstream
         waiter = self._drain_waiter
@@ -373,7 +402,9 @@ class FrontProtocol(asyncio.Protocol):
         self._chunked = self._expect_continue = False
         self._content_length = None
         self.phase = "head"
-        self.deadline = time.monotonic() + self._limits.header_timeout_sec
+        self._server.displaceable(self, True)
+        now = time.monotonic()
+        self.deadline = now + self._limits.header_timeout_sec
 
     def _head_too_large(self) -> _Refusal:
         return _Refusal(431, f"request head exceeds limits.max_head_bytes ({self._max_head} bytes)", "head_too_large")
@@ -388,6 +419,11 @@ class FrontProtocol(asyncio.Protocol):
         size = self._head_size = self._head_size + len(name) + len(value) + 4
         if size > self._max_head:
             raise self._head_too_large()
+        if not self._in_head:
+            # A chunked body's trailer field (llhttp reports it like a header): discarded
+            # (RFC 9110 6.5.1). Merged, a trailer Authorization or session header would act
+            # after the head was screened, unseen by an ingress that filters headers.
+            return
         raw_headers = self._raw_headers
         if len(raw_headers) >= self._max_headers:
             raise _Refusal(
@@ -430,7 +466,7 @@ class FrontProtocol(asyncio.Protocol):
         path, _, query = target.partition("?")
         if "#" in query:
             query = query.partition("#")[0]
-        self._request = HttpRequest(
+        request = self._request = HttpRequest(
             parser.get_method().decode("latin-1"),
             path,
             query,
@@ -439,10 +475,16 @@ class FrontProtocol(asyncio.Protocol):
             self._headers,
             parser.should_keep_alive(),
         )
+        refusal = self._screen(request, self._chunked or bool(length))
+        if refusal is not None:
+            raise refusal  # before 100 Continue and before any body byte
+        self._server.displaceable(self, False)  # screened: it holds a request now
         self._body_parts = []
         self._body_size = 0
         self.phase = "body"
-        self.deadline = time.monotonic() + self._limits.body_timeout_sec
+        now = time.monotonic()
+        self._body_deadline = now + self._limits.body_deadline_sec
+        self.deadline = min(now + self._limits.body_timeout_sec, self._body_deadline)
         if self._expect_continue and (self._chunked or length) and self._task is None and not self._queue:
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -452,7 +494,7 @@ class FrontProtocol(asyncio.Protocol):
             raise body_too_large(None, self._limits.max_body_bytes)
         self._body_parts.append(data)
         self._queued_bytes += len(data)
-        self.deadline = time.monotonic() + self._limits.body_timeout_sec
+        self.deadline = min(time.monotonic() + self._limits.body_timeout_sec, self._body_deadline)
 
     def on_message_complete(self) -> None:
         request = self._request
@@ -463,7 +505,8 @@ class FrontProtocol(asyncio.Protocol):
             request.body = parts[0] if len(parts) == 1 else b"".join(parts)
             self._body_parts = []
         self.phase = "idle"
-        self.deadline = time.monotonic() + self._limits.keepalive_timeout_sec
+        now = time.monotonic()
+        self.deadline = now + self._limits.keepalive_timeout_sec
         if self._task is None and not self._queue:
             self._dispatch(request)
         else:
@@ -510,12 +553,13 @@ class FrontProtocol(asyncio.Protocol):
         self.phase = "closing"
         if self._closed:
             return
+        self._server.displaceable(self, True)
         responder = Responder(self, keep_alive=False, chunked_ok=True)
         shape = error_shape(refusal.path)
         responder.send(
             refusal.status,
             error_json(refusal.status, refusal.message, refusal.code, shape=shape),
-            [(b"Content-Type", b"application/json")],
+            [(b"Content-Type", b"application/json"), *refusal.headers],
         )
         transport = self._transport
         if self._reading_paused:
@@ -526,6 +570,16 @@ class FrontProtocol(asyncio.Protocol):
             self._loop.call_later(LINGER_SEC, transport.close)
         else:
             transport.close()
+
+    @property
+    def evictable(self) -> bool:
+        """Whether the server may close this connection to make room for a new one: it holds
+        no request that passed the screen (it is idle, mid-head or closing after a refusal)."""
+        return not self._closed and self._task is None and not self._queue and self.phase != "body"
+
+    def evict(self) -> None:
+        self._closed = True
+        self._transport.abort()
 
     def expire(self, now: float) -> None:
         """Called by the server's sweeper: close a connection whose phase timed out."""
@@ -541,6 +595,8 @@ class FrontProtocol(asyncio.Protocol):
         else:
             what = "request head" if self.phase == "head" else "request body"
             key = "header_timeout_sec" if self.phase == "head" else "body_timeout_sec"
+            if self.phase == "body" and now >= self._body_deadline:
+                what, key = "whole request body", "body_deadline_sec"
             self._refuse(_Refusal(408, f"the {what} did not arrive within limits.{key}", "request_timeout"))
 
     # ---- running the handler -------------------------------------------------------
@@ -584,7 +640,9 @@ class FrontProtocol(asyncio.Protocol):
             self._reading_done = True
             return
         if self.phase == "idle":
-            self.deadline = time.monotonic() + self._limits.keepalive_timeout_sec
+            now = time.monotonic()
+            self.deadline = now + self._limits.keepalive_timeout_sec
+            self._server.displaceable(self, True)
         if self._queue:
             item = self._queue.popleft()
             if isinstance(item, _Refusal):
@@ -614,6 +672,9 @@ def too_many_connections_response(limit: int) -> bytes:
 
 
 MAX_LINGERING_REFUSALS = 64
+# Displaceable connections looked at, oldest first, for one to displace at the limit: a
+# bounded cost per accepted connection, however many are open.
+EVICTION_SCAN = 64
 
 
 class _Refused(asyncio.Protocol):
@@ -671,20 +732,44 @@ def connection_limit(configured: int, upstream_per_client: int = 1, reserved: in
 class FrontServer:
     """Listens and hands every request to `handler`; `close()` stops and drops connections."""
 
-    def __init__(self, handler: Handler, limits: LimitsSettings | int) -> None:
+    def __init__(self, handler: Handler, limits: LimitsSettings | int, screen: Screen = _let_in) -> None:
         self._handler = handler
+        self._screen = screen
         self._limits = limits if isinstance(limits, LimitsSettings) else LimitsSettings(max_body_bytes=limits)
         self._server: asyncio.base_events.Server | None = None
         self.connections: set[FrontProtocol] = set()
+        # Connections holding no screened request (idle, mid-head, closing after a refusal),
+        # longest in that state first: an ordered set, the candidates to displace.
+        self._displaceable: dict[FrontProtocol, None] = {}
         self._max_connections = self._limits.max_connections
         self._refusal = b""
         self.lingering_refusals = 0
         self._sweeper: asyncio.Task | None = None
 
     def _protocol(self) -> asyncio.Protocol:
-        if len(self.connections) >= self._max_connections:
+        if len(self.connections) >= self._max_connections and not self._evict_one():
             return _Refused(self._refusal, self)
-        return FrontProtocol(self._handler, self._limits, self)
+        return FrontProtocol(self._handler, self._limits, self, self._screen)
+
+    def _evict_one(self) -> bool:
+        """Make room at the limit: close the connection that has waited longest without a
+        request past the screen (a slow or idle socket), if there is one. Every slot is
+        then either a request being served, a body being read (screened: authenticated
+        where keys are set) or a socket that the next client may displace, so anonymous
+        sockets cannot keep /health and keyed clients out."""
+        for conn in itertools.islice(self._displaceable, EVICTION_SCAN):
+            if conn.evictable:  # not if a pipelined head began while a request is answered
+                del self._displaceable[conn]
+                self.connections.discard(conn)
+                conn.evict()
+                return True
+        return False
+
+    def displaceable(self, conn: FrontProtocol, holds_nothing: bool) -> None:
+        """Record whether `conn` holds no screened request; one that newly holds none goes last."""
+        self._displaceable.pop(conn, None)
+        if holds_nothing:
+            self._displaceable[conn] = None
 
     async def start(self, host: str, port: int, backlog: int = 2048) -> tuple[str, int]:
         loop = asyncio.get_running_loop()

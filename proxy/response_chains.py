@@ -28,7 +28,10 @@ as session ids are (`gate.session_key`: over 512 bytes, the SHA-256 hex digest) 
 kvgate keeps or looks one up, and a session id taken from a response id is bounded the
 same way. A link belongs to the session that first recorded it: a turn of another session
 that reuses the id (a `request_id` equal to someone else's response id) never replaces it,
-so no session can re-route another's chain.
+so no session can re-route another's chain: such a turn is refused (409) before it is
+forwarded. With several tenants (`proxy.tenancy`) a link is visible to the tenant that
+made it only: another's `previous_response_id`, and a route naming another's response
+(`/v1/responses/{id}`), are answered as an unknown response.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class ChainLink:
     session_id: str
     replica: Any
     last_seen: float
+    tenant: str | None = None  # the tenant that made it (proxy.tenancy): the only one it is visible to
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +88,10 @@ def plan_turn(
     resolved_session: str | None,
     lookup: Callable[[str], ChainLink | None],
     new_id: Callable[[], str] = lambda: f"resp_{uuid.uuid4().hex}",
+    scope: Callable[[str], str] = lambda session_id: session_id,
 ) -> TurnPlan:
-    """The plan of one `/v1/responses` turn (see the module doc); 400 for wrong types."""
+    """The plan of one `/v1/responses` turn (see the module doc); 400 for wrong types.
+    `scope` puts a session id taken from a response id in the tenant's namespace."""
     previous_id = _optional_str(body, "previous_response_id")
     request_id = _optional_str(body, "request_id")
     store = body.get("store")
@@ -96,7 +102,9 @@ def plan_turn(
     if store is False:
         return TurnPlan(session_id, link, None, False, None)
     response_id = request_id or new_id()
-    return TurnPlan(session_id, link, response_id, request_id is None, session_id or bounded_session_id(response_id))
+    return TurnPlan(
+        session_id, link, response_id, request_id is None, session_id or scope(bounded_session_id(response_id))
+    )
 
 
 class ResponseChains:
@@ -130,16 +138,23 @@ class ResponseChains:
         self._links.move_to_end(response_id)
         return link
 
-    def record(self, response_id: str, session_id: str, replica: Any) -> bool:
-        """Remember that `response_id` (produced on `replica`) continues `session_id`. False,
-        and nothing changed, when a live link of another session has that id (module doc)."""
+    def taken(self, response_id: str, session_id: str | None, tenant: str | None) -> bool:
+        """Whether a live link of another session (or tenant) has `response_id`: a turn that
+        would store its response under that id is refused before it is forwarded."""
+        existing = self.lookup(response_id)
+        return existing is not None and (existing.session_id != session_id or existing.tenant != tenant)
+
+    def record(self, response_id: str, session_id: str, replica: Any, tenant: str | None = None) -> bool:
+        """Remember that `response_id` (produced on `replica` for `tenant`) continues
+        `session_id`. False, and nothing changed, when a live link of another session has
+        that id (module doc)."""
         response_id = session_key(response_id)
         existing = self.lookup(response_id)
-        if existing is not None and existing.session_id != session_id:
+        if existing is not None and (existing.session_id != session_id or existing.tenant != tenant):
             return False
         if response_id in self._links:
             self._drop(response_id)
-        self._links[response_id] = ChainLink(session_id, replica, self._clock())
+        self._links[response_id] = ChainLink(session_id, replica, self._clock(), tenant)
         self._by_session.setdefault(session_id, set()).add(response_id)
         while len(self._links) > self._max:
             self._drop(next(iter(self._links)))

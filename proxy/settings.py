@@ -67,6 +67,7 @@ class LimitsSettings:
     max_headers: int = 100  # Apache's LimitRequestFields; nginx bounds headers by size only
     header_timeout_sec: float = 60.0  # nginx client_header_timeout
     body_timeout_sec: float = 60.0  # nginx client_body_timeout (between two reads)
+    body_deadline_sec: float = 300.0  # the whole body, however steadily it trickles in
     keepalive_timeout_sec: float = 75.0  # nginx keepalive_timeout
     write_timeout_sec: float = 60.0  # nginx send_timeout (between two writes the client takes)
     max_connections: int = 4096  # client connections; nginx: worker_connections per worker

@@ -26,8 +26,13 @@ kvgate adds that option to a streamed request without `stream_options` (`asks_fo
 events it would have received from the replica without kvgate. Invariants:
 - without `strip`, every chunk is passed on as it came, at once;
 - with `strip`, the bytes passed on are the stream's bytes minus exactly the usage
-  events (SSE events end with a blank line, `\\n\\n`, as vLLM writes them); an event
-  is passed on once its end has arrived (vLLM writes whole events, so nothing waits);
+  events (SSE events end with a blank line: `\\n\\n` as vLLM writes them, or
+  `\\r\\n\\r\\n`); an event is passed on once its end has arrived (vLLM writes whole
+  events, so nothing waits);
+- the tap holds at most `_EVENT_BYTES` of an unfinished event in every mode, and reads
+  each byte a bounded number of times (a chunk is scanned once for event ends, with the
+  3 bytes before it): an event longer than that is passed on as it comes, unread (a
+  usage event is a few hundred bytes);
 - a malformed or missing usage is no usage (None), never an error: the answer is the
   client's, the usage only a hint to the gate;
 - Anthropic and Responses streams report usage unasked: they are never stripped; an
@@ -37,6 +42,7 @@ events it would have received from the replica without kvgate. Invariants:
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from dataclasses import dataclass
 from typing import TypeGuard
@@ -46,7 +52,8 @@ import orjson
 USAGE_KINDS = frozenset({"chat", "completion", "messages", "responses"})  # routes whose answers report usage
 ASKED_USAGE_KINDS = frozenset({"chat", "completion"})  # routes whose streams report it only when asked
 _USAGE_KEY = b'"usage"'
-_EVENT_END = b"\n\n"
+_EVENT_END = re.compile(rb"\r?\n\r?\n")  # a blank line: LF or CRLF line ends
+_END_OVERLAP = 3  # bytes of an event end that may precede a chunk (`\r\n\r` of `\r\n\r\n`)
 _TAIL_BYTES = 16384  # the stream's last bytes kept to find the usage event in (the last but [DONE])
 _EVENT_BYTES = 1 << 22  # the longest Anthropic or Responses event read (a response.completed holds the response)
 
@@ -131,6 +138,30 @@ def _event_usage(event: bytes, kind: str = "chat") -> tuple[PromptUsage | None, 
     return usage, usage is not None and isinstance(doc, dict) and doc.get("choices") in ([], None)
 
 
+def _last_event_end(data: bytearray, start: int) -> int:
+    """The offset just past the last event end in `data` found from `start`, or -1. Every
+    event end (`_EVENT_END`) ends with one of these two: two C-speed searches, no regex."""
+    lf, crlf = data.rfind(b"\n\n", start), data.rfind(b"\n\r\n", start)
+    return max(lf + 2 if lf >= 0 else -1, crlf + 3 if crlf >= 0 else -1)
+
+
+def _first_event_end(data: bytearray, start: int) -> int:
+    """The offset just past the first event end in `data` found from `start`, or -1."""
+    ends = [at + size for at, size in ((data.find(b"\n\n", start), 2), (data.find(b"\n\r\n", start), 3)) if at >= 0]
+    return min(ends) if ends else -1
+
+
+def _events(data: bytes, keep_rest: bool = False) -> list[bytes]:
+    """`data`'s whole events, each with its end; and what follows the last end if `keep_rest`."""
+    events, begin = [], 0
+    for match in _EVENT_END.finditer(data):
+        events.append(data[begin : match.end()])
+        begin = match.end()
+    if keep_rest and begin < len(data):
+        events.append(data[begin:])
+    return events
+
+
 def asks_for_usage(body: dict) -> bool:
     """Whether kvgate should ask for the usage of this request on the client's behalf:
     a streamed request without `stream_options` (one that has them is left as sent).
@@ -146,7 +177,7 @@ class UsageTap:
     `feed` (which returns the bytes to pass on) and `finish`, or a whole JSON body
     through `whole`. `strip` (chat and completion only) takes the usage event out."""
 
-    __slots__ = ("strip", "kind", "usage", "_by_event", "_tail", "_recent", "_recent_bytes", "_unasked")
+    __slots__ = ("strip", "kind", "usage", "_by_event", "_held", "_passing", "_recent", "_recent_bytes", "_unasked")
 
     def __init__(self, strip: bool, kind: str = "chat") -> None:
         assert not strip or kind in ASKED_USAGE_KINDS
@@ -155,7 +186,8 @@ class UsageTap:
         self.usage: PromptUsage | None = None
         # read event by event (strip, or a stream whose usage is not in its last event)
         self._by_event = strip or kind not in ASKED_USAGE_KINDS
-        self._tail = b""  # _by_event: the start of an event whose end has not arrived
+        self._held = bytearray()  # _by_event: the start of an event whose end has not arrived
+        self._passing = False  # strip: an event over _EVENT_BYTES is being passed on unread
         self._recent: deque[bytes] = deque()  # otherwise: the last chunks, _TAIL_BYTES or a little more
         self._recent_bytes = 0
         # strip: a content event carried usage, so the server sends usage unasked
@@ -164,30 +196,57 @@ class UsageTap:
 
     def feed(self, chunk: bytes) -> bytes:
         if not self._by_event:
-            recent = self._recent
-            recent.append(chunk)
-            self._recent_bytes += len(chunk)
-            while self._recent_bytes - len(recent[0]) >= _TAIL_BYTES:
-                self._recent_bytes -= len(recent.popleft())
+            self._keep_recent(chunk)
             return chunk
-        data = self._tail + chunk if self._tail else chunk
-        cut = data.rfind(_EVENT_END)
-        cut = cut + len(_EVENT_END) if cut >= 0 else 0
-        whole, self._tail = data[:cut], data[cut:]
-        if not self.strip and len(self._tail) > _EVENT_BYTES:  # read from the last bytes from here on
-            self._by_event, self._tail = False, b""
-            self.feed(chunk)
+        held = self._held
+        scan_from = max(0, len(held) - _END_OVERLAP)
+        held += chunk
+        if self._passing:  # the rest of an over-long event: passed on as it comes, up to its end
+            cut = _first_event_end(held, scan_from)
+            if cut < 0:
+                del held[: max(0, len(held) - _END_OVERLAP)]
+                return chunk
+            self._passing = False
+            rest = bytes(held[cut:])  # new events: read from their start
+            held.clear()
+            return chunk[: len(chunk) - len(rest)] + self.feed(rest) if rest else chunk
+        cut = _last_event_end(held, scan_from)
+        whole = bytes(held[:cut]) if cut > 0 else b""
+        if cut > 0:
+            del held[:cut]
+        passed = self._events_passed_on(whole)
+        out = passed if self.strip else chunk
+        if len(held) > _EVENT_BYTES:
+            if not self.strip:  # read the rest from its last bytes, as a chat stream is
+                self._by_event = False
+                self._keep_recent(bytes(held))
+                held.clear()
+            else:  # a content event that long is no usage event: pass it on, unread
+                self._passing = True
+                out += bytes(held)
+                del held[: len(held) - _END_OVERLAP]
+        return out
+
+    def _events_passed_on(self, whole: bytes) -> bytes:
+        """Read the usage off whole events; the events to pass on (strip: all but the usage event)."""
         if _USAGE_KEY not in whole:
-            return whole if self.strip else chunk
+            return whole
         kept = []
-        for event in whole.split(_EVENT_END)[:-1]:
+        for event in _events(whole):
             usage, usage_event = _event_usage(event, self.kind)
             if usage is not None:
                 self.usage = usage
                 self._unasked |= not usage_event
             if not usage_event or self._unasked:
-                kept.append(event + _EVENT_END)
-        return b"".join(kept) if self.strip else chunk
+                kept.append(event)
+        return b"".join(kept)
+
+    def _keep_recent(self, chunk: bytes) -> None:
+        recent = self._recent
+        recent.append(chunk)
+        self._recent_bytes += len(chunk)
+        while self._recent_bytes - len(recent[0]) >= _TAIL_BYTES:
+            self._recent_bytes -= len(recent.popleft())
 
     def whole(self, body: bytes) -> None:
         """A JSON answer, whole."""
@@ -199,11 +258,12 @@ class UsageTap:
             tail = b"".join(self._recent)
             self._recent.clear()
             self._recent_bytes = 0
-            for event in reversed(tail.split(_EVENT_END)):
+            for event in reversed(_events(tail, keep_rest=True)):
                 usage, _ = _event_usage(event, self.kind)
                 if usage is not None:
                     self.usage = usage
                     break
             return b""
-        rest, self._tail = self._tail, b""
+        rest = b"" if self._passing else bytes(self._held)
+        self._held.clear()
         return rest if self.strip else b""

@@ -9,7 +9,8 @@ record (`kvgate.wire.owner_record`).
 
 A client that disconnects aborts its request in the engine: streaming handlers see the
 failed write, non-streaming handlers are cancelled (the runner is built with
-`handler_cancellation=True`); either way the `finally` aborts the request, freeing its blocks.
+`handler_cancellation=True`); either way the `finally` aborts the request, freeing its blocks,
+and the failed write is not logged as an error (`client_gone_middleware`).
 
 Entry points: `build_replica_app(...)` (one app, for tests and benchmarks),
 `SimulatedReplica.start(...)` (one bound server) and `start_simulated_replicas(count)`
@@ -445,6 +446,21 @@ def replica_key_middleware(key: str | None):
     return check
 
 
+CLIENT_CLOSED = 499  # nginx's status for a client that closed the connection (never reaches it)
+
+
+@web.middleware
+async def client_gone_middleware(request: web.Request, handler):
+    """A client that resets while its answer streams is gone, not a server error: without
+    this, aiohttp logs the failed write's traceback as a 500 (the handler's `finally` has
+    already aborted the engine request). The placeholder answer fails to write, which
+    aiohttp takes as the premature disconnection it is."""
+    try:
+        return await handler(request)
+    except ConnectionResetError:
+        return web.Response(status=CLIENT_CLOSED, text="client closed the connection")
+
+
 # -- owner record (conflict detection: kvgate.wire.owner_record) ---------------------------
 
 OWNER_KEY = web.AppKey("kvgate_sim_owner", OwnerBook)
@@ -482,7 +498,9 @@ def build_replica_app(
     simulator.config.ConfigError for an invalid configuration.
     """
     engine = AsyncEngine(config or EngineConfig(), cost_model or CostModel(), time_scale)
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[replica_key_middleware(replica_api_key)])
+    app = web.Application(
+        client_max_size=MAX_BODY_BYTES, middlewares=[client_gone_middleware, replica_key_middleware(replica_api_key)]
+    )
     app[ENGINE_KEY] = engine
     app[INFO_KEY] = ReplicaInfo(model_name, int(time.time()))
     app[RESPONSES_KEY] = responses_api.ResponseStore()

@@ -334,7 +334,13 @@ def test_admission_reasons_are_documented():
 
 # The calls that answer a client with an error code: callee -> (index of the status
 # argument, index of the code argument); None: an error event inside a stream, no status.
-ERROR_CALLS = {"RequestRejected": (0, 2), "_Refusal": (0, 2), "send_error": (1, 3), "error_json": (0, 2)}
+ERROR_CALLS = {
+    "RequestRejected": (0, 2),
+    "_Refusal": (0, 2),
+    "HeadRefusal": (0, 2),
+    "send_error": (1, 3),
+    "error_json": (0, 2),
+}
 STREAM_ERROR_CALLS = {"sse_error_event": 1}
 STREAM = "stream"
 

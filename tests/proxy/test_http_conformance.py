@@ -257,7 +257,9 @@ async def test_f5_idle_keep_alive_connection_is_closed(stack_factory):
 async def test_f5_connections_beyond_the_limit_are_refused_cleanly(stack_factory):
     stack = await stack_factory(max_connections=4)
     held = [await asyncio.open_connection(*stack.address) for _ in range(4)]
-    await until(lambda: len(stack.app._server.connections) == 4, "the server to take the 4 connections")
+    for _, writer in held:  # each is reading a body: none gives way to a new connection
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: k\r\nContent-Length: 100\r\n\r\n{")
+    await until(lambda: [c.phase for c in stack.app._server.connections] == ["body"] * 4, "the server to read 4 bodies")
     data, closed = await exchange(stack.address, b"GET /health HTTP/1.1\r\nHost: k\r\n\r\n")
     assert statuses(data) == [503] and b"too_many_connections" in data and closed
     for _, writer in held:

@@ -214,7 +214,7 @@ def test_an_event_too_long_to_hold_is_not_held(monkeypatch):
     monkeypatch.setattr(usage_tap, "_EVENT_BYTES", 1000)
     stream = responses_stream("x" * 5000)
     tap = UsageTap(strip=False, kind="responses")
-    assert tap.feed(stream[:3000]) == stream[:3000] and tap._tail == b""
+    assert tap.feed(stream[:3000]) == stream[:3000] and not tap._held
     assert tap.feed(stream[3000:]) == stream[3000:] and tap.finish() == b""
     assert tap.usage == PromptUsage(120, 96)  # read from the stream's last bytes, as a chat stream's
 
@@ -226,3 +226,46 @@ def test_json_answers_of_each_api():
         tap = UsageTap(strip=False, kind=kind)
         tap.whole(orjson.dumps(answer))
         assert tap.usage == PromptUsage(21, 16)
+
+
+CRLF_STREAM = STREAM.replace(b"\n", b"\r\n")
+
+
+@pytest.mark.parametrize("cut", range(1, len(CRLF_STREAM)))
+def test_crlf_framed_events_pass_at_once_and_their_usage_event_is_stripped(cut):
+    tap = UsageTap(strip=True)
+    out = tap.feed(CRLF_STREAM[:cut]) + tap.feed(CRLF_STREAM[cut:]) + tap.finish()
+    assert out == b"".join(CHUNKS).replace(b"\n", b"\r\n") + DONE.replace(b"\n", b"\r\n")
+    assert tap.usage == PromptUsage(120, 96)
+
+
+def test_crlf_framed_events_are_passed_on_as_each_ends():
+    tap = UsageTap(strip=True)
+    for chunk in CHUNKS:
+        assert tap.feed(chunk.replace(b"\n", b"\r\n")) == chunk.replace(b"\n", b"\r\n")
+
+
+def test_an_event_too_long_to_hold_is_passed_on_unread_when_stripping(monkeypatch):
+    monkeypatch.setattr(usage_tap, "_EVENT_BYTES", 1000)
+    long_event = sse({"choices": [{"index": 0, "delta": {"content": "x" * 5000}}]})
+    stream = long_event + STREAM
+    tap = UsageTap(strip=True)
+    out = []
+    for i in range(0, len(stream), 300):
+        out.append(tap.feed(stream[i : i + 300]))
+        assert len(tap._held) <= 1000 + 300  # never more than the cap and one chunk
+    assert b"".join(out) + tap.finish() == long_event + b"".join(CHUNKS) + DONE
+    assert tap.usage == PromptUsage(120, 96)  # the events after the long one are read again
+
+
+@pytest.mark.parametrize("crlf", [False, True])
+def test_the_events_after_an_over_long_one_are_read_however_the_stream_is_cut(monkeypatch, crlf):
+    monkeypatch.setattr(usage_tap, "_EVENT_BYTES", 200)
+    end = b"\r\n\r\n" if crlf else b"\n\n"
+    long_event = sse({"choices": [{"index": 0, "delta": {"content": "x" * 250}}]}).replace(b"\n\n", end)
+    stream = long_event + USAGE_EVENT.replace(b"\n\n", end) + DONE.replace(b"\n\n", end)
+    for cut in range(1, len(stream)):
+        tap = UsageTap(strip=True)
+        out = tap.feed(stream[:cut]) + tap.feed(stream[cut:]) + tap.finish()
+        assert out == long_event + DONE.replace(b"\n\n", end), cut
+        assert tap.usage == PromptUsage(120, 96), cut

@@ -45,3 +45,31 @@ def finish_every_session(admission) -> None:
 
 def replica_config(replica, **extra) -> dict:
     return {"replicas": [{"name": replica.name, "url": replica.url}], **extra}
+
+
+def address_of(url: str) -> tuple[str, int]:
+    host, _, port = url.removeprefix("http://").partition(":")
+    return host, int(port)
+
+
+async def raw_exchange(url: str, raw: bytes, timeout: float = 5.0) -> tuple[bytes, bool]:
+    """Send `raw` bytes on a new connection to `url`; (what came back, whether the server
+    closed the connection within `timeout`)."""
+    reader, writer = await asyncio.open_connection(*address_of(url))
+    writer.write(raw)
+    data, closed = b"", False
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    try:
+        while (left := deadline - loop.time()) > 0 and not closed:
+            try:
+                piece = await asyncio.wait_for(reader.read(65536), left)
+            except TimeoutError:
+                break
+            data += piece
+            closed = not piece
+    except ConnectionError:
+        closed = True
+    finally:
+        writer.close()
+    return data, closed

@@ -232,18 +232,19 @@ async def test_f5_a_session_cannot_take_over_another_sessions_chain(parts, http)
     replicas = await parts.replicas(2)
     gate = await parts.kvgate({"replicas": [{"name": r.name, "url": r.url} for r in replicas]})
 
-    async def turn(session: str, **fields) -> tuple[str, dict]:
+    async def turn(session: str, status: int = 200, **fields) -> tuple[str, dict]:
         body = {"model": "kvgate-sim", "input": f"{session} says hi", "max_output_tokens": 4, **fields}
         async with http.post(gate.url + "/v1/responses", json=body, headers={"x-session-id": session}) as resp:
-            assert resp.status == 200, await resp.text()
-            return resp.headers["x-kvgate-replica"], await resp.json()
+            assert resp.status == status, await resp.text()
+            return resp.headers.get("x-kvgate-replica", ""), await resp.json()
 
     victim_replica, first = await turn("victim")
     attacker = next(
         f"attacker-{i}" for i in range(200) if gate.app.balancer.choose(f"attacker-{i}").name != victim_replica
     )
-    attacker_replica, _ = await turn(attacker, request_id=first["id"])
-    assert attacker_replica != victim_replica
+    # reusing the victim's response id as a request_id is refused before it reaches a replica
+    attacker_replica, refused = await turn(attacker, 409, request_id=first["id"])
+    assert attacker_replica == "" and refused["error"]["code"] == "response_id_taken"
     replica, _ = await turn("victim", previous_response_id=first["id"])
     assert replica == victim_replica
 

@@ -126,3 +126,49 @@ def test_a_kvgate_with_both_keys_from_files_gates_the_server(keyed_server, tmp_p
         stop_process_group(proc, grace=15)
     log = (tmp_path / "kvgate.log").read_text()
     assert VLLM_KEY not in log and REPLICA_KEY not in log
+
+
+# Disguises of the replica API's paths (tests/security/test_edge_conformance.py plays them
+# through kvgate against the simulated replica), and canonical paths for contrast.
+PATH_MATRIX = [
+    "/v1/kvgate/kv",
+    "/v1/%6bvgate/kv",
+    "/v1/%6Bvgate/kv",
+    "/v1/kvgat%65/kv",
+    "/%761/kvgate/kv",
+    "/v1//kvgate/kv",
+    "/v1/./kvgate/kv",
+    "/v1/x/../kvgate/kv",
+    "/v1/%2e%2e/v1/kvgate/kv",
+    "/v1/x%2F..%2Fkvgate/kv",
+    "/v1%2Fkvgate%2Fkv",
+    "/v1/kvgate/kv/",
+]
+
+
+def raw_get(url: str, path: str, headers: dict[str, str]) -> int:
+    """GET `path` exactly as written (no client-side decoding or normalisation); the status."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        connection.request("GET", path, headers=headers)
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def test_every_path_vllm_routes_to_the_replica_api_is_one_kvgate_refuses_or_never_relays(keyed_server):
+    """vLLM's router (Starlette on uvicorn) decodes some disguises; kvgate must refuse each of
+    those (400 non_canonical_path) or recognise it as the replica API. Unrun by the helper
+    that wrote it (vLLM tests are run by the lead)."""
+    from kvgate.proxy.canonical_path import path_problem
+    from kvgate.wire.routes import passthrough_route
+
+    routed = {path: raw_get(keyed_server.url, path, GATE) for path in PATH_MATRIX}
+    assert routed["/v1/kvgate/kv"] == 200, routed
+    for path, status in routed.items():
+        if status == 200:  # vLLM answered it as the replica API
+            assert path_problem(path) is not None or passthrough_route("GET", path) is None, (path, routed)
