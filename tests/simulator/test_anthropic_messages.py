@@ -68,8 +68,8 @@ async def test_message_streaming_event_sequence(replica_client):
     [
         ({"messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
         ({"max_tokens": 3, "messages": []}, "messages"),
-        ({"max_tokens": 3, "messages": [{"role": "system", "content": "x"}]}, "role"),
-        ({"max_tokens": 5000, "messages": [{"role": "user", "content": "hi"}]}, "too long"),
+        ({"max_tokens": 3, "messages": [{"role": "tool", "content": "x"}]}, "role"),
+        ({"max_tokens": 3, "messages": [{"role": "user", "content": "hi " * 1100}]}, "too long"),
     ],
 )
 async def test_message_errors_are_anthropic_shaped(replica_client, body, needle):
