@@ -14,7 +14,7 @@ from kvgate.simulator.reply_model import NO_TOOLS, ToolCall, ToolOffer, function
 from kvgate.simulator.tokenizer import TemplateError, render_chat, render_completion_prompt
 from kvgate.wire.errors import openai_error
 
-DEFAULT_MAX_TOKENS = 16
+DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's and vLLM's
 
 
 class ApiError(Exception):
@@ -51,6 +51,7 @@ class GenerationParams:
     priority: int = 0  # vLLM's request field: lower is served first under priority scheduling
     offer: ToolOffer = NO_TOOLS  # the function tools the reply may call
     fixed_length: bool = False  # vLLM's `ignore_eos`: exactly max_tokens tokens of text
+    max_tokens_given: bool = True  # False: max_tokens is the default cap (the context left)
 
 
 def _optional(body: dict, key: str, types: tuple, what: str):
@@ -92,7 +93,7 @@ def parse_generation(kind: str, body, served_model: str, max_model_len: int) -> 
     _optional(body, "session_id", (str,), "a string")  # vLLM's field: accepted and ignored
     # vLLM's field; under fcfs scheduling it is accepted and has no effect, as in vLLM
     priority = _optional(body, "priority", (int,), "an integer") or 0
-    max_tokens = None
+    max_tokens: int | None = None
     for key in ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",):
         value = _optional(body, key, (int,), "an integer")
         if value is not None:
@@ -100,6 +101,7 @@ def parse_generation(kind: str, body, served_model: str, max_model_len: int) -> 
                 raise ApiError(f"'{key}' must be at least 1, got {value}", param=key)
             max_tokens = value
             break
+    given = max_tokens is not None
     prompt_len = len(prompt_ids)
     if prompt_len >= max_model_len:
         raise ApiError(
@@ -107,7 +109,10 @@ def parse_generation(kind: str, body, served_model: str, max_model_len: int) -> 
             "Make sure that `max_model_len` is no smaller than the number of text tokens."
         )
     if max_tokens is None:
-        max_tokens = min(DEFAULT_MAX_TOKENS, max_model_len - prompt_len)
+        # as vLLM: a chat reply may use the context left (it ends on its own, reply_model),
+        # a completion stops at 16 tokens
+        left = max_model_len - prompt_len
+        max_tokens = left if kind == "chat" else min(DEFAULT_MAX_TOKENS, left)
     elif prompt_len + max_tokens > max_model_len:
         where = "messages" if kind == "chat" else "prompt"
         raise ApiError(
@@ -119,7 +124,7 @@ def parse_generation(kind: str, body, served_model: str, max_model_len: int) -> 
         tool_offer(function_tools(body.get("tools"), "chat"), body.get("tool_choice")) if kind == "chat" else NO_TOOLS
     )
     return GenerationParams(
-        kind, model, prompt_ids, max_tokens, stream, include_usage, cache_salt, priority, offer, fixed_length
+        kind, model, prompt_ids, max_tokens, stream, include_usage, cache_salt, priority, offer, fixed_length, given
     )
 
 

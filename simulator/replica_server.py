@@ -126,7 +126,14 @@ def _parse(kind: str, body, model_name: str, max_model_len: int) -> GenerationPa
 
 def _start(app: web.Application, params: GenerationParams) -> tuple[ReplyPlan, RequestHandle]:
     """Plan the reply (`reply_model`) and queue its tokens in the engine."""
-    plan = plan_reply(app[REPLY_KEY], params.prompt_token_ids, params.max_tokens, params.offer, params.fixed_length)
+    plan = plan_reply(
+        app[REPLY_KEY],
+        params.prompt_token_ids,
+        params.max_tokens,
+        params.offer,
+        params.fixed_length,
+        params.max_tokens_given,
+    )
     engine = app[ENGINE_KEY]
     return plan, engine.add_request(params.prompt_token_ids, plan.tokens, params.cache_salt, params.priority)
 

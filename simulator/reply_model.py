@@ -32,6 +32,7 @@ from kvgate.simulator.config import ConfigError
 from kvgate.simulator.schema_values import sample_arguments
 
 REPLY_LENGTHS = ("sampled", "max_tokens")
+FIXED_DEFAULT_TOKENS = 16  # an exact-length reply to a request that set no max_tokens (as before)
 
 
 @dataclass(frozen=True)
@@ -124,12 +125,19 @@ def _rng(seed: int, prompt_token_ids: list[int], max_tokens: int) -> random.Rand
 
 
 def plan_reply(
-    model: ReplyModel, prompt_token_ids: list[int], max_tokens: int, offer: ToolOffer = NO_TOOLS, fixed: bool = False
+    model: ReplyModel,
+    prompt_token_ids: list[int],
+    max_tokens: int,
+    offer: ToolOffer = NO_TOOLS,
+    fixed: bool = False,
+    max_tokens_given: bool = True,
 ) -> ReplyPlan:
     """The answer to a prompt capped at `max_tokens` (module doc); `fixed`: the request
-    asked for exactly `max_tokens` (vLLM's `ignore_eos`)."""
+    asked for exactly `max_tokens` (vLLM's `ignore_eos`). An exact-length reply to a
+    request without max_tokens (`max_tokens_given` False: the cap is the context left)
+    is `FIXED_DEFAULT_TOKENS` long."""
     if fixed or model.lengths == "max_tokens":
-        return ReplyPlan(max_tokens, natural_stop=False)
+        return ReplyPlan(max_tokens if max_tokens_given else min(FIXED_DEFAULT_TOKENS, max_tokens), natural_stop=False)
     rng = _rng(model.seed, prompt_token_ids, max_tokens)
     length = max(1, round(rng.lognormvariate(math.log(model.median_tokens), model.sigma)))
     if length >= max_tokens:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from kvgate.simulator.openai_api import DEFAULT_MAX_TOKENS, ApiError, GenerationParams, _optional, chat_tool_call
+from kvgate.simulator.openai_api import ApiError, GenerationParams, _optional, chat_tool_call
 from kvgate.simulator.reply_model import ToolCall, function_tools, tool_offer
 from kvgate.simulator.tokenizer import TemplateError, render_chat
 
@@ -203,6 +203,7 @@ def parse_responses(body, served_model: str, max_model_len: int, store: Response
     keep = _optional(body, "store", (bool,), "a boolean")
     response_id = _optional(body, "request_id", (str,), "a string") or f"resp_{uuid.uuid4().hex}"
     max_tokens = _optional(body, "max_output_tokens", (int,), "an integer")
+    given = max_tokens is not None
     prompt_len = len(prompt_ids)
     if prompt_len >= max_model_len:
         raise ApiError(
@@ -210,7 +211,7 @@ def parse_responses(body, served_model: str, max_model_len: int, store: Response
             param="input",
         )
     if max_tokens is None:
-        max_tokens = min(DEFAULT_MAX_TOKENS, max_model_len - prompt_len)
+        max_tokens = max_model_len - prompt_len  # as vLLM: the context left (the reply ends on its own)
     elif max_tokens < 1:
         raise ApiError(f"'max_output_tokens' must be at least 1, got {max_tokens}", param="max_output_tokens")
     else:
@@ -231,7 +232,7 @@ def parse_responses(body, served_model: str, max_model_len: int, store: Response
     priority = _optional(body, "priority", (int,), "an integer") or 0  # vLLM's field, as on chat
     offer = tool_offer(function_tools(body.get("tools"), "responses"), body.get("tool_choice"))
     generation = GenerationParams(
-        "responses", model, prompt_ids, max_tokens, stream, True, cache_salt, priority, offer=offer
+        "responses", model, prompt_ids, max_tokens, stream, True, cache_salt, priority, offer, max_tokens_given=given
     )
     return ResponsesParams(generation, response_id, tuple(messages), keep is not False, echo)
 

@@ -119,6 +119,17 @@ async def test_text_replies_stop_naturally_and_max_tokens_only_caps(replica_with
         assert message.stop_reason == "end_turn" and message.content[0].type == "text"
         response = await oai.responses.create(model="m", input=ASK, max_output_tokens=4000)
         assert response.status == "completed" and response.output[0].type == "message"
+        # without max_tokens the cap is the context left, as vLLM's: the reply still ends on its own
+        lengths = []
+        for index in range(6):
+            asked = [{"role": "user", "content": f"{ASK} ({index})"}]
+            uncapped = await oai.chat.completions.create(model="m", messages=asked)
+            assert uncapped.choices[0].finish_reason == "stop"
+            lengths.append(uncapped.usage.completion_tokens)
+            uncapped_response = await oai.responses.create(model="m", input=f"{ASK} ({index})")
+            assert uncapped_response.status == "completed"
+            lengths.append(uncapped_response.usage.output_tokens)
+        assert max(lengths) > 16  # beyond the old default of 16
         # a cap below the drawn length cuts the reply: finish reason length, exactly the cap
         cut = await oai.chat.completions.create(model="m", messages=messages, max_tokens=1)
         assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == 1

@@ -1,0 +1,80 @@
+"""The OpenAI Agents SDK (`openai-agents`, installed into the kvgate cache) runs
+multi-turn sessions with tools through `kvgate serve` on the embedded default
+(docs/clients.md has the same setup). From kvgate's access log: every turn is in its
+session, each session stays on one replica, later turns hold their window, and nothing
+fails."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+from client_harness import NO_NETWORK_ENV, access_records, ensure_python_client, session_turns
+
+pytestmark = pytest.mark.clients
+
+AGENTS_SDK = "openai-agents==0.24.0"
+SCRIPT = Path(__file__).parent / "scripts" / "agents_sdk_task.py"
+
+
+def task_folder(root: Path) -> Path:
+    """The files the agent's read-only tools see: its whole world."""
+    root.mkdir()
+    (root / "README.md").write_text("# demo\nA tiny project: main.py prints a greeting.\n")
+    (root / "main.py").write_text("print('hello')\n")
+    return root
+
+
+async def run_session(python: Path, base_url: str, workdir: Path, session_id: str, api: str) -> dict:
+    env = {**os.environ, **NO_NETWORK_ENV}
+    proc = await asyncio.create_subprocess_exec(
+        str(python),
+        str(SCRIPT),
+        base_url,
+        str(workdir),
+        session_id,
+        api,
+        cwd=workdir,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=240)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()[-3000:]
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("api, route", [("responses", "responses"), ("chat", "chat")])
+async def test_agents_sdk_sessions_run_through_kvgate(embedded_kvgate, tmp_path, api, route):
+    python = await asyncio.to_thread(ensure_python_client, AGENTS_SDK)
+    url, log_path = embedded_kvgate
+    workdir = task_folder(tmp_path / "task")
+    results = await asyncio.gather(
+        *(run_session(python, url + "/v1", workdir, f"agents-{api}-{index}", api) for index in range(2))
+    )
+    for result in results:
+        assert result["model_calls"] >= 5 and len(result["tool_calls"]) >= 3, result
+    await asyncio.sleep(0.2)  # the last access lines are written as the answers end
+    records = access_records(log_path.read_text())
+    turns = session_turns(records, route)
+    assert "-" not in turns, "an anonymous turn"
+    assert len(turns) == 2
+    for session, session_records in turns.items():
+        assert len(session_records) >= 5, (session, session_records)
+        assert len({record["replica"] for record in session_records}) == 1, session_records
+        admissions = [record["admission"] for record in session_records]
+        assert admissions[0] == "window_fits" and set(admissions) <= {"window_fits", "holds_window"}, admissions
+        # Later turns hold their window. One may open a new one instead: before a session's
+        # gap between turns is known its idle window lasts gate.quiet_floor_sec (0.5 s), and a
+        # loaded machine can take longer than that between an answer and the next turn.
+        assert admissions[1:].count("holds_window") >= len(admissions) - 2, admissions
+    assert all(record["status"] == "200" for record in records), [r for r in records if r["status"] != "200"]
+    assert sum(len(r) for r in turns.values()) == sum(result["model_calls"] for result in results)
