@@ -75,3 +75,25 @@ def session_turns(records: list[dict[str, str]], route: str) -> dict[str, list[d
         if record["route"] == route:
             turns.setdefault(record["session"], []).append(record)
     return turns
+
+
+def ensure_npm_client(package: str, version: str, binary: str) -> Path:
+    """The executable `binary` of npm `package`@`version`, installed once under
+    CLIENTS_DIR (under a lock; complete once its sentinel is written)."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError("npm is needed to install the agent client; install Node.js 18 or later")
+    prefix = CLIENTS_DIR / f"{package.rsplit('/', 1)[-1]}-{version}"
+    executable = prefix / "node_modules" / ".bin" / binary
+    with _locked(CLIENTS_DIR / f"{prefix.name}.lock"):
+        if (prefix / SENTINEL_NAME).exists():
+            return executable
+        shutil.rmtree(prefix, ignore_errors=True)
+        command = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", f"{package}@{version}"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        if result.returncode != 0 or not executable.exists():
+            raise RuntimeError(
+                f"npm install {package}@{version} failed (exit {result.returncode}):\n{result.stderr[-3000:]}"
+            )
+        (prefix / SENTINEL_NAME).write_text(f"{package}@{version}\n")
+    return executable
