@@ -12,7 +12,9 @@ local `$ref`s (`#/$defs/...`, `#/definitions/...`, as Pydantic writes them).
 Invariant: the same schema and the same generator state give the same value. Required
 properties are always present; optional ones appear at random, and not at all below
 `MAX_DEPTH` so recursive schemas end. A string `pattern` cannot be honoured: such a
-string takes the schema's `default` or first `examples` entry when it has one.
+string takes the schema's `default` or first `examples` entry when it has one, and an
+optional property with neither is left out (a required one gets a word, which may not
+match).
 """
 
 from __future__ import annotations
@@ -116,11 +118,21 @@ class SchemaValues:
         required = set(schema.get("required") or ())
         result = {}
         for name, sub in properties.items():
-            if name in required or (depth < MAX_DEPTH and self.rng.random() < 0.5):
+            if name in required:
+                result[name] = self.value(sub, depth + 1)
+            elif depth < MAX_DEPTH and self.rng.random() < 0.5 and self._honoured(sub):
                 result[name] = self.value(sub, depth + 1)
         for name in sorted(required - set(properties)):  # required but undescribed: any value
             result[name] = self._word()
         return result
+
+    def _honoured(self, schema: Any) -> bool:
+        """False for a string `pattern` with no default or example: an optional property
+        the sampler cannot promise to satisfy is left out."""
+        schema = self._resolve(schema)
+        return not (
+            isinstance(schema, dict) and "pattern" in schema and "default" not in schema and not schema.get("examples")
+        )
 
     def _array(self, schema: dict, depth: int) -> list:
         low = int(schema.get("minItems", 0))
