@@ -1,5 +1,5 @@
 """Claude Code (`claude -p`, npm `@anthropic-ai/claude-code`, installed into the kvgate
-cache) runs one session of three prompts with its read-only tools through `kvgate serve`
+cache) runs one session of five prompts with its read-only tools through `kvgate serve`
 on the embedded default (docs/clients.md has the same setup). From kvgate's access log:
 every turn is in the session, on one replica, holding its window, and nothing fails."""
 
@@ -22,7 +22,14 @@ pytestmark = [
 ]
 
 CLAUDE_CODE_VERSION = "2.1.332"
-PROMPTS = ("list the files here", "read README.md and summarise it", "which file is the entry point?")
+# One turn each at least (more when the reply calls a tool): five prompts make five turns.
+PROMPTS = (
+    "list the files here",
+    "read README.md and summarise it",
+    "which file is the entry point?",
+    "what does main.py print?",
+    "summarise what you found",
+)
 READ_ONLY_TOOLS = "Read,Glob,Grep"
 # No telemetry, error reports, update checks or other traffic beyond the model's API.
 QUIET_ENV = {
