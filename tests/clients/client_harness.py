@@ -5,16 +5,33 @@ keeps a client off the network."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
+import asyncio
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-CACHE_ROOT = Path(os.environ.get("KVGATE_CACHE_DIR", Path.home() / ".cache" / "kvgate"))
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm"))
+from vllm_harness import CACHE_ROOT, file_lock  # noqa: E402  (the vLLM tests' cache and lock)
+
 CLIENTS_DIR = CACHE_ROOT / "clients"
+# The marks of a test of an npm client (Claude Code, Codex CLI).
+NPM_CLIENT = [
+    pytest.mark.clients,
+    pytest.mark.skipif(shutil.which("npm") is None, reason="npm is needed to install the client"),
+]
+# One turn each at least (more when the reply calls a tool): five prompts make five turns.
+PROMPTS = (
+    "list the files here",
+    "read README.md and summarise it",
+    "which file is the entry point?",
+    "what does main.py print?",
+    "summarise what you found",
+)
+
 SENTINEL_NAME = ".kvgate-client-complete"
 
 # Every client talks to kvgate on loopback only: any other connection goes to a proxy on
@@ -28,23 +45,12 @@ NO_NETWORK_ENV = {
 }
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def ensure_python_client(pip_spec: str) -> Path:
     """The python of a venv holding `pip_spec` (e.g. "openai-agents==0.24.0"), created once
     under CLIENTS_DIR (under a lock; complete once its sentinel is written)."""
     venv = CLIENTS_DIR / pip_spec.replace("==", "-")
     python = venv / "bin" / "python"
-    with _locked(CLIENTS_DIR / f"{venv.name}.lock"):
+    with file_lock(CLIENTS_DIR / f"{venv.name}.lock"):
         if (venv / SENTINEL_NAME).exists():
             return python
         shutil.rmtree(venv, ignore_errors=True)
@@ -85,7 +91,7 @@ def ensure_npm_client(package: str, version: str, binary: str) -> Path:
         raise RuntimeError("npm is needed to install the agent client; install Node.js 18 or later")
     prefix = CLIENTS_DIR / f"{package.rsplit('/', 1)[-1]}-{version}"
     executable = prefix / "node_modules" / ".bin" / binary
-    with _locked(CLIENTS_DIR / f"{prefix.name}.lock"):
+    with file_lock(CLIENTS_DIR / f"{prefix.name}.lock"):
         if (prefix / SENTINEL_NAME).exists():
             return executable
         shutil.rmtree(prefix, ignore_errors=True)
@@ -97,3 +103,57 @@ def ensure_npm_client(package: str, version: str, binary: str) -> Path:
             )
         (prefix / SENTINEL_NAME).write_text(f"{package}@{version}\n")
     return executable
+
+
+async def run_client(command: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) -> str:
+    """Run one client command to its end; its stdout. A run that fails or outlasts
+    `timeout` fails the test with the end of both outputs (the process is killed)."""
+    proc = await asyncio.create_subprocess_exec(
+        *command,
+        cwd=cwd,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, (command[:3], out.decode()[-2000:], err.decode()[-2000:])
+    return out.decode()
+
+
+def client_env(drop_prefixes: tuple[str, ...], **overrides: str) -> dict[str, str]:
+    """This process's environment without the client's own variables (`drop_prefixes`),
+    kept off the network (NO_NETWORK_ENV), with `overrides`."""
+    kept = {key: value for key, value in os.environ.items() if not key.startswith(drop_prefixes)}
+    return {**kept, **NO_NETWORK_ENV, **overrides}
+
+
+def assert_one_session_of_prompts(records: list[dict[str, str]], route: str, prompts: int) -> list[dict[str, str]]:
+    """The access log of one conversation of `prompts` CLI runs (each a new process that
+    resumed it): one session, no anonymous turn, at least a turn per prompt on one
+    replica, every turn admitted with a window, all but at most one per prompt holding it
+    (a new process may start after the idle window of a session whose gap is not known
+    yet ended: gate.quiet_floor_sec), and every answer 200. Returns its turns."""
+    turns = session_turns(records, route)
+    assert "-" not in turns, "an anonymous turn"
+    ((_, session_records),) = turns.items()
+    assert len(session_records) >= prompts, session_records
+    assert len({record["replica"] for record in session_records}) == 1, session_records
+    admissions = [record["admission"] for record in session_records]
+    assert admissions[0] == "window_fits" and set(admissions) <= {"window_fits", "holds_window"}, admissions
+    assert admissions.count("holds_window") >= len(admissions) - prompts, admissions
+    assert all(record["status"] == "200" for record in records), [r for r in records if r["status"] != "200"]
+    return session_records
+
+
+def task_folder(root: Path) -> Path:
+    """The files a client's read-only tools see: its whole world."""
+    root.mkdir()
+    (root / "README.md").write_text("# demo\nA tiny project: main.py prints a greeting.\n")
+    (root / "main.py").write_text("print('hello')\n")
+    return root

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 
 import pytest
-from client_harness import NO_NETWORK_ENV, access_records, ensure_python_client, session_turns
+from client_harness import access_records, client_env, ensure_python_client, run_client, session_turns, task_folder
 
 pytestmark = pytest.mark.clients
 
@@ -20,36 +19,10 @@ AGENTS_SDK = "openai-agents==0.24.0"
 SCRIPT = Path(__file__).parent / "scripts" / "agents_sdk_task.py"
 
 
-def task_folder(root: Path) -> Path:
-    """The files the agent's read-only tools see: its whole world."""
-    root.mkdir()
-    (root / "README.md").write_text("# demo\nA tiny project: main.py prints a greeting.\n")
-    (root / "main.py").write_text("print('hello')\n")
-    return root
-
-
 async def run_session(python: Path, base_url: str, workdir: Path, session_id: str, api: str) -> dict:
-    env = {**os.environ, **NO_NETWORK_ENV}
-    proc = await asyncio.create_subprocess_exec(
-        str(python),
-        str(SCRIPT),
-        base_url,
-        str(workdir),
-        session_id,
-        api,
-        cwd=workdir,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout=240)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode == 0, err.decode()[-3000:]
-    return json.loads(out.decode().strip().splitlines()[-1])
+    command = [str(python), str(SCRIPT), base_url, str(workdir), session_id, api]
+    out = await run_client(command, workdir, client_env(("OPENAI_",)), timeout=240)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("api, route", [("responses", "responses"), ("chat", "chat")])
