@@ -133,21 +133,28 @@ def client_env(drop_prefixes: tuple[str, ...], **overrides: str) -> dict[str, st
     return {**kept, **NO_NETWORK_ENV, **overrides}
 
 
+def assert_session_turns(session_records: list[dict[str, str]], at_least: int) -> None:
+    """One session's turns in the access log: at least `at_least`, all on one replica, the
+    first opening a window (`window_fits`) and every later one holding it (`holds_window`)."""
+    assert len(session_records) >= at_least, session_records
+    assert len({record["replica"] for record in session_records}) == 1, session_records
+    admissions = [record["admission"] for record in session_records]
+    assert admissions[0] == "window_fits" and set(admissions[1:]) == {"holds_window"}, admissions
+
+
+def assert_all_ok(records: list[dict[str, str]]) -> None:
+    assert all(record["status"] == "200" for record in records), [r for r in records if r["status"] != "200"]
+
+
 def assert_one_session_of_prompts(records: list[dict[str, str]], route: str, prompts: int) -> list[dict[str, str]]:
     """The access log of one conversation of `prompts` CLI runs (each a new process that
-    resumed it): one session, no anonymous turn, at least a turn per prompt on one
-    replica, every turn admitted with a window, all but at most one per prompt holding it
-    (a new process may start after the idle window of a session whose gap is not known
-    yet ended: gate.quiet_floor_sec), and every answer 200. Returns its turns."""
+    resumed it): one session, no anonymous turn, its turns as `assert_session_turns` says
+    with at least one per prompt, and every answer 200. Returns its turns."""
     turns = session_turns(records, route)
     assert "-" not in turns, "an anonymous turn"
     ((_, session_records),) = turns.items()
-    assert len(session_records) >= prompts, session_records
-    assert len({record["replica"] for record in session_records}) == 1, session_records
-    admissions = [record["admission"] for record in session_records]
-    assert admissions[0] == "window_fits" and set(admissions) <= {"window_fits", "holds_window"}, admissions
-    assert admissions.count("holds_window") >= len(admissions) - prompts, admissions
-    assert all(record["status"] == "200" for record in records), [r for r in records if r["status"] != "200"]
+    assert_session_turns(session_records, prompts)
+    assert_all_ok(records)
     return session_records
 
 

@@ -11,7 +11,16 @@ import json
 from pathlib import Path
 
 import pytest
-from client_harness import access_records, client_env, ensure_python_client, run_client, session_turns, task_folder
+from client_harness import (
+    access_records,
+    assert_all_ok,
+    assert_session_turns,
+    client_env,
+    ensure_python_client,
+    run_client,
+    session_turns,
+    task_folder,
+)
 
 pytestmark = pytest.mark.clients
 
@@ -40,14 +49,7 @@ async def test_agents_sdk_sessions_run_through_kvgate(embedded_kvgate, tmp_path,
     turns = session_turns(records, route)
     assert "-" not in turns, "an anonymous turn"
     assert len(turns) == 2
-    for session, session_records in turns.items():
-        assert len(session_records) >= 5, (session, session_records)
-        assert len({record["replica"] for record in session_records}) == 1, session_records
-        admissions = [record["admission"] for record in session_records]
-        assert admissions[0] == "window_fits" and set(admissions) <= {"window_fits", "holds_window"}, admissions
-        # Later turns hold their window. One may open a new one instead: before a session's
-        # gap between turns is known its idle window lasts gate.quiet_floor_sec (0.5 s), and a
-        # loaded machine can take longer than that between an answer and the next turn.
-        assert admissions[1:].count("holds_window") >= len(admissions) - 2, admissions
-    assert all(record["status"] == "200" for record in records), [r for r in records if r["status"] != "200"]
+    for session_records in turns.values():
+        assert_session_turns(session_records, 5)
+    assert_all_ok(records)
     assert sum(len(r) for r in turns.values()) == sum(result["model_calls"] for result in results)

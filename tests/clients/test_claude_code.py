@@ -1,7 +1,8 @@
 """Claude Code (`claude -p`, npm `@anthropic-ai/claude-code`, installed into the kvgate
 cache) runs one session of five prompts with its read-only tools through `kvgate serve`
 on the embedded default (docs/clients.md has the same setup). From kvgate's access log:
-every turn is in the session, on one replica, holding its window, and nothing fails."""
+every turn is in the session, on one replica, the later ones holding its window, and
+nothing fails."""
 
 from __future__ import annotations
 
