@@ -51,6 +51,7 @@ from kvgate.proxy.settings import Settings
 from kvgate.simulator.config import EngineConfig
 from kvgate.simulator.percentiles import percentile
 from kvgate.simulator.replica_server import start_simulated_replicas
+from kvgate.simulator.reply_model import FIXED_LENGTHS
 
 SYSTEM_PROMPT = "You are a coding agent working in a large repository. " * 6
 TOOL_RESULT = "line of tool output with a file path and a short message; " * 4
@@ -220,7 +221,12 @@ async def started_replicas(args: argparse.Namespace, log_dir: Path | None = None
     default a temporary folder)."""
     if args.in_process_replicas:
         replicas = await start_simulated_replicas(
-            args.replicas, host="127.0.0.1", time_scale=0.0, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs
+            args.replicas,
+            host="127.0.0.1",
+            time_scale=0.0,
+            num_blocks=args.num_blocks,
+            max_num_seqs=args.max_num_seqs,
+            reply_model=FIXED_LENGTHS,
         )
         try:
             yield replicas

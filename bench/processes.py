@@ -65,6 +65,10 @@ class ReplicaShape:
             str(self.max_num_batched_tokens),
             "--time-scale",
             str(self.time_scale),
+            # A benchmark's workload sets every reply's length as its max_tokens: the
+            # replica answers exactly that, never stopping early or calling a tool.
+            "--reply-lengths",
+            "max_tokens",
         ]
         if self.max_model_len is not None:
             args += ["--max-model-len", str(self.max_model_len)]

@@ -17,6 +17,13 @@ from typing import Any
 
 from kvgate.bench.processes import Kvgate, start_in_process
 from kvgate.simulator.replica_server import SimulatedReplica, start_simulated_replicas
+from kvgate.simulator.reply_model import FIXED_LENGTHS
+
+
+def _fixed_lengths(engine_options: dict) -> dict:
+    """The replicas answer exactly max_tokens unless told otherwise (a benchmark sets every
+    reply's length)."""
+    return {"reply_model": FIXED_LENGTHS, **engine_options}
 
 
 @dataclass
@@ -59,7 +66,7 @@ async def start_tiered(
     **engine_options: Any,
 ) -> Topology:
     """The recommended topology; `replica_gate`/`front_door` are extra config merged into each tier's."""
-    topology = Topology(await start_simulated_replicas(num_replicas, **engine_options))
+    topology = Topology(await start_simulated_replicas(num_replicas, **_fixed_lengths(engine_options)))
     health = {"health": {"interval_sec": health_interval_sec, "timeout_sec": 1.0}}
     try:
         for replica in topology.replicas:
@@ -94,7 +101,7 @@ async def start_single(
     **engine_options: Any,
 ) -> Topology:
     """One standalone kvgate in front of the replicas (the baseline); it is `front_doors[0]`."""
-    topology = Topology(await start_simulated_replicas(num_replicas, **engine_options))
+    topology = Topology(await start_simulated_replicas(num_replicas, **_fixed_lengths(engine_options)))
     try:
         config = _merge(
             {

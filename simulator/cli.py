@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvgate.simulator.config import ConfigError, CostModel, EngineConfig
+from kvgate.simulator.reply_model import REPLY_LENGTHS, ReplyModel
 from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, SCHEDULING_POLICIES
 
 
@@ -98,7 +99,51 @@ def _add_replica_command(subparsers) -> None:
         default=costs.context_token_s,
         help=f"cost model: seconds per context token read by attention (default {costs.context_token_s})",
     )
+    _add_reply_options(parser, ReplyModel())
     parser.set_defaults(func=run_replica)
+
+
+def _add_reply_options(parser: argparse.ArgumentParser, defaults: ReplyModel) -> None:
+    parser.add_argument(
+        "--reply-lengths",
+        choices=REPLY_LENGTHS,
+        default=defaults.lengths,
+        help="sampled: each reply draws its length and ends on its own, max_tokens only caps it; "
+        "max_tokens: every reply is exactly max_tokens long, never a tool call (what the benchmarks use) "
+        f"(default {defaults.lengths})",
+    )
+    parser.add_argument(
+        "--reply-median-tokens",
+        type=int,
+        default=defaults.median_tokens,
+        help=f"median of the lognormal reply length, in tokens (default {defaults.median_tokens})",
+    )
+    parser.add_argument(
+        "--reply-sigma",
+        type=float,
+        default=defaults.sigma,
+        help=f"sigma (shape) of the lognormal reply length (default {defaults.sigma})",
+    )
+    parser.add_argument(
+        "--tool-call-rate",
+        type=float,
+        default=defaults.tool_call_rate,
+        help="share of replies to a request offering tools that call one, with schema-valid arguments "
+        f"(default {defaults.tool_call_rate})",
+    )
+    parser.add_argument(
+        "--reply-seed",
+        type=int,
+        default=defaults.seed,
+        help="seed of reply lengths and tool calls; a reply is a function of it and the prompt "
+        f"(default {defaults.seed})",
+    )
+
+
+def reply_model_of(args: argparse.Namespace) -> ReplyModel:
+    return ReplyModel(
+        args.reply_lengths, args.reply_median_tokens, args.reply_sigma, args.tool_call_rate, args.reply_seed
+    ).validate()
 
 
 def run_replica(args: argparse.Namespace) -> int:
@@ -123,6 +168,7 @@ def run_replica(args: argparse.Namespace) -> int:
         cost_model = CostModel(
             args.step_overhead_s, args.prefill_token_s, args.decode_seq_s, args.context_token_s
         ).validate()
+        reply_model = reply_model_of(args)
         if args.time_scale < 0:
             raise ConfigError(f"time_scale must be >= 0 (got {args.time_scale})")
         if not 0 <= args.port <= 65535:
@@ -130,11 +176,15 @@ def run_replica(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"kvgate replica: error: {error}", file=sys.stderr)
         return 2
-    return asyncio.run(_serve_replica(args, config, cost_model, replica_api_key))
+    return asyncio.run(_serve_replica(args, config, cost_model, replica_api_key, reply_model))
 
 
 async def _serve_replica(
-    args: argparse.Namespace, config: EngineConfig, cost_model: CostModel, replica_api_key: str | None = None
+    args: argparse.Namespace,
+    config: EngineConfig,
+    cost_model: CostModel,
+    replica_api_key: str | None = None,
+    reply_model: ReplyModel | None = None,
 ) -> int:
     from kvgate.simulator.replica_server import SimulatedReplica
 
@@ -147,6 +197,7 @@ async def _serve_replica(
             cost_model=cost_model,
             model_name=args.model_name,
             replica_api_key=replica_api_key,
+            reply_model=reply_model,
             **vars_of(config),
         )
     except OSError as error:
@@ -160,7 +211,8 @@ async def _serve_replica(
         f"kvgate replica {args.name}: simulated vLLM serving '{args.model_name}' on {replica.url} "
         f"(num_blocks={config.num_blocks}, block_size={config.block_size}, max_num_seqs={config.max_num_seqs}, "
         f"max_num_batched_tokens={config.max_num_batched_tokens}, max_model_len={config.effective_max_model_len}, "
-        f"time_scale={args.time_scale}, scheduling_policy={config.scheduling_policy})",
+        f"time_scale={args.time_scale}, scheduling_policy={config.scheduling_policy}, "
+        f"reply_lengths={args.reply_lengths})",
         flush=True,
     )
     stop = asyncio.Event()

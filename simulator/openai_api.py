@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvgate.simulator.reply_model import NO_TOOLS, ToolCall, ToolOffer, function_tools, tool_offer
 from kvgate.simulator.tokenizer import TemplateError, render_chat, render_completion_prompt
 from kvgate.wire.errors import openai_error
 
-DEFAULT_MAX_TOKENS = 16
+DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's and vLLM's
 
 
 class ApiError(Exception):
@@ -40,7 +41,7 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class GenerationParams:
-    kind: str  # "chat" | "completion"
+    kind: str  # "chat" | "completion" | "messages" | "responses"
     model: str
     prompt_token_ids: list[int]
     max_tokens: int
@@ -48,6 +49,9 @@ class GenerationParams:
     include_usage: bool
     cache_salt: str | None
     priority: int = 0  # vLLM's request field: lower is served first under priority scheduling
+    offer: ToolOffer = NO_TOOLS  # the function tools the reply may call
+    fixed_length: bool = False  # vLLM's `ignore_eos`: exactly max_tokens tokens of text
+    max_tokens_given: bool = True  # False: max_tokens is the default cap (the context left)
 
 
 def _optional(body: dict, key: str, types: tuple, what: str):
@@ -85,11 +89,11 @@ def parse_generation(kind: str, body, served_model: str, max_model_len: int) -> 
     n = _optional(body, "n", (int,), "an integer")
     if n is not None and n != 1:
         raise ApiError("the simulated replica supports n=1 only", param="n")
-    _optional(body, "ignore_eos", (bool,), "a boolean")  # accepted: output length is always max_tokens
+    fixed_length = bool(_optional(body, "ignore_eos", (bool,), "a boolean"))  # as vLLM: no stop before the cap
     _optional(body, "session_id", (str,), "a string")  # vLLM's field: accepted and ignored
     # vLLM's field; under fcfs scheduling it is accepted and has no effect, as in vLLM
     priority = _optional(body, "priority", (int,), "an integer") or 0
-    max_tokens = None
+    max_tokens: int | None = None
     for key in ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",):
         value = _optional(body, key, (int,), "an integer")
         if value is not None:
@@ -97,6 +101,7 @@ def parse_generation(kind: str, body, served_model: str, max_model_len: int) -> 
                 raise ApiError(f"'{key}' must be at least 1, got {value}", param=key)
             max_tokens = value
             break
+    given = max_tokens is not None
     prompt_len = len(prompt_ids)
     if prompt_len >= max_model_len:
         raise ApiError(
@@ -104,7 +109,10 @@ def parse_generation(kind: str, body, served_model: str, max_model_len: int) -> 
             "Make sure that `max_model_len` is no smaller than the number of text tokens."
         )
     if max_tokens is None:
-        max_tokens = min(DEFAULT_MAX_TOKENS, max_model_len - prompt_len)
+        # as vLLM: a chat reply may use the context left (it ends on its own, reply_model),
+        # a completion stops at 16 tokens
+        left = max_model_len - prompt_len
+        max_tokens = left if kind == "chat" else min(DEFAULT_MAX_TOKENS, left)
     elif prompt_len + max_tokens > max_model_len:
         where = "messages" if kind == "chat" else "prompt"
         raise ApiError(
@@ -112,7 +120,12 @@ def parse_generation(kind: str, body, served_model: str, max_model_len: int) -> 
             f"{prompt_len + max_tokens} tokens ({prompt_len} in the {where}, {max_tokens} in the completion). "
             f"Please reduce the length of the {where} or completion."
         )
-    return GenerationParams(kind, model, prompt_ids, max_tokens, stream, include_usage, cache_salt, priority)
+    offer = (
+        tool_offer(function_tools(body.get("tools"), "chat"), body.get("tool_choice")) if kind == "chat" else NO_TOOLS
+    )
+    return GenerationParams(
+        kind, model, prompt_ids, max_tokens, stream, include_usage, cache_salt, priority, offer, fixed_length, given
+    )
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
@@ -126,7 +139,30 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
     return body
 
 
-def chat_response(request_id: str, created: int, model: str, text: str, finish_reason: str, usage_body: dict) -> dict:
+def chat_tool_call(call: ToolCall) -> dict:
+    return {"id": "call_" + call.key, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def chat_tool_call_delta(call: ToolCall, arguments: str, first: bool) -> dict:
+    """A stream's delta for part of a tool call: the first names it, the rest add arguments."""
+    if first:
+        opened = {"index": 0, "id": "call_" + call.key, "type": "function"}
+        return {"tool_calls": [{**opened, "function": {"name": call.name, "arguments": arguments}}]}
+    return {"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}
+
+
+def chat_response(
+    request_id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str,
+    usage_body: dict,
+    tool_call: ToolCall | None = None,
+) -> dict:
+    message: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": []}
+    if tool_call is not None:
+        message = {"role": "assistant", "content": None, "tool_calls": [chat_tool_call(tool_call)]}
     return {
         "id": request_id,
         "object": "chat.completion",
@@ -135,7 +171,7 @@ def chat_response(request_id: str, created: int, model: str, text: str, finish_r
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "tool_calls": []},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish_reason,
                 "stop_reason": None,

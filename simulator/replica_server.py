@@ -35,6 +35,7 @@ from kvgate.simulator.openai_api import (
     GenerationParams,
     chat_chunk,
     chat_response,
+    chat_tool_call_delta,
     completion_chunk,
     completion_response,
     models_response,
@@ -44,6 +45,7 @@ from kvgate.simulator.openai_api import (
     usage_chunk,
 )
 from kvgate.simulator.replica_metrics import CONTENT_TYPE, render_metrics
+from kvgate.simulator.reply_model import ReplyModel, ReplyPlan, arguments_slice, plan_reply
 from kvgate.simulator.tokenizer import MAX_TOKEN_BYTES, VOCAB_SIZE, decode_token
 from kvgate.wire.owner_record import OWNER_PATH, OwnerBook, OwnerClaimError
 from kvgate.wire.probe_api import (
@@ -68,6 +70,7 @@ ENGINE_CONFIG_KEYS = (
     "max_model_len",
     "scheduling_policy",
 )
+APP_OPTION_KEYS = ("time_scale", "cost_model", "model_name", "replica_api_key", "reply_model")
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,7 @@ class ReplicaInfo:
 ENGINE_KEY = web.AppKey("kvgate_sim_engine", AsyncEngine)
 INFO_KEY = web.AppKey("kvgate_sim_info", ReplicaInfo)
 RESPONSES_KEY = web.AppKey("kvgate_sim_responses", responses_api.ResponseStore)
+REPLY_KEY = web.AppKey("kvgate_sim_reply", ReplyModel)
 
 
 def _json(body, status: int = 200) -> web.Response:
@@ -121,8 +125,64 @@ def _parse(kind: str, body, model_name: str, max_model_len: int) -> GenerationPa
     return parse_generation(kind, body, model_name, max_model_len)
 
 
+def _start(app: web.Application, params: GenerationParams) -> tuple[ReplyPlan, RequestHandle]:
+    """Plan the reply (`reply_model`) and queue its tokens in the engine."""
+    plan = plan_reply(
+        app[REPLY_KEY],
+        params.prompt_token_ids,
+        params.max_tokens,
+        params.offer,
+        params.fixed_length,
+        params.max_tokens_given,
+    )
+    engine = app[ENGINE_KEY]
+    return plan, engine.add_request(params.prompt_token_ids, plan.tokens, params.cache_salt, params.priority)
+
+
+class ReplyPieces:
+    """What a stream shows of a reply as its tokens are generated: their text, or the
+    matching share of the tool call's arguments (`reply_model.arguments_slice`)."""
+
+    def __init__(self, plan: ReplyPlan, handle: RequestHandle) -> None:
+        self.plan = plan
+        self.request = handle.request
+        self.sent = 0
+
+    def next(self) -> str:
+        tokens = self.request.output_token_ids
+        now, sent = len(tokens), self.sent
+        self.sent = now
+        call = self.plan.tool_call
+        if call is None:
+            return _text(tokens[sent:now])
+        return arguments_slice(call, sent, now, self.plan.tokens)
+
+
 ABORTED = ApiError("the request was aborted: the replica is shutting down", 503, "ServiceUnavailableError")
 ID_PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-", "messages": "msg_"}
+
+
+def _finished_body(kind: str, params: GenerationParams, plan: ReplyPlan, handle: RequestHandle, ids, block_size: int):
+    request_id, created = ids
+    sim_request = handle.request
+    text = _text(sim_request.output_token_ids)
+    prompt, output, cached = (
+        sim_request.num_prompt_tokens,
+        sim_request.num_output_tokens,
+        sim_request.num_cached_prompt_tokens,
+    )
+    if kind == "messages":
+        message_usage = anthropic_api.message_usage(prompt, output, cached, block_size)
+        return anthropic_api.message_response(
+            request_id, params.model, text, plan.finish_reason, message_usage, plan.tool_call
+        )
+    if kind == "chat":
+        return chat_response(
+            request_id, created, params.model, text, plan.finish_reason, usage(prompt, output, cached), plan.tool_call
+        )
+    return completion_response(
+        request_id, created, params.model, text, plan.finish_reason, usage(prompt, output, cached)
+    )
 
 
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
@@ -131,7 +191,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     try:
         body = await _read_json(request)
         params = _parse(kind, body, info.model_name, engine.config.effective_max_model_len)
-        handle = engine.add_request(params.prompt_token_ids, params.max_tokens, params.cache_salt, params.priority)
+        plan, handle = _start(request.app, params)
     except ApiError as error:
         return _error_for(kind, error)
     except ValueError as error:
@@ -140,24 +200,11 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     created = int(time.time())
     try:
         if params.stream:
-            return await _stream(request, params, handle, request_id, created)
+            return await _stream(request, params, plan, handle, request_id, created)
         await _until_finished(handle)
         if handle.finish_reason == "abort":
             return _error_for(kind, ABORTED)
-        sim_request = handle.request
-        text = _text(sim_request.output_token_ids)
-        prompt, output, cached = (
-            sim_request.num_prompt_tokens,
-            sim_request.num_output_tokens,
-            sim_request.num_cached_prompt_tokens,
-        )
-        if kind == "messages":
-            message_usage = anthropic_api.message_usage(prompt, output, cached, engine.config.block_size)
-            return _json(
-                anthropic_api.message_response(request_id, params.model, text, handle.final_reason, message_usage)
-            )
-        build = chat_response if kind == "chat" else completion_response
-        return _json(build(request_id, created, params.model, text, handle.final_reason, usage(prompt, output, cached)))
+        return _json(_finished_body(kind, params, plan, handle, (request_id, created), engine.config.block_size))
     finally:
         if not handle.finished:
             engine.abort(handle.request.request_id)
@@ -167,27 +214,38 @@ def _sse(obj) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-def _opening_events(params: GenerationParams, request_id: str, created: int) -> list[bytes]:
+def _opening_events(params: GenerationParams, plan: ReplyPlan, request_id: str, created: int) -> list[bytes]:
     if params.kind == "messages":
-        return anthropic_api.stream_opening(request_id, params.model, len(params.prompt_token_ids))
+        return anthropic_api.stream_opening(request_id, params.model, len(params.prompt_token_ids), plan.tool_call)
     if params.kind == "chat":
         return [_sse(chat_chunk(request_id, created, params.model, {"role": "assistant", "content": ""}, None))]
     return []
 
 
 def _delta_events(
-    params: GenerationParams, request_id: str, created: int, text: str, finish_reason: str | None
+    params: GenerationParams, plan: ReplyPlan, request_id: str, created: int, piece: str, first: bool, last: bool
 ) -> list[bytes]:
+    """Events for the next `piece` of the reply (`ReplyPieces`); the last chat or
+    completion chunk carries the finish reason."""
+    call = plan.tool_call
+    finish_reason = plan.finish_reason if last else None
     if params.kind == "messages":
-        return [anthropic_api.stream_delta(text)] if text else []
+        if not piece:
+            return []
+        return [anthropic_api.stream_json_delta(piece) if call else anthropic_api.stream_delta(piece)]
     if params.kind == "chat":
-        return [_sse(chat_chunk(request_id, created, params.model, {"content": text} if text else {}, finish_reason))]
-    return [_sse(completion_chunk(request_id, created, params.model, text, finish_reason))]
+        if call is not None:
+            delta = chat_tool_call_delta(call, piece, first) if piece or first else {}
+        else:
+            delta = {"content": piece} if piece else {}
+        return [_sse(chat_chunk(request_id, created, params.model, delta, finish_reason))]
+    return [_sse(completion_chunk(request_id, created, params.model, piece, finish_reason))]
 
 
 def _closing_events(
-    params: GenerationParams, request_id: str, created: int, handle: RequestHandle, block_size: int
+    params: GenerationParams, plan: ReplyPlan, ids: tuple[str, int], handle: RequestHandle, block_size: int
 ) -> list[bytes]:
+    request_id, created = ids
     sim_request = handle.request
     if handle.finish_reason == "abort":
         if params.kind == "messages":
@@ -200,7 +258,7 @@ def _closing_events(
             sim_request.num_cached_prompt_tokens,
             block_size,
         )
-        return anthropic_api.stream_closing(handle.final_reason, message_usage)
+        return anthropic_api.stream_closing(plan.finish_reason, message_usage)
     events = []
     if params.include_usage:
         usage_body = usage(
@@ -212,28 +270,31 @@ def _closing_events(
 
 
 async def _stream(
-    request: web.Request, params: GenerationParams, handle: RequestHandle, request_id: str, created: int
+    request: web.Request,
+    params: GenerationParams,
+    plan: ReplyPlan,
+    handle: RequestHandle,
+    request_id: str,
+    created: int,
 ) -> web.StreamResponse:
     """Relay tokens as they are generated: one event per engine step (one token per step)."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
-    for chunk in _opening_events(params, request_id, created):
+    for chunk in _opening_events(params, plan, request_id, created):
         await response.write(chunk)
-    sim_request = handle.request
-    sent = 0
+    pieces = ReplyPieces(plan, handle)
     while True:
         await handle.changed.wait()
         handle.changed.clear()
-        tokens = sim_request.output_token_ids
-        finish_reason = handle.finish_reason if handle.finish_reason == "length" else None
-        if len(tokens) > sent or finish_reason:
-            text = _text(tokens[sent:])
-            sent = len(tokens)
-            for chunk in _delta_events(params, request_id, created, text, finish_reason):
+        first, last = pieces.sent == 0, handle.finish_reason == "length"
+        if len(handle.request.output_token_ids) > pieces.sent or last:
+            piece = pieces.next()
+            for chunk in _delta_events(params, plan, request_id, created, piece, first, last):
                 await response.write(chunk)
         if handle.finished:
             break
-    for chunk in _closing_events(params, request_id, created, handle, request.app[ENGINE_KEY].config.block_size):
+    block_size = request.app[ENGINE_KEY].config.block_size
+    for chunk in _closing_events(params, plan, (request_id, created), handle, block_size):
         await response.write(chunk)
     await response.write_eof()
     return response
@@ -262,9 +323,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
             body, request.app[INFO_KEY].model_name, engine.config.effective_max_model_len, store
         )
         generation = params.generation
-        handle = engine.add_request(
-            generation.prompt_token_ids, generation.max_tokens, generation.cache_salt, generation.priority
-        )
+        plan, handle = _start(request.app, generation)
     except ApiError as error:
         return _error(error)
     except ValueError as error:
@@ -272,22 +331,22 @@ async def responses(request: web.Request) -> web.StreamResponse:
     created = int(time.time())
     try:
         if generation.stream:
-            stream, text = await _stream_response(request, params, handle, created)
+            stream, text = await _stream_response(request, params, plan, handle, created)
         else:
             await _until_finished(handle)
             if handle.finish_reason == "abort":
                 return _error(ABORTED)
             text = _text(handle.request.output_token_ids)
         if params.store and handle.finish_reason != "abort":
-            store.put(params.response_id, responses_api.StoredResponse(params.messages, text))
+            store.put(params.response_id, responses_api.StoredResponse(params.messages, text, plan.tool_call))
         if generation.stream:
             return stream
         sim_request = handle.request
         usage_body = responses_api.response_usage(
             sim_request.num_prompt_tokens, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens
         )
-        item = responses_api.output_message(f"msg_{uuid.uuid4().hex}", text, "completed")
-        status = responses_api.final_status(handle.final_reason)
+        item = responses_api.output_item(f"msg_{uuid.uuid4().hex}", text, plan.tool_call)
+        status = responses_api.final_status(plan.finish_reason)
         return _json(responses_api.response_object(params, created, status, [item], usage_body))
     finally:
         if not handle.finished:
@@ -295,32 +354,29 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
 
 async def _stream_response(
-    request: web.Request, params, handle: RequestHandle, created: int
+    request: web.Request, params, plan: ReplyPlan, handle: RequestHandle, created: int
 ) -> tuple[web.StreamResponse, str]:
     """Relay a response's events as tokens are generated; returns the response and the text."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
-    events = responses_api.ResponseStream(params, created)
+    events = responses_api.ResponseStream(params, created, plan.tool_call)
     for chunk in events.opening():
         await response.write(chunk)
-    sim_request = handle.request
-    sent = 0
+    pieces = ReplyPieces(plan, handle)
     while not handle.finished:
         await handle.changed.wait()
         handle.changed.clear()
-        tokens = sim_request.output_token_ids
-        if len(tokens) > sent:
-            text = _text(tokens[sent:])
-            sent = len(tokens)
-            for chunk in events.delta(text):
+        if len(handle.request.output_token_ids) > pieces.sent:
+            for chunk in events.delta(pieces.next()):
                 await response.write(chunk)
+    sim_request = handle.request
     if handle.finish_reason == "abort":
         closing = events.failed(ABORTED)
     else:
         usage_body = responses_api.response_usage(
             sim_request.num_prompt_tokens, sim_request.num_output_tokens, sim_request.num_cached_prompt_tokens
         )
-        closing = events.closing(handle.final_reason, usage_body)
+        closing = events.closing(plan.finish_reason, usage_body)
     for chunk in closing:
         await response.write(chunk)
     await response.write_eof()
@@ -489,12 +545,14 @@ def build_replica_app(
     cost_model: CostModel | None = None,
     model_name: str = DEFAULT_MODEL_NAME,
     replica_api_key: str | None = None,
+    reply_model: ReplyModel | None = None,
 ) -> web.Application:
     """One simulated replica as an aiohttp app; its engine starts and stops with the app.
 
     The engine is `app[ENGINE_KEY]` (tests read its scheduler and counters directly).
     `replica_api_key`: the probe and owner routes answer only requests that carry it
-    (None: anyone, as a vLLM server without the key). Raises
+    (None: anyone, as a vLLM server without the key). `reply_model`: reply lengths and
+    tool calls (`simulator.reply_model`; default `ReplyModel()`). Raises
     simulator.config.ConfigError for an invalid configuration.
     """
     engine = AsyncEngine(config or EngineConfig(), cost_model or CostModel(), time_scale)
@@ -504,6 +562,7 @@ def build_replica_app(
     app[ENGINE_KEY] = engine
     app[INFO_KEY] = ReplicaInfo(model_name, int(time.time()))
     app[RESPONSES_KEY] = responses_api.ResponseStore()
+    app[REPLY_KEY] = (reply_model or ReplyModel()).validate()
 
     async def start_engine(_app: web.Application) -> None:
         engine.start()
@@ -532,11 +591,9 @@ def build_replica_app(
 
 def split_options(options: dict) -> tuple[EngineConfig, dict]:
     """Split keyword options into an EngineConfig and the app's other settings
-    (time_scale, cost_model, model_name, replica_api_key); unknown keys raise TypeError naming them."""
+    (time_scale, cost_model, model_name, replica_api_key, reply_model); unknown keys raise TypeError naming them."""
     engine_keys = {key: options[key] for key in ENGINE_CONFIG_KEYS if key in options and options[key] is not None}
-    app_keys = {
-        key: options[key] for key in ("time_scale", "cost_model", "model_name", "replica_api_key") if key in options
-    }
+    app_keys = {key: options[key] for key in APP_OPTION_KEYS if key in options}
     unknown = set(options) - set(ENGINE_CONFIG_KEYS) - set(app_keys)
     if unknown:
         raise TypeError(f"unknown simulated replica option(s): {', '.join(sorted(unknown))}")
@@ -585,7 +642,8 @@ async def start_simulated_replicas(count: int, host: str = "127.0.0.1", **engine
     """Start `count` replicas named sim0, sim1, ... on free ports of `host` (seam 2).
 
     engine_options: num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
-    max_model_len, scheduling_policy, time_scale, cost_model, model_name, replica_api_key. If
+    max_model_len, scheduling_policy, time_scale, cost_model, model_name, replica_api_key,
+    reply_model. If
     one fails to start, the ones already started are stopped and the error propagates.
     """
     if count < 1:

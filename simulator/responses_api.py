@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from kvgate.simulator.openai_api import DEFAULT_MAX_TOKENS, ApiError, GenerationParams, _optional
+from kvgate.simulator.openai_api import ApiError, GenerationParams, _optional, chat_tool_call
+from kvgate.simulator.reply_model import ToolCall, function_tools, tool_offer
 from kvgate.simulator.tokenizer import TemplateError, render_chat
 
 STORE_MAX_RESPONSES = 10_000
@@ -33,10 +34,12 @@ STORE_MAX_RESPONSES = 10_000
 
 @dataclass(frozen=True)
 class StoredResponse:
-    """What a continuation needs: the request's chat messages and the generated text."""
+    """What a continuation needs: the request's chat messages and the generated text, or
+    the tool call the reply made."""
 
     messages: tuple[dict, ...]
     output_text: str
+    tool_call: ToolCall | None = None
 
 
 class ResponseStore:
@@ -148,7 +151,9 @@ def chat_messages(body: dict, store: ResponseStore) -> list[dict]:
         if previous is None:
             raise not_found(previous_id)
         messages.extend(m for m in previous.messages if m.get("role") != "system")
-        if previous.output_text:
+        if previous.tool_call is not None:
+            messages.append({"role": "assistant", "content": None, "tool_calls": [chat_tool_call(previous.tool_call)]})
+        elif previous.output_text:
             messages.append({"role": "assistant", "content": previous.output_text})
     if "input" not in body:
         raise ApiError("'input' is required", param="input")
@@ -198,6 +203,7 @@ def parse_responses(body, served_model: str, max_model_len: int, store: Response
     keep = _optional(body, "store", (bool,), "a boolean")
     response_id = _optional(body, "request_id", (str,), "a string") or f"resp_{uuid.uuid4().hex}"
     max_tokens = _optional(body, "max_output_tokens", (int,), "an integer")
+    given = max_tokens is not None
     prompt_len = len(prompt_ids)
     if prompt_len >= max_model_len:
         raise ApiError(
@@ -205,7 +211,7 @@ def parse_responses(body, served_model: str, max_model_len: int, store: Response
             param="input",
         )
     if max_tokens is None:
-        max_tokens = min(DEFAULT_MAX_TOKENS, max_model_len - prompt_len)
+        max_tokens = max_model_len - prompt_len  # as vLLM: the context left (the reply ends on its own)
     elif max_tokens < 1:
         raise ApiError(f"'max_output_tokens' must be at least 1, got {max_tokens}", param="max_output_tokens")
     else:
@@ -224,7 +230,10 @@ def parse_responses(body, served_model: str, max_model_len: int, store: Response
         )
     }
     priority = _optional(body, "priority", (int,), "an integer") or 0  # vLLM's field, as on chat
-    generation = GenerationParams("responses", model, prompt_ids, max_tokens, stream, True, cache_salt, priority)
+    offer = tool_offer(function_tools(body.get("tools"), "responses"), body.get("tool_choice"))
+    generation = GenerationParams(
+        "responses", model, prompt_ids, max_tokens, stream, True, cache_salt, priority, offer, max_tokens_given=given
+    )
     return ResponsesParams(generation, response_id, tuple(messages), keep is not False, echo)
 
 
@@ -238,6 +247,28 @@ def output_part(text: str) -> dict:
 def output_message(item_id: str, text: str, status: str) -> dict:
     content = [output_part(text)] if status == "completed" else []
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
+
+
+def function_call_item(call: ToolCall, status: str) -> dict:
+    """A Responses `function_call` output item; its arguments are empty until it completes."""
+    arguments = call.arguments if status == "completed" else ""
+    return {
+        "id": "fc_" + call.key,
+        "type": "function_call",
+        "call_id": "call_" + call.key,
+        "name": call.name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+def output_item(item_id: str, text: str, tool_call: ToolCall | None) -> dict:
+    """The completed output item of a reply: its tool call, else its message."""
+    return (
+        function_call_item(tool_call, "completed")
+        if tool_call is not None
+        else output_message(item_id, text, "completed")
+    )
 
 
 def response_usage(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict:
@@ -256,7 +287,7 @@ def response_object(
     """The `response` object vLLM returns (and embeds in the stream's lifecycle events).
 
     vLLM reports `incomplete` (reason max_output_tokens) when generation stopped at the
-    token limit, which is how every simulated generation ends."""
+    token limit, and `completed` when the reply ended on its own."""
     echo = params.echo
     return {
         "id": params.response_id,
@@ -291,12 +322,13 @@ def stored_response_object(response_id: str, stored: StoredResponse, model: str)
         "object": "response",
         "model": model,
         "status": "completed",
-        "output": [output_message("msg_" + response_id, stored.output_text, "completed")],
+        "output": [output_item("msg_" + response_id, stored.output_text, stored.tool_call)],
         "store": True,
     }
 
 
 def final_status(finish_reason: str) -> str:
+    """`finish_reason` in chat's words (`ReplyPlan.finish_reason`)."""
     return "incomplete" if finish_reason == "length" else "completed"
 
 
@@ -314,12 +346,17 @@ class ResponseStream:
     response.output_item.added and response.content_part.added, one
     response.output_text.delta per engine step, and at the end
     response.output_text.done, response.content_part.done, response.output_item.done,
-    response.completed (whose response carries the output and usage)."""
+    response.completed (whose response carries the output and usage).
 
-    def __init__(self, params: ResponsesParams, created: int) -> None:
+    A reply that is a tool call (`tool_call`) has one function_call item instead:
+    response.output_item.added, response.function_call_arguments.delta per step,
+    response.function_call_arguments.done, response.output_item.done."""
+
+    def __init__(self, params: ResponsesParams, created: int, tool_call: ToolCall | None = None) -> None:
         self.params = params
         self.created = created
-        self.item_id = f"msg_{uuid.uuid4().hex}"
+        self.tool_call = tool_call
+        self.item_id = f"fc_{tool_call.key}" if tool_call is not None else f"msg_{uuid.uuid4().hex}"
         self.text_parts: list[str] = []
         self._sequence = 0
         self._opened = False
@@ -336,27 +373,30 @@ class ResponseStream:
             self._event("response.in_progress", response=initial),
         ]
 
+    def _open(self) -> list[bytes]:
+        self._opened = True
+        if self.tool_call is not None:
+            item = function_call_item(self.tool_call, "in_progress")
+            return [self._event("response.output_item.added", output_index=0, item=item)]
+        part = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        return [
+            self._event(
+                "response.output_item.added", output_index=0, item=output_message(self.item_id, "", "in_progress")
+            ),
+            self._event("response.content_part.added", **part, part=output_part("")),
+        ]
+
     def delta(self, text: str) -> list[bytes]:
+        """Events for the next piece of the reply: text, or a tool call's arguments."""
         if not text:
             return []
-        events = []
-        if not self._opened:
-            self._opened = True
-            events.append(
-                self._event(
-                    "response.output_item.added", output_index=0, item=output_message(self.item_id, "", "in_progress")
-                )
-            )
-            events.append(
-                self._event(
-                    "response.content_part.added",
-                    item_id=self.item_id,
-                    output_index=0,
-                    content_index=0,
-                    part=output_part(""),
-                )
-            )
+        events = [] if self._opened else self._open()
         self.text_parts.append(text)
+        if self.tool_call is not None:
+            events.append(
+                self._event("response.function_call_arguments.delta", item_id=self.item_id, output_index=0, delta=text)
+            )
+            return events
         events.append(
             self._event(
                 "response.output_text.delta",
@@ -369,32 +409,28 @@ class ResponseStream:
         )
         return events
 
+    def _done(self, text: str) -> tuple[list[bytes], dict]:
+        if self.tool_call is not None:
+            item = function_call_item(self.tool_call, "completed")
+            done = self._event(
+                "response.function_call_arguments.done", item_id=self.item_id, output_index=0, arguments=text
+            )
+            return [done], item
+        item = output_message(self.item_id, text, "completed")
+        part = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        return [
+            self._event("response.output_text.done", **part, text=text, logprobs=[]),
+            self._event("response.content_part.done", **part, part=output_part(text)),
+        ], item
+
     def closing(self, finish_reason: str, usage_body: dict) -> list[bytes]:
-        text = "".join(self.text_parts)
+        """The closing events; `finish_reason` in chat's words (`ReplyPlan.finish_reason`)."""
         events = []
         output = []
         if self._opened:
-            item = output_message(self.item_id, text, "completed")
+            done, item = self._done("".join(self.text_parts))
+            events.extend(done)
             output.append(item)
-            events.append(
-                self._event(
-                    "response.output_text.done",
-                    item_id=self.item_id,
-                    output_index=0,
-                    content_index=0,
-                    text=text,
-                    logprobs=[],
-                )
-            )
-            events.append(
-                self._event(
-                    "response.content_part.done",
-                    item_id=self.item_id,
-                    output_index=0,
-                    content_index=0,
-                    part=output_part(text),
-                )
-            )
             events.append(self._event("response.output_item.done", output_index=0, item=item))
         final = response_object(self.params, self.created, final_status(finish_reason), output, usage_body)
         events.append(self._event("response.completed", response=final))

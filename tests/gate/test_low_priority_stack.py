@@ -16,6 +16,7 @@ from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
 from kvgate.proxy.settings import Settings
 from kvgate.simulator.replica_server import start_simulated_replicas
+from kvgate.simulator.reply_model import FIXED_LENGTHS
 
 MODEL = "kvgate-sim"
 CONTEXT = "tool output line\n" * 120  # ~370 tokens: two such sessions overfill 40 blocks of 16
@@ -25,8 +26,14 @@ CONTEXT = "tool output line\n" * 120  # ~370 tokens: two such sessions overfill 
 async def priority_stack(scheduling_policy: str, num_blocks: int = 40, time_scale: float = 0.0):
     """kvgate before one replica of `num_blocks` blocks; the work-conserving rule off, so
     that a turn that does not fit beside the windows is one the gate would hold."""
+    # Every reply exactly max_tokens long: the arithmetic below decodes each turn's whole allowance.
     (replica,) = await start_simulated_replicas(
-        1, time_scale=time_scale, num_blocks=num_blocks, block_size=16, scheduling_policy=scheduling_policy
+        1,
+        time_scale=time_scale,
+        num_blocks=num_blocks,
+        block_size=16,
+        scheduling_policy=scheduling_policy,
+        reply_model=FIXED_LENGTHS,
     )
     seen: list[int] = []
     add_request = replica.engine.add_request

@@ -31,6 +31,7 @@ from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
 from kvgate.proxy.settings import Settings
 from kvgate.simulator.replica_server import start_simulated_replicas
+from kvgate.simulator.reply_model import FIXED_LENGTHS
 from tests.observability.helpers import ALERT_RULES, DASHBOARD, dashboard_queries
 
 RATE_INTERVAL = "1m"
@@ -63,8 +64,15 @@ SUMMARY = {
     "upstream_errors": "sum by (kind) (kvgate_upstream_errors_total)",
     "window_ends": "sum by (cause) (kvgate_window_ends_total)",
 }
+# Replies of exactly max_tokens: the workload's reply lengths make the thrash load.
 REPLICA_SHAPE = dict(
-    num_blocks=96, block_size=16, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=1536, time_scale=1.0
+    num_blocks=96,
+    block_size=16,
+    max_num_seqs=16,
+    max_num_batched_tokens=512,
+    max_model_len=1536,
+    time_scale=1.0,
+    reply_model=FIXED_LENGTHS,
 )
 
 

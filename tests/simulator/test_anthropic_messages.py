@@ -3,6 +3,10 @@
 import orjson
 import pytest
 
+from kvgate.simulator.config import EngineConfig
+from kvgate.simulator.replica_server import build_replica_app
+from kvgate.simulator.reply_model import FIXED_LENGTHS
+
 BODY = {
     "model": "claude-any",
     "max_tokens": 4,
@@ -68,8 +72,8 @@ async def test_message_streaming_event_sequence(replica_client):
     [
         ({"messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
         ({"max_tokens": 3, "messages": []}, "messages"),
-        ({"max_tokens": 3, "messages": [{"role": "system", "content": "x"}]}, "role"),
-        ({"max_tokens": 5000, "messages": [{"role": "user", "content": "hi"}]}, "too long"),
+        ({"max_tokens": 3, "messages": [{"role": "tool", "content": "x"}]}, "role"),
+        ({"max_tokens": 3, "messages": [{"role": "user", "content": "hi " * 1100}]}, "too long"),
     ],
 )
 async def test_message_errors_are_anthropic_shaped(replica_client, body, needle):
@@ -79,3 +83,52 @@ async def test_message_errors_are_anthropic_shaped(replica_client, body, needle)
     error = await response.json()
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
     assert needle in error["error"]["message"]
+
+
+CLAUDE_CODE_BODY = {
+    "model": "claude-sonnet-4-5",
+    "max_tokens": 128000,
+    "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "read README.md and summarise it"}]},
+        {"role": "system", "content": "<system-reminder>the working directory is /tmp/task</system-reminder>"},
+    ],
+    "tools": [{"name": "Read", "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}}}}],
+    "thinking": {"type": "enabled", "budget_tokens": 31999},
+    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    "output_config": {"effort": "medium"},
+    "metadata": {"user_id": "user_abc_account__session_0b6e"},
+    "stream": True,
+}
+
+
+async def test_what_claude_code_sends_is_served(replica_client):
+    """A `role: "system"` entry inside `messages`, `thinking`, `context_management`,
+    `output_config` and max_tokens 128,000 (beyond the context: a cap) are served, not a 400."""
+    client = await replica_client(num_blocks=512, block_size=16)  # 8,192 tokens of context
+    response = await client.post("/v1/messages", json=CLAUDE_CODE_BODY)
+    assert response.status == 200, await response.text()
+    events = [
+        orjson.loads(line.removeprefix("data: "))
+        for line in (await response.text()).split("\n")
+        if line.startswith("data: ")
+    ]
+    stop = next(event for event in events if event["type"] == "message_delta")
+    assert stop["delta"]["stop_reason"] in ("end_turn", "tool_use")
+    assert 0 < stop["usage"]["output_tokens"] < 8192
+    plain = await client.post("/v1/messages", json=CLAUDE_CODE_BODY | {"stream": False})
+    assert plain.status == 200 and (await plain.json())["stop_reason"] in ("end_turn", "tool_use")
+    counted = await client.post("/v1/messages/count_tokens", json=CLAUDE_CODE_BODY)
+    assert counted.status == 200 and (await counted.json())["input_tokens"] > 20
+
+
+async def test_max_tokens_beyond_the_context_is_lowered_to_the_context_left(aiohttp_client):
+    """With exact-length replies, max_tokens 128,000 on a 1,024-token context generates
+    exactly what is left after the prompt and stops at max_tokens."""
+    app = build_replica_app(EngineConfig(num_blocks=64, block_size=16), time_scale=0.0, reply_model=FIXED_LENGTHS)
+    client = await aiohttp_client(app)
+    response = await client.post("/v1/messages", json=CLAUDE_CODE_BODY | {"stream": False})
+    assert response.status == 200, await response.text()
+    answer = await response.json()
+    assert answer["stop_reason"] == "max_tokens"
+    assert prompt_of(answer["usage"]) + answer["usage"]["output_tokens"] == 1024

@@ -1,0 +1,166 @@
+"""Real agent clients for the client tests: each installed once into its own venv under
+the kvgate cache (`KVGATE_CACHE_DIR`, default ~/.cache/kvgate/clients/), as the vLLM
+tests install vLLM; kvgate's access log read back as records; the environment that
+keeps a client off the network."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm"))
+from vllm_harness import CACHE_ROOT, file_lock  # noqa: E402  (the vLLM tests' cache and lock)
+
+CLIENTS_DIR = CACHE_ROOT / "clients"
+# The marks of a test of an npm client (Claude Code, Codex CLI).
+NPM_CLIENT = [
+    pytest.mark.clients,
+    pytest.mark.skipif(shutil.which("npm") is None, reason="npm is needed to install the client"),
+]
+# One turn each at least (more when the reply calls a tool): five prompts make five turns.
+PROMPTS = (
+    "list the files here",
+    "read README.md and summarise it",
+    "which file is the entry point?",
+    "what does main.py print?",
+    "summarise what you found",
+)
+
+SENTINEL_NAME = ".kvgate-client-complete"
+
+# Every client talks to kvgate on loopback only: any other connection goes to a proxy on
+# the discard port, which refuses it; the clients' telemetry is off as well.
+NO_NETWORK_ENV = {
+    "HTTP_PROXY": "http://127.0.0.1:9",
+    "HTTPS_PROXY": "http://127.0.0.1:9",
+    "ALL_PROXY": "http://127.0.0.1:9",
+    "NO_PROXY": "127.0.0.1,localhost",
+    "OPENAI_AGENTS_DISABLE_TRACING": "1",
+}
+
+
+def ensure_python_client(pip_spec: str) -> Path:
+    """The python of a venv holding `pip_spec` (e.g. "openai-agents==0.24.0"), created once
+    under CLIENTS_DIR (under a lock; complete once its sentinel is written)."""
+    venv = CLIENTS_DIR / pip_spec.replace("==", "-")
+    python = venv / "bin" / "python"
+    with file_lock(CLIENTS_DIR / f"{venv.name}.lock"):
+        if (venv / SENTINEL_NAME).exists():
+            return python
+        shutil.rmtree(venv, ignore_errors=True)
+        for command, what in (
+            ([sys.executable, "-m", "venv", str(venv)], "creating the venv"),
+            ([str(python), "-m", "pip", "install", "-q", pip_spec], f"pip install {pip_spec}"),
+        ):
+            result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+            if result.returncode != 0:
+                raise RuntimeError(f"{what} failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+        (venv / SENTINEL_NAME).write_text(pip_spec + "\n")
+    return python
+
+
+def access_records(log_text: str) -> list[dict[str, str]]:
+    """The access-log lines (proxy/access_log.py) of a `kvgate serve` log, as field -> value."""
+    records = []
+    for line in log_text.splitlines():
+        if line.startswith("time=") and " route=" in line:
+            records.append(dict(field.split("=", 1) for field in line.split()))
+    return records
+
+
+def session_turns(records: list[dict[str, str]], route: str) -> dict[str, list[dict[str, str]]]:
+    """The generation turns of `route`, by session hash, in log order ("-": anonymous)."""
+    turns: dict[str, list[dict[str, str]]] = {}
+    for record in records:
+        if record["route"] == route:
+            turns.setdefault(record["session"], []).append(record)
+    return turns
+
+
+def ensure_npm_client(package: str, version: str, binary: str) -> Path:
+    """The executable `binary` of npm `package`@`version`, installed once under
+    CLIENTS_DIR (under a lock; complete once its sentinel is written)."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError("npm is needed to install the agent client; install Node.js 18 or later")
+    prefix = CLIENTS_DIR / f"{package.rsplit('/', 1)[-1]}-{version}"
+    executable = prefix / "node_modules" / ".bin" / binary
+    with file_lock(CLIENTS_DIR / f"{prefix.name}.lock"):
+        if (prefix / SENTINEL_NAME).exists():
+            return executable
+        shutil.rmtree(prefix, ignore_errors=True)
+        command = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", f"{package}@{version}"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        if result.returncode != 0 or not executable.exists():
+            raise RuntimeError(
+                f"npm install {package}@{version} failed (exit {result.returncode}):\n{result.stderr[-3000:]}"
+            )
+        (prefix / SENTINEL_NAME).write_text(f"{package}@{version}\n")
+    return executable
+
+
+async def run_client(command: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) -> str:
+    """Run one client command to its end; its stdout. A run that fails or outlasts
+    `timeout` fails the test with the end of both outputs (the process is killed)."""
+    proc = await asyncio.create_subprocess_exec(
+        *command,
+        cwd=cwd,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, (command[:3], out.decode()[-2000:], err.decode()[-2000:])
+    return out.decode()
+
+
+def client_env(drop_prefixes: tuple[str, ...], **overrides: str) -> dict[str, str]:
+    """This process's environment without the client's own variables (`drop_prefixes`),
+    kept off the network (NO_NETWORK_ENV), with `overrides`."""
+    kept = {key: value for key, value in os.environ.items() if not key.startswith(drop_prefixes)}
+    return {**kept, **NO_NETWORK_ENV, **overrides}
+
+
+def assert_session_turns(session_records: list[dict[str, str]], at_least: int) -> None:
+    """One session's turns in the access log: at least `at_least`, all on one replica, the
+    first opening a window (`window_fits`) and every later one holding it (`holds_window`)."""
+    assert len(session_records) >= at_least, session_records
+    assert len({record["replica"] for record in session_records}) == 1, session_records
+    admissions = [record["admission"] for record in session_records]
+    assert admissions[0] == "window_fits" and set(admissions[1:]) == {"holds_window"}, admissions
+
+
+def assert_all_ok(records: list[dict[str, str]]) -> None:
+    assert all(record["status"] == "200" for record in records), [r for r in records if r["status"] != "200"]
+
+
+def assert_one_session_of_prompts(records: list[dict[str, str]], route: str, prompts: int) -> list[dict[str, str]]:
+    """The access log of one conversation of `prompts` CLI runs (each a new process that
+    resumed it): one session, no anonymous turn, its turns as `assert_session_turns` says
+    with at least one per prompt, and every answer 200. Returns its turns."""
+    turns = session_turns(records, route)
+    assert "-" not in turns, "an anonymous turn"
+    ((_, session_records),) = turns.items()
+    assert_session_turns(session_records, prompts)
+    assert_all_ok(records)
+    return session_records
+
+
+def task_folder(root: Path) -> Path:
+    """The files a client's read-only tools see: its whole world."""
+    root.mkdir()
+    (root / "README.md").write_text("# demo\nA tiny project: main.py prints a greeting.\n")
+    (root / "main.py").write_text("print('hello')\n")
+    return root
