@@ -11,19 +11,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-async def start_serve(*args: str) -> tuple[asyncio.subprocess.Process, list[str], str]:
-    """Start `kvgate serve --port 0 ...`; return the process, its log lines so far, its URL."""
+async def start_until_listening(
+    argv: list[str], env: dict[str, str] | None = None, cwd: Path = REPO
+) -> tuple[asyncio.subprocess.Process, list[str], str]:
+    """Start `argv` (a `kvgate serve` command); return the process, its log lines until
+    it says where it listens, and that URL. A process that exits first fails the test."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "kvgate.cli",
-        "serve",
-        "--port",
-        "0",
-        *args,
-        cwd=REPO,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        *argv, env=env, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
     lines: list[str] = []
     try:
@@ -39,6 +33,11 @@ async def start_serve(*args: str) -> tuple[asyncio.subprocess.Process, list[str]
         proc.kill()
         await proc.wait()
         raise
+
+
+async def start_serve(*args: str) -> tuple[asyncio.subprocess.Process, list[str], str]:
+    """Start `kvgate serve --port 0 ...`; return the process, its log lines so far, its URL."""
+    return await start_until_listening([sys.executable, "-m", "kvgate.cli", "serve", "--port", "0", *args])
 
 
 async def stop_serve(proc) -> int:

@@ -29,6 +29,7 @@ from kvgate.proxy.config import ConfigError, load_settings, setting_variables
 from kvgate.proxy.service_links import is_service_link
 from kvgate.simulator.replica_server import build_replica_app
 from tests.proxy.deploy_files import KVGATE_IMAGE, k8s_docs, pod_environment, pod_templates, service_link_variables
+from tests.proxy.serve_process import start_until_listening
 
 # Services a user might add beside the shipped ones: more names in kvgate's namespace.
 USERS_SERVICES = [
@@ -186,26 +187,6 @@ async def _wait_for_health(url: str, proc: asyncio.subprocess.Process, lines: li
     raise AssertionError("no /health answer:\n" + "".join(lines))
 
 
-async def _start(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[asyncio.subprocess.Process, list[str], str]:
-    proc = await asyncio.create_subprocess_exec(
-        *argv, env=env, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
-    lines: list[str] = []
-    try:
-        while True:
-            line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
-            if not line:
-                raise AssertionError("kvgate exited at start:\n" + "".join(lines))
-            lines.append(line)
-            found = re.search(r"listening on http://[\d.]+:(\d+)", line)
-            if found:
-                return proc, lines, f"http://127.0.0.1:{found.group(1)}"
-    except BaseException:
-        proc.kill()
-        await proc.wait()
-        raise
-
-
 @pytest.mark.parametrize(
     "pod_name, pod, container", _kvgate_containers(), ids=[f"{name}/{c['name']}" for name, _, c in _kvgate_containers()]
 )
@@ -239,7 +220,8 @@ async def test_each_kvgate_container_starts_with_its_pods_environment(
     workdir.mkdir(mode=0o555)
     if _can_sandbox():
         argv = _as_the_pod_runs_it(argv, container["securityContext"])
-    proc, lines, url = await _start(argv, env, workdir)
+    proc, lines, url = await start_until_listening(argv, env, workdir)
+    url = url.replace("0.0.0.0", "127.0.0.1")
     try:
         await _wait_for_health(url, proc, lines)
         if _can_sandbox():
