@@ -2,12 +2,10 @@
 
 The suite runs on several pytest-xdist workers (pyproject.toml's addopts: `-n`,
 `--dist loadgroup`). Tests that share an expensive session fixture run on one worker,
-as one group: the real-vLLM tests on the tiny model (their server starts once per
-worker), the end-to-end test on the prefill model (the one user of that server, and
-the longest test: a group of its own, beside the others) and the observability tests
-(their fixture may install Prometheus with apt, which one process at a time can do).
-The vLLM groups are put first, so that their workers start on them at once: they are
-the longest runs of tests one worker must take in turn.
+as one group: the real-vLLM tests (their servers start once per worker) and the
+observability tests (their fixture may install Prometheus with apt, which one process at
+a time can do). The vLLM group is put first, so that its worker starts on it at once:
+it is the longest run of tests one worker must take in turn.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ GROUPED_FOLDERS = {"vllm": "vllm", "observability": "observability"}
 
 def _group(item: pytest.Item) -> str | None:
     if item.get_closest_marker("vllm") is not None:
-        return "vllm-prefill" if item.nodeid.startswith("tests/vllm/test_end_to_end.py") else "vllm"
+        return "vllm"
     parts = item.nodeid.split("/")
     return GROUPED_FOLDERS.get(parts[1]) if len(parts) > 2 and parts[0] == "tests" else None
 
@@ -30,5 +28,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = _group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-    # stable: the rest keep their order; the longer vLLM group first
-    items.sort(key=lambda item: {"vllm-prefill": 0, "vllm": 1}.get(_group(item) or "", 2))
+    items.sort(key=lambda item: _group(item) != "vllm")  # stable: the rest keep their order
