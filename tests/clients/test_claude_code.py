@@ -2,7 +2,11 @@
 cache) runs one session of five prompts with its read-only tools through `kvgate serve`
 on the embedded default (docs/clients.md has the same setup). From kvgate's access log:
 every turn is in the session, on one replica, the later ones holding its window, and
-nothing fails."""
+nothing fails.
+
+Side routes: with non-essential traffic off (QUIET_ENV), Claude Code 2.1.332 sends
+kvgate nothing but `/v1/messages` (no `count_tokens`); the test asserts that any side
+request it does send is forwarded in the session to the session's replica, answered 200."""
 
 from __future__ import annotations
 

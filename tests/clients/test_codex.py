@@ -2,7 +2,11 @@
 one session of five prompts through `kvgate serve` on the embedded default, as a custom
 Responses provider with a read-only sandbox (docs/clients.md has the same setup). From
 kvgate's access log: every turn is in the session, on one replica, holding its window,
-and nothing fails."""
+and nothing fails.
+
+Side routes: Codex CLI 0.171.0 sends kvgate nothing but `/v1/responses` with this
+config (no `/v1/models`); the test asserts that any side request it does send is
+forwarded in the session to the session's replica, answered 200."""
 
 from __future__ import annotations
 
