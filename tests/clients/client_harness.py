@@ -173,6 +173,14 @@ def assert_side_routes(records: list[dict[str, str]], route: str, session_record
     print(f"side requests through kvgate: {len(side)} ({len(passthrough)} passthrough)")
 
 
+def assert_every_request_forwarded(requests: list, records: list[dict[str, str]]) -> None:
+    """Every request the client sent (request_recorder.Request) was answered under 400
+    and forwarded: one access line each, so kvgate refused none before forwarding."""
+    assert all(request.status < 400 for request in requests), [r for r in requests if r.status >= 400]
+    assert len(requests) == len(records), (requests, records)
+    print(f"client requests: {sorted({(request.method, request.path) for request in requests})}")
+
+
 def task_folder(root: Path) -> Path:
     """The files a client's read-only tools see: its whole world."""
     root.mkdir()

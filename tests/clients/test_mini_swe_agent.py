@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from client_harness import (
     access_records,
+    assert_every_request_forwarded,
     assert_one_session_of_prompts,
     client_env,
     ensure_python_client,
@@ -33,9 +34,9 @@ STEPS = 6
 QUIET_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "MSWEA_SILENT_STARTUP": "1"}
 
 
-async def test_mini_swe_agent_session_runs_through_kvgate(embedded_kvgate, tmp_path):
+async def test_mini_swe_agent_session_runs_through_kvgate(recorded_kvgate, tmp_path):
     python = await asyncio.to_thread(ensure_python_client, MINI_SWE_AGENT)
-    url, log_path = embedded_kvgate
+    url, log_path, requests = recorded_kvgate
     workdir = task_folder(tmp_path / "task")
     env = client_env(
         ("OPENAI_", "LITELLM_", "MSWEA_"),
@@ -50,6 +51,8 @@ async def test_mini_swe_agent_session_runs_through_kvgate(embedded_kvgate, tmp_p
     assert result["exit_status"] == "LimitsExceeded" and result["model_calls"] == STEPS, result
     assert result["commands"], result
     await asyncio.sleep(0.2)  # the last access lines are written as the answers end
-    records = assert_one_session_of_prompts(access_records(log_path.read_text()), "chat", STEPS)
+    all_records = access_records(log_path.read_text())
+    assert_every_request_forwarded(requests, all_records)
+    records = assert_one_session_of_prompts(all_records, "chat", STEPS)
     assert len(records) == STEPS, records
     print(f"mini-swe-agent: {len(records)} turns; commands {result['commands']}")
