@@ -149,13 +149,36 @@ def assert_all_ok(records: list[dict[str, str]]) -> None:
 def assert_one_session_of_prompts(records: list[dict[str, str]], route: str, prompts: int) -> list[dict[str, str]]:
     """The access log of one conversation of `prompts` CLI runs (each a new process that
     resumed it): one session, no anonymous turn, its turns as `assert_session_turns` says
-    with at least one per prompt, and every answer 200. Returns its turns."""
+    with at least one per prompt, its side requests as `assert_side_routes` says, and
+    every answer 200. Returns its turns."""
     turns = session_turns(records, route)
     assert "-" not in turns, "an anonymous turn"
     ((_, session_records),) = turns.items()
     assert_session_turns(session_records, prompts)
+    assert_side_routes(records, route, session_records)
     assert_all_ok(records)
     return session_records
+
+
+def assert_side_routes(records: list[dict[str, str]], route: str, session_records: list[dict[str, str]]) -> None:
+    """Every access line is a turn of `route`, a model list (`models`), or a side request
+    kvgate forwarded ungated (`passthrough`: count_tokens and the like) in the session,
+    to the replica of its turns. Prints how many side requests the client sent."""
+    (session,) = {record["session"] for record in session_records}
+    (replica,) = {record["replica"] for record in session_records}
+    side = [record for record in records if record["route"] != route]
+    assert all(record["route"] in ("passthrough", "models") for record in side), side
+    passthrough = [record for record in side if record["route"] == "passthrough"]
+    assert all(record["session"] == session and record["replica"] == replica for record in passthrough), side
+    print(f"side requests through kvgate: {len(side)} ({len(passthrough)} passthrough)")
+
+
+def assert_every_request_forwarded(requests: list, records: list[dict[str, str]]) -> None:
+    """Every request the client sent (request_recorder.Request) was answered under 400
+    and forwarded: one access line each, so kvgate refused none before forwarding."""
+    assert all(request.status < 400 for request in requests), [r for r in requests if r.status >= 400]
+    assert len(requests) == len(records), (requests, records)
+    print(f"client requests: {sorted({(request.method, request.path) for request in requests})}")
 
 
 def task_folder(root: Path) -> Path:

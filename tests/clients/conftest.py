@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from request_recorder import recording_relay
 
 from kvgate.bench.processes import ServerGroup
 
@@ -23,3 +24,12 @@ async def embedded_kvgate(tmp_path):
     async with ServerGroup(tmp_path / "logs") as servers:
         url = await servers.serve("kvgate", lambda port: {**config, "listen": {"host": "127.0.0.1", "port": port}})
         yield url, tmp_path / "logs" / "kvgate.log"
+
+
+@pytest.fixture
+async def recorded_kvgate(embedded_kvgate):
+    """(URL, log path, requests) of `embedded_kvgate` behind a relay that records every
+    request the client sends and kvgate's status for it (request_recorder.py)."""
+    url, log_path = embedded_kvgate
+    async with recording_relay(url) as (relay_url, requests):
+        yield relay_url, log_path, requests

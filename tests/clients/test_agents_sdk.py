@@ -2,7 +2,8 @@
 multi-turn sessions with tools through `kvgate serve` on the embedded default
 (docs/clients.md has the same setup). From kvgate's access log: every turn is in its
 session, each session stays on one replica, later turns hold their window, and nothing
-fails."""
+fails: every request the SDK sends is forwarded and answered 200 (it sends only its
+generation route)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from client_harness import (
     access_records,
     assert_all_ok,
+    assert_every_request_forwarded,
     assert_session_turns,
     client_env,
     ensure_python_client,
@@ -35,9 +37,9 @@ async def run_session(python: Path, base_url: str, workdir: Path, session_id: st
 
 
 @pytest.mark.parametrize("api, route", [("responses", "responses"), ("chat", "chat")])
-async def test_agents_sdk_sessions_run_through_kvgate(embedded_kvgate, tmp_path, api, route):
+async def test_agents_sdk_sessions_run_through_kvgate(recorded_kvgate, tmp_path, api, route):
     python = await asyncio.to_thread(ensure_python_client, AGENTS_SDK)
-    url, log_path = embedded_kvgate
+    url, log_path, requests = recorded_kvgate
     workdir = task_folder(tmp_path / "task")
     results = await asyncio.gather(
         *(run_session(python, url + "/v1", workdir, f"agents-{api}-{index}", api) for index in range(2))
@@ -46,6 +48,7 @@ async def test_agents_sdk_sessions_run_through_kvgate(embedded_kvgate, tmp_path,
         assert result["model_calls"] >= 5 and len(result["tool_calls"]) >= 3, result
     await asyncio.sleep(0.2)  # the last access lines are written as the answers end
     records = access_records(log_path.read_text())
+    assert_every_request_forwarded(requests, records)
     turns = session_turns(records, route)
     assert "-" not in turns, "an anonymous turn"
     assert len(turns) == 2

@@ -2,7 +2,11 @@
 cache) runs one session of five prompts with its read-only tools through `kvgate serve`
 on the embedded default (docs/clients.md has the same setup). From kvgate's access log:
 every turn is in the session, on one replica, the later ones holding its window, and
-nothing fails."""
+nothing fails.
+
+Side routes: with non-essential traffic off (QUIET_ENV), Claude Code 2.1.332 sends
+kvgate nothing but `/v1/messages` (no `count_tokens`); the test asserts that any side
+request it does send is forwarded in the session to the session's replica, answered 200."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from client_harness import (
     NPM_CLIENT,
     PROMPTS,
     access_records,
+    assert_every_request_forwarded,
     assert_one_session_of_prompts,
     client_env,
     ensure_npm_client,
@@ -51,9 +56,9 @@ async def claude(executable: Path, base_url: str, workdir: Path, home: Path, pro
     return json.loads(await run_client(command, workdir, env))
 
 
-async def test_claude_code_session_runs_through_kvgate(embedded_kvgate, tmp_path):
+async def test_claude_code_session_runs_through_kvgate(recorded_kvgate, tmp_path):
     executable = await asyncio.to_thread(ensure_npm_client, "@anthropic-ai/claude-code", CLAUDE_CODE_VERSION, "claude")
-    url, log_path = embedded_kvgate
+    url, log_path, requests = recorded_kvgate
     workdir, home = task_folder(tmp_path / "task"), tmp_path / "home"
     home.mkdir()
     session_id = str(uuid.uuid4())
@@ -65,6 +70,8 @@ async def test_claude_code_session_runs_through_kvgate(embedded_kvgate, tmp_path
     for result in results:
         assert not result["is_error"] and result["session_id"] == session_id, result
     await asyncio.sleep(0.2)  # the last access lines are written as the answers end
-    records = assert_one_session_of_prompts(access_records(log_path.read_text()), "messages", len(PROMPTS))
+    all_records = access_records(log_path.read_text())
+    assert_every_request_forwarded(requests, all_records)
+    records = assert_one_session_of_prompts(all_records, "messages", len(PROMPTS))
     assert len(records) >= sum(result["num_turns"] for result in results)
     print(f"claude code: {len(records)} turns over {len(PROMPTS)} prompts in {elapsed:.1f}s")

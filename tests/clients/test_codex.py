@@ -2,7 +2,11 @@
 one session of five prompts through `kvgate serve` on the embedded default, as a custom
 Responses provider with a read-only sandbox (docs/clients.md has the same setup). From
 kvgate's access log: every turn is in the session, on one replica, holding its window,
-and nothing fails."""
+and nothing fails.
+
+Side routes: Codex CLI 0.171.0 sends kvgate nothing but `/v1/responses` with this
+config (no `/v1/models`); the test asserts that any side request it does send is
+forwarded in the session to the session's replica, answered 200."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from client_harness import (
     NPM_CLIENT,
     PROMPTS,
     access_records,
+    assert_every_request_forwarded,
     assert_one_session_of_prompts,
     client_env,
     ensure_npm_client,
@@ -46,9 +51,9 @@ async def codex(executable: Path, workdir: Path, codex_home: Path, *args: str) -
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
-async def test_codex_session_runs_through_kvgate(embedded_kvgate, tmp_path):
+async def test_codex_session_runs_through_kvgate(recorded_kvgate, tmp_path):
     executable = await asyncio.to_thread(ensure_npm_client, "@openai/codex", CODEX_VERSION, "codex")
-    url, log_path = embedded_kvgate
+    url, log_path, requests = recorded_kvgate
     workdir, codex_home = task_folder(tmp_path / "task"), tmp_path / "home" / ".codex"
     codex_home.mkdir(parents=True)
     (codex_home / "config.toml").write_text(CONFIG.format(base_url=url + "/v1"))
@@ -60,7 +65,9 @@ async def test_codex_session_runs_through_kvgate(embedded_kvgate, tmp_path):
     elapsed = time.monotonic() - started
     assert not [event for event in events if event["type"] in ("turn.failed", "error")], events
     await asyncio.sleep(0.2)  # the last access lines are written as the answers end
-    records = assert_one_session_of_prompts(access_records(log_path.read_text()), "responses", len(PROMPTS))
+    all_records = access_records(log_path.read_text())
+    assert_every_request_forwarded(requests, all_records)
+    records = assert_one_session_of_prompts(all_records, "responses", len(PROMPTS))
     tools = [
         e["item"]["type"] for e in events if e["type"] == "item.completed" and e["item"]["type"] != "agent_message"
     ]
