@@ -93,6 +93,24 @@ class Turn:
     wait_ms: float = 0.0
 
 
+@dataclass(slots=True)
+class _Read:
+    """A request as read, before its turn exists: the body and the session it names."""
+
+    raw: bytes | None  # the body to send upstream (None: a route without a body)
+    body: dict[str, object]  # `raw` parsed ({} without a body)
+    stream: bool
+    session_id: str | None  # None: anonymous
+    link: ChainLink | None  # the stored response the path names (passthrough routes)
+    chain: TurnPlan | None  # a Responses request's place in its chain
+
+    def with_member(self, name: str, value: object) -> None:
+        """Add a member kvgate sets to both the bytes forwarded and the parsed body."""
+        assert self.raw is not None  # only a route with a body gets members
+        self.raw = with_member(self.raw, self.body, name, value)
+        self.body[name] = value
+
+
 class Forwarder:
     def __init__(
         self,
@@ -133,99 +151,125 @@ class Forwarder:
     async def forward(
         self, request: HttpRequest, responder: Responder, route: RouteSpec, path_session_id: str | None
     ) -> None:
+        """One request: read it (a bad one is answered here), attach its session, then run
+        the turn; the access line and a finished session's end come after, whatever happens."""
         started = time.perf_counter()
-        kind = route.kind
-        raw: bytes | None
-        link = None
         try:
-            if kind == PASSTHROUGH:  # relayed as sent: vLLM judges the body; kvgate reads what it can
-                raw = request.body or None
-                body = passthrough_body(raw)
-                stream = body.get("stream") is True
-                response_id = response_id_of(route.path)
-                if response_id is not None:
-                    response_id = decode_path_segment(response_id, "response id")
-                    link = self._stored_response(response_id, request.tenant)
-            elif route.has_body:
-                body = parse_json_object(request.body)
-                stream = stream_flag(body)
-                raw = request.body
-            else:
-                raw, body, stream = None, {}, False
-            headers_read = self._headers
-            if self._replica_gate and TIER_SESSION_HEADER in request.headers:
-                headers_read = (TIER_SESSION_HEADER,)  # the id its front door resolved
-            try:
-                session_id = resolve_session_id(path_session_id, request.headers, headers_read, body, self._fields)
-            except RequestRejected:
-                if kind != PASSTHROUGH:
-                    raise
-                # on a route kvgate does not define, a body field of another type is no session id
-                session_id = resolve_session_id(path_session_id, request.headers, headers_read, None, self._fields)
-            session_id = scoped_session(request.tenant, session_id)  # a tenant's ids are its own
-            chain = self._plan_chain(body, session_id, request.tenant) if kind == "responses" else None
+            read = self._read_request(request, route, path_session_id)
         except RequestRejected as exc:
-            self._count(kind, "none", exc.status)
+            self._count(route.kind, "none", exc.status)
             send_error(responder, exc.status, exc.message, exc.code)
             if self._access is not None:
-                self._log_access(kind, None, None, exc.status, started, exc.code)
+                self._log_access(route.kind, None, None, exc.status, started, exc.code)
             return
-        if link is not None:  # a stored response: its session, on the replica that holds it
-            session_id = link.session_id
-        if chain is not None:
-            session_id = chain.session_id
-            if chain.set_request_id:  # vLLM answers with id = request_id: the link is known up front
-                assert raw is not None and chain.response_id is not None  # a Responses body, to be stored
-                raw = with_member(raw, body, "request_id", chain.response_id)
-                body["request_id"] = chain.response_id
-
-        entry = None
-        finish = False
-        if session_id is not None:
-            if self._forward_session_id and kind in SESSION_FIELD_KINDS and "session_id" not in body:
-                assert raw is not None  # SESSION_FIELD_KINDS are routes with a body
-                raw = with_member(raw, body, "session_id", session_id)
-                body["session_id"] = session_id
-            entry = self.sessions.touch(session_id)
-            if chain is not None and chain.link is not None:
-                entry.replica = chain.link.replica  # the replica that holds the continued response
-            elif link is not None:
-                entry.replica = link.replica
-            # Only a turn ends its session: a models list that anyone can send with any session
-            # id must not end another session's window.
-            finish = kind in PROMPT_KINDS and request.headers.get(self._finish_header, "").lower() == "true"
-        strip_usage = self._learns_usage and kind in ASKED_USAGE_KINDS and asks_for_usage(body)
-        if strip_usage:  # the gate learns from the usage; the client gets the answer it asked for
-            assert raw is not None  # ASKED_USAGE_KINDS are routes with a body
-            raw = with_member(raw, body, "stream_options", USAGE_OPTION)
-        headers = self._upstream_headers(request, session_id, self._api_key)
-        turn = Turn(
-            request,
-            responder,
-            route,
-            raw,
-            body,
-            stream,
-            session_id,
-            entry,
-            entry.turns + 1 if entry is not None else 0,
-            started,
-            chain,
-            headers,
-            f"{route.path}?{request.query}" if request.query else route.path,
-            strip_usage,
-        )
+        entry, finish = self._attach_session(read, request, route.kind)
+        turn = self._build_turn(read, request, responder, route, entry, started)
         status = CLIENT_CLOSED
         try:
             await self._run(turn)
             status = responder.status or CLIENT_CLOSED
         finally:
             if self._access is not None:
-                self._log_access(turn.route.kind, session_id, turn, status, started)
+                self._log_access(turn.route.kind, read.session_id, turn, status, started)
             if finish:
-                assert session_id is not None  # only a named session can be finished
-                self.admission.finish_session(session_id)
-                self.sessions.forget(session_id)
+                assert read.session_id is not None  # only a named session can be finished
+                self.admission.finish_session(read.session_id)
+                self.sessions.forget(read.session_id)
+
+    def _read_request(self, request: HttpRequest, route: RouteSpec, path_session_id: str | None) -> _Read:
+        """The request's body, stream flag and session id, with the stored response or the
+        Responses chain it names (RequestRejected: answered with its status, never forwarded)."""
+        kind = route.kind
+        raw: bytes | None
+        link = None
+        if kind == PASSTHROUGH:  # relayed as sent: vLLM judges the body; kvgate reads what it can
+            raw = request.body or None
+            body = passthrough_body(raw)
+            stream = body.get("stream") is True
+            response_id = response_id_of(route.path)
+            if response_id is not None:
+                response_id = decode_path_segment(response_id, "response id")
+                link = self._stored_response(response_id, request.tenant)
+        elif route.has_body:
+            body = parse_json_object(request.body)
+            stream = stream_flag(body)
+            raw = request.body
+        else:
+            raw, body, stream = None, {}, False
+        headers_read = self._headers
+        if self._replica_gate and TIER_SESSION_HEADER in request.headers:
+            headers_read = (TIER_SESSION_HEADER,)  # the id its front door resolved
+        try:
+            session_id = resolve_session_id(path_session_id, request.headers, headers_read, body, self._fields)
+        except RequestRejected:
+            if kind != PASSTHROUGH:
+                raise
+            # on a route kvgate does not define, a body field of another type is no session id
+            session_id = resolve_session_id(path_session_id, request.headers, headers_read, None, self._fields)
+        session_id = scoped_session(request.tenant, session_id)  # a tenant's ids are its own
+        chain = self._plan_chain(body, session_id, request.tenant) if kind == "responses" else None
+        return _Read(raw, body, stream, session_id, link, chain)
+
+    def _attach_session(self, read: _Read, request: HttpRequest, kind: str) -> tuple[SessionEntry | None, bool]:
+        """Settle the request's session (a stored response's or a chain's wins), write the
+        members kvgate adds to the body, and touch the session: its entry, and whether this
+        turn finishes it."""
+        if read.link is not None:  # a stored response: its session, on the replica that holds it
+            read.session_id = read.link.session_id
+        chain = read.chain
+        if chain is not None:
+            read.session_id = chain.session_id
+            if chain.set_request_id:  # vLLM answers with id = request_id: the link is known up front
+                assert read.raw is not None and chain.response_id is not None  # a Responses body, to be stored
+                read.with_member("request_id", chain.response_id)
+        entry = None
+        finish = False
+        session_id = read.session_id
+        if session_id is not None:
+            if self._forward_session_id and kind in SESSION_FIELD_KINDS and "session_id" not in read.body:
+                read.with_member("session_id", session_id)  # SESSION_FIELD_KINDS are routes with a body
+            entry = self.sessions.touch(session_id)
+            if chain is not None and chain.link is not None:
+                entry.replica = chain.link.replica  # the replica that holds the continued response
+            elif read.link is not None:
+                entry.replica = read.link.replica
+            # Only a turn ends its session: a models list that anyone can send with any session
+            # id must not end another session's window.
+            finish = kind in PROMPT_KINDS and request.headers.get(self._finish_header, "").lower() == "true"
+        return entry, finish
+
+    def _build_turn(
+        self,
+        read: _Read,
+        request: HttpRequest,
+        responder: Responder,
+        route: RouteSpec,
+        entry: SessionEntry | None,
+        started: float,
+    ) -> Turn:
+        """The turn to run: the body as forwarded (usage asked for when the gate learns from
+        it; the client still gets the answer it asked for) and the upstream headers."""
+        strip_usage = self._learns_usage and route.kind in ASKED_USAGE_KINDS and asks_for_usage(read.body)
+        if strip_usage:  # the body keeps what the client sent: only the forwarded bytes ask
+            assert read.raw is not None  # ASKED_USAGE_KINDS are routes with a body
+            read.raw = with_member(read.raw, read.body, "stream_options", USAGE_OPTION)
+        session_id = read.session_id
+        return Turn(
+            request,
+            responder,
+            route,
+            read.raw,
+            read.body,
+            read.stream,
+            session_id,
+            entry,
+            entry.turns + 1 if entry is not None else 0,
+            started,
+            read.chain,
+            self._upstream_headers(request, session_id, self._api_key),
+            f"{route.path}?{request.query}" if request.query else route.path,
+            strip_usage,
+        )
 
     def _stored_response(self, response_id: str, tenant: str | None, field: str = "") -> ChainLink | None:
         """The link of a stored response a request names (None: kvgate did not see it). With

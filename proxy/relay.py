@@ -70,6 +70,29 @@ class AnswerRelay:
     ) -> tuple[int, bool]:
         """Relay the upstream's answer: (status for metrics, completed normally). `tap`
         (answers under 400 only) reads its usage."""
+        headers = self._answer_headers(upstream, replica, lease)
+        is_sse = upstream.content_type == b"text/event-stream"
+        if upstream.status >= 400:
+            tap = None
+        pending: list[bytes] = []
+        if not (is_sse or (stream and upstream.content_length is None)):
+            done = await self._buffered(responder, upstream, replica, lease, headers, tap, pending)
+            if done is not None:
+                return done
+        # past the buffer limit, or streamed: relayed as it arrives
+        await responder.start(upstream.status, headers, upstream.reason, None if is_sse else upstream.content_length)
+        for data in pending:
+            await responder.write(data)
+        pending.clear()
+        if not is_sse:
+            tap = None  # an unbuffered answer that is not SSE: its usage is not read
+        return await self._streamed(responder, upstream, replica, is_sse, kind, tap)
+
+    def _answer_headers(
+        self, upstream: UpstreamResponse, replica: Replica, lease: TurnLease
+    ) -> list[tuple[bytes, bytes]]:
+        """The answer's headers with the lease's; a replica that is itself a kvgate that
+        gates is logged once (it is gated twice)."""
         headers, upstream_gated = merge_kvgate_headers(
             relayed_response_headers(upstream.headers), lease_headers(replica, lease)
         )
@@ -80,40 +103,56 @@ class AnswerRelay:
                 "second time; give this one role: front_door with gate.mode: off (docs/ARCHITECTURE.md)",
                 replica.name,
             )
-        is_sse = upstream.content_type == b"text/event-stream"
-        if upstream.status >= 400:
-            tap = None
-        pending: list[bytes] = []
-        if not (is_sse or (stream and upstream.content_length is None)):
-            size = 0
-            while size <= self._max_buffered:
-                try:
-                    data = await upstream.readany()
-                except EXCHANGE_ERRORS as exc:
-                    self.metrics.upstream_errors.labels(replica.name, "mid_body").inc()
-                    send_error(
-                        responder,
-                        502,
-                        f"replica {replica.name} broke off its response ({exc}); retry the request",
-                        "upstream_failed",
-                        lease_headers(replica, lease),
-                    )
-                    return 502, False
-                if not data:
-                    body = b"".join(pending)
-                    if tap is not None:
-                        tap.whole(body)
-                    responder.send(upstream.status, body, headers, upstream.reason)
-                    return upstream.status, True
-                pending.append(data)
-                size += len(data)
+        return headers
 
-        await responder.start(upstream.status, headers, upstream.reason, None if is_sse else upstream.content_length)
-        for data in pending:
-            await responder.write(data)
-        pending.clear()
-        if not is_sse:
-            tap = None  # an unbuffered answer that is not SSE: its usage is not read
+    async def _buffered(
+        self,
+        responder: Responder,
+        upstream: UpstreamResponse,
+        replica: Replica,
+        lease: TurnLease,
+        headers: list[tuple[bytes, bytes]],
+        tap: UsageTap | None,
+        pending: list[bytes],
+    ) -> tuple[int, bool] | None:
+        """Read the answer into `pending` up to the buffer limit. A whole answer is sent
+        (or a break-off answered 502): its result. None: past the limit, `pending` holds
+        what was read, and the rest is relayed as it arrives."""
+        size = 0
+        while size <= self._max_buffered:
+            try:
+                data = await upstream.readany()
+            except EXCHANGE_ERRORS as exc:
+                self.metrics.upstream_errors.labels(replica.name, "mid_body").inc()
+                send_error(
+                    responder,
+                    502,
+                    f"replica {replica.name} broke off its response ({exc}); retry the request",
+                    "upstream_failed",
+                    lease_headers(replica, lease),
+                )
+                return 502, False
+            if not data:
+                body = b"".join(pending)
+                if tap is not None:
+                    tap.whole(body)
+                responder.send(upstream.status, body, headers, upstream.reason)
+                return upstream.status, True
+            pending.append(data)
+            size += len(data)
+        return None
+
+    async def _streamed(
+        self,
+        responder: Responder,
+        upstream: UpstreamResponse,
+        replica: Replica,
+        is_sse: bool,
+        kind: str,
+        tap: UsageTap | None,
+    ) -> tuple[int, bool]:
+        """Relay the rest of a started answer chunk by chunk. A break-off ends an SSE
+        stream with an error event and leaves any other body unfinished."""
         while True:
             try:
                 chunk = await upstream.readany()

@@ -132,50 +132,62 @@ def replica_findings(
     key = f"replicas[{index}] ({name})"
     if not reachable:
         return [f"{key}: unreachable, so this check could not look at it"], []
-    problems: list[str] = []
-    notes: list[str] = []
     if settings.role == FRONT_DOOR:
-        if metrics_status == 401:
-            problems.append(
-                f"{key}: answers 401: it asks for a client key; set upstream.api_key (or upstream.api_key_file) "
-                "to one of its auth.api_keys (docs/security.md)"
-            )
-        elif not is_kvgate:
-            problems.append(
-                f"{key}: is not a kvgate (no kvgate metrics on /metrics); a front door routes to "
-                "replica gates (role: replica_gate beside each vLLM), or use role: standalone"
-            )
-        return problems, notes
+        return _front_door_problems(key, is_kvgate, metrics_status), []
     if settings.gate.mode == "off":
-        return problems, notes
+        return [], []
+    return _gated_replica_findings(settings, key, name, url, is_kvgate, owner_status, owner, kv_status)
+
+
+def _front_door_problems(key: str, is_kvgate: bool, metrics_status: int | None) -> list[str]:
+    """A front door's replicas are replica gates: one that wants a client key, or is no kvgate."""
+    if metrics_status == 401:
+        return [
+            f"{key}: answers 401: it asks for a client key; set upstream.api_key (or upstream.api_key_file) "
+            "to one of its auth.api_keys (docs/security.md)"
+        ]
+    if not is_kvgate:
+        return [
+            f"{key}: is not a kvgate (no kvgate metrics on /metrics); a front door routes to "
+            "replica gates (role: replica_gate beside each vLLM), or use role: standalone"
+        ]
+    return []
+
+
+def _gated_replica_findings(
+    settings: Settings,
+    key: str,
+    name: str,
+    url: str,
+    is_kvgate: bool,
+    owner_status: int | None,
+    owner: dict | None,
+    kv_status: int | None,
+) -> tuple[list[str], list[str]]:
+    """(problems, notes) for a replica this kvgate gates: it must be a vLLM with the plugin,
+    reachable with the replica key, that no other kvgate enforces on; the first finding wins."""
     if is_kvgate:
-        problems.append(
+        return [
             f"{key}: is a kvgate, so this gate would gate a second time; give this kvgate role: "
             "front_door with gate.mode: off, or point it at the vLLM server"
-        )
-        return problems, notes
+        ], []
     if kv_status == 404:
-        problems.append(f"{key}: {missing_probe_api(name, url)}")
-        return problems, notes
+        return [f"{key}: {missing_probe_api(name, url)}"], []
     if 401 in (kv_status, owner_status):
-        problems.append(
+        return [
             f"{key}: its probe and owner routes answer 401: they need the replica key; set "
             "upstream.replica_api_key (or upstream.replica_api_key_file) to the key the server reads from "
             "KVGATE_REPLICA_API_KEY[_FILE] (docs/security.md)"
-        )
-        return problems, notes
+        ], []
     if owner_status != 200 or owner is None:
-        notes.append(
+        return [], [
             f"{key}: no owner record (GET {OWNER_PATH} answered {owner_status}); start vLLM with "
             "the kvgate plugin, or a second gate enforcing on it cannot be detected"
-        )
-        return problems, notes
+        ]
     owned = owner.get("owned") is True
     if owned and settings.gate.mode == "enforce":
-        problems.append(
+        return [
             f"{key}: a kvgate already enforces on it (lease {owner.get('expires_in_sec', 0)}s left); this one "
             "would only shadow it. One gate per replica: see docs/ARCHITECTURE.md"
-        )
-    else:
-        notes.append(f"{key}: owner record {'held' if owned else 'free'}")
-    return problems, notes
+        ], []
+    return [], [f"{key}: owner record {'held' if owned else 'free'}"]
