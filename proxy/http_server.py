@@ -44,6 +44,7 @@ from typing import cast
 
 import httptools
 
+from kvgate.proxy.flow_control import FlowControl
 from kvgate.proxy.settings import LimitsSettings
 
 log = logging.getLogger("kvgate.http")
@@ -300,13 +301,10 @@ class FrontProtocol(asyncio.Protocol):
         self._closed = False
         self._reading_done = False  # nothing more is parsed: a refusal or an upgrade ended the stream
         self._eof = False
-        self._paused_writing = False
-        self._drain_waiter: asyncio.Future | None = None
-        self._reading_paused = False
+        self._flow: FlowControl  # backpressure both ways (set with the transport)
         self.phase = "idle"
         self.deadline = 0.0  # when the current phase's timeout expires (monotonic)
         self._body_deadline = 0.0  # when the body being read must have arrived whole
-        self.write_blocked_since = 0.0
 
     # ---- transport events ------------------------------------------------------------
 
@@ -314,6 +312,7 @@ class FrontProtocol(asyncio.Protocol):
         # A stream server's transport (uvloop's has asyncio.Transport's methods without
         # subclassing it).
         self._transport = cast(asyncio.Transport, transport)
+        self._flow = FlowControl(self._transport)
         self._server.connections.add(self)
         self._server.displaceable(self, True)
         now = time.monotonic()
@@ -326,10 +325,7 @@ class FrontProtocol(asyncio.Protocol):
         self._server.displaceable(self, False)
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client left: withdraw the admission, abort the upstream
-        waiter = self._drain_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(ConnectionResetError("client disconnected"))
-        self._drain_waiter = None
+        self._flow.connection_lost()
 
     def eof_received(self):
         # The client closed its side. HTTP clients do that to abort, not to half-close
@@ -339,15 +335,10 @@ class FrontProtocol(asyncio.Protocol):
         return False
 
     def pause_writing(self) -> None:
-        self._paused_writing = True
-        self.write_blocked_since = time.monotonic()
+        self._flow.pause_writing()
 
     def resume_writing(self) -> None:
-        self._paused_writing = False
-        waiter = self._drain_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-        self._drain_waiter = None
+        self._flow.resume_writing()
 
     def data_received(self, data: bytes) -> None:
         if self._reading_done:
@@ -378,9 +369,8 @@ class FrontProtocol(asyncio.Protocol):
             if self._head_pending > self._max_head:
                 self._refuse(self._head_too_large())
                 return
-        if not self._reading_paused and not self._closed and self._backlogged():
-            self._reading_paused = True
-            self._transport.pause_reading()  # a client pipelining without limit waits
+        if not self._closed and self._backlogged():
+            self._flow.pause_reading()  # a client pipelining without limit waits
 
     def _backlogged(self) -> bool:
         """A client pipelining without limit waits: too many requests, or too many body
@@ -522,12 +512,7 @@ class FrontProtocol(asyncio.Protocol):
     async def drain(self) -> None:
         if self._closed:
             raise ConnectionResetError("client disconnected")
-        if not self._paused_writing:
-            return
-        waiter = self._drain_waiter
-        if waiter is None or waiter.done():
-            waiter = self._drain_waiter = self._loop.create_future()
-        await waiter
+        await self._flow.drain()
 
     # ---- refusing --------------------------------------------------------------------
 
@@ -562,9 +547,7 @@ class FrontProtocol(asyncio.Protocol):
             [(b"Content-Type", b"application/json"), *refusal.headers],
         )
         transport = self._transport
-        if self._reading_paused:
-            self._reading_paused = False
-            transport.resume_reading()  # keep draining what the client sends while lingering
+        self._flow.resume_reading()  # keep draining what the client sends while lingering
         if transport.can_write_eof():
             transport.write_eof()
             self._loop.call_later(LINGER_SEC, transport.close)
@@ -585,7 +568,7 @@ class FrontProtocol(asyncio.Protocol):
         """Called by the server's sweeper: close a connection whose phase timed out."""
         if self._closed:
             return
-        if self._paused_writing and now - self.write_blocked_since > self._limits.write_timeout_sec:
+        if self._flow.writing_paused and now - self._flow.write_blocked_since > self._limits.write_timeout_sec:
             self._transport.abort()  # the client stopped reading: drop it and what it holds
             return
         if self._task is not None or self._queue or self.phase == "closing" or now < self.deadline:
@@ -652,9 +635,8 @@ class FrontProtocol(asyncio.Protocol):
         elif self._reading_done:
             self._transport.close()  # after an upgrade request: nothing more to read
             return
-        if self._reading_paused and not self._backlogged():
-            self._reading_paused = False
-            self._transport.resume_reading()
+        if self._flow.reading_paused and not self._backlogged():
+            self._flow.resume_reading()
 
 
 def too_many_connections_response(limit: int) -> bytes:
