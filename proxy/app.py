@@ -27,8 +27,9 @@ from kvgate.proxy.canonical_path import non_canonical_message, path_problem
 from kvgate.proxy.client_auth import OPEN_PATHS, ClientAuth
 from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, error_shape, send_error
 from kvgate.proxy.forward import Forwarder
+from kvgate.proxy.front_server import FrontServer
 from kvgate.proxy.http_fields import decode_path_segment
-from kvgate.proxy.http_server import FrontServer, HeadRefusal, HttpRequest, Responder
+from kvgate.proxy.http_server import HeadRefusal, HttpRequest, Responder
 from kvgate.proxy.metrics import CONTENT_TYPE, KvgateMetrics
 from kvgate.proxy.session_tracker import SessionTracker
 from kvgate.proxy.settings import Settings

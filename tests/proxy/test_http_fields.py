@@ -8,7 +8,7 @@ import resource
 import orjson
 import pytest
 
-import kvgate.proxy.http_server as http_server
+import kvgate.proxy.front_server as front_server
 from kvgate.proxy.config import ConfigError, settings_from_dict
 from kvgate.proxy.errors import RequestRejected
 from kvgate.proxy.http_fields import decode_path_segment
@@ -110,15 +110,15 @@ def test_connection_limit_keeps_descriptors_for_upstreams_and_health_checks(
     monkeypatch, soft, hard, configured, expected, raised_to
 ):
     calls = []
-    monkeypatch.setattr(http_server.resource, "getrlimit", lambda which: (soft, hard))
+    monkeypatch.setattr(front_server.resource, "getrlimit", lambda which: (soft, hard))
 
     def setrlimit(which, limits):
         if limits[0] > hard != resource.RLIM_INFINITY:
             raise ValueError("over the hard limit")
         calls.append(limits[0])
 
-    monkeypatch.setattr(http_server.resource, "setrlimit", setrlimit)
-    assert http_server.connection_limit(configured) == expected
+    monkeypatch.setattr(front_server.resource, "setrlimit", setrlimit)
+    assert front_server.connection_limit(configured) == expected
     assert calls == ([raised_to] if raised_to else [])
 
 
