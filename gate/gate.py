@@ -228,6 +228,18 @@ class TurnNote:
     previous_tokens: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RepriceRequest:
+    """What re-pricing a window admitted at its upper bound needs: the turn's body to probe
+    its prefix, and the allowance, usage and bound it was admitted with."""
+
+    route_kind: str
+    body: Mapping[str, object]
+    allowance: int
+    usage: UsageReading | None
+    bound: int | None
+
+
 @dataclass(slots=True)
 class _Turn:
     """One `Gate.acquire`'s state across its re-evaluations: what the body said (read
@@ -270,7 +282,7 @@ class Gate:
         self._learns_usage = False
         # Windows in flight priced at their bound whose repricing probe was left to their
         # turn's usage: probed as soon as a turn waits (over-priced windows may hold it).
-        self._unpriced: dict[SessionRecord, tuple[str, Mapping[str, object], int, UsageReading | None, int | None]] = {}
+        self._unpriced: dict[SessionRecord, RepriceRequest] = {}
         self._usage: UsageReading | None = None  # the last usage reading a decision was made on
         self._now = clock
         self._book = SessionBook(settings.idle_grace_sec, settings.quiet_factor, settings.quiet_floor_sec)
@@ -411,10 +423,11 @@ class Gate:
         if isinstance(decision, Admit):
             lease = self._admit(record, attempt, decision, turn.start, tokens, note)
             if decision.reprice_above is not None and self._book.window_blocks > decision.reprice_above:
+                request = RepriceRequest(turn.route_kind, turn.body, turn.allowance, usage, turn.bound)
                 if not self._learns_usage or self._queue:
-                    self._reprice_later(record, turn.route_kind, turn.body, turn.allowance, usage, turn.bound)
+                    self._reprice_later(record, request)
                 elif record is not None:  # its usage prices it, unless a turn must wait first
-                    self._unpriced[record] = (turn.route_kind, turn.body, turn.allowance, usage, turn.bound)
+                    self._unpriced[record] = request
             return lease
         # A window that another turn of the session is using stays (it ends with its turns).
         shared = record is not None and record.in_flight > 0
@@ -486,38 +499,23 @@ class Gate:
         """A turn waits: the windows in flight still priced at their bound get their exact
         price from a probe now, not when their turns end."""
         unpriced, self._unpriced = self._unpriced, {}
-        for record, (route_kind, body, allowance, usage, bound) in unpriced.items():
+        for record, request in unpriced.items():
             if record.in_flight:
-                self._reprice_later(record, route_kind, body, allowance, usage, bound)
+                self._reprice_later(record, request)
 
-    def _reprice_later(
-        self,
-        record: SessionRecord | None,
-        route_kind: str,
-        body: Mapping[str, object],
-        allowance: int,
-        usage: UsageReading | None,
-        bound: int | None,
-    ) -> None:
+    def _reprice_later(self, record: SessionRecord | None, request: RepriceRequest) -> None:
         """Get the exact price of a window admitted at its upper bound (no probe on the turn's
         path) from a prefix probe that runs beside the forwarded turn."""
+        usage = request.usage
         if record is None or usage is None:  # never both with a bound price: anonymous or unknown usage
             return
-        task = asyncio.ensure_future(self._reprice(record, route_kind, body, allowance, usage, bound))
+        task = asyncio.ensure_future(self._reprice(record, request, usage))
         self._repricing.add(task)
         task.add_done_callback(self._repricing.discard)
 
-    async def _reprice(
-        self,
-        record: SessionRecord,
-        route_kind: str,
-        body: Mapping[str, object],
-        allowance: int,
-        usage: UsageReading,
-        bound: int | None,
-    ) -> None:
+    async def _reprice(self, record: SessionRecord, request: RepriceRequest, usage: UsageReading) -> None:
         try:
-            prefix = await self.probe.prefix(route_kind, body)
+            prefix = await self.probe.prefix(request.route_kind, request.body)
         except PromptTooLong:  # the turn itself is refused by the replica; nothing to re-price
             return
         if prefix is None or not prefix.total_tokens:
@@ -525,7 +523,7 @@ class Gate:
         assert self.policy.price is not None, (
             f"policy {self.policy.name} priced a window at a bound but cannot reprice it"
         )
-        self._apply_price(record, prefix, allowance, usage, bound)
+        self._apply_price(record, prefix, request.allowance, usage, request.bound)
 
     def _view(
         self,
