@@ -228,6 +228,37 @@ class TurnNote:
     previous_tokens: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RepriceRequest:
+    """What re-pricing a window admitted at its upper bound needs: the turn's body to probe
+    its prefix, and the allowance, usage and bound it was admitted with."""
+
+    route_kind: str
+    body: Mapping[str, object]
+    allowance: int
+    usage: UsageReading | None
+    bound: int | None
+
+
+@dataclass(slots=True)
+class _Turn:
+    """One `Gate.acquire`'s state across its re-evaluations: what the body said (read
+    once), the booked attempt, and the prefix reading of its last decision with when it was
+    read (a held turn decides again on it first while it is recent)."""
+
+    attempt: Attempt
+    record: SessionRecord | None
+    route_kind: str
+    body: Mapping[str, object]
+    allowance: int
+    bound: int | None
+    kept_bytes: int
+    priority_field: bool
+    start: float
+    held_on: PrefixReading | None = None
+    held_on_at: float = 0.0
+
+
 class Gate:
     def __init__(
         self,
@@ -251,7 +282,7 @@ class Gate:
         self._learns_usage = False
         # Windows in flight priced at their bound whose repricing probe was left to their
         # turn's usage: probed as soon as a turn waits (over-priced windows may hold it).
-        self._unpriced: dict[SessionRecord, tuple[str, Mapping[str, object], int, UsageReading | None, int | None]] = {}
+        self._unpriced: dict[SessionRecord, RepriceRequest] = {}
         self._usage: UsageReading | None = None  # the last usage reading a decision was made on
         self._now = clock
         self._book = SessionBook(settings.idle_grace_sec, settings.quiet_factor, settings.quiet_floor_sec)
@@ -292,8 +323,30 @@ class Gate:
             return self._grant_unbooked()
         start = self._now()
         self._purge(start)
+        turn = self._open_turn(session_key, route_kind, body, start)
+        deadline = start + self._max_wait if self._max_wait is not None else None
+        newer_than: float | None = None  # a re-evaluation needs usage read after the last release
+        try:
+            while True:  # read -> decide -> act, until admitted, refused or timed out
+                turn.attempt.checkpoint()
+                usage = await self.probe.usage(newer_than)
+                turn.attempt.checkpoint()
+                if usage is not None:
+                    self._usage = usage
+                decision, prefix = await self._decide_turn(turn, usage)
+                outcome = self._act(turn, decision, prefix, usage)
+                if isinstance(outcome, Lease):
+                    return outcome
+                await self._wait(turn.attempt, deadline, outcome.recheck_sec)
+                newer_than = self._changed_at
+        finally:
+            self._close_turn(turn)
+
+    def _open_turn(self, session_key: str | None, route_kind: str, body: Mapping[str, object], start: float) -> _Turn:
+        """Read what the body says once and book the attempt (superseding its session's older one)."""
         attempt = Attempt(named=session_key is not None)
         allowance = output_allowance(body)
+        kept_bytes = user_text_bytes(route_kind, body)  # the text every rendering keeps (`prompt_floor`)
         # Only named turns are priced; one compact encoding of the body bounds its prompt.
         # A body that does not hold its whole prompt (a Responses continuation) has no bound.
         bound = (
@@ -301,90 +354,103 @@ class Gate:
             if session_key is not None and self._prices_bodies and body_holds_prompt(route_kind, body)
             else None
         )
-        kept_bytes = user_text_bytes(route_kind, body)  # the text every rendering keeps (`prompt_floor`)
-        priority_field = route_kind in PRIORITY_FIELD_KINDS
         record: SessionRecord | None = None
         if session_key is not None:
             record, previous = self._book.begin_attempt(session_key, attempt, start, turn_key(route_kind, body))
             if isinstance(previous, Attempt):  # the book keeps this gate's attempts
                 self._supersede(previous)
         self._attempts[attempt] = None
-        deadline = start + self._max_wait if self._max_wait is not None else None
-        newer_than: float | None = None  # a re-evaluation needs usage read after the last release
-        held_on: PrefixReading | None = None  # the prefix reading of the attempt's last decision, and when
-        held_on_at = 0.0
+        return _Turn(
+            attempt=attempt,
+            record=record,
+            route_kind=route_kind,
+            body=body,
+            allowance=allowance,
+            bound=bound,
+            kept_bytes=kept_bytes,
+            priority_field=route_kind in PRIORITY_FIELD_KINDS,
+            start=start,
+        )
+
+    def _turn_view(self, turn: _Turn, usage: UsageReading | None) -> Any:
+        return self._view(turn.record, turn.attempt, turn.allowance, turn.bound, usage, turn.start, turn.priority_field)
+
+    async def _decide_turn(self, turn: _Turn, usage: UsageReading | None) -> tuple[Decision, PrefixReading | None]:
+        """The policy's decision on this reading, probing the prefix only when it asks to;
+        returns the decision and the prefix read for it (None: not probed or unavailable)."""
+        view = self._turn_view(turn, usage)
+        # A prompt the body alone proves too long is refused before any probe.
+        refusal = over_long(turn.kept_bytes, usage.max_model_len, usage.max_token_bytes) if usage else None
+        first = refusal or self.policy.decide(view, usage, None, self.settings)
+        if not isinstance(first, ProbeFirst):
+            return first, None
+        if turn.held_on is not None and self._now() - turn.held_on_at < HELD_READING_MAX_AGE_SEC:
+            # a held turn decides again on its recent reading first (see HELD_READING_MAX_AGE_SEC)
+            decision = self.policy.decide_read(view, usage, turn.held_on, self.settings)
+            if isinstance(decision, Wait):
+                return decision, None
+        probed_at = self._now()
         try:
-            while True:
-                attempt.checkpoint()
-                usage = await self.probe.usage(newer_than)
-                attempt.checkpoint()
-                if usage is not None:
-                    self._usage = usage
-                view = self._view(record, attempt, allowance, bound, usage, start, priority_field)
-                prefix: PrefixReading | None = None
-                # A prompt the body alone proves too long is refused before any probe.
-                refusal = over_long(kept_bytes, usage.max_model_len, usage.max_token_bytes) if usage else None
-                first = refusal or self.policy.decide(view, usage, None, self.settings)
-                if isinstance(first, ProbeFirst):
-                    decision: Decision | None = None
-                    if held_on is not None and self._now() - held_on_at < HELD_READING_MAX_AGE_SEC:
-                        # a held turn decides again on its recent reading first (see HELD_READING_MAX_AGE_SEC)
-                        decision = self.policy.decide_read(view, usage, held_on, self.settings)
-                    if not isinstance(decision, Wait):
-                        probed_at = self._now()
-                        try:
-                            prefix = await self.probe.prefix(route_kind, body)
-                        except PromptTooLong:  # the replica refused to render it: longer than it serves
-                            self._drop_window(record, WindowEnd.REVOKED)
-                            raise
-                        self._book.observe_prefix_probe(self._now() - probed_at)  # what the next probe may cost
-                        attempt.checkpoint()
-                        # windows may have changed during the probe
-                        view = self._view(record, attempt, allowance, bound, usage, start, priority_field)
-                        answer = PREFIX_UNAVAILABLE if prefix is None else prefix
-                        decision = self.policy.decide_read(view, usage, answer, self.settings)
-                        held_on, held_on_at = prefix, self._now()
-                else:
-                    decision = first
-                tokens = prefix.total_tokens if prefix is not None else None
-                if (
-                    prefix is not None
-                    and record is not None
-                    and (self.settings.mode == "shadow" or isinstance(decision, Admit))
-                ):
-                    self._count_reprefill(record.prompt_tokens, prefix, usage)
-                previous_tokens = record.prompt_tokens if record is not None else None
-                note = TurnNote(allowance, bound, prefix is not None, previous_tokens)
-                if self.settings.mode == "shadow":
-                    return self._grant_shadow(record, attempt, decision, start, tokens, note)
-                if isinstance(decision, Admit):
-                    lease = self._admit(record, attempt, decision, start, tokens, note)
-                    if decision.reprice_above is not None and self._book.window_blocks > decision.reprice_above:
-                        if not self._learns_usage or self._queue:
-                            self._reprice_later(record, route_kind, body, allowance, usage, bound)
-                        elif record is not None:  # its usage prices it, unless a turn must wait first
-                            self._unpriced[record] = (route_kind, body, allowance, usage, bound)
-                    return lease
-                # A window that another turn of the session is using stays (it ends with its turns).
-                shared = record is not None and record.in_flight > 0
-                if isinstance(decision, Reject):
-                    if not shared:
-                        self._drop_window(record, WindowEnd.REVOKED)
-                    raise PromptTooLong(decision.message)
-                if decision.drop_window and not shared:
-                    self._drop_window(record)
-                attempt.held = decision
-                await self._wait(attempt, deadline, decision.recheck_sec)
-                newer_than = self._changed_at
-        finally:
-            self._attempts.pop(attempt, None)
-            if attempt.queued:
-                self._leave_queue(attempt)
-            if record is not None:
-                ended = self._book.end_attempt(record, attempt, self._now())
-                if ended is not None:
-                    self._session_ended(ended)
-                self._publish_windows()
+            prefix = await self.probe.prefix(turn.route_kind, turn.body)
+        except PromptTooLong:  # the replica refused to render it: longer than it serves
+            self._drop_window(turn.record, WindowEnd.REVOKED)
+            raise
+        self._book.observe_prefix_probe(self._now() - probed_at)  # what the next probe may cost
+        turn.attempt.checkpoint()
+        view = self._turn_view(turn, usage)  # windows may have changed during the probe
+        answer = PREFIX_UNAVAILABLE if prefix is None else prefix
+        decision = self.policy.decide_read(view, usage, answer, self.settings)
+        turn.held_on, turn.held_on_at = prefix, self._now()
+        return decision, prefix
+
+    def _act(
+        self, turn: _Turn, decision: Decision, prefix: PrefixReading | None, usage: UsageReading | None
+    ) -> Lease | Wait:
+        """Carry out the decision: a lease (admitted, or shadow mode), PromptTooLong, or the
+        Wait the attempt now holds on (its window dropped first if the decision says so)."""
+        record, attempt = turn.record, turn.attempt
+        tokens = prefix.total_tokens if prefix is not None else None
+        if (
+            prefix is not None
+            and record is not None
+            and (self.settings.mode == "shadow" or isinstance(decision, Admit))
+        ):
+            self._count_reprefill(record.prompt_tokens, prefix, usage)
+        previous_tokens = record.prompt_tokens if record is not None else None
+        note = TurnNote(turn.allowance, turn.bound, prefix is not None, previous_tokens)
+        if self.settings.mode == "shadow":
+            return self._grant_shadow(record, attempt, decision, turn.start, tokens, note)
+        if isinstance(decision, Admit):
+            lease = self._admit(record, attempt, decision, turn.start, tokens, note)
+            if decision.reprice_above is not None and self._book.window_blocks > decision.reprice_above:
+                request = RepriceRequest(turn.route_kind, turn.body, turn.allowance, usage, turn.bound)
+                if not self._learns_usage or self._queue:
+                    self._reprice_later(record, request)
+                elif record is not None:  # its usage prices it, unless a turn must wait first
+                    self._unpriced[record] = request
+            return lease
+        # A window that another turn of the session is using stays (it ends with its turns).
+        shared = record is not None and record.in_flight > 0
+        if isinstance(decision, Reject):
+            if not shared:
+                self._drop_window(record, WindowEnd.REVOKED)
+            raise PromptTooLong(decision.message)
+        if decision.drop_window and not shared:
+            self._drop_window(record)
+        attempt.held = decision
+        return decision
+
+    def _close_turn(self, turn: _Turn) -> None:
+        """The attempt leaves the gate's books, whatever ended it."""
+        attempt, record = turn.attempt, turn.record
+        self._attempts.pop(attempt, None)
+        if attempt.queued:
+            self._leave_queue(attempt)
+        if record is not None:
+            ended = self._book.end_attempt(record, attempt, self._now())
+            if ended is not None:
+                self._session_ended(ended)
+            self._publish_windows()
 
     def _learn(self, record: SessionRecord, turn: TurnNote, prompt_tokens: int, cached_tokens: int | None) -> None:
         """A served turn's usage: its exact size goes into the session's history, prices its
@@ -433,38 +499,23 @@ class Gate:
         """A turn waits: the windows in flight still priced at their bound get their exact
         price from a probe now, not when their turns end."""
         unpriced, self._unpriced = self._unpriced, {}
-        for record, (route_kind, body, allowance, usage, bound) in unpriced.items():
+        for record, request in unpriced.items():
             if record.in_flight:
-                self._reprice_later(record, route_kind, body, allowance, usage, bound)
+                self._reprice_later(record, request)
 
-    def _reprice_later(
-        self,
-        record: SessionRecord | None,
-        route_kind: str,
-        body: Mapping[str, object],
-        allowance: int,
-        usage: UsageReading | None,
-        bound: int | None,
-    ) -> None:
+    def _reprice_later(self, record: SessionRecord | None, request: RepriceRequest) -> None:
         """Get the exact price of a window admitted at its upper bound (no probe on the turn's
         path) from a prefix probe that runs beside the forwarded turn."""
+        usage = request.usage
         if record is None or usage is None:  # never both with a bound price: anonymous or unknown usage
             return
-        task = asyncio.ensure_future(self._reprice(record, route_kind, body, allowance, usage, bound))
+        task = asyncio.ensure_future(self._reprice(record, request, usage))
         self._repricing.add(task)
         task.add_done_callback(self._repricing.discard)
 
-    async def _reprice(
-        self,
-        record: SessionRecord,
-        route_kind: str,
-        body: Mapping[str, object],
-        allowance: int,
-        usage: UsageReading,
-        bound: int | None,
-    ) -> None:
+    async def _reprice(self, record: SessionRecord, request: RepriceRequest, usage: UsageReading) -> None:
         try:
-            prefix = await self.probe.prefix(route_kind, body)
+            prefix = await self.probe.prefix(request.route_kind, request.body)
         except PromptTooLong:  # the turn itself is refused by the replica; nothing to re-price
             return
         if prefix is None or not prefix.total_tokens:
@@ -472,7 +523,7 @@ class Gate:
         assert self.policy.price is not None, (
             f"policy {self.policy.name} priced a window at a bound but cannot reprice it"
         )
-        self._apply_price(record, prefix, allowance, usage, bound)
+        self._apply_price(record, prefix, request.allowance, usage, request.bound)
 
     def _view(
         self,

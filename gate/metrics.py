@@ -21,8 +21,12 @@ SUPERSESSION_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100)
 class GateMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        r = registry
-        # ---- admission
+        self._register_admission(registry)
+        self._register_probes(registry)
+        self._register_ownership(registry)
+        self._register_dashboard(registry)
+
+    def _register_admission(self, r: CollectorRegistry) -> None:
         self.admissions = Counter(
             "kvgate_admissions", "Gate admissions by replica and reason.", ["replica", "reason"], registry=r
         )
@@ -60,7 +64,9 @@ class GateMetrics:
             ["replica", "cause"],
             registry=r,
         )
-        # ---- probes (the balancer's /metrics mirror times its reads here too)
+
+    def _register_probes(self, r: CollectorRegistry) -> None:
+        # the balancer's /metrics mirror times its reads here too
         self.probe_seconds = Histogram(
             "kvgate_probe_seconds",
             "Latency of replica probes.",
@@ -77,14 +83,18 @@ class GateMetrics:
         self.replica_kv_usage = Gauge(
             "kvgate_replica_kv_usage", "Last KV-cache usage read from each replica.", ["replica"], registry=r
         )
-        # ---- ownership (docs/ARCHITECTURE.md, Conflict detection)
+
+    def _register_ownership(self, r: CollectorRegistry) -> None:
+        # docs/ARCHITECTURE.md, Conflict detection
         self.gate_conflict = Gauge(
             "kvgate_gate_conflict",
             "1 while another gate also enforces (or tries to) on the replica.",
             ["replica"],
             registry=r,
         )
-        # ---- for the operator's dashboard and alerts (docs/observability.md)
+
+    def _register_dashboard(self, r: CollectorRegistry) -> None:
+        # for the operator's dashboard and alerts (docs/observability.md)
         self.admission_reason_wait = Histogram(
             "kvgate_admission_reason_wait_seconds",
             "Time a request was held at the gate, by admission reason.",

@@ -84,7 +84,7 @@ from kvgate.gate.policies.vocabulary import (
     WaitCause,
 )
 from kvgate.gate.policies.watermark import admit_open, watermark_decide
-from kvgate.gate.readings import UsageReading
+from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
 
 
@@ -167,6 +167,19 @@ def _decide(
         if view.has_window:  # cannot re-price it: keep the window at its last footprint
             return Admit(AdmissionReason.HOLDS_WINDOW, window=settings.retain_session)
         return watermark_decide(view.watermark, usage, prefix, settings)
+    return _decide_read(view, usage, prefix, settings, behind, behind_why)
+
+
+def _decide_read(
+    view: WorkingSetView,
+    usage: UsageReading,
+    prefix: PrefixReading,
+    settings: GateSettings,
+    behind: bool,
+    behind_why: str,
+) -> Decision:
+    """The decision table's rows that read the session's probed prefix (`_decide` has
+    ruled out every row that needs none). `behind`: a newcomer with named waiters ahead."""
     assert usage.num_total_blocks is not None and usage.num_free_blocks is not None
     usable = usable_blocks(usage, settings)
     if prefix.total_blocks > usable:
