@@ -1,6 +1,5 @@
-"""The size limit, checked as the layering is: no function in the parts listed here is
-over MAX_LINES lines (a long function gets split into named steps instead). A part joins
-SIZED_PARTS once its functions are within the limit."""
+"""The size limit, checked as the layering is: no function in the gate or the proxy is
+over MAX_LINES lines (a long function gets split into named steps instead)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_LINES = 60
-SIZED_PARTS = ("proxy",)
+SIZED_PARTS = ("gate", "proxy")
 
 
 def long_functions(source: str, limit: int = MAX_LINES) -> list[tuple[str, int]]:
