@@ -145,6 +145,11 @@ class KvAnswer:
     sending it: a text of `n` bytes renders to at least `n / max_token_bytes` tokens.
     `scheduling_policy` is the server's `--scheduling-policy` ("fcfs" or "priority"): under
     "priority" a request's `priority` field orders it (lower first) and picks preemption victims.
+
+    Pins (`wire.kv_pins`; None from a server that keeps none): `num_pinned_blocks` are
+    the blocks pins hold, each once (never free: counted in `kv_cache_usage`), `num_pinned_sessions`
+    the sessions holding a pin, `num_pin_yields` the pins released since start because a
+    request needed their blocks.
     """
 
     kv_cache_usage: float
@@ -163,6 +168,9 @@ class KvAnswer:
     max_model_len: int | None = None
     max_token_bytes: int | None = None
     scheduling_policy: str | None = None
+    num_pinned_blocks: int | None = None
+    num_pinned_sessions: int | None = None
+    num_pin_yields: int | None = None
     engine: int | None = None
     engines: tuple[KvAnswer, ...] = ()
     version: int = PROBE_API_VERSION
@@ -182,6 +190,9 @@ class KvAnswer:
         prefill_share: float | None = None,
         token_sec: float | None = None,
         busy_share: float | None = None,
+        num_pinned_blocks: int | None = None,
+        num_pinned_sessions: int | None = None,
+        num_pin_yields: int | None = None,
     ) -> KvAnswer:
         """One engine's answer from its raw figures (`num_gpu_blocks` with the null block)."""
         num_total_blocks = max(num_gpu_blocks - 1, 0)
@@ -199,6 +210,9 @@ class KvAnswer:
             prefill_share=prefill_share,
             token_sec=token_sec,
             busy_share=busy_share,
+            num_pinned_blocks=num_pinned_blocks,
+            num_pinned_sessions=num_pinned_sessions,
+            num_pin_yields=num_pin_yields,
         )
 
     @property
@@ -236,6 +250,9 @@ class KvAnswer:
             max_model_len=_at_least_one(doc, "max_model_len"),
             max_token_bytes=_at_least_one(doc, "max_token_bytes"),
             scheduling_policy=_scheduling_policy(doc),
+            num_pinned_blocks=_count(doc, "num_pinned_blocks"),
+            num_pinned_sessions=_count(doc, "num_pinned_sessions"),
+            num_pin_yields=_count(doc, "num_pin_yields"),
             engine=_count(doc, "engine"),
             engines=_engines(doc, cls.parse),
             version=_version(doc),
@@ -285,6 +302,9 @@ def merge_kv(per_engine: Sequence[KvAnswer]) -> KvAnswer:
         num_cached_blocks=_summed(per_engine, "num_cached_blocks"),
         num_running=_summed(per_engine, "num_running"),
         num_waiting=_summed(per_engine, "num_waiting"),
+        num_pinned_blocks=_summed(per_engine, "num_pinned_blocks"),
+        num_pinned_sessions=_summed(per_engine, "num_pinned_sessions"),
+        num_pin_yields=_summed(per_engine, "num_pin_yields"),
         block_size=per_engine[0].block_size,
         prefill_tokens_per_sec=_slowest((a.prefill_tokens_per_sec for a in per_engine), min),
         decode_step_sec=_slowest((a.decode_step_sec for a in per_engine), max),

@@ -48,6 +48,11 @@ from kvgate.wire.routes import PROMPT_KINDS
 BLOCK = 16
 
 
+# The pin fields, until the plugin's retention connector and the simulated replica's pins
+# answer them (in progress on their branches); the merge of each removes them here.
+PINS_NOT_YET_SERVED = {"num_pinned_blocks", "num_pinned_sessions", "num_pin_yields"}
+
+
 def unset_fields(message) -> set[str]:
     """The fields of a wire message that neither it nor any of its engine entries sets."""
     nodes = [message, *getattr(message, "engines", ())]
@@ -80,6 +85,9 @@ def full_kv() -> KvAnswer:
             prefill_share=0.4,
             token_sec=1e-4,
             busy_share=busy,
+            num_pinned_blocks=3,
+            num_pinned_sessions=1,
+            num_pin_yields=0,
         )
         for free, busy in ((40, 0.5), (30, 0.75))
     ]
@@ -178,7 +186,7 @@ async def test_the_simulated_replica_answers_every_field_of_every_message(replic
                 assert resp.status == 200, await resp.text()
         async with http.get(base + KV_PATH) as resp:
             kv = assert_round_trips(KvAnswer, await resp.json())
-        assert unset_fields(kv) == set()
+        assert unset_fields(kv) - PINS_NOT_YET_SERVED == set()
         assert kv.num_gpu_blocks == kv.num_total_blocks + 1 == 65
         assert (kv.max_model_len, kv.max_token_bytes) == (replica.engine.config.effective_max_model_len, 48)
 
@@ -305,7 +313,7 @@ async def test_the_plugins_builders_answer_every_field_of_every_message(monkeypa
     monkeypatch.setattr(endpoint_plugin, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
     await service.kv_answer()
     kv = assert_round_trips(KvAnswer, (await service.kv_answer()).to_json())
-    assert unset_fields(kv) == set()
+    assert unset_fields(kv) - PINS_NOT_YET_SERVED == set()
     assert [engine.engine for engine in kv.engines] == [0, 1] and kv.num_total_blocks == 128
     assert (kv.max_model_len, kv.max_token_bytes) == (4096, 8)  # "▁hello": 3 + 5 bytes
 

@@ -1,0 +1,155 @@
+"""The one scripted sequence every server that keeps KV pins must pass (`wire.kv_pins`).
+
+Run against the vLLM plugin's retention connector (tests/vllm) and the simulated replica
+(tests/simulator), over HTTP, with the same steps and the same assertions: that is what
+ties the simulator's pins to the engine's. Prompts are token ids (`/v1/completions`), so
+their block counts are exact on both; sizes are read from the replica's kv answer.
+
+The replica must be otherwise idle, have prefix caching on, serve `/v1/completions` with
+token-id prompts of up to `num_total_blocks - 1` blocks, and hold no pin at the start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from kvgate.wire.kv_pins import RELEASE_PATH, Pin, ReleaseAnswer, ReleaseQuery, make_pin, with_pin
+from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, KvAnswer, PrefixAnswer
+
+TOKEN_RANGE = (3, 1000)  # ids every test vocabulary has (the tiny vLLM model's is 1024)
+
+
+@dataclass
+class PinReplica:
+    """A replica under test: its URL, served model, the headers a gate sends (client key and
+    replica key) and the replica key pins are proved with (None: an open replica API).
+    `preemptions`, when given, reads the engine's preemption count."""
+
+    url: str
+    model: str
+    headers: dict
+    replica_key: str | None
+    preemptions: Callable[[], Awaitable[float]] | None = None
+
+
+class _Client:
+    def __init__(self, replica: PinReplica, http: aiohttp.ClientSession):
+        self.replica, self.http = replica, http
+
+    async def _json(self, method: str, path: str, body: dict | None = None) -> dict:
+        async with self.http.request(method, self.replica.url + path, json=body, headers=self.replica.headers) as r:
+            doc = await r.json(content_type=None)
+            assert r.status == 200, f"{method} {path}: {r.status} {doc}"
+            return doc
+
+    async def kv(self) -> KvAnswer:
+        return KvAnswer.parse(await self._json("GET", KV_PATH))
+
+    async def prefix_hits(self, prompt: list[int]) -> int:
+        return PrefixAnswer.parse(await self._json("POST", PREFIX_PATH, {"token_ids": prompt})).hit_blocks
+
+    async def turn(self, prompt: list[int], pin: Pin | dict | None = None) -> None:
+        body: dict = {"model": self.replica.model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+        if isinstance(pin, Pin):
+            body = with_pin(body, pin)
+        elif pin is not None:
+            body["kv_transfer_params"] = {"kvgate_pin": pin}
+        await self._json("POST", "/v1/completions", body)
+
+    async def release(self, *sessions: str) -> ReleaseAnswer:
+        return ReleaseAnswer.parse(await self._json("POST", RELEASE_PATH, ReleaseQuery(sessions).to_json()))
+
+    def pin(self, session: str, ttl_sec: float = 120.0) -> Pin:
+        return make_pin(session, ttl_sec, self.replica.replica_key)
+
+
+def prompt_of(seed: int, num_blocks: int, block_size: int) -> list[int]:
+    """A prompt of exactly `num_blocks` full blocks, distinct for each seed."""
+    rng = random.Random(seed)
+    return [rng.randrange(*TOKEN_RANGE) for _ in range(num_blocks * block_size)]
+
+
+async def run_pin_sequence(replica: PinReplica, http: aiohttp.ClientSession) -> None:
+    """Every step of the pin semantics, asserting each; leaves the replica with no pin."""
+    client = _Client(replica, http)
+    kv = await client.kv()
+    assert kv.num_pinned_blocks == 0 and kv.num_pinned_sessions == 0, f"pins at the start: {kv}"
+    assert kv.num_total_blocks and kv.block_size, f"the kv answer has no block counts: {kv}"
+    total, size = kv.num_total_blocks, kv.block_size
+    before = await replica.preemptions() if replica.preemptions else None
+    await _survives_a_flood(client, total, size)
+    await _replaced_then_released(client, total, size)
+    await _invalid_pins_are_ignored(client, size)
+    await _ttl_expires(client, size)
+    await _yields_to_a_request(client, total, size)
+    if replica.preemptions:
+        assert await replica.preemptions() == before, "a pin caused a preemption"
+    kv = await client.kv()
+    assert kv.num_pinned_blocks == 0 and kv.num_pinned_sessions == 0, f"pins left at the end: {kv}"
+
+
+async def _survives_a_flood(client: _Client, total: int, size: int) -> None:
+    """A pinned window stays resident through a flood that evicts an unpinned one."""
+    window = max(2, total // 8)
+    pinned, unpinned = prompt_of(1, window, size), prompt_of(2, window, size)
+    await client.turn(pinned, client.pin("a"))
+    await client.turn(unpinned)
+    kv = await client.kv()
+    assert kv.num_pinned_sessions == 1 and kv.num_pinned_blocks >= window, f"after a pinned turn: {kv}"
+    assert await client.prefix_hits(pinned) == window
+    flood = max(1, total // 4)
+    for seed in range(100, 100 + 3 * -(-total // flood)):  # the cache over three times
+        await client.turn(prompt_of(seed, flood, size))
+    assert await client.prefix_hits(pinned) == window, "the pinned window was evicted by the flood"
+    assert await client.prefix_hits(unpinned) < window / 2, "the flood did not evict the unpinned window"
+
+
+async def _replaced_then_released(client: _Client, total: int, size: int) -> None:
+    """A session's next pinned turn replaces its pin; a release frees exactly what it held."""
+    window = max(2, total // 8)
+    longer = prompt_of(1, window, size) + prompt_of(3, 2, size)
+    await client.turn(longer, client.pin("a"))
+    kv = await client.kv()
+    assert kv.num_pinned_sessions == 1, f"a second pinned turn of one session: {kv}"
+    assert window + 2 <= (kv.num_pinned_blocks or 0) <= window + 3, f"the pin was not replaced: {kv}"
+    answer = await client.release("a")
+    assert answer == ReleaseAnswer(1, kv.num_pinned_blocks or 0), answer
+    assert await client.release("a", "never-pinned") == ReleaseAnswer(0, 0)
+    kv = await client.kv()
+    assert kv.num_pinned_blocks == 0 and kv.num_pinned_sessions == 0, f"after the release: {kv}"
+    assert await client.prefix_hits(longer) == window + 2, "a release must leave the blocks cached"
+
+
+async def _invalid_pins_are_ignored(client: _Client, size: int) -> None:
+    """A pin without the replica key's proof, or a malformed one, is served unpinned."""
+    if client.replica.replica_key:
+        await client.turn(prompt_of(4, 2, size), Pin("b", 120.0, "00" * 32))
+    await client.turn(prompt_of(5, 2, size), {"session": "c", "ttl_sec": -1})
+    kv = await client.kv()
+    assert kv.num_pinned_sessions == 0, f"an invalid pin was kept: {kv}"
+
+
+async def _ttl_expires(client: _Client, size: int) -> None:
+    """A pin ends by itself `ttl_sec` after its turn, with no release."""
+    await client.turn(prompt_of(6, 2, size), client.pin("d", ttl_sec=1.0))
+    assert (await client.kv()).num_pinned_sessions == 1
+    await asyncio.sleep(1.5)
+    kv = await client.kv()
+    assert kv.num_pinned_sessions == 0 and kv.num_pinned_blocks == 0, f"the pin outlived its ttl: {kv}"
+
+
+async def _yields_to_a_request(client: _Client, total: int, size: int) -> None:
+    """Pins give their blocks to a request that cannot fit otherwise: it is served, no
+    preemption, and the yield is counted."""
+    yields = (await client.kv()).num_pin_yields or 0
+    await client.turn(prompt_of(7, total // 2, size), client.pin("e"))
+    assert (await client.kv()).num_pinned_sessions == 1
+    await client.turn(prompt_of(8, total - 1, size))
+    kv = await client.kv()
+    assert kv.num_pinned_sessions == 0, f"the pin did not yield to a request that needed its blocks: {kv}"
+    assert (kv.num_pin_yields or 0) > yields, f"the yield was not counted: {kv}"
