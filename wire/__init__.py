@@ -9,6 +9,8 @@ say to one another is defined here, once, and every side builds and parses with 
 - `probe_api`: the probe API's paths and version, and its typed messages
   (`PrefixQuery`, `KvAnswer`, `PrefixAnswer`) that build, parse with validation, merge;
 - `owner_record`: the owner record (claim, renew, release, answer) and its pure record;
+- `kv_pins`: KV pins (a turn's pin, its proof, the release) and `pin_book`, the pure
+  books both pin-keeping servers share;
 - `replica_auth`: the replica key a gate shows and a server checks;
 - `errors`: the OpenAI and Anthropic error envelopes;
 - `blocks`: block arithmetic both the gate and the engines count with.
