@@ -5,7 +5,9 @@ Both functions take an ``EngineCore`` (or anything with the same ``scheduler`` a
 tests/vllm against the real ``KVCacheManager``/``BlockPool``:
 
 - no block is allocated, freed or touched: the free queue's LRU order, every ref
-  count and the block-hash map are unchanged;
+  count and the block-hash map are unchanged (one exception: with the retention
+  connector loaded, the kv answer first ends KV pins whose ttl has passed, as the next
+  scheduler step would, so a ttl ends on an idle engine too);
 - no prefix-cache statistic is recorded (``make_stats``/``make_prefix_cache_stats``
   reset counters and are never called) and no KV event is queued;
 - the throw-away ``Request`` built to hash the prompt is never registered anywhere.
@@ -16,13 +18,15 @@ release by ``compat_check``; feature-detected: a missing one yields ``{"error": 
 ``get_num_free_blocks()``, ``cached_block_hash_to_block``),
 ``scheduler.get_request_counts()``, ``scheduler.block_size``,
 ``kv_cache_manager.coordinator.find_longest_cache_hit(block_hashes, max_length)``,
-``EngineCore.request_block_hasher`` and ``vllm.v1.request.Request``.
+``EngineCore.request_block_hasher`` and ``vllm.v1.request.Request``; the kv answer's pin
+fields come from the retention connector's ``PinKeeper`` (``scheduler.connector``), when loaded.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from kvgate.vllm_plugin.pin_keeper import pin_figures
 from kvgate.vllm_plugin.support import SUPPORTED_TEXT
 from kvgate.wire.probe_api import KvAnswer, PrefixAnswer
 
@@ -60,6 +64,7 @@ def kv_answer(engine_core: Any) -> dict:
             block_size=int(scheduler.block_size),
             num_running=int(num_running),
             num_waiting=int(num_waiting),
+            **pin_figures(engine_core),
         ).to_json()
     except (AttributeError, TypeError, ValueError) as exc:
         return _unsupported("read KV usage", exc)

@@ -100,6 +100,8 @@ RESPONSES_PROTOCOL = "vllm.entrypoints.openai.responses.protocol"
 APP_STATE = "vllm.entrypoints.launchers.api_server.app_state"
 GENERATE_ROUTES = "vllm.entrypoints.generate.api_router"
 METRICS = "vllm.v1.metrics.loggers"
+CONNECTOR_BASE = "vllm.distributed.kv_transfer.kv_connector.v1.base"
+KV_UTILS = "vllm.v1.core.kv_cache_utils"
 
 _PLUGIN = "engine_plugin.install_probes"
 _KV = "engine_probes.kv_answer"
@@ -231,7 +233,45 @@ RENDERING: tuple[Internal, ...] = (
     Call(RESPONSES, "OpenAIServingResponses._maybe_get_adapters", _RESPONSES, positional=1),
 )
 
-TOUCHED: tuple[Internal, ...] = ENGINE_CORE + API_SERVER + RENDERING
+_CONNECTOR = "retention_connector.KvgateRetentionConnector"
+_KEEPER = "pin_keeper.PinKeeper"
+_BASE = "KVConnectorBase_V1"
+
+RETENTION: tuple[Internal, ...] = (
+    # vLLM loads the connector by module path and builds it with three arguments.
+    Text("vllm.distributed.kv_transfer.kv_connector.factory", "kv_connector_module_path", _CONNECTOR),
+    Symbol(CONNECTOR_BASE, _BASE, _CONNECTOR),
+    Symbol(CONNECTOR_BASE, "KVConnectorMetadata", "retention_connector.KvgateRetentionMetadata"),
+    Call(CONNECTOR_BASE, _BASE, _CONNECTOR, positional=3),
+    Member(CONNECTOR_BASE, f"{_BASE}.requires_kv_delivery", _CONNECTOR),
+    # What the scheduler calls on it (the abstract methods and the two hooks it uses).
+    Call(CONNECTOR_BASE, f"{_BASE}.bind_kv_cache_manager", _CONNECTOR, positional=1),
+    Call(CONNECTOR_BASE, f"{_BASE}.get_num_new_matched_tokens", _CONNECTOR, positional=2, returns=2),
+    Call(CONNECTOR_BASE, f"{_BASE}.update_state_after_alloc", _CONNECTOR, positional=3),
+    Call(CONNECTOR_BASE, f"{_BASE}.build_connector_meta", _CONNECTOR, positional=1),
+    Call(CONNECTOR_BASE, f"{_BASE}.request_finished", _CONNECTOR, positional=2, returns=2),
+    Call(CONNECTOR_BASE, f"{_BASE}.start_load_kv", _CONNECTOR, positional=1),
+    Call(CONNECTOR_BASE, f"{_BASE}.wait_for_layer_load", _CONNECTOR, positional=1),
+    Call(CONNECTOR_BASE, f"{_BASE}.save_kv_layer", _CONNECTOR, positional=3),
+    Call(CONNECTOR_BASE, f"{_BASE}.wait_for_save", _CONNECTOR),
+    Member(REQUEST, "Request.kv_transfer_params", _CONNECTOR),
+    # Pins are references in the scheduler's block pool; allocations that fail yield them.
+    Call(KV_MANAGER, "KVCacheManager.allocate_slots", "pin_keeper.PinKeeper.yielding", positional=2),
+    Member(BLOCK_POOL, "BlockPool.blocks", _KEEPER),
+    Call(BLOCK_POOL, "BlockPool.touch", _KEEPER, positional=1),
+    Call(BLOCK_POOL, "BlockPool.free_blocks", _KEEPER, positional=1),
+    Member(KV_UTILS, "KVCacheBlock.is_null", _KEEPER),
+    Member(KV_UTILS, "KVCacheBlock.block_hash", _KEEPER),
+    # The engine core's utility methods find the keeper through the scheduler's connector.
+    Member(SCHEDULER, "Scheduler.connector", "pin_keeper.keeper_of"),
+    Member(
+        "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector",
+        "MultiConnector._connectors",
+        "pin_keeper.keeper_of",
+    ),
+)
+
+TOUCHED: tuple[Internal, ...] = ENGINE_CORE + API_SERVER + RENDERING + RETENTION
 
 
 def applies(entry: Internal, release: Release) -> bool:

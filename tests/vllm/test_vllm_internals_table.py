@@ -20,7 +20,15 @@ from kvgate.vllm_plugin.vllm_internals import TOUCHED, Assigned, Internal, Text
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "kvgate_vllm"
 # The modules that run inside vLLM and read its objects.
-TOUCHING = ("engine_plugin.py", "engine_probes.py", "endpoint_plugin.py", "rendering.py", "engine_rates.py")
+TOUCHING = (
+    "engine_plugin.py",
+    "engine_probes.py",
+    "endpoint_plugin.py",
+    "rendering.py",
+    "engine_rates.py",
+    "pin_keeper.py",
+    "retention_connector.py",
+)
 NOT_VLLM = {
     "__name__": "Python",
     "get": "dict.get, APIRouter.get",
@@ -44,6 +52,7 @@ NOT_VLLM = {
     "app": "starlette Request.app",
     "post": "fastapi APIRouter.post",
     "include_router": "fastapi",
+    "fromkeys": "dict.fromkeys",
 }
 
 
