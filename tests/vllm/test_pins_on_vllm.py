@@ -67,11 +67,10 @@ async def test_a_pinned_window_hits_whole_after_a_flood_and_an_unpinned_one_does
         pinned, unpinned = prompt_of(21, window, size), prompt_of(22, window, size)
         await client.turn(pinned, client.pin("measured"))
         await client.turn(unpinned)
-        for seed in range(200, 200 + 3 * -(-total // flood)):
+        turns = 3 * -(-total // flood)  # the cache over three times
+        for seed in range(200, 200 + turns):
             await client.turn(prompt_of(seed, flood, size))
         hits = await client.prefix_hits(pinned) / window, await client.prefix_hits(unpinned) / window
         await client.release("measured")
-    print(
-        f"window of {window} blocks after a flood of {3 * -(-total // flood)} x {flood} blocks: pinned hit {hits[0]:.2f}, unpinned hit {hits[1]:.2f}"
-    )
+    print(f"window of {window} blocks, flood of {turns} x {flood}: pinned hit {hits[0]:.2f}, unpinned {hits[1]:.2f}")
     assert hits == (1.0, 0.0)

@@ -31,7 +31,9 @@ from kvgate.vllm_plugin import endpoint_plugin, jsonio
 from kvgate.vllm_plugin.endpoint_plugin import ProbeService
 from kvgate.vllm_plugin.engine_plugin import PREFIX_ANSWER_METHOD, install_probes
 from kvgate.vllm_plugin.engine_rates import READ_INTERVAL_SEC
+from kvgate.vllm_plugin.pin_keeper import PinKeeper
 from kvgate.wire.errors import anthropic_error, openai_error
+from kvgate.wire.kv_pins import ReleaseAnswer, make_pin
 from kvgate.wire.owner_record import OWNER_PATH, OwnerAnswer, OwnerBook, OwnerClaim
 from kvgate.wire.probe_api import (
     KV_PATH,
@@ -48,8 +50,8 @@ from kvgate.wire.routes import PROMPT_KINDS
 BLOCK = 16
 
 
-# The pin fields, until the plugin's retention connector and the simulated replica's pins
-# answer them (in progress on their branches); the merge of each removes them here.
+# The pin fields, until the simulated replica's pins answer them (in progress on its
+# branch; its merge removes them here). The plugin's retention connector answers them.
 PINS_NOT_YET_SERVED = {"num_pinned_blocks", "num_pinned_sessions", "num_pin_yields"}
 
 
@@ -236,6 +238,21 @@ async def test_the_simulated_replica_answers_every_field_of_every_message(replic
 # ------------------------------------------------------ the vLLM plugin (unit level)
 
 
+class StandInBlockPool:
+    """What `PinKeeper` does to vLLM's BlockPool: reference counts on hashed blocks."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.blocks = [SimpleNamespace(is_null=i == 0, block_hash=i or None, ref_cnt=0) for i in range(num_blocks)]
+
+    def touch(self, blocks) -> None:
+        for block in blocks:
+            block.ref_cnt += 1
+
+    def free_blocks(self, blocks) -> None:
+        for block in blocks:
+            block.ref_cnt -= 1
+
+
 class StandInEngineCore:
     """What the plugin's engine-core methods read of vLLM's EngineCore (``scheduler``,
     ``step``), with a scheduler whose steps take time in proportion to their tokens, so
@@ -252,6 +269,7 @@ class StandInEngineCore:
             block_size=BLOCK,
             get_request_counts=lambda: (running, 1),
             schedule=self._schedule,
+            connector=SimpleNamespace(kvgate_pins=PinKeeper(StandInBlockPool(8), None)),
         )
         self._tokens = 0
 
@@ -281,6 +299,8 @@ class StandInEngineClient:
 
 async def test_the_plugins_builders_answer_every_field_of_every_message(monkeypatch):
     cores = [StandInEngineCore(free_blocks=40, running=2), StandInEngineCore(free_blocks=20, running=3)]
+    for core, blocks in zip(cores, ([1, 2, 3], [4, 5]), strict=True):  # a finished turn's blocks, each engine's pin
+        core.scheduler.connector.kvgate_pins.finished({"kvgate_pin": make_pin("s", 60, None).to_json()}, blocks)
     for core in cores:
         for index in range(40):
             core.step(10 + 8 * index)  # varied step sizes: a marginal cost can be fitted
@@ -313,8 +333,11 @@ async def test_the_plugins_builders_answer_every_field_of_every_message(monkeypa
     monkeypatch.setattr(endpoint_plugin, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
     await service.kv_answer()
     kv = assert_round_trips(KvAnswer, (await service.kv_answer()).to_json())
-    assert unset_fields(kv) - PINS_NOT_YET_SERVED == set()
+    assert unset_fields(kv) == set()
     assert [engine.engine for engine in kv.engines] == [0, 1] and kv.num_total_blocks == 128
+    assert (kv.num_pinned_blocks, kv.num_pinned_sessions, kv.num_pin_yields) == (5, 2, 0)
+    released = assert_round_trips(ReleaseAnswer, (await service.release({"sessions": ["s"]})).to_json())
+    assert released == ReleaseAnswer(2, 5)  # every engine released its pin of the session
     assert (kv.max_model_len, kv.max_token_bytes) == (4096, 8)  # "▁hello": 3 + 5 bytes
 
     query = PrefixQuery("token_ids", list(range(70)), cache_salt="tenant", model="m")
