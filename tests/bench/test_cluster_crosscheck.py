@@ -2,7 +2,8 @@
 
 `kvgate bench agentic` runs real processes (two simulated replicas, the kvgate proxy,
 the HTTP client) in real time; `kvgate sim cluster` runs the same gate, balancer and
-engine model in one process in virtual time. On the same sessions and replica shape
+engine model in one process in virtual time, on the proxy's own turn path: in both, the
+gate learns each served turn's size and hit from its usage (`Lease.learn`). On the same sessions and replica shape
 they must agree within:
 
 - hit rate: 0.05 absolute. Both engines are the same code fed the same token
