@@ -14,12 +14,6 @@ from kvgate.gate.policies.pricing import (
     turn_growth_tokens,
 )
 from kvgate.gate.policies.registry import POLICIES, WATERMARK, WORKING_SET, get_policy
-from kvgate.gate.policies.request_body import (
-    _MEDIA_MARKERS,
-    TEMPLATE_MARGIN_TOKENS,
-    output_allowance,
-    prompt_token_bound,
-)
 from kvgate.gate.policies.views import WorkingSetView
 from kvgate.gate.policies.vocabulary import (
     PREFIX_UNAVAILABLE,
@@ -33,6 +27,12 @@ from kvgate.gate.policies.vocabulary import (
 )
 from kvgate.gate.policies.working_set import working_set_decide
 from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.request_body import (
+    _MEDIA_MARKERS,
+    TEMPLATE_MARGIN_TOKENS,
+    output_allowance,
+    prompt_token_bound,
+)
 from kvgate.gate.settings import GateSettings
 from tests.gate.helpers import asks_probe
 
