@@ -8,7 +8,7 @@ computed when read); a policy's view type reads the ones that policy decides on
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 # The late idle windows, read when called: (their footprints, seconds until the next
@@ -166,27 +166,9 @@ class WorkingSetView:
 
     @classmethod
     def read(cls, facts: GateFacts) -> WorkingSetView:
-        return cls(
-            anonymous=facts.anonymous,
-            has_window=facts.has_window,
-            idle_window_blocks=facts.idle_window_blocks,
-            older_window_blocks=facts.older_window_blocks,
-            max_output_tokens=facts.max_output_tokens,
-            waiters_ahead=facts.waiters_ahead,
-            last_prompt_tokens=facts.last_prompt_tokens,
-            last_growth_tokens=facts.last_growth_tokens,
-            mean_growth_tokens=facts.mean_growth_tokens,
-            prompt_bound_tokens=facts.prompt_bound_tokens,
-            last_prompt_bound=facts.last_prompt_bound,
-            replica_idle_sec=facts.replica_idle_sec,
-            expected_gap_sec=facts.expected_gap_sec,
-            waited_sec=facts.waited_sec,
-            tokens_per_byte=facts.tokens_per_byte,
-            recent_turn_sec=facts.recent_turn_sec,
-            prefix_probe_sec=facts.prefix_probe_sec,
-            late_windows=facts.late_windows,
-            priority_field=facts.priority_field,
-        )
+        """The view of `facts`: each field read off the fact of the same name (the late
+        windows as the accessor itself, called only by the policy branch that needs them)."""
+        return cls(**{name: getattr(facts, name) for name in _WORKING_SET_FIELDS})
 
     @classmethod
     def read_price(cls, facts: GateFacts) -> WorkingSetView:
@@ -204,3 +186,7 @@ class WorkingSetView:
     def watermark(self) -> WatermarkView:
         """The same turn as the watermark policy sees it (this policy's fallback)."""
         return WatermarkView(anonymous=self.anonymous, has_window=self.has_window)
+
+
+# Every field of the view is a fact of the same name: one list, read off the class.
+_WORKING_SET_FIELDS = tuple(f.name for f in fields(WorkingSetView))

@@ -636,3 +636,17 @@ def test_registry():
 def test_a_renamed_policy_is_refused_with_its_new_name(old, new):
     with pytest.raises(ValueError, match=f"gate.policy {old!r} was renamed {new!r}"):
         get_policy(old)
+
+
+def test_every_view_field_is_a_fact_of_the_same_name():
+    """`WorkingSetView.read` reads each field off the fact of its name: the protocol and the
+    shell's facts must offer every one (a new field without its fact fails here, not at run time)."""
+    from dataclasses import fields
+
+    from kvgate.gate.policies.views import GateFacts, WatermarkView
+    from kvgate.gate.turn_facts import TurnFacts
+
+    for view in (WorkingSetView, WatermarkView):
+        for name in (f.name for f in fields(view)):
+            assert hasattr(GateFacts, name), f"GateFacts lacks {name}"
+            assert hasattr(TurnFacts, name), f"TurnFacts lacks {name}"
