@@ -56,8 +56,8 @@ from enum import StrEnum
 
 from kvgate.gate.late_index import LateIndex
 from kvgate.gate.ordered_sums import OrderedSums
-from kvgate.gate.policies.economics import late_after, quiet_lifetime
-from kvgate.gate.policies.request_body import body_bytes
+from kvgate.gate.request_body import body_bytes
+from kvgate.gate.window_lifetime import late_after, quiet_lifetime
 from kvgate.wire.blocks import cdiv
 
 
@@ -89,7 +89,7 @@ class SessionRecord:
     in_flight: int = 0
     has_window: bool = False
     footprint: int = 0  # the window's price in blocks (/admin/state: resident_blocks)
-    # The attempts still acquiring, by turn (`route_prompts.turn_key`): the newest attempt of
+    # The attempts still acquiring, by turn (`request_body.turn_key`): the newest attempt of
     # each distinct turn (the shell's tokens, compared by identity). A re-sent turn replaces
     # its older attempt; distinct turns of one session acquire side by side.
     attempts: dict[str, object] = field(default_factory=dict)
@@ -187,7 +187,7 @@ class SessionBook:
         heapq.heappush(self._deadlines, (when, self._seq, rec.key, rec.idle_gen))
 
     def quiet_lifetime(self, rec: SessionRecord) -> float:
-        """How long the record's window may stay idle (`policies.quiet_lifetime`)."""
+        """How long the record's window may stay idle (`window_lifetime.quiet_lifetime`)."""
         gap = rec.gap_ewma if rec.last_gap is None else max(rec.gap_ewma or 0.0, rec.last_gap)
         return quiet_lifetime(gap, self.replica_gap_ewma, self.quiet_factor, self.quiet_floor, self.grace)
 
@@ -288,7 +288,7 @@ class SessionBook:
     def begin_attempt(
         self, key: str, attempt: object, now: float, turn: str = ""
     ) -> tuple[SessionRecord, object | None]:
-        """Make `attempt` the newest of its `turn` (`route_prompts.turn_key`); return the record
+        """Make `attempt` the newest of its `turn` (`request_body.turn_key`); return the record
         and the attempt of the same turn it replaces (a re-sent turn supersedes its waiting
         attempt; a distinct turn of the session replaces nothing)."""
         rec = self.records.get(key)

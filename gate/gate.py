@@ -50,7 +50,7 @@ Invariants (each has a test):
   window ends when its session goes quiet (`SessionBook`), and a waiter whose policy
   names a `recheck_sec` (the work-conserving rule) re-decides by then.
 - A prompt turn whose body proves it longer than the replica's `max_model_len`
-  (`prompt_floor.over_long`, from the last usage reading) is refused before the policy
+  (`request_body.over_long`, from the last usage reading) is refused before the policy
   decides: no prefix probe, never forwarded (in `shadow` mode it is recorded as
   `shadow_prompt_too_long`, unprobed, and forwarded).
 - mode `off`: admit `open` with no probe and no session bookkeeping
@@ -77,7 +77,6 @@ from kvgate.gate.errors import AdmissionError, AdmissionSuperseded, AdmissionTim
 from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.observations import reprefill_tokens
 from kvgate.gate.policies.registry import Policy, get_policy
-from kvgate.gate.policies.request_body import output_allowance, prompt_token_bound
 from kvgate.gate.policies.vocabulary import (
     PREFIX_UNAVAILABLE,
     AdmissionReason,
@@ -88,9 +87,15 @@ from kvgate.gate.policies.vocabulary import (
     Wait,
 )
 from kvgate.gate.probe import Probe
-from kvgate.gate.prompt_floor import over_long, user_text_bytes
 from kvgate.gate.readings import PrefixReading, UsageReading
-from kvgate.gate.route_prompts import body_holds_prompt, turn_key
+from kvgate.gate.request_body import (
+    body_holds_prompt,
+    output_allowance,
+    over_long,
+    prompt_token_bound,
+    turn_key,
+    user_text_bytes,
+)
 from kvgate.gate.settings import GateSettings
 from kvgate.gate.turn_facts import TurnFacts
 from kvgate.wire.routes import PRIORITY_FIELD_KINDS, PROMPT_KINDS
@@ -346,7 +351,7 @@ class Gate:
         """Read what the body says once and book the attempt (superseding its session's older one)."""
         attempt = Attempt(named=session_key is not None)
         allowance = output_allowance(body)
-        kept_bytes = user_text_bytes(route_kind, body)  # the text every rendering keeps (`prompt_floor`)
+        kept_bytes = user_text_bytes(route_kind, body)  # the text every rendering keeps (`request_body`)
         # Only named turns are priced; one compact encoding of the body bounds its prompt.
         # A body that does not hold its whole prompt (a Responses continuation) has no bound.
         bound = (

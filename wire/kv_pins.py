@@ -156,7 +156,7 @@ class ReleaseAnswer:
     def parse(cls, doc: object) -> ReleaseAnswer:
         if not isinstance(doc, dict):
             raise PinError("the release answer must be a JSON object")
-        values = [doc.get("released_sessions"), doc.get("released_blocks")]
-        if not all(type(value) is int and value >= 0 for value in values):
+        sessions, blocks = doc.get("released_sessions"), doc.get("released_blocks")
+        if not (type(sessions) is int and type(blocks) is int and sessions >= 0 and blocks >= 0):
             raise PinError("released_sessions and released_blocks must be non-negative integers")
-        return cls(*values)
+        return cls(sessions, blocks)
