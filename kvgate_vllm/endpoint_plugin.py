@@ -266,7 +266,9 @@ async def kv_route(raw_request: Any):
         return _json_response(exc.status, error_body(exc.status, str(exc), exc.code))
 
 
-async def prefix_route(raw_request: Any):
+async def _answer_body(raw_request: Any, answer: Any):
+    """A route with a JSON body: the replica key, the service, the body, then ``answer(service,
+    body)``'s message; each refusal OpenAI-shaped."""
     if (refused := _unauthorized(raw_request)) is not None:
         return refused
     service = _service(raw_request)
@@ -277,29 +279,21 @@ async def prefix_route(raw_request: Any):
     except ValueError as exc:
         return _json_response(400, error_body(400, f"the body is not valid JSON: {exc}", "invalid_json"))
     try:
-        return _json_response(200, (await service.prefix_answer(body)).to_json())
+        return _json_response(200, (await answer(service, body)).to_json())
     except ProbeQueryError as exc:
         return _json_response(exc.status, error_body(exc.status, exc.message, exc.code, exc.param))
-    except ProbeUnavailable as exc:
-        return _json_response(exc.status, error_body(exc.status, str(exc), exc.code))
-
-
-async def release_route(raw_request: Any):
-    if (refused := _unauthorized(raw_request)) is not None:
-        return refused
-    service = _service(raw_request)
-    if service is None:
-        return _not_ready()
-    try:
-        body = jsonio.loads(await raw_request.body())
-    except ValueError as exc:
-        return _json_response(400, error_body(400, f"the body is not valid JSON: {exc}", "invalid_json"))
-    try:
-        return _json_response(200, (await service.release(body)).to_json())
-    except PinError as exc:
+    except PinError as exc:  # the release body
         return _json_response(400, error_body(400, str(exc), "invalid_request", "sessions"))
     except ProbeUnavailable as exc:
         return _json_response(exc.status, error_body(exc.status, str(exc), exc.code))
+
+
+async def prefix_route(raw_request: Any):
+    return await _answer_body(raw_request, lambda service, body: service.prefix_answer(body))
+
+
+async def release_route(raw_request: Any):
+    return await _answer_body(raw_request, lambda service, body: service.release(body))
 
 
 def _owner_book(request: Any):

@@ -2,11 +2,11 @@
 
 Run by the vLLM venv's python (no server, no model): tests/vllm/test_pin_keeper.py asserts
 on the printed result. The script builds a real ``KVCacheManager`` (one full-attention
-group, 16-token blocks, 31 usable blocks), binds a ``KvgateRetentionConnector`` to it as
-vLLM's scheduler does (``bind_kv_cache_manager``), and runs turns the way the scheduler
-does: look up hits, ``allocate_slots`` (the connector's wrapped one), then at the end
-``request_finished`` with the request's blocks and ``free``. Each phase records what it
-saw (pin figures, ref counts, free counts, hits) for the test to assert.
+group, 16-token blocks, 31 usable blocks: ``probe_side_effects.make_manager``), binds a
+``KvgateRetentionConnector`` to it as vLLM's scheduler does (``bind_kv_cache_manager``),
+and runs turns the way the scheduler does: look up hits, ``allocate_slots`` (the
+connector's wrapped one), then ``request_finished`` with the request's blocks and ``free``.
+Each phase records what it saw (pin figures, ref counts, free counts, hits) for the test to assert.
 """
 
 from __future__ import annotations
@@ -15,22 +15,19 @@ import json
 import random
 from types import SimpleNamespace
 
-import torch
+from probe_side_effects import BLOCK_SIZE, NUM_BLOCKS, make_manager  # the same real manager (scripts/ is on sys.path)
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.request import Request
 
 from kvgate.vllm_plugin.pin_keeper import keeper_of, pin_figures, release_answer
 from kvgate.vllm_plugin.retention_connector import KvgateRetentionConnector
 from kvgate.wire.kv_pins import Pin, make_pin, with_pin
 
-BLOCK_SIZE = 16
-NUM_BLOCKS = 32
 KEY = "replica-key"
 
 
@@ -40,22 +37,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def make_manager() -> KVCacheManager:
-    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=2, head_size=32, dtype=torch.float32)
-    config = KVCacheConfig(
-        num_blocks=NUM_BLOCKS,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(layer_names=["layer.0"], kv_cache_spec=spec)],
-    )
-    return KVCacheManager(
-        config,
-        max_model_len=NUM_BLOCKS * BLOCK_SIZE,
-        scheduler_block_size=BLOCK_SIZE,
-        hash_block_size=BLOCK_SIZE,
-        enable_caching=True,
-    )
 
 
 def make_connector(manager: KVCacheManager, clock: Clock) -> KvgateRetentionConnector:
