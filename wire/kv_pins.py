@@ -13,7 +13,9 @@ Semantics, the same in both servers (invariants):
 
 - When a turn with a valid pin finishes, its session's pin becomes that turn's full,
   prefix-cached blocks (the blocks a next turn of the session can hit); the session's
-  previous pin, if any, is released in the same step. A session holds at most one pin.
+  previous pin, if any, is released in the same step. A turn that finishes with no
+  full cached block (aborted before its prefill) leaves the session's pin as it was. A
+  session holds at most one pin.
 - A pinned block holds a reference: it is neither free nor evictable, so it counts in
   `num_total_blocks - num_free_blocks` and in `kv_cache_usage`.
 - A pin ends at the first of: a release naming its session; `ttl_sec` after its turn
