@@ -53,6 +53,9 @@ BLOCK = 16
 # The pin fields, until the simulated replica's pins answer them (in progress on its
 # branch; its merge removes them here). The plugin's retention connector answers them.
 PINS_NOT_YET_SERVED = {"num_pinned_blocks", "num_pinned_sessions", "num_pin_yields"}
+# The CPU tier's figures: only a server with a CPU tier (vLLM's KV offloading) sets them;
+# the servers below run without one.
+CPU_TIER_FIELDS = {"num_cpu_blocks", "num_cpu_cached_blocks", "cpu_load_sec_per_block", "hit_blocks_cpu"}
 
 
 def unset_fields(message) -> set[str]:
@@ -90,6 +93,9 @@ def full_kv() -> KvAnswer:
             num_pinned_blocks=3,
             num_pinned_sessions=1,
             num_pin_yields=0,
+            num_cpu_blocks=256,
+            num_cpu_cached_blocks=12,
+            cpu_load_sec_per_block=0.0001,
         )
         for free, busy in ((40, 0.5), (30, 0.75))
     ]
@@ -100,8 +106,10 @@ def full_kv() -> KvAnswer:
 def full_prefix() -> PrefixAnswer:
     return merge_prefix(
         [
-            PrefixAnswer.of_engine(total_tokens=70, block_size=BLOCK, hit_block_ref_counts=refs, hit_tokens=hit)
-            for refs, hit in (([1, 0, 0], 48), ([2, 0], 32))
+            PrefixAnswer.of_engine(
+                total_tokens=70, block_size=BLOCK, hit_block_ref_counts=refs, hit_tokens=hit, hit_blocks_cpu=cpu
+            )
+            for refs, hit, cpu in (([1, 0, 0], 48, 1), ([2, 0], 32, 2))
         ]
     )
 
@@ -188,7 +196,7 @@ async def test_the_simulated_replica_answers_every_field_of_every_message(replic
                 assert resp.status == 200, await resp.text()
         async with http.get(base + KV_PATH) as resp:
             kv = assert_round_trips(KvAnswer, await resp.json())
-        assert unset_fields(kv) - PINS_NOT_YET_SERVED == set()
+        assert unset_fields(kv) - PINS_NOT_YET_SERVED - CPU_TIER_FIELDS == set()
         assert kv.num_gpu_blocks == kv.num_total_blocks + 1 == 65
         assert (kv.max_model_len, kv.max_token_bytes) == (replica.engine.config.effective_max_model_len, 48)
 
@@ -209,7 +217,7 @@ async def test_the_simulated_replica_answers_every_field_of_every_message(replic
                 answers.append(assert_round_trips(PrefixAnswer, await resp.json()))
         chat = answers[1]
         assert chat.hit_blocks > 0 and chat.total_tokens  # the conversation above is resident
-        assert unset_fields(chat) == set()
+        assert unset_fields(chat) - CPU_TIER_FIELDS == set()
 
         claims = [OwnerClaim("gate-a", 15.0), OwnerClaim("gate-b", 15.0)]
         owner_answers = []
@@ -333,7 +341,7 @@ async def test_the_plugins_builders_answer_every_field_of_every_message(monkeypa
     monkeypatch.setattr(endpoint_plugin, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
     await service.kv_answer()
     kv = assert_round_trips(KvAnswer, (await service.kv_answer()).to_json())
-    assert unset_fields(kv) == set()
+    assert unset_fields(kv) - CPU_TIER_FIELDS == set()
     assert [engine.engine for engine in kv.engines] == [0, 1] and kv.num_total_blocks == 128
     assert (kv.num_pinned_blocks, kv.num_pinned_sessions, kv.num_pin_yields) == (5, 2, 0)
     released = assert_round_trips(ReleaseAnswer, (await service.release({"sessions": ["s"]})).to_json())
@@ -342,7 +350,7 @@ async def test_the_plugins_builders_answer_every_field_of_every_message(monkeypa
 
     query = PrefixQuery("token_ids", list(range(70)), cache_salt="tenant", model="m")
     prefix = assert_round_trips(PrefixAnswer, (await service.prefix_answer(query.to_json())).to_json())
-    assert unset_fields(prefix) == set()
+    assert unset_fields(prefix) - CPU_TIER_FIELDS == set()
     assert prefix.hit_blocks == 2 and prefix.hit_blocks_in_use == 1  # the engine with the fewest hits
 
     book = OwnerBook(iter(range(100)).__next__)  # the record both servers keep
