@@ -75,7 +75,6 @@ from prometheus_client import Counter, Histogram
 from kvgate.gate.book import SessionBook, SessionRecord, WindowEnd
 from kvgate.gate.errors import AdmissionError, AdmissionSuperseded, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 from kvgate.gate.metrics import GateMetrics
-from kvgate.gate.observations import reprefill_tokens
 from kvgate.gate.policies.registry import Policy, get_policy
 from kvgate.gate.policies.vocabulary import (
     PREFIX_UNAVAILABLE,
@@ -88,6 +87,7 @@ from kvgate.gate.policies.vocabulary import (
 )
 from kvgate.gate.probe import Probe
 from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.repricing import Repricer, RepriceRequest, TurnNote
 from kvgate.gate.request_body import (
     body_holds_prompt,
     output_allowance,
@@ -178,7 +178,7 @@ class Lease:
         exact prompt size and the prompt tokens its prefix cache held. No-op after release
         and for a turn without a session."""
         if not self._released and self._record is not None and self._turn is not None:
-            self._gate._learn(self._record, self._turn, prompt_tokens, cached_tokens)
+            self._gate._repricer.learn(self._record, self._turn, prompt_tokens, cached_tokens)
 
     @property
     def released(self) -> bool:
@@ -198,51 +198,6 @@ class Lease:
 
     def __repr__(self) -> str:
         return f"Lease({self.replica!r}, {self.reason!r}, released={self._released})"
-
-
-# The most prompt tokens learned from a replica that states neither its max_model_len nor
-# its cache size, for a turn without a body bound: far above any model's context.
-LEARNED_TOKENS_CEILING = 1 << 24
-
-
-def learned_tokens_cap(bound: int | None, usage: UsageReading | None) -> int:
-    """The most prompt tokens a served turn's reported usage may claim: no more than its
-    body's bound, the replica's max_model_len or its whole cache (a prompt that long was
-    not served), so a replica reporting 2^63-1 cannot poison the session's history."""
-    caps = [LEARNED_TOKENS_CEILING]
-    if bound is not None:
-        caps.append(bound)
-    if usage is not None:
-        if usage.max_model_len:
-            caps.append(usage.max_model_len)
-        if usage.num_total_blocks and usage.block_size:
-            caps.append(usage.num_total_blocks * usage.block_size)
-    return min(caps)
-
-
-@dataclass(frozen=True, slots=True)
-class TurnNote:
-    """What the gate keeps of an admitted named turn to learn from its usage: its output
-    allowance, its body-length bound, whether a prefix reading priced it, and the session's
-    prompt size before this turn (what its usage shows re-prefilled is measured against
-    that, not against a size this turn's own repricing probe recorded)."""
-
-    allowance: int
-    bound: int | None
-    probed: bool
-    previous_tokens: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RepriceRequest:
-    """What re-pricing a window admitted at its upper bound needs: the turn's body to probe
-    its prefix, and the allowance, usage and bound it was admitted with."""
-
-    route_kind: str
-    body: Mapping[str, object]
-    allowance: int
-    usage: UsageReading | None
-    bound: int | None
 
 
 @dataclass(slots=True)
@@ -281,13 +236,6 @@ class Gate:
         self.settings = settings
         self.policy = policy or get_policy(settings.policy)
         self._prices_bodies = self.policy.reads_prompt_bound
-        self._repricing: set[asyncio.Future[None]] = set()
-        # The replica reports each turn's prompt usage (`Lease.learn`): a window priced at
-        # its bound gets its exact price when its turn ends, without a probe.
-        self._learns_usage = False
-        # Windows in flight priced at their bound whose repricing probe was left to their
-        # turn's usage: probed as soon as a turn waits (over-priced windows may hold it).
-        self._unpriced: dict[SessionRecord, RepriceRequest] = {}
         self._usage: UsageReading | None = None  # the last usage reading a decision was made on
         self._now = clock
         self._book = SessionBook(settings.idle_grace_sec, settings.quiet_factor, settings.quiet_floor_sec)
@@ -312,9 +260,18 @@ class Gate:
         # Operator metrics (docs/observability.md): wait by reason, oldest waiter, re-prefill.
         self._reason_wait_metric = metrics.admission_reason_wait
         self._reason_waits: dict[str, Histogram] = {}
-        self._reprefill = metrics.reprefill_tokens.labels(name)
         self._oldest_waiter = metrics.oldest_waiter_seconds.labels(name)
         self._oldest_waiter.set_function(self.oldest_waiter_age)
+        self._repricer = Repricer(
+            self._book,
+            self.policy,
+            settings,
+            probe,
+            clock,
+            lambda: self._usage,
+            metrics.reprefill_tokens.labels(name),
+            self._window_shrank,
+        )
 
     # ------------------------------------------------------------------ acquire
 
@@ -420,19 +377,16 @@ class Gate:
             and record is not None
             and (self.settings.mode == "shadow" or isinstance(decision, Admit))
         ):
-            self._count_reprefill(record.prompt_tokens, prefix, usage)
+            self._repricer.count_reprefill(record.prompt_tokens, prefix, usage)
         previous_tokens = record.prompt_tokens if record is not None else None
         note = TurnNote(turn.allowance, turn.bound, prefix is not None, previous_tokens)
         if self.settings.mode == "shadow":
-            return self._grant_shadow(record, attempt, decision, turn.start, tokens, note)
+            return self._grant_shadow(turn, decision, tokens, note)
         if isinstance(decision, Admit):
-            lease = self._admit(record, attempt, decision, turn.start, tokens, note)
+            lease = self._admit(turn, decision, tokens, note)
             if decision.reprice_above is not None and self._book.window_blocks > decision.reprice_above:
                 request = RepriceRequest(turn.route_kind, turn.body, turn.allowance, usage, turn.bound)
-                if not self._learns_usage or self._queue:
-                    self._reprice_later(record, request)
-                elif record is not None:  # its usage prices it, unless a turn must wait first
-                    self._unpriced[record] = request
+                self._repricer.admitted_at_bound(record, request, turns_wait=bool(self._queue))
             return lease
         # A window that another turn of the session is using stays (it ends with its turns).
         shared = record is not None and record.in_flight > 0
@@ -456,79 +410,6 @@ class Gate:
             if ended is not None:
                 self._session_ended(ended)
             self._publish_windows()
-
-    def _learn(self, record: SessionRecord, turn: TurnNote, prompt_tokens: int, cached_tokens: int | None) -> None:
-        """A served turn's usage: its exact size goes into the session's history, prices its
-        window (as a repricing probe would) and, for a turn no prefix reading priced,
-        counts its re-prefill."""
-        self._unpriced.pop(record, None)
-        if self._book.records.get(record.key) is not record:
-            return
-        self._learns_usage = True
-        usage = self._usage
-        prompt_tokens = min(prompt_tokens, learned_tokens_cap(turn.bound, usage))  # a replica's word, bounded
-        cached_tokens = None if cached_tokens is None else min(cached_tokens, prompt_tokens)
-        block_size = usage.block_size if usage is not None else None
-        hit_blocks = cached_tokens // block_size if cached_tokens is not None and block_size else 0
-        if not block_size:
-            self._book.record_size(record, prompt_tokens, turn.bound)
-            return
-        learned = PrefixReading(prompt_tokens // block_size, hit_blocks, 0.0, prompt_tokens)
-        if not turn.probed and cached_tokens is not None:
-            self._count_reprefill(turn.previous_tokens, learned, usage)
-        self._apply_price(record, learned, turn.allowance, usage, turn.bound)
-
-    def _apply_price(
-        self,
-        record: SessionRecord,
-        prefix: PrefixReading,
-        allowance: int,
-        usage: UsageReading | None,
-        bound: int | None,
-    ) -> None:
-        """Price the session's window in flight at `prefix`'s exact size (a policy that prices
-        windows), and record the size; wake a waiter if the window shrank."""
-        price = self.policy.price
-        if price is None or usage is None or not usage.has_blocks or not record.has_window or record.in_flight != 1:
-            # no window to price, or one shared by concurrent turns priced together: the next turn prices it
-            self._book.record_size(record, prefix.total_tokens, bound)
-            return
-        facts = TurnFacts(self._book, record, allowance, bound, lambda: 0, usage, self._now(), self._now())
-        view = (self.policy.price_view or self.policy.view)(facts)  # what the price reads: O(1)
-        footprint = max(price(view, usage, prefix, self.settings), 0)
-        if self._book.reprice(record, footprint, prefix.total_tokens, bound):
-            self._blocks_freed(self._now())
-            self._publish_windows()
-
-    def _reprice_unpriced(self) -> None:
-        """A turn waits: the windows in flight still priced at their bound get their exact
-        price from a probe now, not when their turns end."""
-        unpriced, self._unpriced = self._unpriced, {}
-        for record, request in unpriced.items():
-            if record.in_flight:
-                self._reprice_later(record, request)
-
-    def _reprice_later(self, record: SessionRecord | None, request: RepriceRequest) -> None:
-        """Get the exact price of a window admitted at its upper bound (no probe on the turn's
-        path) from a prefix probe that runs beside the forwarded turn."""
-        usage = request.usage
-        if record is None or usage is None:  # never both with a bound price: anonymous or unknown usage
-            return
-        task = asyncio.ensure_future(self._reprice(record, request, usage))
-        self._repricing.add(task)
-        task.add_done_callback(self._repricing.discard)
-
-    async def _reprice(self, record: SessionRecord, request: RepriceRequest, usage: UsageReading) -> None:
-        try:
-            prefix = await self.probe.prefix(request.route_kind, request.body)
-        except PromptTooLong:  # the turn itself is refused by the replica; nothing to re-price
-            return
-        if prefix is None or not prefix.total_tokens:
-            return
-        assert self.policy.price is not None, (
-            f"policy {self.policy.name} priced a window at a bound but cannot reprice it"
-        )
-        self._apply_price(record, prefix, request.allowance, usage, request.bound)
 
     def _view(
         self,
@@ -563,97 +444,52 @@ class Gate:
             ahead += waiter.named
         return ahead
 
-    def _grant_shadow(
-        self,
-        record: SessionRecord | None,
-        attempt: Attempt,
-        decision: Decision,
-        start: float,
-        tokens: int | None,
-        note: TurnNote,
-    ) -> Lease:
+    def _grant_shadow(self, turn: _Turn, decision: Decision, tokens: int | None, note: TurnNote) -> Lease:
         """Admit whatever was decided, recorded as `shadow_<reason>`: an Admit is booked as
-        enforce would book it (its window included), a Wait or Reject as an admission
-        without a window. A shadow admission wakes no waiter of its own accord."""
+        enforce would book it (its window and footprint), a Wait or Reject as an admission
+        without a window. A shadow admission wakes no waiter of its own accord and is
+        forwarded as sent (no priority)."""
         if isinstance(decision, Admit):
-            return self._grant(
-                record,
-                attempt,
-                f"shadow_{decision.reason}",
-                start,
-                window=decision.window,
-                footprint=decision.footprint,
-                tokens=tokens,
-                note=note,
-            )
+            booked = Admit(decision.reason, window=decision.window, footprint=decision.footprint)
+            return self._grant(turn, f"shadow_{decision.reason}", booked, tokens, note)
         label = "shadow_wait" if isinstance(decision, Wait) else f"shadow_{decision.code}"
-        return self._grant(record, attempt, label, start, tokens=tokens, note=note)
+        return self._grant(turn, label, None, tokens, note)
 
-    def _admit(
-        self,
-        record: SessionRecord | None,
-        attempt: Attempt,
-        decision: Admit,
-        start: float,
-        tokens: int | None,
-        note: TurnNote,
-    ) -> Lease:
+    def _admit(self, turn: _Turn, decision: Admit, tokens: int | None, note: TurnNote) -> Lease:
         """Grant the lease the policy's Admit asks for, as it asks (idle windows it ends,
-        window, footprint, wake-up)."""
-        if decision.reclaim_blocks and record is not None:
-            self._book.reclaim_late_windows(record, decision.reclaim_blocks, self._now())
+        window, footprint, wake-up, priority)."""
+        if decision.reclaim_blocks and turn.record is not None:
+            self._book.reclaim_late_windows(turn.record, decision.reclaim_blocks, self._now())
             self._publish_windows()
-        return self._grant(
-            record,
-            attempt,
-            decision.reason.value,  # plain str: a JSON key in /admin/state
-            start,
-            window=decision.window,
-            footprint=decision.footprint,
-            wake_next=decision.wake_next,
-            tokens=tokens,
-            note=note,
-            priority=decision.priority,
-        )
+        return self._grant(turn, decision.reason.value, decision, tokens, note)  # plain str: a JSON key in /admin/state
 
-    def _grant(
-        self,
-        record: SessionRecord | None,
-        attempt: Attempt,
-        label: str,
-        start: float,
-        *,
-        window: bool = False,
-        footprint: int | None = None,
-        wake_next: bool = False,
-        tokens: int | None = None,
-        note: TurnNote | None = None,
-        priority: int | None = None,
-    ) -> Lease:
-        """Book an admission under `label` (its `x-kvgate-admission` value) and hand out its lease.
+    def _grant(self, turn: _Turn, label: str, admit: Admit | None, tokens: int | None, note: TurnNote) -> Lease:
+        """Book `turn`'s admission under `label` (its `x-kvgate-admission` value) and hand out its lease.
 
-        window, footprint: the session's window for the turn (`Admit.window`, `Admit.footprint`).
-        wake_next: wake the next waiter too (`Admit.wake_next`); a queued attempt that is
-        admitted always does, since the head of the queue moved.
+        admit: what is booked with it (None: nothing but the admission): the session's
+        window for the turn (`Admit.window`, `Admit.footprint`), whether to wake the next
+        waiter too (`Admit.wake_next`; a queued attempt that is admitted always does, since
+        the head of the queue moved), the vLLM priority to forward it with (`Admit.priority`).
         tokens: the prompt size of the turn's prefix reading, recorded for the session's growth
         (with `note.bound`, the turn's body-length bound, which later turns' bounds are measured
         from); `note` stays with the lease, for what the turn's usage teaches (`Lease.learn`).
-        priority: the vLLM priority to forward the request with (`Admit.priority`).
         """
-        bound = note.bound if note is not None else None
+        record, attempt = turn.record, turn.attempt
+        window, footprint = (admit.window, admit.footprint) if admit is not None else (False, None)
         now = self._now()
-        wait = max(0.0, now - start)
+        wait = max(0.0, now - turn.start)
         committed = self._book.window_blocks if record is not None else 0
-        self._book.admit(record, attempt, label, now, window, footprint, tokens, bound)
+        self._book.admit(record, attempt, label, now, window, footprint, tokens, note.bound)
         if record is not None and self._book.window_blocks < committed:
             self._blocks_freed(now)  # a window shrank or ended: a waiter may fit now
         self._count_admission(label, wait)
         if record is not None:
             self._publish_windows()
-        if self._queue and (attempt.queued or wake_next):
+        if self._queue and (attempt.queued or (admit is not None and admit.wake_next)):
             if attempt.queued:
                 self._dequeue(attempt)
             self._wake_one()
+        priority = admit.priority if admit is not None else None
         return Lease(self, record, label, wait * 1000.0, attempt, note, priority)
 
     def _grant_unbooked(self) -> Lease:
@@ -684,7 +520,7 @@ class Gate:
             attempt.queued = True
             attempt.queued_at = self._now()
             self._pending_gauge.set(len(self._queue))
-            self._reprice_unpriced()
+            self._repricer.reprice_unpriced()
         now = self._now()
         timeout: float | None = None
         # The head polls (liveness: see the module docstring); behind it, a waiter whose
@@ -753,7 +589,7 @@ class Gate:
 
     def _release(self, record: SessionRecord | None, attempt: Attempt | None = None, served: bool = True) -> None:
         if record is not None:
-            self._unpriced.pop(record, None)
+            self._repricer.forget(record)
         now = self._changed_at = self._now()
         ended = self._book.release(record, now, attempt, served)
         if ended is not None:
@@ -767,6 +603,11 @@ class Gate:
             else:  # the replica went idle: every held turn's economics changed
                 for waiter in self._queue:
                     waiter.wake()
+
+    def _window_shrank(self) -> None:
+        """A window's price went down (`Repricer.apply_price`): its blocks may let a waiter in."""
+        self._blocks_freed(self._now())
+        self._publish_windows()
 
     def _blocks_freed(self, now: float) -> None:
         """Fewer blocks are committed (or live): let the head waiter re-decide on a fresh reading."""
@@ -846,9 +687,7 @@ class Gate:
         self._purge(self._now())
         self._pending_gauge.set(0)
         self._oldest_waiter.set_function(lambda: 0.0)  # let go of this gate
-        self._unpriced.clear()
-        for task in list(self._repricing):
-            task.cancel()
+        self._repricer.close()
         close_probe = getattr(self.probe, "close", None)
         if close_probe is not None:
             close_probe()
@@ -859,14 +698,6 @@ class Gate:
         """Seconds the longest-queued waiter has waited (0 when none); read at scrape time."""
         oldest = next(iter(self._queue), None)  # the queue keeps arrival order
         return max(0.0, self._now() - oldest.queued_at) if oldest is not None else 0.0
-
-    def _count_reprefill(self, previous_tokens: int | None, prefix: PrefixReading, usage: UsageReading | None) -> None:
-        """Count the tokens an admitted turn prefills again: of the session's prompt before
-        this turn (`previous_tokens`), what `prefix` (its reading or its usage) found evicted."""
-        block_size = usage.block_size if usage is not None else None
-        tokens = reprefill_tokens(previous_tokens, prefix.total_tokens, prefix.hit_blocks, block_size)
-        if tokens:
-            self._reprefill.inc(tokens)
 
     # ------------------------------------------------------------ introspection
 
