@@ -158,7 +158,7 @@ function usageCell(r) {
     }
   }
   const extras = Object.entries(u).filter(([k, v]) => /pinned|cpu|offload/.test(k) && v !== null).map(([k, v]) => `${k.replace(/^num_/, "")} ${v}`);
-  return [bar, " ", h("span", { class: "mono" }, text), extras.length ? h("div", { class: "muted" }, extras.join(" · ")) : null];
+  return [bar, h("div", { class: "mono small" }, text), extras.length ? h("div", { class: "muted small" }, extras.join(" · ")) : null];
 }
 
 function replicaRow(r) {
@@ -167,7 +167,7 @@ function replicaRow(r) {
   return h(
     "tr",
     { data: { replica: r.name } },
-    h("td", {}, h("strong", {}, r.name), h("div", { class: "muted mono" }, r.url)),
+    h("td", { title: r.url }, h("strong", {}, r.name), h("div", { class: "muted mono small" }, r.url)),
     h("td", {}, health(r)),
     h("td", {}, owner(r)),
     h("td", {}, g ? `${g.mode} · ${g.policy}` : h("span", { class: "muted" }, "no gate yet")),
@@ -179,12 +179,11 @@ function replicaRow(r) {
     h("td", { class: "num" }, pct(r.hit_rate_1m)),
     h(
       "td",
-      {},
+      { class: "actions" },
       h("button", {
         type: "button", class: "drain", disabled: r.draining,
         onclick: () => act(`Drain ${r.name}? It takes no new sessions; its sessions stay.`, `/admin/replicas/${name}/drain`, "POST", `${r.name} drains`),
       }, "Drain"),
-      " ",
       h("button", {
         type: "button", class: "danger remove",
         onclick: () => act(`Remove ${r.name}? Its sessions move to other replicas on their next turn.`, `/admin/replicas/${name}`, "DELETE", `${r.name} removed`),
@@ -285,7 +284,7 @@ function renderHistory(history) {
     for (const [reason, values] of Object.entries(r.admissions)) totals.set(reason, (totals.get(reason) || 0) + values.reduce((a, b) => a + (b || 0), 0));
   }
   $("legend").replaceChildren(
-    h("span", {}, h("i", { class: "line-key" }), "— hit rate (0–100%)"),
+    h("span", {}, h("i", { class: "line-key" }), "hit rate (0–100%)"),
     ...[...palette].map(([reason, color]) => {
       const key = h("i");
       key.style.background = color;
