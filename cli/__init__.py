@@ -3,8 +3,9 @@
 Each part registers its own subcommands, so this module only assembles the parser:
 `proxy.commands` adds serve and check-config (handed the simulator's replicas, which
 `kvgate serve` starts when no replica is configured), `simulator.cli` adds replica and
-sim, `bench.cli` adds bench, and `cli.top` adds top (a client of a running kvgate's admin API). Nothing imports this package: the parts stay independent
-of one another, and only the command line depends on all of them (tests/test_layering.py).
+sim, `bench.cli` adds bench, and `cli.top` adds top (a client of a running kvgate's
+admin API). Nothing imports this package: the parts stay independent of one another,
+and only the command line depends on all of them (tests/test_layering.py).
 """
 
 from __future__ import annotations

@@ -195,7 +195,19 @@ def render(status: dict[str, Any], url: str, width: int = 160, height: int = 10_
         f" · {waiters['total']} waiting · {clock}",
         "",
         *_table(
-            ["REPLICA", "HEALTH", "OWNER", "GATE", "KV USED", "BOOKS", "WIN F/I", "LEASES", "WAIT", "RUN/WAIT", "HIT 1m"],
+            [
+                "REPLICA",
+                "HEALTH",
+                "OWNER",
+                "GATE",
+                "KV USED",
+                "BOOKS",
+                "WIN F/I",
+                "LEASES",
+                "WAIT",
+                "RUN/WAIT",
+                "HIT 1m",
+            ],
             [_replica_row(r) for r in status["replicas"]],
         ),
         "",
@@ -226,5 +238,7 @@ def render(status: dict[str, Any], url: str, width: int = 160, height: int = 10_
         ]
         for s in sessions["items"][: max(1, height - len(lines) - 1)]
     ]
-    lines += _table(["SESSION", "LOG ID", "REPLICA", "STATE", "BLOCKS", "IDLE", "ADMISSIONS"], rows) if rows else ["  none"]
+    lines += (
+        _table(["SESSION", "LOG ID", "REPLICA", "STATE", "BLOCKS", "IDLE", "ADMISSIONS"], rows) if rows else ["  none"]
+    )
     return [_fit(line, width) for line in lines[:height]]

@@ -33,9 +33,9 @@ from kvgate.proxy.http_fields import decode_path_segment
 from kvgate.proxy.http_server import HeadRefusal, HttpRequest, Responder
 from kvgate.proxy.metrics import CONTENT_TYPE, KvgateMetrics
 from kvgate.proxy.session_tracker import SessionTracker
+from kvgate.proxy.settings import Settings
 from kvgate.proxy.status_page import StatusPage
 from kvgate.proxy.status_snapshot import StatusSources
-from kvgate.proxy.settings import Settings
 from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, claims_ownership, health_path
 from kvgate.proxy.upstream import UpstreamClients
 from kvgate.wire.replica_auth import replica_headers
@@ -97,23 +97,25 @@ class ProxyApp:
         self._asks_probe_api = _gates_vllm(settings) and hasattr(admission, "learn_probe_api")
         if self._asks_probe_api:
             self.health.add_round(self._learn_probe_apis)
-        # The status page (GET /admin/ui) comes with the admin API: it shows what the API does.
-        self.status_page = StatusPage(self._status_sources, metrics.gate.admissions) if settings.admin.token else None
-        self.admin = (
-            AdminApi(
-                settings.admin.token,
-                self.registry,
-                admission,
-                self.clients,
-                self.sessions,
-                settings.upstream.credential_hosts,
-                self.status_page,
-            )
-            if settings.admin.token
-            else None
-        )
+        self.status_page, self.admin = self._admin_api(settings, metrics)
         self._routes = {r.path: r for r in ROUTES}
         self._server: FrontServer | None = None
+
+    def _admin_api(self, settings: Settings, metrics: KvgateMetrics) -> tuple[StatusPage | None, AdminApi | None]:
+        """The admin API and its status page (GET /admin/ui), both only with admin.token set."""
+        if not settings.admin.token:
+            return None, None
+        page = StatusPage(self._status_sources, metrics.gate.admissions)
+        api = AdminApi(
+            settings.admin.token,
+            self.registry,
+            self.admission,
+            self.clients,
+            self.sessions,
+            settings.upstream.credential_hosts,
+            page,
+        )
+        return page, api
 
     # ---- lifecycle ---------------------------------------------------------------
 

@@ -70,7 +70,9 @@ class CounterHistory:
                     continue
                 rates.append(hit_rate(_increase(new.hits, old.hits), _increase(new.queries, old.queries)))
                 for reason in reasons:
-                    admissions[reason].append(_increase(new.admissions.get(reason, 0.0), old.admissions.get(reason, 0.0)))
+                    admissions[reason].append(
+                        _increase(new.admissions.get(reason, 0.0), old.admissions.get(reason, 0.0))
+                    )
             out["replicas"][name] = {"hit_rate": rates, "admissions": admissions}
         return out
 

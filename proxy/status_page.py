@@ -1,6 +1,6 @@
 """The status page: `GET /admin/ui` and the JSON it polls (docs/observability.md, The status page).
 
-The page is three static files in `proxy/ui/` (HTML, JavaScript, CSS; package data, no
+The page is three static files in `proxy/status-page/` (HTML, JavaScript, CSS; package data, no
 build step), served as they are. They hold no data and no secret, so they are served
 without the admin token (a browser cannot put a bearer token on a navigation): the
 page asks for the token once, keeps it in the tab's sessionStorage and sends it as
@@ -29,7 +29,7 @@ from kvgate.proxy.status_history import HISTORY_INTERVAL_SEC, CounterHistory, Re
 from kvgate.proxy.status_snapshot import StatusSources, parse_status_query, status_snapshot
 
 UI_PATH = "/admin/ui"
-_ASSETS = {  # path -> (file in proxy/ui/, content type)
+_ASSETS = {  # path -> (file in proxy/status-page/, content type)
     UI_PATH: ("index.html", b"text/html; charset=utf-8"),
     UI_PATH + "/app.js": ("app.js", b"text/javascript; charset=utf-8"),
     UI_PATH + "/style.css": ("style.css", b"text/css; charset=utf-8"),
@@ -50,7 +50,7 @@ _NO_STORE = (b"Cache-Control", b"no-store")
 
 
 def _load_assets() -> dict[str, tuple[bytes, bytes]]:
-    folder = resources.files("kvgate.proxy").joinpath("ui")
+    folder = resources.files("kvgate.proxy").joinpath("status-page")
     return {path: (folder.joinpath(name).read_bytes(), kind) for path, (name, kind) in _ASSETS.items()}
 
 
@@ -81,8 +81,13 @@ class StatusPage:
 
     def send_asset(self, request: HttpRequest, responder: Responder) -> None:
         if request.method != "GET":
-            send_error(responder, 405, f"{request.method} is not allowed on {request.path}; use GET", "method_not_allowed",
-                       [(b"Allow", b"GET")])
+            send_error(
+                responder,
+                405,
+                f"{request.method} is not allowed on {request.path}; use GET",
+                "method_not_allowed",
+                [(b"Allow", b"GET")],
+            )
             return
         body, kind = self._assets[request.path]
         responder.send(200, body, [(b"Content-Type", kind), *_ASSET_HEADERS])

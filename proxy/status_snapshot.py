@@ -63,7 +63,9 @@ def parse_status_query(query: str) -> StatusQuery:
     q = params.get("q", "").strip()
     if len(q) > MAX_QUERY:
         raise RequestRejected(400, f"q is longer than {MAX_QUERY} characters", "invalid_query")
-    return StatusQuery(view, q, _int_param(params, "offset", 0, 0, 10**9), _int_param(params, "limit", 50, 1, MAX_LIMIT))
+    return StatusQuery(
+        view, q, _int_param(params, "offset", 0, 0, 10**9), _int_param(params, "limit", 50, 1, MAX_LIMIT)
+    )
 
 
 def _int_param(params: dict[str, str], name: str, default: int, low: int, high: int) -> int:
@@ -154,7 +156,14 @@ def _sessions(gates: Mapping[str, Any], waiters: list[dict[str, Any]], query: St
         state = gates[name].session_state(key)
         if state is not None:
             items.append({"session": key, "log_id": _log_id(key), "replica": name, **state})
-    return {"view": query.view, "q": query.q, "offset": query.offset, "limit": query.limit, "total": total, "items": items}
+    return {
+        "view": query.view,
+        "q": query.q,
+        "offset": query.offset,
+        "limit": query.limit,
+        "total": total,
+        "items": items,
+    }
 
 
 def _count(gate, windows_only: bool) -> int:

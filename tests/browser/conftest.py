@@ -88,7 +88,9 @@ def stack(server_loop: ServerLoop) -> Iterator[Stack]:
 @pytest.fixture(scope="module")
 def browser_context(tmp_path_factory):
     path = chromium_path()
-    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is in the test extra: pip install -e '.[test]'")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="Playwright is in the test extra: pip install -e '.[test]'"
+    )
     with sync_api.sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
             str(tmp_path_factory.mktemp("chromium-profile")),

@@ -29,7 +29,9 @@ CROWDED = {"version": 1, "kv_cache_usage": 1.0, "num_total_blocks": 100, "num_fr
 
 
 def replica_metrics_text(hits: int, queries: int) -> str:
-    return f"vllm:prefix_cache_queries_total {queries}\nvllm:prefix_cache_hits_total {hits}\nvllm:num_requests_running 1\n"
+    return (
+        f"vllm:prefix_cache_queries_total {queries}\nvllm:prefix_cache_hits_total {hits}\nvllm:num_requests_running 1\n"
+    )
 
 
 @dataclass
@@ -58,7 +60,11 @@ class Stack:
 
 def _kvgate(replica_urls: dict[str, str]) -> tuple[ProxyApp, AdmissionController]:
     gate = settings(
-        policy="watermark", wait_poll_sec=0.2, max_wait_sec=120, idle_grace_sec=30, quiet_floor_sec=30,
+        policy="watermark",
+        wait_poll_sec=0.2,
+        max_wait_sec=120,
+        idle_grace_sec=30,
+        quiet_floor_sec=30,
         probe=ProbeSettings(timeout_sec=1.0, usage_max_age_ms=0),
     )
     metrics = KvgateMetrics()
@@ -126,8 +132,9 @@ async def turn(url: str, session: str, finish: bool = False, timeout: float = 30
         headers["x-session-finish"] = "true"
     body = {"model": "m", "messages": [{"role": "user", "content": f"next turn of {session}"}]}
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers,
-                             timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        async with http.post(
+            f"{url}/v1/chat/completions", json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as resp:
             await resp.read()
             return resp.status, dict(resp.headers)
 

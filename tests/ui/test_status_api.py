@@ -6,6 +6,7 @@ import asyncio
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
 from kvgate.gate.admission import AdmissionController
 from kvgate.gate.metrics import GateMetrics
@@ -13,9 +14,18 @@ from kvgate.proxy.access_log import session_hash
 from kvgate.proxy.app import create_app
 from kvgate.proxy.settings import Settings
 from kvgate.proxy.status_snapshot import StatusQuery, StatusSources, status_snapshot
-from prometheus_client import CollectorRegistry
 from tests.gate.helpers import CLEAN, FakeProbe, settings
-from tests.ui.stack import ROOMY, crowd, TOKEN, admin, read_replica_metrics, replica_metrics_text, start_stack, turn, wait_until
+from tests.ui.stack import (
+    ROOMY,
+    TOKEN,
+    admin,
+    crowd,
+    read_replica_metrics,
+    replica_metrics_text,
+    start_stack,
+    turn,
+    wait_until,
+)
 
 
 @pytest.fixture
@@ -27,7 +37,11 @@ async def stack():
 
 async def test_the_page_files_are_served_without_the_token_and_the_data_only_with_it(stack):
     async with aiohttp.ClientSession() as http:
-        for path, kind in (("/admin/ui", "text/html"), ("/admin/ui/app.js", "text/javascript"), ("/admin/ui/style.css", "text/css")):
+        for path, kind in (
+            ("/admin/ui", "text/html"),
+            ("/admin/ui/app.js", "text/javascript"),
+            ("/admin/ui/style.css", "text/css"),
+        ):
             async with http.get(stack.url + path) as resp:
                 assert resp.status == 200, path
                 assert resp.headers["Content-Type"].startswith(kind)
@@ -45,8 +59,12 @@ async def test_the_page_files_are_served_without_the_token_and_the_data_only_wit
 
 
 async def test_without_an_admin_token_there_is_no_page():
-    app = create_app(Settings(), admission=AdmissionController(settings(), GateMetrics(CollectorRegistry())),
-                     replicas=[], health_checks=False)
+    app = create_app(
+        Settings(),
+        admission=AdmissionController(settings(), GateMetrics(CollectorRegistry())),
+        replicas=[],
+        health_checks=False,
+    )
     host, port = await app.start("127.0.0.1", 0)
     try:
         status, _, body = await admin(f"http://{host}:{port}", "GET", "/admin/ui", token=None)
@@ -128,7 +146,9 @@ async def test_ten_thousand_sessions_answer_one_page():
     for i in range(10_000):
         lease = await controller.acquire(R(), f"s{i:05d}", "chat", {"messages": []})
         lease.release()
-    sources = StatusSources("standalone", [R()], controller.gates(), {}, lambda name: {}, lambda name: None, 10_000, 0.0)
+    sources = StatusSources(
+        "standalone", [R()], controller.gates(), {}, lambda name: {}, lambda name: None, 10_000, 0.0
+    )
     snap = status_snapshot(sources, StatusQuery(view="all", limit=50, offset=9_990))
     assert snap["sessions"]["total"] == 10_000
     assert [s["session"] for s in snap["sessions"]["items"]] == [f"s{i:05d}" for i in range(9_990, 10_000)]

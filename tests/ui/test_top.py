@@ -20,8 +20,12 @@ TOKEN = "top-test-token"
 @pytest.fixture
 async def serve():
     # windows that outlive the test: top lists the sessions holding one
-    env = {**os.environ, "KVGATE_ADMIN__TOKEN": TOKEN, "KVGATE_GATE__IDLE_GRACE_SEC": "600",
-           "KVGATE_GATE__QUIET_FLOOR_SEC": "600"}
+    env = {
+        **os.environ,
+        "KVGATE_ADMIN__TOKEN": TOKEN,
+        "KVGATE_GATE__IDLE_GRACE_SEC": "600",
+        "KVGATE_GATE__QUIET_FLOOR_SEC": "600",
+    }
     proc, _lines, url = await start_until_listening(
         [sys.executable, "-m", "kvgate.cli", "serve", "--port", "0"], env=env
     )
@@ -34,8 +38,14 @@ async def top(*args: str, token: str | None = TOKEN, timeout: float = 30) -> tup
     if token is not None:
         env["KVGATE_ADMIN__TOKEN"] = token
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate.cli", "top", *args, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "kvgate.cli",
+        "top",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout)
     return proc.returncode, out.decode(), err.decode()
@@ -74,8 +84,17 @@ async def test_top_says_what_is_wrong(serve):
 async def test_top_redraws_in_place_until_interrupted(serve):
     env = {**os.environ, "KVGATE_ADMIN__TOKEN": TOKEN, "COLUMNS": "120", "LINES": "30"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate.cli", "top", "--url", serve, "--interval", "0.3", env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "kvgate.cli",
+        "top",
+        "--url",
+        serve,
+        "--interval",
+        "0.3",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     seen = b""
     try:
@@ -95,11 +114,16 @@ async def test_top_redraws_in_place_until_interrupted(serve):
 
 def test_render_shows_client_text_without_control_characters():
     status = {
-        "time": 0.0, "role": "standalone", "tracked_sessions": 1,
+        "time": 0.0,
+        "role": "standalone",
+        "tracked_sessions": 1,
         "replicas": [],
-        "waiters": {"total": 1, "items": [
-            {"session": "evil\x1b]0;owned\x07", "log_id": "abc", "replica": "r0", "waited_sec": 1.5, "held": None},
-        ]},
+        "waiters": {
+            "total": 1,
+            "items": [
+                {"session": "evil\x1b]0;owned\x07", "log_id": "abc", "replica": "r0", "waited_sec": 1.5, "held": None},
+            ],
+        },
         "sessions": {"total": 0, "items": []},
     }
     screen = "\n".join(render(status, "http://kvgate", width=80))
