@@ -63,13 +63,21 @@ function statusPath() {
   return `/admin/status?${params}`;
 }
 
+// A poll started by a click (a view, a page, a search) supersedes the one in flight: only
+// the newest renders and schedules the next, so an older answer never paints over it.
+const chains = { status: 0, history: 0 };
+
 async function tick() {
   clearTimeout(ui.timer);
   if (!ui.running) return;
+  const mine = ++chains.status;
   try {
-    render(await api(statusPath()));
+    const status = await api(statusPath());
+    if (mine !== chains.status) return;
+    render(status);
     setConnection(true);
   } catch (error) {
+    if (mine !== chains.status) return;
     if (error instanceof Refused) return signOut(error.message);
     setConnection(false);
   }
@@ -79,9 +87,13 @@ async function tick() {
 async function historyTick() {
   clearTimeout(ui.historyTimer);
   if (!ui.running) return;
+  const mine = ++chains.history;
   try {
-    renderHistory(await api("/admin/status/history"));
+    const history = await api("/admin/status/history");
+    if (mine !== chains.history) return;
+    renderHistory(history);
   } catch (error) {
+    if (mine !== chains.history) return;
     if (error instanceof Refused) return signOut(error.message);
   }
   if (ui.running) ui.historyTimer = setTimeout(historyTick, HISTORY_MS);

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import aiohttp
 import pytest
@@ -10,10 +11,11 @@ from prometheus_client import CollectorRegistry
 
 from kvgate.gate.admission import AdmissionController
 from kvgate.gate.metrics import GateMetrics
+from kvgate.gate.readings import UsageReading
 from kvgate.proxy.access_log import session_hash
 from kvgate.proxy.app import create_app
 from kvgate.proxy.settings import Settings
-from kvgate.proxy.status_snapshot import StatusQuery, StatusSources, status_snapshot
+from kvgate.proxy.status_snapshot import StatusQuery, StatusSources, status_snapshot, usage_summary
 from tests.gate.helpers import CLEAN, FakeProbe, settings
 from tests.ui.stack import (
     ROOMY,
@@ -155,3 +157,16 @@ async def test_ten_thousand_sessions_answer_one_page():
     for i in range(10_000):
         controller.finish_session(f"s{i:05d}")
     assert controller.counts() == CLEAN
+
+
+def test_usage_shows_pinned_and_cpu_tier_blocks_where_the_reading_has_them():
+    @dataclasses.dataclass(frozen=True)
+    class TieredReading(UsageReading):
+        num_pinned_blocks: int | None = None
+        num_cpu_blocks: int | None = None
+
+    reading = TieredReading(0.5, num_total_blocks=100, num_free_blocks=50, num_pinned_blocks=7, num_cpu_blocks=400)
+    summary = usage_summary(reading)
+    assert (summary["used_blocks"], summary["num_pinned_blocks"], summary["num_cpu_blocks"]) == (50, 7, 400)
+    assert "num_pinned_blocks" not in usage_summary(UsageReading(0.5, num_total_blocks=100, num_free_blocks=50))
+    assert usage_summary(UsageReading(0.3))["used_blocks"] is None  # the /metrics fallback: no block counts
