@@ -166,4 +166,3 @@ async def _busy_scene(stack) -> None:
         await turn(stack.url, f"agent-5{i:02d}/turn")
     page.sample()
     await crowd(stack, True)
-
