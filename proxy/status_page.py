@@ -23,7 +23,7 @@ from importlib import resources
 import orjson
 from prometheus_client import Counter
 
-from kvgate.proxy.errors import JSON_CONTENT_TYPE, RequestRejected, send_error
+from kvgate.proxy.errors import JSON_CONTENT_TYPE, send_error
 from kvgate.proxy.http_server import HttpRequest, Responder
 from kvgate.proxy.status_history import HISTORY_INTERVAL_SEC, CounterHistory, ReplicaCounters
 from kvgate.proxy.status_snapshot import StatusSources, parse_status_query, status_snapshot
@@ -93,13 +93,9 @@ class StatusPage:
         responder.send(200, body, [(b"Content-Type", kind), *_ASSET_HEADERS])
 
     def send_status(self, request: HttpRequest, responder: Responder) -> None:
-        """`GET /admin/status` (token checked by the admin API)."""
-        try:
-            query = parse_status_query(request.query)
-        except RequestRejected as exc:
-            send_error(responder, exc.status, exc.message, exc.code)
-            return
-        body = orjson.dumps(status_snapshot(self._sources(), query))
+        """`GET /admin/status` (token checked by the admin API, which answers a RequestRejected
+        from a bad query as a 400)."""
+        body = orjson.dumps(status_snapshot(self._sources(), parse_status_query(request.query)))
         responder.send(200, body, [JSON_CONTENT_TYPE, _NO_STORE])
 
     def send_history(self, responder: Responder) -> None:
