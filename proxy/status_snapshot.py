@@ -25,8 +25,9 @@ VIEWS = ("windows", "waiting", "all")  # which sessions the page lists
 MAX_LIMIT = 200  # rows of one page
 MAX_WAITERS = 100  # waiters listed (the longest waits); the total is always given
 MAX_QUERY = 600  # characters of a search: a session id is at most 512 bytes, else its 64-digit hash
-# Usage fields shown as they come: pinned or CPU-tier blocks, where the replica reports them.
-_EXTRA_USAGE_WORDS = ("pinned", "cpu", "offload")
+# Usage counts shown as they come: pinned or CPU-tier blocks (and pinned sessions), where the
+# reading has them (`num_pinned_blocks`, `num_cpu_blocks`, `num_cpu_cached_blocks`, ...).
+_EXTRA_USAGE_WORDS = ("pinned", "cpu")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +121,7 @@ def usage_summary(reading) -> dict[str, Any] | None:
         "source": reading.source,
     }
     for f in dataclasses.fields(reading):
-        if any(word in f.name for word in _EXTRA_USAGE_WORDS):
+        if f.name.startswith("num_") and any(word in f.name for word in _EXTRA_USAGE_WORDS):
             out[f.name] = getattr(reading, f.name)
     return out
 

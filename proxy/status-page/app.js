@@ -169,7 +169,7 @@ function usageCell(r) {
       text += ` · books ${g.window_blocks}`;
     }
   }
-  const extras = Object.entries(u).filter(([k, v]) => /pinned|cpu|offload/.test(k) && v !== null).map(([k, v]) => `${k.replace(/^num_/, "")} ${v}`);
+  const extras = Object.entries(u).filter(([k, v]) => /pinned|cpu/.test(k) && v !== null).map(([k, v]) => `${k.replace(/^num_/, "")} ${v}`);
   return [bar, h("div", { class: "mono small" }, text), extras.length ? h("div", { class: "muted small" }, extras.join(" · ")) : null];
 }
 

@@ -164,9 +164,18 @@ def test_usage_shows_pinned_and_cpu_tier_blocks_where_the_reading_has_them():
     class TieredReading(UsageReading):
         num_pinned_blocks: int | None = None
         num_cpu_blocks: int | None = None
+        cpu_load_sec_per_block: float | None = None  # not a count: not shown
 
-    reading = TieredReading(0.5, num_total_blocks=100, num_free_blocks=50, num_pinned_blocks=7, num_cpu_blocks=400)
+    reading = TieredReading(
+        0.5,
+        num_total_blocks=100,
+        num_free_blocks=50,
+        num_pinned_blocks=7,
+        num_cpu_blocks=400,
+        cpu_load_sec_per_block=1e-4,
+    )
     summary = usage_summary(reading)
     assert (summary["used_blocks"], summary["num_pinned_blocks"], summary["num_cpu_blocks"]) == (50, 7, 400)
+    assert "cpu_load_sec_per_block" not in summary
     assert "num_pinned_blocks" not in usage_summary(UsageReading(0.5, num_total_blocks=100, num_free_blocks=50))
     assert usage_summary(UsageReading(0.3))["used_blocks"] is None  # the /metrics fallback: no block counts
