@@ -87,9 +87,9 @@ def fetch_status(url: str, token: str, limit: int, timeout: float = 5.0) -> dict
 def top_command(args: argparse.Namespace) -> int:
     try:
         token = read_token(args.token_file)
-        if args.once:
-            size = shutil.get_terminal_size((160, 50))
-            print("\n".join(render(fetch_status(args.url, token, 50), args.url, size.columns, 10_000)))
+        if args.once:  # for a script or a ticket: whole lines, unless a terminal would wrap them
+            width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 10_000
+            print("\n".join(render(fetch_status(args.url, token, 50), args.url, width, 10_000)))
             return 0
     except TopError as exc:
         print(f"kvgate top: {exc}", file=sys.stderr)

@@ -116,8 +116,10 @@ class PageErrors:
 
 
 @pytest.fixture
-def page(browser_context):
-    """A new tab; the test fails if it logged a console error or threw (`errors`)."""
+def page(browser_context, stack):
+    """A new tab on this test's kvgate (`stack`: set up before the tab and stopped after it
+    closes, so the tab never polls a stopped kvgate); the test fails if it logged a console
+    error or threw (`errors`)."""
     tab = browser_context.new_page()
     errors = PageErrors()
     tab.on("console", lambda message: message.type == "error" and errors.console.append(message.text))

@@ -70,7 +70,7 @@ def test_a_waiting_turn_shows_within_2_s_and_leaves_when_it_goes_in(page, stack,
     page.wait_for_selector("#waiters td:has-text('no turn is waiting')")
 
 
-def test_a_replica_drained_from_the_page_takes_no_new_sessions(page, stack, server_loop):
+def test_a_replica_drained_from_the_page_takes_no_new_sessions_and_can_be_removed(page, stack, server_loop):
     sign_in(page, stack.url)
     drain = "#replicas tr[data-replica='r0'] button.drain"
     page.wait_for_selector(drain)
@@ -86,6 +86,11 @@ def test_a_replica_drained_from_the_page_takes_no_new_sessions(page, stack, serv
     assert questions and "Drain r0" in questions[0]
     replicas = {server_loop.run(turn(stack.url, f"new-{i}"))[1]["x-kvgate-replica"] for i in range(12)}
     assert replicas == {"r1"}
+
+    page.click("#replicas tr[data-replica='r0'] button.remove")
+    page.wait_for_selector("#replicas tr[data-replica='r0']", state="detached")
+    assert "Remove r0" in questions[-1]
+    assert [r.name for r in stack.app.registry.all()] == ["r1"]
 
 
 def test_ending_a_session_from_the_page_asks_first(page, stack, server_loop):
@@ -116,16 +121,12 @@ def test_the_page_keeps_working_after_kvgate_restarts(page, stack, server_loop):
     page.errors.allowed = ("ERR_CONNECTION_REFUSED", "ERR_EMPTY_RESPONSE", "ERR_CONNECTION_RESET")
     server_loop.run(stack.app.close())
     page.wait_for_selector("#conn.down")
-    server_loop.run(_start_again(stack))
+    server_loop.run(stack.restart())
     server_loop.run(turn(stack.url, "after-restart"))
     page.wait_for_selector("#conn:not(.down)")
     page.click("#views button[data-view='all']")
     page.wait_for_selector("#sessions tr[data-session='after-restart']")
     assert not page.is_visible("#login")  # the token outlived the restart
-
-
-async def _start_again(stack) -> None:
-    await stack.restart()
 
 
 def test_screenshot(page, stack, server_loop, tmp_path):

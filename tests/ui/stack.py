@@ -9,7 +9,7 @@ loopback on the caller's event loop; `Stack.close()` stops all of it.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -43,7 +43,6 @@ class Stack:
     controller: AdmissionController
     url: str
     port: int
-    closed: list[ProxyApp] = field(default_factory=list)
 
     async def restart(self) -> None:
         """Stop kvgate and start a new one (fresh books) on the same port."""
