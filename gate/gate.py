@@ -65,7 +65,7 @@ import asyncio
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -718,30 +718,9 @@ class Gate:
         now = self._now()
         in_flight: list[str] = []
         idle: list[str] = []
-        sessions: dict[str, dict[str, Any]] = {}
         for key, rec in self._book.windows.items():  # oldest window first
             (in_flight if rec.in_flight else idle).append(key)
-        for key, rec in self._book.records.items():
-            sessions[key] = {
-                "reasons": dict(rec.reasons),
-                "num_superseded": rec.num_superseded,
-                "windows_lost": rec.windows_lost,
-                "in_flight": rec.in_flight,
-                "has_window": rec.has_window,
-                "resident_blocks": rec.footprint,
-                "growth_tokens": rec.growth_tokens,
-                "idle_sec": round(now - rec.idle_since, 3) if rec.is_idle else None,
-                "gap_sec": None if rec.gap_ewma is None else round(rec.gap_ewma, 3),
-                "quiet_in_sec": (
-                    round(rec.quiet_deadline - now, 3)
-                    if rec.is_idle and rec.has_window and rec.quiet_deadline is not None
-                    else None
-                ),
-                "quiet_lifetime_sec": round(self._book.quiet_lifetime(rec), 3),
-                "last_window_end": rec.last_window_end,
-                "held": next((h for h in map(_held_state, rec.attempts.values()) if h is not None), None),
-                "attempts": len(rec.attempts),
-            }
+        sessions = {key: self._session_state(rec, now) for key, rec in self._book.records.items()}
         pending = [k for k, rec in self._book.records.items() if any(a in self._queue for a in rec.attempts.values())]
         anonymous_waiting = sum(1 for waiter in self._queue if not waiter.named)
         return {
@@ -757,3 +736,71 @@ class Gate:
             "window_ends": dict(self._book.window_ends),
             "replica_gap_sec": None if self._book.replica_gap_ewma is None else round(self._book.replica_gap_ewma, 3),
         }
+
+    def _session_state(self, rec: SessionRecord, now: float) -> dict[str, Any]:
+        """One session's entry in /admin/state (and the status page's session rows)."""
+        return {
+            "reasons": dict(rec.reasons),
+            "num_superseded": rec.num_superseded,
+            "windows_lost": rec.windows_lost,
+            "in_flight": rec.in_flight,
+            "has_window": rec.has_window,
+            "resident_blocks": rec.footprint,
+            "growth_tokens": rec.growth_tokens,
+            "idle_sec": round(now - rec.idle_since, 3) if rec.is_idle else None,
+            "gap_sec": None if rec.gap_ewma is None else round(rec.gap_ewma, 3),
+            "quiet_in_sec": (
+                round(rec.quiet_deadline - now, 3)
+                if rec.is_idle and rec.has_window and rec.quiet_deadline is not None
+                else None
+            ),
+            "quiet_lifetime_sec": round(self._book.quiet_lifetime(rec), 3),
+            "last_window_end": rec.last_window_end,
+            "held": next((h for h in map(_held_state, rec.attempts.values()) if h is not None), None),
+            "attempts": len(rec.attempts),
+        }
+
+    # The status page's reads (proxy/status_page.py): read-only, and each costs what it
+    # returns, not the number of sessions (but `waiters`: one pass over the records that
+    # have an attempt in progress), so a page polling every second stays cheap at 10,000.
+
+    def session_state(self, key: str) -> dict[str, Any] | None:
+        """The session's /admin/state entry, or None if this gate does not book it."""
+        rec = self._book.records.get(key)
+        return None if rec is None else self._session_state(rec, self._now())
+
+    def session_keys(self, windows_only: bool = False) -> Iterator[str]:
+        """The booked session keys (oldest first), or only those holding a window (oldest window first)."""
+        return iter(self._book.windows if windows_only else self._book.records)
+
+    def overview(self) -> dict[str, Any]:
+        """Counts and the last usage reading, without walking the sessions."""
+        book = self._book
+        return {
+            "mode": self.settings.mode,
+            "policy": self.policy.name,
+            "closed": self._closed is not None,
+            "leases": book.leases,
+            "windows_in_flight": book.windows_in_flight,
+            "windows_idle": book.windows_idle,
+            "window_blocks": book.window_blocks,
+            "waiters": len(self._queue),
+            "sessions": len(book.records),
+            "usage": self._usage,
+            "window_ends": dict(book.window_ends),
+        }
+
+    def waiters(self) -> list[dict[str, Any]]:
+        """Every queued attempt, longest wait first: its session key (None: anonymous),
+        seconds waited, and why it waits (its last Wait), if decided."""
+        now = self._now()
+        keys = {attempt: key for key, rec in self._book.records.items() for attempt in rec.attempts.values()}
+        out = [
+            {
+                "session": keys.get(waiter),
+                "waited_sec": round(max(0.0, now - waiter.queued_at), 3),
+                "held": _held_state(waiter),
+            }
+            for waiter in self._queue  # arrival order: the longest wait first
+        ]
+        return out

@@ -66,6 +66,8 @@ OTHER_VARIABLES = frozenset(
         "KVGATE_CI_FRESH",
         "KVGATE_PROMETHEUS",
         "KVGATE_PROMTOOL",
+        "KVGATE_CHROMIUM",
+        "KVGATE_WRITE_SCREENSHOT",
     }
 )
 
