@@ -109,9 +109,10 @@ def _is_uniform_wrapper(spec: Any) -> bool:
     return type(spec).__name__ == "UniformTypeKVCacheSpecs"
 
 
-def load_bandwidth(env: Mapping[str, str] = os.environ) -> float:
-    """Host-to-device bytes per second: ``KVGATE_CPU_LOAD_GBPS`` (GB/s, 1e9 bytes) or 50 GB/s."""
-    raw = env.get(BANDWIDTH_ENV, "").strip()
+def load_bandwidth(env: Mapping[str, str] | None = None) -> float:
+    """Host-to-device bytes per second: ``KVGATE_CPU_LOAD_GBPS`` (GB/s, 1e9 bytes; from `env`,
+    default the process environment) or 50 GB/s when unset or not a positive number."""
+    raw = (os.environ.get("KVGATE_CPU_LOAD_GBPS", "") if env is None else env.get(BANDWIDTH_ENV, "")).strip()
     try:
         gbps = float(raw) if raw else DEFAULT_LOAD_GBPS
     except ValueError:
@@ -124,7 +125,7 @@ def load_sec_per_block(bytes_per_block: int | None, bandwidth: float) -> float |
     return bytes_per_block / bandwidth if bytes_per_block else None
 
 
-def capacity_figures(tier: CpuTier, env: Mapping[str, str] = os.environ) -> dict[str, Any]:
+def capacity_figures(tier: CpuTier, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The kv answer's CPU fields: capacity and held blocks (stored or being stored), in
     engine blocks, and the seconds to load one block."""
     manager = tier.manager
