@@ -28,10 +28,10 @@ import pytest
 
 from kvgate.simulator.replica_server import SimulatedReplica
 from kvgate.vllm_plugin import endpoint_plugin, jsonio
+from kvgate.vllm_plugin.cpu_tier import cpu_run_blocks, cpu_tier_of
 from kvgate.vllm_plugin.endpoint_plugin import ProbeService
 from kvgate.vllm_plugin.engine_plugin import PREFIX_ANSWER_METHOD, install_probes
 from kvgate.vllm_plugin.engine_rates import READ_INTERVAL_SEC
-from kvgate.vllm_plugin.cpu_tier import cpu_run_blocks, cpu_tier_of
 from kvgate.vllm_plugin.pin_keeper import PinKeeper, keeper_of
 from kvgate.wire.errors import anthropic_error, openai_error
 from kvgate.wire.kv_pins import ReleaseAnswer, make_pin
