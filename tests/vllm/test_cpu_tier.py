@@ -8,12 +8,10 @@ tests assert on the probes' answers and on what vLLM's own offloading scheduler 
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from vllm_harness import SCRIPTS
+from vllm_harness import script_json
 
 pytestmark = pytest.mark.vllm
 
@@ -22,11 +20,7 @@ BLOCK_BYTES = 2 * 2 * 32 * 4 * 16  # K and V, 2 heads of 32 float32s, 16 tokens,
 
 @pytest.fixture(scope="module")
 def seen(vllm_python: Path) -> dict:
-    result = subprocess.run(
-        [str(vllm_python), str(SCRIPTS / "cpu_tier_checks.py")], capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return script_json(vllm_python, "cpu_tier_checks.py")
 
 
 def test_the_cpu_run_after_the_gpu_hit_is_what_vllm_would_load(seen):
