@@ -271,7 +271,47 @@ RETENTION: tuple[Internal, ...] = (
     ),
 )
 
-TOUCHED: tuple[Internal, ...] = ENGINE_CORE + API_SERVER + RENDERING + RETENTION
+_TIER = "cpu_tier.cpu_tier_of"
+_HELD = "cpu_tier.capacity_figures"
+_RUN = "cpu_tier.cpu_run_blocks"
+_OFFLOAD = "vllm.distributed.kv_transfer.kv_connector.v1.offloading"
+OFFLOAD_BASE = "vllm.v1.kv_offload.base"
+CPU_MANAGER = "vllm.v1.kv_offload.cpu.manager"
+KV_SPECS = "vllm.v1.kv_cache_interface"
+
+CPU_TIER: tuple[Internal, ...] = (
+    # --kv-offloading-size makes the kv_transfer_config an OffloadingConnector with cpu_bytes_to_use.
+    Text("vllm.config.vllm", "OffloadingConnector", "docs/vllm-plugin.md CPU tier"),
+    Text("vllm.v1.kv_offload.cpu.spec", "cpu_bytes_to_use", "docs/vllm-plugin.md CPU tier"),
+    # The connector's scheduler side, found as the scheduler's connector or a MultiConnector child.
+    Member(f"{_OFFLOAD}_connector", "OffloadingConnector.connector_scheduler", "cpu_tier.offloading_scheduler_of"),
+    Member(f"{_OFFLOAD}.scheduler", "OffloadingConnectorScheduler.manager", _TIER),
+    Member(f"{_OFFLOAD}.scheduler", "OffloadingConnectorScheduler.config", _TIER),
+    Member(f"{_OFFLOAD}.scheduler", "SchedulerOffloadConfig.kv_group_configs", _TIER),
+    *(
+        Member(f"{_OFFLOAD}.scheduler", f"GroupOffloadConfig.{field}", _TIER)
+        for field in ("group_idx", "tokens_per_block", "tokens_per_chunk", "hashes_per_chunk")
+    ),
+    # The CPU manager (or a tiering manager's primary CPU tier): read-only lookups and chunk counts.
+    Member("vllm.v1.kv_offload.tiering.manager", "TieringOffloadingManager.primary_tier", "cpu_tier._cpu_manager"),
+    Call(CPU_MANAGER, "CPUOffloadingManager.lookup", _RUN, positional=2),
+    *(
+        Member(CPU_MANAGER, f"CPUOffloadingManager.{field}", _HELD)
+        for field in ("_num_chunks", "_num_allocated_chunks", "_free_list")
+    ),
+    Call(OFFLOAD_BASE, "make_offload_key", "engine_probes.hit_blocks_cpu", positional=2),
+    Call(OFFLOAD_BASE, "ReqContext", "engine_probes.hit_blocks_cpu", keywords=("req_id",)),
+    *(Member(OFFLOAD_BASE, f"LookupResult.{name}", _RUN) for name in ("HIT", "HIT_PENDING")),
+    # One block's KV bytes on one worker, from the scheduler's KV cache config.
+    Member(SCHEDULER, "Scheduler.kv_cache_config", "cpu_tier._bytes_per_block"),
+    Member(KV_SPECS, "KVCacheConfig.kv_cache_groups", "cpu_tier._bytes_per_block"),
+    Member(KV_SPECS, "KVCacheGroupSpec.kv_cache_spec", "cpu_tier._bytes_per_block"),
+    Member(KV_SPECS, "KVCacheGroupSpec.layer_names", "cpu_tier._bytes_per_block"),
+    Member(KV_SPECS, "AttentionSpec.page_size_bytes", "cpu_tier._bytes_per_block"),
+    Symbol(KV_SPECS, "UniformTypeKVCacheSpecs", "cpu_tier._is_uniform_wrapper"),
+)
+
+TOUCHED: tuple[Internal, ...] = ENGINE_CORE + API_SERVER + RENDERING + RETENTION + CPU_TIER
 
 
 def applies(entry: Internal, release: Release) -> bool:

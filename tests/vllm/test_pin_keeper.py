@@ -6,23 +6,17 @@ assert on what each phase saw.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from vllm_harness import SCRIPTS
+from vllm_harness import script_json
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
 def seen(vllm_python: Path) -> dict:
-    result = subprocess.run(
-        [str(vllm_python), str(SCRIPTS / "pin_keeper_checks.py")], capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return script_json(vllm_python, "pin_keeper_checks.py")
 
 
 def test_a_pin_holds_one_reference_on_each_full_block_and_counts_them_used(seen):

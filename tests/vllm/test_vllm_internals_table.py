@@ -28,12 +28,14 @@ TOUCHING = (
     "engine_rates.py",
     "pin_keeper.py",
     "retention_connector.py",
+    "cpu_tier.py",
 )
 NOT_VLLM = {
     "__name__": "Python",
     "get": "dict.get, APIRouter.get",
     "encode": "str",
     "join": "str",
+    "strip": "str",
     "environ": "os",
     "getLogger": "logging",
     "debug": "logging",
