@@ -295,7 +295,9 @@ class Gate:
                 turn.attempt.checkpoint()
                 if usage is not None:
                     self._usage = usage
-                decision, prefix = await self._decide_turn(turn, usage)
+                decision, prefix = self._calm_decision(turn, usage), None
+                if decision is None:
+                    decision, prefix = await self._decide_turn(turn, usage)
                 outcome = self._act(turn, decision, prefix, usage)
                 if isinstance(outcome, Lease):
                     return outcome
@@ -336,6 +338,29 @@ class Gate:
 
     def _turn_view(self, turn: _Turn, usage: UsageReading | None) -> Any:
         return self._view(turn.record, turn.attempt, turn.allowance, turn.bound, usage, turn.start, turn.priority_field)
+
+    def _calm_decision(self, turn: _Turn, usage: UsageReading | None) -> Decision | None:
+        """The policy's calm rule (`Policy.calm`) on a named turn with no waiter at the gate
+        (so none ahead of it): the decision the full one would be, read off a few O(1)
+        facts, or None to decide in full (also for a prompt the body proves too long: the
+        full decision refuses it)."""
+        calm = self.policy.calm
+        if calm is None or self._queue or turn.record is None or usage is None:
+            return None
+        if over_long(turn.kept_bytes, usage.max_model_len, usage.max_token_bytes) is not None:
+            return None
+        facts = TurnFacts(
+            self._book,
+            turn.record,
+            turn.allowance,
+            turn.bound,
+            lambda: 0,
+            usage,
+            self._now(),
+            turn.start,
+            turn.priority_field,
+        )
+        return calm((self.policy.calm_view or self.policy.view)(facts), usage, self.settings)
 
     async def _decide_turn(self, turn: _Turn, usage: UsageReading | None) -> tuple[Decision, PrefixReading | None]:
         """The policy's decision on this reading, probing the prefix only when it asks to;

@@ -93,6 +93,10 @@ class TurnFacts:
         return self._book.older_window_blocks(rec) + sibling
 
     @property
+    def window_blocks(self) -> int:
+        return 0 if self._rec is None else self._book.window_blocks
+
+    @property
     def waiters_ahead(self) -> int:
         return self._waiters_ahead() if self._rec is not None else 0
 

@@ -33,6 +33,7 @@ class GateFacts(Protocol):
       the book is queried only when a policy calls it.
     older_window_blocks: the footprints of the windows that rank before this session's
       own (opened earlier), in flight or idle; all windows when the session holds none.
+    window_blocks: the footprints of every window, in flight or idle (O(1)).
     max_output_tokens: the request's output allowance (`output_allowance(body)`).
     waiters_ahead: named sessions queued at the gate ahead of this attempt (all of
       them for an attempt not queued yet).
@@ -73,6 +74,8 @@ class GateFacts(Protocol):
     def late_windows(self) -> tuple[int, float | None]: ...
     @property
     def older_window_blocks(self) -> int: ...
+    @property
+    def window_blocks(self) -> int: ...
     @property
     def max_output_tokens(self) -> int: ...
     @property
@@ -169,6 +172,27 @@ class WorkingSetView:
         """The view of `facts`: each field read off the fact of the same name (the late
         windows as the accessor itself, called only by the policy branch that needs them)."""
         return cls(**{name: getattr(facts, name) for name in _WORKING_SET_FIELDS})
+
+    @classmethod
+    def read_calm(cls, facts: GateFacts) -> WorkingSetView:
+        """The part of the view the calm rule (`working_set_calm`) reads, in O(1): what
+        `bounded_footprint` and `at_low_priority` read, with `older_window_blocks` counting
+        every window (`window_blocks`: an upper bound of the windows older than the
+        session's own, and of those plus a sibling turn's), the rest at its defaults.
+        For a turn with no waiter at the gate (`waiters_ahead` 0) only."""
+        return cls(
+            anonymous=facts.anonymous,
+            has_window=facts.has_window,
+            idle_window_blocks=facts.idle_window_blocks,
+            older_window_blocks=facts.window_blocks,
+            max_output_tokens=facts.max_output_tokens,
+            last_prompt_tokens=facts.last_prompt_tokens,
+            last_growth_tokens=facts.last_growth_tokens,
+            mean_growth_tokens=facts.mean_growth_tokens,
+            prompt_bound_tokens=facts.prompt_bound_tokens,
+            last_prompt_bound=facts.last_prompt_bound,
+            priority_field=facts.priority_field,
+        )
 
     @classmethod
     def read_price(cls, facts: GateFacts) -> WorkingSetView:
