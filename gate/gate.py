@@ -89,6 +89,7 @@ from kvgate.gate.probe import Probe
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.repricing import Repricer, RepriceRequest, TurnNote
 from kvgate.gate.request_body import (
+    body_bytes,
     body_holds_prompt,
     output_allowance,
     over_long,
@@ -212,11 +213,26 @@ class _Turn:
     body: Mapping[str, object]
     allowance: int
     bound: int | None
-    kept_bytes: int
     priority_field: bool
     start: float
     held_on: PrefixReading | None = None
     held_on_at: float = 0.0
+    kept_bytes: int | None = None  # the user text every rendering keeps, counted when first needed
+
+    def refusal(self, usage: UsageReading) -> Reject | None:
+        """The `prompt_too_long` refusal the body alone proves (`over_long`), else None. The
+        user's text is part of the body's bytes: a body whose encoding (`bound`) is short
+        enough is never refused, and its text is not counted."""
+        if usage.max_model_len is None or not usage.max_token_bytes:
+            return None
+        if self.kept_bytes is None:
+            if (
+                self.bound is not None
+                and over_long(body_bytes(self.bound), usage.max_model_len, usage.max_token_bytes) is None
+            ):
+                return None
+            self.kept_bytes = user_text_bytes(self.route_kind, self.body)
+        return over_long(self.kept_bytes, usage.max_model_len, usage.max_token_bytes)
 
 
 class Gate:
@@ -248,12 +264,11 @@ class Gate:
         self._admissions: dict[str, Counter] = {}
         self._wait_hist = metrics.admission_wait.labels(name)
         self._pending_gauge = metrics.pending_sessions.labels(name)
-        self._window_gauges = (
-            metrics.windows.labels(name, "in_flight"),
-            metrics.windows.labels(name, "idle"),
-        )
+        # The window gauges read the book when scraped: no gauge (and its lock) on a turn's path.
+        self._window_gauges = (metrics.windows.labels(name, "in_flight"), metrics.windows.labels(name, "idle"))
+        self._window_gauges[0].set_function(lambda: self._book.windows_in_flight)
+        self._window_gauges[1].set_function(lambda: self._book.windows_idle)
         self._superseded = metrics.superseded_attempts.labels(name)
-        self._published = (-1, -1)
         self._changed_at = float("-inf")  # last release, finish or expiry that may free blocks
         self._retry_after = max(1, math.ceil(settings.wait_poll_sec))
         self._max_wait = settings.max_wait_sec if settings.max_wait_sec > 0 else None
@@ -310,7 +325,6 @@ class Gate:
         """Read what the body says once and book the attempt (superseding its session's older one)."""
         attempt = Attempt(named=session_key is not None)
         allowance = output_allowance(body)
-        kept_bytes = user_text_bytes(route_kind, body)  # the text every rendering keeps (`request_body`)
         # Only named turns are priced; one compact encoding of the body bounds its prompt.
         # A body that does not hold its whole prompt (a Responses continuation) has no bound.
         bound = (
@@ -331,7 +345,6 @@ class Gate:
             body=body,
             allowance=allowance,
             bound=bound,
-            kept_bytes=kept_bytes,
             priority_field=route_kind in PRIORITY_FIELD_KINDS,
             start=start,
         )
@@ -347,7 +360,7 @@ class Gate:
         calm = self.policy.calm
         if calm is None or self._queue or turn.record is None or usage is None:
             return None
-        if over_long(turn.kept_bytes, usage.max_model_len, usage.max_token_bytes) is not None:
+        if turn.refusal(usage) is not None:
             return None
         facts = TurnFacts(
             self._book,
@@ -367,7 +380,7 @@ class Gate:
         returns the decision and the prefix read for it (None: not probed or unavailable)."""
         view = self._turn_view(turn, usage)
         # A prompt the body alone proves too long is refused before any probe.
-        refusal = over_long(turn.kept_bytes, usage.max_model_len, usage.max_token_bytes) if usage else None
+        refusal = turn.refusal(usage) if usage else None
         first = refusal or self.policy.decide(view, usage, None, self.settings)
         if not isinstance(first, ProbeFirst):
             return first, None
@@ -682,15 +695,11 @@ class Gate:
         self._metrics.session_supersessions.observe(record.num_superseded)
 
     def _publish_windows(self) -> None:
-        """Publish the window gauges (`kvgate_windows`) and count the windows ended since the last call."""
+        """Count the windows ended since the last call (`kvgate_window_ends_total`); the
+        window gauges (`kvgate_windows`) read the book when scraped."""
         if self._book._new_window_ends:
             for cause in self._book.take_window_ends():
                 self._window_ends[cause].inc()
-        counts = (self._book.windows_in_flight, self._book.windows_idle)
-        if counts != self._published:  # most calls change nothing: skip the gauges' locks
-            self._published = counts
-            self._window_gauges[0].set(counts[0])
-            self._window_gauges[1].set(counts[1])
 
     # -------------------------------------------------------------------- close
 
@@ -713,6 +722,8 @@ class Gate:
         self._pending_gauge.set(0)
         self._oldest_waiter.set_function(lambda: 0.0)  # let go of this gate
         self._repricer.close()
+        for gauge in self._window_gauges:  # every window ended above
+            gauge.set_function(lambda: 0.0)
         close_probe = getattr(self.probe, "close", None)
         if close_probe is not None:
             close_probe()
