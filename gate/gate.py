@@ -334,7 +334,8 @@ class Gate:
         )
         record: SessionRecord | None = None
         if session_key is not None:
-            record, previous = self._book.begin_attempt(session_key, attempt, start, turn_key(route_kind, body))
+            # the turn's key (a digest of its prompt) is computed only if another attempt of the session acquires
+            record, previous = self._book.begin_attempt(session_key, attempt, start, lambda: turn_key(route_kind, body))
             if isinstance(previous, Attempt):  # the book keeps this gate's attempts
                 self._supersede(previous)
         self._attempts[attempt] = None

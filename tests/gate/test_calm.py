@@ -1,7 +1,9 @@
 """The calm rule (`Policy.calm`): a named turn with no waiter at the gate whose upper bound
 fits is admitted from a few O(1) facts, without the policy's full view (the twenty facts,
 the queue walk, the ranking of windows) or its decision table; and wherever it answers,
-it answers what the full decision would.
+it answers what the full decision would. A turn admitted alone never computes its key
+(a digest of its prompt): the book names it only when another attempt of the session
+acquires beside it.
 
 Fake clock, fake probe: the same random histories run through a gate whose policy has
 the calm rule and one whose policy has none, and every outcome and the books after each
@@ -17,6 +19,8 @@ from dataclasses import replace
 import pytest
 from prometheus_client import CollectorRegistry
 
+import kvgate.gate.gate as gate_module
+from kvgate.gate.book import SessionBook
 from kvgate.gate.errors import AdmissionError
 from kvgate.gate.gate import Gate, Lease
 from kvgate.gate.metrics import GateMetrics
@@ -221,3 +225,78 @@ async def test_the_calm_rule_decides_as_the_full_decision_on_random_histories(se
             lease.release()
     assert_clean(calm.gate, clock)
     assert full.gate.counts() == calm.gate.counts()
+
+
+# ------------------------------------------------------------ a lone turn is not named
+
+
+class Names:
+    """A turn's naming function that counts its calls."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.calls = name, 0
+
+    def __call__(self) -> str:
+        self.calls += 1
+        return self.name
+
+
+def test_a_lone_attempt_is_admitted_without_its_turn_ever_being_named():
+    book = SessionBook(60.0)
+    for turn in range(3):
+        names, attempt = Names(f"t{turn}"), object()
+        rec, previous = book.begin_attempt("s", attempt, float(turn), names)
+        book.admit(rec, attempt, "window_fits", float(turn), window=True, footprint=1)
+        book.release(rec, float(turn) + 0.5, attempt)
+        assert names.calls == 0 and previous is None
+    assert rec.attempts == {} and rec.unnamed_turn is None  # nothing of the turn's body is kept
+
+
+def test_a_second_attempt_names_the_first_and_supersedes_it_only_on_the_same_turn():
+    book = SessionBook(60.0)
+    first, second, third = object(), object(), object()
+    first_name = Names("main")
+    rec, previous = book.begin_attempt("s", first, 0.0, first_name)
+    assert previous is None and first_name.calls == 0
+    rec, previous = book.begin_attempt("s", second, 0.1, Names("title"))  # a distinct turn beside it
+    assert previous is None and first_name.calls == 1
+    assert rec.attempts == {"main": first, "title": second} and rec.unnamed_turn is None
+    rec, previous = book.begin_attempt("s", third, 0.2, Names("main"))  # the first turn re-sent
+    assert previous is first and rec.num_superseded == 1
+    assert rec.attempts == {"main": third, "title": second}
+    for attempt in (second, third):
+        book.end_attempt(rec, attempt, 0.3)
+    assert rec.attempts == {}
+
+
+async def test_the_gate_digests_a_turn_only_when_another_of_its_session_acquires(
+    metrics: GateMetrics, clock: FakeClock, monkeypatch
+):
+    digests: list[str] = []
+    real_turn_key = gate_module.turn_key
+
+    def counting(route_kind, turn_body):
+        digests.append(turn_body["id"])
+        return real_turn_key(route_kind, turn_body)
+
+    monkeypatch.setattr(gate_module, "turn_key", counting)
+    probe = FakeProbe(usage=0.02, total=1000, free=980, block_size=16)
+    gate = Gate("r0", probe, settings(), metrics, clock)
+    for _ in range(3):
+        lease = await gate.acquire("s", "chat", body("s"))
+        lease.release()
+    assert digests == []
+    probe.hold = asyncio.Event()  # the next attempt stops in its usage probe, still acquiring
+    first = asyncio.ensure_future(gate.acquire("s", "chat", body("s", "again")))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    resent = asyncio.ensure_future(gate.acquire("s", "chat", body("s", "again")))  # the same turn re-sent
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert digests == ["s", "s"]  # the waiting attempt named, then the newcomer
+    probe.hold.set()
+    lease = await resent
+    with pytest.raises(AdmissionError):
+        await first
+    lease.release()
+    assert_clean(gate, clock)
