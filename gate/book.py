@@ -96,7 +96,7 @@ class SessionRecord:
     key: str
     in_flight: int = 0
     has_window: bool = False
-    footprint: int = 0  # the window's price in blocks (/admin/state: resident_blocks)
+    footprint: int = 0  # the window's price in blocks (/admin/state: footprint_blocks)
     # The attempts still acquiring, by turn (`request_body.turn_key`): the newest attempt of
     # each distinct turn (the shell's tokens, compared by identity). A re-sent turn replaces
     # its older attempt; distinct turns of one session acquire side by side.

@@ -263,7 +263,7 @@ class Gate:
         self._metrics = metrics
         self._admissions: dict[str, Counter] = {}
         self._wait_hist = metrics.admission_wait.labels(name)
-        self._pending_gauge = metrics.pending_sessions.labels(name)
+        self._waiters_gauge = metrics.waiters.labels(name)
         # The window gauges read the book when scraped: no gauge (and its lock) on a turn's path.
         self._window_gauges = (metrics.windows.labels(name, "in_flight"), metrics.windows.labels(name, "idle"))
         self._window_gauges[0].set_function(lambda: self._book.windows_in_flight)
@@ -558,7 +558,7 @@ class Gate:
             self._queue[attempt] = None
             attempt.queued = True
             attempt.queued_at = self._now()
-            self._pending_gauge.set(len(self._queue))
+            self._waiters_gauge.set(len(self._queue))
             self._repricer.reprice_unpriced()
         now = self._now()
         timeout: float | None = None
@@ -598,7 +598,7 @@ class Gate:
 
     def _dequeue(self, attempt: Attempt) -> None:
         if self._queue.pop(attempt, False) is None:
-            self._pending_gauge.set(len(self._queue))
+            self._waiters_gauge.set(len(self._queue))
         attempt.queued = False
 
     def _wake_one(self) -> None:
@@ -720,7 +720,7 @@ class Gate:
         for key in list(self._book.records):
             self.finish_session(key, WindowEnd.REVOKED)
         self._purge(self._now())
-        self._pending_gauge.set(0)
+        self._waiters_gauge.set(0)
         self._oldest_waiter.set_function(lambda: 0.0)  # let go of this gate
         self._repricer.close()
         for gauge in self._window_gauges:  # every window ended above
@@ -758,7 +758,7 @@ class Gate:
         for key, rec in self._book.windows.items():  # oldest window first
             (in_flight if rec.in_flight else idle).append(key)
         sessions = {key: self._session_state(rec, now) for key, rec in self._book.records.items()}
-        pending = [k for k, rec in self._book.records.items() if any(a in self._queue for a in rec.attempts.values())]
+        waiters = [k for k, rec in self._book.records.items() if any(a in self._queue for a in rec.attempts.values())]
         anonymous_waiting = sum(1 for waiter in self._queue if not waiter.named)
         return {
             "mode": self.settings.mode,
@@ -767,8 +767,8 @@ class Gate:
             "leases": self._book.leases,
             "windows": {"in_flight": in_flight, "idle": idle},
             "window_blocks": self._book.window_blocks,
-            "pending": pending,
-            "pending_anonymous": anonymous_waiting,
+            "waiters": waiters,
+            "waiters_anonymous": anonymous_waiting,
             "sessions": sessions,
             "window_ends": dict(self._book.window_ends),
             "replica_gap_sec": None if self._book.replica_gap_ewma is None else round(self._book.replica_gap_ewma, 3),
@@ -782,7 +782,7 @@ class Gate:
             "windows_lost": rec.windows_lost,
             "in_flight": rec.in_flight,
             "has_window": rec.has_window,
-            "resident_blocks": rec.footprint,
+            "footprint_blocks": rec.footprint,
             "growth_tokens": rec.growth_tokens,
             "idle_sec": round(now - rec.idle_since, 3) if rec.is_idle else None,
             "gap_sec": None if rec.gap_ewma is None else round(rec.gap_ewma, 3),

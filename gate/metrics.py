@@ -37,8 +37,8 @@ class GateMetrics:
             buckets=WAIT_BUCKETS,
             registry=r,
         )
-        self.pending_sessions = Gauge(
-            "kvgate_pending_sessions", "Sessions waiting at the gate.", ["replica"], registry=r
+        self.waiters = Gauge(
+            "kvgate_waiters", "Turns waiting at the gate (named and anonymous).", ["replica"], registry=r
         )
         self.windows = Gauge(
             "kvgate_windows",

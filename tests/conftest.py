@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-GROUPED_FOLDERS = {"vllm": "vllm", "observability": "observability", "browser": "browser"}
+GROUPED_FOLDERS = {"vllm_plugin": "vllm", "observability": "observability", "browser": "browser"}
 
 
 def _group(item: pytest.Item) -> str | None:

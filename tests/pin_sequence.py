@@ -1,6 +1,6 @@
 """The one scripted sequence every server that keeps KV pins must pass (`wire.kv_pins`).
 
-Run against the vLLM plugin's retention connector (tests/vllm) and the simulated replica
+Run against the vLLM plugin's retention connector (tests/vllm_plugin) and the simulated replica
 (tests/simulator), over HTTP, with the same steps and the same assertions: that is what
 ties the simulator's pins to the engine's. Prompts are token ids (`/v1/completions`), so
 their block counts are exact on both; sizes are read from the replica's kv answer.

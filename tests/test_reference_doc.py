@@ -483,7 +483,7 @@ async def test_probe_api_is_documented():
     typed = _wire_answer_fields()
     from kvgate.wire.kv_pins import RELEASE_PATH
 
-    # The release route is the vLLM plugin's too (its retention connector, tests/vllm/test_pins_on_vllm.py).
+    # The release route is the vLLM plugin's too (its retention connector, tests/vllm_plugin/test_pins_on_vllm.py).
     served = routes | {("POST", RELEASE_PATH)}
     assert_same(set(_documented_routes("Replica side: the probe API and the owner record")), served, "Replica side")
     prefix_rows = table_rows(doc_sections()["`POST /v1/kvgate/prefix`"])

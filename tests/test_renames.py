@@ -34,6 +34,10 @@ RETIRED = {
     "POLICY=seed": "POLICY=watermark",
     "POLICY=contract": "POLICY=working_set",
     "issue-9": "silent-burst",
+    "kvgate_pending_sessions": "kvgate_waiters",
+    "pending_anonymous": "waiters_anonymous",
+    "resident_blocks": "footprint_blocks",
+    "kvgate_vllm": "vllm_plugin",
 }
 # Where an old name must appear: the list of renames, and the refusals that name the new one.
 ALLOWED = {

@@ -41,9 +41,9 @@ class Regime:
     replicas: int = 2
     gate: dict = field(default_factory=dict)  # gate settings shared by the kvgate modes
     # For --replica-url regimes: the random-weight model preset of
-    # tests/vllm/scripts/build_tiny_model.py the vLLM server should serve ("tiny" or
+    # tests/vllm_plugin/scripts/build_tiny_model.py the vLLM server should serve ("tiny" or
     # "prefill"); `shape` then gives the server's cache flags (num_blocks + 1 blocks,
-    # one is vLLM's null block). tests/vllm/scripts/run_vllm_bench.py starts it.
+    # one is vLLM's null block). tests/vllm_plugin/scripts/run_vllm_bench.py starts it.
     vllm_model: str | None = None
     # Trace regimes: the replicas come from a cost preset coarsened by the trace's
     # token_scale (`preset_shape`), and the last turn carries x-session-finish only if

@@ -356,7 +356,7 @@ class _Cluster:
             generated += engine.scheduler.counters.num_generation_tokens
         waiters = 0
         if self.controller is not None:
-            for family in self.metrics.pending_sessions.collect():
+            for family in self.metrics.waiters.collect():
                 waiters += int(sum(sample.value for sample in family.samples))
         return {
             "t": self.loop.time(),

@@ -235,7 +235,7 @@ function sessionRow(s) {
     h("td", { class: "mono" }, s.log_id),
     h("td", {}, s.replica),
     h("td", {}, sessionState(s)),
-    h("td", { class: "num" }, s.has_window ? s.resident_blocks : "–"),
+    h("td", { class: "num" }, s.has_window ? s.footprint_blocks : "–"),
     h("td", { class: "num" }, secs(s.idle_sec)),
     h("td", { class: "mono" }, reasons),
     h("td", { class: "num" }, s.num_superseded),

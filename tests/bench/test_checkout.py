@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_tree_imports_this_checkouts_folders(tmp_path):
     root = import_tree(REPO, tmp_path / "tree")
-    assert (root / "kvgate" / "vllm_plugin").resolve() == (REPO / "kvgate_vllm").resolve()
+    assert (root / "kvgate" / "vllm_plugin").resolve() == (REPO / "vllm_plugin").resolve()
     assert (root / "kvgate" / "bench" / "agentic").resolve() == (REPO / "bench" / "agentic").resolve()
     assert not (root / "kvgate" / "__init__.py").exists()  # kvgate stays a namespace package
     printed = subprocess.run(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm_plugin"))
 from vllm_harness import CACHE_ROOT, file_lock  # noqa: E402  (the vLLM tests' cache and lock)
 
 CLIENTS_DIR = CACHE_ROOT / "clients"

@@ -85,7 +85,7 @@ async def test_whole_decision_tree_through_http(aiohttp_server, make_controller,
     # a cold session waits
     cold = asyncio.create_task(controller.acquire(replica, "cold", "chat", body("cold")))
     await until(lambda: controller.counts()["waiters"] == 1)
-    assert controller.state()["r0"]["pending"] == ["cold"]
+    assert controller.state()["r0"]["waiters"] == ["cold"]
 
     # the window holder passes without a prefix probe
     probed = len(script.prefix_requests)

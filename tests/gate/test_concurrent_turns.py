@@ -91,7 +91,7 @@ async def test_concurrent_turns_of_a_session_are_priced_together(metrics, clock)
     main = await gate.acquire("s", "chat", request("main", "fix the bug"))
     side = await gate.acquire("s", "chat", request("side", "a title for: fix the bug"))
     state = gate.state()
-    assert state["sessions"]["s"]["resident_blocks"] == 70 and state["window_blocks"] == 70
+    assert state["sessions"]["s"]["footprint_blocks"] == 70 and state["window_blocks"] == 70
     other = asyncio.create_task(gate.acquire("o", "chat", request("other", "hello")))
     await until(lambda: waiting(gate) == 1, "the other session to wait behind both")
     main.release()

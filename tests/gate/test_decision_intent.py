@@ -77,12 +77,12 @@ async def test_reprice_above_sends_the_prefix_probe_once_the_windows_pass_it(met
     await settle()
     assert probe.prefix_calls == []
     second = await gate.acquire("b", "chat", body("b"))  # 60 > 40: b gets its exact price
-    await until(lambda: gate.state()["sessions"]["b"]["resident_blocks"] == 3, "b re-priced")
+    await until(lambda: gate.state()["sessions"]["b"]["footprint_blocks"] == 3, "b re-priced")
     assert probe.prefix_calls == ["b"]
     script.decision = Admit(AdmissionReason.WINDOW_FITS, window=True, footprint=30)  # an exact price: final
     third = await gate.acquire("c", "chat", body("c"))
     await settle()
-    assert probe.prefix_calls == ["b"] and gate.state()["sessions"]["c"]["resident_blocks"] == 30
+    assert probe.prefix_calls == ["b"] and gate.state()["sessions"]["c"]["footprint_blocks"] == 30
     for lease in (first, second, third):
         lease.release()
     assert_clean(gate, clock)
@@ -112,7 +112,7 @@ async def test_window_footprint_and_drop_window_are_booked_as_decided(probe, met
     await until(lambda: gate.counts()["waiters"] == 1, "the waiter")
     state = gate.state()
     assert state["window_ends"]["lost"] == 1 and state["sessions"]["s"]["windows_lost"] == 1
-    assert state["window_blocks"] == 0 and state["pending"] == ["s"]
+    assert state["window_blocks"] == 0 and state["waiters"] == ["s"]
     waiter.cancel()
     await asyncio.gather(waiter, return_exceptions=True)
     assert_clean(gate, clock)

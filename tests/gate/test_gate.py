@@ -67,8 +67,8 @@ async def test_cold_session_waits_and_a_release_lets_it_in(probe, metrics, clock
     probe.usage_value = HIGH
     task = asyncio.create_task(gate.acquire("cold", "chat", body("cold")))
     await until(lambda: waiting(gate) == 1, "the cold session to wait")
-    assert gate.state()["pending"] == ["cold"]
-    assert sample(metrics, "kvgate_pending_sessions", replica="r0") == 1
+    assert gate.state()["waiters"] == ["cold"]
+    assert sample(metrics, "kvgate_waiters", replica="r0") == 1
     clock.advance(2.5)
     probe.usage_value = LOW
     holder.release()
@@ -76,7 +76,7 @@ async def test_cold_session_waits_and_a_release_lets_it_in(probe, metrics, clock
     assert lease.reason == "open" and lease.wait_ms == pytest.approx(2500)
     # first look: any recent reading; after the wake: one read after the release
     assert probe.newer_than[0] is None and probe.newer_than[-1] == clock()
-    assert sample(metrics, "kvgate_pending_sessions", replica="r0") == 0
+    assert sample(metrics, "kvgate_waiters", replica="r0") == 0
     lease.release()
     assert_clean(gate, clock)
 
@@ -110,7 +110,7 @@ async def test_anonymous_checked_against_watermark_only_and_never_booked(probe, 
     probe.set_prefix("a", total=10, hit=10)  # resident, but anonymous requests are not probed
     task = asyncio.create_task(gate.acquire(None, "chat", body("a")))
     await until(lambda: waiting(gate) == 1)
-    assert gate.state()["pending_anonymous"] == 1 and probe.prefix_calls == []
+    assert gate.state()["waiters_anonymous"] == 1 and probe.prefix_calls == []
     probe.usage_value = LOW
     first.release()
     second = await task
@@ -296,7 +296,7 @@ async def test_cancelled_waiter_leaves_nothing(probe, metrics, clock):
         await task
     counts = gate.counts()
     assert (counts["waiters"], counts["attempts"], counts["leases"], counts["windows"]) == (0, 0, 0, 0)
-    assert sample(metrics, "kvgate_pending_sessions", replica="r0") == 0
+    assert sample(metrics, "kvgate_waiters", replica="r0") == 0
     assert_clean(gate, clock)
 
 

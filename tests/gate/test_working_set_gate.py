@@ -36,7 +36,7 @@ def unbounded_body(session: str, size: int = 2000, **fields) -> dict:
 
 def window_price(gate: Gate, session: str) -> int:
     """The session's window price in blocks, as /admin/state shows it."""
-    return gate.state()["sessions"][session]["resident_blocks"]
+    return gate.state()["sessions"][session]["footprint_blocks"]
 
 
 def waiting(gate: Gate) -> int:
@@ -81,7 +81,7 @@ async def test_burst_of_eight_on_a_cache_for_three_admits_three_and_holds_five(m
     # vLLM read 100 free blocks for every one of them: the books, not vLLM, stopped the fourth.
     # The head waiter was probed; the four behind it wait their turn unprobed (strict FIFO).
     assert probe.prefix_calls == ["s0", "s1", "s2", "s3"]
-    assert sample(metrics, "kvgate_pending_sessions", replica="r0") == 5
+    assert sample(metrics, "kvgate_waiters", replica="r0") == 5
     # /admin/state says why each waits: the head does not fit beside the windows, the rest queue behind it
     held = {name: state["sessions"][name]["held"] for name in names}
     assert held["s0"] is None and held["s3"]["cause"] == "windows_full" and "90 in windows" in held["s3"]["why"]
@@ -120,12 +120,12 @@ async def test_owner_whose_growth_no_longer_fits_loses_its_window_and_waits(metr
     await until(lambda: waiting(gate) == 1, "young to wait")
     state = gate.state()
     assert state["windows"] == {"in_flight": [], "idle": ["old"]} and state["window_blocks"] == 50
-    assert state["pending"] == ["young"]
+    assert state["waiters"] == ["young"]
     assert state["sessions"]["young"]["has_window"] is False and state["sessions"]["young"]["windows_lost"] == 1
 
     # old grows too and still passes: nothing ranks before it, whoever waits.
     lease = await turn(gate, probe, "old", 55)
-    assert lease.reason == "holds_window" and gate.state()["sessions"]["old"]["resident_blocks"] == 55
+    assert lease.reason == "holds_window" and gate.state()["sessions"]["old"]["footprint_blocks"] == 55
     assert not task.done()
     gate.finish_session("old")  # in flight: the window ends now, the record after the release
     young = await admitted(task)
@@ -147,7 +147,7 @@ async def test_a_lost_window_wakes_the_head_waiter_and_the_loser_queues_behind_i
     lease_c = await admitted(newcomer)  # ... which lets c in (50 + 20), first in line
     assert lease_c.reason == "window_fits"
     await until(lambda: waiting(gate) == 1)
-    assert gate.state()["pending"] == ["b"] and not loser.done()  # 50 + 20 + 60 > 100
+    assert gate.state()["waiters"] == ["b"] and not loser.done()  # 50 + 20 + 60 > 100
     gate.finish_session("a")  # 20 + 60 fits
     lease_b = await admitted(loser)
     assert lease_b.reason == "window_fits"
@@ -197,13 +197,13 @@ async def test_owners_are_probed_every_turn_and_priced_with_their_output_allowan
     probe.block_size = 16
     probe.set_prefix("s1", total=20, hit=0, tokens=330)
     first = await gate.acquire("s1", "chat", unbounded_body("s1", max_tokens=22))  # ceil((330 + 22) / 16) = 22
-    assert first.reason == "window_fits" and gate.state()["sessions"]["s1"]["resident_blocks"] == 22
+    assert first.reason == "window_fits" and gate.state()["sessions"]["s1"]["footprint_blocks"] == 22
     first.release()
     probe.set_prefix("s1", total=25, hit=20, tokens=410)
     second = await gate.acquire("s1", "chat", unbounded_body("s1", 4000, max_completion_tokens=30, max_tokens=1))
     assert second.reason == "holds_window"
     # anticipated: its prompt grew by 410 - 330 = 80 tokens, so ceil((410 + 30 + 80) / 16) = 33
-    assert gate.state()["sessions"]["s1"]["resident_blocks"] == 33
+    assert gate.state()["sessions"]["s1"]["footprint_blocks"] == 33
     assert gate.state()["sessions"]["s1"]["growth_tokens"] == 80
     assert probe.prefix_calls == ["s1", "s1"]
     second.release()
@@ -249,12 +249,12 @@ async def test_windows_are_priced_at_the_anticipated_footprint(metrics, clock):
     probe.block_size = 16
     probe.set_prefix("a", total=20, hit=0, tokens=320)
     first = await gate.acquire("a", "chat", unbounded_body("a"))  # no history, nothing observed: 20 blocks
-    assert gate.state()["sessions"]["a"]["resident_blocks"] == 20
+    assert gate.state()["sessions"]["a"]["footprint_blocks"] == 20
     first.release()
     probe.set_prefix("a", total=40, hit=20, tokens=640)
     second = await gate.acquire("a", "chat", unbounded_body("a", 4000))  # grew 320 tokens: ceil((640 + 320) / 16) = 60
     assert second.reason == "holds_window"
-    assert gate.state()["sessions"]["a"]["resident_blocks"] == 60 and gate.state()["window_blocks"] == 60
+    assert gate.state()["sessions"]["a"]["footprint_blocks"] == 60 and gate.state()["window_blocks"] == 60
     second.release()
 
     # b's first turn is 40 blocks, priced with the replica's mean growth (320 tokens): 60.
@@ -266,12 +266,12 @@ async def test_windows_are_priced_at_the_anticipated_footprint(metrics, clock):
     # Its body did not grow, so its history bound (640 + 64 tokens, + 320 growth: 64
     # blocks) fits: admitted at once at the bound, then re-priced exactly beside the turn.
     resent = await gate.acquire("a", "chat", unbounded_body("a", 4000))
-    await until(lambda: gate.state()["sessions"]["a"]["resident_blocks"] == 60, "a re-priced")
+    await until(lambda: gate.state()["sessions"]["a"]["footprint_blocks"] == 60, "a re-priced")
     assert not task.done()
     resent.release()
     gate.finish_session("a")
     lease = await admitted(task)
-    assert lease.reason == "window_fits" and gate.state()["sessions"]["b"]["resident_blocks"] == 60
+    assert lease.reason == "window_fits" and gate.state()["sessions"]["b"]["footprint_blocks"] == 60
     lease.release()
     gate.finish_session("b")
     assert_clean(gate, clock)

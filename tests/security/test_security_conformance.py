@@ -5,7 +5,7 @@ apps, `kvgate replica`'s app, the owner record, aiohttp clients), and states wha
 hold instead. `f1_...` is finding 1; finding 7's items are `f7a` to `f7e`, finding 8 is
 client authentication. Every row failed on the code before these fixes and passes now.
 The vLLM plugin enforces the same replica-side rules as the simulated replica used here:
-tests/vllm/test_replica_security.py checks them on a real vLLM server.
+tests/vllm_plugin/test_replica_security.py checks them on a real vLLM server.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ claim and answer, the error envelope) the tests check two things:
 Both implementations: the simulated replica as a real aiohttp server on loopback, and the
 vLLM plugin's answer builders at unit level (the engine-core methods the plugin installs,
 run on a stand-in engine core, and the API server's `ProbeService`, which merges the
-engines' answers). The plugin on a real vLLM is tests/vllm/test_probe_endpoints.py and
-tests/vllm/test_owner_record.py (marker `vllm`).
+engines' answers). The plugin on a real vLLM is tests/vllm_plugin/test_probe_endpoints.py and
+tests/vllm_plugin/test_owner_record.py (marker `vllm`).
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def test_a_stream_without_usage_is_relayed_as_sent_and_teaches_the_gate(vllm_ser
         assert answer[-1]["choices"] == [] and usage["prompt_tokens_details"]["cached_tokens"] == 0
 
         gate = settled_gate(proxy.url)
-        assert (gate["leases"], gate["pending"], gate["pending_anonymous"]) == (0, [], 0)
+        assert (gate["leases"], gate["waiters"], gate["waiters_anonymous"]) == (0, [], 0)
         block = vllm_server.block_size
         assert kvgate_metric(proxy.url, "kvgate_reprefill_tokens_estimated_total") == prompt_tokens // block * block
         assert prefix_probes(proxy.url) == probes_before_second  # the second turn was priced by its usage
@@ -192,7 +192,7 @@ def test_anthropic_and_responses_turns_teach_the_gate_their_prompt(vllm_server, 
         assert cached == 0
 
         gate = settled_gate(proxy.url)
-        assert (gate["leases"], gate["pending"], gate["pending_anonymous"]) == (0, [], 0)
+        assert (gate["leases"], gate["waiters"], gate["waiters_anonymous"]) == (0, [], 0)
         block = vllm_server.block_size
         assert kvgate_metric(proxy.url, "kvgate_reprefill_tokens_estimated_total") == prompt_tokens // block * block
         assert prefix_probes(proxy.url) == probes_before_second  # the second turn was priced by its usage

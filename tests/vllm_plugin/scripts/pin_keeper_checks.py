@@ -1,6 +1,6 @@
 """Drive the retention connector against vLLM's real KVCacheManager/BlockPool; print JSON.
 
-Run by the vLLM venv's python (no server, no model): tests/vllm/test_pin_keeper.py asserts
+Run by the vLLM venv's python (no server, no model): tests/vllm_plugin/test_pin_keeper.py asserts
 on the printed result. The script builds a real ``KVCacheManager`` (one full-attention
 group, 16-token blocks, 31 usable blocks: ``probe_side_effects.make_manager``), binds a
 ``KvgateRetentionConnector`` to it as vLLM's scheduler does (``bind_kv_cache_manager``),

@@ -18,7 +18,7 @@ import pytest
 from kvgate.vllm_plugin.vllm_internals import TOUCHED, Assigned, Internal, Text
 
 REPO = Path(__file__).resolve().parents[2]
-PLUGIN = REPO / "kvgate_vllm"
+PLUGIN = REPO / "vllm_plugin"
 # The modules that run inside vLLM and read its objects.
 TOUCHING = (
     "engine_plugin.py",
@@ -124,7 +124,7 @@ def uncovered(table: tuple[Internal, ...]) -> set[str]:
 @pytest.mark.parametrize("module, name", sorted(_vllm_imports()))
 def test_every_vllm_import_of_the_plugin_is_in_the_table(module, name):
     assert any(entry.module == module and entry.name.split(".")[0] == name for entry in TOUCHED), (
-        f"kvgate_vllm imports {name} from {module}: add it to vllm_internals.TOUCHED"
+        f"vllm_plugin imports {name} from {module}: add it to vllm_internals.TOUCHED"
     )
 
 

@@ -176,12 +176,12 @@ def test_a_doctored_release_fails_naming_the_release_and_the_symbol(module, old,
         return
     assert found and all(problem.startswith("vLLM 0.34.0: ") for problem in found), found
     assert any(f".{symbol}: " in problem and says in problem for problem in found), found
-    assert all("(needed by kvgate_vllm/" in problem for problem in found)
+    assert all("(needed by vllm_plugin/" in problem for problem in found)
 
 
 def test_a_missing_module_is_named():
     found = compat_check.problems("0.33.0", Sources({k: v for k, v in RELEASE.items() if k != "vllm.app"}), TABLE)
-    gone = "module vllm.app is gone (needed by kvgate_vllm/"
+    gone = "module vllm.app is gone (needed by vllm_plugin/"
     assert found == [
         f"vLLM 0.33.0: vllm.app.state.online_renderer: {gone}rendering.render_prefix_query)",
         f"vLLM 0.33.0: vllm.app.vllm:prompt_tokens: {gone}engine_rates.SAMPLES)",

@@ -1,10 +1,10 @@
 """Run `kvgate bench agentic` against a real vLLM CPU server started for the regime.
 
-    .venv/bin/python tests/vllm/scripts/run_vllm_bench.py --regime vllm-prefill \\
+    .venv/bin/python tests/vllm_plugin/scripts/run_vllm_bench.py --regime vllm-prefill \\
         [--pinning pinned|unpinned|both --repeat N --modes sticky,kvgate-working_set --out DIR ...]
 
 For the real-vLLM regimes (`vllm-small`, `vllm-prefill` and their `-no-finish` variants):
-provisions what tests/vllm provisions (the vLLM CPU venv, `KVGATE_VLLM_VENV` overrides
+provisions what tests/vllm_plugin provisions (the vLLM CPU venv, `KVGATE_VLLM_VENV` overrides
 its path, and the regime's random-weight model under ~/.cache/kvgate/models), starts
 one vLLM server with the kvgate plugin sized by the regime's replica shape
 (`--num-gpu-blocks-override num_blocks + 1`, block size, sequences, max model length,
@@ -41,7 +41,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vllm: the harness
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vllm_plugin: the harness
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo: bench, proxy
 
 from vllm_harness import REPO_ROOT, VllmServer, ensure_model, ensure_vllm_venv, stop_process_group  # noqa: E402

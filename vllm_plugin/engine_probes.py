@@ -2,7 +2,7 @@
 
 Both functions take an ``EngineCore`` (or anything with the same ``scheduler`` and
 ``request_block_hasher`` attributes) and only *read* it. Invariants, checked by
-tests/vllm against the real ``KVCacheManager``/``BlockPool``:
+tests/vllm_plugin against the real ``KVCacheManager``/``BlockPool``:
 
 - no block is allocated, freed or touched: the free queue's LRU order, every ref
   count and the block-hash map are unchanged (one exception: with the retention
@@ -41,7 +41,7 @@ PROBE_REQUEST_ID = "kvgate-prefix-probe"
 def _unsupported(what: str, exc: BaseException) -> dict:
     return {
         "error": (
-            f"kvgate_vllm cannot {what} on this vLLM build ({type(exc).__name__}: {exc}); "
+            f"the kvgate vLLM plugin cannot {what} on this vLLM build ({type(exc).__name__}: {exc}); "
             f"the plugin is tested on {SUPPORTED_VLLM}: install a matching kvgate or vLLM version"
         )
     }

@@ -1,6 +1,6 @@
 """Run the engine-side probes against vLLM's real KVCacheManager/BlockPool; print JSON.
 
-Run by the vLLM venv's python (no server, no model): tests/vllm/test_engine_probes.py
+Run by the vLLM venv's python (no server, no model): tests/vllm_plugin/test_engine_probes.py
 asserts on the printed result. The script builds a real ``KVCacheManager`` (one
 full-attention group, 16-token blocks, stats and KV events on), drives it the way
 the scheduler does (``get_computed_blocks`` + ``allocate_slots``, ``free``), and

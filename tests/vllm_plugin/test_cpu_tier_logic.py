@@ -2,7 +2,7 @@
 marked ``vllm``): what the plugin reads as a CPU tier, the bandwidth setting, and that a tier
 it cannot read leaves the probes' fields null instead of failing them.
 
-tests/vllm/test_cpu_tier.py runs the same arithmetic against vLLM's real offloading manager.
+tests/vllm_plugin/test_cpu_tier.py runs the same arithmetic against vLLM's real offloading manager.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ per release in all. The wheel's address comes from pip itself (``pip install
 applies; nothing is installed and no vLLM code runs.
 
 Every member read is cached under ``${KVGATE_CACHE_DIR:-~/.cache/kvgate}/vllm-wheels/
-vllm-<version>/`` (as ``tests/vllm/vllm_harness.py`` caches the vLLM venv), with the
+vllm-<version>/`` (as ``tests/vllm_plugin/vllm_harness.py`` caches the vLLM venv), with the
 wheel's name list, so a second run reads no network at all. A released wheel never
 changes, so the cache never goes stale; a member is written whole (temp file, rename).
 zipfile checks each member's CRC32; the wheel's own sha256 is not checked (that needs

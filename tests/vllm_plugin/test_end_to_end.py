@@ -90,7 +90,7 @@ def gated_run(server, tmp_path: Path, seed: int):
     finally:
         proxy.stop()
     assert not result.failures, result.failures[:3] + [proxy.log_tail()]
-    nothing = {"leases": 0, "windows_in_flight": [], "pending": [], "pending_anonymous": 0}
+    nothing = {"leases": 0, "windows_in_flight": [], "waiters": [], "waiters_anonymous": 0}
     assert held == nothing, f"the gate still holds turns after the run's last answer: {held}"
     return result, hit_rate
 
@@ -104,8 +104,8 @@ def gate_holdings(proxy_url: str) -> dict[str, object]:
     return {
         "leases": gate["leases"],
         "windows_in_flight": gate["windows"]["in_flight"],
-        "pending": gate["pending"],
-        "pending_anonymous": gate["pending_anonymous"],
+        "waiters": gate["waiters"],
+        "waiters_anonymous": gate["waiters_anonymous"],
     }
 
 

@@ -9,7 +9,7 @@ a released wheel.
 
 ``python -m kvgate.vllm_plugin.compat_check [VERSION ...]`` checks the given releases
 (default: ``support.CHECKED_RELEASES``), printing what it found; exit 1 on any problem.
-CI runs it through ``tests/vllm/test_vllm_compat.py``.
+CI runs it through ``tests/vllm_plugin/test_vllm_compat.py``.
 
 Limits (what a static read cannot see): a member created with ``setattr`` or by a
 decorator, or a change in what a method *does*; the live vLLM tests cover behaviour.
@@ -285,7 +285,7 @@ def problems(version: str, sources: Sources, table: tuple[Internal, ...] = TOUCH
         problem = entry_problem(tree, entry)
         if problem is not None:
             found.append(
-                f"vLLM {version}: {entry.module}.{entry.name}: {problem} (needed by kvgate_vllm/{entry.used_by})"
+                f"vLLM {version}: {entry.module}.{entry.name}: {problem} (needed by vllm_plugin/{entry.used_by})"
             )
     return found
 

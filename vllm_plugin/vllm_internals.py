@@ -4,7 +4,7 @@ The plugin's modules reach into vLLM (engine core, scheduler, KV cache manager,
 serving classes, the app state). Those internals change between minor releases, so
 they are listed here, declaratively, and ``compat_check`` verifies each one against
 the Python sources of every supported release's wheel (statically: no vLLM install,
-no import). ``tests/vllm/test_vllm_internals_table.py`` checks that the plugin code
+no import). ``tests/vllm_plugin/test_vllm_internals_table.py`` checks that the plugin code
 references nothing from vLLM this table does not name.
 
 An entry names a module and a dotted name in it:

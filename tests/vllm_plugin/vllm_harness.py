@@ -110,7 +110,7 @@ def _create_venv(venv: Path) -> None:
 
 # Run by the venv's python in isolated mode (-I: neither the working directory nor
 # PYTHON* variables on sys.path) from an empty directory, so that only what is really
-# installed in the venv answers: run from the checkout, `kvgate_vllm` would import from
+# installed in the venv answers: run from the checkout, `vllm_plugin` would import from
 # the working directory and `kvgate.egg-info` there would supply the entry points, and
 # the check would pass on a venv where the plugin is not installed at all.
 _INSTALLED_CHECK = """
@@ -141,7 +141,7 @@ def installed_checkout(report: dict | None, repo_root: Path) -> bool:
         return False
     root = str(repo_root.resolve())
     return os.path.realpath(urllib.request.url2pathname(url.path)) == root and report.get("package") == str(
-        (repo_root / "kvgate_vllm").resolve()
+        (repo_root / "vllm_plugin").resolve()
     )
 
 

@@ -1,6 +1,6 @@
 """Drive the probes' CPU tier against vLLM's real offloading manager; print JSON.
 
-Run by the vLLM venv's python (no server, no model, no GPU): tests/vllm/test_cpu_tier.py
+Run by the vLLM venv's python (no server, no model, no GPU): tests/vllm_plugin/test_cpu_tier.py
 asserts on the printed result. vLLM's offloading needs a GPU only in its workers (the
 transfers); its scheduler side is plain Python. So the script builds, with vLLM's own
 classes, what a server started with an ``OffloadingConnector`` has in its scheduler:
