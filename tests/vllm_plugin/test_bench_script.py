@@ -50,6 +50,14 @@ def test_the_server_matches_the_regimes_cache_shape(regime, tmp_path):
     assert "--enable-prompt-tokens-details" in command
 
 
+def test_the_server_loads_the_retention_connector_unless_told_not_to(tmp_path):
+    args = (Path("/venv/bin/python"), tmp_path / "model", tmp_path / "vllm.log")
+    kept = run_vllm_bench.server_for("vllm-prefill-no-finish", *args).command()
+    assert flag(kept, "--kv-transfer-config") == run_vllm_bench.CONNECTOR_CONFIG
+    assert "KvgateRetentionConnector" in flag(kept, "--kv-transfer-config")
+    assert "--kv-transfer-config" not in run_vllm_bench.server_for("vllm-small", *args, retention=False).command()
+
+
 def test_each_preset_has_its_own_cache_directory():
     assert model_cache_dir("tiny") != model_cache_dir("prefill")
     assert model_cache_dir("tiny") == model_cache_dir("tiny")

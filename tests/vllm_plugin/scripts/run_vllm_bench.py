@@ -14,6 +14,10 @@ prints that server's command line, runs `python -m kvgate.bench.agentic --regime
 --replica-url URL` with every other option passed through, and stops the server
 (also on failure or Ctrl-C).
 
+`--retention` (default on) loads the plugin's retention connector (`--kv-transfer-config`,
+docs/vllm-plugin.md, KV pins): a gate that pins the windows it admits for keeps them in
+vLLM; `--no-retention` leaves vLLM's own LRU eviction alone (the rows before KV pins).
+
 `--pinning` (default `both`: pinned, then unpinned, each with its own server):
 - pinned, the split of a GPU host, where the engine's compute never takes the CPU of the
   API server, kvgate or the clients: vLLM binds its worker's OpenMP threads to the
@@ -62,6 +66,7 @@ from kvgate.bench.cpu_split import (  # noqa: E402
     tree_roles,
     violations,
 )
+from kvgate.vllm_plugin.pin_keeper import CONNECTOR_CONFIG  # noqa: E402
 
 VLLM_REGIMES = sorted(name for name, regime in REGIMES.items() if regime.vllm_model)
 PINNINGS = ("pinned", "unpinned", "both")
@@ -69,10 +74,16 @@ EXIT_PINNING_BROKEN = 3
 
 
 def server_for(
-    regime_name: str, python: Path, model_dir: Path, log_path: Path, split: CpuSplit | None = None
+    regime_name: str,
+    python: Path,
+    model_dir: Path,
+    log_path: Path,
+    split: CpuSplit | None = None,
+    retention: bool = True,
 ) -> VllmServer:
     """The vLLM server a regime's replica shape describes (num_blocks usable + vLLM's null block);
-    with a `split`, vLLM binds its worker's OpenMP threads to the split's engine CPUs."""
+    with a `split`, vLLM binds its worker's OpenMP threads to the split's engine CPUs; with
+    `retention`, it loads the plugin's retention connector (KV pins, docs/vllm-plugin.md)."""
     regime = REGIMES[regime_name]
     shape = regime.shape
     return VllmServer(
@@ -83,7 +94,10 @@ def server_for(
         num_blocks=shape.num_blocks + 1,
         max_num_seqs=shape.max_num_seqs,
         served_model_name=regime.vllm_model,
-        extra_args=("--max-num-batched-tokens", str(shape.max_num_batched_tokens)),
+        extra_args=(
+            ("--max-num-batched-tokens", str(shape.max_num_batched_tokens))
+            + (("--kv-transfer-config", CONNECTOR_CONFIG) if retention else ())
+        ),
         extra_env=() if split is None else (("VLLM_CPU_OMP_THREADS_BIND", split.omp_threads_bind),),
     )
 
@@ -161,10 +175,11 @@ def run_one(
     out: Path,
     log_path: Path,
     bench_args: list[str],
+    retention: bool = True,
 ) -> int:
     """One server, one benchmark, pinned when `split` is given; the benchmark's exit status, or
     EXIT_PINNING_BROKEN when a thread ran outside its side's CPUs."""
-    server = server_for(regime, python, model_dir, log_path, split)
+    server = server_for(regime, python, model_dir, log_path, split, retention)
     server.port = 0
     own_cpus = os.sched_getaffinity(0)
     try:
@@ -255,6 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--vllm-log", type=Path, default=None, help="the server's log file (default: a temporary folder, printed)"
     )
+    parser.add_argument(
+        "--retention",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="load the plugin's retention connector, so the gate can pin the windows it admits for "
+        "(default on; --no-retention: vLLM's own LRU eviction alone)",
+    )
     args, bench_args = parser.parse_known_args(argv)
     runs = runs_of(args.pinning, args.out)
     split = None
@@ -275,7 +297,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.vllm_log is not None:
             log_path = args.vllm_log if len(runs) == 1 else args.vllm_log.with_stem(f"{args.vllm_log.stem}-{pinning}")
         code = run_one(
-            args.regime, pinning, split if pinning == "pinned" else None, python, model_dir, out, log_path, bench_args
+            args.regime,
+            pinning,
+            split if pinning == "pinned" else None,
+            python,
+            model_dir,
+            out,
+            log_path,
+            bench_args,
+            args.retention,
         )
         status = status or code
     return status
