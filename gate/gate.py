@@ -76,6 +76,7 @@ from kvgate.gate.book import SessionBook, SessionRecord, WindowEnd
 from kvgate.gate.errors import AdmissionError, AdmissionSuperseded, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.observations import reprefill_tokens
+from kvgate.gate.pins import PinReleases, pin_session, pin_ttl, wants_pin
 from kvgate.gate.policies.registry import Policy, get_policy
 from kvgate.gate.policies.request_body import output_allowance, prompt_token_bound
 from kvgate.gate.policies.vocabulary import (
@@ -93,6 +94,7 @@ from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.route_prompts import body_holds_prompt, turn_key
 from kvgate.gate.settings import GateSettings
 from kvgate.gate.turn_facts import TurnFacts
+from kvgate.wire.kv_pins import Pin
 from kvgate.wire.routes import PRIORITY_FIELD_KINDS, PROMPT_KINDS
 
 Clock = Callable[[], float]
@@ -143,10 +145,22 @@ class Lease:
     """The right to have one request in flight on the replica, until `release()`.
 
     `priority`: the vLLM `priority` the admission asks the request to be forwarded with
-    (`Admit.priority`); None: as sent.
+    (`Admit.priority`); None: as sent. `pin`: the KV pin to forward it with (`gate.pins`);
+    None: unpinned.
     """
 
-    __slots__ = ("reason", "wait_ms", "replica", "priority", "_gate", "_record", "_attempt", "_released", "_turn")
+    __slots__ = (
+        "reason",
+        "wait_ms",
+        "replica",
+        "priority",
+        "pin",
+        "_gate",
+        "_record",
+        "_attempt",
+        "_released",
+        "_turn",
+    )
 
     def __init__(
         self,
@@ -160,6 +174,7 @@ class Lease:
     ) -> None:
         self.reason = reason
         self.priority = priority  # the vLLM `priority` to forward the request with (None: the body's own)
+        self.pin: Pin | None = None  # the KV pin to forward it with (gate/pins.py)
         self.wait_ms = wait_ms
         self.replica = gate.name
         self._gate = gate
@@ -310,6 +325,7 @@ class Gate:
         self._reprefill = metrics.reprefill_tokens.labels(name)
         self._oldest_waiter = metrics.oldest_waiter_seconds.labels(name)
         self._oldest_waiter.set_function(self.oldest_waiter_age)
+        self._pins = PinReleases(self._send_pin_releases)  # KV pins this gate holds (gate/pins.py)
 
     # ------------------------------------------------------------------ acquire
 
@@ -422,6 +438,7 @@ class Gate:
             return self._grant_shadow(record, attempt, decision, turn.start, tokens, note)
         if isinstance(decision, Admit):
             lease = self._admit(record, attempt, decision, turn.start, tokens, note)
+            lease.pin = self._pin_for(turn, decision)
             if decision.reprice_above is not None and self._book.window_blocks > decision.reprice_above:
                 request = RepriceRequest(turn.route_kind, turn.body, turn.allowance, usage, turn.bound)
                 if not self._learns_usage or self._queue:
@@ -651,6 +668,31 @@ class Gate:
             self._wake_one()
         return Lease(self, record, label, wait * 1000.0, attempt, note, priority)
 
+    def _pin_for(self, turn: _Turn, decision: Admit) -> Pin | None:
+        """The KV pin an admitted turn goes out with (`gate/pins.py`), None: unpinned."""
+        record = turn.record
+        if record is None or not wants_pin(self.settings.pins, self._usage, turn.route_kind, decision.window):
+            return None
+        make_pin = getattr(self.probe, "pin", None)  # the probe holds the replica key that proves it
+        if make_pin is None:
+            return None
+        self._pins.pinned_turn(record.key)
+        ttl = pin_ttl(self._book.quiet_lifetime(record), self.settings.idle_grace_sec)
+        return make_pin(pin_session(record.key), ttl)
+
+    def _unpin_ended_windows(self) -> None:
+        """Release the pins of windows that ended, unless a turn of the session is in flight
+        (it pins when it ends: `_release` releases after it)."""
+        for key in self._book.take_ended_window_keys():
+            record = self._book.records.get(key)
+            if record is None or not (record.in_flight or record.has_window):
+                self._pins.end(key)
+
+    async def _send_pin_releases(self, sessions: tuple[str, ...]) -> None:
+        release = getattr(self.probe, "release_pins", None)
+        if release is not None:
+            await release(sessions)
+
     def _grant_unbooked(self) -> Lease:
         """Admit `open` with nothing booked but the lease (mode off, or a route without a
         prompt): no probe, no session, no window, no waiter woken."""
@@ -753,6 +795,8 @@ class Gate:
         ended = self._book.release(record, now, attempt, served)
         if ended is not None:
             self._session_ended(ended)
+        if record is not None and not (record.in_flight or record.has_window):
+            self._pins.end(record.key)  # its window ended while a turn of it was in flight
         self._purge(now)
         if record is not None:
             self._publish_windows()
@@ -815,6 +859,7 @@ class Gate:
         if self._book._new_window_ends:
             for cause in self._book.take_window_ends():
                 self._window_ends[cause].inc()
+            self._unpin_ended_windows()
         counts = (self._book.windows_in_flight, self._book.windows_idle)
         if counts != self._published:  # most calls change nothing: skip the gauges' locks
             self._published = counts
@@ -842,6 +887,7 @@ class Gate:
         self._pending_gauge.set(0)
         self._oldest_waiter.set_function(lambda: 0.0)  # let go of this gate
         self._unpriced.clear()
+        self._pins.close()
         for task in list(self._repricing):
             task.cancel()
         close_probe = getattr(self.probe, "close", None)

@@ -5,7 +5,8 @@ on while that replica is registered (`proxy/session_tracker.py`), otherwise the
 balancer picks one (rendezvous over the routable replicas); the replica's gate
 admits it (`AdmissionController.acquire`, the proxy's own controller with in-process
 probes); a `ReplicaUnavailable` (the replica was removed while the turn waited)
-re-routes once; the lease is released when the engine finished the request, with
+re-routes once; a lease with a KV pin (`gate/pins.py`) sends its request with it, as the
+proxy puts it in the body; the lease is released when the engine finished the request, with
 `served=False` when the replica failed under it; a finishing turn ends the session's
 windows. `direct` mode skips the gate and the balancer: session i runs on replica
 i mod (replicas), as `kvgate bench agentic`'s direct mode does.
@@ -30,6 +31,7 @@ from kvgate.gate.errors import AdmissionError, ReplicaUnavailable
 from kvgate.gate.readings import PrefixReading, UsageReading, prefix_reading, usage_reading
 from kvgate.simulator.session_request import SessionRequest
 from kvgate.simulator.virtual_engine import EngineStopped, SimEngine
+from kvgate.wire.kv_pins import Pin, make_pin
 from kvgate.wire.probe_api import KvAnswer
 
 _CHUNKS = tuple("x" * (1 << k) for k in range(25))  # shared padding strings: a body costs no memory
@@ -75,6 +77,16 @@ class EngineProbe:
         if engine is None or engine.stopped or not isinstance(body, TurnBody):
             return None
         return prefix_reading(engine.prefix_answer(body.request))
+
+    def pin(self, session: str, ttl_sec: float) -> Pin:
+        """The KV pin a turn goes out with (the simulated replicas keep no replica key)."""
+        return make_pin(session, ttl_sec, None)
+
+    async def release_pins(self, sessions: tuple[str, ...]) -> None:
+        """`POST /v1/kvgate/release`, in-process."""
+        engine = self._engines.get(self._name)
+        if engine is not None and not engine.stopped:
+            engine.release_pins(sessions)
 
 
 @dataclass(slots=True)
@@ -144,6 +156,8 @@ class FrontDoor:
         engine = self.engines[replica.name]
         replica.in_flight += 1
         served = False
+        if lease is not None and lease.pin is not None:  # the body's kv_transfer_params.kvgate_pin
+            request.pin = (lease.pin.session, lease.pin.ttl_sec)
         try:
             turn = engine.add(request)
             try:

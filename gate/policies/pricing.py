@@ -101,9 +101,12 @@ def usable_blocks(usage: UsageReading, settings: GateSettings) -> int:
 
 def free_budget(view: WorkingSetView, usage: UsageReading, settings: GateSettings) -> int:
     """vLLM's free blocks a newcomer may take: outside other sessions' idle windows and
-    the headroom (may be negative)."""
+    the headroom (may be negative). On a replica that keeps KV pins, the pinned blocks
+    (the idle windows the gate pinned) are already outside vLLM's free blocks: only the
+    idle windows' footprints beyond them are taken off again."""
     assert usage.num_free_blocks is not None
-    return usage.num_free_blocks - view.idle_window_blocks - settings.headroom_blocks
+    idle_unpinned = max(0, view.idle_window_blocks - (usage.num_pinned_blocks or 0))
+    return usage.num_free_blocks - idle_unpinned - settings.headroom_blocks
 
 
 def bounded_footprint(view: WorkingSetView, usage: UsageReading, settings: GateSettings) -> int | None:
