@@ -64,6 +64,7 @@ from kvgate.gate.policies.low_priority import at_low_priority
 from kvgate.gate.policies.pricing import (
     bounded_footprint,
     free_budget,
+    windows_pinned,
     reclaim_window,
     reprice_threshold,
     usable_blocks,
@@ -197,8 +198,12 @@ def _decide_read(
     if not view.has_window and not behind and working_set <= usable and prefix.new_blocks <= budget:
         return Admit(AdmissionReason.WINDOW_FITS, window=settings.retain_session, footprint=footprint)
     # Admitted without a window, its own prefix is unprotected: its next turn is expected
-    # to compute it again, so it counts with the windows' blocks it pushes out.
-    at_risk = evicted_window_blocks(view, usage, prefix, budget, usable) + prefix.total_blocks
+    # to compute it again, so it counts with the windows' blocks it pushes out. Where the
+    # windows are pinned, the engine protects them and holding the turn protects nothing:
+    # only the pins its blocks would make yield count (`evicted_window_blocks`).
+    pinned = windows_pinned(usage, settings)
+    own = 0 if pinned else prefix.total_blocks
+    at_risk = evicted_window_blocks(view, usage, prefix, budget, usable, pinned) + own
     held = work_conserving(view, usage, at_risk, settings)
     if held is None:  # admitted without a window: the windows' books stay within usable
         return Admit(AdmissionReason.WORK_CONSERVING)

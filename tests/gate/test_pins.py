@@ -12,9 +12,13 @@ import pytest
 
 from kvgate.gate.gate import Gate
 from kvgate.gate.pins import MIN_PIN_TTL_SEC, PinReleases, pin_session, pin_ttl, wants_pin
+from kvgate.gate.policies.economics import evicted_window_blocks
 from kvgate.gate.policies.pricing import free_budget
 from kvgate.gate.policies.views import WorkingSetView
-from kvgate.gate.readings import UsageReading
+from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Wait
+from kvgate.gate.policies.working_set import working_set_decide
+from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.settings import GateSettings
 from kvgate.wire.kv_pins import MAX_SESSION_CHARS, Pin, make_pin
 from tests.gate.helpers import FakeProbe, assert_clean, body, settings, settle, until
 
@@ -142,3 +146,24 @@ def test_pinned_blocks_are_not_taken_off_vllms_free_blocks_twice():
     assert free_budget(view, unpinned, gate_settings) == 50 - 30 - 5
     assert free_budget(view, pinned, gate_settings) == 50 - 10 - 5
     assert free_budget(view, replace(pinned, num_pinned_blocks=40), gate_settings) == 50 - 0 - 5
+
+
+def test_with_pinned_windows_a_turn_is_held_only_for_the_pins_it_would_make_yield():
+    """The prefill-bound case of test_work_conserving: 160 new blocks behind 500 blocks of
+    windows on 512, a prefill-bound engine. Unpinned, the windows' 149 blocks and its own
+    160 count: held. Pinned, the windows are the engine's to keep: 100 free blocks, and
+    nothing in idle windows, so no pin yields and its own blocks count no more: admitted.
+    With 60 blocks pinned in idle windows and 100 free, what it takes beyond the free
+    blocks comes out of them (the books' count still goes)."""
+    prompt = PrefixReading(total_blocks=160, hit_blocks=0, hit_ratio=0.0, total_tokens=2560)
+    view = WorkingSetView(older_window_blocks=500, idle_window_blocks=0, max_output_tokens=8, last_prompt_tokens=2400)
+    unpinned = UsageReading(0.9, 512, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.1, prefill_share=0.8)
+    pinned = replace(unpinned, num_pinned_blocks=0, num_pinned_sessions=0)
+    gate_settings = GateSettings(wait_cap_factor=0.0)
+    assert isinstance(working_set_decide(view, unpinned, prompt, gate_settings), Wait)
+    assert isinstance(working_set_decide(view, pinned, prompt, replace(gate_settings, pins="off")), Wait)
+    assert working_set_decide(view, pinned, prompt, gate_settings) == Admit(AdmissionReason.WORK_CONSERVING)
+    idle = replace(view, idle_window_blocks=60)
+    assert evicted_window_blocks(idle, pinned, prompt, 100, 512, pinned=True) == 60
+    assert evicted_window_blocks(idle, pinned, prompt, 100, 512, pinned=False) == 149
+    assert free_budget(idle, replace(pinned, num_pinned_blocks=60), gate_settings) == 100
