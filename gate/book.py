@@ -193,6 +193,12 @@ class SessionBook:
         gap = rec.gap_ewma if rec.last_gap is None else max(rec.gap_ewma or 0.0, rec.last_gap)
         return quiet_lifetime(gap, self.replica_gap_ewma, self.quiet_factor, self.quiet_floor, self.grace)
 
+    def late_after_sec(self, rec: SessionRecord) -> float:
+        """How long the record's session may be idle before it is late (`policies.late_after`,
+        as the late windows are indexed): after that its blocks are the least likely to be
+        read again soon."""
+        return late_after(rec.gap_ewma, self.replica_gap_ewma, self.quiet_floor)
+
     def _window_ended(self, cause: WindowEnd, rec: SessionRecord) -> None:
         rec.last_window_end = cause
         rec.opener = None

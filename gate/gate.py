@@ -677,7 +677,7 @@ class Gate:
         if make_pin is None:
             return None
         self._pins.pinned_turn(record.key)
-        ttl = pin_ttl(self._book.quiet_lifetime(record), self.settings.idle_grace_sec)
+        ttl = pin_ttl(self._book.late_after_sec(record), self.settings.idle_grace_sec)
         return make_pin(pin_session(record.key), ttl)
 
     def _unpin_ended_windows(self) -> None:

@@ -7,8 +7,12 @@ Pure rules (`wants_pin`, `pin_ttl`, `pin_session`) and one small shell (`PinRele
 - A turn is forwarded with a pin when `gate.pins` is `auto`, the replica's last kv answer
   says it keeps pins (`UsageReading.keeps_pins`), the route carries vLLM's
   `kv_transfer_params` (chat, completion), and its admission gives the session a window
-  (opens or renews it). The pin's ttl is the window's idle lifetime (`quiet_lifetime`,
-  at most `idle_grace_sec`): the replica drops it by itself when the gate would have.
+  (opens or renews it). The pin's ttl is the time the session may be idle before it is
+  late (`late_after`: its usual gap between turns, at least `quiet_floor_sec`, at most
+  `idle_grace_sec`): the engine keeps the window while its session is expected back; a
+  late session's blocks, the least likely to be read again soon, go back to the LRU
+  order (its window lives on in the gate's books until it goes quiet), and a replica
+  whose gate is gone drops the pin by itself.
 - When the gate ends a window (finish, quiet, grace, lost, revoked, reclaimed) of a
   session it pinned, it releases the pin once no turn of the session is in flight (a
   turn in flight pins when it ends, so its release waits for its lease's release).
@@ -43,10 +47,10 @@ def wants_pin(mode: str, usage: UsageReading | None, route_kind: str, window: bo
     return mode == "auto" and window and route_kind in PIN_ROUTE_KINDS and usage is not None and usage.keeps_pins
 
 
-def pin_ttl(quiet_lifetime_sec: float, idle_grace_sec: float) -> float:
-    """A window's pin lives as long as its idle window may: its quiet lifetime, at most the
-    idle grace, at least MIN_PIN_TTL_SEC."""
-    return max(MIN_PIN_TTL_SEC, min(quiet_lifetime_sec, idle_grace_sec))
+def pin_ttl(late_after_sec: float, idle_grace_sec: float) -> float:
+    """A window's pin lives while its session is expected back: until it is late (module
+    docstring), at most the idle grace, at least MIN_PIN_TTL_SEC."""
+    return max(MIN_PIN_TTL_SEC, min(late_after_sec, idle_grace_sec))
 
 
 def pin_session(session_key: str) -> str:

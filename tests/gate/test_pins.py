@@ -167,3 +167,21 @@ def test_with_pinned_windows_a_turn_is_held_only_for_the_pins_it_would_make_yiel
     assert evicted_window_blocks(idle, pinned, prompt, 100, 512, pinned=True) == 60
     assert evicted_window_blocks(idle, pinned, prompt, 100, 512, pinned=False) == 149
     assert free_budget(idle, replace(pinned, num_pinned_blocks=60), gate_settings) == 100
+
+
+async def test_a_pin_lives_while_its_session_is_expected_back_not_as_long_as_its_window(metrics, clock):
+    """A session back after 3 s (its first window, of the 0.5 s floor, went quiet): its next
+    window lives 4 gaps (12 s) in the gate's books, its pin
+    until the session is late (3 s, its usual gap): then its blocks are the least likely to
+    be read again soon, and go back to the engine's LRU order."""
+    probe = PinningProbe()
+    gate = _gate(metrics, clock, probe, quiet_floor_sec=0.5, quiet_factor=4.0)
+    first = await gate.acquire("a", "chat", body("a"))
+    assert first.pin is not None and first.pin.ttl_sec == MIN_PIN_TTL_SEC  # no gap yet: the floor, at least 1 s
+    first.release()
+    clock.advance(3.0)
+    second = await gate.acquire("a", "chat", body("a"))
+    assert second.pin is not None and second.pin.ttl_sec == 3.0
+    second.release()
+    assert gate.state()["sessions"]["a"]["quiet_lifetime_sec"] == 12.0  # the window outlives the pin
+    assert_clean(gate, clock)
