@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from kvgate.gate.readings import UsageReading
 from kvgate.wire.kv_pins import MAX_SESSION_CHARS
@@ -39,7 +40,7 @@ PIN_MODES = ("auto", "off")
 PIN_ROUTE_KINDS = frozenset({"chat", "completion"})  # vLLM's requests with `kv_transfer_params`
 MIN_PIN_TTL_SEC = 1.0  # a pin outlives the turn's own response by at least this much
 
-SendReleases = Callable[[tuple[str, ...]], Awaitable[None]]
+SendReleases = Callable[[tuple[str, ...]], Coroutine[Any, Any, None]]
 
 
 def wants_pin(mode: str, usage: UsageReading | None, route_kind: str, window: bool) -> bool:

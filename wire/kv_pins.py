@@ -159,4 +159,4 @@ class ReleaseAnswer:
         values = [doc.get("released_sessions"), doc.get("released_blocks")]
         if not all(type(value) is int and value >= 0 for value in values):
             raise PinError("released_sessions and released_blocks must be non-negative integers")
-        return cls(*values)
+        return cls(doc["released_sessions"], doc["released_blocks"])  # checked above
