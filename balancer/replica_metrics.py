@@ -144,6 +144,10 @@ class ReplicaMetricsScraper:
         cls = CounterMetricFamily if mirrored.kind == "counter" else GaugeMetricFamily
         return cls(mirrored.name, mirrored.documentation, labels=["replica"])
 
+    def values(self, name: str) -> dict[str, float]:
+        """Replica `name`'s mirrored values at the last read, by source name (a copy; {}: none yet)."""
+        return dict(self._values.get(name, {}))
+
     # ---- one round (run by the health checker's loop) --------------------------------
 
     async def read_all(self, session: aiohttp.ClientSession) -> None:

@@ -3,8 +3,9 @@
 Each part registers its own subcommands, so this module only assembles the parser:
 `proxy.commands` adds serve and check-config (handed the simulator's replicas, which
 `kvgate serve` starts when no replica is configured), `simulator.cli` adds replica and
-sim, `bench.cli` adds bench. Nothing imports this package: the parts stay independent
-of one another, and only the command line depends on all of them (tests/test_layering.py).
+sim, `bench.cli` adds bench, and `cli.top` adds top (a client of a running kvgate's
+admin API). Nothing imports this package: the parts stay independent of one another,
+and only the command line depends on all of them (tests/test_layering.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 def build_parser() -> argparse.ArgumentParser:
     from kvgate.bench import cli as bench_cli
     from kvgate.bench.cluster.cli import add_cluster_command
+    from kvgate.cli import top
     from kvgate.proxy import commands as proxy_commands
     from kvgate.simulator import cli as simulator_cli
     from kvgate.simulator.replica_server import start_simulated_replicas
@@ -29,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     proxy_commands.add_commands(sub, start_simulated_replicas)
     simulator_cli.add_commands(sub, sim_experiments=[add_cluster_command])
     bench_cli.add_commands(sub)
+    top.add_command(sub)
     return parser
 
 

@@ -199,6 +199,10 @@ class AdmissionController:
         sessions, and per session its reason counts and num_superseded."""
         return {name: gate.state() for name, gate in self._gates.items()}
 
+    def gates(self) -> Mapping[str, Gate]:
+        """The gates by replica name, to read (the status page: proxy/status_page.py); never to change."""
+        return self._gates
+
     def counts(self) -> dict[str, int]:
         """Live leases, windows, waiters, attempts and sessions over all gates."""
         total = {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}

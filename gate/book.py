@@ -9,6 +9,10 @@ state change goes through a `SessionBook` method, which keeps these invariants:
 
 - `records` holds exactly the live records; `idle` holds, in the order they became
   idle, exactly those with no lease in flight and no attempt acquiring.
+- A record's `attempts` maps each turn it is acquiring (`request_body.turn_key`) to its
+  newest attempt; an attempt begun alone with its turn unnamed (a function that names
+  it) sits under `UNNAMED_TURN` until a second attempt of the session arrives, which
+  names it first (so at most one attempt is unnamed, and a lone one never pays for it).
 - A record is *ended* (removed, returned to the caller for metrics) when it is idle
   and either finished or idle for `grace` seconds. An idle window ends earlier, when
   its session has gone quiet: at `quiet_deadline`, `idle_since` + `quiet_lifetime`
@@ -52,13 +56,14 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from kvgate.gate.late_index import LateIndex
 from kvgate.gate.ordered_sums import OrderedSums
-from kvgate.gate.policies.economics import late_after, quiet_lifetime
-from kvgate.gate.policies.request_body import body_bytes
+from kvgate.gate.request_body import body_bytes
+from kvgate.gate.window_lifetime import late_after, quiet_lifetime
 from kvgate.wire.blocks import cdiv
 
 
@@ -76,6 +81,9 @@ class WindowEnd(StrEnum):
     RECLAIMED = "reclaimed"  # working_set policy: idle, its blocks made a window for a turn that waited its cap
 
 
+# The key of a session's only attempt acquiring while its turn is not named
+# (`SessionBook.begin_attempt`): never a turn key, which is hex.
+UNNAMED_TURN = "\x00unnamed"
 GAP_EWMA_WEIGHT = 0.5  # weight of the newest gap: a session's rhythm follows its recent turns
 PROBE_EWMA_WEIGHT = 0.3  # weight of the newest prefix probe's latency: the API server's load drifts
 TURN_EWMA_WEIGHT = 0.5  # weight of the newest turn's service time, likewise
@@ -90,7 +98,7 @@ class SessionRecord:
     in_flight: int = 0
     has_window: bool = False
     footprint: int = 0  # the window's price in blocks (/admin/state: resident_blocks)
-    # The attempts still acquiring, by turn (`route_prompts.turn_key`): the newest attempt of
+    # The attempts still acquiring, by turn (`request_body.turn_key`): the newest attempt of
     # each distinct turn (the shell's tokens, compared by identity). A re-sent turn replaces
     # its older attempt; distinct turns of one session acquire side by side.
     attempts: dict[str, object] = field(default_factory=dict)
@@ -111,6 +119,8 @@ class SessionRecord:
     last_window_end: WindowEnd | None = None  # the cause its last window ended with
     admitted_at: float | None = None  # when its turn in flight was admitted
     turn_ewma: float | None = None  # its turns' service times (admission to release), smoothed
+    # Names the turn of the lone attempt kept under UNNAMED_TURN, once another attempt arrives.
+    unnamed_turn: Callable[[], str] | None = None
 
     @property
     def is_idle(self) -> bool:
@@ -121,8 +131,17 @@ class SessionRecord:
         for turn, held in self.attempts.items():
             if held is attempt:
                 del self.attempts[turn]
+                if turn == UNNAMED_TURN:
+                    self.unnamed_turn = None  # lets go of what names it (the turn's body)
                 return True
         return False
+
+    def name_turns(self) -> None:
+        """Key the lone attempt kept under UNNAMED_TURN by its turn (another attempt arrived)."""
+        if self.unnamed_turn is not None:
+            held = self.attempts.pop(UNNAMED_TURN)
+            self.attempts[self.unnamed_turn()] = held
+            self.unnamed_turn = None
 
 
 class SessionBook:
@@ -189,7 +208,7 @@ class SessionBook:
         heapq.heappush(self._deadlines, (when, self._seq, rec.key, rec.idle_gen))
 
     def quiet_lifetime(self, rec: SessionRecord) -> float:
-        """How long the record's window may stay idle (`policies.quiet_lifetime`)."""
+        """How long the record's window may stay idle (`window_lifetime.quiet_lifetime`)."""
         gap = rec.gap_ewma if rec.last_gap is None else max(rec.gap_ewma or 0.0, rec.last_gap)
         return quiet_lifetime(gap, self.replica_gap_ewma, self.quiet_factor, self.quiet_floor, self.grace)
 
@@ -300,11 +319,16 @@ class SessionBook:
     # -- operations
 
     def begin_attempt(
-        self, key: str, attempt: object, now: float, turn: str = ""
+        self, key: str, attempt: object, now: float, turn: str | Callable[[], str] = ""
     ) -> tuple[SessionRecord, object | None]:
-        """Make `attempt` the newest of its `turn` (`route_prompts.turn_key`); return the record
+        """Make `attempt` the newest of its `turn` (`request_body.turn_key`); return the record
         and the attempt of the same turn it replaces (a re-sent turn supersedes its waiting
-        attempt; a distinct turn of the session replaces nothing)."""
+        attempt; a distinct turn of the session replaces nothing).
+
+        `turn` as a function names the turn only when it must be told from another: the
+        session's only attempt acquiring is kept under UNNAMED_TURN, and named (with the
+        newcomer) when a second one arrives, so a turn that is admitted alone never pays
+        for its key (an encoding and a digest of its whole prompt)."""
         rec = self.records.get(key)
         if rec is None:
             rec = self.records[key] = SessionRecord(key)
@@ -312,10 +336,16 @@ class SessionBook:
         if rec.turn_ended_at is not None and rec.is_idle:
             self._observe_gap(rec, max(0.0, now - rec.turn_ended_at))
         rec.turn_ended_at = None
-        previous = rec.attempts.get(turn)
-        if previous is not None:
-            rec.num_superseded += 1
-        rec.attempts[turn] = attempt
+        previous = None
+        if callable(turn) and not rec.attempts:
+            rec.attempts[UNNAMED_TURN], rec.unnamed_turn = attempt, turn
+        else:
+            rec.name_turns()
+            name = turn() if callable(turn) else turn
+            previous = rec.attempts.get(name)
+            if previous is not None:
+                rec.num_superseded += 1
+            rec.attempts[name] = attempt
         rec.finished = False
         self._enter(rec, now)
         return rec, previous

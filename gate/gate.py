@@ -50,7 +50,7 @@ Invariants (each has a test):
   window ends when its session goes quiet (`SessionBook`), and a waiter whose policy
   names a `recheck_sec` (the work-conserving rule) re-decides by then.
 - A prompt turn whose body proves it longer than the replica's `max_model_len`
-  (`prompt_floor.over_long`, from the last usage reading) is refused before the policy
+  (`request_body.over_long`, from the last usage reading) is refused before the policy
   decides: no prefix probe, never forwarded (in `shadow` mode it is recorded as
   `shadow_prompt_too_long`, unprobed, and forwarded).
 - mode `off`: admit `open` with no probe and no session bookkeeping
@@ -65,7 +65,7 @@ import asyncio
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,10 +75,8 @@ from prometheus_client import Counter, Histogram
 from kvgate.gate.book import SessionBook, SessionRecord, WindowEnd
 from kvgate.gate.errors import AdmissionError, AdmissionSuperseded, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 from kvgate.gate.metrics import GateMetrics
-from kvgate.gate.observations import reprefill_tokens
 from kvgate.gate.pins import PinReleases, pin_session, pin_ttl, wants_pin
 from kvgate.gate.policies.registry import Policy, get_policy
-from kvgate.gate.policies.request_body import output_allowance, prompt_token_bound
 from kvgate.gate.policies.vocabulary import (
     PREFIX_UNAVAILABLE,
     AdmissionReason,
@@ -89,9 +87,17 @@ from kvgate.gate.policies.vocabulary import (
     Wait,
 )
 from kvgate.gate.probe import Probe
-from kvgate.gate.prompt_floor import over_long, user_text_bytes
 from kvgate.gate.readings import PrefixReading, UsageReading
-from kvgate.gate.route_prompts import body_holds_prompt, turn_key
+from kvgate.gate.repricing import Repricer, RepriceRequest, TurnNote
+from kvgate.gate.request_body import (
+    body_bytes,
+    body_holds_prompt,
+    output_allowance,
+    over_long,
+    prompt_token_bound,
+    turn_key,
+    user_text_bytes,
+)
 from kvgate.gate.settings import GateSettings
 from kvgate.gate.turn_facts import TurnFacts
 from kvgate.wire.kv_pins import Pin
@@ -188,7 +194,7 @@ class Lease:
         exact prompt size and the prompt tokens its prefix cache held. No-op after release
         and for a turn without a session."""
         if not self._released and self._record is not None and self._turn is not None:
-            self._gate._learn(self._record, self._turn, prompt_tokens, cached_tokens)
+            self._gate._repricer.learn(self._record, self._turn, prompt_tokens, cached_tokens)
 
     @property
     def released(self) -> bool:
@@ -210,51 +216,6 @@ class Lease:
         return f"Lease({self.replica!r}, {self.reason!r}, released={self._released})"
 
 
-# The most prompt tokens learned from a replica that states neither its max_model_len nor
-# its cache size, for a turn without a body bound: far above any model's context.
-LEARNED_TOKENS_CEILING = 1 << 24
-
-
-def learned_tokens_cap(bound: int | None, usage: UsageReading | None) -> int:
-    """The most prompt tokens a served turn's reported usage may claim: no more than its
-    body's bound, the replica's max_model_len or its whole cache (a prompt that long was
-    not served), so a replica reporting 2^63-1 cannot poison the session's history."""
-    caps = [LEARNED_TOKENS_CEILING]
-    if bound is not None:
-        caps.append(bound)
-    if usage is not None:
-        if usage.max_model_len:
-            caps.append(usage.max_model_len)
-        if usage.num_total_blocks and usage.block_size:
-            caps.append(usage.num_total_blocks * usage.block_size)
-    return min(caps)
-
-
-@dataclass(frozen=True, slots=True)
-class TurnNote:
-    """What the gate keeps of an admitted named turn to learn from its usage: its output
-    allowance, its body-length bound, whether a prefix reading priced it, and the session's
-    prompt size before this turn (what its usage shows re-prefilled is measured against
-    that, not against a size this turn's own repricing probe recorded)."""
-
-    allowance: int
-    bound: int | None
-    probed: bool
-    previous_tokens: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RepriceRequest:
-    """What re-pricing a window admitted at its upper bound needs: the turn's body to probe
-    its prefix, and the allowance, usage and bound it was admitted with."""
-
-    route_kind: str
-    body: Mapping[str, object]
-    allowance: int
-    usage: UsageReading | None
-    bound: int | None
-
-
 @dataclass(slots=True)
 class _Turn:
     """One `Gate.acquire`'s state across its re-evaluations: what the body said (read
@@ -267,11 +228,26 @@ class _Turn:
     body: Mapping[str, object]
     allowance: int
     bound: int | None
-    kept_bytes: int
     priority_field: bool
     start: float
     held_on: PrefixReading | None = None
     held_on_at: float = 0.0
+    kept_bytes: int | None = None  # the user text every rendering keeps, counted when first needed
+
+    def refusal(self, usage: UsageReading) -> Reject | None:
+        """The `prompt_too_long` refusal the body alone proves (`over_long`), else None. The
+        user's text is part of the body's bytes: a body whose encoding (`bound`) is short
+        enough is never refused, and its text is not counted."""
+        if usage.max_model_len is None or not usage.max_token_bytes:
+            return None
+        if self.kept_bytes is None:
+            if (
+                self.bound is not None
+                and over_long(body_bytes(self.bound), usage.max_model_len, usage.max_token_bytes) is None
+            ):
+                return None
+            self.kept_bytes = user_text_bytes(self.route_kind, self.body)
+        return over_long(self.kept_bytes, usage.max_model_len, usage.max_token_bytes)
 
 
 class Gate:
@@ -291,13 +267,6 @@ class Gate:
         self.settings = settings
         self.policy = policy or get_policy(settings.policy)
         self._prices_bodies = self.policy.reads_prompt_bound
-        self._repricing: set[asyncio.Future[None]] = set()
-        # The replica reports each turn's prompt usage (`Lease.learn`): a window priced at
-        # its bound gets its exact price when its turn ends, without a probe.
-        self._learns_usage = False
-        # Windows in flight priced at their bound whose repricing probe was left to their
-        # turn's usage: probed as soon as a turn waits (over-priced windows may hold it).
-        self._unpriced: dict[SessionRecord, RepriceRequest] = {}
         self._usage: UsageReading | None = None  # the last usage reading a decision was made on
         self._now = clock
         self._book = SessionBook(settings.idle_grace_sec, settings.quiet_factor, settings.quiet_floor_sec)
@@ -310,21 +279,29 @@ class Gate:
         self._admissions: dict[str, Counter] = {}
         self._wait_hist = metrics.admission_wait.labels(name)
         self._pending_gauge = metrics.pending_sessions.labels(name)
-        self._window_gauges = (
-            metrics.windows.labels(name, "in_flight"),
-            metrics.windows.labels(name, "idle"),
-        )
+        # The window gauges read the book when scraped: no gauge (and its lock) on a turn's path.
+        self._window_gauges = (metrics.windows.labels(name, "in_flight"), metrics.windows.labels(name, "idle"))
+        self._window_gauges[0].set_function(lambda: self._book.windows_in_flight)
+        self._window_gauges[1].set_function(lambda: self._book.windows_idle)
         self._superseded = metrics.superseded_attempts.labels(name)
-        self._published = (-1, -1)
         self._changed_at = float("-inf")  # last release, finish or expiry that may free blocks
         self._retry_after = max(1, math.ceil(settings.wait_poll_sec))
         self._max_wait = settings.max_wait_sec if settings.max_wait_sec > 0 else None
         # Operator metrics (docs/observability.md): wait by reason, oldest waiter, re-prefill.
         self._reason_wait_metric = metrics.admission_reason_wait
         self._reason_waits: dict[str, Histogram] = {}
-        self._reprefill = metrics.reprefill_tokens.labels(name)
         self._oldest_waiter = metrics.oldest_waiter_seconds.labels(name)
         self._oldest_waiter.set_function(self.oldest_waiter_age)
+        self._repricer = Repricer(
+            self._book,
+            self.policy,
+            settings,
+            probe,
+            clock,
+            lambda: self._usage,
+            metrics.reprefill_tokens.labels(name),
+            self._window_shrank,
+        )
         self._pins = PinReleases(self._send_pin_releases)  # KV pins this gate holds (gate/pins.py)
 
     # ------------------------------------------------------------------ acquire
@@ -349,7 +326,9 @@ class Gate:
                 turn.attempt.checkpoint()
                 if usage is not None:
                     self._usage = usage
-                decision, prefix = await self._decide_turn(turn, usage)
+                decision, prefix = self._calm_decision(turn, usage), None
+                if decision is None:
+                    decision, prefix = await self._decide_turn(turn, usage)
                 outcome = self._act(turn, decision, prefix, usage)
                 if isinstance(outcome, Lease):
                     return outcome
@@ -362,7 +341,6 @@ class Gate:
         """Read what the body says once and book the attempt (superseding its session's older one)."""
         attempt = Attempt(named=session_key is not None)
         allowance = output_allowance(body)
-        kept_bytes = user_text_bytes(route_kind, body)  # the text every rendering keeps (`prompt_floor`)
         # Only named turns are priced; one compact encoding of the body bounds its prompt.
         # A body that does not hold its whole prompt (a Responses continuation) has no bound.
         bound = (
@@ -372,7 +350,8 @@ class Gate:
         )
         record: SessionRecord | None = None
         if session_key is not None:
-            record, previous = self._book.begin_attempt(session_key, attempt, start, turn_key(route_kind, body))
+            # the turn's key (a digest of its prompt) is computed only if another attempt of the session acquires
+            record, previous = self._book.begin_attempt(session_key, attempt, start, lambda: turn_key(route_kind, body))
             if isinstance(previous, Attempt):  # the book keeps this gate's attempts
                 self._supersede(previous)
         self._attempts[attempt] = None
@@ -383,7 +362,6 @@ class Gate:
             body=body,
             allowance=allowance,
             bound=bound,
-            kept_bytes=kept_bytes,
             priority_field=route_kind in PRIORITY_FIELD_KINDS,
             start=start,
         )
@@ -391,12 +369,35 @@ class Gate:
     def _turn_view(self, turn: _Turn, usage: UsageReading | None) -> Any:
         return self._view(turn.record, turn.attempt, turn.allowance, turn.bound, usage, turn.start, turn.priority_field)
 
+    def _calm_decision(self, turn: _Turn, usage: UsageReading | None) -> Decision | None:
+        """The policy's calm rule (`Policy.calm`) on a named turn with no waiter at the gate
+        (so none ahead of it): the decision the full one would be, read off a few O(1)
+        facts, or None to decide in full (also for a prompt the body proves too long: the
+        full decision refuses it)."""
+        calm = self.policy.calm
+        if calm is None or self._queue or turn.record is None or usage is None:
+            return None
+        if turn.refusal(usage) is not None:
+            return None
+        facts = TurnFacts(
+            self._book,
+            turn.record,
+            turn.allowance,
+            turn.bound,
+            lambda: 0,
+            usage,
+            self._now(),
+            turn.start,
+            turn.priority_field,
+        )
+        return calm((self.policy.calm_view or self.policy.view)(facts), usage, self.settings)
+
     async def _decide_turn(self, turn: _Turn, usage: UsageReading | None) -> tuple[Decision, PrefixReading | None]:
         """The policy's decision on this reading, probing the prefix only when it asks to;
         returns the decision and the prefix read for it (None: not probed or unavailable)."""
         view = self._turn_view(turn, usage)
         # A prompt the body alone proves too long is refused before any probe.
-        refusal = over_long(turn.kept_bytes, usage.max_model_len, usage.max_token_bytes) if usage else None
+        refusal = turn.refusal(usage) if usage else None
         first = refusal or self.policy.decide(view, usage, None, self.settings)
         if not isinstance(first, ProbeFirst):
             return first, None
@@ -431,20 +432,17 @@ class Gate:
             and record is not None
             and (self.settings.mode == "shadow" or isinstance(decision, Admit))
         ):
-            self._count_reprefill(record.prompt_tokens, prefix, usage)
+            self._repricer.count_reprefill(record.prompt_tokens, prefix, usage)
         previous_tokens = record.prompt_tokens if record is not None else None
         note = TurnNote(turn.allowance, turn.bound, prefix is not None, previous_tokens)
         if self.settings.mode == "shadow":
-            return self._grant_shadow(record, attempt, decision, turn.start, tokens, note)
+            return self._grant_shadow(turn, decision, tokens, note)
         if isinstance(decision, Admit):
-            lease = self._admit(record, attempt, decision, turn.start, tokens, note)
+            lease = self._admit(turn, decision, tokens, note)
             lease.pin = self._pin_for(turn, decision)
             if decision.reprice_above is not None and self._book.window_blocks > decision.reprice_above:
                 request = RepriceRequest(turn.route_kind, turn.body, turn.allowance, usage, turn.bound)
-                if not self._learns_usage or self._queue:
-                    self._reprice_later(record, request)
-                elif record is not None:  # its usage prices it, unless a turn must wait first
-                    self._unpriced[record] = request
+                self._repricer.admitted_at_bound(record, request, turns_wait=bool(self._queue))
             return lease
         # A window that another turn of the session is using stays (it ends with its turns).
         shared = record is not None and record.in_flight > 0
@@ -468,79 +466,6 @@ class Gate:
             if ended is not None:
                 self._session_ended(ended)
             self._publish_windows()
-
-    def _learn(self, record: SessionRecord, turn: TurnNote, prompt_tokens: int, cached_tokens: int | None) -> None:
-        """A served turn's usage: its exact size goes into the session's history, prices its
-        window (as a repricing probe would) and, for a turn no prefix reading priced,
-        counts its re-prefill."""
-        self._unpriced.pop(record, None)
-        if self._book.records.get(record.key) is not record:
-            return
-        self._learns_usage = True
-        usage = self._usage
-        prompt_tokens = min(prompt_tokens, learned_tokens_cap(turn.bound, usage))  # a replica's word, bounded
-        cached_tokens = None if cached_tokens is None else min(cached_tokens, prompt_tokens)
-        block_size = usage.block_size if usage is not None else None
-        hit_blocks = cached_tokens // block_size if cached_tokens is not None and block_size else 0
-        if not block_size:
-            self._book.record_size(record, prompt_tokens, turn.bound)
-            return
-        learned = PrefixReading(prompt_tokens // block_size, hit_blocks, 0.0, prompt_tokens)
-        if not turn.probed and cached_tokens is not None:
-            self._count_reprefill(turn.previous_tokens, learned, usage)
-        self._apply_price(record, learned, turn.allowance, usage, turn.bound)
-
-    def _apply_price(
-        self,
-        record: SessionRecord,
-        prefix: PrefixReading,
-        allowance: int,
-        usage: UsageReading | None,
-        bound: int | None,
-    ) -> None:
-        """Price the session's window in flight at `prefix`'s exact size (a policy that prices
-        windows), and record the size; wake a waiter if the window shrank."""
-        price = self.policy.price
-        if price is None or usage is None or not usage.has_blocks or not record.has_window or record.in_flight != 1:
-            # no window to price, or one shared by concurrent turns priced together: the next turn prices it
-            self._book.record_size(record, prefix.total_tokens, bound)
-            return
-        facts = TurnFacts(self._book, record, allowance, bound, lambda: 0, usage, self._now(), self._now())
-        view = (self.policy.price_view or self.policy.view)(facts)  # what the price reads: O(1)
-        footprint = max(price(view, usage, prefix, self.settings), 0)
-        if self._book.reprice(record, footprint, prefix.total_tokens, bound):
-            self._blocks_freed(self._now())
-            self._publish_windows()
-
-    def _reprice_unpriced(self) -> None:
-        """A turn waits: the windows in flight still priced at their bound get their exact
-        price from a probe now, not when their turns end."""
-        unpriced, self._unpriced = self._unpriced, {}
-        for record, request in unpriced.items():
-            if record.in_flight:
-                self._reprice_later(record, request)
-
-    def _reprice_later(self, record: SessionRecord | None, request: RepriceRequest) -> None:
-        """Get the exact price of a window admitted at its upper bound (no probe on the turn's
-        path) from a prefix probe that runs beside the forwarded turn."""
-        usage = request.usage
-        if record is None or usage is None:  # never both with a bound price: anonymous or unknown usage
-            return
-        task = asyncio.ensure_future(self._reprice(record, request, usage))
-        self._repricing.add(task)
-        task.add_done_callback(self._repricing.discard)
-
-    async def _reprice(self, record: SessionRecord, request: RepriceRequest, usage: UsageReading) -> None:
-        try:
-            prefix = await self.probe.prefix(request.route_kind, request.body)
-        except PromptTooLong:  # the turn itself is refused by the replica; nothing to re-price
-            return
-        if prefix is None or not prefix.total_tokens:
-            return
-        assert self.policy.price is not None, (
-            f"policy {self.policy.name} priced a window at a bound but cannot reprice it"
-        )
-        self._apply_price(record, prefix, request.allowance, usage, request.bound)
 
     def _view(
         self,
@@ -575,97 +500,52 @@ class Gate:
             ahead += waiter.named
         return ahead
 
-    def _grant_shadow(
-        self,
-        record: SessionRecord | None,
-        attempt: Attempt,
-        decision: Decision,
-        start: float,
-        tokens: int | None,
-        note: TurnNote,
-    ) -> Lease:
+    def _grant_shadow(self, turn: _Turn, decision: Decision, tokens: int | None, note: TurnNote) -> Lease:
         """Admit whatever was decided, recorded as `shadow_<reason>`: an Admit is booked as
-        enforce would book it (its window included), a Wait or Reject as an admission
-        without a window. A shadow admission wakes no waiter of its own accord."""
+        enforce would book it (its window and footprint), a Wait or Reject as an admission
+        without a window. A shadow admission wakes no waiter of its own accord and is
+        forwarded as sent (no priority)."""
         if isinstance(decision, Admit):
-            return self._grant(
-                record,
-                attempt,
-                f"shadow_{decision.reason}",
-                start,
-                window=decision.window,
-                footprint=decision.footprint,
-                tokens=tokens,
-                note=note,
-            )
+            booked = Admit(decision.reason, window=decision.window, footprint=decision.footprint)
+            return self._grant(turn, f"shadow_{decision.reason}", booked, tokens, note)
         label = "shadow_wait" if isinstance(decision, Wait) else f"shadow_{decision.code}"
-        return self._grant(record, attempt, label, start, tokens=tokens, note=note)
+        return self._grant(turn, label, None, tokens, note)
 
-    def _admit(
-        self,
-        record: SessionRecord | None,
-        attempt: Attempt,
-        decision: Admit,
-        start: float,
-        tokens: int | None,
-        note: TurnNote,
-    ) -> Lease:
+    def _admit(self, turn: _Turn, decision: Admit, tokens: int | None, note: TurnNote) -> Lease:
         """Grant the lease the policy's Admit asks for, as it asks (idle windows it ends,
-        window, footprint, wake-up)."""
-        if decision.reclaim_blocks and record is not None:
-            self._book.reclaim_late_windows(record, decision.reclaim_blocks, self._now())
+        window, footprint, wake-up, priority)."""
+        if decision.reclaim_blocks and turn.record is not None:
+            self._book.reclaim_late_windows(turn.record, decision.reclaim_blocks, self._now())
             self._publish_windows()
-        return self._grant(
-            record,
-            attempt,
-            decision.reason.value,  # plain str: a JSON key in /admin/state
-            start,
-            window=decision.window,
-            footprint=decision.footprint,
-            wake_next=decision.wake_next,
-            tokens=tokens,
-            note=note,
-            priority=decision.priority,
-        )
+        return self._grant(turn, decision.reason.value, decision, tokens, note)  # plain str: a JSON key in /admin/state
 
-    def _grant(
-        self,
-        record: SessionRecord | None,
-        attempt: Attempt,
-        label: str,
-        start: float,
-        *,
-        window: bool = False,
-        footprint: int | None = None,
-        wake_next: bool = False,
-        tokens: int | None = None,
-        note: TurnNote | None = None,
-        priority: int | None = None,
-    ) -> Lease:
-        """Book an admission under `label` (its `x-kvgate-admission` value) and hand out its lease.
+    def _grant(self, turn: _Turn, label: str, admit: Admit | None, tokens: int | None, note: TurnNote) -> Lease:
+        """Book `turn`'s admission under `label` (its `x-kvgate-admission` value) and hand out its lease.
 
-        window, footprint: the session's window for the turn (`Admit.window`, `Admit.footprint`).
-        wake_next: wake the next waiter too (`Admit.wake_next`); a queued attempt that is
-        admitted always does, since the head of the queue moved.
+        admit: what is booked with it (None: nothing but the admission): the session's
+        window for the turn (`Admit.window`, `Admit.footprint`), whether to wake the next
+        waiter too (`Admit.wake_next`; a queued attempt that is admitted always does, since
+        the head of the queue moved), the vLLM priority to forward it with (`Admit.priority`).
         tokens: the prompt size of the turn's prefix reading, recorded for the session's growth
         (with `note.bound`, the turn's body-length bound, which later turns' bounds are measured
         from); `note` stays with the lease, for what the turn's usage teaches (`Lease.learn`).
-        priority: the vLLM priority to forward the request with (`Admit.priority`).
         """
-        bound = note.bound if note is not None else None
+        record, attempt = turn.record, turn.attempt
+        window, footprint = (admit.window, admit.footprint) if admit is not None else (False, None)
         now = self._now()
-        wait = max(0.0, now - start)
+        wait = max(0.0, now - turn.start)
         committed = self._book.window_blocks if record is not None else 0
-        self._book.admit(record, attempt, label, now, window, footprint, tokens, bound)
+        self._book.admit(record, attempt, label, now, window, footprint, tokens, note.bound)
         if record is not None and self._book.window_blocks < committed:
             self._blocks_freed(now)  # a window shrank or ended: a waiter may fit now
         self._count_admission(label, wait)
         if record is not None:
             self._publish_windows()
-        if self._queue and (attempt.queued or wake_next):
+        if self._queue and (attempt.queued or (admit is not None and admit.wake_next)):
             if attempt.queued:
                 self._dequeue(attempt)
             self._wake_one()
+        priority = admit.priority if admit is not None else None
         return Lease(self, record, label, wait * 1000.0, attempt, note, priority)
 
     def _pin_for(self, turn: _Turn, decision: Admit) -> Pin | None:
@@ -721,7 +601,7 @@ class Gate:
             attempt.queued = True
             attempt.queued_at = self._now()
             self._pending_gauge.set(len(self._queue))
-            self._reprice_unpriced()
+            self._repricer.reprice_unpriced()
         now = self._now()
         timeout: float | None = None
         # The head polls (liveness: see the module docstring); behind it, a waiter whose
@@ -790,7 +670,7 @@ class Gate:
 
     def _release(self, record: SessionRecord | None, attempt: Attempt | None = None, served: bool = True) -> None:
         if record is not None:
-            self._unpriced.pop(record, None)
+            self._repricer.forget(record)
         now = self._changed_at = self._now()
         ended = self._book.release(record, now, attempt, served)
         if ended is not None:
@@ -806,6 +686,11 @@ class Gate:
             else:  # the replica went idle: every held turn's economics changed
                 for waiter in self._queue:
                     waiter.wake()
+
+    def _window_shrank(self) -> None:
+        """A window's price went down (`Repricer.apply_price`): its blocks may let a waiter in."""
+        self._blocks_freed(self._now())
+        self._publish_windows()
 
     def _blocks_freed(self, now: float) -> None:
         """Fewer blocks are committed (or live): let the head waiter re-decide on a fresh reading."""
@@ -855,16 +740,12 @@ class Gate:
         self._metrics.session_supersessions.observe(record.num_superseded)
 
     def _publish_windows(self) -> None:
-        """Publish the window gauges (`kvgate_windows`) and count the windows ended since the last call."""
+        """Count the windows ended since the last call (`kvgate_window_ends_total`); the
+        window gauges (`kvgate_windows`) read the book when scraped."""
         if self._book._new_window_ends:
             for cause in self._book.take_window_ends():
                 self._window_ends[cause].inc()
             self._unpin_ended_windows()
-        counts = (self._book.windows_in_flight, self._book.windows_idle)
-        if counts != self._published:  # most calls change nothing: skip the gauges' locks
-            self._published = counts
-            self._window_gauges[0].set(counts[0])
-            self._window_gauges[1].set(counts[1])
 
     # -------------------------------------------------------------------- close
 
@@ -886,10 +767,10 @@ class Gate:
         self._purge(self._now())
         self._pending_gauge.set(0)
         self._oldest_waiter.set_function(lambda: 0.0)  # let go of this gate
-        self._unpriced.clear()
+        self._repricer.close()
         self._pins.close()
-        for task in list(self._repricing):
-            task.cancel()
+        for gauge in self._window_gauges:  # every window ended above
+            gauge.set_function(lambda: 0.0)
         close_probe = getattr(self.probe, "close", None)
         if close_probe is not None:
             close_probe()
@@ -900,14 +781,6 @@ class Gate:
         """Seconds the longest-queued waiter has waited (0 when none); read at scrape time."""
         oldest = next(iter(self._queue), None)  # the queue keeps arrival order
         return max(0.0, self._now() - oldest.queued_at) if oldest is not None else 0.0
-
-    def _count_reprefill(self, previous_tokens: int | None, prefix: PrefixReading, usage: UsageReading | None) -> None:
-        """Count the tokens an admitted turn prefills again: of the session's prompt before
-        this turn (`previous_tokens`), what `prefix` (its reading or its usage) found evicted."""
-        block_size = usage.block_size if usage is not None else None
-        tokens = reprefill_tokens(previous_tokens, prefix.total_tokens, prefix.hit_blocks, block_size)
-        if tokens:
-            self._reprefill.inc(tokens)
 
     # ------------------------------------------------------------ introspection
 
@@ -928,30 +801,9 @@ class Gate:
         now = self._now()
         in_flight: list[str] = []
         idle: list[str] = []
-        sessions: dict[str, dict[str, Any]] = {}
         for key, rec in self._book.windows.items():  # oldest window first
             (in_flight if rec.in_flight else idle).append(key)
-        for key, rec in self._book.records.items():
-            sessions[key] = {
-                "reasons": dict(rec.reasons),
-                "num_superseded": rec.num_superseded,
-                "windows_lost": rec.windows_lost,
-                "in_flight": rec.in_flight,
-                "has_window": rec.has_window,
-                "resident_blocks": rec.footprint,
-                "growth_tokens": rec.growth_tokens,
-                "idle_sec": round(now - rec.idle_since, 3) if rec.is_idle else None,
-                "gap_sec": None if rec.gap_ewma is None else round(rec.gap_ewma, 3),
-                "quiet_in_sec": (
-                    round(rec.quiet_deadline - now, 3)
-                    if rec.is_idle and rec.has_window and rec.quiet_deadline is not None
-                    else None
-                ),
-                "quiet_lifetime_sec": round(self._book.quiet_lifetime(rec), 3),
-                "last_window_end": rec.last_window_end,
-                "held": next((h for h in map(_held_state, rec.attempts.values()) if h is not None), None),
-                "attempts": len(rec.attempts),
-            }
+        sessions = {key: self._session_state(rec, now) for key, rec in self._book.records.items()}
         pending = [k for k, rec in self._book.records.items() if any(a in self._queue for a in rec.attempts.values())]
         anonymous_waiting = sum(1 for waiter in self._queue if not waiter.named)
         return {
@@ -967,3 +819,71 @@ class Gate:
             "window_ends": dict(self._book.window_ends),
             "replica_gap_sec": None if self._book.replica_gap_ewma is None else round(self._book.replica_gap_ewma, 3),
         }
+
+    def _session_state(self, rec: SessionRecord, now: float) -> dict[str, Any]:
+        """One session's entry in /admin/state (and the status page's session rows)."""
+        return {
+            "reasons": dict(rec.reasons),
+            "num_superseded": rec.num_superseded,
+            "windows_lost": rec.windows_lost,
+            "in_flight": rec.in_flight,
+            "has_window": rec.has_window,
+            "resident_blocks": rec.footprint,
+            "growth_tokens": rec.growth_tokens,
+            "idle_sec": round(now - rec.idle_since, 3) if rec.is_idle else None,
+            "gap_sec": None if rec.gap_ewma is None else round(rec.gap_ewma, 3),
+            "quiet_in_sec": (
+                round(rec.quiet_deadline - now, 3)
+                if rec.is_idle and rec.has_window and rec.quiet_deadline is not None
+                else None
+            ),
+            "quiet_lifetime_sec": round(self._book.quiet_lifetime(rec), 3),
+            "last_window_end": rec.last_window_end,
+            "held": next((h for h in map(_held_state, rec.attempts.values()) if h is not None), None),
+            "attempts": len(rec.attempts),
+        }
+
+    # The status page's reads (proxy/status_page.py): read-only, and each costs what it
+    # returns, not the number of sessions (but `waiters`: one pass over the records that
+    # have an attempt in progress), so a page polling every second stays cheap at 10,000.
+
+    def session_state(self, key: str) -> dict[str, Any] | None:
+        """The session's /admin/state entry, or None if this gate does not book it."""
+        rec = self._book.records.get(key)
+        return None if rec is None else self._session_state(rec, self._now())
+
+    def session_keys(self, windows_only: bool = False) -> Iterator[str]:
+        """The booked session keys (oldest first), or only those holding a window (oldest window first)."""
+        return iter(self._book.windows if windows_only else self._book.records)
+
+    def overview(self) -> dict[str, Any]:
+        """Counts and the last usage reading, without walking the sessions."""
+        book = self._book
+        return {
+            "mode": self.settings.mode,
+            "policy": self.policy.name,
+            "closed": self._closed is not None,
+            "leases": book.leases,
+            "windows_in_flight": book.windows_in_flight,
+            "windows_idle": book.windows_idle,
+            "window_blocks": book.window_blocks,
+            "waiters": len(self._queue),
+            "sessions": len(book.records),
+            "usage": self._usage,
+            "window_ends": dict(book.window_ends),
+        }
+
+    def waiters(self) -> list[dict[str, Any]]:
+        """Every queued attempt, longest wait first: its session key (None: anonymous),
+        seconds waited, and why it waits (its last Wait), if decided."""
+        now = self._now()
+        keys = {attempt: key for key, rec in self._book.records.items() for attempt in rec.attempts.values()}
+        out = [
+            {
+                "session": keys.get(waiter),
+                "waited_sec": round(max(0.0, now - waiter.queued_at), 3),
+                "held": _held_state(waiter),
+            }
+            for waiter in self._queue  # arrival order: the longest wait first
+        ]
+        return out

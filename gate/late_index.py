@@ -1,4 +1,4 @@
-"""The idle windows, indexed by when their sessions turn late (`policies.late_after`).
+"""The idle windows, indexed by when their sessions turn late (`window_lifetime.late_after`).
 
 An idle window's session is *late* at `now` when `late_after(gap, replica_gap, floor) -
 (now - idle_since) < 0`. A session with a gap of its own (`gap_ewma`) has a fixed
@@ -30,7 +30,7 @@ import math
 from typing import Generic, Protocol, TypeVar
 
 from kvgate.gate.ordered_sums import OrderedSums
-from kvgate.gate.policies.economics import late_after
+from kvgate.gate.window_lifetime import late_after
 
 
 class IdleWindow(Protocol):

@@ -10,6 +10,11 @@ Invariants:
   (value 0, no record) until the next compaction, which keeps the live entries' order.
 - `_tree` is a Fenwick tree over the slots: `_prefix(i)` is the sum of the values of
   slots 0..i-1, `_count(i)` the number of live entries among them; both O(log n).
+  It is brought up to date lazily: an addition, removal or change of value records its
+  deltas per slot in `_pending` (O(1), a slot's deltas coalesce), and the first query
+  after them applies them (O(log n) each) or, when they are many, rebuilds the tree from
+  the slots (O(n)); so updates with no query between them (a gate with nothing to hold)
+  cost O(1), and no update costs more than O(log n) amortized. `total` is always exact.
 - `_keys[slot]` is the entry's sort key (holes keep theirs): non-decreasing over the
   slots, so `bisect` finds a boundary in O(log n). An entry added with a key below the
   last one re-sorts the slots (stable: equal keys keep the order they were added in).
@@ -29,13 +34,14 @@ MIN_SLOTS = 64
 class OrderedSums(Generic[T]):
     """Entries (a key string, an item, an int value, a float sort key) in order of addition."""
 
-    __slots__ = ("_slot", "_items", "_values", "_keys", "_tree", "_counts", "_next", "total", "_sorted")
+    __slots__ = ("_slot", "_items", "_values", "_keys", "_tree", "_counts", "_next", "total", "_sorted", "_pending")
 
     def __init__(self) -> None:
         self._slot: dict[str, int] = {}
         self.total = 0  # sum of the live entries' values
         self._next = 0  # the next free slot
         self._sorted = True
+        self._pending: dict[int, tuple[int, int]] = {}  # slot -> (value, count) deltas not yet in the tree
         self._reset([])
 
     def __len__(self) -> int:
@@ -45,6 +51,36 @@ class OrderedSums(Generic[T]):
         return key in self._slot
 
     # -- Fenwick tree
+
+    def _defer(self, slot: int, value: int, count: int) -> None:
+        """Record a change of a slot's value and liveness for the tree's next query."""
+        pending = self._pending.get(slot)
+        self._pending[slot] = (value, count) if pending is None else (pending[0] + value, pending[1] + count)
+
+    def _flush(self) -> None:
+        """Bring the tree up to date with the pending changes (before any query of it)."""
+        pending = self._pending
+        if not pending:
+            return
+        if len(pending) * len(self._tree).bit_length() > len(self._tree):  # cheaper to rebuild
+            self._build_tree()
+        else:
+            for slot, (value, count) in pending.items():
+                if value or count:
+                    self._add(slot, value, count)
+        pending.clear()
+
+    def _build_tree(self) -> None:
+        """The tree from the slots' values and liveness, O(n): push each node into its parent."""
+        size = len(self._items)
+        tree = [0, *self._values]
+        counts = [0] + [0 if item is None else 1 for item in self._items]
+        for i in range(1, size + 1):
+            parent = i + (i & -i)
+            if parent <= size:
+                tree[parent] += tree[i]
+                counts[parent] += counts[i]
+        self._tree, self._counts = tree, counts
 
     def _add(self, slot: int, value: int, count: int) -> None:
         tree, counts, i = self._tree, self._counts, slot + 1
@@ -86,22 +122,15 @@ class OrderedSums(Generic[T]):
         self._items: list[T | None] = [None] * size
         self._values = [0] * size
         self._keys = [0.0] * size
-        tree = [0] * (size + 1)
-        counts = [0] * (size + 1)
         self._slot = {}
         for slot, (key, item, value, sort_key) in enumerate(live):
             self._slot[key] = slot
             self._items[slot] = item
             self._values[slot] = value
             self._keys[slot] = sort_key
-            tree[slot + 1] = value
-            counts[slot + 1] = 1
-        for i in range(1, size + 1):  # O(n) construction: push each node into its parent
-            parent = i + (i & -i)
-            if parent <= size:
-                tree[parent] += tree[i]
-                counts[parent] += counts[i]
-        self._tree, self._counts, self._next = tree, counts, len(live)
+        self._next = len(live)
+        self._pending.clear()  # the new tree holds every change
+        self._build_tree()
 
     def _item(self, slot: int) -> T:
         item = self._items[slot]
@@ -126,7 +155,7 @@ class OrderedSums(Generic[T]):
         self._items[slot] = item
         self._values[slot] = value
         self._keys[slot] = sort_key
-        self._add(slot, value, 1)
+        self._defer(slot, value, 1)
         self.total += value
         if not self._sorted:  # out of key order (a clock that stepped back): re-sort, stable
             self._reset(sorted(self._live(), key=lambda entry: entry[3]))
@@ -138,7 +167,7 @@ class OrderedSums(Generic[T]):
         if slot is None:
             return False
         value = self._values[slot]
-        self._add(slot, -value, -1)
+        self._defer(slot, -value, -1)
         self.total -= value
         self._items[slot] = None
         self._values[slot] = 0
@@ -150,7 +179,7 @@ class OrderedSums(Generic[T]):
         if slot is not None:
             delta = value - self._values[slot]
             self._values[slot] = value
-            self._add(slot, delta, 0)
+            self._defer(slot, delta, 0)
             self.total += delta
 
     def rank(self, key: str) -> int:
@@ -159,6 +188,7 @@ class OrderedSums(Generic[T]):
 
     def sum_before(self, boundary: int) -> int:
         """Sum of the values of the live entries in the slots before `boundary`."""
+        self._flush()
         return self._prefix(boundary)
 
     def bisect(self, before: Callable[[float], bool]) -> int:
@@ -175,6 +205,7 @@ class OrderedSums(Generic[T]):
 
     def first_from(self, boundary: int) -> tuple[T, float] | None:
         """The first live entry at or after slot `boundary` (its item and sort key), or None."""
+        self._flush()
         k = self._count(boundary) + 1
         if k > len(self._slot):
             return None

@@ -33,7 +33,7 @@ Nothing here raises to the gate except cancellation and `PromptTooLong`: the rep
 refused to probe a prompt longer than it serves (`400 prompt_too_long`, which the probe
 API answers after rendering, before the engine does any work), so the turn is refused
 without being forwarded, at the cost of one rendering. (A body that proves itself too
-long is refused before it is probed at all: `gate.prompt_floor`.)
+long is refused before it is probed at all: `gate.request_body`.)
 """
 
 from __future__ import annotations

@@ -58,7 +58,10 @@ class TurnFacts:
         self.priority_field = priority_field and record is not None
         self._late: tuple[int, float | None] | None = None  # (late_window_blocks, next_late_sec): one query
 
-    def _late_windows(self) -> tuple[int, float | None]:
+    def late_windows(self) -> tuple[int, float | None]:
+        """(late_window_blocks, next_late_sec), queried once, when first called."""
+        if self._rec is None:
+            return 0, None
         if self._late is None:
             self._late = self._book.late_window_blocks(self._rec, self._now)
         return self._late
@@ -80,14 +83,6 @@ class TurnFacts:
         return self._book.idle_window_blocks - own
 
     @property
-    def late_window_blocks(self) -> int:
-        return 0 if self._rec is None else self._late_windows()[0]
-
-    @property
-    def next_late_sec(self) -> float | None:
-        return None if self._rec is None else self._late_windows()[1]
-
-    @property
     def older_window_blocks(self) -> int:
         rec = self._rec
         if rec is None:
@@ -96,6 +91,10 @@ class TurnFacts:
         # requests): this one is priced behind it, so the two are priced together.
         sibling = rec.footprint if rec.has_window and rec.in_flight else 0
         return self._book.older_window_blocks(rec) + sibling
+
+    @property
+    def window_blocks(self) -> int:
+        return 0 if self._rec is None else self._book.window_blocks
 
     @property
     def waiters_ahead(self) -> int:

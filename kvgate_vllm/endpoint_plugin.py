@@ -1,4 +1,5 @@
-"""``vllm.endpoint_plugins`` entry point: ``GET /v1/kvgate/kv`` and ``POST /v1/kvgate/prefix``.
+"""``vllm.endpoint_plugins`` entry point: ``GET /v1/kvgate/kv``, ``POST /v1/kvgate/prefix``
+and ``POST /v1/kvgate/release``.
 
 vLLM instantiates ``KvgateEndpointPlugin`` in the API server only, and only when
 ``kvgate`` is named in ``VLLM_PLUGINS``; it calls ``attach_router(app)`` while
@@ -15,7 +16,8 @@ Each probe is one UTILITY call per engine (``call_utility_all_async``: under dat
 parallelism the single-engine call would answer for engine 0 only), bounded by
 ``KVGATE_PROBE_TIMEOUT_SEC`` (default 5). Status codes: 200 answer; 400 bad body
 (OpenAI-shaped error naming the field); 501 the engine cannot answer (prefix
-caching off, unsupported vLLM build); 503 engine error; 504 timeout; 404 a Responses
+caching off, unsupported vLLM build; a release on a server without the retention
+connector, code ``pins_not_kept``); 503 engine error; 504 timeout; 404 a Responses
 body whose ``previous_response_id`` this server does not hold.
 """
 
@@ -29,9 +31,10 @@ from dataclasses import replace
 from typing import Any
 
 from kvgate.vllm_plugin import jsonio
-from kvgate.vllm_plugin.engine_plugin import KV_ANSWER_METHOD, PREFIX_ANSWER_METHOD
+from kvgate.vllm_plugin.engine_plugin import KV_ANSWER_METHOD, PREFIX_ANSWER_METHOD, RELEASE_METHOD
 from kvgate.vllm_plugin.engine_rates import RateMeter, prefill_rate, read_totals
 from kvgate.wire.errors import openai_error
+from kvgate.wire.kv_pins import RELEASE_PATH, PinError, ReleaseAnswer, ReleaseQuery
 from kvgate.wire.owner_record import OWNER_PATH
 from kvgate.wire.probe_api import (
     KV_PATH,
@@ -109,7 +112,7 @@ class ProbeService:
         self.scheduling_policy = scheduling_policy  # the server's --scheduling-policy (fcfs | priority)
         self.rates = RateMeter()
 
-    async def _call_all_engines(self, method: str, *args: Any) -> list[dict]:
+    async def _call_all_engines(self, method: str, *args: Any, unsupported: str = "probe_unsupported") -> list[dict]:
         engine_core = getattr(self.engine_client, "engine_core", None)
         if engine_core is None:
             raise ProbeUnavailable("this vLLM server has no engine core to probe", 501, "no_engine")
@@ -135,7 +138,7 @@ class ProbeService:
             ) from exc
         for result in results:
             if isinstance(result, dict) and "error" in result:
-                raise ProbeUnavailable(result["error"], 501, "probe_unsupported")
+                raise ProbeUnavailable(result["error"], 501, unsupported)
         return list(results)
 
     async def kv_answer(self) -> KvAnswer:
@@ -165,6 +168,16 @@ class ProbeService:
         check_prompt_length(len(prompt.token_ids), self.max_model_len)
         results = await self._call_all_engines(PREFIX_ANSWER_METHOD, prompt.token_ids, prompt.cache_salt, prompt.lora)
         return merge_prefix(_parsed(results, PrefixAnswer.parse))
+
+    async def release(self, body: object) -> ReleaseAnswer:
+        """End the KV pins of the body's sessions on every engine (a session's pin is on the
+        engine that served its turn); what they held, summed. PinError on a bad body."""
+        query = ReleaseQuery.parse(body)
+        results = await self._call_all_engines(RELEASE_METHOD, list(query.sessions), unsupported="pins_not_kept")
+        answers = _parsed(results, ReleaseAnswer.parse)
+        return ReleaseAnswer(
+            sum(answer.released_sessions for answer in answers), sum(answer.released_blocks for answer in answers)
+        )
 
 
 def scheduling_policy(engine_client: Any, args: Any) -> str | None:
@@ -206,7 +219,7 @@ def _parsed(results: list[dict], parse: Any) -> list:
     """The engines' answers, typed; an engine answering something else is a plugin mismatch (503)."""
     try:
         return [parse(result) for result in results]
-    except ProbeAnswerError as exc:
+    except (ProbeAnswerError, PinError) as exc:
         raise ProbeUnavailable(
             f"an engine answered the probe with an invalid answer ({exc}); "
             "the API server and the engine core must run the same kvgate version",
@@ -253,7 +266,9 @@ async def kv_route(raw_request: Any):
         return _json_response(exc.status, error_body(exc.status, str(exc), exc.code))
 
 
-async def prefix_route(raw_request: Any):
+async def _answer_body(raw_request: Any, answer: Any):
+    """A route with a JSON body: the replica key, the service, the body, then ``answer(service,
+    body)``'s message; each refusal OpenAI-shaped."""
     if (refused := _unauthorized(raw_request)) is not None:
         return refused
     service = _service(raw_request)
@@ -264,11 +279,21 @@ async def prefix_route(raw_request: Any):
     except ValueError as exc:
         return _json_response(400, error_body(400, f"the body is not valid JSON: {exc}", "invalid_json"))
     try:
-        return _json_response(200, (await service.prefix_answer(body)).to_json())
+        return _json_response(200, (await answer(service, body)).to_json())
     except ProbeQueryError as exc:
         return _json_response(exc.status, error_body(exc.status, exc.message, exc.code, exc.param))
+    except PinError as exc:  # the release body
+        return _json_response(400, error_body(400, str(exc), "invalid_request", "sessions"))
     except ProbeUnavailable as exc:
         return _json_response(exc.status, error_body(exc.status, str(exc), exc.code))
+
+
+async def prefix_route(raw_request: Any):
+    return await _answer_body(raw_request, lambda service, body: service.prefix_answer(body))
+
+
+async def release_route(raw_request: Any):
+    return await _answer_body(raw_request, lambda service, body: service.release(body))
 
 
 def _owner_book(request: Any):
@@ -332,6 +357,10 @@ class KvgateEndpointPlugin:
         @router.post(PREFIX_PATH)
         async def kvgate_prefix(raw_request: Request):
             return await prefix_route(raw_request)
+
+        @router.post(RELEASE_PATH)
+        async def kvgate_release(raw_request: Request):
+            return await release_route(raw_request)
 
         @router.post(OWNER_PATH)
         async def kvgate_owner_claim(raw_request: Request):

@@ -7,8 +7,9 @@ worker, possibly more than once per process, and a forked engine core inherits
 process it runs in) and idempotently (a second call changes nothing).
 
 The API server reaches the methods with
-``engine_client.engine_core.call_utility_all_async(KV_ANSWER_METHOD)`` and
-``(PREFIX_ANSWER_METHOD, token_ids, cache_salt, lora)``; the engine core runs them on
+``engine_client.engine_core.call_utility_all_async(KV_ANSWER_METHOD)``,
+``(PREFIX_ANSWER_METHOD, token_ids, cache_salt, lora)`` and ``(RELEASE_METHOD, sessions)``
+(which ends KV pins the retention connector holds, `pin_keeper`); the engine core runs them on
 its main thread between two scheduler steps (``EngineCoreProc._handle_client_request``
 dispatches UTILITY requests by ``getattr``), so they never enter a scheduler queue.
 
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 KV_ANSWER_METHOD = "kvgate_kv_answer"
 PREFIX_ANSWER_METHOD = "kvgate_prefix_answer"
+RELEASE_METHOD = "kvgate_release_pins"
 _PATCH_MARKER = "_kvgate_probes_installed"
 _STEP_METHOD = "step"  # EngineCore's scheduler step, timed (`_timed_step`)
 _STEP_LOG = "_kvgate_step_log"  # the engine core instance's StepLog
@@ -89,12 +91,19 @@ def _prefix_answer(self, token_ids, cache_salt=None, lora=None) -> dict:
     return prefix_answer(self, token_ids, cache_salt, lora)
 
 
+def _release_pins(self, sessions) -> dict:
+    from kvgate.vllm_plugin.pin_keeper import release_answer
+
+    return release_answer(self, sessions)
+
+
 def install_probes(engine_core_cls: type) -> bool:
     """Add the probe methods to ``engine_core_cls``; False if they were already there."""
     if getattr(engine_core_cls, _PATCH_MARKER, False):
         return False
     setattr(engine_core_cls, KV_ANSWER_METHOD, _kv_answer)
     setattr(engine_core_cls, PREFIX_ANSWER_METHOD, _prefix_answer)
+    setattr(engine_core_cls, RELEASE_METHOD, _release_pins)
     step = getattr(engine_core_cls, _STEP_METHOD, None)
     if callable(step):
         setattr(engine_core_cls, _STEP_METHOD, _timed_step(step))

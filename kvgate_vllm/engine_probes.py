@@ -5,7 +5,9 @@ Both functions take an ``EngineCore`` (or anything with the same ``scheduler`` a
 tests/vllm against the real ``KVCacheManager``/``BlockPool``:
 
 - no block is allocated, freed or touched: the free queue's LRU order, every ref
-  count and the block-hash map are unchanged;
+  count and the block-hash map are unchanged (one exception: with the retention
+  connector loaded, the kv answer first ends KV pins whose ttl has passed, as the next
+  scheduler step would, so a ttl ends on an idle engine too);
 - no prefix-cache statistic is recorded (``make_stats``/``make_prefix_cache_stats``
   reset counters and are never called) and no KV event is queued;
 - the throw-away ``Request`` built to hash the prompt is never registered anywhere.
@@ -16,13 +18,19 @@ release by ``compat_check``; feature-detected: a missing one yields ``{"error": 
 ``get_num_free_blocks()``, ``cached_block_hash_to_block``),
 ``scheduler.get_request_counts()``, ``scheduler.block_size``,
 ``kv_cache_manager.coordinator.find_longest_cache_hit(block_hashes, max_length)``,
-``EngineCore.request_block_hasher`` and ``vllm.v1.request.Request``.
+``EngineCore.request_block_hasher`` and ``vllm.v1.request.Request``; the kv answer's pin
+fields come from the retention connector's ``PinKeeper`` (``scheduler.connector``), when loaded;
+the CPU tier's fields (kv answer ``num_cpu_*``, ``cpu_load_sec_per_block``; prefix answer
+``hit_blocks_cpu``) from vLLM's offloading manager (`cpu_tier`), when offloading is on: a CPU
+tier the plugin cannot read leaves them null and never fails an answer.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from kvgate.vllm_plugin.cpu_tier import capacity_figures, cpu_run_blocks, cpu_tier_of
+from kvgate.vllm_plugin.pin_keeper import pin_figures
 from kvgate.vllm_plugin.support import SUPPORTED_TEXT
 from kvgate.wire.probe_api import KvAnswer, PrefixAnswer
 
@@ -60,9 +68,38 @@ def kv_answer(engine_core: Any) -> dict:
             block_size=int(scheduler.block_size),
             num_running=int(num_running),
             num_waiting=int(num_waiting),
+            **pin_figures(engine_core),
+            **cpu_tier_figures(engine_core),
         ).to_json()
     except (AttributeError, TypeError, ValueError) as exc:
         return _unsupported("read KV usage", exc)
+
+
+_CPU_TIER_ERRORS = (AttributeError, ImportError, IndexError, TypeError, ValueError)
+
+
+def cpu_tier_figures(engine_core: Any) -> dict:
+    """The kv answer's CPU-tier fields; {} without a CPU tier the plugin can read (they stay null)."""
+    try:
+        tier = cpu_tier_of(engine_core)
+        return capacity_figures(tier) if tier is not None else {}
+    except _CPU_TIER_ERRORS:
+        return {}
+
+
+def hit_blocks_cpu(engine_core: Any, block_hashes: Any, gpu_hit_blocks: int) -> int | None:
+    """The prompt's run of CPU-tier blocks after its GPU hit (`cpu_tier.cpu_run_blocks`, keyed
+    with vLLM's ``make_offload_key``); None without a CPU tier the plugin can read."""
+    try:
+        tier = cpu_tier_of(engine_core)
+        if tier is None:
+            return None
+        from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+
+        context = ReqContext(req_id=PROBE_REQUEST_ID)
+        return cpu_run_blocks(tier, list(block_hashes), gpu_hit_blocks, make_offload_key, context)
+    except _CPU_TIER_ERRORS:
+        return None
 
 
 def build_probe_request(
@@ -132,4 +169,5 @@ def prefix_answer(
         block_size=block_size,
         hit_block_ref_counts=[block.ref_cnt for block in first_group],
         hit_tokens=int(reusable_tokens),
+        hit_blocks_cpu=hit_blocks_cpu(engine_core, request.block_hashes, len(first_group)),
     ).to_json()

@@ -100,6 +100,8 @@ RESPONSES_PROTOCOL = "vllm.entrypoints.openai.responses.protocol"
 APP_STATE = "vllm.entrypoints.launchers.api_server.app_state"
 GENERATE_ROUTES = "vllm.entrypoints.generate.api_router"
 METRICS = "vllm.v1.metrics.loggers"
+CONNECTOR_BASE = "vllm.distributed.kv_transfer.kv_connector.v1.base"
+KV_UTILS = "vllm.v1.core.kv_cache_utils"
 
 _PLUGIN = "engine_plugin.install_probes"
 _KV = "engine_probes.kv_answer"
@@ -231,7 +233,85 @@ RENDERING: tuple[Internal, ...] = (
     Call(RESPONSES, "OpenAIServingResponses._maybe_get_adapters", _RESPONSES, positional=1),
 )
 
-TOUCHED: tuple[Internal, ...] = ENGINE_CORE + API_SERVER + RENDERING
+_CONNECTOR = "retention_connector.KvgateRetentionConnector"
+_KEEPER = "pin_keeper.PinKeeper"
+_BASE = "KVConnectorBase_V1"
+
+RETENTION: tuple[Internal, ...] = (
+    # vLLM loads the connector by module path and builds it with three arguments.
+    Text("vllm.distributed.kv_transfer.kv_connector.factory", "kv_connector_module_path", _CONNECTOR),
+    Symbol(CONNECTOR_BASE, _BASE, _CONNECTOR),
+    Symbol(CONNECTOR_BASE, "KVConnectorMetadata", "retention_connector.KvgateRetentionMetadata"),
+    Call(CONNECTOR_BASE, _BASE, _CONNECTOR, positional=3),
+    Member(CONNECTOR_BASE, f"{_BASE}.requires_kv_delivery", _CONNECTOR),
+    # What the scheduler calls on it (the abstract methods and the two hooks it uses).
+    Call(CONNECTOR_BASE, f"{_BASE}.bind_kv_cache_manager", _CONNECTOR, positional=1),
+    Call(CONNECTOR_BASE, f"{_BASE}.get_num_new_matched_tokens", _CONNECTOR, positional=2, returns=2),
+    Call(CONNECTOR_BASE, f"{_BASE}.update_state_after_alloc", _CONNECTOR, positional=3),
+    Call(CONNECTOR_BASE, f"{_BASE}.build_connector_meta", _CONNECTOR, positional=1),
+    Call(CONNECTOR_BASE, f"{_BASE}.request_finished", _CONNECTOR, positional=2, returns=2),
+    Call(CONNECTOR_BASE, f"{_BASE}.start_load_kv", _CONNECTOR, positional=1),
+    Call(CONNECTOR_BASE, f"{_BASE}.wait_for_layer_load", _CONNECTOR, positional=1),
+    Call(CONNECTOR_BASE, f"{_BASE}.save_kv_layer", _CONNECTOR, positional=3),
+    Call(CONNECTOR_BASE, f"{_BASE}.wait_for_save", _CONNECTOR),
+    Member(REQUEST, "Request.kv_transfer_params", _CONNECTOR),
+    # Pins are references in the scheduler's block pool; allocations that fail yield them.
+    Call(KV_MANAGER, "KVCacheManager.allocate_slots", "pin_keeper.PinKeeper.yielding", positional=2),
+    Member(BLOCK_POOL, "BlockPool.blocks", _KEEPER),
+    Call(BLOCK_POOL, "BlockPool.touch", _KEEPER, positional=1),
+    Call(BLOCK_POOL, "BlockPool.free_blocks", _KEEPER, positional=1),
+    Member(KV_UTILS, "KVCacheBlock.is_null", _KEEPER),
+    Member(KV_UTILS, "KVCacheBlock.block_hash", _KEEPER),
+    # The engine core's utility methods find the keeper through the scheduler's connector.
+    Member(SCHEDULER, "Scheduler.connector", "pin_keeper.keeper_of"),
+    Member(
+        "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector",
+        "MultiConnector._connectors",
+        "pin_keeper.keeper_of",
+    ),
+)
+
+_TIER = "cpu_tier.cpu_tier_of"
+_HELD = "cpu_tier.capacity_figures"
+_RUN = "cpu_tier.cpu_run_blocks"
+_OFFLOAD = "vllm.distributed.kv_transfer.kv_connector.v1.offloading"
+OFFLOAD_BASE = "vllm.v1.kv_offload.base"
+CPU_MANAGER = "vllm.v1.kv_offload.cpu.manager"
+KV_SPECS = "vllm.v1.kv_cache_interface"
+
+CPU_TIER: tuple[Internal, ...] = (
+    # --kv-offloading-size makes the kv_transfer_config an OffloadingConnector with cpu_bytes_to_use.
+    Text("vllm.config.vllm", "OffloadingConnector", "docs/vllm-plugin.md CPU tier"),
+    Text("vllm.v1.kv_offload.cpu.spec", "cpu_bytes_to_use", "docs/vllm-plugin.md CPU tier"),
+    # The connector's scheduler side, found as the scheduler's connector or a MultiConnector child.
+    Member(f"{_OFFLOAD}_connector", "OffloadingConnector.connector_scheduler", "cpu_tier.offloading_scheduler_of"),
+    Member(f"{_OFFLOAD}.scheduler", "OffloadingConnectorScheduler.manager", _TIER),
+    Member(f"{_OFFLOAD}.scheduler", "OffloadingConnectorScheduler.config", _TIER),
+    Member(f"{_OFFLOAD}.scheduler", "SchedulerOffloadConfig.kv_group_configs", _TIER),
+    *(
+        Member(f"{_OFFLOAD}.scheduler", f"GroupOffloadConfig.{field}", _TIER)
+        for field in ("group_idx", "tokens_per_block", "tokens_per_chunk", "hashes_per_chunk")
+    ),
+    # The CPU manager (or a tiering manager's primary CPU tier): read-only lookups and chunk counts.
+    Member("vllm.v1.kv_offload.tiering.manager", "TieringOffloadingManager.primary_tier", "cpu_tier._cpu_manager"),
+    Call(CPU_MANAGER, "CPUOffloadingManager.lookup", _RUN, positional=2),
+    *(
+        Member(CPU_MANAGER, f"CPUOffloadingManager.{field}", _HELD)
+        for field in ("_num_chunks", "_num_allocated_chunks", "_free_list")
+    ),
+    Call(OFFLOAD_BASE, "make_offload_key", "engine_probes.hit_blocks_cpu", positional=2),
+    Call(OFFLOAD_BASE, "ReqContext", "engine_probes.hit_blocks_cpu", keywords=("req_id",)),
+    *(Member(OFFLOAD_BASE, f"LookupResult.{name}", _RUN) for name in ("HIT", "HIT_PENDING")),
+    # One block's KV bytes on one worker, from the scheduler's KV cache config.
+    Member(SCHEDULER, "Scheduler.kv_cache_config", "cpu_tier._bytes_per_block"),
+    Member(KV_SPECS, "KVCacheConfig.kv_cache_groups", "cpu_tier._bytes_per_block"),
+    Member(KV_SPECS, "KVCacheGroupSpec.kv_cache_spec", "cpu_tier._bytes_per_block"),
+    Member(KV_SPECS, "KVCacheGroupSpec.layer_names", "cpu_tier._bytes_per_block"),
+    Member(KV_SPECS, "AttentionSpec.page_size_bytes", "cpu_tier._bytes_per_block"),
+    Symbol(KV_SPECS, "UniformTypeKVCacheSpecs", "cpu_tier._is_uniform_wrapper"),
+)
+
+TOUCHED: tuple[Internal, ...] = ENGINE_CORE + API_SERVER + RENDERING + RETENTION + CPU_TIER
 
 
 def applies(entry: Internal, release: Release) -> bool:

@@ -1,7 +1,9 @@
-"""The admin API (docs/reference.md, Admin API): sessions, replicas, state.
+"""The admin API (docs/reference.md, Admin API): sessions, replicas, state, status.
 
 Served only when `admin.token` is set; every call needs `Authorization: Bearer
-<token>` (401 otherwise, compared in constant time).
+<token>` (401 otherwise, compared in constant time), but the status page's own files
+(`GET /admin/ui`, proxy/status_page.py), which hold no data: the page sends the token on
+every call it makes.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from kvgate.proxy.http_fields import decode_path_segment
 from kvgate.proxy.http_server import HeadRefusal, HttpRequest, Responder
 from kvgate.proxy.request_body import parse_json_object
 from kvgate.proxy.session_id import bounded_session_id
+from kvgate.proxy.status_page import StatusPage
 
 
 def _json(responder: Responder, data, status: int = 200) -> None:
@@ -25,7 +28,14 @@ def _json(responder: Responder, data, status: int = 200) -> None:
 
 class AdminApi:
     def __init__(
-        self, token: str, registry, admission, clients, sessions, credential_hosts: tuple[str, ...] = ()
+        self,
+        token: str,
+        registry,
+        admission,
+        clients,
+        sessions,
+        credential_hosts: tuple[str, ...] = (),
+        status: StatusPage | None = None,
     ) -> None:
         self._expected = f"Bearer {token}".encode()
         self._credential_hosts = credential_hosts  # upstream.credential_hosts (proxy/client_auth.py)
@@ -33,6 +43,11 @@ class AdminApi:
         self.admission = admission
         self.clients = clients
         self.sessions = sessions
+        self.status = status  # the status page (GET /admin/ui, /admin/status); None: not served
+
+    def is_public(self, path: str) -> bool:
+        """Whether `path` is served without the token: the status page's files."""
+        return self.status is not None and self.status.is_asset(path)
 
     def allows(self, headers) -> bool:
         """Whether `headers` carry `Authorization: Bearer <admin.token>` (constant time)."""
@@ -51,6 +66,9 @@ class AdminApi:
     async def handle(self, request: HttpRequest, responder: Responder) -> None:
         """Answer a request whose path starts with /admin/ (its token was checked at its head,
         `allows`; checked again here for callers without the server's screen)."""
+        if self.status is not None and self.status.is_asset(request.path):
+            self.status.send_asset(request, responder)
+            return
         if not self.allows(request.headers):
             refusal = self.refusal()
             send_error(responder, refusal.status, refusal.message, refusal.code, list(refusal.headers))
@@ -65,6 +83,10 @@ class AdminApi:
         method = request.method
         if parts == ["state"] and method == "GET":
             self.state(responder)
+        elif parts == ["status"] and method == "GET" and self.status is not None:
+            self.status.send_status(request, responder)
+        elif parts == ["status", "history"] and method == "GET" and self.status is not None:
+            self.status.send_history(responder)
         elif parts == ["replicas"] and method == "POST":
             self.add_replica(request, responder)
         elif len(parts) == 2 and parts[0] == "replicas" and parts[1] and method == "DELETE":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 
 import orjson
 
@@ -33,6 +34,8 @@ from kvgate.proxy.http_server import HeadRefusal, HttpRequest, Responder
 from kvgate.proxy.metrics import CONTENT_TYPE, KvgateMetrics
 from kvgate.proxy.session_tracker import SessionTracker
 from kvgate.proxy.settings import Settings
+from kvgate.proxy.status_page import StatusPage
+from kvgate.proxy.status_snapshot import StatusSources
 from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, claims_ownership, health_path
 from kvgate.proxy.upstream import UpstreamClients
 from kvgate.wire.replica_auth import replica_headers
@@ -94,20 +97,25 @@ class ProxyApp:
         self._asks_probe_api = _gates_vllm(settings) and hasattr(admission, "learn_probe_api")
         if self._asks_probe_api:
             self.health.add_round(self._learn_probe_apis)
-        self.admin = (
-            AdminApi(
-                settings.admin.token,
-                self.registry,
-                admission,
-                self.clients,
-                self.sessions,
-                settings.upstream.credential_hosts,
-            )
-            if settings.admin.token
-            else None
-        )
+        self.status_page, self.admin = self._admin_api(settings, metrics)
         self._routes = {r.path: r for r in ROUTES}
         self._server: FrontServer | None = None
+
+    def _admin_api(self, settings: Settings, metrics: KvgateMetrics) -> tuple[StatusPage | None, AdminApi | None]:
+        """The admin API and its status page (GET /admin/ui), both only with admin.token set."""
+        if not settings.admin.token:
+            return None, None
+        page = StatusPage(self._status_sources, metrics.gate.admissions)
+        api = AdminApi(
+            settings.admin.token,
+            self.registry,
+            self.admission,
+            self.clients,
+            self.sessions,
+            settings.upstream.credential_hosts,
+            page,
+        )
+        return page, api
 
     # ---- lifecycle ---------------------------------------------------------------
 
@@ -121,12 +129,16 @@ class ProxyApp:
             await self.health.start()
         if self.ownership is not None:
             await self.ownership.start()
+        if self.status_page is not None:
+            await self.status_page.start()
         return address
 
     async def close(self) -> None:
         if self._server is not None:
             await self._server.close()
             self._server = None
+        if self.status_page is not None:
+            await self.status_page.close()
         await self.health.close()
         if self.ownership is not None:
             await self.ownership.close()
@@ -167,6 +179,21 @@ class ProxyApp:
             if self.admission.probe_api(r.name) is False
         }
 
+    def _status_sources(self) -> StatusSources:
+        """What the status page reads now (proxy/status_snapshot.py)."""
+        gates = getattr(self.admission, "gates", None)  # an injected admission may not have gates
+        assert self.status_page is not None
+        return StatusSources(
+            role=self.settings.role,
+            replicas=self.registry.all(),
+            gates=gates() if gates is not None else {},
+            ownership=self.ownership.ownership() if self.ownership is not None else {},
+            mirrored=self.replica_metrics.values,
+            recent_hit_rate=self.status_page.history.recent_hit_rate,
+            tracked_sessions=len(self.sessions),
+            now=time.time(),
+        )
+
     def _ready(self, responder: Responder) -> None:
         ownership = self.ownership.ownership() if self.ownership is not None else {}
         ready, conflicts = readiness({r.name: r.healthy for r in self.registry.all()}, ownership)
@@ -205,7 +232,7 @@ class ProxyApp:
             return HeadRefusal(400, non_canonical_message(path, problem), "non_canonical_path")
         if self._is_admin(path):
             assert self.admin is not None
-            return None if self.admin.allows(request.headers) else self.admin.refusal()
+            return None if self.admin.allows(request.headers) or self.admin.is_public(path) else self.admin.refusal()
         if not self.auth.enabled or (path in OPEN_PATHS and not has_body):
             return None
         index = self.auth.match(request.headers)

@@ -58,6 +58,7 @@ ENV_PREFIX = "KVGATE_"
 OTHER_VARIABLES = frozenset(
     {
         "KVGATE_PROBE_TIMEOUT_SEC",
+        "KVGATE_CPU_LOAD_GBPS",
         "KVGATE_REPLICA_API_KEY",
         "KVGATE_REPLICA_API_KEY_FILE",
         "KVGATE_VLLM_VENV",
@@ -67,6 +68,8 @@ OTHER_VARIABLES = frozenset(
         "KVGATE_CI_FRESH",
         "KVGATE_PROMETHEUS",
         "KVGATE_PROMTOOL",
+        "KVGATE_CHROMIUM",
+        "KVGATE_WRITE_SCREENSHOT",
     }
 )
 

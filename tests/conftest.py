@@ -4,7 +4,8 @@ The suite runs on several pytest-xdist workers (pyproject.toml's addopts: `-n`,
 `--dist loadgroup`). Tests that share an expensive session fixture run on one worker,
 as one group: the real-vLLM tests (their servers start once per worker) and the
 observability tests (their fixture may install Prometheus with apt, which one process at
-a time can do). The vLLM group is put first, so that its worker starts on it at once:
+a time can do), and the browser tests (one Chromium per module, which may be installed
+with apt the same way). The vLLM group is put first, so that its worker starts on it at once:
 it is the longest run of tests one worker must take in turn.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-GROUPED_FOLDERS = {"vllm": "vllm", "observability": "observability"}
+GROUPED_FOLDERS = {"vllm": "vllm", "observability": "observability", "browser": "browser"}
 
 
 def _group(item: pytest.Item) -> str | None:

@@ -21,7 +21,10 @@ import aiohttp
 from kvgate.wire.kv_pins import RELEASE_PATH, Pin, ReleaseAnswer, ReleaseQuery, make_pin, with_pin
 from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, KvAnswer, PrefixAnswer
 
-TOKEN_RANGE = (3, 1000)  # ids every test vocabulary has (the tiny vLLM model's is 1024)
+TOKEN_RANGE = (
+    3,
+    900,
+)  # ids every test vocabulary has (the tiny vLLM model has 980: its BPE training stops short of 1024)
 
 
 @dataclass

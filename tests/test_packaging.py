@@ -71,6 +71,10 @@ def test_the_wheel_installs_only_the_kvgate_namespace(wheel):
         "kvgate/bench/cluster/run.py",
         "kvgate/vllm_plugin/engine_plugin.py",
         "kvgate/wire/probe_api.py",
+        # the status page's files (package data): GET /admin/ui serves them from the package
+        "kvgate/proxy/status-page/index.html",
+        "kvgate/proxy/status-page/app.js",
+        "kvgate/proxy/status-page/style.css",
     ):
         assert module in names, module
     assert not any(name.startswith("kvgate/tests") or "/tests/" in name for name in names)

@@ -481,7 +481,11 @@ def _documented_fields(title: str) -> set[str]:
 async def test_probe_api_is_documented():
     routes, simulated = await _simulated_replica_answers()
     typed = _wire_answer_fields()
-    assert_same(set(_documented_routes("Replica side: the probe API and the owner record")), routes, "Replica side")
+    from kvgate.wire.kv_pins import RELEASE_PATH
+
+    # The release route is the vLLM plugin's too (its retention connector, tests/vllm/test_pins_on_vllm.py).
+    served = routes | {("POST", RELEASE_PATH)}
+    assert_same(set(_documented_routes("Replica side: the probe API and the owner record")), served, "Replica side")
     prefix_rows = table_rows(doc_sections()["`POST /v1/kvgate/prefix`"])
     bodies = {re.match(r'`\{"(\w+)"', r[0]).group(1) for r in prefix_rows if r[0].startswith("`{")}  # type: ignore[union-attr]
     documented = {

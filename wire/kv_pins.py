@@ -13,7 +13,9 @@ Semantics, the same in both servers (invariants):
 
 - When a turn with a valid pin finishes, its session's pin becomes that turn's full,
   prefix-cached blocks (the blocks a next turn of the session can hit); the session's
-  previous pin, if any, is released in the same step. A session holds at most one pin.
+  previous pin, if any, is released in the same step. A turn that finishes with no
+  full cached block (aborted before its prefill) leaves the session's pin as it was. A
+  session holds at most one pin.
 - A pinned block holds a reference: it is neither free nor evictable, so it counts in
   `num_total_blocks - num_free_blocks` and in `kv_cache_usage`.
 - A pin ends at the first of: a release naming its session; `ttl_sec` after its turn
@@ -156,7 +158,7 @@ class ReleaseAnswer:
     def parse(cls, doc: object) -> ReleaseAnswer:
         if not isinstance(doc, dict):
             raise PinError("the release answer must be a JSON object")
-        values = [doc.get("released_sessions"), doc.get("released_blocks")]
-        if not all(type(value) is int and value >= 0 for value in values):
+        sessions, blocks = doc.get("released_sessions"), doc.get("released_blocks")
+        if not (type(sessions) is int and type(blocks) is int and sessions >= 0 and blocks >= 0):
             raise PinError("released_sessions and released_blocks must be non-negative integers")
-        return cls(doc["released_sessions"], doc["released_blocks"])  # checked above
+        return cls(sessions, blocks)

@@ -69,8 +69,12 @@ class PinBook:
 
     def pin(self, session: str, block_ids: Iterable[int], ttl_sec: float, now: float) -> tuple[list[int], list[int]]:
         """Pin `block_ids` for `session` until `now + ttl_sec` (at most the cap). Returns the
-        blocks to take a reference on, and the blocks of the pin it replaces, to drop one on."""
+        blocks to take a reference on, and the blocks of the pin it replaces, to drop one on.
+        No blocks (a turn aborted before it computed a full block) changes nothing: the
+        session keeps the window it had."""
         ids = tuple(dict.fromkeys(block_ids))  # a block once per pin, in order
+        if not ids:
+            return [], []
         released = self.release(session)
         self._serial += 1
         held = HeldPin(session, ids, now + min(ttl_sec, self.max_ttl_sec), self._serial)

@@ -150,6 +150,11 @@ class KvAnswer:
     the blocks pins hold, each once (never free: counted in `kv_cache_usage`), `num_pinned_sessions`
     the sessions holding a pin, `num_pin_yields` the pins released since start because a
     request needed their blocks.
+
+    The CPU tier (vLLM's KV offloading, `--kv-offloading-size`; None from a server without
+    one): `num_cpu_blocks` is its capacity and `num_cpu_cached_blocks` what it holds, both
+    in blocks of `block_size` tokens; `cpu_load_sec_per_block` the seconds to load one
+    block back into GPU memory (its bytes over the host-to-device bandwidth).
     """
 
     kv_cache_usage: float
@@ -171,6 +176,9 @@ class KvAnswer:
     num_pinned_blocks: int | None = None
     num_pinned_sessions: int | None = None
     num_pin_yields: int | None = None
+    num_cpu_blocks: int | None = None
+    num_cpu_cached_blocks: int | None = None
+    cpu_load_sec_per_block: float | None = None
     engine: int | None = None
     engines: tuple[KvAnswer, ...] = ()
     version: int = PROBE_API_VERSION
@@ -193,6 +201,9 @@ class KvAnswer:
         num_pinned_blocks: int | None = None,
         num_pinned_sessions: int | None = None,
         num_pin_yields: int | None = None,
+        num_cpu_blocks: int | None = None,
+        num_cpu_cached_blocks: int | None = None,
+        cpu_load_sec_per_block: float | None = None,
     ) -> KvAnswer:
         """One engine's answer from its raw figures (`num_gpu_blocks` with the null block)."""
         num_total_blocks = max(num_gpu_blocks - 1, 0)
@@ -213,6 +224,9 @@ class KvAnswer:
             num_pinned_blocks=num_pinned_blocks,
             num_pinned_sessions=num_pinned_sessions,
             num_pin_yields=num_pin_yields,
+            num_cpu_blocks=num_cpu_blocks,
+            num_cpu_cached_blocks=num_cpu_cached_blocks,
+            cpu_load_sec_per_block=cpu_load_sec_per_block,
         )
 
     @property
@@ -253,6 +267,9 @@ class KvAnswer:
             num_pinned_blocks=_count(doc, "num_pinned_blocks"),
             num_pinned_sessions=_count(doc, "num_pinned_sessions"),
             num_pin_yields=_count(doc, "num_pin_yields"),
+            num_cpu_blocks=_count(doc, "num_cpu_blocks"),
+            num_cpu_cached_blocks=_count(doc, "num_cpu_cached_blocks"),
+            cpu_load_sec_per_block=_positive(doc, "cpu_load_sec_per_block"),
             engine=_count(doc, "engine"),
             engines=_engines(doc, cls.parse),
             version=_version(doc),
@@ -305,6 +322,9 @@ def merge_kv(per_engine: Sequence[KvAnswer]) -> KvAnswer:
         num_pinned_blocks=_summed(per_engine, "num_pinned_blocks"),
         num_pinned_sessions=_summed(per_engine, "num_pinned_sessions"),
         num_pin_yields=_summed(per_engine, "num_pin_yields"),
+        num_cpu_blocks=_summed(per_engine, "num_cpu_blocks"),
+        num_cpu_cached_blocks=_summed(per_engine, "num_cpu_cached_blocks"),
+        cpu_load_sec_per_block=_slowest((a.cpu_load_sec_per_block for a in per_engine), max),
         block_size=per_engine[0].block_size,
         prefill_tokens_per_sec=_slowest((a.prefill_tokens_per_sec for a in per_engine), min),
         decode_step_sec=_slowest((a.decode_step_sec for a in per_engine), max),
@@ -328,6 +348,11 @@ class PrefixAnswer:
     scheduler would reuse if the prompt were admitted now (vLLM recomputes the last prompt
     token, so it can be a block less than `hit_blocks * block_size`). A whole server's
     answer is its engine with the fewest hits (`merge_prefix`).
+
+    `hit_blocks_cpu` (None from a server without a CPU tier): the prompt's full blocks
+    right after the GPU hit that the CPU tier holds, in one run: loading them costs
+    `KvAnswer.cpu_load_sec_per_block` each instead of their prefill. hit_blocks +
+    hit_blocks_cpu <= total_blocks.
     """
 
     total_blocks: int
@@ -338,13 +363,20 @@ class PrefixAnswer:
     hit_tokens: int | None = None
     hit_blocks_in_use: int | None = None
     hit_blocks_evictable: int | None = None
+    hit_blocks_cpu: int | None = None
     engine: int | None = None
     engines: tuple[PrefixAnswer, ...] = ()
     version: int = PROBE_API_VERSION
 
     @classmethod
     def of_engine(
-        cls, *, total_tokens: int, block_size: int, hit_block_ref_counts: Sequence[int], hit_tokens: int
+        cls,
+        *,
+        total_tokens: int,
+        block_size: int,
+        hit_block_ref_counts: Sequence[int],
+        hit_tokens: int,
+        hit_blocks_cpu: int | None = None,
     ) -> PrefixAnswer:
         """One engine's answer for one prompt of `total_tokens` tokens.
 
@@ -352,9 +384,12 @@ class PrefixAnswer:
         found in the prefix cache (the longest resident run, in order): a block with ref
         count > 0 is held by a live request, the others are evictable. `hit_ratio` is hit
         full blocks over full blocks, 0 when the prompt has no full block.
+        `hit_blocks_cpu`: the CPU tier's run after the GPU hit (None: no CPU tier).
         """
         total_blocks = total_tokens // block_size if block_size else 0
         hit_blocks = min(len(hit_block_ref_counts), total_blocks)
+        if hit_blocks_cpu is not None:
+            hit_blocks_cpu = min(hit_blocks_cpu, total_blocks - hit_blocks)
         in_use = hit_blocks - hit_block_ref_counts[:hit_blocks].count(0)  # ref counts are never negative
         return cls(
             total_blocks=total_blocks,
@@ -365,6 +400,7 @@ class PrefixAnswer:
             hit_tokens=hit_tokens,
             hit_blocks_in_use=in_use,
             hit_blocks_evictable=hit_blocks - in_use,
+            hit_blocks_cpu=hit_blocks_cpu,
         )
 
     @property
@@ -388,6 +424,9 @@ class PrefixAnswer:
         in_use, evictable = _count(doc, "hit_blocks_in_use"), _count(doc, "hit_blocks_evictable")
         if in_use is not None and evictable is not None and in_use + evictable != hit:
             raise ProbeAnswerError(f"hit_blocks_in_use {in_use} + hit_blocks_evictable {evictable} != hit_blocks {hit}")
+        cpu = _count(doc, "hit_blocks_cpu")
+        if cpu is not None and hit + cpu > total:
+            raise ProbeAnswerError(f"hit_blocks {hit} + hit_blocks_cpu {cpu} exceeds total_blocks {total}")
         return cls(
             total_blocks=total,
             hit_blocks=hit,
@@ -397,6 +436,7 @@ class PrefixAnswer:
             hit_tokens=_count(doc, "hit_tokens"),
             hit_blocks_in_use=in_use,
             hit_blocks_evictable=evictable,
+            hit_blocks_cpu=cpu,
             engine=_count(doc, "engine"),
             engines=_engines(doc, cls.parse),
             version=_version(doc),

@@ -1,14 +1,16 @@
-"""The proxy's turn path in-process: route, admit, run on the engine, release.
+"""The proxy's turn path in-process: route, admit, run on the engine, learn, release.
 
-What `proxy/forward.py` does per turn, minus HTTP: a session keeps the replica it ran
-on while that replica is registered (`proxy/session_tracker.py`), otherwise the
-balancer picks one (rendezvous over the routable replicas); the replica's gate
-admits it (`AdmissionController.acquire`, the proxy's own controller with in-process
-probes); a `ReplicaUnavailable` (the replica was removed while the turn waited)
-re-routes once; a lease with a KV pin (`gate/pins.py`) sends its request with it, as the
-proxy puts it in the body; the lease is released when the engine finished the request, with
-`served=False` when the replica failed under it; a finishing turn ends the session's
-windows. `direct` mode skips the gate and the balancer: session i runs on replica
+What `proxy/forward.py` does per turn, minus HTTP, with the proxy's own pieces: the
+session keeps the replica it ran on (`proxy.turn_route.pinned_replica`), otherwise the
+balancer picks one (rendezvous over the routable replicas); the replica's gate admits
+it (`AdmissionController.acquire`, the proxy's own controller with in-process probes);
+a replica that left while the turn waited sends it elsewhere once
+(`proxy.turn_route.after_failure`); one `proxy.turn_hold.Hold` keeps the replica's
+in-flight count and the lease, given back when the engine finished, unserved when the
+replica failed under it; a served turn's usage (its prompt tokens and prefix-cache hit,
+what vLLM's answer reports) teaches the gate (`Lease.learn`); a finishing turn ends
+the session's windows. A lease with a KV pin (`gate/pins.py`) sends its request with it,
+as the proxy puts it in the body. `direct` mode skips the gate and the balancer: session i runs on replica
 i mod (replicas), as `kvgate bench agentic`'s direct mode does.
 
 The request body the gate sees (`TurnBody`) has the JSON size of the real turn's
@@ -29,6 +31,9 @@ from kvgate.balancer.registry import Replica, ReplicaRegistry
 from kvgate.gate.admission import AdmissionController
 from kvgate.gate.errors import AdmissionError, ReplicaUnavailable
 from kvgate.gate.readings import PrefixReading, UsageReading, prefix_reading, usage_reading
+from kvgate.proxy.session_tracker import SessionEntry
+from kvgate.proxy.turn_hold import UNGATED, Hold, TurnLease
+from kvgate.proxy.turn_route import Failure, Resend, after_failure, pinned_replica
 from kvgate.simulator.session_request import SessionRequest
 from kvgate.simulator.virtual_engine import EngineStopped, SimEngine
 from kvgate.wire.kv_pins import Pin, make_pin
@@ -102,6 +107,8 @@ class TurnOutcome:
 
 
 class FrontDoor:
+    """The proxy's turn path over in-process engines (`proxy.turn_route`, `proxy.turn_hold`)."""
+
     def __init__(
         self,
         registry: ReplicaRegistry,
@@ -112,16 +119,15 @@ class FrontDoor:
         self.balancer = Balancer(registry)
         self.engines = engines
         self.controller = controller  # None: direct (no proxy)
-        self._pins: dict[str, Replica] = {}
+        # as proxy.forward: a gate that is not off learns each served turn's usage
+        self.learns_usage = controller is not None and controller.settings.mode != "off"
+        self._sessions: dict[str, SessionEntry] = {}
 
     def _route(self, session_id: str, direct_index: int) -> Replica | None:
         if self.controller is None:
             routable = self.registry.routable()
             return routable[direct_index % len(routable)] if routable else None
-        pinned = self._pins.get(session_id)
-        if pinned is not None and pinned.healthy and not pinned.removed:
-            return pinned
-        return self.balancer.choose(session_id)
+        return pinned_replica(self._sessions.get(session_id)) or self.balancer.choose(session_id)
 
     async def turn(self, session_id: str, direct_index: int, request: SessionRequest, body: TurnBody, finish: bool):
         """Run one turn; the outcome says how it ended (never raises an AdmissionError)."""
@@ -130,69 +136,63 @@ class FrontDoor:
         finally:
             if finish and self.controller is not None:
                 self.controller.finish_session(session_id)
-                self._pins.pop(session_id, None)
+                self._sessions.pop(session_id, None)
+
+    async def _admit(self, replica: Replica, session_id: str, body: TurnBody) -> tuple[Replica, TurnLease | str]:
+        """The replica and lease of an admitted turn, or the replica and the refusal's status.
+        A replica that left while the turn waited sends it elsewhere once, as the proxy does."""
+        if self.controller is None:
+            return replica, UNGATED
+        spent: frozenset[Failure] = frozenset()
+        while True:
+            try:
+                return replica, await self.controller.acquire(replica, session_id, "chat", body)
+            except ReplicaUnavailable:
+                after = after_failure(Failure.UNAVAILABLE, spent, tiered=False, in_flight=replica.in_flight)
+                other = self.balancer.choose(session_id, exclude=replica) if after.resend is Resend.OTHER else None
+                if after.resend is Resend.NOWHERE:
+                    return replica, "replica_unavailable"
+                if other is None:
+                    return replica, "no_replica"
+                replica, spent = other, spent | {Failure.UNAVAILABLE}
+            except AdmissionError as refusal:
+                return replica, refusal.code
 
     async def _turn(self, session_id: str, direct_index: int, request: SessionRequest, body: TurnBody):
         replica = self._route(session_id, direct_index)
         if replica is None:
             return TurnOutcome(False, "no_replica", None, None, 0.0, None, None, request)
-        lease = None
-        if self.controller is not None:
-            rerouted = False
-            while True:
-                try:
-                    lease = await self.controller.acquire(replica, session_id, "chat", body)
-                    break
-                except ReplicaUnavailable:
-                    if rerouted:
-                        return TurnOutcome(False, "replica_unavailable", replica.name, None, 0.0, None, None, request)
-                    rerouted = True
-                    other = self.balancer.choose(session_id, exclude=replica)
-                    if other is None:
-                        return TurnOutcome(False, "no_replica", None, None, 0.0, None, None, request)
-                    replica = other
-                except AdmissionError as refusal:
-                    return TurnOutcome(False, refusal.code, replica.name, None, 0.0, None, None, request)
-        engine = self.engines[replica.name]
-        replica.in_flight += 1
-        served = False
-        if lease is not None and lease.pin is not None:  # the body's kv_transfer_params.kvgate_pin
-            request.pin = (lease.pin.session, lease.pin.ttl_sec)
-        try:
-            turn = engine.add(request)
+        replica, lease = await self._admit(replica, session_id, body)
+        if isinstance(lease, str):
+            return TurnOutcome(
+                False, lease, None if lease == "no_replica" else replica.name, None, 0.0, None, None, request
+            )
+        pin = getattr(lease, "pin", None)  # the body's kv_transfer_params.kvgate_pin
+        if pin is not None:
+            request.pin = (pin.session, pin.ttl_sec)
+        with Hold(replica, lease) as hold:
+            turn = self.engines[replica.name].add(request)
             try:
                 finished_at = await turn.done
             except (EngineStopped, ValueError) as failure:
                 status = "upstream_failed" if isinstance(failure, EngineStopped) else "prompt_too_long"
                 return TurnOutcome(
-                    False,
-                    status,
-                    replica.name,
-                    lease.reason if lease else None,
-                    lease.wait_ms if lease else 0.0,
-                    None,
-                    None,
-                    request,
+                    False, status, replica.name, lease.reason or None, lease.wait_ms, None, None, request
                 )
-            served = True
-        finally:
-            replica.in_flight -= 1
-            if lease is not None:
-                lease.release(served=served)
+            # The replica served the prompt and reports its usage, as vLLM's answer does:
+            # the gate learns the turn's exact size and its hit from it.
+            if self.learns_usage:
+                lease.learn(request.num_prompt_tokens, request.num_cached_prompt_tokens)
+            hold.served = True
         if self.controller is not None:
-            self._pins[session_id] = replica
+            entry = self._sessions.get(session_id) or self._sessions.setdefault(session_id, SessionEntry(0.0))
+            entry.replica = replica
         return TurnOutcome(
-            True,
-            "ok",
-            replica.name,
-            lease.reason if lease else None,
-            lease.wait_ms if lease else 0.0,
-            finished_at,
-            turn.first_token_at,
-            request,
+            True, "ok", replica.name, lease.reason or None, lease.wait_ms, finished_at, turn.first_token_at, request
         )
 
     def forget_replica(self, replica: Replica) -> None:
         """A replica left: sessions pinned to it re-hash on their next turn."""
-        for session_id in [s for s, pinned in self._pins.items() if pinned is replica]:
-            del self._pins[session_id]
+        for entry in self._sessions.values():
+            if entry.replica is replica:
+                entry.replica = None

@@ -1,6 +1,7 @@
 """The economics of holding: what a window's idle life and a held turn cost the replica.
 
-- An idle window lives `quiet_lifetime`: a few of its session's usual gaps between turns.
+- An idle window lives a few of its session's usual gaps between turns
+  (`gate.window_lifetime`).
 - The work-conserving rule (`work_conserving`): a held turn goes in, without a window,
   when holding it back leaves more of the replica's compute unused
   (`holding_cost_sec`: its decode slack, the idle time ahead on an idle replica, and
@@ -24,28 +25,6 @@ from kvgate.gate.policies.vocabulary import Wait, WaitCause
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
 from kvgate.wire.blocks import cdiv
-
-
-def quiet_lifetime(
-    session_gap: float | None, replica_gap: float | None, factor: float, floor: float, ceiling: float
-) -> float:
-    """How long an idle window lives: `factor` x the session's usual gap between turns
-    (else the replica's, for a session with no gap yet), at least `floor`, at most
-    `ceiling` (`idle_grace_sec`). A session that ends without saying so frees its
-    window about `factor` tool calls after its last turn instead of after the grace.
-    With no gap measured anywhere: the floor."""
-    gap = session_gap if session_gap is not None else replica_gap
-    lifetime = floor if gap is None else max(floor, factor * gap)
-    return max(0.0, min(lifetime, ceiling))
-
-
-def late_after(session_gap: float | None, replica_gap: float | None, floor: float) -> float:
-    """How long an idle window's session may be idle before it is late: its usual gap
-    between turns (else the replica's), at least `floor` (the quiet floor). A late
-    session sits in an unusually long tool call, or has gone quietly: of all windows,
-    its blocks are the least likely to be read again soon."""
-    gap = session_gap if session_gap is not None else replica_gap
-    return floor if gap is None else max(floor, gap)
 
 
 def reprefill_sec(evicted_blocks: int, usage: UsageReading) -> float | None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 
-from kvgate.gate.policies.request_body import body_bytes
 from kvgate.gate.policies.views import WorkingSetView
 from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.request_body import body_bytes
 from kvgate.gate.settings import GateSettings
 from kvgate.wire.blocks import cdiv
 

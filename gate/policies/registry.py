@@ -14,7 +14,7 @@ from kvgate.gate.policies.pricing import window_footprint
 from kvgate.gate.policies.views import GateFacts, WatermarkView, WorkingSetView
 from kvgate.gate.policies.vocabulary import Decision, ProbedPrefix, ProbeFirst
 from kvgate.gate.policies.watermark import watermark_decide
-from kvgate.gate.policies.working_set import working_set_decide
+from kvgate.gate.policies.working_set import working_set_calm, working_set_decide
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
 
@@ -35,6 +35,11 @@ class Policy(Generic[V]):
       fact `price` reads as `view` reads it (a turn's usage reprices its window on it).
     reads_prompt_bound: the shell must fill `GateFacts.prompt_bound_tokens` (it costs
       one encoding of the body per turn).
+    calm: the calm rule, for a named turn with no waiter at the gate, with usage read:
+      called on `calm_view`'s view before anything else, it answers the decision `decide`
+      would reach (never ProbeFirst), or None to decide in full. It must answer only where
+      that is certain from the few facts its view reads in O(1); the shell then skips the
+      full view (None: always decide in full).
     `usage is None` means the usage probe failed (usage unknown).
     """
 
@@ -44,6 +49,8 @@ class Policy(Generic[V]):
     price: Callable[[V, UsageReading, PrefixReading, GateSettings], int] | None = None
     reads_prompt_bound: bool = False
     price_view: Callable[[GateFacts], V] | None = None
+    calm: Callable[[V, UsageReading | None, GateSettings], Decision | None] | None = None
+    calm_view: Callable[[GateFacts], V] | None = None
 
     def decide_read(
         self, view: V, usage: UsageReading | None, prefix: ProbedPrefix, settings: GateSettings
@@ -62,6 +69,8 @@ WORKING_SET: Policy[WorkingSetView] = Policy(
     price=window_footprint,
     reads_prompt_bound=True,
     price_view=WorkingSetView.read_price,
+    calm=working_set_calm,
+    calm_view=WorkingSetView.read_calm,
 )
 
 POLICIES: dict[str, Policy[Any]] = {p.name: p for p in (WATERMARK, WORKING_SET)}

@@ -7,8 +7,18 @@ computed when read); a policy's view type reads the ones that policy decides on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Protocol
+
+# The late idle windows, read when called: (their footprints, seconds until the next
+# other idle window turns late or None). An O(log n) query of the book, made only by a
+# policy branch that needs it (`GateFacts.late_windows`).
+LateWindows = Callable[[], tuple[int, float | None]]
+
+
+def no_late_windows() -> tuple[int, float | None]:
+    return 0, None
 
 
 class GateFacts(Protocol):
@@ -17,11 +27,13 @@ class GateFacts(Protocol):
     anonymous: the request has no session id (it never holds a window).
     has_window: the session holds a live (unexpired) window on this replica.
     idle_window_blocks: the footprints of *other* sessions' idle windows.
-    late_window_blocks: the footprints of other sessions' idle windows whose sessions
-      are late (`late_after`: idle longer than their usual gap between turns).
-    next_late_sec: seconds until the next other idle window turns late (None: none).
+    late_windows(): the footprints of other sessions' idle windows whose sessions are
+      late (`late_after`: idle longer than their usual gap between turns), and the
+      seconds until the next other idle window turns late (None: none); a method, so
+      the book is queried only when a policy calls it.
     older_window_blocks: the footprints of the windows that rank before this session's
       own (opened earlier), in flight or idle; all windows when the session holds none.
+    window_blocks: the footprints of every window, in flight or idle (O(1)).
     max_output_tokens: the request's output allowance (`output_allowance(body)`).
     waiters_ahead: named sessions queued at the gate ahead of this attempt (all of
       them for an attempt not queued yet).
@@ -59,12 +71,11 @@ class GateFacts(Protocol):
     def has_window(self) -> bool: ...
     @property
     def idle_window_blocks(self) -> int: ...
-    @property
-    def late_window_blocks(self) -> int: ...
-    @property
-    def next_late_sec(self) -> float | None: ...
+    def late_windows(self) -> tuple[int, float | None]: ...
     @property
     def older_window_blocks(self) -> int: ...
+    @property
+    def window_blocks(self) -> int: ...
     @property
     def max_output_tokens(self) -> int: ...
     @property
@@ -120,9 +131,9 @@ class WorkingSetView:
     and `tokens_per_byte` (the work-conserving rule's estimate of an unprobed prompt).
     The work-conserving rule's holding cost: `replica_idle_sec`, `expected_gap_sec`,
     `waited_sec`, and `prefix_probe_sec` (the wait a probe would add). The cap on a
-    held turn's wait: `waited_sec`, `recent_turn_sec`, `late_window_blocks`,
-    `next_late_sec` (read only for a newcomer at the head of the queue that has
-    waited: the cap reads them for no other turn).
+    held turn's wait: `waited_sec`, `recent_turn_sec`, and the late windows
+    (`late_window_blocks`, `next_late_sec`), read from the facts only when the cap
+    asks for them (`late_windows`, called at most once).
     Forwarding a held turn at low priority instead (`held_priority`): `priority_field`.
     Anonymous turns, and replicas without block counts, are decided by the watermark
     policy (`watermark`).
@@ -145,36 +156,41 @@ class WorkingSetView:
     tokens_per_byte: float | None = None
     recent_turn_sec: float | None = None
     prefix_probe_sec: float | None = None
-    late_window_blocks: int = 0
-    next_late_sec: float | None = None
+    late_windows: LateWindows = field(default=no_late_windows, compare=False)
     priority_field: bool = False
+
+    @property
+    def late_window_blocks(self) -> int:
+        return self.late_windows()[0]
+
+    @property
+    def next_late_sec(self) -> float | None:
+        return self.late_windows()[1]
 
     @classmethod
     def read(cls, facts: GateFacts) -> WorkingSetView:
-        has_window, waiters_ahead, waited_sec = facts.has_window, facts.waiters_ahead, facts.waited_sec
-        # The late windows are read by the wait cap only, for a newcomer at the head of
-        # the queue that has waited (an O(log n) query of the book); no other turn reads them.
-        reads_late = waited_sec > 0 and not has_window and waiters_ahead == 0
+        """The view of `facts`: each field read off the fact of the same name (the late
+        windows as the accessor itself, called only by the policy branch that needs them)."""
+        return cls(**{name: getattr(facts, name) for name in _WORKING_SET_FIELDS})
+
+    @classmethod
+    def read_calm(cls, facts: GateFacts) -> WorkingSetView:
+        """The part of the view the calm rule (`working_set_calm`) reads, in O(1): what
+        `bounded_footprint` and `at_low_priority` read, with `older_window_blocks` counting
+        every window (`window_blocks`: an upper bound of the windows older than the
+        session's own, and of those plus a sibling turn's), the rest at its defaults.
+        For a turn with no waiter at the gate (`waiters_ahead` 0) only."""
         return cls(
             anonymous=facts.anonymous,
-            has_window=has_window,
+            has_window=facts.has_window,
             idle_window_blocks=facts.idle_window_blocks,
-            older_window_blocks=facts.older_window_blocks,
+            older_window_blocks=facts.window_blocks,
             max_output_tokens=facts.max_output_tokens,
-            waiters_ahead=waiters_ahead,
             last_prompt_tokens=facts.last_prompt_tokens,
             last_growth_tokens=facts.last_growth_tokens,
             mean_growth_tokens=facts.mean_growth_tokens,
             prompt_bound_tokens=facts.prompt_bound_tokens,
             last_prompt_bound=facts.last_prompt_bound,
-            replica_idle_sec=facts.replica_idle_sec,
-            expected_gap_sec=facts.expected_gap_sec,
-            waited_sec=waited_sec,
-            tokens_per_byte=facts.tokens_per_byte,
-            recent_turn_sec=facts.recent_turn_sec,
-            prefix_probe_sec=facts.prefix_probe_sec,
-            late_window_blocks=facts.late_window_blocks if reads_late else 0,
-            next_late_sec=facts.next_late_sec if reads_late else None,
             priority_field=facts.priority_field,
         )
 
@@ -194,3 +210,7 @@ class WorkingSetView:
     def watermark(self) -> WatermarkView:
         """The same turn as the watermark policy sees it (this policy's fallback)."""
         return WatermarkView(anonymous=self.anonymous, has_window=self.has_window)
+
+
+# Every field of the view is a fact of the same name: one list, read off the class.
+_WORKING_SET_FIELDS = tuple(f.name for f in fields(WorkingSetView))

@@ -137,6 +137,33 @@ def _capped(
     )
 
 
+def working_set_calm(view: WorkingSetView, usage: UsageReading | None, settings: GateSettings) -> Decision | None:
+    """The policy's calm rule (`Policy.calm`): the decision `working_set_decide` reaches for a
+    named turn with no waiter at the gate whose upper bound fits (no pressure), or None
+    (decide in full). `view` is `WorkingSetView.read_calm`'s, whose `older_window_blocks`
+    counts every window: an upper bound, so a bound that fits behind it fits behind the
+    older windows alone, at the same footprint, and the full decision is this admission;
+    where it does not fit, the full decision is made. O(1): no prefix, no queue, no
+    ranking of windows."""
+    if usage is None or view.anonymous or not usage.has_blocks:
+        return None
+    bounded = bounded_footprint(view, usage, settings)
+    if bounded is None:
+        return None
+    return at_low_priority(_bounded_admit(view, usage, settings, bounded), view, usage, None, settings)
+
+
+def _bounded_admit(view: WorkingSetView, usage: UsageReading, settings: GateSettings, bounded: int) -> Admit:
+    """The admission of a turn whose upper bound fits (`bounded_footprint`): its window at
+    that price, repriced once the windows hold more than half the usable blocks."""
+    return Admit(
+        AdmissionReason.HOLDS_WINDOW if view.has_window else AdmissionReason.WINDOW_FITS,
+        window=settings.retain_session,
+        footprint=bounded,
+        reprice_above=reprice_threshold(usage, settings),
+    )
+
+
 def _decide(
     view: WorkingSetView, usage: UsageReading | None, prefix: ProbedPrefix | None, settings: GateSettings
 ) -> Decision | ProbeFirst:
@@ -149,12 +176,7 @@ def _decide(
     behind = not view.has_window and view.waiters_ahead > 0  # a newcomer with named waiters ahead
     bounded = None if behind else bounded_footprint(view, usage, settings)
     if bounded is not None:
-        return Admit(
-            AdmissionReason.HOLDS_WINDOW if view.has_window else AdmissionReason.WINDOW_FITS,
-            window=settings.retain_session,
-            footprint=bounded,
-            reprice_above=reprice_threshold(usage, settings),
-        )
+        return _bounded_admit(view, usage, settings, bounded)
     if unprobed_work_conserving(view, usage, settings):
         return Admit(AdmissionReason.WORK_CONSERVING)
     behind_why = f"behind {view.waiters_ahead} waiting sessions (first come, first served)"

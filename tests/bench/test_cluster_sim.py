@@ -118,3 +118,30 @@ def test_an_agent_trace_regime_runs_its_sessions_on_its_cost_preset(tmp_path):
         assert summary["turns_failed"] == 0, policy
         assert summary["sessions_completed"] == report["config"]["sessions"] > 0, policy
         assert 0 < summary["hit_rate"] <= summary["ceiling_hit_rate"] + 1e-9, policy
+
+
+@pytest.mark.parametrize("policy", ["working_set", "sticky"])
+def test_every_served_turn_teaches_the_gate_its_usage_as_behind_the_proxy(policy, monkeypatch):
+    """The cluster runs the proxy's turn path: each served turn's usage (its prompt tokens and
+    prefix-cache hit) goes to its lease, as `proxy.forward` does with vLLM's answer."""
+    from kvgate.gate.gate import Lease
+
+    learned: list[tuple[int, int | None]] = []
+    original = Lease.learn
+    monkeypatch.setattr(Lease, "learn", lambda lease, *usage: (learned.append(usage), original(lease, *usage))[1])
+    config = ClusterConfig(
+        replicas=2,
+        engine=EngineConfig(num_blocks=2500, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048),
+        agent_sessions=AgentSessions(CODING_AGENTS.replace(turns_min=2, turns_max=3, tool_latency_median_s=1.0), 3),
+        agents=4,
+        duration_s=40.0,
+        sample_sec=5.0,
+    )
+    result = run_policy(config, policy)
+    served = [turn for turn in result.turns if turn.ok]
+    assert served and all(turn.ok for turn in result.turns)
+    if policy == "sticky":  # the gate is off: its leases learn nothing (proxy.forward asks none)
+        assert learned == []
+        return
+    assert sorted(learned) == sorted((turn.prompt_tokens, turn.hit_tokens) for turn in served)
+    assert any(cached for _, cached in learned), "later turns of a session hit their prefix"

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kvgate.gate.gate import Gate
-from kvgate.gate.policies.request_body import output_allowance
-from kvgate.gate.route_prompts import body_holds_prompt
+from kvgate.gate.request_body import body_holds_prompt, output_allowance
 from tests.gate.helpers import FakeProbe, assert_clean, settings
 
 # Logic tests: the gate's timers run on the fake clock (see conftest.loop_on_clock).

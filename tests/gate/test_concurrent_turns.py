@@ -11,7 +11,7 @@ import pytest
 
 from kvgate.gate.errors import AdmissionSuperseded
 from kvgate.gate.gate import Gate
-from kvgate.gate.route_prompts import turn_key
+from kvgate.gate.request_body import turn_key
 from tests.gate.helpers import FakeProbe, assert_clean, sample, settings, until
 from tests.gate.test_working_set_gate import working_set_gate
 

@@ -23,9 +23,12 @@ CONTEXT = "tool output line\n" * 120  # ~370 tokens: two such sessions overfill 
 
 
 @contextlib.asynccontextmanager
-async def priority_stack(scheduling_policy: str, num_blocks: int = 40, time_scale: float = 0.0):
+async def priority_stack(
+    scheduling_policy: str, num_blocks: int = 40, time_scale: float = 0.0, quiet_floor_sec: float = 0.5
+):
     """kvgate before one replica of `num_blocks` blocks; the work-conserving rule off, so
-    that a turn that does not fit beside the windows is one the gate would hold."""
+    that a turn that does not fit beside the windows is one the gate would hold. An idle
+    window lives at least `quiet_floor_sec`."""
     # Every reply exactly max_tokens long: the arithmetic below decodes each turn's whole allowance.
     (replica,) = await start_simulated_replicas(
         1,
@@ -43,7 +46,9 @@ async def priority_stack(scheduling_policy: str, num_blocks: int = 40, time_scal
         return add_request(prompt_token_ids, max_tokens, cache_salt, priority, pin)
 
     replica.engine.add_request = recording_add_request  # type: ignore[method-assign]  # records, then the real one
-    gate = GateSettings(mode="enforce", policy="working_set", work_conserving=False, held_priority=1)
+    gate = GateSettings(
+        mode="enforce", policy="working_set", work_conserving=False, held_priority=1, quiet_floor_sec=quiet_floor_sec
+    )
     app = create_app(Settings(replicas=(ReplicaSettings(replica.name, replica.url),), gate=gate), health_checks=False)
     try:
         host, port = await app.start("127.0.0.1", 0)
@@ -71,7 +76,13 @@ async def test_a_turn_the_gate_would_hold_runs_at_low_priority_and_yields_to_the
     allowance (25): 48. While a decodes, b (23 blocks and 13 of output allowance) fits
     vLLM's free blocks but not the windows' books: the gate would hold it; it goes in at
     priority 1 instead. The two outgrow the cache and the engine preempts b, not a."""
-    async with priority_stack("priority", num_blocks=64, time_scale=1.0) as (app, client, seen, engine):
+    # a's idle window must outlive the moments between its turns however loaded the machine
+    async with priority_stack("priority", num_blocks=64, time_scale=1.0, quiet_floor_sec=30.0) as (
+        app,
+        client,
+        seen,
+        engine,
+    ):
         first = asyncio.create_task(turn(client, "a", max_tokens=400))
         for _ in range(500):
             if engine.scheduler.running:

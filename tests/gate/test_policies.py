@@ -14,12 +14,6 @@ from kvgate.gate.policies.pricing import (
     turn_growth_tokens,
 )
 from kvgate.gate.policies.registry import POLICIES, WATERMARK, WORKING_SET, get_policy
-from kvgate.gate.policies.request_body import (
-    _MEDIA_MARKERS,
-    TEMPLATE_MARGIN_TOKENS,
-    output_allowance,
-    prompt_token_bound,
-)
 from kvgate.gate.policies.views import WorkingSetView
 from kvgate.gate.policies.vocabulary import (
     PREFIX_UNAVAILABLE,
@@ -33,6 +27,12 @@ from kvgate.gate.policies.vocabulary import (
 )
 from kvgate.gate.policies.working_set import working_set_decide
 from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.request_body import (
+    _MEDIA_MARKERS,
+    TEMPLATE_MARGIN_TOKENS,
+    output_allowance,
+    prompt_token_bound,
+)
 from kvgate.gate.settings import GateSettings
 from tests.gate.helpers import asks_probe
 
@@ -636,3 +636,17 @@ def test_registry():
 def test_a_renamed_policy_is_refused_with_its_new_name(old, new):
     with pytest.raises(ValueError, match=f"gate.policy {old!r} was renamed {new!r}"):
         get_policy(old)
+
+
+def test_every_view_field_is_a_fact_of_the_same_name():
+    """`WorkingSetView.read` reads each field off the fact of its name: the protocol and the
+    shell's facts must offer every one (a new field without its fact fails here, not at run time)."""
+    from dataclasses import fields
+
+    from kvgate.gate.policies.views import GateFacts, WatermarkView
+    from kvgate.gate.turn_facts import TurnFacts
+
+    for view in (WorkingSetView, WatermarkView):
+        for name in (f.name for f in fields(view)):
+            assert hasattr(GateFacts, name), f"GateFacts lacks {name}"
+            assert hasattr(TurnFacts, name), f"TurnFacts lacks {name}"

@@ -67,15 +67,10 @@ USAGE = UsageReading(0.3, 200, 140, 16, prefill_tokens_per_sec=16000.0, decode_s
 FOOTPRINT = 114
 
 
-def held_view(**fields) -> WorkingSetView:
-    base = dict(
-        idle_window_blocks=100,
-        late_window_blocks=100,
-        older_window_blocks=150,
-        max_output_tokens=1,
-        last_prompt_tokens=1700,
-    )
-    return WorkingSetView(**{**base, **fields})
+def held_view(late_window_blocks: int = 100, next_late_sec: float | None = None, **fields) -> WorkingSetView:
+    base = dict(idle_window_blocks=100, older_window_blocks=150, max_output_tokens=1, last_prompt_tokens=1700)
+    late = (late_window_blocks, next_late_sec)
+    return WorkingSetView(**{**base, **fields}, late_windows=lambda: late)
 
 
 @pytest.mark.parametrize(
@@ -122,6 +117,28 @@ def test_past_its_cap_a_turn_waits_on_until_late_idle_windows_make_room():
     nothing_idle = held_view(older_window_blocks=190, idle_window_blocks=0, late_window_blocks=0, waited_sec=0.5)
     decision = working_set_decide(replace(nothing_idle, recent_turn_sec=0.4), USAGE, LONG, CAP_1)
     assert isinstance(decision, Wait) and decision.wake_on_release and decision.recheck_sec is None
+
+
+def test_the_late_windows_are_read_only_when_the_cap_takes_them():
+    """The view reads the book's late windows through the accessor the cap calls: no
+    other branch pays for the query, and nothing mirrors the cap's conditions."""
+    calls = []
+
+    def counted(**fields) -> WorkingSetView:
+        view = held_view(**fields)
+        late = view.late_windows
+        return replace(view, late_windows=lambda: (calls.append(1), late())[1])
+
+    for fields in (
+        dict(waited_sec=0.1, recent_turn_sec=0.4),  # under its cap
+        dict(waited_sec=0.4, recent_turn_sec=0.4, waiters_ahead=2),  # past it, behind others
+        dict(waited_sec=0.4, recent_turn_sec=0.4, has_window=True),  # a holder
+        dict(idle_window_blocks=0, older_window_blocks=0, waited_sec=9.0, recent_turn_sec=0.1),  # fits
+    ):
+        working_set_decide(counted(**fields), USAGE, LONG, CAP_1)
+    assert calls == []
+    working_set_decide(counted(waited_sec=0.4, recent_turn_sec=0.4), USAGE, LONG, CAP_1)
+    assert calls, "the head of the queue past its cap reads them"
 
 
 def test_a_holder_that_lost_its_window_is_capped_without_a_window_and_admissions_are_untouched():

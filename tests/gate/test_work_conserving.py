@@ -11,7 +11,6 @@ from kvgate.gate.policies.economics import (
     busy_rent_sec,
     evicted_window_blocks,
     holding_cost_sec,
-    quiet_lifetime,
     reprefill_sec,
     unprobed_work_conserving,
     work_conserving,
@@ -24,6 +23,7 @@ from kvgate.gate.policies.working_set import working_set_decide
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
 from kvgate.gate.turn_facts import TurnFacts
+from kvgate.gate.window_lifetime import quiet_lifetime
 from tests.gate.helpers import asks_probe
 
 SETTINGS = GateSettings()  # the defaults: quiet_factor 4, quiet_floor_sec 0.5, idle_grace_sec 60

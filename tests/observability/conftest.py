@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 
 import pytest
 
-INSTALL_TIMEOUT_S = 600
+from tests.apt_install import apt_install
 
 
 @dataclass(frozen=True)
@@ -30,28 +29,11 @@ def _find() -> PrometheusTools | None:
     return PrometheusTools(prometheus, promtool) if prometheus and promtool else None
 
 
-def _install() -> str:
-    """Try Debian's package; '' on success, else why it could not."""
-    if shutil.which("apt-get") is None:
-        return "apt-get is not available"
-    if os.geteuid() != 0:
-        return "not root, so apt-get cannot install it"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "prometheus"]):
-        try:
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            return f"{' '.join(command)} failed: {err}"
-        if done.returncode != 0:
-            return f"{' '.join(command)} exited {done.returncode}: {done.stderr.strip()[-300:]}"
-    return ""
-
-
 @pytest.fixture(scope="session")
 def prometheus_tools() -> PrometheusTools:
     tools = _find()
     if tools is None:
-        why = _install()
+        why = apt_install("prometheus")
         tools = _find()
         if tools is None:
             pytest.skip(

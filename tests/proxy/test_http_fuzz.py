@@ -138,5 +138,15 @@ async def test_seeded_fuzz_of_request_bytes(make_proxy, upstreams, caplog):
     for replica in replicas:
         assert replica.in_flight == 0
         assert proxy.app.clients.for_replica(replica).in_use == 0
-    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and _about_kvgate(r)]
     assert not errors, [r.getMessage() for r in errors[:5]]
+
+
+def _about_kvgate(record: logging.LogRecord) -> bool:
+    """kvgate's own error logs, and asyncio's about a task running kvgate code; not the
+    garbage collection of another test's client (an httpx client closed after its loop,
+    logged by asyncio while this test runs on the same worker)."""
+    if record.name.startswith("kvgate"):
+        return True
+    trace = logging.Formatter().formatException(record.exc_info) if record.exc_info else ""
+    return "kvgate" in record.getMessage() + trace

@@ -125,7 +125,8 @@ async def test_refusals_pass_through_a_front_door_unchanged(http, aiohttp_server
             "gate": {
                 "mode": "enforce",
                 "policy": "watermark",
-                "max_wait_sec": 0.3,
+                # long enough that a loaded machine still sees the waiter before it times out
+                "max_wait_sec": 2.0,
                 "wait_poll_sec": 0.05,
                 "probe": {"usage_max_age_ms": 0},
             },
@@ -140,8 +141,10 @@ async def test_refusals_pass_through_a_front_door_unchanged(http, aiohttp_server
     try:
         body = {"model": "m", "messages": [{"role": "user", "content": "cold"}], "id": "cold"}
         script.prefix("cold", 10, 0)
-        status, headers, err = await post(http, door.url, "/v1/chat/completions", body, {"x-session-id": "s"})
-        direct = await post(http, gate.url, "/v1/chat/completions", body, {"x-session-id": "s2"})
+        (status, headers, err), direct = await asyncio.gather(
+            post(http, door.url, "/v1/chat/completions", body, {"x-session-id": "s"}),
+            post(http, gate.url, "/v1/chat/completions", body, {"x-session-id": "s2"}),
+        )
         assert (status, err["error"]["code"]) == (503, "admission_timeout") == (direct[0], direct[2]["error"]["code"])
         assert headers["Retry-After"] == direct[1]["Retry-After"] and headers["x-kvgate-replica"] == "fake0"
 

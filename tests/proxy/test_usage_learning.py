@@ -17,7 +17,7 @@ from aiohttp import web
 
 from kvgate.balancer.settings import ReplicaSettings
 from kvgate.gate.admission import AdmissionController
-from kvgate.gate.gate import Gate
+from kvgate.gate.repricing import Repricer
 from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
 from kvgate.proxy.metrics import KvgateMetrics
@@ -108,13 +108,13 @@ async def test_a_client_that_asks_for_its_usage_gets_it(stack):
 def taught(monkeypatch) -> list[tuple[int, int | None]]:
     """Every (prompt_tokens, cached_tokens) a gate is taught by a turn's usage, in order."""
     seen: list[tuple[int, int | None]] = []
-    learn = Gate._learn
+    learn = Repricer.learn
 
-    def spy(gate, record, turn, prompt_tokens, cached_tokens):
+    def spy(repricer, record, turn, prompt_tokens, cached_tokens):
         seen.append((prompt_tokens, cached_tokens))
-        learn(gate, record, turn, prompt_tokens, cached_tokens)
+        learn(repricer, record, turn, prompt_tokens, cached_tokens)
 
-    monkeypatch.setattr(Gate, "_learn", spy)
+    monkeypatch.setattr(Repricer, "learn", spy)
     return seen
 
 

@@ -6,26 +6,17 @@ these tests assert on them.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from vllm_harness import SCRIPTS
+from vllm_harness import script_json
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
 def side_effects(vllm_python: Path) -> dict:
-    result = subprocess.run(
-        [str(vllm_python), str(SCRIPTS / "probe_side_effects.py")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return script_json(vllm_python, "probe_side_effects.py")
 
 
 def test_probes_change_no_lru_order_ref_count_hash_map_stats_or_events(side_effects):

@@ -284,7 +284,7 @@ def test_kv_probe_reports_the_servers_prompt_limits(vllm_server):
     """The plugin reports the server's max_model_len and its vocabulary's longest token (as the
     tokenizer the server loads computes it), and no text renders to fewer tokens than the
     bound the gate draws from them (vLLM's own /tokenize and prefix probe count)."""
-    from kvgate.gate.prompt_floor import prompt_token_floor, user_text_bytes
+    from kvgate.gate.request_body import prompt_token_floor, user_text_bytes
 
     kv = probe_kv(vllm_server)
     assert kv["max_model_len"] == vllm_server.max_model_len

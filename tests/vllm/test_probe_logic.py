@@ -13,6 +13,7 @@ def test_importing_the_plugin_does_not_import_vllm():
     import kvgate.vllm_plugin.endpoint_plugin  # noqa: F401
     import kvgate.vllm_plugin.engine_plugin  # noqa: F401
     import kvgate.vllm_plugin.engine_probes  # noqa: F401
+    import kvgate.vllm_plugin.pin_keeper  # noqa: F401
     import kvgate.vllm_plugin.rendering  # noqa: F401
 
     assert "vllm" not in sys.modules

@@ -58,6 +58,7 @@ def test_probe_and_owner_routes_answer_only_the_replica_key(keyed_server):
         ("POST", "/v1/kvgate/prefix", {"chat": chat("my salary is 120000")}),
         ("GET", "/v1/kvgate/owner", None),
         ("POST", "/v1/kvgate/owner", {"gate_id": "evil", "ttl_sec": 3600}),
+        ("POST", "/v1/kvgate/release", {"sessions": ["someone-else"]}),
     ]
     for method, path, body in routes:
         for headers in (CLIENT, {**CLIENT, "X-Kvgate-Replica-Key": "guess"}):
@@ -67,6 +68,9 @@ def test_probe_and_owner_routes_answer_only_the_replica_key(keyed_server):
     for method, path, body in routes[:3]:
         status, answer = http_json(method, url + path, body, headers=GATE)
         assert status == 200, (path, answer)
+    # This server runs without the retention connector: a gate's release says how to load it.
+    status, answer = http_json("POST", url + "/v1/kvgate/release", {"sessions": ["a"]}, headers=GATE)
+    assert (status, answer["error"]["code"]) == (501, "pins_not_kept") and "--kv-transfer-config" in str(answer)
     assert http_json("POST", url + "/v1/chat/completions", chat("hi"), headers=CLIENT)[0] == 200
 
 

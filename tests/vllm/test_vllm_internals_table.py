@@ -20,12 +20,22 @@ from kvgate.vllm_plugin.vllm_internals import TOUCHED, Assigned, Internal, Text
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "kvgate_vllm"
 # The modules that run inside vLLM and read its objects.
-TOUCHING = ("engine_plugin.py", "engine_probes.py", "endpoint_plugin.py", "rendering.py", "engine_rates.py")
+TOUCHING = (
+    "engine_plugin.py",
+    "engine_probes.py",
+    "endpoint_plugin.py",
+    "rendering.py",
+    "engine_rates.py",
+    "pin_keeper.py",
+    "retention_connector.py",
+    "cpu_tier.py",
+)
 NOT_VLLM = {
     "__name__": "Python",
     "get": "dict.get, APIRouter.get",
     "encode": "str",
     "join": "str",
+    "strip": "str",
     "environ": "os",
     "getLogger": "logging",
     "debug": "logging",
@@ -44,6 +54,7 @@ NOT_VLLM = {
     "app": "starlette Request.app",
     "post": "fastapi APIRouter.post",
     "include_router": "fastapi",
+    "fromkeys": "dict.fromkeys",
 }
 
 

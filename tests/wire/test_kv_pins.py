@@ -95,3 +95,21 @@ def test_the_kv_answer_carries_pins_and_sums_them_over_engines():
     merged = merge_kv([one, one])
     assert (merged.num_pinned_blocks, merged.num_pinned_sessions, merged.num_pin_yields) == (6, 2, 4)
     assert KvAnswer.parse({"kv_cache_usage": 0.5}).num_pinned_blocks is None, "a server without pins says nothing"
+
+
+def test_the_cpu_tier_fields_round_trip_and_stay_within_the_prompt():
+    from kvgate.wire.probe_api import PrefixAnswer, ProbeAnswerError
+
+    answer = PrefixAnswer.of_engine(
+        total_tokens=64, block_size=16, hit_block_ref_counts=[0], hit_tokens=16, hit_blocks_cpu=9
+    )
+    assert (answer.hit_blocks, answer.hit_blocks_cpu) == (1, 3), (
+        "the CPU run is clipped to the blocks after the GPU hit"
+    )
+    assert PrefixAnswer.parse(answer.to_json()) == answer
+    with pytest.raises(ProbeAnswerError, match="hit_blocks_cpu"):
+        PrefixAnswer.parse({**answer.to_json(), "hit_blocks_cpu": 4})
+    kv = KvAnswer.parse(
+        {"kv_cache_usage": 0.1, "num_cpu_blocks": 8, "num_cpu_cached_blocks": 2, "cpu_load_sec_per_block": 1e-4}
+    )
+    assert merge_kv([kv, kv]).num_cpu_blocks == 16 and merge_kv([kv, kv]).cpu_load_sec_per_block == 1e-4

@@ -16,6 +16,14 @@ def test_a_second_pin_replaces_the_first_and_returns_its_blocks():
     assert (book.num_pinned_sessions, book.num_pinned_blocks) == (1, 4)
 
 
+def test_a_turn_with_no_blocks_leaves_the_sessions_pin_as_it_was():
+    book = PinBook()
+    book.pin("a", [1, 2], 10, now=0)
+    assert book.pin("a", [], 10, now=1) == ([], [])
+    assert book.pinned("a").block_ids == (1, 2)
+    assert book.pin("b", [], 10, now=1) == ([], []) and book.pinned("b") is None
+
+
 def test_a_shared_block_stays_pinned_until_its_last_holder_lets_go():
     book = PinBook()
     book.pin("a", [1, 2], 10, now=0)

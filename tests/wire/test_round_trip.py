@@ -28,10 +28,13 @@ import pytest
 
 from kvgate.simulator.replica_server import SimulatedReplica
 from kvgate.vllm_plugin import endpoint_plugin, jsonio
+from kvgate.vllm_plugin.cpu_tier import cpu_run_blocks, cpu_tier_of
 from kvgate.vllm_plugin.endpoint_plugin import ProbeService
 from kvgate.vllm_plugin.engine_plugin import PREFIX_ANSWER_METHOD, install_probes
 from kvgate.vllm_plugin.engine_rates import READ_INTERVAL_SEC
+from kvgate.vllm_plugin.pin_keeper import PinKeeper, keeper_of
 from kvgate.wire.errors import anthropic_error, openai_error
+from kvgate.wire.kv_pins import ReleaseAnswer, make_pin
 from kvgate.wire.owner_record import OWNER_PATH, OwnerAnswer, OwnerBook, OwnerClaim
 from kvgate.wire.probe_api import (
     KV_PATH,
@@ -48,9 +51,9 @@ from kvgate.wire.routes import PROMPT_KINDS
 BLOCK = 16
 
 
-# The pin fields, until the plugin's retention connector answers them (in progress on its
-# branch); its merge removes them here. The simulated replica answers them.
-PINS_NOT_YET_SERVED = {"num_pinned_blocks", "num_pinned_sessions", "num_pin_yields"}
+# The CPU tier's figures: only a server with a CPU tier (vLLM's KV offloading) sets them;
+# the simulated replica below runs without one (the plugin's stand-in engine has one).
+CPU_TIER_FIELDS = {"num_cpu_blocks", "num_cpu_cached_blocks", "cpu_load_sec_per_block", "hit_blocks_cpu"}
 
 
 def unset_fields(message) -> set[str]:
@@ -88,6 +91,9 @@ def full_kv() -> KvAnswer:
             num_pinned_blocks=3,
             num_pinned_sessions=1,
             num_pin_yields=0,
+            num_cpu_blocks=256,
+            num_cpu_cached_blocks=12,
+            cpu_load_sec_per_block=0.0001,
         )
         for free, busy in ((40, 0.5), (30, 0.75))
     ]
@@ -98,8 +104,10 @@ def full_kv() -> KvAnswer:
 def full_prefix() -> PrefixAnswer:
     return merge_prefix(
         [
-            PrefixAnswer.of_engine(total_tokens=70, block_size=BLOCK, hit_block_ref_counts=refs, hit_tokens=hit)
-            for refs, hit in (([1, 0, 0], 48), ([2, 0], 32))
+            PrefixAnswer.of_engine(
+                total_tokens=70, block_size=BLOCK, hit_block_ref_counts=refs, hit_tokens=hit, hit_blocks_cpu=cpu
+            )
+            for refs, hit, cpu in (([1, 0, 0], 48, 1), ([2, 0], 32, 2))
         ]
     )
 
@@ -186,7 +194,7 @@ async def test_the_simulated_replica_answers_every_field_of_every_message(replic
                 assert resp.status == 200, await resp.text()
         async with http.get(base + KV_PATH) as resp:
             kv = assert_round_trips(KvAnswer, await resp.json())
-        assert unset_fields(kv) == set()
+        assert unset_fields(kv) - CPU_TIER_FIELDS == set()
         assert kv.num_gpu_blocks == kv.num_total_blocks + 1 == 65
         assert (kv.max_model_len, kv.max_token_bytes) == (replica.engine.config.effective_max_model_len, 48)
 
@@ -207,7 +215,7 @@ async def test_the_simulated_replica_answers_every_field_of_every_message(replic
                 answers.append(assert_round_trips(PrefixAnswer, await resp.json()))
         chat = answers[1]
         assert chat.hit_blocks > 0 and chat.total_tokens  # the conversation above is resident
-        assert unset_fields(chat) == set()
+        assert unset_fields(chat) - CPU_TIER_FIELDS == set()
 
         claims = [OwnerClaim("gate-a", 15.0), OwnerClaim("gate-b", 15.0)]
         owner_answers = []
@@ -236,10 +244,48 @@ async def test_the_simulated_replica_answers_every_field_of_every_message(replic
 # ------------------------------------------------------ the vLLM plugin (unit level)
 
 
+class StandInBlockPool:
+    """What `PinKeeper` does to vLLM's BlockPool: reference counts on hashed blocks."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.blocks = [SimpleNamespace(is_null=i == 0, block_hash=i or None, ref_cnt=0) for i in range(num_blocks)]
+
+    def touch(self, blocks) -> None:
+        for block in blocks:
+            block.ref_cnt += 1
+
+    def free_blocks(self, blocks) -> None:
+        for block in blocks:
+            block.ref_cnt -= 1
+
+
+class StandInCpuManager:
+    """What `cpu_tier` reads of vLLM's CPUOffloadingManager: ``lookup`` by key, chunk counts."""
+
+    def __init__(self, num_chunks: int, held: set) -> None:
+        self.held = held
+        self._num_chunks, self._num_allocated_chunks, self._free_list = num_chunks, len(held) + 1, [7]
+
+    def lookup(self, key, req_context):
+        return SimpleNamespace(name="HIT" if key in self.held else "MISS")
+
+
+def stand_in_offloading(held_chunks: set[int]) -> SimpleNamespace:
+    """An OffloadingConnector's scheduler side: chunks of two blocks; the chunk keyed by a
+    prompt's hash i (its last block) is held when i is in `held_chunks`."""
+    group = SimpleNamespace(group_idx=0, tokens_per_block=BLOCK, tokens_per_chunk=2 * BLOCK, hashes_per_chunk=2)
+    held = {(index, 0) for index in held_chunks}
+    manager = StandInCpuManager(num_chunks=32, held=held)
+    return SimpleNamespace(
+        connector_scheduler=SimpleNamespace(manager=manager, config=SimpleNamespace(kv_group_configs=[group]))
+    )
+
+
 class StandInEngineCore:
     """What the plugin's engine-core methods read of vLLM's EngineCore (``scheduler``,
     ``step``), with a scheduler whose steps take time in proportion to their tokens, so
-    the installed step timer fits a marginal token cost (`step_costs`)."""
+    the installed step timer fits a marginal token cost (`step_costs`). Its connector is a
+    MultiConnector of the retention connector and an offloading connector (a CPU tier)."""
 
     def __init__(self, free_blocks: int, running: int) -> None:
         pool = SimpleNamespace(
@@ -252,6 +298,17 @@ class StandInEngineCore:
             block_size=BLOCK,
             get_request_counts=lambda: (running, 1),
             schedule=self._schedule,
+            connector=SimpleNamespace(
+                _connectors=[
+                    SimpleNamespace(kvgate_pins=PinKeeper(StandInBlockPool(8), None)),
+                    stand_in_offloading({3}),
+                ]
+            ),
+            kv_cache_config=SimpleNamespace(  # 2 layers of 4 KiB pages: 8 KiB a block
+                kv_cache_groups=[
+                    SimpleNamespace(kv_cache_spec=SimpleNamespace(page_size_bytes=4096), layer_names=["a", "b"])
+                ]
+            ),
         )
         self._tokens = 0
 
@@ -281,13 +338,22 @@ class StandInEngineClient:
 
 async def test_the_plugins_builders_answer_every_field_of_every_message(monkeypatch):
     cores = [StandInEngineCore(free_blocks=40, running=2), StandInEngineCore(free_blocks=20, running=3)]
+    for core, blocks in zip(cores, ([1, 2, 3], [4, 5]), strict=True):  # a finished turn's blocks, each engine's pin
+        keeper_of(core).finished({"kvgate_pin": make_pin("s", 60, None).to_json()}, blocks)
     for core in cores:
         for index in range(40):
             core.step(10 + 8 * index)  # varied step sizes: a marginal cost can be fitted
     assert all(core.kvgate_kv_answer()["token_sec"] for core in cores)  # the installed method
+    hashes = list(range(70 // BLOCK))  # the prompt's block hashes; each engine holds chunk 1 (blocks 2-3) on its CPU
     prefixes = [  # what each engine's `prefix_answer` builds for a 70-token prompt
-        PrefixAnswer.of_engine(total_tokens=70, block_size=BLOCK, hit_block_ref_counts=refs, hit_tokens=hit)
-        for refs, hit in (([1, 0, 0], 48), ([2, 0], 32))
+        PrefixAnswer.of_engine(
+            total_tokens=70,
+            block_size=BLOCK,
+            hit_block_ref_counts=refs,
+            hit_tokens=hit,
+            hit_blocks_cpu=cpu_run_blocks(cpu_tier_of(core), hashes, len(refs), lambda h, g: (h, g), None),
+        )
+        for core, refs, hit in zip(cores, ([1, 0, 0], [2, 0]), (48, 32), strict=True)
     ]
     state = SimpleNamespace(openai_serving_models=SimpleNamespace(is_base_model=lambda name: name == "m"))
     vocabulary = {"▁hello": 0, "<0x0A>": 1, "Ġworld": 2}  # SentencePiece and byte-level BPE spellings
@@ -313,14 +379,20 @@ async def test_the_plugins_builders_answer_every_field_of_every_message(monkeypa
     monkeypatch.setattr(endpoint_plugin, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
     await service.kv_answer()
     kv = assert_round_trips(KvAnswer, (await service.kv_answer()).to_json())
-    assert unset_fields(kv) - PINS_NOT_YET_SERVED == set()
+    assert unset_fields(kv) == set()
+    assert (kv.num_cpu_blocks, kv.num_cpu_cached_blocks) == (2 * 64, 2 * 2)  # two engines, 2 blocks a chunk
+    assert kv.cpu_load_sec_per_block == pytest.approx(8192 / 50e9)
     assert [engine.engine for engine in kv.engines] == [0, 1] and kv.num_total_blocks == 128
+    assert (kv.num_pinned_blocks, kv.num_pinned_sessions, kv.num_pin_yields) == (5, 2, 0)
+    released = assert_round_trips(ReleaseAnswer, (await service.release({"sessions": ["s"]})).to_json())
+    assert released == ReleaseAnswer(2, 5)  # every engine released its pin of the session
     assert (kv.max_model_len, kv.max_token_bytes) == (4096, 8)  # "▁hello": 3 + 5 bytes
 
     query = PrefixQuery("token_ids", list(range(70)), cache_salt="tenant", model="m")
     prefix = assert_round_trips(PrefixAnswer, (await service.prefix_answer(query.to_json())).to_json())
     assert unset_fields(prefix) == set()
     assert prefix.hit_blocks == 2 and prefix.hit_blocks_in_use == 1  # the engine with the fewest hits
+    assert prefix.hit_blocks_cpu == 2  # blocks 2-3; the other engine's run is block 3 (its GPU holds 2)
 
     book = OwnerBook(iter(range(100)).__next__)  # the record both servers keep
     taken = assert_round_trips(OwnerAnswer, book.claim(OwnerClaim("gate-a", 15.0).to_json()))

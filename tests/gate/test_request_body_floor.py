@@ -1,5 +1,5 @@
 """The gate refuses a prompt its body proves longer than the replica serves, before probing
-(`gate.prompt_floor`): the bound's table, its soundness on multi-byte text, and the shell
+(`gate.request_body`): the bound's table, its soundness on multi-byte text, and the shell
 in each gate mode."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from kvgate.gate.errors import PromptTooLong
 from kvgate.gate.gate import Gate
 from kvgate.gate.policies.vocabulary import RejectCode
-from kvgate.gate.prompt_floor import MAX_TEXT_SHRINK, over_long, prompt_token_floor, user_text_bytes
+from kvgate.gate.request_body import MAX_TEXT_SHRINK, over_long, prompt_token_floor, user_text_bytes
 from kvgate.simulator.tokenizer import MAX_TOKEN_BYTES, render_chat, render_completion_prompt
 from tests.gate.helpers import FakeProbe, assert_clean, body, sample, settings
 

@@ -1,0 +1,76 @@
+"""KV pins on a real vLLM CPU server with the retention connector and a replica key: the
+scripted sequence every pin-keeping server must pass (tests/pin_sequence.py), with
+vLLM's own preemption counter showing no pin ever caused a preemption."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import aiohttp
+import pytest
+from vllm_harness import VllmServer, scrape_metrics
+
+from kvgate.vllm_plugin.pin_keeper import CONNECTOR_CONFIG
+from kvgate.wire.replica_auth import REPLICA_KEY_HEADER
+from tests.pin_sequence import PinReplica, _Client, prompt_of, run_pin_sequence
+
+pytestmark = pytest.mark.vllm
+
+REPLICA_KEY = "replica-key-" + uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="module")
+def pinning_server(vllm_python: Path, tiny_model: Path, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("vllm-pins")
+    server = VllmServer(
+        python=vllm_python,
+        model_dir=tiny_model,
+        log_path=folder / "vllm.log",
+        served_model_name="tiny",
+        extra_args=("--kv-transfer-config", CONNECTOR_CONFIG),
+        extra_env=(("KVGATE_REPLICA_API_KEY", REPLICA_KEY),),
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def preemptions(server: VllmServer):
+    async def read() -> float:
+        samples = await asyncio.to_thread(scrape_metrics, server.url)
+        return sum(value for name, _, value in samples if name == "vllm:num_preemptions_total")
+
+    return read
+
+
+def replica(server: VllmServer) -> PinReplica:
+    return PinReplica(server.url, "tiny", {REPLICA_KEY_HEADER: REPLICA_KEY}, REPLICA_KEY, preemptions(server))
+
+
+async def test_the_connector_passes_the_pin_sequence_without_a_preemption(pinning_server):
+    async with aiohttp.ClientSession() as http:
+        await run_pin_sequence(replica(pinning_server), http)
+
+
+async def test_a_pinned_window_hits_whole_after_a_flood_and_an_unpinned_one_does_not(pinning_server):
+    """The issue's measure: the hit ratio of a pinned and an unpinned window after a flood of
+    other sessions three times the cache (printed; the sequence above asserts the bounds)."""
+    async with aiohttp.ClientSession() as http:
+        client = _Client(replica(pinning_server), http)
+        kv = await client.kv()
+        total, size = kv.num_total_blocks or 0, kv.block_size or 0
+        window, flood = total // 8, total // 4
+        pinned, unpinned = prompt_of(21, window, size), prompt_of(22, window, size)
+        await client.turn(pinned, client.pin("measured"))
+        await client.turn(unpinned)
+        turns = 3 * -(-total // flood)  # the cache over three times
+        for seed in range(200, 200 + turns):
+            await client.turn(prompt_of(seed, flood, size))
+        hits = await client.prefix_hits(pinned) / window, await client.prefix_hits(unpinned) / window
+        await client.release("measured")
+    print(f"window of {window} blocks, flood of {turns} x {flood}: pinned hit {hits[0]:.2f}, unpinned {hits[1]:.2f}")
+    assert hits == (1.0, 0.0)
