@@ -126,7 +126,7 @@ CLUSTER_ROWS: tuple[ClusterRow, ...] = (
             "--duration",
             "300",
             "--replicas",
-            "4,8,16,32,64",
+            "4,8,12,16,32,64",
             "--policies",
             "sticky,working_set,direct",
             "--p95",

@@ -28,7 +28,8 @@ state change goes through a `SessionBook` method, which keeps these invariants:
   the session's, `replica_turn_ewma` the replica's. `prefix_probe_ewma` is the
   replica's smoothed prefix-probe latency, as a turn waiting on the probe sees it.
 - Every window that ends is counted under its cause in `window_ends` (finish, quiet,
-  grace, lost, revoked, reclaimed); `take_window_ends()` hands the new ones to the shell.
+  grace, lost, revoked, reclaimed); `take_window_ends()` hands the new ones to the shell,
+  `take_ended_window_keys()` their sessions.
 - `leases` counts every lease not yet released, anonymous ones included;
   `idle_since_replica` is when it last dropped to 0 (None while a lease is out).
 - `windows_in_flight`, `windows_idle` count records holding a window with / without a
@@ -155,6 +156,7 @@ class SessionBook:
         self.prefix_probe_ewma: float | None = None  # prefix probes on a turn's path, seconds, smoothed
         self.window_ends: dict[str, int] = {cause.value: 0 for cause in WindowEnd}  # plain keys: JSON
         self._new_window_ends: list[WindowEnd] = []
+        self._ended_window_keys: list[str] = []  # the sessions of `_new_window_ends`, in order
         self.idle_since_replica: float | None = 0.0
         self.records: dict[str, SessionRecord] = {}
         self.idle: OrderedDict[str, SessionRecord] = OrderedDict()
@@ -210,16 +212,28 @@ class SessionBook:
         gap = rec.gap_ewma if rec.last_gap is None else max(rec.gap_ewma or 0.0, rec.last_gap)
         return quiet_lifetime(gap, self.replica_gap_ewma, self.quiet_factor, self.quiet_floor, self.grace)
 
+    def late_after_sec(self, rec: SessionRecord) -> float:
+        """How long the record's session may be idle before it is late (`policies.late_after`,
+        as the late windows are indexed): after that its blocks are the least likely to be
+        read again soon."""
+        return late_after(rec.gap_ewma, self.replica_gap_ewma, self.quiet_floor)
+
     def _window_ended(self, cause: WindowEnd, rec: SessionRecord) -> None:
         rec.last_window_end = cause
         rec.opener = None
         self.window_ends[cause.value] += 1
         self._new_window_ends.append(cause)
+        self._ended_window_keys.append(rec.key)
 
     def take_window_ends(self) -> list[WindowEnd]:
         """The causes of the windows ended since the last call (for the shell's metrics)."""
         ended, self._new_window_ends = self._new_window_ends, []
         return ended
+
+    def take_ended_window_keys(self) -> list[str]:
+        """The sessions whose windows ended since the last call (for the shell's KV pins)."""
+        keys, self._ended_window_keys = self._ended_window_keys, []
+        return keys
 
     def _end(self, rec: SessionRecord) -> SessionRecord:
         self._leave(rec)

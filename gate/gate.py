@@ -75,6 +75,7 @@ from prometheus_client import Counter, Histogram
 from kvgate.gate.book import SessionBook, SessionRecord, WindowEnd
 from kvgate.gate.errors import AdmissionError, AdmissionSuperseded, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
 from kvgate.gate.metrics import GateMetrics
+from kvgate.gate.pins import PinReleases, pin_session, pin_ttl, wants_pin
 from kvgate.gate.policies.registry import Policy, get_policy
 from kvgate.gate.policies.vocabulary import (
     PREFIX_UNAVAILABLE,
@@ -99,6 +100,7 @@ from kvgate.gate.request_body import (
 )
 from kvgate.gate.settings import GateSettings
 from kvgate.gate.turn_facts import TurnFacts
+from kvgate.wire.kv_pins import Pin
 from kvgate.wire.routes import PRIORITY_FIELD_KINDS, PROMPT_KINDS
 
 Clock = Callable[[], float]
@@ -149,10 +151,22 @@ class Lease:
     """The right to have one request in flight on the replica, until `release()`.
 
     `priority`: the vLLM `priority` the admission asks the request to be forwarded with
-    (`Admit.priority`); None: as sent.
+    (`Admit.priority`); None: as sent. `pin`: the KV pin to forward it with (`gate.pins`);
+    None: unpinned.
     """
 
-    __slots__ = ("reason", "wait_ms", "replica", "priority", "_gate", "_record", "_attempt", "_released", "_turn")
+    __slots__ = (
+        "reason",
+        "wait_ms",
+        "replica",
+        "priority",
+        "pin",
+        "_gate",
+        "_record",
+        "_attempt",
+        "_released",
+        "_turn",
+    )
 
     def __init__(
         self,
@@ -166,6 +180,7 @@ class Lease:
     ) -> None:
         self.reason = reason
         self.priority = priority  # the vLLM `priority` to forward the request with (None: the body's own)
+        self.pin: Pin | None = None  # the KV pin to forward it with (gate/pins.py)
         self.wait_ms = wait_ms
         self.replica = gate.name
         self._gate = gate
@@ -287,6 +302,7 @@ class Gate:
             metrics.reprefill_tokens.labels(name),
             self._window_shrank,
         )
+        self._pins = PinReleases(self._send_pin_releases)  # KV pins this gate holds (gate/pins.py)
 
     # ------------------------------------------------------------------ acquire
 
@@ -423,6 +439,7 @@ class Gate:
             return self._grant_shadow(turn, decision, tokens, note)
         if isinstance(decision, Admit):
             lease = self._admit(turn, decision, tokens, note)
+            lease.pin = self._pin_for(turn, decision)
             if decision.reprice_above is not None and self._book.window_blocks > decision.reprice_above:
                 request = RepriceRequest(turn.route_kind, turn.body, turn.allowance, usage, turn.bound)
                 self._repricer.admitted_at_bound(record, request, turns_wait=bool(self._queue))
@@ -531,6 +548,31 @@ class Gate:
         priority = admit.priority if admit is not None else None
         return Lease(self, record, label, wait * 1000.0, attempt, note, priority)
 
+    def _pin_for(self, turn: _Turn, decision: Admit) -> Pin | None:
+        """The KV pin an admitted turn goes out with (`gate/pins.py`), None: unpinned."""
+        record = turn.record
+        if record is None or not wants_pin(self.settings.pins, self._usage, turn.route_kind, decision.window):
+            return None
+        make_pin = getattr(self.probe, "pin", None)  # the probe holds the replica key that proves it
+        if make_pin is None:
+            return None
+        self._pins.pinned_turn(record.key)
+        ttl = pin_ttl(self._book.late_after_sec(record), self.settings.idle_grace_sec)
+        return make_pin(pin_session(record.key), ttl)
+
+    def _unpin_ended_windows(self) -> None:
+        """Release the pins of windows that ended, unless a turn of the session is in flight
+        (it pins when it ends: `_release` releases after it)."""
+        for key in self._book.take_ended_window_keys():
+            record = self._book.records.get(key)
+            if record is None or not (record.in_flight or record.has_window):
+                self._pins.end(key)
+
+    async def _send_pin_releases(self, sessions: tuple[str, ...]) -> None:
+        release = getattr(self.probe, "release_pins", None)
+        if release is not None:
+            await release(sessions)
+
     def _grant_unbooked(self) -> Lease:
         """Admit `open` with nothing booked but the lease (mode off, or a route without a
         prompt): no probe, no session, no window, no waiter woken."""
@@ -633,6 +675,8 @@ class Gate:
         ended = self._book.release(record, now, attempt, served)
         if ended is not None:
             self._session_ended(ended)
+        if record is not None and not (record.in_flight or record.has_window):
+            self._pins.end(record.key)  # its window ended while a turn of it was in flight
         self._purge(now)
         if record is not None:
             self._publish_windows()
@@ -701,6 +745,7 @@ class Gate:
         if self._book._new_window_ends:
             for cause in self._book.take_window_ends():
                 self._window_ends[cause].inc()
+            self._unpin_ended_windows()
 
     # -------------------------------------------------------------------- close
 
@@ -723,6 +768,7 @@ class Gate:
         self._waiters_gauge.set(0)
         self._oldest_waiter.set_function(lambda: 0.0)  # let go of this gate
         self._repricer.close()
+        self._pins.close()
         for gauge in self._window_gauges:  # every window ended above
             gauge.set_function(lambda: 0.0)
         close_probe = getattr(self.probe, "close", None)

@@ -57,6 +57,7 @@ from kvgate.gate.readings import (
     parse_prefix_answer,
 )
 from kvgate.gate.settings import ProbeSettings
+from kvgate.wire.kv_pins import RELEASE_PATH, Pin, ReleaseQuery, make_pin
 from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, PROMPT_TOO_LONG, PrefixQuery, ProbeAnswerError
 from kvgate.wire.replica_auth import replica_headers
 from kvgate.wire.routes import PROMPT_KINDS
@@ -121,6 +122,7 @@ class ReplicaProbe:
         self._timeout = aiohttp.ClientTimeout(total=settings.timeout_sec)
         self._max_age = settings.usage_max_age_ms / 1000.0
         self._headers = replica_headers(api_key, replica_api_key)
+        self._replica_key = replica_api_key  # proves the KV pins the gate sends (wire.kv_pins)
         self._clock = clock
         self._cached: UsageReading | None = None
         self._cached_at = float("-inf")
@@ -280,6 +282,18 @@ class ReplicaProbe:
             return None
         self._seconds["prefix"].observe(time.perf_counter() - started)
         return reading
+
+    # ------------------------------------------------------------------- pins
+
+    def pin(self, session: str, ttl_sec: float) -> Pin:
+        """The KV pin a turn of `session` is forwarded with, proved with the replica key."""
+        return make_pin(session, ttl_sec, self._replica_key)
+
+    async def release_pins(self, sessions: tuple[str, ...]) -> None:
+        """End the KV pins of `sessions` (`POST /v1/kvgate/release`); raises on failure."""
+        status, payload = await self._request("POST", RELEASE_PATH, orjson.dumps(ReleaseQuery(sessions).to_json()))
+        if status != 200:
+            raise _Failed(f"POST {RELEASE_PATH}: HTTP {status}: {payload[:200]!r}")
 
     # ------------------------------------------------------------------- http
 

@@ -52,6 +52,15 @@ class UsageReading:
     busy_share: float | None = None
     # The server's `--scheduling-policy` ("fcfs" | "priority"; None: not said).
     scheduling_policy: str | None = None
+    # KV pins (`kvgate.wire.kv_pins`; None: the server keeps none): blocks pins hold (never
+    # free, so outside `num_free_blocks`) and the sessions holding one.
+    num_pinned_blocks: int | None = None
+    num_pinned_sessions: int | None = None
+
+    @property
+    def keeps_pins(self) -> bool:
+        """The replica keeps KV pins: a turn forwarded with one keeps its window resident."""
+        return self.num_pinned_sessions is not None
 
     @property
     def schedules_by_priority(self) -> bool:
@@ -98,6 +107,8 @@ def usage_reading(answer: KvAnswer) -> UsageReading:
         answer.max_token_bytes,
         answer.busy_share,
         answer.scheduling_policy,
+        answer.num_pinned_blocks,
+        answer.num_pinned_sessions,
     )
 
 

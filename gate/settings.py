@@ -38,6 +38,9 @@ class GateSettings:
     # working_set: a turn it would hold is forwarded at this vLLM priority instead, on a replica
     # that schedules by priority (`--scheduling-policy priority`); 0: held at the proxy
     held_priority: int = 0
+    # KV pins (gate/pins.py): "auto" forwards a turn that gets a window with a pin on a replica
+    # that keeps pins (its kv answer reports them); "off" never pins
+    pins: str = "auto"
 
 
 @dataclass(frozen=True)

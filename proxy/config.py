@@ -44,6 +44,7 @@ from kvgate.balancer.balancer import ALGORITHMS
 from kvgate.balancer.replica_fields import is_token, replica_name_problem, replica_url_key, replica_url_problem
 from kvgate.gate.gate import MODES
 from kvgate.gate.ownership import MAX_CONFIGURED_GATE_ID_CHARS
+from kvgate.gate.pins import PIN_MODES
 from kvgate.gate.policies.registry import policy_name_problem
 from kvgate.proxy.errors import clipped as _clipped
 from kvgate.proxy.http_fields import field_value_problem
@@ -232,6 +233,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "gate.quiet_floor_sec": _in_range(0),
     "gate.wait_cap_factor": _in_range(0),
     "gate.held_priority": _in_range(0),
+    "gate.pins": _one_of(*PIN_MODES),
     "upstream.connect_timeout_sec": _in_range(0, lo_open=True),
     "upstream.read_timeout_sec": _in_range(0, lo_open=True),
     "limits.max_body_bytes": _in_range(1),

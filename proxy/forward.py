@@ -40,8 +40,10 @@ from kvgate.proxy.request_body import (
     parse_json_object,
     passthrough_body,
     stream_flag,
+    with_kv_pin,
     with_member,
     with_priority,
+    without_kv_pin,
 )
 from kvgate.proxy.response_chains import ChainLink, TurnPlan, plan_turn
 from kvgate.proxy.session_id import resolve_session_id, split_body_fields
@@ -196,6 +198,8 @@ class Forwarder:
             raw = request.body
         else:
             raw, body, stream = None, {}, False
+        if raw is not None:  # only gates pin KV: a client's pin never reaches a replica
+            raw, body = without_kv_pin(raw, body)
         headers_read = self._headers
         if self._replica_gate and TIER_SESSION_HEADER in request.headers:
             headers_read = (TIER_SESSION_HEADER,)  # the id its front door resolved
@@ -519,8 +523,15 @@ class Forwarder:
 
 
 def _forwarded_body(turn: Turn, lease: TurnLease) -> bytes | None:
-    """The body sent upstream: as received, or at the priority the admission asked for
-    (`Lease.priority`: a turn the gate would hold, forwarded to yield to window holders)."""
-    if lease.priority is None or turn.raw is None:
-        return turn.raw
-    return with_priority(turn.raw, turn.body, lease.priority)
+    """The body sent upstream: as received, at the priority the admission asked for
+    (`Lease.priority`: a turn the gate would hold, forwarded to yield to window holders),
+    with the KV pin it gave (`Lease.pin`: the session's window, kept in the engine)."""
+    raw = turn.raw
+    if raw is None:
+        return None
+    if lease.priority is not None:
+        raw = with_priority(raw, turn.body, lease.priority)
+    pin = getattr(lease, "pin", None)  # a lease of another admission may predate pins
+    if pin is not None:
+        raw = with_kv_pin(raw, turn.body, pin)
+    return raw

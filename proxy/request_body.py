@@ -10,6 +10,7 @@ from __future__ import annotations
 import orjson
 
 from kvgate.proxy.errors import RequestRejected
+from kvgate.wire.kv_pins import PIN_KEY, TRANSFER_PARAMS_FIELD, Pin, with_pin, without_pin
 
 
 def parse_json_object(raw: bytes) -> dict:
@@ -59,6 +60,24 @@ def with_priority(raw: bytes, body: dict, priority: int) -> bytes:
     if type(own) is not int or own >= priority:
         return raw
     return orjson.dumps({**body, "priority": priority})
+
+
+def without_kv_pin(raw: bytes, body: dict) -> tuple[bytes, dict]:
+    """A client's body and its parsed form without `kv_transfer_params.kvgate_pin`: only
+    gates pin (`kvgate.wire.kv_pins`). As received when it names no pin, else re-encoded."""
+    stripped = without_pin(body)
+    if stripped is body:
+        return raw, body
+    return orjson.dumps(stripped), stripped
+
+
+def with_kv_pin(raw: bytes, body: dict, pin: Pin) -> bytes:
+    """`raw` (the bytes forwarded so far, parsed as `body`) with the gate's KV pin in its
+    `kv_transfer_params`: spliced in when the body has none, else re-encoded with the
+    client's other transfer parameters kept."""
+    if TRANSFER_PARAMS_FIELD not in body:
+        return with_member(raw, body, TRANSFER_PARAMS_FIELD, {PIN_KEY: pin.to_json()})
+    return orjson.dumps(with_pin(orjson.loads(raw), pin))
 
 
 def passthrough_body(raw: bytes | None) -> dict:

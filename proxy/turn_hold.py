@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Protocol
 
 from kvgate.balancer import Replica
+from kvgate.wire.kv_pins import Pin
 
 
 class TurnLease(Protocol):
@@ -28,6 +29,9 @@ class TurnLease(Protocol):
 
     @property
     def priority(self) -> int | None: ...  # the vLLM priority to forward the request with (None: as sent)
+
+    @property
+    def pin(self) -> Pin | None: ...  # the KV pin to forward the request with (None: unpinned)
 
     def release(self, served: bool = True) -> None: ...
 
@@ -81,6 +85,7 @@ class _Ungated:
     reason = ""
     wait_ms = 0.0
     priority = None
+    pin = None
 
     def release(self, served: bool = True) -> None:
         return None

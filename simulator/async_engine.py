@@ -21,6 +21,7 @@ from kvgate.simulator.request import RequestStatus, SimRequest, compute_block_ha
 from kvgate.simulator.scheduler import Scheduler
 from kvgate.simulator.step_meter import StepMeter
 from kvgate.simulator.tokenizer import output_token
+from kvgate.wire.kv_pins import Pin, ReleaseAnswer
 from kvgate.wire.probe_api import KvAnswer, PrefixAnswer
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ def engine_kv_answer(scheduler: Scheduler, meter: StepMeter, now: float | None =
     engine's clock). The pool counts usable blocks; vLLM's `num_gpu_blocks` has one more, its
     null block, and so does this answer."""
     pool = scheduler.kv_cache_manager.block_pool
+    pins = scheduler.kv_cache_manager.pins
     measured = meter.reading(now)
     rate = measured["prefill_tokens_per_sec"]
     return KvAnswer.of_engine(
@@ -67,6 +69,9 @@ def engine_kv_answer(scheduler: Scheduler, meter: StepMeter, now: float | None =
         block_size=scheduler.kv_cache_manager.block_size,
         num_running=len(scheduler.running),
         num_waiting=len(scheduler.waiting),
+        num_pinned_blocks=pins.num_pinned_blocks,
+        num_pinned_sessions=pins.num_pinned_sessions,
+        num_pin_yields=pins.num_yields,
         **measured,
         token_sec=1.0 / rate if rate else None,  # the meter's prefill cost per token
     )
@@ -112,12 +117,18 @@ class AsyncEngine:
     # -- requests ----------------------------------------------------------------------
 
     def add_request(
-        self, prompt_token_ids: list[int], max_tokens: int, cache_salt: str | None = None, priority: int = 0
+        self,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        cache_salt: str | None = None,
+        priority: int = 0,
+        pin: Pin | None = None,
     ) -> RequestHandle:
         """Queue a request. Raises ValueError if it can never fit the cache (the HTTP
         layer checks max_model_len first, which the config keeps within the cache).
         `priority` orders it under priority scheduling (lower first); its arrival is its
-        place in the order requests came."""
+        place in the order requests came. `pin` (already checked against the replica key):
+        when it finishes, its session pins its blocks (`kvgate.wire.kv_pins`)."""
         sequence = next(self._ids)
         request = SimRequest(
             f"req-{sequence}",
@@ -128,6 +139,7 @@ class AsyncEngine:
             arrival=float(sequence),
             priority=priority,
         )
+        request.pin = (pin.session, pin.ttl_sec) if pin is not None else None
         if not self.scheduler.add_request(request):
             raise ValueError(
                 f"request of {len(prompt_token_ids)} prompt + {max_tokens} output tokens can never fit the "
@@ -150,11 +162,18 @@ class AsyncEngine:
     # -- probes (no side effects) --------------------------------------------------------
 
     def kv_answer(self) -> KvAnswer:
-        return engine_kv_answer(self.scheduler, self.meter, asyncio.get_running_loop().time())
+        now = asyncio.get_running_loop().time()
+        self.scheduler.kv_cache_manager.expire_pins(now)  # pins end at their ttl, stepping or not
+        return engine_kv_answer(self.scheduler, self.meter, now)
 
     def prefix_answer(self, token_ids: list[int], cache_salt: str | None = None) -> PrefixAnswer:
+        self.scheduler.kv_cache_manager.expire_pins(asyncio.get_running_loop().time())
         hashes = compute_block_hashes(token_ids, self.config.block_size, cache_salt)
         return self.scheduler.kv_cache_manager.prefix_answer(hashes, len(token_ids))
+
+    def release_pins(self, sessions: tuple[str, ...]) -> ReleaseAnswer:
+        """End the pins of `sessions` (`POST /v1/kvgate/release`)."""
+        return ReleaseAnswer(*self.scheduler.kv_cache_manager.release_pins(sessions))
 
     # -- the step loop ---------------------------------------------------------------------
 
@@ -179,7 +198,7 @@ class AsyncEngine:
                 await self._wake.wait()
                 continue
             started = loop.time()
-            output = scheduler.schedule()
+            output = scheduler.schedule(started)
             step_seconds = self.cost_model.step_seconds(
                 output.num_prefill_tokens, output.num_decode_seqs, output.num_context_tokens
             )
@@ -187,7 +206,7 @@ class AsyncEngine:
             await asyncio.sleep(delay if delay > 0 else 0)
             ended = loop.time()
             self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, ended - started, ended)
-            finished = scheduler.update_from_output(output, _next_token)
+            finished = scheduler.update_from_output(output, _next_token, ended)
             handles = self._handles
             for request, _ in output.scheduled:
                 handle = handles.get(request.request_id)

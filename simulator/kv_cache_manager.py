@@ -5,6 +5,11 @@ top of the block pool, prefix-cache lookups, and the counters vLLM exposes.
 (returns None), like vLLM's; the scheduler then preempts or stops admitting.
 `prefix_answer` is the side-effect-free residency query behind the prefix probe
 (`kvgate.wire.probe_api.PrefixAnswer`).
+
+KV pins (`kvgate.wire.kv_pins`, the retention connector's semantics): `pins` is the
+engine's `PinBook`; a pin holds one reference on each of its blocks, so pinned blocks
+are neither free nor evictable. `allocate_slots` yields pins, the least recently pinned
+first, before it answers None: a pin never makes a request wait or be preempted.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from operator import attrgetter
 from kvgate.simulator.block_pool import BlockPool, KVCacheBlock
 from kvgate.simulator.request import SimRequest
 from kvgate.wire.blocks import cdiv
+from kvgate.wire.pin_book import PinBook
 from kvgate.wire.probe_api import PrefixAnswer
 
 _REF_CNT = attrgetter("ref_cnt")
@@ -54,6 +60,7 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
+        self.pins = PinBook()
 
     # -- lookups (no side effects) ---------------------------------------------------
 
@@ -110,7 +117,9 @@ class KVCacheManager:
             return []
         num_new_blocks = max(0, num_new_blocks)
         num_evictable_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0) if new_computed_blocks else 0
-        if num_new_blocks > pool.get_num_free_blocks() - num_evictable_hits:
+        if num_new_blocks > pool.get_num_free_blocks() - num_evictable_hits and not self._yield_pins(
+            num_new_blocks, new_computed_blocks
+        ):
             if not req_blocks:
                 del self.req_to_blocks[rid]
             return None
@@ -146,6 +155,59 @@ class KVCacheManager:
         self.num_cached_blocks.pop(request.request_id, None)
         if blocks:
             self.block_pool.free_blocks(reversed(blocks))
+
+    # -- pins (kvgate.wire.kv_pins) -------------------------------------------------------
+
+    def _yield_pins(self, num_new_blocks: int, new_computed_blocks: Sequence[KVCacheBlock]) -> bool:
+        """Release pins, the least recently pinned first, until `num_new_blocks` fit beside
+        the hits the request takes out of the free queue; False if they never do."""
+        pool = self.block_pool
+        while True:
+            released = self.pins.yield_oldest()
+            if released is None:
+                return False
+            self._drop_pin(released)
+            evictable_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
+            if num_new_blocks <= pool.get_num_free_blocks() - evictable_hits:
+                return True
+
+    def _drop_pin(self, block_ids: list[int]) -> None:
+        """Drop a pin's references, its last block first (evicted first, as a request's)."""
+        blocks = self.block_pool.blocks
+        self.block_pool.free_blocks(blocks[block_id] for block_id in reversed(block_ids))
+
+    def pin_finished(self, request: SimRequest, session: str, ttl_sec: float, now: float) -> None:
+        """A finished request's session now pins its full prefix-cached blocks (the blocks a
+        next turn can hit: the cached block of each of its hashes, up to the first it lacks),
+        replacing the session's previous pin. Call before `free(request)`."""
+        cached = self.block_pool.cached_block_hash_to_block
+        hashes = request.block_hashes[: self.num_cached_blocks.get(request.request_id, 0)]
+        blocks = []
+        for block_hash in hashes:
+            block = cached.get(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        taken, released = self.pins.pin(session, [block.block_id for block in blocks], ttl_sec, now)
+        self.block_pool.touch(self.block_pool.blocks[block_id] for block_id in taken)
+        self._drop_pin(released)
+
+    def release_pins(self, sessions: Sequence[str]) -> tuple[int, int]:
+        """End the pins of `sessions`: (sessions that held one, blocks they held)."""
+        num_sessions = num_blocks = 0
+        for session in sessions:
+            if self.pins.pinned(session) is None:
+                continue
+            released = self.pins.release(session)
+            num_sessions += 1
+            num_blocks += len(released)
+            self._drop_pin(released)
+        return num_sessions, num_blocks
+
+    def expire_pins(self, now: float) -> None:
+        """End every pin whose ttl has passed by `now`."""
+        for released in self.pins.expire(now):
+            self._drop_pin(released)
 
     def num_held_blocks(self, request: SimRequest) -> int:
         return len(self.req_to_blocks.get(request.request_id, ()))

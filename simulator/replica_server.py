@@ -4,8 +4,10 @@ Routes (docs/ARCHITECTURE.md seam 3): POST /v1/chat/completions, POST /v1/comple
 (streaming and not), POST /v1/messages (Anthropic, as vLLM serves it), POST /v1/responses
 (streaming and not, with `previous_response_id` state held in this replica's memory),
 GET /v1/models, GET /health, GET /metrics, the probe API (`kvgate.wire.probe_api`,
-docs/reference.md), answered from the engine model without side effects, and the owner
-record (`kvgate.wire.owner_record`).
+docs/reference.md), answered from the engine model without side effects, the owner
+record (`kvgate.wire.owner_record`), and KV pins (`kvgate.wire.kv_pins`): a generation
+body's `kv_transfer_params.kvgate_pin`, proved with the replica key, pins its session's
+blocks when the turn ends; `POST /v1/kvgate/release` (guarded like the probe API) ends them.
 
 A client that disconnects aborts its request in the engine: streaming handlers see the
 failed write, non-streaming handlers are cancelled (the runner is built with
@@ -47,6 +49,7 @@ from kvgate.simulator.openai_api import (
 from kvgate.simulator.replica_metrics import CONTENT_TYPE, render_metrics
 from kvgate.simulator.reply_model import ReplyModel, ReplyPlan, arguments_slice, plan_reply
 from kvgate.simulator.tokenizer import MAX_TOKEN_BYTES, VOCAB_SIZE, decode_token
+from kvgate.wire.kv_pins import RELEASE_PATH, TRANSFER_PARAMS_FIELD, Pin, PinError, ReleaseQuery, pin_of
 from kvgate.wire.owner_record import OWNER_PATH, OwnerBook, OwnerClaimError
 from kvgate.wire.probe_api import (
     KV_PATH,
@@ -77,6 +80,7 @@ APP_OPTION_KEYS = ("time_scale", "cost_model", "model_name", "replica_api_key", 
 class ReplicaInfo:
     model_name: str
     created: int
+    replica_key: str | None = None  # proves KV pins (`kvgate.wire.kv_pins`); None: any pin goes
 
 
 ENGINE_KEY = web.AppKey("kvgate_sim_engine", AsyncEngine)
@@ -125,8 +129,20 @@ def _parse(kind: str, body, model_name: str, max_model_len: int) -> GenerationPa
     return parse_generation(kind, body, model_name, max_model_len)
 
 
-def _start(app: web.Application, params: GenerationParams) -> tuple[ReplyPlan, RequestHandle]:
-    """Plan the reply (`reply_model`) and queue its tokens in the engine."""
+def _pin(app: web.Application, body) -> Pin | None:
+    """The KV pin a generation body carries in `kv_transfer_params`, if it is well formed and
+    proved with this replica's key; otherwise the turn is served unpinned (`wire.kv_pins`)."""
+    if not isinstance(body, dict):
+        return None
+    try:
+        pin = pin_of(body.get(TRANSFER_PARAMS_FIELD))
+    except PinError:
+        return None
+    return pin if pin is not None and pin.valid_for(app[INFO_KEY].replica_key) else None
+
+
+def _start(app: web.Application, params: GenerationParams, body) -> tuple[ReplyPlan, RequestHandle]:
+    """Plan the reply (`reply_model`) and queue its tokens in the engine, with the body's pin."""
     plan = plan_reply(
         app[REPLY_KEY],
         params.prompt_token_ids,
@@ -136,7 +152,9 @@ def _start(app: web.Application, params: GenerationParams) -> tuple[ReplyPlan, R
         params.max_tokens_given,
     )
     engine = app[ENGINE_KEY]
-    return plan, engine.add_request(params.prompt_token_ids, plan.tokens, params.cache_salt, params.priority)
+    return plan, engine.add_request(
+        params.prompt_token_ids, plan.tokens, params.cache_salt, params.priority, _pin(app, body)
+    )
 
 
 class ReplyPieces:
@@ -191,7 +209,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     try:
         body = await _read_json(request)
         params = _parse(kind, body, info.model_name, engine.config.effective_max_model_len)
-        plan, handle = _start(request.app, params)
+        plan, handle = _start(request.app, params, body)
     except ApiError as error:
         return _error_for(kind, error)
     except ValueError as error:
@@ -323,7 +341,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
             body, request.app[INFO_KEY].model_name, engine.config.effective_max_model_len, store
         )
         generation = params.generation
-        plan, handle = _start(request.app, generation)
+        plan, handle = _start(request.app, generation, body)
     except ApiError as error:
         return _error(error)
     except ValueError as error:
@@ -448,6 +466,17 @@ async def kv_route(request: web.Request) -> web.Response:
     return _json(answer.to_json())
 
 
+async def release_route(request: web.Request) -> web.Response:
+    """POST /v1/kvgate/release: end the named sessions' KV pins (`wire.kv_pins.ReleaseQuery`)."""
+    try:
+        query = ReleaseQuery.parse(await _read_json(request))
+    except ApiError as error:
+        return _error(error)
+    except PinError as error:
+        return _error(ApiError(str(error), param="sessions"))
+    return _json(request.app[ENGINE_KEY].release_pins(query.sessions).to_json())
+
+
 def parse_prefix_probe(
     body, store: responses_api.ResponseStore | None = None, max_model_len: int | None = None
 ) -> tuple[list[int], str | None]:
@@ -560,7 +589,7 @@ def build_replica_app(
         client_max_size=MAX_BODY_BYTES, middlewares=[client_gone_middleware, replica_key_middleware(replica_api_key)]
     )
     app[ENGINE_KEY] = engine
-    app[INFO_KEY] = ReplicaInfo(model_name, int(time.time()))
+    app[INFO_KEY] = ReplicaInfo(model_name, int(time.time()), replica_api_key)
     app[RESPONSES_KEY] = responses_api.ResponseStore()
     app[REPLY_KEY] = (reply_model or ReplyModel()).validate()
 
@@ -583,6 +612,7 @@ def build_replica_app(
     app.router.add_get("/metrics", metrics)
     app.router.add_get(KV_PATH, kv_route)
     app.router.add_post(PREFIX_PATH, prefix_route)
+    app.router.add_post(RELEASE_PATH, release_route)
     app[OWNER_KEY] = OwnerBook(time.monotonic)
     app.router.add_post(OWNER_PATH, owner_claim)
     app.router.add_get(OWNER_PATH, owner_read)

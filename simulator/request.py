@@ -68,7 +68,9 @@ class SimRequest:
     """One generation request. `all_token_ids` = prompt + outputs so far.
 
     `priority` and `arrival` order it under priority scheduling: (priority, arrival),
-    lowest first, as vLLM's `Request.__lt__`.
+    lowest first, as vLLM's `Request.__lt__`. `pin` is the KV pin its turn carries,
+    (session, ttl_sec), or None: when it finishes, the session pins its blocks
+    (`kvgate.wire.kv_pins`).
 
     Invariants: `num_computed_tokens <= num_tokens`; `block_hashes` covers exactly the full
     blocks of `all_token_ids`; `max_computed_tokens` is the high-water mark of computed
@@ -96,6 +98,7 @@ class SimRequest:
         "admitted_step",
         "num_cached_prompt_tokens",
         "prefix_stats_recorded",
+        "pin",
     )
 
     def __init__(
@@ -128,6 +131,7 @@ class SimRequest:
         self.admitted_step: int | None = None
         self.num_cached_prompt_tokens = 0  # prefix-cache hit at first admission
         self.prefix_stats_recorded = False
+        self.pin: tuple[str, float] | None = None
 
     @property
     def num_tokens(self) -> int:

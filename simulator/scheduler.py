@@ -20,8 +20,14 @@ priority, the newest among equals; vLLM's `max(running, key=(priority, arrival_t
 whose tokens already scheduled in the step are given back to the budget. In both,
 a waiting request that does not fit stops admission: it never preempts a running one.
 
-The same code runs in virtual time (the admission experiment) and in real time (the
-async engine behind the simulated replica). It does no I/O and reads no clock.
+KV pins (`kvgate.wire.kv_pins`): a step first ends the pins whose ttl passed by its
+`now`; a finished request whose turn carries a pin (`SimRequest.pin`) pins its session's
+blocks before its own references are dropped; the KV cache manager yields pins before
+it fails an allocation, so a pin never preempts a request nor keeps one waiting.
+
+The same code runs in virtual time (the admission experiment, the cluster simulation)
+and in real time (the async engine behind the simulated replica). It does no I/O and
+reads no clock: callers pass `now` (the engine's clock, seconds) to the steps.
 """
 
 from __future__ import annotations
@@ -178,9 +184,11 @@ class Scheduler:
             obligation_blocks=self.obligation_blocks(),
         )
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, now: float = 0.0) -> SchedulerOutput:
         config = self.config
         manager = self.kv_cache_manager
+        if manager.pins.num_pinned_sessions:
+            manager.expire_pins(now)
         output = SchedulerOutput(step=self.step_index)
         token_budget = config.max_num_batched_tokens
         scheduled = output.scheduled
@@ -267,9 +275,12 @@ class Scheduler:
         counters.shadow_decisions += output.shadow_decisions
         counters.shadow_disagreements += output.shadow_disagreements
 
-    def update_from_output(self, output: SchedulerOutput, next_token: Callable[[SimRequest], int]) -> list[SimRequest]:
+    def update_from_output(
+        self, output: SchedulerOutput, next_token: Callable[[SimRequest], int], now: float = 0.0
+    ) -> list[SimRequest]:
         """Sample one token for every scheduled request whose known tokens are all computed;
-        finish those that reached max_tokens. Requests aborted meanwhile are skipped."""
+        finish those that reached max_tokens (pinning their blocks when their turn carries a
+        pin, as of `now`). Requests aborted meanwhile are skipped."""
         finished = []
         for request, _ in output.scheduled:
             if request.status != RequestStatus.RUNNING or request.num_computed_tokens < request.num_tokens:
@@ -284,6 +295,8 @@ class Scheduler:
             done = set(id(request) for request in finished)
             self.running = [request for request in self.running if id(request) not in done]
             for request in finished:
+                if request.pin is not None:
+                    self.kv_cache_manager.pin_finished(request, *request.pin, now)
                 self.kv_cache_manager.free(request)
                 request.status = RequestStatus.FINISHED_LENGTH
                 request.finish_step = self.step_index

@@ -112,6 +112,7 @@ class SessionRequest(SimRequest):
         self.admitted_step = None
         self.num_cached_prompt_tokens = 0
         self.prefix_stats_recorded = False
+        self.pin = None
 
     @property
     def num_tokens(self) -> int:

@@ -17,6 +17,11 @@ the simulated replica runs); this module only moves them through time, as
 - `StepMeter` observes every step (jumped ones too), so the probe API's measured
   decode step, prefill throughput and prefill share are the simulated replica's.
 
+KV pins (`kvgate.wire.kv_pins`): a request whose `pin` is set pins its session's blocks
+when it finishes; pins end on `release_pins`, at their ttl (checked by every step and
+probe: a decode stretch allocates only free blocks, so a pin that expires inside one
+changes nothing before the stretch ends) or by yielding to a request that needs blocks.
+
 Invariant: the state any caller sees at virtual time t equals the per-step engine's
 state at t (tests/bench/test_cluster_sim.py runs whole clusters both ways).
 """
@@ -32,6 +37,7 @@ from kvgate.simulator.decode_jump import decode_context_tokens, jump_decode_step
 from kvgate.simulator.request import SimRequest
 from kvgate.simulator.scheduler import Scheduler, SchedulerOutput
 from kvgate.simulator.step_meter import StepMeter
+from kvgate.wire.kv_pins import ReleaseAnswer
 from kvgate.wire.probe_api import KvAnswer, PrefixAnswer
 
 MAX_JUMP_STEPS = 4096  # a stretch longer than this is taken in several jumps (bounds the plan's size)
@@ -132,7 +138,9 @@ class SimEngine:
         self.settle()
         scheduler, meter = self.scheduler, self.meter
         pool = scheduler.kv_cache_manager.block_pool
+        pins = scheduler.kv_cache_manager.pins
         now = self._loop.time()
+        scheduler.kv_cache_manager.expire_pins(now)  # pins end at their ttl, stepping or not
         key = (
             now,
             meter.observations,
@@ -140,6 +148,9 @@ class SimEngine:
             len(pool.cached_block_hash_to_block),
             len(scheduler.running),
             len(scheduler.waiting),
+            pins.num_pinned_blocks,
+            pins.num_pinned_sessions,
+            pins.num_yields,
         )
         if key != self._answer_key or self._answer is None:
             self._answer, self._answer_key = engine_kv_answer(scheduler, meter, now), key
@@ -148,7 +159,14 @@ class SimEngine:
     def prefix_answer(self, request: SimRequest) -> PrefixAnswer:
         """The prefix probe's answer for `request`'s prompt: no side effects."""
         self.settle()
-        return self.scheduler.kv_cache_manager.prefix_answer(request.block_hashes, request.num_prompt_tokens)
+        manager = self.scheduler.kv_cache_manager
+        manager.expire_pins(self._loop.time())
+        return manager.prefix_answer(request.block_hashes, request.num_prompt_tokens)
+
+    def release_pins(self, sessions: tuple[str, ...]) -> ReleaseAnswer:
+        """End the KV pins of `sessions` (the replica's `POST /v1/kvgate/release`)."""
+        self.settle()
+        return ReleaseAnswer(*self.scheduler.kv_cache_manager.release_pins(sessions))
 
     # ----------------------------------------------------------------- stepping
 
@@ -184,7 +202,7 @@ class SimEngine:
             self._schedule_step(now)
 
     def _schedule_step(self, began: float) -> None:
-        output = self.scheduler.schedule()
+        output = self.scheduler.schedule(began)
         seconds = self._seconds(output.num_prefill_tokens, output.num_decode_seqs, output.num_context_tokens)
         self._output, self._step_began, self._step_sec = output, began, seconds
         self._timer = self._loop.call_at(began + seconds, self._end_step)
@@ -199,7 +217,7 @@ class SimEngine:
         now = self._step_began + self._step_sec
         self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, self._step_sec, now)
         self.busy_sec += self._step_sec
-        finished = self.scheduler.update_from_output(output, self._next_token)
+        finished = self.scheduler.update_from_output(output, self._next_token, now)
         turns = self._turns
         step = self.scheduler.step_index - 1
         for request, _ in output.scheduled:

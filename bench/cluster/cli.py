@@ -80,6 +80,13 @@ def add_cluster_command(sim_subparsers) -> None:
     parser.add_argument("--sample-sec", type=float, default=None, help="timeline sampling interval (virtual s)")
     parser.add_argument("--num-blocks", type=int, default=None, help="KV blocks per replica (default: the regime's)")
     parser.add_argument("--time-scale", type=float, default=None, help="cost-model multiplier (default: the regime's)")
+    parser.add_argument(
+        "--pins",
+        choices=("auto", "off"),
+        default=None,
+        help="gate.pins: the gate pins the windows it admits for in the engines (auto), or not (off) "
+        "(default: the regime's, else auto)",
+    )
     parser.add_argument("--no-jump", action="store_true", help="step every engine step (the reference; slower)")
     parser.add_argument("--out", type=Path, default=Path("results/sim_cluster"), help="output folder")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -144,7 +151,7 @@ def build_config(args, replicas: int) -> ClusterConfig:
         engine=engine,
         cost_model=preset.cost_model,
         time_scale=preset.time_scale if args.time_scale is None else args.time_scale,
-        gate=preset.gate,
+        gate=preset.gate if args.pins is None else {**preset.gate, "pins": args.pins},
         send_finish=getattr(preset.workload, "send_finish", False),  # an agent trace announces no end
         events=tuple(events),
         token_scale=preset.token_scale,

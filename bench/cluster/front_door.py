@@ -9,7 +9,8 @@ a replica that left while the turn waited sends it elsewhere once
 in-flight count and the lease, given back when the engine finished, unserved when the
 replica failed under it; a served turn's usage (its prompt tokens and prefix-cache hit,
 what vLLM's answer reports) teaches the gate (`Lease.learn`); a finishing turn ends
-the session's windows. `direct` mode skips the gate and the balancer: session i runs on replica
+the session's windows. A lease with a KV pin (`gate/pins.py`) sends its request with it,
+as the proxy puts it in the body. `direct` mode skips the gate and the balancer: session i runs on replica
 i mod (replicas), as `kvgate bench agentic`'s direct mode does.
 
 The request body the gate sees (`TurnBody`) has the JSON size of the real turn's
@@ -35,6 +36,7 @@ from kvgate.proxy.turn_hold import UNGATED, Hold, TurnLease
 from kvgate.proxy.turn_route import Failure, Resend, after_failure, pinned_replica
 from kvgate.simulator.session_request import SessionRequest
 from kvgate.simulator.virtual_engine import EngineStopped, SimEngine
+from kvgate.wire.kv_pins import Pin, make_pin
 from kvgate.wire.probe_api import KvAnswer
 
 _CHUNKS = tuple("x" * (1 << k) for k in range(25))  # shared padding strings: a body costs no memory
@@ -80,6 +82,16 @@ class EngineProbe:
         if engine is None or engine.stopped or not isinstance(body, TurnBody):
             return None
         return prefix_reading(engine.prefix_answer(body.request))
+
+    def pin(self, session: str, ttl_sec: float) -> Pin:
+        """The KV pin a turn goes out with (the simulated replicas keep no replica key)."""
+        return make_pin(session, ttl_sec, None)
+
+    async def release_pins(self, sessions: tuple[str, ...]) -> None:
+        """`POST /v1/kvgate/release`, in-process."""
+        engine = self._engines.get(self._name)
+        if engine is not None and not engine.stopped:
+            engine.release_pins(sessions)
 
 
 @dataclass(slots=True)
@@ -155,6 +167,9 @@ class FrontDoor:
             return TurnOutcome(
                 False, lease, None if lease == "no_replica" else replica.name, None, 0.0, None, None, request
             )
+        pin = getattr(lease, "pin", None)  # the body's kv_transfer_params.kvgate_pin
+        if pin is not None:
+            request.pin = (pin.session, pin.ttl_sec)
         with Hold(replica, lease) as hold:
             turn = self.engines[replica.name].add(request)
             try:

@@ -44,7 +44,7 @@ def summarize(result: RunResult) -> dict:
     ok = [t for t in turns if t.ok]
     first = min((t.start_s for t in turns), default=0.0)
     makespan = result.end_s - first
-    queries = hits = generated = preemptions = recomputed = evictions = 0
+    queries = hits = generated = preemptions = recomputed = evictions = pin_yields = 0
     busy: dict[str, float] = {}
     for name, engine in result.engines.items():
         stats = engine.scheduler.kv_cache_manager.prefix_cache_stats
@@ -55,6 +55,7 @@ def summarize(result: RunResult) -> dict:
         preemptions += counters.num_preemptions
         recomputed += counters.num_recomputed_tokens
         evictions += engine.scheduler.kv_cache_manager.block_pool.num_evictions
+        pin_yields += engine.scheduler.kv_cache_manager.pins.num_yields
         busy[name] = engine.busy_sec
     prompt_tokens = sum(t.prompt_tokens for t in ok)
     ceiling_tokens = sum(t.ceiling_tokens for t in ok)
@@ -84,6 +85,7 @@ def summarize(result: RunResult) -> dict:
         "engine_preemptions": preemptions,
         "recomputed_tokens": recomputed,
         "evictions": evictions,
+        "pin_yields": pin_yields,  # KV pins the engines released to fit a request (gate.pins)
         "turn_latency_s": _stats([t.end_s - t.start_s for t in ok]),
         "ttft_s": _stats([t.ttft_s for t in ok if t.ttft_s is not None]),
         "session_completion_s": _stats(sessions),

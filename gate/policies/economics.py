@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvgate.gate.policies.pricing import estimated_prompt_tokens, free_budget, usable_blocks
+from kvgate.gate.policies.pricing import estimated_prompt_tokens, free_budget, usable_blocks, windows_pinned
 from kvgate.gate.policies.views import WorkingSetView
 from kvgate.gate.policies.vocabulary import Wait, WaitCause
 from kvgate.gate.readings import PrefixReading, UsageReading
@@ -123,7 +123,7 @@ def could_work_conserve(view: WorkingSetView, usage: UsageReading, own_blocks: i
 
 
 def evicted_window_blocks(
-    view: WorkingSetView, usage: UsageReading, prefix: PrefixReading, budget: int, usable: int
+    view: WorkingSetView, usage: UsageReading, prefix: PrefixReading, budget: int, usable: int, pinned: bool = False
 ) -> int:
     """Blocks of other sessions' windows that admitting this turn (without a window)
     pushes out of the cache, now or when they go idle.
@@ -133,13 +133,15 @@ def evicted_window_blocks(
     what `need` takes beyond the rest of the `usable` blocks comes out of theirs. In
     vLLM's view, what it takes beyond `budget` (the free blocks outside idle windows
     and headroom) comes out of idle windows' cached blocks now. The larger of the two,
-    at most the windows' blocks.
+    at most the windows' blocks. With the windows `pinned` (`windows_pinned`) the books'
+    count goes: an idle window's blocks leave only when the engine cannot fit a request
+    otherwise (its pin yields), which is vLLM's view.
     """
     block_size = usage.block_size or 1
     need = prefix.new_blocks + cdiv(view.max_output_tokens, block_size)
     windows = view.older_window_blocks
     spare = usable - windows
-    by_books = min(windows, need - max(0, spare))
+    by_books = 0 if pinned else min(windows, need - max(0, spare))
     by_engine = min(view.idle_window_blocks, need - max(0, budget))
     return max(0, by_books, by_engine)
 
@@ -170,7 +172,8 @@ def unprobed_work_conserving(view: WorkingSetView, usage: UsageReading, settings
     blocks = cdiv(tokens, usage.block_size)
     cold = PrefixReading(total_blocks=blocks, hit_blocks=0, hit_ratio=0.0, total_tokens=tokens)
     budget, usable = free_budget(view, usage, settings), usable_blocks(usage, settings)
-    at_risk = evicted_window_blocks(view, usage, cold, budget, usable) + blocks
+    pinned = windows_pinned(usage, settings)  # pinned windows: its own blocks count no more (working_set)
+    at_risk = evicted_window_blocks(view, usage, cold, budget, usable, pinned) + (0 if pinned else blocks)
     if view.prefix_probe_sec:  # (a copy only where the probe's wait adds something: this runs at every decision)
         view = replace(view, waited_sec=view.waited_sec + view.prefix_probe_sec)
     return work_conserving(view, usage, at_risk, settings) is None

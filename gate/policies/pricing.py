@@ -99,11 +99,22 @@ def usable_blocks(usage: UsageReading, settings: GateSettings) -> int:
     return usage.num_total_blocks - settings.headroom_blocks
 
 
+def windows_pinned(usage: UsageReading, settings: GateSettings) -> bool:
+    """The gate pins the windows it admits for on this replica (`gate.pins: auto` and the
+    replica keeps KV pins): an idle window's blocks stay resident unless a request the
+    engine could not otherwise fit needs them (gate/pins.py)."""
+    return settings.pins == "auto" and usage.keeps_pins
+
+
 def free_budget(view: WorkingSetView, usage: UsageReading, settings: GateSettings) -> int:
     """vLLM's free blocks a newcomer may take: outside other sessions' idle windows and
-    the headroom (may be negative)."""
+    the headroom (may be negative). On a replica that keeps KV pins, the pinned blocks
+    (the idle windows the gate pinned) are already outside vLLM's free blocks: only the
+    idle windows' footprints beyond them are taken off again."""
     assert usage.num_free_blocks is not None
-    return usage.num_free_blocks - view.idle_window_blocks - settings.headroom_blocks
+    pinned = usage.num_pinned_blocks or 0 if windows_pinned(usage, settings) else 0
+    idle_unpinned = max(0, view.idle_window_blocks - pinned)
+    return usage.num_free_blocks - idle_unpinned - settings.headroom_blocks
 
 
 def bounded_footprint(view: WorkingSetView, usage: UsageReading, settings: GateSettings) -> int | None:

@@ -68,6 +68,7 @@ from kvgate.gate.policies.pricing import (
     reprice_threshold,
     usable_blocks,
     window_footprint,
+    windows_pinned,
 )
 from kvgate.gate.policies.views import WorkingSetView
 from kvgate.gate.policies.vocabulary import (
@@ -192,6 +193,19 @@ def _decide(
     return _decide_read(view, usage, prefix, settings, behind, behind_why)
 
 
+def _at_risk(
+    view: WorkingSetView, usage: UsageReading, prefix: PrefixReading, settings: GateSettings, budget: int, usable: int
+) -> int:
+    """The blocks whose re-prefill admitting the turn without a window causes. Its own
+    prefix is unprotected: its next turn is expected to compute it again, so it counts
+    with the windows' blocks it pushes out. Where the windows are pinned, the engine
+    protects them and holding the turn protects nothing: only the pins its blocks would
+    make yield count (`evicted_window_blocks`)."""
+    pinned = windows_pinned(usage, settings)
+    own = 0 if pinned else prefix.total_blocks
+    return evicted_window_blocks(view, usage, prefix, budget, usable, pinned) + own
+
+
 def _decide_read(
     view: WorkingSetView,
     usage: UsageReading,
@@ -218,10 +232,7 @@ def _decide_read(
         return Admit(AdmissionReason.HOLDS_WINDOW, window=settings.retain_session, footprint=footprint)
     if not view.has_window and not behind and working_set <= usable and prefix.new_blocks <= budget:
         return Admit(AdmissionReason.WINDOW_FITS, window=settings.retain_session, footprint=footprint)
-    # Admitted without a window, its own prefix is unprotected: its next turn is expected
-    # to compute it again, so it counts with the windows' blocks it pushes out.
-    at_risk = evicted_window_blocks(view, usage, prefix, budget, usable) + prefix.total_blocks
-    held = work_conserving(view, usage, at_risk, settings)
+    held = work_conserving(view, usage, _at_risk(view, usage, prefix, settings, budget, usable), settings)
     if held is None:  # admitted without a window: the windows' books stay within usable
         return Admit(AdmissionReason.WORK_CONSERVING)
     if view.has_window:

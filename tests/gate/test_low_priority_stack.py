@@ -41,9 +41,9 @@ async def priority_stack(
     seen: list[int] = []
     add_request = replica.engine.add_request
 
-    def recording_add_request(prompt_token_ids, max_tokens, cache_salt=None, priority=0):
+    def recording_add_request(prompt_token_ids, max_tokens, cache_salt=None, priority=0, pin=None):
         seen.append(priority)
-        return add_request(prompt_token_ids, max_tokens, cache_salt, priority)
+        return add_request(prompt_token_ids, max_tokens, cache_salt, priority, pin)
 
     replica.engine.add_request = recording_add_request  # type: ignore[method-assign]  # records, then the real one
     gate = GateSettings(

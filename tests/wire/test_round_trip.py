@@ -51,9 +51,6 @@ from kvgate.wire.routes import PROMPT_KINDS
 BLOCK = 16
 
 
-# The pin fields, until the simulated replica's pins answer them (in progress on its
-# branch; its merge removes them here). The plugin's retention connector answers them.
-PINS_NOT_YET_SERVED = {"num_pinned_blocks", "num_pinned_sessions", "num_pin_yields"}
 # The CPU tier's figures: only a server with a CPU tier (vLLM's KV offloading) sets them;
 # the simulated replica below runs without one (the plugin's stand-in engine has one).
 CPU_TIER_FIELDS = {"num_cpu_blocks", "num_cpu_cached_blocks", "cpu_load_sec_per_block", "hit_blocks_cpu"}
@@ -197,7 +194,7 @@ async def test_the_simulated_replica_answers_every_field_of_every_message(replic
                 assert resp.status == 200, await resp.text()
         async with http.get(base + KV_PATH) as resp:
             kv = assert_round_trips(KvAnswer, await resp.json())
-        assert unset_fields(kv) - PINS_NOT_YET_SERVED - CPU_TIER_FIELDS == set()
+        assert unset_fields(kv) - CPU_TIER_FIELDS == set()
         assert kv.num_gpu_blocks == kv.num_total_blocks + 1 == 65
         assert (kv.max_model_len, kv.max_token_bytes) == (replica.engine.config.effective_max_model_len, 48)
 
