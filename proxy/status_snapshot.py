@@ -121,8 +121,9 @@ def usage_summary(reading) -> dict[str, Any] | None:
         "source": reading.source,
     }
     for f in dataclasses.fields(reading):
-        if f.name.startswith("num_") and any(word in f.name for word in _EXTRA_USAGE_WORDS):
-            out[f.name] = getattr(reading, f.name)
+        value = getattr(reading, f.name)
+        if value is not None and f.name.startswith("num_") and any(word in f.name for word in _EXTRA_USAGE_WORDS):
+            out[f.name] = value  # only what the replica reports: a null is a replica without the tier
     return out
 
 
