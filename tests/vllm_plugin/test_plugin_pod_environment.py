@@ -45,5 +45,10 @@ def test_the_plugin_loads_with_the_vllm_pods_environment(vllm_python: Path, tmp_
         [str(vllm_python), "-c", LOAD_THE_PLUGIN], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.splitlines()[-1]) == ["/v1/kvgate/kv", "/v1/kvgate/owner", "/v1/kvgate/prefix", "/v1/kvgate/release"]
+    assert json.loads(done.stdout.splitlines()[-1]) == [
+        "/v1/kvgate/kv",
+        "/v1/kvgate/owner",
+        "/v1/kvgate/prefix",
+        "/v1/kvgate/release",
+    ]
     assert OPEN_WARNING not in done.stdout + done.stderr  # the key file was read
