@@ -183,13 +183,13 @@ async def test_replica_gate_readiness_follows_its_vllm(tiers, http):
 async def test_conflict_is_detected_and_the_late_gate_shadows(http):
     """Two standalone kvgates enforcing on the same replicas: the naive layout."""
     base = await start_single(
-        1, gate={"idle_grace_sec": 30}, extra={"ownership": {"ttl_sec": 0.6, "gate_id": "early"}}, time_scale=0.0
+        1, gate={"idle_grace_sec": 30}, extra={"ownership": {"ttl_sec": 3.0, "gate_id": "early"}}, time_scale=0.0
     )
     replica = base.replicas[0]
     early = base.front_doors[0]
     late = await start_in_process(
         "late",
-        {"replicas": [{"name": replica.name, "url": replica.url}], "ownership": {"ttl_sec": 0.6, "gate_id": "late"}},
+        {"replicas": [{"name": replica.name, "url": replica.url}], "ownership": {"ttl_sec": 3.0, "gate_id": "late"}},
     )
     try:
         # at start: the late gate knows, says so in the metric and /ready, and only shadows

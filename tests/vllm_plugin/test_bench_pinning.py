@@ -83,10 +83,11 @@ def test_a_pinned_run_keeps_the_engine_and_the_frontend_on_their_own_cpus(vllm_p
         "2",
         "--concurrency",
         "2",
+        # each mode's kvgate lives long enough (seconds) for the 0.25 s sampling to see it
         "--turns-min",
-        "1",
+        "4",
         "--turns-max",
-        "2",
+        "5",
     ]
     seen: dict[tuple[str, int], set[int]] = {}
     with open(log, "wb") as out:
