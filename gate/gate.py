@@ -70,7 +70,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from prometheus_client import Counter, Histogram
+from prometheus_client import Histogram
 
 from kvgate.gate.book import SessionBook, SessionRecord, WindowEnd
 from kvgate.gate.errors import AdmissionError, AdmissionSuperseded, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
@@ -276,8 +276,6 @@ class Gate:
         self._attempts: dict[Attempt, None] = {}
         self._closed: AdmissionError | None = None
         self._metrics = metrics
-        self._admissions: dict[str, Counter] = {}
-        self._wait_hist = metrics.admission_wait.labels(name)
         self._waiters_gauge = metrics.waiters.labels(name)
         # The window gauges read the book when scraped: no gauge (and its lock) on a turn's path.
         self._window_gauges = (metrics.windows.labels(name, "in_flight"), metrics.windows.labels(name, "idle"))
@@ -581,11 +579,8 @@ class Gate:
         return Lease(self, None, AdmissionReason.OPEN.value, 0.0)
 
     def _count_admission(self, label: str, wait: float) -> None:
-        counter = self._admissions.get(label)
-        if counter is None:
-            counter = self._admissions[label] = self._metrics.admissions.labels(self.name, label)
-        counter.inc()
-        self._wait_hist.observe(wait)
+        """One observation per admission (`kvgate_admissions_total` and the wait histogram by
+        replica are summed from it when scraped: `metrics.AdmissionTotals`)."""
         reason_wait = self._reason_waits.get(label)
         if reason_wait is None:
             reason_wait = self._reason_waits[label] = self._reason_wait_metric.labels(self.name, label)

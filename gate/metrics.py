@@ -11,7 +11,12 @@ a session id: session ids are unbounded and would explode the series count.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 PROBE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -27,16 +32,18 @@ class GateMetrics:
         self._register_dashboard(registry)
 
     def _register_admission(self, r: CollectorRegistry) -> None:
-        self.admissions = Counter(
-            "kvgate_admissions", "Gate admissions by replica and reason.", ["replica", "reason"], registry=r
-        )
-        self.admission_wait = Histogram(
-            "kvgate_admission_wait_seconds",
-            "Time a request was held at the gate.",
-            ["replica"],
+        # One observation per admission: kvgate_admission_reason_wait_seconds. The
+        # admissions counter and the wait histogram by replica are its sums, taken when
+        # scraped (`AdmissionTotals`), not written again on every turn's path.
+        self.admission_reason_wait = Histogram(
+            "kvgate_admission_reason_wait_seconds",
+            "Time a request was held at the gate, by admission reason.",
+            ["replica", "reason"],
             buckets=WAIT_BUCKETS,
             registry=r,
         )
+        self.admissions = AdmissionTotals(self.admission_reason_wait)
+        r.register(self.admissions)
         self.waiters = Gauge(
             "kvgate_waiters", "Turns waiting at the gate (named and anonymous).", ["replica"], registry=r
         )
@@ -95,13 +102,6 @@ class GateMetrics:
 
     def _register_dashboard(self, r: CollectorRegistry) -> None:
         # for the operator's dashboard and alerts (docs/observability.md)
-        self.admission_reason_wait = Histogram(
-            "kvgate_admission_reason_wait_seconds",
-            "Time a request was held at the gate, by admission reason.",
-            ["replica", "reason"],
-            buckets=WAIT_BUCKETS,
-            registry=r,
-        )
         self.oldest_waiter_seconds = Gauge(
             "kvgate_oldest_waiter_seconds",
             "How long the oldest request waiting at the gate has waited (0: none).",
@@ -122,3 +122,50 @@ class GateMetrics:
             ["replica"],
             registry=r,
         )
+
+
+class AdmissionTotals(Collector):
+    """`kvgate_admissions_total` (by replica and reason) and `kvgate_admission_wait_seconds`
+    (by replica), summed from `kvgate_admission_reason_wait_seconds` when scraped: every
+    admission is observed there once, with its reason and wait, so these two hold nothing
+    of their own and cost a turn nothing."""
+
+    def __init__(self, by_reason: Histogram) -> None:
+        self._by_reason = by_reason
+
+    def describe(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("kvgate_admissions", "Gate admissions by replica and reason.", labels=[])
+        yield HistogramMetricFamily("kvgate_admission_wait_seconds", "Time a request was held at the gate.", labels=[])
+
+    def collect(self) -> Iterator[Metric]:
+        admissions = CounterMetricFamily(
+            "kvgate_admissions", "Gate admissions by replica and reason.", labels=["replica", "reason"]
+        )
+        buckets: dict[str, dict[str, float]] = {}  # replica -> le -> admissions waiting at most le
+        sums: dict[str, float] = {}
+        counts: dict[tuple[str, str], float] = {}
+        created: dict[tuple[str, str], float] = {}
+        for metric in self._by_reason.collect():
+            for sample in metric.samples:
+                replica, reason = sample.labels["replica"], sample.labels["reason"]
+                if sample.name.endswith("_bucket"):
+                    per_le = buckets.setdefault(replica, {})
+                    per_le[sample.labels["le"]] = per_le.get(sample.labels["le"], 0.0) + sample.value
+                elif sample.name.endswith("_sum"):
+                    sums[replica] = sums.get(replica, 0.0) + sample.value
+                elif sample.name.endswith("_count"):
+                    counts[replica, reason] = sample.value
+                elif sample.name.endswith("_created"):
+                    created[replica, reason] = sample.value
+        for (replica, reason), count in counts.items():
+            admissions.add_metric([replica, reason], count, created=created.get((replica, reason)))
+        yield admissions
+        wait = HistogramMetricFamily(
+            "kvgate_admission_wait_seconds", "Time a request was held at the gate.", labels=["replica"]
+        )
+        for replica, per_le in buckets.items():
+            wait.add_metric([replica], list(per_le.items()), sums.get(replica, 0.0))
+            first = min((at for (r, _), at in created.items() if r == replica), default=None)
+            if first is not None:
+                wait.samples.append(Sample(f"{wait.name}_created", {"replica": replica}, first))
+        yield wait

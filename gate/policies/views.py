@@ -3,6 +3,10 @@
 The shell offers every fact it knows about the deciding turn as a `GateFacts` (each
 computed when read); a policy's view type reads the ones that policy decides on
 (`Policy.view`), so a policy is handed nothing it does not read.
+
+Views are values a policy only reads, one or two built on every turn's path: plain
+slotted dataclasses, not frozen ones, whose constructor sets each field through
+`object.__setattr__` and costs several times more.
 """
 
 from __future__ import annotations
@@ -106,7 +110,7 @@ class GateFacts(Protocol):
     def priority_field(self) -> bool: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WatermarkView:
     """What the watermark policy reads: whether the turn is anonymous and whether its
     session holds a window (`GateFacts` says what each means)."""
@@ -119,7 +123,7 @@ class WatermarkView:
         return cls(anonymous=facts.anonymous, has_window=facts.has_window)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WorkingSetView:
     """What the working_set policy reads (`GateFacts` says what each field means).
 
