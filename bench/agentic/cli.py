@@ -38,6 +38,7 @@ from kvgate.bench.agentic.runner import MODES, RENAMED_MODES, RunPlan, model_nam
 from kvgate.bench.agentic.sweep import DEFAULT_GRID, SWEPT_SETTINGS, best_point, format_sweep, grid_points, parse_values
 from kvgate.bench.agentic.topologies import TOPOLOGY_MODES
 from kvgate.bench.agentic.workload import Workload, generate_workload, workload_from_trace
+from kvgate.bench.gate_options import add_gate_options, gate_overrides
 from kvgate.simulator.agent_trace import AgentTraceSpec, generate_trace
 from kvgate.simulator.cost_presets import COST_PRESETS
 
@@ -77,22 +78,6 @@ _SHAPE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "max_model_len": (int, "longest prompt + reply"),
     "time_scale": (float, "multiplies the cost model's step times (0 = as fast as possible)"),
     "prefill_token_s": (float, "cost model: seconds per prompt token computed (default: the replica's)"),
-}
-_GATE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
-    "high_watermark": (float, "KV usage at or above which the gate checks prefixes"),
-    "hit_threshold": (float, "prefix hit ratio that admits a session under pressure"),
-    "idle_grace_sec": (float, "how long a session keeps its window between turns"),
-    "wait_poll_sec": (float, "re-evaluation interval of a waiting turn"),
-    "headroom_blocks": (int, "working_set policy: blocks kept free"),
-    "max_wait_sec": (float, "0: wait as long as needed; >0: then 503"),
-    "quiet_factor": (float, "an idle window ends after this many times its session's usual gap"),
-    "quiet_floor_sec": (float, "... but never sooner than this (idle_grace_sec is the ceiling)"),
-    "wait_cap_factor": (float, "working_set: a held turn goes in once it waited this x its session's turn time"),
-    "held_priority": (int, "working_set: forward a held turn at this vLLM priority (replicas schedule by priority)"),
-    "work_conserving": (
-        lambda v: {"yes": True, "no": False}[v],
-        "yes|no: working_set policy admits a held turn when holding costs more than the re-prefill it causes",
-    ),
 }
 
 
@@ -206,18 +191,9 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
             help=text,
             metavar="N" if kind is int else "X",
         )
-    gate = parser.add_argument_group(
-        "gate settings for the kvgate modes (overrides the regime; docs/reference.md, Configuration)"
+    add_gate_options(
+        parser, "gate settings for the kvgate modes (overrides the regime; docs/reference.md, Configuration)"
     )
-    for name, (kind, text) in _GATE_OPTIONS.items():
-        gate.add_argument(
-            "--" + name.replace("_", "-"),
-            type=kind,
-            default=None,
-            dest="g_" + name,
-            help=text,
-            metavar="N" if kind is int else "X",
-        )
     sweep = parser.add_argument_group("sweep")
     sweep.add_argument(
         "--sweep",
@@ -289,7 +265,7 @@ def build_plan(args) -> tuple[RunPlan, str]:
     if preset is not None:
         shape = preset_shape(preset, token_scale, shape.time_scale, regime.kv_fraction)
     shape = replace(shape, **_overrides(args, "r_", _SHAPE_OPTIONS))
-    settings = {**regime.gate, **_overrides(args, "g_", _GATE_OPTIONS)}
+    settings = {**regime.gate, **gate_overrides(args)}
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     renamed = [f"{m!r} is now {RENAMED_MODES[m]!r}" for m in modes if m in RENAMED_MODES]
     if renamed:

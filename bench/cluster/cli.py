@@ -31,6 +31,7 @@ from kvgate.bench.cluster.presets import CLUSTER_PRESETS, ClusterPreset
 from kvgate.bench.cluster.report import format_sweep, format_table, summarize
 from kvgate.bench.cluster.run import ClusterConfig, RunResult, parse_event, policy_names, run_policy
 from kvgate.bench.cluster.workload import AgentSessions, sessions_of, sessions_of_trace
+from kvgate.bench.gate_options import add_gate_options, gate_overrides
 from kvgate.simulator.agent_trace import AgentTraceSpec, generate_trace
 from kvgate.simulator.config import ConfigError, CostModel, EngineConfig
 
@@ -97,6 +98,9 @@ def add_cluster_command(sim_subparsers) -> None:
         help="runs (policies x replica counts) at once, in separate processes; the outputs do not depend "
         "on it (default: the CPUs, at most the runs)",
     )
+    add_gate_options(
+        parser, "gate settings of the gate policies' runs (override the regime's; docs/reference.md, Configuration)"
+    )
     parser.set_defaults(func=run_cluster_command)
 
 
@@ -151,7 +155,7 @@ def build_config(args, replicas: int) -> ClusterConfig:
         engine=engine,
         cost_model=preset.cost_model,
         time_scale=preset.time_scale if args.time_scale is None else args.time_scale,
-        gate=preset.gate if args.pins is None else {**preset.gate, "pins": args.pins},
+        gate={**preset.gate, **({} if args.pins is None else {"pins": args.pins}), **gate_overrides(args)},
         send_finish=getattr(preset.workload, "send_finish", False),  # an agent trace announces no end
         events=tuple(events),
         token_scale=preset.token_scale,

@@ -145,3 +145,11 @@ def test_every_served_turn_teaches_the_gate_its_usage_as_behind_the_proxy(policy
         return
     assert sorted(learned) == sorted((turn.prompt_tokens, turn.hit_tokens) for turn in served)
     assert any(cached for _, cached in learned), "later turns of a session hit their prefix"
+
+
+def test_gate_settings_on_the_command_line_reach_the_gate_policies_runs(tmp_path):
+    """`--wait-cap-factor 0 --quiet-factor 9` override the regime's gate settings, as
+    `kvgate bench agentic` takes them; the report says what the gates ran with."""
+    report = _run(tmp_path, *SMALL_FLEET, "--policies", "working_set", "--wait-cap-factor", "0", "--quiet-factor", "9")
+    assert report["config"]["gate"]["wait_cap_factor"] == 0.0
+    assert report["config"]["gate"]["quiet_factor"] == 9.0

@@ -1,0 +1,44 @@
+"""The gate settings a benchmark run may override on its command line (`kvgate bench
+agentic`, `kvgate sim cluster`): each `GateSettings` field a flag of the same name."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+GATE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "high_watermark": (float, "KV usage at or above which the gate checks prefixes"),
+    "hit_threshold": (float, "prefix hit ratio that admits a session under pressure"),
+    "idle_grace_sec": (float, "how long a session keeps its window between turns"),
+    "wait_poll_sec": (float, "re-evaluation interval of a waiting turn"),
+    "headroom_blocks": (int, "working_set policy: blocks kept free"),
+    "max_wait_sec": (float, "0: wait as long as needed; >0: then 503"),
+    "quiet_factor": (float, "an idle window ends after this many times its session's usual gap"),
+    "quiet_floor_sec": (float, "... but never sooner than this (idle_grace_sec is the ceiling)"),
+    "wait_cap_factor": (float, "working_set: a held turn goes in once it waited this x its session's turn time"),
+    "held_priority": (int, "working_set: forward a held turn at this vLLM priority (replicas schedule by priority)"),
+    "work_conserving": (
+        lambda v: {"yes": True, "no": False}[v],
+        "yes|no: working_set policy admits a held turn when holding costs more than the re-prefill it causes",
+    ),
+}
+
+
+def add_gate_options(parser: argparse.ArgumentParser, title: str) -> None:
+    """One flag per `GATE_OPTIONS` entry (`--wait-cap-factor X`), in a group titled `title`."""
+    group = parser.add_argument_group(title)
+    for name, (kind, text) in GATE_OPTIONS.items():
+        group.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind,
+            default=None,
+            dest="g_" + name,
+            help=text,
+            metavar="N" if kind is int else "X",
+        )
+
+
+def gate_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The gate settings the command line sets (`add_gate_options`' flags that were given)."""
+    return {name: getattr(args, "g_" + name) for name in GATE_OPTIONS if getattr(args, "g_" + name) is not None}
