@@ -21,7 +21,7 @@ from collections.abc import Callable
 from importlib import resources
 
 import orjson
-from prometheus_client import Counter
+from prometheus_client.registry import Collector
 
 from kvgate.proxy.errors import JSON_CONTENT_TYPE, send_error
 from kvgate.proxy.http_server import HttpRequest, Responder
@@ -64,7 +64,7 @@ class StatusPage:
     def __init__(
         self,
         sources: Callable[[], StatusSources],
-        admissions: Counter,
+        admissions: Collector,
         interval_sec: float = HISTORY_INTERVAL_SEC,
     ) -> None:
         self._sources = sources

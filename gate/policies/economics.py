@@ -172,8 +172,8 @@ def unprobed_work_conserving(view: WorkingSetView, usage: UsageReading, settings
     blocks = cdiv(tokens, usage.block_size)
     cold = PrefixReading(total_blocks=blocks, hit_blocks=0, hit_ratio=0.0, total_tokens=tokens)
     budget, usable = free_budget(view, usage, settings), usable_blocks(usage, settings)
-    pinned = windows_pinned(usage, settings)  # pinned windows: its own blocks count no more (working_set)
-    at_risk = evicted_window_blocks(view, usage, cold, budget, usable, pinned) + (0 if pinned else blocks)
+    pinned = windows_pinned(usage, settings)  # pinned windows: only the pins it makes yield (working_set)
+    at_risk = evicted_window_blocks(view, usage, cold, budget, usable, pinned) + blocks
     if view.prefix_probe_sec:  # (a copy only where the probe's wait adds something: this runs at every decision)
         view = replace(view, waited_sec=view.waited_sec + view.prefix_probe_sec)
     return work_conserving(view, usage, at_risk, settings) is None

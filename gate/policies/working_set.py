@@ -196,14 +196,13 @@ def _decide(
 def _at_risk(
     view: WorkingSetView, usage: UsageReading, prefix: PrefixReading, settings: GateSettings, budget: int, usable: int
 ) -> int:
-    """The blocks whose re-prefill admitting the turn without a window causes. Its own
-    prefix is unprotected: its next turn is expected to compute it again, so it counts
-    with the windows' blocks it pushes out. Where the windows are pinned, the engine
-    protects them and holding the turn protects nothing: only the pins its blocks would
-    make yield count (`evicted_window_blocks`)."""
+    """The blocks whose re-prefill admitting the turn without a window causes: the
+    windows' blocks it pushes out (`evicted_window_blocks`; where the windows are pinned,
+    only the pins its blocks would make yield), plus its own prefix, pinned windows or
+    not: admitted without a window, its blocks are the first the engine evicts, so its
+    next turn is expected to compute them again, where waiting for a window keeps them."""
     pinned = windows_pinned(usage, settings)
-    own = 0 if pinned else prefix.total_blocks
-    return evicted_window_blocks(view, usage, prefix, budget, usable, pinned) + own
+    return evicted_window_blocks(view, usage, prefix, budget, usable, pinned) + prefix.total_blocks
 
 
 def _decide_read(

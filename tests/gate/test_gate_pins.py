@@ -148,13 +148,15 @@ def test_pinned_blocks_are_not_taken_off_vllms_free_blocks_twice():
     assert free_budget(view, replace(pinned, num_pinned_blocks=40), gate_settings) == 50 - 0 - 5
 
 
-def test_with_pinned_windows_a_turn_is_held_only_for_the_pins_it_would_make_yield():
+def test_with_pinned_windows_a_turn_is_held_for_the_pins_it_would_make_yield_and_its_own_prefix():
     """The prefill-bound case of test_work_conserving: 160 new blocks behind 500 blocks of
     windows on 512, a prefill-bound engine. Unpinned, the windows' 149 blocks and its own
-    160 count: held. Pinned, the windows are the engine's to keep: 100 free blocks, and
-    nothing in idle windows, so no pin yields and its own blocks count no more: admitted.
-    With 60 blocks pinned in idle windows and 100 free, what it takes beyond the free
-    blocks comes out of them (the books' count still goes)."""
+    160 count: held. Pinned, the windows are the engine's to keep (100 free blocks,
+    nothing in idle windows: no pin yields), but its own 160 blocks still count: admitted
+    without a window, they are the first the engine evicts, so it is held all the same.
+    A short prompt whose own re-prefill costs less than the decode slack goes in; with 60
+    blocks pinned in idle windows and 100 free, what a turn takes beyond the free blocks
+    comes out of them (the books' count still goes)."""
     prompt = PrefixReading(total_blocks=160, hit_blocks=0, hit_ratio=0.0, total_tokens=2560)
     view = WorkingSetView(older_window_blocks=500, idle_window_blocks=0, max_output_tokens=8, last_prompt_tokens=2400)
     unpinned = UsageReading(0.9, 512, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.1, prefill_share=0.8)
@@ -162,7 +164,13 @@ def test_with_pinned_windows_a_turn_is_held_only_for_the_pins_it_would_make_yiel
     gate_settings = GateSettings(wait_cap_factor=0.0)
     assert isinstance(working_set_decide(view, unpinned, prompt, gate_settings), Wait)
     assert isinstance(working_set_decide(view, pinned, prompt, replace(gate_settings, pins="off")), Wait)
-    assert working_set_decide(view, pinned, prompt, gate_settings) == Admit(AdmissionReason.WORK_CONSERVING)
+    assert isinstance(working_set_decide(view, pinned, prompt, gate_settings), Wait)
+    # 2 blocks of its own (32 tokens: 2 ms to prefill) against 8 output tokens of 0.1 s
+    # at a slack of 0.2, halved (80 ms): admitted without a window (the windows fill the
+    # books: no window fits it)
+    short = PrefixReading(total_blocks=2, hit_blocks=0, hit_ratio=0.0, total_tokens=32)
+    full = replace(view, older_window_blocks=512)
+    assert working_set_decide(full, pinned, short, gate_settings) == Admit(AdmissionReason.WORK_CONSERVING)
     idle = replace(view, idle_window_blocks=60)
     assert evicted_window_blocks(idle, pinned, prompt, 100, 512, pinned=True) == 60
     assert evicted_window_blocks(idle, pinned, prompt, 100, 512, pinned=False) == 149
