@@ -219,7 +219,8 @@ class AsyncEngine:
             delay = step_seconds * self.time_scale - (loop.time() - started)
             await asyncio.sleep(delay if delay > 0 else 0)
             ended = loop.time()
-            self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, ended - started, ended)
+            load = self.cost_model.cpu_load_block_s * output.num_loaded_blocks * self.time_scale
+            self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, ended - started, ended, load)
             finished = scheduler.update_from_output(output, _next_token, ended)
             handles = self._handles
             for request, _ in output.scheduled:

@@ -219,7 +219,8 @@ class SimEngine:
         output, self._output = self._output, None
         assert output is not None
         now = self._step_began + self._step_sec
-        self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, self._step_sec, now)
+        load = self.cost_model.cpu_load_block_s * output.num_loaded_blocks * self.time_scale
+        self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, self._step_sec, now, load)
         self.busy_sec += self._step_sec
         finished = self.scheduler.update_from_output(output, self._next_token, now)
         turns = self._turns

@@ -137,7 +137,7 @@ class ChunkLru:
 
 
 class StandInEngine:
-    """A vLLM engine with offloading on, as `tests/cpu_tier_sequence.TierEngine`: a GPU prefix
+    """A vLLM engine with offloading on, as a `TierEngine` (tests/cpu_tier_sequence.py): a GPU prefix
     cache (LRU, a finished prompt freed tail first), `ChunkLru` behind the offloading
     scheduler, and probe answers made by the plugin's arithmetic (`cpu_tier`)."""
 
