@@ -64,15 +64,6 @@ def engine_kv_answer(
     pool = scheduler.kv_cache_manager.block_pool
     pins = scheduler.kv_cache_manager.pins
     tier = scheduler.kv_cache_manager.cpu_tier
-    cpu = (
-        {}
-        if tier is None
-        else {
-            "num_cpu_blocks": tier.capacity,
-            "num_cpu_cached_blocks": tier.num_held,
-            "cpu_load_sec_per_block": cpu_load_sec_per_block or None,
-        }
-    )
     measured = meter.reading(now)
     rate = measured["prefill_tokens_per_sec"]
     return KvAnswer.of_engine(
@@ -85,7 +76,9 @@ def engine_kv_answer(
         num_pinned_blocks=pins.num_pinned_blocks,
         num_pinned_sessions=pins.num_pinned_sessions,
         num_pin_yields=pins.num_yields,
-        **cpu,
+        num_cpu_blocks=None if tier is None else tier.capacity,
+        num_cpu_cached_blocks=None if tier is None else tier.num_held,
+        cpu_load_sec_per_block=None if tier is None else cpu_load_sec_per_block or None,
         **measured,
         token_sec=1.0 / rate if rate else None,  # the meter's prefill cost per token
     )
