@@ -56,6 +56,10 @@ class UsageReading:
     # free, so outside `num_free_blocks`) and the sessions holding one.
     num_pinned_blocks: int | None = None
     num_pinned_sessions: int | None = None
+    # The CPU tier (vLLM's KV offloading; None: the server has none): its capacity in
+    # blocks and the seconds to load one block back into GPU memory.
+    num_cpu_blocks: int | None = None
+    cpu_load_sec_per_block: float | None = None
 
     @property
     def keeps_pins(self) -> bool:
@@ -76,13 +80,16 @@ class UsageReading:
 class PrefixReading:
     """How much of one prompt is resident in a replica's prefix cache.
 
-    Invariants: 0 <= hit_blocks <= total_blocks; 0 <= hit_ratio <= 1.
+    Invariants: 0 <= hit_blocks <= total_blocks; 0 <= hit_ratio <= 1;
+    hit_blocks + hit_blocks_cpu <= total_blocks. `hit_blocks_cpu`: the blocks right after
+    the GPU hit that the replica's CPU tier holds (0 without one): a load, not a prefill.
     """
 
     total_blocks: int
     hit_blocks: int
     hit_ratio: float
     total_tokens: int = 0
+    hit_blocks_cpu: int = 0
 
     @property
     def new_blocks(self) -> int:
@@ -109,12 +116,16 @@ def usage_reading(answer: KvAnswer) -> UsageReading:
         answer.scheduling_policy,
         answer.num_pinned_blocks,
         answer.num_pinned_sessions,
+        answer.num_cpu_blocks,
+        answer.cpu_load_sec_per_block,
     )
 
 
 def prefix_reading(answer: PrefixAnswer) -> PrefixReading:
     """The reading a prefix probe answer gives (the whole server's: its engine with the fewest hits)."""
-    return PrefixReading(answer.total_blocks, answer.hit_blocks, answer.hit_ratio, answer.total_tokens or 0)
+    return PrefixReading(
+        answer.total_blocks, answer.hit_blocks, answer.hit_ratio, answer.total_tokens or 0, answer.hit_blocks_cpu or 0
+    )
 
 
 def parse_kv_answer(doc: object) -> UsageReading:

@@ -54,12 +54,16 @@ def _next_token(request: SimRequest) -> int:
     return output_token(request.num_tokens)
 
 
-def engine_kv_answer(scheduler: Scheduler, meter: StepMeter, now: float | None = None) -> KvAnswer:
+def engine_kv_answer(
+    scheduler: Scheduler, meter: StepMeter, now: float | None = None, cpu_load_sec_per_block: float | None = None
+) -> KvAnswer:
     """An engine's KV usage as the probe API answers it, its measurements as of `now` (the
     engine's clock). The pool counts usable blocks; vLLM's `num_gpu_blocks` has one more, its
-    null block, and so does this answer."""
+    null block, and so does this answer. With a CPU tier, its capacity, the blocks it holds
+    and `cpu_load_sec_per_block` (the engine's seconds to load one) fill the plugin's fields."""
     pool = scheduler.kv_cache_manager.block_pool
     pins = scheduler.kv_cache_manager.pins
+    tier = scheduler.kv_cache_manager.cpu_tier
     measured = meter.reading(now)
     rate = measured["prefill_tokens_per_sec"]
     return KvAnswer.of_engine(
@@ -72,6 +76,9 @@ def engine_kv_answer(scheduler: Scheduler, meter: StepMeter, now: float | None =
         num_pinned_blocks=pins.num_pinned_blocks,
         num_pinned_sessions=pins.num_pinned_sessions,
         num_pin_yields=pins.num_yields,
+        num_cpu_blocks=None if tier is None else tier.capacity,
+        num_cpu_cached_blocks=None if tier is None else tier.num_held,
+        cpu_load_sec_per_block=None if tier is None else cpu_load_sec_per_block or None,
         **measured,
         token_sec=1.0 / rate if rate else None,  # the meter's prefill cost per token
     )
@@ -164,7 +171,7 @@ class AsyncEngine:
     def kv_answer(self) -> KvAnswer:
         now = asyncio.get_running_loop().time()
         self.scheduler.kv_cache_manager.expire_pins(now)  # pins end at their ttl, stepping or not
-        return engine_kv_answer(self.scheduler, self.meter, now)
+        return engine_kv_answer(self.scheduler, self.meter, now, self.cost_model.cpu_load_block_s * self.time_scale)
 
     def prefix_answer(self, token_ids: list[int], cache_salt: str | None = None) -> PrefixAnswer:
         self.scheduler.kv_cache_manager.expire_pins(asyncio.get_running_loop().time())
@@ -200,12 +207,13 @@ class AsyncEngine:
             started = loop.time()
             output = scheduler.schedule(started)
             step_seconds = self.cost_model.step_seconds(
-                output.num_prefill_tokens, output.num_decode_seqs, output.num_context_tokens
+                output.num_prefill_tokens, output.num_decode_seqs, output.num_context_tokens, output.num_loaded_blocks
             )
             delay = step_seconds * self.time_scale - (loop.time() - started)
             await asyncio.sleep(delay if delay > 0 else 0)
             ended = loop.time()
-            self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, ended - started, ended)
+            load = self.cost_model.cpu_load_block_s * output.num_loaded_blocks * self.time_scale
+            self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, ended - started, ended, load)
             finished = scheduler.update_from_output(output, _next_token, ended)
             handles = self._handles
             for request, _ in output.scheduled:

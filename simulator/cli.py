@@ -10,7 +10,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvgate.simulator.config import ConfigError, CostModel, EngineConfig
+from kvgate.simulator.config import ConfigError, CostModel, EngineConfig, cpu_blocks_of, cpu_load_block_seconds
+from kvgate.simulator.cost_presets import PCIE_GEN5_GBPS
 from kvgate.simulator.reply_model import REPLY_LENGTHS, ReplyModel
 from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, SCHEDULING_POLICIES
 
@@ -99,8 +100,32 @@ def _add_replica_command(subparsers) -> None:
         default=costs.context_token_s,
         help=f"cost model: seconds per context token read by attention (default {costs.context_token_s})",
     )
+    _add_cpu_tier_options(parser)
     _add_reply_options(parser, ReplyModel())
     parser.set_defaults(func=run_replica)
+
+
+def _add_cpu_tier_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kv-offloading-size",
+        type=float,
+        default=0.0,
+        help="vLLM's --kv-offloading-size: a CPU tier of this many GiB of KV (vLLM's native offloading: "
+        "blocks stored as they are computed, LRU, loaded back instead of recomputed); 0 = none (default 0)",
+    )
+    parser.add_argument(
+        "--kv-bytes-per-token",
+        type=int,
+        default=128 * 1024,
+        help="KV bytes of one token, to size the CPU tier and price a load (default 131072: an 8B model; "
+        "327680 for a 70B)",
+    )
+    parser.add_argument(
+        "--cpu-load-gbps",
+        type=float,
+        default=PCIE_GEN5_GBPS,
+        help=f"host-to-device GB/s of a CPU-tier load (default {PCIE_GEN5_GBPS:g}: PCIe Gen5 x16)",
+    )
 
 
 def _add_reply_options(parser: argparse.ArgumentParser, defaults: ReplyModel) -> None:
@@ -164,9 +189,14 @@ def run_replica(args: argparse.Namespace) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=args.max_model_len,
             scheduling_policy=args.scheduling_policy,
+            cpu_blocks=cpu_blocks_of(args.kv_offloading_size, args.kv_bytes_per_token, args.block_size),
         ).validate()
         cost_model = CostModel(
-            args.step_overhead_s, args.prefill_token_s, args.decode_seq_s, args.context_token_s
+            args.step_overhead_s,
+            args.prefill_token_s,
+            args.decode_seq_s,
+            args.context_token_s,
+            cpu_load_block_seconds(args.kv_bytes_per_token, args.block_size, args.cpu_load_gbps),
         ).validate()
         reply_model = reply_model_of(args)
         if args.time_scale < 0:
@@ -211,7 +241,7 @@ async def _serve_replica(
         f"kvgate replica {args.name}: simulated vLLM serving '{args.model_name}' on {replica.url} "
         f"(num_blocks={config.num_blocks}, block_size={config.block_size}, max_num_seqs={config.max_num_seqs}, "
         f"max_num_batched_tokens={config.max_num_batched_tokens}, max_model_len={config.effective_max_model_len}, "
-        f"time_scale={args.time_scale}, scheduling_policy={config.scheduling_policy}, "
+        f"time_scale={args.time_scale}, scheduling_policy={config.scheduling_policy}, cpu_blocks={config.cpu_blocks}, "
         f"reply_lengths={args.reply_lengths})",
         flush=True,
     )
@@ -234,6 +264,7 @@ def vars_of(config: EngineConfig) -> dict:
         "max_num_batched_tokens": config.max_num_batched_tokens,
         "max_model_len": config.max_model_len,
         "scheduling_policy": config.scheduling_policy,
+        "cpu_blocks": config.cpu_blocks,
     }
 
 

@@ -21,6 +21,11 @@ Presets:
   token (80 layers x 8 KV heads x 128 x 2 x 2 bytes) in ~68 GB left after weights and
   activations: about 210k tokens. Dearer per token and a smaller cache than `h100-8b`:
   a re-prefill costs more turns' worth of decode.
+
+A preset's `kv_bytes_per_token` (128 KiB for the 8B, 320 KiB for the 70B) and
+`cpu_load_gbps` (PCIe Gen5, 50 GB/s) price a CPU-tier load: one block's bytes over the
+bandwidth (~42 us for an 8B block of 16 tokens, ~105 us for a 70B one); `scaled(f)`
+multiplies it by f like every other cost (a scaled block stands for f blocks).
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvgate.simulator.config import CostModel, EngineConfig
+from kvgate.simulator.config import CostModel, EngineConfig, cpu_load_block_seconds
+
+PCIE_GEN5_GBPS = 50.0  # host-to-device bytes per second, in GB/s, that PCIe Gen5 x16 sustains
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,13 @@ class CostPreset:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 131072
+    kv_bytes_per_token: int = 128 * 1024  # KV bytes one token takes (all layers, K and V)
+    cpu_load_gbps: float = PCIE_GEN5_GBPS  # host-to-device bandwidth of a CPU-tier load
+
+    @property
+    def cpu_load_block_s(self) -> float:
+        """Seconds to load one (unscaled) block from the CPU tier."""
+        return cpu_load_block_seconds(self.kv_bytes_per_token, self.block_size, self.cpu_load_gbps)
 
     def scaled(self, factor: float) -> tuple[EngineConfig, CostModel]:
         """The engine and cost model coarsened by `factor` (>= 1): token counts divided by it,
@@ -62,6 +76,7 @@ class CostPreset:
             prefill_token_s=self.cost.prefill_token_s * factor,
             decode_seq_s=self.cost.decode_seq_s * factor,
             context_token_s=self.cost.context_token_s * factor,
+            cpu_load_block_s=self.cpu_load_block_s * factor,
         ).validate()
         return engine, cost
 
@@ -81,6 +96,7 @@ COST_PRESETS: dict[str, CostPreset] = {
             "210k KV tokens",
             CostModel(step_overhead_s=0.013, prefill_token_s=0.00007, decode_seq_s=0.000012, context_token_s=0.0),
             kv_tokens=210_000,
+            kv_bytes_per_token=320 * 1024,
         ),
     )
 }

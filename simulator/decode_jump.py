@@ -6,7 +6,7 @@ known tokens but the last sampled one computed, at least one output token), and 
 token budget covers one token of each: such a step schedules exactly one token per
 running request, in running order, and changes the cache only where a request
 crosses a block boundary (one new block from the head of the free queue, or one full
-block registered in the prefix cache). `stable_decode_steps` says how many steps from
+block registered in the prefix cache and stored to the CPU tier). `stable_decode_steps` says how many steps from
 now stay stable and finish no request and allocate no more blocks than are free;
 `jump_decode_steps` applies that many steps: the same block allocations and
 registrations in the same order (step by step, running order within a step), the
@@ -15,7 +15,7 @@ is O(running requests + blocks allocated), not O(steps x running requests).
 
 The per-step scheduler stays the reference: tests/simulator/test_decode_jump.py runs
 both on the same scenarios and compares every block table, the free queue, the
-prefix cache and the counters.
+prefix cache, the CPU tier and the counters.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ def jump_decode_steps(scheduler: Scheduler, steps: int, next_token: Callable[[Si
     manager = scheduler.kv_cache_manager
     pool = manager.block_pool
     events = sorted(_events(scheduler, steps))
+    tier = manager.cpu_tier  # a registered block is stored to the CPU tier too (write-through)
     for request in running:  # the sampled tokens first: a registration needs its block's hash
         advance = getattr(request, "advance_output", None)
         if advance is not None:
@@ -105,6 +106,8 @@ def jump_decode_steps(scheduler: Scheduler, steps: int, next_token: Callable[[Si
             blocks.extend(pool.get_new_blocks(1))
         else:
             pool.cache_full_block(blocks[block_index], request.block_hashes[block_index])
+            if tier is not None:
+                tier.store((request.block_hashes[block_index],))
             manager.num_cached_blocks[request.request_id] = block_index + 1
     for request in running:
         assert request.status == RequestStatus.RUNNING

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from kvgate.simulator.block_pool import BlockPool, KVCacheBlock
+from kvgate.simulator.cpu_tier import CpuTier
 from kvgate.simulator.request import SimRequest
 from kvgate.wire.blocks import cdiv
 from kvgate.wire.pin_book import PinBook
@@ -32,7 +33,9 @@ class PrefixCacheStats:
     """Token counts, as vLLM's `vllm:prefix_cache_queries`/`_hits` counters.
 
     Requests resuming after a preemption are counted apart (vLLM does the same), so
-    the main hit rate describes first admissions only.
+    the main hit rate describes first admissions only. `hits` are GPU prefix-cache hits
+    (vLLM's `vllm:prefix_cache_hits`); `cpu_hits` are the tokens loaded from the CPU tier
+    instead of recomputed (vLLM counts them as external hits): a token is never in both.
     """
 
     requests: int = 0
@@ -41,21 +44,26 @@ class PrefixCacheStats:
     preempted_requests: int = 0
     preempted_queries: int = 0
     preempted_hits: int = 0
+    cpu_hits: int = 0
+    preempted_cpu_hits: int = 0
 
-    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+    def record(self, num_tokens: int, num_hits: int, preempted: bool, num_cpu_hits: int = 0) -> None:
         if preempted:
             self.preempted_requests += 1
             self.preempted_queries += num_tokens
             self.preempted_hits += num_hits
+            self.preempted_cpu_hits += num_cpu_hits
         else:
             self.requests += 1
             self.queries += num_tokens
             self.hits += num_hits
+            self.cpu_hits += num_cpu_hits
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, cpu_blocks: int = 0) -> None:
         self.block_size = block_size
+        self.cpu_tier = CpuTier(cpu_blocks) if cpu_blocks else None
         self.block_pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}
@@ -78,12 +86,22 @@ class KVCacheManager:
         """How much of a prompt of `num_tokens` tokens (its block hashes) is resident. The
         model counts a hit in whole blocks: `hit_tokens` is `hit_blocks * block_size`."""
         hits = self.find_longest_cache_hit(block_hashes, num_tokens)
+        tier = self.cpu_tier
         return PrefixAnswer.of_engine(
             total_tokens=num_tokens,
             block_size=self.block_size,
             hit_block_ref_counts=list(map(_REF_CNT, hits)),
             hit_tokens=len(hits) * self.block_size,
+            hit_blocks_cpu=None if tier is None else tier.run(block_hashes, len(hits), num_tokens // self.block_size),
         )
+
+    def cpu_run(self, request: SimRequest, num_gpu_hit_blocks: int) -> int:
+        """Blocks a waiting request loads from the CPU tier: the run right after its GPU hit,
+        within its first num_tokens - 1 tokens (the last token is always computed)."""
+        tier = self.cpu_tier
+        if tier is None:
+            return 0
+        return tier.run(request.block_hashes, num_gpu_hit_blocks, (request.num_tokens - 1) // self.block_size)
 
     def get_computed_blocks(self, request: SimRequest) -> tuple[list[KVCacheBlock], int]:
         """Cached blocks a waiting request (num_computed_tokens == 0) can reuse.
@@ -147,7 +165,14 @@ class KVCacheManager:
             if block.block_hash is None and block_hash not in cached:
                 block.block_hash = block_hash
                 cached[block_hash] = block
+        if self.cpu_tier is not None:
+            self.cpu_tier.store(request.block_hashes[start:end])
         self.num_cached_blocks[rid] = end
+
+    def touch_cpu(self, request: SimRequest) -> None:
+        """A finished request renews the CPU tier's copies of its cached blocks (call before `free`)."""
+        if self.cpu_tier is not None:
+            self.cpu_tier.touch(request.block_hashes[: self.num_cached_blocks.get(request.request_id, 0)])
 
     def free(self, request: SimRequest) -> None:
         """Release a request's blocks, last block first (so it is evicted first)."""

@@ -72,6 +72,7 @@ ENGINE_CONFIG_KEYS = (
     "max_num_batched_tokens",
     "max_model_len",
     "scheduling_policy",
+    "cpu_blocks",
 )
 APP_OPTION_KEYS = ("time_scale", "cost_model", "model_name", "replica_api_key", "reply_model")
 

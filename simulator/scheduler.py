@@ -25,6 +25,14 @@ KV pins (`kvgate.wire.kv_pins`): a step first ends the pins whose ttl passed by 
 blocks before its own references are dropped; the KV cache manager yields pins before
 it fails an allocation, so a pin never preempts a request nor keeps one waiting.
 
+The CPU tier (`EngineConfig.cpu_blocks`, vLLM's KV offloading; `kvgate.simulator.cpu_tier`):
+an admitted request loads the run of CPU-held blocks right after its GPU hit instead of
+computing them: they count as computed (and as cached prompt tokens, as vLLM counts an
+external hit), the step that admits it pays `CostModel.cpu_load_block_s` per block
+(`SchedulerOutput.num_loaded_blocks`), and the prefix stats count them as `cpu_hits`. A
+request that loads nothing offers its GPU-hit blocks to the tier; a finished request
+renews the recency of the tier's copies of its blocks.
+
 The same code runs in virtual time (the admission experiment, the cluster simulation)
 and in real time (the async engine behind the simulated replica). It does no I/O and
 reads no clock: callers pass `now` (the engine's clock, seconds) to the steps.
@@ -51,6 +59,7 @@ class SchedulerOutput:
     num_decode_seqs: int = 0
     num_context_tokens: int = 0  # KV tokens read by attention this step
     num_recomputed_tokens: int = 0
+    num_loaded_blocks: int = 0  # blocks loaded from the CPU tier for requests admitted this step
     preempted: list[SimRequest] = field(default_factory=list)
     admitted: list[SimRequest] = field(default_factory=list)
     shadow_decisions: int = 0
@@ -74,6 +83,7 @@ class SchedulerCounters:
     num_aborted: int = 0
     num_rejected: int = 0
     num_steps: int = 0
+    num_cpu_loaded_blocks: int = 0  # blocks loaded from the CPU tier instead of computed
     shadow_decisions: int = 0
     shadow_disagreements: int = 0
 
@@ -91,7 +101,7 @@ class Scheduler:
     ) -> None:
         self.config = config.validate()
         self.block_size = config.block_size
-        self.kv_cache_manager = KVCacheManager(config.num_blocks, config.block_size)
+        self.kv_cache_manager = KVCacheManager(config.num_blocks, config.block_size, config.cpu_blocks)
         self.policy = policy
         self.shadow_policy = shadow_policy
         self.waiting: deque[SimRequest] = deque()
@@ -222,7 +232,9 @@ class Scheduler:
             while self.waiting and token_budget > 0 and len(self.running) < config.max_num_seqs:
                 request = self.waiting[0]
                 hit_blocks, num_hit_tokens = manager.get_computed_blocks(request)
-                num_new_tokens = min(request.num_tokens - num_hit_tokens, token_budget)
+                num_loaded = manager.cpu_run(request, len(hit_blocks))
+                num_loaded_tokens = num_loaded * self.block_size
+                num_new_tokens = min(request.num_tokens - num_hit_tokens - num_loaded_tokens, token_budget)
                 view = None
                 if self.shadow_policy is not None:
                     view = self._admission_view(request, hit_blocks)
@@ -234,17 +246,22 @@ class Scheduler:
                     view = view or self._admission_view(request, hit_blocks)
                     if not self.policy(view):
                         break
-                if manager.allocate_slots(request, num_new_tokens, hit_blocks, num_hit_tokens) is None:
+                computed = num_hit_tokens + num_loaded_tokens
+                if manager.allocate_slots(request, num_new_tokens, hit_blocks, computed) is None:
                     break
                 self.waiting.popleft()
+                if manager.cpu_tier is not None:
+                    self._load_or_offer(request, len(hit_blocks), num_loaded, output)
                 if not request.prefix_stats_recorded or request.num_preemptions:
-                    manager.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
+                    manager.prefix_cache_stats.record(
+                        request.num_tokens, num_hit_tokens, request.num_preemptions > 0, num_loaded_tokens
+                    )
                 if not request.prefix_stats_recorded:
                     request.prefix_stats_recorded = True
-                    request.num_cached_prompt_tokens = num_hit_tokens
+                    request.num_cached_prompt_tokens = computed
                     request.admitted_step = self.step_index
                     self.counters.num_prompt_tokens += request.num_prompt_tokens
-                request.num_computed_tokens = num_hit_tokens
+                request.num_computed_tokens = computed
                 request.status = RequestStatus.RUNNING
                 self.running.append(request)
                 output.admitted.append(request)
@@ -253,6 +270,19 @@ class Scheduler:
 
         self._account(output)
         return output
+
+    def _load_or_offer(self, request: SimRequest, num_gpu_hits: int, num_loaded: int, output: SchedulerOutput) -> None:
+        """An admitted request's CPU-tier traffic: its loads, counted for the step's cost, or,
+        when it loads nothing, its GPU-hit blocks offered to the tier (vLLM's store index
+        then starts at block 0: the tier keeps what it holds and stores what it lost)."""
+        tier = self.kv_cache_manager.cpu_tier
+        assert tier is not None
+        if num_loaded:
+            output.num_loaded_blocks += num_loaded
+            self.counters.num_cpu_loaded_blocks += num_loaded
+            tier.num_loaded += num_loaded
+        elif num_gpu_hits:
+            tier.store(request.block_hashes[:num_gpu_hits])
 
     def _account(self, output: SchedulerOutput) -> None:
         """Advance computed-token state of every scheduled request and tally the step."""
@@ -297,6 +327,7 @@ class Scheduler:
             for request in finished:
                 if request.pin is not None:
                     self.kv_cache_manager.pin_finished(request, *request.pin, now)
+                self.kv_cache_manager.touch_cpu(request)
                 self.kv_cache_manager.free(request)
                 request.status = RequestStatus.FINISHED_LENGTH
                 request.finish_step = self.step_index

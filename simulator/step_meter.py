@@ -6,7 +6,9 @@ work-conserving rule weighs (docs/gate.md):
 - `decode_step_sec`: the seconds of a step that only decoded (its fixed cost plus one
   token of every running sequence);
 - `prefill_tokens_per_sec`: prompt tokens per second of the time prefill *added* to a
-  step: a step that computed prompt tokens, minus the decode step it also was;
+  step: a step that computed prompt tokens, minus the decode step it also was and the
+  time it spent loading blocks from a CPU tier (a load is not a prefill: vLLM's loads
+  do not run in its steps at all);
 - `prefill_share`: of the engine's recent busy time, the part prefill added;
 - `busy_share`: of the engine's recent wall time, the part spent in steps
   (`kvgate.wire.busy_share`; needs each step's end time and the reading's time).
@@ -40,10 +42,18 @@ class StepMeter:
     def __post_init__(self) -> None:
         self._busy = BusyMeter(self.horizon_sec)  # the busy share decays as the prefill share does
 
-    def observe(self, prefill_tokens: int, decode_seqs: int, seconds: float, ended_at: float | None = None) -> None:
+    def observe(
+        self,
+        prefill_tokens: int,
+        decode_seqs: int,
+        seconds: float,
+        ended_at: float | None = None,
+        load_seconds: float = 0.0,
+    ) -> None:
         """One engine step: `prefill_tokens` prompt tokens computed, `decode_seqs` sequences
-        decoded, `seconds` of wall time, ending at `ended_at` (the engine's clock; None: the
-        step does not count in the busy share). A step of no measurable time is skipped."""
+        decoded, `seconds` of wall time (`load_seconds` of them loading from a CPU tier),
+        ending at `ended_at` (the engine's clock; None: the step does not count in the
+        busy share). A step of no measurable time is skipped."""
         if seconds <= 0:
             return
         self.observations += 1
@@ -51,7 +61,7 @@ class StepMeter:
             self._busy.observe(ended_at, seconds)
         added = 0.0
         if prefill_tokens > 0:
-            added = seconds - (self.decode_step_sec or 0.0)
+            added = seconds - load_seconds - (self.decode_step_sec or 0.0)
             if added > 0:
                 self.prefill_tokens_per_sec = self._smooth(self.prefill_tokens_per_sec, prefill_tokens / added)
             added = max(0.0, added)

@@ -151,9 +151,11 @@ class SimEngine:
             pins.num_pinned_blocks,
             pins.num_pinned_sessions,
             pins.num_yields,
+            scheduler.kv_cache_manager.cpu_tier and scheduler.kv_cache_manager.cpu_tier.num_held,
         )
         if key != self._answer_key or self._answer is None:
-            self._answer, self._answer_key = engine_kv_answer(scheduler, meter, now), key
+            load = self.cost_model.cpu_load_block_s * self.time_scale
+            self._answer, self._answer_key = engine_kv_answer(scheduler, meter, now, load), key
         return self._answer
 
     def prefix_answer(self, request: SimRequest) -> PrefixAnswer:
@@ -203,19 +205,22 @@ class SimEngine:
 
     def _schedule_step(self, began: float) -> None:
         output = self.scheduler.schedule(began)
-        seconds = self._seconds(output.num_prefill_tokens, output.num_decode_seqs, output.num_context_tokens)
+        seconds = self._seconds(
+            output.num_prefill_tokens, output.num_decode_seqs, output.num_context_tokens, output.num_loaded_blocks
+        )
         self._output, self._step_began, self._step_sec = output, began, seconds
         self._timer = self._loop.call_at(began + seconds, self._end_step)
 
-    def _seconds(self, prefill: int, decode: int, context: int) -> float:
-        return self.cost_model.step_seconds(prefill, decode, context) * self.time_scale
+    def _seconds(self, prefill: int, decode: int, context: int, loaded: int = 0) -> float:
+        return self.cost_model.step_seconds(prefill, decode, context, loaded) * self.time_scale
 
     def _end_step(self) -> None:
         self._timer = None
         output, self._output = self._output, None
         assert output is not None
         now = self._step_began + self._step_sec
-        self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, self._step_sec, now)
+        load = self.cost_model.cpu_load_block_s * output.num_loaded_blocks * self.time_scale
+        self.meter.observe(output.num_prefill_tokens, output.num_decode_seqs, self._step_sec, now, load)
         self.busy_sec += self._step_sec
         finished = self.scheduler.update_from_output(output, self._next_token, now)
         turns = self._turns

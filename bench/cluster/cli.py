@@ -88,6 +88,14 @@ def add_cluster_command(sim_subparsers) -> None:
         help="gate.pins: the gate pins the windows it admits for in the engines (auto), or not (off) "
         "(default: the regime's, else auto)",
     )
+    parser.add_argument(
+        "--cpu-tier",
+        type=float,
+        default=0.0,
+        metavar="X",
+        help="a CPU tier on every replica (vLLM's KV offloading) of X times its GPU KV blocks, loads priced at "
+        "the model's KV bytes over PCIe Gen5; 0 = none (default 0)",
+    )
     parser.add_argument("--no-jump", action="store_true", help="step every engine step (the reference; slower)")
     parser.add_argument("--out", type=Path, default=Path("results/sim_cluster"), help="output folder")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -118,7 +126,8 @@ def _preset(args) -> ClusterPreset:
         for name in ("step_overhead_s", "prefill_token_s", "decode_seq_s", "context_token_s")
         if getattr(shape, name, None) is not None
     }
-    cost = CostModel(**costs)
+    token_scale = getattr(regime.workload, "token_scale", 1.0)  # a trace regime's coarsening
+    cost = CostModel(**costs, cpu_load_block_s=CostModel().cpu_load_block_s * token_scale)
     return ClusterPreset(
         regime.name,
         regime.description,
@@ -128,7 +137,7 @@ def _preset(args) -> ClusterPreset:
         shape.time_scale,
         regime.replicas,
         regime.gate,
-        token_scale=getattr(regime.workload, "token_scale", 1.0),  # a trace regime's coarsening
+        token_scale=token_scale,
     )
 
 
@@ -140,6 +149,9 @@ def build_config(args, replicas: int) -> ClusterConfig:
         cache = args.num_blocks * engine.block_size
         limit = None if engine.max_model_len is None else min(engine.max_model_len, cache)
         engine = dataclasses.replace(engine, num_blocks=args.num_blocks, max_model_len=limit)
+    if args.cpu_tier < 0:
+        raise ValueError(f"--cpu-tier must be >= 0, 0 for none (got {args.cpu_tier:g})")
+    engine = dataclasses.replace(engine, cpu_blocks=round(args.cpu_tier * engine.num_blocks))
     engine.validate()
     agents = preset.agents if args.agents is None else args.agents
     duration = preset.duration_s if args.duration is None else args.duration

@@ -3,9 +3,11 @@
 Pure functions of the run records. Definitions (as `kvgate bench agentic`'s report):
 - makespan: from the first turn's send to the last turn's end;
 - throughput: completed turns, generated tokens and prompt tokens per second of makespan;
-- hit rate: prefix-cache hit tokens over prompt tokens, counted by the engines at each
-  request's first admission (vLLM's `prefix_cache_hits/queries`); ceiling: what an
-  infinite prefix cache would hit on the same turns (`TurnRecord.ceiling_tokens`);
+- hit rate: prompt tokens not recomputed over prompt tokens, counted by the engines at each
+  request's first admission: GPU prefix-cache hits (vLLM's `prefix_cache_hits/queries`)
+  plus, with a CPU tier, tokens loaded from it (`cpu_hit_rate`; `gpu_hit_rate` is the
+  GPU part alone); ceiling: what an infinite prefix cache would hit on the same turns
+  (`TurnRecord.ceiling_tokens`);
 - turn latency: from a turn's first send to its end (gate wait, queueing, prefill and
   decode; retries of a failed attempt included); TTFT: to its first token;
 - session completion: from a session's first send to its last turn's end (completed
@@ -44,12 +46,15 @@ def summarize(result: RunResult) -> dict:
     ok = [t for t in turns if t.ok]
     first = min((t.start_s for t in turns), default=0.0)
     makespan = result.end_s - first
-    queries = hits = generated = preemptions = recomputed = evictions = pin_yields = 0
+    queries = hits = cpu_hits = generated = preemptions = recomputed = evictions = pin_yields = 0
+    tiered = False
     busy: dict[str, float] = {}
     for name, engine in result.engines.items():
         stats = engine.scheduler.kv_cache_manager.prefix_cache_stats
         queries += stats.queries
         hits += stats.hits
+        cpu_hits += stats.cpu_hits
+        tiered = tiered or engine.scheduler.kv_cache_manager.cpu_tier is not None
         counters = engine.scheduler.counters
         generated += counters.num_generation_tokens
         preemptions += counters.num_preemptions
@@ -59,7 +64,8 @@ def summarize(result: RunResult) -> dict:
         busy[name] = engine.busy_sec
     prompt_tokens = sum(t.prompt_tokens for t in ok)
     ceiling_tokens = sum(t.ceiling_tokens for t in ok)
-    hit_rate = hits / queries if queries else 0.0
+    gpu_hit_rate = hits / queries if queries else 0.0
+    hit_rate = (hits + cpu_hits) / queries if queries else 0.0
     ceiling = ceiling_tokens / prompt_tokens if prompt_tokens else 0.0
     per_turns = result.replica_turns
     mean_turns = sum(per_turns.values()) / len(per_turns) if per_turns else 0.0
@@ -81,7 +87,10 @@ def summarize(result: RunResult) -> dict:
         "hit_rate": _round(hit_rate),
         "ceiling_hit_rate": _round(ceiling),
         "hit_rate_of_ceiling": _round(hit_rate / ceiling if ceiling else None),
-        "prompt_tokens_prefilled": queries - hits,
+        "gpu_hit_rate": _round(gpu_hit_rate),
+        "gpu_hit_rate_of_ceiling": _round(gpu_hit_rate / ceiling if ceiling else None),
+        "cpu_hit_rate": _round(cpu_hits / queries if queries else 0.0) if tiered else None,
+        "prompt_tokens_prefilled": queries - hits - cpu_hits,
         "engine_preemptions": preemptions,
         "recomputed_tokens": recomputed,
         "evictions": evictions,
@@ -109,11 +118,14 @@ def _fmt(value, spec: str) -> str:
 
 
 def format_table(summaries: dict[str, dict]) -> str:
-    """One Markdown row per policy."""
+    """One Markdown row per policy; with a CPU tier, two more columns: the GPU part of the hit
+    rate (the hit rate counts CPU-tier loads) and its share of the ceiling."""
+    tiered = any(s.get("cpu_hit_rate") is not None for s in summaries.values())
     lines = [
         "| policy | makespan s | × sticky | turns/s | gen tok/s | hit rate | of ceiling | turn p50 s | turn p95 s "
-        "| ttft p95 s | session p95 s | busy max/mean | failed turns |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ttft p95 s | session p95 s | busy max/mean | failed turns |"
+        + (" gpu hit | gpu of ceiling |" if tiered else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if tiered else ""),
     ]
     sticky = summaries.get("sticky")
     for policy, s in summaries.items():
@@ -125,6 +137,7 @@ def format_table(summaries: dict[str, dict]) -> str:
             f"| {_fmt(s['turn_latency_s']['p95'], '.2f')} | {_fmt(s['ttft_s']['p95'], '.2f')} "
             f"| {_fmt(s['session_completion_s']['p95'], '.1f')} | {_fmt(s['balance']['busy_max_over_mean'], '.2f')} "
             f"| {s['turns_failed']} |"
+            + (f" {_fmt(s['gpu_hit_rate'], '.3f')} | {_fmt(s['gpu_hit_rate_of_ceiling'], '.2f')} |" if tiered else "")
         )
     return "\n".join(lines) + "\n"
 

@@ -347,11 +347,12 @@ class _Cluster:
             usage.append(scheduler.kv_cache_manager.block_pool.get_usage())
             running += len(scheduler.running)
             waiting += len(scheduler.waiting)
-        queries = hits = evictions = generated = 0
+        queries = hits = cpu_hits = evictions = generated = 0
         for engine in self.all_engines.values():
             stats = engine.scheduler.kv_cache_manager.prefix_cache_stats
             queries += stats.queries
             hits += stats.hits
+            cpu_hits += stats.cpu_hits
             evictions += engine.scheduler.kv_cache_manager.block_pool.num_evictions
             generated += engine.scheduler.counters.num_generation_tokens
         waiters = 0
@@ -367,6 +368,7 @@ class _Cluster:
             "gate_waiters": waiters,
             "queries": queries,
             "hits": hits,
+            "cpu_hits": cpu_hits,
             "evictions": evictions,
             "generated": generated,
             "turns_done": len(self.turns),

@@ -6,8 +6,9 @@
   when holding it back leaves more of the replica's compute unused
   (`holding_cost_sec`: its decode slack, the idle time ahead on an idle replica, and
   the time it has waited at the engine's idle share, `busy_rent_sec`) than its
-  admission makes the replica spend computing again the windows' blocks it pushes out
-  (`reprefill_sec` of `evicted_window_blocks`).
+  admission makes the replica spend bringing back the windows' blocks it pushes out
+  (`lost_blocks_sec` of `evicted_window_blocks`: their re-prefill, or, from a CPU tier
+  that holds them, their reload over PCIe).
 Without a measured prefill throughput there is no price, and the turn is held.
 - The cap on a held turn's wait (`wait_cap_left`, when `wait_cap_factor` > 0): once a
   turn has waited `wait_cap_factor` times its session's recent turn time
@@ -33,6 +34,28 @@ def reprefill_sec(evicted_blocks: int, usage: UsageReading) -> float | None:
     if not usage.prefill_tokens_per_sec or not usage.block_size:
         return None
     return max(0, evicted_blocks) * usage.block_size / usage.prefill_tokens_per_sec
+
+
+def tier_holds_evictions(usage: UsageReading) -> bool:
+    """The replica's CPU tier still holds what its GPU evicts: vLLM stores every computed
+    block to the tier (write-through) and evicts the tier's least recently used, so a tier
+    at least as large as the GPU cache holds the blocks the GPU evicts (the GPU's least
+    recently used are among the tier's most recent)."""
+    return bool(usage.cpu_load_sec_per_block and usage.num_cpu_blocks) and (usage.num_cpu_blocks or 0) >= (
+        usage.num_total_blocks or 0
+    )
+
+
+def lost_blocks_sec(blocks: int, usage: UsageReading, reloadable: int = 0) -> float | None:
+    """Seconds the replica will spend bringing back `blocks` pushed out of GPU memory: a
+    reload (`cpu_load_sec_per_block` each) of those its CPU tier holds (all of them where
+    `tier_holds_evictions`, else the `reloadable` ones, seen on the CPU by a prefix probe),
+    a re-prefill (`reprefill_sec`) of the rest. None without a prefill measurement."""
+    blocks = max(0, blocks)
+    load = usage.cpu_load_sec_per_block if usage.num_cpu_blocks else None
+    reloaded = 0 if not load else blocks if tier_holds_evictions(usage) else min(blocks, max(0, reloadable))
+    recompute = reprefill_sec(blocks - reloaded, usage)
+    return None if recompute is None else recompute + reloaded * (load or 0.0)
 
 
 # A busy replica's decode slack must exceed the re-prefill twice over (see holding_cost_sec):
@@ -94,14 +117,15 @@ def recheck_sec(view: WorkingSetView, usage: UsageReading, reprefill: float, hol
 
 
 def work_conserving(
-    view: WorkingSetView, usage: UsageReading, evicted_blocks: int, settings: GateSettings
+    view: WorkingSetView, usage: UsageReading, evicted_blocks: int, settings: GateSettings, reloadable: int = 0
 ) -> Wait | None:
-    """None: admit the held turn `work_conserving`, its admission causes less re-prefill
-    (`reprefill_sec` of the `evicted_blocks` it pushes out of other windows) than the
-    compute holding it leaves unused (`holding_cost_sec`). Else the Wait to return,
-    with a recheck time when waiting on an idle replica will tip the balance.
-    No prefill measurement yet: hold."""
-    reprefill = reprefill_sec(evicted_blocks, usage) if settings.work_conserving else None
+    """None: admit the held turn `work_conserving`, its admission costs less to undo
+    (`lost_blocks_sec` of the `evicted_blocks` it pushes out of GPU memory, `reloadable`
+    of them known to be on the CPU tier: a reload where the tier holds them, else a
+    re-prefill) than the compute holding it leaves unused (`holding_cost_sec`). Else the
+    Wait to return, with a recheck time when waiting on an idle replica will tip the
+    balance. No prefill measurement yet: hold."""
+    reprefill = lost_blocks_sec(evicted_blocks, usage, reloadable) if settings.work_conserving else None
     if reprefill is None:
         return Wait(WaitCause.WORTH_HOLDING, "no prefill-throughput measurement: holding")
     holding = holding_cost_sec(view, usage)
@@ -113,12 +137,15 @@ def work_conserving(
     )
 
 
-def could_work_conserve(view: WorkingSetView, usage: UsageReading, own_blocks: int, settings: GateSettings) -> bool:
+def could_work_conserve(
+    view: WorkingSetView, usage: UsageReading, own_blocks: int, settings: GateSettings, reloadable: int = 0
+) -> bool:
     """Whether freeing blocks could let a held turn of `own_blocks` in `work_conserving`:
     the re-prefill its admission causes counts its own prompt whatever is freed
-    (`evicted_window_blocks` + its blocks), so once that alone costs more than holding
-    it, only a higher holding cost (an idle replica, a slower decode) can."""
-    reprefill = reprefill_sec(own_blocks, usage) if settings.work_conserving else None
+    (`evicted_window_blocks` + its blocks; `reloadable` of them priced as a reload, as
+    `work_conserving` prices them), so once that alone costs more than holding it, only a
+    higher holding cost (an idle replica, a slower decode) can."""
+    reprefill = lost_blocks_sec(own_blocks, usage, reloadable) if settings.work_conserving else None
     return reprefill is not None and reprefill <= holding_cost_sec(view, usage)
 
 

@@ -231,7 +231,9 @@ def _decide_read(
         return Admit(AdmissionReason.HOLDS_WINDOW, window=settings.retain_session, footprint=footprint)
     if not view.has_window and not behind and working_set <= usable and prefix.new_blocks <= budget:
         return Admit(AdmissionReason.WINDOW_FITS, window=settings.retain_session, footprint=footprint)
-    held = work_conserving(view, usage, _at_risk(view, usage, prefix, settings, budget, usable), settings)
+    # its prompt's blocks the prefix probe saw on the CPU tier come back by a reload, not a re-prefill
+    reloadable = prefix.hit_blocks_cpu
+    held = work_conserving(view, usage, _at_risk(view, usage, prefix, settings, budget, usable), settings, reloadable)
     if held is None:  # admitted without a window: the windows' books stay within usable
         return Admit(AdmissionReason.WORK_CONSERVING)
     if view.has_window:
@@ -245,7 +247,7 @@ def _decide_read(
     if behind:  # no window before the waiters ahead; the rule decides again when blocks are freed ...
         # ... unless its own prompt's re-prefill alone outweighs holding it: then no freed
         # block can let it in, and it waits for its place (or an idle replica) unpolled.
-        freeable = could_work_conserve(view, usage, prefix.total_blocks, settings)
+        freeable = could_work_conserve(view, usage, prefix.total_blocks, settings, reloadable)
         return Wait(
             WaitCause.BEHIND_WAITERS,
             f"{behind_why}; {held.why}",

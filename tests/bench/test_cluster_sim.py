@@ -166,3 +166,20 @@ def test_under_pressure_the_working_set_gate_wins_hit_rate_and_time_with_pinned_
     assert report["config"]["gate"].get("pins", "auto") == "auto"
     assert gated["hit_rate"] > 2 * sticky["hit_rate"]
     assert gated["makespan_s"] < 0.8 * sticky["makespan_s"]
+
+
+def test_a_cpu_tier_turns_reprefills_into_loads_and_the_report_counts_them(tmp_path):
+    small = ["--regime", "fleet-small", "--replicas", "2", "--agents", "48", "--duration", "200", "--no-plots"]
+    small += ["--num-blocks", "400"]  # a ninth of the cache: sticky thrashes
+    small += ["--policies", "sticky", "--jobs", "1"]
+    without = _run(tmp_path / "off", *small)["policies"]["sticky"]
+    report = _run(tmp_path / "on", *small, "--cpu-tier", "4")
+    tiered = report["policies"]["sticky"]
+    engine = report["config"]["engine"]
+    assert engine["cpu_blocks"] == 4 * engine["num_blocks"]
+    assert without["cpu_hit_rate"] is None and without["gpu_hit_rate"] == without["hit_rate"]
+    assert tiered["cpu_hit_rate"] > 0.05, tiered
+    assert tiered["hit_rate"] == pytest.approx(tiered["gpu_hit_rate"] + tiered["cpu_hit_rate"], abs=2e-4)
+    assert tiered["hit_rate"] > without["hit_rate"] and tiered["hit_rate"] <= tiered["ceiling_hit_rate"] + 1e-9
+    table = (tmp_path / "on" / "table.md").read_text()
+    assert "gpu hit" in table and "gpu hit" not in (tmp_path / "off" / "table.md").read_text()

@@ -42,7 +42,8 @@ class FakeProbe:
     gets no reading, as when the replica cannot render the body.
 
     `hold` (an asyncio.Event), when set to an unset event, makes usage() block until
-    the test sets it, to catch an attempt in the middle of a probe.
+    the test sets it, to catch an attempt in the middle of a probe. `measured` adds
+    UsageReading fields (prefill_tokens_per_sec, decode_step_sec, the CPU tier's, ...).
     """
 
     def __init__(
@@ -54,7 +55,9 @@ class FakeProbe:
         max_model_len: int | None = None,
         max_token_bytes: int | None = None,
         scheduling_policy: str | None = None,
+        **measured: Any,
     ) -> None:
+        self.measured = measured
         self.usage_value = usage
         self.scheduling_policy = scheduling_policy
         self.max_model_len = max_model_len
@@ -84,6 +87,7 @@ class FakeProbe:
             max_model_len=self.max_model_len,
             max_token_bytes=self.max_token_bytes,
             scheduling_policy=self.scheduling_policy,
+            **self.measured,
         )
 
     async def prefix(self, route_kind: str, body: dict[str, Any]) -> PrefixReading | None:
@@ -94,8 +98,8 @@ class FakeProbe:
             return None
         return self.prefixes.get(body.get("id", ""), COLD)
 
-    def set_prefix(self, body_id: str, total: int, hit: int, tokens: int = 0) -> None:
-        self.prefixes[body_id] = PrefixReading(total, hit, hit / total if total else 0.0, tokens)
+    def set_prefix(self, body_id: str, total: int, hit: int, tokens: int = 0, hit_cpu: int = 0) -> None:
+        self.prefixes[body_id] = PrefixReading(total, hit, hit / total if total else 0.0, tokens, hit_cpu)
 
 
 def body(session: str, content: str = "hi", **fields: Any) -> dict[str, Any]:

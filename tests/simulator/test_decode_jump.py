@@ -3,7 +3,7 @@
 Two schedulers get the same requests at the same steps; one only ever steps, the other
 jumps whenever `stable_decode_steps` allows (a random part of it). After every jump the
 two must be identical: every request's tokens and block table, the free queue's order,
-the prefix cache, evictions, counters and the step index.
+the prefix cache, evictions, the CPU tier's blocks in LRU order, counters and the step index.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def _snapshot(scheduler: Scheduler) -> dict:
         "counters": vars(scheduler.counters).copy(),
         "step": scheduler.step_index,
         "stats": vars(manager.prefix_cache_stats).copy(),
+        "cpu_tier": None if manager.cpu_tier is None else (list(manager.cpu_tier.held), manager.cpu_tier.num_evicted),
     }
 
 
@@ -56,13 +57,19 @@ def _make(kind: str, rid: str, session: int, prompt: int, out: int, block_size: 
     return SimRequest(rid, tokens[:prompt], out, block_size)
 
 
+@pytest.mark.parametrize("cpu_tier", [False, True])
 @pytest.mark.parametrize("kind", ["session", "tokens"])
 @pytest.mark.parametrize("seed", range(6))
-def test_jumps_match_the_per_step_scheduler(kind, seed):
+def test_jumps_match_the_per_step_scheduler(kind, seed, cpu_tier):
     rng = random.Random(seed)
     block_size = rng.choice([1, 4, 16])
+    num_blocks = rng.randint(24, 90)
     config = EngineConfig(
-        num_blocks=rng.randint(24, 90), block_size=block_size, max_num_seqs=rng.randint(2, 8), max_num_batched_tokens=64
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_seqs=rng.randint(2, 8),
+        max_num_batched_tokens=64,
+        cpu_blocks=2 * num_blocks if cpu_tier else 0,  # small enough that the tier evicts too
     )
     stepped, jumped = Scheduler(config), Scheduler(config)
     sessions: dict[int, int] = {}  # session -> tokens so far (a growing agent context)
@@ -92,6 +99,8 @@ def test_jumps_match_the_per_step_scheduler(kind, seed):
                     scheduler.update_from_output(scheduler.schedule(), _token)
             assert _snapshot(jumped) == _snapshot(stepped)
     assert jumps > 5 and jumped_steps > jumps  # the scenarios did exercise multi-step jumps
+    if cpu_tier:  # the tier was exercised: blocks loaded back, and evicted to make room
+        assert stepped.counters.num_cpu_loaded_blocks > 0 and stepped.kv_cache_manager.cpu_tier.num_evicted > 0
 
 
 def test_no_jump_when_a_request_waits_or_prefills():

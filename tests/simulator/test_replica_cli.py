@@ -1,4 +1,5 @@
-"""`kvgate replica` as a process: prints its URL, serves, and exits 0 on SIGTERM."""
+"""`kvgate replica` as a process: prints its URL, serves (a CPU tier sized by vLLM's
+`--kv-offloading-size`), and exits 0 on SIGTERM."""
 
 import re
 import signal
@@ -23,6 +24,10 @@ async def test_replica_process_serves_and_stops_cleanly():
             "128",
             "--scheduling-policy",
             "priority",
+            "--kv-offloading-size",
+            "0.5",
+            "--kv-bytes-per-token",
+            "65536",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -42,6 +47,7 @@ async def test_replica_process_serves_and_stops_cleanly():
             assert (await response.json())["usage"]["completion_tokens"] == 3
             kv = await (await session.get(match.group(1) + "/v1/kvgate/kv")).json()
             assert kv["num_total_blocks"] == 128 and kv["scheduling_policy"] == "priority"
+            assert kv["num_cpu_blocks"] == 512  # 0.5 GiB of 16-token blocks at 64 KiB a token
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
     finally:

@@ -46,3 +46,13 @@ def test_the_prefill_share_follows_the_last_seconds_of_work():
     for _ in range(300):
         meter.observe(prefill_tokens=0, decode_seqs=1, seconds=0.01)  # 3 more seconds of decode
     assert meter.reading()["prefill_share"] < 0.05
+
+
+def test_a_steps_cpu_tier_loads_are_not_prefill_time():
+    meter = StepMeter(weight=0.5, horizon_sec=1e9)
+    meter.observe(prefill_tokens=0, decode_seqs=4, seconds=0.010)  # decode step 10 ms
+    # 1,000 prompt tokens and 40 ms of loads in a 100 ms step: prefill added 50 ms, 20,000 tokens/s
+    meter.observe(prefill_tokens=1000, decode_seqs=2, seconds=0.100, load_seconds=0.040)
+    reading = meter.reading()
+    assert reading["prefill_tokens_per_sec"] == pytest.approx(20000.0)
+    assert reading["prefill_share"] == pytest.approx(0.050 / 0.110)

@@ -1,6 +1,6 @@
 """The probes' CPU tier against vLLM's real offloading manager (no server, no model, no GPU).
 
-The cases run in the vLLM venv (scripts/cpu_tier_checks.py prints JSON): a real
+The cases run in the vLLM venv (scripts/cpu_tier_checks.py and cpu_tier_sequence_checks.py print JSON): a real
 ``KVCacheManager`` holds the GPU prefix, a real ``CPUOffloadingManager`` (under vLLM's
 ``OffloadingConnectorScheduler``) holds chunks stored through its own interface, and the
 tests assert on the probes' answers and on what vLLM's own offloading scheduler would load.
@@ -60,3 +60,10 @@ def test_without_an_offloading_connector_the_cpu_fields_are_null(seen):
     assert [bare["kv"][field] for field in ("num_cpu_blocks", "num_cpu_cached_blocks", "cpu_load_sec_per_block")] == [
         None
     ] * 3
+
+
+def test_vllms_real_managers_pass_the_cpu_tier_sequence_the_simulator_passes(vllm_python: Path):
+    """tests/cpu_tier_sequence.py against vLLM's real KV cache and offloading managers and
+    the plugin's probes (scripts/cpu_tier_sequence_checks.py), chunks of one and two blocks."""
+    seen = script_json(vllm_python, "cpu_tier_sequence_checks.py")
+    assert (seen["per_block"], seen["per_two_blocks"]) == ("passed", "passed"), seen

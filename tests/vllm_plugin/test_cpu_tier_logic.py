@@ -2,17 +2,22 @@
 marked ``vllm``): what the plugin reads as a CPU tier, the bandwidth setting, and that a tier
 it cannot read leaves the probes' fields null instead of failing them.
 
-tests/vllm_plugin/test_cpu_tier.py runs the same arithmetic against vLLM's real offloading manager.
+tests/vllm_plugin/test_cpu_tier.py runs the same arithmetic against vLLM's real offloading manager;
+here it also passes the scripted sequence the simulated engine's tier passes
+(tests/cpu_tier_sequence.py), over a stand-in of vLLM's engine with offloading on.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from types import SimpleNamespace
 
 import pytest
 
 from kvgate.vllm_plugin import cpu_tier
 from kvgate.vllm_plugin.engine_probes import cpu_tier_figures, hit_blocks_cpu
+from kvgate.wire.probe_api import KvAnswer, PrefixAnswer
+from tests.cpu_tier_sequence import run_cpu_tier_sequence
 
 BLOCK = 16
 
@@ -98,3 +103,99 @@ def test_no_tier_a_hybrid_model_or_a_missing_internal_leave_the_fields_null():
     assert cpu_tier_figures(broken) == {}
     unknown_size = engine(Manager(held={0}), page=0)
     assert cpu_tier_figures(unknown_size)["cpu_load_sec_per_block"] is None
+
+
+class ChunkLru:
+    """vLLM's ``CPUOffloadingManager`` with its LRU policy as the plugin reads it (``lookup``,
+    the chunk pool's counters) and as the offloading scheduler drives it: write-through
+    stores of chunks keyed by (last block hash, group), the least recently used evicted and
+    its chunk id reused, a finished request's chunks renewed with its first the most recent."""
+
+    def __init__(self, num_chunks: int) -> None:
+        self._num_chunks, self._num_allocated_chunks, self._free_list = num_chunks, 0, []
+        self.chunks: OrderedDict = OrderedDict()  # key -> chunk id, least recent first
+
+    def lookup(self, key, req_context):
+        return SimpleNamespace(name="HIT" if key in self.chunks else "MISS")
+
+    def store(self, keys) -> None:
+        for key in keys:
+            if key in self.chunks:
+                continue
+            if len(self.chunks) >= self._num_chunks:
+                self._free_list.append(self.chunks.popitem(last=False)[1])
+            if self._free_list:
+                chunk = self._free_list.pop()
+            else:
+                chunk, self._num_allocated_chunks = self._num_allocated_chunks, self._num_allocated_chunks + 1
+            self.chunks[key] = chunk
+
+    def touch(self, keys) -> None:
+        for key in reversed(keys):
+            if key in self.chunks:
+                self.chunks.move_to_end(key)
+
+
+class StandInEngine:
+    """A vLLM engine with offloading on, as a `TierEngine` (tests/cpu_tier_sequence.py): a GPU prefix
+    cache (LRU, a finished prompt freed tail first), `ChunkLru` behind the offloading
+    scheduler, and probe answers made by the plugin's arithmetic (`cpu_tier`)."""
+
+    def __init__(self, gpu_blocks: int, cpu_blocks: int, blocks_per_chunk: int) -> None:
+        self.gpu_blocks, self.per_chunk = gpu_blocks, blocks_per_chunk
+        self.manager = ChunkLru(cpu_blocks // blocks_per_chunk)
+        self.core = engine(self.manager, blocks_per_chunk=blocks_per_chunk)
+        self.gpu: OrderedDict = OrderedDict()  # block hash -> None, evicted first first
+
+    @staticmethod
+    def hashes(prompt: list[int]) -> list[bytes]:
+        return [repr(prompt[: end + BLOCK]).encode() for end in range(0, len(prompt) - BLOCK + 1, BLOCK)]
+
+    def keys(self, hashes: list[bytes]) -> list:
+        return [(hashes[i + self.per_chunk - 1], 0) for i in range(0, len(hashes) - self.per_chunk + 1, self.per_chunk)]
+
+    def gpu_hit(self, hashes: list[bytes]) -> int:
+        hit = 0
+        while hit < len(hashes) and hashes[hit] in self.gpu:
+            hit += 1
+        return hit
+
+    async def serve(self, prompt: list[int]) -> None:
+        hashes = self.hashes(prompt)
+        for block_hash in hashes:  # the prompt's own blocks are in use: not evicted for it
+            self.gpu.pop(block_hash, None)
+        while len(self.gpu) + len(hashes) > self.gpu_blocks:
+            self.gpu.popitem(last=False)
+        self.manager.store(self.keys(hashes))  # write-through: every computed (or loaded) chunk
+        for block_hash in reversed(hashes):
+            self.gpu[block_hash] = None
+        self.manager.touch(self.keys(hashes))
+
+    async def prefix(self, prompt: list[int]) -> PrefixAnswer:
+        hashes = self.hashes(prompt)
+        hit = self.gpu_hit(hashes)
+        tier = cpu_tier.cpu_tier_of(self.core)
+        cpu = cpu_tier.cpu_run_blocks(tier, hashes, hit, lambda h, g: (h, g), None)
+        return PrefixAnswer.of_engine(
+            total_tokens=len(prompt),
+            block_size=BLOCK,
+            hit_block_ref_counts=[0] * hit,
+            hit_tokens=min(hit * BLOCK, len(prompt) - 1),
+            hit_blocks_cpu=cpu,
+        )
+
+    async def kv(self) -> KvAnswer:
+        return KvAnswer.of_engine(
+            num_gpu_blocks=self.gpu_blocks + 1,
+            num_free_blocks=self.gpu_blocks,
+            num_cached_blocks=len(self.gpu),
+            block_size=BLOCK,
+            num_running=0,
+            num_waiting=0,
+            **cpu_tier.capacity_figures(cpu_tier.cpu_tier_of(self.core), env={}),
+        )
+
+
+@pytest.mark.parametrize("blocks_per_chunk", [1, 2])
+async def test_the_plugins_probe_arithmetic_passes_the_cpu_tier_sequence(blocks_per_chunk):
+    await run_cpu_tier_sequence(StandInEngine(gpu_blocks=64, cpu_blocks=256, blocks_per_chunk=blocks_per_chunk))

@@ -45,15 +45,18 @@ NUM_CPU_CHUNKS = 24
 PROMPT = list(range(1000, 1000 + 10 * BLOCK_SIZE + 5))  # 10 full blocks and a partial one
 
 
-def offloading_scheduler(kv_cache_config, blocks_per_chunk: int) -> OffloadingConnectorScheduler:
+def offloading_scheduler(
+    kv_cache_config, blocks_per_chunk: int, num_chunks: int = NUM_CPU_CHUNKS
+) -> OffloadingConnectorScheduler:
     """vLLM's scheduler side of an OffloadingConnector, as ``build_offloading_config`` would
-    configure it for this KV cache (one worker, ``blocks_per_chunk`` blocks per chunk)."""
+    configure it for this KV cache (one worker, ``blocks_per_chunk`` blocks per chunk,
+    `num_chunks` chunks of CPU memory)."""
     group = kv_cache_config.kv_cache_groups[0]
     bytes_per_block = group.kv_cache_spec.page_size_bytes * len(group.layer_names)
     probe = offloading_config(kv_cache_config, blocks_per_chunk, bytes_per_block, cpu_bytes=1 << 30)
     per_chunk = (1 << 30) // CPUOffloadingSpec(probe).num_chunks  # the aligned bytes of one chunk
     spec = CPUOffloadingSpec(
-        offloading_config(kv_cache_config, blocks_per_chunk, bytes_per_block, cpu_bytes=per_chunk * NUM_CPU_CHUNKS)
+        offloading_config(kv_cache_config, blocks_per_chunk, bytes_per_block, cpu_bytes=per_chunk * num_chunks)
     )
     vllm_config = SimpleNamespace(
         cache_config=SimpleNamespace(prefix_cache_retention_interval=None, enable_prefix_caching=True),
