@@ -141,6 +141,34 @@ CLUSTER_ROWS: tuple[ClusterRow, ...] = (
         ("--regime", "fleet", "--fail-at-half"),
         ("report.json", "table.md", "timeline.png"),
     ),
+    ClusterRow(
+        "sweep-cpu-tier",
+        "How many replicas with a CPU tier of 4x the GPU KV: 1,024 agents of the fleet's shape on 4 to 16 "
+        "replicas, five minutes each, turn p95 target 2 s",
+        (
+            "--regime",
+            "fleet",
+            "--agents",
+            "1024",
+            "--duration",
+            "300",
+            "--replicas",
+            "4,8,12,16",
+            "--policies",
+            "sticky,working_set",
+            "--p95",
+            "2",
+            "--cpu-tier",
+            "4",
+        ),  # fmt: skip
+        ("sweep.md", "sweep.png"),
+    ),
+    ClusterRow(
+        "fleet-cpu-tier",
+        "The full fleet with a CPU tier of 4x the GPU KV, replica r0 failing at half time (sticky and working_set)",
+        ("--regime", "fleet", "--fail-at-half", "--cpu-tier", "4", "--policies", "sticky,working_set"),
+        ("report.json", "table.md", "timeline.png"),
+    ),
 )
 # What the page keeps of a policy's summary (`kvgate.bench.cluster.report.summarize`): what
 # `format_table` and `format_sweep` read.
@@ -154,12 +182,15 @@ CLUSTER_KEEP = (
     "ttft_s",
     "session_completion_s",
     "turns_failed",
+    "gpu_hit_rate",  # with a CPU tier: the GPU's part of hit_rate, and the tier's
+    "gpu_hit_rate_of_ceiling",
+    "cpu_hit_rate",
 )
 
 
 def cluster_summary(summary: dict) -> dict:
     """The part of one policy's summary the page renders."""
-    return {k: summary[k] for k in CLUSTER_KEEP} | {
+    return {k: summary.get(k) for k in CLUSTER_KEEP} | {
         "balance": {"busy_max_over_mean": summary["balance"]["busy_max_over_mean"]}
     }
 
@@ -445,7 +476,7 @@ def add_command(subparsers) -> None:
 
 def selected_cluster_rows(only: str | None) -> list[ClusterRow]:
     """The cluster runs `only` names (`cluster`: all; `cluster-failure`, `cluster-sweep`,
-    `cluster-fleet`), every one without `only`."""
+    `cluster-fleet`, `cluster-sweep-cpu-tier`, `cluster-fleet-cpu-tier`), every one without `only`."""
     if only is None:
         return list(CLUSTER_ROWS)
     names = {n.strip() for n in only.split(",")}

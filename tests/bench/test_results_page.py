@@ -154,15 +154,20 @@ def test_only_cluster_selects_the_fleet_runs_and_no_regime_row():
         "cluster-failure",
         "cluster-sweep",
         "cluster-fleet",
+        "cluster-sweep-cpu-tier",
+        "cluster-fleet-cpu-tier",
     ]
     assert [r.key for r in results_page.selected_cluster_rows("thrash,cluster-sweep")] == ["cluster-sweep"]
     assert results_page.selected_cluster_rows("thrash") == []
     assert len(results_page.selected_cluster_rows(None)) == len(results_page.CLUSTER_ROWS)
     # the page's rows are the ones docs/cluster.md shows, at its scale
-    failure, sweep, fleet = results_page.CLUSTER_ROWS
+    failure, sweep, fleet, tier_sweep, tier_fleet = results_page.CLUSTER_ROWS
     assert failure.options[:2] == ("--regime", "fleet-small") and "--fail-at-half" in failure.options
     assert sweep.sweep and not failure.sweep
     assert fleet.options == ("--regime", "fleet", "--fail-at-half") and not fleet.sweep  # the fleet at full scale
+    # and the same two with a CPU tier of 4x the GPU KV (issue: the fleet without a tier and with one)
+    assert tier_sweep.sweep and tier_sweep.options[-2:] == ("--cpu-tier", "4")
+    assert tier_fleet.options[:3] == fleet.options and "--cpu-tier" in tier_fleet.options and not tier_fleet.sweep
 
 
 def test_the_cluster_rows_run_their_command_and_keep_the_regime_rows(tmp_path, monkeypatch):
