@@ -25,18 +25,26 @@ GATE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
 }
 
 
-def add_gate_options(parser: argparse.ArgumentParser, title: str) -> None:
-    """One flag per `GATE_OPTIONS` entry (`--wait-cap-factor X`), in a group titled `title`."""
-    group = parser.add_argument_group(title)
-    for name, (kind, text) in GATE_OPTIONS.items():
+Options = dict[str, tuple[Callable[[str], Any], str]]  # option name -> (its type, its help)
+
+
+def add_option_flags(group: Any, options: Options, prefix: str) -> None:
+    """One flag per option (`--max-num-seqs N`), its value at `prefix` + its name in the
+    parsed arguments (None when not given). `group`: a parser or an argument group."""
+    for name, (kind, text) in options.items():
         group.add_argument(
             "--" + name.replace("_", "-"),
             type=kind,
             default=None,
-            dest="g_" + name,
+            dest=prefix + name,
             help=text,
             metavar="N" if kind is int else "X",
         )
+
+
+def add_gate_options(parser: argparse.ArgumentParser, title: str) -> None:
+    """One flag per `GATE_OPTIONS` entry (`--wait-cap-factor X`), in a group titled `title`."""
+    add_option_flags(parser.add_argument_group(title), GATE_OPTIONS, "g_")
 
 
 def gate_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -107,6 +107,7 @@ class ClusterRow:
         return "--replicas" in self.options and "," in self.options[self.options.index("--replicas") + 1]
 
 
+FLEET_1024 = ("--regime", "fleet", "--agents", "1024", "--duration", "300")  # the sizing sweeps' load
 CLUSTER_ROWS: tuple[ClusterRow, ...] = (
     ClusterRow(
         "failure",
@@ -118,20 +119,7 @@ CLUSTER_ROWS: tuple[ClusterRow, ...] = (
         "sweep",
         "How many replicas: 1,024 agents of the fleet's shape on 4 to 64 replicas, five minutes each, "
         "turn p95 target 2 s",
-        (
-            "--regime",
-            "fleet",
-            "--agents",
-            "1024",
-            "--duration",
-            "300",
-            "--replicas",
-            "4,8,12,16,32,64",
-            "--policies",
-            "sticky,working_set,direct",
-            "--p95",
-            "2",
-        ),  # fmt: skip
+        (*FLEET_1024, "--replicas", "4,8,12,16,32,64", "--policies", "sticky,working_set,direct", "--p95", "2"),
         ("sweep.md", "sweep.png"),
     ),
     ClusterRow(
@@ -145,22 +133,7 @@ CLUSTER_ROWS: tuple[ClusterRow, ...] = (
         "sweep-cpu-tier",
         "How many replicas with a CPU tier of 4x the GPU KV: 1,024 agents of the fleet's shape on 4 to 16 "
         "replicas, five minutes each, turn p95 target 2 s",
-        (
-            "--regime",
-            "fleet",
-            "--agents",
-            "1024",
-            "--duration",
-            "300",
-            "--replicas",
-            "4,8,12,16",
-            "--policies",
-            "sticky,working_set",
-            "--p95",
-            "2",
-            "--cpu-tier",
-            "4",
-        ),  # fmt: skip
+        (*FLEET_1024, "--replicas", "4,8,12,16", "--policies", "sticky,working_set", "--p95", "2", "--cpu-tier", "4"),
         ("sweep.md", "sweep.png"),
     ),
     ClusterRow(

@@ -38,7 +38,7 @@ from kvgate.bench.agentic.runner import MODES, RENAMED_MODES, RunPlan, model_nam
 from kvgate.bench.agentic.sweep import DEFAULT_GRID, SWEPT_SETTINGS, best_point, format_sweep, grid_points, parse_values
 from kvgate.bench.agentic.topologies import TOPOLOGY_MODES
 from kvgate.bench.agentic.workload import Workload, generate_workload, workload_from_trace
-from kvgate.bench.gate_options import add_gate_options, gate_overrides
+from kvgate.bench.gate_options import add_gate_options, add_option_flags, gate_overrides
 from kvgate.simulator.agent_trace import AgentTraceSpec, generate_trace
 from kvgate.simulator.cost_presets import COST_PRESETS
 
@@ -147,15 +147,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     work = parser.add_argument_group("workload (overrides the regime; lengths in words ~ tokens)")
-    for name, (kind, text) in _WORKLOAD_OPTIONS.items():
-        work.add_argument(
-            "--" + name.replace("_", "-"),
-            type=kind,
-            default=None,
-            dest="w_" + name,
-            help=text,
-            metavar="N" if kind is int else "X",
-        )
+    add_option_flags(work, _WORKLOAD_OPTIONS, "w_")
     work.add_argument(
         "--send-finish",
         choices=("yes", "no"),
@@ -182,15 +174,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="replicas from a GPU-calibrated preset (cache, scheduler shape, step cost), coarsened by "
         "--token-scale; " + "; ".join(f"{p.name}: {p.description}" for p in COST_PRESETS.values()).replace("%", "%%"),
     )
-    for name, (kind, text) in _SHAPE_OPTIONS.items():
-        shape.add_argument(
-            "--" + name.replace("_", "-"),
-            type=kind,
-            default=None,
-            dest="r_" + name,
-            help=text,
-            metavar="N" if kind is int else "X",
-        )
+    add_option_flags(shape, _SHAPE_OPTIONS, "r_")
     add_gate_options(
         parser, "gate settings for the kvgate modes (overrides the regime; docs/reference.md, Configuration)"
     )
