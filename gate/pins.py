@@ -6,7 +6,8 @@ Pure rules (`wants_pin`, `pin_ttl`, `pin_session`) and one small shell (`PinRele
 
 - A turn is forwarded with a pin when `gate.pins` is `auto`, the replica's last kv answer
   says it keeps pins (`UsageReading.keeps_pins`), the route carries vLLM's
-  `kv_transfer_params` (chat, completion), and its admission gives the session a window
+  `kv_transfer_params` (every prompt route: chat, completion, Anthropic messages,
+  Responses), and its admission gives the session a window
   (opens or renews it). The pin's ttl is the time the session may be idle before it is
   late (`late_after`: its usual gap between turns, at least `quiet_floor_sec`, at most
   `idle_grace_sec`): the engine keeps the window while its session is expected back; a
@@ -33,11 +34,12 @@ from typing import Any
 
 from kvgate.gate.readings import UsageReading
 from kvgate.wire.kv_pins import MAX_SESSION_CHARS
+from kvgate.wire.routes import PROMPT_KINDS
 
 log = logging.getLogger(__name__)
 
 PIN_MODES = ("auto", "off")
-PIN_ROUTE_KINDS = frozenset({"chat", "completion"})  # vLLM's requests with `kv_transfer_params`
+PIN_ROUTE_KINDS = PROMPT_KINDS  # vLLM takes `kv_transfer_params` on every prompt route
 MIN_PIN_TTL_SEC = 1.0  # a pin outlives the turn's own response by at least this much
 
 SendReleases = Callable[[tuple[str, ...]], Coroutine[Any, Any, None]]

@@ -235,6 +235,7 @@ RENDERING: tuple[Internal, ...] = (
 
 _CONNECTOR = "retention_connector.KvgateRetentionConnector"
 _KEEPER = "pin_keeper.PinKeeper"
+_PIN_ROUTES = "gate.pins.PIN_ROUTE_KINDS (the gate's pins, as kv_transfer_params.kvgate_pin)"
 _BASE = "KVConnectorBase_V1"
 
 RETENTION: tuple[Internal, ...] = (
@@ -255,6 +256,11 @@ RETENTION: tuple[Internal, ...] = (
     Call(CONNECTOR_BASE, f"{_BASE}.save_kv_layer", _CONNECTOR, positional=3),
     Call(CONNECTOR_BASE, f"{_BASE}.wait_for_save", _CONNECTOR),
     Member(REQUEST, "Request.kv_transfer_params", _CONNECTOR),
+    # The gate's pin rides in the body's kv_transfer_params on every prompt route.
+    Member(CHAT, "ChatCompletionRequest.kv_transfer_params", _PIN_ROUTES),
+    Member(COMPLETION, "CompletionRequest.kv_transfer_params", _PIN_ROUTES),
+    Member(ANTHROPIC_PROTOCOL, "AnthropicMessagesRequest.kv_transfer_params", _PIN_ROUTES),
+    Member(RESPONSES_PROTOCOL, "ResponsesRequest.kv_transfer_params", _PIN_ROUTES),
     # Pins are references in the scheduler's block pool; allocations that fail yield them.
     Call(KV_MANAGER, "KVCacheManager.allocate_slots", "pin_keeper.PinKeeper.yielding", positional=2),
     Member(BLOCK_POOL, "BlockPool.blocks", _KEEPER),

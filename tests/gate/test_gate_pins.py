@@ -87,9 +87,24 @@ async def test_no_pin_without_a_window_a_pinning_replica_or_gate_pins(metrics, c
         assert_clean(gate, clock)
     probe = PinningProbe()
     gate = _gate(metrics, clock, probe)
-    lease = await gate.acquire("a", "messages", body("a"))  # vLLM's Anthropic route takes no kv_transfer_params
+    lease = await gate.acquire("a", "models", {})  # a route without a prompt holds no window
     assert lease.pin is None
     lease.release()
+    assert_clean(gate, clock)
+
+
+async def test_every_prompt_route_is_pinned(metrics, clock):
+    """vLLM takes `kv_transfer_params` on chat, completions, Anthropic messages and
+    Responses alike (tests/vllm_plugin/test_pins_on_vllm.py sends a pin on the last two)."""
+    probe = PinningProbe()
+    gate = _gate(metrics, clock, probe)
+    for route in ("chat", "completion", "messages", "responses"):
+        probe.set_prefix(f"s-{route}", total=20, hit=18)  # resident: admitted with a window
+        lease = await gate.acquire(f"s-{route}", route, body(f"s-{route}"))
+        assert lease.pin is not None and lease.pin.session == f"s-{route}", route
+        lease.release()
+        gate.finish_session(f"s-{route}")
+    await settle()
     assert_clean(gate, clock)
 
 

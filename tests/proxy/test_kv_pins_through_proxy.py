@@ -10,6 +10,7 @@ import contextlib
 
 import aiohttp
 import orjson
+import pytest
 
 from kvgate.balancer.settings import ReplicaSettings
 from kvgate.gate.settings import GateSettings
@@ -41,10 +42,21 @@ async def pinning_stack(gate: GateSettings):
         await replica.stop()
 
 
-async def turn(http: aiohttp.ClientSession, session: str, finish: bool = False, **fields) -> str:
-    body = {"model": "kvgate-sim", "messages": [{"role": "user", "content": CONTEXT}], "max_tokens": 4, **fields}
+# Every prompt route, as a client of each API sends a turn to it (vLLM takes
+# `kv_transfer_params` on all four).
+ROUTES = {
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": CONTEXT}], "max_tokens": 4}),
+    "completion": ("/v1/completions", {"prompt": CONTEXT, "max_tokens": 4}),
+    "messages": ("/v1/messages", {"messages": [{"role": "user", "content": CONTEXT}], "max_tokens": 4}),
+    "responses": ("/v1/responses", {"input": CONTEXT, "max_output_tokens": 16}),
+}
+
+
+async def turn(http: aiohttp.ClientSession, session: str, finish: bool = False, route: str = "chat", **fields) -> str:
+    path, fields_of_route = ROUTES[route]
+    body = {"model": "kvgate-sim", **fields_of_route, **fields}
     headers = {"x-session-id": session, **({"x-session-finish": "true"} if finish else {})}
-    async with http.post("/v1/chat/completions", json=body, headers=headers) as resp:
+    async with http.post(path, json=body, headers=headers) as resp:
         assert resp.status == 200, await resp.text()
         return resp.headers["x-kvgate-admission"]
 
@@ -57,12 +69,13 @@ async def until_released(pins) -> None:
     raise AssertionError(f"the pin was not released: {pins.num_pinned_sessions} sessions pinned")
 
 
-async def test_the_gate_pins_a_window_and_releases_it_when_the_session_ends():
+@pytest.mark.parametrize("route", sorted(ROUTES))
+async def test_the_gate_pins_a_window_and_releases_it_when_the_session_ends(route):
     async with pinning_stack(GateSettings()) as (app, http, pins):
-        assert await turn(http, "a") in ("window_fits", "holds_window")  # the first reading: no pins known yet
-        assert await turn(http, "a") == "holds_window"
+        assert await turn(http, "a", route=route) in ("window_fits", "holds_window")  # no pins known yet
+        assert await turn(http, "a", route=route) == "holds_window"
         assert pins.num_pinned_sessions == 1 and pins.pinned("a") is not None and pins.num_pinned_blocks > 0
-        await turn(http, "a", finish=True)
+        await turn(http, "a", finish=True, route=route)
         await until_released(pins)
         counts = app.admission.counts()
         assert (counts["leases"], counts["waiters"], counts["attempts"]) == (0, 0, 0), counts

@@ -74,3 +74,26 @@ async def test_a_pinned_window_hits_whole_after_a_flood_and_an_unpinned_one_does
         await client.release("measured")
     print(f"window of {window} blocks, flood of {turns} x {flood}: pinned hit {hits[0]:.2f}, unpinned {hits[1]:.2f}")
     assert hits == (1.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/messages", {"max_tokens": 2, "messages": [{"role": "user", "content": "pin me " * 40}]}),
+        ("/v1/responses", {"max_output_tokens": 16, "input": "pin me " * 40}),
+    ],
+    ids=["messages", "responses"],
+)
+async def test_vllm_keeps_a_pin_sent_on_the_anthropic_and_responses_routes(pinning_server, path, body):
+    """The gate pins on every prompt route (gate.pins.PIN_ROUTE_KINDS): vLLM hands the
+    body's `kv_transfer_params` of an Anthropic messages or a Responses turn to the
+    connector as it does a chat turn's, and the connector keeps the pin."""
+    async with aiohttp.ClientSession() as http:
+        client = _Client(replica(pinning_server), http)
+        pin = client.pin(f"route-{path}")
+        sent = {"model": "tiny", **body, "kv_transfer_params": {"kvgate_pin": pin.to_json()}}
+        async with http.post(pinning_server.url + path, json=sent, headers=client.replica.headers) as resp:
+            assert resp.status == 200, await resp.text()
+        assert (await client.kv()).num_pinned_sessions == 1
+        released = await client.release(pin.session)
+    assert released.released_sessions == 1 and released.released_blocks > 0
