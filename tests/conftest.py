@@ -11,8 +11,9 @@ it is the longest run of tests one worker must take in turn.
 The cluster crosscheck (tests/bench/test_cluster_crosscheck.py) compares virtual time
 with two wall-clock benchmark runs of about 25 s that mostly sleep. They start in the
 background with the first test of the crosscheck's group (tests/bench/crosscheck_runs.py),
-and the group also takes the tests of CROSSCHECK_COMPANIONS, which run on that worker
-meanwhile; the crosscheck's own tests come last in the group and wait for what is left.
+and the group also takes the tests of CROSSCHECK_COMPANIONS (the observability tests
+included: the group keeps them on one worker), which run on that worker meanwhile; the
+crosscheck's own tests come last in the group and wait for what is left.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import pytest
 GROUPED_FOLDERS = {"vllm_plugin": "vllm", "observability": "observability", "browser": "browser"}
 CROSSCHECK = "cluster_crosscheck"
 CROSSCHECK_FILE = "tests/bench/test_cluster_crosscheck.py"
-# Folders of short in-process tests (about 25 s together on a loaded 2-core machine), little
-# CPU each: they keep the crosscheck's worker busy while its benchmarks sleep.
-CROSSCHECK_COMPANIONS = ("gate", "simulator", "security")
+# Folders whose tests mostly wait too (on Prometheus, timeouts, loopback servers: about 20 s
+# on one worker, a fifth of a core): they keep the crosscheck's worker busy while its
+# benchmarks sleep and add little load to the machine the benchmarks are timed on.
+CROSSCHECK_COMPANIONS = ("observability", "security", "balancer", "wire")
 
 
 def _folder(item: pytest.Item) -> str | None:
