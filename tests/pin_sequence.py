@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -31,13 +32,16 @@ TOKEN_RANGE = (
 class PinReplica:
     """A replica under test: its URL, served model, the headers a gate sends (client key and
     replica key) and the replica key pins are proved with (None: an open replica API).
-    `preemptions`, when given, reads the engine's preemption count."""
+    `preemptions`, when given, reads the engine's preemption count. `short_ttl_sec`: the
+    ttl of the pin that must end by itself, long enough that the replica still holds it
+    when its turn has been answered and its kv read."""
 
     url: str
     model: str
     headers: dict
     replica_key: str | None
     preemptions: Callable[[], Awaitable[float]] | None = None
+    short_ttl_sec: float = 1.0
 
 
 class _Client:
@@ -139,10 +143,12 @@ async def _invalid_pins_are_ignored(client: _Client, size: int) -> None:
 
 async def _ttl_expires(client: _Client, size: int) -> None:
     """A pin ends by itself `ttl_sec` after its turn, with no release."""
-    await client.turn(prompt_of(6, 2, size), client.pin("d", ttl_sec=1.0))
+    ttl = client.replica.short_ttl_sec
+    await client.turn(prompt_of(6, 2, size), client.pin("d", ttl_sec=ttl))
     assert (await client.kv()).num_pinned_sessions == 1
-    await asyncio.sleep(1.5)
-    kv = await client.kv()
+    deadline = time.monotonic() + ttl + 0.5  # read until it ends, at most half a second late
+    while (kv := await client.kv()).num_pinned_sessions and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     assert kv.num_pinned_sessions == 0 and kv.num_pinned_blocks == 0, f"the pin outlived its ttl: {kv}"
 
 

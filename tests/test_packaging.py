@@ -23,6 +23,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# One worker runs this file's tests: the module's wheel is built once (4-7 s), not once per worker.
+pytestmark = pytest.mark.xdist_group("packaging")
+
 # group -> the entry point kvgate must register in it
 ENTRY_POINTS = {
     "console_scripts": "kvgate",

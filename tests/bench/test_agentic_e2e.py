@@ -27,16 +27,23 @@ def test_tiny_regime_direct_and_kvgate(tmp_path):
     ]
 
 
+API_RUN = ("kvgate-working_set", "--retry-prob", "0")
+
+
+@pytest.fixture(scope="module")
+def chat_run(tmp_path_factory) -> dict:
+    """The conversation through chat, run once for every API it is compared with."""
+    return run_tiny_regime(tmp_path_factory.mktemp("chat"), *API_RUN, "--api", "chat")[0]
+
+
+@pytest.mark.xdist_group("agentic_chat_run")  # one worker runs both APIs' tests, and chat once
 @pytest.mark.parametrize("api", ["messages", "responses"])
-def test_tiny_regime_speaks_each_client_api(tmp_path, api):
+def test_tiny_regime_speaks_each_client_api(tmp_path, api, chat_run):
     """The same conversation through /v1/messages and /v1/responses: every turn answered,
     the same prompt tokens as through chat (one rendering), sessions recognised by kvgate."""
-    documents = {}
-    for which in ("chat", api):
-        out = tmp_path / which
-        documents[which], _ = run_tiny_regime(out, "kvgate-working_set", "--api", which, "--retry-prob", "0")
-    summary, chat = documents[api]["modes"]["kvgate-working_set"], documents["chat"]["modes"]["kvgate-working_set"]
-    assert documents[api]["api"] == api and summary["api"] == api
+    document, _ = run_tiny_regime(tmp_path / api, *API_RUN, "--api", api)
+    summary, chat = document["modes"]["kvgate-working_set"], chat_run["modes"]["kvgate-working_set"]
+    assert document["api"] == api and summary["api"] == api
     assert summary["turns_ok"] == summary["turns_planned"] > 0 and summary["turns_failed"] == 0
     assert summary["prompt_tokens_queried"] == chat["prompt_tokens_queried"]
     assert "anonymous" not in summary["admission_reasons"]  # every turn was a named session

@@ -177,7 +177,7 @@ def test_the_cluster_rows_run_their_command_and_keep_the_regime_rows(tmp_path, m
     small = (
         results_page.ClusterRow(
             "failure", "a failure", ("--regime", "tiny", "--agents", "4", "--duration", "20", "--fail-at-half",
-                                     "--replicas", "2", "--policies", "sticky,working_set"), ("table.md",)
+                                     "--replicas", "2", "--policies", "sticky,working_set", "--no-plots"), ("table.md",)
         ),
         results_page.ClusterRow(
             "sweep", "a sweep", ("--regime", "tiny", "--policies", "sticky", "--replicas", "1,2", "--p95", "9"),

@@ -28,7 +28,7 @@ async def priority_stack(
 ):
     """kvgate before one replica of `num_blocks` blocks; the work-conserving rule off, so
     that a turn that does not fit beside the windows is one the gate would hold. An idle
-    window lives at least `quiet_floor_sec`."""
+    window lives at least `quiet_floor_sec`; a held turn is re-decided every 0.1 s."""
     # Every reply exactly max_tokens long: the arithmetic below decodes each turn's whole allowance.
     (replica,) = await start_simulated_replicas(
         1,
@@ -47,7 +47,12 @@ async def priority_stack(
 
     replica.engine.add_request = recording_add_request  # type: ignore[method-assign]  # records, then the real one
     gate = GateSettings(
-        mode="enforce", policy="working_set", work_conserving=False, held_priority=1, quiet_floor_sec=quiet_floor_sec
+        mode="enforce",
+        policy="working_set",
+        work_conserving=False,
+        held_priority=1,
+        quiet_floor_sec=quiet_floor_sec,
+        wait_poll_sec=0.1,  # not the default 1 s: a held turn goes in soon after the window ends
     )
     app = create_app(Settings(replicas=(ReplicaSettings(replica.name, replica.url),), gate=gate), health_checks=False)
     try:
@@ -76,8 +81,9 @@ async def test_a_turn_the_gate_would_hold_runs_at_low_priority_and_yields_to_the
     allowance (25): 48. While a decodes, b (23 blocks and 13 of output allowance) fits
     vLLM's free blocks but not the windows' books: the gate would hold it; it goes in at
     priority 1 instead. The two outgrow the cache and the engine preempts b, not a."""
-    # a's idle window must outlive the moments between its turns however loaded the machine
-    async with priority_stack("priority", num_blocks=64, time_scale=1.0, quiet_floor_sec=30.0) as (
+    # a's idle window must outlive the moments between its turns however loaded the machine;
+    # at half the cost model's step times a still decodes for a second and more after b is sent
+    async with priority_stack("priority", num_blocks=64, time_scale=0.5, quiet_floor_sec=30.0) as (
         app,
         client,
         seen,

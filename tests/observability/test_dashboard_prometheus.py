@@ -35,7 +35,8 @@ from kvgate.simulator.reply_model import FIXED_LENGTHS
 from tests.observability.helpers import ALERT_RULES, DASHBOARD, dashboard_queries
 
 RATE_INTERVAL = "1m"
-SCRAPE_INTERVAL = "1s"
+SCRAPE_INTERVAL_SEC = 0.5
+SCRAPE_INTERVAL = f"{SCRAPE_INTERVAL_SEC * 1000:.0f}ms"  # as often as the mirror refreshes
 
 # A thrash load in a few seconds: 8 concurrent sessions whose prompts need about twice
 # the two replicas' caches, growing every turn, with retries (409s) and short tool calls.
@@ -217,8 +218,8 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometh
             assert len(ok) >= len(driver.turns) * 0.9, "the load itself failed; see the kvgate log"
 
             # ---- every dashboard query returns data, and the mirror caught up -------------------
-            # The last changes reach the mirror (every 0.5 s) and Prometheus (every 1 s) a few
-            # seconds after the load, more on a loaded machine: ask again until every panel has
+            # The last changes reach the mirror (every 0.5 s) and Prometheus (every 0.5 s) a
+            # second or two after the load, more on a loaded machine: ask again until every panel has
             # data and the mirrored counters equal the replicas' own, for up to a minute; a panel
             # whose query can never have data, or a mirror that drifts, stays so and fails below.
             async def mirror_pairs() -> list[tuple]:
@@ -246,7 +247,7 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometh
                 caught_up = all(own and own == mirrored for _, _, own, mirrored in mirrored_pairs)
                 if (not empty and caught_up) or time.monotonic() > deadline:
                     break
-                await asyncio.sleep(1)
+                await asyncio.sleep(SCRAPE_INTERVAL_SEC)
             targets = (await prometheus.api(http, "targets"))["activeTargets"]
             assert not empty, "dashboard panels without data:\n" + "\n".join(empty) + f"\ntargets: {targets}"
 

@@ -138,23 +138,31 @@ async def test_refusals_pass_through_a_front_door_unchanged(http, aiohttp_server
         {"role": "front_door", "replicas": [{"name": "fake0", "url": gate.url}], "gate": {"mode": "off"}},
         health_checks=False,
     )
-    try:
-        body = {"model": "m", "messages": [{"role": "user", "content": "cold"}], "id": "cold"}
-        script.prefix("cold", 10, 0)
-        (status, headers, err), direct = await asyncio.gather(
-            post(http, door.url, "/v1/chat/completions", body, {"x-session-id": "s"}),
-            post(http, gate.url, "/v1/chat/completions", body, {"x-session-id": "s2"}),
-        )
-        assert (status, err["error"]["code"]) == (503, "admission_timeout") == (direct[0], direct[2]["error"]["code"])
-        assert headers["Retry-After"] == direct[1]["Retry-After"] and headers["x-kvgate-replica"] == "fake0"
+    requests: list[asyncio.Future] = []
 
-        first = asyncio.ensure_future(post(http, door.url, "/v1/chat/completions", body, {"x-session-id": "p"}))
-        await until(lambda: gate.app.admission.state()["fake0"]["waiters"] == ["p"], "a waiter")
-        second = asyncio.ensure_future(post(http, door.url, "/v1/chat/completions", body, {"x-session-id": "p"}))
+    def send(url: str, session: str) -> asyncio.Future:
+        requests.append(asyncio.ensure_future(post(http, url, "/v1/chat/completions", body, {"x-session-id": session})))
+        return requests[-1]
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "cold"}], "id": "cold"}
+    script.prefix("cold", 10, 0)
+    try:
+        # the timeouts (sessions s, s2) and the superseded turn (session p) wait side by side
+        timeouts = send(door.url, "s"), send(gate.url, "s2")
+        first = send(door.url, "p")
+        await until(lambda: "p" in gate.app.admission.state().get("fake0", {}).get("waiters", []), "a waiter")
+        second = send(door.url, "p")
         status, _, err = await first
         assert (status, err["error"]["code"]) == (409, "admission_superseded")
         assert (await second)[0] == 503
+
+        (status, headers, err), direct = await timeouts[0], await timeouts[1]
+        assert (status, err["error"]["code"]) == (503, "admission_timeout") == (direct[0], direct[2]["error"]["code"])
+        assert headers["Retry-After"] == direct[1]["Retry-After"] and headers["x-kvgate-replica"] == "fake0"
     finally:
+        for request in requests:
+            request.cancel()
+        await asyncio.gather(*requests, return_exceptions=True)
         await door.close()
         await gate.close()
     assert gate.app.admission.counts() == CLEAN

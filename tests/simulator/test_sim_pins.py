@@ -30,7 +30,9 @@ async def test_the_simulated_replica_passes_the_pin_sequence(replica_key):
     headers = {REPLICA_KEY_HEADER: replica_key} if replica_key else {}
     try:
         async with aiohttp.ClientSession() as http:
-            await run_pin_sequence(PinReplica(replica.url, "kvgate-sim", headers, replica_key, preemptions), http)
+            # the simulated replica answers at once: a pin of 0.3 s is still held when read back
+            pins = PinReplica(replica.url, "kvgate-sim", headers, replica_key, preemptions, short_ttl_sec=0.3)
+            await run_pin_sequence(pins, http)
     finally:
         await replica.stop()
 

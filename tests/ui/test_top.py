@@ -52,10 +52,13 @@ async def top(*args: str, token: str | None = TOKEN, timeout: float = 30) -> tup
 
 
 async def test_top_once_shows_replicas_and_sessions(serve, tmp_path):
-    for session in ("alpha", "beta", "gamma"):
-        status, _ = await turn(serve, session)
+    for status, _ in await asyncio.gather(*(turn(serve, session) for session in ("alpha", "beta", "gamma"))):
         assert status == 200
-    code, out, err = await top("--once", "--url", serve)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    (code, out, err), (file_code, file_out, _) = await asyncio.gather(  # two processes at once
+        top("--once", "--url", serve), top("--once", "--url", serve, "--token-file", str(token_file), token=None)
+    )
     assert code == 0, err
     assert "\x1b" not in out  # --once prints plain text
     lines = out.splitlines()
@@ -65,19 +68,20 @@ async def test_top_once_shows_replicas_and_sessions(serve, tmp_path):
     for session in ("alpha", "beta", "gamma"):  # a window each (working_set admits them window_fits)
         (row,) = [line for line in lines if line.startswith(session + " ")]
         assert session_hash(session) in row and "window_fits:1" in row
-
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
-    code, out, _ = await top("--once", "--url", serve, "--token-file", str(token_file), token=None)
-    assert code == 0 and "SESSIONS HOLDING A WINDOW (3)" in out
+    assert file_code == 0 and "SESSIONS HOLDING A WINDOW (3)" in file_out
 
 
 async def test_top_says_what_is_wrong(serve):
-    code, _, err = await top("--once", "--url", serve, token="wrong")
+    wrong, missing, unreachable = await asyncio.gather(  # three processes at once
+        top("--once", "--url", serve, token="wrong"),
+        top("--once", "--url", serve, token=None),
+        top("--once", "--url", "http://127.0.0.1:9", token=TOKEN),
+    )
+    code, _, err = wrong
     assert code == 2 and "refused the admin token" in err
-    code, _, err = await top("--once", "--url", serve, token=None)
+    code, _, err = missing
     assert code == 2 and "KVGATE_ADMIN__TOKEN" in err
-    code, _, err = await top("--once", "--url", "http://127.0.0.1:9", token=TOKEN)
+    code, _, err = unreachable
     assert code == 1 and "cannot read http://127.0.0.1:9/admin/status" in err
 
 
