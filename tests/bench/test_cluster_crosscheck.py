@@ -26,20 +26,21 @@ they must agree within:
 Those tolerances hold on a machine with a few other busy processes. Other work on the
 machine makes each of the wall-clock run's timer wake-ups (an engine step's sleep, each
 HTTP hop) late by the time its process waits for a CPU, which virtual time cannot know.
-So the test measures that lateness while the benchmark runs (`Lateness`: a process that
+So the test measures that lateness while the benchmark runs (`Lateness`: a thread that
 sleeps 5 ms at a time and records how late it wakes) and lets the wall-clock figures run
 later than virtual time by that much more: per turn, lateness x `WAKES_PER_TURN`; for the
 makespan, x that many per turn of the longest session. Only in that direction: a loaded
 machine never makes the wall-clock run faster. On a quiet machine the lateness is a
 fraction of a millisecond and the bounds are the ones above.
-
-The two modes' wall-clock runs run at once, in the background (tests/bench/crosscheck_runs.py):
-each mostly sleeps, so tests/conftest.py starts them with the first test of this file's
-xdist group and fills the group with other tests, which run meanwhile; these tests come
-last and wait for what is left.
 """
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
@@ -49,25 +50,58 @@ from kvgate.bench.cluster.report import summarize
 from kvgate.bench.cluster.run import ClusterConfig, run_policy
 from kvgate.bench.cluster.workload import sessions_of
 from kvgate.simulator.config import EngineConfig
-from tests.bench.crosscheck_runs import CHANGES, MODES, RUNS, TIME_SCALE, Lateness
 
-# The xdist group tests/conftest.py starts the wall-clock runs for, and fills with other tests.
-pytestmark = pytest.mark.xdist_group("cluster_crosscheck")
-
+CHANGES = {"sessions": 12, "concurrency": 12, "turns_min": 4, "turns_max": 5}
+# Steps 10x the cost model's (thrash runs 1.5x): what the wall-clock run adds per step and
+# per turn (a late wake-up, an HTTP hop, a prefix probe that a starved replica answers in
+# tens of milliseconds) stays about the same at any scale, so longer steps keep it a small
+# share of each turn. At 4x, with six busy loops beside it on two cores, the gated run's
+# makespan came out 1.7x virtual time's; at 10x, 1.12x.
+TIME_SCALE = 10.0
+MODES = {"sticky": "sticky", "kvgate-working_set": "working_set"}  # bench mode -> cluster policy
 # A turn's timer wake-ups in the wall-clock run: an engine step's sleep for each of its
 # 8 reply tokens and its prefill (2 chunks at most), and about 6 hops (client, proxy,
 # replica and back; a gate probe), so 16.
 WAKES_PER_TURN = 16
 
 
-@pytest.fixture(scope="module")
-def wall_clock_runs():
-    """Both modes' wall-clock runs (started at the beginning of this xdist group) and the
-    machine's wake-up lateness while they ran."""
-    try:
-        yield RUNS.results()
-    finally:
-        RUNS.stop()
+class Lateness:
+    """How late this machine wakes a sleeping thread, on average, while the `with` block runs."""
+
+    def __init__(self, period_sec: float = 0.005) -> None:
+        self.period = period_sec
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            time.sleep(self.period)
+            self.samples.append(max(0.0, time.monotonic() - started - self.period))
+
+    def __enter__(self) -> Lateness:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def mean_sec(self) -> float:
+        return sum(self.samples) / len(self.samples) if self.samples else 0.0
+
+
+def _bench(out, mode: str) -> dict:
+    options = [f"--{name.replace('_', '-')}={value}" for name, value in CHANGES.items()]
+    result = subprocess.run(
+        [sys.executable, "-m", "kvgate.bench.agentic", "--regime", "thrash", "--modes", mode,
+         *options, f"--time-scale={TIME_SCALE}", "--out", str(out), "--no-plots", "--request-timeout", "60"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads((out / "results.json").read_text())["modes"]
 
 
 def _cluster(policy: str) -> dict:
@@ -93,16 +127,16 @@ def _close(simulated: float, measured: float, relative: float, absolute: float =
     return -allowed <= measured - simulated <= allowed + late
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_virtual_time_agrees_with_the_wall_clock_benchmark(wall_clock_runs: tuple[dict, Lateness], mode):
-    runs, lateness = wall_clock_runs
-    m = runs[mode]
+@pytest.mark.parametrize("mode", MODES)  # one mode a test: two workers run them at once
+def test_virtual_time_agrees_with_the_wall_clock_benchmark(tmp_path, mode):
+    with Lateness() as lateness:
+        m = _bench(tmp_path / "bench", mode)[mode]
     policy = MODES[mode]
     s = _cluster(policy)
     turn_late = lateness.mean_sec * WAKES_PER_TURN
     late = {"makespan_s": turn_late * CHANGES["turns_max"], "turn_mean_s": turn_late, "turn_p95_s": turn_late}
     print(f"\nwake-up lateness during the wall-clock run: {lateness.mean_sec * 1000:.2f} ms mean "
-          f"({lateness.samples} samples); a turn may run {turn_late:.3f} s later")  # fmt: skip
+          f"({len(lateness.samples)} samples); a turn may run {turn_late:.3f} s later")  # fmt: skip
     report = []
     assert m["turns_failed"] == 0 and s["turns_failed"] == 0
     assert s["turns_ok"] == m["turns_ok"]
