@@ -7,7 +7,9 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-GATE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
+Options = dict[str, tuple[Callable[[str], Any], str]]  # option name -> (its type, its help)
+
+GATE_OPTIONS: Options = {
     "high_watermark": (float, "KV usage at or above which the gate checks prefixes"),
     "hit_threshold": (float, "prefix hit ratio that admits a session under pressure"),
     "idle_grace_sec": (float, "how long a session keeps its window between turns"),
@@ -23,9 +25,6 @@ GATE_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
         "yes|no: working_set policy admits a held turn when holding costs more than the re-prefill it causes",
     ),
 }
-
-
-Options = dict[str, tuple[Callable[[str], Any], str]]  # option name -> (its type, its help)
 
 
 def add_option_flags(group: Any, options: Options, prefix: str) -> None:
@@ -47,6 +46,11 @@ def add_gate_options(parser: argparse.ArgumentParser, title: str) -> None:
     add_option_flags(parser.add_argument_group(title), GATE_OPTIONS, "g_")
 
 
+def option_values(args: argparse.Namespace, options: Options, prefix: str) -> dict[str, Any]:
+    """The options `add_option_flags(group, options, prefix)` added that were given, by name."""
+    return {name: getattr(args, prefix + name) for name in options if getattr(args, prefix + name) is not None}
+
+
 def gate_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The gate settings the command line sets (`add_gate_options`' flags that were given)."""
-    return {name: getattr(args, "g_" + name) for name in GATE_OPTIONS if getattr(args, "g_" + name) is not None}
+    return option_values(args, GATE_OPTIONS, "g_")

@@ -38,7 +38,7 @@ from kvgate.bench.agentic.runner import MODES, RENAMED_MODES, RunPlan, model_nam
 from kvgate.bench.agentic.sweep import DEFAULT_GRID, SWEPT_SETTINGS, best_point, format_sweep, grid_points, parse_values
 from kvgate.bench.agentic.topologies import TOPOLOGY_MODES
 from kvgate.bench.agentic.workload import Workload, generate_workload, workload_from_trace
-from kvgate.bench.gate_options import add_gate_options, add_option_flags, gate_overrides
+from kvgate.bench.gate_options import add_gate_options, add_option_flags, gate_overrides, option_values
 from kvgate.simulator.agent_trace import AgentTraceSpec, generate_trace
 from kvgate.simulator.cost_presets import COST_PRESETS
 
@@ -208,20 +208,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def _overrides(args, prefix: str, names) -> dict:
-    return {n: getattr(args, prefix + n) for n in names if getattr(args, prefix + n) is not None}
-
-
 def _workload(args, regime: Regime) -> tuple[Workload, float]:
     """The run's workload (regime + overrides) and its token scale (1 for word workloads)."""
     if isinstance(regime.workload, AgentTraceSpec):
-        unsupported = sorted(set(_overrides(args, "w_", _WORKLOAD_OPTIONS)) - {"sessions", "concurrency"})
+        unsupported = sorted(set(option_values(args, _WORKLOAD_OPTIONS, "w_")) - {"sessions", "concurrency"})
         if unsupported or args.shared_system_prompt is not None:
             raise ValueError(
                 f"regime {regime.name} is an agent trace: {unsupported or ['shared_system_prompt']} do not apply "
                 "(use --sessions, --agents, --token-scale, --tool-time-max-s)"
             )
-        changes = _overrides(args, "t_", _TRACE_OPTIONS)
+        changes = option_values(args, _TRACE_OPTIONS, "t_")
         if args.w_sessions is not None:
             changes["sessions"] = args.w_sessions
         if args.w_concurrency is not None:
@@ -232,7 +228,7 @@ def _workload(args, regime: Regime) -> tuple[Workload, float]:
         return workload_from_trace(generate_trace(trace, args.seed), send_finish), trace.token_scale
     if any(getattr(args, "t_" + name) is not None for name in _TRACE_OPTIONS):
         raise ValueError(f"--agents, --token-scale and --tool-time-max-s need a trace-* regime, not {regime.name}")
-    spec = regime.workload.replace(**_overrides(args, "w_", _WORKLOAD_OPTIONS))
+    spec = regime.workload.replace(**option_values(args, _WORKLOAD_OPTIONS, "w_"))
     if args.shared_system_prompt is not None:
         spec = spec.replace(shared_system_prompt=args.shared_system_prompt == "yes")
     if args.send_finish is not None:
@@ -248,7 +244,7 @@ def build_plan(args) -> tuple[RunPlan, str]:
     preset = args.cost_preset or regime.cost_preset
     if preset is not None:
         shape = preset_shape(preset, token_scale, shape.time_scale, regime.kv_fraction)
-    shape = replace(shape, **_overrides(args, "r_", _SHAPE_OPTIONS))
+    shape = replace(shape, **option_values(args, _SHAPE_OPTIONS, "r_"))
     settings = {**regime.gate, **gate_overrides(args)}
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     renamed = [f"{m!r} is now {RENAMED_MODES[m]!r}" for m in modes if m in RENAMED_MODES]
