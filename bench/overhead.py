@@ -97,6 +97,13 @@ def add_command(subparsers) -> None:
     parser.add_argument(
         "--session-clients", type=int, default=16, help="concurrent clients of --sessions runs (default 16)"
     )
+    parser.add_argument(
+        "--session-rate",
+        type=float,
+        metavar="RPS",
+        help="--sessions runs send this many requests per second, gate off and on alike, so both "
+        "kvgates serve the same load (default: as fast as each answers)",
+    )
     parser.add_argument("--out", metavar="FILE", help="also write the results as JSON to FILE")
     parser.set_defaults(func=overhead_command)
 

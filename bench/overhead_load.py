@@ -44,13 +44,29 @@ def build_request(host: str, port: int, stream: bool, session: str) -> bytes:
 
 
 async def worker(
-    host: str, port: int, requests: list[bytes], start: float, stop: float, latencies: list, errors: list, once=False
+    host: str,
+    port: int,
+    requests: list[bytes],
+    start: float,
+    stop: float,
+    latencies: list,
+    errors: list,
+    once=False,
+    interval: float = 0.0,
 ) -> None:
-    """Send `requests` in turn until `stop` (`once`: each one once)."""
+    """Send `requests` in turn until `stop` (`once`: each one once). `interval` > 0: send
+    the k-th request no earlier than `interval` * k seconds after the first (paced; a late
+    answer is not made up for by a burst)."""
     reader, writer = await asyncio.open_connection(host, port)
     sent = 0
+    due = time.perf_counter()
     try:
         while True:
+            if interval > 0:
+                due = max(due + interval, time.perf_counter()) if sent else due
+                pause = due - time.perf_counter()
+                if pause > 0:
+                    await asyncio.sleep(pause)
             t0 = time.perf_counter()
             if t0 >= stop or (once and sent == len(requests)):
                 return
@@ -90,6 +106,7 @@ async def run(
     stream: bool,
     sessions: int | None = None,
     prime: bool = False,
+    rate: float | None = None,
 ) -> dict:
     parts = urlsplit(url)
     host, port = parts.hostname, parts.port or 80
@@ -105,9 +122,14 @@ async def run(
         [build_request(host, port, stream, session) for session in sessions_of(i, concurrency, sessions)]
         for i in range(concurrency)
     ]
+    interval = concurrency / rate if rate and not prime else 0.0  # each worker's share of the rate
     began = time.perf_counter()
     await asyncio.gather(
-        *(worker(host, port, requests, start, stop, latencies, errors, prime) for requests in workers if requests)
+        *(
+            worker(host, port, requests, start, stop, latencies, errors, prime, interval)
+            for requests in workers
+            if requests
+        )
     )
     if prime:
         duration = time.perf_counter() - began
@@ -135,14 +157,28 @@ def cli() -> None:
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--sessions", type=int, help="session ids the workers take in turn (default: one per worker)")
     parser.add_argument("--prime", action="store_true", help="send each of the --sessions once, then stop")
+    parser.add_argument(
+        "--rate", type=float, help="requests per second, all workers together (default: each as fast as it is answered)"
+    )
     args = parser.parse_args()
+    if args.rate is not None and args.rate <= 0:
+        parser.error(f"--rate must be > 0, got {args.rate}")
     from kvgate.proxy.server import run as run_loop
 
     result = {}
 
     async def main():
         result.update(
-            await run(args.url, args.concurrency, args.duration, args.warmup, args.stream, args.sessions, args.prime)
+            await run(
+                args.url,
+                args.concurrency,
+                args.duration,
+                args.warmup,
+                args.stream,
+                args.sessions,
+                args.prime,
+                args.rate,
+            )
         )
 
     run_loop(main())

@@ -67,7 +67,10 @@ def measure_size(
     for repeat in range(args.repeats):
         for target in urls:
             before = process_cpu_seconds(pids[target])
-            result = run_load(urls[target], clients, args.duration, args.warmup, False, ["--sessions", str(sessions)])
+            paced = ["--rate", str(args.session_rate)] if args.session_rate else []
+            result = run_load(
+                urls[target], clients, args.duration, args.warmup, False, ["--sessions", str(sessions), *paced]
+            )
             after = process_cpu_seconds(pids[target])
             if before is not None and after is not None and result["requests"]:
                 result["cpu_us_per_request"] = (after - before) / result["requests"] * 1e6

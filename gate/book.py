@@ -19,8 +19,9 @@ state change goes through a `SessionBook` method, which keeps these invariants:
   of the session's recent gaps between turns (its own, else the replica's mean),
   never later than `grace` (the record then lives on, without its window, until
   `grace`). Expired records and windows are purged lazily: `purge(now)` pops due
-  deadlines from a heap (O(log n) per deadline; entries of a record that became
-  active again are stale and skipped).
+  deadlines from a heap, which holds one per idle period at a time (its window's quiet
+  end, then its grace; O(log n) per deadline; entries of a record that became active
+  again are stale and skipped).
 - A session's *gap* is the time from the end of its last turn (its last lease
   released) to the start of its next attempt; `gap_ewma` / `last_gap` are the
   session's, `replica_gap_ewma` the replica's over every session. A turn's *service
@@ -197,11 +198,14 @@ class SessionBook:
             rec.idle_gen += 1
             self.idle[rec.key] = rec
             rec.quiet_deadline = None
+            # One deadline at a time per idle period: the window's quiet end, then (pushed
+            # when that one is purged) the record's grace; a record without a window, its grace.
             if rec.has_window:
                 rec.quiet_deadline = now + self.quiet_lifetime(rec)
                 self._schedule(rec, rec.quiet_deadline)
                 self._idle_windows.add(rec)
-            self._schedule(rec, now + self.grace)
+            else:
+                self._schedule(rec, now + self.grace)
 
     def _schedule(self, rec: SessionRecord, when: float) -> None:
         self._seq += 1
@@ -333,9 +337,7 @@ class SessionBook:
         if rec is None:
             rec = self.records[key] = SessionRecord(key)
         self._leave(rec)
-        if rec.turn_ended_at is not None and rec.is_idle:
-            self._observe_gap(rec, max(0.0, now - rec.turn_ended_at))
-        rec.turn_ended_at = None
+        self._turn_arrives(rec, now)
         previous = None
         if callable(turn) and not rec.attempts:
             rec.attempts[UNNAMED_TURN], rec.unnamed_turn = attempt, turn
@@ -346,9 +348,16 @@ class SessionBook:
             if previous is not None:
                 rec.num_superseded += 1
             rec.attempts[name] = attempt
-        rec.finished = False
         self._enter(rec, now)
         return rec, previous
+
+    def _turn_arrives(self, rec: SessionRecord, now: float) -> None:
+        """A turn of the session starts acquiring (between _leave and _enter): the gap since
+        its last turn ended is observed, and a finished session is live again."""
+        if rec.turn_ended_at is not None and rec.is_idle:
+            self._observe_gap(rec, max(0.0, now - rec.turn_ended_at))
+        rec.turn_ended_at = None
+        rec.finished = False
 
     def _observe_gap(self, rec: SessionRecord, gap: float) -> None:
         rec.last_gap = gap
@@ -405,6 +414,47 @@ class SessionBook:
             return
         self._leave(rec)
         rec.drop_attempt(attempt)
+        self._admitted(rec, attempt, label, now, window, footprint, prompt_tokens, prompt_bound)
+        self._enter(rec, now)
+
+    def admit_at_once(
+        self,
+        rec: SessionRecord,
+        attempt: object,
+        label: str,
+        now: float,
+        window: bool = False,
+        footprint: int | None = None,
+        prompt_tokens: int | None = None,
+        prompt_bound: int | None = None,
+    ) -> SessionRecord:
+        """`begin_attempt` and `admit` in one step, for a turn admitted the moment it
+        arrives (the gate's calm path): the books end as the two calls leave them. `rec`
+        is the session's record, or a new one (`SessionRecord(key)`) that this books; the
+        session has no other attempt acquiring. Returns the booked record."""
+        assert not rec.attempts, "a session with an attempt acquiring is admitted through begin_attempt"
+        self.leases += 1
+        self.idle_since_replica = None
+        booked = self.records.setdefault(rec.key, rec)
+        assert booked is rec, "one record per session"
+        self._leave(rec)
+        self._turn_arrives(rec, now)
+        self._admitted(rec, attempt, label, now, window, footprint, prompt_tokens, prompt_bound)
+        self._enter(rec, now)
+        return rec
+
+    def _admitted(
+        self,
+        rec: SessionRecord,
+        attempt: object,
+        label: str,
+        now: float,
+        window: bool,
+        footprint: int | None,
+        prompt_tokens: int | None,
+        prompt_bound: int | None,
+    ) -> None:
+        """The admission's changes to the record (between _leave and _enter)."""
         # Another request of the session is in flight in its window (concurrent distinct
         # turns): the window covers both, priced together, and a windowless admission of
         # this one does not end the other's window.
@@ -422,7 +472,6 @@ class SessionBook:
             self._set_footprint(rec, footprint)
         rec.reasons[label] = rec.reasons.get(label, 0) + 1
         self.record_size(rec, prompt_tokens, prompt_bound)
-        self._enter(rec, now)
 
     def reprice(self, rec: SessionRecord, footprint: int, prompt_tokens: int, prompt_bound: int | None) -> bool:
         """Replace the price of an in-flight window admitted at an upper bound by its exact
@@ -562,10 +611,11 @@ class SessionBook:
             rec = self.records.get(key)
             if rec is None or rec.idle_gen != gen or not rec.is_idle:
                 continue  # stale: the record ended, or became active since
-            if now - rec.idle_since >= self.grace:
+            if rec.idle_since + self.grace <= now:  # the grace deadline's own sum: it is due
                 windows_ended |= rec.has_window
                 ended.append(self._end(rec))
-            elif rec.has_window and rec.quiet_deadline is not None and rec.quiet_deadline <= now:
+                continue
+            if rec.has_window and rec.quiet_deadline is not None and rec.quiet_deadline <= now:
                 # The window ends; the record stays idle (same period) until its grace.
                 self.windows_idle -= 1
                 self.idle_window_blocks -= rec.footprint
@@ -573,6 +623,8 @@ class SessionBook:
                 self._set_window(rec, False)
                 rec.quiet_deadline = None
                 windows_ended = True
+            if not rec.has_window:  # its window ended (quiet, or reclaimed before): its grace is next
+                self._schedule(rec, rec.idle_since + self.grace)
         return ended, windows_ended
 
     def next_expiry(self, now: float) -> float | None:

@@ -233,6 +233,7 @@ class _Turn:
     held_on: PrefixReading | None = None
     held_on_at: float = 0.0
     kept_bytes: int | None = None  # the user text every rendering keeps, counted when first needed
+    booked: bool = False  # its attempt is in the books (`SessionBook.begin_attempt`); else the calm path's
 
     def refusal(self, usage: UsageReading) -> Reject | None:
         """The `prompt_too_long` refusal the body alone proves (`over_long`), else None. The
@@ -301,6 +302,9 @@ class Gate:
             self._window_shrank,
         )
         self._pins = PinReleases(self._send_pin_releases)  # KV pins this gate holds (gate/pins.py)
+        # A probe that can tell its usage reading without waiting gives the calm path
+        # (`_calm_lease`); one that cannot (the tests' fakes may not) leaves every turn to the full one.
+        self._ready_usage: Callable[[], UsageReading | None] | None = getattr(probe, "ready_usage", None)
 
     # ------------------------------------------------------------------ acquire
 
@@ -314,7 +318,11 @@ class Gate:
             return self._grant_unbooked()
         start = self._now()
         self._purge(start)
-        turn = self._open_turn(session_key, route_kind, body, start)
+        turn = self._new_turn(session_key, route_kind, body, start)
+        lease = self._calm_lease(turn)
+        if lease is not None:
+            return lease
+        self._book_turn(turn, session_key)
         deadline = start + self._max_wait if self._max_wait is not None else None
         newer_than: float | None = None  # a re-evaluation needs usage read after the last release
         try:
@@ -335,9 +343,9 @@ class Gate:
         finally:
             self._close_turn(turn)
 
-    def _open_turn(self, session_key: str | None, route_kind: str, body: Mapping[str, object], start: float) -> _Turn:
-        """Read what the body says once and book the attempt (superseding its session's older one)."""
-        attempt = Attempt(named=session_key is not None)
+    def _new_turn(self, session_key: str | None, route_kind: str, body: Mapping[str, object], start: float) -> _Turn:
+        """Read what the body says once; nothing is booked yet. A named turn carries its
+        session's record, or a new one if the gate has none (booked when the turn is)."""
         allowance = output_allowance(body)
         # Only named turns are priced; one compact encoding of the body bounds its prompt.
         # A body that does not hold its whole prompt (a Responses continuation) has no bound.
@@ -346,15 +354,9 @@ class Gate:
             if session_key is not None and self._prices_bodies and body_holds_prompt(route_kind, body)
             else None
         )
-        record: SessionRecord | None = None
-        if session_key is not None:
-            # the turn's key (a digest of its prompt) is computed only if another attempt of the session acquires
-            record, previous = self._book.begin_attempt(session_key, attempt, start, lambda: turn_key(route_kind, body))
-            if isinstance(previous, Attempt):  # the book keeps this gate's attempts
-                self._supersede(previous)
-        self._attempts[attempt] = None
+        record = None if session_key is None else self._book.records.get(session_key) or SessionRecord(session_key)
         return _Turn(
-            attempt=attempt,
+            attempt=Attempt(named=session_key is not None),
             record=record,
             route_kind=route_kind,
             body=body,
@@ -363,6 +365,38 @@ class Gate:
             priority_field=route_kind in PRIORITY_FIELD_KINDS,
             start=start,
         )
+
+    def _book_turn(self, turn: _Turn, session_key: str | None) -> None:
+        """Book the turn's attempt (superseding its session's older one of the same turn)."""
+        if session_key is not None:
+            route_kind, body = turn.route_kind, turn.body
+            # the turn's key (a digest of its prompt) is computed only if another attempt of the session acquires
+            turn.record, previous = self._book.begin_attempt(
+                session_key, turn.attempt, turn.start, lambda: turn_key(route_kind, body)
+            )
+            if isinstance(previous, Attempt):  # the book keeps this gate's attempts
+                self._supersede(previous)
+        turn.booked = True
+        self._attempts[turn.attempt] = None
+
+    def _calm_lease(self, turn: _Turn) -> Lease | None:
+        """The calm path: the lease of a named turn the policy's calm rule admits the moment
+        it arrives, or None (book the attempt and decide in full). Taken only with a usage
+        reading the probe has at once (`ready_usage`: no probe is awaited) and when no other
+        attempt of the session acquires (they are ordered by the full path); the books end
+        as the full path's admission leaves them (`SessionBook.admit_at_once`)."""
+        ready_usage = self._ready_usage
+        record = turn.record
+        if ready_usage is None or record is None or record.attempts:
+            return None
+        usage = ready_usage()
+        decision = self._calm_decision(turn, usage)
+        if decision is None:
+            return None
+        self._usage = usage
+        outcome = self._act(turn, decision, None, usage)
+        assert isinstance(outcome, Lease), "the calm rule only admits"
+        return outcome
 
     def _turn_view(self, turn: _Turn, usage: UsageReading | None) -> Any:
         return self._view(turn.record, turn.attempt, turn.allowance, turn.bound, usage, turn.start, turn.priority_field)
@@ -533,7 +567,10 @@ class Gate:
         now = self._now()
         wait = max(0.0, now - turn.start)
         committed = self._book.window_blocks if record is not None else 0
-        self._book.admit(record, attempt, label, now, window, footprint, tokens, note.bound)
+        if turn.booked or record is None:
+            self._book.admit(record, attempt, label, now, window, footprint, tokens, note.bound)
+        else:  # the calm path: the attempt is booked with its admission
+            self._book.admit_at_once(record, attempt, label, now, window, footprint, tokens, note.bound)
         if record is not None and self._book.window_blocks < committed:
             self._blocks_freed(now)  # a window shrank or ended: a waiter may fit now
         self._count_admission(label, wait)

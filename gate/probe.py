@@ -96,6 +96,9 @@ class Probe(Protocol):
     async def prefix(self, route_kind: str, body: Mapping[str, object]) -> PrefixReading | None: ...
 
 
+_MUST_WAIT = object()  # `ReplicaProbe._at_once`: no reading may be used without a probe
+
+
 class _Failed(Exception):
     """A probe failed; the message says how (logged once per replica state change)."""
 
@@ -170,21 +173,35 @@ class ReplicaProbe:
         Concurrent callers share one in-flight probe.
         """
         now = self._clock()
-        age = now - self._cached_at
         if newer_than is None or self._cached_at > newer_than:
-            if age < self._max_age:
-                return self._cached
-            if self._inflight is not None:
-                if self._inflight_started - self._cached_at < self._stale_limit:
-                    return self._cached  # its revalidation is under way
-            elif age < self._stale_limit:
-                self._start_refresh(now)
-                return self._cached
+            reading = self._at_once(now)
+            if reading is not _MUST_WAIT:
+                return reading  # type: ignore[return-value]
         inflight = self._inflight
         if inflight is None or self._inflight_started <= (now - self._max_age if newer_than is None else newer_than):
             inflight = self._start_refresh(now)
         # shield: a cancelled caller must not cancel the probe the others share.
         return await asyncio.shield(inflight)
+
+    def ready_usage(self) -> UsageReading | None:
+        """The reading `usage()` would return without waiting (starting the background
+        refresh it would start), or None when a caller must wait for a probe or the
+        replica's usage is unknown: the gate's calm path, which never waits."""
+        reading = self._at_once(self._clock())
+        return None if reading is _MUST_WAIT else reading  # type: ignore[return-value]
+
+    def _at_once(self, now: float) -> UsageReading | None | object:
+        """The cached reading if it may be used now (`usage()`'s rules), else _MUST_WAIT."""
+        age = now - self._cached_at
+        if age < self._max_age:
+            return self._cached
+        if self._inflight is not None:
+            if self._inflight_started - self._cached_at < self._stale_limit:
+                return self._cached  # its revalidation is under way
+        elif age < self._stale_limit:
+            self._start_refresh(now)
+            return self._cached
+        return _MUST_WAIT
 
     def _start_refresh(self, now: float) -> asyncio.Future[UsageReading | None]:
         task = asyncio.ensure_future(self._refresh_usage(now))

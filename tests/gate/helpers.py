@@ -72,11 +72,23 @@ class FakeProbe:
         self.unavailable: set[str] = set()
         self.hold: asyncio.Event | None = None
 
+    def ready_usage(self) -> UsageReading | None:
+        """The reading at once (the gate's calm path), counted as a reading; None while
+        `hold` is set (a caller must wait) or when usage is unknown."""
+        if self.hold is not None:
+            return None
+        self.usage_calls += 1
+        self.newer_than.append(None)
+        return self._reading()
+
     async def usage(self, newer_than: float | None = None) -> UsageReading | None:
         self.usage_calls += 1
         self.newer_than.append(newer_than)
         if self.hold is not None:
             await self.hold.wait()
+        return self._reading()
+
+    def _reading(self) -> UsageReading | None:
         if self.usage_value is None:
             return None
         return UsageReading(

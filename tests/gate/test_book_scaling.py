@@ -52,3 +52,26 @@ async def test_turns_of_many_sessions_never_walk_the_windows(metrics: GateMetric
     assert gate._book.window_ends["quiet"] > 0  # windows went quiet between rounds: newcomers again
     gate._book.windows = OrderedDict(gate._book.windows)  # the leak check may look
     assert_clean(gate, clock)
+
+
+async def test_the_deadline_heap_holds_a_quiet_lifetime_of_turns_not_a_grace_of_them(metrics: GateMetrics):
+    """An idle period schedules one deadline at a time (its window's quiet end, then its
+    grace), so a session's turns leave in the heap the stale entries of about one quiet
+    lifetime of turns, not of a whole idle grace (one per second of `idle_grace_sec`)."""
+    clock = FakeClock()
+    probe = FakeProbe(usage=0.02, total=1_000_000, free=980_000, block_size=16)
+    gate = Gate("r0", probe, settings(idle_grace_sec=60.0, quiet_floor_sec=0.5), metrics, clock)
+    for _ in range(600):  # a turn a second, for ten minutes
+        lease = await gate.acquire("s", "chat", body("s"))
+        clock.advance(0.1)
+        lease.release()
+        clock.advance(0.9)
+    quiet = gate._book.quiet_lifetime(gate._book.records["s"])
+    assert quiet < 10
+    assert len(gate._book._deadlines) <= quiet + 2
+    quiet_ends = gate._book.window_ends["quiet"]
+    clock.advance(quiet)
+    gate.counts()  # purges: the window goes quiet, and the record's grace is scheduled
+    assert gate._book.window_ends["quiet"] == quiet_ends + 1 and "s" in gate._book.records
+    clock.advance(60.0)
+    assert_clean(gate, clock)

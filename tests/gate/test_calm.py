@@ -58,10 +58,19 @@ def spy_policy(calls: Calls):
     return replace(WORKING_SET, view=view, decide=decide, calm=calm)
 
 
-async def test_a_calm_turn_builds_no_view_and_reads_no_decision_table(metrics: GateMetrics, clock: FakeClock):
+async def test_a_calm_turn_builds_no_view_and_reads_no_decision_table(
+    metrics: GateMetrics, clock: FakeClock, monkeypatch
+):
     calls = Calls()
     probe = FakeProbe(usage=0.02, total=1000, free=980, block_size=16)
     gate = Gate("r0", probe, settings(), metrics, clock, policy=spy_policy(calls))
+    attempts_booked = []
+    real_begin = SessionBook.begin_attempt
+    monkeypatch.setattr(
+        SessionBook,
+        "begin_attempt",
+        lambda book, key, *rest: attempts_booked.append(key) or real_begin(book, key, *rest),
+    )
     for turn in range(3):  # a newcomer's window, then the holder's renewals
         lease = await gate.acquire("s", "chat", body("s", "hello " * (turn + 1), max_tokens=16))
         assert lease.reason == ("window_fits" if turn == 0 else "holds_window")
@@ -69,6 +78,8 @@ async def test_a_calm_turn_builds_no_view_and_reads_no_decision_table(metrics: G
         lease.release()
     assert (calls.calm, calls.view, calls.decide) == (3, 0, 0)
     assert probe.prefix_calls == []
+    # the calm path: each turn booked with its admission, no attempt ever acquiring, no usage awaited
+    assert attempts_booked == [] and probe.newer_than == [None, None, None]
     # Pressure: the turn's bound no longer fits vLLM's free blocks, so the calm rule gives
     # way and the full decision (a prefix probe, then the table) decides it: it waits.
     probe.free = 1
@@ -77,7 +88,7 @@ async def test_a_calm_turn_builds_no_view_and_reads_no_decision_table(metrics: G
         await asyncio.sleep(0)
     assert not waiter.done() and gate.counts()["waiters"] == 1
     assert calls.view >= 1 and calls.decide >= 1
-    assert probe.prefix_calls == ["t"]
+    assert probe.prefix_calls == ["t"] and attempts_booked == ["t"]
     waiter.cancel()
     await asyncio.gather(waiter, return_exceptions=True)
     assert_clean(gate, clock)
@@ -118,9 +129,11 @@ SESSIONS = ("a", "b", "c", "d", "e")
 class Side:
     """One gate of the comparison, with its own probe and leases (the clock is shared)."""
 
-    def __init__(self, policy, clock: FakeClock) -> None:
+    def __init__(self, policy, clock: FakeClock, at_once: bool = True) -> None:
         self.clock = clock
         self.probe = FakeProbe(usage=0.3, total=200, free=200, block_size=16, max_model_len=4096, max_token_bytes=8)
+        if not at_once:  # a probe that cannot tell its reading without waiting: no calm path
+            self.probe.ready_usage = None  # type: ignore[assignment,method-assign]
         gate_settings = settings(quiet_floor_sec=0.5, wait_cap_factor=2.0)
         self.gate = Gate("r0", self.probe, gate_settings, GateMetrics(CollectorRegistry()), clock, policy=policy)
         self.leases: dict[str, Lease] = {}
@@ -198,9 +211,15 @@ def _history(rng: random.Random) -> list[tuple]:
     return ops
 
 
+@pytest.mark.parametrize("calm_path", [True, False], ids=["calm-path", "calm-rule-booked"])
 @pytest.mark.parametrize("seed", range(12))
-async def test_the_calm_rule_decides_as_the_full_decision_on_random_histories(seed: int, clock: FakeClock):
-    calm = Side(WORKING_SET, clock)
+async def test_the_calm_rule_decides_as_the_full_decision_on_random_histories(
+    seed: int, calm_path: bool, clock: FakeClock
+):
+    """With the calm path (a turn the calm rule admits is booked with its admission) and
+    without it (its attempt booked first, as every turn the full decision decides), the
+    outcomes and the books equal the full decision's."""
+    calm = Side(WORKING_SET, clock, at_once=calm_path)
     full = Side(replace(WORKING_SET, calm=None), clock)
     outcomes = []
     for op in _history(random.Random(seed)):

@@ -47,6 +47,24 @@ async def test_concurrent_callers_share_one_probe_and_reuse_a_fresh_result(repli
     assert script.kv_hits == 3
 
 
+async def test_ready_usage_answers_what_usage_would_without_waiting(replica_url, http, script, metrics, clock):
+    """The gate's calm path reads `ready_usage`: the reading `usage()` would return at once
+    (a stale one while its refresh runs), else None: the caller must wait for a probe."""
+    probe = make_probe(replica_url, http, metrics, clock, usage_max_age_ms=50)
+    assert probe.ready_usage() is None  # no reading yet: the calm path never waits for one
+    assert script.kv_hits == 0
+    await probe.usage()
+    assert probe.ready_usage().kv_cache_usage == 0.1  # fresh
+    clock.advance(0.051)
+    script.usage(0.7)
+    assert probe.ready_usage().kv_cache_usage == 0.1  # stale: answered, a refresh started
+    await until(lambda: script.kv_hits == 2 and probe._inflight is None, "the background refresh")
+    assert probe.ready_usage().kv_cache_usage == 0.7
+    clock.advance(2.0)  # past usage_max_age_ms + timeout_sec: not used, and no probe awaited
+    assert probe.ready_usage() is None
+    assert (await probe.usage()).kv_cache_usage == 0.7
+
+
 async def test_newer_than_insists_on_a_probe_started_after_a_release(replica_url, http, script, metrics, clock):
     probe = make_probe(replica_url, http, metrics, clock, usage_max_age_ms=50)
     assert (await probe.usage()).kv_cache_usage == 0.1

@@ -1,0 +1,34 @@
+"""The overhead benchmark's load generator against a real loopback server: `--rate` paces
+its workers (no timing assert: pacing only bounds how many requests go out)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from kvgate.bench.overhead_load import run
+
+ANSWER = b'{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
+
+
+async def answer(request: web.Request) -> web.Response:
+    await request.read()
+    return web.Response(body=ANSWER, content_type="application/json")
+
+
+async def test_a_paced_run_never_sends_faster_than_its_rate(aiohttp_server):
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    server = await aiohttp_server(app)
+    url = f"http://127.0.0.1:{server.port}"
+    paced = await run(url, 4, duration=1.0, warmup=0.0, stream=False, sessions=8, rate=20.0)
+    # each of the 4 workers sends at most one request per 0.2 s, its first at once
+    assert 1 <= paced["requests"] <= 20 * 1.0 + 4
+    assert paced["errors"] == 0
+
+
+async def test_a_run_without_a_rate_is_closed_loop(aiohttp_server):
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    server = await aiohttp_server(app)
+    result = await run(f"http://127.0.0.1:{server.port}", 2, duration=0.3, warmup=0.0, stream=False, sessions=4)
+    assert result["requests"] > 0 and result["errors"] == 0
