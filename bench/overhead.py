@@ -101,8 +101,8 @@ def add_command(subparsers) -> None:
         "--session-rate",
         type=float,
         metavar="RPS",
-        help="--sessions runs send this many requests per second, gate off and on alike, so both "
-        "kvgates serve the same load (default: as fast as each answers)",
+        help="--sessions: after the closed-loop runs, also runs that send this many requests per second, "
+        "gate off and on alike, so both kvgates serve the same load (default: closed loop only)",
     )
     parser.add_argument("--out", metavar="FILE", help="also write the results as JSON to FILE")
     parser.set_defaults(func=overhead_command)

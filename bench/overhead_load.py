@@ -98,6 +98,12 @@ def sessions_of(worker_index: int, concurrency: int, sessions: int | None) -> li
     return [f"bench-{i}" for i in range(worker_index, sessions, concurrency)]
 
 
+def pacing_interval(workers: int, rate: float | None) -> float:
+    """Seconds between one worker's requests so that `workers` together send `rate` requests
+    per second (0: no pacing, each sends when answered)."""
+    return workers / rate if rate else 0.0
+
+
 async def run(
     url: str,
     concurrency: int,
@@ -122,14 +128,11 @@ async def run(
         [build_request(host, port, stream, session) for session in sessions_of(i, concurrency, sessions)]
         for i in range(concurrency)
     ]
-    interval = concurrency / rate if rate and not prime else 0.0  # each worker's share of the rate
+    workers = [requests for requests in workers if requests]  # fewer sessions than clients: fewer workers
+    interval = 0.0 if prime else pacing_interval(len(workers), rate)
     began = time.perf_counter()
     await asyncio.gather(
-        *(
-            worker(host, port, requests, start, stop, latencies, errors, prime, interval)
-            for requests in workers
-            if requests
-        )
+        *(worker(host, port, requests, start, stop, latencies, errors, prime, interval) for requests in workers)
     )
     if prime:
         duration = time.perf_counter() - began

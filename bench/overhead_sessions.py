@@ -7,7 +7,11 @@ it on (`enforce`, the chosen policy). Per number of sessions N, each kvgate is f
 primed (every session sends one request), then the load generator's clients take the N
 session ids in turn (a session's next turn comes once every other session has had one),
 non-streaming, in runs of `--duration` seconds that alternate gate off and gate on,
-`--repeats` times. It prints, per N, each kvgate's median CPU per request (its process's
+`--repeats` times, closed loop (each client sends its next request when answered, so
+each kvgate runs as fast as it can); with `--session-rate R`, the same again with the
+clients paced to R requests/s together, so both kvgates serve the same load (a faster
+kvgate batches more requests per event-loop wake-up at saturation, which the closed
+loop counts in its favour). It prints, per N and load, each kvgate's median CPU per request (its process's
 user + system time over a run, warmup included, divided by the requests timed), the
 ratio on / off, requests/s, the windows the gate holds after the runs
 (`kvgate_windows`) and any request that failed or answered non-200. With
@@ -58,47 +62,70 @@ def measure_size(
     urls: dict[str, str], pids: dict[str, int], sessions: int, args: argparse.Namespace, progress=print
 ) -> dict:
     """Prime every kvgate (`urls`: by target) with `sessions` sessions, then alternate timed
-    runs; medians per target."""
+    runs; medians per target. With `--session-rate`, paced runs follow (`row["paced"]`)."""
     clients = args.session_clients
     for target in urls:
         primed = run_load(urls[target], clients, 0.0, 0.0, False, ["--sessions", str(sessions), "--prime"])
         progress(f"  N={sessions:<6} gate {target:<3} primed: {primed['requests']} sessions, {primed['errors']} errors")
+    row: dict = {"sessions": sessions, "clients": clients}
+    row.update(_timed_runs(urls, pids, sessions, args, None, progress))
+    if args.session_rate:
+        row["paced"] = {
+            "rate": args.session_rate,
+            **_timed_runs(urls, pids, sessions, args, args.session_rate, progress),
+        }
+    row["windows"] = windows_held(urls["on"])
+    return row
+
+
+def _timed_runs(
+    urls: dict[str, str], pids: dict[str, int], sessions: int, args: argparse.Namespace, rate: float | None, progress
+) -> dict:
+    """`--repeats` rounds of one run per target (closed loop, or paced at `rate` requests/s):
+    each target's medians, and the CPU ratios on / off (and base / off)."""
     runs: dict[str, list[dict]] = {target: [] for target in urls}
+    paced = ["--rate", str(rate)] if rate else []
+    how = f"at {rate:g} rps" if rate else "closed loop"
     for repeat in range(args.repeats):
         for target in urls:
             before = process_cpu_seconds(pids[target])
-            paced = ["--rate", str(args.session_rate)] if args.session_rate else []
             result = run_load(
-                urls[target], clients, args.duration, args.warmup, False, ["--sessions", str(sessions), *paced]
+                urls[target],
+                args.session_clients,
+                args.duration,
+                args.warmup,
+                False,
+                ["--sessions", str(sessions), *paced],
             )
             after = process_cpu_seconds(pids[target])
             if before is not None and after is not None and result["requests"]:
                 result["cpu_us_per_request"] = (after - before) / result["requests"] * 1e6
             runs[target].append(result)
             progress(
-                f"  run {repeat + 1}/{args.repeats} N={sessions:<6} gate {target:<3} {fmt(result['rps'], '8.0f')} rps "
-                f"{fmt(result.get('cpu_us_per_request'), '7.0f')} us/req"
+                f"  run {repeat + 1}/{args.repeats} N={sessions:<6} {how:<14} gate {target:<3} "
+                f"{fmt(result['rps'], '8.0f')} rps {fmt(result.get('cpu_us_per_request'), '7.0f')} us/req"
             )
-    row: dict = {"sessions": sessions, "clients": clients, "windows": windows_held(urls["on"])}
+    out: dict = {}
     for target in urls:
         cpu = [r["cpu_us_per_request"] for r in runs[target] if "cpu_us_per_request" in r]
-        row[target] = {
+        out[target] = {
             "cpu_us_per_request": statistics.median(cpu) if cpu else None,
             "rps": statistics.median(r["rps"] for r in runs[target]),
             "errors": sum(r["errors"] for r in runs[target]),
             "runs": len(runs[target]),
         }
-    off, on = row["off"]["cpu_us_per_request"], row["on"]["cpu_us_per_request"]
-    row["cpu_ratio"] = on / off if on is not None and off else None
+    off, on = out["off"]["cpu_us_per_request"], out["on"]["cpu_us_per_request"]
+    out["cpu_ratio"] = on / off if on is not None and off else None
     if "base" in urls:
-        base = row["base"]["cpu_us_per_request"]
-        row["base_cpu_ratio"] = base / off if base is not None and off else None
-    return row
+        base = out["base"]["cpu_us_per_request"]
+        out["base_cpu_ratio"] = base / off if base is not None and off else None
+    return out
 
 
 def format_sessions_table(rows: list[dict]) -> str:
+    """One line per size and load: closed loop, and paced (`--session-rate`) when measured."""
     header = (
-        f"{'sessions':>9}{'windows':>9} | {'off us/req':>11}{'off rps':>9} | "
+        f"{'sessions':>9}{'windows':>9}{'load':>12} | {'off us/req':>11}{'off rps':>9} | "
         f"{'on us/req':>10}{'on rps':>9} | {'cpu on/off':>11}{'errors':>8}"
     )
     based = any("base" in r for r in rows)
@@ -106,16 +133,18 @@ def format_sessions_table(rows: list[dict]) -> str:
         header += f" | {'base us/req':>12}{'base/off':>9}"
     lines = [header, "-" * len(header)]
     for r in rows:
-        off, on = r["off"], r["on"]
-        errors = sum(r[t]["errors"] for t in ("off", "on", "base") if t in r)
-        line = (
-            f"{r['sessions']:>9}{fmt(r['windows'], '>9.0f')} | {fmt(off['cpu_us_per_request'], '>11.0f')}"
-            f"{fmt(off['rps'], '>9.0f')} | {fmt(on['cpu_us_per_request'], '>10.0f')}{fmt(on['rps'], '>9.0f')} | "
-            f"{fmt(r['cpu_ratio'], '>11.2f')}{errors:>8}"
-        )
-        if based:
-            line += f" | {fmt(r['base']['cpu_us_per_request'], '>12.0f')}{fmt(r['base_cpu_ratio'], '>9.2f')}"
-        lines.append(line)
+        loads = [("closed", r)] + ([(f"{r['paced']['rate']:g} rps", r["paced"])] if "paced" in r else [])
+        for load, part in loads:
+            off, on = part["off"], part["on"]
+            errors = sum(part[t]["errors"] for t in ("off", "on", "base") if t in part)
+            line = (
+                f"{r['sessions']:>9}{fmt(r['windows'], '>9.0f')}{load:>12} | {fmt(off['cpu_us_per_request'], '>11.0f')}"
+                f"{fmt(off['rps'], '>9.0f')} | {fmt(on['cpu_us_per_request'], '>10.0f')}{fmt(on['rps'], '>9.0f')} | "
+                f"{fmt(part['cpu_ratio'], '>11.2f')}{errors:>8}"
+            )
+            if based:
+                line += f" | {fmt(part['base']['cpu_us_per_request'], '>12.0f')}{fmt(part['base_cpu_ratio'], '>9.2f')}"
+            lines.append(line)
     return "\n".join(lines)
 
 

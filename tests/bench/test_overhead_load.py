@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from kvgate.bench.overhead_load import run
+from kvgate.bench.overhead_load import pacing_interval, run
 
 ANSWER = b'{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
 
@@ -24,6 +24,13 @@ async def test_a_paced_run_never_sends_faster_than_its_rate(aiohttp_server):
     # each of the 4 workers sends at most one request per 0.2 s, its first at once
     assert 1 <= paced["requests"] <= 20 * 1.0 + 4
     assert paced["errors"] == 0
+
+
+def test_the_workers_with_sessions_share_the_whole_rate():
+    assert pacing_interval(4, 20.0) == 0.2
+    # fewer sessions than clients (2 of 16 workers have one): those 2 send the whole rate
+    assert pacing_interval(2, 20.0) == 0.1
+    assert pacing_interval(16, None) == 0.0
 
 
 async def test_a_run_without_a_rate_is_closed_loop(aiohttp_server):

@@ -225,12 +225,19 @@ def test_the_overhead_row_is_judged_against_its_targets_and_names_its_limit_when
     met = results_overhead.record(overhead_document({100: 1.25, 1000: 1.4, 10000: 1.5}), "cmd o", "d", "c")
     text = render([met])
     assert "## The gate's CPU per request as its sessions grow" in text and "`cmd o` (d, c)" in text
-    assert "| 100 | 100 | 100 | 125 | 1.25x | <= 1.3x: 1.25x **met** | 1 |" in text
-    assert "| 1000 | 1000 | 100 | 140 | 1.40x | - | 1 |" in text  # no target at 1,000
+    assert "| 100 | 100 | closed loop | 100 | 125 | 1.25x | <= 1.3x: 1.25x **met** | 1 |" in text
+    assert "| 1000 | 1000 | closed loop | 100 | 140 | 1.40x | - | 1 |" in text  # no target at 1,000
     assert "<= 1.5x: 1.50x **met**" in text and "Limited by" not in text
     missed = results_overhead.record(overhead_document({100: 2.0, 10000: None}), "cmd o", "d", "c")
     text = render([missed])
     assert "<= 1.3x: 2.00x **missed**" in text and "<= 1.5x: no figure **missed**" in text
+    assert f"Limited by {results_overhead.LIMIT}." in text
+    # paced runs: a line of their own per size, judged too (a paced miss is a miss)
+    document = overhead_document({100: 1.2})
+    document["sessions"][0]["paced"] = {"rate": 2000.0, **overhead_document({100: 1.4})["sessions"][0]}
+    text = render([results_overhead.record(document, "cmd o", "d", "c")])
+    assert "| 100 | 100 | closed loop | 100 | 120 | 1.20x | <= 1.3x: 1.20x **met** | 1 |" in text
+    assert "| 100 | 100 | 2000 req/s | 100 | 140 | 1.40x | <= 1.3x: 1.40x **missed** | 1 |" in text
     assert f"Limited by {results_overhead.LIMIT}." in text
     assert selected_rows("overhead", vllm=False) == []  # a row of its own, not a regime
     assert results_page.selected_cluster_rows("overhead") == []
@@ -242,12 +249,13 @@ def test_the_overhead_row_runs_its_command_and_keeps_the_other_rows(tmp_path):
     document = {"modes": {"sticky": summary(), results_page.GATE_MODE: summary()}, "replicas": {"count": 2}}
     data, page = tmp_path / "results.json", tmp_path / "results.md"
     results_page.store_row(data, page, record_of(ROWS[0], document, "cmd a", "d1", "c1"))
-    options = ("--sessions", "3,6", "--duration", "0.3", "--warmup", "0.1", "--repeats", "1")
+    options = ("--sessions", "3,6", "--duration", "0.3", "--warmup", "0.1", "--repeats", "1", "--session-rate", "100")
     assert results_overhead.run_row(lambda record: results_page.store_row(data, page, record), "abc1234", options)
     text = page.read_text()
-    assert "`kvgate bench overhead --sessions 3,6 --duration 0.3 --warmup 0.1 --repeats 1` (" in text
-    assert "abc1234)" in text and "| 3 | 3 |" in text and "| 6 | 6 |" in text
+    assert "`kvgate bench overhead --sessions 3,6 --duration 0.3 --warmup 0.1 --repeats 1 --session-rate 100` (" in text
+    assert "abc1234)" in text and "| 3 | 3 | closed loop |" in text and "| 6 | 6 | 100 req/s |" in text
     stored = json.loads(data.read_text())
     assert [r["key"] for r in stored] == [ROWS[0].key, "overhead"]
     assert all(row["errors"] == 0 and row["on_us"] > 0 and row["off_us"] > 0 for row in stored[1]["sessions"])
+    assert all(row["paced"]["rate"] == 100 and row["paced"]["errors"] == 0 for row in stored[1]["sessions"])
     assert results_page.render(stored) == text
