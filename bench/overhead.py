@@ -9,8 +9,10 @@ p50 (proxied - direct) and the throughput ratio (proxied / direct).
 
 `--target URL` points the proxied runs at another router instead (started by you in
 front of the upstream this command starts on `--upstream-port`), so any router can be
-measured the same way. `--baseline-repo DIR` also starts the kvgate of another
-checkout (say, the previous commit) and measures it in the same run, alternating
+measured the same way; `--router-command CMD` starts another router itself and measures
+it beside this kvgate, in the same run (in the baseline's place). `--baseline-repo DIR`
+also starts the kvgate of another checkout (say, the previous commit) and measures it
+in the same run, alternating
 with this one, so that a change is compared under the same machine load (its `kvgate.*`
 packages are imported from its folders, `bench/checkout.py`; a checkout from before the
 namespace, from its top-level packages). `--sessions 100,1000,10000` measures instead how
@@ -61,6 +63,13 @@ def add_command(subparsers) -> None:
         "--target",
         metavar="URL",
         help="measure this router instead of kvgate (it must forward to the upstream on --upstream-port)",
+    )
+    parser.add_argument(
+        "--router-command",
+        metavar="CMD",
+        help="also measure, in the same run, another router that this starts with the command line CMD "
+        "({port}: the port it must listen on, {upstream}: the upstream's URL; ready when GET /health "
+        "answers 200), e.g. 'vllm-router --host 127.0.0.1 --port {port} --worker-urls {upstream}'",
     )
     parser.add_argument(
         "--upstream-port",
@@ -263,12 +272,13 @@ def measure(
     return results
 
 
-def format_baseline_table(results: list[dict], proxied_name: str) -> str:
-    """Each case: the baseline against direct, and this kvgate against the baseline."""
+def format_baseline_table(results: list[dict], proxied_name: str, other: str = "baseline") -> str:
+    """Each case: the other router (`other`: the baseline checkout's kvgate, or the router of
+    --router-command) against direct, and this kvgate against it."""
     header = (
-        f"{'mode':<14}{'clients':>8} | {'baseline rps':>13}{'p50 ms':>9}{'added p50':>10}{'cpu us/req':>11} | "
+        f"{'mode':<14}{'clients':>8} | {other + ' rps':>13}{'p50 ms':>9}{'added p50':>10}{'cpu us/req':>11} | "
         f"{proxied_name + ' rps':>12}{'p50 ms':>9}{'added p50':>10}{'cpu us/req':>11} | "
-        f"{'rps vs baseline':>16}{'cpu vs baseline':>16}"
+        f"{'rps vs ' + other:>16}{'cpu vs ' + other:>16}"
     )
     lines = [header, "-" * len(header)]
     nan = float("nan")
@@ -306,15 +316,22 @@ def overhead_command(args: argparse.Namespace) -> int:
     if unknown or not modes or not concurrencies or min(concurrencies) < 1 or args.repeats < 1:
         print(f"--modes must name {' and/or '.join(MODES)}; --concurrency and --repeats must be >= 1", file=sys.stderr)
         return 2
+    if args.router_command and (args.baseline_repo or args.target):
+        print("--router-command measures beside this kvgate: not with --baseline-repo or --target", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="kvgate-bench-") as tmp:
         results, proxied_name = asyncio.run(run(args, concurrencies, modes, Path(tmp)))
+    other = "router" if args.router_command else "baseline"
     print()
     print(format_table(results, proxied_name))
     if any("baseline" in r for r in results):
         print()
-        print(format_baseline_table(results, proxied_name))
+        print(format_baseline_table(results, proxied_name, other))
     if args.out:
-        Path(args.out).write_text(json.dumps({"target": proxied_name, "results": results}, indent=2))
+        document = {"target": proxied_name, "results": results}
+        if args.router_command:
+            document["router_command"] = args.router_command  # its figures: each result's `baseline`
+        Path(args.out).write_text(json.dumps(document, indent=2))
         print(f"\nwrote {args.out}")
     return 0
 
@@ -335,7 +352,16 @@ async def run(args: argparse.Namespace, concurrencies: list[int], modes: list[st
             pids["proxied"] = servers.pids()["kvgate"]
             proxied_name = "kvgate"
         baseline_url = None
-        if args.baseline_repo:
+        if args.router_command:
+            try:
+                baseline_url = await servers.start_command("router", args.router_command, {"upstream": upstream_url})
+            except FileNotFoundError as exc:
+                raise SystemExit(
+                    f"--router-command: {exc.filename}: no such program; install it or fix the command"
+                ) from None
+            pids["baseline"] = servers.pids()["router"]
+            print(f"router of --router-command: {baseline_url}", flush=True)
+        elif args.baseline_repo:
             baseline_url = await servers.serve(
                 "baseline",
                 lambda port: kvgate_config(port, upstream_url, args.gate_mode, args.gate_policy),

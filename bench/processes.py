@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -283,6 +284,21 @@ class ServerGroup:
         proc = self._spawn(name, python_module(module) + args + ["--port", str(port)])
         url = f"http://127.0.0.1:{port}"
         await self._wait_ok(name, proc, url + "/health")
+        return url
+
+    async def start_command(self, name: str, template: str, values: dict[str, str], ready_path: str = "/health") -> str:
+        """A server started with the command line `template` (split as a shell would, then
+        each `{port}` and every `{key}` of `values` filled in; port: a free one it must
+        listen on on 127.0.0.1); its URL once `ready_path` answers 200."""
+        port = free_port()
+        fields = {**values, "port": str(port)}
+        try:
+            command = [part.format(**fields) for part in shlex.split(template)]
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"{name} command {template!r}: {exc!r}; it may use {{port}} and {sorted(values)}") from exc
+        proc = self._spawn(name, command)
+        url = f"http://127.0.0.1:{port}"
+        await self._wait_ok(name, proc, url + ready_path)
         return url
 
     async def _wait_ok(self, name: str, proc: subprocess.Popen, url: str, timeout_s: float = 60.0) -> None:

@@ -110,9 +110,15 @@ def _us(value: float | None) -> str:
 
 
 def run_row(
-    store: Callable[[dict], None], commit: str, options: tuple[str, ...] = OPTIONS, cwd: Path | None = None
+    store: Callable[[dict], None],
+    commit: str,
+    options: tuple[str, ...] = OPTIONS,
+    cwd: Path | None = None,
+    make_record: Callable[[dict, str, str, str], dict] = record,
+    key: str = KEY,
 ) -> bool:
-    """Run the benchmark with `options` and `store` its row; False (row not updated) if it failed."""
+    """Run `kvgate bench overhead` with `options` and `store` its row (`make_record` of its
+    --out document, command, date and commit); False (row not updated) if it failed."""
     shown = shlex.join(["kvgate", "bench", "overhead", *options])
     print(f"[results] {shown}", flush=True)
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -122,7 +128,7 @@ def run_row(
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         status = subprocess.run(command, cwd=cwd, env=env).returncode
         if status != 0 or not out.exists():
-            print(f"[results] {KEY}: exit {status}, row not updated", file=sys.stderr)
+            print(f"[results] {key}: exit {status}, row not updated", file=sys.stderr)
             return False
-        store(record(json.loads(out.read_text()), shown, date, commit))
+        store(make_record(json.loads(out.read_text()), shown, date, commit))
     return True

@@ -27,7 +27,10 @@ under `cluster/<row>/`. `--only cluster` re-runs those alone.
 
 And it shows the gate's CPU per request as its sessions grow (`kvgate bench overhead
 --sessions`, `bench/results_overhead.py`), judged against its targets; `--only overhead`
-re-runs that alone.
+re-runs that alone. And kvgate's throughput against a direct connection beside
+vllm-router's, in the same run (`kvgate bench overhead --router-command`,
+`bench/results_router.py`; `--only router`, which needs `vllm-router` on PATH:
+`pip install vllm-router`).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvgate.bench import results_overhead
+from kvgate.bench import results_overhead, results_router
 
 REPO = Path(__file__).resolve().parent.parent
 GATE_MODE = "kvgate-working_set"  # the gate's default policy
@@ -287,7 +290,8 @@ def render(records: list[dict]) -> str:
     rows in a section of their own)."""
     cluster = [r for r in records if r.get("kind") == "cluster"]
     overhead = [r for r in records if r.get("kind") == "overhead"]
-    records = [r for r in records if r.get("kind") not in ("cluster", "overhead")]
+    router = [r for r in records if r.get("kind") == "router"]
+    records = [r for r in records if r.get("kind") not in ("cluster", "overhead", "router")]
     order = {row.key: i for i, row in enumerate(ROWS)}
     records = sorted(records, key=lambda r: (order.get(r["key"], len(order)), r["key"]))
     lines = [
@@ -337,6 +341,7 @@ def render(records: list[dict]) -> str:
     if cluster:
         lines += render_cluster(cluster)
     lines += results_overhead.render(overhead)
+    lines += results_router.render(router)
     return "\n".join(lines) + "\n"
 
 
@@ -431,7 +436,8 @@ def add_command(subparsers) -> None:
     parser.add_argument(
         "--only",
         default=None,
-        help="comma-separated rows to run: regimes, cluster, overhead (default: every simulated row); others are kept",
+        help="comma-separated rows to run: regimes, cluster, overhead, router (default: every simulated row); "
+        "others are kept",
     )
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds per row (default 3)")
     parser.add_argument(
@@ -462,7 +468,7 @@ def selected_rows(only: str | None, vllm: bool) -> list[ResultRow]:
     ones with `vllm`). ValueError naming an unknown regime."""
     if only is None:
         return [row for row in ROWS if vllm or not row.real_vllm]
-    cluster = {"cluster", results_overhead.KEY, *(row.key for row in CLUSTER_ROWS)}
+    cluster = {"cluster", results_overhead.KEY, results_router.KEY, *(row.key for row in CLUSTER_ROWS)}
     names = [n.strip() for n in only.split(",") if n.strip() and n.strip() not in cluster]
     known = list(dict.fromkeys(row.regime for row in ROWS))
     keys = {row.key: row for row in ROWS}
@@ -546,8 +552,18 @@ def main(args) -> int:
             store_row(data_path, args.page, record)  # after every row: a stop loses no row
         for cluster_row in selected_cluster_rows(args.only):
             run_cluster_row(cluster_row, data_path, args.page, commit)
-        if args.only is None or results_overhead.KEY in {n.strip() for n in args.only.split(",")}:
+        only = None if args.only is None else {n.strip() for n in args.only.split(",")}
+        if only is None or results_overhead.KEY in only:
             results_overhead.run_row(lambda record: store_row(data_path, args.page, record), commit, cwd=REPO)
+        if only is None or results_router.KEY in only:
+            results_overhead.run_row(
+                lambda record: store_row(data_path, args.page, record),
+                commit,
+                results_router.OPTIONS,
+                REPO,
+                results_router.record,
+                results_router.KEY,
+            )
     stored = _load(data_path)
     args.page.write_text(render(stored))
     print(f"[results] wrote {args.page} ({len(stored)} rows)")

@@ -2,10 +2,11 @@
 
 import argparse
 import json
+import sys
 
 import pytest
 
-from kvgate.bench import results_overhead, results_page
+from kvgate.bench import results_overhead, results_page, results_router
 from kvgate.bench.results_page import ROWS, Check, evaluate, limiting_factor, record_of, render, selected_rows
 
 
@@ -259,3 +260,49 @@ def test_the_overhead_row_runs_its_command_and_keeps_the_other_rows(tmp_path):
     assert all(row["errors"] == 0 and row["on_us"] > 0 and row["off_us"] > 0 for row in stored[1]["sessions"])
     assert all(row["paced"]["rate"] == 100 and row["paced"]["errors"] == 0 for row in stored[1]["sessions"])
     assert results_page.render(stored) == text
+
+
+def router_document(kvgate_rps: float, router_rps: float) -> dict:
+    """A `kvgate bench overhead --router-command` --out document, one case, direct at 10,000 req/s."""
+
+    def target(rps: float) -> dict:
+        return {"rps": rps, "p50_ms": 1.0, "p99_ms": 2.0, "errors": 0}
+
+    case = {
+        "mode": "non-streaming",
+        "concurrency": 64,
+        "direct": target(10000.0),
+        "proxied": target(kvgate_rps),
+        "baseline": target(router_rps),
+    }
+    return {"target": "kvgate", "router_command": results_router.ROUTER, "results": [case]}
+
+
+def test_the_router_row_is_judged_by_kvgates_share_of_direct_against_the_routers():
+    missed = results_router.record(router_document(2800.0, 4900.0), "cmd r", "d", "c")
+    text = render([missed])
+    assert "## Throughput beside vllm-router" in text and "`cmd r` (d, c)" in text
+    assert (
+        "| non-streaming | 64 | 10000 | 2800 (0.28) | 4900 (0.49) | >= vllm-router's: 0.28 vs 0.49 **missed** | 0 |"
+        in text
+    )
+    assert f"Limited by {results_router.LIMIT}." in text
+    met = results_router.record(router_document(5000.0, 4900.0), "cmd r", "d", "c")
+    text = render([met])
+    assert ">= vllm-router's: 0.50 vs 0.49 **met**" in text and "Limited by" not in text
+    assert selected_rows("router", vllm=False) == []  # a row of its own, not a regime
+
+
+def test_the_router_row_runs_its_command_and_lands_on_the_page(tmp_path):
+    """A real `kvgate bench overhead --router-command` at a small scale, with the benchmark's
+    own upstream server standing in for the router (vllm-router is not installed here)."""
+    data, page = tmp_path / "results.json", tmp_path / "results.md"
+    stand_in = f"{sys.executable} -m kvgate.bench.overhead_upstream --port {{port}}"
+    options = ("--concurrency", "2", "--modes", "non-streaming", "--duration", "0.3", "--warmup", "0.1")
+    options += ("--repeats", "1", "--router-command", stand_in)
+    store = lambda record: results_page.store_row(data, page, record)  # noqa: E731
+    assert results_overhead.run_row(store, "abc1234", options, None, results_router.record, results_router.KEY)
+    (stored,) = json.loads(data.read_text())
+    assert stored["kind"] == "router" and stored["cases"][0]["errors"] == 0
+    assert stored["cases"][0]["router_rps"] > 0 and stored["cases"][0]["kvgate_rps"] > 0
+    assert "## Throughput beside vllm-router" in page.read_text()

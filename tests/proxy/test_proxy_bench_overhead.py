@@ -140,3 +140,18 @@ def test_baseline_repo_is_measured_in_the_same_run_with_cpu_per_request(tmp_path
     (row,) = json.loads(out.read_text())["results"]
     assert row["baseline"]["errors"] == 0 and row["baseline"]["rps"] > 0
     assert row["proxied"]["cpu_us_per_request"] > 0 and row["baseline"]["cpu_us_per_request"] > 0
+
+
+def test_router_command_errors_say_what_to_fix():
+    def overhead(*options: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "kvgate.cli", "bench", "overhead", "--repeats", "1", *options]
+        return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+    both = overhead("--router-command", "r --port {port}", "--baseline-repo", str(REPO))
+    assert both.returncode == 2 and "not with --baseline-repo" in both.stderr
+    missing = overhead(
+        "--concurrency", "1", "--modes", "non-streaming", "--router-command", "kvgate-no-such-router {port}"
+    )
+    assert missing.returncode != 0 and "kvgate-no-such-router: no such program" in missing.stderr
+    unknown = overhead("--concurrency", "1", "--modes", "non-streaming", "--router-command", "r --to {replicas}")
+    assert unknown.returncode != 0 and "it may use {port} and ['upstream']" in unknown.stderr
