@@ -400,6 +400,7 @@ class SessionBook:
         footprint: int | None = None,
         prompt_tokens: int | None = None,
         prompt_bound: int | None = None,
+        arriving: bool = False,
     ) -> None:
         """Record an admission under `label` (the decision's reason, or its shadow_ form).
 
@@ -407,54 +408,24 @@ class SessionBook:
         opener) or renews the one it holds; False ends a window it held (`revoked`).
         footprint: the window's price in blocks (None keeps its last price).
         prompt_tokens: the turn's prompt size from its prefix reading (None: not probed).
+        arriving: the turn is admitted the moment it arrives (the gate's calm path), its
+        attempt never begun: this books the arrival too, and the books end as
+        `begin_attempt` then `admit` leave them. `rec` is then the session's record, or a
+        new one (`SessionRecord(key)`) that this books; no other attempt of it acquires.
         """
         self.leases += 1
         self.idle_since_replica = None
         if rec is None:
             return
+        if arriving:
+            assert not rec.attempts, "a session with an attempt acquiring is admitted through begin_attempt"
+            booked = self.records.setdefault(rec.key, rec)
+            assert booked is rec, "one record per session"
         self._leave(rec)
-        rec.drop_attempt(attempt)
-        self._admitted(rec, attempt, label, now, window, footprint, prompt_tokens, prompt_bound)
-        self._enter(rec, now)
-
-    def admit_at_once(
-        self,
-        rec: SessionRecord,
-        attempt: object,
-        label: str,
-        now: float,
-        window: bool = False,
-        footprint: int | None = None,
-        prompt_tokens: int | None = None,
-        prompt_bound: int | None = None,
-    ) -> SessionRecord:
-        """`begin_attempt` and `admit` in one step, for a turn admitted the moment it
-        arrives (the gate's calm path): the books end as the two calls leave them. `rec`
-        is the session's record, or a new one (`SessionRecord(key)`) that this books; the
-        session has no other attempt acquiring. Returns the booked record."""
-        assert not rec.attempts, "a session with an attempt acquiring is admitted through begin_attempt"
-        self.leases += 1
-        self.idle_since_replica = None
-        booked = self.records.setdefault(rec.key, rec)
-        assert booked is rec, "one record per session"
-        self._leave(rec)
-        self._turn_arrives(rec, now)
-        self._admitted(rec, attempt, label, now, window, footprint, prompt_tokens, prompt_bound)
-        self._enter(rec, now)
-        return rec
-
-    def _admitted(
-        self,
-        rec: SessionRecord,
-        attempt: object,
-        label: str,
-        now: float,
-        window: bool,
-        footprint: int | None,
-        prompt_tokens: int | None,
-        prompt_bound: int | None,
-    ) -> None:
-        """The admission's changes to the record (between _leave and _enter)."""
+        if arriving:
+            self._turn_arrives(rec, now)
+        else:
+            rec.drop_attempt(attempt)
         # Another request of the session is in flight in its window (concurrent distinct
         # turns): the window covers both, priced together, and a windowless admission of
         # this one does not end the other's window.
@@ -472,6 +443,7 @@ class SessionBook:
             self._set_footprint(rec, footprint)
         rec.reasons[label] = rec.reasons.get(label, 0) + 1
         self.record_size(rec, prompt_tokens, prompt_bound)
+        self._enter(rec, now)
 
     def reprice(self, rec: SessionRecord, footprint: int, prompt_tokens: int, prompt_bound: int | None) -> bool:
         """Replace the price of an in-flight window admitted at an upper bound by its exact

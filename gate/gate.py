@@ -384,7 +384,7 @@ class Gate:
         it arrives, or None (book the attempt and decide in full). Taken only with a usage
         reading the probe has at once (`ready_usage`: no probe is awaited) and when no other
         attempt of the session acquires (they are ordered by the full path); the books end
-        as the full path's admission leaves them (`SessionBook.admit_at_once`)."""
+        as the full path's admission leaves them (`SessionBook.admit`, `arriving`)."""
         ready_usage = self._ready_usage
         record = turn.record
         if ready_usage is None or record is None or record.attempts:
@@ -567,10 +567,8 @@ class Gate:
         now = self._now()
         wait = max(0.0, now - turn.start)
         committed = self._book.window_blocks if record is not None else 0
-        if turn.booked or record is None:
-            self._book.admit(record, attempt, label, now, window, footprint, tokens, note.bound)
-        else:  # the calm path: the attempt is booked with its admission
-            self._book.admit_at_once(record, attempt, label, now, window, footprint, tokens, note.bound)
+        arriving = not turn.booked  # the calm path: the attempt is booked with its admission
+        self._book.admit(record, attempt, label, now, window, footprint, tokens, note.bound, arriving)
         if record is not None and self._book.window_blocks < committed:
             self._blocks_freed(now)  # a window shrank or ended: a waiter may fit now
         self._count_admission(label, wait)
