@@ -15,11 +15,16 @@ How much of the own prefix holding really keeps depends on the replica:
 - `held_got_window`: the share of held newcomers admitted with a window in the end; the
   rest waited and went in without one, which kept nothing.
 
-`own_share()` = held_got_window x (kept_with_window - kept_without_window), in [0, 1]:
-the expected share of a held turn's own prefix that holding it keeps for its next turn.
-Each share starts at what the rule assumed before it was measured (1, 1 and 0: the
-whole prefix counts) and moves toward each observation by HOLDING_VALUE_ALPHA, so a few
-turns before the cache fills do not outweigh it.
+- `engine_lost`: the share of a probed prefix (resident when the turn was admitted) the
+  engine no longer held when it ran the turn: where the engine's queue evicts admitted
+  turns' prefixes, what unqueued turns kept understates what admitting one costs.
+
+`own_share()` = held_got_window x (kept_with_window - kept_without_window), or
+`engine_lost` if larger, in [0, 1]: the expected share of a held turn's own prefix that
+holding it keeps for its next turn. Each share starts at what the rule assumed before it
+was measured (the whole prefix counts; the engine loses nothing) and moves toward each
+observation by HOLDING_VALUE_ALPHA, so a few turns before the cache fills do not
+outweigh it.
 
 Invariants: every share stays in [0, 1], so `own_share()` does. Pure: no clock, no I/O;
 one instance per replica's gate (`SessionBook.holding`).

@@ -53,6 +53,10 @@ def test_the_own_share_starts_at_the_whole_prefix_and_follows_what_turns_kept():
     assert fleet.state()["own_share"] == pytest.approx(0.1, abs=0.01)
     fleet.observe_next_turn(previous_window=False, kept=7.0)  # a share never leaves [0, 1]
     assert 0.0 <= fleet.kept_without_window <= 1.0
+    queueing = HoldingValue(held_got_window=0.0)  # no held turn got a window: no own prefix kept ...
+    for _ in range(200):
+        queueing.observe_engine(probed_hit_blocks=10, hit_blocks=2)
+    assert queueing.own_share() == pytest.approx(0.8, abs=1e-3)  # ... but the engine lost 8 of 10 probed blocks
 
 
 def test_a_newcomer_goes_in_where_holding_keeps_little_of_its_own_prefix_unless_the_engine_queues():
