@@ -61,6 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from kvgate.gate.holding_value import HoldingValue
 from kvgate.gate.late_index import LateIndex
 from kvgate.gate.ordered_sums import OrderedSums
 from kvgate.gate.request_body import body_bytes
@@ -120,6 +121,7 @@ class SessionRecord:
     last_window_end: WindowEnd | None = None  # the cause its last window ended with
     admitted_at: float | None = None  # when its turn in flight was admitted
     turn_ewma: float | None = None  # its turns' service times (admission to release), smoothed
+    admitted_window: bool | None = None  # its last admitted turn got a window (None: none admitted yet)
     # Names the turn of the lone attempt kept under UNNAMED_TURN, once another attempt arrives.
     unnamed_turn: Callable[[], str] | None = None
 
@@ -155,6 +157,7 @@ class SessionBook:
         self.replica_gap_ewma: float | None = None
         self.replica_turn_ewma: float | None = None  # every session's turn service times, smoothed
         self.prefix_probe_ewma: float | None = None  # prefix probes on a turn's path, seconds, smoothed
+        self.holding = HoldingValue()  # what holding a newcomer has kept of its own prefix here
         self.window_ends: dict[str, int] = {cause.value: 0 for cause in WindowEnd}  # plain keys: JSON
         self._new_window_ends: list[WindowEnd] = []
         self._ended_window_keys: list[str] = []  # the sessions of `_new_window_ends`, in order
@@ -437,6 +440,7 @@ class SessionBook:
         elif not window and rec.has_window and not sharing:
             self._window_ended(WindowEnd.REVOKED, rec)
         self._set_window(rec, window or sharing)
+        rec.admitted_window = window
         if footprint is not None and window:
             self._set_footprint(rec, rec.footprint + footprint if sharing else footprint)
         elif footprint is not None and not sharing:

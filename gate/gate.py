@@ -465,8 +465,9 @@ class Gate:
             and (self.settings.mode == "shadow" or isinstance(decision, Admit))
         ):
             self._repricer.count_reprefill(record.prompt_tokens, prefix, usage)
-        previous_tokens = record.prompt_tokens if record is not None else None
-        note = TurnNote(turn.allowance, turn.bound, prefix is not None, previous_tokens)
+        previous_tokens, previous_window = (record.prompt_tokens, record.admitted_window) if record else (None, None)
+        hit_blocks = prefix.hit_blocks if prefix is not None else None
+        note = TurnNote(turn.allowance, turn.bound, prefix is not None, previous_tokens, previous_window, hit_blocks)
         if self.settings.mode == "shadow":
             return self._grant_shadow(turn, decision, tokens, note)
         if isinstance(decision, Admit):
@@ -546,8 +547,11 @@ class Gate:
     def _admit(self, turn: _Turn, decision: Admit, tokens: int | None, note: TurnNote) -> Lease:
         """Grant the lease the policy's Admit asks for, as it asks (idle windows it ends,
         window, footprint, wake-up, priority)."""
-        if decision.reclaim_blocks and turn.record is not None:
-            self._book.reclaim_late_windows(turn.record, decision.reclaim_blocks, self._now())
+        record = turn.record
+        if record is not None and turn.attempt.held is not None and not record.has_window:
+            self._book.holding.observe_held(decision.window)  # a held newcomer: did the wait give it a window?
+        if decision.reclaim_blocks and record is not None:
+            self._book.reclaim_late_windows(record, decision.reclaim_blocks, self._now())
             self._publish_windows()
         return self._grant(turn, decision.reason.value, decision, tokens, note)  # plain str: a JSON key in /admin/state
 
@@ -848,6 +852,7 @@ class Gate:
             "sessions": sessions,
             "window_ends": dict(self._book.window_ends),
             "replica_gap_sec": None if self._book.replica_gap_ewma is None else round(self._book.replica_gap_ewma, 3),
+            "holding": self._book.holding.state(),
         }
 
     def _session_state(self, rec: SessionRecord, now: float) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from prometheus_client import Counter
 
 from kvgate.gate.book import SessionBook, SessionRecord
 from kvgate.gate.errors import PromptTooLong
+from kvgate.gate.holding_value import kept_share
 from kvgate.gate.observations import reprefill_tokens
 from kvgate.gate.policies.registry import Policy
 from kvgate.gate.probe import Probe
@@ -59,12 +60,16 @@ class TurnNote:
     """What the gate keeps of an admitted named turn to learn from its usage: its output
     allowance, its body-length bound, whether a prefix reading priced it, and the session's
     prompt size before this turn (what its usage shows re-prefilled is measured against
-    that, not against a size this turn's own repricing probe recorded)."""
+    that, not against a size this turn's own repricing probe recorded), and whether the
+    session's previous turn here went in with a window (None: it had none here): what its
+    usage shows kept of that prompt is what holding is worth (`HoldingValue`)."""
 
     allowance: int
     bound: int | None
     probed: bool
     previous_tokens: int | None = None
+    previous_window: bool | None = None
+    probed_hit_blocks: int | None = None  # the resident blocks its admission's prefix reading saw
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +139,8 @@ class Repricer:
 
     def learn(self, record: SessionRecord, turn: TurnNote, prompt_tokens: int, cached_tokens: int | None) -> None:
         """A served turn's usage: its exact size goes into the session's history, prices its
-        window (as a repricing probe would) and, for a turn no prefix reading priced,
+        window (as a repricing probe would), tells the replica's `HoldingValue` how much of
+        the session's previous prompt it kept and, for a turn no prefix reading priced,
         counts its re-prefill."""
         self._unpriced.pop(record, None)
         if self._book.records.get(record.key) is not record:
@@ -149,6 +155,12 @@ class Repricer:
             self._book.record_size(record, prompt_tokens, turn.bound)
             return
         learned = PrefixReading(prompt_tokens // block_size, hit_blocks, 0.0, prompt_tokens)
+        if turn.previous_window is not None and cached_tokens is not None:
+            kept = kept_share(turn.previous_tokens, prompt_tokens, cached_tokens, block_size)
+            if kept is not None:
+                self._book.holding.observe_next_turn(turn.previous_window, kept)
+        if turn.probed_hit_blocks and cached_tokens is not None:
+            self._book.holding.observe_engine(turn.probed_hit_blocks, hit_blocks)
         if not turn.probed and cached_tokens is not None:
             self.count_reprefill(turn.previous_tokens, learned, usage)
         self.apply_price(record, learned, turn.allowance, usage, turn.bound)

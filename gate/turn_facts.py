@@ -143,5 +143,9 @@ class TurnFacts:
         return self._book.prefix_probe_ewma if self._rec is not None else None
 
     @property
+    def own_prefix_share(self) -> float:
+        return self._book.holding.own_share() if self._rec is not None else 1.0
+
+    @property
     def waited_sec(self) -> float:
         return max(0.0, self._now - self._start) if self._rec is not None else 0.0

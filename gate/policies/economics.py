@@ -137,15 +137,31 @@ def work_conserving(
     )
 
 
+def own_at_risk(view: WorkingSetView, usage: UsageReading, own_blocks: int) -> int:
+    """Of a held turn's own prefix (`own_blocks`), the blocks its admission without a window
+    is expected to cost its next turn: the share that holding it keeps on this replica
+    (`view.own_prefix_share`, measured: `gate.holding_value`; all of them before a
+    measurement). Where the free cache keeps most sessions' prefixes between turns
+    anyway, or held turns seldom get a window, holding keeps little of it.
+    While the engine has requests waiting (`usage.num_waiting`), all of them: a turn
+    admitted then joins the engine's queue, where the prefixes of queued requests are
+    evicted before they run, so what unqueued turns kept says nothing of it; holding
+    it at the gate costs the saturated engine no compute."""
+    if usage.num_waiting:
+        return own_blocks
+    return round(own_blocks * min(1.0, max(0.0, view.own_prefix_share)))
+
+
 def could_work_conserve(
     view: WorkingSetView, usage: UsageReading, own_blocks: int, settings: GateSettings, reloadable: int = 0
 ) -> bool:
     """Whether freeing blocks could let a held turn of `own_blocks` in `work_conserving`:
     the re-prefill its admission causes counts its own prompt whatever is freed
-    (`evicted_window_blocks` + its blocks; `reloadable` of them priced as a reload, as
+    (`evicted_window_blocks` + `own_at_risk` of its blocks; `reloadable` of them priced as a reload, as
     `work_conserving` prices them), so once that alone costs more than holding it, only a
     higher holding cost (an idle replica, a slower decode) can."""
-    reprefill = lost_blocks_sec(own_blocks, usage, reloadable) if settings.work_conserving else None
+    own = own_at_risk(view, usage, own_blocks)
+    reprefill = lost_blocks_sec(own, usage, reloadable) if settings.work_conserving else None
     return reprefill is not None and reprefill <= holding_cost_sec(view, usage)
 
 
@@ -200,7 +216,7 @@ def unprobed_work_conserving(view: WorkingSetView, usage: UsageReading, settings
     cold = PrefixReading(total_blocks=blocks, hit_blocks=0, hit_ratio=0.0, total_tokens=tokens)
     budget, usable = free_budget(view, usage, settings), usable_blocks(usage, settings)
     pinned = windows_pinned(usage, settings)  # pinned windows: only the pins it makes yield (working_set)
-    at_risk = evicted_window_blocks(view, usage, cold, budget, usable, pinned) + blocks
+    at_risk = evicted_window_blocks(view, usage, cold, budget, usable, pinned) + own_at_risk(view, usage, blocks)
     if view.prefix_probe_sec:  # (a copy only where the probe's wait adds something: this runs at every decision)
         view = replace(view, waited_sec=view.waited_sec + view.prefix_probe_sec)
     return work_conserving(view, usage, at_risk, settings) is None

@@ -65,6 +65,9 @@ class GateFacts(Protocol):
       replica (smoothed), None before any.
     priority_field: the turn's route carries vLLM's `priority` field
       (`kvgate.wire.routes.PRIORITY_FIELD_KINDS`).
+    own_prefix_share: the share of a held newcomer's own prefix that holding it keeps
+      for its next turn on this replica, measured (`gate.holding_value.HoldingValue`);
+      1 before any measurement.
     An anonymous turn has only `anonymous` and `max_output_tokens`; the rest read as
     their defaults (False, 0, None).
     """
@@ -108,6 +111,8 @@ class GateFacts(Protocol):
     def prefix_probe_sec(self) -> float | None: ...
     @property
     def priority_field(self) -> bool: ...
+    @property
+    def own_prefix_share(self) -> float: ...
 
 
 @dataclass(slots=True)
@@ -134,7 +139,8 @@ class WorkingSetView:
     `prompt_bound_tokens` (a turn whose bound fits is admitted without a prefix probe)
     and `tokens_per_byte` (the work-conserving rule's estimate of an unprobed prompt).
     The work-conserving rule's holding cost: `replica_idle_sec`, `expected_gap_sec`,
-    `waited_sec`, and `prefix_probe_sec` (the wait a probe would add). The cap on a
+    `waited_sec`, and `prefix_probe_sec` (the wait a probe would add); the share of the
+    turn's own prefix its re-prefill counts: `own_prefix_share`. The cap on a
     held turn's wait: `waited_sec`, `recent_turn_sec`, and the late windows
     (`late_window_blocks`, `next_late_sec`), read from the facts only when the cap
     asks for them (`late_windows`, called at most once).
@@ -162,6 +168,7 @@ class WorkingSetView:
     prefix_probe_sec: float | None = None
     late_windows: LateWindows = field(default=no_late_windows, compare=False)
     priority_field: bool = False
+    own_prefix_share: float = 1.0
 
     @property
     def late_window_blocks(self) -> int:

@@ -56,6 +56,7 @@ from kvgate.gate.policies.economics import (
     could_work_conserve,
     due_by,
     evicted_window_blocks,
+    own_at_risk,
     unprobed_work_conserving,
     wait_cap_left,
     work_conserving,
@@ -200,9 +201,12 @@ def _at_risk(
     windows' blocks it pushes out (`evicted_window_blocks`; where the windows are pinned,
     only the pins its blocks would make yield), plus its own prefix, pinned windows or
     not: admitted without a window, its blocks are the first the engine evicts, so its
-    next turn is expected to compute them again, where waiting for a window keeps them."""
+    next turn is expected to compute them again, where waiting for a window keeps them;
+    of it, the share holding has been measured to keep on this replica (`own_at_risk`)."""
     pinned = windows_pinned(usage, settings)
-    return evicted_window_blocks(view, usage, prefix, budget, usable, pinned) + prefix.total_blocks
+    return evicted_window_blocks(view, usage, prefix, budget, usable, pinned) + own_at_risk(
+        view, usage, prefix.total_blocks
+    )
 
 
 def _decide_read(

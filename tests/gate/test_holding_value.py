@@ -1,0 +1,110 @@
+"""What holding a newcomer keeps of its own prefix (`gate/holding_value.py`), and how the
+working_set policy's work-conserving rule counts the own prefix by it
+(`economics.own_at_risk`): measured from the turns' usage, the whole prefix before any
+measurement and while the engine has requests waiting."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from kvgate.gate.holding_value import HOLDING_VALUE_ALPHA, HoldingValue, kept_share
+from kvgate.gate.policies.economics import own_at_risk
+from kvgate.gate.policies.views import WorkingSetView
+from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Wait
+from kvgate.gate.policies.working_set import working_set_decide
+from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.settings import GateSettings
+from tests.gate.helpers import FakeProbe, assert_clean, body, settings
+
+pytestmark = pytest.mark.usefixtures("loop_on_clock")
+
+
+def test_kept_share_counts_the_full_blocks_of_the_previous_prompt_found_resident():
+    assert kept_share(320, 400, 160, 16) == 0.5  # 10 of the 20 blocks the prompts share
+    assert kept_share(320, 400, 400, 16) == 1.0  # the new tokens' hits never count above the shared blocks
+    assert kept_share(320, 200, 0, 16) == 0.0  # a shorter prompt (a rewound context): its 12 blocks, none hit
+    assert kept_share(None, 400, 160, 16) is None  # no previous prompt here
+    assert kept_share(10, 400, 0, 16) is None  # no full block shared
+    assert kept_share(320, 400, 160, None) is None
+
+
+def test_the_own_share_starts_at_the_whole_prefix_and_follows_what_turns_kept():
+    """Before a measurement the whole own prefix counts (the rule before it was measured).
+    Where an unpinned prefix survives as well as a window's and held newcomers seldom get
+    a window (the fleet), the share falls toward 0; where unpinned prefixes are gone by
+    the next turn and held turns get their windows (an LRU that cycles), it stays near 1."""
+    value = HoldingValue()
+    assert value.own_share() == 1.0
+    value.observe_next_turn(previous_window=False, kept=1.0)
+    assert value.kept_without_window == pytest.approx(HOLDING_VALUE_ALPHA)  # one turn moves the prior a step
+    fleet, thrash = HoldingValue(), HoldingValue()
+    for _ in range(200):
+        fleet.observe_next_turn(previous_window=False, kept=0.6)
+        fleet.observe_next_turn(previous_window=True, kept=0.9)
+        for got in (True, False, False):
+            fleet.observe_held(got)
+        thrash.observe_next_turn(previous_window=False, kept=0.0)
+        thrash.observe_next_turn(previous_window=True, kept=1.0)
+        thrash.observe_held(True)
+    assert fleet.own_share() == pytest.approx(0.3 / 3, abs=0.01)
+    assert thrash.own_share() == pytest.approx(1.0)
+    assert fleet.state()["own_share"] == pytest.approx(0.1, abs=0.01)
+    fleet.observe_next_turn(previous_window=False, kept=7.0)  # a share never leaves [0, 1]
+    assert 0.0 <= fleet.kept_without_window <= 1.0
+    queueing = HoldingValue(held_got_window=0.0)  # no held turn got a window: no own prefix kept ...
+    for _ in range(200):
+        queueing.observe_engine(probed_hit_blocks=10, hit_blocks=2)
+    assert queueing.own_share() == pytest.approx(0.8, abs=1e-3)  # ... but the engine lost 8 of 10 probed blocks
+
+
+def test_a_newcomer_goes_in_where_holding_keeps_little_of_its_own_prefix_unless_the_engine_queues():
+    """The pinned case of test_gate_pins: 160 cold blocks behind 500 blocks of windows on
+    512, a prefill-bound engine (80 ms of decode slack). Its own 160 blocks (160 ms to
+    prefill again) hold it while holding keeps all of them; where holding keeps a tenth
+    (16 blocks: 16 ms) it goes in work_conserving; but not while the engine has a request
+    waiting: then it would wait in the engine's queue, and the whole prefix counts."""
+    prompt = PrefixReading(total_blocks=160, hit_blocks=0, hit_ratio=0.0, total_tokens=2560)
+    view = WorkingSetView(older_window_blocks=500, idle_window_blocks=0, max_output_tokens=8, last_prompt_tokens=2400)
+    usage = UsageReading(
+        0.9,
+        512,
+        100,
+        16,
+        prefill_tokens_per_sec=16000.0,
+        decode_step_sec=0.1,
+        prefill_share=0.8,
+        num_pinned_blocks=0,
+        num_pinned_sessions=0,
+    )
+    gate_settings = GateSettings(wait_cap_factor=0.0)
+    assert isinstance(working_set_decide(view, usage, prompt, gate_settings), Wait)
+    little = replace(view, own_prefix_share=0.1)
+    assert own_at_risk(little, usage, 160) == 16
+    assert working_set_decide(little, usage, prompt, gate_settings) == Admit(AdmissionReason.WORK_CONSERVING)
+    queued = replace(usage, num_waiting=1)
+    assert own_at_risk(little, queued, 160) == 160
+    assert isinstance(working_set_decide(little, queued, prompt, gate_settings), Wait)
+
+
+async def test_the_gate_learns_from_a_turns_usage_what_it_kept_after_a_window(metrics, clock):
+    """A session's second turn reports 160 cached tokens of its first turn's 320 (its usage,
+    `Lease.learn`): its first turn had a window, so the replica's kept_with_window moves a
+    step toward 0.5; a first turn teaches nothing (no previous prompt here)."""
+    from kvgate.gate.gate import Gate
+
+    probe = FakeProbe(usage=0.1, total=100, free=100, block_size=16)
+    gate = Gate("r0", probe, settings(policy="working_set"), metrics, clock)
+    first = await gate.acquire("s", "chat", body("s"))
+    assert first.reason == "window_fits"
+    first.learn(320, 0)
+    first.release()
+    assert gate.state()["holding"]["kept_with_window"] == 1.0
+    second = await gate.acquire("s", "chat", body("s"))
+    second.learn(400, 160)
+    second.release()
+    assert gate.state()["holding"]["kept_with_window"] == pytest.approx(1.0 - HOLDING_VALUE_ALPHA * 0.5)
+    assert gate.state()["holding"]["kept_without_window"] == 0.0
+    gate.finish_session("s")
+    assert_clean(gate, clock)
