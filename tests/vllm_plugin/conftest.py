@@ -4,7 +4,10 @@ Each server is started once per test session (startup costs 25-70 s on 2 cores),
 first use, and shared by every test that asks for it; tests stay independent of each
 other by using unique prompts or by resetting vLLM's prefix cache first.
 ``vllm_server`` serves the tiny model (plugin behaviour); ``vllm_prefill_server``
-serves the prefill-bound model, where re-prefill costs real time (end-to-end gains).
+serves the prefill-bound model, where re-prefill costs real time (end-to-end gains);
+``keyed_server`` serves the tiny model with keys, the retention connector and priority
+scheduling (keyed_server.py). Every test that starts a server of a configuration of its
+own pays a server start (22-26 s on 2 cores): prefer one of these.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from keyed_server import REPLICA_KEY, VLLM_KEY
 from vllm_harness import VllmServer, ensure_prefill_model, ensure_tiny_model, ensure_vllm_venv
 
 
@@ -25,15 +29,24 @@ def tiny_model(vllm_python: Path) -> Path:
     return ensure_tiny_model(vllm_python)
 
 
-def _served(python: Path, model_dir: Path, tmp_path_factory, served_model_name: str, extra_args: tuple[str, ...] = ()):
+def _served(
+    python: Path,
+    model_dir: Path,
+    tmp_path_factory,
+    served_model_name: str,
+    extra_args: tuple[str, ...] = (),
+    extra_env: tuple[tuple[str, str], ...] = (),
+    name: str = "",
+):
     """One started server for the test session, stopped (with its process group) at its end."""
-    log_dir = tmp_path_factory.mktemp(f"vllm-{served_model_name}-server")
+    log_dir = tmp_path_factory.mktemp(f"vllm-{name or served_model_name}-server")
     server = VllmServer(
         python=python,
         model_dir=model_dir,
         log_path=log_dir / "vllm.log",
         served_model_name=served_model_name,
         extra_args=extra_args,
+        extra_env=extra_env,
     )
     server.start()
     try:
@@ -59,4 +72,23 @@ def vllm_prefill_server(vllm_python: Path, prefill_model: Path, tmp_path_factory
     longer than the gate's probe timeout (probes are answered between steps)."""
     yield from _served(
         vllm_python, prefill_model, tmp_path_factory, "prefill", extra_args=("--max-num-batched-tokens", "512")
+    )
+
+
+@pytest.fixture(scope="session")
+def keyed_server(vllm_python: Path, tiny_model: Path, tmp_path_factory) -> VllmServer:
+    """The tiny model (64 blocks of 32 tokens) with vLLM's client key, the replica key read
+    from a file, the retention connector and priority scheduling (keyed_server.py)."""
+    from kvgate.vllm_plugin.pin_keeper import CONNECTOR_CONFIG
+
+    key_file = tmp_path_factory.mktemp("vllm-keys") / "replica.key"
+    key_file.write_text(REPLICA_KEY + "\n")
+    yield from _served(
+        vllm_python,
+        tiny_model,
+        tmp_path_factory,
+        "tiny",
+        extra_args=("--kv-transfer-config", CONNECTOR_CONFIG, "--scheduling-policy", "priority"),
+        extra_env=(("KVGATE_REPLICA_API_KEY_FILE", str(key_file)), ("VLLM_API_KEY", VLLM_KEY)),
+        name="keyed",
     )

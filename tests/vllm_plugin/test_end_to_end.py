@@ -4,7 +4,7 @@ The same multi-turn workload (8 sessions x 8 turns, ~60 new prompt tokens a turn
 contexts of ~400-900 tokens that together outgrow the 63-usable-block x 32-token
 cache about 2.5x) runs on one server, with the prefix cache reset before each run:
 straight to vLLM, then through a fresh ``kvgate serve`` with the default gate, for
-``ROUNDS`` interleaved rounds (2; ``KVGATE_E2E_ROUNDS``) with one seed per round.
+``ROUNDS`` interleaved rounds (1; ``KVGATE_E2E_ROUNDS``) with one seed per round.
 No turn carries ``x-session-finish``: the sessions end silently, as an agent built on
 a plain OpenAI SDK does, so the gate has to notice by itself that a session is over.
 
@@ -56,8 +56,12 @@ GATE_POLICY = os.environ.get("KVGATE_E2E_POLICY", "working_set")
 # engine core answers probes between steps; a probe past its 1 s default admits `open`.
 PROBE_TIMEOUT_SEC = 5.0
 ADMIN_TOKEN = "e2e-admin-token"
-# Rounds of (direct, kvgate), interleaved; walls are summed and hit rates averaged.
-ROUNDS = int(os.environ.get("KVGATE_E2E_ROUNDS", "2"))
+# Rounds of (direct, kvgate), interleaved; walls are summed and hit rates averaged. One by
+# default: each gated run is checked on its own (every turn served, nothing held after), and
+# the direct run sees almost no hits on this model (0.000; the gated run 0.259 in the same
+# round), so the hit-rate check does not hinge on averaging; more rounds serve a comparison
+# of walls by hand (20-30 s a run on 2 cores).
+ROUNDS = int(os.environ.get("KVGATE_E2E_ROUNDS", "1"))
 
 
 def measured_run(server, base_url: str, seed: int, shape: WorkloadShape = SHAPE):

@@ -1,42 +1,20 @@
-"""KV pins on a real vLLM CPU server with the retention connector and a replica key: the
+"""KV pins on a real vLLM CPU server with the retention connector and a replica key (the
+session's keyed server, conftest.keyed_server): the
 scripted sequence every pin-keeping server must pass (tests/pin_sequence.py), with
 vLLM's own preemption counter showing no pin ever caused a preemption."""
 
 from __future__ import annotations
 
 import asyncio
-import uuid
-from pathlib import Path
 
 import aiohttp
 import pytest
-from vllm_harness import VllmServer, scrape_metrics
+from keyed_server import GATE, REPLICA_KEY
+from vllm_harness import VllmServer, http_json, scrape_metrics
 
-from kvgate.vllm_plugin.pin_keeper import CONNECTOR_CONFIG
-from kvgate.wire.replica_auth import REPLICA_KEY_HEADER
 from tests.pin_sequence import PinReplica, _Client, prompt_of, run_pin_sequence
 
 pytestmark = pytest.mark.vllm
-
-REPLICA_KEY = "replica-key-" + uuid.uuid4().hex[:8]
-
-
-@pytest.fixture(scope="module")
-def pinning_server(vllm_python: Path, tiny_model: Path, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("vllm-pins")
-    server = VllmServer(
-        python=vllm_python,
-        model_dir=tiny_model,
-        log_path=folder / "vllm.log",
-        served_model_name="tiny",
-        extra_args=("--kv-transfer-config", CONNECTOR_CONFIG),
-        extra_env=(("KVGATE_REPLICA_API_KEY", REPLICA_KEY),),
-    )
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def preemptions(server: VllmServer):
@@ -48,19 +26,19 @@ def preemptions(server: VllmServer):
 
 
 def replica(server: VllmServer) -> PinReplica:
-    return PinReplica(server.url, "tiny", {REPLICA_KEY_HEADER: REPLICA_KEY}, REPLICA_KEY, preemptions(server))
+    return PinReplica(server.url, "tiny", GATE, REPLICA_KEY, preemptions(server))
 
 
-async def test_the_connector_passes_the_pin_sequence_without_a_preemption(pinning_server):
+async def test_the_connector_passes_the_pin_sequence_without_a_preemption(keyed_server):
     async with aiohttp.ClientSession() as http:
-        await run_pin_sequence(replica(pinning_server), http)
+        await run_pin_sequence(replica(keyed_server), http)
 
 
-async def test_a_pinned_window_hits_whole_after_a_flood_and_an_unpinned_one_does_not(pinning_server):
+async def test_a_pinned_window_hits_whole_after_a_flood_and_an_unpinned_one_does_not(keyed_server):
     """The issue's measure: the hit ratio of a pinned and an unpinned window after a flood of
     other sessions three times the cache (printed; the sequence above asserts the bounds)."""
     async with aiohttp.ClientSession() as http:
-        client = _Client(replica(pinning_server), http)
+        client = _Client(replica(keyed_server), http)
         kv = await client.kv()
         total, size = kv.num_total_blocks or 0, kv.block_size or 0
         window, flood = total // 8, total // 4
@@ -84,16 +62,23 @@ async def test_a_pinned_window_hits_whole_after_a_flood_and_an_unpinned_one_does
     ],
     ids=["messages", "responses"],
 )
-async def test_vllm_keeps_a_pin_sent_on_the_anthropic_and_responses_routes(pinning_server, path, body):
+async def test_vllm_keeps_a_pin_sent_on_the_anthropic_and_responses_routes(keyed_server, path, body):
     """The gate pins on every prompt route (gate.pins.PIN_ROUTE_KINDS): vLLM hands the
     body's `kv_transfer_params` of an Anthropic messages or a Responses turn to the
     connector as it does a chat turn's, and the connector keeps the pin."""
     async with aiohttp.ClientSession() as http:
-        client = _Client(replica(pinning_server), http)
+        client = _Client(replica(keyed_server), http)
         pin = client.pin(f"route-{path}")
         sent = {"model": "tiny", **body, "kv_transfer_params": {"kvgate_pin": pin.to_json()}}
-        async with http.post(pinning_server.url + path, json=sent, headers=client.replica.headers) as resp:
+        async with http.post(keyed_server.url + path, json=sent, headers=client.replica.headers) as resp:
             assert resp.status == 200, await resp.text()
         assert (await client.kv()).num_pinned_sessions == 1
         released = await client.release(pin.session)
     assert released.released_sessions == 1 and released.released_blocks > 0
+
+
+def test_a_server_without_the_connector_answers_a_release_501_naming_it(vllm_server):
+    """The session's plain server (no --kv-transfer-config, no replica key) keeps no pins: a
+    gate's release says how to load the connector (the keyed server above has it)."""
+    status, answer = http_json("POST", vllm_server.url + "/v1/kvgate/release", {"sessions": ["a"]})
+    assert (status, answer["error"]["code"]) == (501, "pins_not_kept") and "--kv-transfer-config" in str(answer)

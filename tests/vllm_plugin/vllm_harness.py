@@ -462,14 +462,16 @@ class KvgateProxy:
         return f"http://127.0.0.1:{self.port}"
 
     @staticmethod
-    def write_config(path: Path, port: int, replica_url: str, gate: dict) -> None:
-        """A kvgate YAML config (docs/reference.md) with one vLLM replica named v0."""
+    def write_config(path: Path, port: int, replica_url: str, gate: dict, upstream: dict | None = None) -> None:
+        """A kvgate YAML config (docs/reference.md) with one vLLM replica named v0; `upstream`:
+        the config's upstream section (a keyed server's `api_key` and `replica_api_key`)."""
         lines = [
             f"listen: {{host: 127.0.0.1, port: {port}}}",
             "replicas:",
             f"  - {{name: v0, url: {replica_url}}}",
             "gate:",
             *(f"  {key}: {json.dumps(value)}" for key, value in gate.items()),
+            *(["upstream:", *(f"  {key}: {json.dumps(value)}" for key, value in upstream.items())] if upstream else []),
         ]
         path.write_text("\n".join(lines) + "\n")
 
