@@ -85,6 +85,10 @@ async def test_top_says_what_is_wrong(serve):
     assert code == 1 and "cannot read http://127.0.0.1:9/admin/status" in err
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def test_top_redraws_in_place_until_interrupted(serve):
     env = {**os.environ, "KVGATE_ADMIN__TOKEN": TOKEN, "COLUMNS": "120", "LINES": "30"}
     proc = await asyncio.create_subprocess_exec(
@@ -99,6 +103,9 @@ async def test_top_redraws_in_place_until_interrupted(serve):
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        # Ctrl-C reaches `kvgate top` from a terminal; a test run started in the background
+        # (`nohup pytest &`) ignores SIGINT, which its children would inherit and never stop.
+        preexec_fn=_default_sigint,
     )
     seen = b""
     try:
