@@ -83,6 +83,14 @@ def content(chunks: list[dict]) -> list[tuple[str | None, str | None]]:
     return [(c["delta"].get("content"), c["finish_reason"]) for chunk in chunks for c in chunk["choices"]]
 
 
+def text_and_ends(chunks: list[dict]) -> tuple[str, list[str]]:
+    """A stream's whole text and its finish reasons: what two streams of one greedy answer
+    share, however vLLM cut the tokens into events (its output processor joins the tokens
+    of several engine steps into one event when the stream lags, which timing decides)."""
+    read = content(chunks)
+    return "".join(text or "" for text, _ in read), [end for _, end in read if end is not None]
+
+
 def test_a_stream_without_usage_is_relayed_as_sent_and_teaches_the_gate(vllm_server, tmp_path):
     proxy = usage_proxy(vllm_server, tmp_path)
     first = [
@@ -101,14 +109,14 @@ def test_a_stream_without_usage_is_relayed_as_sent_and_teaches_the_gate(vllm_ser
         vllm_server.reset_prefix_cache()
         got = streamed(via, first)
         assert got and all(chunk["usage"] is None and chunk["choices"] for chunk in got), got[-2:]
-        assert content(got) == content(reference)
+        assert text_and_ends(got) == text_and_ends(reference)
         assert all(chunk["usage"] is None for chunk in reference)  # vLLM sends none unasked
 
         assert settled_gate(proxy.url)["leases"] == 0  # the first turn's usage is learned
         vllm_server.reset_prefix_cache()  # the session's prefix is gone: its next turn prefills it again
         probes_before_second = prefix_probes(proxy.url)  # the first turn's: repriced beside it, nothing learned yet
         second = first + [
-            {"role": "assistant", "content": "".join(text or "" for text, _ in content(got))},
+            {"role": "assistant", "content": text_and_ends(got)[0]},
             {"role": "user", "content": "Tool result: " + words(30, "usage-tool")},
         ]
         answer = streamed(via, second, stream_options={"include_usage": True})
