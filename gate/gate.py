@@ -233,7 +233,6 @@ class _Turn:
     held_on: PrefixReading | None = None
     held_on_at: float = 0.0
     kept_bytes: int | None = None  # the user text every rendering keeps, counted when first needed
-    booked: bool = False  # its attempt is in the books (`SessionBook.begin_attempt`); else the calm path's
 
     def refusal(self, usage: UsageReading) -> Reject | None:
         """The `prompt_too_long` refusal the body alone proves (`over_long`), else None. The
@@ -322,7 +321,7 @@ class Gate:
         lease = self._calm_lease(turn)
         if lease is not None:
             return lease
-        self._book_turn(turn, session_key)
+        self._book_turn(turn)
         deadline = start + self._max_wait if self._max_wait is not None else None
         newer_than: float | None = None  # a re-evaluation needs usage read after the last release
         try:
@@ -366,17 +365,17 @@ class Gate:
             start=start,
         )
 
-    def _book_turn(self, turn: _Turn, session_key: str | None) -> None:
-        """Book the turn's attempt (superseding its session's older one of the same turn)."""
-        if session_key is not None:
+    def _book_turn(self, turn: _Turn) -> None:
+        """Book the turn's attempt as acquiring (superseding its session's older one of the
+        same turn); a new session's record is the book's from then on."""
+        if turn.record is not None:
             route_kind, body = turn.route_kind, turn.body
             # the turn's key (a digest of its prompt) is computed only if another attempt of the session acquires
             turn.record, previous = self._book.begin_attempt(
-                session_key, turn.attempt, turn.start, lambda: turn_key(route_kind, body)
+                turn.record.key, turn.attempt, turn.start, lambda: turn_key(route_kind, body)
             )
             if isinstance(previous, Attempt):  # the book keeps this gate's attempts
                 self._supersede(previous)
-        turn.booked = True
         self._attempts[turn.attempt] = None
 
     def _calm_lease(self, turn: _Turn) -> Lease | None:
@@ -571,7 +570,7 @@ class Gate:
         now = self._now()
         wait = max(0.0, now - turn.start)
         committed = self._book.window_blocks if record is not None else 0
-        arriving = not turn.booked  # the calm path: the attempt is booked with its admission
+        arriving = attempt not in self._attempts  # the calm path: the attempt is booked with its admission
         self._book.admit(record, attempt, label, now, window, footprint, tokens, note.bound, arriving)
         if record is not None and self._book.window_blocks < committed:
             self._blocks_freed(now)  # a window shrank or ended: a waiter may fit now

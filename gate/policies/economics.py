@@ -189,6 +189,21 @@ def evicted_window_blocks(
     return max(0, by_books, by_engine)
 
 
+def at_risk_blocks(
+    view: WorkingSetView, usage: UsageReading, prefix: PrefixReading, settings: GateSettings, budget: int, usable: int
+) -> int:
+    """The blocks whose re-prefill admitting the turn without a window causes: the
+    windows' blocks it pushes out (`evicted_window_blocks`; where the windows are pinned,
+    only the pins its blocks would make yield), plus its own prefix, pinned windows or
+    not: admitted without a window, its blocks are the first the engine evicts, so its
+    next turn is expected to compute them again, where waiting for a window keeps them;
+    of it, the share holding has been measured to keep on this replica (`own_at_risk`)."""
+    pinned = windows_pinned(usage, settings)
+    return evicted_window_blocks(view, usage, prefix, budget, usable, pinned) + own_at_risk(
+        view, usage, prefix.total_blocks
+    )
+
+
 def can_work_conserve(usage: UsageReading, settings: GateSettings) -> bool:
     """The work-conserving rule is on and has the replica's prefill throughput to price with."""
     return settings.work_conserving and reprefill_sec(0, usage) is not None
@@ -215,8 +230,7 @@ def unprobed_work_conserving(view: WorkingSetView, usage: UsageReading, settings
     blocks = cdiv(tokens, usage.block_size)
     cold = PrefixReading(total_blocks=blocks, hit_blocks=0, hit_ratio=0.0, total_tokens=tokens)
     budget, usable = free_budget(view, usage, settings), usable_blocks(usage, settings)
-    pinned = windows_pinned(usage, settings)  # pinned windows: only the pins it makes yield (working_set)
-    at_risk = evicted_window_blocks(view, usage, cold, budget, usable, pinned) + own_at_risk(view, usage, blocks)
+    at_risk = at_risk_blocks(view, usage, cold, settings, budget, usable)
     if view.prefix_probe_sec:  # (a copy only where the probe's wait adds something: this runs at every decision)
         view = replace(view, waited_sec=view.waited_sec + view.prefix_probe_sec)
     return work_conserving(view, usage, at_risk, settings) is None

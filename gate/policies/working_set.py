@@ -52,11 +52,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kvgate.gate.policies.economics import (
+    at_risk_blocks,
     can_work_conserve,
     could_work_conserve,
     due_by,
-    evicted_window_blocks,
-    own_at_risk,
     unprobed_work_conserving,
     wait_cap_left,
     work_conserving,
@@ -69,7 +68,6 @@ from kvgate.gate.policies.pricing import (
     reprice_threshold,
     usable_blocks,
     window_footprint,
-    windows_pinned,
 )
 from kvgate.gate.policies.views import WorkingSetView
 from kvgate.gate.policies.vocabulary import (
@@ -194,21 +192,6 @@ def _decide(
     return _decide_read(view, usage, prefix, settings, behind, behind_why)
 
 
-def _at_risk(
-    view: WorkingSetView, usage: UsageReading, prefix: PrefixReading, settings: GateSettings, budget: int, usable: int
-) -> int:
-    """The blocks whose re-prefill admitting the turn without a window causes: the
-    windows' blocks it pushes out (`evicted_window_blocks`; where the windows are pinned,
-    only the pins its blocks would make yield), plus its own prefix, pinned windows or
-    not: admitted without a window, its blocks are the first the engine evicts, so its
-    next turn is expected to compute them again, where waiting for a window keeps them;
-    of it, the share holding has been measured to keep on this replica (`own_at_risk`)."""
-    pinned = windows_pinned(usage, settings)
-    return evicted_window_blocks(view, usage, prefix, budget, usable, pinned) + own_at_risk(
-        view, usage, prefix.total_blocks
-    )
-
-
 def _decide_read(
     view: WorkingSetView,
     usage: UsageReading,
@@ -237,7 +220,9 @@ def _decide_read(
         return Admit(AdmissionReason.WINDOW_FITS, window=settings.retain_session, footprint=footprint)
     # its prompt's blocks the prefix probe saw on the CPU tier come back by a reload, not a re-prefill
     reloadable = prefix.hit_blocks_cpu
-    held = work_conserving(view, usage, _at_risk(view, usage, prefix, settings, budget, usable), settings, reloadable)
+    held = work_conserving(
+        view, usage, at_risk_blocks(view, usage, prefix, settings, budget, usable), settings, reloadable
+    )
     if held is None:  # admitted without a window: the windows' books stay within usable
         return Admit(AdmissionReason.WORK_CONSERVING)
     if view.has_window:
