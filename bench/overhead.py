@@ -12,10 +12,10 @@ front of the upstream this command starts on `--upstream-port`), so any router c
 measured the same way; `--router-command CMD` starts another router itself and measures
 it beside this kvgate, in the same run (in the baseline's place). `--baseline-repo DIR`
 also starts the kvgate of another checkout (say, the previous commit) and measures it
-in the same run, alternating
-with this one, so that a change is compared under the same machine load (its `kvgate.*`
-packages are imported from its folders, `bench/checkout.py`; a checkout from before the
-namespace, from its top-level packages). `--sessions 100,1000,10000` measures instead how
+in the same run, alternating with this one, so that a change is compared under the
+same machine load (its `kvgate.*` packages are imported from its folders,
+`bench/checkout.py`; a checkout from before the namespace, from its top-level
+packages). `--sessions 100,1000,10000` measures instead how
 the gate's CPU per request grows with the sessions it books (`bench/overhead_sessions.py`).
 This prints numbers; it asserts nothing.
 """
@@ -359,6 +359,8 @@ async def run(args: argparse.Namespace, concurrencies: list[int], modes: list[st
                 raise SystemExit(
                     f"--router-command: {exc.filename}: no such program; install it or fix the command"
                 ) from None
+            except ValueError as exc:  # a placeholder it does not know, or unbalanced quotes
+                raise SystemExit(f"--router-command: {exc}") from None
             pids["baseline"] = servers.pids()["router"]
             print(f"router of --router-command: {baseline_url}", flush=True)
         elif args.baseline_repo:

@@ -71,21 +71,18 @@ def render(records: list[dict]) -> list[str]:
     (closed loop; paced, when measured), each judged against the size's target."""
     lines: list[str] = []
     for r in records:
-        lines += [
-            "",
-            "## The gate's CPU per request as its sessions grow (`kvgate bench overhead --sessions`)",
-            "",
-            "kvgate in front of a fast upstream that answers the probe API as a calm replica, with the",
-            "gate off and on, each request's session taken in turn from N; CPU per request is the",
-            "kvgate process's (median of the runs), closed loop (each kvgate as fast as it answers) and,",
-            "where measured, paced (both kvgates serving the same requests per second).",
-            "Details: [proxy.md](proxy.md#overhead-benchmark).",
-            "",
-            f"`{r['command']}` ({r['date']}, {r['commit']})",
-            "",
-            "| sessions | windows | load | gate off µs/req | gate on µs/req | on / off | target | errors |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
+        lines += section_head(
+            "The gate's CPU per request as its sessions grow (`kvgate bench overhead --sessions`)",
+            [
+                "kvgate in front of a fast upstream that answers the probe API as a calm replica, with the",
+                "gate off and on, each request's session taken in turn from N; CPU per request is the",
+                "kvgate process's (median of the runs), closed loop (each kvgate as fast as it answers) and,",
+                "where measured, paced (both kvgates serving the same requests per second).",
+                "Details: [proxy.md](proxy.md#overhead-benchmark).",
+            ],
+            r,
+            ["sessions", "windows", "load", "gate off µs/req", "gate on µs/req", "on / off", "target", "errors"],
+        )
         missed = False
         for row in r["sessions"]:
             windows = "-" if row["windows"] is None else str(row["windows"])
@@ -103,6 +100,22 @@ def render(records: list[dict]) -> list[str]:
         if missed:
             lines += ["", f"Limited by {LIMIT}."]
     return lines
+
+
+def section_head(title: str, intro: list[str], stored: dict, columns: list[str]) -> list[str]:
+    """The lines of a benchmark's section up to its table's rows: its title, what it
+    measures, the command that measured it (with date and commit), the table's header."""
+    return [
+        "",
+        f"## {title}",
+        "",
+        *intro,
+        "",
+        f"`{stored['command']}` ({stored['date']}, {stored['commit']})",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
 
 
 def _us(value: float | None) -> str:

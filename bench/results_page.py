@@ -556,14 +556,7 @@ def main(args) -> int:
         if only is None or results_overhead.KEY in only:
             results_overhead.run_row(lambda record: store_row(data_path, args.page, record), commit, cwd=REPO)
         if only is None or results_router.KEY in only:
-            results_overhead.run_row(
-                lambda record: store_row(data_path, args.page, record),
-                commit,
-                results_router.OPTIONS,
-                REPO,
-                results_router.record,
-                results_router.KEY,
-            )
+            results_router.run_row(lambda record: store_row(data_path, args.page, record), commit, cwd=REPO)
     stored = _load(data_path)
     args.page.write_text(render(stored))
     print(f"[results] wrote {args.page} ({len(stored)} rows)")

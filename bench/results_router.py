@@ -9,6 +9,12 @@ docs/results.json (kind `router`) and rendered in a section of its own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
+from kvgate.bench.results_overhead import run_row as run_overhead_row
+from kvgate.bench.results_overhead import section_head
+
 KEY = "router"
 ROUTER = "vllm-router --host 127.0.0.1 --port {port} --worker-urls {upstream} --policy consistent_hash"
 OPTIONS = (
@@ -62,19 +68,24 @@ def render(records: list[dict]) -> list[str]:
     """The router section of the page from its stored row."""
     lines: list[str] = []
     for r in records:
-        lines += [
-            "",
-            "## Throughput beside vllm-router (`kvgate bench overhead --router-command`)",
-            "",
-            "The same fast upstream, answered directly, through kvgate (gate on, a calm replica) and",
-            "through vllm-router, closed loop, runs alternating; each one's requests/s and its share",
-            "of direct (median of the runs). Details: [proxy.md](proxy.md#overhead-benchmark).",
-            "",
-            f"`{r['command']}` ({r['date']}, {r['commit']})",
-            "",
-            "| mode | clients | direct req/s | kvgate req/s (share) | vllm-router req/s (share) | target | errors |",
-            "|---|---|---|---|---|---|---|",
-        ]
+        lines += section_head(
+            "Throughput beside vllm-router (`kvgate bench overhead --router-command`)",
+            [
+                "The same fast upstream, answered directly, through kvgate (gate on, a calm replica) and",
+                "through vllm-router, closed loop, runs alternating; each one's requests/s and its share",
+                "of direct (median of the runs). Details: [proxy.md](proxy.md#overhead-benchmark).",
+            ],
+            r,
+            [
+                "mode",
+                "clients",
+                "direct req/s",
+                "kvgate req/s (share)",
+                "vllm-router req/s (share)",
+                "target",
+                "errors",
+            ],
+        )
         missed = False
         for case in r["cases"]:
             verdict = judged(case)
@@ -91,3 +102,8 @@ def render(records: list[dict]) -> list[str]:
 
 def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def run_row(store: Callable[[dict], None], commit: str, cwd: Path | None = None) -> bool:
+    """Run the row's command (`OPTIONS`) and `store` its row; False (row not updated) if it failed."""
+    return run_overhead_row(store, commit, OPTIONS, cwd, record, KEY)
