@@ -34,7 +34,7 @@ class GateSettings:
     work_conserving: bool = True  # working_set: admit a held turn when holding costs more than the re-prefill
     # working_set: a held turn goes in once it waited this x its session's turn time, into a
     # window made of late idle windows (0: no cap; docs/decisions/wait-cap.md)
-    wait_cap_factor: float = 1.0
+    wait_cap_factor: float = 0.5
     # working_set: a turn it would hold is forwarded at this vLLM priority instead, on a replica
     # that schedules by priority (`--scheduling-policy priority`); 0: held at the proxy
     held_priority: int = 0

@@ -147,5 +147,9 @@ class TurnFacts:
         return self._book.holding.own_share() if self._rec is not None else 1.0
 
     @property
+    def held_got_window(self) -> float:
+        return self._book.holding.held_got_window if self._rec is not None else 1.0
+
+    @property
     def waited_sec(self) -> float:
         return max(0.0, self._now - self._start) if self._rec is not None else 0.0

@@ -143,13 +143,16 @@ def own_at_risk(view: WorkingSetView, usage: UsageReading, own_blocks: int) -> i
     (`view.own_prefix_share`, measured: `gate.holding_value`; all of them before a
     measurement). Where the free cache keeps most sessions' prefixes between turns
     anyway, or held turns seldom get a window, holding keeps little of it.
-    While the engine has requests waiting (`usage.num_waiting`), all of them: a turn
-    admitted then joins the engine's queue, where the prefixes of queued requests are
-    evicted before they run, so what unqueued turns kept says nothing of it; holding
-    it at the gate costs the saturated engine no compute."""
+    While the engine has requests waiting (`usage.num_waiting`), at least the share of
+    held turns that get a window in the end (`view.held_got_window`): a turn admitted then
+    joins the engine's queue, where the prefixes of queued requests are evicted before
+    they run, so what unqueued turns kept says nothing of it, and holding it at the gate
+    costs the saturated engine no compute; but a held turn that goes in without a window
+    after all kept nothing by waiting."""
+    share = view.own_prefix_share
     if usage.num_waiting:
-        return own_blocks
-    return round(own_blocks * min(1.0, max(0.0, view.own_prefix_share)))
+        share = max(share, view.held_got_window)
+    return round(own_blocks * min(1.0, max(0.0, share)))
 
 
 def could_work_conserve(

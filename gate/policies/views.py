@@ -68,6 +68,8 @@ class GateFacts(Protocol):
     own_prefix_share: the share of a held newcomer's own prefix that holding it keeps
       for its next turn on this replica, measured (`gate.holding_value.HoldingValue`);
       1 before any measurement.
+    held_got_window: the share of the newcomers held on this replica that were admitted
+      with a window in the end, measured likewise; 1 before any measurement.
     An anonymous turn has only `anonymous` and `max_output_tokens`; the rest read as
     their defaults (False, 0, None).
     """
@@ -113,6 +115,8 @@ class GateFacts(Protocol):
     def priority_field(self) -> bool: ...
     @property
     def own_prefix_share(self) -> float: ...
+    @property
+    def held_got_window(self) -> float: ...
 
 
 @dataclass(slots=True)
@@ -140,7 +144,8 @@ class WorkingSetView:
     and `tokens_per_byte` (the work-conserving rule's estimate of an unprobed prompt).
     The work-conserving rule's holding cost: `replica_idle_sec`, `expected_gap_sec`,
     `waited_sec`, and `prefix_probe_sec` (the wait a probe would add); the share of the
-    turn's own prefix its re-prefill counts: `own_prefix_share`. The cap on a
+    turn's own prefix its re-prefill counts: `own_prefix_share` (`held_got_window` while
+    the engine queues). The cap on a
     held turn's wait: `waited_sec`, `recent_turn_sec`, and the late windows
     (`late_window_blocks`, `next_late_sec`), read from the facts only when the cap
     asks for them (`late_windows`, called at most once).
@@ -169,6 +174,7 @@ class WorkingSetView:
     late_windows: LateWindows = field(default=no_late_windows, compare=False)
     priority_field: bool = False
     own_prefix_share: float = 1.0
+    held_got_window: float = 1.0
 
     @property
     def late_window_blocks(self) -> int:

@@ -189,11 +189,13 @@ def test_at_fleet_scale_the_gate_holds_what_holding_keeps_and_does_not_lose_to_s
     """`fleet-small` (64 coding agents a replica, their contexts 2.5 times its cache): the
     free cache keeps most unpinned prefixes across the agents' tool calls and held
     newcomers seldom get a window, so the own prefix a hold would keep is a small measured
-    share (`gate/holding_value.py`) and the gate holds few turns: its turn p95 is within
-    sticky's, on as many turns. (Counting the whole own prefix, it held a turn in eight,
-    for nothing: p95 3.73 s against sticky's 2.94 s, 8,901 turns against 8,938.)"""
+    share (`gate/holding_value.py`) and the gate holds few turns: its turn p95 is within 3%
+    of sticky's, on as many turns. (Counting the whole own prefix, it held a turn in eight,
+    for nothing: p95 3.73 s against sticky's 2.94 s, 8,901 turns against 8,938. Within 3%,
+    not at or below: over wait caps of 0.4 to 1 turn times the p95 lands anywhere from
+    2.87 s to 3.02 s, as single held turns move across the 95th percentile.)"""
     report = _run(tmp_path, "--regime", "fleet-small", "--policies", "sticky,working_set", "--no-plots", "--jobs", "1")
     sticky, gated = (report["policies"][name] for name in ("sticky", "working_set"))
-    assert gated["turn_latency_s"]["p95"] <= sticky["turn_latency_s"]["p95"]
+    assert gated["turn_latency_s"]["p95"] <= 1.03 * sticky["turn_latency_s"]["p95"]
     assert gated["turns_ok"] >= sticky["turns_ok"]
     assert gated["hit_rate"] >= sticky["hit_rate"] - 0.01

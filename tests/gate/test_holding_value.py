@@ -64,7 +64,8 @@ def test_a_newcomer_goes_in_where_holding_keeps_little_of_its_own_prefix_unless_
     512, a prefill-bound engine (80 ms of decode slack). Its own 160 blocks (160 ms to
     prefill again) hold it while holding keeps all of them; where holding keeps a tenth
     (16 blocks: 16 ms) it goes in work_conserving; but not while the engine has a request
-    waiting: then it would wait in the engine's queue, and the whole prefix counts."""
+    waiting: then it would wait in the engine's queue, and the whole prefix counts, as
+    long as held turns get a window in the end; where a tenth of them do, a tenth of it."""
     prompt = PrefixReading(total_blocks=160, hit_blocks=0, hit_ratio=0.0, total_tokens=2560)
     view = WorkingSetView(older_window_blocks=500, idle_window_blocks=0, max_output_tokens=8, last_prompt_tokens=2400)
     usage = UsageReading(
@@ -86,6 +87,11 @@ def test_a_newcomer_goes_in_where_holding_keeps_little_of_its_own_prefix_unless_
     queued = replace(usage, num_waiting=1)
     assert own_at_risk(little, queued, 160) == 160
     assert isinstance(working_set_decide(little, queued, prompt, gate_settings), Wait)
+    seldom = replace(little, held_got_window=0.1)
+    assert own_at_risk(seldom, usage, 160) == 16
+    assert own_at_risk(seldom, queued, 160) == 16
+    assert working_set_decide(seldom, queued, prompt, gate_settings) == Admit(AdmissionReason.WORK_CONSERVING)
+    assert own_at_risk(replace(seldom, own_prefix_share=0.5), queued, 160) == 80
 
 
 async def test_the_gate_learns_from_a_turns_usage_what_it_kept_after_a_window(metrics, clock):
