@@ -115,4 +115,3 @@ async def serve(
         if app is not None:
             await app.close()
         await asyncio.gather(*(s.stop() for s in sims), return_exceptions=True)
-
