@@ -48,7 +48,7 @@ def _top_command(sub) -> None:
 
 
 # Each part's registration and the commands it adds, in the order `kvgate --help` lists them
-# (tests/test_cli.py holds the names to what each adds). A command's process imports its
+# (tests/test_command_line.py holds the names to what each adds). A command's process imports its
 # own part alone: `kvgate replica`, started many times over by the benchmarks and tests,
 # starts without importing the proxy and the benchmarks.
 PARTS: tuple[tuple[tuple[str, ...], Callable[[argparse._SubParsersAction], None]], ...] = (
