@@ -27,13 +27,14 @@ import asyncio
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from kvgate.bench.processes import ServerGroup, process_cpu_seconds, python_module
+from kvgate.bench.processes import ServerGroup, command_line, process_cpu_seconds, python_module
 from kvgate.gate.policies.registry import POLICIES
 from kvgate.gate.settings import GateSettings
 
@@ -319,6 +320,10 @@ def overhead_command(args: argparse.Namespace) -> int:
     if args.router_command and (args.baseline_repo or args.target):
         print("--router-command measures beside this kvgate: not with --baseline-repo or --target", file=sys.stderr)
         return 2
+    problem = args.router_command and router_command_problem(args.router_command)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="kvgate-bench-") as tmp:
         results, proxied_name = asyncio.run(run(args, concurrencies, modes, Path(tmp)))
     other = "router" if args.router_command else "baseline"
@@ -334,6 +339,20 @@ def overhead_command(args: argparse.Namespace) -> int:
         Path(args.out).write_text(json.dumps(document, indent=2))
         print(f"\nwrote {args.out}")
     return 0
+
+
+def router_command_problem(template: str) -> str | None:
+    """What is wrong with `--router-command` `template`, said before any server starts: a
+    placeholder it does not know, unbalanced quotes, or a program not found; None if nothing."""
+    try:
+        command = command_line("router", template, {"upstream": ""})
+    except ValueError as exc:
+        return f"--router-command: {exc}"
+    if not command:
+        return "--router-command is empty: give the command line that starts the router"
+    if shutil.which(command[0]) is None:
+        return f"--router-command: {command[0]}: no such program; install it or fix the command"
+    return None
 
 
 async def run(args: argparse.Namespace, concurrencies: list[int], modes: list[str], workdir: Path) -> tuple[list, str]:
@@ -353,14 +372,7 @@ async def run(args: argparse.Namespace, concurrencies: list[int], modes: list[st
             proxied_name = "kvgate"
         baseline_url = None
         if args.router_command:
-            try:
-                baseline_url = await servers.start_command("router", args.router_command, {"upstream": upstream_url})
-            except FileNotFoundError as exc:
-                raise SystemExit(
-                    f"--router-command: {exc.filename}: no such program; install it or fix the command"
-                ) from None
-            except ValueError as exc:  # a placeholder it does not know, or unbalanced quotes
-                raise SystemExit(f"--router-command: {exc}") from None
+            baseline_url = await servers.start_command("router", args.router_command, {"upstream": upstream_url})
             pids["baseline"] = servers.pids()["router"]
             print(f"router of --router-command: {baseline_url}", flush=True)
         elif args.baseline_repo:

@@ -166,7 +166,7 @@ def cli() -> None:
     args = parser.parse_args()
     if args.rate is not None and args.rate <= 0:
         parser.error(f"--rate must be > 0, got {args.rate}")
-    from kvgate.proxy.server import run as run_loop
+    from kvgate.proxy.event_loop import run as run_loop
 
     result = {}
 

@@ -124,7 +124,7 @@ def cli() -> None:
     args = parser.parse_args()
     global _KV
     _KV = kv_answer(args.kv_blocks, args.kv_used)
-    from kvgate.proxy.server import run
+    from kvgate.proxy.event_loop import run
 
     run(main(args.host, args.port))
 

@@ -153,6 +153,17 @@ async def start_in_process(name: str, settings: Settings | dict, **options: Any)
     return Kvgate(name, app, host, port)
 
 
+def command_line(name: str, template: str, values: dict[str, str], port: int = 0) -> list[str]:
+    """The command line of `template` (split as a shell would, then each `{port}` and every
+    `{key}` of `values` filled in); ValueError, naming the placeholders it may use, for a
+    placeholder it does not know or unbalanced quotes. `name`: the server's, for the message."""
+    fields = {**values, "port": str(port)}
+    try:
+        return [part.format(**fields) for part in shlex.split(template)]
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"{name} command {template!r}: {exc!r}; it may use {{port}} and {sorted(values)}") from exc
+
+
 def process_cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds process `pid` has used so far (Linux /proc), or None."""
     try:
@@ -291,12 +302,7 @@ class ServerGroup:
         each `{port}` and every `{key}` of `values` filled in; port: a free one it must
         listen on on 127.0.0.1); its URL once `ready_path` answers 200."""
         port = free_port()
-        fields = {**values, "port": str(port)}
-        try:
-            command = [part.format(**fields) for part in shlex.split(template)]
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"{name} command {template!r}: {exc!r}; it may use {{port}} and {sorted(values)}") from exc
-        proc = self._spawn(name, command)
+        proc = self._spawn(name, command_line(name, template, values, port))
         url = f"http://127.0.0.1:{port}"
         await self._wait_ok(name, proc, url + ready_path)
         return url

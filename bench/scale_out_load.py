@@ -47,7 +47,7 @@ import orjson
 
 from kvgate.bench.gate_load import SYSTEM_PROMPT, TOOL_RESULT, TurnResult, send_turn, started_replicas
 from kvgate.bench.processes import ServerGroup, process_cpu_seconds
-from kvgate.proxy.server import run as serve_loop
+from kvgate.proxy.event_loop import run as serve_loop
 from kvgate.simulator.percentiles import percentile
 
 LAYOUTS = ("single", "tiers")

@@ -107,7 +107,8 @@ def serve_command(args: argparse.Namespace, simulated_replicas: SimulatedReplica
         from kvgate.proxy.access_log import configure_access_log
 
         configure_access_log(sys.stderr)
-    from kvgate.proxy.server import ListenError, NoReplicas, run, serve
+    from kvgate.proxy.event_loop import run
+    from kvgate.proxy.server import ListenError, NoReplicas, serve
 
     try:
         run(serve(settings, simulated_replicas=simulated_replicas))

@@ -115,14 +115,3 @@ async def serve(
         if app is not None:
             await app.close()
         await asyncio.gather(*(s.stop() for s in sims), return_exceptions=True)
-
-
-def run(coro) -> None:
-    """Run `coro` on uvloop when it is installed, else on asyncio's default loop."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(coro)
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(coro)

@@ -7,8 +7,6 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
 
 from kvgate.simulator.config import ConfigError, CostModel, EngineConfig, cpu_blocks_of, cpu_load_block_seconds
 from kvgate.simulator.cost_presets import PCIE_GEN5_GBPS
@@ -40,7 +38,8 @@ def _add_engine_options(parser: argparse.ArgumentParser, defaults: EngineConfig)
     )
 
 
-def _add_replica_command(subparsers) -> None:
+def add_replica_command(subparsers) -> None:
+    """`kvgate replica` (`kvgate sim`: simulator/experiment_cli.py)."""
     parser = subparsers.add_parser(
         "replica",
         help="run one simulated vLLM replica (engine model behind vLLM's HTTP API and the probe API)",
@@ -266,11 +265,3 @@ def vars_of(config: EngineConfig) -> dict:
         "scheduling_policy": config.scheduling_policy,
         "cpu_blocks": config.cpu_blocks,
     }
-
-
-def add_commands(subparsers, sim_experiments: Sequence[Callable[[Any], None]] = ()) -> None:
-    """`kvgate replica` and `kvgate sim` (with `sim_experiments`: see `add_sim_command`)."""
-    from kvgate.simulator.experiment_cli import add_sim_command
-
-    _add_replica_command(subparsers)
-    add_sim_command(subparsers, sim_experiments)

@@ -131,6 +131,7 @@ def _close(simulated: float, measured: float, relative: float, absolute: float =
     return -allowed <= measured - simulated <= allowed + late
 
 
+@pytest.mark.realtime  # a wall-clock benchmark run: out of the fast tier (README), in CI
 @pytest.mark.parametrize("mode", MODES)  # one mode a test: two workers run them at once
 def test_virtual_time_agrees_with_the_wall_clock_benchmark(tmp_path, mode):
     with Lateness() as lateness:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -27,8 +28,26 @@ def _run(out, *options) -> dict:
     return json.loads((out / "report.json").read_text())
 
 
-def test_same_options_give_byte_identical_reports(tmp_path):
-    _run(tmp_path / "a", *SMALL_FLEET, "--jobs", "1")
+# One run serves several tests, each checking its own aspect of it (a policy's figures do
+# not depend on which other policies run beside it, or in which process: the first test
+# below holds them to that). The tests that share a run are one xdist group, so one
+# worker makes it once.
+@pytest.fixture(scope="module")
+def small_fleet(tmp_path_factory) -> Path:
+    """The folder of one `SMALL_FLEET` run, every policy in this process."""
+    out = tmp_path_factory.mktemp("small-fleet")
+    _run(out, *SMALL_FLEET, "--jobs", "1")
+    return out
+
+
+@pytest.fixture(scope="module")
+def thrash(tmp_path_factory) -> dict:
+    """The report of one `thrash` run, every policy."""
+    return _run(tmp_path_factory.mktemp("thrash"), "--regime", "thrash", "--no-plots")
+
+
+@pytest.mark.xdist_group("cluster_sim_small_fleet")
+def test_same_options_give_byte_identical_reports(tmp_path, small_fleet):
     # the second run in processes of its own, its policies in two at once: nothing may
     # depend on object addresses, hash seeds or which runs share a process
     subprocess.run(
@@ -41,9 +60,9 @@ def test_same_options_give_byte_identical_reports(tmp_path):
         env={**os.environ, "PYTHONHASHSEED": "123"},
         timeout=300,
     )
-    for produced in sorted(p.name for p in (tmp_path / "a").iterdir()):
-        assert (tmp_path / "a" / produced).read_bytes() == (tmp_path / "b" / produced).read_bytes(), produced
-    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    for produced in sorted(p.name for p in small_fleet.iterdir()):
+        assert (small_fleet / produced).read_bytes() == (tmp_path / "b" / produced).read_bytes(), produced
+    report = json.loads((small_fleet / "report.json").read_text())
     assert set(report["policies"]) == set(policy_names())
     for policy, summary in report["policies"].items():
         assert summary["turns_ok"] > 50, policy
@@ -51,16 +70,18 @@ def test_same_options_give_byte_identical_reports(tmp_path):
         assert "r1" in summary["replicas"]  # the removed replica still counts in the report
 
 
-def test_the_decode_jump_gives_the_per_step_engines_results(tmp_path):
-    jumped = _run(tmp_path / "jump", *SMALL_FLEET)
+@pytest.mark.xdist_group("cluster_sim_small_fleet")
+def test_the_decode_jump_gives_the_per_step_engines_results(tmp_path, small_fleet):
+    jumped = json.loads((small_fleet / "report.json").read_text())
     stepped = _run(tmp_path / "step", *SMALL_FLEET, "--no-jump")
     assert jumped["config"]["jump"] and not stepped["config"]["jump"]
     assert jumped["policies"] == stepped["policies"]
 
 
-def test_a_fixed_session_regime_runs_every_turn(tmp_path):
-    report = _run(tmp_path, "--regime", "thrash", "--no-plots")
-    for policy, summary in report["policies"].items():
+@pytest.mark.xdist_group("cluster_sim_thrash")
+def test_a_fixed_session_regime_runs_every_turn(thrash):
+    assert set(thrash["policies"]) == set(policy_names())
+    for policy, summary in thrash["policies"].items():
         assert summary["turns_failed"] == 0 and summary["sessions_completed"] == 36, policy
         assert 0 < summary["hit_rate"] <= summary["ceiling_hit_rate"] + 1e-9, policy
 
@@ -155,15 +176,15 @@ def test_gate_settings_on_the_command_line_reach_the_gate_policies_runs(tmp_path
     assert report["config"]["gate"]["quiet_factor"] == 9.0
 
 
-def test_under_pressure_the_working_set_gate_wins_hit_rate_and_time_with_pinned_windows(tmp_path):
+@pytest.mark.xdist_group("cluster_sim_thrash")
+def test_under_pressure_the_working_set_gate_wins_hit_rate_and_time_with_pinned_windows(thrash):
     """`thrash` (twelve sessions whose contexts overflow two replicas' caches) in virtual
     time, with the engines keeping the gate's pins: holding the turns no window fits keeps
     the windows' prefixes resident, so the gate beats sticky routing on both counts (a
     gate whose work-conserving rule let every newcomer in, its own prefix uncounted, wins
     neither)."""
-    report = _run(tmp_path, "--regime", "thrash", "--policies", "sticky,working_set", "--no-plots")
-    sticky, gated = (report["policies"][name] for name in ("sticky", "working_set"))
-    assert report["config"]["gate"].get("pins", "auto") == "auto"
+    sticky, gated = (thrash["policies"][name] for name in ("sticky", "working_set"))
+    assert thrash["config"]["gate"].get("pins", "auto") == "auto"
     assert gated["hit_rate"] > 2 * sticky["hit_rate"]
     assert gated["makespan_s"] < 0.8 * sticky["makespan_s"]
 

@@ -172,12 +172,13 @@ def test_only_cluster_selects_the_fleet_runs_and_no_regime_row():
 
 
 def test_the_cluster_rows_run_their_command_and_keep_the_regime_rows(tmp_path, monkeypatch):
-    """A run of each kind at a small scale (the real `kvgate sim cluster`): the page shows the
-    command, date and commit and the figures of the run, the plots' files land beside it, and
-    the regime rows already stored stay."""
+    """A run of each kind at a small scale (the real `kvgate sim cluster`; 2 s of the tiny
+    regime are a thousand turns): the page shows the command, date and commit and the
+    figures of the run, the plots' files land beside it, and the regime rows already stored
+    stay."""
     small = (
         results_page.ClusterRow(
-            "failure", "a failure", ("--regime", "tiny", "--agents", "4", "--duration", "20", "--fail-at-half",
+            "failure", "a failure", ("--regime", "tiny", "--agents", "4", "--duration", "2", "--fail-at-half",
                                      "--replicas", "2", "--policies", "sticky,working_set", "--no-plots"), ("table.md",)
         ),
         results_page.ClusterRow(
@@ -193,7 +194,7 @@ def test_the_cluster_rows_run_their_command_and_keep_the_regime_rows(tmp_path, m
         results_page.run_cluster_row(row, data, page, "abc1234")
     text = page.read_text()
     assert "`cmd a`" in text
-    assert "`kvgate sim cluster --regime tiny --agents 4 --duration 20 --fail-at-half" in text
+    assert "`kvgate sim cluster --regime tiny --agents 4 --duration 2 --fail-at-half" in text
     assert "`kvgate sim cluster --regime tiny --policies sticky --replicas 1,2 --p95 9` (" in text
     assert text.count("abc1234)") == 2
     assert "| working_set |" in text and "| 2 |" in text and "turn p95 <= 9 s needs" in text

@@ -143,6 +143,8 @@ def test_baseline_repo_is_measured_in_the_same_run_with_cpu_per_request(tmp_path
 
 
 def test_router_command_errors_say_what_to_fix():
+    """Each a usage error (exit 2), said before any server starts."""
+
     def overhead(*options: str) -> subprocess.CompletedProcess:
         command = [sys.executable, "-m", "kvgate.cli", "bench", "overhead", "--repeats", "1", *options]
         return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -152,6 +154,8 @@ def test_router_command_errors_say_what_to_fix():
     missing = overhead(
         "--concurrency", "1", "--modes", "non-streaming", "--router-command", "kvgate-no-such-router {port}"
     )
-    assert missing.returncode != 0 and "kvgate-no-such-router: no such program" in missing.stderr
+    assert missing.returncode == 2 and "kvgate-no-such-router: no such program" in missing.stderr
     unknown = overhead("--concurrency", "1", "--modes", "non-streaming", "--router-command", "r --to {replicas}")
-    assert unknown.returncode != 0 and "it may use {port} and ['upstream']" in unknown.stderr
+    assert unknown.returncode == 2 and "it may use {port} and ['upstream']" in unknown.stderr
+    blank = overhead("--concurrency", "1", "--modes", "non-streaming", "--router-command", "  ")
+    assert blank.returncode == 2 and "--router-command is empty" in blank.stderr

@@ -103,7 +103,8 @@ def served_wheel():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RangeHandler)
     server.wheel = b""  # type: ignore[attr-defined]
     server.ranges = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits for serve_forever's next poll: every 0.5 s by default
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
     thread.start()
     try:
         yield server
