@@ -33,6 +33,7 @@ import aiohttp
 import yaml
 
 from kvgate.bench.checkout import import_tree, package_dirs
+from kvgate.bench.listeners import listens_on
 from kvgate.proxy.app import ProxyApp, create_app
 from kvgate.proxy.config import settings_from_dict
 from kvgate.proxy.settings import Settings
@@ -83,6 +84,14 @@ class ReplicaShape:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+# A server whose free port another process took before it bound it starts again on another.
+START_ATTEMPTS = 3
+
+
+class PortTaken(RuntimeError):
+    """Another process took the free port a server was given before the server bound it."""
 
 
 def free_port() -> int:
@@ -250,14 +259,40 @@ class ServerGroup:
         self._procs.append((name, proc))
         return proc
 
+    async def _start_on_free_port(
+        self, name: str, launch: Callable[[int], subprocess.Popen], ready_path: str = "/health"
+    ) -> str:
+        """The server `launch(port)` starts on a free port; its URL once `ready_path` answers
+        200 from it. Where another process took the port first (`PortTaken`), the server
+        is started again on another, START_ATTEMPTS times at most."""
+        for _ in range(START_ATTEMPTS - 1):
+            try:
+                return await self._start_once(name, launch, ready_path)
+            except PortTaken:
+                pass
+        return await self._start_once(name, launch, ready_path)
+
+    async def _start_once(self, name: str, launch: Callable[[int], subprocess.Popen], ready_path: str) -> str:
+        port = free_port()
+        proc = launch(port)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            await self._wait_ok(name, proc, url + ready_path, port)
+        except PortTaken:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            raise
+        return url
+
     async def start_replica(self, name: str, shape: ReplicaShape) -> str:
         """A simulated replica (`kvgate replica --name NAME`) of `shape`; its URL."""
-        port = free_port()
-        args = ["replica", "--name", name, "--host", "127.0.0.1", "--port", str(port)] + shape.args()
-        proc = self._spawn(name, kvgate_command() + args)
-        url = f"http://127.0.0.1:{port}"
-        await self._wait_ok(name, proc, url + "/health")
-        return url
+
+        def launch(port: int) -> subprocess.Popen:
+            args = ["replica", "--name", name, "--host", "127.0.0.1", "--port", str(port)] + shape.args()
+            return self._spawn(name, kvgate_command() + args)
+
+        return await self._start_on_free_port(name, launch)
 
     async def start_kvgate(
         self,
@@ -278,47 +313,54 @@ class ServerGroup:
     ) -> str:
         """`kvgate serve` with the config `config(port)` (port: a free one it must listen on), of
         this installation or of checkout `repo`; its URL once `ready_path` answers 200."""
-        port = free_port()
-        config_path = self.log_dir / f"{name}.yaml"
-        config_path.write_text(yaml.safe_dump(config(port), sort_keys=False))
         command, env = kvgate_command(), None
         if repo is not None:
             command, env = checkout_launch(repo, self.log_dir / name)
-        proc = self._spawn(name, command + ["serve", "--config", str(config_path)], env=env, cwd=repo)
-        url = f"http://127.0.0.1:{port}"
-        await self._wait_ok(name, proc, url + ready_path)
-        return url
+        config_path = self.log_dir / f"{name}.yaml"
+
+        def launch(port: int) -> subprocess.Popen:
+            config_path.write_text(yaml.safe_dump(config(port), sort_keys=False))
+            return self._spawn(name, command + ["serve", "--config", str(config_path)], env=env, cwd=repo)
+
+        return await self._start_on_free_port(name, launch, ready_path)
 
     async def start_module(self, name: str, module: str, args: list[str], port: int = 0) -> str:
         """A helper server `python -m MODULE ARGS --port PORT` (0: a free one); its URL once /health answers 200."""
-        port = port or free_port()
-        proc = self._spawn(name, python_module(module) + args + ["--port", str(port)])
-        url = f"http://127.0.0.1:{port}"
-        await self._wait_ok(name, proc, url + "/health")
-        return url
+
+        def launch(port: int) -> subprocess.Popen:
+            return self._spawn(name, python_module(module) + args + ["--port", str(port)])
+
+        if not port:
+            return await self._start_on_free_port(name, launch)
+        await self._wait_ok(name, launch(port), f"http://127.0.0.1:{port}/health", port)
+        return f"http://127.0.0.1:{port}"
 
     async def start_command(self, name: str, template: str, values: dict[str, str], ready_path: str = "/health") -> str:
         """A server started with the command line `template` (split as a shell would, then
         each `{port}` and every `{key}` of `values` filled in; port: a free one it must
         listen on on 127.0.0.1); its URL once `ready_path` answers 200."""
-        port = free_port()
-        proc = self._spawn(name, command_line(name, template, values, port))
-        url = f"http://127.0.0.1:{port}"
-        await self._wait_ok(name, proc, url + ready_path)
-        return url
+        return await self._start_on_free_port(
+            name, lambda port: self._spawn(name, command_line(name, template, values, port)), ready_path
+        )
 
-    async def _wait_ok(self, name: str, proc: subprocess.Popen, url: str, timeout_s: float = 60.0) -> None:
+    async def _wait_ok(self, name: str, proc: subprocess.Popen, url: str, port: int, timeout_s: float = 60.0) -> None:
+        """Until `url` answers 200 from `proc` (the process listening on `port`, where /proc
+        tells); PortTaken where another process listens there or `proc` could not bind it."""
         deadline = time.monotonic() + timeout_s
         async with aiohttp.ClientSession() as http:
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
-                    raise RuntimeError(
+                    tail = self._log_tail(name)
+                    error = PortTaken if "address already in use" in tail.lower() else RuntimeError
+                    raise error(
                         f"{name} exited with {proc.returncode} before {url} answered; "
-                        f"see {self.log_dir / (name + '.log')}:\n{self._log_tail(name)}"
+                        f"see {self.log_dir / (name + '.log')}:\n{tail}"
                     )
                 try:
                     async with http.get(url, timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
                         if resp.status == 200:
+                            if listens_on(proc.pid, port) is False:
+                                raise PortTaken(f"{name}: another process answered on port {port}")
                             return
                 except (TimeoutError, aiohttp.ClientError):
                     pass
