@@ -17,7 +17,7 @@ LISTEN = "0A"  # the TCP state code of a listening socket in /proc/net/tcp
 
 def _listening_inodes(port: int) -> set[str]:
     """The socket inodes listening on `port` (IPv4 and IPv6)."""
-    inodes = set()
+    inodes: set[str] = set()
     for table in ("tcp", "tcp6"):
         try:
             lines = (PROC / "net" / table).read_text().splitlines()[1:]
@@ -44,7 +44,7 @@ def _family(pid: int) -> list[int]:
 
 
 def _socket_inodes(pid: int) -> set[str]:
-    inodes = set()
+    inodes: set[str] = set()
     try:
         fds = os.listdir(PROC / str(pid) / "fd")
     except OSError:
