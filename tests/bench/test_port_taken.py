@@ -46,7 +46,7 @@ async def test_a_replica_whose_port_is_taken_starts_on_another(tmp_path, monkeyp
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    taken = site._server.sockets[0].getsockname()[1]
+    taken = runner.addresses[0][1]
     real_free_port = processes.free_port
     handed_out = iter([taken])
     monkeypatch.setattr(processes, "free_port", lambda: next(handed_out, None) or real_free_port())
