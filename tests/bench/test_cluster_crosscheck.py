@@ -3,17 +3,23 @@
 `kvgate bench agentic` runs real processes (two simulated replicas, the kvgate proxy,
 the HTTP client) in real time; `kvgate sim cluster` runs the same gate, balancer and
 engine model in one process in virtual time, on the proxy's own turn path: in both, the
-gate learns each served turn's size and hit from its usage (`Lease.learn`). On the same sessions and replica shape
-they must agree within:
+gate learns each served turn's size and hit from its usage (`Lease.learn`). On the same
+sessions and replica shape they must agree within:
 
-- hit rate: 0.05 absolute for sticky, 0.10 for the gated policy. Both engines are the
-  same code fed the same token sequences; what differs is only which turns meet in the
-  cache, and that moves with the wall-clock run's timing jitter (a turn that arrives a
-  few ms later finds its blocks evicted or not). The gated policy holds newcomers until
-  a window fits, so a held turn's wake-up (a release, a probe answered in real time)
-  also decides which sessions keep their windows: on a quiet machine its wall-clock hit
-  rate has come out 0.074 above virtual time's (0.553 against 0.479). A gate that held
-  nothing would still be far outside it (sticky's hit rate here is about 0.04).
+- hit rate: 0.05 absolute for sticky; for the gated policy, 0.06 on the mean over
+  `GATED_SEEDS` workloads. Both engines are the same code fed the same token sequences;
+  what differs is only which turns meet in the cache, and that moves with the wall-clock
+  run's timing jitter (a turn that arrives a few ms later finds its blocks evicted or
+  not). The gated policy holds newcomers until a window fits, so a held turn's wake-up (a
+  release, a probe answered in real time) also decides which sessions keep their
+  windows: on 12 sessions that flips a few sessions' windows either way, and one
+  workload's wall-clock hit rate has come out 0.10 above virtual time's (seed 0: 0.559
+  against 0.458) and another's 0.11 below (seed 1: 0.305 against 0.413), on a quiet
+  machine, run after run. Over seeds 0-9 the difference (wall-clock less virtual) was
+  +0.002 on average with a spread of 0.05, most workloads within 0.02: the flips do not
+  lean one way, so the two must agree on the mean over a few workloads (over four, its
+  spread is about 0.026). A gate that held nothing would still be far outside it
+  (sticky's hit rate here is about 0.04).
 - makespan and mean turn latency: 40%; turn latency p95: 30% or 0.15 s, whichever
   is larger; the p50 likewise for sticky only. The wall-clock run adds what virtual
   time leaves out (HTTP relaying through the proxy, the client, probe round trips
@@ -63,6 +69,7 @@ CHANGES = {"sessions": 12, "concurrency": 12, "turns_min": 4, "turns_max": 5}
 # makespan came out 1.7x virtual time's; at 10x, 1.12x.
 TIME_SCALE = 10.0
 MODES = {"sticky": "sticky", "kvgate-working_set": "working_set"}  # bench mode -> cluster policy
+GATED_SEEDS = (0, 1, 2, 3)  # the gated policy's workloads: its hit rate agrees on their mean (docstring)
 # A turn's timer wake-ups in the wall-clock run: an engine step's sleep for each of its
 # 8 reply tokens and its prefill (2 chunks at most), and about 6 hops (client, proxy,
 # replica and back; a gate probe), so 16.
@@ -97,10 +104,10 @@ class Lateness:
         return sum(self.samples) / len(self.samples) if self.samples else 0.0
 
 
-def _bench(out, mode: str) -> dict:
+def _bench(out, mode: str, seed: int) -> dict:
     options = [f"--{name.replace('_', '-')}={value}" for name, value in CHANGES.items()]
     result = subprocess.run(
-        [sys.executable, "-m", "kvgate.bench.agentic", "--regime", "thrash", "--modes", mode,
+        [sys.executable, "-m", "kvgate.bench.agentic", "--regime", "thrash", "--modes", mode, f"--seed={seed}",
          *options, f"--time-scale={TIME_SCALE}", "--out", str(out), "--no-plots", "--request-timeout", "60"],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
@@ -108,7 +115,7 @@ def _bench(out, mode: str) -> dict:
     return json.loads((out / "results.json").read_text())["modes"]
 
 
-def _cluster(policy: str) -> dict:
+def _cluster(policy: str, seed: int) -> dict:
     regime = get_regime("thrash")
     spec = regime.workload.replace(**CHANGES)
     shape = regime.shape
@@ -119,7 +126,7 @@ def _cluster(policy: str) -> dict:
         ),
         time_scale=TIME_SCALE,
         gate=regime.gate,
-        sessions=tuple(sessions_of(generate_workload(spec, 0))),
+        sessions=tuple(sessions_of(generate_workload(spec, seed))),
         concurrency=spec.concurrency,
     )
     return summarize(run_policy(config, policy))
@@ -134,30 +141,43 @@ def _close(simulated: float, measured: float, relative: float, absolute: float =
 @pytest.mark.realtime  # a wall-clock benchmark run: out of the fast tier (README), in CI
 @pytest.mark.parametrize("mode", MODES)  # one mode a test: two workers run them at once
 def test_virtual_time_agrees_with_the_wall_clock_benchmark(tmp_path, mode):
-    with Lateness() as lateness:
-        m = _bench(tmp_path / "bench", mode)[mode]
     policy = MODES[mode]
-    s = _cluster(policy)
-    turn_late = lateness.mean_sec * WAKES_PER_TURN
+    seeds = (0,) if policy == "sticky" else GATED_SEEDS
+    report, hits = [], []
+    for seed in seeds:
+        with Lateness() as lateness:
+            m = _bench(tmp_path / f"bench-{seed}", mode, seed)[mode]
+        s = _cluster(policy, seed)
+        turn_late = lateness.mean_sec * WAKES_PER_TURN
+        print(f"\nseed {seed}: wake-up lateness during the wall-clock run: {lateness.mean_sec * 1000:.2f} ms mean "
+              f"({len(lateness.samples)} samples); a turn may run {turn_late:.3f} s later")  # fmt: skip
+        assert m["turns_failed"] == 0 and s["turns_failed"] == 0
+        assert s["turns_ok"] == m["turns_ok"]
+        report += _latencies(f"{mode} seed {seed}", s, m, policy, turn_late)
+        hits.append((s["hit_rate"], m["hit_rate"]))
+        report.append((f"{mode} seed {seed}", "hit_rate", round(s["hit_rate"], 3), round(m["hit_rate"], 3), "in mean"))
+    sim, wall = (sum(pair[i] for pair in hits) / len(hits) for i in (0, 1))
+    verdict = "ok" if _close(sim, wall, 0.0, 0.05 if policy == "sticky" else 0.06) else "OUT"
+    report.append((f"{mode} mean", "hit_rate", round(sim, 3), round(wall, 3), verdict))
+    print("\n".join(f"{where:<32}{name:<12} virtual {sim:>8} wall-clock {wall:>8} {verdict}"
+                    for where, name, sim, wall, verdict in report))  # fmt: skip
+    assert all(verdict != "OUT" for *_, verdict in report), report
+
+
+def _latencies(where: str, s: dict, m: dict, policy: str, turn_late: float) -> list[tuple]:
+    """The makespan and turn latencies of one workload: (where, name, virtual, wall-clock, verdict)."""
     late = {"makespan_s": turn_late * CHANGES["turns_max"], "turn_mean_s": turn_late, "turn_p95_s": turn_late}
-    print(f"\nwake-up lateness during the wall-clock run: {lateness.mean_sec * 1000:.2f} ms mean "
-          f"({len(lateness.samples)} samples); a turn may run {turn_late:.3f} s later")  # fmt: skip
-    report = []
-    assert m["turns_failed"] == 0 and s["turns_failed"] == 0
-    assert s["turns_ok"] == m["turns_ok"]
     pairs = {
-        "hit_rate": (s["hit_rate"], m["hit_rate"], 0.0, 0.05 if policy == "sticky" else 0.10),
         "makespan_s": (s["makespan_s"], m["makespan_s"], 0.40, 0.0),
         "turn_mean_s": (s["turn_latency_s"]["mean"], m["turn_latency_s"]["mean"], 0.40, 0.15),
         "turn_p95_s": (s["turn_latency_s"]["p95"], m["turn_latency_s"]["p95"], 0.30, 0.15),
         "turn_p50_s": (s["turn_latency_s"]["p50"], m["turn_latency_s"]["p50"], 0.30, 0.15),
     }
+    report = []
     for name, (sim, wall, relative, absolute) in pairs.items():
         if name == "turn_p50_s" and policy != "sticky":
             verdict = "not bounded"
         else:
             verdict = "ok" if _close(sim, wall, relative, absolute, late.get(name, 0.0)) else "OUT"
-        report.append((mode, name, round(sim, 3), round(wall, 3), verdict))
-    print("\n".join(f"{mode:<20}{name:<12} virtual {sim:>8} wall-clock {wall:>8} {verdict}"
-                    for mode, name, sim, wall, verdict in report))  # fmt: skip
-    assert all(verdict != "OUT" for *_, verdict in report), report
+        report.append((where, name, round(sim, 3), round(wall, 3), verdict))
+    return report
