@@ -220,8 +220,9 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometh
             # ---- every dashboard query returns data, and the mirror caught up -------------------
             # The last changes reach the mirror (every 0.5 s) and Prometheus (every 0.5 s) a
             # second or two after the load, more on a loaded machine: ask again until every panel has
-            # data and the mirrored counters equal the replicas' own, for up to a minute; a panel
-            # whose query can never have data, or a mirror that drifts, stays so and fails below.
+            # data, the mirrored counters equal the replicas' own and the admissions counted reach
+            # those the clients saw, for up to a minute; a panel whose query can never have data,
+            # or a counter that drifts, stays so and fails below.
             async def mirror_pairs() -> list[tuple]:
                 pairs = []
                 for r in replicas:
@@ -236,6 +237,13 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometh
                         pairs.append((r.name, source, own, mirrored))
                 return pairs
 
+            # Every admission the clients saw (an answer's header, or a stream cut mid-way), which
+            # the scraped counter must reach.
+            admitted = sum(1 for a in driver.attempts if a.admission) + len(disconnects)
+
+            async def admissions_counted() -> list[float]:
+                return finite_values(await prometheus.query(http, "sum(kvgate_admissions_total)"))
+
             deadline = time.monotonic() + 60
             while True:
                 empty = []
@@ -245,6 +253,7 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometh
                         empty.append(f"{title}: {expr} -> {result}")
                 mirrored_pairs = await mirror_pairs()
                 caught_up = all(own and own == mirrored for _, _, own, mirrored in mirrored_pairs)
+                caught_up = caught_up and sum(await admissions_counted()) >= admitted
                 if (not empty and caught_up) or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(SCRAPE_INTERVAL_SEC)
@@ -273,8 +282,7 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometh
             hit_rate = finite_values(await prometheus.query(http, as_grafana_runs_it(queries[0][1])))
             assert hit_rate and all(0 <= v <= 1 for v in hit_rate)
             waits = finite_values(await prometheus.query(http, "sum(kvgate_admission_reason_wait_seconds_count)"))
-            admissions = finite_values(await prometheus.query(http, "sum(kvgate_admissions_total)"))
-            admitted = sum(1 for a in driver.attempts if a.admission) + len(disconnects)
+            admissions = await admissions_counted()
             assert waits == admissions and waits[0] >= admitted, (waits, admissions, admitted)
             errors = await prometheus.query(http, 'kvgate_upstream_errors_total{kind="client_disconnect"}')
             assert sum(finite_values(errors)) >= 1
