@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -49,6 +50,16 @@ def _gate_metric(base_url: str, name: str, replica: str) -> float | None:
     return None
 
 
+def _conflict_seen(base_url: str, within_sec: float = 60.0) -> float | None:
+    """The late gate's `kvgate_gate_conflict` for v0, read until it is 1 or `within_sec`
+    passed: the gate learns of the conflict from its first ownership claim's answer, which
+    on a loaded machine comes after its /health does."""
+    deadline = time.monotonic() + within_sec
+    while (value := _gate_metric(base_url, "kvgate_gate_conflict", "v0")) != 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return value
+
+
 def test_second_enforcing_kvgate_is_detected(vllm_server, tmp_path: Path):
     procs, urls = [], []
     try:
@@ -74,7 +85,7 @@ def test_second_enforcing_kvgate_is_detected(vllm_server, tmp_path: Path):
                 )
             )
         early, late = urls
-        assert _gate_metric(late, "kvgate_gate_conflict", "v0") == 1
+        assert _conflict_seen(late) == 1
         status, body = http_json("GET", late + "/ready")
         assert status == 503 and body["error"]["code"] == "gate_conflict", body
         assert http_json("GET", early + "/ready")[0] == 200
