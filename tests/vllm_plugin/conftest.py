@@ -8,6 +8,11 @@ serves the prefill-bound model, where re-prefill costs real time (end-to-end gai
 ``keyed_server`` serves the tiny model with keys, the retention connector and priority
 scheduling (keyed_server.py). Every test that starts a server of a configuration of its
 own pays a server start (22-26 s on 2 cores): prefer one of these.
+
+Each server computes on one OpenMP thread (`ONE_THREAD`): two pytest workers run two
+servers and other tests at once on 2 cores, and a server's second thread, spinning for
+a core the other server holds, made each engine step many times slower (the vLLM tests
+took 4 min 48 s with vLLM's default of a thread per core, 2 min 30 s with one).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from pathlib import Path
 import pytest
 from keyed_server import REPLICA_KEY, VLLM_KEY
 from vllm_harness import VllmServer, ensure_prefill_model, ensure_tiny_model, ensure_vllm_venv
+
+ONE_THREAD = (("OMP_NUM_THREADS", "1"),)  # the test servers' engines compute on one thread (docstring)
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +53,7 @@ def _served(
         log_path=log_dir / "vllm.log",
         served_model_name=served_model_name,
         extra_args=extra_args,
-        extra_env=extra_env,
+        extra_env=ONE_THREAD + extra_env,
     )
     server.start()
     try:
