@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kvgate.bench.cpu_split import descendants, read_parents
+
 PROC = Path("/proc")
 LISTEN = "0A"  # the TCP state code of a listening socket in /proc/net/tcp
 
@@ -28,19 +30,6 @@ def _listening_inodes(port: int) -> set[str]:
             if len(fields) > 9 and fields[3] == LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
                 inodes.add(fields[9])
     return inodes
-
-
-def _family(pid: int) -> list[int]:
-    """`pid` and every process descended from it."""
-    family, index = [pid], 0
-    while index < len(family):
-        for children in (PROC / str(family[index]) / "task").glob("*/children"):
-            try:
-                family.extend(int(child) for child in children.read_text().split())
-            except OSError:
-                pass
-        index += 1
-    return family
 
 
 def _socket_inodes(pid: int) -> set[str]:
@@ -65,4 +54,5 @@ def listens_on(pid: int, port: int) -> bool | None:
     listening = _listening_inodes(port)
     if not listening:
         return None
-    return any(listening & _socket_inodes(member) for member in _family(pid))
+    family = [pid, *descendants(read_parents(PROC), pid)]
+    return any(listening & _socket_inodes(member) for member in family)
