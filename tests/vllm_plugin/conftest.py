@@ -12,7 +12,7 @@ own pays a server start (22-26 s on 2 cores): prefer one of these.
 Each server computes on one OpenMP thread (`ONE_THREAD`): two pytest workers run two
 servers and other tests at once on 2 cores, and a server's second thread, spinning for
 a core the other server holds, made each engine step many times slower (the vLLM tests
-took 4 min 48 s with vLLM's default of a thread per core, 2 min 30 s with one).
+took 4 min 48 s with vLLM's default of a thread per core, 2 min 51 s with one).
 """
 
 from __future__ import annotations
