@@ -104,7 +104,10 @@ def _create_venv(venv: Path) -> None:
     shutil.rmtree(venv, ignore_errors=True)
     _run([_base_python(), "-m", "venv", str(venv)], 300, "creating the vLLM venv")
     python = str(venv_python(venv))
-    _run([python, "-m", "pip", "install", VLLM_PIP_SPEC], 1800, f"pip install {VLLM_PIP_SPEC}")
+    # --no-compile: pip byte-compiles every module of vLLM, torch and their dependencies
+    # (half of the install's time: 1 min 40 s with it, 50 s without, on 2 cores); Python
+    # compiles the few hundred the servers import on first import instead (under a second).
+    _run([python, "-m", "pip", "install", "--no-compile", VLLM_PIP_SPEC], 1800, f"pip install {VLLM_PIP_SPEC}")
     _run([python, "-m", "pip", "uninstall", "-y", *BROKEN_EXTRAS], 300, "removing torchvision/torchaudio/torchcodec")
 
 
