@@ -56,7 +56,9 @@ def ensure_python_client(pip_spec: str) -> Path:
         shutil.rmtree(venv, ignore_errors=True)
         for command, what in (
             ([sys.executable, "-m", "venv", str(venv)], "creating the venv"),
-            ([str(python), "-m", "pip", "install", "-q", pip_spec], f"pip install {pip_spec}"),
+            # --no-compile: byte-compiling all of litellm and the rest took a third of the install
+            # (mini-swe-agent: 39 s with it, 26 s without); the client compiles what it imports.
+            ([str(python), "-m", "pip", "install", "-q", "--no-compile", pip_spec], f"pip install {pip_spec}"),
         ):
             result = subprocess.run(command, capture_output=True, text=True, timeout=900)
             if result.returncode != 0:
