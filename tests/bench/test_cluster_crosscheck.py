@@ -115,19 +115,20 @@ def _bench_command(out, mode: str, seed: int) -> list[str]:
 def _benches(tmp_path, runs: tuple[tuple[str, int], ...]) -> dict[tuple[str, int], dict]:
     """Every (mode, seed) wall-clock run at once, each its own processes (the benchmark,
     its two replicas, its proxy) on ports of its own: mostly asleep (steps at TIME_SCALE
-    last tens of milliseconds), five runs together keep about a third of one core busy."""
+    last tens of milliseconds), five runs together keep about a third of one core busy.
+    Each run's output goes to a file of its own: a pipe read only after the runs before
+    it end could fill and stall a run mid-measurement."""
     outs = {run: tmp_path / f"bench-{run[0]}-{run[1]}" for run in runs}
-    started = {
-        run: subprocess.Popen(
-            _bench_command(outs[run], *run), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        for run in runs
-    }
-    results = {}
+    logs = {run: tmp_path / f"bench-{run[0]}-{run[1]}.log" for run in runs}
+    started = {}
     try:
+        for run in runs:
+            with open(logs[run], "wb") as log:
+                started[run] = subprocess.Popen(_bench_command(outs[run], *run), stdout=log, stderr=subprocess.STDOUT)
+        results = {}
         for run, process in started.items():
-            output, _ = process.communicate(timeout=900)
-            assert process.returncode == 0, f"{run}: {output[-3000:]}"
+            process.wait(timeout=900)
+            assert process.returncode == 0, f"{run}: {logs[run].read_text()[-3000:]}"
             results[run] = json.loads((outs[run] / "results.json").read_text())["modes"][run[0]]
     finally:
         for process in started.values():
