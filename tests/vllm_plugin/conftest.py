@@ -22,21 +22,33 @@ from pathlib import Path
 
 import pytest
 from keyed_server import REPLICA_KEY, VLLM_KEY
-from vllm_harness import VllmServer, ensure_prefill_model, ensure_tiny_model, ensure_vllm_venv
+from vllm_harness import (
+    IN_PROCESS_WORKER,
+    ONE_THREAD,
+    UNIPROC_ARGS,
+    VllmServer,
+    ensure_prefill_model,
+    ensure_tiny_model,
+    ensure_vllm_venv,
+    run_checks,
+)
 
-ONE_THREAD = (("OMP_NUM_THREADS", "1"),)  # the test servers' engines compute on one thread (docstring)
-# The model runs in the engine core's process instead of a worker process of its own (the
-# uniprocess executor; vLLM's CPU backend allows it only with this variable set): one
-# Python process fewer to spawn and import torch and vLLM into, 16 s a start instead of 22.
-# The API server and the engine core, where the plugin's probes, pins and scheduler hooks
-# run, stay separate processes as in production.
-IN_PROCESS_WORKER = (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),)
-UNIPROC_ARGS = ("--distributed-executor-backend", "uni")
+# The scripts that drive vLLM's real managers without a server (scripts/*_checks.py and
+# probe_side_effects.py): they run together, from one import of vLLM (`vllm_checks`).
+CHECK_SCRIPTS = ("cpu_tier_checks.py", "cpu_tier_sequence_checks.py", "pin_keeper_checks.py", "probe_side_effects.py")
 
 
 @pytest.fixture(scope="session")
 def vllm_python() -> Path:
     return ensure_vllm_venv()
+
+
+@pytest.fixture(scope="session")
+def vllm_checks(vllm_python: Path) -> dict[str, dict]:
+    """Every check script's run, by script (`check_json` reads one): run once per test
+    session, together, through scripts/run_checks.py, which imports torch and vLLM (6 s of
+    each script's 7) once and forks a child per script."""
+    return run_checks(vllm_python, CHECK_SCRIPTS)
 
 
 @pytest.fixture(scope="session")

@@ -8,10 +8,8 @@ tests assert on the probes' answers and on what vLLM's own offloading scheduler 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from vllm_harness import script_json
+from vllm_harness import check_json
 
 pytestmark = pytest.mark.vllm
 
@@ -19,8 +17,8 @@ BLOCK_BYTES = 2 * 2 * 32 * 4 * 16  # K and V, 2 heads of 32 float32s, 16 tokens,
 
 
 @pytest.fixture(scope="module")
-def seen(vllm_python: Path) -> dict:
-    return script_json(vllm_python, "cpu_tier_checks.py")
+def seen(vllm_checks: dict[str, dict]) -> dict:
+    return check_json(vllm_checks, "cpu_tier_checks.py")
 
 
 def test_the_cpu_run_after_the_gpu_hit_is_what_vllm_would_load(seen):
@@ -62,8 +60,8 @@ def test_without_an_offloading_connector_the_cpu_fields_are_null(seen):
     ] * 3
 
 
-def test_vllms_real_managers_pass_the_cpu_tier_sequence_the_simulator_passes(vllm_python: Path):
+def test_vllms_real_managers_pass_the_cpu_tier_sequence_the_simulator_passes(vllm_checks: dict[str, dict]):
     """tests/cpu_tier_sequence.py against vLLM's real KV cache and offloading managers and
     the plugin's probes (scripts/cpu_tier_sequence_checks.py), chunks of one and two blocks."""
-    seen = script_json(vllm_python, "cpu_tier_sequence_checks.py")
+    seen = check_json(vllm_checks, "cpu_tier_sequence_checks.py")
     assert (seen["per_block"], seen["per_two_blocks"]) == ("passed", "passed"), seen

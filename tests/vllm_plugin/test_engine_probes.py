@@ -6,17 +6,15 @@ these tests assert on them.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from vllm_harness import script_json
+from vllm_harness import check_json
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def side_effects(vllm_python: Path) -> dict:
-    return script_json(vllm_python, "probe_side_effects.py")
+def side_effects(vllm_checks: dict[str, dict]) -> dict:
+    return check_json(vllm_checks, "probe_side_effects.py")
 
 
 def test_probes_change_no_lru_order_ref_count_hash_map_stats_or_events(side_effects):

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from vllm_harness import REPO_ROOT, VllmServer, http_json
+from vllm_harness import IN_PROCESS_WORKER, ONE_THREAD, REPO_ROOT, UNIPROC_ARGS, VllmServer, http_json
 
 pytestmark = pytest.mark.vllm
 
@@ -93,7 +93,16 @@ def test_readme_install_commands_from_a_fresh_clone_give_a_vllm_with_the_probes(
     # the README's start command, with the test's model and cache for MODEL
     words = shlex.split(start.replace(README_PYTHON, str(python)))
     assert words[:5] == ["VLLM_PLUGINS=kvgate", str(python), "-m", "vllm.entrypoints.openai.api_server", "--model"]
-    server = VllmServer(python=python, model_dir=tiny_model, log_path=tmp_path / "vllm.log", served_model_name="tiny")
+    # in the shared test servers' layout (conftest.py): what the install gives is the same
+    # in vLLM's default one, which test_bench_pinning.py starts
+    server = VllmServer(
+        python=python,
+        model_dir=tiny_model,
+        log_path=tmp_path / "vllm.log",
+        served_model_name="tiny",
+        extra_args=UNIPROC_ARGS,
+        extra_env=ONE_THREAD + IN_PROCESS_WORKER,
+    )
     assert server.command()[:4] == words[1:5] and server.environment()["VLLM_PLUGINS"] == "kvgate"
     # the usage the gate learns prefix hits from (docs/vllm-plugin.md), in the README and in every test server
     assert "--enable-prompt-tokens-details" in words and "--enable-prompt-tokens-details" in server.command()

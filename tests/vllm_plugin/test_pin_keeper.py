@@ -6,17 +6,15 @@ assert on what each phase saw.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from vllm_harness import script_json
+from vllm_harness import check_json
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def seen(vllm_python: Path) -> dict:
-    return script_json(vllm_python, "pin_keeper_checks.py")
+def seen(vllm_checks: dict[str, dict]) -> dict:
+    return check_json(vllm_checks, "pin_keeper_checks.py")
 
 
 def test_a_pin_holds_one_reference_on_each_full_block_and_counts_them_used(seen):

@@ -43,11 +43,21 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
-def script_json(python: Path, script: str, timeout: float = 600) -> dict:
-    """Run ``scripts/<script>`` with the vLLM venv's `python`; the JSON its last line prints."""
-    result = subprocess.run([str(python), str(SCRIPTS / script)], capture_output=True, text=True, timeout=timeout)
+def run_checks(python: Path, scripts: tuple[str, ...], timeout: float = 600) -> dict[str, dict]:
+    """Run each ``scripts/<script>`` with the vLLM venv's `python`, all through
+    ``scripts/run_checks.py`` (vLLM imported once, a forked child per script); by script,
+    its ``returncode``, ``stdout`` and the tail of its ``stderr`` (read with `check_json`)."""
+    command = [str(python), str(SCRIPTS / "run_checks.py"), *scripts]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def check_json(runs: dict[str, dict], script: str) -> dict:
+    """The JSON that the last line of `script`'s output in `runs` (`run_checks`) holds."""
+    run = runs[script]
+    assert run["returncode"] == 0, f"{script} exited with {run['returncode']}:\n{run['stderr']}"
+    return json.loads(run["stdout"].strip().splitlines()[-1])
 
 
 INSTALL_SCRIPT = REPO_ROOT / "docker" / "install-vllm-plugin.sh"  # the one install path (README)
@@ -354,6 +364,16 @@ def stop_process_group(process: subprocess.Popen | None, grace: float = 30) -> N
             continue
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
+
+
+ONE_THREAD = (("OMP_NUM_THREADS", "1"),)  # the test servers' engines compute on one thread (conftest.py's docstring)
+# The model runs in the engine core's process instead of a worker process of its own (the
+# uniprocess executor; vLLM's CPU backend allows it only with this variable set): one
+# Python process fewer to spawn and import torch and vLLM into, 16 s a start instead of 22.
+# The API server and the engine core, where the plugin's probes, pins and scheduler hooks
+# run, stay separate processes as in production.
+IN_PROCESS_WORKER = (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),)
+UNIPROC_ARGS = ("--distributed-executor-backend", "uni")
 
 
 @dataclass
