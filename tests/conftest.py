@@ -1,18 +1,18 @@
 """Shared test configuration. Part-specific fixtures live in each tests/<part>/conftest.py.
 
-The suite runs on several pytest-xdist workers (pyproject.toml's addopts: `-n`,
-`--dist loadgroup`). Tests that share an expensive session fixture run on one worker,
-as one group: the real-vLLM tests that use the session's shared servers (each starts once
-per worker: tests/vllm_plugin/conftest.py), the end-to-end test's prefill server
-(a group of its own, so that its run goes on beside the shared servers' chain instead of
-lengthening it), the tests that read the check scripts' shared run, the observability
-tests (their fixture may install Prometheus with apt, which one process at a time can
-do), and the browser tests (one Chromium per module, which may be installed with apt the
-same way). Other vLLM tests (a server or a script of their own, no shared fixture) are a
-group per module (its module fixture runs once) and go to whichever worker is free. The
-vLLM tests are put first, the longest chains first, so that workers start on them at
-once (addopts' `--no-loadscope-reorder` keeps this order; xdist would otherwise put the
-biggest groups first, the end-to-end test after them).
+The suite runs on three pytest-xdist workers (pyproject.toml's addopts: `-n 3`,
+`--dist loadgroup`): the real-vLLM tests take two lanes, a group each, which are put
+first so that two workers start on them at once; the third worker runs the rest of the
+suite beside them, much of which waits on timers, sockets and subprocesses (three
+workers on 2 cores took 3 min 8 s, two 3 min 50 s). One lane is the tests of the
+session's shared tiny-model servers (each starts once: tests/vllm_plugin/conftest.py);
+the other is every other vLLM test (the end-to-end test's prefill server, tests with a
+server or a script of their own, the check scripts' shared run), then the wall-clock
+tests (marker `realtime`), which measure timing and so run only once no vLLM test
+loads the CPUs. `--no-loadscope-reorder` keeps this order: xdist would otherwise put
+the biggest groups first. The observability tests are a group (their fixture may
+install Prometheus with apt, which one process at a time can do), and so are the
+browser tests (one Chromium per module, which may be installed with apt the same way).
 """
 
 from __future__ import annotations
@@ -22,29 +22,26 @@ import gc
 import pytest
 
 GROUPED_FOLDERS = {"observability": "observability", "browser": "browser"}
-# session fixture shared by vLLM tests (a server, or the check scripts' run) -> the group of the tests that use it
-SHARED_FIXTURES = {
-    "vllm_server": "vllm",
-    "keyed_server": "vllm",
-    "vllm_prefill_server": "vllm_prefill",
-    "vllm_checks": "vllm_checks",
-}
-FIRST = ("vllm", "vllm_prefill")  # the longest chains of tests one worker must take in turn
+SHARED_LANE = "vllm"  # the tests of the shared tiny-model servers
+OWN_LANE = "vllm_own"  # every other vLLM test, then the wall-clock ones
+SHARED_SERVERS = ("vllm_server", "keyed_server")
 
 
 def _group(item: pytest.Item) -> str | None:
     if item.get_closest_marker("vllm") is not None:
-        shared = [SHARED_FIXTURES[name] for name in getattr(item, "fixturenames", ()) if name in SHARED_FIXTURES]
-        return shared[0] if shared else "vllm-" + item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+        shared = any(name in SHARED_SERVERS for name in getattr(item, "fixturenames", ()))
+        return SHARED_LANE if shared else OWN_LANE
+    if item.get_closest_marker("realtime") is not None:
+        return OWN_LANE
     parts = item.nodeid.split("/")
     return GROUPED_FOLDERS.get(parts[1]) if len(parts) > 2 and parts[0] == "tests" else None
 
 
-def _rank(item: pytest.Item) -> int:
+def _order(item: pytest.Item) -> tuple[int, bool]:
+    """The lanes first, in turn; in the own lane, the wall-clock tests after the vLLM ones."""
+    lanes = (SHARED_LANE, OWN_LANE)
     group = _group(item)
-    if group in FIRST:
-        return FIRST.index(group)
-    return len(FIRST) if item.get_closest_marker("vllm") is not None else len(FIRST) + 1
+    return (lanes.index(group) if group in lanes else len(lanes), item.get_closest_marker("realtime") is not None)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -53,7 +50,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = _group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=_rank)  # stable: the rest keep their order
+    items.sort(key=_order)  # stable: the rest keep their order
 
 
 @pytest.hookimpl(trylast=True)
