@@ -24,6 +24,7 @@ import pytest
 GROUPED_FOLDERS = {"observability": "observability", "browser": "browser"}
 SHARED_LANE = "vllm"  # the tests of the shared tiny-model servers
 OWN_LANE = "vllm_own"  # every other vLLM test, then the wall-clock ones
+LANES = (SHARED_LANE, OWN_LANE)  # in the order they are put first
 SHARED_SERVERS = ("vllm_server", "keyed_server")
 
 
@@ -39,9 +40,8 @@ def _group(item: pytest.Item) -> str | None:
 
 def _order(item: pytest.Item) -> tuple[int, bool]:
     """The lanes first, in turn; in the own lane, the wall-clock tests after the vLLM ones."""
-    lanes = (SHARED_LANE, OWN_LANE)
     group = _group(item)
-    return (lanes.index(group) if group in lanes else len(lanes), item.get_closest_marker("realtime") is not None)
+    return (LANES.index(group) if group in LANES else len(LANES), item.get_closest_marker("realtime") is not None)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

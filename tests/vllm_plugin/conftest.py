@@ -10,7 +10,7 @@ scheduling (keyed_server.py). Every test that starts a server of a configuration
 own pays a server start (22-26 s on 2 cores; these shared ones, with the model in the
 engine core's process, 16 s): prefer one of these.
 
-Each server computes on one OpenMP thread (`ONE_THREAD`): two pytest workers run two
+Each server computes on one OpenMP thread (`vllm_harness.TEST_LAYOUT_ENV`): two pytest workers run two
 servers and other tests at once on 2 cores, and a server's second thread, spinning for
 a core the other server holds, made each engine step many times slower (the vLLM tests
 took 4 min 48 s with vLLM's default of a thread per core, 2 min 51 s with one).
@@ -23,9 +23,8 @@ from pathlib import Path
 import pytest
 from keyed_server import REPLICA_KEY, VLLM_KEY
 from vllm_harness import (
-    IN_PROCESS_WORKER,
-    ONE_THREAD,
-    UNIPROC_ARGS,
+    TEST_LAYOUT_ARGS,
+    TEST_LAYOUT_ENV,
     VllmServer,
     ensure_prefill_model,
     ensure_tiny_model,
@@ -72,8 +71,8 @@ def _served(
         model_dir=model_dir,
         log_path=log_dir / "vllm.log",
         served_model_name=served_model_name,
-        extra_args=UNIPROC_ARGS + extra_args,
-        extra_env=ONE_THREAD + IN_PROCESS_WORKER + extra_env,
+        extra_args=TEST_LAYOUT_ARGS + extra_args,
+        extra_env=TEST_LAYOUT_ENV + extra_env,
     )
     server.start()
     try:

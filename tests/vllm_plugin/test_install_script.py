@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from vllm_harness import IN_PROCESS_WORKER, ONE_THREAD, REPO_ROOT, UNIPROC_ARGS, VllmServer, http_json
+from vllm_harness import REPO_ROOT, TEST_LAYOUT_ARGS, TEST_LAYOUT_ENV, VllmServer, http_json
 
 pytestmark = pytest.mark.vllm
 
@@ -100,8 +100,8 @@ def test_readme_install_commands_from_a_fresh_clone_give_a_vllm_with_the_probes(
         model_dir=tiny_model,
         log_path=tmp_path / "vllm.log",
         served_model_name="tiny",
-        extra_args=UNIPROC_ARGS,
-        extra_env=ONE_THREAD + IN_PROCESS_WORKER,
+        extra_args=TEST_LAYOUT_ARGS,
+        extra_env=TEST_LAYOUT_ENV,
     )
     assert server.command()[:4] == words[1:5] and server.environment()["VLLM_PLUGINS"] == "kvgate"
     # the usage the gate learns prefix hits from (docs/vllm-plugin.md), in the README and in every test server

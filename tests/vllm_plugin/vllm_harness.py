@@ -366,14 +366,15 @@ def stop_process_group(process: subprocess.Popen | None, grace: float = 30) -> N
         os.killpg(process.pid, signal.SIGKILL)
 
 
-ONE_THREAD = (("OMP_NUM_THREADS", "1"),)  # the test servers' engines compute on one thread (conftest.py's docstring)
-# The model runs in the engine core's process instead of a worker process of its own (the
-# uniprocess executor; vLLM's CPU backend allows it only with this variable set): one
-# Python process fewer to spawn and import torch and vLLM into, 16 s a start instead of 22.
-# The API server and the engine core, where the plugin's probes, pins and scheduler hooks
-# run, stay separate processes as in production.
-IN_PROCESS_WORKER = (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),)
-UNIPROC_ARGS = ("--distributed-executor-backend", "uni")
+# How the test servers run (the shared ones of conftest.py, and the install test's):
+# - one OpenMP thread (conftest.py's docstring says why);
+# - the model in the engine core's process instead of a worker process of its own (the
+#   uniprocess executor; vLLM's CPU backend allows it only with
+#   VLLM_ENABLE_V1_MULTIPROCESSING=0): one Python process fewer to spawn and import torch
+#   and vLLM into, 16 s a start instead of 22. The API server and the engine core, where
+#   the plugin's probes, pins and scheduler hooks run, stay separate processes as in production.
+TEST_LAYOUT_ARGS = ("--distributed-executor-backend", "uni")
+TEST_LAYOUT_ENV = (("OMP_NUM_THREADS", "1"), ("VLLM_ENABLE_V1_MULTIPROCESSING", "0"))
 
 
 @dataclass

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import signal
 import sys
 import tempfile
 import time
@@ -48,14 +49,14 @@ def run_in_child(script: Path, stdout: int, stderr: int) -> None:
 
 
 def wait_for(pid: int, timeout: float) -> int:
-    """The child's exit code; killed (and -9) once `timeout` seconds pass."""
+    """The child's exit code; killed (-9) once `timeout` seconds pass."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             return os.waitstatus_to_exitcode(status)
         time.sleep(0.02)
-    os.kill(pid, 9)
+    os.kill(pid, signal.SIGKILL)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
