@@ -548,11 +548,21 @@ class Gate:
         window, footprint, wake-up, priority)."""
         record = turn.record
         if record is not None and turn.attempt.held is not None and not record.has_window:
-            self._book.holding.observe_held(decision.window)  # a held newcomer: did the wait give it a window?
+            self._observe_held(turn.attempt, decision)
         if decision.reclaim_blocks and record is not None:
             self._book.reclaim_late_windows(record, decision.reclaim_blocks, self._now())
             self._publish_windows()
         return self._grant(turn, decision.reason.value, decision, tokens, note)  # plain str: a JSON key in /admin/state
+
+    def _observe_held(self, attempt: Attempt, decision: Admit) -> None:
+        """A held newcomer is admitted: did the wait give it a window
+        (`HoldingValue.held_got_window`)? One let in without a window while named waiters
+        were still ahead of it says nothing of that: the policy chose not to wait for its
+        turn at a window (counted, each such admission would lower the value of holding
+        measured here, which lets more turns in without a window, which lowers it again)."""
+        if not decision.window and self._waiters_ahead(attempt):
+            return
+        self._book.holding.observe_held(decision.window)
 
     def _grant(self, turn: _Turn, label: str, admit: Admit | None, tokens: int | None, note: TurnNote) -> Lease:
         """Book `turn`'s admission under `label` (its `x-kvgate-admission` value) and hand out its lease.
@@ -608,6 +618,9 @@ class Gate:
         release = getattr(self.probe, "release_pins", None)
         if release is not None:
             await release(sessions)
+            # Only now are the pins' blocks free in the engine: the waiters woken when
+            # their windows ended decided on readings that still counted them pinned.
+            self._blocks_freed(self._now())
 
     def _grant_unbooked(self) -> Lease:
         """Admit `open` with nothing booked but the lease (mode off, or a route without a

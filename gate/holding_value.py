@@ -13,7 +13,11 @@ How much of the own prefix holding really keeps depends on the replica:
   their tool calls anyway (many sessions whose gaps vary: the fleet).
 - `kept_with_window`: the same, for a previous turn admitted with a window.
 - `held_got_window`: the share of held newcomers admitted with a window in the end; the
-  rest waited and went in without one, which kept nothing.
+  rest waited and went in without one, which kept nothing. A newcomer the policy lets in
+  without a window while others wait ahead of it is not counted (the shell's
+  `_observe_held`): it left before its turn at a window came, so its admission says
+  nothing of what waiting gives, and counting it made a loop (fewer windows measured,
+  a smaller own share, more turns let in without one).
 
 - `engine_lost`: the share of a probed prefix (resident when the turn was admitted) the
   engine no longer held when it ran the turn: where the engine's queue evicts admitted

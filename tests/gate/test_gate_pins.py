@@ -6,6 +6,7 @@ test ends clean (and with no release left unsent)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import pytest
@@ -45,6 +46,22 @@ class PinningProbe(FakeProbe):
 
     async def release_pins(self, sessions: tuple[str, ...]) -> None:
         self.released.append(sessions)
+
+
+class SlowReleaseProbe(PinningProbe):
+    """A pinning replica whose releases land when the test says (`landed` set): until then
+    its free blocks still exclude the released pins' blocks, as a real engine's do while
+    `POST /v1/kvgate/release` is in flight."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.landed = asyncio.Event()
+        self.freed_by_release = 0
+
+    async def release_pins(self, sessions: tuple[str, ...]) -> None:
+        await self.landed.wait()
+        self.free = (self.free or 0) + self.freed_by_release
+        await super().release_pins(sessions)
 
 
 def _gate(metrics, clock, probe: FakeProbe, **overrides) -> Gate:
@@ -118,6 +135,38 @@ async def test_a_window_that_ends_while_its_turn_is_in_flight_is_released_after_
     assert probe.released == []
     lease.release()
     await until(lambda: probe.released == [("a",)], "the release after the turn")
+    assert_clean(gate, clock)
+
+
+async def test_a_release_that_lands_wakes_the_waiter_its_pins_held_back(metrics, clock):
+    """b needs 50 new blocks; 30 are free while a's pin holds 20 more. a's session ends:
+    b wakes, but the engine has not freed a's blocks yet (the release is in flight), so b
+    waits again. When the release lands, b re-decides on a fresh reading and gets its
+    window (the gate polls every 60 s and the clock stands still: only the release can
+    have woken it)."""
+    probe = SlowReleaseProbe(total=100, free=30, block_size=16)
+    probe.freed_by_release = 20
+    gate = Gate("r0", probe, settings(policy="working_set", headroom_blocks=0), metrics, clock)
+    probe.set_prefix("a", total=20, hit=18)
+    first = await gate.acquire("a", "chat", body("a"))
+    assert first.reason == "window_fits" and first.pin is not None
+    first.release()
+    probe.set_prefix("b", total=50, hit=0)
+    waiter = asyncio.create_task(gate.acquire("b", "chat", body("b")))
+    await until(lambda: gate.counts()["waiters"] == 1, "b to wait")
+    assert gate.state()["sessions"]["b"]["held"]["cause"] == "no_free_blocks"
+    readings = probe.usage_calls
+    gate.finish_session("a")  # its window ends: b re-decides, on a reading that still counts a's pin
+    await until(lambda: probe.usage_calls > readings, "b to re-decide")
+    await settle()
+    assert not waiter.done() and gate.state()["sessions"]["b"]["held"]["cause"] == "no_free_blocks"
+    probe.landed.set()
+    await until(waiter.done, "the landed release to wake b")
+    lease = waiter.result()
+    assert lease.reason == "window_fits" and probe.released == [("a",)]
+    lease.release()
+    gate.finish_session("b")
+    await settle()
     assert_clean(gate, clock)
 
 

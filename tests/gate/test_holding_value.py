@@ -114,3 +114,46 @@ async def test_the_gate_learns_from_a_turns_usage_what_it_kept_after_a_window(me
     assert gate.state()["holding"]["kept_without_window"] == 0.0
     gate.finish_session("s")
     assert_clean(gate, clock)
+
+
+async def test_a_held_turn_let_in_without_a_window_behind_others_does_not_count_against_holding(metrics, clock):
+    """`held_got_window` measures whether waiting gives a newcomer a window. a holds 60 of
+    100 blocks; b (50 new blocks) and c (1 block) arrive before the replica has measured
+    its prefill, so both are held, c behind b. Once it has, c's re-prefill costs less than
+    its decode slack: it goes in without a window while b still waits ahead of it, which
+    says nothing of what waiting gives (counted, it would lower the measured value of
+    holding and let more turns in without a window). b, let in without a window from the
+    head of the queue, does count."""
+    import asyncio
+
+    from kvgate.gate.gate import Gate
+    from tests.gate.helpers import until
+
+    probe = FakeProbe(usage=0.9, total=100, free=100, block_size=16)
+    gate = Gate("r0", probe, settings(policy="working_set", headroom_blocks=0), metrics, clock)
+    probe.set_prefix("a", total=60, hit=0)
+    big = "x" * 2000  # no byte bound fits 100 blocks: priced by the probe
+    a = await gate.acquire("a", "chat", body("a", big, max_tokens=8))
+    assert a.reason == "window_fits"
+    probe.set_prefix("b", total=50, hit=0)
+    probe.set_prefix("c", total=1, hit=0)
+    b = asyncio.create_task(gate.acquire("b", "chat", body("b", big, max_tokens=8)))
+    await until(lambda: gate.counts()["waiters"] == 1, "b to wait")
+    c = asyncio.create_task(gate.acquire("c", "chat", body("c", max_tokens=8)))
+    await until(lambda: gate.counts()["waiters"] == 2, "c to wait behind b")
+    # measured: 8 output tokens x 0.01 s x slack 0.5, halved = 0.02 s of holding; c's one
+    # block costs 1 ms to prefill again, b's fifty 50 ms (and pushes 11 of a's out)
+    probe.measured = {"prefill_tokens_per_sec": 16000.0, "decode_step_sec": 0.01, "prefill_share": 0.5}
+    a.release()  # the replica goes idle: every waiter decides again
+    await until(c.done, "c to go in without a window")
+    assert c.result().reason == "work_conserving" and not b.done()
+    assert gate.state()["holding"]["held_got_window"] == 1.0
+    probe.measured["decode_step_sec"] = 1.0  # now b's decode slack outweighs its re-prefill
+    c.result().release()  # blocks freed: the head re-decides
+    await until(b.done, "b to go in without a window")
+    assert b.result().reason == "work_conserving"
+    assert gate.state()["holding"]["held_got_window"] == pytest.approx(1.0 - HOLDING_VALUE_ALPHA)
+    b.result().release()
+    for session in ("a", "b", "c"):
+        gate.finish_session(session)
+    assert_clean(gate, clock)
