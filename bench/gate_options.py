@@ -9,6 +9,14 @@ from typing import Any
 
 Options = dict[str, tuple[Callable[[str], Any], str]]  # option name -> (its type, its help)
 
+
+def yes_no(value: str) -> bool:
+    """A yes|no flag's value (argparse reports the error as the flag's)."""
+    if value not in ("yes", "no"):
+        raise argparse.ArgumentTypeError(f"expected yes or no, got {value!r}")
+    return value == "yes"
+
+
 GATE_OPTIONS: Options = {
     "high_watermark": (float, "KV usage at or above which the gate checks prefixes"),
     "hit_threshold": (float, "prefix hit ratio that admits a session under pressure"),
@@ -21,7 +29,7 @@ GATE_OPTIONS: Options = {
     "wait_cap_factor": (float, "working_set: a held turn goes in once it waited this x its session's turn time"),
     "held_priority": (int, "working_set: forward a held turn at this vLLM priority (replicas schedule by priority)"),
     "work_conserving": (
-        lambda v: {"yes": True, "no": False}[v],
+        yes_no,
         "yes|no: working_set policy admits a held turn when holding costs more than the re-prefill it causes",
     ),
 }
@@ -37,7 +45,7 @@ def add_option_flags(group: Any, options: Options, prefix: str) -> None:
             default=None,
             dest=prefix + name,
             help=text,
-            metavar="N" if kind is int else "X",
+            metavar="N" if kind is int else "{yes,no}" if kind is yes_no else "X",
         )
 
 

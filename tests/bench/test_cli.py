@@ -52,6 +52,15 @@ def test_bad_options_exit_2_naming_the_option(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["0", "true", ""])
+def test_a_yes_no_gate_option_refuses_anything_else_naming_the_option(value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse("--work-conserving", value)
+    assert exit_.value.code == 2
+    assert "--work-conserving: expected yes or no" in capsys.readouterr().err
+    assert parse("--work-conserving", "no").g_work_conserving is False
+
+
 def test_sweep_refuses_given_servers(capsys):
     assert main(parse("--sweep", "--replica-url", "http://127.0.0.1:9")) == 2
     assert "--sweep" in capsys.readouterr().err
