@@ -16,14 +16,18 @@ Targets (met or missed, with the number), per row:
   model pinned (the engine on CPUs of its own, a GPU host's split: these carry the targets,
   the tiny model <= 1.05x sticky's, the prefill-bound model <= 0.8x) and unpinned (every
   process on every CPU, a CPU-only host: shown without a target).
-A missed target is shown next to what limits it (`limiting_factor`).
+A missed target is shown next to what limits it (`limiting_factor`); a simulated row with
+a makespan target below sticky's also carries its floor, the makespan with every prefix
+kept (`bench/results_floor.py`), so the page says whether any policy could meet it.
 
 The page also shows the cluster simulation's fleet runs (`kvgate sim cluster`, in virtual
 time: `CLUSTER_ROWS`), each with its command, date and commit: one replica of 8 failing at
 half time, the replica sweep that answers how many replicas keep the turn p95 within its
 target, and the full fleet (64 replicas, 4,096 agents, an hour) with a replica failing at
 half time. Their outputs the cluster docs show (tables, plots) are copied beside the page,
-under `cluster/<row>/`. `--only cluster` re-runs those alone.
+under `cluster/<row>/`. `--only cluster` re-runs those alone. The sweeps and the fleet's
+hours are judged against their targets (`results_cluster_targets`); a sweep's floor is
+the replicas sticky needs with every prefix kept.
 
 And it shows the gate's CPU per request as its sessions grow (`kvgate bench overhead
 --sessions`, `bench/results_overhead.py`), judged against its targets; `--only overhead`
@@ -49,10 +53,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvgate.bench import results_overhead, results_router
+from kvgate.bench.results_cluster_targets import fleet_targets, sweep_targets
+from kvgate.bench.results_floor import floor_note, run_floor, run_sweep_floor
 
 REPO = Path(__file__).resolve().parent.parent
 GATE_MODE = "kvgate-working_set"  # the gate's default policy
 HELD_WAIT_MS = 100.0  # a longest wait at least this long: the gate held turns back
+
+
+def makespan_limit(target: str) -> float | None:
+    """The multiple of sticky's makespan a `makespan<=Nx` target allows; None for others."""
+    if not target.startswith("makespan<="):
+        return None
+    return float(target.removeprefix("makespan<=").removesuffix("x"))
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,11 @@ class ResultRow:
     @property
     def key(self) -> str:
         return self.regime + ("" if not self.extra else " " + " ".join(self.extra))
+
+    @property
+    def needs_floor(self) -> bool:
+        """A simulated row held to a makespan below sticky's: its floor is measured with it."""
+        return not self.real_vllm and any(limit < 1 for limit in map(makespan_limit, self.targets) if limit)
 
 
 SIMULATED = ("makespan<=1.02x", "session_p95<=sticky")
@@ -100,6 +118,8 @@ class ClusterRow:
     title: str
     options: tuple[str, ...]
     outputs: tuple[str, ...]  # files of --out copied beside the page (docs/cluster.md shows them)
+    max_replicas: int | None = None  # a sweep's target: working_set within the p95 on this many, fewer than sticky
+    hit_of_ceiling: float | None = None  # an hour's target: working_set's hit rate of the ceiling (and sticky's p95)
 
     @property
     def key(self) -> str:
@@ -124,6 +144,7 @@ CLUSTER_ROWS: tuple[ClusterRow, ...] = (
         "turn p95 target 2 s",
         (*FLEET_1024, "--replicas", "4,8,12,16,32,64", "--policies", "sticky,working_set,direct", "--p95", "2"),
         ("sweep.md", "sweep.png"),
+        max_replicas=12,
     ),
     ClusterRow(
         "fleet",
@@ -131,6 +152,7 @@ CLUSTER_ROWS: tuple[ClusterRow, ...] = (
         "(every policy)",
         ("--regime", "fleet", "--fail-at-half"),
         ("report.json", "table.md", "timeline.png"),
+        hit_of_ceiling=0.75,
     ),
     ClusterRow(
         "sweep-cpu-tier",
@@ -138,12 +160,14 @@ CLUSTER_ROWS: tuple[ClusterRow, ...] = (
         "replicas, five minutes each, turn p95 target 2 s",
         (*FLEET_1024, "--replicas", "4,8,12,16", "--policies", "sticky,working_set", "--p95", "2", "--cpu-tier", "4"),
         ("sweep.md", "sweep.png"),
+        max_replicas=8,
     ),
     ClusterRow(
         "fleet-cpu-tier",
         "The full fleet with a CPU tier of 4x the GPU KV, replica r0 failing at half time (sticky and working_set)",
         ("--regime", "fleet", "--fail-at-half", "--cpu-tier", "4", "--policies", "sticky,working_set"),
         ("report.json", "table.md", "timeline.png"),
+        hit_of_ceiling=0.9,
     ),
 )
 # What the page keeps of a policy's summary (`kvgate.bench.cluster.report.summarize`): what
@@ -188,7 +212,7 @@ def cluster_record(row: ClusterRow, out: Path, command: str, date: str, commit: 
 
 def render_cluster(records: list[dict]) -> list[str]:
     """The cluster section of the page from the stored cluster rows (in `CLUSTER_ROWS` order)."""
-    from kvgate.bench.cluster.report import format_sweep, format_table
+    from kvgate.bench.cluster.report import format_sweep, format_table, sweep_answer
 
     rows = {row.key: row for row in CLUSTER_ROWS}
     order = {row.key: i for i, row in enumerate(CLUSTER_ROWS)}
@@ -207,8 +231,13 @@ def render_cluster(records: list[dict]) -> list[str]:
         if "sweep" in r:
             sweep = {int(n): results for n, results in r["sweep"].items()}
             lines += format_sweep(sweep, r["p95_target_s"]).rstrip("\n").split("\n")
+            if row and row.max_replicas:
+                answer = sweep_answer(sweep, r["p95_target_s"])
+                lines += sweep_targets(answer, row.max_replicas, r.get("floor"))
         else:
             lines += format_table(r["policies"]).rstrip("\n").split("\n")
+            if row and row.hit_of_ceiling:
+                lines += ["", *fleet_targets(r["policies"], row.hit_of_ceiling)]
         if row:
             plots = [name for name in row.outputs if name.endswith(".png")]
             lines += ["", *(f"![{row.name}](cluster/{row.name}/{name})" for name in plots)]
@@ -220,6 +249,7 @@ class Check:
     target: str
     value: str
     met: bool
+    allowed_x: float | None = None  # a makespan target's multiple of sticky's makespan
 
 
 def _ratio(gate: dict, sticky: dict, field: str, stat: str | None = None) -> float:
@@ -236,9 +266,9 @@ def evaluate(targets: tuple[str, ...], gate: dict, sticky: dict) -> list[Check]:
     checks = []
     makespan = _ratio(gate, sticky, "makespan_s")
     for target in targets:
-        if target.startswith("makespan<="):
-            limit = float(target.removeprefix("makespan<=").removesuffix("x"))
-            checks.append(Check(f"makespan <= {limit:g}x sticky", f"{makespan:.3f}x", makespan <= limit))
+        limit = makespan_limit(target)
+        if limit is not None:
+            checks.append(Check(f"makespan <= {limit:g}x sticky", f"{makespan:.3f}x", makespan <= limit, limit))
         elif target == "session_p95<=sticky":
             ratio = _ratio(gate, sticky, "session_completion_s", "p95")
             checks.append(Check("session p95 <= sticky", f"{ratio:.3f}x", ratio <= 1.0))
@@ -257,12 +287,18 @@ def evaluate(targets: tuple[str, ...], gate: dict, sticky: dict) -> list[Check]:
     return checks
 
 
-def limiting_factor(checks: list[Check], gate: dict, sticky: dict) -> str:
+def limiting_factor(checks: list[Check], gate: dict, sticky: dict, floor: dict | None = None) -> str:
     """What stands between a row and its missed targets, read off the two summaries:
-    re-prefill the gate did not save, the gate's waits, or (neither) the path's own cost."""
+    re-prefill the gate did not save, the gate's waits, or (neither) the path's own cost;
+    with the row's `floor` (`results_floor`), whether any policy could meet a missed
+    makespan target below sticky's."""
     if all(c.met for c in checks):
         return ""
     parts = []
+    if floor is not None:
+        below = [c.allowed_x for c in checks if not c.met and c.allowed_x and c.allowed_x < 1]
+        if below:
+            parts.append(floor_note(floor, min(below)))
     waits = gate["admission_wait_ms"]
     if (waits["max"] or 0.0) >= HELD_WAIT_MS:
         parts.append(
@@ -318,7 +354,7 @@ def render(records: list[dict]) -> str:
         limit = r["limit"]
         if r["key"] in rows:  # judged again by today's targets, from the stored figures
             checks = evaluate(rows[r["key"]].targets, g, s)
-            limit = limiting_factor(checks, g, s)
+            limit = limiting_factor(checks, g, s, r.get("floor"))
         targets = "<br>".join(f"{c.target}: {c.value} **{'met' if c.met else 'missed'}**" for c in checks) or "-"
 
         def turns(m: dict) -> str:
@@ -346,10 +382,16 @@ def render(records: list[dict]) -> str:
 
 
 def record_of(
-    row: ResultRow, document: dict, command: str, date: str, commit: str, pinning: dict | None = None
+    row: ResultRow,
+    document: dict,
+    command: str,
+    date: str,
+    commit: str,
+    pinning: dict | None = None,
+    floor: dict | None = None,
 ) -> dict:
     """The stored row of one `kvgate bench agentic` results.json (and, for a real-vLLM row, the
-    runner's pinning.json beside it)."""
+    runner's pinning.json beside it; for a row that `needs_floor`, its floor)."""
     sticky, gate = document["modes"]["sticky"], document["modes"][GATE_MODE]
     checks = evaluate(row.targets, gate, sticky)
     replicas = document["replicas"]
@@ -386,7 +428,8 @@ def record_of(
         "sticky": {k: sticky.get(k) for k in keep},
         "gate": {k: gate.get(k) for k in keep},
         "checks": [c.__dict__ for c in checks],
-        "limit": limiting_factor(checks, gate, sticky),
+        "limit": limiting_factor(checks, gate, sticky, floor),
+        "floor": floor,
     }
 
 
@@ -509,6 +552,8 @@ def run_cluster_row(row: ClusterRow, data_path: Path, page: Path, commit: str) -
             print(f"[results] {row.key}: exit {status}, row not updated", file=sys.stderr)
             return
         record = cluster_record(row, out, shown, date, commit)
+        if row.max_replicas:
+            record["floor"] = run_sweep_floor(row.options, REPO)
         shown_dir = page.parent / "cluster" / row.name
         shown_dir.mkdir(parents=True, exist_ok=True)
         for name in row.outputs:
@@ -541,6 +586,7 @@ def main(args) -> int:
                     print(f"[results] {row.key}: exit {status}, row not updated", file=sys.stderr)
                     continue
                 pinning = out / "pinning.json"  # written by the real-vLLM runner
+                floor = run_floor(row.regime, REPO) if row.needs_floor else None
                 record = record_of(
                     row,
                     json.loads(results.read_text()),
@@ -548,6 +594,7 @@ def main(args) -> int:
                     date,
                     commit,
                     json.loads(pinning.read_text()) if pinning.exists() else None,
+                    floor,
                 )
             store_row(data_path, args.page, record)  # after every row: a stop loses no row
         for cluster_row in selected_cluster_rows(args.only):

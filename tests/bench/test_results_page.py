@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from kvgate.bench import results_overhead, results_page, results_router
+from kvgate.bench import results_cluster_targets, results_floor, results_overhead, results_page, results_router
 from kvgate.bench.results_page import ROWS, Check, evaluate, limiting_factor, record_of, render, selected_rows
 
 
@@ -55,6 +55,75 @@ def test_limiting_factor_names_waits_lost_hits_or_the_path():
     assert "hit rate 0.50" in limiting_factor(missed, summary(hit=0.5), sticky)
     assert "nothing to win" in limiting_factor(missed, summary(), summary())
     assert "own cost" in limiting_factor(missed, summary(), sticky)
+
+
+def test_a_missed_makespan_target_names_whether_any_policy_could_meet_it():
+    """A row's floor (the makespan with every prefix kept, `results_floor`) above its
+    target: no policy reaches it; below: the cache the gate leaves is the limit."""
+    sticky, gate = summary(hit=0.04), summary(makespan=8.1, hit=0.4)
+    checks = evaluate(("makespan<=1.02x", "makespan<=0.4x"), gate, sticky)
+    assert [c.allowed_x for c in checks] == [1.02, 0.4]
+    unbounded = {"makespan_s": 111.6, "hit_rate": 0.94}
+    dear = results_floor.floor_of({"makespan_s": 171.8}, unbounded, "trace-70b-tight")
+    assert dear["makespan_x"] == 0.65 and "--num-blocks 1000000" in dear["command"]
+    unreachable = limiting_factor(checks, gate, sticky, dear)
+    assert unreachable.startswith(
+        "no policy reaches 0.4x: with every prefix kept (an unbounded cache) sticky itself takes 0.65x"
+    )
+    assert "hit rate 0.40" in unreachable  # and what the gate won back, as without a floor
+    cheap = {**dear, "makespan_x": 0.21}
+    assert limiting_factor(checks, gate, sticky, cheap).startswith("within reach of a policy: ")
+    # only a target below sticky's makespan meets the floor
+    assert "every prefix" not in limiting_factor(checks[:1], gate, sticky, dear)
+    assert [row.key for row in ROWS if row.needs_floor] == [
+        "prefill-bound",
+        "prefill-bound-no-finish",
+        "trace-70b-tight",
+    ]
+
+
+def test_the_floor_runs_both_simulations_of_a_regime(tmp_path):
+    """The real `kvgate sim cluster`, twice, on the `tiny` regime (a second each)."""
+    floor = results_floor.run_floor("tiny", results_page.REPO)
+    assert floor is not None and 0 < floor["makespan_x"] <= 1.0
+    assert floor["unbounded_makespan_s"] <= floor["sticky_makespan_s"]
+    assert floor["command"] == "kvgate sim cluster --regime tiny --policies sticky --no-plots --num-blocks 1000000"
+    assert results_floor.run_floor("no-such-regime", results_page.REPO) is None
+
+
+def test_a_sweep_is_judged_by_the_replicas_the_gate_needs_and_names_its_floor():
+    floor_options = results_floor.sweep_floor_options(
+        ("--regime", "fleet", "--replicas", "4,8", "--policies", "sticky,working_set", "--p95", "2", "--cpu-tier", "4")
+    )
+    assert floor_options == [
+        "--regime", "fleet", "--replicas", "4,8", "--p95", "2", "--policies", "sticky", "--no-plots",
+        "--num-blocks", "1000000",
+    ]  # fmt: skip
+    floor = {"replicas": 12, "command": "kvgate sim cluster ..."}
+    (missed,) = results_cluster_targets.sweep_targets({"sticky": 12, "working_set": 12}, 8, floor)
+    assert "on at most 8 replicas and on fewer than sticky: 12 (sticky 12) **missed**" in missed
+    assert "limited by: no policy meets it: with every prefix kept (an unbounded cache) sticky needs 12" in missed
+    (reachable,) = results_cluster_targets.sweep_targets({"sticky": 16, "working_set": 16}, 12, floor)
+    assert "16 (sticky 16) **missed**; limited by: within reach of a policy" in reachable
+    (met,) = results_cluster_targets.sweep_targets({"sticky": 16, "working_set": 12}, 12, floor)
+    assert met.endswith("**met**")
+    (none,) = results_cluster_targets.sweep_targets({"sticky": None, "working_set": None}, 12, None)
+    assert "none of the counts run (sticky none of the counts run) **missed**" in none
+
+
+def test_an_hour_of_the_fleet_is_judged_by_its_tail_its_turns_and_its_hit_rate():
+    def fleet(p95, turns, of_ceiling):
+        return {"turn_latency_s": {"p95": p95}, "turns_per_s": turns, "hit_rate_of_ceiling": of_ceiling}
+
+    lines = results_cluster_targets.fleet_targets(
+        {"sticky": fleet(5.42, 110.79, 0.49), "working_set": fleet(5.41, 110.64, 0.49)}, 0.75
+    )
+    assert lines == [
+        "- target: turn p95 <= sticky's: 5.410 s against 5.420 s **met**",
+        "- target: turns served >= sticky's: 110.64 against 110.79 turns/s **missed**",
+        "- target: hit rate >= 0.75 of the ceiling: 0.49 (sticky 0.49) **missed**",
+    ]
+    assert results_cluster_targets.fleet_targets({"sticky": fleet(1, 1, 1)}, 0.9) == []  # no gate run: no target
 
 
 def test_record_and_page_carry_command_date_commit_and_every_target():
@@ -183,7 +252,7 @@ def test_the_cluster_rows_run_their_command_and_keep_the_regime_rows(tmp_path, m
         ),
         results_page.ClusterRow(
             "sweep", "a sweep", ("--regime", "tiny", "--policies", "sticky", "--replicas", "1,2", "--p95", "9"),
-            ("sweep.md", "sweep.png"),
+            ("sweep.md", "sweep.png"), max_replicas=1,
         ),
     )  # fmt: skip
     monkeypatch.setattr(results_page, "CLUSTER_ROWS", small)
@@ -198,6 +267,9 @@ def test_the_cluster_rows_run_their_command_and_keep_the_regime_rows(tmp_path, m
     assert "`kvgate sim cluster --regime tiny --policies sticky --replicas 1,2 --p95 9` (" in text
     assert text.count("abc1234)") == 2
     assert "| working_set |" in text and "| 2 |" in text and "turn p95 <= 9 s needs" in text
+    # the sweep's target, judged (no working_set run here), and sticky's needs with every prefix kept
+    assert "- target: working_set on at most 1 replicas and on fewer than sticky: none of the counts run" in text
+    assert "sticky needs 1 (`kvgate sim cluster --regime tiny --replicas 1,2 --p95 9 --policies sticky" in text
     assert (tmp_path / "cluster" / "sweep" / "sweep.png").stat().st_size > 0
     assert (tmp_path / "cluster" / "failure" / "table.md").read_text().startswith("| policy |")
     stored = json.loads(data.read_text())

@@ -1,0 +1,56 @@
+"""The fleet rows' targets on the results page (issue targets of the cluster simulation's
+runs), judged from the stored summaries: pure functions, one line of text per row.
+
+- A replica sweep: the gate (working_set) keeps the turn p95 within the sweep's target on
+  at most a given number of replicas, and on fewer than sticky needs.
+- An hour of the fleet: the gate's turn p95 at most sticky's, its turns served at least
+  sticky's, and its hit rate at least a share of the ceiling.
+"""
+
+from __future__ import annotations
+
+
+def sweep_targets(answer: dict[str, int | None], max_replicas: int, floor: dict | None) -> list[str]:
+    """The sweep's target, judged: the gate (working_set) keeps the turn p95 within its target
+    on at most `max_replicas` replicas and on fewer than sticky needs; missed, with what
+    sticky needs with every prefix kept (`floor`) when that alone rules the target out."""
+
+    def needs(policy: str) -> str:
+        n = answer.get(policy)
+        return "none of the counts run" if n is None else f"{n}"
+
+    gate, sticky = answer.get("working_set"), answer.get("sticky")
+    met = gate is not None and gate <= max_replicas and (sticky is None or gate < sticky)
+    line = (
+        f"- target: working_set on at most {max_replicas} replicas and on fewer than sticky: "
+        f"{needs('working_set')} (sticky {needs('sticky')}) **{'met' if met else 'missed'}**"
+    )
+    if not met and floor is not None and floor["replicas"] is not None:
+        verdict = "no policy meets it" if floor["replicas"] > max_replicas else "within reach of a policy"
+        line += (
+            f"; limited by: {verdict}: with every prefix kept (an unbounded cache) sticky needs "
+            f"{floor['replicas']} (`{floor['command']}`)"
+        )
+    return [line]
+
+
+def fleet_targets(policies: dict[str, dict], hit_of_ceiling: float) -> list[str]:
+    """An hour of the fleet judged (`policies`: the stored summaries by policy): working_set's
+    turn p95 <= sticky's, turns/s >= sticky's, hit rate >= `hit_of_ceiling` of the ceiling."""
+    gate, sticky = policies.get("working_set"), policies.get("sticky")
+    if gate is None or sticky is None:
+        return []
+    gate_p95, sticky_p95 = gate["turn_latency_s"]["p95"], sticky["turn_latency_s"]["p95"]
+    of_ceiling, sticky_of_ceiling = gate["hit_rate_of_ceiling"], sticky["hit_rate_of_ceiling"]
+    checks = [
+        (f"turn p95 <= sticky's: {gate_p95:.3f} s against {sticky_p95:.3f} s", gate_p95 <= sticky_p95),
+        (
+            f"turns served >= sticky's: {gate['turns_per_s']:.2f} against {sticky['turns_per_s']:.2f} turns/s",
+            gate["turns_per_s"] >= sticky["turns_per_s"],
+        ),
+        (
+            f"hit rate >= {hit_of_ceiling:g} of the ceiling: {of_ceiling:.2f} (sticky {sticky_of_ceiling:.2f})",
+            of_ceiling >= hit_of_ceiling,
+        ),
+    ]
+    return [f"- target: {text} **{'met' if met else 'missed'}**" for text, met in checks]
