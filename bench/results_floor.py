@@ -47,13 +47,20 @@ def run_floor(regime: str, cwd: Path) -> dict | None:
     with tempfile.TemporaryDirectory(prefix="kvgate-floor-") as scratch:
         for unbounded in (False, True):
             out = Path(scratch) / ("unbounded" if unbounded else "bounded")
-            command = [sys.executable, "-m", "kvgate.cli", "sim", "cluster", *floor_options(regime, unbounded)]
-            done = subprocess.run([*command, "--out", str(out)], cwd=cwd, capture_output=True, text=True)
-            if done.returncode != 0:
-                print(f"[results] floor of {regime}: exit {done.returncode}: {done.stderr[-500:]}", file=sys.stderr)
+            if not _simulate(floor_options(regime, unbounded), out, cwd, f"floor of {regime}"):
                 return None
             summaries.append(json.loads((out / "report.json").read_text())["policies"]["sticky"])
     return floor_of(summaries[0], summaries[1], regime)
+
+
+def _simulate(options: list[str], out: Path, cwd: Path, what: str) -> bool:
+    """Run `kvgate sim cluster` with `options` into `out`; False (and a line on stderr
+    naming `what`) if it fails."""
+    command = [sys.executable, "-m", "kvgate.cli", "sim", "cluster", *options, "--out", str(out)]
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"[results] {what}: exit {done.returncode}: {done.stderr[-500:]}", file=sys.stderr)
+    return done.returncode == 0
 
 
 def floor_note(floor: dict, limit: float) -> str:
@@ -88,10 +95,7 @@ def run_sweep_floor(options: tuple[str, ...], cwd: Path) -> dict | None:
     floor_options = sweep_floor_options(options)
     with tempfile.TemporaryDirectory(prefix="kvgate-floor-") as scratch:
         out = Path(scratch) / "run"
-        command = [sys.executable, "-m", "kvgate.cli", "sim", "cluster", *floor_options, "--out", str(out)]
-        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
-        if done.returncode != 0:
-            print(f"[results] sweep floor: exit {done.returncode}: {done.stderr[-500:]}", file=sys.stderr)
+        if not _simulate(floor_options, out, cwd, "sweep floor"):
             return None
         document = json.loads((out / "sweep.json").read_text())
     sweep = {int(n): results for n, results in document["sweep"].items()}
