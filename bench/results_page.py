@@ -178,6 +178,7 @@ CLUSTER_KEEP = (
     "generated_tokens_per_s",
     "hit_rate",
     "hit_rate_of_ceiling",
+    "hit_rate_bound_of_ceiling",  # what the caches could hold at all (bench.cluster.cache_bound)
     "turn_latency_s",
     "ttft_s",
     "session_completion_s",

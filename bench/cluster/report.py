@@ -7,7 +7,8 @@ Pure functions of the run records. Definitions (as `kvgate bench agentic`'s repo
   request's first admission: GPU prefix-cache hits (vLLM's `prefix_cache_hits/queries`)
   plus, with a CPU tier, tokens loaded from it (`cpu_hit_rate`; `gpu_hit_rate` is the
   GPU part alone); ceiling: what an infinite prefix cache would hit on the same turns
-  (`TurnRecord.ceiling_tokens`);
+  (`TurnRecord.ceiling_tokens`); the most of it the run's caches could hold at all,
+  with foresight of tool-call lengths or without (`cache_bound`);
 - turn latency: from a turn's first send to its end (gate wait, queueing, prefill and
   decode; retries of a failed attempt included); TTFT: to its first token;
 - session completion: from a session's first send to its last turn's end (completed
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from kvgate.bench.cluster.cache_bound import hit_bounds
 from kvgate.bench.cluster.run import RunResult
 from kvgate.simulator.percentiles import percentile
 
@@ -87,6 +89,7 @@ def summarize(result: RunResult) -> dict:
         "hit_rate": _round(hit_rate),
         "ceiling_hit_rate": _round(ceiling),
         "hit_rate_of_ceiling": _round(hit_rate / ceiling if ceiling else None),
+        "hit_rate_bound_of_ceiling": hit_bounds(result),
         "gpu_hit_rate": _round(gpu_hit_rate),
         "gpu_hit_rate_of_ceiling": _round(gpu_hit_rate / ceiling if ceiling else None),
         "cpu_hit_rate": _round(cpu_hits / queries if queries else 0.0) if tiered else None,

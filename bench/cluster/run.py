@@ -124,6 +124,7 @@ class TurnRecord:
     prompt_tokens: int
     hit_tokens: int
     ceiling_tokens: int  # prompt tokens an infinite cache would hit
+    shared_tokens: int = 0  # the part of those every session of its shared prefix has (one copy serves them all)
 
 
 @dataclass
@@ -217,6 +218,7 @@ class _Cluster:
             else:
                 computed = session.prompts[k - 1] + session.replies[k - 1] - 1  # the last turn's KV
                 ceiling = min(computed // size, (prompt - 1) // size) * size
+            shared = min(prefix_tokens // size * size, ceiling)
             last = k == session.turns - 1
             start = self.loop.time()
             outcome = None
@@ -259,6 +261,7 @@ class _Cluster:
                     prompt,
                     request.num_cached_prompt_tokens if outcome.ok else 0,
                     ceiling,
+                    shared,
                 )
             )
             record.end_s = end

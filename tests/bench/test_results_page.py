@@ -126,6 +126,26 @@ def test_an_hour_of_the_fleet_is_judged_by_its_tail_its_turns_and_its_hit_rate()
     assert results_cluster_targets.fleet_targets({"sticky": fleet(1, 1, 1)}, 0.9) == []  # no gate run: no target
 
 
+def test_a_missed_fleet_hit_rate_names_what_the_caches_could_hold():
+    def fleet(of_ceiling, foresight, same_time):
+        return {
+            "turn_latency_s": {"p95": 1.0},
+            "turns_per_s": 1.0,
+            "hit_rate_of_ceiling": of_ceiling,
+            "hit_rate_bound_of_ceiling": {"foresight": foresight, "same_time": same_time},
+        }
+
+    def hit_line(gate):
+        return results_cluster_targets.fleet_targets({"sticky": fleet(0.49, 0.84, 0.58), "working_set": gate}, 0.75)[-1]
+
+    only = hit_line(fleet(0.50, 0.84, 0.58))
+    assert "0.50 (sticky 0.49) **missed**; limited by: only a policy that knows how long each tool call" in only
+    assert "at most 0.84 of the ceiling keeping the windows of the shortest tool calls first, and 0.58" in only
+    assert "limited by: no policy meets it" in hit_line(fleet(0.50, 0.70, 0.58))
+    assert "limited by: within reach of a policy" in hit_line(fleet(0.50, 0.90, 0.80))
+    assert hit_line(fleet(0.80, 0.90, 0.80)).endswith("**met**")  # met: no limit to name
+
+
 def test_record_and_page_carry_command_date_commit_and_every_target():
     document = {
         "modes": {"sticky": summary(), results_page.GATE_MODE: summary(makespan=12.0)},

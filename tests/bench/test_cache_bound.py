@@ -1,0 +1,71 @@
+"""The hit-rate bounds from the caches' block-seconds (`bench.cluster.cache_bound`): the two
+knapsacks by hand, what a run's records contribute, and no simulated run beating its bound."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvgate.bench.cluster.cache_bound import (
+    Window,
+    decoding_token_seconds,
+    kept_by_foresight,
+    kept_for_same_time,
+    windows_of,
+)
+from kvgate.bench.cluster.run import TurnRecord
+from kvgate.cli import main
+
+
+def _turn(session, number, start, end, ceiling, shared=0, ok=True, ttft=None, prompt=0):
+    return TurnRecord(session, number, start, end, ttft, ok, 1, "r0", None, 0.0, prompt, 0, ceiling, shared)
+
+
+def test_foresight_keeps_the_shortest_gaps_first_and_the_last_in_part():
+    windows = [Window(100, 30.0), Window(100, 10.0), Window(100, 20.0)]
+    # 10 s costs 1,000, 20 s 2,000: 3,000 spent, 1,000 left buys a third of the 30 s window
+    assert kept_by_foresight(windows, 4000.0) == pytest.approx(100 + 100 + 100 / 3)
+    assert kept_by_foresight(windows, 1e9) == 300
+    assert kept_by_foresight(windows, 0.0) == 0
+
+
+def test_the_same_time_for_every_window_pays_the_ttl_for_the_windows_it_loses():
+    windows = [Window(100, 10.0), Window(100, 20.0), Window(100, 30.0)]
+    # a TTL of 20 s: 1,000 + 2,000 for the two kept, 2,000 for the 30 s window held and lost
+    assert kept_for_same_time(windows, 5000.0) == 200
+    # 4,999 does not reach 20 s: only the 10 s window is kept (TTL between 10 and 20 s)
+    assert kept_for_same_time(windows, 4999.0) == 100
+    assert kept_for_same_time(windows, 6000.0) == 300
+    # the same budget buys foresight more: it does not pay for windows it lets go
+    assert kept_by_foresight(windows, 4999.0) > kept_for_same_time(windows, 4999.0)
+
+
+def test_a_window_is_a_sessions_own_tokens_from_its_last_turns_end_to_its_next_start():
+    turns = [
+        _turn(0, 1, 0.0, 2.0, ceiling=32, shared=32),
+        _turn(0, 2, 12.0, 14.0, ceiling=96, shared=32),
+        _turn(0, 3, 40.0, 41.0, ceiling=160, shared=32),
+        _turn(1, 1, 0.0, 1.0, ceiling=0),
+        _turn(1, 2, 5.0, 6.0, ceiling=48, ok=False),  # failed: hit nothing, keeps nothing
+        _turn(1, 3, 9.0, 10.0, ceiling=64),  # after a failed turn: no window to keep
+    ]
+    assert sorted(windows_of(turns), key=lambda w: w.gap_s) == [Window(64, 10.0), Window(128, 26.0)]
+
+
+def test_decoding_turns_hold_their_own_prompt_from_the_first_token_to_the_end():
+    turns = [
+        _turn(0, 1, 0.0, 3.0, ceiling=0, shared=16, ttft=1.0, prompt=116),  # 100 own tokens for 2 s
+        _turn(0, 2, 5.0, 6.0, ceiling=0, ttft=None, prompt=50),  # no first token: not counted
+    ]
+    assert decoding_token_seconds(turns) == pytest.approx(200.0)
+
+
+@pytest.mark.parametrize("regime", ["thrash", "prefill-bound"])
+def test_no_policy_in_a_simulated_run_hits_more_than_its_foresight_bound(tmp_path, regime):
+    assert main(["sim", "cluster", "--regime", regime, "--no-plots", "--jobs", "1", "--out", str(tmp_path)]) == 0
+    policies = json.loads((tmp_path / "report.json").read_text())["policies"]
+    for name, summary in policies.items():
+        bound = summary["hit_rate_bound_of_ceiling"]
+        assert bound["same_time"] <= bound["foresight"] <= 1.0, name
+        assert summary["hit_rate_of_ceiling"] <= bound["foresight"], name
