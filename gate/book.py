@@ -124,6 +124,11 @@ class SessionRecord:
     admitted_window: bool | None = None  # its last admitted turn got a window (None: none admitted yet)
     # Names the turn of the lone attempt kept under UNNAMED_TURN, once another attempt arrives.
     unnamed_turn: Callable[[], str] | None = None
+    # Its place among the sessions the book has seen, numbered as they are booked (one
+    # forgotten and seen again gets a new number): its waiting turns queue behind those of
+    # sessions with a lower number. A count, not a time: sessions that start at the same
+    # instant still have an order.
+    started: int = -1
 
     @property
     def is_idle(self) -> bool:
@@ -154,6 +159,7 @@ class SessionBook:
         self.quiet_floor = quiet_floor
         self._deadlines: list[tuple[float, int, str, int]] = []  # (when, seq, key, idle_gen)
         self._seq = 0
+        self.sessions_started = 0  # records booked so far: the next one's `started`
         self.replica_gap_ewma: float | None = None
         self.replica_turn_ewma: float | None = None  # every session's turn service times, smoothed
         self.prefix_probe_ewma: float | None = None  # prefix probes on a turn's path, seconds, smoothed
@@ -325,6 +331,11 @@ class SessionBook:
 
     # -- operations
 
+    def _number(self, rec: SessionRecord) -> None:
+        """Give a newly booked record its place among the sessions (`SessionRecord.started`)."""
+        rec.started = self.sessions_started
+        self.sessions_started += 1
+
     def begin_attempt(
         self, key: str, attempt: object, now: float, turn: str | Callable[[], str] = ""
     ) -> tuple[SessionRecord, object | None]:
@@ -339,6 +350,7 @@ class SessionBook:
         rec = self.records.get(key)
         if rec is None:
             rec = self.records[key] = SessionRecord(key)
+            self._number(rec)
         self._leave(rec)
         self._turn_arrives(rec, now)
         previous = None
@@ -424,6 +436,8 @@ class SessionBook:
             assert not rec.attempts, "a session with an attempt acquiring is admitted through begin_attempt"
             booked = self.records.setdefault(rec.key, rec)
             assert booked is rec, "one record per session"
+            if rec.started < 0:
+                self._number(rec)
         self._leave(rec)
         if arriving:
             self._turn_arrives(rec, now)

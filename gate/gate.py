@@ -4,8 +4,8 @@
 `AdmissionError`. Per attempt it loops: read usage (shared, cached), build the view
 the policy reads (`TurnFacts`), decide without a prefix reading; on `ProbeFirst` ask
 the prefix probe and decide again with its answer (`Policy.decide_read`: never
-ProbeFirst twice); then admit, reject, or wait in FIFO order until woken and decide
-again. The shell carries out what the decision says (window,
+ProbeFirst twice); then admit, reject, or wait in the queue (the oldest session's
+turn first) until woken and decide again. The shell carries out what the decision says (window,
 footprint, repricing, wake-ups: the fields of `Admit`, `Wait`, `Reject`) and infers
 no policy meaning of its own.
 
@@ -21,7 +21,12 @@ Invariants (each has a test):
 - A held turn re-decides on its last prefix reading while it is younger than
   HELD_READING_MAX_AGE_SEC, and probes again only if that reading would admit it
   (every admission is priced on a reading taken for it).
-- Waiters are woken in arrival order: one per released lease, finished, expired or
+- Waiters queue in the order the book first saw their sessions (`SessionRecord.started`;
+  an anonymous turn behind the sessions seen before it), in arrival order among turns of
+  one session: a turn of an older session goes ahead of a younger session's. So the
+  sessions a replica began first finish first, instead of every session's turns
+  taking their chances (docs/decisions/oldest-session-first.md).
+- Waiters are woken in queue order: one per released lease, finished, expired or
   lost window, or shrunk window footprint (anything that lowers the blocks committed
   to windows), and each admitted waiter (or an `Admit` with `wake_next`: no
   pressure), or a head waiter that leaves, wakes the next. The head of the queue
@@ -33,9 +38,9 @@ Invariants (each has a test):
   behind others the work-conserving rule may let in) is also woken whenever blocks
   are freed, not only when it heads the queue; a release that leaves the replica
   without a lease out (it goes idle) wakes every waiter.
-- The policy sees how many named waiters are ahead of the attempt (the working_set
-  policy gives newcomers windows in strict FIFO order) and the request's output allowance,
-  read once from the body.
+- The policy sees how many named waiters are ahead of the attempt, where it is queued or
+  would be (the working_set policy gives newcomers windows in queue order), and the
+  request's output allowance, read once from the body.
 - A `Wait(drop_window=True)` takes the session's window back before it waits; so does
   a `Reject`: a session never holds a window while it waits or after it was refused.
 - Expired windows are purged lazily, by whichever acquire, wake, release or look at
@@ -121,7 +126,7 @@ class Attempt:
     `event` (what wakes it) is made on its first wait: most attempts never wait.
     """
 
-    __slots__ = ("event", "abort", "queued", "named", "queued_at", "held")
+    __slots__ = ("event", "abort", "queued", "named", "queued_at", "held", "session_order")
 
     def __init__(self, named: bool = True) -> None:
         self.event: asyncio.Event | None = None
@@ -130,6 +135,7 @@ class Attempt:
         self.named = named
         self.queued_at = 0.0  # when it joined the queue (clock seconds): the oldest waiter's age
         self.held: Wait | None = None  # the last Wait decided for it: /admin/state shows why it waits
+        self.session_order = 0  # its session's `SessionRecord.started`: its place in the queue (`Gate._enqueue`)
 
     def wake(self) -> None:
         if self.event is not None:
@@ -271,8 +277,8 @@ class Gate:
         self._now = clock
         self._book = SessionBook(settings.idle_grace_sec, settings.quiet_factor, settings.quiet_floor_sec)
         self._window_ends = {cause: metrics.window_ends.labels(name, cause) for cause in WindowEnd}
-        self._queue: OrderedDict[Attempt, None] = OrderedDict()  # waiters, arrival order
-        # insertion-ordered (a dict, not a set): close() fails them in arrival order, the same every run
+        self._queue: OrderedDict[Attempt, None] = OrderedDict()  # waiters, the oldest session's first
+        # ordered (a dict, not a set): close() fails them in queue order, the same every run
         self._attempts: dict[Attempt, None] = {}
         self._closed: AdmissionError | None = None
         self._metrics = metrics
@@ -377,6 +383,8 @@ class Gate:
             if isinstance(previous, Attempt):  # the book keeps this gate's attempts
                 self._supersede(previous)
         self._attempts[turn.attempt] = None
+        # an anonymous turn queues behind the sessions seen so far, ahead of those seen later
+        turn.attempt.session_order = turn.record.started if turn.record is not None else self._book.sessions_started
 
     def _calm_lease(self, turn: _Turn) -> Lease | None:
         """The calm path: the lease of a named turn the policy's calm rule admits the moment
@@ -524,10 +532,10 @@ class Gate:
         return self.policy.view(facts)
 
     def _waiters_ahead(self, attempt: Attempt) -> int:
-        """Named waiters queued before `attempt` (all of them if it is not queued). O(queue)."""
+        """Named waiters queued before `attempt`, or that would be if it queued now. O(queue)."""
         ahead = 0
         for waiter in self._queue:
-            if waiter is attempt:
+            if waiter is attempt or (not attempt.queued and waiter.session_order > attempt.session_order):
                 break
             ahead += waiter.named
         return ahead
@@ -643,7 +651,7 @@ class Gate:
         if attempt.event is None:
             attempt.event = asyncio.Event()
         if not attempt.queued:
-            self._queue[attempt] = None
+            self._enqueue(attempt)
             attempt.queued = True
             attempt.queued_at = self._now()
             self._waiters_gauge.set(len(self._queue))
@@ -677,12 +685,20 @@ class Gate:
         attempt.event.clear()
         attempt.checkpoint()
 
+    def _enqueue(self, attempt: Attempt) -> None:
+        """Queue `attempt` behind every waiter whose session started no later than its own,
+        ahead of the rest (their order kept). O(queue)."""
+        younger = [w for w in self._queue if w.session_order > attempt.session_order]
+        self._queue[attempt] = None
+        for waiter in younger:
+            self._queue.move_to_end(waiter)
+
     def _leave_queue(self, attempt: Attempt) -> None:
         """A waiter leaves without a lease (cancelled, superseded, timed out, rejected)."""
         was_head = next(iter(self._queue), None) is attempt
         self._dequeue(attempt)
         if was_head and self._queue:
-            self._wake_one()  # strict FIFO: the next waiter must not wait for a poll
+            self._wake_one()  # the next waiter heads the queue: it must not wait for a poll
 
     def _dequeue(self, attempt: Attempt) -> None:
         if self._queue.pop(attempt, False) is None:
@@ -690,7 +706,7 @@ class Gate:
         attempt.queued = False
 
     def _wake_one(self) -> None:
-        """Wake the first waiter not awake already, in arrival order. One behind the head
+        """Wake the first waiter not awake already, in queue order. One behind the head
         whose last Wait said `poll=False` is passed over: nothing but its place, which this
         wake-up does not give it, can change its decision. The head is never passed over."""
         head = True
@@ -825,8 +841,9 @@ class Gate:
 
     def oldest_waiter_age(self) -> float:
         """Seconds the longest-queued waiter has waited (0 when none); read at scrape time."""
-        oldest = next(iter(self._queue), None)  # the queue keeps arrival order
-        return max(0.0, self._now() - oldest.queued_at) if oldest is not None else 0.0
+        # O(queue): the head is the oldest session's turn, not always the longest queued
+        oldest = min((waiter.queued_at for waiter in self._queue), default=None)
+        return max(0.0, self._now() - oldest) if oldest is not None else 0.0
 
     # ------------------------------------------------------------ introspection
 
@@ -921,7 +938,7 @@ class Gate:
         }
 
     def waiters(self) -> list[dict[str, Any]]:
-        """Every queued attempt, longest wait first: its session key (None: anonymous),
+        """Every queued attempt, in queue order: its session key (None: anonymous),
         seconds waited, and why it waits (its last Wait), if decided."""
         now = self._now()
         keys = {attempt: key for key, rec in self._book.records.items() for attempt in rec.attempts.values()}
@@ -931,6 +948,6 @@ class Gate:
                 "waited_sec": round(max(0.0, now - waiter.queued_at), 3),
                 "held": _held_state(waiter),
             }
-            for waiter in self._queue  # arrival order: the longest wait first
+            for waiter in self._queue  # queue order: the oldest session's turn first
         ]
         return out

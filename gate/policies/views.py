@@ -138,7 +138,7 @@ class WorkingSetView:
     """What the working_set policy reads (`GateFacts` says what each field means).
 
     The windows: `has_window`, `idle_window_blocks`, `older_window_blocks`,
-    `waiters_ahead` (its newcomers get windows in strict FIFO order). The turn's price:
+    `waiters_ahead` (its newcomers get windows in queue order: the oldest session first). The turn's price:
     `max_output_tokens`, the session's recorded sizes (`last_prompt_tokens`,
     `last_growth_tokens`, `last_prompt_bound`), `mean_growth_tokens`,
     `prompt_bound_tokens` (a turn whose bound fits is admitted without a prefix probe)

@@ -35,7 +35,7 @@ class WaitCause(StrEnum):
 
     ANONYMOUS_ABOVE_WATERMARK = "anonymous_above_watermark"  # anonymous turns see the watermark only
     COLD_PREFIX = "cold_prefix"  # watermark: above the watermark, its prefix not resident
-    BEHIND_WAITERS = "behind_waiters"  # working_set: a newcomer with named waiters ahead (windows in FIFO order)
+    BEHIND_WAITERS = "behind_waiters"  # working_set: a newcomer with named waiters ahead (windows in queue order)
     WINDOW_LOST = "window_lost"  # working_set: a holder that no longer fits behind the older windows
     WINDOWS_FULL = "windows_full"  # working_set: its footprint does not fit beside the windows
     NO_FREE_BLOCKS = "no_free_blocks"  # working_set: vLLM lacks free blocks outside idle windows and headroom

@@ -19,7 +19,7 @@ Invariants (each has a table test):
 - A newcomer also fits vLLM's own view (new_blocks <= free blocks outside idle
   windows and headroom), which sees traffic the gate does not.
 - A newcomer with named waiters ahead gets no window before them (windows go in
-  FIFO order); it goes in `work_conserving` or waits (without a probe where the rule
+  queue order: the oldest session's turn first); it goes in `work_conserving` or waits (without a probe where the rule
   cannot admit it). A holder is decided on its merits, whatever waits.
 - A turn whose upper bound fits gets its window without a probe (`bounded_footprint`);
   a newcomer that the work-conserving rule admits at its estimated price goes in
@@ -110,7 +110,7 @@ def _capped(
     sessions sitting in a tool call longer than their usual gap (or gone quietly) give
     their place to a turn that waited long enough; the windows in flight, and those of
     sessions due back soon, keep theirs. Only the head of the queue takes them (the
-    oldest waiter first: a turn behind others past its cap keeps its place). If the
+    oldest session's turn first: a turn behind others past its cap keeps its place). If the
     late windows would not make room, it waits on, woken whenever blocks are freed and
     when the next idle window turns late.
     Where no window can be priced (a holder that no longer fits behind the older
@@ -122,7 +122,7 @@ def _capped(
         return due_by(wait, left)
     if view.has_window or usage is None or not usage.has_blocks or isinstance(prefix, PrefixUnavailable):
         return Admit(AdmissionReason.WAIT_CAPPED)
-    if view.waiters_ahead > 0:  # the oldest waiter first: late windows go to the head of the queue
+    if view.waiters_ahead > 0:  # late windows go to the head of the queue
         return wait
     assert prefix is not None, "a newcomer at the head of the queue is held only on a prefix reading"
     reclaim = reclaim_window(view, usage, prefix, settings)

@@ -220,7 +220,8 @@ async def test_only_the_head_and_polled_waiters_poll(probe, metrics, clock):
 @pytest.mark.parametrize("how", ["admitted", "cancelled", "superseded", "rejected", "timed_out"])
 async def test_an_unpolled_waiter_is_woken_when_it_heads_the_queue_and_then_polls(how, probe, metrics, clock):
     """However the head leaves, the waiter behind it is woken at once (no poll ever would),
-    re-decides, and, heading the queue now, polls; the one behind it still does not."""
+    re-decides, and, heading the queue now, polls; the one behind it still does not. A
+    re-sent head keeps its session's place: it heads the queue again, and polls."""
     decider = Decider()
     ahead = 2.0 if how == "timed_out" else 0.0  # the head reaches max_wait_sec first
     gate, busy, tasks = await _queue_of_three(decider, probe, metrics, clock, poll=1.0, head_ahead_sec=ahead)
@@ -243,11 +244,14 @@ async def test_an_unpolled_waiter_is_woken_when_it_heads_the_queue_and_then_poll
             await tasks["head"]
     await until(lambda: decider.calls["behind"] > before["behind"], "the new head to re-decide")
     assert decider.calls["last"] == before["last"]
-    if how == "superseded":  # the re-sent turn queues behind `last`
+    new_head = "behind"
+    if how == "superseded":  # the re-sent turn keeps its session's place: it heads the queue again
         await until(lambda: gate.counts()["waiters"] == 3, "the re-sent turn to wait")
-    calls = decider.calls["behind"]
-    clock.advance(1.0)  # `behind` heads the queue now: it polls (`last` does not)
-    await until(lambda: decider.calls["behind"] == calls + 1, "the new head's poll")
+        assert [waiter["session"] for waiter in gate.waiters()] == ["head", "behind", "last"]
+        new_head = "head"
+    calls = decider.calls[new_head]
+    clock.advance(1.0)  # the new head polls (`last` does not)
+    await until(lambda: decider.calls[new_head] == calls + 1, "the new head's poll")
     assert decider.calls["last"] == before["last"]
     pending = [t for t in tasks.values() if not t.done()] + ([again] if how == "superseded" else [])
     for task in pending:

@@ -137,21 +137,20 @@ async def test_owner_whose_growth_no_longer_fits_loses_its_window_and_waits(metr
     assert_clean(gate, clock)
 
 
-async def test_a_lost_window_wakes_the_head_waiter_and_the_loser_queues_behind_it(metrics, clock):
+async def test_a_session_that_lost_its_window_keeps_its_place_ahead_of_younger_sessions(metrics, clock):
     gate, probe = working_set_gate(metrics, clock)
     (await turn(gate, probe, "a", 50)).release()
     (await turn(gate, probe, "b", 40)).release()
     newcomer = asyncio.create_task(turn(gate, probe, "c", 20))  # 90 + 20 > 100
     await until(lambda: waiting(gate) == 1)
     loser = asyncio.create_task(turn(gate, probe, "b", 60))  # 50 + 60 > 100: b loses its 40 blocks
-    lease_c = await admitted(newcomer)  # ... which lets c in (50 + 20), first in line
-    assert lease_c.reason == "window_fits"
-    await until(lambda: waiting(gate) == 1)
-    assert gate.state()["waiters"] == ["b"] and not loser.done()  # 50 + 20 + 60 > 100
-    gate.finish_session("a")  # 20 + 60 fits
-    lease_b = await admitted(loser)
-    assert lease_b.reason == "window_fits"
-    assert gate.state()["windows"]["in_flight"] == ["c", "b"]
+    await until(lambda: waiting(gate) == 2)
+    # b started before c: it queues ahead, and c gets no window before it (50 + 20 would fit)
+    assert gate.state()["waiters"] == ["b", "c"] and not newcomer.done()
+    gate.finish_session("a")  # 60 + 20 fits: b first, then c
+    lease_b, lease_c = await admitted(loser), await admitted(newcomer)
+    assert lease_b.reason == lease_c.reason == "window_fits"
+    assert gate.state()["windows"]["in_flight"] == ["b", "c"]
     for session, held in (("c", lease_c), ("b", lease_b)):
         held.release()
         gate.finish_session(session)
@@ -420,4 +419,29 @@ async def test_a_window_left_to_its_usage_is_probed_once_a_turn_waits(metrics, c
         held.release()
         gate.finish_session(session)
     gate.finish_session("s1")
+    assert_clean(gate, clock)
+
+
+async def test_a_turn_of_a_session_that_started_earlier_queues_ahead_of_a_younger_sessions(metrics, clock):
+    gate, probe = working_set_gate(metrics, clock)
+    (await turn(gate, probe, "old", 30)).release(served=False)  # its upstream failed: no window kept
+    clock.advance(5.0)
+    assert gate.counts()["windows"] == 0 and "old" in gate.state()["sessions"]  # the gate still knows old
+    holder = await turn(gate, probe, "holder", 70)
+    young = asyncio.create_task(turn(gate, probe, "young", 70))  # 70 + 70 > 100
+    await until(lambda: waiting(gate) == 1)
+    clock.advance(2.0)
+    old = asyncio.create_task(turn(gate, probe, "old", 40))  # 70 + 40 > 100, and old started first
+    await until(lambda: waiting(gate) == 2)
+    assert [w["session"] for w in gate.waiters()] == ["old", "young"]
+    assert gate.oldest_waiter_age() == pytest.approx(2.0)  # young's: the longest queued, not the head
+    holder.release()
+    gate.finish_session("holder")
+    lease_old = await admitted(old)  # 40 fits; 40 + 70 does not: young waits for old to finish
+    assert lease_old.reason == "window_fits" and not young.done()
+    lease_old.release()
+    gate.finish_session("old")
+    lease_young = await admitted(young)
+    lease_young.release()
+    gate.finish_session("young")
     assert_clean(gate, clock)
