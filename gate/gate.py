@@ -146,6 +146,11 @@ class Attempt:
             raise self.abort
 
 
+def _queues_behind(waiter: Attempt, attempt: Attempt) -> bool:
+    """`waiter` belongs behind `attempt` in the queue: its session was booked later."""
+    return waiter.session_order > attempt.session_order
+
+
 def _held_state(attempt: object) -> dict[str, str] | None:
     """Why a session's turn waits now (its last `Wait`), for /admin/state; None if it does not."""
     if not isinstance(attempt, Attempt) or attempt.held is None:
@@ -535,7 +540,7 @@ class Gate:
         """Named waiters queued before `attempt`, or that would be if it queued now. O(queue)."""
         ahead = 0
         for waiter in self._queue:
-            if waiter is attempt or (not attempt.queued and waiter.session_order > attempt.session_order):
+            if waiter is attempt or (not attempt.queued and _queues_behind(waiter, attempt)):
                 break
             ahead += waiter.named
         return ahead
@@ -688,7 +693,7 @@ class Gate:
     def _enqueue(self, attempt: Attempt) -> None:
         """Queue `attempt` behind every waiter whose session started no later than its own,
         ahead of the rest (their order kept). O(queue)."""
-        younger = [w for w in self._queue if w.session_order > attempt.session_order]
+        younger = [w for w in self._queue if _queues_behind(w, attempt)]
         self._queue[attempt] = None
         for waiter in younger:
             self._queue.move_to_end(waiter)

@@ -23,9 +23,11 @@ Pure functions of the run's turn records.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvgate.bench.cluster.run import RunResult, TurnRecord
+from kvgate.bench.cluster.run import TurnRecord
+from kvgate.simulator.virtual_engine import SimEngine
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,18 +98,13 @@ def decoding_token_seconds(turns: list[TurnRecord]) -> float:
     )
 
 
-def hit_bounds(result: RunResult) -> dict | None:
-    """The run's hit-rate bounds as shares of its ceiling: {"foresight", "same_time"}; None
-    without turns to bound."""
-    ok = [t for t in result.turns if t.ok]
+def hit_bounds(ok: list[TurnRecord], engines: Iterable[SimEngine], makespan: float) -> dict | None:
+    """The hit-rate bounds of a run's completed turns `ok` on `engines` over `makespan` seconds,
+    as shares of their ceiling: {"foresight", "same_time"}; None without turns to bound."""
     ceiling = sum(t.ceiling_tokens for t in ok)
-    if not ok or not ceiling:
+    if not ceiling:
         return None
-    first = min(t.start_s for t in result.turns)
-    makespan = result.end_s - first
-    cache_tokens = sum(
-        (e.config.num_blocks + e.config.cpu_blocks) * e.config.block_size for e in result.engines.values()
-    )
+    cache_tokens = sum((e.config.num_blocks + e.config.cpu_blocks) * e.config.block_size for e in engines)
     budget = cache_tokens * makespan - decoding_token_seconds(ok)
     shared = sum(t.shared_tokens for t in ok)
     windows = windows_of(ok)

@@ -89,7 +89,7 @@ def summarize(result: RunResult) -> dict:
         "hit_rate": _round(hit_rate),
         "ceiling_hit_rate": _round(ceiling),
         "hit_rate_of_ceiling": _round(hit_rate / ceiling if ceiling else None),
-        "hit_rate_bound_of_ceiling": hit_bounds(result),
+        "hit_rate_bound_of_ceiling": hit_bounds(ok, result.engines.values(), makespan),
         "gpu_hit_rate": _round(gpu_hit_rate),
         "gpu_hit_rate_of_ceiling": _round(gpu_hit_rate / ceiling if ceiling else None),
         "cpu_hit_rate": _round(cpu_hits / queries if queries else 0.0) if tiered else None,
