@@ -74,9 +74,12 @@ def busy_rent_sec(view: WorkingSetView, usage: UsageReading) -> float:
     others), and one on an engine that mostly idles costs nearly its length. The idle
     capacity is one for all the held turns, and the oldest would take it first: a turn
     with `waiters_ahead` named waiters before it is charged 1 / (1 + waiters_ahead) of it.
-    0 on an idle replica (the ski-rental term of `holding_cost_sec` counts that) and
-    without a busy-share measurement."""
-    if view.replica_idle_sec is not None or usage.busy_share is None:
+    0 on an idle replica (the ski-rental term of `holding_cost_sec` counts that), without
+    a busy-share measurement, and while the engine has requests waiting
+    (`usage.num_waiting`): it has more work than it can schedule, so the turn admitted
+    would join that queue, not fill the idle time, which is its requests' own time between
+    steps (rendered, in transit, streamed)."""
+    if view.replica_idle_sec is not None or usage.busy_share is None or usage.num_waiting:
         return 0.0
     return view.waited_sec * (1.0 - usage.busy_share) / (1 + view.waiters_ahead)
 
@@ -107,8 +110,9 @@ def recheck_sec(view: WorkingSetView, usage: UsageReading, reprefill: float, hol
     """When the waiting turn's holding cost will have grown to `reprefill` if nothing else
     changes (so the gate decides again then, not at its next poll): on an idle replica
     the idle time it still has to wait; on a busy one with a busy share below 1, the
-    rest of the re-prefill at the rate its rent grows (`busy_rent_sec`).
-    None: the cost does not grow with the wait."""
+    rest of the re-prefill at the rate its rent grows (`busy_rent_sec`; while the engine
+    has requests waiting it grows only once they are scheduled, so this is the earliest
+    moment). None: the cost does not grow with the wait."""
     if view.replica_idle_sec is not None:
         return reprefill - min(view.replica_idle_sec, view.waited_sec)
     if usage.busy_share is not None and usage.busy_share < 1.0:

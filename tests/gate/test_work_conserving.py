@@ -376,8 +376,18 @@ LONG_PROMPT = PrefixReading(total_blocks=110, hit_blocks=5, hit_ratio=0.05, tota
 HELD = WorkingSetView(idle_window_blocks=60, older_window_blocks=20, max_output_tokens=1, last_prompt_tokens=1700)
 
 
-def _engine(busy_share: float | None) -> UsageReading:
-    return UsageReading(0.8, 200, 60, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01, busy_share=busy_share)
+def _engine(busy_share: float | None, waiting: int | None = None) -> UsageReading:
+    return UsageReading(
+        0.8,
+        200,
+        60,
+        16,
+        prefill_tokens_per_sec=16000.0,
+        decode_step_sec=0.01,
+        busy_share=busy_share,
+        num_running=2,
+        num_waiting=waiting,
+    )
 
 
 def test_a_busy_replicas_wait_costs_the_engines_idle_share():
@@ -395,6 +405,21 @@ def test_a_busy_replicas_wait_costs_the_engines_idle_share():
     # an idle replica's wait is the ski-rental term's, not the rent's
     idle = WorkingSetView(**{**_fields(waited), "replica_idle_sec": 0.1})
     assert busy_rent_sec(idle, _engine(0.4)) == 0.0
+
+
+def test_an_engine_with_requests_waiting_charges_no_rent():
+    """The engine of `test_a_busy_replicas_wait_costs_the_engines_idle_share`, but with two
+    requests in its own queue: it has more work than it schedules, so its idle share is
+    its requests' own time between steps, which the held turn, admitted, could not fill:
+    it would queue behind them. The wait costs nothing: the turn waits on, where without
+    the queue it went in after 0.5 s."""
+    waited = WorkingSetView(**{**_fields(HELD), "waited_sec": 0.5})
+    assert busy_rent_sec(waited, _engine(0.4, waiting=2)) == 0.0
+    assert working_set_decide(waited, _engine(0.4, waiting=0), LONG_PROMPT, SETTINGS) == Admit(
+        AdmissionReason.WORK_CONSERVING
+    )
+    queued = working_set_decide(waited, _engine(0.4, waiting=2), LONG_PROMPT, SETTINGS)
+    assert isinstance(queued, Wait) and queued.cause == WaitCause.NO_FREE_BLOCKS
 
 
 def test_a_held_turn_goes_in_once_its_wait_cost_the_re_prefill_it_saves():
