@@ -13,7 +13,9 @@ How much of the own prefix holding really keeps depends on the replica:
   their tool calls anyway (many sessions whose gaps vary: the fleet).
 - `kept_with_window`: the same, for a previous turn admitted with a window.
 - `held_got_window`: the share of held newcomers admitted with a window in the end; the
-  rest waited and went in without one, which kept nothing. A newcomer the policy lets in
+  rest waited and went in without one, which kept nothing, and pushed out the windows'
+  blocks that their admission would have pushed out at once (the rule counts those
+  blocks at this share: `economics.at_risk_blocks`). A newcomer the policy lets in
   without a window while others wait ahead of it is not counted (the shell's
   `_observe_held`): it left before its turn at a window came, so its admission says
   nothing of what waiting gives, and counting it made a loop (fewer windows measured,

@@ -199,16 +199,20 @@ def evicted_window_blocks(
 def at_risk_blocks(
     view: WorkingSetView, usage: UsageReading, prefix: PrefixReading, settings: GateSettings, budget: int, usable: int
 ) -> int:
-    """The blocks whose re-prefill admitting the turn without a window causes: the
-    windows' blocks it pushes out (`evicted_window_blocks`; where the windows are pinned,
-    only the pins its blocks would make yield), plus its own prefix, pinned windows or
-    not: admitted without a window, its blocks are the first the engine evicts, so its
-    next turn is expected to compute them again, where waiting for a window keeps them;
-    of it, the share holding has been measured to keep on this replica (`own_at_risk`)."""
+    """The blocks whose re-prefill admitting the turn without a window causes, and holding
+    it is expected to save:
+    - the windows' blocks it pushes out (`evicted_window_blocks`; where the windows are
+      pinned, only the pins its blocks would make yield), at the share of held turns
+      that get a window in the end (`view.held_got_window`): one that waits and then goes
+      in without a window pushes them out all the same, only later, so holding saves
+      them only where it ends in a window;
+    - its own prefix, pinned windows or not: admitted without a window, its blocks are
+      the first the engine evicts, so its next turn is expected to compute them again,
+      where waiting for a window keeps them; of it, the share holding has been measured
+      to keep on this replica (`own_at_risk`)."""
     pinned = windows_pinned(usage, settings)
-    return evicted_window_blocks(view, usage, prefix, budget, usable, pinned) + own_at_risk(
-        view, usage, prefix.total_blocks
-    )
+    evicted = evicted_window_blocks(view, usage, prefix, budget, usable, pinned)
+    return round(evicted * min(1.0, max(0.0, view.held_got_window))) + own_at_risk(view, usage, prefix.total_blocks)
 
 
 def can_work_conserve(usage: UsageReading, settings: GateSettings) -> bool:

@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 
 from kvgate.gate.holding_value import HOLDING_VALUE_ALPHA, HoldingValue, kept_share
-from kvgate.gate.policies.economics import own_at_risk
+from kvgate.gate.policies.economics import at_risk_blocks, own_at_risk
+from kvgate.gate.policies.pricing import free_budget, usable_blocks
 from kvgate.gate.policies.views import WorkingSetView
 from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Wait
 from kvgate.gate.policies.working_set import working_set_decide
@@ -157,3 +158,22 @@ async def test_a_held_turn_let_in_without_a_window_behind_others_does_not_count_
     for session in ("a", "b", "c"):
         gate.finish_session(session)
     assert_clean(gate, clock)
+
+
+def test_the_windows_a_newcomer_pushes_out_count_at_the_share_of_held_turns_that_get_a_window():
+    """160 cold blocks behind 500 blocks of unpinned windows on 512: admitted without a
+    window it pushes 149 of the windows' blocks out (149 ms to prefill again), against
+    80 ms of decode slack, its own prefix kept by holding nowhere (share 0). Held, as
+    long as held turns get a window in the end. Where a quarter of them do, the rest wait
+    and then go in without one, pushing the same blocks out a little later: holding saves
+    a quarter of them (37 ms), and it goes in work_conserving now."""
+    prompt = PrefixReading(total_blocks=160, hit_blocks=0, hit_ratio=0.0, total_tokens=2560)
+    view = WorkingSetView(older_window_blocks=500, max_output_tokens=8, last_prompt_tokens=2400, own_prefix_share=0.0)
+    usage = UsageReading(0.9, 512, 100, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.1, prefill_share=0.8)
+    gate_settings = GateSettings(wait_cap_factor=0.0)
+    budget, usable = free_budget(view, usage, gate_settings), usable_blocks(usage, gate_settings)
+    assert at_risk_blocks(view, usage, prompt, gate_settings, budget, usable) == 149
+    assert isinstance(working_set_decide(view, usage, prompt, gate_settings), Wait)
+    seldom = replace(view, held_got_window=0.25)
+    assert at_risk_blocks(seldom, usage, prompt, gate_settings, budget, usable) == 37
+    assert working_set_decide(seldom, usage, prompt, gate_settings) == Admit(AdmissionReason.WORK_CONSERVING)
