@@ -38,7 +38,8 @@ def sweep_targets(answer: dict[str, int | None], max_replicas: int, floor: dict 
 def fleet_targets(policies: dict[str, dict], hit_of_ceiling: float) -> list[str]:
     """An hour of the fleet judged (`policies`: the stored summaries by policy): working_set's
     turn p95 <= sticky's, turns/s >= sticky's, hit rate >= `hit_of_ceiling` of the ceiling;
-    a missed hit rate with how much of the ceiling the caches could hold at all."""
+    a missed hit rate with how much of the ceiling the caches could hold at all, a missed
+    p95 that the gate's waits do not explain (its own p95 wait is 0) with those waits."""
     gate, sticky = policies.get("working_set"), policies.get("sticky")
     if gate is None or sticky is None:
         return []
@@ -55,10 +56,21 @@ def fleet_targets(policies: dict[str, dict], hit_of_ceiling: float) -> list[str]
         (hit_line, hit_met),
     ]
     lines = [f"- target: {text} **{'met' if met else 'missed'}**" for text, met in checks]
+    waits = gate.get("gate_wait_ms")
+    if gate_p95 > sticky_p95 and waits and waits["p95"] == 0:
+        lines[0] += "; limited by: " + not_the_waits(waits)
     bound = gate.get("hit_rate_bound_of_ceiling")
     if not hit_met and bound:
         lines[-1] += "; limited by: " + cache_limit(bound, hit_of_ceiling)
     return lines
+
+
+def not_the_waits(waits: dict) -> str:
+    """A tail the gate's waits do not explain: fewer than one turn in twenty waited at all."""
+    return (
+        f"not the gate's waits (p95 0 ms, p99 {waits['p99']:.0f} ms, mean {waits['mean']:.1f} ms): "
+        "how the engines scheduled the turns it let in at once"
+    )
 
 
 def cache_limit(bound: dict, target: float) -> str:

@@ -186,6 +186,7 @@ CLUSTER_KEEP = (
     "gpu_hit_rate",  # with a CPU tier: the GPU's part of hit_rate, and the tier's
     "gpu_hit_rate_of_ceiling",
     "cpu_hit_rate",
+    "gate_wait_ms",  # a missed tail whose turns the gate did not hold says so (results_cluster_targets)
 )
 
 

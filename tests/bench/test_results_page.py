@@ -126,6 +126,25 @@ def test_an_hour_of_the_fleet_is_judged_by_its_tail_its_turns_and_its_hit_rate()
     assert results_cluster_targets.fleet_targets({"sticky": fleet(1, 1, 1)}, 0.9) == []  # no gate run: no target
 
 
+def test_a_missed_fleet_tail_the_gate_did_not_hold_says_so():
+    """Turn p95 1.5595 s against sticky's 1.5590 s with the gate's own p95 wait 0: the tail
+    is not its waits, and the line says so; where its waits reach the tail, nothing is named."""
+
+    def fleet(p95, waits=None):
+        return {"turn_latency_s": {"p95": p95}, "turns_per_s": 1.0, "hit_rate_of_ceiling": 1.0, "gate_wait_ms": waits}
+
+    sticky = fleet(1.5590)
+    calm = {"n": 10, "mean": 0.58, "p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 1000.0}
+    (p95_line, *_) = results_cluster_targets.fleet_targets({"sticky": sticky, "working_set": fleet(1.5595, calm)}, 0.9)
+    assert p95_line == (
+        "- target: turn p95 <= sticky's: 1.560 s against 1.559 s **missed**; limited by: not the gate's waits "
+        "(p95 0 ms, p99 0 ms, mean 0.6 ms): how the engines scheduled the turns it let in at once"
+    )
+    held = calm | {"p95": 1000.0}
+    (p95_line, *_) = results_cluster_targets.fleet_targets({"sticky": sticky, "working_set": fleet(1.6, held)}, 0.9)
+    assert p95_line.endswith("**missed**")
+
+
 def test_a_missed_fleet_hit_rate_names_what_the_caches_could_hold():
     def fleet(of_ceiling, foresight, same_time):
         return {
