@@ -9,7 +9,8 @@
   admission makes the replica spend bringing back the windows' blocks it pushes out
   (`lost_blocks_sec` of `evicted_window_blocks`: their re-prefill, or, from a CPU tier
   that holds them, their reload over PCIe).
-Without a measured prefill throughput there is no price, and the turn is held.
+Without a measured prefill throughput there is no price: the turn goes in where vLLM
+has its new blocks free outside idle windows (`unpriced_admission`), and is held otherwise.
 - The cap on a held turn's wait (`wait_cap_left`, when `wait_cap_factor` > 0): once a
   turn has waited `wait_cap_factor` times its session's recent turn time
   (`wait_cap_sec`), the policy lets it in however the rule weighs (`working_set`:
@@ -128,10 +129,13 @@ def work_conserving(
     of them known to be on the CPU tier: a reload where the tier holds them, else a
     re-prefill) than the compute holding it leaves unused (`holding_cost_sec`). Else the
     Wait to return, with a recheck time when waiting on an idle replica will tip the
-    balance. No prefill measurement yet: hold."""
-    reprefill = lost_blocks_sec(evicted_blocks, usage, reloadable) if settings.work_conserving else None
+    balance. No prefill measurement yet: hold (but see `unpriced_admission`)."""
+    if not settings.work_conserving:
+        return Wait(WaitCause.WORTH_HOLDING, "gate.work_conserving is off: holding")
+    reprefill = lost_blocks_sec(evicted_blocks, usage, reloadable)
     if reprefill is None:
-        return Wait(WaitCause.WORTH_HOLDING, "no prefill-throughput measurement: holding")
+        missing = "block size" if usage.prefill_tokens_per_sec else "prefill-throughput measurement"
+        return Wait(WaitCause.WORTH_HOLDING, f"no {missing}: holding")
     holding = holding_cost_sec(view, usage)
     if reprefill <= holding:
         return None
@@ -194,6 +198,17 @@ def evicted_window_blocks(
     by_books = 0 if pinned else min(windows, need - max(0, spare))
     by_engine = min(view.idle_window_blocks, need - max(0, budget))
     return max(0, by_books, by_engine)
+
+
+def unpriced_admission(prefix: PrefixReading, usage: UsageReading, settings: GateSettings, budget: int) -> bool:
+    """Whether a held turn goes in `work_conserving` unpriced: the engine has not measured
+    its prefill throughput yet (it has computed no prompt since it started: a cold start,
+    such as a rollout whose sessions all begin at once), so no hold can be priced, and
+    vLLM has the turn's new blocks free outside idle windows and headroom (`budget`), so
+    it starts at once and pushes no idle window out. Holding it would only wait, with the
+    engine's cache free, for the first measurement (the next usage reading); from then
+    on the rule prices it."""
+    return settings.work_conserving and not usage.prefill_tokens_per_sec and prefix.new_blocks <= budget
 
 
 def at_risk_blocks(

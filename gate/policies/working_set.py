@@ -56,6 +56,7 @@ from kvgate.gate.policies.economics import (
     can_work_conserve,
     could_work_conserve,
     due_by,
+    unpriced_admission,
     unprobed_work_conserving,
     wait_cap_left,
     work_conserving,
@@ -223,8 +224,8 @@ def _decide_read(
     held = work_conserving(
         view, usage, at_risk_blocks(view, usage, prefix, settings, budget, usable), settings, reloadable
     )
-    if held is None:  # admitted without a window: the windows' books stay within usable
-        return Admit(AdmissionReason.WORK_CONSERVING)
+    if held is None or unpriced_admission(prefix, usage, settings, budget):
+        return Admit(AdmissionReason.WORK_CONSERVING)  # without a window: the windows' books stay within usable
     if view.has_window:
         return Wait(
             WaitCause.WINDOW_LOST,

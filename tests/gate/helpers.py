@@ -18,6 +18,11 @@ from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings, ProbeSettings
 
 COLD = PrefixReading(total_blocks=10, hit_blocks=0, hit_ratio=0.0)
+# FakeProbe's `measured` fields of an engine on which the work-conserving rule holds what
+# the windows' books do not fit: its prefill throughput is measured, so every hold is
+# priced (an unmeasured engine admits a turn that pushes no idle window out:
+# `unpriced_admission`), and its decode step is not, so holding costs nothing.
+HOLDING_PAYS = {"prefill_tokens_per_sec": 1600.0}
 CLEAN = {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}
 
 

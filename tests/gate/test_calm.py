@@ -27,7 +27,7 @@ from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.policies.registry import WORKING_SET
 from kvgate.gate.policies.views import WorkingSetView
 from kvgate.gate.policies.working_set import working_set_decide
-from tests.gate.helpers import FakeClock, FakeProbe, assert_clean, body, settings
+from tests.gate.helpers import HOLDING_PAYS, FakeClock, FakeProbe, assert_clean, body, settings
 
 pytestmark = pytest.mark.usefixtures("loop_on_clock")
 
@@ -97,7 +97,7 @@ async def test_a_calm_turn_builds_no_view_and_reads_no_decision_table(
 async def test_a_waiter_at_the_gate_turns_the_calm_rule_off(metrics: GateMetrics, clock: FakeClock):
     """With a turn queued, a newcomer may be behind it: every turn is decided in full."""
     calls = Calls()
-    probe = FakeProbe(usage=0.02, total=100, free=100, block_size=16)
+    probe = FakeProbe(usage=0.02, total=100, free=100, block_size=16, **HOLDING_PAYS)
     gate = Gate("r0", probe, settings(), metrics, clock, policy=spy_policy(calls))
     probe.set_prefix("big", total=90, hit=0, tokens=90 * 16)
     held = await gate.acquire("big", "chat", body("big", "x" * 2000))  # probed: its bound is over 100 blocks

@@ -120,7 +120,8 @@ async def test_the_gate_learns_from_a_turns_usage_what_it_kept_after_a_window(me
 async def test_a_held_turn_let_in_without_a_window_behind_others_does_not_count_against_holding(metrics, clock):
     """`held_got_window` measures whether waiting gives a newcomer a window. a holds 60 of
     100 blocks; b (50 new blocks) and c (1 block) arrive before the replica has measured
-    its prefill, so both are held, c behind b. Once it has, c's re-prefill costs less than
+    its decode step (holding costs nothing), so both are held, c behind b. Once it has,
+    c's re-prefill costs less than
     its decode slack: it goes in without a window while b still waits ahead of it, which
     says nothing of what waiting gives (counted, it would lower the measured value of
     holding and let more turns in without a window). b, let in without a window from the
@@ -130,7 +131,7 @@ async def test_a_held_turn_let_in_without_a_window_behind_others_does_not_count_
     from kvgate.gate.gate import Gate
     from tests.gate.helpers import until
 
-    probe = FakeProbe(usage=0.9, total=100, free=100, block_size=16)
+    probe = FakeProbe(usage=0.9, total=100, free=100, block_size=16, prefill_tokens_per_sec=16000.0)
     gate = Gate("r0", probe, settings(policy="working_set", headroom_blocks=0), metrics, clock)
     probe.set_prefix("a", total=60, hit=0)
     big = "x" * 2000  # no byte bound fits 100 blocks: priced by the probe

@@ -15,7 +15,7 @@ from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Wait, WaitCa
 from kvgate.gate.policies.working_set import working_set_decide
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.settings import GateSettings
-from tests.gate.helpers import FakeProbe, assert_clean, settings, until
+from tests.gate.helpers import HOLDING_PAYS, FakeProbe, assert_clean, settings, until
 
 HELD = Wait(WaitCause.WINDOWS_FULL, "does not fit")
 LOW = GateSettings(held_priority=1)
@@ -91,7 +91,7 @@ async def test_the_gate_hands_out_a_low_priority_lease_instead_of_a_wait(metrics
     """A window of 90 blocks on a 100-block replica that schedules by priority: a 50-block
     newcomer on a chat route goes in at once, `low_priority` at priority 1, without a window
     or a waiter; on the messages route (no priority field in vLLM's body) it waits."""
-    probe = FakeProbe(usage=0.1, total=100, free=100, block_size=16, scheduling_policy="priority")
+    probe = FakeProbe(usage=0.1, total=100, free=100, block_size=16, scheduling_policy="priority", **HOLDING_PAYS)
     gate = Gate("r0", probe, settings(policy="working_set", wait_poll_sec=60, held_priority=1), metrics, clock)
     probe.set_prefix("a", total=90, hit=0)
     lease_a = await gate.acquire("a", "chat", {"id": "a", "messages": [{"role": "user", "content": "x" * 4000}]})

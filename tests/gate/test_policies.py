@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -208,7 +209,10 @@ def test_working_set_asks_for_the_prefix_probe(view, usage, expected):
 # ---------------------------------------- working_set: the working set
 
 # 100 blocks of 16 tokens, headroom 4: 96 usable. Plenty free in vLLM's view unless said.
-ROOMY = UsageReading(0.1, 100, 100, block_size=16)
+# Its prefill throughput is measured (an engine that has not measured it yet admits what
+# pushes no idle window out: `unpriced_admission`) and its decode step is not: holding
+# costs nothing, so the work-conserving rule holds whatever the books do not fit.
+ROOMY = UsageReading(0.1, 100, 100, block_size=16, prefill_tokens_per_sec=1600.0)
 
 
 def tokens(count: int, hit_blocks: int = 0) -> PrefixReading:
@@ -365,7 +369,7 @@ def test_working_set_newcomer_needs_both_the_books_and_vllms_view():
     assert isinstance(books, Wait) and not books.drop_window and books.cause == WaitCause.WINDOWS_FULL
     assert "67" in books.why
     # vLLM's view: traffic the gate does not see holds 70 blocks
-    busy = UsageReading(0.7, 100, 30, block_size=16)
+    busy = UsageReading(0.7, 100, 30, block_size=16, prefill_tokens_per_sec=1600.0)
     seen = WORKING_SET.decide(WorkingSetView(), busy, prompt, SETTINGS)
     assert isinstance(seen, Wait) and seen.cause == WaitCause.NO_FREE_BLOCKS and "30 new blocks, 26 free" in seen.why
     # a resident prefix needs only its new blocks from vLLM's view, but its whole footprint in the books
@@ -400,7 +404,7 @@ def test_working_set_output_allowance_counts_in_the_footprint():
     with_output = WorkingSetView(older_window_blocks=60, max_output_tokens=6 * 16 + 1)  # 30 + 7 = 37 blocks
     assert WORKING_SET.decide(with_output, ROOMY, prompt, SETTINGS) == Wait(
         WaitCause.WINDOWS_FULL,
-        "footprint 37 blocks + 60 in windows exceeds 96 usable blocks; no prefill-throughput measurement: holding",
+        "footprint 37 blocks + 60 in windows exceeds 96 usable blocks; re-prefill 0.310s > holding cost 0.000s",
     )
 
 
@@ -423,7 +427,9 @@ def test_working_set_prompt_too_long_for_holders_too():
 
 
 def test_working_set_newcomers_wait_in_fifo_order_holders_do_not():
-    behind = WORKING_SET.decide(WorkingSetView(waiters_ahead=2), ROOMY, None, SETTINGS)
+    # unmeasured, the rule cannot admit it without a window: it waits for its place, unprobed
+    unmeasured = replace(ROOMY, prefill_tokens_per_sec=None)
+    behind = WORKING_SET.decide(WorkingSetView(waiters_ahead=2), unmeasured, None, SETTINGS)
     assert behind == Wait(WaitCause.BEHIND_WAITERS, "behind 2 waiting sessions (first come, first served)", poll=False)
     holder = WorkingSetView(has_window=True, waiters_ahead=2)
     assert WORKING_SET.decide(holder, ROOMY, tokens(160), SETTINGS) == Admit(
@@ -596,7 +602,7 @@ def test_probe_first_exactly_when_the_prefix_would_change_the_answer(policy, unp
     assert seen == {"unprobed": unprobed, "probed": probed}
 
 
-@pytest.mark.parametrize("policy, waits", [(WATERMARK, 200), (WORKING_SET, 342)], ids=["watermark", "working_set"])
+@pytest.mark.parametrize("policy, waits", [(WATERMARK, 200), (WORKING_SET, 304)], ids=["watermark", "working_set"])
 def test_fewer_hits_never_turn_a_wait_into_an_admission(policy, waits):
     """What the gate relies on to re-decide a held turn on its last reading (hits only fall
     while a turn waits, HELD_READING_MAX_AGE_SEC): a prompt that waits with some of its

@@ -226,8 +226,30 @@ def test_no_measurement_yet_holds_and_the_knob_turns_it_off():
     off = GateSettings(work_conserving=False)
     assert isinstance(working_set_decide(BUSY, MEASURED, PROMPT, off), Wait)
     assert work_conserving(BUSY, MEASURED, 32, off) == Wait(
+        WaitCause.WORTH_HOLDING, "gate.work_conserving is off: holding"
+    )
+    assert work_conserving(BUSY, UNMEASURED, 32, SETTINGS) == Wait(
         WaitCause.WORTH_HOLDING, "no prefill-throughput measurement: holding"
     )
+
+
+def test_a_cold_engine_admits_what_pushes_no_idle_window_out():
+    """An engine that has not measured its prefill throughput (it has computed no prompt
+    since it started: the sessions of a rollout arriving at once) cannot price a hold. A
+    turn the windows' books do not fit goes in without a window while vLLM has the free
+    blocks for it outside idle windows, as it would without the gate, instead of waiting
+    for the first measurement; one that would push idle windows' blocks out is held."""
+    in_flight = WorkingSetView(older_window_blocks=80, max_output_tokens=32)  # every window in flight
+    cold = UsageReading(0.2, 100, 80, 16)
+    decision = working_set_decide(in_flight, cold, PROMPT, SETTINGS)
+    assert decision == Admit(AdmissionReason.WORK_CONSERVING)
+    # the same turn beside 60 blocks of idle windows, with 20 free: 32 blocks come out of theirs
+    assert isinstance(working_set_decide(BUSY, UNMEASURED, PROMPT, SETTINGS), Wait)
+    # measured, the rule prices it: holding costs nothing here (no decode-step measurement)
+    measured = UsageReading(0.2, 100, 80, 16, prefill_tokens_per_sec=16000.0)
+    assert isinstance(working_set_decide(in_flight, measured, PROMPT, SETTINGS), Wait)
+    # and with the rule off the books alone decide
+    assert isinstance(working_set_decide(in_flight, cold, PROMPT, GateSettings(work_conserving=False)), Wait)
 
 
 def test_a_holder_that_no_longer_fits_goes_in_work_conserving_without_its_window():

@@ -20,8 +20,11 @@ pytestmark = pytest.mark.usefixtures("loop_on_clock")
 
 
 def working_set_gate(metrics, clock, total: int = 100, free: int = 100, **overrides) -> tuple[Gate, FakeProbe]:
-    """A working_set gate on a replica of `total` blocks (headroom 0: all usable), `free` of them free."""
-    probe = FakeProbe(usage=0.1, total=total, free=free)
+    """A working_set gate on a replica of `total` blocks (headroom 0: all usable), `free` of them
+    free. The books alone decide: the engine has measured its prefill throughput (so no turn
+    goes in unpriced) but reports no block size, so the work-conserving rule cannot price
+    a hold."""
+    probe = FakeProbe(usage=0.1, total=total, free=free, prefill_tokens_per_sec=1600.0)
     gate = Gate("r0", probe, settings(policy="working_set", wait_poll_sec=60, **overrides), metrics, clock)
     return gate, probe
 

@@ -262,7 +262,7 @@ async def test_a_resent_turn_still_supersedes_through_kvgate():
             max_tokens=4,
             extra_headers={"x-session-id": filler_id},
         )
-        turn = dict(model=MODEL, messages=[{"role": "user", "content": big + " agent"}], max_tokens=4)
+        turn = dict(model=MODEL, messages=[{"role": "user", "content": "agent " + big}], max_tokens=4)
         first = asyncio.create_task(client.chat.completions.create(**turn, extra_headers={"session_id": agent_id}))
         await _until(lambda: _waiting(made) == 1)
         resent = asyncio.create_task(client.chat.completions.create(**turn, extra_headers={"session_id": agent_id}))

@@ -358,10 +358,10 @@ async def test_e4_a_tenant_cannot_supersede_another_tenants_waiting_turn(parts, 
             return resp.status
 
     assert await post(TENANT_A, "filler", big) == 200  # A's window fills the replica
-    first = asyncio.ensure_future(post(TENANT_A, "agent", big + " agent"))
+    first = asyncio.ensure_future(post(TENANT_A, "agent", "agent " + big))
     await until(lambda: waiters()["waiters"] == 1, "A's turn to wait at the gate")
     # B re-sends A's very turn under A's session id: on one namespace it superseded A's (409)
-    second = asyncio.ensure_future(post(TENANT_B, "agent", big + " agent"))
+    second = asyncio.ensure_future(post(TENANT_B, "agent", "agent " + big))
     await until(lambda: waiters()["waiters"] == 2, "B's turn to wait beside A's, superseding nothing")
     assert not first.done()
     tenant_a = tenant_tag(CLIENT_KEY)
