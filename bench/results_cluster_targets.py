@@ -3,8 +3,9 @@ runs), judged from the stored summaries: pure functions, one line of text per ro
 
 - A replica sweep: the gate (working_set) keeps the turn p95 within the sweep's target on
   at most a given number of replicas, and on fewer than sticky needs.
-- An hour of the fleet: the gate's turn p95 at most sticky's, its turns served at least
-  sticky's, and its hit rate at least a share of the ceiling (missed: with the share its
+- An hour of the fleet: the gate's turn p95 at most sticky's, its turns served in the
+  hour at least sticky's (counted: a rate would divide by the makespan, which ends with
+  the last turn in flight at the hour, a policy's own drain), and its hit rate at least a share of the ceiling (missed: with the share its
   caches could hold at all, `bench.cluster.cache_bound`).
 """
 
@@ -37,7 +38,7 @@ def sweep_targets(answer: dict[str, int | None], max_replicas: int, floor: dict 
 
 def fleet_targets(policies: dict[str, dict], hit_of_ceiling: float) -> list[str]:
     """An hour of the fleet judged (`policies`: the stored summaries by policy): working_set's
-    turn p95 <= sticky's, turns/s >= sticky's, hit rate >= `hit_of_ceiling` of the ceiling;
+    turn p95 <= sticky's, turns served >= sticky's (`turns_ok`), hit rate >= `hit_of_ceiling` of the ceiling;
     a missed hit rate with how much of the ceiling the caches could hold at all, a missed
     p95 that the gate's waits do not explain (its own p95 wait is 0) with those waits."""
     gate, sticky = policies.get("working_set"), policies.get("sticky")
@@ -50,8 +51,8 @@ def fleet_targets(policies: dict[str, dict], hit_of_ceiling: float) -> list[str]
     checks = [
         (f"turn p95 <= sticky's: {gate_p95:.3f} s against {sticky_p95:.3f} s", gate_p95 <= sticky_p95),
         (
-            f"turns served >= sticky's: {gate['turns_per_s']:.2f} against {sticky['turns_per_s']:.2f} turns/s",
-            gate["turns_per_s"] >= sticky["turns_per_s"],
+            f"turns served >= sticky's: {gate['turns_ok']:,} against {sticky['turns_ok']:,}",
+            gate["turns_ok"] >= sticky["turns_ok"],
         ),
         (hit_line, hit_met),
     ]

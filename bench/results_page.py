@@ -174,6 +174,7 @@ CLUSTER_ROWS: tuple[ClusterRow, ...] = (
 # `format_table` and `format_sweep` read.
 CLUSTER_KEEP = (
     "makespan_s",
+    "turns_ok",  # an hour's turns served (results_cluster_targets)
     "turns_per_s",
     "generated_tokens_per_s",
     "hit_rate",

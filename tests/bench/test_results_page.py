@@ -112,17 +112,26 @@ def test_a_sweep_is_judged_by_the_replicas_the_gate_needs_and_names_its_floor():
 
 
 def test_an_hour_of_the_fleet_is_judged_by_its_tail_its_turns_and_its_hit_rate():
-    def fleet(p95, turns, of_ceiling):
-        return {"turn_latency_s": {"p95": p95}, "turns_per_s": turns, "hit_rate_of_ceiling": of_ceiling}
+    def fleet(p95, turns, of_ceiling, turns_per_s=110.0):
+        return {
+            "turn_latency_s": {"p95": p95},
+            "turns_ok": turns,
+            "turns_per_s": turns_per_s,
+            "hit_rate_of_ceiling": of_ceiling,
+        }
 
     lines = results_cluster_targets.fleet_targets(
-        {"sticky": fleet(5.42, 110.79, 0.49), "working_set": fleet(5.41, 110.64, 0.49)}, 0.75
+        {"sticky": fleet(5.42, 398_844, 0.49), "working_set": fleet(5.41, 398_304, 0.49)}, 0.75
     )
     assert lines == [
         "- target: turn p95 <= sticky's: 5.410 s against 5.420 s **met**",
-        "- target: turns served >= sticky's: 110.64 against 110.79 turns/s **missed**",
+        "- target: turns served >= sticky's: 398,304 against 398,844 **missed**",
         "- target: hit rate >= 0.75 of the ceiling: 0.49 (sticky 0.49) **missed**",
     ]
+    # turns served are counted: a lower rate over a makespan that drained one turn later is no loss
+    sticky, gate = fleet(1.56, 412_289, 1.0, 114.4849), fleet(1.56, 412_290, 1.0, 114.4837)
+    turns_line = results_cluster_targets.fleet_targets({"sticky": sticky, "working_set": gate}, 0.9)[1]
+    assert turns_line == "- target: turns served >= sticky's: 412,290 against 412,289 **met**"
     assert results_cluster_targets.fleet_targets({"sticky": fleet(1, 1, 1)}, 0.9) == []  # no gate run: no target
 
 
@@ -131,7 +140,13 @@ def test_a_missed_fleet_tail_the_gate_did_not_hold_says_so():
     is not its waits, and the line says so; where its waits reach the tail, nothing is named."""
 
     def fleet(p95, waits=None):
-        return {"turn_latency_s": {"p95": p95}, "turns_per_s": 1.0, "hit_rate_of_ceiling": 1.0, "gate_wait_ms": waits}
+        return {
+            "turn_latency_s": {"p95": p95},
+            "turns_ok": 1,
+            "turns_per_s": 1.0,
+            "hit_rate_of_ceiling": 1.0,
+            "gate_wait_ms": waits,
+        }
 
     sticky = fleet(1.5590)
     calm = {"n": 10, "mean": 0.58, "p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 1000.0}
@@ -149,6 +164,7 @@ def test_a_missed_fleet_hit_rate_names_what_the_caches_could_hold():
     def fleet(of_ceiling, foresight, same_time):
         return {
             "turn_latency_s": {"p95": 1.0},
+            "turns_ok": 1,
             "turns_per_s": 1.0,
             "hit_rate_of_ceiling": of_ceiling,
             "hit_rate_bound_of_ceiling": {"foresight": foresight, "same_time": same_time},
