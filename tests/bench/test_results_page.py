@@ -132,10 +132,6 @@ def test_an_hour_of_the_fleet_is_judged_by_its_tail_its_turns_and_its_hit_rate()
     sticky, gate = fleet(1.56, 412_289, 1.0, 114.4849), fleet(1.56, 412_290, 1.0, 114.4837)
     turns_line = results_cluster_targets.fleet_targets({"sticky": sticky, "working_set": gate}, 0.9)[1]
     assert turns_line == "- target: turns served >= sticky's: 412,290 against 412,289 **met**"
-    # a run stored without the count is judged by its rate
-    del gate["turns_ok"]
-    turns_line = results_cluster_targets.fleet_targets({"sticky": sticky, "working_set": gate}, 0.9)[1]
-    assert turns_line == "- target: turns served >= sticky's: 114.48 against 114.48 turns/s **missed**"
     assert results_cluster_targets.fleet_targets({"sticky": fleet(1, 1, 1)}, 0.9) == []  # no gate run: no target
 
 

@@ -208,10 +208,9 @@ async def test_a_held_turn_goes_in_wait_capped_once_its_cap_runs_out(metrics, cl
     """A window of 90 blocks on a 100-block replica holds a 50-block newcomer back (no
     block size: the work-conserving rule cannot price a hold, so it holds). The
     replica's turns took 60 ms, so at factor 2 the newcomer waits until it has waited
-    120 ms; then it goes in, with
-    a window made of the idle one, once that window's session is late (idle longer than
-    its usual gap). The re-decisions run on real time (the cap, the time until a window
-    turns late); the fake clock decides what they see."""
+    120 ms; then it goes in, with a window made of the idle one, once that window's
+    session is late (idle longer than its usual gap). The re-decisions run on real time
+    (the cap, the time until a window turns late); the fake clock decides what they see."""
     probe = FakeProbe(usage=0.1, total=100, free=100, prefill_tokens_per_sec=1600.0)
     gate_settings = settings(policy="working_set", wait_cap_factor=2.0, quiet_floor_sec=0.2)
     gate = Gate("r0", probe, gate_settings, metrics, clock)
