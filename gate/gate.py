@@ -881,6 +881,7 @@ class Gate:
             "leases": self._book.leases,
             "windows": {"in_flight": in_flight, "idle": idle},
             "window_blocks": self._book.window_blocks,
+            "repricing": self._repricer.probes_in_flight,
             "waiters": waiters,
             "waiters_anonymous": anonymous_waiting,
             "sessions": sessions,

@@ -128,6 +128,11 @@ class Repricer:
         elif record is not None:
             self._unpriced[record] = request
 
+    @property
+    def probes_in_flight(self) -> int:
+        """Repricing probes started and not yet answered."""
+        return len(self._repricing)
+
     def forget(self, record: SessionRecord) -> None:
         """The record's turn ended: its window no longer waits for its usage."""
         self._unpriced.pop(record, None)

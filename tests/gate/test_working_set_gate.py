@@ -291,8 +291,9 @@ async def test_a_turn_whose_upper_bound_fits_is_admitted_at_once_and_repriced_be
     probe.set_prefix("s1", total=4, hit=0, tokens=70)
     first = await gate.acquire("s1", "chat", body("s1"))
     assert first.reason == "window_fits" and probe.prefix_calls == []
-    assert 36 <= window_price(gate, "s1") <= 40
+    assert 36 <= window_price(gate, "s1") <= 40 and gate.state()["repricing"] == 1  # the probe runs beside it
     await until(lambda: window_price(gate, "s1") == 5, "the exact price (ceil(70 / 16))")
+    await until(lambda: gate.state()["repricing"] == 0, "the repricing probe to end")
     assert probe.prefix_calls == ["s1"]
     first.release()
 

@@ -45,11 +45,13 @@ def gate_state(url: str) -> dict:
 
 
 def settled_gate(url: str) -> dict:
-    """The gate's state once it holds no lease. It learns a turn's usage before it gives the
-    turn's lease back, which may come after the client has read the stream's end."""
+    """The gate's state once it holds no lease and runs no repricing probe. It learns a
+    turn's usage before it gives the turn's lease back, which may come after the client
+    has read the stream's end; a probe pricing a turn's window runs beside the turn and
+    may be answered after it ends (on a loaded machine)."""
     gate = gate_state(url)
     deadline = time.monotonic() + 30
-    while gate["leases"] and time.monotonic() < deadline:
+    while (gate["leases"] or gate["repricing"]) and time.monotonic() < deadline:
         time.sleep(0.05)
         gate = gate_state(url)
     return gate
@@ -112,7 +114,8 @@ def test_a_stream_without_usage_is_relayed_as_sent_and_teaches_the_gate(vllm_ser
         assert text_and_ends(got) == text_and_ends(reference)
         assert all(chunk["usage"] is None for chunk in reference)  # vLLM sends none unasked
 
-        assert settled_gate(proxy.url)["leases"] == 0  # the first turn's usage is learned
+        gate = settled_gate(proxy.url)
+        assert (gate["leases"], gate["repricing"]) == (0, 0)  # the first turn's usage is learned
         vllm_server.reset_prefix_cache()  # the session's prefix is gone: its next turn prefills it again
         probes_before_second = prefix_probes(proxy.url)  # the first turn's: repriced beside it, nothing learned yet
         second = first + [
@@ -193,7 +196,8 @@ def test_anthropic_and_responses_turns_teach_the_gate_their_prompt(vllm_server, 
         got_prompt, _, reply = send_turn(kind, via, first, stream=True)
         assert got_prompt == prompt_tokens
 
-        assert settled_gate(proxy.url)["leases"] == 0  # the first turn's usage is learned
+        gate = settled_gate(proxy.url)
+        assert (gate["leases"], gate["repricing"]) == (0, 0)  # the first turn's usage is learned
         vllm_server.reset_prefix_cache()  # the session's prefix is gone: its next turn prefills it again
         probes_before_second = prefix_probes(proxy.url)
         _, cached, _ = send_turn(kind, via, next_turn(kind, first, reply), stream=True)
