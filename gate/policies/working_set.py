@@ -219,13 +219,15 @@ def _decide_read(
         return Admit(AdmissionReason.HOLDS_WINDOW, window=settings.retain_session, footprint=footprint)
     if not view.has_window and not behind and working_set <= usable and prefix.new_blocks <= budget:
         return Admit(AdmissionReason.WINDOW_FITS, window=settings.retain_session, footprint=footprint)
+    if unpriced_admission(prefix, usage, settings, budget):
+        return Admit(AdmissionReason.WORK_CONSERVING)  # without a window: the windows' books stay within usable
     # its prompt's blocks the prefix probe saw on the CPU tier come back by a reload, not a re-prefill
     reloadable = prefix.hit_blocks_cpu
     held = work_conserving(
         view, usage, at_risk_blocks(view, usage, prefix, settings, budget, usable), settings, reloadable
     )
-    if held is None or unpriced_admission(prefix, usage, settings, budget):
-        return Admit(AdmissionReason.WORK_CONSERVING)  # without a window: the windows' books stay within usable
+    if held is None:
+        return Admit(AdmissionReason.WORK_CONSERVING)
     if view.has_window:
         return Wait(
             WaitCause.WINDOW_LOST,
