@@ -193,6 +193,19 @@ def _decide(
     return _decide_read(view, usage, prefix, settings, behind, behind_why)
 
 
+def _held_without_window(
+    view: WorkingSetView, usage: UsageReading, prefix: PrefixReading, settings: GateSettings, budget: int, usable: int
+) -> Wait | None:
+    """The work-conserving rule's answer for a turn no window fits: None to admit it without
+    one, unpriced where the engine has measured no prefill yet (`unpriced_admission`), else
+    at the re-prefill of the blocks at risk (`at_risk_blocks`; the blocks the prefix probe
+    saw on the CPU tier come back by a reload, not a re-prefill)."""
+    if unpriced_admission(prefix, usage, settings, budget):
+        return None
+    at_risk = at_risk_blocks(view, usage, prefix, settings, budget, usable)
+    return work_conserving(view, usage, at_risk, settings, prefix.hit_blocks_cpu)
+
+
 def _decide_read(
     view: WorkingSetView,
     usage: UsageReading,
@@ -219,15 +232,9 @@ def _decide_read(
         return Admit(AdmissionReason.HOLDS_WINDOW, window=settings.retain_session, footprint=footprint)
     if not view.has_window and not behind and working_set <= usable and prefix.new_blocks <= budget:
         return Admit(AdmissionReason.WINDOW_FITS, window=settings.retain_session, footprint=footprint)
-    if unpriced_admission(prefix, usage, settings, budget):
-        return Admit(AdmissionReason.WORK_CONSERVING)  # without a window: the windows' books stay within usable
-    # its prompt's blocks the prefix probe saw on the CPU tier come back by a reload, not a re-prefill
-    reloadable = prefix.hit_blocks_cpu
-    held = work_conserving(
-        view, usage, at_risk_blocks(view, usage, prefix, settings, budget, usable), settings, reloadable
-    )
+    held = _held_without_window(view, usage, prefix, settings, budget, usable)
     if held is None:
-        return Admit(AdmissionReason.WORK_CONSERVING)
+        return Admit(AdmissionReason.WORK_CONSERVING)  # without a window: the windows' books stay within usable
     if view.has_window:
         return Wait(
             WaitCause.WINDOW_LOST,
@@ -239,7 +246,7 @@ def _decide_read(
     if behind:  # no window before the waiters ahead; the rule decides again when blocks are freed ...
         # ... unless its own prompt's re-prefill alone outweighs holding it: then no freed
         # block can let it in, and it waits for its place (or an idle replica) unpolled.
-        freeable = could_work_conserve(view, usage, prefix.total_blocks, settings, reloadable)
+        freeable = could_work_conserve(view, usage, prefix.total_blocks, settings, prefix.hit_blocks_cpu)
         return Wait(
             WaitCause.BEHIND_WAITERS,
             f"{behind_why}; {held.why}",
