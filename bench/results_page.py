@@ -59,6 +59,9 @@ from kvgate.bench.results_floor import floor_note, run_floor, run_sweep_floor
 REPO = Path(__file__).resolve().parent.parent
 GATE_MODE = "kvgate-working_set"  # the gate's default policy
 HELD_WAIT_MS = 100.0  # a longest wait at least this long: the gate held turns back
+# Prefix probes at least this slow on average are named among a row's limits: each one a
+# deciding turn waits for (vLLM answers them between two engine steps) lengthens its turn.
+SLOW_PROBE_MS = 10.0
 
 
 def makespan_limit(target: str) -> float | None:
@@ -292,7 +295,8 @@ def evaluate(targets: tuple[str, ...], gate: dict, sticky: dict) -> list[Check]:
 
 def limiting_factor(checks: list[Check], gate: dict, sticky: dict, floor: dict | None = None) -> str:
     """What stands between a row and its missed targets, read off the two summaries:
-    re-prefill the gate did not save, the gate's waits, or (neither) the path's own cost;
+    re-prefill the gate did not save, the gate's waits and slow prefix probes, or (none of
+    these) the path's own cost;
     with the row's `floor` (`results_floor`), whether any policy could meet a missed
     makespan target below sticky's."""
     if all(c.met for c in checks):
@@ -307,6 +311,9 @@ def limiting_factor(checks: list[Check], gate: dict, sticky: dict, floor: dict |
         parts.append(
             f"gate waits: total {gate['admission_wait_ms_total'] / 1000:.1f} s, longest {waits['max'] / 1000:.1f} s"
         )
+    probes = (gate.get("gate_probes") or {}).get("prefix")
+    if probes and probes["count"] and 1000 * probes["seconds"] / probes["count"] >= SLOW_PROBE_MS:
+        parts.append(f"prefix probes: {probes['count']:.0f}, {1000 * probes['seconds'] / probes['count']:.0f} ms each")
     saved = sticky["prompt_tokens_prefilled"] - gate["prompt_tokens_prefilled"]
     if gate["hit_rate_of_ceiling"] is not None and gate["hit_rate_of_ceiling"] < 0.9:
         parts.append(
@@ -421,6 +428,7 @@ def record_of(
         "turns_failed",
         "turns_not_run",
         "rounds",
+        "gate_probes",
     )
     return {
         "key": row.key,

@@ -47,6 +47,17 @@ def test_tail_target_only_where_the_gate_held():
         evaluate(("fast",), sticky, sticky)
 
 
+def test_limiting_factor_names_slow_prefix_probes():
+    """Real vLLM answers a prefix probe between two engine steps: probes that slow are a limit."""
+    sticky, missed = summary(hit=0.2), [Check("t", "1", False)]
+    slow = summary() | {"gate_probes": {"prefix": {"count": 83.0, "seconds": 4.15}, "kv": {"count": 9, "seconds": 1}}}
+    assert "prefix probes: 83, 50 ms each" in limiting_factor(missed, slow, sticky)
+    quick = summary() | {"gate_probes": {"prefix": {"count": 300.0, "seconds": 0.6}}}
+    assert "prefix probes" not in limiting_factor(missed, quick, sticky)
+    assert "prefix probes" not in limiting_factor(missed, summary() | {"gate_probes": {}}, sticky)
+    assert limiting_factor([Check("t", "1", True)], slow, sticky) == ""
+
+
 def test_limiting_factor_names_waits_lost_hits_or_the_path():
     sticky = summary(hit=0.3, prefilled=5000)
     assert limiting_factor([Check("t", "1", True)], summary(), sticky) == ""
