@@ -38,7 +38,6 @@ long is refused before it is probed at all: `gate.request_body`.)
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -57,6 +56,7 @@ from kvgate.gate.readings import (
     parse_prefix_answer,
 )
 from kvgate.gate.settings import ProbeSettings
+from kvgate.gate.usage_cache import UsageCache
 from kvgate.wire.kv_pins import RELEASE_PATH, Pin, ReleaseQuery, make_pin
 from kvgate.wire.probe_api import KV_PATH, PREFIX_PATH, PROMPT_TOO_LONG, PrefixQuery, ProbeAnswerError
 from kvgate.wire.replica_auth import replica_headers
@@ -96,9 +96,6 @@ class Probe(Protocol):
     async def prefix(self, route_kind: str, body: Mapping[str, object]) -> PrefixReading | None: ...
 
 
-_MUST_WAIT = object()  # `ReplicaProbe._at_once`: no reading may be used without a probe
-
-
 class _Failed(Exception):
     """A probe failed; the message says how (logged once per replica state change)."""
 
@@ -123,17 +120,10 @@ class ReplicaProbe:
         self.url = url.rstrip("/")
         self._http = http
         self._timeout = aiohttp.ClientTimeout(total=settings.timeout_sec)
-        self._max_age = settings.usage_max_age_ms / 1000.0
         self._headers = replica_headers(api_key, replica_api_key)
         self._replica_key = replica_api_key  # proves the KV pins the gate sends (wire.kv_pins)
         self._clock = clock
-        self._cached: UsageReading | None = None
-        self._cached_at = float("-inf")
-        # A reading older than this is never used: the refresh that should have replaced
-        # it started at least timeout_sec ago, so it failed or the gate was idle.
-        self._stale_limit = self._max_age + settings.timeout_sec
-        self._inflight: asyncio.Future[UsageReading | None] | None = None
-        self._inflight_started = float("-inf")
+        self._usage = UsageCache.of(self._read_usage, settings, clock)
         self._fallback_since: float | None = None  # set while the replica has no probe API
         self._seconds = {p: metrics.probe_seconds.labels(name, p) for p in ("kv", "prefix")}
         self._errors = {p: metrics.probe_errors.labels(name, p) for p in ("kv", "prefix")}
@@ -158,71 +148,18 @@ class ReplicaProbe:
     # ------------------------------------------------------------------ usage
 
     async def usage(self, newer_than: float | None = None) -> UsageReading | None:
-        """The replica's usage; None when unknown (the probe failed).
-
-        A reading younger than usage_max_age_ms is returned as is. An older one is
-        returned at once while one shared refresh runs in the background, if that
-        refresh started before the reading was usage_max_age_ms + timeout_sec old
-        (stale-while-revalidate: a busy gate never waits on a probe round trip,
-        which on vLLM lasts up to one scheduler step, and since a refresh ends within
-        timeout_sec, no reading older than usage_max_age_ms + 2 * timeout_sec is
-        used). Otherwise (no reading yet, or a gate idle for a while) the caller
-        waits for the shared refresh.
-        newer_than T (a waiter woken by a release at T): the reading must also come
-        from a probe started after T, so it sees the blocks that release freed.
-        Concurrent callers share one in-flight probe.
-        """
-        now = self._clock()
-        if newer_than is None or self._cached_at > newer_than:
-            reading = self._at_once(now)
-            if reading is not _MUST_WAIT:
-                return reading  # type: ignore[return-value]
-        inflight = self._inflight
-        if inflight is None or self._inflight_started <= (now - self._max_age if newer_than is None else newer_than):
-            inflight = self._start_refresh(now)
-        # shield: a cancelled caller must not cancel the probe the others share.
-        return await asyncio.shield(inflight)
+        """The replica's usage; None when unknown (the probe failed). Shared and reused
+        by `gate.usage_cache`'s rules (stale-while-revalidate): a busy gate never waits on
+        a probe round trip, which on vLLM lasts up to one scheduler step."""
+        return await self._usage.usage(newer_than)
 
     def ready_usage(self) -> UsageReading | None:
-        """The reading `usage()` would return without waiting (starting the background
-        refresh it would start), or None when a caller must wait for a probe or the
-        replica's usage is unknown: the gate's calm path, which never waits."""
-        reading = self._at_once(self._clock())
-        return None if reading is _MUST_WAIT else reading  # type: ignore[return-value]
-
-    def _at_once(self, now: float) -> UsageReading | None | object:
-        """The cached reading if it may be used now (`usage()`'s rules), else _MUST_WAIT."""
-        age = now - self._cached_at
-        if age < self._max_age:
-            return self._cached
-        if self._inflight is not None:
-            if self._inflight_started - self._cached_at < self._stale_limit:
-                return self._cached  # its revalidation is under way
-        elif age < self._stale_limit:
-            self._start_refresh(now)
-            return self._cached
-        return _MUST_WAIT
-
-    def _start_refresh(self, now: float) -> asyncio.Future[UsageReading | None]:
-        task = asyncio.ensure_future(self._refresh_usage(now))
-        self._inflight, self._inflight_started = task, now
-        return task
-
-    async def _refresh_usage(self, started: float) -> UsageReading | None:
-        try:
-            reading = await self._read_usage()
-        finally:
-            if self._inflight_started == started:
-                self._inflight = None
-        if started >= self._cached_at:  # an older probe that finished late does not win
-            self._cached, self._cached_at = reading, started
-        return reading
+        """The reading `usage()` would return without waiting, or None (`UsageCache.ready`)."""
+        return self._usage.ready()
 
     def close(self) -> None:
         """Cancel a refresh still in flight and drop the replica's series (the gate is going away)."""
-        if self._inflight is not None:
-            self._inflight.cancel()
-            self._inflight = None
+        self._usage.close()
         try:  # a replica that is gone must not keep a "probe API missing" alert firing
             self._probe_api_gauge.remove(self.name)
         except KeyError:

@@ -5,8 +5,11 @@ the step's own bookkeeping took; time_scale 0 still yields to the event loop onc
 step), then sample one token for every request whose known tokens are computed and wake
 its reader. The loop sleeps on an event when there is no work.
 
+Probes (`kv_answer`, `prefix_answer`, `release_pins`) come through `between_steps`, as
+vLLM runs them: while a step runs they wait for its end (`simulator.between_steps`).
+
 Invariant: the scheduler is only touched from the event loop thread, between awaits,
-so probes (`kv_answer`, `prefix_answer`) see a consistent state and change nothing.
+so probes see a consistent state and change nothing.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Callable
+from typing import TypeVar
 
 from kvgate.simulator.admission_policies import AdmissionPolicy, naive
+from kvgate.simulator.between_steps import BetweenSteps
 from kvgate.simulator.config import CostModel, EngineConfig
 from kvgate.simulator.request import RequestStatus, SimRequest, compute_block_hashes
 from kvgate.simulator.scheduler import Scheduler
@@ -23,6 +29,8 @@ from kvgate.simulator.step_meter import StepMeter
 from kvgate.simulator.tokenizer import output_token
 from kvgate.wire.kv_pins import Pin, ReleaseAnswer
 from kvgate.wire.probe_api import KvAnswer, PrefixAnswer
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +111,8 @@ class AsyncEngine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.meter = StepMeter()
+        self._stepping = False  # a step is scheduled and has not ended
+        self._probes = BetweenSteps()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -118,6 +128,8 @@ class AsyncEngine:
                 await task
             except asyncio.CancelledError:
                 pass
+        self._stepping = False
+        self._probes.answer_all()  # no step runs any more
         for request_id in list(self._handles):
             self.abort(request_id)
 
@@ -168,6 +180,13 @@ class AsyncEngine:
 
     # -- probes (no side effects) --------------------------------------------------------
 
+    async def between_steps(self, probe: Callable[[], T]) -> T:
+        """`probe()` (e.g. `self.kv_answer`) answered as vLLM's engine core answers a utility
+        call: at once while no step runs, else at the end of the step in progress."""
+        if not self._stepping:
+            return probe()
+        return await self._probes.wait(probe)
+
     def kv_answer(self) -> KvAnswer:
         now = asyncio.get_running_loop().time()
         self.scheduler.kv_cache_manager.expire_pins(now)  # pins end at their ttl, stepping or not
@@ -192,6 +211,8 @@ class AsyncEngine:
         except Exception:
             # A bug in the model must not leave readers hanging: end every request.
             log.exception("simulated engine step loop failed; aborting all requests")
+            self._stepping = False
+            self._probes.answer_all()
             for request_id in list(self._handles):
                 self.abort(request_id)
             raise
@@ -206,6 +227,7 @@ class AsyncEngine:
                 continue
             started = loop.time()
             output = scheduler.schedule(started)
+            self._stepping = True
             step_seconds = self.cost_model.step_seconds(
                 output.num_prefill_tokens, output.num_decode_seqs, output.num_context_tokens, output.num_loaded_blocks
             )
@@ -225,3 +247,5 @@ class AsyncEngine:
                 if handle is not None:
                     handle.finish_reason = "length"
                     handle.changed.set()
+            self._stepping = False
+            self._probes.answer_all()

@@ -457,7 +457,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def kv_route(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
-    answer = merge_kv([engine.kv_answer()])
+    answer = merge_kv([await engine.between_steps(engine.kv_answer)])
     answer = replace(
         answer,
         max_model_len=engine.config.effective_max_model_len,
@@ -475,7 +475,8 @@ async def release_route(request: web.Request) -> web.Response:
         return _error(error)
     except PinError as error:
         return _error(ApiError(str(error), param="sessions"))
-    return _json(request.app[ENGINE_KEY].release_pins(query.sessions).to_json())
+    engine = request.app[ENGINE_KEY]
+    return _json((await engine.between_steps(lambda: engine.release_pins(query.sessions))).to_json())
 
 
 def parse_prefix_probe(
@@ -516,7 +517,8 @@ async def prefix_route(request: web.Request) -> web.Response:
         )
     except ApiError as error:
         return _error(error)
-    return _json(merge_prefix([engine.prefix_answer(token_ids, cache_salt)]).to_json())
+    answer = await engine.between_steps(lambda: engine.prefix_answer(token_ids, cache_salt))
+    return _json(merge_prefix([answer]).to_json())
 
 
 def replica_key_middleware(key: str | None):

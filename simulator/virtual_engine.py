@@ -17,6 +17,10 @@ the simulated replica runs); this module only moves them through time, as
 - `StepMeter` observes every step (jumped ones too), so the probe API's measured
   decode step, prefill throughput and prefill share are the simulated replica's.
 
+Probes come through `between_steps`, as vLLM answers them: while a step runs, at its end,
+before the next one is scheduled (`simulator.between_steps`; a decode stretch is settled
+first, so the step in progress is a real one).
+
 KV pins (`kvgate.wire.kv_pins`): a request whose `pin` is set pins its session's blocks
 when it finishes; pins end on `release_pins`, at their ttl (checked by every step and
 probe: a decode stretch allocates only free blocks, so a pin that expires inside one
@@ -30,8 +34,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TypeVar
 
 from kvgate.simulator.async_engine import engine_kv_answer
+from kvgate.simulator.between_steps import BetweenSteps
 from kvgate.simulator.config import CostModel, EngineConfig
 from kvgate.simulator.decode_jump import decode_context_tokens, jump_decode_steps, stable_decode_steps
 from kvgate.simulator.request import SimRequest
@@ -39,6 +45,8 @@ from kvgate.simulator.scheduler import Scheduler, SchedulerOutput
 from kvgate.simulator.step_meter import StepMeter
 from kvgate.wire.kv_pins import ReleaseAnswer
 from kvgate.wire.probe_api import KvAnswer, PrefixAnswer
+
+T = TypeVar("T")
 
 MAX_JUMP_STEPS = 4096  # a stretch longer than this is taken in several jumps (bounds the plan's size)
 
@@ -93,6 +101,7 @@ class SimEngine:
         self._stretch: tuple[float, list[float], list[float]] | None = None  # (began, step ends, step seconds)
         self._answer: KvAnswer | None = None  # the last kv answer, and the figures it was made of
         self._answer_key: tuple = ()
+        self._probes = BetweenSteps()
 
     # ------------------------------------------------------------------ requests
 
@@ -125,12 +134,26 @@ class SimEngine:
                 handle.cancel()
         self._timer = self._kick = None
         self._stretch = self._output = None
+        self._probes.fail_all(EngineStopped(f"replica {self.name} is gone"))
         turns, self._turns = self._turns, {}
         for turn in turns.values():
             if not turn.done.done():
                 turn.done.set_exception(EngineStopped(f"replica {self.name} stopped while the request ran"))
 
     # --------------------------------------------------------------------- probes
+
+    async def between_steps(self, probe: Callable[[], T]) -> T:
+        """`probe()` (e.g. `self.kv_answer`) answered as vLLM's engine core answers a utility
+        call: at once while no step runs, else at the end of the step in progress; fails
+        with EngineStopped if the engine stops first."""
+        if self.stopped:
+            raise EngineStopped(f"replica {self.name} is gone")
+        self.settle()
+        if self._stretch is not None:  # a stretch that began at this instant: its first step is the one in progress
+            self.settle()
+        if self._output is None or self._step_sec <= 0:
+            return probe()
+        return await self._probes.wait(probe)
 
     def kv_answer(self) -> KvAnswer:
         """The kv probe's answer, as the simulated replica gives it: the same object while
@@ -236,6 +259,7 @@ class SimEngine:
                 if turn.first_token_at is None:
                     turn.first_token_at = now
                 turn.done.set_result(now)
+        self._probes.answer_all()
         self._begin()
 
     def _plan_stretch(self, began: float, steps: int) -> None:

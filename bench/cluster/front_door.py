@@ -21,7 +21,7 @@ turn's request from it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import orjson
@@ -31,6 +31,8 @@ from kvgate.balancer.registry import Replica, ReplicaRegistry
 from kvgate.gate.admission import AdmissionController
 from kvgate.gate.errors import AdmissionError, ReplicaUnavailable
 from kvgate.gate.readings import PrefixReading, UsageReading, prefix_reading, usage_reading
+from kvgate.gate.settings import ProbeSettings
+from kvgate.gate.usage_cache import UsageCache
 from kvgate.proxy.session_tracker import SessionEntry
 from kvgate.proxy.turn_hold import UNGATED, Hold, TurnLease
 from kvgate.proxy.turn_route import Failure, Resend, after_failure, pinned_replica
@@ -60,19 +62,37 @@ class TurnBody(dict):
 
 
 class EngineProbe:
-    """The gate's probe of one simulated engine: the probe API's answers, in-process and fresh."""
+    """The gate's probe of one simulated engine: the probe API's answers, in-process, given between
+    the engine's steps as vLLM gives them (`SimEngine.between_steps`)."""
 
-    def __init__(self, engines: Mapping[str, SimEngine], name: str) -> None:
+    def __init__(
+        self, engines: Mapping[str, SimEngine], name: str, settings: ProbeSettings, clock: Callable[[], float]
+    ) -> None:
         self._engines = engines
         self._name = name
         self._answer: KvAnswer | None = None  # the engine's last answer and its reading (readings are immutable)
         self._reading: UsageReading | None = None
+        self._usage = UsageCache.of(self._read_usage, settings, clock)  # shared and reused, as the proxy's probe
 
     async def usage(self, newer_than: float | None = None) -> UsageReading | None:
+        return await self._usage.usage(newer_than)
+
+    def ready_usage(self) -> UsageReading | None:
+        return self._usage.ready()
+
+    def close(self) -> None:
+        """The gate is going away: cancel a usage refresh still in flight."""
+        self._usage.close()
+
+    async def _read_usage(self) -> UsageReading | None:
+        """`GET /v1/kvgate/kv`, in-process."""
         engine = self._engines.get(self._name)
         if engine is None or engine.stopped:
             return None
-        answer = engine.kv_answer()
+        try:
+            answer = await engine.between_steps(engine.kv_answer)
+        except EngineStopped:
+            return None
         if answer is not self._answer:
             self._answer, self._reading = answer, usage_reading(answer)
         return self._reading
@@ -81,7 +101,10 @@ class EngineProbe:
         engine = self._engines.get(self._name)
         if engine is None or engine.stopped or not isinstance(body, TurnBody):
             return None
-        return prefix_reading(engine.prefix_answer(body.request))
+        try:
+            return prefix_reading(await engine.between_steps(lambda: engine.prefix_answer(body.request)))
+        except EngineStopped:
+            return None
 
     def pin(self, session: str, ttl_sec: float) -> Pin:
         """The KV pin a turn goes out with (the simulated replicas keep no replica key)."""
@@ -91,7 +114,10 @@ class EngineProbe:
         """`POST /v1/kvgate/release`, in-process."""
         engine = self._engines.get(self._name)
         if engine is not None and not engine.stopped:
-            engine.release_pins(sessions)
+            try:
+                await engine.between_steps(lambda: engine.release_pins(sessions))
+            except EngineStopped:
+                pass  # the replica is gone, and its pins with it
 
 
 @dataclass(slots=True)

@@ -161,11 +161,12 @@ class _Cluster:
         self.metrics = GateMetrics(CollectorRegistry())
         controller = None
         if policy != "direct":
+            settings = config.gate_settings(policy)
             controller = AdmissionController(
-                config.gate_settings(policy),
+                settings,
                 self.metrics,
                 clock=self.loop.time,
-                probe_factory=lambda name, url: EngineProbe(self.engines, name),
+                probe_factory=lambda name, url: EngineProbe(self.engines, name, settings.probe, self.loop.time),
             )
         self.controller = controller
         self.front = FrontDoor(self.registry, self.engines, controller)

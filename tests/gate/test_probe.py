@@ -37,7 +37,7 @@ async def test_concurrent_callers_share_one_probe_and_reuse_a_fresh_result(repli
     # stale: answered at once from the cache, while one refresh runs in the background
     stale = await asyncio.gather(*(probe.usage() for _ in range(10)))
     assert {r.kv_cache_usage for r in stale} == {0.1}
-    await until(lambda: script.kv_hits == 2 and probe._inflight is None, "the background refresh")
+    await until(lambda: script.kv_hits == 2 and not probe._usage.refreshing, "the background refresh")
     assert (await probe.usage()).kv_cache_usage == 0.7
     assert script.kv_hits == 2
     # past usage_max_age_ms + timeout_sec a reading is not used: callers wait for a fresh one
@@ -58,7 +58,7 @@ async def test_ready_usage_answers_what_usage_would_without_waiting(replica_url,
     clock.advance(0.051)
     script.usage(0.7)
     assert probe.ready_usage().kv_cache_usage == 0.1  # stale: answered, a refresh started
-    await until(lambda: script.kv_hits == 2 and probe._inflight is None, "the background refresh")
+    await until(lambda: script.kv_hits == 2 and not probe._usage.refreshing, "the background refresh")
     assert probe.ready_usage().kv_cache_usage == 0.7
     clock.advance(2.0)  # past usage_max_age_ms + timeout_sec: not used, and no probe awaited
     assert probe.ready_usage() is None
@@ -232,7 +232,7 @@ async def test_a_reading_under_revalidation_is_used_until_the_refresh_ends(repli
     assert (await probe.usage()).kv_cache_usage == 0.1  # stale: refresh started in the background
     clock.advance(5)  # far past the limit, but its revalidation started in time: no waiting
     assert (await probe.usage()).kv_cache_usage == 0.1
-    await until(lambda: probe._inflight is None, "the refresh to end")
+    await until(lambda: not probe._usage.refreshing, "the refresh to end")
     assert script.kv_hits == 2
     # an idle gate: the reading is too old and nothing refreshes it, so the caller waits
     script.usage(0.2)
