@@ -31,7 +31,11 @@ sessions and replica shape they must agree within:
   percent).
 - A gated policy's turn latencies are bimodal (admitted at once, or held for at least
   one `wait_poll_sec`), so their median falls on either side with a small shift in
-  timing: it is printed, not bounded.
+  timing: it is printed, not bounded. Its p95, on 12 sessions of 4-5 turns, is a few held
+  turns, which the same flips move: since probes wait for the engine step in progress
+  on both clocks (steps of up to a second at TIME_SCALE), one workload's wall-clock p95
+  has come out 1.5x virtual time's (seed 2: 6.41 s against 4.25 s) where other runs
+  agreed within 20%; like its hit rate, it must agree on the mean over the workloads.
 
 Those tolerances hold on a machine with a few other busy processes. Other work on the
 machine makes each of the wall-clock run's timer wake-ups (an engine step's sleep, each
@@ -171,21 +175,31 @@ def test_virtual_time_agrees_with_the_wall_clock_benchmark(tmp_path):
           f"({len(lateness.samples)} samples); a turn may run {turn_late:.3f} s later")  # fmt: skip
     report = []
     for mode, policy in MODES.items():
-        hits = []
+        hits, p95s = [], []
         for seed in SEEDS[policy]:
             m, s = measured[mode, seed], _cluster(policy, seed)
             assert m["turns_failed"] == 0 and s["turns_failed"] == 0
             assert s["turns_ok"] == m["turns_ok"]
             report += _latencies(f"{mode} seed {seed}", s, m, policy, turn_late)
             hits.append((s["hit_rate"], m["hit_rate"]))
+            p95s.append((s["turn_latency_s"]["p95"], m["turn_latency_s"]["p95"]))
             hit_rates = round(s["hit_rate"], 3), round(m["hit_rate"], 3)
             report.append((f"{mode} seed {seed}", "hit_rate", *hit_rates, "in mean"))
-        sim, wall = (sum(pair[i] for pair in hits) / len(hits) for i in (0, 1))
+        sim, wall = _means(hits)
         verdict = "ok" if _close(sim, wall, 0.0, 0.05 if policy == "sticky" else 0.06) else "OUT"
         report.append((f"{mode} mean", "hit_rate", round(sim, 3), round(wall, 3), verdict))
+        if policy != "sticky":
+            sim, wall = _means(p95s)
+            verdict = "ok" if _close(sim, wall, 0.30, 0.15, turn_late) else "OUT"
+            report.append((f"{mode} mean", "turn_p95_s", round(sim, 3), round(wall, 3), verdict))
     print("\n".join(f"{where:<32}{name:<12} virtual {sim:>8} wall-clock {wall:>8} {verdict}"
                     for where, name, sim, wall, verdict in report))  # fmt: skip
     assert all(verdict != "OUT" for *_, verdict in report), report
+
+
+def _means(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+    """The mean of each side of (virtual, wall-clock) pairs."""
+    return sum(sim for sim, _ in pairs) / len(pairs), sum(wall for _, wall in pairs) / len(pairs)
 
 
 def _latencies(where: str, s: dict, m: dict, policy: str, turn_late: float) -> list[tuple]:
@@ -201,6 +215,8 @@ def _latencies(where: str, s: dict, m: dict, policy: str, turn_late: float) -> l
     for name, (sim, wall, relative, absolute) in pairs.items():
         if name == "turn_p50_s" and policy != "sticky":
             verdict = "not bounded"
+        elif name == "turn_p95_s" and policy != "sticky":
+            verdict = "in mean"
         else:
             verdict = "ok" if _close(sim, wall, relative, absolute, late.get(name, 0.0)) else "OUT"
         report.append((where, name, round(sim, 3), round(wall, 3), verdict))
