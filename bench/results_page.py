@@ -312,8 +312,9 @@ def limiting_factor(checks: list[Check], gate: dict, sticky: dict, floor: dict |
             f"gate waits: total {gate['admission_wait_ms_total'] / 1000:.1f} s, longest {waits['max'] / 1000:.1f} s"
         )
     probes = (gate.get("gate_probes") or {}).get("prefix")
-    if probes and probes["count"] and 1000 * probes["seconds"] / probes["count"] >= SLOW_PROBE_MS:
-        parts.append(f"prefix probes: {probes['count']:.0f}, {1000 * probes['seconds'] / probes['count']:.0f} ms each")
+    probe_ms = 1000 * probes["seconds"] / probes["count"] if probes and probes["count"] else 0.0
+    if probe_ms >= SLOW_PROBE_MS:
+        parts.append(f"prefix probes: {probes['count']:.0f}, {probe_ms:.0f} ms each")
     saved = sticky["prompt_tokens_prefilled"] - gate["prompt_tokens_prefilled"]
     if gate["hit_rate_of_ceiling"] is not None and gate["hit_rate_of_ceiling"] < 0.9:
         parts.append(

@@ -128,8 +128,7 @@ class AsyncEngine:
                 await task
             except asyncio.CancelledError:
                 pass
-        self._stepping = False
-        self._probes.answer_all()  # no step runs any more
+        self._answer_probes()  # no step runs any more
         for request_id in list(self._handles):
             self.abort(request_id)
 
@@ -203,6 +202,11 @@ class AsyncEngine:
 
     # -- the step loop ---------------------------------------------------------------------
 
+    def _answer_probes(self) -> None:
+        """No step runs now (one ended, or the loop stopped): answer the probes waiting for it."""
+        self._stepping = False
+        self._probes.answer_all()
+
     async def _run(self) -> None:
         try:
             await self._step_loop()
@@ -211,8 +215,7 @@ class AsyncEngine:
         except Exception:
             # A bug in the model must not leave readers hanging: end every request.
             log.exception("simulated engine step loop failed; aborting all requests")
-            self._stepping = False
-            self._probes.answer_all()
+            self._answer_probes()
             for request_id in list(self._handles):
                 self.abort(request_id)
             raise
@@ -247,5 +250,4 @@ class AsyncEngine:
                 if handle is not None:
                     handle.finish_reason = "length"
                     handle.changed.set()
-            self._stepping = False
-            self._probes.answer_all()
+            self._answer_probes()
