@@ -311,8 +311,8 @@ def limiting_factor(checks: list[Check], gate: dict, sticky: dict, floor: dict |
         parts.append(
             f"gate waits: total {gate['admission_wait_ms_total'] / 1000:.1f} s, longest {waits['max'] / 1000:.1f} s"
         )
-    probes = (gate.get("gate_probes") or {}).get("prefix")
-    probe_ms = 1000 * probes["seconds"] / probes["count"] if probes and probes["count"] else 0.0
+    probes = (gate.get("gate_probes") or {}).get("prefix") or {"count": 0, "seconds": 0.0}
+    probe_ms = 1000 * probes["seconds"] / probes["count"] if probes["count"] else 0.0
     if probe_ms >= SLOW_PROBE_MS:
         parts.append(f"prefix probes: {probes['count']:.0f}, {probe_ms:.0f} ms each")
     saved = sticky["prompt_tokens_prefilled"] - gate["prompt_tokens_prefilled"]
