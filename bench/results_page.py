@@ -34,7 +34,8 @@ And it shows the gate's CPU per request as its sessions grow (`kvgate bench over
 re-runs that alone. And kvgate's throughput against a direct connection beside
 vllm-router's, in the same run (`kvgate bench overhead --router-command`,
 `bench/results_router.py`; `--only router`, which needs `vllm-router` on PATH:
-`pip install vllm-router`).
+`pip install vllm-router`). And, with `--vllm`, a pinned window through a flood on real
+vLLM CPU with the retention connector (`bench/results_pins.py`; `--vllm --only pins`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvgate.bench import results_overhead, results_router
+from kvgate.bench import results_overhead, results_pins, results_router
 from kvgate.bench.results_cluster_targets import fleet_targets, sweep_targets
 from kvgate.bench.results_floor import floor_note, run_floor, run_sweep_floor
 
@@ -338,7 +339,8 @@ def render(records: list[dict]) -> str:
     cluster = [r for r in records if r.get("kind") == "cluster"]
     overhead = [r for r in records if r.get("kind") == "overhead"]
     router = [r for r in records if r.get("kind") == "router"]
-    records = [r for r in records if r.get("kind") not in ("cluster", "overhead", "router")]
+    pins = [r for r in records if r.get("kind") == "pins"]
+    records = [r for r in records if r.get("kind") not in ("cluster", "overhead", "router", "pins")]
     order = {row.key: i for i, row in enumerate(ROWS)}
     records = sorted(records, key=lambda r: (order.get(r["key"], len(order)), r["key"]))
     lines = [
@@ -385,6 +387,7 @@ def render(records: list[dict]) -> str:
             f"| {_fmt(None if longest is None else longest / 1000, '.1f')} "
             f"| {targets} | {limit or '-'} | `{r['command']}` | {r['date']} | {r['commit']} |"
         )
+    lines += results_pins.render(pins)
     if cluster:
         lines += render_cluster(cluster)
     lines += results_overhead.render(overhead)
@@ -491,14 +494,14 @@ def add_command(subparsers) -> None:
     parser.add_argument(
         "--only",
         default=None,
-        help="comma-separated rows to run: regimes, cluster, overhead, router (default: every simulated row); "
-        "others are kept",
+        help="comma-separated rows to run: regimes, cluster, overhead, router, pins (with --vllm) "
+        "(default: every simulated row); others are kept",
     )
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds per row (default 3)")
     parser.add_argument(
         "--vllm",
         action="store_true",
-        help="also run the real-vLLM rows (a vLLM CPU venv: KVGATE_VLLM_VENV, built if missing)",
+        help="also run the real-vLLM rows and the KV-pins row (a vLLM CPU venv: KVGATE_VLLM_VENV, built if missing)",
     )
     parser.add_argument("--page", type=Path, default=REPO / "docs" / "results.md", help="the page to write")
     parser.add_argument(
@@ -523,7 +526,13 @@ def selected_rows(only: str | None, vllm: bool) -> list[ResultRow]:
     ones with `vllm`). ValueError naming an unknown regime."""
     if only is None:
         return [row for row in ROWS if vllm or not row.real_vllm]
-    cluster = {"cluster", results_overhead.KEY, results_router.KEY, *(row.key for row in CLUSTER_ROWS)}
+    cluster = {
+        "cluster",
+        results_overhead.KEY,
+        results_router.KEY,
+        results_pins.KEY,
+        *(row.key for row in CLUSTER_ROWS),
+    }
     names = [n.strip() for n in only.split(",") if n.strip() and n.strip() not in cluster]
     known = list(dict.fromkeys(row.regime for row in ROWS))
     keys = {row.key: row for row in ROWS}
@@ -584,6 +593,10 @@ def main(args) -> int:
         if args.repeat < 1:
             print("kvgate bench results: --repeat must be >= 1", file=sys.stderr)
             return 2
+        only = None if args.only is None else {n.strip() for n in args.only.split(",")}
+        if only and results_pins.KEY in only and not args.vllm:
+            print("kvgate bench results: --only pins runs on real vLLM: add --vllm", file=sys.stderr)
+            return 2
         commit = current_commit()
         for row in rows:
             with tempfile.TemporaryDirectory(prefix="kvgate-results-") as scratch:
@@ -609,9 +622,10 @@ def main(args) -> int:
                     floor,
                 )
             store_row(data_path, args.page, record)  # after every row: a stop loses no row
+        if args.vllm and (only is None or results_pins.KEY in only):
+            results_pins.run_row(lambda record: store_row(data_path, args.page, record), commit, cwd=REPO)
         for cluster_row in selected_cluster_rows(args.only):
             run_cluster_row(cluster_row, data_path, args.page, commit)
-        only = None if args.only is None else {n.strip() for n in args.only.split(",")}
         if only is None or results_overhead.KEY in only:
             results_overhead.run_row(lambda record: store_row(data_path, args.page, record), commit, cwd=REPO)
         if only is None or results_router.KEY in only:

@@ -116,6 +116,35 @@ async def _survives_a_flood(client: _Client, total: int, size: int) -> None:
     assert await client.prefix_hits(unpinned) < window / 2, "the flood did not evict the unpinned window"
 
 
+async def measure_flood(client: _Client, total: int, size: int, session: str = "measured") -> dict:
+    """The issue's measure of KV pins: the hit ratio of a pinned window (`total` // 8 blocks)
+    and of an unpinned one after a flood of other sessions' prompts (`total` // 4 blocks
+    each) through the cache three times over; the pin is released at the end. A dict of
+    the sizes and both ratios (and the engine's preemptions during it, where the replica
+    reads them), as the results page stores it."""
+    window, flood = max(2, total // 8), max(1, total // 4)
+    turns = 3 * -(-total // flood)  # the cache over three times
+    before = await client.replica.preemptions() if client.replica.preemptions else None
+    pinned, unpinned = prompt_of(21, window, size), prompt_of(22, window, size)
+    await client.turn(pinned, client.pin(session))
+    await client.turn(unpinned)
+    for seed in range(200, 200 + turns):
+        await client.turn(prompt_of(seed, flood, size))
+    pinned_hits, unpinned_hits = await client.prefix_hits(pinned), await client.prefix_hits(unpinned)
+    await client.release(session)
+    after = await client.replica.preemptions() if client.replica.preemptions else None
+    return {
+        "num_total_blocks": total,
+        "block_size": size,
+        "window_blocks": window,
+        "flood_turns": turns,
+        "flood_blocks": flood,
+        "pinned_hit": pinned_hits / window,
+        "unpinned_hit": unpinned_hits / window,
+        "preemptions": None if before is None or after is None else round(after - before),
+    }
+
+
 async def _replaced_then_released(client: _Client, total: int, size: int) -> None:
     """A session's next pinned turn replaces its pin; a release frees exactly what it held."""
     window = max(2, total // 8)

@@ -6,7 +6,14 @@ import sys
 
 import pytest
 
-from kvgate.bench import results_cluster_targets, results_floor, results_overhead, results_page, results_router
+from kvgate.bench import (
+    results_cluster_targets,
+    results_floor,
+    results_overhead,
+    results_page,
+    results_pins,
+    results_router,
+)
 from kvgate.bench.results_page import ROWS, Check, evaluate, limiting_factor, record_of, render, selected_rows
 
 
@@ -445,3 +452,56 @@ def test_the_router_row_runs_its_command_and_lands_on_the_page(tmp_path):
     assert stored["kind"] == "router" and stored["cases"][0]["errors"] == 0
     assert stored["cases"][0]["router_rps"] > 0 and stored["cases"][0]["kvgate_rps"] > 0
     assert "## Throughput beside vllm-router" in page.read_text()
+
+
+def flood_document(pinned_hit: float, unpinned_hit: float, preemptions: int = 0) -> dict:
+    """A tests/vllm_plugin/scripts/run_pin_flood.py --out document."""
+    return {
+        "server": "vLLM CPU, the tiny model (64 blocks of 32 tokens)",
+        "num_total_blocks": 63,
+        "block_size": 32,
+        "window_blocks": 7,
+        "flood_turns": 12,
+        "flood_blocks": 15,
+        "pinned_hit": pinned_hit,
+        "unpinned_hit": unpinned_hit,
+        "preemptions": preemptions,
+    }
+
+
+def test_the_pins_row_is_judged_by_both_windows_hits_and_the_preemptions():
+    met = results_pins.record(flood_document(1.0, 0.0), "python run", "d", "c")
+    text = render([met])
+    assert "## A pinned window through a flood" in text and "`python run` (d, c)" in text
+    assert "| 7 | 12 x 15 blocks | 1.00 | 0.00 | 0 | pinned hit 1.0, unpinned <= 0.1, no preemption: " in text
+    assert "1.00 / 0.00 / 0 **met**" in text
+    assert "**missed**" in render([results_pins.record(flood_document(0.86, 0.0), "r", "d", "c")])
+    assert "**missed**" in render([results_pins.record(flood_document(1.0, 0.5), "r", "d", "c")])
+    assert "**missed**" in render([results_pins.record(flood_document(1.0, 0.0, 1), "r", "d", "c")])
+    assert selected_rows("pins", vllm=True) == []  # a row of its own, not a regime
+
+
+def test_only_pins_without_vllm_is_refused(tmp_path, capsys):
+    args = argparse.Namespace(
+        page=tmp_path / "results.md", data=None, render_only=False, only="pins", repeat=1, vllm=False
+    )
+    assert results_page.main(args) == 2
+    assert "--only pins runs on real vLLM: add --vllm" in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_the_pins_row_runs_its_runner_and_lands_on_the_page(tmp_path):
+    """The row's runner is called with --out and its document stored (a stand-in for the
+    vLLM runner, which tests/vllm_plugin/test_pins_on_vllm.py runs on a real server)."""
+    data, page = tmp_path / "results.json", tmp_path / "results.md"
+    runner = tmp_path / "runner.py"
+    document = json.dumps(flood_document(1.0, 0.0))
+    runner.write_text(f"import sys, pathlib\npathlib.Path(sys.argv[2]).write_text({document!r})\n")
+    store = lambda record: results_page.store_row(data, page, record)  # noqa: E731
+    assert results_pins.run_row(store, "abc1234", tmp_path, runner.name)
+    (stored,) = json.loads(data.read_text())
+    assert stored["kind"] == "pins" and stored["commit"] == "abc1234" and stored["pinned_hit"] == 1.0
+    assert "## A pinned window through a flood" in page.read_text()
+    runner.write_text("import sys\nsys.exit(1)\n")
+    assert not results_pins.run_row(store, "def5678", tmp_path, runner.name)
+    assert json.loads(data.read_text())[0]["commit"] == "abc1234"

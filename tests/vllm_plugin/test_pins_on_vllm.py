@@ -6,15 +6,21 @@ vLLM's own preemption counter showing no pin ever caused a preemption."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import aiohttp
 import pytest
-from keyed_server import GATE, REPLICA_KEY
+from keyed_server import GATE, REPLICA_KEY, VLLM_KEY
 from vllm_harness import VllmServer, http_json, scrape_metrics
 
-from tests.pin_sequence import PinReplica, _Client, prompt_of, run_pin_sequence
+from tests.pin_sequence import PinReplica, _Client, run_pin_sequence
 
 pytestmark = pytest.mark.vllm
+
+FLOOD_SCRIPT = Path(__file__).resolve().parent / "scripts" / "run_pin_flood.py"
 
 
 def preemptions(server: VllmServer):
@@ -34,24 +40,26 @@ async def test_the_connector_passes_the_pin_sequence_without_a_preemption(keyed_
         await run_pin_sequence(replica(keyed_server), http)
 
 
-async def test_a_pinned_window_hits_whole_after_a_flood_and_an_unpinned_one_does_not(keyed_server):
-    """The issue's measure: the hit ratio of a pinned and an unpinned window after a flood of
-    other sessions three times the cache (printed; the sequence above asserts the bounds)."""
-    async with aiohttp.ClientSession() as http:
-        client = _Client(replica(keyed_server), http)
-        kv = await client.kv()
-        total, size = kv.num_total_blocks or 0, kv.block_size or 0
-        window, flood = total // 8, total // 4
-        pinned, unpinned = prompt_of(21, window, size), prompt_of(22, window, size)
-        await client.turn(pinned, client.pin("measured"))
-        await client.turn(unpinned)
-        turns = 3 * -(-total // flood)  # the cache over three times
-        for seed in range(200, 200 + turns):
-            await client.turn(prompt_of(seed, flood, size))
-        hits = await client.prefix_hits(pinned) / window, await client.prefix_hits(unpinned) / window
-        await client.release("measured")
-    print(f"window of {window} blocks, flood of {turns} x {flood}: pinned hit {hits[0]:.2f}, unpinned {hits[1]:.2f}")
-    assert hits == (1.0, 0.0)
+def test_a_pinned_window_hits_whole_after_a_flood_and_an_unpinned_one_does_not(keyed_server, tmp_path):
+    """The issue's measure, as the results page runs it (scripts/run_pin_flood.py, here with
+    `--url` on the keyed server): after a flood of other sessions three times the cache, a
+    pinned window hits whole and an unpinned one not at all, with no preemption."""
+    out = tmp_path / "flood.json"
+    command = [sys.executable, str(FLOOD_SCRIPT), "--url", keyed_server.url, "--out", str(out)]
+    command += ["--replica-key", REPLICA_KEY, "--api-key", VLLM_KEY]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    print(done.stdout)
+    figures = json.loads(out.read_text())
+    assert (figures["pinned_hit"], figures["unpinned_hit"], figures["preemptions"]) == (1.0, 0.0, 0)
+    assert figures["flood_turns"] * figures["flood_blocks"] >= 3 * figures["num_total_blocks"]
+
+
+def test_the_flood_script_refuses_a_server_that_keeps_no_pins(vllm_server):
+    done = subprocess.run(
+        [sys.executable, str(FLOOD_SCRIPT), "--url", vllm_server.url], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and "keeps no KV pins" in done.stderr and "--kv-transfer-config" in done.stderr
 
 
 @pytest.mark.parametrize(
