@@ -99,7 +99,8 @@ def measure_own_server(log_dir: Path) -> tuple[str, dict]:
         figures = asyncio.run(measure(replica_of(server.url, "tiny", key, None)))
     finally:
         server.stop()
-    return f"vLLM CPU, the tiny model ({server.num_blocks} blocks of {server.block_size} tokens)", figures
+    usable = f"{figures['num_total_blocks']} blocks of {figures['block_size']} tokens"
+    return f"vLLM CPU, the tiny model ({usable})", figures
 
 
 def main(argv: list[str] | None = None) -> int:
