@@ -315,6 +315,9 @@ class Gate:
         # A probe that can tell its usage reading without waiting gives the calm path
         # (`_calm_lease`); one that cannot (the tests' fakes may not) leaves every turn to the full one.
         self._ready_usage: Callable[[], UsageReading | None] | None = getattr(probe, "ready_usage", None)
+        # A probe that refreshes its reading in the background is asked to at each release, so
+        # the next turn finds a reading it may use at once (`UsageCache.revalidate`).
+        self._revalidate_usage: Callable[[], None] | None = getattr(probe, "revalidate_usage", None)
 
     # ------------------------------------------------------------------ acquire
 
@@ -739,6 +742,8 @@ class Gate:
         if record is not None:
             self._repricer.forget(record)
         now = self._changed_at = self._now()
+        if attempt is not None and self._revalidate_usage is not None:  # a booked turn ended: blocks changed
+            self._revalidate_usage()
         ended = self._book.release(record, now, attempt, served)
         if ended is not None:
             self._session_ended(ended)

@@ -157,6 +157,10 @@ class ReplicaProbe:
         """The reading `usage()` would return without waiting, or None (`UsageCache.ready`)."""
         return self._usage.ready()
 
+    def revalidate_usage(self) -> None:
+        """Refresh the usage reading in the background if it is not fresh (`UsageCache.revalidate`)."""
+        self._usage.revalidate()
+
     def close(self) -> None:
         """Cancel a refresh still in flight and drop the replica's series (the gate is going away)."""
         self._usage.close()

@@ -11,7 +11,11 @@ steady load never waits on one:
   `max_age + 2 x timeout` is used);
 - otherwise (no reading yet, or a gate idle for a while) the caller waits for the refresh;
 - `usage(newer_than=T)` (a waiter woken by a release at T) insists on a probe started
-  after T, so the reading sees the blocks that release freed.
+  after T, so the reading sees the blocks that release freed;
+- `revalidate()` (the gate, at each release) starts that refresh in the background
+  when the reading is older than `max_age`, so the next turn decides at once: a
+  replica whose turns arrive more than `stale_limit` apart would otherwise make each
+  one wait a probe (up to an engine step) that sticky routing never waits.
 
 Invariants: at most one refresh runs at a time per `newer_than` generation (concurrent
 callers share it); a refresh that finishes after a younger one never replaces its reading.
@@ -84,6 +88,13 @@ class UsageCache:
         replica's usage is unknown: the gate's calm path, which never waits."""
         reading = self._at_once(self._clock())
         return None if reading is _MUST_WAIT else reading  # type: ignore[return-value]
+
+    def revalidate(self) -> None:
+        """Start a refresh in the background, unless the reading is younger than `max_age`
+        or a refresh is already in flight (the replica's state changed: a turn ended)."""
+        now = self._clock()
+        if self._inflight is None and now - self._cached_at >= self._max_age:
+            self._start_refresh(now)
 
     def close(self) -> None:
         """Cancel a refresh still in flight."""

@@ -80,6 +80,9 @@ class EngineProbe:
     def ready_usage(self) -> UsageReading | None:
         return self._usage.ready()
 
+    def revalidate_usage(self) -> None:
+        self._usage.revalidate()
+
     def close(self) -> None:
         """The gate is going away: cancel a usage refresh still in flight."""
         self._usage.close()

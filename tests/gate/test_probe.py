@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
+from kvgate.gate.gate import Gate
 from kvgate.gate.readings import PrefixReading, UsageReading
-from tests.gate.helpers import make_probe, sample, until
+from tests.gate.helpers import assert_clean, body, make_probe, sample, settings, until
 
 
 async def test_kv_reading_and_metrics(replica_url, http, script, metrics, clock):
@@ -238,3 +239,47 @@ async def test_a_reading_under_revalidation_is_used_until_the_refresh_ends(repli
     script.usage(0.2)
     clock.advance(10)
     assert (await probe.usage()).kv_cache_usage == 0.2 and script.kv_hits == 3
+
+
+async def test_revalidate_refreshes_a_reading_past_max_age_in_the_background(replica_url, http, script, metrics, clock):
+    """`revalidate_usage` (the gate calls it at each release) starts one background refresh
+    of a reading older than usage_max_age_ms, none of a fresh one or while one runs; its
+    reading then answers at once past the stale limit of the reading it replaced."""
+    probe = make_probe(replica_url, http, metrics, clock, usage_max_age_ms=50, timeout_sec=0.5)
+    assert (await probe.usage()).kv_cache_usage == 0.1
+    probe.revalidate_usage()  # fresh: nothing to do
+    assert not probe._usage.refreshing
+    clock.advance(0.4)
+    script.usage(0.6)
+    script.kv_delay = 0.05
+    probe.revalidate_usage()
+    probe.revalidate_usage()  # one refresh at a time
+    assert probe._usage.refreshing
+    await until(lambda: not probe._usage.refreshing, "the background refresh")
+    assert script.kv_hits == 2
+    clock.advance(0.4)  # 0.8 s after the first reading, past its stale limit (0.55 s)
+    assert probe.ready_usage().kv_cache_usage == 0.6  # the refreshed one, at once
+
+
+async def test_a_gate_revalidates_its_usage_reading_when_a_turn_ends(replica_url, http, script, metrics, clock):
+    """A release changes the replica's blocks: the gate has its probe refresh the reading in
+    the background, so the next turn after a quiet spell finds one it may use at once (the
+    calm path's `ready_usage`) instead of waiting a probe, up to an engine step on vLLM."""
+    probe = make_probe(replica_url, http, metrics, clock, usage_max_age_ms=50, timeout_sec=0.5)
+    gate = Gate("r0", probe, settings(), metrics, clock)
+    lease = await gate.acquire("s1", "chat", body("s1"))
+    assert script.kv_hits == 1
+    clock.advance(0.4)  # the turn runs
+    lease.release()
+    await until(lambda: script.kv_hits == 2 and not probe._usage.refreshing, "the release's refresh")
+    clock.advance(0.4)  # past the stale limit of the reading the turn was admitted on
+    assert probe.ready_usage() is not None  # (and, 0.4 s old, it starts a refresh of its own)
+    await until(lambda: script.kv_hits == 3 and not probe._usage.refreshing, "the calm path's refresh")
+    unbooked = await gate.acquire("s1", "models", {})  # no prompt: books nothing, reads nothing
+    clock.advance(1.0)
+    unbooked.release()
+    await asyncio.sleep(0.05)
+    assert script.kv_hits == 3 and not probe._usage.refreshing
+    clock.advance(61)
+    assert_clean(gate, clock)
+    probe.close()

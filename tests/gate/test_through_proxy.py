@@ -55,12 +55,21 @@ async def turn(http: aiohttp.ClientSession, session: str, finish: bool = False):
         return resp.status, resp.headers.copy(), await resp.json()
 
 
+async def usage_settled(controller: AdmissionController) -> None:
+    """Until no usage refresh runs: a turn's release refreshes the reading in the background
+    (`UsageCache.revalidate`), and one still in flight when the fake clock jumps looks like
+    a probe that took that long."""
+    probe = controller.gates()["r0"].probe
+    await until(lambda: not probe._usage.refreshing, "the usage refresh to end")
+
+
 async def test_decision_tree_end_to_end(stack):
     script, clock, controller, http = await stack(policy="watermark", wait_poll_sec=60, idle_grace_sec=10)
 
     status, headers, _ = await turn(http, "busy")
     assert (status, headers["x-kvgate-admission"], headers["x-kvgate-replica"]) == (200, "open", "r0")
     assert script.prefix_requests == []
+    await usage_settled(controller)  # the reading its release refreshed
 
     script.usage(0.9)
     clock.advance(1)
