@@ -5,7 +5,8 @@ releases each pin when the window ends.
 Pure rules (`wants_pin`, `pin_ttl`, `pin_session`) and one small shell (`PinReleases`):
 
 - A turn is forwarded with a pin when `gate.pins` is `auto`, the replica's last kv answer
-  says it keeps pins (`UsageReading.keeps_pins`), the route carries vLLM's
+  says it keeps pins (`UsageReading.keeps_pins`) and has no CPU tier that holds what its
+  GPU evicts (`pins_pay`), the route carries vLLM's
   `kv_transfer_params` (every prompt route: chat, completion, Anthropic messages,
   Responses), and its admission gives the session a window
   (opens or renews it). The pin's ttl is the time the session may be idle before it is
@@ -45,9 +46,18 @@ MIN_PIN_TTL_SEC = 1.0  # a pin outlives the turn's own response by at least this
 SendReleases = Callable[[tuple[str, ...]], Coroutine[Any, Any, None]]
 
 
+def pins_pay(usage: UsageReading) -> bool:
+    """Whether pinning windows on the replica saves it anything: it keeps pins, and no CPU
+    tier holds what its GPU evicts (`UsageReading.tier_holds_evictions`). With such a tier a
+    pin saves its window only a reload from CPU memory, while the blocks it keeps resident
+    push other sessions' out of GPU memory, which then pay that reload in turn: vLLM's LRU
+    order keeps the blocks read most recently, a pin those of the sessions the gate chose."""
+    return usage.keeps_pins and not usage.tier_holds_evictions
+
+
 def wants_pin(mode: str, usage: UsageReading | None, route_kind: str, window: bool) -> bool:
     """Whether an admitted turn is forwarded with a pin (module docstring)."""
-    return mode == "auto" and window and route_kind in PIN_ROUTE_KINDS and usage is not None and usage.keeps_pins
+    return mode == "auto" and window and route_kind in PIN_ROUTE_KINDS and usage is not None and pins_pay(usage)
 
 
 def pin_ttl(late_after_sec: float, idle_grace_sec: float) -> float:

@@ -67,6 +67,15 @@ class UsageReading:
         return self.num_pinned_sessions is not None
 
     @property
+    def tier_holds_evictions(self) -> bool:
+        """The replica's CPU tier still holds what its GPU evicts: vLLM stores every computed
+        block to the tier (write-through) and evicts the tier's least recently used, so a tier
+        at least as large as the GPU cache holds the blocks the GPU evicts (the GPU's least
+        recently used are among the tier's most recent)."""
+        cpu_blocks = self.num_cpu_blocks or 0
+        return bool(self.cpu_load_sec_per_block and cpu_blocks) and cpu_blocks >= (self.num_total_blocks or 0)
+
+    @property
     def schedules_by_priority(self) -> bool:
         """The replica orders requests by their `priority` field (vLLM's priority scheduling)."""
         return self.scheduling_policy == "priority"

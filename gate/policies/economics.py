@@ -37,24 +37,14 @@ def reprefill_sec(evicted_blocks: int, usage: UsageReading) -> float | None:
     return max(0, evicted_blocks) * usage.block_size / usage.prefill_tokens_per_sec
 
 
-def tier_holds_evictions(usage: UsageReading) -> bool:
-    """The replica's CPU tier still holds what its GPU evicts: vLLM stores every computed
-    block to the tier (write-through) and evicts the tier's least recently used, so a tier
-    at least as large as the GPU cache holds the blocks the GPU evicts (the GPU's least
-    recently used are among the tier's most recent)."""
-    return bool(usage.cpu_load_sec_per_block and usage.num_cpu_blocks) and (usage.num_cpu_blocks or 0) >= (
-        usage.num_total_blocks or 0
-    )
-
-
 def lost_blocks_sec(blocks: int, usage: UsageReading, reloadable: int = 0) -> float | None:
     """Seconds the replica will spend bringing back `blocks` pushed out of GPU memory: a
     reload (`cpu_load_sec_per_block` each) of those its CPU tier holds (all of them where
-    `tier_holds_evictions`, else the `reloadable` ones, seen on the CPU by a prefix probe),
+    `UsageReading.tier_holds_evictions`, else the `reloadable` ones, seen on the CPU by a prefix probe),
     a re-prefill (`reprefill_sec`) of the rest. None without a prefill measurement."""
     blocks = max(0, blocks)
     load = usage.cpu_load_sec_per_block if usage.num_cpu_blocks else None
-    reloaded = 0 if not load else blocks if tier_holds_evictions(usage) else min(blocks, max(0, reloadable))
+    reloaded = 0 if not load else blocks if usage.tier_holds_evictions else min(blocks, max(0, reloadable))
     recompute = reprefill_sec(blocks - reloaded, usage)
     return None if recompute is None else recompute + reloaded * (load or 0.0)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from kvgate.gate.pins import pins_pay
 from kvgate.gate.policies.views import WorkingSetView
 from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.request_body import body_bytes
@@ -100,10 +101,11 @@ def usable_blocks(usage: UsageReading, settings: GateSettings) -> int:
 
 
 def windows_pinned(usage: UsageReading, settings: GateSettings) -> bool:
-    """The gate pins the windows it admits for on this replica (`gate.pins: auto` and the
-    replica keeps KV pins): an idle window's blocks stay resident unless a request the
-    engine could not otherwise fit needs them (gate/pins.py)."""
-    return settings.pins == "auto" and usage.keeps_pins
+    """The gate pins the windows it admits for on this replica (`gate.pins: auto`, and the
+    replica keeps KV pins and has no CPU tier that holds its evictions: `pins_pay`): an
+    idle window's blocks stay resident unless a request the engine could not otherwise
+    fit needs them (gate/pins.py)."""
+    return settings.pins == "auto" and pins_pay(usage)
 
 
 def free_budget(view: WorkingSetView, usage: UsageReading, settings: GateSettings) -> int:

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from kvgate.gate.gate import Gate
-from kvgate.gate.policies.economics import lost_blocks_sec, tier_holds_evictions
+from kvgate.gate.policies.economics import lost_blocks_sec
 from kvgate.gate.policies.views import WorkingSetView
 from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Wait, WaitCause
 from kvgate.gate.policies.working_set import working_set_decide
@@ -44,11 +44,11 @@ def prompt(hit_cpu: int) -> PrefixReading:
 def test_lost_blocks_are_reloaded_where_the_tier_holds_them_and_recomputed_elsewhere():
     assert lost_blocks_sec(100, usage()) == pytest.approx(0.1)  # no tier: 100 re-prefills of 1 ms
     small = usage(cpu_blocks=256)  # smaller than the GPU: only blocks seen on it reload
-    assert not tier_holds_evictions(small)
+    assert not small.tier_holds_evictions
     assert lost_blocks_sec(100, small) == pytest.approx(0.1)
     assert lost_blocks_sec(100, small, reloadable=40) == pytest.approx(0.06 + 40 * LOAD)
     large = usage(cpu_blocks=2048)  # 4x the GPU: it holds whatever the GPU evicts
-    assert tier_holds_evictions(large)
+    assert large.tier_holds_evictions
     assert lost_blocks_sec(100, large) == pytest.approx(100 * LOAD)
     assert lost_blocks_sec(100, UsageReading(0.9, 512, 100, 16, num_cpu_blocks=2048)) is None  # no load time
     assert lost_blocks_sec(100, UsageReading(0.9, 512, 100, 16)) is None  # nothing measured

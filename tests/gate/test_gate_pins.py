@@ -12,9 +12,9 @@ from dataclasses import replace
 import pytest
 
 from kvgate.gate.gate import Gate
-from kvgate.gate.pins import MIN_PIN_TTL_SEC, PinReleases, pin_session, pin_ttl, wants_pin
+from kvgate.gate.pins import MIN_PIN_TTL_SEC, PinReleases, pin_session, pin_ttl, pins_pay, wants_pin
 from kvgate.gate.policies.economics import evicted_window_blocks
-from kvgate.gate.policies.pricing import free_budget
+from kvgate.gate.policies.pricing import free_budget, windows_pinned
 from kvgate.gate.policies.views import WorkingSetView
 from kvgate.gate.policies.vocabulary import AdmissionReason, Admit, Wait
 from kvgate.gate.policies.working_set import working_set_decide
@@ -199,6 +199,19 @@ def test_the_pure_rules():
     long_key = "k" * (MAX_SESSION_CHARS + 1)
     assert pin_session("s1") == "s1" and len(pin_session(long_key)) == 64
     Pin.parse(make_pin(pin_session(long_key), 1.0, None).to_json())  # a replica takes it
+
+
+def test_no_pin_where_a_cpu_tier_holds_what_the_gpu_evicts():
+    """A tier at least as large as the GPU cache brings any evicted window back by a reload:
+    a pin would only choose which sessions reload, so none is sent and the policy prices
+    the windows as unpinned; a smaller tier keeps pins (a window may be gone from it too)."""
+    usage = UsageReading(0.5, 100, 50, 16, num_pinned_blocks=0, num_pinned_sessions=0)
+    small_tier = replace(usage, num_cpu_blocks=50, cpu_load_sec_per_block=0.0001)
+    large_tier = replace(small_tier, num_cpu_blocks=400)
+    for tier, pinned in ((usage, True), (small_tier, True), (large_tier, False)):
+        assert pins_pay(tier) is pinned
+        assert wants_pin("auto", tier, "chat", window=True) is pinned
+        assert windows_pinned(tier, GateSettings()) is pinned
 
 
 def test_pinned_blocks_are_not_taken_off_vllms_free_blocks_twice():
