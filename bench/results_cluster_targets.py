@@ -41,7 +41,8 @@ def fleet_targets(policies: dict[str, dict], hit_of_ceiling: float) -> list[str]
     """An hour of the fleet judged (`policies`: the stored summaries by policy): working_set's
     turn p95 <= sticky's, turns served >= sticky's (`turns_ok`), hit rate >= `hit_of_ceiling` of the ceiling;
     a missed hit rate with how much of the ceiling the caches could hold at all, a missed
-    p95 that the gate's waits do not explain (its own p95 wait is 0) with those waits."""
+    p95 that the gate's waits do not explain (its own p95 wait is 0) with those waits, and
+    turns served short of sticky's with what the gate's waits add up to."""
     gate, sticky = policies.get("working_set"), policies.get("sticky")
     if gate is None or sticky is None:
         return []
@@ -61,6 +62,10 @@ def fleet_targets(policies: dict[str, dict], hit_of_ceiling: float) -> list[str]
     waits = gate.get("gate_wait_ms")
     if gate_p95 > sticky_p95 and waits and waits["p95"] == 0:
         lines[0] += "; limited by: " + not_the_waits(waits)
+    if gate["turns_ok"] < sticky["turns_ok"] and waits:
+        lines[1] += "; limited by: " + waits_delay_turns(
+            waits, sticky["turns_ok"] - gate["turns_ok"], sticky["turns_ok"]
+        )
     bound = gate.get("hit_rate_bound_of_ceiling")
     if not hit_met and bound:
         lines[-1] += "; limited by: " + cache_limit(bound, hit_of_ceiling)
@@ -72,6 +77,17 @@ def not_the_waits(waits: dict) -> str:
     return (
         f"not the gate's waits (p95 0 ms, p99 {waits['p99']:.0f} ms, mean {waits['mean']:.1f} ms): "
         "how the engines scheduled the turns it let in at once"
+    )
+
+
+def waits_delay_turns(waits: dict, fewer: int, sticky_turns: int) -> str:
+    """Turns served short of sticky's: each wait at the gate delays its agent's later turns
+    (a closed loop), so what the gate's waits add up to is what the hour lost."""
+    total_sec = waits["mean"] * waits["n"] / 1000.0
+    return (
+        f"the gate's waits, {total_sec:.0f} s in all (mean {waits['mean']:.2f} ms a turn, p99 {waits['p99']:.0f} ms, "
+        f"longest {waits['max']:.0f} ms), each one delaying its agent's later turns: {fewer:,} fewer turns is "
+        f"{fewer / sticky_turns:.3%} of sticky's"
     )
 
 

@@ -151,6 +151,17 @@ def test_an_hour_of_the_fleet_is_judged_by_its_tail_its_turns_and_its_hit_rate()
     turns_line = results_cluster_targets.fleet_targets({"sticky": sticky, "working_set": gate}, 0.9)[1]
     assert turns_line == "- target: turns served >= sticky's: 412,290 against 412,289 **met**"
     assert results_cluster_targets.fleet_targets({"sticky": fleet(1, 1, 1)}, 0.9) == []  # no gate run: no target
+    # short of sticky's, with the gate's waits known: what they add up to is named
+    waited = gate | {
+        "turns_ok": 412_281,
+        "gate_wait_ms": {"n": 412_281, "mean": 0.2268, "p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 212.0},
+    }
+    turns_line = results_cluster_targets.fleet_targets({"sticky": sticky, "working_set": waited}, 0.9)[1]
+    assert turns_line == (
+        "- target: turns served >= sticky's: 412,281 against 412,289 **missed**; limited by: the gate's waits, "
+        "94 s in all (mean 0.23 ms a turn, p99 0 ms, longest 212 ms), each one delaying its agent's later turns: "
+        "8 fewer turns is 0.002% of sticky's"
+    )
 
 
 def test_a_missed_fleet_tail_the_gate_did_not_hold_says_so():
