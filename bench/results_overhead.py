@@ -133,13 +133,28 @@ def run_row(
     """Run `kvgate bench overhead` with `options` and `store` its row (`make_record` of its
     --out document, command, date and commit); False (row not updated) if it failed."""
     shown = shlex.join(["kvgate", "bench", "overhead", *options])
+    command = [sys.executable, "-m", "kvgate.cli", "bench", "overhead", *options]
+    return run_command_row(shown, command, make_record, key, store, commit, cwd)
+
+
+def run_command_row(
+    shown: str,
+    command: list[str],
+    make_record: Callable[[dict, str, str, str], dict],
+    key: str,
+    store: Callable[[dict], None],
+    commit: str,
+    cwd: Path | None = None,
+) -> bool:
+    """Run `command` with `--out FILE` added (a scratch JSON file) and `store` the row
+    `make_record` makes of that document, `shown` (the command as a user types it), the
+    date and `commit`; False (row not updated) if it failed or wrote no document."""
     print(f"[results] {shown}", flush=True)
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     with tempfile.TemporaryDirectory(prefix="kvgate-results-") as scratch:
-        out = Path(scratch) / "overhead.json"
-        command = [sys.executable, "-m", "kvgate.cli", "bench", "overhead", *options, "--out", str(out)]
+        out = Path(scratch) / f"{key}.json"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        status = subprocess.run(command, cwd=cwd, env=env).returncode
+        status = subprocess.run([*command, "--out", str(out)], cwd=cwd, env=env).returncode
         if status != 0 or not out.exists():
             print(f"[results] {key}: exit {status}, row not updated", file=sys.stderr)
             return False

@@ -10,15 +10,12 @@ docs/results.json (kind `pins`) and rendered in a section of its own.
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
 import shlex
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from kvgate.bench.results_overhead import run_command_row
 
 KEY = "pins"
 RUNNER = "tests/vllm_plugin/scripts/run_pin_flood.py"
@@ -68,14 +65,4 @@ def render(records: list[dict]) -> list[str]:
 def run_row(store: Callable[[dict], None], commit: str, cwd: Path | None = None, runner: str = RUNNER) -> bool:
     """Run `runner` (a path under `cwd`) and `store` its row; False (row not updated) if it failed."""
     shown = shlex.join(["python", runner])
-    print(f"[results] {shown}", flush=True)
-    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    with tempfile.TemporaryDirectory(prefix="kvgate-results-") as scratch:
-        out = Path(scratch) / "flood.json"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        status = subprocess.run([sys.executable, runner, "--out", str(out)], cwd=cwd, env=env).returncode
-        if status != 0 or not out.exists():
-            print(f"[results] {KEY}: exit {status}, row not updated", file=sys.stderr)
-            return False
-        store(record(json.loads(out.read_text()), shown, date, commit))
-    return True
+    return run_command_row(shown, [sys.executable, runner], record, KEY, store, commit, cwd)

@@ -100,36 +100,46 @@ async def run_pin_sequence(replica: PinReplica, http: aiohttp.ClientSession) -> 
     assert kv.num_pinned_blocks == 0 and kv.num_pinned_sessions == 0, f"pins left at the end: {kv}"
 
 
+def flood_window(total: int) -> int:
+    """The blocks of the window a flood is measured on: an eighth of the cache."""
+    return max(2, total // 8)
+
+
+async def _flood(client: _Client, total: int, size: int, first_seed: int) -> tuple[int, int]:
+    """Other sessions' prompts of a quarter of the cache each, through it three times over
+    (prompts of seeds from `first_seed`); (blocks per prompt, prompts sent)."""
+    flood = max(1, total // 4)
+    turns = 3 * -(-total // flood)
+    for seed in range(first_seed, first_seed + turns):
+        await client.turn(prompt_of(seed, flood, size))
+    return flood, turns
+
+
 async def _survives_a_flood(client: _Client, total: int, size: int) -> None:
     """A pinned window stays resident through a flood that evicts an unpinned one."""
-    window = max(2, total // 8)
+    window = flood_window(total)
     pinned, unpinned = prompt_of(1, window, size), prompt_of(2, window, size)
     await client.turn(pinned, client.pin("a"))
     await client.turn(unpinned)
     kv = await client.kv()
     assert kv.num_pinned_sessions == 1 and kv.num_pinned_blocks >= window, f"after a pinned turn: {kv}"
     assert await client.prefix_hits(pinned) == window
-    flood = max(1, total // 4)
-    for seed in range(100, 100 + 3 * -(-total // flood)):  # the cache over three times
-        await client.turn(prompt_of(seed, flood, size))
+    await _flood(client, total, size, first_seed=100)
     assert await client.prefix_hits(pinned) == window, "the pinned window was evicted by the flood"
     assert await client.prefix_hits(unpinned) < window / 2, "the flood did not evict the unpinned window"
 
 
 async def measure_flood(client: _Client, total: int, size: int, session: str = "measured") -> dict:
-    """The issue's measure of KV pins: the hit ratio of a pinned window (`total` // 8 blocks)
-    and of an unpinned one after a flood of other sessions' prompts (`total` // 4 blocks
-    each) through the cache three times over; the pin is released at the end. A dict of
-    the sizes and both ratios (and the engine's preemptions during it, where the replica
-    reads them), as the results page stores it."""
-    window, flood = max(2, total // 8), max(1, total // 4)
-    turns = 3 * -(-total // flood)  # the cache over three times
+    """The issue's measure of KV pins: the hit ratio of a pinned window (`flood_window`) and
+    of an unpinned one after a flood of other sessions' prompts (`_flood`); the pin is
+    released at the end. A dict of the sizes and both ratios (and the engine's preemptions
+    during it, where the replica reads them), as the results page stores it."""
+    window = flood_window(total)
     before = await client.replica.preemptions() if client.replica.preemptions else None
     pinned, unpinned = prompt_of(21, window, size), prompt_of(22, window, size)
     await client.turn(pinned, client.pin(session))
     await client.turn(unpinned)
-    for seed in range(200, 200 + turns):
-        await client.turn(prompt_of(seed, flood, size))
+    flood, turns = await _flood(client, total, size, first_seed=200)  # not the sequence's prompts
     pinned_hits, unpinned_hits = await client.prefix_hits(pinned), await client.prefix_hits(unpinned)
     await client.release(session)
     after = await client.replica.preemptions() if client.replica.preemptions else None
@@ -147,7 +157,7 @@ async def measure_flood(client: _Client, total: int, size: int, session: str = "
 
 async def _replaced_then_released(client: _Client, total: int, size: int) -> None:
     """A session's next pinned turn replaces its pin; a release frees exactly what it held."""
-    window = max(2, total // 8)
+    window = flood_window(total)  # the flood's pinned window, extended
     longer = prompt_of(1, window, size) + prompt_of(3, 2, size)
     await client.turn(longer, client.pin("a"))
     kv = await client.kv()

@@ -5,7 +5,7 @@ vLLM's own preemption counter showing no pin ever caused a preemption."""
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 import subprocess
 import sys
@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from keyed_server import GATE, REPLICA_KEY, VLLM_KEY
-from vllm_harness import VllmServer, http_json, scrape_metrics
+from vllm_harness import VllmServer, http_json, preemptions
 
 from tests.pin_sequence import PinReplica, _Client, run_pin_sequence
 
@@ -23,16 +23,8 @@ pytestmark = pytest.mark.vllm
 FLOOD_SCRIPT = Path(__file__).resolve().parent / "scripts" / "run_pin_flood.py"
 
 
-def preemptions(server: VllmServer):
-    async def read() -> float:
-        samples = await asyncio.to_thread(scrape_metrics, server.url)
-        return sum(value for name, _, value in samples if name == "vllm:num_preemptions_total")
-
-    return read
-
-
 def replica(server: VllmServer) -> PinReplica:
-    return PinReplica(server.url, "tiny", GATE, REPLICA_KEY, preemptions(server))
+    return PinReplica(server.url, "tiny", GATE, REPLICA_KEY, functools.partial(preemptions, server.url))
 
 
 async def test_the_connector_passes_the_pin_sequence_without_a_preemption(keyed_server):

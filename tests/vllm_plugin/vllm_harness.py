@@ -19,6 +19,7 @@ environment, created on first use and cached:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hashlib
@@ -296,6 +297,12 @@ def prefix_counters(base_url: str) -> tuple[float, float]:
     with urllib.request.urlopen(base_url + "/metrics", timeout=30) as response:
         totals = parse_prometheus(response.read().decode())
     return totals.get(QUERIES, 0.0), totals.get(HITS, 0.0)
+
+
+async def preemptions(base_url: str) -> float:
+    """vLLM's `vllm:num_preemptions_total`, summed over engines (scraped off the event loop)."""
+    samples = await asyncio.to_thread(scrape_metrics, base_url)
+    return sum(value for name, _, value in samples if name == "vllm:num_preemptions_total")
 
 
 # ---------------------------------------------------------------- the server

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import secrets
 import signal
@@ -38,14 +39,12 @@ from vllm_harness import (  # noqa: E402
     VllmServer,
     ensure_tiny_model,
     ensure_vllm_venv,
-    scrape_metrics,
+    preemptions,
 )
 
 from kvgate.vllm_plugin.pin_keeper import CONNECTOR_CONFIG  # noqa: E402
 from kvgate.wire.replica_auth import REPLICA_KEY_HEADER  # noqa: E402
 from tests.pin_sequence import PinReplica, _Client, measure_flood  # noqa: E402
-
-PREEMPTIONS = "vllm:num_preemptions_total"
 
 
 def replica_of(url: str, model: str, replica_key: str | None, api_key: str | None) -> PinReplica:
@@ -55,12 +54,7 @@ def replica_of(url: str, model: str, replica_key: str | None, api_key: str | Non
         headers["Authorization"] = f"Bearer {api_key}"
     if replica_key:
         headers[REPLICA_KEY_HEADER] = replica_key
-
-    async def preemptions() -> float:
-        samples = await asyncio.to_thread(scrape_metrics, url)
-        return sum(value for name, _, value in samples if name == PREEMPTIONS)
-
-    return PinReplica(url, model, headers, replica_key, preemptions)
+    return PinReplica(url, model, headers, replica_key, functools.partial(preemptions, url))
 
 
 async def measure(replica: PinReplica) -> dict:
