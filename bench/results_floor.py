@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kvgate.bench.agentic.regimes import REGIMES
+
 UNBOUNDED_BLOCKS = 1_000_000  # KV blocks per replica: more than any regime's sessions ever hold
 
 
@@ -30,13 +32,16 @@ def floor_options(regime: str, unbounded: bool) -> list[str]:
 
 
 def floor_of(bounded: dict, unbounded: dict, regime: str) -> dict:
-    """The stored floor, from the two runs' sticky summaries (`report.json` -> policies.sticky)."""
+    """The stored floor, from the two runs' sticky summaries (`report.json` -> policies.sticky).
+    `of_server`: the regime runs on a real vLLM server, which its simulation stands for as
+    measured (`Regime.cpu_engine`)."""
     return {
         "makespan_x": round(unbounded["makespan_s"] / bounded["makespan_s"], 3),
         "sticky_makespan_s": bounded["makespan_s"],
         "unbounded_makespan_s": unbounded["makespan_s"],
         "unbounded_hit_rate": unbounded["hit_rate"],
         "command": shlex.join(["kvgate", "sim", "cluster", *floor_options(regime, unbounded=True)]),
+        "of_server": REGIMES[regime].cpu_engine is not None,
     }
 
 
@@ -65,9 +70,12 @@ def _simulate(options: list[str], out: Path, cwd: Path, what: str) -> bool:
 
 def floor_note(floor: dict, limit: float) -> str:
     """The limit a missed `makespan <= limit x sticky` target meets, in the floor's terms."""
+    simulation = "the cluster simulation"
+    if floor.get("of_server"):
+        simulation += " of this vLLM server (its measured steps and tokenizer, `Regime.cpu_engine`)"
     reach = (
         f"with every prefix kept (an unbounded cache) sticky itself takes {floor['makespan_x']:.2f}x "
-        f"its makespan in the cluster simulation (`{floor['command']}`)"
+        f"its makespan in {simulation} (`{floor['command']}`)"
     )
     if floor["makespan_x"] > limit:
         return f"no policy reaches {limit:g}x: {reach}"

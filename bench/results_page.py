@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvgate.bench import results_overhead, results_pins, results_router
+from kvgate.bench.agentic.regimes import REGIMES
 from kvgate.bench.results_cluster_targets import fleet_targets, sweep_targets
 from kvgate.bench.results_floor import floor_note, run_floor, run_sweep_floor
 
@@ -87,8 +88,10 @@ class ResultRow:
 
     @property
     def needs_floor(self) -> bool:
-        """A simulated row held to a makespan below sticky's: its floor is measured with it."""
-        return not self.real_vllm and any(limit < 1 for limit in map(makespan_limit, self.targets) if limit)
+        """A row held to a makespan below sticky's, simulated or on a real vLLM server that its
+        simulation stands for (`Regime.cpu_engine`): its floor is measured with it."""
+        simulated = not self.real_vllm or REGIMES[self.regime].cpu_engine is not None
+        return simulated and any(limit < 1 for limit in map(makespan_limit, self.targets) if limit)
 
 
 SIMULATED = ("makespan<=1.02x", "session_p95<=sticky")

@@ -68,9 +68,9 @@ def _timed_step(step):
     def timed_step(self, *args, **kwargs):
         log = getattr(self, _STEP_LOG, None)
         if log is None:
-            from kvgate.vllm_plugin.step_costs import StepLog
+            from kvgate.vllm_plugin.step_costs import StepLog, step_sink_from_env
 
-            log = StepLog()
+            log = StepLog(sink=step_sink_from_env())
             setattr(self, _STEP_LOG, log)
             _watch_schedule(self.scheduler)
         setattr(self.scheduler, _SCHEDULED, 0)

@@ -8,32 +8,39 @@ step. vLLM's request counters cannot tell the two apart (on a small model they
 report several times fewer tokens per second than a longer prompt really costs, and
 the gate would hold turns whose re-prefill is nearly free). So the engine plugin
 times every scheduler step and records how many tokens it scheduled (`StepLog`), and `marginal_token_sec` fits
-step seconds = overhead + tokens x marginal seconds per token by least squares.
+step seconds = overhead + tokens x marginal seconds per token by least squares
+(`kvgate.wire.step_fit`).
+
+With `KVGATE_STEP_LOG` set to a file path in the engine's environment, the log also
+appends each step there as a line `seconds tokens` (`step_sink_from_env`): the timings a
+simulated replica's cost model is fitted from (docs/simulator.md).
 """
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Iterable
+from typing import TextIO
 
 from kvgate.wire.busy_share import BusyMeter
+from kvgate.wire.step_fit import fit_step_seconds
 
 MAX_STEPS = 512  # the fit covers the engine's most recent steps
-MIN_STEPS = 32  # fewer: no figure yet
-# The fit needs steps of different sizes; a spread of tokens below this (decode-only
-# steps of similar batches) says nothing about a prefill's cost.
-MIN_TOKEN_SPREAD = 64
+STEP_LOG_ENV = "KVGATE_STEP_LOG"  # a file every step is appended to, as `seconds tokens`
 
 
 class StepLog:
     """The engine's recent steps as (seconds, scheduled tokens), and its busy share
-    (`busy`: `kvgate.wire.busy_share`, from the steps' ends); O(1) per step."""
+    (`busy`: `kvgate.wire.busy_share`, from the steps' ends); O(1) per step. With a `sink`,
+    every recorded step is also written to it as a line `seconds tokens`."""
 
-    __slots__ = ("steps", "busy")
+    __slots__ = ("steps", "busy", "sink")
 
-    def __init__(self, max_steps: int = MAX_STEPS) -> None:
+    def __init__(self, max_steps: int = MAX_STEPS, sink: TextIO | None = None) -> None:
         self.steps: deque[tuple[float, int]] = deque(maxlen=max_steps)
         self.busy = BusyMeter()
+        self.sink = sink
 
     def record(self, seconds: float, tokens: int, ended_at: float | None = None) -> None:
         """A step of `seconds` that scheduled `tokens`, ending at `ended_at` (a monotonic
@@ -42,22 +49,18 @@ class StepLog:
             self.steps.append((seconds, tokens))
             if ended_at is not None:
                 self.busy.observe(ended_at, seconds)
+            if self.sink is not None:
+                self.sink.write(f"{seconds:.6f} {tokens}\n")
+
+
+def step_sink_from_env() -> TextIO | None:
+    """The file `KVGATE_STEP_LOG` names, opened to append a line per step (line-buffered, so
+    a stopped server leaves whole lines); None when it is unset or empty."""
+    path = os.environ.get(STEP_LOG_ENV)
+    return open(path, "a", buffering=1) if path else None  # noqa: SIM115 (lives as long as the engine)
 
 
 def marginal_token_sec(steps: Iterable[tuple[float, int]]) -> float | None:
-    """Least-squares slope of step seconds over scheduled tokens: the engine seconds one
-    more token costs in a step. None with fewer than MIN_STEPS steps, a token spread
-    below MIN_TOKEN_SPREAD, or a slope that is not positive (noise swamped it)."""
-    samples = list(steps)
-    n = len(samples)
-    if n < MIN_STEPS:
-        return None
-    tokens = [t for _, t in samples]
-    if max(tokens) - min(tokens) < MIN_TOKEN_SPREAD:
-        return None
-    mean_t = sum(tokens) / n
-    mean_s = sum(s for s, _ in samples) / n
-    covariance = sum((t - mean_t) * (s - mean_s) for s, t in samples)
-    variance = sum((t - mean_t) ** 2 for t in tokens)
-    slope = covariance / variance
-    return slope if slope > 0 else None
+    """The slope of `fit_step_seconds`: the engine seconds one more token costs in a step."""
+    fit = fit_step_seconds(steps)
+    return None if fit is None else fit[1]

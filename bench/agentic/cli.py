@@ -240,7 +240,7 @@ def build_plan(args) -> tuple[RunPlan, str]:
     """The run plan of parsed `args` (regime preset + overrides); raises ValueError on bad options."""
     regime = get_regime(args.regime)
     workload, token_scale = _workload(args, regime)
-    shape = regime.shape
+    shape = regime.shape if args.replica_url else regime.simulated_shape()  # given servers: their own shape
     preset = args.cost_preset or regime.cost_preset
     if preset is not None:
         shape = preset_shape(preset, token_scale, shape.time_scale, regime.kv_fraction)

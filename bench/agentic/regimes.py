@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from kvgate.bench.agentic.cpu_engines import CpuEngine
 from kvgate.bench.agentic.workload import WorkloadSpec
 from kvgate.bench.processes import ReplicaShape
 from kvgate.simulator.agent_trace import AgentTraceSpec
@@ -51,6 +52,14 @@ class Regime:
     cost_preset: str | None = None
     kv_fraction: float = 1.0  # share of the preset's KV cache a replica gets
     send_finish: bool = False
+    # For --replica-url regimes: their vLLM CPU server as measured, which a simulation of the
+    # regime stands for (`simulated_shape`; bench/agentic/cpu_engines.py).
+    cpu_engine: CpuEngine | None = None
+
+    def simulated_shape(self) -> ReplicaShape:
+        """The shape of a simulated replica of this regime: `shape`, or for a real-vLLM regime
+        with a measured `cpu_engine`, the simulated replica that stands for its server."""
+        return self.shape if self.cpu_engine is None else self.cpu_engine.simulated(self.shape)
 
 
 def preset_shape(preset: str, token_scale: float, time_scale: float, kv_fraction: float = 1.0) -> ReplicaShape:
@@ -141,22 +150,27 @@ _VLLM_PREFILL_WORKLOAD = WorkloadSpec(
     tool_latency_sigma=0.5,
 )
 
+# The two servers measured on the 2-core CI machine, engine pinned to its own CPU
+# (`tests/vllm_plugin/scripts/fit_cpu_engine.py --regime vllm-small-no-finish`, and
+# `vllm-prefill-no-finish`): the models share one BPE, ~3.6 tokens of the simulator's one.
+_TINY_ON_CPU = CpuEngine(step_overhead_s=0.00238, token_s=8.25e-06, tokens_per_sim_token=3.58)
+_PREFILL_ON_CPU = CpuEngine(step_overhead_s=0.00915, token_s=0.000322, tokens_per_sim_token=3.58)
+
 
 def _real_vllm_pair(
-    name: str, description: str, workload: WorkloadSpec, model: str, shape: ReplicaShape
+    name: str, description: str, workload: WorkloadSpec, model: str, shape: ReplicaShape, engine: CpuEngine
 ) -> dict[str, Regime]:
     """`name` (the last turn carries x-session-finish) and `name`-no-finish (no turn does: an
     agent on a plain OpenAI SDK), both against one given vLLM server with the default gate
-    but for the probe deadline (`_VLLM_CPU_GATE`)."""
-    regime = Regime(name, description, workload, shape, replicas=1, gate=_VLLM_CPU_GATE, vllm_model=model)
-    silent = Regime(
-        f"{name}-no-finish",
-        f"{name}, and no turn carries x-session-finish (an agent on a plain OpenAI SDK)",
-        workload.replace(send_finish=False),
-        shape,
-        replicas=1,
-        gate=_VLLM_CPU_GATE,
-        vllm_model=model,
+    but for the probe deadline (`_VLLM_CPU_GATE`), simulated as `engine`."""
+    regime = Regime(
+        name, description, workload, shape, replicas=1, gate=_VLLM_CPU_GATE, vllm_model=model, cpu_engine=engine
+    )
+    silent = replace(
+        regime,
+        name=f"{name}-no-finish",
+        description=f"{name}, and no turn carries x-session-finish (an agent on a plain OpenAI SDK)",
+        workload=workload.replace(send_finish=False),
     )
     return {name: regime, silent.name: silent}
 
@@ -203,6 +217,7 @@ REGIMES: dict[str, Regime] = {
         _VLLM_SMALL_WORKLOAD,
         "tiny",
         _VLLM_CACHE,
+        _TINY_ON_CPU,
     ),
     **_real_vllm_pair(
         "vllm-prefill",
@@ -212,6 +227,7 @@ REGIMES: dict[str, Regime] = {
         _VLLM_PREFILL_WORKLOAD,
         "prefill",
         _VLLM_PREFILL_CACHE,
+        _PREFILL_ON_CPU,
     ),
     "tiny": Regime(
         "tiny",

@@ -117,7 +117,7 @@ def _preset(args) -> ClusterPreset:
     if preset is not None:
         return preset
     regime = REGIMES[args.regime]
-    shape = regime.shape
+    shape = regime.simulated_shape()
     engine = EngineConfig(
         shape.num_blocks, shape.block_size, shape.max_num_seqs, shape.max_num_batched_tokens, shape.max_model_len
     )

@@ -38,6 +38,14 @@ def test_regime_preset_with_overrides():
     assert plan.modes == ("sticky", "kvgate-working_set")
 
 
+def test_a_real_vllm_regime_runs_its_server_or_the_simulated_replica_that_stands_for_it():
+    regime = REGIMES["vllm-prefill-no-finish"]
+    on_server, _ = build_plan(parse("--regime", regime.name, "--replica-url", "http://127.0.0.1:8000"))
+    assert on_server.shape == regime.shape and on_server.block_size == 32  # the server's own tokens
+    simulated, _ = build_plan(parse("--regime", regime.name))
+    assert simulated.shape == regime.simulated_shape() and simulated.block_size == 9
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [

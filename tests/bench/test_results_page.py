@@ -97,7 +97,19 @@ def test_a_missed_makespan_target_names_whether_any_policy_could_meet_it():
         "prefill-bound",
         "prefill-bound-no-finish",
         "trace-70b-tight",
+        "vllm-prefill-no-finish --pinning pinned",  # its simulation stands for the measured server
     ]
+    assert not dear["of_server"] and "of this vLLM server" not in unreachable
+
+
+def test_a_real_vllm_rows_floor_says_it_simulates_that_server():
+    unbounded = {"makespan_s": 6.3, "hit_rate": 0.70}
+    floor = results_floor.floor_of({"makespan_s": 13.3}, unbounded, "vllm-prefill-no-finish")
+    assert floor["of_server"] and floor["makespan_x"] == 0.474
+    note = results_floor.floor_note(floor, 0.8)
+    assert note.startswith("within reach of a policy: with every prefix kept (an unbounded cache) sticky itself")
+    assert "in the cluster simulation of this vLLM server (its measured steps and tokenizer" in note
+    assert "`kvgate sim cluster --regime vllm-prefill-no-finish --policies sticky --no-plots --num-blocks" in note
 
 
 def test_the_floor_runs_both_simulations_of_a_regime(tmp_path):

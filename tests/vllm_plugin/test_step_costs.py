@@ -3,8 +3,9 @@
 import pytest
 
 from kvgate.vllm_plugin.engine_rates import prefill_rate
-from kvgate.vllm_plugin.step_costs import MAX_STEPS, MIN_STEPS, StepLog, marginal_token_sec
+from kvgate.vllm_plugin.step_costs import MAX_STEPS, STEP_LOG_ENV, StepLog, marginal_token_sec, step_sink_from_env
 from kvgate.wire.probe_api import KvAnswer, merge_kv
+from kvgate.wire.step_fit import MIN_STEPS, fit_step_seconds
 
 
 def test_the_fit_by_hand():
@@ -26,6 +27,27 @@ def test_the_fit_by_hand():
 )
 def test_no_figure(steps):
     assert marginal_token_sec(steps) is None
+
+
+def test_the_fit_gives_the_steps_overhead_too():
+    steps = [(0.02 + 8e-5, 8)] * 30 + [(0.02 + 0.015 + 8e-5, 1508)] * 10
+    overhead, token_sec = fit_step_seconds(steps)
+    assert overhead == pytest.approx(0.02) and token_sec == pytest.approx(1e-5)
+    assert fit_step_seconds(steps[: MIN_STEPS - 1]) is None
+
+
+def test_a_step_log_with_a_sink_writes_each_step_it_keeps(tmp_path, monkeypatch):
+    path = tmp_path / "steps.txt"
+    monkeypatch.delenv(STEP_LOG_ENV, raising=False)
+    assert step_sink_from_env() is None
+    monkeypatch.setenv(STEP_LOG_ENV, str(path))
+    sink = step_sink_from_env()
+    log = StepLog(sink=sink)
+    log.record(0.01, 0)  # nothing scheduled: neither kept nor written
+    log.record(0.0125, 8, ended_at=1.0)
+    log.record(0.5, 1500)
+    sink.close()
+    assert path.read_text().splitlines() == ["0.012500 8", "0.500000 1500"]
 
 
 def test_without_a_fit_the_counters_figure_stands():
