@@ -59,6 +59,7 @@ OTHER_VARIABLES = frozenset(
     {
         "KVGATE_PROBE_TIMEOUT_SEC",
         "KVGATE_CPU_LOAD_GBPS",
+        "KVGATE_STEP_LOG",
         "KVGATE_REPLICA_API_KEY",
         "KVGATE_REPLICA_API_KEY_FILE",
         "KVGATE_VLLM_VENV",
