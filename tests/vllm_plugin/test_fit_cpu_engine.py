@@ -10,8 +10,8 @@ not drift).
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +28,6 @@ pytestmark = [
 ]
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "fit_cpu_engine.py"
-MEASURED = re.compile(r"^measured: (CpuEngine\(.*\))$", re.MULTILINE)
 REGIME = "vllm-small-no-finish"
 
 
@@ -41,9 +40,8 @@ def test_the_fit_reproduces_the_regimes_declared_engine(vllm_python, tiny_model,
         timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    found = MEASURED.search(done.stdout)
-    assert found, done.stdout[-3000:]
-    measured = eval(found.group(1), {"CpuEngine": CpuEngine})  # the script prints the dataclass's repr
+    measured = CpuEngine(**json.loads((tmp_path / "cpu_engine.json").read_text()))
+    assert f"measured: {measured}" in done.stdout
     declared = REGIMES[REGIME].cpu_engine
     assert declared is not None and f"declared: {declared}" in done.stdout
     assert measured.tokens_per_sim_token == pytest.approx(declared.tokens_per_sim_token, abs=0.02)

@@ -9,7 +9,8 @@ fits the steps (step seconds = overhead + seconds per token x tokens) and sets t
 server's prompt tokens (the benchmark's `prompt_tokens_queried`) against the simulator's
 for the same workload, and prints the `CpuEngine` they make beside the one the regime
 declares (bench/agentic/regimes.py, `Regime.cpu_engine`), with how far each figure is
-from it. Paste the measured one there to recalibrate the regime's simulations.
+from it, and writes it to `cpu_engine.json` in the output folder. Paste the measured one
+there to recalibrate the regime's simulations.
 
 Exit status: 0 measured, 1 the benchmark failed or its steps gave no fit, 2 bad options.
 """
@@ -17,6 +18,7 @@ Exit status: 0 measured, 1 the benchmark failed or its steps gave no fit, 2 bad 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -87,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if measured is None:
         print(f"fit_cpu_engine: the steps in {steps_path} give no fit", file=sys.stderr)
         return 1
+    (out / "cpu_engine.json").write_text(json.dumps(dataclasses.asdict(measured)) + "\n")
     print(compare(regime.cpu_engine, measured))
     return 0
 
