@@ -2,13 +2,18 @@
 
 Sessions: rendezvous hashing of the session id over the routable replicas
 (`rendezvous`), or the same order skipping replicas whose in-flight load exceeds
-`load_factor` x mean (`bounded_load`). Anonymous requests: the routable replica
+`load_factor` x mean (`bounded_load`). Where the caller counts each replica's sessions
+(`sessions_on`: the gates' books, `gate.place_sessions`), the routable replica with the
+fewest per unit of weight instead, ties going to the earliest in the session's
+rendezvous order. The proxy asks only for a session it has not pinned to a replica yet
+(proxy.turn_route). Anonymous requests: the routable replica
 with the fewest in-flight requests per unit of weight, ties rotated so that
 sequential requests spread.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import count
 
 from kvgate.balancer.hashing import bounded_load_pick, rendezvous_order, rendezvous_score
@@ -38,8 +43,14 @@ class Balancer:
             raise ValueError(f"balancer.algorithm must be one of {ALGORITHMS}, got {self.settings.algorithm!r}")
         self._tie = count()
 
-    def choose(self, session_id: str | None, exclude: Replica | None = None) -> Replica | None:
-        """The replica for this request, or None when no replica is routable."""
+    def choose(
+        self,
+        session_id: str | None,
+        exclude: Replica | None = None,
+        sessions_on: Callable[[Replica], int] | None = None,
+    ) -> Replica | None:
+        """The replica for this request, or None when no replica is routable. `sessions_on`:
+        how many sessions a replica serves, to place a session on the one with the fewest."""
         candidates = self.registry.routable()
         if exclude is not None:
             candidates = tuple(r for r in candidates if r is not exclude)
@@ -49,6 +60,9 @@ class Balancer:
             return self._least_loaded(candidates)
         if len(candidates) == 1:
             return candidates[0]
+        if sessions_on is not None:
+            ordered = rendezvous_order(session_id, candidates, _name, _weight)
+            return min(ordered, key=lambda r: sessions_on(r) / r.weight)  # the first of the fewest
         if self.settings.algorithm == "bounded_load":
             ordered = rendezvous_order(session_id, candidates, _name, _weight)
             return bounded_load_pick(ordered, _load, self.settings.load_factor)

@@ -32,6 +32,10 @@ GATE_OPTIONS: Options = {
         yes_no,
         "yes|no: working_set policy admits a held turn when holding costs more than the re-prefill it causes",
     ),
+    "place_sessions": (
+        yes_no,
+        "yes|no: a new session goes to the replica whose gate books the fewest sessions (no: rendezvous hashing)",
+    ),
 }
 
 

@@ -180,6 +180,18 @@ class AdmissionController:
             known = self.probe_api(replica.name)
         return known
 
+    def placement(self) -> Callable[[ReplicaAddress], int] | None:
+        """What places a new session (`gate.place_sessions`, enforce mode): the live sessions
+        each replica's gate books (`live_sessions`); None: the balancer's algorithm places it."""
+        if self.settings.mode != "enforce" or not self.settings.place_sessions:
+            return None
+        return self.live_sessions
+
+    def live_sessions(self, replica: ReplicaAddress) -> int:
+        """The named sessions the replica's gate books (0 before its first turn)."""
+        gate = self._gates.get(replica.name)
+        return 0 if gate is None else gate.live_sessions()
+
     def finish_session(self, session_id: str) -> None:
         """End the session's ownership window on every replica; unknown ids are a no-op."""
         key = session_key(session_id)

@@ -857,6 +857,12 @@ class Gate:
 
     # ------------------------------------------------------------ introspection
 
+    def live_sessions(self) -> int:
+        """The named sessions booked on this replica: acquiring, in flight, or idle for less than
+        `idle_grace_sec` and not finished (expired ones purged first)."""
+        self._purge(self._now())
+        return len(self._book.records)
+
     def counts(self) -> dict[str, int]:
         """Live objects, for leak checks: all zero when nothing is in flight or held."""
         self._purge(self._now())
@@ -865,7 +871,7 @@ class Gate:
             "windows": self._book.windows_in_flight + self._book.windows_idle,
             "waiters": len(self._queue),
             "attempts": len(self._attempts),
-            "sessions": len(self._book.records),
+            "sessions": self.live_sessions(),
         }
 
     def state(self) -> dict[str, Any]:

@@ -41,6 +41,9 @@ class GateSettings:
     # KV pins (gate/pins.py): "auto" forwards a turn that gets a window with a pin on a replica
     # that keeps pins (its kv answer reports them); "off" never pins
     pins: str = "auto"
+    # enforce mode: a session the proxy has not pinned yet goes to the replica whose gate books
+    # the fewest live sessions (per unit of weight), not to its rendezvous replica (docs/gate.md)
+    place_sessions: bool = True
 
 
 @dataclass(frozen=True)

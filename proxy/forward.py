@@ -129,6 +129,7 @@ class Forwarder:
         self.clients = clients
         self.metrics = metrics
         self.sessions = sessions
+        self._sessions_on = admission.placement()  # None: the balancer's algorithm places new sessions
         self._fields = split_body_fields(settings.session.body_fields)
         self._header = settings.session.header.lower()
         # kvgate's own header first, then the agent clients' own (session.client_headers)
@@ -332,12 +333,25 @@ class Forwarder:
 
     # ---- the turn's steps: route, admit, relay --------------------------------------
 
+    def _place(self, turn: Turn) -> Replica | None:
+        """The replica for a turn its session's pin does not place, pinned at once: placed by
+        the gates' books, a session's concurrent first turns would otherwise be counted apart."""
+        replica = self._choose(turn.session_id)
+        if replica is not None and turn.entry is not None:
+            turn.entry.replica = replica
+        return replica
+
+    def _choose(self, session_id: str | None, exclude: Replica | None = None) -> Replica | None:
+        """The balancer's replica for a turn the session's pin does not place (a new session,
+        or a re-send): where the gates' books count sessions, the one with the fewest."""
+        return self.balancer.choose(session_id, exclude, self._sessions_on)
+
     async def _run(self, turn: Turn) -> None:
         """Route, admit, open, relay. A turn is re-sent at most once per kind of failure
         (proxy.turn_route); its place and lease on a replica are held by one `Hold`
         block, so every way out of it gives them back exactly once."""
         kind = turn.route.kind
-        replica = pinned_replica(turn.entry) or self.balancer.choose(turn.session_id)
+        replica = pinned_replica(turn.entry) or self._place(turn)
         spent: frozenset[Failure] = frozenset()
         while True:
             if replica is None:
@@ -351,7 +365,7 @@ class Forwarder:
                     then = after_failure(Failure.UNAVAILABLE, spent, self._tiered, replica.in_flight)
                     if then.resend is Resend.OTHER:
                         spent |= {Failure.UNAVAILABLE}
-                        replica = self.balancer.choose(turn.session_id, exclude=replica)
+                        replica = self._choose(turn.session_id, exclude=replica)
                         continue
                 self._refuse(turn, replica, lease)
                 return
@@ -426,7 +440,7 @@ class Forwarder:
         self.metrics.upstream_errors.labels(replica.name, "connect").inc()
         if then.resend is Resend.SAME:
             return replica
-        resend = self.balancer.choose(turn.session_id, exclude=replica) if then.resend is Resend.OTHER else None
+        resend = self._choose(turn.session_id, exclude=replica) if then.resend is Resend.OTHER else None
         if resend is None:
             self._count(turn.route.kind, replica.name, 502)
             send_error(

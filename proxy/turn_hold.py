@@ -10,7 +10,7 @@ unserved ends the window its admission opened (gate.gate.Lease.release).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Protocol
 
@@ -46,6 +46,8 @@ class TurnAdmission(Protocol):
     ) -> TurnLease: ...
 
     def finish_session(self, session_id: str) -> None: ...
+
+    def placement(self) -> Callable[[Replica], int] | None: ...
 
 
 class Hold:

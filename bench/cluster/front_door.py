@@ -2,7 +2,8 @@
 
 What `proxy/forward.py` does per turn, minus HTTP, with the proxy's own pieces: the
 session keeps the replica it ran on (`proxy.turn_route.pinned_replica`), otherwise the
-balancer picks one (rendezvous over the routable replicas); the replica's gate admits
+balancer picks one (the replica whose gate books the fewest sessions, where the gate
+enforces and `gate.place_sessions`; else rendezvous); the replica's gate admits
 it (`AdmissionController.acquire`, the proxy's own controller with in-process probes);
 a replica that left while the turn waited sends it elsewhere once
 (`proxy.turn_route.after_failure`); one `proxy.turn_hold.Hold` keeps the replica's
@@ -151,12 +152,16 @@ class FrontDoor:
         # as proxy.forward: a gate that is not off learns each served turn's usage
         self.learns_usage = controller is not None and controller.settings.mode != "off"
         self._sessions: dict[str, SessionEntry] = {}
+        # as proxy.forward: where the gates' books count sessions, a new one goes to the fewest
+        self._sessions_on = None if controller is None else controller.placement()
 
     def _route(self, session_id: str, direct_index: int) -> Replica | None:
         if self.controller is None:
             routable = self.registry.routable()
             return routable[direct_index % len(routable)] if routable else None
-        return pinned_replica(self._sessions.get(session_id)) or self.balancer.choose(session_id)
+        return pinned_replica(self._sessions.get(session_id)) or self.balancer.choose(
+            session_id, None, self._sessions_on
+        )
 
     async def turn(self, session_id: str, direct_index: int, request: SessionRequest, body: TurnBody, finish: bool):
         """Run one turn; the outcome says how it ended (never raises an AdmissionError)."""
@@ -178,7 +183,11 @@ class FrontDoor:
                 return replica, await self.controller.acquire(replica, session_id, "chat", body)
             except ReplicaUnavailable:
                 after = after_failure(Failure.UNAVAILABLE, spent, tiered=False, in_flight=replica.in_flight)
-                other = self.balancer.choose(session_id, exclude=replica) if after.resend is Resend.OTHER else None
+                other = (
+                    self.balancer.choose(session_id, replica, self._sessions_on)
+                    if after.resend is Resend.OTHER
+                    else None
+                )
                 if after.resend is Resend.NOWHERE:
                     return replica, "replica_unavailable"
                 if other is None:

@@ -96,3 +96,39 @@ def test_registry_rejects_bad_changes():
 def test_unknown_algorithm_is_refused():
     with pytest.raises(ValueError, match="balancer.algorithm"):
         Balancer(ReplicaRegistry(), BalancerSettings(algorithm="random"))
+
+
+def test_sessions_on_places_a_session_on_the_replica_with_the_fewest_per_weight():
+    registry = ReplicaRegistry()
+    registry.add("r0", "http://127.0.0.1:8100")
+    registry.add("r1", "http://127.0.0.1:8101", weight=2.0)
+    registry.add("r2", "http://127.0.0.1:8102")
+    balancer = Balancer(registry)
+    counts = {"r0": 3, "r1": 5, "r2": 4}  # per unit of weight: 3, 2.5, 4
+    on = lambda r: counts[r.name]  # noqa: E731
+    assert {balancer.choose(f"s{i}", sessions_on=on).name for i in range(50)} == {"r1"}
+    assert balancer.choose("s0", exclude=registry.get("r1"), sessions_on=on).name == "r0"
+    # anonymous requests still go by in-flight load, whatever the counts
+    registry.get("r0").in_flight = 1
+    registry.get("r1").in_flight = 1
+    assert balancer.choose(None, sessions_on=on).name == "r2"
+
+
+def test_sessions_on_ties_go_to_the_sessions_rendezvous_choice():
+    registry, balancer = make(4)
+    even = lambda r: 7  # noqa: E731
+    for i in range(100):
+        assert balancer.choose(f"s{i}", sessions_on=even) is balancer.choose(f"s{i}")
+    # the fewest among the tied: r3 is out, so each session goes to its first choice of the rest
+    uneven = {"r0": 1, "r1": 1, "r2": 1, "r3": 2}
+    for i in range(100):
+        placed = balancer.choose(f"s{i}", sessions_on=lambda r: uneven[r.name])
+        assert placed is balancer.choose(f"s{i}", exclude=registry.get("r3"))
+
+
+def test_sessions_on_fills_replicas_evenly_as_counts_grow():
+    registry, balancer = make(3)
+    counts = Counter({r.name: 0 for r in registry.all()})
+    for i in range(30):
+        counts[balancer.choose(f"s{i}", sessions_on=lambda r: counts[r.name]).name] += 1
+    assert set(counts.values()) == {10}

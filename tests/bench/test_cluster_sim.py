@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,27 @@ def test_at_fleet_scale_the_gate_holds_what_holding_keeps_and_does_not_lose_to_s
     assert gated["turn_latency_s"]["p95"] <= 1.03 * sticky["turn_latency_s"]["p95"]
     assert gated["turns_ok"] >= 0.999 * sticky["turns_ok"]
     assert gated["hit_rate"] >= sticky["hit_rate"] - 0.01
+
+
+@pytest.mark.parametrize("place", [True, False])
+def test_the_gate_places_the_agents_first_sessions_evenly_and_sticky_by_rendezvous(place):
+    """As behind the proxy (`gate.place_sessions`): a new session goes to the replica whose gate
+    books the fewest sessions, so 16 agents starting at once split 6/5/5 over 3 replicas;
+    with placement off, and with the gate off (sticky), rendezvous hashing splits them 5/3/8."""
+    config = ClusterConfig(
+        replicas=3,
+        engine=EngineConfig(num_blocks=2500, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048),
+        agent_sessions=AgentSessions(CODING_AGENTS.replace(turns_min=3, turns_max=5, tool_latency_median_s=1.0), 1),
+        agents=16,
+        duration_s=30.0,
+        sample_sec=5.0,
+        gate={"place_sessions": place},
+    )
+
+    def first_sessions(policy: str) -> list[int]:
+        turns = run_policy(config, policy).turns
+        return sorted(Counter(t.replica for t in turns if t.turn == 1 and t.session < 16).values())
+
+    rendezvous = first_sessions("sticky")
+    assert rendezvous == [3, 5, 8]
+    assert first_sessions("working_set") == ([5, 5, 6] if place else rendezvous)

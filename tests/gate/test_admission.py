@@ -213,3 +213,28 @@ async def test_waiters_on_a_replica_that_dies_are_not_stranded(aiohttp_server, m
     for lease in leases:
         lease.release()
     assert_clean(controller, clock)
+
+
+async def test_placement_counts_the_sessions_each_gate_books(metrics, clock):
+    """`placement()`: with the gate enforcing, each replica's live sessions (acquiring, in
+    flight, or idle within the grace, not finished); None in the other modes or when off."""
+    controller = AdmissionController(
+        settings(idle_grace_sec=30), metrics, probe_factory=lambda n, u: FakeProbe(usage=0.1), clock=clock
+    )
+    on = controller.placement()
+    assert on is not None
+    a, b = Replica("a", "http://a"), Replica("b", "http://b")
+    assert (on(a), on(b)) == (0, 0)  # no gate yet
+    leases = [await controller.acquire(a, s, "chat", body(s)) for s in ("s1", "s2")]
+    leases.append(await controller.acquire(b, "s3", "chat", body("s3")))
+    assert (on(a), on(b)) == (2, 1)
+    for lease in leases:
+        lease.release()
+    assert (on(a), on(b)) == (2, 1)  # idle sessions still count within the grace
+    controller.finish_session("s1")
+    assert (on(a), on(b)) == (1, 1)
+    clock.advance(31)
+    assert (on(a), on(b)) == (0, 0)  # the grace ran out
+    assert controller.counts() == CLEAN
+    for other in (settings(mode="shadow"), settings(mode="off"), settings(place_sessions=False)):
+        assert AdmissionController(other, metrics, probe_factory=lambda n, u: FakeProbe()).placement() is None

@@ -51,13 +51,13 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def running_stack(num_blocks: int = 256, **settings):
+async def running_stack(num_blocks: int = 256, place_sessions: bool = True, **settings):
     """kvgate (working_set, enforcing) before two simulated replicas of `num_blocks` blocks;
-    everything stopped on exit."""
+    everything stopped on exit. `place_sessions`: `gate.place_sessions`."""
     replicas = await start_simulated_replicas(2, time_scale=0, num_blocks=num_blocks, block_size=16)
     config = Settings(
         replicas=tuple(ReplicaSettings(r.name, r.url) for r in replicas),
-        gate=GateSettings(mode="enforce", policy="working_set"),
+        gate=GateSettings(mode="enforce", policy="working_set", place_sessions=place_sessions),
         **settings,
     )
     app = create_app(config, health_checks=False)
@@ -250,11 +250,12 @@ async def test_a_resent_turn_still_supersedes_through_kvgate():
     """Hold the session's turn at the gate (its replica is full of another session's
     window), re-send the same turn: the first attempt gets 409 admission_superseded, the
     re-sent one is served once the window frees."""
-    async with running_stack(num_blocks=40, session=SessionSettings()) as made:
+    async with running_stack(num_blocks=40, place_sessions=False, session=SessionSettings()) as made:
         client = made.openai()
         big = "x " * 500
         # one session fills one replica's 40 blocks with its window; the agent's session is
-        # pinned there by its id (the same rendezvous choice as the filler's below)
+        # pinned there by its id (the same rendezvous choice as the filler's below; the gate
+        # would place it on the empty replica)
         filler_id, agent_id = _same_replica_ids(made)
         await client.chat.completions.create(
             model=MODEL,

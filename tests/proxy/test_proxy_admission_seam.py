@@ -62,6 +62,9 @@ class RecordingAdmission:
     def finish_session(self, session_id):
         self.finished.append(session_id)
 
+    def placement(self):
+        return None
+
     def remove_replica(self, name):
         self.removed.append(name)
 
