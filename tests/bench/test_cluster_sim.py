@@ -29,6 +29,20 @@ def _run(out, *options) -> dict:
     return json.loads((out / "report.json").read_text())
 
 
+def small_agents(replicas: int, agents: int, duration_s: float, turns=(3, 5), **config) -> ClusterConfig:
+    """Coding agents of short sessions (`turns`, 1 s tool calls) on small replicas of roomy caches."""
+    spec = CODING_AGENTS.replace(turns_min=turns[0], turns_max=turns[1], tool_latency_median_s=1.0)
+    return ClusterConfig(
+        replicas=replicas,
+        engine=EngineConfig(num_blocks=2500, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048),
+        agent_sessions=AgentSessions(spec, config.pop("seed", 1)),
+        agents=agents,
+        duration_s=duration_s,
+        sample_sec=5.0,
+        **config,
+    )
+
+
 # One run serves several tests, each checking its own aspect of it (a policy's figures do
 # not depend on which other policies run beside it, or in which process: the first test
 # below holds them to that). The tests that share a run are one xdist group, so one
@@ -89,15 +103,7 @@ def test_a_fixed_session_regime_runs_every_turn(thrash):
 
 @pytest.mark.parametrize("policy", [p for p in policy_names() if p not in ("sticky", "direct")])
 def test_a_replica_removed_mid_run_fails_no_session_and_leaves_the_gates_clean(policy):
-    config = ClusterConfig(
-        replicas=3,
-        engine=EngineConfig(num_blocks=2500, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048),
-        agent_sessions=AgentSessions(CODING_AGENTS.replace(turns_min=3, turns_max=5, tool_latency_median_s=1.0), 1),
-        agents=16,
-        duration_s=90.0,
-        events=(parse_event("remove@40:r2"),),
-        sample_sec=5.0,
-    )
+    config = small_agents(3, 16, 90.0, events=(parse_event("remove@40:r2"),))
     result = run_policy(config, policy)
     assert all(turn.ok for turn in result.turns)  # turns on the removed replica were re-sent elsewhere
     assert not any(t.replica == "r2" for t in result.turns if t.start_s > 41)
@@ -151,14 +157,7 @@ def test_every_served_turn_teaches_the_gate_its_usage_as_behind_the_proxy(policy
     learned: list[tuple[int, int | None]] = []
     original = Lease.learn
     monkeypatch.setattr(Lease, "learn", lambda lease, *usage: (learned.append(usage), original(lease, *usage))[1])
-    config = ClusterConfig(
-        replicas=2,
-        engine=EngineConfig(num_blocks=2500, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048),
-        agent_sessions=AgentSessions(CODING_AGENTS.replace(turns_min=2, turns_max=3, tool_latency_median_s=1.0), 3),
-        agents=4,
-        duration_s=40.0,
-        sample_sec=5.0,
-    )
+    config = small_agents(2, 4, 40.0, turns=(2, 3), seed=3)
     result = run_policy(config, policy)
     served = [turn for turn in result.turns if turn.ok]
     assert served and all(turn.ok for turn in result.turns)
@@ -230,15 +229,7 @@ def test_the_gate_places_the_agents_first_sessions_evenly_and_sticky_by_rendezvo
     """As behind the proxy (`gate.place_sessions`): a new session goes to the replica whose gate
     books the fewest sessions, so 16 agents starting at once split 6/5/5 over 3 replicas;
     with placement off, and with the gate off (sticky), rendezvous hashing splits them 5/3/8."""
-    config = ClusterConfig(
-        replicas=3,
-        engine=EngineConfig(num_blocks=2500, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048),
-        agent_sessions=AgentSessions(CODING_AGENTS.replace(turns_min=3, turns_max=5, tool_latency_median_s=1.0), 1),
-        agents=16,
-        duration_s=30.0,
-        sample_sec=5.0,
-        gate={"place_sessions": place},
-    )
+    config = small_agents(3, 16, 30.0, gate={"place_sessions": place})
 
     def first_sessions(policy: str) -> list[int]:
         turns = run_policy(config, policy).turns
