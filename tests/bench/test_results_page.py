@@ -109,7 +109,24 @@ def test_a_real_vllm_rows_floor_says_it_simulates_that_server():
     note = results_floor.floor_note(floor, 0.8)
     assert note.startswith("within reach of a policy: with every prefix kept (an unbounded cache) sticky itself")
     assert "in the cluster simulation of this vLLM server (its measured steps and tokenizer" in note
-    assert "`kvgate sim cluster --regime vllm-prefill-no-finish --policies sticky --no-plots --num-blocks" in note
+    assert (
+        "`kvgate sim cluster --regime vllm-prefill-no-finish --policies sticky,working_set --no-plots --num-blocks"
+        in note
+    )
+
+
+def test_a_floor_the_gates_placement_reaches_says_so():
+    """On an unbounded cache the gate holds nothing, but it still places new sessions evenly: where
+    that runs faster than sticky, the floor is the gate's, and its note says whose it is."""
+    floor = results_floor.floor_of(
+        {"makespan_s": 85.8}, {"makespan_s": 17.2, "hit_rate": 0.85}, "prefill-bound", "working_set"
+    )
+    note = results_floor.floor_note(floor, 0.4)
+    assert floor["makespan_x"] == 0.2 and floor["unbounded_policy"] == "working_set"
+    assert note.startswith(
+        "within reach of a policy: with every prefix kept (an unbounded cache) the gate, placing sessions, "
+        "takes 0.20x sticky's makespan"
+    )
 
 
 def test_the_floor_runs_both_simulations_of_a_regime(tmp_path):
@@ -117,7 +134,10 @@ def test_the_floor_runs_both_simulations_of_a_regime(tmp_path):
     floor = results_floor.run_floor("tiny", results_page.REPO)
     assert floor is not None and 0 < floor["makespan_x"] <= 1.0
     assert floor["unbounded_makespan_s"] <= floor["sticky_makespan_s"]
-    assert floor["command"] == "kvgate sim cluster --regime tiny --policies sticky --no-plots --num-blocks 1000000"
+    assert floor["command"] == (
+        "kvgate sim cluster --regime tiny --policies sticky,working_set --no-plots --num-blocks 1000000"
+    )
+    assert floor["unbounded_policy"] in ("sticky", "working_set")
     assert results_floor.run_floor("no-such-regime", results_page.REPO) is None
 
 
