@@ -871,7 +871,7 @@ class Gate:
             "windows": self._book.windows_in_flight + self._book.windows_idle,
             "waiters": len(self._queue),
             "attempts": len(self._attempts),
-            "sessions": self.live_sessions(),
+            "sessions": len(self._book.records),
         }
 
     def state(self) -> dict[str, Any]:
