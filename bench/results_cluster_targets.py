@@ -13,10 +13,18 @@ runs), judged from the stored summaries: pure functions, one line of text per ro
 from __future__ import annotations
 
 
-def sweep_targets(answer: dict[str, int | None], max_replicas: int, floor: dict | None) -> list[str]:
+def sweep_targets(
+    answer: dict[str, int | None],
+    max_replicas: int,
+    floor: dict | None,
+    later: dict[str, int | None] | None = None,
+    first_turn_share: float | None = None,
+) -> list[str]:
     """The sweep's target, judged: the gate (working_set) keeps the turn p95 within its target
-    on at most `max_replicas` replicas and on fewer than sticky needs; missed, with what
-    sticky needs with every prefix kept (`floor`) when that alone rules the target out."""
+    on at most `max_replicas` replicas and on fewer than sticky needs. Missed, with what
+    sticky needs with every prefix kept (`floor`) when that alone rules the target out, and
+    with the cold start (`cold_start`) where the turns after each session's first (`later`:
+    what each policy needs for those) are within the target on fewer replicas."""
 
     def needs(policy: str) -> str:
         n = answer.get(policy)
@@ -28,13 +36,36 @@ def sweep_targets(answer: dict[str, int | None], max_replicas: int, floor: dict 
         f"- target: working_set on at most {max_replicas} replicas and on fewer than sticky: "
         f"{needs('working_set')} (sticky {needs('sticky')}) **{'met' if met else 'missed'}**"
     )
+    limits = []
     if not met and floor is not None and floor["replicas"] is not None:
         verdict = "no policy meets it" if floor["replicas"] > max_replicas else "within reach of a policy"
-        line += (
-            f"; limited by: {verdict}: with every prefix kept (an unbounded cache) sticky needs "
+        limits.append(
+            f"{verdict}: with every prefix kept (an unbounded cache) sticky needs "
             f"{floor['replicas']} (`{floor['command']}`)"
         )
+    if not met and later is not None and first_turn_share is not None:
+        limits += cold_start(answer, later, first_turn_share)
+    if limits:
+        line += "; limited by: " + "; and ".join(limits)
     return [line]
+
+
+def cold_start(answer: dict[str, int | None], later: dict[str, int | None], first_turn_share: float) -> list[str]:
+    """Where the gate's p95 of every turn needs more replicas than that of its later turns (each
+    session's first left out), the run's cold start sets it: its agents all start at once, and
+    their first turns (`first_turn_share` of the run's) queue behind one another under every
+    policy. Says what each policy needs past it. Nothing where the two agree."""
+    gate, gate_later = answer.get("working_set"), later.get("working_set")
+    if gate_later is None or (gate is not None and gate <= gate_later):
+        return []
+    sticky_later = later.get("sticky")
+    same = sticky_later is not None and gate_later >= sticky_later
+    return [
+        f"the cold start: every agent's first turn starts at once, {first_turn_share:.1%} of the turns, "
+        f"and without them working_set needs {gate_later} replicas and sticky "
+        f"{'more than swept' if sticky_later is None else sticky_later}"
+        + (": past its cold start the gate needs no fewer replicas than sticky" if same else "")
+    ]
 
 
 def fleet_targets(policies: dict[str, dict], hit_of_ceiling: float) -> list[str]:

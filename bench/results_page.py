@@ -190,6 +190,7 @@ CLUSTER_KEEP = (
     "hit_rate_of_ceiling",
     "hit_rate_bound_of_ceiling",  # what the caches could hold at all (bench.cluster.cache_bound)
     "turn_latency_s",
+    "later_turn_latency_s",  # a sweep's cold start, told apart (results_cluster_targets)
     "ttft_s",
     "session_completion_s",
     "turns_failed",
@@ -222,6 +223,16 @@ def cluster_record(row: ClusterRow, out: Path, command: str, date: str, commit: 
     return record
 
 
+def first_turn_share(sweep: dict[int, dict[str, dict]]) -> float | None:
+    """The share of a sweep's turns that are their session's first (the same at every count
+    and policy within a few turns: its agents start together), from its largest count's
+    working_set run; None where the runs did not count later turns apart."""
+    results = sweep[max(sweep)] if sweep else {}
+    gate = results.get("working_set") or {}
+    later, every = (gate.get("later_turn_latency_s") or {}).get("n"), gate.get("turn_latency_s", {}).get("n")
+    return None if not later or not every else 1.0 - later / every
+
+
 def render_cluster(records: list[dict]) -> list[str]:
     """The cluster section of the page from the stored cluster rows (in `CLUSTER_ROWS` order)."""
     from kvgate.bench.cluster.report import format_sweep, format_table, sweep_answer
@@ -245,7 +256,8 @@ def render_cluster(records: list[dict]) -> list[str]:
             lines += format_sweep(sweep, r["p95_target_s"]).rstrip("\n").split("\n")
             if row and row.max_replicas:
                 answer = sweep_answer(sweep, r["p95_target_s"])
-                lines += sweep_targets(answer, row.max_replicas, r.get("floor"))
+                later = sweep_answer(sweep, r["p95_target_s"], "later_turn_latency_s")
+                lines += sweep_targets(answer, row.max_replicas, r.get("floor"), later, first_turn_share(sweep))
         else:
             lines += format_table(r["policies"]).rstrip("\n").split("\n")
             if row and row.hit_of_ceiling:

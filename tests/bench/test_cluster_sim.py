@@ -99,6 +99,9 @@ def test_a_fixed_session_regime_runs_every_turn(thrash):
     for policy, summary in thrash["policies"].items():
         assert summary["turns_failed"] == 0 and summary["sessions_completed"] == 36, policy
         assert 0 < summary["hit_rate"] <= summary["ceiling_hit_rate"] + 1e-9, policy
+        # the later turns' latency leaves out each session's first turn, and only that
+        turns, later = summary["turn_latency_s"], summary["later_turn_latency_s"]
+        assert later["n"] == turns["n"] - 36 and later["max"] <= turns["max"], policy
 
 
 @pytest.mark.parametrize("policy", [p for p in policy_names() if p not in ("sticky", "direct")])

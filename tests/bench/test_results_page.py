@@ -14,6 +14,7 @@ from kvgate.bench import (
     results_pins,
     results_router,
 )
+from kvgate.bench.cluster import report
 from kvgate.bench.results_page import ROWS, Check, evaluate, limiting_factor, record_of, render, selected_rows
 
 
@@ -159,6 +160,50 @@ def test_a_sweep_is_judged_by_the_replicas_the_gate_needs_and_names_its_floor():
     assert met.endswith("**met**")
     (none,) = results_cluster_targets.sweep_targets({"sticky": None, "working_set": None}, 12, None)
     assert "none of the counts run (sticky none of the counts run) **missed**" in none
+
+
+def test_a_sweep_whose_p95_its_cold_start_sets_says_so():
+    """Every agent of a sweep starts at once: where its later turns need fewer replicas than
+    all its turns, the missed target names the cold start and what each policy needs past it."""
+
+    def run(p95, later_p95, n=1000, later_n=900):
+        return {
+            "turn_latency_s": {"p95": p95, "n": n},
+            "later_turn_latency_s": {"p95": later_p95, "n": later_n},
+            "turns_failed": 0,
+            "hit_rate": 0.8,
+            "turns_per_s": 32.0,
+        }
+
+    sweep = {
+        8: {"sticky": run(2.9, 2.9), "working_set": run(2.8, 2.8)},
+        12: {"sticky": run(2.04, 1.85), "working_set": run(2.02, 1.78)},
+        16: {"sticky": run(1.81, 1.49), "working_set": run(1.81, 1.45)},
+    }
+    answer = report.sweep_answer(sweep, 2.0)
+    later = report.sweep_answer(sweep, 2.0, "later_turn_latency_s")
+    assert answer == {"sticky": 16, "working_set": 16} and later == {"sticky": 12, "working_set": 12}
+    share = results_page.first_turn_share(sweep)
+    assert share is not None and abs(share - 0.1) < 1e-9
+    (line,) = results_cluster_targets.sweep_targets(answer, 12, None, later, share)
+    assert line.endswith(
+        "**missed**; limited by: the cold start: every agent's first turn starts at once, 10.0% of the turns, "
+        "and without them working_set needs 12 replicas and sticky 12: past its cold start the gate needs no "
+        "fewer replicas than sticky"
+    )
+    # the cold start does not decide where the later turns need as many replicas as all of them
+    same = results_cluster_targets.sweep_targets(answer, 12, None, answer, share)
+    assert same == [results_cluster_targets.sweep_targets(answer, 12, None)[0]] and "limited" not in same[0]
+    # a record from before later turns were counted apart renders as before
+    old = {
+        n: {p: {k: v for k, v in s.items() if k != "later_turn_latency_s"} for p, s in r.items()}
+        for n, r in sweep.items()
+    }
+    assert results_page.first_turn_share(old) is None
+    assert report.sweep_answer(old, 2.0, "later_turn_latency_s") == {"sticky": None, "working_set": None}
+    table = report.format_sweep(sweep, 2.0)
+    assert "| 12 | 2.04 (1.85) / 0.800 / 32.0 |" in table
+    assert "- working_set: turn p95 <= 2 s needs 16 replicas; of the later turns, 12 replicas" in table
 
 
 def test_an_hour_of_the_fleet_is_judged_by_its_tail_its_turns_and_its_hit_rate():
