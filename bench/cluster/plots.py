@@ -70,7 +70,8 @@ def write_timeline_plot(
 
 
 def write_sweep_plot(sweep: dict[int, dict[str, dict]], p95_target_s: float | None, path: Path, title: str) -> bool:
-    """Turn-latency p95 and hit rate against the replica count, one line per policy."""
+    """Turn-latency p95 (dotted: of the later turns, each session's first left out) and hit
+    rate against the replica count, one line per policy."""
     plt = _pyplot()
     if plt is None:
         return False
@@ -79,7 +80,16 @@ def write_sweep_plot(sweep: dict[int, dict[str, dict]], p95_target_s: float | No
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     for policy in policies:
         xs = [n for n in counts if policy in sweep[n]]
-        top.plot(xs, [sweep[n][policy]["turn_latency_s"]["p95"] for n in xs], marker="o", label=policy)
+        (line,) = top.plot(xs, [sweep[n][policy]["turn_latency_s"]["p95"] for n in xs], marker="o", label=policy)
+        later = [n for n in xs if (sweep[n][policy].get("later_turn_latency_s") or {}).get("p95") is not None]
+        if later:
+            top.plot(
+                later,
+                [sweep[n][policy]["later_turn_latency_s"]["p95"] for n in later],
+                linestyle=":",
+                color=line.get_color(),
+                label=f"{policy}, later turns",
+            )
         bottom.plot(xs, [sweep[n][policy]["hit_rate"] for n in xs], marker="o", label=policy)
     if p95_target_s is not None:
         top.axhline(p95_target_s, color="red", linestyle="--", linewidth=0.8, label=f"target {p95_target_s:g} s")
