@@ -57,6 +57,7 @@ from pathlib import Path
 
 from kvgate.bench import results_overhead, results_pins, results_router
 from kvgate.bench.agentic.regimes import REGIMES
+from kvgate.bench.gate_options import GATE_OPTIONS
 from kvgate.bench.results_cluster_targets import fleet_targets, sweep_targets
 from kvgate.bench.results_floor import floor_note, run_floor, run_sweep_floor
 
@@ -392,6 +393,8 @@ def render(records: list[dict]) -> str:
         if r["key"] in rows:  # judged again by today's targets, from the stored figures
             checks = evaluate(rows[r["key"]].targets, g, s)
             limit = limiting_factor(checks, g, s, r.get("floor"))
+        if any(not c.met and c.allowed_x and c.allowed_x < 1 for c in checks):
+            limit = "; ".join(filter(None, (limit, faster_on_this_cache(r, records))))
         targets = "<br>".join(f"{c.target}: {c.value} **{'met' if c.met else 'missed'}**" for c in checks) or "-"
 
         def turns(m: dict) -> str:
@@ -417,6 +420,35 @@ def render(records: list[dict]) -> str:
     lines += results_overhead.render(overhead)
     lines += results_router.render(router)
     return "\n".join(lines) + "\n"
+
+
+def makespan_x(record: dict) -> float:
+    """A stored row's gate makespan over sticky's."""
+    return record["gate"]["makespan_s"] / record["sticky"]["makespan_s"]
+
+
+def _setup(key: str) -> tuple[str, ...]:
+    """A row key without its gate settings (`bench.gate_options`): the regime and the options
+    of the run around the gate (such as `--pinning`), which rows compared side by side share."""
+    tokens = key.split()
+    setup, rest = [tokens[0]], iter(tokens[1:])
+    for token in rest:
+        value = next(rest, "")
+        if token.removeprefix("--").replace("-", "_") not in GATE_OPTIONS:
+            setup += [token, value]
+    return tuple(setup)
+
+
+def faster_on_this_cache(record: dict, records: list[dict]) -> str:
+    """The row of the same regime and setup with other gate settings (`ResultRow.extra`) that
+    ran faster against sticky than `record`: a missed makespan target's best measured
+    policy on the same cache; "" if none did."""
+    setup = _setup(record["key"])
+    siblings = [r for r in records if r["key"] != record["key"] and _setup(r["key"]) == setup]
+    best = min(siblings, key=makespan_x, default=None)
+    if best is None or makespan_x(best) >= makespan_x(record):
+        return ""
+    return f"faster measured on this cache: `{best['key']}`, {makespan_x(best):.3f}x"
 
 
 def record_of(

@@ -15,7 +15,16 @@ from kvgate.bench import (
     results_router,
 )
 from kvgate.bench.cluster import report
-from kvgate.bench.results_page import ROWS, Check, evaluate, limiting_factor, record_of, render, selected_rows
+from kvgate.bench.results_page import (
+    ROWS,
+    Check,
+    ResultRow,
+    evaluate,
+    limiting_factor,
+    record_of,
+    render,
+    selected_rows,
+)
 
 
 def summary(makespan=10.0, hit=0.9, ceiling=0.95, prefilled=1000, p99=1.0, mean=0.5, session_p95=20.0, wait_max=0.0):
@@ -372,6 +381,36 @@ def test_the_page_judges_stored_rows_by_the_current_targets():
     record["checks"] = [{"target": "stale", "value": "1x", "met": True}]  # as an older generator wrote it
     row = render([record]).splitlines()[-1]
     assert "stale" not in row and "makespan <= 1.02x sticky: 1.021x **missed**" in row
+
+
+def test_a_missed_makespan_target_names_a_faster_setting_measured_on_the_same_cache():
+    """The rows of one regime with other gate settings (`--work-conserving no`) are the best
+    policy measured on that cache; a run around the gate set up otherwise (`--pinning`) is not."""
+
+    def stored(row, gate_makespan):
+        document = {
+            "modes": {"sticky": summary(makespan=100.0), results_page.GATE_MODE: summary(makespan=gate_makespan)},
+            "replicas": {"count": 2},
+        }
+        return record_of(row, document, "cmd", "d", "c")
+
+    dear, held_whole = (
+        ResultRow("prefill-bound", ("makespan<=0.4x",)),
+        ResultRow("prefill-bound", ("makespan<=0.4x",), ("--work-conserving", "no")),
+    )
+    default, whole = stored(dear, 60.0), stored(held_whole, 48.7)
+    page = render([default, whole]).splitlines()
+    assert "faster measured on this cache: `prefill-bound --work-conserving no`, 0.487x" in page[-2]
+    assert "faster measured" not in page[-1]  # the faster row itself names nothing faster
+    assert "faster measured" not in render([stored(dear, 40.0), stored(held_whole, 48.7)]).splitlines()[-2]
+    # another setup around the gate is another cache: not compared
+    assert (
+        results_page.faster_on_this_cache(
+            {**default, "key": "vllm-prefill-no-finish --pinning pinned"},
+            [{**whole, "key": "vllm-prefill-no-finish --pinning unpinned"}],
+        )
+        == ""
+    )
 
 
 def test_only_takes_a_row_key_for_one_row_of_a_regime():
