@@ -107,6 +107,7 @@ def test_a_missed_makespan_target_names_whether_any_policy_could_meet_it():
         "prefill-bound",
         "prefill-bound-no-finish",
         "prefill-bound --work-conserving no",
+        "prefill-bound-no-finish --work-conserving no",
         "trace-70b-tight",
         "vllm-prefill-no-finish --pinning pinned",  # its simulation stands for the measured server
     ]
