@@ -316,6 +316,11 @@ def evaluate(targets: tuple[str, ...], gate: dict, sticky: dict) -> list[Check]:
     return checks
 
 
+def missed_below_sticky(checks: list[Check]) -> list[float]:
+    """The limits of the missed makespan targets below sticky's (`makespan<=0.4x`: 0.4)."""
+    return [c.allowed_x for c in checks if not c.met and c.allowed_x and c.allowed_x < 1]
+
+
 def limiting_factor(checks: list[Check], gate: dict, sticky: dict, floor: dict | None = None) -> str:
     """What stands between a row and its missed targets, read off the two summaries:
     re-prefill the gate did not save, the gate's waits and slow prefix probes, or (none of
@@ -326,7 +331,7 @@ def limiting_factor(checks: list[Check], gate: dict, sticky: dict, floor: dict |
         return ""
     parts = []
     if floor is not None:
-        below = [c.allowed_x for c in checks if not c.met and c.allowed_x and c.allowed_x < 1]
+        below = missed_below_sticky(checks)
         if below:
             parts.append(floor_note(floor, min(below)))
     waits = gate["admission_wait_ms"]
@@ -394,7 +399,7 @@ def render(records: list[dict]) -> str:
         if r["key"] in rows:  # judged again by today's targets, from the stored figures
             checks = evaluate(rows[r["key"]].targets, g, s)
             limit = limiting_factor(checks, g, s, r.get("floor"))
-        if any(not c.met and c.allowed_x and c.allowed_x < 1 for c in checks):
+        if missed_below_sticky(checks):
             limit = "; ".join(filter(None, (limit, faster_on_this_cache(r, records))))
         targets = "<br>".join(f"{c.target}: {c.value} **{'met' if c.met else 'missed'}**" for c in checks) or "-"
 
@@ -425,7 +430,7 @@ def render(records: list[dict]) -> str:
 
 def makespan_x(record: dict) -> float:
     """A stored row's gate makespan over sticky's."""
-    return record["gate"]["makespan_s"] / record["sticky"]["makespan_s"]
+    return _ratio(record["gate"], record["sticky"], "makespan_s")
 
 
 def _setup(key: str) -> tuple[str, ...]:
