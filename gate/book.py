@@ -46,11 +46,8 @@ state change goes through a `SessionBook` method, which keeps these invariants:
   (no lease in flight, no attempt acquiring), indexed by when their sessions turn late:
   `late_window_blocks` and `late_windows` answer in O(log n) (plus the late windows
   listed), for a `now` that never decreases (the gate's clock is monotonic).
-- A record's `prompt_tokens` / `growth_tokens` are the session's recorded sizes (the
-  prompt of its last admitted turn with a prefix reading, and how much it grew since
-  the turn before); `mean_growth_tokens` is the mean of every growth observed on the
-  replica (a turn whose prompt differs from the session's last), the working_set policy's
-  price for the growth of a session without history.
+- A record's `prompt_tokens` is the session's recorded size: the prompt of its last
+  admitted turn with a prefix reading (with the body bound it was read for).
 """
 
 from __future__ import annotations
@@ -66,7 +63,6 @@ from kvgate.gate.late_index import LateIndex
 from kvgate.gate.ordered_sums import OrderedSums
 from kvgate.gate.request_body import body_bytes
 from kvgate.gate.window_lifetime import late_after, quiet_lifetime
-from kvgate.wire.blocks import cdiv
 
 
 class WindowEnd(StrEnum):
@@ -110,7 +106,6 @@ class SessionRecord:
     num_superseded: int = 0
     windows_lost: int = 0  # windows the working_set policy took back (older sessions grew)
     prompt_tokens: int | None = None  # prompt tokens of the last admitted turn with a prefix reading
-    growth_tokens: int = 0  # tokens its prompt grew by between its last two such turns
     prompt_bound: int | None = None  # the body-length bound of the turn `prompt_tokens` was read for
     turn_ended_at: float | None = None  # when its last lease was released (a gap starts)
     gap_ewma: float | None = None  # its gaps between turns: smoothed, and the last one
@@ -177,8 +172,6 @@ class SessionBook:
         self.windows: OrderedDict[str, SessionRecord] = OrderedDict()
         self._order: OrderedSums[SessionRecord] = OrderedSums()  # `windows`, with their footprints' sums
         self._idle_windows: LateIndex[SessionRecord] = LateIndex(quiet_floor)
-        self.growth_observed = 0  # growth observations, and their sum in tokens
-        self.growth_sum = 0
         self._tokens_per_byte: deque[float] = deque(maxlen=TOKENS_PER_BYTE_WINDOW)
         self._tokens_per_byte_max: float | None = None  # max of the deque; None: not known (recompute)
 
@@ -291,13 +284,6 @@ class SessionBook:
         return self._order.sum_before(self._order.rank(rec.key))
 
     @property
-    def mean_growth_tokens(self) -> int:
-        """Mean growth per turn observed on this replica, rounded up; 0 before any observation."""
-        if not self.growth_observed:
-            return 0
-        return cdiv(self.growth_sum, self.growth_observed)
-
-    @property
     def tokens_per_byte(self) -> float | None:
         """The highest tokens-per-body-byte ratio of the recent recorded sizes; None before any."""
         # Read at every decision, changed only by admissions: kept, recomputed only when
@@ -316,16 +302,12 @@ class SessionBook:
             self._tokens_per_byte_max = None
 
     def record_size(self, rec: SessionRecord, prompt_tokens: int | None, prompt_bound: int | None = None) -> None:
-        """Record an admitted turn's prompt size; a size that differs from the last is a growth observation."""
+        """Record an admitted turn's prompt size (and the replica's tokens-per-byte ratio)."""
         if not prompt_tokens:
             return
         size = body_bytes(prompt_bound) if prompt_bound is not None else 0
         if size > 0:
             self._record_tokens_per_byte(prompt_tokens / size)
-        if rec.prompt_tokens is not None and prompt_tokens != rec.prompt_tokens:
-            rec.growth_tokens = max(0, prompt_tokens - rec.prompt_tokens)
-            self.growth_observed += 1
-            self.growth_sum += rec.growth_tokens
         rec.prompt_tokens = prompt_tokens
         rec.prompt_bound = prompt_bound
 

@@ -587,7 +587,7 @@ class Gate:
         window for the turn (`Admit.window`, `Admit.footprint`), whether to wake the next
         waiter too (`Admit.wake_next`; a queued attempt that is admitted always does, since
         the head of the queue moved), the vLLM priority to forward it with (`Admit.priority`).
-        tokens: the prompt size of the turn's prefix reading, recorded for the session's growth
+        tokens: the prompt size of the turn's prefix reading, recorded as the session's size
         (with `note.bound`, the turn's body-length bound, which later turns' bounds are measured
         from); `note` stays with the lease, for what the turn's usage teaches (`Lease.learn`).
         """
@@ -910,7 +910,6 @@ class Gate:
             "in_flight": rec.in_flight,
             "has_window": rec.has_window,
             "footprint_blocks": rec.footprint,
-            "growth_tokens": rec.growth_tokens,
             "idle_sec": round(now - rec.idle_since, 3) if rec.is_idle else None,
             "gap_sec": None if rec.gap_ewma is None else round(rec.gap_ewma, 3),
             "quiet_in_sec": (

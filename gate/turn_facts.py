@@ -105,14 +105,6 @@ class TurnFacts:
         return self._rec.prompt_tokens if self._rec is not None else None
 
     @property
-    def last_growth_tokens(self) -> int:
-        return self._rec.growth_tokens if self._rec is not None else 0
-
-    @property
-    def mean_growth_tokens(self) -> int:
-        return self._book.mean_growth_tokens if self._rec is not None else 0
-
-    @property
     def last_prompt_bound(self) -> int | None:
         return self._rec.prompt_bound if self._rec is not None else None
 

@@ -58,40 +58,19 @@ def estimated_prompt_tokens(view: WorkingSetView) -> int | None:
     return min(bound, estimate)
 
 
-def footprint_blocks(prefix: PrefixReading, usage: UsageReading, max_output_tokens: int, growth_tokens: int = 0) -> int:
-    """Blocks a turn occupies by the end of its generation: ceil((prompt + output) / block_size).
-
-    With `growth_tokens` it is the *anticipated* footprint: ceil((prompt + output +
-    growth) / block_size), what the session will need on its next turn if it grows as
-    it did on its last (`turn_growth_tokens`). Needs `prefix.total_tokens` and
-    `usage.block_size`; without the first it is the prompt's full blocks plus the
-    output's and the growth's blocks, without the block size only the prompt's full
-    blocks (the probe API always reports both).
+def footprint_blocks(prefix: PrefixReading, usage: UsageReading, max_output_tokens: int) -> int:
+    """Blocks a turn occupies by the end of its generation: ceil((prompt + output) / block_size),
+    what its window keeps through the session's next tool call. Needs `prefix.total_tokens`
+    and `usage.block_size`; without the first it is the prompt's full blocks plus the
+    output's, without the block size only the prompt's full blocks (the probe API always
+    reports both).
     """
     block_size = usage.block_size
     if not block_size:
         return prefix.total_blocks
     if prefix.total_tokens:
-        return cdiv(prefix.total_tokens + max_output_tokens + growth_tokens, block_size)
-    return prefix.total_blocks + cdiv(max_output_tokens + growth_tokens, block_size)
-
-
-def turn_growth_tokens(
-    prompt_tokens: int | None, last_prompt_tokens: int | None, last_growth_tokens: int, mean_growth_tokens: int
-) -> int:
-    """Prompt tokens a session added per turn, from its recorded sizes; never negative.
-
-    - no history (`last_prompt_tokens` None) or no token count: `mean_growth_tokens`
-      (the replica's mean observed growth per turn; 0 before any observation).
-    - a prompt larger than the last: the difference (tokens added since the last turn).
-    - the same prompt (a re-sent turn): `last_growth_tokens`, the growth it last showed.
-    - a smaller prompt (the context was compacted): 0.
-    """
-    if last_prompt_tokens is None or not prompt_tokens:
-        return max(0, mean_growth_tokens)
-    if prompt_tokens == last_prompt_tokens:
-        return max(0, last_growth_tokens)
-    return max(0, prompt_tokens - last_prompt_tokens)
+        return cdiv(prefix.total_tokens + max_output_tokens, block_size)
+    return prefix.total_blocks + cdiv(max_output_tokens, block_size)
 
 
 def usable_blocks(usage: UsageReading, settings: GateSettings) -> int:
@@ -122,8 +101,8 @@ def free_budget(view: WorkingSetView, usage: UsageReading, settings: GateSetting
 def bounded_footprint(view: WorkingSetView, usage: UsageReading, settings: GateSettings) -> int | None:
     """The footprint to admit a turn at without a prefix probe, or None to probe.
 
-    The turn is priced at its upper bound (`history_bound` + output allowance +
-    growth, in blocks). If even that fits behind the older windows, and, for a
+    The turn is priced at its upper bound (`history_bound` + output allowance, in
+    blocks). If even that fits behind the older windows, and, for a
     newcomer, fits vLLM's free blocks outside idle windows and headroom, the exact
     price cannot change the answer, so the probe (a round trip into the engine
     core, up to one scheduler step) is skipped: when caches are not full a turn
@@ -135,9 +114,7 @@ def bounded_footprint(view: WorkingSetView, usage: UsageReading, settings: GateS
     if bound is None or not usage.block_size:
         return None
     assert usage.num_total_blocks is not None and usage.num_free_blocks is not None
-    growth = view.last_growth_tokens if view.last_prompt_tokens is not None else view.mean_growth_tokens
-    tokens = bound + view.max_output_tokens + growth
-    footprint = cdiv(tokens, usage.block_size)
+    footprint = cdiv(bound + view.max_output_tokens, usage.block_size)
     if footprint + view.older_window_blocks > usable_blocks(usage, settings):
         return None
     if not view.has_window:
@@ -155,14 +132,12 @@ def reprice_threshold(usage: UsageReading, settings: GateSettings) -> int:
 
 
 def window_footprint(view: WorkingSetView, usage: UsageReading, prefix: PrefixReading, settings: GateSettings) -> int:
-    """The exact price of the deciding session's window: the anticipated footprint
-    (prompt + output allowance + its growth per turn), capped at the usable blocks so
-    that a large allowance alone never strands a turn. Needs block counts."""
+    """The exact price of the deciding session's window: its footprint (prompt + output
+    allowance, `footprint_blocks`), capped at the usable blocks so that a large allowance
+    alone never strands a turn. Needs block counts. The session's growth before its next
+    turn is not priced (docs/decisions/windows-at-their-size.md)."""
     assert usage.num_total_blocks is not None
-    growth = turn_growth_tokens(
-        prefix.total_tokens, view.last_prompt_tokens, view.last_growth_tokens, view.mean_growth_tokens
-    )
-    return min(footprint_blocks(prefix, usage, view.max_output_tokens, growth), usable_blocks(usage, settings))
+    return min(footprint_blocks(prefix, usage, view.max_output_tokens), usable_blocks(usage, settings))
 
 
 def reclaim_window(

@@ -43,10 +43,6 @@ class GateFacts(Protocol):
       them for an attempt not queued yet).
     last_prompt_tokens: the prompt tokens of the session's last admitted turn on this
       replica with a prefix reading (None: no history).
-    last_growth_tokens: the growth per turn the session last showed (`turn_growth_tokens`),
-      kept for a re-sent turn whose prompt did not change.
-    mean_growth_tokens: the replica's mean observed growth per turn, the price of a
-      session's growth before it has any history.
     prompt_bound_tokens: an upper bound on the prompt's tokens read off the body
       (`prompt_token_bound`), or None when the body admits no cheap bound.
     last_prompt_bound: the body-length bound of the turn `last_prompt_tokens` was read
@@ -93,10 +89,6 @@ class GateFacts(Protocol):
     @property
     def last_prompt_tokens(self) -> int | None: ...
     @property
-    def last_growth_tokens(self) -> int: ...
-    @property
-    def mean_growth_tokens(self) -> int: ...
-    @property
     def prompt_bound_tokens(self) -> int | None: ...
     @property
     def last_prompt_bound(self) -> int | None: ...
@@ -140,8 +132,7 @@ class WorkingSetView:
     The windows: `has_window`, `idle_window_blocks`, `older_window_blocks`,
     `waiters_ahead` (its newcomers get windows in queue order: the oldest session first). The turn's price:
     `max_output_tokens`, the session's recorded sizes (`last_prompt_tokens`,
-    `last_growth_tokens`, `last_prompt_bound`), `mean_growth_tokens`,
-    `prompt_bound_tokens` (a turn whose bound fits is admitted without a prefix probe)
+    `last_prompt_bound`), `prompt_bound_tokens` (a turn whose bound fits is admitted without a prefix probe)
     and `tokens_per_byte` (the work-conserving rule's estimate of an unprobed prompt).
     The work-conserving rule's holding cost: `replica_idle_sec`, `expected_gap_sec`,
     `waited_sec`, and `prefix_probe_sec` (the wait a probe would add); the share of the
@@ -162,8 +153,6 @@ class WorkingSetView:
     max_output_tokens: int = 0
     waiters_ahead: int = 0
     last_prompt_tokens: int | None = None
-    last_growth_tokens: int = 0
-    mean_growth_tokens: int = 0
     prompt_bound_tokens: int | None = None
     last_prompt_bound: int | None = None
     replica_idle_sec: float | None = None
@@ -205,8 +194,6 @@ class WorkingSetView:
             older_window_blocks=facts.window_blocks,
             max_output_tokens=facts.max_output_tokens,
             last_prompt_tokens=facts.last_prompt_tokens,
-            last_growth_tokens=facts.last_growth_tokens,
-            mean_growth_tokens=facts.mean_growth_tokens,
             prompt_bound_tokens=facts.prompt_bound_tokens,
             last_prompt_bound=facts.last_prompt_bound,
             priority_field=facts.priority_field,
@@ -214,15 +201,10 @@ class WorkingSetView:
 
     @classmethod
     def read_price(cls, facts: GateFacts) -> WorkingSetView:
-        """The part of the view `pricing.window_footprint` reads (the turn's output allowance
-        and the session's and replica's recorded sizes), the rest at its defaults: what a
-        window's repricing from a turn's usage builds, read off the facts as `read` does."""
-        return cls(
-            max_output_tokens=facts.max_output_tokens,
-            last_prompt_tokens=facts.last_prompt_tokens,
-            last_growth_tokens=facts.last_growth_tokens,
-            mean_growth_tokens=facts.mean_growth_tokens,
-        )
+        """The part of the view `pricing.window_footprint` reads (the turn's output allowance),
+        the rest at its defaults: what a window's repricing from a turn's usage builds, read
+        off the facts as `read` does."""
+        return cls(max_output_tokens=facts.max_output_tokens)
 
     @property
     def watermark(self) -> WatermarkView:

@@ -1,13 +1,13 @@
 """The working_set policy: a working-set admission control priced by the gate's own books,
 made work-conserving, with windows that end when their session goes quiet.
 
-Every window has a footprint in blocks (anticipated: the prompt, the output allowance
-and the session's growth per turn), windows rank by when they opened, and a turn fits
+Every window has a footprint in blocks (the prompt and the output allowance), windows
+rank by when they opened, and a turn fits
 if its footprint plus the footprints of the windows older than its own fits the usable
 blocks. The decision table, row by row, is docs/gate.md's (`working_set`).
 
 Terms: usable = num_total_blocks - headroom_blocks; a turn's footprint is its
-anticipated window price (`window_footprint`, capped at usable), or its upper bound
+window price (`window_footprint`, capped at usable), or its upper bound
 (`bounded_footprint`) when the prefix probe is skipped; a holder is a session with a
 window, a newcomer one without.
 

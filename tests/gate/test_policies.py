@@ -12,7 +12,6 @@ from kvgate.gate.policies.pricing import (
     bounded_footprint,
     footprint_blocks,
     history_bound,
-    turn_growth_tokens,
 )
 from kvgate.gate.policies.registry import POLICIES, WATERMARK, WORKING_SET, get_policy
 from kvgate.gate.policies.views import WorkingSetView
@@ -237,37 +236,6 @@ def test_footprint_blocks(prefix, block_size, allowance, expected):
 
 
 @pytest.mark.parametrize(
-    "prefix, block_size, allowance, growth, expected",
-    [
-        (tokens(330), 16, 22, 0, 22),
-        (tokens(330), 16, 22, 1, 23),  # 353 tokens: one more block
-        (tokens(330), 16, 22, 160, 32),  # 512 tokens
-        (tokens(330), None, 22, 160, 20),  # no block size: the prompt's full blocks
-        (PrefixReading(20, 0, 0.0), 16, 17, 15, 22),  # no token count: + ceil((17 + 15) / 16)
-    ],
-)
-def test_anticipated_footprint_blocks(prefix, block_size, allowance, growth, expected):
-    assert footprint_blocks(prefix, UsageReading(0.1, 100, 100, block_size), allowance, growth) == expected
-
-
-@pytest.mark.parametrize(
-    "prompt, last, last_growth, mean, expected",
-    [
-        (480, None, 0, 0, 0),  # first turn, nothing observed on the replica yet
-        (480, None, 0, 112, 112),  # first turn: the replica's mean growth per turn
-        (480, None, 50, 112, 112),
-        (800, 480, 0, 112, 320),  # grew by 320 since its last turn: its own growth, not the mean
-        (480, 480, 320, 112, 320),  # the same turn re-sent: the growth it last showed
-        (300, 480, 320, 112, 0),  # compacted: never negative
-        (0, 480, 320, 112, 112),  # no token count: the mean
-        (None, None, 0, -5, 0),
-    ],
-)
-def test_turn_growth_tokens(prompt, last, last_growth, mean, expected):
-    assert turn_growth_tokens(prompt, last, last_growth, mean) == expected
-
-
-@pytest.mark.parametrize(
     "body, expected",
     [
         ({}, 0),
@@ -313,45 +281,28 @@ def test_working_set_holder_footprint_is_refreshed_from_every_turn():
     assert (grown.footprint, shrunk.footprint) == (39, 8)
 
 
-def test_working_set_holder_is_priced_at_its_anticipated_footprint():
-    # Its last turn was 320 tokens, this one is 480: it grows 160 tokens (10 blocks) a turn.
-    # Footprint 30 blocks now, anticipated ceil((480 + 160) / 16) = 40.
+def test_working_set_windows_are_priced_at_their_size_not_their_next_turns():
+    # Its last turn was 320 tokens, this one is 480 (it grew 160 a turn): the window keeps
+    # 480 tokens through the next tool call, 30 blocks, not the next turn's 40.
     grown = WorkingSetView(has_window=True, older_window_blocks=50, last_prompt_tokens=320)
     assert WORKING_SET.decide(grown, ROOMY, tokens(480), SETTINGS) == Admit(
-        AdmissionReason.HOLDS_WINDOW, window=True, footprint=40
+        AdmissionReason.HOLDS_WINDOW, window=True, footprint=30
     )
-    # Behind 60 blocks: 60 + 30 = 90 would fit at the current prompt, 60 + 40 = 100 > 96 does not.
-    behind = WorkingSetView(has_window=True, older_window_blocks=60, last_prompt_tokens=320)
+    # behind 66 blocks it fits exactly (96 usable); behind 67 it loses its window
+    assert WORKING_SET.decide(
+        WorkingSetView(has_window=True, older_window_blocks=66, last_prompt_tokens=320), ROOMY, tokens(480), SETTINGS
+    ) == Admit(AdmissionReason.HOLDS_WINDOW, window=True, footprint=30)
+    behind = WorkingSetView(has_window=True, older_window_blocks=67, last_prompt_tokens=320)
     decision = WORKING_SET.decide(behind, ROOMY, tokens(480), SETTINGS)
     assert isinstance(decision, Wait) and decision.drop_window and decision.cause == WaitCause.WINDOW_LOST
-    assert "40" in decision.why
-    # The same turn re-sent keeps the growth it showed; a compacted prompt anticipates none.
-    resent = WorkingSetView(has_window=True, last_prompt_tokens=480, last_growth_tokens=160)
-    assert WORKING_SET.decide(resent, ROOMY, tokens(480), SETTINGS).footprint == 40
-    compacted = WorkingSetView(has_window=True, last_prompt_tokens=800, last_growth_tokens=160)
-    assert WORKING_SET.decide(compacted, ROOMY, tokens(480), SETTINGS).footprint == 30
-
-
-def test_working_set_newcomer_without_history_is_priced_with_the_mean_growth():
-    # 30 blocks, mean growth 7 blocks a turn: 37 behind 60 > 96; with no growth observed it fits.
-    prompt = tokens(30 * 16)
-    fresh = WorkingSetView(older_window_blocks=60, mean_growth_tokens=7 * 16)
-    books = WORKING_SET.decide(fresh, ROOMY, prompt, SETTINGS)
-    assert isinstance(books, Wait) and not books.drop_window and books.cause == WaitCause.WINDOWS_FULL
-    assert "37" in books.why
-    assert WORKING_SET.decide(
-        WorkingSetView(older_window_blocks=59, mean_growth_tokens=7 * 16), ROOMY, prompt, SETTINGS
-    ) == Admit(AdmissionReason.WINDOW_FITS, window=True, footprint=37)
-    # a session with history (e.g. back after losing its window) is priced at its own growth
-    known = WorkingSetView(older_window_blocks=60, mean_growth_tokens=7 * 16, last_prompt_tokens=30 * 16 - 5)
-    assert WORKING_SET.decide(known, ROOMY, prompt, SETTINGS) == Admit(
-        AdmissionReason.WINDOW_FITS, window=True, footprint=31
-    )
+    # a newcomer without history: its prompt's 30 blocks, whatever other sessions grew by
+    fresh = WORKING_SET.decide(WorkingSetView(older_window_blocks=66), ROOMY, tokens(30 * 16), SETTINGS)
+    assert fresh == Admit(AdmissionReason.WINDOW_FITS, window=True, footprint=30)
 
 
 def test_working_set_prompt_too_long_looks_at_the_real_prompt_only():
-    # 96 blocks fit 96 usable; the growth would not, but the footprint is capped at usable
-    growing = WorkingSetView(has_window=True, last_prompt_tokens=50 * 16)
+    # 96 blocks fit 96 usable; the output allowance would not, but the footprint is capped at usable
+    growing = WorkingSetView(has_window=True, last_prompt_tokens=50 * 16, max_output_tokens=64)
     assert WORKING_SET.decide(growing, ROOMY, tokens(96 * 16), SETTINGS) == Admit(
         AdmissionReason.HOLDS_WINDOW, window=True, footprint=96
     )
@@ -467,13 +418,14 @@ def test_any_media_marker_anywhere_in_a_long_body_means_no_bound(marker):
     [
         (WorkingSetView(prompt_bound_tokens=600), 38),  # ceil(600 / 16)
         (WorkingSetView(prompt_bound_tokens=600, max_output_tokens=32), 40),  # + the output allowance
-        (WorkingSetView(prompt_bound_tokens=600, mean_growth_tokens=160), 48),  # + the mean growth (no history)
         (
-            WorkingSetView(
-                prompt_bound_tokens=600, last_prompt_tokens=500, last_growth_tokens=80, mean_growth_tokens=999
-            ),
-            43,
-        ),  # + its own growth
+            WorkingSetView(prompt_bound_tokens=600, last_prompt_tokens=500, last_prompt_bound=550),
+            38,
+        ),  # history: 500 + 50 bytes of growth + the margin = 614 > 600, the body's bound
+        (
+            WorkingSetView(prompt_bound_tokens=600, last_prompt_tokens=400, last_prompt_bound=550),
+            33,
+        ),  # 400 + 50 + 64 = 514 tokens
         (WorkingSetView(prompt_bound_tokens=600, older_window_blocks=62), 38),  # 38 + 62 = 100: fits
         (WorkingSetView(prompt_bound_tokens=600, older_window_blocks=63), None),  # 101 > 100: probe
         (WorkingSetView(prompt_bound_tokens=600, idle_window_blocks=33), 38),  # 37 prompt blocks <= 70 - 33

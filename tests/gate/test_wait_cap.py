@@ -63,8 +63,8 @@ def test_wait_cap_left_and_due_by(waited, recheck, left, due):
 # in flight; vLLM counts the idle windows' cached blocks as free (140).
 LONG = PrefixReading(total_blocks=110, hit_blocks=5, hit_ratio=0.05, total_tokens=1760)
 USAGE = UsageReading(0.3, 200, 140, 16, prefill_tokens_per_sec=16000.0, decode_step_sec=0.01)
-# its window: 1,760 prompt tokens + 1 output + 60 growth = 114 blocks
-FOOTPRINT = 114
+# its window: 1,760 prompt tokens + 1 output = 111 blocks
+FOOTPRINT = 111
 
 
 def held_view(late_window_blocks: int = 100, next_late_sec: float | None = None, **fields) -> WorkingSetView:
@@ -76,11 +76,11 @@ def held_view(late_window_blocks: int = 100, next_late_sec: float | None = None,
 @pytest.mark.parametrize(
     "older, idle, late, free, expected",
     [
-        # books: 114 + 150 - 200 = 64 over; engine: 105 new blocks - (140 - 100) = 65 over
+        # books: 111 + 150 - 200 = 61 over; engine: 105 new blocks - (140 - 100) = 65 over
         (150, 100, 100, 140, (FOOTPRINT, 65)),
         (150, 100, 65, 140, (FOOTPRINT, 65)),
         (150, 100, 64, 140, None),  # the late windows are too few: the others are due back
-        (150, 100, 100, 200, (FOOTPRINT, 64)),  # vLLM has room: the books decide
+        (150, 100, 100, 200, (FOOTPRINT, 61)),  # vLLM has room: the books decide
         (60, 10, 0, 200, (FOOTPRINT, 0)),  # fits already (a turn held behind others)
         (190, 20, 20, 140, None),  # the windows in flight alone leave too little
     ],

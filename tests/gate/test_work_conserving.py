@@ -135,9 +135,7 @@ UNMEASURED = UsageReading(0.8, 100, 20, 16)
 # The turn: a 40-block prompt, 10 blocks cached (30 new), 32 output tokens (2 blocks).
 PROMPT = PrefixReading(total_blocks=40, hit_blocks=10, hit_ratio=0.25, total_tokens=640)
 # 60 blocks in idle windows of other sessions: none of them fit beside this turn.
-BUSY = WorkingSetView(
-    idle_window_blocks=60, older_window_blocks=80, max_output_tokens=32, last_prompt_tokens=600, last_growth_tokens=40
-)
+BUSY = WorkingSetView(idle_window_blocks=60, older_window_blocks=80, max_output_tokens=32, last_prompt_tokens=600)
 
 
 def test_reprefill_and_holding_cost_by_hand():
@@ -259,7 +257,6 @@ def test_a_holder_that_no_longer_fits_goes_in_work_conserving_without_its_window
         older_window_blocks=80,
         max_output_tokens=32,
         last_prompt_tokens=600,
-        last_growth_tokens=40,
     )
     assert working_set_decide(holder, MEASURED, PROMPT, SETTINGS) == Admit(AdmissionReason.WORK_CONSERVING)
     held = working_set_decide(holder, UNMEASURED, PROMPT, SETTINGS)

@@ -204,9 +204,8 @@ async def test_owners_are_probed_every_turn_and_priced_with_their_output_allowan
     probe.set_prefix("s1", total=25, hit=20, tokens=410)
     second = await gate.acquire("s1", "chat", unbounded_body("s1", 4000, max_completion_tokens=30, max_tokens=1))
     assert second.reason == "holds_window"
-    # anticipated: its prompt grew by 410 - 330 = 80 tokens, so ceil((410 + 30 + 80) / 16) = 33
-    assert gate.state()["sessions"]["s1"]["footprint_blocks"] == 33
-    assert gate.state()["sessions"]["s1"]["growth_tokens"] == 80
+    # its prompt and the request's allowance (the newer field), not how much it grew: ceil((410 + 30) / 16) = 28
+    assert gate.state()["sessions"]["s1"]["footprint_blocks"] == 28
     assert probe.prefix_calls == ["s1", "s1"]
     second.release()
     gate.finish_session("s1")
@@ -246,35 +245,26 @@ async def test_shadow_mode_drops_a_window_as_enforce_would(metrics, clock):
     assert_clean(gate, clock)
 
 
-async def test_windows_are_priced_at_the_anticipated_footprint(metrics, clock):
+async def test_windows_are_priced_at_their_size_not_at_their_sessions_growth(metrics, clock):
     gate, probe = working_set_gate(metrics, clock)
     probe.block_size = 16
     probe.set_prefix("a", total=20, hit=0, tokens=320)
-    first = await gate.acquire("a", "chat", unbounded_body("a"))  # no history, nothing observed: 20 blocks
+    first = await gate.acquire("a", "chat", unbounded_body("a"))
     assert gate.state()["sessions"]["a"]["footprint_blocks"] == 20
     first.release()
     probe.set_prefix("a", total=40, hit=20, tokens=640)
-    second = await gate.acquire("a", "chat", unbounded_body("a", 4000))  # grew 320 tokens: ceil((640 + 320) / 16) = 60
+    second = await gate.acquire("a", "chat", unbounded_body("a", 4000))  # grew 320 tokens: still its 40 blocks
     assert second.reason == "holds_window"
-    assert gate.state()["sessions"]["a"]["footprint_blocks"] == 60 and gate.state()["window_blocks"] == 60
+    assert gate.state()["sessions"]["a"]["footprint_blocks"] == 40 and gate.state()["window_blocks"] == 40
     second.release()
 
-    # b's first turn is 40 blocks, priced with the replica's mean growth (320 tokens): 60.
-    # At the current prompts 40 + 40 = 80 would fit; anticipated, 60 + 60 = 120 does not.
+    # b's first turn is 40 blocks: 40 + 40 fits the 100, whatever a or b will grow by.
     probe.set_prefix("b", total=40, hit=0, tokens=640)
-    task = asyncio.create_task(gate.acquire("b", "chat", unbounded_body("b")))
-    await until(lambda: waiting(gate) == 1, "b to wait")
-    # a's turn re-sent (same prompt): it keeps its growth, and the mean is not diluted
-    # Its body did not grow, so its history bound (640 + 64 tokens, + 320 growth: 64
-    # blocks) fits: admitted at once at the bound, then re-priced exactly beside the turn.
-    resent = await gate.acquire("a", "chat", unbounded_body("a", 4000))
-    await until(lambda: gate.state()["sessions"]["a"]["footprint_blocks"] == 60, "a re-priced")
-    assert not task.done()
-    resent.release()
-    gate.finish_session("a")
-    lease = await admitted(task)
-    assert lease.reason == "window_fits" and gate.state()["sessions"]["b"]["footprint_blocks"] == 60
+    lease = await gate.acquire("b", "chat", unbounded_body("b"))
+    assert lease.reason == "window_fits" and gate.state()["sessions"]["b"]["footprint_blocks"] == 40
+    assert gate.state()["window_blocks"] == 80
     lease.release()
+    gate.finish_session("a")
     gate.finish_session("b")
     assert_clean(gate, clock)
 
