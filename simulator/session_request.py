@@ -106,6 +106,7 @@ class SessionRequest(SimRequest):
         self.max_computed_tokens = 0
         self.status = RequestStatus.WAITING
         self.arrival = arrival
+        self.priority = 0  # vLLM's request priority (SimRequest.priority); the front door sets the gate's
         self.num_preemptions = 0
         self.first_token_step = None
         self.finish_step = None

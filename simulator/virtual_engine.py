@@ -33,6 +33,7 @@ state at t (tests/bench/test_cluster_sim.py runs whole clusters both ways).
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -93,6 +94,7 @@ class SimEngine:
         self._next_token = next_token
         self._loop = asyncio.get_running_loop()
         self._turns: dict[str, Turn] = {}
+        self._arrivals = itertools.count()  # requests' places in the order they came (priority ties)
         self._kick: asyncio.Handle | None = None  # a step begins once the ready callbacks ran
         self._timer: asyncio.TimerHandle | None = None
         self._output: SchedulerOutput | None = None  # the step in progress (scheduled, not updated)
@@ -106,13 +108,17 @@ class SimEngine:
     # ------------------------------------------------------------------ requests
 
     def add(self, request: SimRequest) -> Turn:
-        """Queue `request`; its Turn's `done` fails with ValueError if it can never fit."""
+        """Queue `request`; its Turn's `done` fails with ValueError if it can never fit. Its
+        arrival becomes its place in the order requests came (as `AsyncEngine.add` gives it):
+        under priority scheduling, equal priorities are served oldest first, and a
+        preemption takes the newest."""
         done: asyncio.Future[float] = self._loop.create_future()
         turn = Turn(request, done)
         if self.stopped:
             done.set_exception(EngineStopped(f"replica {self.name} is gone"))
             return turn
         self.settle()
+        request.arrival = float(next(self._arrivals))
         if not self.scheduler.add_request(request):
             done.set_exception(
                 ValueError(

@@ -29,7 +29,7 @@ from kvgate.bench.agentic.workload import WorkloadSpec, generate_workload
 from kvgate.bench.cluster.plots import write_sweep_plot, write_timeline_plot
 from kvgate.bench.cluster.presets import CLUSTER_PRESETS, ClusterPreset
 from kvgate.bench.cluster.report import format_sweep, format_table, summarize
-from kvgate.bench.cluster.run import ClusterConfig, RunResult, parse_event, policy_names, run_policy
+from kvgate.bench.cluster.run import PRIORITY, ClusterConfig, RunResult, parse_event, policy_names, run_policy
 from kvgate.bench.cluster.workload import AgentSessions, sessions_of, sessions_of_trace
 from kvgate.bench.gate_options import add_gate_options, gate_overrides
 from kvgate.simulator.agent_trace import AgentTraceSpec, generate_trace
@@ -45,7 +45,8 @@ def add_cluster_command(sim_subparsers) -> None:
         "cluster",
         help="the real gate and balancer over many simulated replicas, in virtual time",
         description="Run agents through the real admission gate and balancer over N simulated vLLM engines "
-        "in virtual time, once per policy (sticky = gate off, each gate policy, direct = round-robin pinning), "
+        "in virtual time, once per policy (sticky = gate off, each gate policy, priority = working_set on "
+        "replicas that schedule by priority, its held turns sent at low priority, direct = round-robin pinning), "
         "and report makespan, throughput, hit rate against the ceiling, latency percentiles, per-replica "
         "balance and plots over time. Deterministic: the same options give the same report.",
     )
@@ -314,6 +315,11 @@ def describe(config: ClusterConfig) -> dict:
 def run_cluster_command(args) -> int:
     try:
         policies = _policies(args.policies)
+        if gate_overrides(args).get("held_priority") and PRIORITY not in policies:
+            raise ValueError(
+                f"--held-priority: only the {PRIORITY} policy's replicas schedule by priority; "
+                f"add {PRIORITY} to --policies (it runs working_set at held priority 1 unless set)"
+            )
         preset = _preset(args)
         counts = [preset.replicas] if args.replicas is None else [int(n) for n in args.replicas.split(",")]
         if any(n < 1 for n in counts):

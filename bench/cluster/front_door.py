@@ -23,7 +23,7 @@ turn's request from it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
@@ -98,7 +98,9 @@ class EngineProbe:
         except EngineStopped:
             return None
         if answer is not self._answer:
-            self._answer, self._reading = answer, usage_reading(answer)
+            # the server's own field, as the replica's `/v1/kvgate/kv` route adds it to its engines'
+            served = replace(answer, scheduling_policy=engine.config.scheduling_policy)
+            self._answer, self._reading = answer, usage_reading(served)
         return self._reading
 
     async def prefix(self, route_kind: str, body: Mapping[str, object]) -> PrefixReading | None:
@@ -208,6 +210,9 @@ class FrontDoor:
         pin = getattr(lease, "pin", None)  # the body's kv_transfer_params.kvgate_pin
         if pin is not None:
             request.pin = (pin.session, pin.ttl_sec)
+        priority = getattr(lease, "priority", None)  # Admit.priority: as the proxy forwards it
+        if priority is not None:
+            request.priority = priority
         with Hold(replica, lease) as hold:
             turn = self.engines[replica.name].add(request)
             try:

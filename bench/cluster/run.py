@@ -14,7 +14,10 @@ away is re-sent after `RETRY_AFTER_SEC`, at most `MAX_ATTEMPTS` times; a turn th
 still fails ends its session, as in the benchmark.
 
 Policies: `sticky` (the gate off: sticky routing only), every gate policy by its name,
-and `direct` (no proxy: session i on replica i mod N).
+`priority` (`working_set` on engines that schedule by priority, vLLM's `--scheduling-policy
+priority`, the turns it would hold forwarded at `gate.held_priority`, 1 unless set: the
+agentic benchmark's `kvgate-priority` mode) and `direct` (no proxy: session i on replica
+i mod N). Every other policy's engines schedule as the config's `EngineConfig` says.
 
 Deterministic: no wall clock, no unordered iteration; the same config gives the same run.
 """
@@ -44,9 +47,13 @@ MAX_ATTEMPTS = 3
 RETRYABLE = frozenset({"upstream_failed", "replica_unavailable", "no_replica"})
 
 
+# The policy whose engines schedule by priority, with the gate's held turns sent at low priority.
+PRIORITY = "priority"
+
+
 def policy_names() -> tuple[str, ...]:
-    """Every policy a run can compare: sticky, the gate's policies, direct."""
-    return ("sticky", *sorted(POLICIES), "direct")
+    """Every policy a run can compare: sticky, the gate's policies, priority, direct."""
+    return ("sticky", *sorted(POLICIES), PRIORITY, "direct")
 
 
 @dataclass(frozen=True)
@@ -106,7 +113,16 @@ class ClusterConfig:
             settings = dataclasses.replace(settings, probe=dataclasses.replace(ProbeSettings(), **probe))
         if policy == "sticky":
             return dataclasses.replace(settings, mode="off")
+        if policy == PRIORITY:
+            held = settings.held_priority or 1
+            return dataclasses.replace(settings, mode="enforce", policy="working_set", held_priority=held)
         return dataclasses.replace(settings, mode="enforce", policy=policy)
+
+    def engine_config(self, policy: str) -> EngineConfig:
+        """The engines' shape in `policy`'s run: `priority` schedules by priority."""
+        if policy == PRIORITY:
+            return dataclasses.replace(self.engine, scheduling_policy="priority")
+        return self.engine
 
 
 @dataclass
@@ -183,7 +199,8 @@ class _Cluster:
         self.session_count = 0
 
     def add_replica(self, name: str) -> None:
-        engine = SimEngine(name, self.config.engine, self.config.cost_model, self.config.time_scale, self.config.jump)
+        shape = self.config.engine_config(self.policy)
+        engine = SimEngine(name, shape, self.config.cost_model, self.config.time_scale, self.config.jump)
         self.engines[name] = self.all_engines[name] = engine
         self.registry.add(name, f"http://{name}.sim:8000")
         self.replica_turns.setdefault(name, 0)

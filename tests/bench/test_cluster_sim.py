@@ -3,6 +3,7 @@ failure events, and the run leaves no gate state behind."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from kvgate.bench.cluster.cli import add_cluster_command, build_config
 from kvgate.bench.cluster.presets import CODING_AGENTS
 from kvgate.bench.cluster.run import ClusterConfig, parse_event, policy_names, run_policy
 from kvgate.bench.cluster.workload import AgentSessions
@@ -27,6 +29,13 @@ SMALL_FLEET = [
 def _run(out, *options) -> dict:
     assert main(["sim", "cluster", *options, "--out", str(out)]) == 0
     return json.loads((out / "report.json").read_text())
+
+
+def thrash_config() -> ClusterConfig:
+    """The `thrash` regime's run, as `kvgate sim cluster --regime thrash` builds it."""
+    parser = argparse.ArgumentParser()
+    add_cluster_command(parser.add_subparsers())
+    return build_config(parser.parse_args(["cluster", "--regime", "thrash"]), 2)
 
 
 def small_agents(replicas: int, agents: int, duration_s: float, turns=(3, 5), **config) -> ClusterConfig:
@@ -241,3 +250,41 @@ def test_the_gate_places_the_agents_first_sessions_evenly_and_sticky_by_rendezvo
     rendezvous = first_sessions("sticky")
     assert rendezvous == [3, 5, 8]
     assert first_sessions("working_set") == ([5, 5, 6] if place else rendezvous)
+
+
+def test_the_priority_policy_runs_working_set_on_engines_that_schedule_by_priority(monkeypatch):
+    """`priority` is the agentic benchmark's `kvgate-priority` mode: its engines schedule by
+    priority and say so in their kv answer, as the replica's route does, so the gate sends
+    the turns it would hold at `gate.held_priority` (1 unless set). Every other policy's
+    engines schedule first come, first served, and get every turn as sent (priority 0).
+    Both runs end with no waiter left at the gate."""
+    from kvgate.simulator.scheduler import Scheduler
+
+    config = thrash_config()
+    seen: list[tuple[str, int]] = []
+    original = Scheduler.add_request
+    monkeypatch.setattr(
+        Scheduler,
+        "add_request",
+        lambda scheduler, request: (
+            seen.append((scheduler.config.scheduling_policy, request.priority)),
+            original(scheduler, request),
+        )[1],
+    )
+    runs = {}
+    for policy in ("working_set", "priority"):
+        seen.clear()
+        result = run_policy(config, policy)
+        runs[policy] = (Counter(seen), Counter(t.admission for t in result.turns if t.ok))
+        assert all(turn.ok for turn in result.turns), policy
+        assert result.timeline[-1]["gate_waiters"] == 0, policy
+    (fcfs, _), (by_priority, reasons) = runs["working_set"], runs["priority"]
+    assert set(fcfs) == {("fcfs", 0)}
+    assert {policy for policy, _ in by_priority} == {"priority"}
+    assert by_priority[("priority", 1)] >= reasons["low_priority"] > 0  # held turns went in at low priority
+    assert by_priority[("priority", 0)] > 0  # window holders go as sent
+
+
+def test_held_priority_needs_the_policy_whose_replicas_schedule_by_priority(capsys):
+    assert main(["sim", "cluster", "--regime", "thrash", "--policies", "working_set", "--held-priority", "1"]) == 2
+    assert "add priority to --policies" in capsys.readouterr().err

@@ -83,3 +83,23 @@ async def test_a_real_time_probe_waiting_on_a_step_is_answered_when_the_engine_s
     assert not probe.done()
     await engine.stop()
     assert (await probe).num_gpu_blocks == CONFIG.num_blocks + 1
+
+
+def test_the_virtual_engine_preempts_the_newest_of_equal_priorities_as_vllm_does():
+    """Under priority scheduling, ties go by arrival: each request added to a SimEngine
+    takes its place in the order requests came (as `AsyncEngine.add` gives it), whatever
+    arrival its maker left on it. Two requests of one priority that outgrow the cache
+    together: the newest is preempted, the oldest runs through."""
+    config = EngineConfig(num_blocks=10, block_size=16, max_num_batched_tokens=2048, scheduling_policy="priority")
+
+    async def main():
+        engine = SimEngine("r0", config, CostModel())
+        first = SimRequest("first", list(range(1, 65)), 40, config.block_size)  # 4 blocks, growing to 7
+        second = SimRequest("second", list(range(101, 165)), 40, config.block_size)
+        turns = [engine.add(first), engine.add(second)]
+        assert (first.arrival, second.arrival) == (0.0, 1.0)
+        ends = [await turn.done for turn in turns]
+        assert first.num_preemptions == 0 and second.num_preemptions >= 1
+        assert ends[0] < ends[1]
+
+    run_virtual(main())
