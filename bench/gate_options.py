@@ -26,6 +26,7 @@ GATE_OPTIONS: Options = {
     "max_wait_sec": (float, "0: wait as long as needed; >0: then 503"),
     "quiet_factor": (float, "an idle window ends after this many times its session's usual gap"),
     "quiet_floor_sec": (float, "... but never sooner than this (idle_grace_sec is the ceiling)"),
+    "late_floor_sec": (float, "a session is late (its pin ends) once idle its usual gap, never sooner than this"),
     "wait_cap_factor": (float, "working_set: a held turn goes in once it waited this x its session's turn time"),
     "held_priority": (int, "working_set: forward a held turn at this vLLM priority (replicas schedule by priority)"),
     "work_conserving": (

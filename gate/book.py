@@ -148,10 +148,13 @@ class SessionRecord:
 
 
 class SessionBook:
-    def __init__(self, grace: float, quiet_factor: float = 4.0, quiet_floor: float = 0.5) -> None:
+    def __init__(
+        self, grace: float, quiet_factor: float = 4.0, quiet_floor: float = 0.2, late_floor: float = 0.5
+    ) -> None:
         self.grace = grace
         self.quiet_factor = quiet_factor
-        self.quiet_floor = quiet_floor
+        self.quiet_floor = quiet_floor  # an idle window's shortest life (`quiet_lifetime`)
+        self.late_floor = late_floor  # a session's shortest idle time before it is late (`late_after`)
         self._deadlines: list[tuple[float, int, str, int]] = []  # (when, seq, key, idle_gen)
         self._seq = 0
         self.sessions_started = 0  # records booked so far: the next one's `started`
@@ -171,7 +174,7 @@ class SessionBook:
         self.leases = 0
         self.windows: OrderedDict[str, SessionRecord] = OrderedDict()
         self._order: OrderedSums[SessionRecord] = OrderedSums()  # `windows`, with their footprints' sums
-        self._idle_windows: LateIndex[SessionRecord] = LateIndex(quiet_floor)
+        self._idle_windows: LateIndex[SessionRecord] = LateIndex(late_floor)
         self._tokens_per_byte: deque[float] = deque(maxlen=TOKENS_PER_BYTE_WINDOW)
         self._tokens_per_byte_max: float | None = None  # max of the deque; None: not known (recompute)
 
@@ -222,7 +225,7 @@ class SessionBook:
         """How long the record's session may be idle before it is late (`policies.late_after`,
         as the late windows are indexed): after that its blocks are the least likely to be
         read again soon."""
-        return late_after(rec.gap_ewma, self.replica_gap_ewma, self.quiet_floor)
+        return late_after(rec.gap_ewma, self.replica_gap_ewma, self.late_floor)
 
     def _window_ended(self, cause: WindowEnd, rec: SessionRecord) -> None:
         rec.last_window_end = cause
@@ -546,7 +549,7 @@ class SessionBook:
         for other in self.windows.values():
             if other is rec or not other.is_idle:  # in flight, or its next turn is acquiring
                 continue
-            left = late_after(other.gap_ewma, self.replica_gap_ewma, self.quiet_floor) - (now - other.idle_since)
+            left = late_after(other.gap_ewma, self.replica_gap_ewma, self.late_floor) - (now - other.idle_since)
             if left < 0:
                 late.append(other)
             else:

@@ -280,7 +280,9 @@ class Gate:
         self._prices_bodies = self.policy.reads_prompt_bound
         self._usage: UsageReading | None = None  # the last usage reading a decision was made on
         self._now = clock
-        self._book = SessionBook(settings.idle_grace_sec, settings.quiet_factor, settings.quiet_floor_sec)
+        self._book = SessionBook(
+            settings.idle_grace_sec, settings.quiet_factor, settings.quiet_floor_sec, settings.late_floor_sec
+        )
         self._window_ends = {cause: metrics.window_ends.labels(name, cause) for cause in WindowEnd}
         self._queue: OrderedDict[Attempt, None] = OrderedDict()  # waiters, the oldest session's first
         # ordered (a dict, not a set): close() fails them in queue order, the same every run

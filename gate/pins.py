@@ -10,7 +10,7 @@ Pure rules (`wants_pin`, `pin_ttl`, `pin_session`) and one small shell (`PinRele
   `kv_transfer_params` (every prompt route: chat, completion, Anthropic messages,
   Responses), and its admission gives the session a window
   (opens or renews it). The pin's ttl is the time the session may be idle before it is
-  late (`late_after`: its usual gap between turns, at least `quiet_floor_sec`, at most
+  late (`late_after`: its usual gap between turns, at least `late_floor_sec`, at most
   `idle_grace_sec`): the engine keeps the window while its session is expected back; a
   late session's blocks, the least likely to be read again soon, go back to the LRU
   order (its window lives on in the gate's books until it goes quiet), and a replica

@@ -232,6 +232,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "gate.probe.usage_max_age_ms": _in_range(0),
     "gate.quiet_factor": _in_range(1),
     "gate.quiet_floor_sec": _in_range(0),
+    "gate.late_floor_sec": _in_range(0),
     "gate.wait_cap_factor": _in_range(0),
     "gate.held_priority": _in_range(0),
     "gate.pins": _one_of(*PIN_MODES),

@@ -130,10 +130,13 @@ def settings(**overrides: Any) -> GateSettings:
     policy ask for it by name), long grace, a 60 s poll (a waiter re-decides when the gate
     wakes it, or when a test moves the fake clock past its poll). Quiet expiry is off
     (its floor is the grace: a window lives `idle_grace_sec`) unless a test sets
-    `quiet_floor_sec`, and so is the cap on a held turn's wait unless a test sets
+    `quiet_floor_sec`, no session is late before the grace unless a test sets
+    `late_floor_sec`, and the cap on a held turn's wait unless a test sets
     `wait_cap_factor` (its default is on): the tests of the grace rules keep their
     hand-worked clocks."""
-    base = GateSettings(wait_poll_sec=60.0, idle_grace_sec=60.0, quiet_floor_sec=60.0, wait_cap_factor=0.0)
+    base = GateSettings(
+        wait_poll_sec=60.0, idle_grace_sec=60.0, quiet_floor_sec=60.0, late_floor_sec=60.0, wait_cap_factor=0.0
+    )
     return replace(base, **overrides)
 
 

@@ -72,9 +72,9 @@ def _gate(metrics, clock, probe: FakeProbe, **overrides) -> Gate:
 
 async def test_a_window_turn_is_pinned_for_its_idle_lifetime_and_released_when_the_window_ends(metrics, clock):
     probe = PinningProbe()
-    gate = _gate(metrics, clock, probe, idle_grace_sec=30.0, quiet_floor_sec=30.0)
+    gate = _gate(metrics, clock, probe, idle_grace_sec=30.0, quiet_floor_sec=30.0, late_floor_sec=30.0)
     lease = await gate.acquire("a", "chat", body("a"))
-    assert lease.pin == make_pin("a", 30.0, "replica-key")  # the window's lifetime: the floor (= grace) here
+    assert lease.pin == make_pin("a", 30.0, "replica-key")  # the late floor (= grace) here
     lease.release()
     again = await gate.acquire("a", "chat", body("a"))  # renews its window: pinned again
     assert again.reason == "holds_window" and again.pin is not None
@@ -260,7 +260,7 @@ async def test_a_pin_lives_while_its_session_is_expected_back_not_as_long_as_its
     until the session is late (3 s, its usual gap): then its blocks are the least likely to
     be read again soon, and go back to the engine's LRU order."""
     probe = PinningProbe()
-    gate = _gate(metrics, clock, probe, quiet_floor_sec=0.5, quiet_factor=4.0)
+    gate = _gate(metrics, clock, probe, quiet_floor_sec=0.5, late_floor_sec=0.5, quiet_factor=4.0)
     first = await gate.acquire("a", "chat", body("a"))
     assert first.pin is not None and first.pin.ttl_sec == MIN_PIN_TTL_SEC  # no gap yet: the floor, at least 1 s
     first.release()
@@ -269,4 +269,31 @@ async def test_a_pin_lives_while_its_session_is_expected_back_not_as_long_as_its
     assert second.pin is not None and second.pin.ttl_sec == 3.0
     second.release()
     assert gate.state()["sessions"]["a"]["quiet_lifetime_sec"] == 12.0  # the window outlives the pin
+    assert_clean(gate, clock)
+
+
+async def test_a_quick_sessions_window_ends_at_the_quiet_floor_and_its_lateness_at_the_late_floor(metrics, clock):
+    """The default floors, apart: a session whose tool calls take 30 ms loses its idle window
+    after `quiet_floor_sec` (0.2 s, above its 4 gaps), so a session that ended without a
+    word frees its blocks soon; it is late, and its pin ends, no sooner than
+    `late_floor_sec` (0.5 s, above its gap; the pin's ttl at least MIN_PIN_TTL_SEC), so a
+    capped wait reclaims no window of a session that is only a little slow."""
+    probe = PinningProbe()
+    defaults = GateSettings()
+    assert (defaults.quiet_floor_sec, defaults.late_floor_sec) == (0.2, 0.5)
+    gate = _gate(
+        metrics, clock, probe, quiet_floor_sec=defaults.quiet_floor_sec, late_floor_sec=defaults.late_floor_sec
+    )
+    for _ in range(3):
+        lease = await gate.acquire("a", "chat", body("a"))
+        lease.release()
+        clock.advance(0.03)
+    record = gate._book.records["a"]
+    assert gate._book.quiet_lifetime(record) == pytest.approx(0.2)
+    assert gate._book.late_after_sec(record) == pytest.approx(0.5)
+    assert lease.pin is not None and lease.pin.ttl_sec == pin_ttl(0.5, defaults.idle_grace_sec)
+    clock.advance(0.2)  # idle 0.23 s: past its quiet lifetime
+    assert gate.state()["windows"] == {"in_flight": [], "idle": []}
+    assert gate.state()["sessions"]["a"]["last_window_end"] == "quiet"
+    await until(lambda: probe.released == [("a",)], "the release of a's pin")
     assert_clean(gate, clock)

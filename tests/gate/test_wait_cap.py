@@ -212,7 +212,7 @@ async def test_a_held_turn_goes_in_wait_capped_once_its_cap_runs_out(metrics, cl
     session is late (idle longer than its usual gap). The re-decisions run on real time
     (the cap, the time until a window turns late); the fake clock decides what they see."""
     probe = FakeProbe(usage=0.1, total=100, free=100, prefill_tokens_per_sec=1600.0)
-    gate_settings = settings(policy="working_set", wait_cap_factor=2.0, quiet_floor_sec=0.2)
+    gate_settings = settings(policy="working_set", wait_cap_factor=2.0, late_floor_sec=0.2)
     gate = Gate("r0", probe, gate_settings, metrics, clock)
     probe.set_prefix("a", total=90, hit=0)
     lease = await turns_of_a(gate, clock, 0.06)
@@ -251,7 +251,7 @@ async def test_past_its_cap_a_turn_goes_in_once_a_window_in_flight_goes_idle_and
     the release that leaves the in-flight window idle (the poll is a minute), it waits
     again until that window is late, then takes it."""
     probe = FakeProbe(usage=0.1, total=100, free=100, prefill_tokens_per_sec=1600.0)
-    gate_settings = settings(policy="working_set", wait_cap_factor=1.0, quiet_floor_sec=0.2)
+    gate_settings = settings(policy="working_set", wait_cap_factor=1.0, late_floor_sec=0.2)
     gate = Gate("r0", probe, gate_settings, metrics, clock)
     probe.set_prefix("a", total=90, hit=0)
     second = await turns_of_a(gate, clock, 0.2)  # the replica's turns take 0.2 s: the newcomer's cap
