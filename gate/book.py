@@ -149,7 +149,7 @@ class SessionRecord:
 
 class SessionBook:
     def __init__(
-        self, grace: float, quiet_factor: float = 4.0, quiet_floor: float = 0.2, late_floor: float = 0.5
+        self, grace: float, quiet_factor: float = 4.0, quiet_floor: float = 0.5, late_floor: float = 0.5
     ) -> None:
         self.grace = grace
         self.quiet_factor = quiet_factor
@@ -525,7 +525,7 @@ class SessionBook:
 
     def late_window_blocks(self, rec: SessionRecord | None, now: float) -> tuple[int, float | None]:
         """The footprints of other sessions' idle windows whose sessions are late
-        (`late_after`, at least the quiet floor), and the seconds until the next of the
+        (`late_after`, at least the late floor), and the seconds until the next of the
         others turns late (None: no other idle window). O(log n) amortized."""
         if rec is not None and rec.key in self._idle_windows:  # never the gate's: a deciding turn is acquiring
             late, due = self._late_windows_walk(rec, now)

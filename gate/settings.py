@@ -30,7 +30,7 @@ class GateSettings:
     headroom_blocks: int = 0
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     quiet_factor: float = 4.0  # a window ends once idle this many times its session's usual gap
-    quiet_floor_sec: float = 0.2  # ... but never sooner than this (idle_grace_sec is the ceiling)
+    quiet_floor_sec: float = 0.5  # ... but never sooner than this (idle_grace_sec is the ceiling)
     # a session is late (its pin's ttl, the late windows a capped wait reclaims) once idle its
     # usual gap, but never sooner than this (docs/decisions/quiet-and-late-floors.md)
     late_floor_sec: float = 0.5

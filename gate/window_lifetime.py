@@ -23,7 +23,7 @@ def quiet_lifetime(
 
 def late_after(session_gap: float | None, replica_gap: float | None, floor: float) -> float:
     """How long an idle window's session may be idle before it is late: its usual gap
-    between turns (else the replica's), at least `floor` (the quiet floor). A late
+    between turns (else the replica's), at least `floor` (`late_floor_sec`). A late
     session sits in an unusually long tool call, or has gone quietly: of all windows,
     its blocks are the least likely to be read again soon."""
     gap = session_gap if session_gap is not None else replica_gap

@@ -15,7 +15,7 @@ async def embedded_kvgate(tmp_path):
 
     gate.quiet_floor_sec 10: an idle window lasts at least 10 s, so a session's window
     outlasts a new client process starting or a loaded machine's pause between turns
-    (by default it may end after 0.2 s until the session's gap between turns is known)."""
+    (by default it may end after 0.5 s until the session's gap between turns is known)."""
     config = {
         "listen": {"host": "127.0.0.1", "port": 0},
         "log": {"access": True},

@@ -273,17 +273,15 @@ async def test_a_pin_lives_while_its_session_is_expected_back_not_as_long_as_its
 
 
 async def test_a_quick_sessions_window_ends_at_the_quiet_floor_and_its_lateness_at_the_late_floor(metrics, clock):
-    """The default floors, apart: a session whose tool calls take 30 ms loses its idle window
-    after `quiet_floor_sec` (0.2 s, above its 4 gaps), so a session that ended without a
-    word frees its blocks soon; it is late, and its pin ends, no sooner than
-    `late_floor_sec` (0.5 s, above its gap; the pin's ttl at least MIN_PIN_TTL_SEC), so a
-    capped wait reclaims no window of a session that is only a little slow."""
+    """The two floors apart (by default both 0.5 s): with `quiet_floor_sec` 0.2 a session
+    whose tool calls take 30 ms loses its idle window after 0.2 s (above its 4 gaps), so a
+    session that ended without a word frees its blocks soon; with `late_floor_sec` 0.5 it
+    is late, and its pin ends, no sooner than 0.5 s (above its gap; the pin's ttl at least
+    MIN_PIN_TTL_SEC), so a capped wait reclaims no window of a session only a little slow."""
     probe = PinningProbe()
     defaults = GateSettings()
-    assert (defaults.quiet_floor_sec, defaults.late_floor_sec) == (0.2, 0.5)
-    gate = _gate(
-        metrics, clock, probe, quiet_floor_sec=defaults.quiet_floor_sec, late_floor_sec=defaults.late_floor_sec
-    )
+    assert (defaults.quiet_floor_sec, defaults.late_floor_sec) == (0.5, 0.5)
+    gate = _gate(metrics, clock, probe, quiet_floor_sec=0.2, late_floor_sec=0.5)
     for _ in range(3):
         lease = await gate.acquire("a", "chat", body("a"))
         lease.release()
