@@ -14,6 +14,7 @@ from kvgate.bench import (
     results_pins,
     results_router,
 )
+from kvgate.bench.agentic.regimes import REGIMES
 from kvgate.bench.cluster import report
 from kvgate.bench.results_page import (
     ROWS,
@@ -109,7 +110,8 @@ def test_a_missed_makespan_target_names_whether_any_policy_could_meet_it():
         "prefill-bound --work-conserving no",
         "prefill-bound-no-finish --work-conserving no",
         "trace-70b-tight",
-        "vllm-prefill-no-finish --pinning pinned",  # its simulation stands for the measured server
+        "vllm-prefill --pinning pinned",  # its simulation stands for the measured server
+        "vllm-prefill-no-finish --pinning pinned",
     ]
     assert not dear["of_server"] and "of this vLLM server" not in unreachable
 
@@ -634,3 +636,8 @@ def test_the_pins_row_runs_its_runner_and_lands_on_the_page(tmp_path):
     runner.write_text("import sys\nsys.exit(1)\n")
     assert not results_pins.run_row(store, "def5678", tmp_path, runner.name)
     assert json.loads(data.read_text())[0]["commit"] == "abc1234"
+
+
+def test_every_regime_has_a_row_on_the_page_but_the_end_to_end_tests():
+    # `tiny` runs on replicas that take no time (time_scale 0): nothing to measure
+    assert {row.regime for row in ROWS} == set(REGIMES) - {"tiny"}
