@@ -30,6 +30,7 @@ from kvgate.bench.cluster.plots import write_sweep_plot, write_timeline_plot
 from kvgate.bench.cluster.presets import CLUSTER_PRESETS, ClusterPreset
 from kvgate.bench.cluster.report import format_sweep, format_table, summarize
 from kvgate.bench.cluster.run import PRIORITY, ClusterConfig, RunResult, parse_event, policy_names, run_policy
+from kvgate.bench.cluster.seed_sweep import baseline_of, format_seeds, parse_seeds, seed_ratios
 from kvgate.bench.cluster.workload import AgentSessions, sessions_of, sessions_of_trace
 from kvgate.bench.gate_options import add_gate_options, gate_overrides
 from kvgate.simulator.agent_trace import AgentTraceSpec, generate_trace
@@ -77,7 +78,16 @@ def add_cluster_command(sim_subparsers) -> None:
     parser.add_argument(
         "--fail-at-half", action="store_true", help="shorthand: replica r0 is removed at half the duration"
     )
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--seed", type=int, default=None, help="workload seed (default 0)")
+    parser.add_argument(
+        "--seeds",
+        default=None,
+        metavar="LIST",
+        help="run every policy on each of these workload seeds (a comma list and ranges: 0-5, 0,3,7) and report "
+        "each policy's makespan, session p95 and mean turn time over sticky's (else the first policy's) on the "
+        "same seed: their mean, worst and each seed's; each seed's outputs in seed_<S>/ (not with --seed or a "
+        "--replicas list)",
+    )
     parser.add_argument("--p95", type=float, default=None, help="turn-latency p95 target (s) the sweep answers for")
     parser.add_argument("--sample-sec", type=float, default=None, help="timeline sampling interval (virtual s)")
     parser.add_argument("--num-blocks", type=int, default=None, help="KV blocks per replica (default: the regime's)")
@@ -142,9 +152,12 @@ def _preset(args) -> ClusterPreset:
     )
 
 
-def build_config(args, replicas: int) -> ClusterConfig:
-    """The ClusterConfig the options describe (raises ValueError / ConfigError naming a bad option)."""
+def build_config(args, replicas: int, seed: int | None = None) -> ClusterConfig:
+    """The ClusterConfig the options describe, on workload `seed` (default: `--seed`, else 0);
+    raises ValueError / ConfigError naming a bad option."""
     preset = _preset(args)
+    if seed is None:
+        seed = 0 if args.seed is None else args.seed
     engine = preset.engine
     if args.num_blocks is not None:  # a smaller cache caps the model length, as vLLM's start-up check does
         cache = args.num_blocks * engine.block_size
@@ -180,20 +193,20 @@ def build_config(args, replicas: int) -> ClusterConfig:
             raise ValueError("--duration must be > 0 for an --agents run")
         return dataclasses.replace(
             config,
-            agent_sessions=AgentSessions(preset.workload, args.seed, preset.token_scale),
+            agent_sessions=AgentSessions(preset.workload, seed, preset.token_scale),
             agents=agents,
             duration_s=duration,
             sample_sec=args.sample_sec or max(1.0, duration / 360),
         )
     if isinstance(preset.workload, AgentTraceSpec):  # a trace regime: its agents run its sessions
-        trace = generate_trace(preset.workload, args.seed)
+        trace = generate_trace(preset.workload, seed)
         return dataclasses.replace(
             config,
             sessions=tuple(sessions_of_trace(trace)),
             concurrency=preset.workload.agents,
             sample_sec=args.sample_sec or 1.0,
         )
-    workload = generate_workload(preset.workload, args.seed)
+    workload = generate_workload(preset.workload, seed)
     return dataclasses.replace(
         config,
         sessions=tuple(sessions_of(workload)),
@@ -326,13 +339,21 @@ def run_cluster_command(args) -> int:
             raise ValueError("--replicas must be >= 1")
         if args.jobs is not None and args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1 (got {args.jobs})")
-        configs = {n: build_config(args, n) for n in counts}
+        seeds = None if args.seeds is None else parse_seeds(args.seeds)
+        if seeds is not None and (args.seed is not None or len(counts) > 1):
+            raise ValueError(
+                "--seeds runs one replica count on several seeds: give it without --seed and without a --replicas list"
+            )
+        configs = {n: build_config(args, n) for n in counts} if seeds is None else {}
+        seeded = {} if seeds is None else {seed: build_config(args, counts[0], seed) for seed in seeds}
     except (ValueError, ConfigError) as err:
         print(f"kvgate sim cluster: {err}", file=sys.stderr)
         return 2
     if getattr(_preset(args).workload, "retry_prob", 0.0) > 0:
         print(f"[cluster] note: regime {args.regime} re-sends some turns (retry_prob); the simulation does not")
     jobs = args.jobs if args.jobs is not None else os.cpu_count() or 1
+    if seeds is not None:
+        return _run_seeds(args, seeded, policies, jobs)
     wall = time.perf_counter()
     pairs = [(configs[n], policy) for n in counts for policy in policies]
     runs = run_all(pairs, jobs, lambda index, run: print(progress_line(*pairs[index], run), flush=True))
@@ -356,6 +377,36 @@ def run_cluster_command(args) -> int:
         if not args.no_plots:
             write_sweep_plot(sweep, args.p95, args.out / "sweep.png", f"{args.regime}: replica sweep")
         print(text, end="")
+    print(
+        f"[cluster] total wall {time.perf_counter() - wall:.1f}s, CPU {sum(run.cpu_s for run in runs):.1f}s "
+        f"in {min(jobs, len(runs))} process(es); outputs in {args.out}"
+    )
+    return 0
+
+
+def _run_seeds(args, seeded: dict[int, ClusterConfig], policies: list[str], jobs: int) -> int:
+    """`--seeds`: every policy on each seed's workload; each seed's outputs in seed_<S>/, the
+    policies against the baseline over the seeds in seeds.json and seeds.md."""
+    wall = time.perf_counter()
+    pairs = [(config, policy) for config in seeded.values() for policy in policies]
+    seeds = list(seeded)
+
+    def progress(index: int, run: PolicyRun) -> None:
+        line = progress_line(*pairs[index], run).removeprefix("[cluster] ")
+        print(f"[cluster] seed {seeds[index // len(policies)]}, {line}", flush=True)
+
+    runs = run_all(pairs, jobs, progress)
+    by_seed: dict[int, dict[str, dict]] = {}
+    for i, (seed, config) in enumerate(seeded.items()):
+        own = runs[i * len(policies) : (i + 1) * len(policies)]
+        title = f"{_title(args, config.replicas)}, seed {seed}"
+        by_seed[seed] = write_outputs(config, policies, own, args.out / f"seed_{seed}", not args.no_plots, title)
+    baseline = baseline_of(policies)
+    document = {"baseline": baseline, "seeds": seeds, "ratios": seed_ratios(by_seed, baseline)}
+    (args.out / "seeds.json").write_text(json.dumps(document, indent=1) + "\n")
+    text = format_seeds(by_seed, baseline)
+    (args.out / "seeds.md").write_text(text)
+    print(text, end="")
     print(
         f"[cluster] total wall {time.perf_counter() - wall:.1f}s, CPU {sum(run.cpu_s for run in runs):.1f}s "
         f"in {min(jobs, len(runs))} process(es); outputs in {args.out}"
