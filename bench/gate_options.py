@@ -37,6 +37,10 @@ GATE_OPTIONS: Options = {
         yes_no,
         "yes|no: a new session goes to the replica whose gate books the fewest sessions (no: rendezvous hashing)",
     ),
+    "relocate_held": (
+        yes_no,
+        "yes|no: a held turn moves to a replica with nothing in flight or waiting once it waited its re-prefill",
+    ),
 }
 
 

@@ -14,12 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import aiohttp
 
-from kvgate.gate.errors import AdmissionError, AdmissionSuperseded, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from kvgate.gate.errors import (
+    AdmissionError,
+    AdmissionSuperseded,
+    AdmissionTimeout,
+    PromptTooLong,
+    ReplicaUnavailable,
+    SessionRelocated,
+)
 from kvgate.gate.gate import Gate, Lease
 from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.policies.registry import get_policy
@@ -35,6 +42,7 @@ __all__ = [
     "Lease",
     "PromptTooLong",
     "ReplicaUnavailable",
+    "SessionRelocated",
     "session_key",
 ]
 
@@ -113,7 +121,13 @@ class AdmissionController:
         gate = self._gates.get(name)
         if gate is None:
             gate = Gate(
-                name, self._probe_factory(name, url), self._settings_for(name), self.metrics, self._clock, self.policy
+                name,
+                self._probe_factory(name, url),
+                self._settings_for(name),
+                self.metrics,
+                self._clock,
+                self.policy,
+                self._replica_idle,
             )
             self._gates[name] = gate
             self._urls[name] = url
@@ -152,16 +166,34 @@ class AdmissionController:
     # -------------------------------------------------------------- Seam 1
 
     async def acquire(
-        self, replica: ReplicaAddress, session_id: str | None, route_kind: str, body: Mapping[str, object]
+        self,
+        replica: ReplicaAddress,
+        session_id: str | None,
+        route_kind: str,
+        body: Mapping[str, object],
+        elsewhere: Callable[[], Iterable[ReplicaAddress]] | None = None,
     ) -> Lease:
         """Admit one request to `replica` (has .name and .url), or raise an AdmissionError.
 
         session_id None is anonymous. `body` is read, never modified. Cancelling the
-        call (client gone) leaves nothing behind.
+        call (client gone) leaves nothing behind. `elsewhere`: the other replicas the turn
+        may move to while it is held (routable, in the caller's order of preference); a
+        move raises `SessionRelocated` naming the replica to acquire it on instead
+        (`gate/relocation.py`).
         """
         gate = self._gate_of(replica)
         key = None if session_id is None else session_key(session_id)
-        return await gate.acquire(key, route_kind, body)
+        peers = None if elsewhere is None or key is None else _IdlePeers(self, elsewhere)
+        return await gate.acquire(key, route_kind, body, peers)
+
+    def _replica_idle(self, name: str) -> None:
+        """Replica `name` has nothing in flight or waiting: the other replicas' held turns decide
+        again, and may move there."""
+        if not self.settings.relocate_held:
+            return
+        for other, gate in self._gates.items():
+            if other != name:
+                gate.wake_waiters()
 
     def probe_api(self, name: str) -> bool | None:
         """Whether replica `name` serves the probe API, as its gate last learned: None
@@ -222,3 +254,26 @@ class AdmissionController:
             for key, value in gate.counts().items():
                 total[key] += value
         return total
+
+
+class _IdlePeers:
+    """`gate.relocation.Elsewhere` over the replicas a caller offers: the first whose gate is idle
+    (a replica without a gate yet has had no turn of this kvgate: idle where it would enforce)."""
+
+    def __init__(self, controller: AdmissionController, offered: Callable[[], Iterable[ReplicaAddress]]) -> None:
+        self._controller = controller
+        self._offered = offered
+        self._seen: dict[str, ReplicaAddress] = {}
+
+    def idle_replica(self) -> str | None:
+        controller = self._controller
+        for replica in self._offered():
+            gate = controller._gates.get(replica.name)
+            idle = gate.idle if gate is not None else controller._settings_for(replica.name).mode == "enforce"
+            if idle:
+                self._seen[replica.name] = replica
+                return replica.name
+        return None
+
+    def claim(self, name: str) -> None:
+        self._controller._gate_of(self._seen[name]).claim()

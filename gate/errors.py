@@ -50,3 +50,16 @@ class ReplicaUnavailable(AdmissionError):
     status = 503
     code = "replica_unavailable"
     error_type = "server_error"
+
+
+class SessionRelocated(AdmissionError):
+    """The held turn moves to `replica`, which has nothing to do (`gate/relocation.py`): the
+    caller acquires it there. Raised only to a caller that offered other replicas."""
+
+    status = 503
+    code = "session_relocated"
+    error_type = "server_error"
+
+    def __init__(self, replica: str) -> None:
+        super().__init__(f"the turn moved to replica {replica}, which has nothing in flight or waiting")
+        self.replica = replica

@@ -78,7 +78,14 @@ import orjson
 from prometheus_client import Histogram
 
 from kvgate.gate.book import SessionBook, SessionRecord, WindowEnd
-from kvgate.gate.errors import AdmissionError, AdmissionSuperseded, AdmissionTimeout, PromptTooLong, ReplicaUnavailable
+from kvgate.gate.errors import (
+    AdmissionError,
+    AdmissionSuperseded,
+    AdmissionTimeout,
+    PromptTooLong,
+    ReplicaUnavailable,
+    SessionRelocated,
+)
 from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.pins import PinReleases, pin_session, pin_ttl, wants_pin
 from kvgate.gate.policies.registry import Policy, get_policy
@@ -93,6 +100,7 @@ from kvgate.gate.policies.vocabulary import (
 )
 from kvgate.gate.probe import Probe
 from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.relocation import CLAIM_SEC, Elsewhere, relocation_due_sec
 from kvgate.gate.repricing import Repricer, RepriceRequest, TurnNote
 from kvgate.gate.request_body import (
     body_bytes,
@@ -270,6 +278,7 @@ class Gate:
         metrics: GateMetrics,
         clock: Clock = time.monotonic,
         policy: Policy | None = None,
+        on_idle: Callable[[str], None] | None = None,
     ) -> None:
         if settings.mode not in MODES:
             raise ValueError(f"unknown gate.mode {settings.mode!r}; choose one of: {', '.join(MODES)}")
@@ -288,21 +297,12 @@ class Gate:
         # ordered (a dict, not a set): close() fails them in queue order, the same every run
         self._attempts: dict[Attempt, None] = {}
         self._closed: AdmissionError | None = None
-        self._metrics = metrics
-        self._waiters_gauge = metrics.waiters.labels(name)
-        # The window gauges read the book when scraped: no gauge (and its lock) on a turn's path.
-        self._window_gauges = (metrics.windows.labels(name, "in_flight"), metrics.windows.labels(name, "idle"))
-        self._window_gauges[0].set_function(lambda: self._book.windows_in_flight)
-        self._window_gauges[1].set_function(lambda: self._book.windows_idle)
-        self._superseded = metrics.superseded_attempts.labels(name)
+        self._bind_metrics(metrics, name)
+        # gate/relocation.py: called when a release leaves no lease out and no waiter; a moving turn's claim
+        self._on_idle, self._claimed_until = on_idle, float("-inf")
         self._changed_at = float("-inf")  # last release, finish or expiry that may free blocks
         self._retry_after = max(1, math.ceil(settings.wait_poll_sec))
         self._max_wait = settings.max_wait_sec if settings.max_wait_sec > 0 else None
-        # Operator metrics (docs/observability.md): wait by reason, oldest waiter, re-prefill.
-        self._reason_wait_metric = metrics.admission_reason_wait
-        self._reason_waits: dict[str, Histogram] = {}
-        self._oldest_waiter = metrics.oldest_waiter_seconds.labels(name)
-        self._oldest_waiter.set_function(self.oldest_waiter_age)
         self._repricer = Repricer(
             self._book,
             self.policy,
@@ -321,10 +321,33 @@ class Gate:
         # the next turn finds a reading it may use at once (`UsageCache.revalidate`).
         self._revalidate_usage: Callable[[], None] | None = getattr(probe, "revalidate_usage", None)
 
+    def _bind_metrics(self, metrics: GateMetrics, name: str) -> None:
+        """The replica's series of the gate's metric families, bound once."""
+        self._metrics = metrics
+        self._waiters_gauge = metrics.waiters.labels(name)
+        # The window gauges read the book when scraped: no gauge (and its lock) on a turn's path.
+        self._window_gauges = (metrics.windows.labels(name, "in_flight"), metrics.windows.labels(name, "idle"))
+        self._window_gauges[0].set_function(lambda: self._book.windows_in_flight)
+        self._window_gauges[1].set_function(lambda: self._book.windows_idle)
+        self._superseded = metrics.superseded_attempts.labels(name)
+        self._relocated = metrics.relocated_turns.labels(name)
+        # Operator metrics (docs/observability.md): wait by reason, oldest waiter, re-prefill.
+        self._reason_wait_metric = metrics.admission_reason_wait
+        self._reason_waits: dict[str, Histogram] = {}
+        self._oldest_waiter = metrics.oldest_waiter_seconds.labels(name)
+        self._oldest_waiter.set_function(self.oldest_waiter_age)
+
     # ------------------------------------------------------------------ acquire
 
-    async def acquire(self, session_key: str | None, route_kind: str, body: Mapping[str, object]) -> Lease:
-        """Admit one request of `session_key` (None: anonymous) or raise an AdmissionError."""
+    async def acquire(
+        self,
+        session_key: str | None,
+        route_kind: str,
+        body: Mapping[str, object],
+        elsewhere: Elsewhere | None = None,
+    ) -> Lease:
+        """Admit one request of `session_key` (None: anonymous) or raise an AdmissionError;
+        `elsewhere`: the other replicas a held turn may move to (`SessionRelocated`)."""
         if self._closed is not None:
             raise self._closed
         # A route without a prompt (GET /v1/models) never touches the session books: it
@@ -353,7 +376,11 @@ class Gate:
                 outcome = self._act(turn, decision, prefix, usage)
                 if isinstance(outcome, Lease):
                     return outcome
-                await self._wait(turn.attempt, deadline, outcome.recheck_sec)
+                recheck = outcome.recheck_sec
+                if elsewhere is not None:
+                    due = self._relocate(turn, elsewhere)
+                    recheck = recheck if due is None else due if recheck is None else min(recheck, due)
+                await self._wait(turn.attempt, deadline, recheck)
                 newer_than = self._changed_at
         finally:
             self._close_turn(turn)
@@ -504,6 +531,45 @@ class Gate:
             self._drop_window(record)
         attempt.held = decision
         return decision
+
+    def _relocate(self, turn: _Turn, elsewhere: Elsewhere) -> float | None:
+        """Move the held turn to a replica with nothing to do once it is due (`gate/relocation.py`):
+        its window here ends and `SessionRelocated` names the replica. Else the seconds until it
+        is due, where one is idle now (None: it waits as decided)."""
+        record = turn.record
+        usage = self._usage
+        if record is None or record.in_flight or self.settings.mode != "enforce" or not self.settings.relocate_held:
+            return None
+        tokens = turn.held_on.total_tokens if turn.held_on is not None else record.prompt_tokens
+        due = relocation_due_sec(tokens, usage.prefill_tokens_per_sec if usage else None, self._now() - turn.start)
+        peer = None if due is None else elsewhere.idle_replica()
+        if due is None or peer is None:
+            return None
+        if due > MIN_WAIT_SEC:  # (a shorter wait than the shortest is none)
+            return due
+        elsewhere.claim(peer)
+        self._drop_window(record, WindowEnd.REVOKED)
+        self._relocated.inc()
+        raise SessionRelocated(peer)
+
+    @property
+    def idle(self) -> bool:
+        """Enforcing, with no lease out, no waiter, and no moved turn on its way (`claim`)."""
+        return (
+            self.settings.mode == "enforce"
+            and not self._book.leases
+            and not self._queue
+            and self._now() >= self._claimed_until
+        )
+
+    def claim(self) -> None:
+        """A held turn of another replica moves here: not idle until it arrives (CLAIM_SEC at most)."""
+        self._claimed_until = self._now() + CLAIM_SEC
+
+    def wake_waiters(self) -> None:
+        """Every waiter decides again now (another replica went idle: it may move there)."""
+        for waiter in self._queue:
+            waiter.wake()
 
     def _close_turn(self, turn: _Turn) -> None:
         """The attempt leaves the gate's books, whatever ended it."""
@@ -760,6 +826,8 @@ class Gate:
             else:  # the replica went idle: every held turn's economics changed
                 for waiter in self._queue:
                     waiter.wake()
+        elif not self._book.leases and self._on_idle is not None:
+            self._on_idle(self.name)  # other replicas' held turns may move here
 
     def _window_shrank(self) -> None:
         """A window's price went down (`Repricer.apply_price`): its blocks may let a waiter in."""

@@ -65,6 +65,12 @@ class GateMetrics:
             buckets=SUPERSESSION_BUCKETS,
             registry=r,
         )
+        self.relocated_turns = Counter(
+            "kvgate_relocated_turns",
+            "Held turns moved to a replica with nothing to do, by the replica they left (gate.relocate_held).",
+            ["replica"],
+            registry=r,
+        )
         self.window_ends = Counter(
             "kvgate_window_ends",
             "Ownership windows ended, by cause (finish|quiet|grace|lost|revoked).",

@@ -47,6 +47,9 @@ class GateSettings:
     # enforce mode: a session the proxy has not pinned yet goes to the replica whose gate books
     # the fewest live sessions (per unit of weight), not to its rendezvous replica (docs/gate.md)
     place_sessions: bool = True
+    # enforce mode: a held turn moves to a replica with nothing in flight or waiting once it has
+    # waited as long as re-prefilling its prompt takes, and its session with it (gate/relocation.py)
+    relocate_held: bool = True
 
 
 @dataclass(frozen=True)

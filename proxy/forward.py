@@ -15,6 +15,8 @@ Invariants:
   vLLM aborts the generation).
 - Re-routing happens at most once for `ReplicaUnavailable` and at most once for a
   connection that could not be opened (the request never reached the replica).
+- A turn the gate holds moves at most once, to another routable replica with nothing
+  to do (`SessionRelocated`, `gate/relocation.py`); its session sticks where it is served.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter, Histogram
 
 from kvgate.balancer import Balancer, Replica
-from kvgate.gate.errors import AdmissionError, ReplicaUnavailable
+from kvgate.gate.errors import AdmissionError, ReplicaUnavailable, SessionRelocated
 from kvgate.proxy.access_log import LOGGER as ACCESS_LOGGER
 from kvgate.proxy.access_log import access_line
 from kvgate.proxy.errors import RequestRejected, clipped, send_error
@@ -358,7 +360,7 @@ class Forwarder:
                 self._no_replica(turn.responder, kind)
                 return
             turn.replica = replica.name
-            lease = await self._admit(turn, replica)
+            replica, lease = await self._admit(turn, replica)
             if isinstance(lease, AdmissionError):
                 turn.admission = lease.code
                 if isinstance(lease, ReplicaUnavailable):
@@ -404,19 +406,39 @@ class Forwarder:
                 self._turn_done(turn, replica)
             return
 
-    async def _admit(self, turn: Turn, replica: Replica) -> TurnLease | AdmissionError:
-        """The gate's lease on `replica`, or its refusal. A client that leaves while the
+    async def _admit(self, turn: Turn, replica: Replica) -> tuple[Replica, TurnLease | AdmissionError]:
+        """The gate's lease on `replica`, or its refusal, with the replica it is for: a held
+        turn may move once to another routable replica with nothing to do
+        (`SessionRelocated`), and is acquired there instead. A client that leaves while the
         turn waits cancels the wait (counted, then re-raised)."""
         if turn.route.kind == PASSTHROUGH:
-            return UNGATED  # not a turn: nothing for the gate to price or hold
+            return replica, UNGATED  # not a turn: nothing for the gate to price or hold
+        acquire, kind, held_on = self.admission.acquire, turn.route.kind, replica
         try:
-            return await self.admission.acquire(replica, turn.session_id, turn.route.kind, turn.body)
+            try:
+                elsewhere = lambda: self._elsewhere(held_on)  # noqa: E731 (read only if the turn is held)
+                return replica, await acquire(replica, turn.session_id, kind, turn.body, elsewhere=elsewhere)
+            except SessionRelocated as moved:
+                replica = self._moved_to(moved, replica)
+                turn.replica = replica.name
+                return replica, await acquire(replica, turn.session_id, kind, turn.body)
         except asyncio.CancelledError:
             self.metrics.upstream_errors.labels(replica.name, "client_disconnect").inc()
             self._count(turn.route.kind, replica.name, CLIENT_CLOSED)
             raise
         except AdmissionError as refusal:
-            return refusal
+            return replica, refusal
+
+    def _elsewhere(self, replica: Replica) -> tuple[Replica, ...]:
+        """The replicas a turn held on `replica` may move to: the other routable ones."""
+        return tuple(r for r in self.registry.routable() if r is not replica)
+
+    def _moved_to(self, relocated: SessionRelocated, replica: Replica) -> Replica:
+        """The replica a held turn moved to, or its own if that one stopped being routable
+        meanwhile (it acquires there again, without moving). The session sticks to where
+        the turn is served (`_relay`)."""
+        target = self.registry.get(relocated.replica)
+        return target if target is not None and target in self.registry.routable() else replica
 
     def _refuse(self, turn: Turn, replica: Replica, refusal: AdmissionError) -> None:
         self._count(turn.route.kind, replica.name, refusal.status)

@@ -10,7 +10,7 @@ unserved ends the window its admission opened (gate.gate.Lease.release).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Protocol
 
@@ -42,7 +42,12 @@ class TurnAdmission(Protocol):
     """The gate as the proxy's turns use it (gate.admission.AdmissionController)."""
 
     async def acquire(
-        self, replica: Replica, session_id: str | None, route_kind: str, body: Mapping[str, object]
+        self,
+        replica: Replica,
+        session_id: str | None,
+        route_kind: str,
+        body: Mapping[str, object],
+        elsewhere: Callable[[], Iterable[Replica]] | None = None,
     ) -> TurnLease: ...
 
     def finish_session(self, session_id: str) -> None: ...

@@ -6,7 +6,8 @@ balancer picks one (the replica whose gate books the fewest sessions, where the 
 enforces and `gate.place_sessions`; else rendezvous); the replica's gate admits
 it (`AdmissionController.acquire`, the proxy's own controller with in-process probes);
 a replica that left while the turn waited sends it elsewhere once
-(`proxy.turn_route.after_failure`); one `proxy.turn_hold.Hold` keeps the replica's
+(`proxy.turn_route.after_failure`), and a held turn moves once to a replica with nothing
+to do (`gate/relocation.py`); one `proxy.turn_hold.Hold` keeps the replica's
 in-flight count and the lease, given back when the engine finished, unserved when the
 replica failed under it; a served turn's usage (its prompt tokens and prefix-cache hit,
 what vLLM's answer reports) teaches the gate (`Lease.learn`); a finishing turn ends
@@ -30,7 +31,7 @@ import orjson
 from kvgate.balancer.balancer import Balancer
 from kvgate.balancer.registry import Replica, ReplicaRegistry
 from kvgate.gate.admission import AdmissionController
-from kvgate.gate.errors import AdmissionError, ReplicaUnavailable
+from kvgate.gate.errors import AdmissionError, ReplicaUnavailable, SessionRelocated
 from kvgate.gate.readings import PrefixReading, UsageReading, prefix_reading, usage_reading
 from kvgate.gate.settings import ProbeSettings
 from kvgate.gate.usage_cache import UsageCache
@@ -180,9 +181,15 @@ class FrontDoor:
         if self.controller is None:
             return replica, UNGATED
         spent: frozenset[Failure] = frozenset()
+        moved = False  # as proxy.forward: a held turn moves to a replica with nothing to do at most once
         while True:
+            elsewhere = None if moved else self._elsewhere(replica)
             try:
-                return replica, await self.controller.acquire(replica, session_id, "chat", body)
+                return replica, await self.controller.acquire(replica, session_id, "chat", body, elsewhere=elsewhere)
+            except SessionRelocated as relocated:
+                target = self.registry.get(relocated.replica)
+                replica = target if target is not None and target in self.registry.routable() else replica
+                moved = True
             except ReplicaUnavailable:
                 after = after_failure(Failure.UNAVAILABLE, spent, tiered=False, in_flight=replica.in_flight)
                 other = (
@@ -197,6 +204,10 @@ class FrontDoor:
                 replica, spent = other, spent | {Failure.UNAVAILABLE}
             except AdmissionError as refusal:
                 return replica, refusal.code
+
+    def _elsewhere(self, replica: Replica):
+        """As proxy.forward: the replicas a turn held on `replica` may move to."""
+        return lambda: tuple(r for r in self.registry.routable() if r is not replica)
 
     async def _turn(self, session_id: str, direct_index: int, request: SessionRequest, body: TurnBody):
         replica = self._route(session_id, direct_index)

@@ -44,7 +44,7 @@ class RecordingAdmission:
         self.hold = None  # an asyncio.Event acquire waits on, when set
         self.cancelled = 0
 
-    async def acquire(self, replica, session_id, route_kind, body):
+    async def acquire(self, replica, session_id, route_kind, body, elsewhere=None):
         self.acquired.append((replica.name, session_id, route_kind, dict(body)))
         errors = self.refuse.get(replica.name)
         if errors:

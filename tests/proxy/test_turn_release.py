@@ -65,7 +65,7 @@ class CountedAdmission:
         self.hold: asyncio.Event | None = None
         self.waiting = 0
 
-    async def acquire(self, replica, session_id, route_kind, body):
+    async def acquire(self, replica, session_id, route_kind, body, elsewhere=None):
         errors = self.refuse.get(replica.name)
         if errors:
             raise errors.pop(0)
