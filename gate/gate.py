@@ -538,7 +538,9 @@ class Gate:
         is due, where one is idle now (None: it waits as decided)."""
         record = turn.record
         usage = self._usage
-        if record is None or record.in_flight or self.settings.mode != "enforce" or not self.settings.relocate_held:
+        if record is None or record.in_flight or len(record.attempts) > 1:  # not its session's only turn here
+            return None
+        if self.settings.mode != "enforce" or not self.settings.relocate_held:
             return None
         tokens = turn.held_on.total_tokens if turn.held_on is not None else record.prompt_tokens
         due = relocation_due_sec(tokens, usage.prefill_tokens_per_sec if usage else None, self._now() - turn.start)

@@ -10,7 +10,8 @@ old replica ends, and its later turns hit on the new one.
 
 Rules (each has a test, `tests/gate/test_relocation.py`):
 - only a named turn the gate holds moves, in enforce mode, with `gate.relocate_held`, when
-  no other turn of its session is in flight on its replica (a session runs on one replica);
+  no other turn of its session is in flight or acquiring on its replica (a session runs
+  on one replica);
 - only to a replica its caller offers (routable, not this one) whose gate enforces and has
   no lease out and no waiter, and that no other moved turn claimed in the last
   `CLAIM_SEC` (so a burst of held turns does not pile onto one idle replica);

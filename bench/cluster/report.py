@@ -100,6 +100,7 @@ def summarize(result: RunResult) -> dict:
         "recomputed_tokens": recomputed,
         "evictions": evictions,
         "pin_yields": pin_yields,  # KV pins the engines released to fit a request (gate.pins)
+        "relocated_turns": result.relocated_turns,  # held turns moved to an idle replica (gate.relocate_held)
         "turn_latency_s": _stats([t.end_s - t.start_s for t in ok]),
         "later_turn_latency_s": _stats([t.end_s - t.start_s for t in ok if t.turn > 1]),
         "ttft_s": _stats([t.ttft_s for t in ok if t.ttft_s is not None]),

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -164,6 +165,7 @@ class RunResult:
     events: list[tuple[float, str]]
     end_s: float
     token_scale: float = 1.0
+    relocated_turns: int = 0  # held turns moved to a replica with nothing to do (gate.relocate_held)
 
 
 class _Cluster:
@@ -418,7 +420,9 @@ async def _run(config: ClusterConfig, policy: str) -> RunResult:
         await asyncio.gather(sampler, events, return_exceptions=True)
     end = max((t.end_s for t in cluster.turns), default=0.0)
     timeline.append(cluster.sample())
+    relocated = 0
     if cluster.controller is not None:
+        relocated = _relocated_turns(cluster.controller, cluster.all_engines)
         await cluster.controller.aclose()
     for engine in list(cluster.engines.values()):
         engine.stop()
@@ -433,7 +437,14 @@ async def _run(config: ClusterConfig, policy: str) -> RunResult:
         cluster.events,
         end,
         config.token_scale,
+        relocated,
     )
+
+
+def _relocated_turns(controller: AdmissionController, replicas: Iterable[str]) -> int:
+    """Held turns the gates moved to a replica with nothing to do (`kvgate_relocated_turns_total`)."""
+    registry = controller.metrics.registry
+    return round(sum(registry.get_sample_value("kvgate_relocated_turns_total", {"replica": r}) or 0 for r in replicas))
 
 
 def run_policy(config: ClusterConfig, policy: str) -> RunResult:

@@ -288,3 +288,14 @@ def test_the_priority_policy_runs_working_set_on_engines_that_schedule_by_priori
 def test_held_priority_needs_the_policy_whose_replicas_schedule_by_priority(capsys):
     assert main(["sim", "cluster", "--regime", "thrash", "--policies", "working_set", "--held-priority", "1"]) == 2
     assert "add priority to --policies" in capsys.readouterr().err
+
+
+def test_held_turns_move_to_an_idle_replica_at_the_end_of_a_rollout(tmp_path):
+    # trace-70b-tight, seed 3: one replica still runs the longest sessions, holding turns,
+    # while the other has nothing to do (the gate's placement put the long chain there)
+    options = ["--regime", "trace-70b-tight", "--seed", "3", "--policies", "working_set", "--no-plots"]
+    moved = _run(tmp_path / "yes", *options)["policies"]["working_set"]  # gate.relocate_held: on by default
+    stayed = _run(tmp_path / "no", *options, "--relocate-held", "no")["policies"]["working_set"]
+    assert moved["turns_failed"] == stayed["turns_failed"] == 0
+    assert moved["relocated_turns"] > 0 and stayed["relocated_turns"] == 0
+    assert moved["makespan_s"] < 0.8 * stayed["makespan_s"]
