@@ -18,7 +18,7 @@ from kvgate.proxy.app import create_app
 from kvgate.proxy.metrics import KvgateMetrics
 from kvgate.proxy.settings import Settings
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
-from tests.gate.helpers import CLEAN, FakeClock, FakeProbe, body, sample, settings, until
+from tests.gate.helpers import CLEAN, FakeClock, FakeProbe, body, sample, settings, settle, until
 
 
 @dataclass(frozen=True)
@@ -47,30 +47,34 @@ def two_replicas(metrics, clock, **overrides) -> tuple[AdmissionController, dict
     return controller, probes
 
 
-async def fill(controller: AdmissionController, probe: FakeProbe, replica: Replica, *sessions: str) -> None:
-    """Idle windows of 30 blocks for `sessions` on `replica` (three fill its 100 blocks)."""
+async def held_on_r0(controller: AdmissionController, probes: dict[str, FakeProbe], *sessions: str, elsewhere=(R1,)):
+    """r0's 100 blocks in idle windows of three 30-block sessions, then a cold 30-block,
+    320-token turn of each of `sessions` held on r0, offered `elsewhere` to move to."""
+    for done in ("a", "b", "c"):
+        probes["r0"].set_prefix(done, total=30, hit=0, tokens=480)
+        (await controller.acquire(R0, done, "chat", body(done))).release()
+    tasks = []
     for session in sessions:
-        probe.set_prefix(session, total=30, hit=0, tokens=480)
-        (await controller.acquire(replica, session, "chat", body(session))).release()
+        probes["r0"].set_prefix(session, total=30, hit=0, tokens=320)
+        tasks.append(asyncio.create_task(controller.acquire(R0, session, "chat", body(session), lambda: elsewhere)))
+    await until(lambda: controller.counts()["waiters"] == len(sessions), "the turns to wait on r0")
+    return tasks
 
 
-def held(controller: AdmissionController, probe: FakeProbe, session: str, elsewhere=(R1,)) -> asyncio.Task:
-    """A cold 30-block, 320-token turn of `session` on r0, offered `elsewhere` to move to."""
-    probe.set_prefix(session, total=30, hit=0, tokens=320)
-    return asyncio.create_task(controller.acquire(R0, session, "chat", body(session), lambda: elsewhere))
+async def after(clock: FakeClock, seconds: float) -> None:
+    """Move the clock on, and let every woken waiter decide again."""
+    clock.advance(seconds)
+    await settle()
 
 
-pytestmark_logic = pytest.mark.usefixtures("loop_on_clock")
+logic = pytest.mark.usefixtures("loop_on_clock")  # the gates' timers run on the fake clock
 
 
-@pytestmark_logic
+@logic
 async def test_a_held_turn_moves_to_an_idle_replica_once_it_waited_its_re_prefill(metrics, clock):
     controller, probes = two_replicas(metrics, clock)
-    await fill(controller, probes["r0"], R0, "a", "b", "c")
-    task = held(controller, probes["r0"], "d")
-    await until(lambda: controller.counts()["waiters"] == 1, "d to wait on r0")
-    clock.advance(0.1)
-    await asyncio.sleep(0)
+    (task,) = await held_on_r0(controller, probes, "d")
+    await after(clock, 0.1)
     assert not task.done()  # half its re-prefill: it waits on
     clock.advance(0.1)
     await until(task.done, "d to move")
@@ -85,17 +89,13 @@ async def test_a_held_turn_moves_to_an_idle_replica_once_it_waited_its_re_prefil
     assert controller.counts() == CLEAN
 
 
-@pytestmark_logic
+@logic
 async def test_it_waits_while_the_other_replica_works_and_moves_when_that_one_goes_idle(metrics, clock):
     controller, probes = two_replicas(metrics, clock)
-    await fill(controller, probes["r0"], R0, "a", "b", "c")
     probes["r1"].set_prefix("busy", total=10, hit=0, tokens=160)
     busy = await controller.acquire(R1, "busy", "chat", body("busy"))  # r1 has a turn in flight
-    task = held(controller, probes["r0"], "d")
-    await until(lambda: controller.counts()["waiters"] == 1, "d to wait on r0")
-    clock.advance(5)
-    for _ in range(50):
-        await asyncio.sleep(0)
+    (task,) = await held_on_r0(controller, probes, "d")
+    await after(clock, 5)
     assert not task.done()  # past its re-prefill, but no replica is idle
     busy.release()  # r1 goes idle: r0's waiters decide again, and d moves
     await until(task.done, "d to move when r1 went idle")
@@ -104,36 +104,29 @@ async def test_it_waits_while_the_other_replica_works_and_moves_when_that_one_go
     assert controller.counts() == CLEAN
 
 
-@pytestmark_logic
+@logic
 async def test_two_held_turns_do_not_pile_onto_one_idle_replica(metrics, clock):
     controller, probes = two_replicas(metrics, clock)
-    await fill(controller, probes["r0"], R0, "a", "b", "c")
-    first, second = held(controller, probes["r0"], "d"), held(controller, probes["r0"], "e")
-    await until(lambda: controller.counts()["waiters"] == 2, "d and e to wait on r0")
+    first, second = await held_on_r0(controller, probes, "d", "e")
     clock.advance(0.2)
     await until(lambda: first.done() or second.done(), "one to move")
-    for _ in range(50):
-        await asyncio.sleep(0)
+    await settle()
     assert [first.done(), second.done()] == [True, False]  # r1 is claimed for the one on its way
     controller.gates()["r0"].finish_session("a")  # a window ends: e gets its place on r0
     (await second).release()
-    first.exception()
+    assert first.exception().replica == "r1"
     clock.advance(max(CLAIM_SEC, 61))
     assert controller.counts() == CLEAN
 
 
-@pytestmark_logic
+@logic
 @pytest.mark.parametrize("why", ["setting off", "nothing offered", "shadow there"])
 async def test_a_held_turn_stays_without_the_setting_an_offer_or_an_enforcing_gate_there(metrics, clock, why):
     controller, probes = two_replicas(metrics, clock, relocate_held=why != "setting off")
     if why == "shadow there":
         controller.set_replica_mode("r1", "shadow")
-    await fill(controller, probes["r0"], R0, "a", "b", "c")
-    task = held(controller, probes["r0"], "d", elsewhere=() if why == "nothing offered" else (R1,))
-    await until(lambda: controller.counts()["waiters"] == 1, "d to wait on r0")
-    clock.advance(5)
-    for _ in range(50):
-        await asyncio.sleep(0)
+    (task,) = await held_on_r0(controller, probes, "d", elsewhere=() if why == "nothing offered" else (R1,))
+    await after(clock, 5)
     assert not task.done()
     controller.gates()["r0"].finish_session("a")
     (await task).release()
