@@ -58,6 +58,9 @@ Invariants (each has a test):
   (`request_body.over_long`, from the last usage reading) is refused before the policy
   decides: no prefix probe, never forwarded (in `shadow` mode it is recorded as
   `shadow_prompt_too_long`, unprobed, and forwarded).
+- A held turn whose caller offers other replicas (`elsewhere`) moves to one with nothing
+  to do once it has waited its re-prefill (`gate/relocation.py`): its window here ends
+  first, then `SessionRelocated` names that replica; it leaves no waiter or attempt here.
 - mode `off`: admit `open` with no probe and no session bookkeeping
   (`_grant_unbooked`). mode `shadow`: decide as `enforce` would (windows included),
   record `shadow_<reason>` (`shadow_wait`, `shadow_prompt_too_long`), never hold or
@@ -542,7 +545,7 @@ class Gate:
             return None
         if self.settings.mode != "enforce" or not self.settings.relocate_held:
             return None
-        tokens = turn.held_on.total_tokens if turn.held_on is not None else record.prompt_tokens
+        tokens = (turn.held_on.total_tokens if turn.held_on is not None else 0) or record.prompt_tokens
         due = relocation_due_sec(tokens, usage.prefill_tokens_per_sec if usage else None, self._now() - turn.start)
         peer = None if due is None else elsewhere.idle_replica()
         if due is None or peer is None:
