@@ -572,7 +572,7 @@ class Gate:
         self._claimed_until = self._now() + CLAIM_SEC
 
     def wake_waiters(self) -> None:
-        """Every waiter decides again now (another replica went idle: it may move there)."""
+        """Every waiter decides again now (this replica or another went idle)."""
         for waiter in self._queue:
             waiter.wake()
 
@@ -829,8 +829,7 @@ class Gate:
             if self._book.leases:
                 self._wake_on_change()
             else:  # the replica went idle: every held turn's economics changed
-                for waiter in self._queue:
-                    waiter.wake()
+                self.wake_waiters()
         elif not self._book.leases and self._on_idle is not None:
             self._on_idle(self.name)  # other replicas' held turns may move here
 

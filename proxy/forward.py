@@ -54,7 +54,7 @@ from kvgate.proxy.settings import Settings
 from kvgate.proxy.tenancy import scoped_session, visible
 from kvgate.proxy.topology import FRONT_DOOR, REPLICA_GATE, TIER_SESSION_HEADER, with_session_header
 from kvgate.proxy.turn_hold import UNGATED, Hold, TurnAdmission, TurnLease
-from kvgate.proxy.turn_route import Failure, Resend, after_failure, pinned_replica
+from kvgate.proxy.turn_route import Failure, Resend, after_failure, moved_to, others, pinned_replica
 from kvgate.proxy.upstream import (
     CONNECT_ERRORS,
     EXCHANGE_ERRORS,
@@ -416,10 +416,10 @@ class Forwarder:
         acquire, kind, held_on = self.admission.acquire, turn.route.kind, replica
         try:
             try:
-                elsewhere = lambda: self._elsewhere(held_on)  # noqa: E731 (read only if the turn is held)
+                elsewhere = lambda: others(self.registry.routable(), held_on)  # noqa: E731 (read only if held)
                 return replica, await acquire(replica, turn.session_id, kind, turn.body, elsewhere=elsewhere)
-            except SessionRelocated as moved:
-                replica = self._moved_to(moved, replica)
+            except SessionRelocated as moved:  # the session sticks where the turn is served (`_relay`)
+                replica = moved_to(self.registry.routable(), moved.replica, replica)
                 turn.replica = replica.name
                 return replica, await acquire(replica, turn.session_id, kind, turn.body)
         except asyncio.CancelledError:
@@ -428,17 +428,6 @@ class Forwarder:
             raise
         except AdmissionError as refusal:
             return replica, refusal
-
-    def _elsewhere(self, replica: Replica) -> tuple[Replica, ...]:
-        """The replicas a turn held on `replica` may move to: the other routable ones."""
-        return tuple(r for r in self.registry.routable() if r is not replica)
-
-    def _moved_to(self, relocated: SessionRelocated, replica: Replica) -> Replica:
-        """The replica a held turn moved to, or its own if that one stopped being routable
-        meanwhile (it acquires there again, without moving). The session sticks to where
-        the turn is served (`_relay`)."""
-        target = self.registry.get(relocated.replica)
-        return target if target is not None and target in self.registry.routable() else replica
 
     def _refuse(self, turn: Turn, replica: Replica, refusal: AdmissionError) -> None:
         self._count(turn.route.kind, replica.name, refusal.status)

@@ -31,6 +31,17 @@ def pinned_replica(entry: SessionEntry | None) -> Replica | None:
     return None
 
 
+def others(routable: tuple[Replica, ...], replica: Replica) -> tuple[Replica, ...]:
+    """The replicas a turn held on `replica` may move to (`gate/relocation.py`): the other routable ones."""
+    return tuple(r for r in routable if r is not replica)
+
+
+def moved_to(routable: tuple[Replica, ...], name: str, replica: Replica) -> Replica:
+    """The routable replica `name` a held turn moved to, or its own `replica` if that one stopped
+    being routable meanwhile (the turn acquires there again, without moving)."""
+    return next((r for r in routable if r.name == name), replica)
+
+
 class Failure(enum.Enum):
     """Why a turn's replica could not take it, when sending it elsewhere is safe."""
 

@@ -377,10 +377,7 @@ def run_cluster_command(args) -> int:
         if not args.no_plots:
             write_sweep_plot(sweep, args.p95, args.out / "sweep.png", f"{args.regime}: replica sweep")
         print(text, end="")
-    print(
-        f"[cluster] total wall {time.perf_counter() - wall:.1f}s, CPU {sum(run.cpu_s for run in runs):.1f}s "
-        f"in {min(jobs, len(runs))} process(es); outputs in {args.out}"
-    )
+    _print_total(wall, runs, jobs, args.out)
     return 0
 
 
@@ -407,11 +404,16 @@ def _run_seeds(args, seeded: dict[int, ClusterConfig], policies: list[str], jobs
     text = format_seeds(by_seed, baseline)
     (args.out / "seeds.md").write_text(text)
     print(text, end="")
+    _print_total(wall, runs, jobs, args.out)
+    return 0
+
+
+def _print_total(wall: float, runs: list[PolicyRun], jobs: int, out: Path) -> None:
+    """The command's last line: its wall clock since `wall`, its runs' CPU, where its outputs are."""
     print(
         f"[cluster] total wall {time.perf_counter() - wall:.1f}s, CPU {sum(run.cpu_s for run in runs):.1f}s "
-        f"in {min(jobs, len(runs))} process(es); outputs in {args.out}"
+        f"in {min(jobs, len(runs))} process(es); outputs in {out}"
     )
-    return 0
 
 
 def _title(args, replicas: int) -> str:

@@ -37,7 +37,7 @@ from kvgate.gate.settings import ProbeSettings
 from kvgate.gate.usage_cache import UsageCache
 from kvgate.proxy.session_tracker import SessionEntry
 from kvgate.proxy.turn_hold import UNGATED, Hold, TurnLease
-from kvgate.proxy.turn_route import Failure, Resend, after_failure, pinned_replica
+from kvgate.proxy.turn_route import Failure, Resend, after_failure, moved_to, others, pinned_replica
 from kvgate.simulator.session_request import SessionRequest
 from kvgate.simulator.virtual_engine import EngineStopped, SimEngine
 from kvgate.wire.kv_pins import Pin, make_pin
@@ -183,13 +183,11 @@ class FrontDoor:
         spent: frozenset[Failure] = frozenset()
         moved = False  # as proxy.forward: a held turn moves to a replica with nothing to do at most once
         while True:
-            elsewhere = None if moved else self._elsewhere(replica)
+            elsewhere = None if moved else (lambda held_on=replica: others(self.registry.routable(), held_on))
             try:
                 return replica, await self.controller.acquire(replica, session_id, "chat", body, elsewhere=elsewhere)
             except SessionRelocated as relocated:
-                target = self.registry.get(relocated.replica)
-                replica = target if target is not None and target in self.registry.routable() else replica
-                moved = True
+                replica, moved = moved_to(self.registry.routable(), relocated.replica, replica), True
             except ReplicaUnavailable:
                 after = after_failure(Failure.UNAVAILABLE, spent, tiered=False, in_flight=replica.in_flight)
                 other = (
@@ -204,10 +202,6 @@ class FrontDoor:
                 replica, spent = other, spent | {Failure.UNAVAILABLE}
             except AdmissionError as refusal:
                 return replica, refusal.code
-
-    def _elsewhere(self, replica: Replica):
-        """As proxy.forward: the replicas a turn held on `replica` may move to."""
-        return lambda: tuple(r for r in self.registry.routable() if r is not replica)
 
     async def _turn(self, session_id: str, direct_index: int, request: SessionRequest, body: TurnBody):
         replica = self._route(session_id, direct_index)
