@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvgate.gate.holding_value import HOLDING_VALUE_ALPHA, HoldingValue, kept_share
+from kvgate.gate.holding_value import HELD_PRIOR_WEIGHT, HOLDING_VALUE_ALPHA, HoldingValue, kept_share
 from kvgate.gate.policies.economics import at_risk_blocks, own_at_risk
 from kvgate.gate.policies.pricing import free_budget, usable_blocks
 from kvgate.gate.policies.views import WorkingSetView
@@ -54,7 +54,8 @@ def test_the_own_share_starts_at_the_whole_prefix_and_follows_what_turns_kept():
     assert fleet.state()["own_share"] == pytest.approx(0.1, abs=0.01)
     fleet.observe_next_turn(previous_window=False, kept=7.0)  # a share never leaves [0, 1]
     assert 0.0 <= fleet.kept_without_window <= 1.0
-    queueing = HoldingValue(held_got_window=0.0)  # no held turn got a window: no own prefix kept ...
+    # no held turn got a window: no own prefix kept ...
+    queueing = HoldingValue(held_got_window=0.0, held_got_window_smoothed=0.0)
     for _ in range(200):
         queueing.observe_engine(probed_hit_blocks=10, hit_blocks=2)
     assert queueing.own_share() == pytest.approx(0.8, abs=1e-3)  # ... but the engine lost 8 of 10 probed blocks
@@ -154,11 +155,43 @@ async def test_a_held_turn_let_in_without_a_window_behind_others_does_not_count_
     c.result().release()  # blocks freed: the head re-decides
     await until(b.done, "b to go in without a window")
     assert b.result().reason == "work_conserving"
-    assert gate.state()["holding"]["held_got_window"] == pytest.approx(1.0 - HOLDING_VALUE_ALPHA)
+    # the first held turn observed here, and no window yet: the running mean of the prior
+    # (worth HELD_PRIOR_WEIGHT turns) and b's 0
+    first = HELD_PRIOR_WEIGHT / (HELD_PRIOR_WEIGHT + 1)
+    assert gate.state()["holding"]["held_got_window"] == pytest.approx(first, abs=1e-4)
     b.result().release()
     for session in ("a", "b", "c"):
         gate.finish_session(session)
     assert_clean(gate, clock)
+
+
+def test_until_a_held_turn_gets_a_window_the_prior_weighs_as_a_few_held_turns():
+    """A replica whose held turns all go in without a window (a cache about one session's
+    context) learns it from the first few: the share the windows' blocks count at is the
+    running mean of its start (worth HELD_PRIOR_WEIGHT turns) and what they showed, where
+    the smoothing would still hold it near 0.5 after 14 of them. The first held turn that
+    gets a window ends that: from then on each one moves it by HOLDING_VALUE_ALPHA,
+    whatever it showed."""
+    never = HoldingValue()
+    for seen in range(1, 15):
+        never.observe_held(False)
+        assert never.held_got_window == pytest.approx(HELD_PRIOR_WEIGHT / (HELD_PRIOR_WEIGHT + seen))
+    assert never.held_got_window < 0.5 * (1 - HOLDING_VALUE_ALPHA) ** 14
+    # the own share's factor is smoothed from the start, like the kept shares it multiplies
+    assert never.held_got_window_smoothed == pytest.approx((1 - HOLDING_VALUE_ALPHA) ** 14)
+    assert never.own_share() == pytest.approx((1 - HOLDING_VALUE_ALPHA) ** 14)
+    never.observe_held(True)  # a window after all: the smoothing from here on
+    after = never.held_got_window
+    assert after == pytest.approx(HELD_PRIOR_WEIGHT / 16 + HOLDING_VALUE_ALPHA * (1 - HELD_PRIOR_WEIGHT / 16))
+    never.observe_held(False)
+    assert never.held_got_window == pytest.approx(after * (1 - HOLDING_VALUE_ALPHA))
+    windows_first = HoldingValue()  # held turns got windows here: a run without one moves it slowly
+    for got in (True, True, False, False, False, False):
+        windows_first.observe_held(got)
+    assert windows_first.held_got_window == pytest.approx((1 - HOLDING_VALUE_ALPHA) ** 4)
+    for _ in range(10_000):  # the running mean never moves slower than the smoothing
+        windows_first.observe_held(False)
+    assert windows_first.held_got_window == pytest.approx(0.0, abs=1e-6)
 
 
 def test_the_windows_a_newcomer_pushes_out_count_at_the_share_of_held_turns_that_get_a_window():
