@@ -24,8 +24,8 @@ How much of the own prefix holding really keeps depends on the replica:
   nothing. The first held turn that gets a window ends that: from then on a run of turns
   without one moves it only by the smoothing. `held_got_window_smoothed` is the same
   share smoothed from the start, for `own_share`, whose other factors are smoothed from
-  their starts as well (moving it as fast costs the fleet's turn p95). A newcomer the policy lets in
-  without a window while others wait ahead of it is not counted (the shell's
+  their starts as well (moving it as fast costs the fleet's turn p95). A newcomer the
+  policy lets in without a window while others wait ahead of it is not counted (the shell's
   `_observe_held`): it left before its turn at a window came, so its admission says
   nothing of what waiting gives, and counting it made a loop (fewer windows measured,
   a smaller own share, more turns let in without one).
