@@ -15,17 +15,16 @@ How much of the own prefix holding really keeps depends on the replica:
 - `held_got_window`: the share of held newcomers admitted with a window in the end; the
   rest waited and went in without one, which kept nothing, and pushed out the windows'
   blocks that their admission would have pushed out at once (the rule counts those
-  blocks at this share: `economics.at_risk_blocks`). Until one of them has got a window
-  on the replica it is their running mean, its start of 1 worth HELD_PRIOR_WEIGHT of them
-  (never moving slower than the smoothing below): the start is an assumption that
-  waiting can end in a window here, and where it never does (a cache of about one
-  session's context: every held turn goes in without one) the smoothing would take some
-  14 held turns to halve it, longer than a short rollout lasts, each of them waiting for
-  nothing. The first held turn that gets a window ends that: from then on a run of turns
-  without one moves it only by the smoothing. `held_got_window_smoothed` is the same
-  share smoothed from the start, for `own_share`, whose other factors are smoothed from
-  their starts as well (moving it as fast costs the fleet's turn p95). A newcomer the
-  policy lets in without a window while others wait ahead of it is not counted (the shell's
+  blocks at `windows_share()`: this share, but until one held newcomer has got a
+  window on the replica at most HELD_PRIOR_WEIGHT / (HELD_PRIOR_WEIGHT + the held
+  newcomers seen), the running mean of the share's start and theirs). The start of 1 is
+  an assumption that waiting can end in a window here. Where it never does (a cache of
+  about one session's context: every held turn goes in without one), the smoothing
+  would take some 14 held turns to halve it, longer than a short rollout lasts, each of
+  them waiting for nothing. The first held turn that gets a window lifts the cap: from
+  then on the smoothed share stands, as if the turns before had moved it only by the
+  smoothing. A newcomer the policy lets in
+  without a window while others wait ahead of it is not counted (the shell's
   `_observe_held`): it left before its turn at a window came, so its admission says
   nothing of what waiting gives, and counting it made a loop (fewer windows measured,
   a smaller own share, more turns let in without one).
@@ -34,7 +33,7 @@ How much of the own prefix holding really keeps depends on the replica:
   engine no longer held when it ran the turn: where the engine's queue evicts admitted
   turns' prefixes, what unqueued turns kept understates what admitting one costs.
 
-`own_share()` = held_got_window_smoothed x (kept_with_window - kept_without_window), or
+`own_share()` = held_got_window x (kept_with_window - kept_without_window), or
 `engine_lost` if larger, in [0, 1]: the expected share of a held turn's own prefix that
 holding it keeps for its next turn. Each share starts at what the rule assumed before it
 was measured (the whole prefix counts; the engine loses nothing) and moves toward each
@@ -55,8 +54,8 @@ HOLDING_VALUE_ALPHA = 0.05
 HELD_PRIOR_WEIGHT = 2
 
 
-def _smooth(last: float, value: float, alpha: float = HOLDING_VALUE_ALPHA) -> float:
-    return last + alpha * (min(1.0, max(0.0, value)) - last)
+def _smooth(last: float, value: float) -> float:
+    return last + HOLDING_VALUE_ALPHA * (min(1.0, max(0.0, value)) - last)
 
 
 def kept_share(
@@ -81,7 +80,6 @@ class HoldingValue:
     kept_without_window: float = 0.0
     held_got_window: float = 1.0
     engine_lost: float = 0.0
-    held_got_window_smoothed: float = 1.0
     held_seen: int = 0  # held newcomers observed
     held_window_seen: bool = False  # one of them got a window
 
@@ -100,20 +98,22 @@ class HoldingValue:
             self.kept_without_window = _smooth(self.kept_without_window, kept)
 
     def observe_held(self, got_window: bool) -> None:
-        """A newcomer the policy held was admitted, with a window or without one
-        (`held_got_window` moves as the module docstring says)."""
-        value = 1.0 if got_window else 0.0
+        """A newcomer the policy held was admitted, with a window or without one."""
         self.held_seen += 1
         self.held_window_seen = self.held_window_seen or got_window
-        alpha = HOLDING_VALUE_ALPHA
-        if not self.held_window_seen:
-            alpha = max(alpha, 1.0 / (self.held_seen + HELD_PRIOR_WEIGHT))
-        self.held_got_window = _smooth(self.held_got_window, value, alpha)
-        self.held_got_window_smoothed = _smooth(self.held_got_window_smoothed, value)
+        self.held_got_window = _smooth(self.held_got_window, 1.0 if got_window else 0.0)
+
+    def windows_share(self) -> float:
+        """The share of the windows' blocks a held turn's admission pushes out that
+        holding it saves: `held_got_window`, capped while no held newcomer has got a
+        window here (module docstring)."""
+        if self.held_window_seen:
+            return self.held_got_window
+        return min(self.held_got_window, HELD_PRIOR_WEIGHT / (HELD_PRIOR_WEIGHT + self.held_seen))
 
     def own_share(self) -> float:
         """The share of a held turn's own prefix that holding it keeps (module docstring)."""
-        kept = self.held_got_window_smoothed * max(0.0, self.kept_with_window - self.kept_without_window)
+        kept = self.held_got_window * max(0.0, self.kept_with_window - self.kept_without_window)
         return max(self.engine_lost, kept)
 
     def state(self) -> dict[str, float]:
@@ -122,7 +122,7 @@ class HoldingValue:
             "kept_with_window": round(self.kept_with_window, 4),
             "kept_without_window": round(self.kept_without_window, 4),
             "held_got_window": round(self.held_got_window, 4),
-            "held_got_window_smoothed": round(self.held_got_window_smoothed, 4),
+            "windows_share": round(self.windows_share(), 4),
             "engine_lost": round(self.engine_lost, 4),
             "own_share": round(self.own_share(), 4),
         }
