@@ -15,15 +15,7 @@ How much of the own prefix holding really keeps depends on the replica:
 - `held_got_window`: the share of held newcomers admitted with a window in the end; the
   rest waited and went in without one, which kept nothing, and pushed out the windows'
   blocks that their admission would have pushed out at once (the rule counts those
-  blocks at `windows_share()`: this share, but until one held newcomer has got a
-  window on the replica at most HELD_PRIOR_WEIGHT / (HELD_PRIOR_WEIGHT + the held
-  newcomers seen), the running mean of the share's start and theirs). The start of 1 is
-  an assumption that waiting can end in a window here. Where it never does (a cache of
-  about one session's context: every held turn goes in without one), the smoothing
-  would take some 14 held turns to halve it, longer than a short rollout lasts, each of
-  them waiting for nothing. The first held turn that gets a window lifts the cap: from
-  then on the smoothed share stands, as if the turns before had moved it only by the
-  smoothing. A newcomer the policy lets in
+  blocks at this share: `economics.at_risk_blocks`). A newcomer the policy lets in
   without a window while others wait ahead of it is not counted (the shell's
   `_observe_held`): it left before its turn at a window came, so its admission says
   nothing of what waiting gives, and counting it made a loop (fewer windows measured,
@@ -50,8 +42,6 @@ from dataclasses import dataclass
 
 # How far each observation moves a share: about the last 20 observations weigh.
 HOLDING_VALUE_ALPHA = 0.05
-# What the start of `held_got_window` weighs, in held turns, until one has got a window.
-HELD_PRIOR_WEIGHT = 2
 
 
 def _smooth(last: float, value: float) -> float:
@@ -80,8 +70,6 @@ class HoldingValue:
     kept_without_window: float = 0.0
     held_got_window: float = 1.0
     engine_lost: float = 0.0
-    held_seen: int = 0  # held newcomers observed
-    held_window_seen: bool = False  # one of them got a window
 
     def observe_engine(self, probed_hit_blocks: int, hit_blocks: int) -> None:
         """A turn admitted on a prefix reading that found `probed_hit_blocks` resident was
@@ -99,17 +87,7 @@ class HoldingValue:
 
     def observe_held(self, got_window: bool) -> None:
         """A newcomer the policy held was admitted, with a window or without one."""
-        self.held_seen += 1
-        self.held_window_seen = self.held_window_seen or got_window
         self.held_got_window = _smooth(self.held_got_window, 1.0 if got_window else 0.0)
-
-    def windows_share(self) -> float:
-        """The share of the windows' blocks a held turn's admission pushes out that
-        holding it saves: `held_got_window`, capped while no held newcomer has got a
-        window here (module docstring)."""
-        if self.held_window_seen:
-            return self.held_got_window
-        return min(self.held_got_window, HELD_PRIOR_WEIGHT / (HELD_PRIOR_WEIGHT + self.held_seen))
 
     def own_share(self) -> float:
         """The share of a held turn's own prefix that holding it keeps (module docstring)."""
@@ -122,7 +100,6 @@ class HoldingValue:
             "kept_with_window": round(self.kept_with_window, 4),
             "kept_without_window": round(self.kept_without_window, 4),
             "held_got_window": round(self.held_got_window, 4),
-            "windows_share": round(self.windows_share(), 4),
             "engine_lost": round(self.engine_lost, 4),
             "own_share": round(self.own_share(), 4),
         }

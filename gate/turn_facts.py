@@ -140,7 +140,7 @@ class TurnFacts:
 
     @property
     def held_got_window(self) -> float:
-        return self._book.holding.windows_share() if self._rec is not None else 1.0
+        return self._book.holding.held_got_window if self._rec is not None else 1.0
 
     @property
     def waited_sec(self) -> float:

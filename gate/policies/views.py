@@ -66,8 +66,7 @@ class GateFacts(Protocol):
       1 before any measurement.
     held_got_window: the share of the newcomers held on this replica that were admitted
       with a window in the end (of those let in from the head of the queue or with a
-      window), measured likewise, and capped while none has got one
-      (`HoldingValue.windows_share`); 1 before any measurement.
+      window), measured likewise; 1 before any measurement.
     An anonymous turn has only `anonymous` and `max_output_tokens`; the rest read as
     their defaults (False, 0, None).
     """

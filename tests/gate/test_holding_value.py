@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvgate.gate.holding_value import HELD_PRIOR_WEIGHT, HOLDING_VALUE_ALPHA, HoldingValue, kept_share
+from kvgate.gate.holding_value import HOLDING_VALUE_ALPHA, HoldingValue, kept_share
 from kvgate.gate.policies.economics import at_risk_blocks, own_at_risk
 from kvgate.gate.policies.pricing import free_budget, usable_blocks
 from kvgate.gate.policies.views import WorkingSetView
@@ -155,51 +155,10 @@ async def test_a_held_turn_let_in_without_a_window_behind_others_does_not_count_
     await until(b.done, "b to go in without a window")
     assert b.result().reason == "work_conserving"
     assert gate.state()["holding"]["held_got_window"] == pytest.approx(1.0 - HOLDING_VALUE_ALPHA)
-    # no held turn has got a window here yet: the windows' blocks count at the running
-    # mean of the share's start (worth HELD_PRIOR_WEIGHT turns) and b's 0
-    first = HELD_PRIOR_WEIGHT / (HELD_PRIOR_WEIGHT + 1)
-    assert gate.state()["holding"]["windows_share"] == pytest.approx(first, abs=1e-4)
     b.result().release()
     for session in ("a", "b", "c"):
         gate.finish_session(session)
     assert_clean(gate, clock)
-
-
-def test_until_a_held_turn_gets_a_window_its_share_counts_as_a_few_held_turns():
-    """A replica whose held turns all go in without a window (a cache about one session's
-    context) learns it from the first few: the windows' blocks count at the running mean
-    of the share's start (worth HELD_PRIOR_WEIGHT turns) and what they showed, where the
-    smoothing would still hold it near 0.5 after 14 of them. The first held turn that
-    gets a window lifts that cap: the smoothed share stands, as if every turn before had
-    moved it only by HOLDING_VALUE_ALPHA. The own share is the smoothed share's throughout."""
-    never = HoldingValue()
-    for seen in range(1, 15):
-        never.observe_held(False)
-        assert never.windows_share() == pytest.approx(HELD_PRIOR_WEIGHT / (HELD_PRIOR_WEIGHT + seen))
-    assert never.held_got_window == pytest.approx((1 - HOLDING_VALUE_ALPHA) ** 14)
-    assert never.windows_share() < 0.5 * never.held_got_window
-    assert never.own_share() == pytest.approx(never.held_got_window)  # kept with a window 1, without 0
-    never.observe_held(True)  # a window after all
-    assert never.windows_share() == never.held_got_window
-    assert never.held_got_window == pytest.approx(_smoothed(1.0, [False] * 14 + [True]))
-    for _ in range(10_000):  # capped or not, never above the smoothed share
-        never.observe_held(False)
-    assert never.windows_share() == never.held_got_window == pytest.approx(0.0, abs=1e-6)
-    windows_first = HoldingValue()  # the first held turn got a window: a run without one moves it slowly
-    for got in (True, False, False, False, False):
-        windows_first.observe_held(got)
-    assert windows_first.windows_share() == pytest.approx((1 - HOLDING_VALUE_ALPHA) ** 4)
-    long_run = HoldingValue()  # past some 75 held turns the smoothing is below the cap
-    for _ in range(100):
-        long_run.observe_held(False)
-    assert long_run.windows_share() == long_run.held_got_window < HELD_PRIOR_WEIGHT / 102
-
-
-def _smoothed(start: float, held: list[bool]) -> float:
-    value = start
-    for got in held:
-        value += HOLDING_VALUE_ALPHA * ((1.0 if got else 0.0) - value)
-    return value
 
 
 def test_the_windows_a_newcomer_pushes_out_count_at_the_share_of_held_turns_that_get_a_window():
