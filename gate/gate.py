@@ -334,6 +334,8 @@ class Gate:
         self._window_gauges[1].set_function(lambda: self._book.windows_idle)
         self._superseded = metrics.superseded_attempts.labels(name)
         self._relocated = metrics.relocated_turns.labels(name)
+        held = metrics.held_turns
+        self._held_turns = {True: held.labels(name, "window"), False: held.labels(name, "no_window")}
         # Operator metrics (docs/observability.md): wait by reason, oldest waiter, re-prefill.
         self._reason_wait_metric = metrics.admission_reason_wait
         self._reason_waits: dict[str, Histogram] = {}
@@ -652,6 +654,7 @@ class Gate:
         if not decision.window and self._waiters_ahead(attempt):
             return
         self._book.holding.observe_held(decision.window)
+        self._held_turns[decision.window].inc()
 
     def _grant(self, turn: _Turn, label: str, admit: Admit | None, tokens: int | None, note: TurnNote) -> Lease:
         """Book `turn`'s admission under `label` (its `x-kvgate-admission` value) and hand out its lease.

@@ -71,6 +71,13 @@ class GateMetrics:
             ["replica"],
             registry=r,
         )
+        self.held_turns = Counter(
+            "kvgate_held_turns",
+            "Newcomers held for a window and then admitted, by outcome (window|no_window): whether waiting "
+            "gave them one (those let in without one while others waited ahead of them are not counted).",
+            ["replica", "outcome"],
+            registry=r,
+        )
         self.window_ends = Counter(
             "kvgate_window_ends",
             "Ownership windows ended, by cause (finish|quiet|grace|lost|revoked).",

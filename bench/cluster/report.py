@@ -101,6 +101,9 @@ def summarize(result: RunResult) -> dict:
         "evictions": evictions,
         "pin_yields": pin_yields,  # KV pins the engines released to fit a request (gate.pins)
         "relocated_turns": result.relocated_turns,  # held turns moved to an idle replica (gate.relocate_held)
+        # held newcomers by whether waiting gave them a window; windows ended by cause (no gate: empty)
+        "held_turns": result.gate_counts.get("held_turns", {}),
+        "window_ends": result.gate_counts.get("window_ends", {}),
         "turn_latency_s": _stats([t.end_s - t.start_s for t in ok]),
         "later_turn_latency_s": _stats([t.end_s - t.start_s for t in ok if t.turn > 1]),
         "ttft_s": _stats([t.ttft_s for t in ok if t.ttft_s is not None]),

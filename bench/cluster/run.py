@@ -166,6 +166,7 @@ class RunResult:
     end_s: float
     token_scale: float = 1.0
     relocated_turns: int = 0  # held turns moved to a replica with nothing to do (gate.relocate_held)
+    gate_counts: dict[str, dict[str, int]] = field(default_factory=dict)  # `gate_counts`
 
 
 class _Cluster:
@@ -420,9 +421,10 @@ async def _run(config: ClusterConfig, policy: str) -> RunResult:
         await asyncio.gather(sampler, events, return_exceptions=True)
     end = max((t.end_s for t in cluster.turns), default=0.0)
     timeline.append(cluster.sample())
-    relocated = 0
+    relocated, counts = 0, {}
     if cluster.controller is not None:
         relocated = _relocated_turns(cluster.controller, cluster.all_engines)
+        counts = gate_counts(cluster.controller)
         await cluster.controller.aclose()
     for engine in list(cluster.engines.values()):
         engine.stop()
@@ -438,6 +440,7 @@ async def _run(config: ClusterConfig, policy: str) -> RunResult:
         end,
         config.token_scale,
         relocated,
+        counts,
     )
 
 
@@ -445,6 +448,26 @@ def _relocated_turns(controller: AdmissionController, replicas: Iterable[str]) -
     """Held turns the gates moved to a replica with nothing to do (`kvgate_relocated_turns_total`)."""
     registry = controller.metrics.registry
     return round(sum(registry.get_sample_value("kvgate_relocated_turns_total", {"replica": r}) or 0 for r in replicas))
+
+
+# The gates' counters the report sums over replicas, by their one other label.
+_GATE_COUNTERS = {"held_turns": ("kvgate_held_turns", "outcome"), "window_ends": ("kvgate_window_ends", "cause")}
+
+
+def gate_counts(controller: AdmissionController) -> dict[str, dict[str, int]]:
+    """What the gates counted, summed over their replicas: held newcomers by whether waiting
+    gave them a window (`kvgate_held_turns_total`), and windows ended by cause
+    (`kvgate_window_ends_total`)."""
+    counts: dict[str, dict[str, int]] = {key: {} for key in _GATE_COUNTERS}
+    for metric in controller.metrics.registry.collect():
+        for key, (name, label) in _GATE_COUNTERS.items():
+            if metric.name != name:
+                continue
+            for sample in metric.samples:
+                if sample.name == f"{name}_total":
+                    value = counts[key].get(sample.labels[label], 0) + round(sample.value)
+                    counts[key][sample.labels[label]] = value
+    return {key: dict(sorted(values.items())) for key, values in counts.items()}
 
 
 def run_policy(config: ClusterConfig, policy: str) -> RunResult:

@@ -236,6 +236,23 @@ def test_at_fleet_scale_the_gate_holds_what_holding_keeps_and_does_not_lose_to_s
     assert gated["hit_rate"] >= sticky["hit_rate"] - 0.01
 
 
+def test_the_report_counts_held_turns_by_outcome_and_window_ends_by_cause(tmp_path):
+    """The gates' `kvgate_held_turns_total` and `kvgate_window_ends_total`, summed over the
+    replicas: on `vllm-small`'s tiny cache (about a third of its sessions' contexts) nearly
+    every held turn goes in without a window, on `prefill-bound` nearly every one gets
+    its window; sticky (the gate off) holds nothing and opens no window."""
+    tiny = _run(tmp_path / "tiny", "--regime", "vllm-small", "--policies", "sticky,working_set", "--no-plots")
+    sticky, gated = (tiny["policies"][name] for name in ("sticky", "working_set"))
+    assert not any(sticky["held_turns"].values()) and not any(sticky["window_ends"].values())
+    assert set(gated["window_ends"]) == {"finish", "grace", "lost", "quiet", "reclaimed", "revoked"}
+    assert sum(gated["window_ends"].values()) > 0
+    held = gated["held_turns"]
+    assert held["no_window"] >= 10 * max(1, held["window"])
+    dear = _run(tmp_path / "dear", "--regime", "prefill-bound", "--policies", "working_set", "--no-plots")
+    held = dear["policies"]["working_set"]["held_turns"]
+    assert held["window"] >= 5 * max(1, held["no_window"])
+
+
 @pytest.mark.parametrize("place", [True, False])
 def test_the_gate_places_the_agents_first_sessions_evenly_and_sticky_by_rendezvous(place):
     """As behind the proxy (`gate.place_sessions`): a new session goes to the replica whose gate

@@ -150,15 +150,24 @@ async def test_a_held_turn_let_in_without_a_window_behind_others_does_not_count_
     await until(c.done, "c to go in without a window")
     assert c.result().reason == "work_conserving" and not b.done()
     assert gate.state()["holding"]["held_got_window"] == 1.0
+    assert _held_turns(metrics) == {"window": 0.0, "no_window": 0.0}
     probe.measured["decode_step_sec"] = 1.0  # now b's decode slack outweighs its re-prefill
     c.result().release()  # blocks freed: the head re-decides
     await until(b.done, "b to go in without a window")
     assert b.result().reason == "work_conserving"
     assert gate.state()["holding"]["held_got_window"] == pytest.approx(1.0 - HOLDING_VALUE_ALPHA)
+    assert _held_turns(metrics) == {"window": 0.0, "no_window": 1.0}  # kvgate_held_turns_total counts b alone
     b.result().release()
     for session in ("a", "b", "c"):
         gate.finish_session(session)
     assert_clean(gate, clock)
+
+
+def _held_turns(metrics) -> dict[str, float]:
+    return {
+        outcome: metrics.registry.get_sample_value("kvgate_held_turns_total", {"replica": "r0", "outcome": outcome})
+        for outcome in ("window", "no_window")
+    }
 
 
 def test_the_windows_a_newcomer_pushes_out_count_at_the_share_of_held_turns_that_get_a_window():
