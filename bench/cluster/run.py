@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -423,7 +422,7 @@ async def _run(config: ClusterConfig, policy: str) -> RunResult:
     timeline.append(cluster.sample())
     relocated, counts = 0, {}
     if cluster.controller is not None:
-        relocated = _relocated_turns(cluster.controller, cluster.all_engines)
+        relocated = sum(counted(cluster.controller, "kvgate_relocated_turns", "replica").values())
         counts = gate_counts(cluster.controller)
         await cluster.controller.aclose()
     for engine in list(cluster.engines.values()):
@@ -444,30 +443,26 @@ async def _run(config: ClusterConfig, policy: str) -> RunResult:
     )
 
 
-def _relocated_turns(controller: AdmissionController, replicas: Iterable[str]) -> int:
-    """Held turns the gates moved to a replica with nothing to do (`kvgate_relocated_turns_total`)."""
-    registry = controller.metrics.registry
-    return round(sum(registry.get_sample_value("kvgate_relocated_turns_total", {"replica": r}) or 0 for r in replicas))
-
-
 # The gates' counters the report sums over replicas, by their one other label.
 _GATE_COUNTERS = {"held_turns": ("kvgate_held_turns", "outcome"), "window_ends": ("kvgate_window_ends", "cause")}
+
+
+def counted(controller: AdmissionController, name: str, label: str) -> dict[str, int]:
+    """The gates' counter `name` (its `_total` samples), summed by its `label`, sorted."""
+    sums: dict[str, int] = {}
+    for metric in controller.metrics.registry.collect():
+        if metric.name == name:
+            for sample in metric.samples:
+                if sample.name == f"{name}_total":
+                    sums[sample.labels[label]] = sums.get(sample.labels[label], 0) + round(sample.value)
+    return dict(sorted(sums.items()))
 
 
 def gate_counts(controller: AdmissionController) -> dict[str, dict[str, int]]:
     """What the gates counted, summed over their replicas: held newcomers by whether waiting
     gave them a window (`kvgate_held_turns_total`), and windows ended by cause
     (`kvgate_window_ends_total`)."""
-    counts: dict[str, dict[str, int]] = {key: {} for key in _GATE_COUNTERS}
-    for metric in controller.metrics.registry.collect():
-        for key, (name, label) in _GATE_COUNTERS.items():
-            if metric.name != name:
-                continue
-            for sample in metric.samples:
-                if sample.name == f"{name}_total":
-                    value = counts[key].get(sample.labels[label], 0) + round(sample.value)
-                    counts[key][sample.labels[label]] = value
-    return {key: dict(sorted(values.items())) for key, values in counts.items()}
+    return {key: counted(controller, name, label) for key, (name, label) in _GATE_COUNTERS.items()}
 
 
 def run_policy(config: ClusterConfig, policy: str) -> RunResult:
