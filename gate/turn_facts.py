@@ -97,6 +97,15 @@ class TurnFacts:
         return 0 if self._rec is None else self._book.window_blocks
 
     @property
+    def other_window_blocks(self) -> int:
+        rec = self._rec
+        if rec is None:
+            return 0
+        # As in older_window_blocks, a window another turn of the session is in flight in counts.
+        own = rec.footprint if rec.has_window and not rec.in_flight else 0
+        return self._book.window_blocks - own
+
+    @property
     def waiters_ahead(self) -> int:
         return self._waiters_ahead() if self._rec is not None else 0
 

@@ -102,20 +102,25 @@ def bounded_footprint(view: WorkingSetView, usage: UsageReading, settings: GateS
     """The footprint to admit a turn at without a prefix probe, or None to probe.
 
     The turn is priced at its upper bound (`history_bound` + output allowance, in
-    blocks). If even that fits behind the older windows, and, for a
-    newcomer, fits vLLM's free blocks outside idle windows and headroom, the exact
-    price cannot change the answer, so the probe (a round trip into the engine
+    blocks). If even that fits beside every other window (`other_window_blocks`), and,
+    for a newcomer, fits vLLM's free blocks outside idle windows and headroom, the
+    exact price cannot change the answer, so the probe (a round trip into the engine
     core, up to one scheduler step) is skipped: when caches are not full a turn
     costs one shared usage reading. Windows priced this way are over-priced until
     their holder's next probed turn re-prices them; that only makes the policy probe
     sooner.
+
+    Beside every other window, not only behind the older ones: windows rank by when
+    they opened, so an over-priced holder's window would crowd the younger sessions'
+    windows out of the books, and each would lose its window at its next turn (a
+    bound is often several times the prompt) before the repricing set it right.
     """
     bound = history_bound(view)
     if bound is None or not usage.block_size:
         return None
     assert usage.num_total_blocks is not None and usage.num_free_blocks is not None
     footprint = cdiv(bound + view.max_output_tokens, usage.block_size)
-    if footprint + view.older_window_blocks > usable_blocks(usage, settings):
+    if footprint + view.other_window_blocks > usable_blocks(usage, settings):
         return None
     if not view.has_window:
         prompt_blocks = bound // usage.block_size

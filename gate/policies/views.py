@@ -38,6 +38,9 @@ class GateFacts(Protocol):
     older_window_blocks: the footprints of the windows that rank before this session's
       own (opened earlier), in flight or idle; all windows when the session holds none.
     window_blocks: the footprints of every window, in flight or idle (O(1)).
+    other_window_blocks: the footprints of every window but the session's own, older
+      or younger, in flight or idle (O(1)); the own window counts while another turn of
+      the session is in flight in it, as in `older_window_blocks`.
     max_output_tokens: the request's output allowance (`output_allowance(body)`).
     waiters_ahead: named sessions queued at the gate ahead of this attempt (all of
       them for an attempt not queued yet).
@@ -82,6 +85,8 @@ class GateFacts(Protocol):
     def older_window_blocks(self) -> int: ...
     @property
     def window_blocks(self) -> int: ...
+    @property
+    def other_window_blocks(self) -> int: ...
     @property
     def max_output_tokens(self) -> int: ...
     @property
@@ -130,6 +135,7 @@ class WorkingSetView:
     """What the working_set policy reads (`GateFacts` says what each field means).
 
     The windows: `has_window`, `idle_window_blocks`, `older_window_blocks`,
+    `other_window_blocks` (what a window priced at an upper bound must fit beside),
     `waiters_ahead` (its newcomers get windows in queue order: the oldest session first). The turn's price:
     `max_output_tokens`, the session's recorded sizes (`last_prompt_tokens`,
     `last_prompt_bound`), `prompt_bound_tokens` (a turn whose bound fits is admitted without a prefix probe)
@@ -150,6 +156,7 @@ class WorkingSetView:
     has_window: bool = False
     idle_window_blocks: int = 0
     older_window_blocks: int = 0
+    other_window_blocks: int = 0
     max_output_tokens: int = 0
     waiters_ahead: int = 0
     last_prompt_tokens: int | None = None
@@ -183,15 +190,13 @@ class WorkingSetView:
     @classmethod
     def read_calm(cls, facts: GateFacts) -> WorkingSetView:
         """The part of the view the calm rule (`working_set_calm`) reads, in O(1): what
-        `bounded_footprint` and `at_low_priority` read, with `older_window_blocks` counting
-        every window (`window_blocks`: an upper bound of the windows older than the
-        session's own, and of those plus a sibling turn's), the rest at its defaults.
-        For a turn with no waiter at the gate (`waiters_ahead` 0) only."""
+        `bounded_footprint` and `at_low_priority` read, the rest at its defaults. For a
+        turn with no waiter at the gate (`waiters_ahead` 0) only."""
         return cls(
             anonymous=facts.anonymous,
             has_window=facts.has_window,
             idle_window_blocks=facts.idle_window_blocks,
-            older_window_blocks=facts.window_blocks,
+            other_window_blocks=facts.other_window_blocks,
             max_output_tokens=facts.max_output_tokens,
             last_prompt_tokens=facts.last_prompt_tokens,
             prompt_bound_tokens=facts.prompt_bound_tokens,

@@ -21,9 +21,9 @@ Invariants (each has a table test):
 - A newcomer with named waiters ahead gets no window before them (windows go in
   queue order: the oldest session's turn first); it goes in `work_conserving` or waits (without a probe where the rule
   cannot admit it). A holder is decided on its merits, whatever waits.
-- A turn whose upper bound fits gets its window without a probe (`bounded_footprint`);
-  a newcomer that the work-conserving rule admits at its estimated price goes in
-  without one (`unprobed_work_conserving`). Every other named turn is priced from its
+- A turn whose upper bound fits beside every other window gets its window without a
+  probe (`bounded_footprint`); a newcomer that the work-conserving rule admits at its
+  estimated price goes in without one (`unprobed_work_conserving`). Every other named turn is priced from its
   prefix reading (ProbeFirst), holders included: the price is the prompt, at any usage
   (idle windows hold no live blocks, so usage reads low while their prefixes are about
   to be evicted).
@@ -140,11 +140,10 @@ def _capped(
 def working_set_calm(view: WorkingSetView, usage: UsageReading | None, settings: GateSettings) -> Decision | None:
     """The policy's calm rule (`Policy.calm`): the decision `working_set_decide` reaches for a
     named turn with no waiter at the gate whose upper bound fits (no pressure), or None
-    (decide in full). `view` is `WorkingSetView.read_calm`'s, whose `older_window_blocks`
-    counts every window: an upper bound, so a bound that fits behind it fits behind the
-    older windows alone, at the same footprint, and the full decision is this admission;
-    where it does not fit, the full decision is made. O(1): no prefix, no queue, no
-    ranking of windows."""
+    (decide in full). `view` is `WorkingSetView.read_calm`'s: `bounded_footprint` reads
+    the same facts there as in the full view, so where the bound fits the full decision
+    is this admission, and where it does not, the full decision is made. O(1): no
+    prefix, no queue, no ranking of windows."""
     if usage is None or view.anonymous or not usage.has_blocks:
         return None
     bounded = bounded_footprint(view, usage, settings)

@@ -426,8 +426,12 @@ def test_any_media_marker_anywhere_in_a_long_body_means_no_bound(marker):
             WorkingSetView(prompt_bound_tokens=600, last_prompt_tokens=400, last_prompt_bound=550),
             33,
         ),  # 400 + 50 + 64 = 514 tokens
-        (WorkingSetView(prompt_bound_tokens=600, older_window_blocks=62), 38),  # 38 + 62 = 100: fits
-        (WorkingSetView(prompt_bound_tokens=600, older_window_blocks=63), None),  # 101 > 100: probe
+        (WorkingSetView(prompt_bound_tokens=600, other_window_blocks=62), 38),  # 38 + 62 = 100: fits
+        (WorkingSetView(prompt_bound_tokens=600, other_window_blocks=63), None),  # 101 > 100: probe
+        (
+            WorkingSetView(has_window=True, prompt_bound_tokens=600, older_window_blocks=0, other_window_blocks=63),
+            None,
+        ),  # the oldest holder too: at its bound it would crowd the younger windows out
         (WorkingSetView(prompt_bound_tokens=600, idle_window_blocks=33), 38),  # 37 prompt blocks <= 70 - 33
         (WorkingSetView(prompt_bound_tokens=600, idle_window_blocks=34), None),  # 37 > 70 - 34: vLLM's view says no
         (
@@ -479,8 +483,22 @@ def test_working_set_admits_a_bounded_turn_without_the_probe_and_prices_it_at_th
     assert working_set_decide(view, SMALL_BLOCKS, None, SETTINGS).reprice_above == 48
     # a body without a bound is priced exactly, from its prefix reading: final
     assert working_set_decide(WorkingSetView(), ROOMY, tokens(600), SETTINGS).reprice_above is None
-    crowded = WorkingSetView(prompt_bound_tokens=600, older_window_blocks=80)
+    crowded = WorkingSetView(prompt_bound_tokens=600, older_window_blocks=80, other_window_blocks=80)
     assert asks_probe(WORKING_SET, crowded, SMALL_BLOCKS, GateSettings())
+
+
+def test_a_holder_is_priced_exactly_where_its_bound_would_crowd_younger_windows_out():
+    """The oldest holder's bound (38 blocks) fits behind the older windows (none) but not
+    beside the younger ones (70): it is probed, and at its exact price (8 blocks) keeps its
+    window beside them, where the bound would have taken 38 + 70 > 100 blocks of the books
+    and the younger sessions would have lost theirs at their next turns."""
+    holder = WorkingSetView(has_window=True, prompt_bound_tokens=600, older_window_blocks=0, other_window_blocks=70)
+    usage = replace(SMALL_BLOCKS, prefill_tokens_per_sec=1600.0)
+    assert asks_probe(WORKING_SET, holder, usage, GateSettings())
+    exact = working_set_decide(holder, usage, tokens(7 * 16, hit_blocks=5), GateSettings())
+    assert exact == Admit(AdmissionReason.HOLDS_WINDOW, window=True, footprint=7)
+    younger = WorkingSetView(has_window=True, older_window_blocks=exact.footprint, other_window_blocks=7 + 60)
+    assert working_set_decide(younger, usage, tokens(30 * 16, hit_blocks=25), GateSettings()).window
 
 
 # ------------------------------------------------- invariants, registry

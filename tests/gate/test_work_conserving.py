@@ -316,6 +316,7 @@ def test_a_cheap_newcomer_goes_in_without_a_probe():
     admitted even at its worst case, so it is not probed."""
     view = WorkingSetView(
         older_window_blocks=80,
+        other_window_blocks=80,
         max_output_tokens=32,
         last_prompt_tokens=600,
         last_prompt_bound=1000,
@@ -370,7 +371,9 @@ def test_a_newcomer_goes_in_unprobed_at_its_estimated_price():
     The replica's prompts have run at most 0.25 tokens a byte: 250 tokens (16 blocks),
     18 to allocate, 2 out of the windows, 18 ms at risk: admitted `work_conserving`
     without a probe, whatever the probe would have said."""
-    view = WorkingSetView(older_window_blocks=80, max_output_tokens=32, prompt_bound_tokens=1512)
+    view = WorkingSetView(
+        older_window_blocks=80, other_window_blocks=80, max_output_tokens=32, prompt_bound_tokens=1512
+    )
     assert not unprobed_work_conserving(view, MEASURED, SETTINGS)
     assert asks_probe(WORKING_SET, view, MEASURED, SETTINGS)
     estimated = WorkingSetView(**{**_fields(view), "tokens_per_byte": 0.25})

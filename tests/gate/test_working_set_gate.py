@@ -439,3 +439,33 @@ async def test_a_turn_of_a_session_that_started_earlier_queues_ahead_of_a_younge
     lease_young.release()
     gate.finish_session("young")
     assert_clean(gate, clock)
+
+
+async def test_a_holder_at_its_upper_bound_does_not_crowd_a_younger_window_out(metrics, clock):
+    """A window priced at its body's upper bound is over-priced (a token per byte), and
+    windows rank by when they opened: the oldest holder's bound would fit behind the
+    older windows (none) but not beside the younger one, whose session would lose its
+    window at its next turn. So the holder is probed and priced exactly, and the younger
+    session keeps its window."""
+    probe = FakeProbe(usage=0.1, total=100, free=100, block_size=16, prefill_tokens_per_sec=1600.0)
+    gate = Gate("r0", probe, settings(policy="working_set", wait_poll_sec=60), metrics, clock)
+    first = await gate.acquire("old", "chat", body("old", "hello", max_tokens=16))  # its bound fits: no probe
+    first.learn(8, 0)
+    first.release()
+    probe.set_prefix("young", total=60, hit=0, tokens=60 * 16)
+    young = await gate.acquire("young", "chat", unbounded_body("young", max_tokens=16))
+    assert (young.reason, window_price(gate, "young")) == ("window_fits", 61)
+    young.release()
+    # 700 bytes more: bounded at 8 + 700 + 64 tokens + 16 of output, 50 blocks; 50 + 61 > 100
+    probe.set_prefix("old", total=5, hit=1, tokens=5 * 16)
+    again = await gate.acquire("old", "chat", body("old", "hello" + "x" * 700, max_tokens=16))
+    assert again.reason == "holds_window" and "old" in probe.prefix_calls
+    assert window_price(gate, "old") == 6  # 80 + 16 tokens
+    again.release()
+    probe.set_prefix("young", total=62, hit=60, tokens=62 * 16)
+    grown = await gate.acquire("young", "chat", unbounded_body("young", size=2100, max_tokens=16))
+    assert grown.reason == "holds_window"  # 63 + 6 <= 100; beside a 50-block bound it would have lost it
+    grown.release()
+    for session in ("old", "young"):
+        gate.finish_session(session)
+    assert_clean(gate, clock)
