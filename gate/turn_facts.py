@@ -74,13 +74,15 @@ class TurnFacts:
     def has_window(self) -> bool:
         return self._rec is not None and self._rec.has_window
 
+    def _own_idle_window(self) -> int:
+        """The footprint of the session's own window while it is idle, else 0: in flight
+        (another turn of the session is in it), it counts as a sibling's."""
+        rec = self._rec
+        return rec.footprint if rec is not None and rec.has_window and not rec.in_flight else 0
+
     @property
     def idle_window_blocks(self) -> int:
-        rec = self._rec
-        if rec is None:
-            return 0
-        own = rec.footprint if rec.has_window and not rec.in_flight else 0
-        return self._book.idle_window_blocks - own
+        return 0 if self._rec is None else self._book.idle_window_blocks - self._own_idle_window()
 
     @property
     def older_window_blocks(self) -> int:
@@ -98,12 +100,7 @@ class TurnFacts:
 
     @property
     def other_window_blocks(self) -> int:
-        rec = self._rec
-        if rec is None:
-            return 0
-        # As in older_window_blocks, a window another turn of the session is in flight in counts.
-        own = rec.footprint if rec.has_window and not rec.in_flight else 0
-        return self._book.window_blocks - own
+        return 0 if self._rec is None else self._book.window_blocks - self._own_idle_window()
 
     @property
     def waiters_ahead(self) -> int:
