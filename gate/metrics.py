@@ -18,6 +18,8 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from kvgate.gate.book import WindowEnd
+
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 PROBE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 SUPERSESSION_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100)
@@ -80,7 +82,7 @@ class GateMetrics:
         )
         self.window_ends = Counter(
             "kvgate_window_ends",
-            "Ownership windows ended, by cause (finish|quiet|grace|lost|revoked).",
+            f"Ownership windows ended, by cause ({'|'.join(WindowEnd)}).",
             ["replica", "cause"],
             registry=r,
         )

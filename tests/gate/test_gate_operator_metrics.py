@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from kvgate.gate.book import WindowEnd
 from kvgate.gate.gate import Gate
+from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.observations import reprefill_tokens
 from tests.gate.helpers import FakeProbe, assert_clean, body, make_probe, sample, settings, until
 
@@ -101,3 +104,10 @@ async def test_unreachable_replica_sets_no_probe_api_series(http, metrics, clock
     probe = make_probe(f"http://127.0.0.1:{unused_tcp_port}", http, metrics, clock)
     assert await probe.usage() is None
     assert metrics.registry.get_sample_value("kvgate_replica_probe_api", {"replica": "r0"}) is None
+
+
+def test_the_window_ends_help_names_every_cause():
+    registry = CollectorRegistry()
+    GateMetrics(registry)
+    (family,) = [m for m in registry.collect() if m.name == "kvgate_window_ends"]
+    assert all(cause in family.documentation for cause in WindowEnd)
