@@ -95,10 +95,6 @@ class TurnFacts:
         return self._book.older_window_blocks(rec) + sibling
 
     @property
-    def window_blocks(self) -> int:
-        return 0 if self._rec is None else self._book.window_blocks
-
-    @property
     def other_window_blocks(self) -> int:
         return 0 if self._rec is None else self._book.window_blocks - self._own_idle_window()
 

@@ -37,7 +37,6 @@ class GateFacts(Protocol):
       the book is queried only when a policy calls it.
     older_window_blocks: the footprints of the windows that rank before this session's
       own (opened earlier), in flight or idle; all windows when the session holds none.
-    window_blocks: the footprints of every window, in flight or idle (O(1)).
     other_window_blocks: the footprints of every window but the session's own, older
       or younger, in flight or idle (O(1)); the own window counts while another turn of
       the session is in flight in it, as in `older_window_blocks`.
@@ -83,8 +82,6 @@ class GateFacts(Protocol):
     def late_windows(self) -> tuple[int, float | None]: ...
     @property
     def older_window_blocks(self) -> int: ...
-    @property
-    def window_blocks(self) -> int: ...
     @property
     def other_window_blocks(self) -> int: ...
     @property
