@@ -147,6 +147,9 @@ class _TimedLease:
         self.lease.learn(prompt_tokens, cached_tokens)
         self._learn_s += time.perf_counter() - started
 
+    def end_run(self) -> None:
+        self.lease.end_run()
+
     def release(self, served: bool = True) -> None:
         # Called exactly once per lease: the proxy's turn_hold.Hold gives a lease back once.
         started = time.perf_counter()

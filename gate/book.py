@@ -29,7 +29,7 @@ state change goes through a `SessionBook` method, which keeps these invariants:
   the session's, `replica_turn_ewma` the replica's. `prefix_probe_ewma` is the
   replica's smoothed prefix-probe latency, as a turn waiting on the probe sees it.
 - Every window that ends is counted under its cause in `window_ends` (finish, quiet,
-  grace, lost, revoked, reclaimed); `take_window_ends()` hands the new ones to the shell,
+  grace, lost, revoked, reclaimed, final_reply); `take_window_ends()` hands the new ones to the shell,
   `take_ended_window_keys()` their sessions.
 - `leases` counts every lease not yet released, anonymous ones included;
   `idle_since_replica` is when it last dropped to 0 (None while a lease is out).
@@ -77,6 +77,7 @@ class WindowEnd(StrEnum):
         "revoked"  # its turn served no prompt, its prompt can never fit, it went work_conserving, or the replica left
     )
     RECLAIMED = "reclaimed"  # working_set policy: idle, its blocks made a window for a turn that waited its cap
+    FINAL_REPLY = "final_reply"  # its turn's reply called no tool where it could have: the agent's run ended
 
 
 # The key of a session's only attempt acquiring while its turn is not named
@@ -114,6 +115,11 @@ class SessionRecord:
     idle_gen: int = 0  # bumped at every idle period: heap entries of older periods are stale
     opener: object | None = None  # the attempt whose admission opened the window, until a turn of it is served
     last_window_end: WindowEnd | None = None  # the cause its last window ended with
+    # A reply ended its agent's run, and its window with it (`end_run`), until its next turn arrives.
+    ended_by_reply: bool = False
+    # A turn came back after a final reply within the quiet lifetime its window would have
+    # had: its client goes on after such replies, so they no longer end its windows.
+    goes_on_after_reply: bool = False
     admitted_at: float | None = None  # when its turn in flight was admitted
     turn_ewma: float | None = None  # its turns' service times (admission to release), smoothed
     admitted_window: bool | None = None  # its last admitted turn got a window (None: none admitted yet)
@@ -353,7 +359,14 @@ class SessionBook:
 
     def _turn_arrives(self, rec: SessionRecord, now: float) -> None:
         """A turn of the session starts acquiring (between _leave and _enter): the gap since
-        its last turn ended is observed, and a finished session is live again."""
+        its last turn ended is observed, and a finished session is live again. One that
+        comes back from a final reply (`end_run`) before its window would have gone quiet
+        goes on after such replies: they end its windows no more."""
+        if rec.ended_by_reply:
+            back_at = None if rec.turn_ended_at is None else now - rec.turn_ended_at
+            if back_at is None or back_at <= self.quiet_lifetime(rec):
+                rec.goes_on_after_reply = True
+            rec.ended_by_reply = False
         if rec.turn_ended_at is not None and rec.is_idle:
             self._observe_gap(rec, max(0.0, now - rec.turn_ended_at))
         rec.turn_ended_at = None
@@ -510,6 +523,15 @@ class SessionBook:
         rec.finished = True
         self._enter(rec, now)
         return had_window, (self._end(rec) if rec.is_idle else None)
+
+    def end_run(self, rec: SessionRecord, now: float) -> bool:
+        """A reply ended the session's agent run: its window ends (`final_reply`), its record
+        stays (its gaps, its place in the queue), unless the session went on after a final
+        reply before (`goes_on_after_reply`). True if a window ended."""
+        if rec.goes_on_after_reply:
+            return False
+        rec.ended_by_reply = self.drop_window(rec, now, WindowEnd.FINAL_REPLY)
+        return rec.ended_by_reply
 
     def drop_window(self, rec: SessionRecord, now: float, cause: WindowEnd = WindowEnd.LOST) -> bool:
         """Take the session's window back (the session keeps its record); True if it had one."""

@@ -218,6 +218,13 @@ class Lease:
         if not self._released and self._record is not None and self._turn is not None:
             self._gate._repricer.learn(self._record, self._turn, prompt_tokens, cached_tokens)
 
+    def end_run(self) -> None:
+        """The turn's reply ended its agent's run (it called no tool where it could have:
+        proxy/reply_end.py): the session's window ends (cause `final_reply`; `SessionBook.end_run`).
+        No-op after release and for a turn without a session."""
+        if not self._released and self._record is not None:
+            self._gate.end_run(self._record)
+
     @property
     def released(self) -> bool:
         return self._released
@@ -864,6 +871,13 @@ class Gate:
             self._publish_windows()
             self._blocks_freed(now)
 
+    def end_run(self, record: SessionRecord) -> None:
+        """A reply ended the session's agent run: its window ends, unless the session goes on after such replies."""
+        now = self._now()
+        if self._book.end_run(record, now):
+            self._publish_windows()
+            self._blocks_freed(now)
+
     def finish_session(self, session_key: str, cause: WindowEnd = WindowEnd.FINISH) -> None:
         """End the session's window here; no-op for a session this gate does not know."""
         had_window, ended = self._book.finish(session_key, self._now(), cause)
@@ -996,6 +1010,7 @@ class Gate:
             ),
             "quiet_lifetime_sec": round(self._book.quiet_lifetime(rec), 3),
             "last_window_end": rec.last_window_end,
+            "goes_on_after_reply": rec.goes_on_after_reply,
             "held": next((h for h in map(_held_state, rec.attempts.values()) if h is not None), None),
             "attempts": len(rec.attempts),
         }

@@ -15,7 +15,7 @@ Pure rules (`wants_pin`, `pin_ttl`, `pin_session`) and one small shell (`PinRele
   late session's blocks, the least likely to be read again soon, go back to the LRU
   order (its window lives on in the gate's books until it goes quiet), and a replica
   whose gate is gone drops the pin by itself.
-- When the gate ends a window (finish, quiet, grace, lost, revoked, reclaimed) of a
+- When the gate ends a window (finish, final_reply, quiet, grace, lost, revoked, reclaimed) of a
   session it pinned, it releases the pin once no turn of the session is in flight (a
   turn in flight pins when it ends, so its release waits for its lease's release).
   Releases are sent in batches, one `POST /v1/kvgate/release` per event-loop turn,

@@ -38,6 +38,7 @@ from kvgate.proxy.http_fields import decode_path_segment
 from kvgate.proxy.http_server import HttpRequest, Responder
 from kvgate.proxy.metrics import KvgateMetrics, turn_bucket
 from kvgate.proxy.relay import H_REPLICA, AnswerRelay, lease_headers
+from kvgate.proxy.reply_end import ReplyEnd, leaves_tools_to_model
 from kvgate.proxy.request_body import (
     parse_json_object,
     passthrough_body,
@@ -144,6 +145,7 @@ class Forwarder:
         self._front_door = settings.role == FRONT_DOOR  # the session id travels on in the header
         self._tiered = settings.role in (FRONT_DOOR, REPLICA_GATE)
         self._learns_usage = settings.gate.mode != "off"  # the gate learns each turn's prompt size from its usage
+        self._ends_runs = self._learns_usage and settings.session.finish_on_final_reply  # (proxy.reply_end)
         self.relay = AnswerRelay(
             metrics, settings.limits.max_buffered_response_bytes, gates=settings.gate.mode != "off"
         )
@@ -473,7 +475,11 @@ class Forwarder:
         status = CLIENT_CLOSED
         completed = False
         kind = turn.route.kind
-        tap = UsageTap(turn.strip_usage, kind) if self._learns_usage and kind in USAGE_KINDS else None
+        tap = None
+        if self._learns_usage and kind in USAGE_KINDS:
+            # a named session's reply may end its agent's run only where the model chose (proxy.reply_end)
+            read_end = self._ends_runs and turn.session_id is not None and leaves_tools_to_model(turn.body)
+            tap = UsageTap(turn.strip_usage, kind, read_end)
         try:
             status, completed = await self.relay.relay(turn.responder, upstream, replica, lease, turn.stream, kind, tap)
         except (asyncio.CancelledError, ConnectionResetError):
@@ -487,6 +493,8 @@ class Forwarder:
                 # it even from a client gone before the stream's last bytes (SDKs stop at [DONE]).
                 if tap.usage is not None:
                     lease.learn(tap.usage.prompt_tokens, tap.usage.cached_tokens)
+                if completed and status < 400 and tap.end is ReplyEnd.FINAL:
+                    lease.end_run()  # the agent's run is over: its window goes at once, not after its quiet lifetime
             if not completed:
                 upstream.close()  # drop the connection: vLLM sees the disconnect and aborts
             self._count(kind, replica.name, status)

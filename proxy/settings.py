@@ -34,6 +34,9 @@ class SessionSettings:
     body_fields: tuple[str, ...] = ("session_id", "prompt_cache_key", "metadata.session_id", "metadata.user_id", "user")
     forward_session_id: bool = True
     finish_header: str = "x-session-finish"
+    # a turn whose reply calls no tool where the model could have (the agent's run is over:
+    # proxy/reply_end.py) ends the session's window after it, as finish_header does
+    finish_on_final_reply: bool = True
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ class TurnLease(Protocol):
 
     def learn(self, prompt_tokens: int, cached_tokens: int | None) -> None: ...
 
+    def end_run(self) -> None: ...  # the reply ended the agent's run: the session's window ends
+
 
 class TurnAdmission(Protocol):
     """The gate as the proxy's turns use it (gate.admission.AdmissionController)."""
@@ -98,6 +100,9 @@ class _Ungated:
         return None
 
     def learn(self, prompt_tokens: int, cached_tokens: int | None) -> None:
+        return None
+
+    def end_run(self) -> None:
         return None
 
 

@@ -38,6 +38,11 @@ events it would have received from the replica without kvgate. Invariants:
 - Anthropic and Responses streams report usage unasked: they are never stripped; an
   event of theirs longer than `_EVENT_BYTES` is not held, the rest of the stream is
   then read from its last bytes as a chat stream is.
+
+With `read_end` the tap also reads how the reply ended (`end`, `proxy.reply_end`): from
+a JSON answer, from the event that carries an Anthropic or Responses stream's usage (the
+same event says it), and from a chat stream's `finish_reason` (its last content chunk),
+found in the events read or the last bytes kept. Nothing else changes: the same bytes pass.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 import orjson
+
+from kvgate.proxy.reply_end import ReplyEnd, combined, reply_end_of, stream_chat_end
 
 USAGE_KINDS = frozenset({"chat", "completion", "messages", "responses"})  # routes whose answers report usage
 ASKED_USAGE_KINDS = frozenset({"chat", "completion"})  # routes whose streams report it only when asked
@@ -123,19 +130,26 @@ def json_usage(body: bytes, kind: str = "chat") -> PromptUsage | None:
         return None
 
 
-def _event_usage(event: bytes, kind: str = "chat") -> tuple[PromptUsage | None, bool]:
-    """The usage of one SSE event, and whether it is the usage event (`choices: []`, a
+def _event_usage(event: bytes, kind: str = "chat") -> tuple[PromptUsage | None, bool, object]:
+    """The usage of one SSE event, whether it is the usage event (`choices: []`, a
     usage object) rather than a content event that carries usage too (a server that
-    reports usage on every event, vLLM's `--enable-force-include-usage`)."""
+    reports usage on every event, vLLM's `--enable-force-include-usage`), and the event's
+    parsed data (None: no usage in it)."""
     start = event.find(b"data:")
     if start < 0 or _USAGE_KEY not in event:
-        return None, False
+        return None, False, None
     try:
         doc = orjson.loads(event[start + 5 :])
     except orjson.JSONDecodeError:
-        return None, False
+        return None, False, None
     usage = usage_of(doc, kind)
-    return usage, usage is not None and isinstance(doc, dict) and doc.get("choices") in ([], None)
+    return usage, usage is not None and isinstance(doc, dict) and doc.get("choices") in ([], None), doc
+
+
+def _says_finish(data: bytes) -> bool:
+    """Whether chat stream bytes may hold a `finish_reason` that is not null (a quick test
+    before the pattern: every content chunk has the key, null until the last)."""
+    return b'"finish_reason":"' in data or b'"finish_reason": "' in data
 
 
 def _last_event_end(data: bytearray, start: int) -> int:
@@ -175,15 +189,30 @@ USAGE_OPTION = {"include_usage": True}
 class UsageTap:
     """Watches one answer of route `kind` for its usage: an SSE stream's chunks through
     `feed` (which returns the bytes to pass on) and `finish`, or a whole JSON body
-    through `whole`. `strip` (chat and completion only) takes the usage event out."""
+    through `whole`. `strip` (chat and completion only) takes the usage event out;
+    `read_end` reads how the reply ended too (`end`)."""
 
-    __slots__ = ("strip", "kind", "usage", "_by_event", "_held", "_passing", "_recent", "_recent_bytes", "_unasked")
+    __slots__ = (
+        "strip",
+        "kind",
+        "usage",
+        "end",
+        "_read_end",
+        "_by_event",
+        "_held",
+        "_passing",
+        "_recent",
+        "_recent_bytes",
+        "_unasked",
+    )
 
-    def __init__(self, strip: bool, kind: str = "chat") -> None:
+    def __init__(self, strip: bool, kind: str = "chat", read_end: bool = False) -> None:
         assert not strip or kind in ASKED_USAGE_KINDS
         self.strip = strip
         self.kind = kind
         self.usage: PromptUsage | None = None
+        self.end = ReplyEnd.UNKNOWN  # read only with read_end
+        self._read_end = read_end
         # read event by event (strip, or a stream whose usage is not in its last event)
         self._by_event = strip or kind not in ASKED_USAGE_KINDS
         self._held = bytearray()  # _by_event: the start of an event whose end has not arrived
@@ -228,15 +257,19 @@ class UsageTap:
         return out
 
     def _events_passed_on(self, whole: bytes) -> bytes:
-        """Read the usage off whole events; the events to pass on (strip: all but the usage event)."""
+        """Read the usage (and the end) off whole events; the events to pass on (strip: all but the usage event)."""
+        if self._read_end and self.kind in ASKED_USAGE_KINDS and _says_finish(whole):
+            self._saw_end(stream_chat_end(whole))
         if _USAGE_KEY not in whole:
             return whole
         kept = []
         for event in _events(whole):
-            usage, usage_event = _event_usage(event, self.kind)
+            usage, usage_event, doc = _event_usage(event, self.kind)
             if usage is not None:
                 self.usage = usage
                 self._unasked |= not usage_event
+                if self._read_end and self.kind not in ASKED_USAGE_KINDS:
+                    self._saw_end(reply_end_of(doc, self.kind))
             if not usage_event or self._unasked:
                 kept.append(event)
         return b"".join(kept)
@@ -248,9 +281,22 @@ class UsageTap:
         while self._recent_bytes - len(recent[0]) >= _TAIL_BYTES:
             self._recent_bytes -= len(recent.popleft())
 
+    def _saw_end(self, end: ReplyEnd | None) -> None:
+        """An end said by part of the stream: a chat stream's choices end in separate chunks."""
+        if end is not None and end is not ReplyEnd.UNKNOWN:
+            self.end = end if self.end is ReplyEnd.UNKNOWN else combined([self.end, end])
+
     def whole(self, body: bytes) -> None:
         """A JSON answer, whole."""
-        self.usage = json_usage(body, self.kind)
+        if not self._read_end:
+            self.usage = json_usage(body, self.kind)
+            return
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return
+        self.usage = usage_of(doc, self.kind)
+        self.end = reply_end_of(doc, self.kind)
 
     def finish(self) -> bytes:
         """The stream ended: the bytes still to pass on; `usage` is final."""
@@ -259,10 +305,14 @@ class UsageTap:
             self._recent.clear()
             self._recent_bytes = 0
             for event in reversed(_events(tail, keep_rest=True)):
-                usage, _ = _event_usage(event, self.kind)
+                usage, _, doc = _event_usage(event, self.kind)
                 if usage is not None:
                     self.usage = usage
+                    if self._read_end and self.kind not in ASKED_USAGE_KINDS:
+                        self._saw_end(reply_end_of(doc, self.kind))
                     break
+            if self._read_end and self.kind in ASKED_USAGE_KINDS and _says_finish(tail):
+                self._saw_end(stream_chat_end(tail))
             return b""
         rest = b"" if self._passing else bytes(self._held)
         self._held.clear()

@@ -244,7 +244,7 @@ def test_the_report_counts_held_turns_by_outcome_and_window_ends_by_cause(tmp_pa
     tiny = _run(tmp_path / "tiny", "--regime", "vllm-small", "--policies", "sticky,working_set", "--no-plots")
     sticky, gated = (tiny["policies"][name] for name in ("sticky", "working_set"))
     assert not any(sticky["held_turns"].values()) and not any(sticky["window_ends"].values())
-    assert set(gated["window_ends"]) == {"finish", "grace", "lost", "quiet", "reclaimed", "revoked"}
+    assert set(gated["window_ends"]) == {"final_reply", "finish", "grace", "lost", "quiet", "reclaimed", "revoked"}
     assert sum(gated["window_ends"].values()) > 0
     held = gated["held_turns"]
     assert held["no_window"] >= 10 * max(1, held["window"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from client_harness import ADMIN_TOKEN
 from request_recorder import recording_relay
 
 from kvgate.bench.processes import ServerGroup
@@ -20,6 +21,7 @@ async def embedded_kvgate(tmp_path):
         "listen": {"host": "127.0.0.1", "port": 0},
         "log": {"access": True},
         "gate": {"quiet_floor_sec": 10},
+        "admin": {"token": ADMIN_TOKEN},  # the tests read the gates' books (client_harness.gate_sessions)
     }
     async with ServerGroup(tmp_path / "logs") as servers:
         url = await servers.serve("kvgate", lambda port: {**config, "listen": {"host": "127.0.0.1", "port": port}})

@@ -19,6 +19,7 @@ from client_harness import (
     assert_session_turns,
     client_env,
     ensure_python_client,
+    gate_sessions,
     run_client,
     session_turns,
     task_folder,
@@ -37,7 +38,7 @@ async def run_session(python: Path, base_url: str, workdir: Path, session_id: st
 
 
 @pytest.mark.parametrize("api, route", [("responses", "responses"), ("chat", "chat")])
-async def test_agents_sdk_sessions_run_through_kvgate(recorded_kvgate, tmp_path, api, route):
+async def test_agents_sdk_sessions_run_through_kvgate(embedded_kvgate, recorded_kvgate, tmp_path, api, route):
     python = await asyncio.to_thread(ensure_python_client, AGENTS_SDK)
     url, log_path, requests = recorded_kvgate
     workdir = task_folder(tmp_path / "task")
@@ -56,3 +57,6 @@ async def test_agents_sdk_sessions_run_through_kvgate(recorded_kvgate, tmp_path,
         assert_session_turns(session_records, 5)
     assert_all_ok(records)
     assert sum(len(r) for r in turns.values()) == sum(result["model_calls"] for result in results)
+    # Each run ended on its final output, a reply without a tool call: that ended its window.
+    ends, sessions = await gate_sessions(embedded_kvgate[0])
+    assert ends["final_reply"] == 2 and all(s["last_window_end"] == "final_reply" for s in sessions.values()), sessions

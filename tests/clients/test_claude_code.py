@@ -24,6 +24,7 @@ from client_harness import (
     assert_one_session_of_prompts,
     client_env,
     ensure_npm_client,
+    gate_sessions,
     run_client,
     task_folder,
 )
@@ -56,7 +57,7 @@ async def claude(executable: Path, base_url: str, workdir: Path, home: Path, pro
     return json.loads(await run_client(command, workdir, env))
 
 
-async def test_claude_code_session_runs_through_kvgate(recorded_kvgate, tmp_path):
+async def test_claude_code_session_runs_through_kvgate(embedded_kvgate, recorded_kvgate, tmp_path):
     executable = await asyncio.to_thread(ensure_npm_client, "@anthropic-ai/claude-code", CLAUDE_CODE_VERSION, "claude")
     url, log_path, requests = recorded_kvgate
     workdir, home = task_folder(tmp_path / "task"), tmp_path / "home"
@@ -74,4 +75,9 @@ async def test_claude_code_session_runs_through_kvgate(recorded_kvgate, tmp_path
     assert_every_request_forwarded(requests, all_records)
     records = assert_one_session_of_prompts(all_records, "messages", len(PROMPTS))
     assert len(records) >= sum(result["num_turns"] for result in results)
+    # The first run ended on a reply without a tool call, and that ended the window
+    # (`final_reply`); the next run came back before it would have gone quiet, so the
+    # session goes on after final replies and its later ones kept the window.
+    ends, sessions = await gate_sessions(embedded_kvgate[0])
+    assert ends["final_reply"] == 1 and sessions[session_id]["goes_on_after_reply"], (ends, sessions)
     print(f"claude code: {len(records)} turns over {len(PROMPTS)} prompts in {elapsed:.1f}s")

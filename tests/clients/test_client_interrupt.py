@@ -16,11 +16,12 @@ import signal
 import uuid
 from pathlib import Path
 
-import aiohttp
 import pytest
 from client_harness import (
+    ADMIN_TOKEN,
     NPM_CLIENT,
     access_records,
+    admin_state,
     client_env,
     ensure_npm_client,
     task_folder,
@@ -34,7 +35,6 @@ from kvgate.bench.scale_out_load import leaks_of
 
 pytestmark = NPM_CLIENT
 
-ADMIN_TOKEN = "client-interrupt-admin"
 # `kvgate replica` flags: every reply ~20,000 tokens of text, never a tool call.
 LONG_REPLIES = ["--reply-median-tokens", "20000", "--reply-sigma", "0", "--tool-call-rate", "0"]
 # Session records (gap history) outlive a session's window by design; the rest must not.
@@ -55,14 +55,6 @@ async def kvgate_over_long_replies(tmp_path):
         }
         url = await servers.serve("kvgate", lambda port: {**config, "listen": {"host": "127.0.0.1", "port": port}})
         yield url, tmp_path / "logs" / "kvgate.log"
-
-
-async def admin_state(url: str) -> dict:
-    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-        async with http.get(url + "/admin/state", headers=headers) as resp:
-            assert resp.status == 200, await resp.text()
-            return await resp.json()
 
 
 async def claude_streaming(proc: asyncio.subprocess.Process, url: str) -> None:

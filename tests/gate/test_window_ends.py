@@ -228,3 +228,39 @@ async def test_the_gate_learns_how_long_prefix_probes_keep_a_turn_waiting(metric
     gate.finish_session("a")
     gate.finish_session("b")
     assert_clean(gate, clock)
+
+
+async def test_a_final_reply_ends_the_window_until_the_session_goes_on_after_one(metrics, clock):
+    """`Lease.end_run` (a reply that ended the agent's run) ends the window at once (cause
+    `final_reply`) and keeps the record. A session back after its window would have gone
+    quiet was right to lose it: its next final reply ends the window again. One back
+    sooner goes on after such replies: from then on they end its windows no more."""
+    probe = FakeProbe(usage=0.9)
+    for session in ("human", "loop"):
+        probe.set_prefix(session, total=20, hit=18)
+    gate = Gate("r0", probe, settings(quiet_floor_sec=0.5, quiet_factor=4.0), metrics, clock)
+    for session in ("human", "loop"):
+        lease = await gate.acquire(session, "chat", body(session))
+        lease.end_run()
+        lease.release()
+        lease.end_run()  # after the release: nothing
+    state = gate.state()
+    assert state["windows"] == {"in_flight": [], "idle": []} and ends(metrics, "final_reply") == 2
+    assert state["sessions"]["loop"]["last_window_end"] == "final_reply"
+    clock.advance(0.4)  # within the floor's quiet lifetime (0.5 s): the loop went on
+    lease = await gate.acquire("loop", "chat", body("loop"))
+    assert lease.reason != "holds_window"  # its window had ended: admitted as a newcomer
+    lease.end_run()
+    lease.release()
+    loop = gate.state()["sessions"]["loop"]
+    assert loop["has_window"] and loop["goes_on_after_reply"] and ends(metrics, "final_reply") == 2
+    # a person's next message, after the window would have gone quiet (4 x the replica's
+    # usual gap of 0.4 s: "human" has no gap of its own yet)
+    clock.advance(1.7)
+    lease = await gate.acquire("human", "chat", body("human"))
+    lease.end_run()
+    lease.release()
+    state = gate.state()
+    assert not state["sessions"]["human"]["has_window"] and not state["sessions"]["human"]["goes_on_after_reply"]
+    assert ends(metrics, "final_reply") == 3
+    assert_clean(gate, clock)
