@@ -590,9 +590,9 @@ def selected_cluster_rows(only: str | None) -> list[ClusterRow]:
 
 
 def selected_rows(only: str | None, vllm: bool) -> list[ResultRow]:
-    """The rows to run: `only` (regime names, each meaning all its rows, or exact row keys such
-    as `vllm-small-no-finish --pinning pinned`), else every simulated row (and the real-vLLM
-    ones with `vllm`). ValueError naming an unknown regime."""
+    """The rows to run, each once: `only` (regime names, each meaning all its rows, or exact row
+    keys such as `vllm-small-no-finish --pinning pinned`), else every simulated row (and the
+    real-vLLM ones with `vllm`). ValueError naming an unknown regime."""
     if only is None:
         return [row for row in ROWS if vllm or not row.real_vllm]
     cluster = {
@@ -608,10 +608,12 @@ def selected_rows(only: str | None, vllm: bool) -> list[ResultRow]:
     unknown = [n for n in names if n not in known and n not in keys]
     if unknown:
         raise ValueError(f"--only: no row for {unknown}; rows: {', '.join(known + sorted(cluster))}")
-    # a regime means each of its rows (pinned, unpinned; with settings); a key its one row
-    return [keys[n] for n in names if n in keys and n not in known] + [
+    # a regime means each of its rows (pinned, unpinned; with settings); a key its one row,
+    # run once where its regime is named too
+    rows = [keys[n] for n in names if n in keys and n not in known] + [
         row for n in names if n in known for row in ROWS if row.regime == n
     ]
+    return list({row.key: row for row in rows}.values())
 
 
 def _load(data_path: Path) -> list[dict]:

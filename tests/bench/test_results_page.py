@@ -420,6 +420,9 @@ def test_only_takes_a_row_key_for_one_row_of_a_regime():
     pinned = selected_rows("vllm-small-no-finish --pinning pinned", vllm=False)
     assert [r.extra for r in pinned] == [("--pinning", "pinned")]
     assert len(selected_rows("vllm-small-no-finish", vllm=False)) == 2
+    # a regime and one of its rows' keys: that row runs once
+    both = selected_rows("prefill-bound,prefill-bound --work-conserving no", vllm=False)
+    assert sorted(r.key for r in both) == ["prefill-bound", "prefill-bound --work-conserving no"]
 
 
 def test_only_cluster_selects_the_fleet_runs_and_no_regime_row():
