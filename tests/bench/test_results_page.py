@@ -361,6 +361,17 @@ def test_each_real_vllm_model_has_a_pinned_row_with_its_target_and_an_unpinned_r
     assert results_page.row_command(rows[0], 3, results_page.REPO / "out")[-2:] == ["--pinning", "pinned"]
 
 
+def test_a_row_of_short_rounds_runs_at_least_its_rounds_and_shows_them():
+    """vllm-small's rounds last about 2 s: its rows run 9 rounds where `--repeat` asks fewer;
+    a row without a minimum runs `--repeat`'s."""
+    small, prefill = selected_rows("vllm-small --pinning pinned,vllm-prefill --pinning pinned", vllm=True)
+    for repeat, rounds in ((3, "9"), (12, "12")):
+        command = results_page.row_command(small, repeat, results_page.REPO / "out")
+        assert command[command.index("--repeat") + 1] == rounds
+        assert f"--repeat {rounds}" in results_page.shown_command(small, repeat)
+    assert "--repeat 3" in results_page.shown_command(prefill, 3)
+
+
 def test_a_real_vllm_row_names_its_cpu_split_and_an_untargeted_row_shows_no_target():
     pinned_row, unpinned_row = selected_rows("vllm-small-no-finish", vllm=True)
     document = {"modes": {"sticky": summary(), results_page.GATE_MODE: summary(makespan=10.3)}, "replicas": ["u"]}
