@@ -361,13 +361,18 @@ class SessionBook:
         """A turn of the session starts acquiring (between _leave and _enter): the gap since
         its last turn ended is observed, and a finished session is live again. One that
         comes back from a final reply (`end_run`) before its window would have gone quiet
-        goes on after such replies: they end its windows no more."""
+        goes on after such replies: they end its windows no more. One that comes back
+        later was away for a person's next message, not a tool call: that gap is not its
+        rhythm (its next windows' quiet lifetime), and is not observed."""
+        persons_gap = False
         if rec.ended_by_reply:
             back_at = None if rec.turn_ended_at is None else now - rec.turn_ended_at
             if back_at is None or back_at <= self.quiet_lifetime(rec):
                 rec.goes_on_after_reply = True
+            else:
+                persons_gap = True
             rec.ended_by_reply = False
-        if rec.turn_ended_at is not None and rec.is_idle:
+        if rec.turn_ended_at is not None and rec.is_idle and not persons_gap:
             self._observe_gap(rec, max(0.0, now - rec.turn_ended_at))
         rec.turn_ended_at = None
         rec.finished = False

@@ -233,8 +233,9 @@ async def test_the_gate_learns_how_long_prefix_probes_keep_a_turn_waiting(metric
 async def test_a_final_reply_ends_the_window_until_the_session_goes_on_after_one(metrics, clock):
     """`Lease.end_run` (a reply that ended the agent's run) ends the window at once (cause
     `final_reply`) and keeps the record. A session back after its window would have gone
-    quiet was right to lose it: its next final reply ends the window again. One back
-    sooner goes on after such replies: from then on they end its windows no more."""
+    quiet was right to lose it: its next final reply ends the window again, and the gap
+    (a person's) is not taken for its rhythm. One back sooner goes on after such replies:
+    from then on they end its windows no more."""
     probe = FakeProbe(usage=0.9)
     for session in ("human", "loop"):
         probe.set_prefix(session, total=20, hit=18)
@@ -263,4 +264,6 @@ async def test_a_final_reply_ends_the_window_until_the_session_goes_on_after_one
     state = gate.state()
     assert not state["sessions"]["human"]["has_window"] and not state["sessions"]["human"]["goes_on_after_reply"]
     assert ends(metrics, "final_reply") == 3
+    # a person's gap is not the session's rhythm: neither its gap nor the replica's took it in
+    assert state["sessions"]["human"]["gap_sec"] is None and state["replica_gap_sec"] == 0.4
     assert_clean(gate, clock)
