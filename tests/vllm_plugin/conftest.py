@@ -104,7 +104,7 @@ def vllm_prefill_server(vllm_python: Path, prefill_model: Path, tmp_path_factory
 @pytest.fixture(scope="session")
 def keyed_server(vllm_python: Path, tiny_model: Path, tmp_path_factory) -> VllmServer:
     """The tiny model (64 blocks of 32 tokens) with vLLM's client key, the replica key read
-    from a file, the retention connector and priority scheduling (keyed_server.py)."""
+    from a file, the retention connector, priority scheduling and auto tool choice (keyed_server.py)."""
     from kvgate.vllm_plugin.pin_keeper import CONNECTOR_CONFIG
 
     key_file = tmp_path_factory.mktemp("vllm-keys") / "replica.key"
@@ -114,7 +114,16 @@ def keyed_server(vllm_python: Path, tiny_model: Path, tmp_path_factory) -> VllmS
         tiny_model,
         tmp_path_factory,
         "tiny",
-        extra_args=("--kv-transfer-config", CONNECTOR_CONFIG, "--scheduling-policy", "priority"),
+        extra_args=(
+            "--kv-transfer-config",
+            CONNECTOR_CONFIG,
+            "--scheduling-policy",
+            "priority",
+            # a request may leave the tool choice to the model (test_final_reply_on_vllm.py)
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "pythonic",
+        ),
         extra_env=(("KVGATE_REPLICA_API_KEY_FILE", str(key_file)), ("VLLM_API_KEY", VLLM_KEY)),
         name="keyed",
     )

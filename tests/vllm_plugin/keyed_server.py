@@ -2,8 +2,9 @@
 
 One server stands for a hardened deployment (docs/security.md, docs/vllm-plugin.md): vLLM's
 client key (`VLLM_API_KEY`), the gates' replica key (`KVGATE_REPLICA_API_KEY_FILE`), the
-retention connector (`--kv-transfer-config`, KV pins) and priority scheduling
-(`--scheduling-policy priority`, `gate.held_priority`). The replica-security, pin and
+retention connector (`--kv-transfer-config`, KV pins), priority scheduling
+(`--scheduling-policy priority`, `gate.held_priority`) and auto tool choice (the `pythonic`
+parser: a request may leave the choice of a tool call to the model). The replica-security, pin and
 priority tests share it, so that its configuration starts once per test session.
 """
 
