@@ -15,6 +15,7 @@ import pytest
 from kvgate.bench.processes import start_in_process
 from kvgate.bench.tiers import start_single, start_tiered
 from kvgate.gate.ownership import OWNER, Ownership
+from kvgate.simulator.reply_model import ReplyModel
 from tests.gate.fake_replica import ReplicaScript, fake_replica_app
 
 CLEAN = {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}
@@ -110,6 +111,29 @@ async def test_session_semantics_across_tiers(tiers, http):
         )
         assert status == 200
     assert t.gate_counts() == CLEAN
+
+
+async def test_a_final_reply_through_a_front_door_ends_the_window_at_the_replica_gate(tiers, http):
+    """The replica gate reads the reply it relays (the front door, gate off, reads none): a
+    reply that calls no tool to a request that lets the model choose ends the session's
+    window there (cause `final_reply`); one that calls a tool keeps it."""
+    tools = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
+    for rate, ended in ((0.0, True), (1.0, False)):
+        replies = ReplyModel(median_tokens=8, sigma=0.0, tool_call_rate=rate)
+        t = await tiers(1, 1, gate={"idle_grace_sec": 30, "quiet_floor_sec": 30}, time_scale=0.0, reply_model=replies)
+        body = chat("agent", max_tokens=64, tools=tools)
+        status, headers, answer = await post(
+            http, t.front_doors[0].url, "/v1/chat/completions", body, {"x-session-id": "agent"}
+        )
+        assert (status, answer["choices"][0]["finish_reason"]) == (200, "stop" if ended else "tool_calls")
+        (gate,) = t.replica_gates
+        state = gate.app.admission.state()[gate.name]
+        assert (state["window_ends"]["final_reply"], state["sessions"]["agent"]["has_window"]) == (
+            int(ended),
+            not ended,
+        )
+        gate.app.admission.finish_session("agent")
+        assert t.gate_counts() == CLEAN
 
 
 async def test_refusals_pass_through_a_front_door_unchanged(http, aiohttp_server):
