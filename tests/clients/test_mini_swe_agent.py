@@ -20,6 +20,7 @@ from client_harness import (
     assert_one_session_of_prompts,
     client_env,
     ensure_python_client,
+    gate_sessions,
     run_client,
     task_folder,
 )
@@ -34,7 +35,7 @@ STEPS = 6
 QUIET_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "MSWEA_SILENT_STARTUP": "1"}
 
 
-async def test_mini_swe_agent_session_runs_through_kvgate(recorded_kvgate, tmp_path):
+async def test_mini_swe_agent_session_runs_through_kvgate(embedded_kvgate, recorded_kvgate, tmp_path):
     python = await asyncio.to_thread(ensure_python_client, MINI_SWE_AGENT)
     url, log_path, requests = recorded_kvgate
     workdir = task_folder(tmp_path / "task")
@@ -55,4 +56,8 @@ async def test_mini_swe_agent_session_runs_through_kvgate(recorded_kvgate, tmp_p
     assert_every_request_forwarded(requests, all_records)
     records = assert_one_session_of_prompts(all_records, "chat", STEPS)
     assert len(records) == STEPS, records
-    print(f"mini-swe-agent: {len(records)} turns; commands {result['commands']}")
+    # It asks the model again after a reply without a tool call: the first such reply
+    # ended the window, the next turn came back at once, and no later one ends another.
+    ends, sessions = await gate_sessions(embedded_kvgate[0])
+    assert ends["final_reply"] <= 1 and sessions["mini-swe-agent-1"]["goes_on_after_reply"] == bool(ends["final_reply"])
+    print(f"mini-swe-agent: {len(records)} turns; commands {result['commands']}; final replies {ends['final_reply']}")
