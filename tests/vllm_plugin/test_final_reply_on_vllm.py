@@ -2,14 +2,16 @@
 server: the session's keyed server (conftest.keyed_server: the retention connector, and
 vLLM's auto tool choice with the `pythonic` parser, so a request may leave the tool choice
 to the model). kvgate pins each session's window in the engine; a turn whose reply the
-model ended without a tool call (a stop string: finish reason `stop`) releases its
-session's pin at once, streamed or not, while a reply cut at `max_tokens` keeps it.
+model ended without a tool call (a stop string: finish reason `stop`, Anthropic's
+`stop_sequence`) releases its session's pin at once, streamed or not, while a reply cut
+at `max_tokens` keeps it.
 """
 
 from __future__ import annotations
 
 import time
 
+import anthropic
 import openai
 import pytest
 from keyed_server import GATE, REPLICA_KEY, VLLM_KEY
@@ -85,6 +87,18 @@ def test_a_final_reply_releases_the_sessions_pin_and_a_cut_one_keeps_it(keyed_se
             session = f"done-{stream}"
             assert turn(session, stream, max_tokens=64, stop=STOPS) == "stop"
             assert until_pinned(keyed_server, 1) == 1, proxy.log_tail()  # only "cut" is still pinned
+        # vLLM's Anthropic messages route, streamed: the stream's message_delta says stop_sequence
+        with anthropic.Anthropic(base_url=proxy.url, api_key="k", max_retries=0, timeout=120) as messages:
+            with messages.messages.stream(
+                model=MODEL,
+                max_tokens=64,
+                stop_sequences=STOPS,
+                tools=[{"name": "read_file", "input_schema": TOOLS[0]["function"]["parameters"]}],
+                messages=[{"role": "user", "content": "done-messages: " + words(60, "done-messages")}],
+                extra_headers={"x-session-id": "done-messages"},
+            ) as events:
+                assert events.get_final_message().stop_reason == "stop_sequence"
+        assert until_pinned(keyed_server, 1) == 1, proxy.log_tail()
         turn("cut", stream=False, finish=True, max_tokens=4, extra_body={"ignore_eos": True})
         assert until_pinned(keyed_server, 0) == 0, proxy.log_tail()
     finally:
