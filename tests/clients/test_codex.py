@@ -23,6 +23,7 @@ from client_harness import (
     assert_one_session_of_prompts,
     client_env,
     ensure_npm_client,
+    gate_sessions,
     run_client,
     task_folder,
 )
@@ -51,7 +52,7 @@ async def codex(executable: Path, workdir: Path, codex_home: Path, *args: str) -
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
-async def test_codex_session_runs_through_kvgate(recorded_kvgate, tmp_path):
+async def test_codex_session_runs_through_kvgate(embedded_kvgate, recorded_kvgate, tmp_path):
     executable = await asyncio.to_thread(ensure_npm_client, "@openai/codex", CODEX_VERSION, "codex")
     url, log_path, requests = recorded_kvgate
     workdir, codex_home = task_folder(tmp_path / "task"), tmp_path / "home" / ".codex"
@@ -71,4 +72,9 @@ async def test_codex_session_runs_through_kvgate(recorded_kvgate, tmp_path):
     tools = [
         e["item"]["type"] for e in events if e["type"] == "item.completed" and e["item"]["type"] != "agent_message"
     ]
+    # As Claude Code's (test_claude_code.py): the first run's last reply, a message without
+    # a function call, ended the window; the resumed run came back in time and kept it after.
+    ends, sessions = await gate_sessions(embedded_kvgate[0])
+    ((session,),) = [list(sessions.values())]
+    assert ends["final_reply"] == 1 and session["goes_on_after_reply"], (ends, sessions)
     print(f"codex: {len(records)} turns over {len(PROMPTS)} prompts in {elapsed:.1f}s; items {tools}")
