@@ -6,7 +6,8 @@ KV cache per replica, vLLM's default block size, 256 sequences, 8,192-token step
 The agents share a long system prompt (4,000 words), work 20-40 turns of 200-token
 replies on tool results of 300-1,500 words, so contexts grow to about 40k tokens;
 tool calls (builds, test runs) take 20 s at the median, 5% of them one to two
-minutes. The 64 sessions a replica serves need about 2.5x its cache: sticky routing
+minutes. Each session ends on a reply without a tool call, which the gate reads as its
+end. The 64 sessions a replica serves need about 2.5x its cache: sticky routing
 thrashes. Engine and workload are coarsened 8x (`CostPreset.scaled`: one simulated
 token stands for 8, one step for 8; contexts, cache and step times keep their real
 ratios), which the report undoes for tokens per second.
@@ -53,7 +54,10 @@ CODING_AGENTS = WorkloadSpec(
     tool_latency_sigma=1.0,
     tool_tail_prob=0.05,
     tool_tail_s=60.0,
-    send_finish=False,  # agents on a plain OpenAI SDK: sessions end silently
+    # Coding agents call tools and end each session's run on a reply that calls none, which
+    # the gate reads as the session's end (`session.finish_on_final_reply`, proxy/reply_end.py);
+    # the finish header stands for it here.
+    send_finish=True,
 )
 
 FLEET_TOKEN_SCALE = 8.0
