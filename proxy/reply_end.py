@@ -64,17 +64,16 @@ def combined(ends: list[ReplyEnd]) -> ReplyEnd:
     return ReplyEnd.UNKNOWN if ReplyEnd.UNKNOWN in ends else ReplyEnd.CUT
 
 
+def _end_named(reason: object, ends: Mapping[str, ReplyEnd]) -> ReplyEnd:
+    """The end an API's reason names (`ends`); another reason is CUT, none UNKNOWN."""
+    if not isinstance(reason, str):
+        return ReplyEnd.UNKNOWN
+    return ends.get(reason, ReplyEnd.CUT)
+
+
 def chat_end(reason: object) -> ReplyEnd:
     """A chat or completion choice's `finish_reason`."""
-    if reason is None or not isinstance(reason, str):
-        return ReplyEnd.UNKNOWN
-    return _CHAT_ENDS.get(reason, ReplyEnd.CUT)
-
-
-def _anthropic_end(reason: object) -> ReplyEnd:
-    if reason is None or not isinstance(reason, str):
-        return ReplyEnd.UNKNOWN
-    return _ANTHROPIC_ENDS.get(reason, ReplyEnd.CUT)
+    return _end_named(reason, _CHAT_ENDS)
 
 
 def _responses_end(response: Mapping) -> ReplyEnd:
@@ -98,7 +97,7 @@ def reply_end_of(doc: object, kind: str) -> ReplyEnd:
     if kind == "messages":
         delta = doc.get("delta")
         reason = delta.get("stop_reason") if isinstance(delta, dict) else doc.get("stop_reason")
-        return _anthropic_end(reason)
+        return _end_named(reason, _ANTHROPIC_ENDS)
     if kind == "responses":
         response = doc["response"] if isinstance(doc.get("response"), dict) else doc  # a stream event's
         return _responses_end(response)

@@ -197,7 +197,8 @@ class UsageTap:
         "kind",
         "usage",
         "end",
-        "_read_end",
+        "_chat_end",
+        "_event_end",
         "_by_event",
         "_held",
         "_passing",
@@ -212,7 +213,8 @@ class UsageTap:
         self.kind = kind
         self.usage: PromptUsage | None = None
         self.end = ReplyEnd.UNKNOWN  # read only with read_end
-        self._read_end = read_end
+        self._chat_end = read_end and kind in ASKED_USAGE_KINDS  # from the finish_reason of the stream's chunks
+        self._event_end = read_end and kind not in ASKED_USAGE_KINDS  # from the event that carries the usage
         # read event by event (strip, or a stream whose usage is not in its last event)
         self._by_event = strip or kind not in ASKED_USAGE_KINDS
         self._held = bytearray()  # _by_event: the start of an event whose end has not arrived
@@ -258,8 +260,7 @@ class UsageTap:
 
     def _events_passed_on(self, whole: bytes) -> bytes:
         """Read the usage (and the end) off whole events; the events to pass on (strip: all but the usage event)."""
-        if self._read_end and self.kind in ASKED_USAGE_KINDS and _says_finish(whole):
-            self._saw_end(stream_chat_end(whole))
+        self._read_chat_end(whole)
         if _USAGE_KEY not in whole:
             return whole
         kept = []
@@ -268,7 +269,7 @@ class UsageTap:
             if usage is not None:
                 self.usage = usage
                 self._unasked |= not usage_event
-                if self._read_end and self.kind not in ASKED_USAGE_KINDS:
+                if self._event_end:
                     self._saw_end(reply_end_of(doc, self.kind))
             if not usage_event or self._unasked:
                 kept.append(event)
@@ -281,6 +282,11 @@ class UsageTap:
         while self._recent_bytes - len(recent[0]) >= _TAIL_BYTES:
             self._recent_bytes -= len(recent.popleft())
 
+    def _read_chat_end(self, data: bytes) -> None:
+        """The end a chat stream's bytes say, if the tap reads one and they may say it."""
+        if self._chat_end and _says_finish(data):
+            self._saw_end(stream_chat_end(data))
+
     def _saw_end(self, end: ReplyEnd | None) -> None:
         """An end said by part of the stream: a chat stream's choices end in separate chunks."""
         if end is not None and end is not ReplyEnd.UNKNOWN:
@@ -288,7 +294,7 @@ class UsageTap:
 
     def whole(self, body: bytes) -> None:
         """A JSON answer, whole."""
-        if not self._read_end:
+        if not (self._chat_end or self._event_end):
             self.usage = json_usage(body, self.kind)
             return
         try:
@@ -308,11 +314,10 @@ class UsageTap:
                 usage, _, doc = _event_usage(event, self.kind)
                 if usage is not None:
                     self.usage = usage
-                    if self._read_end and self.kind not in ASKED_USAGE_KINDS:
+                    if self._event_end:
                         self._saw_end(reply_end_of(doc, self.kind))
                     break
-            if self._read_end and self.kind in ASKED_USAGE_KINDS and _says_finish(tail):
-                self._saw_end(stream_chat_end(tail))
+            self._read_chat_end(tail)
             return b""
         rest = b"" if self._passing else bytes(self._held)
         self._held.clear()
