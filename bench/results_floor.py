@@ -1,15 +1,19 @@
-"""What an unbounded KV cache reaches: the floor under a results row's makespan target.
+"""Under a results row's makespan target: the least makespan any policy could take, and what
+an unbounded KV cache reaches.
 
 A row that must run in a fraction of sticky's makespan (`makespan<=0.4x`) can miss it
 because the gate wins back too little of the cache, or because no admission or retention
-policy could reach it: tool calls, decode and the prefill of each turn's new tokens take
-that long even with every prefix kept. The floor tells the two apart. It runs the row's
-regime in the cluster simulation (`kvgate sim cluster`: virtual time, deterministic),
-sticky on the regime's cache, then sticky and the gate on a cache no workload fills
-(`UNBOUNDED_BLOCKS` per replica: every prefix stays resident, the hit rate is the
-ceiling, and the gate holds nothing: it only places new sessions evenly,
-`gate.place_sessions`). The faster unbounded makespan over sticky's is the lowest ratio
-to sticky that the simulation knows a policy to reach on that workload and fleet.
+policy could reach it. The floor tells the two apart. It runs the row's regime in the
+cluster simulation (`kvgate sim cluster`: virtual time, deterministic), sticky on the
+regime's cache, then sticky and the gate on a cache no workload fills (`UNBOUNDED_BLOCKS`
+per replica: every prefix stays resident, the hit rate is the ceiling, and the gate holds
+nothing: it only places new sessions evenly, `gate.place_sessions`).
+
+- The bound (`bench/cluster/makespan_bound.py`, from sticky's run on the regime's cache):
+  the least makespan any policy could serve those turns in on that cache, over sticky's.
+  Above the target, no policy meets it; at or below, the bound does not rule it out.
+- The unbounded makespan over sticky's: what the simulation knows a policy to reach with
+  every prefix kept, for scale.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ def floor_of(bounded: dict, unbounded: dict, regime: str, policy: str = "sticky"
     """The stored floor, from sticky's summary on the regime's cache and `policy`'s on the
     unbounded one (`report.json` -> policies.<name>). `of_server`: the regime runs on a real
     vLLM server, which its simulation stands for as measured (`Regime.cpu_engine`)."""
-    return {
+    floor = {
         "makespan_x": round(unbounded["makespan_s"] / bounded["makespan_s"], 3),
         "sticky_makespan_s": bounded["makespan_s"],
         "unbounded_makespan_s": unbounded["makespan_s"],
@@ -47,6 +51,13 @@ def floor_of(bounded: dict, unbounded: dict, regime: str, policy: str = "sticky"
         "command": shlex.join(["kvgate", "sim", "cluster", *floor_options(regime, unbounded=True)]),
         "of_server": REGIMES[regime].cpu_engine is not None,
     }
+    bound = bounded.get("makespan_bound_s")
+    if bound:
+        by = max(bound, key=bound.get)
+        floor["bound_x"] = round(bound[by] / bounded["makespan_s"], 3)
+        floor["bound_by"] = by
+        floor["bound_command"] = shlex.join(["kvgate", "sim", "cluster", *floor_options(regime, unbounded=False)])
+    return floor
 
 
 def run_floor(regime: str, cwd: Path) -> dict | None:
@@ -73,8 +84,17 @@ def _simulate(options: list[str], out: Path, cwd: Path, what: str) -> bool:
     return done.returncode == 0
 
 
+# What each part of the bound (`makespan_bound`) stands for, on the page.
+BOUND_REASONS = {
+    "work_s": "the replicas' steps, each decoding sequence's whole context in its replica's cache",
+    "chain_s": "its longest session's own turns and tool calls, one after another",
+}
+
+
 def floor_note(floor: dict, limit: float) -> str:
-    """The limit a missed `makespan <= limit x sticky` target meets, in the floor's terms."""
+    """The limit a missed `makespan <= limit x sticky` target meets, in the floor's terms: the
+    least makespan any policy could take on the row's cache decides; a floor stored before
+    the bound existed decides by the unbounded makespan, as it did then."""
     simulation = "the cluster simulation"
     if floor.get("of_server"):
         simulation += " of this vLLM server (its measured steps and tokenizer, `Regime.cpu_engine`)"
@@ -83,9 +103,17 @@ def floor_note(floor: dict, limit: float) -> str:
     else:
         takes = f"the gate, placing sessions, takes {floor['makespan_x']:.2f}x sticky's makespan"
     reach = f"with every prefix kept (an unbounded cache) {takes} in {simulation} (`{floor['command']}`)"
-    if floor["makespan_x"] > limit:
-        return f"no policy reaches {limit:g}x: {reach}"
-    return f"within reach of a policy: {reach}"
+    if "bound_x" not in floor:
+        if floor["makespan_x"] > limit:
+            return f"no policy reaches {limit:g}x: {reach}"
+        return f"within reach of a policy: {reach}"
+    bound = (
+        f"no policy takes less than {floor['bound_x']:.2f}x sticky's makespan on this cache in {simulation} "
+        f"({BOUND_REASONS[floor['bound_by']]}: `bench/cluster/makespan_bound.py` on `{floor['bound_command']}`)"
+    )
+    if floor["bound_x"] > limit:
+        return f"no policy reaches {limit:g}x: {bound}; {reach}"
+    return f"not ruled out: {bound}; {reach}"
 
 
 def sweep_floor_options(options: tuple[str, ...]) -> list[str]:

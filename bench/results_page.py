@@ -17,10 +17,11 @@ Targets (met or missed, with the number), per row:
   the tiny model <= 1.05x sticky's, the prefill-bound model <= 0.8x) and unpinned (every
   process on every CPU, a CPU-only host: shown without a target).
 A missed target is shown next to what limits it (`limiting_factor`); a row with a
-makespan target below sticky's also carries its floor, the makespan with every prefix
-kept (`bench/results_floor.py`), so the page says whether any policy could meet it: in
-the cluster simulation, which for a real-vLLM row stands for its server as measured
-(`Regime.cpu_engine`).
+makespan target below sticky's also carries its floor (`bench/results_floor.py`): the
+least makespan any policy could take on the row's cache (`bench/cluster/makespan_bound.py`),
+which says whether a policy could meet the target at all, and the makespan with every
+prefix kept, for scale: in the cluster simulation, which for a real-vLLM row stands for
+its server as measured (`Regime.cpu_engine`).
 
 The page also shows the cluster simulation's fleet runs (`kvgate sim cluster`, in virtual
 time: `CLUSTER_ROWS`), each with its command, date and commit: one replica of 8 failing at

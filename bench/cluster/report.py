@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import Counter
 
 from kvgate.bench.cluster.cache_bound import hit_bounds
+from kvgate.bench.cluster.makespan_bound import makespan_bound
 from kvgate.bench.cluster.run import RunResult
 from kvgate.simulator.percentiles import percentile
 
@@ -92,6 +93,7 @@ def summarize(result: RunResult) -> dict:
         "ceiling_hit_rate": _round(ceiling),
         "hit_rate_of_ceiling": _round(hit_rate / ceiling if ceiling else None),
         "hit_rate_bound_of_ceiling": hit_bounds(ok, result.engines.values(), makespan),
+        "makespan_bound_s": makespan_bound(turns, result.engines.values()),
         "gpu_hit_rate": _round(gpu_hit_rate),
         "gpu_hit_rate_of_ceiling": _round(gpu_hit_rate / ceiling if ceiling else None),
         "cpu_hit_rate": _round(cpu_hits / queries if queries else 0.0) if tiered else None,

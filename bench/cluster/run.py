@@ -141,6 +141,7 @@ class TurnRecord:
     hit_tokens: int
     ceiling_tokens: int  # prompt tokens an infinite cache would hit
     shared_tokens: int = 0  # the part of those every session of its shared prefix has (one copy serves them all)
+    output_tokens: int = 0  # its reply's tokens (its max_tokens: simulated replicas reply that long); 0: failed
 
 
 @dataclass
@@ -282,6 +283,7 @@ class _Cluster:
                     request.num_cached_prompt_tokens if outcome.ok else 0,
                     ceiling,
                     shared,
+                    reply if outcome.ok else 0,
                 )
             )
             record.end_s = end

@@ -62,10 +62,17 @@ def test_decoding_turns_hold_their_own_prompt_from_the_first_token_to_the_end():
 
 
 @pytest.mark.parametrize("regime", ["thrash", "prefill-bound"])
-def test_no_policy_in_a_simulated_run_hits_more_than_its_foresight_bound(tmp_path, regime):
+def test_no_policy_in_a_simulated_run_beats_its_bounds(tmp_path, regime):
+    """Neither the hit rate of its foresight bound nor the makespan of its makespan bound
+    (`bench.cluster.makespan_bound`, tests/bench/test_makespan_bound.py): one run checks both."""
     assert main(["sim", "cluster", "--regime", regime, "--no-plots", "--jobs", "1", "--out", str(tmp_path)]) == 0
     policies = json.loads((tmp_path / "report.json").read_text())["policies"]
     for name, summary in policies.items():
         bound = summary["hit_rate_bound_of_ceiling"]
         assert bound["same_time"] <= bound["foresight"] <= 1.0, name
         assert summary["hit_rate_of_ceiling"] <= bound["foresight"], name
+        least = summary["makespan_bound_s"]
+        assert 0 < least["chain_s"] and 0 < least["work_s"] <= summary["makespan_s"], name
+        assert least["chain_s"] <= summary["makespan_s"], name
+    # every policy served the same turns: the same bound
+    assert len({str(summary["makespan_bound_s"]) for summary in policies.values()}) == 1

@@ -147,6 +147,7 @@ def test_the_floor_runs_both_simulations_of_a_regime(tmp_path):
     """The real `kvgate sim cluster`, twice, on the `tiny` regime (a second each)."""
     floor = results_floor.run_floor("tiny", results_page.REPO)
     assert floor is not None and 0 < floor["makespan_x"] <= 1.0
+    assert 0 < floor["bound_x"] <= 1.0 and floor["bound_by"] in ("work_s", "chain_s")
     assert floor["unbounded_makespan_s"] <= floor["sticky_makespan_s"]
     assert floor["command"] == (
         "kvgate sim cluster --regime tiny --policies sticky,working_set --no-plots --num-blocks 1000000"
