@@ -10,8 +10,9 @@ per replica: every prefix stays resident, the hit rate is the ceiling, and the g
 nothing: it only places new sessions evenly, `gate.place_sessions`).
 
 - The bound (`bench/cluster/makespan_bound.py`, from sticky's run on the regime's cache):
-  the least makespan any policy could serve those turns in on that cache, over sticky's.
-  Above the target, no policy meets it; at or below, the bound does not rule it out.
+  the least makespan any policy could serve those turns in on that cache, in seconds. Over
+  the row's own sticky makespan (the same turns, measured), above the target, no policy
+  meets it; at or below, the bound does not rule it out.
 - The unbounded makespan over sticky's: what the simulation knows a policy to reach with
   every prefix kept, for scale.
 """
@@ -54,7 +55,7 @@ def floor_of(bounded: dict, unbounded: dict, regime: str, policy: str = "sticky"
     bound = bounded.get("makespan_bound_s")
     if bound:
         by = max(bound, key=bound.get)
-        floor["bound_x"] = round(bound[by] / bounded["makespan_s"], 3)
+        floor["bound_s"] = bound[by]
         floor["bound_by"] = by
         floor["bound_command"] = shlex.join(["kvgate", "sim", "cluster", *floor_options(regime, unbounded=False)])
     return floor
@@ -91,10 +92,11 @@ BOUND_REASONS = {
 }
 
 
-def floor_note(floor: dict, limit: float) -> str:
+def floor_note(floor: dict, limit: float, sticky_makespan_s: float) -> str:
     """The limit a missed `makespan <= limit x sticky` target meets, in the floor's terms: the
-    least makespan any policy could take on the row's cache decides; a floor stored before
-    the bound existed decides by the unbounded makespan, as it did then."""
+    least makespan any policy could take on the row's cache, over the row's own sticky
+    makespan `sticky_makespan_s`, decides; a floor stored before the bound existed decides
+    by the unbounded makespan, as it did then."""
     simulation = "the cluster simulation"
     if floor.get("of_server"):
         simulation += " of this vLLM server (its measured steps and tokenizer, `Regime.cpu_engine`)"
@@ -103,15 +105,17 @@ def floor_note(floor: dict, limit: float) -> str:
     else:
         takes = f"the gate, placing sessions, takes {floor['makespan_x']:.2f}x sticky's makespan"
     reach = f"with every prefix kept (an unbounded cache) {takes} in {simulation} (`{floor['command']}`)"
-    if "bound_x" not in floor:
+    if "bound_s" not in floor:
         if floor["makespan_x"] > limit:
             return f"no policy reaches {limit:g}x: {reach}"
         return f"within reach of a policy: {reach}"
+    bound_x = floor["bound_s"] / sticky_makespan_s
     bound = (
-        f"no policy takes less than {floor['bound_x']:.2f}x sticky's makespan on this cache in {simulation} "
-        f"({BOUND_REASONS[floor['bound_by']]}: `bench/cluster/makespan_bound.py` on `{floor['bound_command']}`)"
+        f"no policy takes less than {floor['bound_s']:.1f} s on this cache in {simulation}, "
+        f"{bound_x:.2f}x this row's sticky ({BOUND_REASONS[floor['bound_by']]}: "
+        f"`bench/cluster/makespan_bound.py` on `{floor['bound_command']}`)"
     )
-    if floor["bound_x"] > limit:
+    if bound_x > limit:
         return f"no policy reaches {limit:g}x: {bound}; {reach}"
     return f"not ruled out: {bound}; {reach}"
 

@@ -347,7 +347,7 @@ def limiting_factor(checks: list[Check], gate: dict, sticky: dict, floor: dict |
     if floor is not None:
         below = missed_below_sticky(checks)
         if below:
-            parts.append(floor_note(floor, min(below)))
+            parts.append(floor_note(floor, min(below), sticky["makespan_s"]))
     waits = gate["admission_wait_ms"]
     if (waits["max"] or 0.0) >= HELD_WAIT_MS:
         parts.append(

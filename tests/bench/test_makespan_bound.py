@@ -65,22 +65,26 @@ def _floor(work_s: float, chain_s: float) -> dict:
     return results_floor.floor_of(bounded, {"makespan_s": 65.0, "hit_rate": 0.9}, "trace-70b-tight")
 
 
-def test_the_floor_decides_by_the_bound_and_names_its_part():
-    """Above the target, no policy meets it (whatever an unbounded cache took); at or
-    below, the bound does not rule it out, and the note says so, not that a policy reaches it."""
+def test_the_floor_decides_by_the_bound_over_the_rows_own_sticky_and_names_its_part():
+    """Over the row's own sticky makespan (the same turns, measured) the bound above the
+    target: no policy meets it, whatever an unbounded cache took; at or below, the bound
+    does not rule it out, and the note says so, not that a policy reaches it."""
     chained = _floor(work_s=25.0, chain_s=62.0)
-    assert (chained["bound_x"], chained["bound_by"]) == (0.62, "chain_s")
+    assert (chained["bound_s"], chained["bound_by"]) == (62.0, "chain_s")
     assert chained["bound_command"] == "kvgate sim cluster --regime trace-70b-tight --policies sticky --no-plots"
-    note = results_floor.floor_note(chained, 0.4)
-    assert note.startswith("no policy reaches 0.4x: no policy takes less than 0.62x sticky's makespan on this cache")
-    assert "its longest session's own turns and tool calls" in note
+    note = results_floor.floor_note(chained, 0.4, 100.0)
+    assert note.startswith("no policy reaches 0.4x: no policy takes less than 62.0 s on this cache")
+    assert "0.62x this row's sticky (its longest session's own turns and tool calls" in note
     assert "with every prefix kept (an unbounded cache) sticky itself takes 0.65x" in note
-    worked = results_floor.floor_note(_floor(work_s=31.0, chain_s=5.0), 0.4)
-    assert worked.startswith("not ruled out: no policy takes less than 0.31x")
+    # the row's sticky ran slower than the simulation's: the same 62 s is a smaller share of it
+    assert results_floor.floor_note(chained, 0.4, 150.0).startswith("no policy reaches 0.4x")
+    assert results_floor.floor_note(chained, 0.4, 200.0).startswith("not ruled out: ")
+    worked = results_floor.floor_note(_floor(work_s=31.0, chain_s=5.0), 0.4, 100.0)
+    assert worked.startswith("not ruled out: no policy takes less than 31.0 s on this cache")
     assert "each decoding sequence's whole context in its replica's cache" in worked
 
 
 def test_a_floor_stored_before_the_bound_decides_by_the_unbounded_cache():
     old = results_floor.floor_of({"makespan_s": 100.0}, {"makespan_s": 65.0, "hit_rate": 0.9}, "trace-70b-tight")
-    assert "bound_x" not in old
-    assert results_floor.floor_note(old, 0.4).startswith("no policy reaches 0.4x: with every prefix kept")
+    assert "bound_s" not in old
+    assert results_floor.floor_note(old, 0.4, 100.0).startswith("no policy reaches 0.4x: with every prefix kept")

@@ -120,7 +120,7 @@ def test_a_real_vllm_rows_floor_says_it_simulates_that_server():
     unbounded = {"makespan_s": 6.3, "hit_rate": 0.70}
     floor = results_floor.floor_of({"makespan_s": 13.3}, unbounded, "vllm-prefill-no-finish")
     assert floor["of_server"] and floor["makespan_x"] == 0.474
-    note = results_floor.floor_note(floor, 0.8)
+    note = results_floor.floor_note(floor, 0.8, 13.3)
     assert note.startswith("within reach of a policy: with every prefix kept (an unbounded cache) sticky itself")
     assert "in the cluster simulation of this vLLM server (its measured steps and tokenizer" in note
     assert (
@@ -135,7 +135,7 @@ def test_a_floor_the_gates_placement_reaches_says_so():
     floor = results_floor.floor_of(
         {"makespan_s": 85.8}, {"makespan_s": 17.2, "hit_rate": 0.85}, "prefill-bound", "working_set"
     )
-    note = results_floor.floor_note(floor, 0.4)
+    note = results_floor.floor_note(floor, 0.4, 85.8)
     assert floor["makespan_x"] == 0.2 and floor["unbounded_policy"] == "working_set"
     assert note.startswith(
         "within reach of a policy: with every prefix kept (an unbounded cache) the gate, placing sessions, "
@@ -147,7 +147,7 @@ def test_the_floor_runs_both_simulations_of_a_regime(tmp_path):
     """The real `kvgate sim cluster`, twice, on the `tiny` regime (a second each)."""
     floor = results_floor.run_floor("tiny", results_page.REPO)
     assert floor is not None and 0 < floor["makespan_x"] <= 1.0
-    assert 0 < floor["bound_x"] <= 1.0 and floor["bound_by"] in ("work_s", "chain_s")
+    assert 0 < floor["bound_s"] <= floor["sticky_makespan_s"] and floor["bound_by"] in ("work_s", "chain_s")
     assert floor["unbounded_makespan_s"] <= floor["sticky_makespan_s"]
     assert floor["command"] == (
         "kvgate sim cluster --regime tiny --policies sticky,working_set --no-plots --num-blocks 1000000"
