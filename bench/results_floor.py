@@ -43,7 +43,9 @@ def floor_of(bounded: dict, unbounded: dict, regime: str, policy: str = "sticky"
     """The stored floor, from sticky's summary on the regime's cache and `policy`'s on the
     unbounded one (`report.json` -> policies.<name>). `of_server`: the regime runs on a real
     vLLM server, which its simulation stands for as measured (`Regime.cpu_engine`)."""
-    floor = {
+    bound = bounded["makespan_bound_s"]
+    bound_by = max(bound, key=bound.get)
+    return {
         "makespan_x": round(unbounded["makespan_s"] / bounded["makespan_s"], 3),
         "sticky_makespan_s": bounded["makespan_s"],
         "unbounded_makespan_s": unbounded["makespan_s"],
@@ -51,14 +53,10 @@ def floor_of(bounded: dict, unbounded: dict, regime: str, policy: str = "sticky"
         "unbounded_policy": policy,
         "command": shlex.join(["kvgate", "sim", "cluster", *floor_options(regime, unbounded=True)]),
         "of_server": REGIMES[regime].cpu_engine is not None,
+        "bound_s": bound[bound_by],
+        "bound_by": bound_by,
+        "bound_command": shlex.join(["kvgate", "sim", "cluster", *floor_options(regime, unbounded=False)]),
     }
-    bound = bounded.get("makespan_bound_s")
-    if bound:
-        by = max(bound, key=bound.get)
-        floor["bound_s"] = bound[by]
-        floor["bound_by"] = by
-        floor["bound_command"] = shlex.join(["kvgate", "sim", "cluster", *floor_options(regime, unbounded=False)])
-    return floor
 
 
 def run_floor(regime: str, cwd: Path) -> dict | None:
@@ -95,8 +93,7 @@ BOUND_REASONS = {
 def floor_note(floor: dict, limit: float, sticky_makespan_s: float) -> str:
     """The limit a missed `makespan <= limit x sticky` target meets, in the floor's terms: the
     least makespan any policy could take on the row's cache, over the row's own sticky
-    makespan `sticky_makespan_s`, decides; a floor stored before the bound existed decides
-    by the unbounded makespan, as it did then."""
+    makespan `sticky_makespan_s`, decides; the unbounded cache's makespan follows, for scale."""
     simulation = "the cluster simulation"
     if floor.get("of_server"):
         simulation += " of this vLLM server (its measured steps and tokenizer, `Regime.cpu_engine`)"
@@ -105,10 +102,6 @@ def floor_note(floor: dict, limit: float, sticky_makespan_s: float) -> str:
     else:
         takes = f"the gate, placing sessions, takes {floor['makespan_x']:.2f}x sticky's makespan"
     reach = f"with every prefix kept (an unbounded cache) {takes} in {simulation} (`{floor['command']}`)"
-    if "bound_s" not in floor:
-        if floor["makespan_x"] > limit:
-            return f"no policy reaches {limit:g}x: {reach}"
-        return f"within reach of a policy: {reach}"
     bound_x = floor["bound_s"] / sticky_makespan_s
     bound = (
         f"no policy takes less than {floor['bound_s']:.1f} s on this cache in {simulation}, "

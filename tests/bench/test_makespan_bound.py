@@ -82,9 +82,3 @@ def test_the_floor_decides_by_the_bound_over_the_rows_own_sticky_and_names_its_p
     worked = results_floor.floor_note(_floor(work_s=31.0, chain_s=5.0), 0.4, 100.0)
     assert worked.startswith("not ruled out: no policy takes less than 31.0 s on this cache")
     assert "each decoding sequence's whole context in its replica's cache" in worked
-
-
-def test_a_floor_stored_before_the_bound_decides_by_the_unbounded_cache():
-    old = results_floor.floor_of({"makespan_s": 100.0}, {"makespan_s": 65.0, "hit_rate": 0.9}, "trace-70b-tight")
-    assert "bound_s" not in old
-    assert results_floor.floor_note(old, 0.4, 100.0).startswith("no policy reaches 0.4x: with every prefix kept")

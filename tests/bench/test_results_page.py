@@ -86,22 +86,28 @@ def test_limiting_factor_names_waits_lost_hits_or_the_path():
     assert "own cost" in limiting_factor(missed, summary(), sticky)
 
 
+def _sim_sticky(makespan_s: float, work_s: float, chain_s: float) -> dict:
+    """Sticky's summary of a floor's run on the regime's cache, with its makespan bound."""
+    return {"makespan_s": makespan_s, "makespan_bound_s": {"work_s": work_s, "chain_s": chain_s}}
+
+
 def test_a_missed_makespan_target_names_whether_any_policy_could_meet_it():
-    """A row's floor (the makespan with every prefix kept, `results_floor`) above its
-    target: no policy reaches it; below: the cache the gate leaves is the limit."""
-    sticky, gate = summary(hit=0.04), summary(makespan=8.1, hit=0.4)
+    """A row's floor (`results_floor`): the least makespan any policy could take over the row's
+    sticky above its target: no policy reaches it; at or below: the bound does not rule it out."""
+    sticky, gate = summary(makespan=200.0, hit=0.04), summary(makespan=81.0, hit=0.4)
     checks = evaluate(("makespan<=1.02x", "makespan<=0.4x"), gate, sticky)
     assert [c.allowed_x for c in checks] == [1.02, 0.4]
     unbounded = {"makespan_s": 111.6, "hit_rate": 0.94}
-    dear = results_floor.floor_of({"makespan_s": 171.8}, unbounded, "trace-70b-tight")
+    dear = results_floor.floor_of(_sim_sticky(171.8, 43.8, 106.2), unbounded, "trace-70b-tight")
     assert dear["makespan_x"] == 0.65 and "--num-blocks 1000000" in dear["command"]
+    assert (dear["bound_s"], dear["bound_by"]) == (106.2, "chain_s")
     unreachable = limiting_factor(checks, gate, sticky, dear)
-    assert unreachable.startswith(
-        "no policy reaches 0.4x: with every prefix kept (an unbounded cache) sticky itself takes 0.65x"
-    )
+    assert unreachable.startswith("no policy reaches 0.4x: no policy takes less than 106.2 s on this cache")
+    assert "0.53x this row's sticky" in unreachable  # over the row's own sticky, not the simulation's
+    assert "with every prefix kept (an unbounded cache) sticky itself takes 0.65x" in unreachable
     assert "hit rate 0.40" in unreachable  # and what the gate won back, as without a floor
-    cheap = {**dear, "makespan_x": 0.21}
-    assert limiting_factor(checks, gate, sticky, cheap).startswith("within reach of a policy: ")
+    cheap = results_floor.floor_of(_sim_sticky(171.8, 43.8, 60.0), unbounded, "trace-70b-tight")
+    assert limiting_factor(checks, gate, sticky, cheap).startswith("not ruled out: ")
     # only a target below sticky's makespan meets the floor
     assert "every prefix" not in limiting_factor(checks[:1], gate, sticky, dear)
     assert [row.key for row in ROWS if row.needs_floor] == [
@@ -118,11 +124,14 @@ def test_a_missed_makespan_target_names_whether_any_policy_could_meet_it():
 
 def test_a_real_vllm_rows_floor_says_it_simulates_that_server():
     unbounded = {"makespan_s": 6.3, "hit_rate": 0.70}
-    floor = results_floor.floor_of({"makespan_s": 13.3}, unbounded, "vllm-prefill-no-finish")
+    floor = results_floor.floor_of(_sim_sticky(13.3, 4.8, 3.1), unbounded, "vllm-prefill-no-finish")
     assert floor["of_server"] and floor["makespan_x"] == 0.474
     note = results_floor.floor_note(floor, 0.8, 13.3)
-    assert note.startswith("within reach of a policy: with every prefix kept (an unbounded cache) sticky itself")
-    assert "in the cluster simulation of this vLLM server (its measured steps and tokenizer" in note
+    assert note.startswith(
+        "not ruled out: no policy takes less than 4.8 s on this cache in the cluster simulation of this vLLM "
+        "server (its measured steps and tokenizer"
+    )
+    assert "with every prefix kept (an unbounded cache) sticky itself" in note
     assert (
         "`kvgate sim cluster --regime vllm-prefill-no-finish --policies sticky,working_set --no-plots --num-blocks"
         in note
@@ -133,14 +142,11 @@ def test_a_floor_the_gates_placement_reaches_says_so():
     """On an unbounded cache the gate holds nothing, but it still places new sessions evenly: where
     that runs faster than sticky, the floor is the gate's, and its note says whose it is."""
     floor = results_floor.floor_of(
-        {"makespan_s": 85.8}, {"makespan_s": 17.2, "hit_rate": 0.85}, "prefill-bound", "working_set"
+        _sim_sticky(85.8, 26.6, 4.8), {"makespan_s": 17.2, "hit_rate": 0.85}, "prefill-bound", "working_set"
     )
     note = results_floor.floor_note(floor, 0.4, 85.8)
     assert floor["makespan_x"] == 0.2 and floor["unbounded_policy"] == "working_set"
-    assert note.startswith(
-        "within reach of a policy: with every prefix kept (an unbounded cache) the gate, placing sessions, "
-        "takes 0.20x sticky's makespan"
-    )
+    assert "with every prefix kept (an unbounded cache) the gate, placing sessions, takes 0.20x sticky's" in note
 
 
 def test_the_floor_runs_both_simulations_of_a_regime(tmp_path):
