@@ -104,7 +104,7 @@ def floor_note(floor: dict, limit: float, sticky_makespan_s: float) -> str:
     reach = f"with every prefix kept (an unbounded cache) {takes} in {simulation} (`{floor['command']}`)"
     bound_x = floor["bound_s"] / sticky_makespan_s
     bound = (
-        f"no policy takes less than {floor['bound_s']:.1f} s on this cache in {simulation}, "
+        f"the least makespan any policy could take on this cache is {floor['bound_s']:.1f} s in {simulation}, "
         f"{bound_x:.2f}x this row's sticky ({BOUND_REASONS[floor['bound_by']]}: "
         f"`bench/cluster/makespan_bound.py` on `{floor['bound_command']}`)"
     )

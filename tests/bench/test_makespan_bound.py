@@ -73,12 +73,12 @@ def test_the_floor_decides_by_the_bound_over_the_rows_own_sticky_and_names_its_p
     assert (chained["bound_s"], chained["bound_by"]) == (62.0, "chain_s")
     assert chained["bound_command"] == "kvgate sim cluster --regime trace-70b-tight --policies sticky --no-plots"
     note = results_floor.floor_note(chained, 0.4, 100.0)
-    assert note.startswith("no policy reaches 0.4x: no policy takes less than 62.0 s on this cache")
+    assert note.startswith("no policy reaches 0.4x: the least makespan any policy could take on this cache is 62.0 s")
     assert "0.62x this row's sticky (its longest session's own turns and tool calls" in note
     assert "with every prefix kept (an unbounded cache) sticky itself takes 0.65x" in note
     # the row's sticky ran slower than the simulation's: the same 62 s is a smaller share of it
     assert results_floor.floor_note(chained, 0.4, 150.0).startswith("no policy reaches 0.4x")
     assert results_floor.floor_note(chained, 0.4, 200.0).startswith("not ruled out: ")
     worked = results_floor.floor_note(_floor(work_s=31.0, chain_s=5.0), 0.4, 100.0)
-    assert worked.startswith("not ruled out: no policy takes less than 31.0 s on this cache")
+    assert worked.startswith("not ruled out: the least makespan any policy could take on this cache is 31.0 s")
     assert "each decoding sequence's whole context in its replica's cache" in worked

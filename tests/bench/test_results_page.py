@@ -102,7 +102,9 @@ def test_a_missed_makespan_target_names_whether_any_policy_could_meet_it():
     assert dear["makespan_x"] == 0.65 and "--num-blocks 1000000" in dear["command"]
     assert (dear["bound_s"], dear["bound_by"]) == (106.2, "chain_s")
     unreachable = limiting_factor(checks, gate, sticky, dear)
-    assert unreachable.startswith("no policy reaches 0.4x: no policy takes less than 106.2 s on this cache")
+    assert unreachable.startswith(
+        "no policy reaches 0.4x: the least makespan any policy could take on this cache is 106.2 s"
+    )
     assert "0.53x this row's sticky" in unreachable  # over the row's own sticky, not the simulation's
     assert "with every prefix kept (an unbounded cache) sticky itself takes 0.65x" in unreachable
     assert "hit rate 0.40" in unreachable  # and what the gate won back, as without a floor
@@ -128,8 +130,8 @@ def test_a_real_vllm_rows_floor_says_it_simulates_that_server():
     assert floor["of_server"] and floor["makespan_x"] == 0.474
     note = results_floor.floor_note(floor, 0.8, 13.3)
     assert note.startswith(
-        "not ruled out: no policy takes less than 4.8 s on this cache in the cluster simulation of this vLLM "
-        "server (its measured steps and tokenizer"
+        "not ruled out: the least makespan any policy could take on this cache is 4.8 s in the cluster "
+        "simulation of this vLLM server (its measured steps and tokenizer"
     )
     assert "with every prefix kept (an unbounded cache) sticky itself" in note
     assert (
