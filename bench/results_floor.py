@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from kvgate.bench.agentic.regimes import REGIMES
+from kvgate.bench.cluster.makespan_bound import BOUND_PARTS, least_makespan
 
 UNBOUNDED_BLOCKS = 1_000_000  # KV blocks per replica: more than any regime's sessions ever hold
 UNBOUNDED_POLICIES = ("sticky", "working_set")  # on an unbounded cache: sticky, and the gate's placement
@@ -43,8 +44,7 @@ def floor_of(bounded: dict, unbounded: dict, regime: str, policy: str = "sticky"
     """The stored floor, from sticky's summary on the regime's cache and `policy`'s on the
     unbounded one (`report.json` -> policies.<name>). `of_server`: the regime runs on a real
     vLLM server, which its simulation stands for as measured (`Regime.cpu_engine`)."""
-    bound = bounded["makespan_bound_s"]
-    bound_by = max(bound, key=bound.get)
+    bound_s, bound_by = least_makespan(bounded) or (0.0, "work_s")
     return {
         "makespan_x": round(unbounded["makespan_s"] / bounded["makespan_s"], 3),
         "sticky_makespan_s": bounded["makespan_s"],
@@ -53,7 +53,7 @@ def floor_of(bounded: dict, unbounded: dict, regime: str, policy: str = "sticky"
         "unbounded_policy": policy,
         "command": shlex.join(["kvgate", "sim", "cluster", *floor_options(regime, unbounded=True)]),
         "of_server": REGIMES[regime].cpu_engine is not None,
-        "bound_s": bound[bound_by],
+        "bound_s": bound_s,
         "bound_by": bound_by,
         "bound_command": shlex.join(["kvgate", "sim", "cluster", *floor_options(regime, unbounded=False)]),
     }
@@ -83,13 +83,6 @@ def _simulate(options: list[str], out: Path, cwd: Path, what: str) -> bool:
     return done.returncode == 0
 
 
-# What each part of the bound (`makespan_bound`) stands for, on the page.
-BOUND_REASONS = {
-    "work_s": "the replicas' steps, each decoding sequence's whole context in its replica's cache",
-    "chain_s": "its longest session's own turns and tool calls, one after another",
-}
-
-
 def floor_note(floor: dict, limit: float, sticky_makespan_s: float) -> str:
     """The limit a missed `makespan <= limit x sticky` target meets, in the floor's terms: the
     least makespan any policy could take on the row's cache, over the row's own sticky
@@ -105,7 +98,7 @@ def floor_note(floor: dict, limit: float, sticky_makespan_s: float) -> str:
     bound_x = floor["bound_s"] / sticky_makespan_s
     bound = (
         f"the least makespan any policy could take on this cache is {floor['bound_s']:.1f} s in {simulation}, "
-        f"{bound_x:.2f}x this row's sticky ({BOUND_REASONS[floor['bound_by']]}: "
+        f"{bound_x:.2f}x this row's sticky ({BOUND_PARTS[floor['bound_by']]}: "
         f"`bench/cluster/makespan_bound.py` on `{floor['bound_command']}`)"
     )
     if bound_x > limit:

@@ -28,7 +28,7 @@ from kvgate.bench.agentic.regimes import REGIMES
 from kvgate.bench.agentic.workload import WorkloadSpec, generate_workload
 from kvgate.bench.cluster.plots import write_sweep_plot, write_timeline_plot
 from kvgate.bench.cluster.presets import CLUSTER_PRESETS, ClusterPreset
-from kvgate.bench.cluster.report import format_sweep, format_table, summarize
+from kvgate.bench.cluster.report import format_least_makespan, format_sweep, format_table, summarize
 from kvgate.bench.cluster.run import PRIORITY, ClusterConfig, RunResult, parse_event, policy_names, run_policy
 from kvgate.bench.cluster.seed_sweep import baseline_of, format_seeds, parse_seeds, seed_ratios
 from kvgate.bench.cluster.workload import AgentSessions, sessions_of, sessions_of_trace
@@ -284,6 +284,12 @@ def progress_line(config: ClusterConfig, policy: str, run: PolicyRun) -> str:
     )
 
 
+def run_table(config: ClusterConfig, summaries: dict[str, dict]) -> str:
+    """The run's table; under a fixed-session run's, its least makespan (an agents' run lasts its duration)."""
+    least = format_least_makespan(summaries) if config.agent_sessions is None else ""
+    return format_table(summaries) + least
+
+
 def write_outputs(
     config: ClusterConfig, policies: list[str], runs: list[PolicyRun], out: Path, plots: bool, title: str
 ) -> dict:
@@ -298,7 +304,7 @@ def write_outputs(
         events = events or run.events
         _write_timeline(out / f"timeline_{policy}.csv", run.timeline)
     (out / "report.json").write_text(json.dumps({"config": describe(config), "policies": summaries}, indent=1) + "\n")
-    (out / "table.md").write_text(format_table(summaries))
+    (out / "table.md").write_text(run_table(config, summaries))
     if plots:
         write_timeline_plot(timelines, events, out / "timeline.png", title)
     return summaries
@@ -361,7 +367,7 @@ def run_cluster_command(args) -> int:
     if len(counts) == 1:
         n = counts[0]
         summaries = write_outputs(configs[n], policies, by_count[n], args.out, not args.no_plots, _title(args, n))
-        print(format_table(summaries), end="")
+        print(run_table(configs[n], summaries), end="")
     else:
         sweep = {}
         for n in counts:

@@ -118,3 +118,20 @@ def makespan_bound(turns: list[TurnRecord], engines: Iterable[SimEngine]) -> dic
     )
     ok = [t for t in turns if t.ok]
     return {"work_s": round(work_bound_s(ok, price), 4), "chain_s": round(chain_bound_s(turns, price), 4)}
+
+
+# What each part of the bound stands for, in a sentence (the cluster table, the results page).
+BOUND_PARTS = {
+    "work_s": "the replicas' steps, each decoding sequence's whole context in its replica's cache",
+    "chain_s": "the longest session's own turns and tool calls, one after another",
+}
+
+
+def least_makespan(summary: dict) -> tuple[float, str] | None:
+    """A policy's `makespan_bound_s`: its larger part in seconds and that part's name; None if
+    the run served no turn."""
+    bound: dict[str, float] = summary.get("makespan_bound_s") or {}
+    if not any(bound.values()):
+        return None
+    part = max(bound, key=lambda name: bound[name])
+    return bound[part], part

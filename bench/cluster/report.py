@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 
 from kvgate.bench.cluster.cache_bound import hit_bounds
-from kvgate.bench.cluster.makespan_bound import makespan_bound
+from kvgate.bench.cluster.makespan_bound import BOUND_PARTS, least_makespan, makespan_bound
 from kvgate.bench.cluster.run import RunResult
 from kvgate.simulator.percentiles import percentile
 
@@ -152,6 +152,25 @@ def format_table(summaries: dict[str, dict]) -> str:
             + (f" {_fmt(s['gpu_hit_rate'], '.3f')} | {_fmt(s['gpu_hit_rate_of_ceiling'], '.2f')} |" if tiered else "")
         )
     return "\n".join(lines) + "\n"
+
+
+def format_least_makespan(summaries: dict[str, dict]) -> str:
+    """A line under a fixed-session run's table: the least makespan any policy could take on
+    these replicas, and each policy's makespan over it ("" without one)."""
+    bounds = {}
+    for policy, summary in summaries.items():
+        least = least_makespan(summary)
+        if least is None:
+            return ""
+        bounds[policy] = least
+    if not bounds:
+        return ""
+    seconds, part = max(bounds.values())
+    over = ", ".join(f"{policy} {s['makespan_s'] / bounds[policy][0]:.2f}x" for policy, s in summaries.items())
+    return (
+        f"\nLeast makespan any policy could take on these replicas: {seconds:.1f} s ({BOUND_PARTS[part]}; "
+        f"`makespan_bound_s`, docs/cluster.md). Each policy's makespan over its own: {over}.\n"
+    )
 
 
 def sweep_answer(

@@ -74,5 +74,6 @@ def test_no_policy_in_a_simulated_run_beats_its_bounds(tmp_path, regime):
         least = summary["makespan_bound_s"]
         assert 0 < least["chain_s"] and 0 < least["work_s"] <= summary["makespan_s"], name
         assert least["chain_s"] <= summary["makespan_s"], name
-    # every policy served the same turns: the same bound
+    # every policy served the same turns: the same bound, under the run's table
     assert len({str(summary["makespan_bound_s"]) for summary in policies.values()}) == 1
+    assert "Least makespan any policy could take on these replicas" in (tmp_path / "table.md").read_text()

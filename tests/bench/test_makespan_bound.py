@@ -8,6 +8,7 @@ import pytest
 
 from kvgate.bench import results_floor
 from kvgate.bench.cluster.makespan_bound import StepPrice, chain_bound_s, work_bound_s
+from kvgate.bench.cluster.report import format_least_makespan
 from kvgate.bench.cluster.run import TurnRecord
 from kvgate.simulator.config import CostModel
 
@@ -74,7 +75,7 @@ def test_the_floor_decides_by_the_bound_over_the_rows_own_sticky_and_names_its_p
     assert chained["bound_command"] == "kvgate sim cluster --regime trace-70b-tight --policies sticky --no-plots"
     note = results_floor.floor_note(chained, 0.4, 100.0)
     assert note.startswith("no policy reaches 0.4x: the least makespan any policy could take on this cache is 62.0 s")
-    assert "0.62x this row's sticky (its longest session's own turns and tool calls" in note
+    assert "0.62x this row's sticky (the longest session's own turns and tool calls" in note
     assert "with every prefix kept (an unbounded cache) sticky itself takes 0.65x" in note
     # the row's sticky ran slower than the simulation's: the same 62 s is a smaller share of it
     assert results_floor.floor_note(chained, 0.4, 150.0).startswith("no policy reaches 0.4x")
@@ -82,3 +83,18 @@ def test_the_floor_decides_by_the_bound_over_the_rows_own_sticky_and_names_its_p
     worked = results_floor.floor_note(_floor(work_s=31.0, chain_s=5.0), 0.4, 100.0)
     assert worked.startswith("not ruled out: the least makespan any policy could take on this cache is 31.0 s")
     assert "each decoding sequence's whole context in its replica's cache" in worked
+
+
+def test_a_fixed_session_runs_table_ends_with_its_least_makespan():
+    """Each policy's makespan over its own bound; the line names the larger bound and its part."""
+    bound = {"work_s": 26.6, "chain_s": 4.8}
+    summaries = {
+        "sticky": {"makespan_s": 85.8, "makespan_bound_s": bound},
+        "working_set": {"makespan_s": 43.4, "makespan_bound_s": bound},
+    }
+    line = format_least_makespan(summaries)
+    assert "Least makespan any policy could take on these replicas: 26.6 s (the replicas' steps" in line
+    assert line.rstrip().endswith("sticky 3.23x, working_set 1.63x.")
+    # a policy that served no turn has no bound: no line
+    summaries["direct"] = {"makespan_s": 0.0, "makespan_bound_s": {"work_s": 0.0, "chain_s": 0.0}}
+    assert format_least_makespan(summaries) == ""
