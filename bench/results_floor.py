@@ -44,7 +44,10 @@ def floor_of(bounded: dict, unbounded: dict, regime: str, policy: str = "sticky"
     """The stored floor, from sticky's summary on the regime's cache and `policy`'s on the
     unbounded one (`report.json` -> policies.<name>). `of_server`: the regime runs on a real
     vLLM server, which its simulation stands for as measured (`Regime.cpu_engine`)."""
-    bound_s, bound_by = least_makespan(bounded) or (0.0, "work_s")
+    least = least_makespan(bounded)
+    if least is None:
+        raise ValueError(f"the floor of {regime}: sticky served no turn on its cache, so no makespan bound")
+    bound_s, bound_by = least
     return {
         "makespan_x": round(unbounded["makespan_s"] / bounded["makespan_s"], 3),
         "sticky_makespan_s": bounded["makespan_s"],

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvgate.bench.cluster.run import TurnRecord
+from kvgate.bench.cluster.run import TurnRecord, session_turns, tool_call_s
 from kvgate.simulator.virtual_engine import SimEngine
 
 
@@ -41,18 +41,14 @@ class Window:
 
 def windows_of(turns: list[TurnRecord]) -> list[Window]:
     """Each completed turn after a session's first: what its previous turn left it, and for how long."""
-    by_session: dict[int, dict[int, TurnRecord]] = {}
-    for turn in turns:
-        by_session.setdefault(turn.session, {})[turn.turn] = turn
     out = []
-    for records in by_session.values():
-        for number, turn in records.items():
-            before = records.get(number - 1)
-            if not turn.ok or before is None or not before.ok:
+    for records in session_turns(turns):
+        for before, turn in zip(records, records[1:]):
+            if not turn.ok or before.turn != turn.turn - 1 or not before.ok:
                 continue
             own = turn.ceiling_tokens - turn.shared_tokens
             if own > 0:
-                out.append(Window(own, max(0.0, turn.start_s - before.end_s)))
+                out.append(Window(own, tool_call_s(before, turn)))
     return out
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvgate.bench.cluster.run import TurnRecord
+from kvgate.bench.cluster.run import TurnRecord, session_turns, tool_call_s
 from kvgate.simulator.config import CostModel
 from kvgate.simulator.virtual_engine import SimEngine
 
@@ -90,20 +90,16 @@ def work_bound_s(turns: list[TurnRecord], price: StepPrice) -> float:
 
 def chain_bound_s(turns: list[TurnRecord], price: StepPrice) -> float:
     """`chain_s` of the module docstring: the longest session's own turns and tool calls.
-    A tool call is the time from a turn's end to its session's next turn (the client's
-    own time, whatever the policy); a session's chain stops at a turn that failed."""
-    by_session: dict[int, dict[int, TurnRecord]] = {}
-    for turn in turns:
-        by_session.setdefault(turn.session, {})[turn.turn] = turn
+    A tool call is the time from a turn's end to its session's next turn (`tool_call_s`); a
+    session's chain stops at a turn that failed."""
     longest = 0.0
-    for records in by_session.values():
+    for records in session_turns(turns):
         chain, before = 0.0, None
-        for number in sorted(records):
-            turn = records[number]
+        for turn in records:
             if not turn.ok:
                 break
             if before is not None:
-                chain += max(0.0, turn.start_s - before.end_s)
+                chain += tool_call_s(before, turn)
             chain += price.overhead_s * max(1, turn.output_tokens) + price.prefill_token_s * _uncacheable_tokens(turn)
             before = turn
         longest = max(longest, chain)

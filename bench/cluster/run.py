@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -142,6 +143,20 @@ class TurnRecord:
     ceiling_tokens: int  # prompt tokens an infinite cache would hit
     shared_tokens: int = 0  # the part of those every session of its shared prefix has (one copy serves them all)
     output_tokens: int = 0  # its reply's tokens (its max_tokens: simulated replicas reply that long); 0: failed
+
+
+def session_turns(turns: Iterable[TurnRecord]) -> list[list[TurnRecord]]:
+    """Each session's turn records, in turn order (sessions in the order their first record comes)."""
+    by_session: dict[int, list[TurnRecord]] = {}
+    for turn in turns:
+        by_session.setdefault(turn.session, []).append(turn)
+    return [sorted(records, key=lambda t: t.turn) for records in by_session.values()]
+
+
+def tool_call_s(before: TurnRecord, turn: TurnRecord) -> float:
+    """The tool call between a session's turn `before` and its next `turn`: the client's own time,
+    whatever the policy (a turn starts when its client sends it, before any gate wait)."""
+    return max(0.0, turn.start_s - before.end_s)
 
 
 @dataclass

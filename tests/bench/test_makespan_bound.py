@@ -80,6 +80,8 @@ def test_the_floor_decides_by_the_bound_over_the_rows_own_sticky_and_names_its_p
     # the row's sticky ran slower than the simulation's: the same 62 s is a smaller share of it
     assert results_floor.floor_note(chained, 0.4, 150.0).startswith("no policy reaches 0.4x")
     assert results_floor.floor_note(chained, 0.4, 200.0).startswith("not ruled out: ")
+    with pytest.raises(ValueError, match="sticky served no turn"):
+        _floor(work_s=0.0, chain_s=0.0)  # no bound to judge by: the floor says so, not 0 s
     worked = results_floor.floor_note(_floor(work_s=31.0, chain_s=5.0), 0.4, 100.0)
     assert worked.startswith("not ruled out: the least makespan any policy could take on this cache is 31.0 s")
     assert "each decoding sequence's whole context in its replica's cache" in worked
