@@ -2,11 +2,11 @@
 
 The runner starts vLLM (tiny model), pins it and runs the smallest benchmark (2 sessions
 of 1-2 turns, sticky then the gate). While it runs, this test reads /proc itself, every
-quarter second from the runner's announcement of its split to the benchmark's end: the threads of vLLM's API server,
-of the load generator and of each `kvgate serve` may run only on the frontend's CPUs,
-those of every process below the API server (vLLM's engine core and worker) only on the
-engine's, the two sets are disjoint, and the split announced is the upper half of the
-CPUs for the engine. Nothing is timed.
+quarter second from the runner's announcement of its split to its word that it takes back
+its CPUs: the threads of vLLM's API server, of the load generator and of each `kvgate serve`
+may run only on the frontend's CPUs, those of every process below the API server (vLLM's
+engine core and worker) only on the engine's, the two sets are disjoint, and the split
+announced is the upper half of the CPUs for the engine. Nothing is timed.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ pytestmark = [
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "run_vllm_bench.py"
 ANNOUNCED = re.compile(r"\[run_vllm_bench\] pinned: engine CPUs (\S+), frontend CPUs (\S+) ")
+TAKING_BACK = "[run_vllm_bench] taking back CPUs"
 
 
 def cmdline(pid: int) -> list[str]:
@@ -95,10 +96,14 @@ def test_a_pinned_run_keeps_the_engine_and_the_frontend_on_their_own_cpus(vllm_p
     try:
         deadline = time.monotonic() + 900
         while runner.poll() is None and time.monotonic() < deadline:
-            text = log.read_text(errors="replace")
-            # from the split's announcement to the benchmark's end (then the runner takes back its CPUs)
-            if ANNOUNCED.search(text) and "[agentic] wrote" not in text:
-                observe(runner.pid, seen)
+            # From the split's announcement until the runner says it takes back its CPUs. It says so
+            # before it does, so a sample is kept only when the log still lacks that line after it.
+            if ANNOUNCED.search(log.read_text(errors="replace")):
+                sample: dict[tuple[str, int], set[int]] = {}
+                observe(runner.pid, sample)
+                if TAKING_BACK not in log.read_text(errors="replace"):
+                    for key, cpus in sample.items():
+                        seen.setdefault(key, set()).update(cpus)
             time.sleep(0.25)
         assert runner.poll() == 0, f"runner exit {runner.returncode}:\n{log_tail(log)}"
     finally:

@@ -71,6 +71,8 @@ from kvgate.vllm_plugin.pin_keeper import CONNECTOR_CONFIG  # noqa: E402
 VLLM_REGIMES = sorted(name for name, regime in REGIMES.items() if regime.vllm_model)
 PINNINGS = ("pinned", "unpinned", "both")
 EXIT_PINNING_BROKEN = 3
+# printed (flushed) just before a pinned run's runner takes back every CPU: the split holds until then
+TAKING_BACK_CPUS = "taking back CPUs"
 
 
 def server_for(
@@ -250,6 +252,8 @@ def run_one(
             print(f"[run_vllm_bench] pinned: {len(watch.seen)} processes stayed on their CPUs", flush=True)
         return status
     finally:
+        if split is not None:
+            print(f"[run_vllm_bench] {TAKING_BACK_CPUS} {format_cpu_list(own_cpus)}", flush=True)
         os.sched_setaffinity(0, own_cpus)
         server.stop()
 
