@@ -33,6 +33,9 @@ state change goes through a `SessionBook` method, which keeps these invariants:
   `take_ended_window_keys()` their sessions.
 - `leases` counts every lease not yet released, anonymous ones included;
   `idle_since_replica` is when it last dropped to 0 (None while a lease is out).
+  `empty_meter` (a `BusyMeter`) meters those spells with no lease out, from the first
+  lease on: `empty_share(now)` is the share of the replica's recent wall time they
+  took, as the engine's `busy_share` is of its steps.
 - `windows_in_flight`, `windows_idle` count records holding a window with / without a
   lease in flight; `idle_window_blocks` sums the footprints of the idle ones.
 - `windows` holds exactly the records that hold a window, in the order their windows
@@ -63,6 +66,7 @@ from kvgate.gate.late_index import LateIndex
 from kvgate.gate.ordered_sums import OrderedSums
 from kvgate.gate.request_body import body_bytes
 from kvgate.gate.window_lifetime import late_after, quiet_lifetime
+from kvgate.wire.busy_share import BusyMeter
 
 
 class WindowEnd(StrEnum):
@@ -172,6 +176,7 @@ class SessionBook:
         self._new_window_ends: list[WindowEnd] = []
         self._ended_window_keys: list[str] = []  # the sessions of `_new_window_ends`, in order
         self.idle_since_replica: float | None = 0.0
+        self.empty_meter = BusyMeter()
         self.records: dict[str, SessionRecord] = {}
         self.idle: OrderedDict[str, SessionRecord] = OrderedDict()
         self.windows_in_flight = 0
@@ -432,6 +437,9 @@ class SessionBook:
         new one (`SessionRecord(key)`) that this books; no other attempt of it acquires.
         """
         self.leases += 1
+        if self.idle_since_replica is not None:  # an empty spell ends (the first lease starts the meter)
+            empty = now - self.idle_since_replica if self.empty_meter.started else 0.0
+            self.empty_meter.observe(now, max(0.0, empty))
         self.idle_since_replica = None
         if rec is None:
             return
@@ -480,6 +488,12 @@ class SessionBook:
         self._set_footprint(rec, footprint)
         self.record_size(rec, prompt_tokens, prompt_bound)
         return shrank
+
+    def empty_share(self, now: float) -> float:
+        """The share of the replica's recent wall time that it had no lease out, up to the
+        last lease's start (`empty_meter`: what the rent on a held turn's wait reads while
+        leases are out); 0 before the first lease."""
+        return self.empty_meter.share(now) or 0.0
 
     def release(
         self, rec: SessionRecord | None, now: float, attempt: object | None = None, served: bool = True

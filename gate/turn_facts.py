@@ -125,6 +125,10 @@ class TurnFacts:
         return max(0.0, self._now - idle_since)
 
     @property
+    def replica_empty_share(self) -> float:
+        return self._book.empty_share(self._now) if self._rec is not None else 0.0
+
+    @property
     def expected_gap_sec(self) -> float | None:
         return self._book.replica_gap_ewma if self._rec is not None else None
 

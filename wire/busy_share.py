@@ -2,15 +2,19 @@
 
 `busy_share` is the share of the engine's recent wall time spent in scheduler steps,
 in [0, 1]: 1 when the engine steps back to back (every second a turn is held back, it
-computes for others), 0 when it idles. Recent: every step's seconds and the wall time
-since the meter began both decay by exp(-age / `horizon_sec`), so the share follows
-the last few seconds, and a meter younger than its horizon divides by the wall time
-it has seen, not by the horizon.
+computes for others), 0 when it idles. Recent: every instant of a step and of the wall time
+since the meter began weighs exp(-age / `horizon_sec`), so the share follows the last
+few seconds, and a meter younger than its horizon divides by the wall time it has
+seen, not by the horizon. A step weighs the integral of that over its own seconds, so
+a step as long as the horizon counts as what it is, not as if it had all happened at
+its end (a CPU engine's prefill steps take seconds).
 
 Both servers of the probe API (the vLLM plugin, timing `EngineCore.step`; the
 simulated replica, timing its cost model's steps) feed a `BusyMeter` with each step's
-end and seconds and report `share(now)`. O(1) per step, no clock of its own: the
-caller passes the times (a monotonic clock, or the simulation's).
+end and seconds and report `share(now)`. The gate meters the time its replica has no
+turn in flight the same way (`SessionBook.empty_meter`), so the two shares compare.
+O(1) per step, no clock of its own: the caller passes the times (a monotonic clock,
+or the simulation's).
 """
 
 from __future__ import annotations
@@ -30,16 +34,23 @@ class BusyMeter:
     _at: float | None = None  # the end of the last step observed
     _began: float | None = None  # the start of the first step observed
 
+    @property
+    def started(self) -> bool:
+        """Whether a step has been observed (`share` measures from the first one's start)."""
+        return self._at is not None
+
     def observe(self, ended_at: float, seconds: float) -> None:
         """One step of `seconds` that ended at `ended_at` (steps arrive in order)."""
         if seconds < 0:
             return
+        # the step's own seconds, each weighed by its age at the step's end
+        weighed = -self.horizon_sec * math.expm1(-seconds / self.horizon_sec)
         if self._at is None or self._began is None:
             self._began, self._at = ended_at - seconds, ended_at
-            self._busy = seconds
+            self._busy = weighed
             return
         elapsed = max(0.0, ended_at - self._at)
-        self._busy = self._busy * math.exp(-elapsed / self.horizon_sec) + seconds
+        self._busy = self._busy * math.exp(-elapsed / self.horizon_sec) + weighed
         self._at = max(self._at, ended_at)
 
     def share(self, now: float) -> float | None:
@@ -49,7 +60,7 @@ class BusyMeter:
         since_step = max(0.0, now - self._at)
         busy = self._busy * math.exp(-since_step / self.horizon_sec)
         # the decayed wall time since the meter began: the integral of exp(-age / horizon)
-        wall = self.horizon_sec * (1.0 - math.exp(-max(0.0, now - self._began) / self.horizon_sec))
+        wall = -self.horizon_sec * math.expm1(-max(0.0, now - self._began) / self.horizon_sec)
         if wall <= 0:
             return None
         return min(1.0, busy / wall)

@@ -5,7 +5,7 @@
 - The work-conserving rule (`work_conserving`): a held turn goes in, without a window,
   when holding it back leaves more of the replica's compute unused
   (`holding_cost_sec`: its decode slack, the idle time ahead on an idle replica, and
-  the time it has waited at the engine's idle share, `busy_rent_sec`) than its
+  the time it has waited at the engine's idle share with turns in flight, `busy_rent_sec`) than its
   admission makes the replica spend bringing back the windows' blocks it pushes out
   (`lost_blocks_sec` of `evicted_window_blocks`: their re-prefill, or, from a CPU tier
   that holds them, their reload over PCIe).
@@ -55,24 +55,38 @@ def lost_blocks_sec(blocks: int, usage: UsageReading, reloadable: int = 0) -> fl
 DECODE_SLACK_MARGIN = 2.0
 
 
+def idle_in_flight_share(view: WorkingSetView, usage: UsageReading) -> float | None:
+    """The share of the replica's recent wall time that its engine idled while turns were
+    in flight: the engine's idle share (`1 - busy_share`) less the share the replica had
+    no turn in flight at all (`view.replica_empty_share`, metered by the gate as the
+    engine meters its steps). An engine idles with turns in flight while they are
+    rendered, queued in its API server or streamed; with none in flight it idles because
+    its sessions are in tool calls, and the idle-replica terms of `holding_cost_sec`
+    charge that when it happens. None without a busy-share measurement."""
+    if usage.busy_share is None:
+        return None
+    return max(0.0, 1.0 - usage.busy_share - view.replica_empty_share)
+
+
 def busy_rent_sec(view: WorkingSetView, usage: UsageReading) -> float:
     """Engine time a held turn's wait has left unused while the replica was not idle:
-    the time it waited, at the engine's measured idle share (`1 - busy_share`, the share
-    of its recent wall time outside scheduler steps), split with the named waiters ahead
-    of it. A replica with turns in flight is not always computing: its engine idles
-    while they are rendered, queued in its API server or streamed. Counted at the idle
-    share, a wait on an engine that steps back to back costs nothing (it computes for
-    others), and one on an engine that mostly idles costs nearly its length. The idle
-    capacity is one for all the held turns, and the oldest would take it first: a turn
-    with `waiters_ahead` named waiters before it is charged 1 / (1 + waiters_ahead) of it.
+    the time it waited, at the engine's measured idle share with turns in flight
+    (`idle_in_flight_share`), split with the named waiters ahead of it. A replica with
+    turns in flight is not always computing: its engine idles while they are rendered,
+    queued in its API server or streamed. Counted at that share, a wait on an engine that
+    steps back to back whenever turns are in flight costs nothing (it computes for others),
+    and one on an engine that mostly idles costs nearly its length. The idle capacity is
+    one for all the held turns, and the oldest would take it first: a turn with
+    `waiters_ahead` named waiters before it is charged 1 / (1 + waiters_ahead) of it.
     0 on an idle replica (the ski-rental term of `holding_cost_sec` counts that), without
     a busy-share measurement, and while the engine has requests waiting
     (`usage.num_waiting`): it has more work than it can schedule, so the turn admitted
     would join that queue, not fill the idle time, which is its requests' own time between
     steps (rendered, in transit, streamed)."""
-    if view.replica_idle_sec is not None or usage.busy_share is None or usage.num_waiting:
+    idle = idle_in_flight_share(view, usage)
+    if view.replica_idle_sec is not None or idle is None or usage.num_waiting:
         return 0.0
-    return view.waited_sec * (1.0 - usage.busy_share) / (1 + view.waiters_ahead)
+    return view.waited_sec * idle / (1 + view.waiters_ahead)
 
 
 def holding_cost_sec(view: WorkingSetView, usage: UsageReading) -> float:
@@ -84,7 +98,7 @@ def holding_cost_sec(view: WorkingSetView, usage: UsageReading) -> float:
       batch at almost no cost, a prefill-bound one has no such slack), counted at
       1 / DECODE_SLACK_MARGIN: the slack is a forecast, the re-prefill a certainty, and
       a session admitted without a window grows into dearer turns; or, if larger, the
-      time it waited at the engine's idle share (`busy_rent_sec`);
+      time it waited at the engine's idle share with turns in flight (`busy_rent_sec`);
     - on an idle replica, also the idle time ahead (the replica's expected gap before
       a holder in a tool call returns) and the idle time it already waited (the
       ski-rental rule: never wait, idle, longer than the re-prefill it would cause).
@@ -106,8 +120,9 @@ def recheck_sec(view: WorkingSetView, usage: UsageReading, reprefill: float, hol
     moment). None: the cost does not grow with the wait."""
     if view.replica_idle_sec is not None:
         return reprefill - min(view.replica_idle_sec, view.waited_sec)
-    if usage.busy_share is not None and usage.busy_share < 1.0:
-        return (reprefill - holding) * (1 + view.waiters_ahead) / (1.0 - usage.busy_share)
+    idle = idle_in_flight_share(view, usage)
+    if idle:
+        return (reprefill - holding) * (1 + view.waiters_ahead) / idle
     return None
 
 

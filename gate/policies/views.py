@@ -54,6 +54,9 @@ class GateFacts(Protocol):
       and none running or waiting in the engine where it says so); None while busy.
     expected_gap_sec: the replica's smoothed gap between a session's turns (the idle
       time before a holder in a tool call comes back); None before any gap was seen.
+    replica_empty_share: the share of the replica's recent wall time that it had no turn
+      in flight through this gate (`SessionBook.empty_share`, metered as the engine's
+      `busy_share`); 0 before its first turn.
     waited_sec: how long this attempt has been held so far.
     recent_turn_sec: the session's recent turn service time (admission to release,
       smoothed), else the replica's; None before any turn ended on the replica.
@@ -99,6 +102,8 @@ class GateFacts(Protocol):
     @property
     def expected_gap_sec(self) -> float | None: ...
     @property
+    def replica_empty_share(self) -> float: ...
+    @property
     def waited_sec(self) -> float: ...
     @property
     def recent_turn_sec(self) -> float | None: ...
@@ -138,7 +143,7 @@ class WorkingSetView:
     `last_prompt_bound`), `prompt_bound_tokens` (a turn whose bound fits is admitted without a prefix probe)
     and `tokens_per_byte` (the work-conserving rule's estimate of an unprobed prompt).
     The work-conserving rule's holding cost: `replica_idle_sec`, `expected_gap_sec`,
-    `waited_sec`, and `prefix_probe_sec` (the wait a probe would add); the share of the
+    `replica_empty_share`, `waited_sec`, and `prefix_probe_sec` (the wait a probe would add); the share of the
     turn's own prefix its re-prefill counts: `own_prefix_share` (`held_got_window` while
     the engine queues). The cap on a
     held turn's wait: `waited_sec`, `recent_turn_sec`, and the late windows
@@ -161,6 +166,7 @@ class WorkingSetView:
     last_prompt_bound: int | None = None
     replica_idle_sec: float | None = None
     expected_gap_sec: float | None = None
+    replica_empty_share: float = 0.0
     waited_sec: float = 0.0
     tokens_per_byte: float | None = None
     recent_turn_sec: float | None = None

@@ -4,6 +4,8 @@ because holding it costs more than the re-prefill it causes, and one that is hel
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kvgate.gate.book import TOKENS_PER_BYTE_WINDOW, SessionBook, SessionRecord
@@ -11,6 +13,7 @@ from kvgate.gate.policies.economics import (
     busy_rent_sec,
     evicted_window_blocks,
     holding_cost_sec,
+    idle_in_flight_share,
     reprefill_sec,
     unprobed_work_conserving,
     work_conserving,
@@ -487,3 +490,47 @@ def test_the_book_smooths_the_prefix_probe_latency():
     rec, _ = book.begin_attempt("s", _Attempt(), 0.0)
     assert TurnFacts(book, rec, 1, None, lambda: 0, None, 0.0, 0.0).prefix_probe_sec == pytest.approx(0.13)
     assert TurnFacts(book, None, 1, None, lambda: 0, None, 0.0, 0.0).prefix_probe_sec is None
+
+
+def test_the_rent_counts_only_the_engines_idle_time_with_turns_in_flight():
+    """The engine of `test_a_busy_replicas_wait_costs_the_engines_idle_share` idled 60% of
+    its recent time, but for half of it the replica had no turn in flight at all (its
+    sessions were in tool calls: the idle-replica terms charge that, when it happens).
+    Idle with turns in flight 10% of the time: the 0.2 s wait cost 20 ms, and the turn of
+    `test_a_held_turn_goes_in_once_its_wait_cost_the_re_prefill_it_saves`, rechecked at
+    that rate, waits 4x longer before the rent pays its re-prefill. Where the replica's
+    empty time covers all of the engine's idle time, the wait costs nothing."""
+    waited = WorkingSetView(**{**_fields(HELD), "waited_sec": 0.2, "replica_empty_share": 0.3})
+    assert idle_in_flight_share(waited, _engine(0.6)) == pytest.approx(0.1)
+    assert busy_rent_sec(waited, _engine(0.6)) == pytest.approx(0.02)
+    held = working_set_decide(
+        WorkingSetView(**{**_fields(HELD), "replica_empty_share": 0.3}), _engine(0.6), LONG_PROMPT, SETTINGS
+    )
+    assert isinstance(held, Wait) and held.recheck_sec == pytest.approx((0.17 - 0.005) / 0.1)
+    emptier = WorkingSetView(**{**_fields(waited), "replica_empty_share": 0.5, "waited_sec": 5.0})
+    assert idle_in_flight_share(emptier, _engine(0.6)) == 0.0
+    assert busy_rent_sec(emptier, _engine(0.6)) == 0.0
+    still = working_set_decide(emptier, _engine(0.6), LONG_PROMPT, SETTINGS)
+    assert isinstance(still, Wait) and still.recheck_sec is None
+    assert idle_in_flight_share(waited, _engine(None)) is None
+
+
+def test_the_book_meters_the_replicas_spells_with_no_turn_in_flight():
+    """Leases out 1-2 s and from 4 s on (two overlapping ones 4-5 s): the meter starts at
+    the first lease, and at 5 s the one empty spell (2-4 s) took its decayed share of the
+    wall time since 1 s, read as the engine's busy share is (`BusyMeter`, 2 s horizon).
+    The spell before the first lease does not count, and the turn facts read the share."""
+    book = SessionBook(grace=30.0)
+    assert book.empty_share(0.5) == 0.0
+    book.admit(None, object(), "anonymous", 1.0)
+    assert book.empty_share(1.5) == 0.0
+    book.release(None, 2.0)
+    book.admit(None, object(), "anonymous", 4.0)
+    book.admit(None, object(), "anonymous", 4.5)
+    book.release(None, 5.0)  # one still out: no new spell
+    spell = math.exp(-0.5) - math.exp(-1.5)  # exp(-(5 - u) / 2) / 2 over 2 <= u <= 4
+    wall = 1.0 - math.exp(-2.0)  # the same over 1 <= u <= 5
+    assert book.empty_share(5.0) == pytest.approx(spell / wall)
+    rec = SessionRecord("s")
+    facts = TurnFacts(book, rec, 0, None, lambda: 0, None, 5.0, 5.0)
+    assert facts.replica_empty_share == pytest.approx(spell / wall)

@@ -47,3 +47,12 @@ def test_the_share_never_exceeds_one():
     meter.observe(ended_at=1.0, seconds=1.0)
     meter.observe(ended_at=1.0, seconds=1.0)  # an overlapping report
     assert meter.share(1.0) == 1.0
+
+
+def test_a_long_step_weighs_each_of_its_seconds_by_its_age():
+    meter = BusyMeter(horizon_sec=2.0)
+    meter.observe(ended_at=2.0, seconds=2.0)  # busy 0-2, then idle until 4
+    busy = math.exp(-1.0) - math.exp(-2.0)  # the integral of exp(-(4 - u) / 2) / 2 over 0 <= u <= 2
+    wall = 1.0 - math.exp(-2.0)  # the same over 0 <= u <= 4
+    assert meter.share(4.0) == pytest.approx(busy / wall)  # 0.27 (counted at its end it read 0.43)
+    assert meter.started and not BusyMeter().started
