@@ -989,6 +989,7 @@ class Gate:
             "sessions": sessions,
             "window_ends": dict(self._book.window_ends),
             "replica_gap_sec": None if self._book.replica_gap_ewma is None else round(self._book.replica_gap_ewma, 3),
+            "empty_share": round(self._book.empty_share(now), 3),
             "holding": self._book.holding.state(),
         }
 

@@ -114,10 +114,11 @@ def holding_cost_sec(view: WorkingSetView, usage: UsageReading) -> float:
 def recheck_sec(view: WorkingSetView, usage: UsageReading, reprefill: float, holding: float) -> float | None:
     """When the waiting turn's holding cost will have grown to `reprefill` if nothing else
     changes (so the gate decides again then, not at its next poll): on an idle replica
-    the idle time it still has to wait; on a busy one with a busy share below 1, the
-    rest of the re-prefill at the rate its rent grows (`busy_rent_sec`; while the engine
-    has requests waiting it grows only once they are scheduled, so this is the earliest
-    moment). None: the cost does not grow with the wait."""
+    the idle time it still has to wait; on a busy one whose engine idles with turns in
+    flight (`idle_in_flight_share` above 0), the rest of the re-prefill at the rate its
+    rent grows (`busy_rent_sec`; while the engine has requests waiting it grows only once
+    they are scheduled, so this is the earliest moment). None: the cost does not grow
+    with the wait."""
     if view.replica_idle_sec is not None:
         return reprefill - min(view.replica_idle_sec, view.waited_sec)
     idle = idle_in_flight_share(view, usage)

@@ -266,4 +266,5 @@ async def test_a_final_reply_ends_the_window_until_the_session_goes_on_after_one
     assert ends(metrics, "final_reply") == 3
     # a person's gap is not the session's rhythm: neither its gap nor the replica's took it in
     assert state["sessions"]["human"]["gap_sec"] is None and state["replica_gap_sec"] == 0.4
+    assert state["empty_share"] == 1.0  # its turns took no time on this clock: the replica sat empty all along
     assert_clean(gate, clock)
