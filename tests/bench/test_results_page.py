@@ -24,6 +24,7 @@ from kvgate.bench.results_page import (
     limiting_factor,
     record_of,
     render,
+    round_by_round,
     selected_rows,
 )
 
@@ -84,6 +85,33 @@ def test_limiting_factor_names_waits_lost_hits_or_the_path():
     assert "hit rate 0.50" in limiting_factor(missed, summary(hit=0.5), sticky)
     assert "nothing to win" in limiting_factor(missed, summary(), summary())
     assert "own cost" in limiting_factor(missed, summary(), sticky)
+
+
+def _rounds(*makespans: float) -> list[dict]:
+    return [{"makespan_s": m, "hit_rate": 0.1, "turns_failed": 0} for m in makespans]
+
+
+def test_a_missed_makespan_target_shows_its_rounds_side_by_side():
+    """The modes run interleaved: each gate round over the sticky round beside it, lowest to
+    highest, and how many met the tightest missed target: a miss within the rounds' spread
+    (some pairs meet it) reads apart from one outside it (none does)."""
+    sticky = summary(makespan=2.0) | {"rounds": _rounds(2.0, 1.8, 2.2, 2.0)}
+    gate = summary(makespan=2.2) | {"rounds": _rounds(2.2, 1.8, 2.2, 2.4)}
+    checks = evaluate(("makespan<=1.05x",), gate, sticky)
+    assert not checks[0].met
+    spread = "round by round, each gate round over the sticky round run beside it: 1.00-1.20x, 2 of 4 within 1.05x"
+    assert round_by_round(checks, gate, sticky) == spread
+    assert limiting_factor(checks, gate, sticky).endswith("; " + spread)  # after the causes
+    dear = evaluate(
+        ("makespan<=1.02x", "makespan<=0.4x"),
+        summary(makespan=1.0, hit=0.5) | {"rounds": _rounds(1.0, 0.9, 1.1)},
+        sticky,
+    )
+    assert round_by_round(dear, summary() | {"rounds": _rounds(1.0, 0.9, 1.1)}, sticky).endswith("0 of 3 within 0.4x")
+    assert round_by_round(evaluate(("makespan<=1.05x",), gate | {"makespan_s": 2.0}, sticky), gate, sticky) == ""  # met
+    two = summary(makespan=2.2) | {"rounds": _rounds(2.2, 2.2)}
+    assert round_by_round(evaluate(("makespan<=1.05x",), two, sticky), two, sticky) == ""  # too few pairs
+    assert "round by round" not in limiting_factor([Check("session p95 <= sticky", "1.1x", False)], gate, sticky)
 
 
 def _sim_sticky(makespan_s: float, work_s: float, chain_s: float) -> dict:
