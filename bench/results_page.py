@@ -332,9 +332,14 @@ def evaluate(targets: tuple[str, ...], gate: dict, sticky: dict) -> list[Check]:
     return checks
 
 
+def missed_makespan_limits(checks: list[Check]) -> list[float]:
+    """The limits of the missed makespan targets (`makespan<=1.05x`: 1.05)."""
+    return [c.allowed_x for c in checks if not c.met and c.allowed_x]
+
+
 def missed_below_sticky(checks: list[Check]) -> list[float]:
     """The limits of the missed makespan targets below sticky's (`makespan<=0.4x`: 0.4)."""
-    return [c.allowed_x for c in checks if not c.met and c.allowed_x and c.allowed_x < 1]
+    return [limit for limit in missed_makespan_limits(checks) if limit < 1]
 
 
 def round_by_round(checks: list[Check], gate: dict, sticky: dict) -> str:
@@ -343,7 +348,7 @@ def round_by_round(checks: list[Check], gate: dict, sticky: dict) -> str:
     highest, and how many pairs met the tightest missed target. Where some did, the miss
     lies within what one round to the next varies (real vLLM on shared CPUs); where none
     did, it does not. "" without a missed makespan target or with fewer than 3 pairs."""
-    missed = [c.allowed_x for c in checks if not c.met and c.allowed_x]
+    missed = missed_makespan_limits(checks)
     pairs = [
         g["makespan_s"] / s["makespan_s"]
         for g, s in zip(gate.get("rounds") or (), sticky.get("rounds") or (), strict=False)

@@ -39,12 +39,16 @@ class BusyMeter:
         """Whether a step has been observed (`share` measures from the first one's start)."""
         return self._at is not None
 
+    def _weighed(self, seconds: float) -> float:
+        """The last `seconds` before a moment, each instant weighed by its age then:
+        the integral of exp(-age / horizon) over them."""
+        return -self.horizon_sec * math.expm1(-seconds / self.horizon_sec)
+
     def observe(self, ended_at: float, seconds: float) -> None:
         """One step of `seconds` that ended at `ended_at` (steps arrive in order)."""
         if seconds < 0:
             return
-        # the step's own seconds, each weighed by its age at the step's end
-        weighed = -self.horizon_sec * math.expm1(-seconds / self.horizon_sec)
+        weighed = self._weighed(seconds)  # as of the step's end
         if self._at is None or self._began is None:
             self._began, self._at = ended_at - seconds, ended_at
             self._busy = weighed
@@ -59,8 +63,7 @@ class BusyMeter:
             return None
         since_step = max(0.0, now - self._at)
         busy = self._busy * math.exp(-since_step / self.horizon_sec)
-        # the decayed wall time since the meter began: the integral of exp(-age / horizon)
-        wall = -self.horizon_sec * math.expm1(-max(0.0, now - self._began) / self.horizon_sec)
+        wall = self._weighed(max(0.0, now - self._began))  # the wall time since the meter began
         if wall <= 0:
             return None
         return min(1.0, busy / wall)
