@@ -413,6 +413,17 @@ def test_any_media_marker_anywhere_in_a_long_body_means_no_bound(marker):
     assert prompt_token_bound(b'{"content":[' + text * 5 + b'{"type":"text"}]}') is not None
 
 
+def test_the_one_media_scan_finds_what_a_test_per_marker_finds():
+    """The scan's factored alternation against the plain reading of its markers, on every
+    marker, each with its last byte cut (a near miss), and each behind a near miss of
+    another (the scan resumes inside a partial match)."""
+    pieces = [*_MEDIA_MARKERS, *(marker[:-1] for marker in _MEDIA_MARKERS), b'"type":"text"', b'"typ', b'"']
+    for first in pieces:
+        for second in pieces:
+            body = b"{" + first + second + b"}"
+            assert (prompt_token_bound(body) is None) == any(marker in body for marker in _MEDIA_MARKERS), body
+
+
 @pytest.mark.parametrize(
     "view, expected",
     [
