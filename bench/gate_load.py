@@ -122,9 +122,11 @@ class TimedAdmission:
         self.acquire_seconds: list[float] = []
         self.release_seconds: list[float] = []
 
-    async def acquire(self, replica, session_id, route_kind, body, elsewhere=None):
+    async def acquire(self, replica, session_id, route_kind, body, elsewhere=None, body_size=None):
         started = time.perf_counter()
-        lease = await self.controller.acquire(replica, session_id, route_kind, body, elsewhere=elsewhere)
+        lease = await self.controller.acquire(
+            replica, session_id, route_kind, body, elsewhere=elsewhere, body_size=body_size
+        )
         self.acquire_seconds.append(time.perf_counter() - started)
         return _TimedLease(lease, self.release_seconds)
 

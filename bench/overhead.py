@@ -114,6 +114,13 @@ def add_command(subparsers) -> None:
         help="--sessions: after the closed-loop runs, also runs that send this many requests per second, "
         "gate off and on alike, so both kvgates serve the same load (default: closed loop only)",
     )
+    parser.add_argument(
+        "--body-kib",
+        type=int,
+        default=0,
+        help="--sessions: each request carries an agent's history of tool calls and their results "
+        "of this many KiB, as a coding agent's turns do (default 0: one short message)",
+    )
     parser.add_argument("--out", metavar="FILE", help="also write the results as JSON to FILE")
     parser.set_defaults(func=overhead_command)
 
@@ -304,6 +311,9 @@ def overhead_command(args: argparse.Namespace) -> int:
             parse_sizes(args.sessions)
         except ValueError as exc:
             print(exc, file=sys.stderr)
+            return 2
+        if args.body_kib < 0:
+            print(f"--body-kib must be >= 0 (KiB of history per request), got {args.body_kib}", file=sys.stderr)
             return 2
         with tempfile.TemporaryDirectory(prefix="kvgate-bench-") as tmp:
             return sessions_command(args, Path(tmp))

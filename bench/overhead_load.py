@@ -5,7 +5,8 @@ request back to back for `--duration` seconds (after `--warmup` seconds not
 counted) and time each full response (the last byte of a stream). Each worker is one
 session (`bench-<i>`), or with `--sessions N` the workers take the N sessions in turn
 (session ids `bench-0` .. `bench-<N-1>`, round robin); `--prime` sends each of the N
-sessions one request and stops (no warmup, every request counted). A minimal client
+sessions one request and stops (no warmup, every request counted); with `--body-kib N`
+each request carries an agent's history of N KiB (tool calls and their results). A minimal client
 on asyncio streams under uvloop (bench/http1.py): it parses only the status line,
 Content-Length or chunked framing, so the load generator costs little of the CPUs it shares with the
 upstream and the router under test. Prints one JSON line:
@@ -31,22 +32,39 @@ from kvgate.simulator.percentiles import percentile
 PATH = "/v1/chat/completions"
 
 
-def build_request(host: str, port: int, stream: bool, session: str) -> bytes:
-    """The chat request of one session, as the wire carries it."""
-    body = orjson.dumps(
-        {"model": "bench", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16, "stream": stream}
-    )
+# One step of an agent's history in a `--body-kib` body: a reply that calls a tool, and the
+# tool's result (about 4 KiB of text).
+_TOOL_CALL = {
+    "role": "assistant",
+    "content": "Running the tests.",
+    "tool_calls": [{"id": "call", "type": "function", "function": {"name": "bash", "arguments": '{"cmd":"make"}'}}],
+}
+_TOOL_RESULT = {"role": "tool", "tool_call_id": "call", "content": ("test_ok passed in 0.01s\n" * 180)[:4000]}
+
+
+def chat_body(stream: bool, body_kib: int = 0) -> bytes:
+    """The chat request's JSON: one user message, after an agent's history of tool calls and
+    their results of at least `body_kib` KiB (0: none)."""
+    messages: list[dict] = [{"role": "user", "content": "hello"}]
+    while body_kib and len(orjson.dumps(messages)) < body_kib * 1024:
+        messages += [_TOOL_CALL, _TOOL_RESULT]
+    return orjson.dumps({"model": "bench", "messages": messages, "max_tokens": 16, "stream": stream})
+
+
+def request_head(host: str, port: int, session: str, body: bytes) -> bytes:
+    """The head of one session's request carrying `body`, as the wire carries it."""
     return (
         f"POST {PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
         f"Authorization: Bearer bench\r\nx-session-id: {session}\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+    ).encode()
 
 
 async def worker(
     host: str,
     port: int,
     requests: list[bytes],
+    body: bytes,
     start: float,
     stop: float,
     latencies: list,
@@ -54,7 +72,8 @@ async def worker(
     once=False,
     interval: float = 0.0,
 ) -> None:
-    """Send `requests` in turn until `stop` (`once`: each one once). `interval` > 0: send
+    """Send `requests` (heads, each followed by `body`) in turn until `stop` (`once`: each one
+    once). `interval` > 0: send
     the k-th request no earlier than `interval` * k seconds after the first (paced; a late
     answer is not made up for by a burst)."""
     reader, writer = await asyncio.open_connection(host, port)
@@ -70,9 +89,9 @@ async def worker(
             t0 = time.perf_counter()
             if t0 >= stop or (once and sent == len(requests)):
                 return
-            request = requests[sent % len(requests)]
+            writer.write(requests[sent % len(requests)])
+            writer.write(body)
             sent += 1
-            writer.write(request)
             try:
                 status = (await read_response(reader)).status
             except (asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
@@ -113,6 +132,7 @@ async def run(
     sessions: int | None = None,
     prime: bool = False,
     rate: float | None = None,
+    body_kib: int = 0,
 ) -> dict:
     parts = urlsplit(url)
     host, port = parts.hostname, parts.port or 80
@@ -124,15 +144,16 @@ async def run(
     start, stop = now + warmup, now + warmup + duration
     latencies: list[float] = []
     errors: list[str] = []
+    body = chat_body(stream, body_kib)  # one body, shared by every session's requests
     workers = [
-        [build_request(host, port, stream, session) for session in sessions_of(i, concurrency, sessions)]
+        [request_head(host, port, session, body) for session in sessions_of(i, concurrency, sessions)]
         for i in range(concurrency)
     ]
     workers = [requests for requests in workers if requests]  # fewer sessions than clients: fewer workers
     interval = 0.0 if prime else pacing_interval(len(workers), rate)
     began = time.perf_counter()
     await asyncio.gather(
-        *(worker(host, port, requests, start, stop, latencies, errors, prime, interval) for requests in workers)
+        *(worker(host, port, requests, body, start, stop, latencies, errors, prime, interval) for requests in workers)
     )
     if prime:
         duration = time.perf_counter() - began
@@ -163,9 +184,17 @@ def cli() -> None:
     parser.add_argument(
         "--rate", type=float, help="requests per second, all workers together (default: each as fast as it is answered)"
     )
+    parser.add_argument(
+        "--body-kib",
+        type=int,
+        default=0,
+        help="each request carries an agent's history of tool calls and results of this many KiB (default 0)",
+    )
     args = parser.parse_args()
     if args.rate is not None and args.rate <= 0:
         parser.error(f"--rate must be > 0, got {args.rate}")
+    if args.body_kib < 0:
+        parser.error(f"--body-kib must be >= 0, got {args.body_kib}")
     from kvgate.proxy.event_loop import run as run_loop
 
     result = {}
@@ -181,6 +210,7 @@ def cli() -> None:
                 args.sessions,
                 args.prime,
                 args.rate,
+                args.body_kib,
             )
         )
 

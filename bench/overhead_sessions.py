@@ -11,7 +11,9 @@ non-streaming, in runs of `--duration` seconds that alternate gate off and gate 
 each kvgate runs as fast as it can); with `--session-rate R`, the same again with the
 clients paced to R requests/s together, so both kvgates serve the same load (a faster
 kvgate batches more requests per event-loop wake-up at saturation, which the closed
-loop counts in its favour). It prints, per N and load, each kvgate's median CPU per request (its process's
+loop counts in its favour); with `--body-kib K`, each request carries an agent's history
+of K KiB (tool calls and their results), the size of a coding agent's turns. It prints,
+per N and load, each kvgate's median CPU per request (its process's
 user + system time over a run, warmup included, divided by the requests timed), the
 ratio on / off, requests/s, the windows the gate holds after the runs
 (`kvgate_windows`) and any request that failed or answered non-200. With
@@ -64,8 +66,9 @@ def measure_size(
     """Prime every kvgate (`urls`: by target) with `sessions` sessions, then alternate timed
     runs; medians per target. With `--session-rate`, paced runs follow (`row["paced"]`)."""
     clients = args.session_clients
+    body = ["--body-kib", str(args.body_kib)] if args.body_kib else []
     for target in urls:
-        primed = run_load(urls[target], clients, 0.0, 0.0, False, ["--sessions", str(sessions), "--prime"])
+        primed = run_load(urls[target], clients, 0.0, 0.0, False, ["--sessions", str(sessions), "--prime", *body])
         progress(f"  N={sessions:<6} gate {target:<3} primed: {primed['requests']} sessions, {primed['errors']} errors")
     row: dict = {"sessions": sessions, "clients": clients}
     row.update(_timed_runs(urls, pids, sessions, args, None, progress))
@@ -85,6 +88,7 @@ def _timed_runs(
     each target's medians, and the CPU ratios on / off (and base / off)."""
     runs: dict[str, list[dict]] = {target: [] for target in urls}
     paced = ["--rate", str(rate)] if rate else []
+    body = ["--body-kib", str(args.body_kib)] if args.body_kib else []
     how = f"at {rate:g} rps" if rate else "closed loop"
     for repeat in range(args.repeats):
         for target in urls:
@@ -95,7 +99,7 @@ def _timed_runs(
                 args.duration,
                 args.warmup,
                 False,
-                ["--sessions", str(sessions), *paced],
+                ["--sessions", str(sessions), *paced, *body],
             )
             after = process_cpu_seconds(pids[target])
             if before is not None and after is not None and result["requests"]:
@@ -175,7 +179,8 @@ async def run_sessions(args: argparse.Namespace, sizes: list[int], workdir: Path
         print(
             f"calm upstream {upstream}; kvgate gate off {urls['off']}, on {urls['on']} "
             f"(policy {args.gate_policy}); {args.repeats} x {args.duration:g} s per size and gate, "
-            f"{args.session_clients} clients",
+            f"{args.session_clients} clients, "
+            + (f"each request an agent's {args.body_kib} KiB history" if args.body_kib else "one short message each"),
             flush=True,
         )
         rows = []
@@ -193,6 +198,6 @@ def sessions_command(args: argparse.Namespace, workdir: Path) -> int:
     print()
     print(format_sessions_table(rows))
     if args.out:
-        Path(args.out).write_text(json.dumps({"sessions": rows}, indent=2))
+        Path(args.out).write_text(json.dumps({"sessions": rows, "body_kib": args.body_kib}, indent=2))
         print(f"\nwrote {args.out}")
     return 0

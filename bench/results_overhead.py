@@ -1,9 +1,10 @@
-"""The results page's overhead row: `kvgate bench overhead --sessions`, the gate's CPU per
-request as the sessions it books grow, judged against its targets (`CPU_TARGETS`).
+"""The results page's overhead rows: `kvgate bench overhead --sessions`, the gate's CPU per
+request as the sessions it books grow, judged against its targets (`CPU_TARGETS`), with
+requests of one short message (`KEY`) and with an agent's history in each (`AGENT_KEY`).
 
-`kvgate bench results --only overhead` runs it (every run without `--only` too); the row
-is stored with the others in docs/results.json (kind `overhead`) and rendered in a
-section of its own.
+`kvgate bench results --only overhead` (`--only overhead-agent`) runs one (every run
+without `--only` both); the rows are stored with the others in docs/results.json (kind
+`overhead`) and rendered in sections of their own.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from pathlib import Path
 
 KEY = "overhead"
 OPTIONS = ("--sessions", "100,1000,10000", "--duration", "3", "--repeats", "3", "--session-rate", "2000")
+# The same with each request carrying an agent's history of AGENT_BODY_KIB (a coding agent's
+# turn of about 30k tokens), where the proxy's own cost grows with the body and the gate's must not.
+AGENT_KEY = "overhead-agent"
+AGENT_BODY_KIB = 128
+AGENT_OPTIONS = ("--sessions", "100,10000", "--body-kib", str(AGENT_BODY_KIB), "--duration", "3", "--repeats", "3")
 # Gate on over gate off, CPU per request, at most this at N sessions: a gate that costs little
 # more than the proxy without it, whatever the sessions it books.
 CPU_TARGETS = {100: 1.3, 10_000: 1.5}
@@ -44,7 +50,16 @@ def record(document: dict, command: str, date: str, commit: str) -> dict:
         if "paced" in r:
             row["paced"] = {"rate": r["paced"]["rate"], **_figures(r["paced"])}
         rows.append(row)
-    return {"key": KEY, "kind": "overhead", "command": command, "date": date, "commit": commit, "sessions": rows}
+    body_kib = document.get("body_kib", 0)
+    return {
+        "key": AGENT_KEY if body_kib else KEY,
+        "kind": "overhead",
+        "command": command,
+        "date": date,
+        "commit": commit,
+        "body_kib": body_kib,
+        "sessions": rows,
+    }
 
 
 def _figures(part: dict) -> dict:
@@ -70,14 +85,24 @@ def render(records: list[dict]) -> list[str]:
     """The overhead section of the page from its stored row: a line per size and load
     (closed loop; paced, when measured), each judged against the size's target."""
     lines: list[str] = []
-    for r in records:
+    for r in sorted(records, key=lambda r: r.get("body_kib", 0)):
+        body_kib = r.get("body_kib", 0)
+        title = "The gate's CPU per request as its sessions grow (`kvgate bench overhead --sessions`)"
+        body = ["request with one short message."]
+        if body_kib:
+            title = f"The same with an agent's {body_kib} KiB history in every request (`--body-kib {body_kib}`)"
+            body = [
+                f"request carrying {body_kib} KiB of tool calls and their results, as a coding agent's turn",
+                "does: the proxy reads the whole body, and the gate must not read it again.",
+            ]
         lines += section_head(
-            "The gate's CPU per request as its sessions grow (`kvgate bench overhead --sessions`)",
+            title,
             [
                 "kvgate in front of a fast upstream that answers the probe API as a calm replica, with the",
                 "gate off and on, each request's session taken in turn from N; CPU per request is the",
                 "kvgate process's (median of the runs), closed loop (each kvgate as fast as it answers) and,",
-                "where measured, paced (both kvgates serving the same requests per second).",
+                "where measured, paced (both kvgates serving the same requests per second); each",
+                *body,
                 "Details: [proxy.md](proxy.md#overhead-benchmark).",
             ],
             r,

@@ -35,8 +35,9 @@ hours are judged against their targets (`results_cluster_targets`); a sweep's fl
 the replicas sticky needs with every prefix kept.
 
 And it shows the gate's CPU per request as its sessions grow (`kvgate bench overhead
---sessions`, `bench/results_overhead.py`), judged against its targets; `--only overhead`
-re-runs that alone. And kvgate's throughput against a direct connection beside
+--sessions`, `bench/results_overhead.py`), judged against its targets, with requests of
+one short message and with an agent's 128 KiB history in each; `--only overhead`
+(`--only overhead-agent`) re-runs that alone. And kvgate's throughput against a direct connection beside
 vllm-router's, in the same run (`kvgate bench overhead --router-command`,
 `bench/results_router.py`; `--only router`, which needs `vllm-router` on PATH:
 `pip install vllm-router`). And, with `--vllm`, a pinned window through a flood on real
@@ -604,7 +605,7 @@ def add_command(subparsers) -> None:
     parser.add_argument(
         "--only",
         default=None,
-        help="comma-separated rows to run: regimes, cluster, overhead, router, pins (with --vllm) "
+        help="comma-separated rows to run: regimes, cluster, overhead, overhead-agent, router, pins (with --vllm) "
         "(default: every simulated row); others are kept",
     )
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds per row (default 3)")
@@ -639,6 +640,7 @@ def selected_rows(only: str | None, vllm: bool) -> list[ResultRow]:
     cluster = {
         "cluster",
         results_overhead.KEY,
+        results_overhead.AGENT_KEY,
         results_router.KEY,
         results_pins.KEY,
         *(row.key for row in CLUSTER_ROWS),
@@ -740,6 +742,14 @@ def main(args) -> int:
             run_cluster_row(cluster_row, data_path, args.page, commit)
         if only is None or results_overhead.KEY in only:
             results_overhead.run_row(lambda record: store_row(data_path, args.page, record), commit, cwd=REPO)
+        if only is None or results_overhead.AGENT_KEY in only:
+            results_overhead.run_row(
+                lambda record: store_row(data_path, args.page, record),
+                commit,
+                results_overhead.AGENT_OPTIONS,
+                cwd=REPO,
+                key=results_overhead.AGENT_KEY,
+            )
         if only is None or results_router.KEY in only:
             results_router.run_row(lambda record: store_row(data_path, args.page, record), commit, cwd=REPO)
     stored = _load(data_path)

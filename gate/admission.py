@@ -172,6 +172,7 @@ class AdmissionController:
         route_kind: str,
         body: Mapping[str, object],
         elsewhere: Callable[[], Iterable[ReplicaAddress]] | None = None,
+        body_size: int | None = None,
     ) -> Lease:
         """Admit one request to `replica` (has .name and .url), or raise an AdmissionError.
 
@@ -179,12 +180,13 @@ class AdmissionController:
         call (client gone) leaves nothing behind. `elsewhere`: the other replicas the turn
         may move to while it is held (routable, in the caller's order of preference); a
         move raises `SessionRelocated` naming the replica to acquire it on instead
-        (`gate/relocation.py`).
+        (`gate/relocation.py`). `body_size`: the bytes of the JSON `body` goes upstream as,
+        when the caller has them (`Gate.acquire`).
         """
         gate = self._gate_of(replica)
         key = None if session_id is None else session_key(session_id)
         peers = None if elsewhere is None or key is None else _IdlePeers(self, elsewhere)
-        return await gate.acquire(key, route_kind, body, peers)
+        return await gate.acquire(key, route_kind, body, peers, body_size)
 
     def _replica_idle(self, name: str) -> None:
         """Replica `name` has nothing in flight or waiting: the other replicas' held turns decide

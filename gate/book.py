@@ -64,7 +64,7 @@ from enum import StrEnum
 from kvgate.gate.holding_value import HoldingValue
 from kvgate.gate.late_index import LateIndex
 from kvgate.gate.ordered_sums import OrderedSums
-from kvgate.gate.request_body import body_bytes
+from kvgate.gate.request_body import HistoryMedia, body_bytes
 from kvgate.gate.window_lifetime import late_after, quiet_lifetime
 from kvgate.wire.busy_share import BusyMeter
 
@@ -112,6 +112,7 @@ class SessionRecord:
     windows_lost: int = 0  # windows the working_set policy took back (older sessions grew)
     prompt_tokens: int | None = None  # prompt tokens of the last admitted turn with a prefix reading
     prompt_bound: int | None = None  # the body-length bound of the turn `prompt_tokens` was read for
+    history_media: HistoryMedia = HistoryMedia()  # its history as its turns' bodies showed it (`turn_media`)
     turn_ended_at: float | None = None  # when its last lease was released (a gap starts)
     gap_ewma: float | None = None  # its gaps between turns: smoothed, and the last one
     last_gap: float | None = None

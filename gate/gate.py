@@ -106,12 +106,14 @@ from kvgate.gate.readings import PrefixReading, UsageReading
 from kvgate.gate.relocation import CLAIM_SEC, Elsewhere, relocation_due_sec
 from kvgate.gate.repricing import Repricer, RepriceRequest, TurnNote
 from kvgate.gate.request_body import (
+    TEMPLATE_MARGIN_TOKENS,
     body_bytes,
     body_holds_prompt,
     output_allowance,
     over_long,
     prompt_token_bound,
     turn_key,
+    turn_media,
     user_text_bytes,
 )
 from kvgate.gate.settings import GateSettings
@@ -245,6 +247,23 @@ class Lease:
         return f"Lease({self.replica!r}, {self.reason!r}, released={self._released})"
 
 
+def _prompt_bound(
+    record: SessionRecord, route_kind: str, body: Mapping[str, object], body_size: int | None
+) -> int | None:
+    """The turn's prompt bound (`prompt_token_bound`): its body's bytes (`body_size`, the
+    JSON the caller forwards; else one compact encoding of `body`) plus the template's
+    margin, None if the body carries media. Media is looked for in the history items its
+    session's earlier turns did not show (`turn_media`), so an agent's turn costs the same
+    whatever its history's length; a body of another shape has its bytes read whole."""
+    read = turn_media(route_kind, body, record.history_media)
+    if read is None:
+        return prompt_token_bound(orjson.dumps(body))
+    media, record.history_media = read
+    if media:
+        return None
+    return (body_size if body_size is not None else len(orjson.dumps(body))) + TEMPLATE_MARGIN_TOKENS
+
+
 @dataclass(slots=True)
 class _Turn:
     """One `Gate.acquire`'s state across its re-evaluations: what the body said (read
@@ -357,9 +376,12 @@ class Gate:
         route_kind: str,
         body: Mapping[str, object],
         elsewhere: Elsewhere | None = None,
+        body_size: int | None = None,
     ) -> Lease:
         """Admit one request of `session_key` (None: anonymous) or raise an AdmissionError;
-        `elsewhere`: the other replicas a held turn may move to (`SessionRelocated`)."""
+        `elsewhere`: the other replicas a held turn may move to (`SessionRelocated`);
+        `body_size`: the bytes of the JSON `body` is forwarded as, when the caller has them
+        (the prompt's bound reads them instead of encoding `body` again)."""
         if self._closed is not None:
             raise self._closed
         # A route without a prompt (GET /v1/models) never touches the session books: it
@@ -368,7 +390,7 @@ class Gate:
             return self._grant_unbooked()
         start = self._now()
         self._purge(start)
-        turn = self._new_turn(session_key, route_kind, body, start)
+        turn = self._new_turn(session_key, route_kind, body, start, body_size)
         lease = self._calm_lease(turn)
         if lease is not None:
             return lease
@@ -397,18 +419,25 @@ class Gate:
         finally:
             self._close_turn(turn)
 
-    def _new_turn(self, session_key: str | None, route_kind: str, body: Mapping[str, object], start: float) -> _Turn:
+    def _new_turn(
+        self,
+        session_key: str | None,
+        route_kind: str,
+        body: Mapping[str, object],
+        start: float,
+        body_size: int | None = None,
+    ) -> _Turn:
         """Read what the body says once; nothing is booked yet. A named turn carries its
         session's record, or a new one if the gate has none (booked when the turn is)."""
         allowance = output_allowance(body)
-        # Only named turns are priced; one compact encoding of the body bounds its prompt.
-        # A body that does not hold its whole prompt (a Responses continuation) has no bound.
+        record = None if session_key is None else self._book.records.get(session_key) or SessionRecord(session_key)
+        # Only named turns are priced. A body that does not hold its whole prompt (a
+        # Responses continuation) has no bound.
         bound = (
-            prompt_token_bound(orjson.dumps(body))
-            if session_key is not None and self._prices_bodies and body_holds_prompt(route_kind, body)
+            _prompt_bound(record, route_kind, body, body_size)
+            if record is not None and self._prices_bodies and body_holds_prompt(route_kind, body)
             else None
         )
-        record = None if session_key is None else self._book.records.get(session_key) or SessionRecord(session_key)
         return _Turn(
             attempt=Attempt(named=session_key is not None),
             record=record,

@@ -32,6 +32,7 @@ from kvgate.gate.observations import reprefill_tokens
 from kvgate.gate.policies.registry import Policy
 from kvgate.gate.probe import Probe
 from kvgate.gate.readings import PrefixReading, UsageReading
+from kvgate.gate.request_body import HistoryMedia
 from kvgate.gate.settings import GateSettings
 from kvgate.gate.turn_facts import TurnFacts
 
@@ -152,6 +153,10 @@ class Repricer:
             return
         self.learns_usage = True
         usage = self._usage()
+        if turn.bound is not None and prompt_tokens > turn.bound:
+            # Its body's bytes did not bound its prompt: media `turn_media` did not see (put into an
+            # earlier item of its history). Its session's turns are priced without a bound from now on.
+            record.history_media = HistoryMedia(media=True)
         prompt_tokens = min(prompt_tokens, learned_tokens_cap(turn.bound, usage))  # a replica's word, bounded
         cached_tokens = None if cached_tokens is None else min(cached_tokens, prompt_tokens)
         block_size = usage.block_size if usage is not None else None

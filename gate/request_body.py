@@ -51,6 +51,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 import orjson
 
@@ -123,6 +124,84 @@ def prompt_token_bound(body_json: bytes) -> int | None:
     if _MEDIA_PATTERN.search(body_json) is not None:
         return None
     return len(body_json) + TEMPLATE_MARGIN_TOKENS
+
+
+# --------------------------------------------------- media, read turn by turn
+
+_TYPE_HEAD = b'"type":"'
+# `_MEDIA_MARKERS` as the parsed body holds them: a dict whose `type` starts with one of
+# these heads, or that has one of these keys (a part that names its content without a
+# `type`, completions' prompt embeddings).
+MEDIA_TYPE_HEADS = tuple(m[len(_TYPE_HEAD) :].decode() for m in _MEDIA_MARKERS if m.startswith(_TYPE_HEAD))
+MEDIA_KEYS = frozenset(m.strip(b'"').decode() for m in _MEDIA_MARKERS if not m.startswith(_TYPE_HEAD))
+# The list of a route's body that holds its conversation and grows by every turn.
+HISTORY_FIELDS = {"chat": "messages", "messages": "messages", "responses": "input"}
+# Fields beside the history that carry no content of the prompt: tool definitions, whose
+# `type` values are JSON-schema types and tool kinds (Responses' `file_search`), not parts.
+NO_CONTENT_FIELDS = frozenset({"tools"})
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryMedia:
+    """What a session's turns showed of media so far: how many items of its history were
+    read, and whether any of them held media."""
+
+    items: int = 0
+    media: bool = False
+
+
+_CONTAINERS = (dict, list)
+
+
+def holds_media(value: object) -> bool:
+    """Whether a parsed JSON value carries media at any depth: a dict whose `type` starts
+    with one of MEDIA_TYPE_HEADS, or with a key in MEDIA_KEYS. Strings are not read: a
+    message's text is text, whatever it says (as a quote inside it is escaped in the bytes)."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            kind = node.get("type")
+            if (isinstance(kind, str) and kind.startswith(MEDIA_TYPE_HEADS)) or not MEDIA_KEYS.isdisjoint(node):
+                return True
+            stack.extend(child for child in node.values() if isinstance(child, _CONTAINERS))
+        elif isinstance(node, list):
+            stack.extend(child for child in node if isinstance(child, _CONTAINERS))
+    return False
+
+
+def turn_media(route_kind: str, body: Mapping[str, object], seen: HistoryMedia) -> tuple[bool, HistoryMedia] | None:
+    """Whether the turn's body carries media, and what its session has then seen, reading
+    only the history items added since `seen` (a session's history grows by appending:
+    its turn's reply and tool results). A history shorter than what was read was
+    rewritten (an agent compacting it), and is read again whole. The fields beside the
+    history are read every turn, but for NO_CONTENT_FIELDS.
+
+    A media part put into an earlier item of a history that did not get shorter is not
+    seen here; the turn's usage shows it (`Repricer.learn`: more prompt tokens than the
+    body's bound). None: the body has no history list of its route's shape (a string
+    `input` is one; a missing or malformed one is not), so its bytes must be read whole.
+    """
+    field = HISTORY_FIELDS.get(route_kind)
+    if field is None:
+        return None
+    history = body.get(field)
+    if not isinstance(history, list):
+        if not (route_kind == "responses" and isinstance(history, str)):
+            return None
+        history = []
+    count = len(history)
+    if count != seen.items:  # (the same count: nothing new to read, and the same `seen`)
+        if count < seen.items:
+            seen = HistoryMedia()
+        media = seen.media or any(holds_media(item) for item in history[seen.items :])
+        seen = HistoryMedia(count, media)
+    if seen.media or not MEDIA_KEYS.isdisjoint(body):
+        return True, seen
+    for name, value in body.items():
+        if isinstance(value, _CONTAINERS) and name != field and name not in NO_CONTENT_FIELDS and holds_media(value):
+            return True, seen
+    return False, seen
 
 
 def body_bytes(prompt_bound_tokens: int) -> int:

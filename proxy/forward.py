@@ -416,14 +416,17 @@ class Forwarder:
         if turn.route.kind == PASSTHROUGH:
             return replica, UNGATED  # not a turn: nothing for the gate to price or hold
         acquire, kind, held_on = self.admission.acquire, turn.route.kind, replica
+        size = None if turn.raw is None else len(turn.raw)  # the body's bytes, as forwarded
         try:
             try:
                 elsewhere = lambda: others(self.registry.routable(), held_on)  # noqa: E731 (read only if held)
-                return replica, await acquire(replica, turn.session_id, kind, turn.body, elsewhere=elsewhere)
+                return replica, await acquire(
+                    replica, turn.session_id, kind, turn.body, elsewhere=elsewhere, body_size=size
+                )
             except SessionRelocated as moved:  # the session sticks where the turn is served (`_relay`)
                 replica = moved_to(self.registry.routable(), moved.replica, replica)
                 turn.replica = replica.name
-                return replica, await acquire(replica, turn.session_id, kind, turn.body)
+                return replica, await acquire(replica, turn.session_id, kind, turn.body, body_size=size)
         except asyncio.CancelledError:
             self.metrics.upstream_errors.labels(replica.name, "client_disconnect").inc()
             self._count(turn.route.kind, replica.name, CLIENT_CLOSED)

@@ -50,6 +50,7 @@ class TurnAdmission(Protocol):
         route_kind: str,
         body: Mapping[str, object],
         elsewhere: Callable[[], Iterable[Replica]] | None = None,
+        body_size: int | None = None,  # the bytes of the JSON `body` goes upstream as
     ) -> TurnLease: ...
 
     def finish_session(self, session_id: str) -> None: ...

@@ -572,6 +572,22 @@ def test_the_overhead_row_is_judged_against_its_targets_and_names_its_limit_when
     assert results_page.selected_cluster_rows("overhead") == []
 
 
+def test_the_agent_body_row_is_a_section_of_its_own_after_the_short_message_one():
+    agent = overhead_document({100: 1.1})
+    agent["body_kib"] = 128
+    stored = [
+        results_overhead.record(agent, "cmd agent", "d", "c"),
+        results_overhead.record(overhead_document({100: 1.2}), "cmd short", "d", "c"),
+    ]
+    assert [r["key"] for r in stored] == [results_overhead.AGENT_KEY, results_overhead.KEY]
+    text = render(stored)
+    short = text.index("## The gate's CPU per request as its sessions grow")
+    long = text.index("## The same with an agent's 128 KiB history in every request (`--body-kib 128`)")
+    assert short < text.index("`cmd short`") < long < text.index("`cmd agent`")
+    assert "| 100 | 100 | closed loop | 100 | 110 | 1.10x | <= 1.3x: 1.10x **met** | 1 |" in text
+    assert selected_rows("overhead-agent", vllm=False) == []  # a row of its own, not a regime
+
+
 def test_the_overhead_row_runs_its_command_and_keeps_the_other_rows(tmp_path):
     """A real `kvgate bench overhead --sessions` at a small scale: its row lands on the page
     beside the rows already stored, rendered from the stored data alone."""
@@ -579,12 +595,17 @@ def test_the_overhead_row_runs_its_command_and_keeps_the_other_rows(tmp_path):
     data, page = tmp_path / "results.json", tmp_path / "results.md"
     results_page.store_row(data, page, record_of(ROWS[0], document, "cmd a", "d1", "c1"))
     options = ("--sessions", "3,6", "--duration", "0.3", "--warmup", "0.1", "--repeats", "1", "--session-rate", "100")
+    options += ("--body-kib", "8")  # every request an agent's 8 KiB history
     assert results_overhead.run_row(lambda record: results_page.store_row(data, page, record), "abc1234", options)
     text = page.read_text()
-    assert "`kvgate bench overhead --sessions 3,6 --duration 0.3 --warmup 0.1 --repeats 1 --session-rate 100` (" in text
+    assert (
+        "`kvgate bench overhead --sessions 3,6 --duration 0.3 --warmup 0.1 --repeats 1 --session-rate 100 "
+        "--body-kib 8` (" in text
+    )
     assert "abc1234)" in text and "| 3 | 3 | closed loop |" in text and "| 6 | 6 | 100 req/s |" in text
+    assert "## The same with an agent's 8 KiB history in every request" in text
     stored = json.loads(data.read_text())
-    assert [r["key"] for r in stored] == [ROWS[0].key, "overhead"]
+    assert [r["key"] for r in stored] == [ROWS[0].key, results_overhead.AGENT_KEY]
     assert all(row["errors"] == 0 and row["on_us"] > 0 and row["off_us"] > 0 for row in stored[1]["sessions"])
     assert all(row["paced"]["rate"] == 100 and row["paced"]["errors"] == 0 for row in stored[1]["sessions"])
     assert results_page.render(stored) == text

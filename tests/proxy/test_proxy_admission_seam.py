@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 import pytest
@@ -37,6 +38,7 @@ class RecordingAdmission:
 
     def __init__(self):
         self.acquired: list[tuple] = []
+        self.body_sizes: list[int | None] = []
         self.leases: list[RecordedLease] = []
         self.finished: list[str] = []
         self.removed: list[str] = []
@@ -44,8 +46,9 @@ class RecordingAdmission:
         self.hold = None  # an asyncio.Event acquire waits on, when set
         self.cancelled = 0
 
-    async def acquire(self, replica, session_id, route_kind, body, elsewhere=None):
+    async def acquire(self, replica, session_id, route_kind, body, elsewhere=None, body_size=None):
         self.acquired.append((replica.name, session_id, route_kind, dict(body)))
+        self.body_sizes.append(body_size)
         errors = self.refuse.get(replica.name)
         if errors:
             raise errors.pop(0)
@@ -92,6 +95,19 @@ async def test_acquire_gets_replica_session_kind_and_body_and_headers_report_the
     assert resp.headers["x-kvgate-admission"] == "holds_window"
     assert resp.headers["x-kvgate-wait-ms"] == "12.5"
     assert [lease.releases for lease in admission.leases] == [1]
+
+
+async def test_acquire_gets_the_size_of_the_body_as_forwarded(gated, admission, upstreams):
+    """The gate bounds a turn's prompt by the bytes the replica gets (spaces and all), not
+    by an encoding of its own."""
+    sent = json.dumps(CHAT, indent=2).encode()  # not compact: its length is its own
+    resp = await gated.post(
+        "/v1/chat/completions", data=sent, headers={"x-session-id": "s1", "Content-Type": "application/json"}
+    )
+    assert resp.status == 200
+    forwarded = next(r for fake in upstreams for r in fake.requests if r["path"] == "/v1/chat/completions")
+    assert admission.body_sizes == [int(forwarded["headers"]["Content-Length"])]
+    assert admission.body_sizes[0] >= len(sent)  # kvgate's members spliced in, the client's bytes kept
 
 
 async def test_anonymous_requests_acquire_with_none(gated, admission):

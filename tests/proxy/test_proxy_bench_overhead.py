@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orjson
+
 from kvgate.bench.overhead import compare, fmt, format_baseline_table, format_table, summarize
+from kvgate.bench.overhead_load import chat_body
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,6 +90,16 @@ def test_short_run_through_kvgate_prints_the_table_and_writes_json(tmp_path):
         assert r["direct"]["rps"] > 0 and r["proxied"]["rps"] > 0
 
 
+def test_a_body_of_k_kib_is_an_agents_history_of_tool_calls_and_results():
+    short = orjson.loads(chat_body(stream=False))
+    assert short["messages"] == [{"role": "user", "content": "hello"}] and short["stream"] is False
+    body = chat_body(stream=True, body_kib=64)
+    assert 64 * 1024 <= len(body) < 72 * 1024
+    messages = orjson.loads(body)["messages"]
+    assert [m["role"] for m in messages[1:5]] == ["assistant", "tool", "assistant", "tool"]
+    assert messages[1]["tool_calls"][0]["id"] == messages[2]["tool_call_id"]
+
+
 def test_bad_arguments_exit_2():
     result = subprocess.run(
         [sys.executable, "-m", "kvgate.cli", "bench", "overhead", "--modes", "sideways"],
@@ -96,6 +109,17 @@ def test_bad_arguments_exit_2():
         timeout=60,
     )
     assert result.returncode == 2
+
+
+def test_a_negative_body_size_is_refused_with_a_message():
+    result = subprocess.run(
+        [sys.executable, "-m", "kvgate.cli", "bench", "overhead", "--sessions", "3", "--body-kib", "-1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "--body-kib must be >= 0" in result.stderr
 
 
 def test_baseline_repo_is_measured_in_the_same_run_with_cpu_per_request(tmp_path):

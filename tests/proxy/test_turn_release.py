@@ -65,14 +65,14 @@ class CountedAdmission:
         self.hold: asyncio.Event | None = None
         self.waiting = 0
 
-    async def acquire(self, replica, session_id, route_kind, body, elsewhere=None):
+    async def acquire(self, replica, session_id, route_kind, body, elsewhere=None, body_size=None):
         errors = self.refuse.get(replica.name)
         if errors:
             raise errors.pop(0)
         if self.hold is not None:
             self.waiting += 1
             await self.hold.wait()
-        lease = CountedLease(await self.gate.acquire(replica, session_id, route_kind, body))
+        lease = CountedLease(await self.gate.acquire(replica, session_id, route_kind, body, body_size=body_size))
         self.leases.append(lease)
         return lease
 

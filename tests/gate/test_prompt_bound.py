@@ -1,0 +1,158 @@
+"""The prompt's bound, turn by turn: the bytes the proxy forwards, plus the template's
+margin, unless the body carries media (`gate.request_body.turn_media`), which is looked
+for only in the history items a session's earlier turns did not show.
+
+Pure tests of `turn_media` against the byte scan (`prompt_token_bound`), then a gate with a
+fake probe: a turn is priced at the caller's bytes, a session whose new message carries
+an image is probed until its history is rewritten, and one whose usage outgrows its
+bound is probed from then on.
+"""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from kvgate.gate.gate import Gate
+from kvgate.gate.metrics import GateMetrics
+from kvgate.gate.request_body import (
+    TEMPLATE_MARGIN_TOKENS,
+    HistoryMedia,
+    holds_media,
+    prompt_token_bound,
+    turn_media,
+)
+from kvgate.wire.blocks import cdiv
+from tests.gate.helpers import FakeClock, FakeProbe, assert_clean, settings
+
+pytestmark = pytest.mark.usefixtures("loop_on_clock")
+
+TEXT = {"role": "user", "content": "hello"}
+IMAGE_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+IMAGE = {"role": "user", "content": [{"type": "text", "text": "look"}, IMAGE_PART]}
+
+# One body per shape the routes take, with media and without (tool definitions beside).
+BODIES = [
+    ("chat", {"messages": [TEXT, {"role": "assistant", "content": "ok"}]}),
+    ("chat", {"messages": [TEXT, IMAGE]}),
+    ("chat", {"messages": [TEXT, {"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}),
+    ("chat", {"messages": [{"role": "user", "content": [{"image_url": {"url": "u"}}]}]}),  # no `type`
+    (
+        "messages",  # Anthropic: an image inside a tool result
+        {
+            "system": [{"type": "text", "text": "be brief"}],
+            "messages": [
+                TEXT,
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image"}]}],
+                },
+            ],
+        },
+    ),
+    ("messages", {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}),
+    ("responses", {"input": "just text"}),
+    ("responses", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}),
+    ("responses", {"input": [{"type": "function_call_output", "call_id": "c", "output": "done"}]}),
+]
+
+
+@pytest.mark.parametrize(("route_kind", "fields"), BODIES)
+def test_turn_media_finds_what_the_byte_scan_finds(route_kind, fields):
+    body = {"model": "m", **fields}
+    media, seen = turn_media(route_kind, body, HistoryMedia())
+    assert media == (prompt_token_bound(orjson.dumps(body)) is None)
+    history = body.get("messages", body.get("input"))
+    assert seen == HistoryMedia(len(history) if isinstance(history, list) else 0, media and seen.media)
+
+
+def test_a_tool_definition_is_not_media():
+    """Tool kinds and JSON-schema types are not content parts (the byte scan took
+    Responses' `file_search` tool for a file)."""
+    body = {"input": "hi", "tools": [{"type": "file_search"}, {"type": "function", "parameters": {"type": "object"}}]}
+    assert prompt_token_bound(orjson.dumps(body)) is None
+    assert turn_media("responses", body, HistoryMedia()) == (False, HistoryMedia(0, False))
+
+
+def test_only_the_items_a_session_has_not_shown_are_read():
+    history = [IMAGE, TEXT, TEXT]
+    assert turn_media("chat", {"messages": history}, HistoryMedia(1, False)) == (False, HistoryMedia(3, False))
+    assert turn_media("chat", {"messages": history}, HistoryMedia()) == (True, HistoryMedia(3, True))
+    # media once seen stays, while the history grows ...
+    assert turn_media("chat", {"messages": [TEXT] * 4}, HistoryMedia(3, True)) == (True, HistoryMedia(4, True))
+    # ... and a shorter history was rewritten: read again whole
+    assert turn_media("chat", {"messages": [TEXT] * 2}, HistoryMedia(3, True)) == (False, HistoryMedia(2, False))
+
+
+def test_fields_beside_the_history_are_read_every_turn():
+    assert turn_media("completion", {"prompt": "hi"}, HistoryMedia()) is None  # no history: its bytes are read
+    assert turn_media("chat", {"messages": "not a list"}, HistoryMedia()) is None
+    assert turn_media("chat", {"messages": [TEXT], "prompt_embeds": "x"}, HistoryMedia(1, False))[0]
+    system_image = {"system": [{"type": "image", "source": {}}], "messages": [TEXT]}
+    assert turn_media("messages", system_image, HistoryMedia(1, False))[0]
+    assert not holds_media({"text": '"type":"image_url"'})  # a string is text, whatever it says
+
+
+# ------------------------------------------------------------------ the gate
+
+
+def calm_gate(metrics: GateMetrics, clock: FakeClock) -> tuple[Gate, FakeProbe]:
+    probe = FakeProbe(usage=0.01, total=100_000, free=99_000, block_size=16)
+    return Gate("r0", probe, settings(), metrics, clock=clock), probe
+
+
+def chat(messages: list[dict], **fields) -> dict:
+    return {"id": "s", "messages": messages, "max_tokens": 16, **fields}
+
+
+async def test_a_turn_is_priced_at_the_bytes_its_caller_forwards(metrics: GateMetrics, clock: FakeClock):
+    gate, probe = calm_gate(metrics, clock)
+    lease = await gate.acquire("s", "chat", chat([TEXT]), body_size=4000)
+    assert gate.session_state("s")["footprint_blocks"] == cdiv(4000 + TEMPLATE_MARGIN_TOKENS + 16, 16)
+    lease.release()
+    body = chat([TEXT, TEXT])  # without them: one compact encoding of the body
+    lease = await gate.acquire("s", "chat", body)
+    encoded = len(orjson.dumps(body))
+    assert gate.session_state("s")["footprint_blocks"] == cdiv(encoded + TEMPLATE_MARGIN_TOKENS + 16, 16)
+    lease.release()
+    assert probe.prefix_calls == []  # both bounds fit: no probe
+    gate.finish_session("s")
+    assert_clean(gate, clock)
+
+
+async def test_an_image_in_a_new_message_is_probed_until_the_history_is_rewritten(
+    metrics: GateMetrics, clock: FakeClock
+):
+    gate, probe = calm_gate(metrics, clock)
+    turns = [
+        ([TEXT], 0),  # text: priced at its bound
+        ([TEXT, TEXT, IMAGE], 1),  # an image: no bound, so the prefix is probed
+        ([TEXT, TEXT, IMAGE, TEXT, TEXT], 2),  # the image is still in its history
+        ([TEXT], 2),  # compacted: read again, text only
+    ]
+    for messages, probes in turns:
+        body = chat(messages)
+        lease = await gate.acquire("s", "chat", body, body_size=len(orjson.dumps(body)))
+        lease.release()
+        assert len(probe.prefix_calls) == probes, messages
+    gate.finish_session("s")
+    assert_clean(gate, clock)
+
+
+async def test_a_session_whose_usage_outgrows_its_bound_is_probed_from_then_on(metrics: GateMetrics, clock: FakeClock):
+    """An image put into an earlier message of a history that did not get shorter is not
+    read; the turn's usage shows it (more prompt tokens than its body's bytes bound)."""
+    gate, probe = calm_gate(metrics, clock)
+    body = chat([TEXT])
+    lease = await gate.acquire("s", "chat", body, body_size=100)
+    lease.learn(100 + TEMPLATE_MARGIN_TOKENS, 0)  # within the bound
+    lease.release()
+    lease = await gate.acquire("s", "chat", chat([TEXT, TEXT]), body_size=200)
+    assert probe.prefix_calls == []
+    lease.learn(5000, 0)  # more than the body's 200 bytes bound
+    lease.release()
+    lease = await gate.acquire("s", "chat", chat([TEXT, TEXT, TEXT]), body_size=300)
+    lease.release()
+    assert len(probe.prefix_calls) == 1
+    gate.finish_session("s")
+    assert_clean(gate, clock)
