@@ -33,7 +33,7 @@ LIMIT = (
     "the gate's bookkeeping per turn, in Python: with nothing to hold, a turn is admitted by the "
     "policy's calm rule on a few O(1) facts and booked with its admission in one step, but the "
     "session's record still changes at its admission, its usage (the window repriced, the holding "
-    "shares measured) and its release, with the lease, one admission histogram and the body's bound: "
+    "shares measured) and its release, with the lease and one admission histogram: "
     "about 25 µs of CPU per turn in `gate/` alone on a warm cache, and about twice that inside the "
     "proxy (a py-spy profile of the gate-on kvgate); and what a gate on adds to the proxy's own "
     "path (the usage read from each answer, the admission headers). At 10,000 sessions, windows "
