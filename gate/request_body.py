@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import orjson
@@ -144,10 +144,22 @@ NO_CONTENT_FIELDS = frozenset({"tools"})
 @dataclass(frozen=True, slots=True)
 class HistoryMedia:
     """What a session's turns showed of media so far: how many items of its history were
-    read, and whether any of them held media."""
+    read, whether any of them held media, and digests of the first and the last one read
+    (`item_digest`), by which the next turn's body is known to continue that history."""
 
     items: int = 0
     media: bool = False
+    first: int = 0
+    last: int = 0
+
+
+def item_digest(item: object) -> int:
+    """A digest of one history item: equal for the same item in the next turn's body (a
+    fresh parse of the same JSON), different for another session thread's item there."""
+    try:
+        return hash(orjson.dumps(item))
+    except TypeError:  # not JSON data (only in-process callers): never taken for the same item
+        return hash(id(item))
 
 
 _CONTAINERS = (dict, list)
@@ -158,29 +170,46 @@ def holds_media(value: object) -> bool:
     with one of MEDIA_TYPE_HEADS, or with a key in MEDIA_KEYS. Strings are not read: a
     message's text is text, whatever it says (as a quote inside it is escaped in the bytes)."""
     stack = [value]
+    pop, push = stack.pop, stack.append  # (on every turn's path: a plain loop, no generator)
     while stack:
-        node = stack.pop()
+        node = pop()
         if isinstance(node, dict):
             kind = node.get("type")
             if (isinstance(kind, str) and kind.startswith(MEDIA_TYPE_HEADS)) or not MEDIA_KEYS.isdisjoint(node):
                 return True
-            stack.extend(child for child in node.values() if isinstance(child, _CONTAINERS))
+            children: Iterable[object] = node.values()
         elif isinstance(node, list):
-            stack.extend(child for child in node if isinstance(child, _CONTAINERS))
+            children = node
+        else:
+            continue
+        for child in children:
+            if isinstance(child, _CONTAINERS):
+                push(child)
     return False
+
+
+def _continues(history: list, seen: HistoryMedia) -> bool:
+    """Whether `history` (at least `seen.items` long) holds the items `seen` read where it
+    read them: its first (which a subagent's or a title request's differs in) and its last
+    (which a compacted history differs in)."""
+    last = item_digest(history[seen.items - 1])
+    return last == seen.last and (seen.items == 1 or item_digest(history[0]) == seen.first)
 
 
 def turn_media(route_kind: str, body: Mapping[str, object], seen: HistoryMedia) -> tuple[bool, HistoryMedia] | None:
     """Whether the turn's body carries media, and what its session has then seen, reading
-    only the history items added since `seen` (a session's history grows by appending:
-    its turn's reply and tool results). A history shorter than what was read was
-    rewritten (an agent compacting it), and is read again whole. The fields beside the
-    history are read every turn, but for NO_CONTENT_FIELDS.
+    only the history items added since `seen` when the body continues that history (a
+    session's history grows by appending its turn's reply and tool results: the item
+    `seen` read last is where it was). A history that does not continue it is read whole:
+    an agent compacted it, or another thread of the session sent it (a subagent, a title
+    request), whose items `seen` never read. The fields beside the history are read every
+    turn, but for NO_CONTENT_FIELDS.
 
-    A media part put into an earlier item of a history that did not get shorter is not
-    seen here; the turn's usage shows it (`Repricer.learn`: more prompt tokens than the
-    body's bound). None: the body has no history list of its route's shape (a string
-    `input` is one; a missing or malformed one is not), so its bytes must be read whole.
+    A media part put into an earlier item of a history is not seen here; the turn's usage
+    shows it (`Repricer.learn`: more prompt tokens than the body's bound), and the next
+    turn reads the history whole. None: the body has no history list of its route's shape
+    (a string `input` is one; a missing or malformed one is not), so its bytes must be read
+    whole.
     """
     field = HISTORY_FIELDS.get(route_kind)
     if field is None:
@@ -191,11 +220,12 @@ def turn_media(route_kind: str, body: Mapping[str, object], seen: HistoryMedia) 
             return None
         history = []
     count = len(history)
-    if count != seen.items:  # (the same count: nothing new to read, and the same `seen`)
-        if count < seen.items:
-            seen = HistoryMedia()
-        media = seen.media or any(holds_media(item) for item in history[seen.items :])
-        seen = HistoryMedia(count, media)
+    if not (0 < seen.items <= count and _continues(history, seen)):
+        seen = HistoryMedia()  # read it whole
+    if count != seen.items:  # (else nothing new to read, and the same `seen`)
+        media = seen.media or holds_media(history[seen.items :])
+        first = seen.first if seen.items else item_digest(history[0])
+        seen = HistoryMedia(count, media, first, item_digest(history[-1]))
     if seen.media or not MEDIA_KEYS.isdisjoint(body):
         return True, seen
     for name, value in body.items():

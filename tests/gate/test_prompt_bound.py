@@ -5,7 +5,7 @@ for only in the history items a session's earlier turns did not show.
 Pure tests of `turn_media` against the byte scan (`prompt_token_bound`), then a gate with a
 fake probe: a turn is priced at the caller's bytes, a session whose new message carries
 an image is probed until its history is rewritten, and one whose usage outgrows its
-bound is probed from then on.
+bound has its history read whole.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from kvgate.gate.request_body import (
     TEMPLATE_MARGIN_TOKENS,
     HistoryMedia,
     holds_media,
+    item_digest,
     prompt_token_bound,
     turn_media,
 )
@@ -28,6 +29,7 @@ from tests.gate.helpers import FakeClock, FakeProbe, assert_clean, settings
 pytestmark = pytest.mark.usefixtures("loop_on_clock")
 
 TEXT = {"role": "user", "content": "hello"}
+ASSISTANT = {"role": "assistant", "content": "ok"}
 IMAGE_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
 IMAGE = {"role": "user", "content": [{"type": "text", "text": "look"}, IMAGE_PART]}
 
@@ -63,7 +65,7 @@ def test_turn_media_finds_what_the_byte_scan_finds(route_kind, fields):
     media, seen = turn_media(route_kind, body, HistoryMedia())
     assert media == (prompt_token_bound(orjson.dumps(body)) is None)
     history = body.get("messages", body.get("input"))
-    assert seen == HistoryMedia(len(history) if isinstance(history, list) else 0, media and seen.media)
+    assert seen.items == (len(history) if isinstance(history, list) else 0)
 
 
 def test_a_tool_definition_is_not_media():
@@ -74,14 +76,38 @@ def test_a_tool_definition_is_not_media():
     assert turn_media("responses", body, HistoryMedia()) == (False, HistoryMedia(0, False))
 
 
-def test_only_the_items_a_session_has_not_shown_are_read():
-    history = [IMAGE, TEXT, TEXT]
-    assert turn_media("chat", {"messages": history}, HistoryMedia(1, False)) == (False, HistoryMedia(3, False))
-    assert turn_media("chat", {"messages": history}, HistoryMedia()) == (True, HistoryMedia(3, True))
-    # media once seen stays, while the history grows ...
-    assert turn_media("chat", {"messages": [TEXT] * 4}, HistoryMedia(3, True)) == (True, HistoryMedia(4, True))
-    # ... and a shorter history was rewritten: read again whole
-    assert turn_media("chat", {"messages": [TEXT] * 2}, HistoryMedia(3, True)) == (False, HistoryMedia(2, False))
+def read(history: list[dict], seen: HistoryMedia) -> tuple[bool, HistoryMedia]:
+    answer = turn_media("chat", {"messages": history}, seen)
+    assert answer is not None
+    return answer
+
+
+def test_only_the_items_a_history_adds_are_read():
+    """The first and the last item read say the body continues the history: only what
+    follows is read (an image between them goes unseen here; the turn's usage shows it)."""
+    media, seen = read([TEXT, TEXT, ASSISTANT], HistoryMedia())
+    assert (media, seen) == (False, HistoryMedia(3, False, item_digest(TEXT), item_digest(ASSISTANT)))
+    assert read([TEXT, IMAGE, ASSISTANT, TEXT], seen)[0] is False  # unseen: between the first and the last read
+    # media once seen stays while the history continues
+    media, seen = read([TEXT, TEXT, ASSISTANT, IMAGE], seen)
+    assert media and read([TEXT, TEXT, ASSISTANT, IMAGE, TEXT], seen)[0]
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        [TEXT],  # compacted: shorter
+        [{"role": "user", "content": "a subagent's task"}, ASSISTANT, TEXT],  # another thread, as long
+        [TEXT, {"role": "assistant", "content": "another reply"}, TEXT, TEXT],  # longer, not this history's
+    ],
+)
+def test_a_history_that_does_not_continue_the_one_read_is_read_whole(other):
+    _, seen = read([IMAGE, ASSISTANT], HistoryMedia())
+    assert seen.media
+    first, last = item_digest(other[0]), item_digest(other[-1])
+    assert read(other, seen) == (False, HistoryMedia(len(other), False, first, last))
+    _, seen = read([TEXT, ASSISTANT], HistoryMedia())
+    assert read([IMAGE, *other], seen)[0]
 
 
 def test_fields_beside_the_history_are_read_every_turn():
@@ -139,20 +165,21 @@ async def test_an_image_in_a_new_message_is_probed_until_the_history_is_rewritte
     assert_clean(gate, clock)
 
 
-async def test_a_session_whose_usage_outgrows_its_bound_is_probed_from_then_on(metrics: GateMetrics, clock: FakeClock):
-    """An image put into an earlier message of a history that did not get shorter is not
-    read; the turn's usage shows it (more prompt tokens than its body's bytes bound)."""
+async def test_an_image_put_into_an_earlier_message_is_found_once_the_usage_outgrows_the_bound(
+    metrics: GateMetrics, clock: FakeClock
+):
+    """An image put into a message before the one read last is not read (the history
+    continues it); the turn's usage shows more prompt tokens than its body's bytes bound,
+    and the next turn reads the history whole."""
     gate, probe = calm_gate(metrics, clock)
-    body = chat([TEXT])
-    lease = await gate.acquire("s", "chat", body, body_size=100)
-    lease.learn(100 + TEMPLATE_MARGIN_TOKENS, 0)  # within the bound
-    lease.release()
-    lease = await gate.acquire("s", "chat", chat([TEXT, TEXT]), body_size=200)
-    assert probe.prefix_calls == []
-    lease.learn(5000, 0)  # more than the body's 200 bytes bound
-    lease.release()
-    lease = await gate.acquire("s", "chat", chat([TEXT, TEXT, TEXT]), body_size=300)
-    lease.release()
-    assert len(probe.prefix_calls) == 1
+    turns = [[TEXT, ASSISTANT, TEXT, ASSISTANT], [TEXT, IMAGE, TEXT, ASSISTANT, TEXT]]
+    turns.append([*turns[1], ASSISTANT])
+    for k, messages in enumerate(turns):
+        body = chat(messages)
+        size = len(orjson.dumps(body))
+        lease = await gate.acquire("s", "chat", body, body_size=size)
+        lease.learn(size if k == 0 else 5000, 0)  # the image's tokens: more than its body's bytes bound
+        lease.release()
+        assert len(probe.prefix_calls) == [0, 0, 1][k]
     gate.finish_session("s")
     assert_clean(gate, clock)
