@@ -155,7 +155,7 @@ class Repricer:
         usage = self._usage()
         if turn.bound is not None and prompt_tokens > turn.bound:
             # Its body's bytes did not bound its prompt: media `turn_media` did not see (put into an
-            # earlier item of its history). The session's next turn reads its history whole.
+            # item of its history it had read). The session's next turn reads its history whole.
             record.history_media = HistoryMedia()
         prompt_tokens = min(prompt_tokens, learned_tokens_cap(turn.bound, usage))  # a replica's word, bounded
         cached_tokens = None if cached_tokens is None else min(cached_tokens, prompt_tokens)

@@ -199,17 +199,17 @@ def _continues(history: list, seen: HistoryMedia) -> bool:
 def turn_media(route_kind: str, body: Mapping[str, object], seen: HistoryMedia) -> tuple[bool, HistoryMedia] | None:
     """Whether the turn's body carries media, and what its session has then seen, reading
     only the history items added since `seen` when the body continues that history (a
-    session's history grows by appending its turn's reply and tool results: the item
-    `seen` read last is where it was). A history that does not continue it is read whole:
-    an agent compacted it, or another thread of the session sent it (a subagent, a title
-    request), whose items `seen` never read. The fields beside the history are read every
-    turn, but for NO_CONTENT_FIELDS.
+    session's history grows by appending its turn's reply and tool results: the first
+    item and the one `seen` read last are where they were, `_continues`). A history that
+    does not continue it is read whole: an agent compacted it, or another thread of the
+    session sent it (a subagent, a title request), whose items `seen` never read. The
+    fields beside the history are read every turn, but for NO_CONTENT_FIELDS.
 
-    A media part put into an earlier item of a history is not seen here; the turn's usage
-    shows it (`Repricer.learn`: more prompt tokens than the body's bound), and the next
-    turn reads the history whole. None: the body has no history list of its route's shape
-    (a string `input` is one; a missing or malformed one is not), so its bytes must be read
-    whole.
+    A media part put into an item between the first and the last one read is not seen
+    here; the turn's usage shows it (`Repricer.learn`: more prompt tokens than the body's
+    bound), and the next turn reads the history whole. None: the body has no history list
+    of its route's shape (a string `input` is one; a missing or malformed one is not), so
+    its bytes must be read whole.
     """
     field = HISTORY_FIELDS.get(route_kind)
     if field is None:
