@@ -594,15 +594,15 @@ def test_the_overhead_row_runs_its_command_and_keeps_the_other_rows(tmp_path):
     document = {"modes": {"sticky": summary(), results_page.GATE_MODE: summary()}, "replicas": {"count": 2}}
     data, page = tmp_path / "results.json", tmp_path / "results.md"
     results_page.store_row(data, page, record_of(ROWS[0], document, "cmd a", "d1", "c1"))
-    options = ("--sessions", "3,6", "--duration", "0.3", "--warmup", "0.1", "--repeats", "1", "--session-rate", "100")
+    options = ("--sessions", "3", "--duration", "0.3", "--warmup", "0.1", "--repeats", "1", "--session-rate", "100")
     options += ("--body-kib", "8")  # every request an agent's 8 KiB history
     assert results_overhead.run_row(lambda record: results_page.store_row(data, page, record), "abc1234", options)
     text = page.read_text()
     assert (
-        "`kvgate bench overhead --sessions 3,6 --duration 0.3 --warmup 0.1 --repeats 1 --session-rate 100 "
+        "`kvgate bench overhead --sessions 3 --duration 0.3 --warmup 0.1 --repeats 1 --session-rate 100 "
         "--body-kib 8` (" in text
     )
-    assert "abc1234)" in text and "| 3 | 3 | closed loop |" in text and "| 6 | 6 | 100 req/s |" in text
+    assert "abc1234)" in text and "| 3 | 3 | closed loop |" in text and "| 3 | 3 | 100 req/s |" in text
     assert "## The same with an agent's 8 KiB history in every request" in text
     stored = json.loads(data.read_text())
     assert [r["key"] for r in stored] == [ROWS[0].key, results_overhead.AGENT_KEY]

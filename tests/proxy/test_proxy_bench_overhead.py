@@ -11,6 +11,7 @@ import orjson
 
 from kvgate.bench.overhead import compare, fmt, format_baseline_table, format_table, summarize
 from kvgate.bench.overhead_load import chat_body
+from kvgate.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,15 +112,9 @@ def test_bad_arguments_exit_2():
     assert result.returncode == 2
 
 
-def test_a_negative_body_size_is_refused_with_a_message():
-    result = subprocess.run(
-        [sys.executable, "-m", "kvgate.cli", "bench", "overhead", "--sessions", "3", "--body-kib", "-1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 2 and "--body-kib must be >= 0" in result.stderr
+def test_a_negative_body_size_is_refused_with_a_message(capsys):
+    assert cli_main(["bench", "overhead", "--sessions", "3", "--body-kib", "-1"]) == 2  # before any process starts
+    assert "--body-kib must be >= 0" in capsys.readouterr().err
 
 
 def test_baseline_repo_is_measured_in_the_same_run_with_cpu_per_request(tmp_path):
