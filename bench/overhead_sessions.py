@@ -60,15 +60,21 @@ def windows_held(url: str) -> int | None:
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in lines)) if lines else None
 
 
+def body_options(args: argparse.Namespace) -> list[str]:
+    """The load generator's options for the requests' body (`--body-kib`), primed and timed alike."""
+    return ["--body-kib", str(args.body_kib)] if args.body_kib else []
+
+
 def measure_size(
     urls: dict[str, str], pids: dict[str, int], sessions: int, args: argparse.Namespace, progress=print
 ) -> dict:
     """Prime every kvgate (`urls`: by target) with `sessions` sessions, then alternate timed
     runs; medians per target. With `--session-rate`, paced runs follow (`row["paced"]`)."""
     clients = args.session_clients
-    body = ["--body-kib", str(args.body_kib)] if args.body_kib else []
     for target in urls:
-        primed = run_load(urls[target], clients, 0.0, 0.0, False, ["--sessions", str(sessions), "--prime", *body])
+        primed = run_load(
+            urls[target], clients, 0.0, 0.0, False, ["--sessions", str(sessions), "--prime", *body_options(args)]
+        )
         progress(f"  N={sessions:<6} gate {target:<3} primed: {primed['requests']} sessions, {primed['errors']} errors")
     row: dict = {"sessions": sessions, "clients": clients}
     row.update(_timed_runs(urls, pids, sessions, args, None, progress))
@@ -88,7 +94,6 @@ def _timed_runs(
     each target's medians, and the CPU ratios on / off (and base / off)."""
     runs: dict[str, list[dict]] = {target: [] for target in urls}
     paced = ["--rate", str(rate)] if rate else []
-    body = ["--body-kib", str(args.body_kib)] if args.body_kib else []
     how = f"at {rate:g} rps" if rate else "closed loop"
     for repeat in range(args.repeats):
         for target in urls:
@@ -99,7 +104,7 @@ def _timed_runs(
                 args.duration,
                 args.warmup,
                 False,
-                ["--sessions", str(sessions), *paced, *body],
+                ["--sessions", str(sessions), *paced, *body_options(args)],
             )
             after = process_cpu_seconds(pids[target])
             if before is not None and after is not None and result["requests"]:

@@ -26,6 +26,7 @@ OPTIONS = ("--sessions", "100,1000,10000", "--duration", "3", "--repeats", "3", 
 AGENT_KEY = "overhead-agent"
 AGENT_BODY_KIB = 128
 AGENT_OPTIONS = ("--sessions", "100,10000", "--body-kib", str(AGENT_BODY_KIB), "--duration", "3", "--repeats", "3")
+ROWS = ((KEY, OPTIONS), (AGENT_KEY, AGENT_OPTIONS))  # each row's key and `kvgate bench overhead` options
 # Gate on over gate off, CPU per request, at most this at N sessions: a gate that costs little
 # more than the proxy without it, whatever the sessions it books.
 CPU_TARGETS = {100: 1.3, 10_000: 1.5}

@@ -639,8 +639,7 @@ def selected_rows(only: str | None, vllm: bool) -> list[ResultRow]:
         return [row for row in ROWS if vllm or not row.real_vllm]
     cluster = {
         "cluster",
-        results_overhead.KEY,
-        results_overhead.AGENT_KEY,
+        *(key for key, _ in results_overhead.ROWS),
         results_router.KEY,
         results_pins.KEY,
         *(row.key for row in CLUSTER_ROWS),
@@ -740,16 +739,10 @@ def main(args) -> int:
             results_pins.run_row(lambda record: store_row(data_path, args.page, record), commit, cwd=REPO)
         for cluster_row in selected_cluster_rows(args.only):
             run_cluster_row(cluster_row, data_path, args.page, commit)
-        if only is None or results_overhead.KEY in only:
-            results_overhead.run_row(lambda record: store_row(data_path, args.page, record), commit, cwd=REPO)
-        if only is None or results_overhead.AGENT_KEY in only:
-            results_overhead.run_row(
-                lambda record: store_row(data_path, args.page, record),
-                commit,
-                results_overhead.AGENT_OPTIONS,
-                cwd=REPO,
-                key=results_overhead.AGENT_KEY,
-            )
+        for key, options in results_overhead.ROWS:
+            if only is None or key in only:
+                store = lambda record: store_row(data_path, args.page, record)  # noqa: E731
+                results_overhead.run_row(store, commit, options, cwd=REPO, key=key)
         if only is None or results_router.KEY in only:
             results_router.run_row(lambda record: store_row(data_path, args.page, record), commit, cwd=REPO)
     stored = _load(data_path)

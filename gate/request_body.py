@@ -94,6 +94,7 @@ _MEDIA_MARKERS = (
     b'"image_url"',
     b'"prompt_embeds"',
 )
+_TYPE_HEAD = b'"type":"'  # the head the content-type markers share
 
 
 def _one_scan(markers: tuple[bytes, ...]) -> re.Pattern[bytes]:
@@ -102,11 +103,10 @@ def _one_scan(markers: tuple[bytes, ...]) -> re.Pattern[bytes]:
     markers' common heads are factored out (`"` and `type":"`), so a position of the body
     that starts none of them is passed over by one comparison, not one per marker: a third
     less time on a 140 KB agent's body."""
-    type_head = b'"type":"'
-    types = [marker[len(type_head) :] for marker in markers if marker.startswith(type_head)]
-    others = [marker[1:] for marker in markers if not marker.startswith(type_head)]
+    types = [marker[len(_TYPE_HEAD) :] for marker in markers if marker.startswith(_TYPE_HEAD)]
+    others = [marker[1:] for marker in markers if not marker.startswith(_TYPE_HEAD)]
     assert all(marker.startswith(b'"') for marker in markers), "every marker is a JSON string"
-    branches = [re.escape(type_head[1:]) + b"(?:" + b"|".join(map(re.escape, types)) + b")", *map(re.escape, others)]
+    branches = [re.escape(_TYPE_HEAD[1:]) + b"(?:" + b"|".join(map(re.escape, types)) + b")", *map(re.escape, others)]
     return re.compile(b'"(?:' + b"|".join(branches) + b")")
 
 
@@ -128,7 +128,6 @@ def prompt_token_bound(body_json: bytes) -> int | None:
 
 # --------------------------------------------------- media, read turn by turn
 
-_TYPE_HEAD = b'"type":"'
 # `_MEDIA_MARKERS` as the parsed body holds them: a dict whose `type` starts with one of
 # these heads, or that has one of these keys (a part that names its content without a
 # `type`, completions' prompt embeddings).
