@@ -18,8 +18,18 @@ browser tests (one Chromium per module, which may be installed with apt the same
 from __future__ import annotations
 
 import gc
+import os
+import sys
 
 import pytest
+
+# Images often set PYTHONDONTWRITEBYTECODE=1 (this CI's does). The suite starts hundreds of
+# Python processes (three workers, kvgate servers, benchmarks); without bytecode caching each
+# one compiles kvgate and rewrites the test modules again: about 10 s of the fast tier's
+# wall time on 2 cores. The cache goes to the checkout's __pycache__ folders (git ignores
+# them); workers and subprocesses inherit the environment from here.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 GROUPED_FOLDERS = {"observability": "observability", "browser": "browser"}
 SHARED_LANE = "vllm"  # the tests of the shared tiny-model servers
