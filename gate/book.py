@@ -112,7 +112,8 @@ class SessionRecord:
     windows_lost: int = 0  # windows the working_set policy took back (older sessions grew)
     prompt_tokens: int | None = None  # prompt tokens of the last admitted turn with a prefix reading
     prompt_bound: int | None = None  # the body-length bound of the turn `prompt_tokens` was read for
-    history_media: HistoryMedia = HistoryMedia()  # its history as its turns' bodies showed it (`turn_media`)
+    # its threads' histories as their turns' bodies showed them, the latest first (`turn_media`)
+    history_media: tuple[HistoryMedia, ...] = ()
     turn_ended_at: float | None = None  # when its last lease was released (a gap starts)
     gap_ewma: float | None = None  # its gaps between turns: smoothed, and the last one
     last_gap: float | None = None

@@ -252,9 +252,10 @@ def _prompt_bound(
 ) -> int | None:
     """The turn's prompt bound (`prompt_token_bound`): its body's bytes (`body_size`, the
     JSON the caller forwards; else one compact encoding of `body`) plus the template's
-    margin, None if the body carries media. Media is looked for in the history items its
-    session's earlier turns did not show (`turn_media`), so an agent's turn costs the same
-    whatever its history's length; a body of another shape has its bytes read whole."""
+    margin, None if the body carries media. Media is looked for in the history items the
+    earlier turns of its session's thread did not show (`turn_media`), so an agent's turn
+    costs the same whatever its history's length; a body of another shape has its bytes
+    read whole."""
     read = turn_media(route_kind, body, record.history_media)
     if read is None:
         return prompt_token_bound(orjson.dumps(body))

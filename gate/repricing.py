@@ -32,7 +32,6 @@ from kvgate.gate.observations import reprefill_tokens
 from kvgate.gate.policies.registry import Policy
 from kvgate.gate.probe import Probe
 from kvgate.gate.readings import PrefixReading, UsageReading
-from kvgate.gate.request_body import HistoryMedia
 from kvgate.gate.settings import GateSettings
 from kvgate.gate.turn_facts import TurnFacts
 
@@ -155,8 +154,8 @@ class Repricer:
         usage = self._usage()
         if turn.bound is not None and prompt_tokens > turn.bound:
             # Its body's bytes did not bound its prompt: media `turn_media` did not see (put into an
-            # item of its history it had read). The session's next turn reads its history whole.
-            record.history_media = HistoryMedia()
+            # item of a history it had read). The session's next turns read their histories whole.
+            record.history_media = ()
         prompt_tokens = min(prompt_tokens, learned_tokens_cap(turn.bound, usage))  # a replica's word, bounded
         cached_tokens = None if cached_tokens is None else min(cached_tokens, prompt_tokens)
         block_size = usage.block_size if usage is not None else None

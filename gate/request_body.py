@@ -142,9 +142,9 @@ NO_CONTENT_FIELDS = frozenset({"tools"})
 
 @dataclass(frozen=True, slots=True)
 class HistoryMedia:
-    """What a session's turns showed of media so far: how many items of its history were
-    read, whether any of them held media, and digests of the first and the last one read
-    (`item_digest`), by which the next turn's body is known to continue that history."""
+    """What one thread of a session showed of media so far: how many items of its history
+    were read, whether any of them held media, and digests of the first and the last one
+    read (`item_digest`), by which a later turn's body is known to continue that history."""
 
     items: int = 0
     media: bool = False
@@ -187,28 +187,48 @@ def holds_media(value: object) -> bool:
     return False
 
 
-def _continues(history: list, seen: HistoryMedia) -> bool:
-    """Whether `history` (at least `seen.items` long) holds the items `seen` read where it
-    read them: its first (which a subagent's or a title request's differs in) and its last
-    (which a compacted history differs in)."""
-    last = item_digest(history[seen.items - 1])
-    return last == seen.last and (seen.items == 1 or item_digest(history[0]) == seen.first)
+# The threads of one session whose histories are remembered (`turn_media`): an agent's main
+# thread, the subagents it runs at once, and its title or summary requests.
+THREADS_KEPT = 4
 
 
-def turn_media(route_kind: str, body: Mapping[str, object], seen: HistoryMedia) -> tuple[bool, HistoryMedia] | None:
-    """Whether the turn's body carries media, and what its session has then seen, reading
-    only the history items added since `seen` when the body continues that history (a
-    session's history grows by appending its turn's reply and tool results: the first
-    item and the one `seen` read last are where they were, `_continues`). A history that
-    does not continue it is read whole: an agent compacted it, or another thread of the
-    session sent it (a subagent, a title request), whose items `seen` never read. The
-    fields beside the history are read every turn, but for NO_CONTENT_FIELDS.
+def _thread_continued(history: list, threads: tuple[HistoryMedia, ...]) -> int | None:
+    """The index of the thread whose history `history` continues, else None: one it is at
+    least as long as, holding that thread's first item (where a subagent's or a title
+    request's history differs) and the item it read last (where a compacted one differs)
+    where the thread read them. Each item is digested once."""
+    count = len(history)
+    first: int | None = None
+    for index, seen in enumerate(threads):
+        if not 0 < seen.items <= count:
+            continue
+        if seen.items > 1:  # (else the first item is the last one read)
+            if first is None:
+                first = item_digest(history[0])
+            if first != seen.first:
+                continue
+        if item_digest(history[seen.items - 1]) == seen.last:
+            return index
+    return None
+
+
+def turn_media(
+    route_kind: str, body: Mapping[str, object], threads: tuple[HistoryMedia, ...]
+) -> tuple[bool, tuple[HistoryMedia, ...]] | None:
+    """Whether the turn's body carries media, and its session's threads as they are then
+    seen (the one this body continues first, at most THREADS_KEPT), reading only the
+    history items added since the thread's last turn when the body continues one of them
+    (a thread's history grows by appending its turn's reply and tool results: the first
+    item and the one read last are where they were, `_thread_continued`). A history that
+    continues none is read whole and starts a thread: an agent compacted it, or a new
+    thread of the session sent it (a subagent, a title request). The fields beside the
+    history are read every turn, but for NO_CONTENT_FIELDS.
 
     A media part put into an item between the first and the last one read is not seen
     here; the turn's usage shows it (`Repricer.learn`: more prompt tokens than the body's
-    bound), and the next turn reads the history whole. None: the body has no history list
-    of its route's shape (a string `input` is one; a missing or malformed one is not), so
-    its bytes must be read whole.
+    bound), and the next turns read their histories whole. None: the body has no history
+    list of its route's shape (a string `input` is one; a missing or malformed one is
+    not), so its bytes must be read whole.
     """
     field = HISTORY_FIELDS.get(route_kind)
     if field is None:
@@ -219,18 +239,21 @@ def turn_media(route_kind: str, body: Mapping[str, object], seen: HistoryMedia) 
             return None
         history = []
     count = len(history)
-    if not (0 < seen.items <= count and _continues(history, seen)):
-        seen = HistoryMedia()  # read it whole
+    index = _thread_continued(history, threads)
+    seen = HistoryMedia() if index is None else threads[index]  # None: read it whole
     if count != seen.items:  # (else nothing new to read, and the same `seen`)
         media = seen.media or holds_media(history[seen.items :])
         first = seen.first if seen.items else item_digest(history[0])
         seen = HistoryMedia(count, media, first, item_digest(history[-1]))
+    if seen.items and (index != 0 or seen is not threads[0]):  # (an empty history is no thread)
+        others = threads if index is None else threads[:index] + threads[index + 1 :]
+        threads = (seen, *others[: THREADS_KEPT - 1])
     if seen.media or not MEDIA_KEYS.isdisjoint(body):
-        return True, seen
+        return True, threads
     for name, value in body.items():
         if isinstance(value, _CONTAINERS) and name != field and name not in NO_CONTENT_FIELDS and holds_media(value):
-            return True, seen
-    return False, seen
+            return True, threads
+    return False, threads
 
 
 def body_bytes(prompt_bound_tokens: int) -> int:

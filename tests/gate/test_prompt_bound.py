@@ -13,10 +13,12 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from kvgate.gate import request_body
 from kvgate.gate.gate import Gate
 from kvgate.gate.metrics import GateMetrics
 from kvgate.gate.request_body import (
     TEMPLATE_MARGIN_TOKENS,
+    THREADS_KEPT,
     HistoryMedia,
     holds_media,
     item_digest,
@@ -62,10 +64,14 @@ BODIES = [
 @pytest.mark.parametrize(("route_kind", "fields"), BODIES)
 def test_turn_media_finds_what_the_byte_scan_finds(route_kind, fields):
     body = {"model": "m", **fields}
-    media, seen = turn_media(route_kind, body, HistoryMedia())
+    media, threads = turn_media(route_kind, body, ())
     assert media == (prompt_token_bound(orjson.dumps(body)) is None)
     history = body.get("messages", body.get("input"))
-    assert seen.items == (len(history) if isinstance(history, list) else 0)
+    assert threads == (
+        (HistoryMedia(len(history), media, *map(item_digest, (history[0], history[-1]))),)
+        if isinstance(history, list)
+        else ()
+    )
 
 
 def test_a_tool_definition_is_not_media():
@@ -73,13 +79,15 @@ def test_a_tool_definition_is_not_media():
     Responses' `file_search` tool for a file)."""
     body = {"input": "hi", "tools": [{"type": "file_search"}, {"type": "function", "parameters": {"type": "object"}}]}
     assert prompt_token_bound(orjson.dumps(body)) is None
-    assert turn_media("responses", body, HistoryMedia()) == (False, HistoryMedia(0, False))
+    assert turn_media("responses", body, ()) == (False, ())  # an empty history is no thread
 
 
 def read(history: list[dict], seen: HistoryMedia) -> tuple[bool, HistoryMedia]:
-    answer = turn_media("chat", {"messages": history}, seen)
+    """One thread's turn: whether it carries media, and the thread as then seen."""
+    answer = turn_media("chat", {"messages": history}, (seen,) if seen.items else ())
     assert answer is not None
-    return answer
+    media, (thread, *_) = answer
+    return media, thread
 
 
 def test_only_the_items_a_history_adds_are_read():
@@ -110,12 +118,41 @@ def test_a_history_that_does_not_continue_the_one_read_is_read_whole(other):
     assert read([IMAGE, *other], seen)[0]
 
 
+def test_interleaved_threads_each_read_only_what_they_add(monkeypatch):
+    """A main thread, a subagent and a title request take turns in one session: each body
+    continues its own thread's history, so each reads only its new items, and an image
+    one thread showed stays with that thread alone."""
+    read_items: list[int] = []
+
+    def counted(value: object) -> bool:
+        read_items.append(len(value) if isinstance(value, list) else 1)
+        return holds_media(value)
+
+    monkeypatch.setattr(request_body, "holds_media", counted)
+    main = [TEXT, ASSISTANT]
+    sub = [{"role": "user", "content": "a subagent's task"}, IMAGE]
+    title = [{"role": "user", "content": "name this conversation"}]
+    threads: tuple[HistoryMedia, ...] = ()
+    for history, media in [(main, False), (sub, True), (title, False), (main + [TEXT], False), (sub + [TEXT], True)]:
+        read_items.clear()
+        answer = turn_media("chat", {"messages": history}, threads)
+        assert answer is not None
+        assert answer[0] is media, history
+        threads = answer[1]
+        assert sum(read_items) <= 2  # a new thread's items, or the one its history added
+    assert [t.items for t in threads] == [3, 3, 1]  # the latest first
+    for n in range(THREADS_KEPT + 1):  # more threads than are kept: the least recent go
+        threads = turn_media("chat", {"messages": [{"role": "user", "content": f"task {n}"}]}, threads)[1]
+    assert len(threads) == THREADS_KEPT and all(t.items == 1 for t in threads)
+
+
 def test_fields_beside_the_history_are_read_every_turn():
-    assert turn_media("completion", {"prompt": "hi"}, HistoryMedia()) is None  # no history: its bytes are read
-    assert turn_media("chat", {"messages": "not a list"}, HistoryMedia()) is None
-    assert turn_media("chat", {"messages": [TEXT], "prompt_embeds": "x"}, HistoryMedia(1, False))[0]
+    assert turn_media("completion", {"prompt": "hi"}, ()) is None  # no history: its bytes are read
+    assert turn_media("chat", {"messages": "not a list"}, ()) is None
+    thread = (HistoryMedia(1, False, item_digest(TEXT), item_digest(TEXT)),)
+    assert turn_media("chat", {"messages": [TEXT], "prompt_embeds": "x"}, thread)[0]
     system_image = {"system": [{"type": "image", "source": {}}], "messages": [TEXT]}
-    assert turn_media("messages", system_image, HistoryMedia(1, False))[0]
+    assert turn_media("messages", system_image, thread)[0]
     assert not holds_media({"text": '"type":"image_url"'})  # a string is text, whatever it says
 
 
