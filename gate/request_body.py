@@ -194,13 +194,15 @@ THREADS_KEPT = 4
 
 def _thread_continued(history: list, threads: tuple[HistoryMedia, ...]) -> int | None:
     """The index of the thread whose history `history` continues, else None: one it is at
-    least as long as, holding that thread's first item (where a subagent's or a title
-    request's history differs) and the item it read last (where a compacted one differs)
-    where the thread read them. Each item is digested once."""
+    least as long as, holding that thread's first item (where a subagent's history
+    differs) and the item it read last (where a compacted one differs) where the thread
+    read them. Of several, the longest: a title request's history of the first message
+    alone is continued by its main thread's too. Each item is digested once."""
     count = len(history)
     first: int | None = None
+    best: int | None = None
     for index, seen in enumerate(threads):
-        if not 0 < seen.items <= count:
+        if not 0 < seen.items <= count or (best is not None and seen.items <= threads[best].items):
             continue
         if seen.items > 1:  # (else the first item is the last one read)
             if first is None:
@@ -208,8 +210,8 @@ def _thread_continued(history: list, threads: tuple[HistoryMedia, ...]) -> int |
             if first != seen.first:
                 continue
         if item_digest(history[seen.items - 1]) == seen.last:
-            return index
-    return None
+            best = index
+    return best
 
 
 def turn_media(

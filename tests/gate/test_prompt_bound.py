@@ -141,6 +141,12 @@ def test_interleaved_threads_each_read_only_what_they_add(monkeypatch):
         threads = answer[1]
         assert sum(read_items) <= 2  # a new thread's items, or the one its history added
     assert [t.items for t in threads] == [3, 3, 1]  # the latest first
+    # a title request of the main thread's first message alone: the main thread's next turn
+    # continues both histories, and reads on from the longer one's
+    threads = turn_media("chat", {"messages": main[:1]}, threads)[1]
+    read_items.clear()
+    threads = turn_media("chat", {"messages": main + [TEXT, ASSISTANT]}, threads)[1]
+    assert sum(read_items) == 1 and threads[0].items == 4
     for n in range(THREADS_KEPT + 1):  # more threads than are kept: the least recent go
         threads = turn_media("chat", {"messages": [{"role": "user", "content": f"task {n}"}]}, threads)[1]
     assert len(threads) == THREADS_KEPT and all(t.items == 1 for t in threads)
