@@ -148,6 +148,8 @@ def test_a_missed_makespan_target_names_whether_any_policy_could_meet_it():
         "trace-70b-tight",
         "vllm-prefill --pinning pinned",  # its simulation stands for the measured server
         "vllm-prefill-no-finish --pinning pinned",
+        "vllm-prefill --pinning pinned --work-conserving no",
+        "vllm-prefill-no-finish --pinning pinned --work-conserving no",
     ]
     assert not dear["of_server"] and "of this vLLM server" not in unreachable
 
@@ -392,8 +394,10 @@ def test_each_real_vllm_model_has_a_pinned_row_with_its_target_and_an_unpinned_r
         ("vllm-small-no-finish", ("--pinning", "unpinned"), ()),
         ("vllm-prefill-no-finish", ("--pinning", "pinned"), ("makespan<=0.8x",)),
         ("vllm-prefill-no-finish", ("--pinning", "unpinned"), ()),
+        # and, where prefill is dear, whole sessions held (as prefill-bound's simulated rows)
+        ("vllm-prefill-no-finish", ("--pinning", "pinned", "--work-conserving", "no"), ("makespan<=0.8x",)),
     ]
-    assert len({r.key for r in rows}) == 4
+    assert len({r.key for r in rows}) == 5
     assert "--pinning pinned" in results_page.shown_command(rows[0], 3)
     assert results_page.row_command(rows[0], 3, results_page.REPO / "out")[-2:] == ["--pinning", "pinned"]
 
