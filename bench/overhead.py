@@ -121,6 +121,13 @@ def add_command(subparsers) -> None:
         help="--sessions: each request carries an agent's history of tool calls and their results "
         "of this many KiB, as a coding agent's turns do (default 0: one short message)",
     )
+    parser.add_argument(
+        "--body-threads",
+        type=int,
+        default=1,
+        help="--sessions: each session's requests take this many threads' histories in turn, as a main "
+        "agent and its subagents do under one session id (default 1)",
+    )
     parser.add_argument("--out", metavar="FILE", help="also write the results as JSON to FILE")
     parser.set_defaults(func=overhead_command)
 
@@ -314,6 +321,9 @@ def overhead_command(args: argparse.Namespace) -> int:
             return 2
         if args.body_kib < 0:
             print(f"--body-kib must be >= 0 (KiB of history per request), got {args.body_kib}", file=sys.stderr)
+            return 2
+        if args.body_threads < 1:
+            print(f"--body-threads must be >= 1 (threads per session), got {args.body_threads}", file=sys.stderr)
             return 2
         with tempfile.TemporaryDirectory(prefix="kvgate-bench-") as tmp:
             return sessions_command(args, Path(tmp))

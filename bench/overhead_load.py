@@ -6,7 +6,9 @@ counted) and time each full response (the last byte of a stream). Each worker is
 session (`bench-<i>`), or with `--sessions N` the workers take the N sessions in turn
 (session ids `bench-0` .. `bench-<N-1>`, round robin); `--prime` sends each of the N
 sessions one request and stops (no warmup, every request counted); with `--body-kib N`
-each request carries an agent's history of N KiB (tool calls and their results). A minimal client
+each request carries an agent's history of N KiB (tool calls and their results), and with
+`--body-threads T` each session's requests take T threads' histories in turn (a main
+agent and its subagents: the same history after a first message of their own). A minimal client
 on asyncio streams under uvloop (bench/http1.py): it parses only the status line,
 Content-Length or chunked framing, so the load generator costs little of the CPUs it shares with the
 upstream and the router under test. Prints one JSON line:
@@ -42,10 +44,12 @@ _TOOL_CALL = {
 _TOOL_RESULT = {"role": "tool", "tool_call_id": "call", "content": ("test_ok passed in 0.01s\n" * 180)[:4000]}
 
 
-def chat_body(stream: bool, body_kib: int = 0) -> bytes:
+def chat_body(stream: bool, body_kib: int = 0, thread: int = 0) -> bytes:
     """The chat request's JSON: one user message, after an agent's history of tool calls and
-    their results of at least `body_kib` KiB (0: none)."""
-    messages: list[dict] = [{"role": "user", "content": "hello"}]
+    their results of at least `body_kib` KiB (0: none). Thread 0's first message is the
+    user's; another `thread`'s is its own task (a subagent's), the rest the same."""
+    first = {"role": "user", "content": "hello" if not thread else f"subagent {thread}: run the tests"}
+    messages: list[dict] = [first]
     while body_kib and len(orjson.dumps(messages)) < body_kib * 1024:
         messages += [_TOOL_CALL, _TOOL_RESULT]
     return orjson.dumps({"model": "bench", "messages": messages, "max_tokens": 16, "stream": stream})
@@ -63,8 +67,7 @@ def request_head(host: str, port: int, session: str, body: bytes) -> bytes:
 async def worker(
     host: str,
     port: int,
-    requests: list[bytes],
-    body: bytes,
+    requests: list[tuple[bytes, bytes]],
     start: float,
     stop: float,
     latencies: list,
@@ -72,8 +75,8 @@ async def worker(
     once=False,
     interval: float = 0.0,
 ) -> None:
-    """Send `requests` (heads, each followed by `body`) in turn until `stop` (`once`: each one
-    once). `interval` > 0: send
+    """Send `requests` (each a head and its body, bodies shared between requests) in turn
+    until `stop` (`once`: each one once). `interval` > 0: send
     the k-th request no earlier than `interval` * k seconds after the first (paced; a late
     answer is not made up for by a burst)."""
     reader, writer = await asyncio.open_connection(host, port)
@@ -89,7 +92,8 @@ async def worker(
             t0 = time.perf_counter()
             if t0 >= stop or (once and sent == len(requests)):
                 return
-            writer.write(requests[sent % len(requests)])
+            head, body = requests[sent % len(requests)]
+            writer.write(head)
             writer.write(body)
             sent += 1
             try:
@@ -133,6 +137,7 @@ async def run(
     prime: bool = False,
     rate: float | None = None,
     body_kib: int = 0,
+    body_threads: int = 1,
 ) -> dict:
     parts = urlsplit(url)
     host, port = parts.hostname, parts.port or 80
@@ -144,16 +149,20 @@ async def run(
     start, stop = now + warmup, now + warmup + duration
     latencies: list[float] = []
     errors: list[str] = []
-    body = chat_body(stream, body_kib)  # one body, shared by every session's requests
+    bodies = [chat_body(stream, body_kib, thread) for thread in range(body_threads)]  # shared by every session
     workers = [
-        [request_head(host, port, session, body) for session in sessions_of(i, concurrency, sessions)]
+        [
+            (request_head(host, port, session, body), body)
+            for session in sessions_of(i, concurrency, sessions)
+            for body in bodies  # a session's threads take turns
+        ]
         for i in range(concurrency)
     ]
     workers = [requests for requests in workers if requests]  # fewer sessions than clients: fewer workers
     interval = 0.0 if prime else pacing_interval(len(workers), rate)
     began = time.perf_counter()
     await asyncio.gather(
-        *(worker(host, port, requests, body, start, stop, latencies, errors, prime, interval) for requests in workers)
+        *(worker(host, port, requests, start, stop, latencies, errors, prime, interval) for requests in workers)
     )
     if prime:
         duration = time.perf_counter() - began
@@ -190,11 +199,20 @@ def cli() -> None:
         default=0,
         help="each request carries an agent's history of tool calls and results of this many KiB (default 0)",
     )
+    parser.add_argument(
+        "--body-threads",
+        type=int,
+        default=1,
+        help="each session's requests take this many threads' histories in turn (a main agent and its "
+        "subagents; default 1)",
+    )
     args = parser.parse_args()
     if args.rate is not None and args.rate <= 0:
         parser.error(f"--rate must be > 0, got {args.rate}")
     if args.body_kib < 0:
         parser.error(f"--body-kib must be >= 0, got {args.body_kib}")
+    if args.body_threads < 1:
+        parser.error(f"--body-threads must be >= 1, got {args.body_threads}")
     from kvgate.proxy.event_loop import run as run_loop
 
     result = {}
@@ -211,6 +229,7 @@ def cli() -> None:
                 args.prime,
                 args.rate,
                 args.body_kib,
+                args.body_threads,
             )
         )
 

@@ -12,7 +12,9 @@ each kvgate runs as fast as it can); with `--session-rate R`, the same again wit
 clients paced to R requests/s together, so both kvgates serve the same load (a faster
 kvgate batches more requests per event-loop wake-up at saturation, which the closed
 loop counts in its favour); with `--body-kib K`, each request carries an agent's history
-of K KiB (tool calls and their results), the size of a coding agent's turns. It prints,
+of K KiB (tool calls and their results), the size of a coding agent's turns, and with
+`--body-threads T` each session's requests take T threads' histories in turn (a main agent
+and its subagents under one session id). It prints,
 per N and load, each kvgate's median CPU per request (its process's
 user + system time over a run, warmup included, divided by the requests timed), the
 ratio on / off, requests/s, the windows the gate holds after the runs
@@ -61,8 +63,11 @@ def windows_held(url: str) -> int | None:
 
 
 def body_options(args: argparse.Namespace) -> list[str]:
-    """The load generator's options for the requests' body (`--body-kib`), primed and timed alike."""
-    return ["--body-kib", str(args.body_kib)] if args.body_kib else []
+    """The load generator's options for the requests' body (`--body-kib`, `--body-threads`),
+    primed and timed alike."""
+    return (["--body-kib", str(args.body_kib)] if args.body_kib else []) + (
+        ["--body-threads", str(args.body_threads)] if args.body_threads > 1 else []
+    )
 
 
 def measure_size(
@@ -185,7 +190,8 @@ async def run_sessions(args: argparse.Namespace, sizes: list[int], workdir: Path
             f"calm upstream {upstream}; kvgate gate off {urls['off']}, on {urls['on']} "
             f"(policy {args.gate_policy}); {args.repeats} x {args.duration:g} s per size and gate, "
             f"{args.session_clients} clients, "
-            + (f"each request an agent's {args.body_kib} KiB history" if args.body_kib else "one short message each"),
+            + (f"each request an agent's {args.body_kib} KiB history" if args.body_kib else "one short message each")
+            + (f", {args.body_threads} threads per session" if args.body_threads > 1 else ""),
             flush=True,
         )
         rows = []
@@ -203,6 +209,8 @@ def sessions_command(args: argparse.Namespace, workdir: Path) -> int:
     print()
     print(format_sessions_table(rows))
     if args.out:
-        Path(args.out).write_text(json.dumps({"sessions": rows, "body_kib": args.body_kib}, indent=2))
+        Path(args.out).write_text(
+            json.dumps({"sessions": rows, "body_kib": args.body_kib, "body_threads": args.body_threads}, indent=2)
+        )
         print(f"\nwrote {args.out}")
     return 0

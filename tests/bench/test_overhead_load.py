@@ -3,6 +3,7 @@ its workers (no timing assert: pacing only bounds how many requests go out)."""
 
 from __future__ import annotations
 
+import orjson
 from aiohttp import web
 
 from kvgate.bench.overhead_load import pacing_interval, run
@@ -39,3 +40,23 @@ async def test_a_run_without_a_rate_is_closed_loop(aiohttp_server):
     server = await aiohttp_server(app)
     result = await run(f"http://127.0.0.1:{server.port}", 2, duration=0.3, warmup=0.0, stream=False, sessions=4)
     assert result["requests"] > 0 and result["errors"] == 0
+
+
+async def test_each_sessions_requests_take_its_threads_in_turn(aiohttp_server):
+    """`--body-threads 2`: one session's requests alternate between two histories that differ
+    in their first message (a main agent and its subagent under one session id)."""
+    seen: list[tuple[str, str]] = []
+
+    async def record(request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        seen.append((request.headers["x-session-id"], body["messages"][0]["content"]))
+        return await answer(request)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", record)
+    server = await aiohttp_server(app)
+    url = f"http://127.0.0.1:{server.port}"
+    primed = await run(url, 1, 0.0, 0.0, False, sessions=2, prime=True, body_kib=4, body_threads=2)
+    assert primed["requests"] == 4 and primed["errors"] == 0
+    assert [session for session, _ in seen] == ["bench-0", "bench-0", "bench-1", "bench-1"]
+    assert seen[0][1] != seen[1][1] and (seen[0][1], seen[1][1]) == (seen[2][1], seen[3][1])

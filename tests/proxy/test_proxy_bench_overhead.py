@@ -99,6 +99,9 @@ def test_a_body_of_k_kib_is_an_agents_history_of_tool_calls_and_results():
     messages = orjson.loads(body)["messages"]
     assert [m["role"] for m in messages[1:5]] == ["assistant", "tool", "assistant", "tool"]
     assert messages[1]["tool_calls"][0]["id"] == messages[2]["tool_call_id"]
+    # another thread (a subagent): its own first message, the same history after it
+    sub = orjson.loads(chat_body(stream=True, body_kib=64, thread=1))["messages"]
+    assert sub[0] != messages[0] and sub[1:] == messages[1:]
 
 
 def test_bad_arguments_exit_2():
@@ -115,6 +118,8 @@ def test_bad_arguments_exit_2():
 def test_a_negative_body_size_is_refused_with_a_message(capsys):
     assert cli_main(["bench", "overhead", "--sessions", "3", "--body-kib", "-1"]) == 2  # before any process starts
     assert "--body-kib must be >= 0" in capsys.readouterr().err
+    assert cli_main(["bench", "overhead", "--sessions", "3", "--body-threads", "0"]) == 2
+    assert "--body-threads must be >= 1" in capsys.readouterr().err
 
 
 def test_baseline_repo_is_measured_in_the_same_run_with_cpu_per_request(tmp_path):
