@@ -1,5 +1,6 @@
 """The overhead benchmark's load generator against a real loopback server: `--rate` paces
-its workers (no timing assert: pacing only bounds how many requests go out)."""
+its workers (no timing assert: pacing only bounds how many requests go out), and a
+session's requests take its threads' histories in turn (`--body-threads`)."""
 
 from __future__ import annotations
 
