@@ -197,19 +197,17 @@ def _thread_continued(history: list, threads: tuple[HistoryMedia, ...]) -> int |
     least as long as, holding that thread's first item (where a subagent's history
     differs) and the item it read last (where a compacted one differs) where the thread
     read them. Of several, the longest: a title request's history of the first message
-    alone is continued by its main thread's too. Each item is digested once."""
+    alone is continued by its main thread's too. The first item is digested once."""
     count = len(history)
     first: int | None = None
     best: int | None = None
     for index, seen in enumerate(threads):
         if not 0 < seen.items <= count or (best is not None and seen.items <= threads[best].items):
             continue
-        if seen.items > 1:  # (else the first item is the last one read)
-            if first is None:
-                first = item_digest(history[0])
-            if first != seen.first:
-                continue
-        if item_digest(history[seen.items - 1]) == seen.last:
+        if first is None:
+            first = item_digest(history[0])
+        # (a thread of one item read has it as its first and its last)
+        if first == seen.first and (seen.items == 1 or item_digest(history[seen.items - 1]) == seen.last):
             best = index
     return best
 
