@@ -144,9 +144,9 @@ class _TimedLease:
         self.reason, self.wait_ms, self.priority = lease.reason, lease.wait_ms, lease.priority
         self._learn_s = 0.0
 
-    def learn(self, prompt_tokens: int, cached_tokens: int | None) -> None:
+    def learn(self, prompt_tokens: int, cached_tokens: int | None, output_tokens: int | None = None) -> None:
         started = time.perf_counter()
-        self.lease.learn(prompt_tokens, cached_tokens)
+        self.lease.learn(prompt_tokens, cached_tokens, output_tokens)
         self._learn_s += time.perf_counter() - started
 
     def end_run(self) -> None:

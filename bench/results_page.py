@@ -120,6 +120,9 @@ ROWS: tuple[ResultRow, ...] = (
     ResultRow("retry-storm", SIMULATED),  # attempts superseded under load
     ResultRow("prefill-bound", SIMULATED + ("makespan<=0.4x",)),
     ResultRow("prefill-bound-no-finish", SIMULATED + ("makespan<=0.4x",)),
+    # every turn sends a max_tokens far above its reply, as agent clients do
+    ResultRow("thrash-capped", SIMULATED),
+    ResultRow("prefill-bound-capped", SIMULATED),
     # holding whole sessions (gate.work_conserving: false) where prefill is dear, and where it is cheap
     ResultRow("prefill-bound", ("makespan<=0.4x",), ("--work-conserving", "no")),
     ResultRow("prefill-bound-no-finish", ("makespan<=0.4x",), ("--work-conserving", "no")),

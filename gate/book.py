@@ -56,7 +56,7 @@ state change goes through a `SessionBook` method, which keeps these invariants:
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -64,6 +64,7 @@ from enum import StrEnum
 from kvgate.gate.holding_value import HoldingValue
 from kvgate.gate.late_index import LateIndex
 from kvgate.gate.ordered_sums import OrderedSums
+from kvgate.gate.recent_max import RecentMax
 from kvgate.gate.request_body import HistoryMedia, body_bytes
 from kvgate.gate.window_lifetime import late_after, quiet_lifetime
 from kvgate.wire.busy_share import BusyMeter
@@ -93,6 +94,9 @@ TURN_EWMA_WEIGHT = 0.5  # weight of the newest turn's service time, likewise
 # Recorded sizes the tokens-per-byte ratio is the highest of: recent enough to follow a
 # change of workload, enough to cover its sessions' different templates and languages.
 TOKENS_PER_BYTE_WINDOW = 64
+# Served replies the output a turn is priced at is the longest of (`output_price`):
+# as many, for the same reasons.
+REPLY_TOKENS_WINDOW = 64
 
 
 @dataclass(slots=True, eq=False)
@@ -188,8 +192,8 @@ class SessionBook:
         self.windows: OrderedDict[str, SessionRecord] = OrderedDict()
         self._order: OrderedSums[SessionRecord] = OrderedSums()  # `windows`, with their footprints' sums
         self._idle_windows: LateIndex[SessionRecord] = LateIndex(late_floor)
-        self._tokens_per_byte: deque[float] = deque(maxlen=TOKENS_PER_BYTE_WINDOW)
-        self._tokens_per_byte_max: float | None = None  # max of the deque; None: not known (recompute)
+        self._tokens_per_byte = RecentMax(TOKENS_PER_BYTE_WINDOW)
+        self._reply_tokens = RecentMax(REPLY_TOKENS_WINDOW)
 
     # -- classification: every mutation is bracketed by _leave / _enter
 
@@ -302,20 +306,23 @@ class SessionBook:
     @property
     def tokens_per_byte(self) -> float | None:
         """The highest tokens-per-body-byte ratio of the recent recorded sizes; None before any."""
-        # Read at every decision, changed only by admissions: kept, recomputed only when
-        # the highest ratio leaves the window.
-        if self._tokens_per_byte_max is None:
-            self._tokens_per_byte_max = max(self._tokens_per_byte, default=None)
-        return self._tokens_per_byte_max
+        return self._tokens_per_byte.value
 
-    def _record_tokens_per_byte(self, ratio: float) -> None:
-        ratios, highest = self._tokens_per_byte, self._tokens_per_byte_max
-        leaving = ratios[0] if len(ratios) == ratios.maxlen else None
-        ratios.append(ratio)
-        if highest is not None and ratio >= highest:
-            self._tokens_per_byte_max = ratio
-        elif leaving is not None and leaving == highest:
-            self._tokens_per_byte_max = None
+    def record_reply(self, output_tokens: int) -> None:
+        """A served turn generated `output_tokens` (its usage said so)."""
+        self._reply_tokens.add(output_tokens)
+
+    def output_price(self, allowance: int) -> int:
+        """The output tokens a turn of output `allowance` (its max_tokens; 0: none given) is
+        priced at: the longest of the replica's recent replies, never above the allowance
+        given; the allowance itself before any reply was served. An agent's max_tokens is a
+        cap (Claude Code sends 32,000 for replies of a few hundred tokens), and a window
+        priced at it would fill the books at a fraction of the cache
+        (docs/decisions/output-priced-at-recent-replies.md)."""
+        longest = self._reply_tokens.value
+        if longest is None:
+            return allowance
+        return int(longest) if not allowance else min(allowance, int(longest))
 
     def record_size(self, rec: SessionRecord, prompt_tokens: int | None, prompt_bound: int | None = None) -> None:
         """Record an admitted turn's prompt size (and the replica's tokens-per-byte ratio)."""
@@ -323,7 +330,7 @@ class SessionBook:
             return
         size = body_bytes(prompt_bound) if prompt_bound is not None else 0
         if size > 0:
-            self._record_tokens_per_byte(prompt_tokens / size)
+            self._tokens_per_byte.add(prompt_tokens / size)
         rec.prompt_tokens = prompt_tokens
         rec.prompt_bound = prompt_bound
 

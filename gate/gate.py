@@ -40,7 +40,8 @@ Invariants (each has a test):
   without a lease out (it goes idle) wakes every waiter.
 - The policy sees how many named waiters are ahead of the attempt, where it is queued or
   would be (the working_set policy gives newcomers windows in queue order), and the
-  request's output allowance, read once from the body.
+  output the turn is priced at (`SessionBook.output_price`: its body's allowance, capped
+  by the replica's longest recent reply), read once from the body.
 - A `Wait(drop_window=True)` takes the session's window back before it waits; so does
   a `Reject`: a session never holds a window while it waits or after it was refused.
 - Expired windows are purged lazily, by whichever acquire, wake, release or look at
@@ -213,12 +214,12 @@ class Lease:
         self._released = False
         self._turn = turn
 
-    def learn(self, prompt_tokens: int, cached_tokens: int | None) -> None:
+    def learn(self, prompt_tokens: int, cached_tokens: int | None, output_tokens: int | None = None) -> None:
         """The served turn's usage, as the replica reported it (before `release()`): its
-        exact prompt size and the prompt tokens its prefix cache held. No-op after release
-        and for a turn without a session."""
+        exact prompt size, the prompt tokens its prefix cache held and the tokens it
+        generated (None: not reported). No-op after release and for a turn without a session."""
         if not self._released and self._record is not None and self._turn is not None:
-            self._gate._repricer.learn(self._record, self._turn, prompt_tokens, cached_tokens)
+            self._gate._repricer.learn(self._record, self._turn, prompt_tokens, cached_tokens, output_tokens)
 
     def end_run(self) -> None:
         """The turn's reply ended its agent's run (it called no tool where it could have:
@@ -430,7 +431,7 @@ class Gate:
     ) -> _Turn:
         """Read what the body says once; nothing is booked yet. A named turn carries its
         session's record, or a new one if the gate has none (booked when the turn is)."""
-        allowance = output_allowance(body)
+        allowance = self._book.output_price(output_allowance(body))
         record = None if session_key is None else self._book.records.get(session_key) or SessionRecord(session_key)
         # Only named turns are priced. A body that does not hold its whole prompt (a
         # Responses continuation) has no bound.

@@ -142,12 +142,24 @@ class Repricer:
         for task in list(self._repricing):
             task.cancel()
 
-    def learn(self, record: SessionRecord, turn: TurnNote, prompt_tokens: int, cached_tokens: int | None) -> None:
+    def learn(
+        self,
+        record: SessionRecord,
+        turn: TurnNote,
+        prompt_tokens: int,
+        cached_tokens: int | None,
+        output_tokens: int | None = None,
+    ) -> None:
         """A served turn's usage: its exact size goes into the session's history, prices its
-        window (as a repricing probe would), tells the replica's `HoldingValue` how much of
-        the session's previous prompt it kept and, for a turn no prefix reading priced,
-        counts its re-prefill."""
+        window (as a repricing probe would; at the reply's length where the usage gives it:
+        the turn's generation is over, so that is what its window holds), tells the
+        replica's `HoldingValue` how much of the session's previous prompt it kept and, for
+        a turn no prefix reading priced, counts its re-prefill. The reply's length goes
+        into the replica's recent replies (`SessionBook.output_price`)."""
         self._unpriced.pop(record, None)
+        if output_tokens is not None:
+            output_tokens = min(output_tokens, learned_tokens_cap(None, self._usage()))  # a replica's word, bounded
+            self._book.record_reply(output_tokens)
         if self._book.records.get(record.key) is not record:
             return
         self.learns_usage = True
@@ -172,7 +184,7 @@ class Repricer:
             self._book.holding.observe_engine(turn.probed_hit_blocks, hit_blocks)
         if not turn.probed and cached_tokens is not None:
             self.count_reprefill(turn.previous_tokens, learned, usage)
-        self.apply_price(record, learned, turn.allowance, usage, turn.bound)
+        self.apply_price(record, learned, turn.allowance if output_tokens is None else output_tokens, usage, turn.bound)
 
     def apply_price(
         self,

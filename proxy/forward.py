@@ -495,7 +495,7 @@ class Forwarder:
                 # The answer's usage came, so the replica served the prompt: the gate learns
                 # it even from a client gone before the stream's last bytes (SDKs stop at [DONE]).
                 if tap.usage is not None:
-                    lease.learn(tap.usage.prompt_tokens, tap.usage.cached_tokens)
+                    lease.learn(tap.usage.prompt_tokens, tap.usage.cached_tokens, tap.usage.output_tokens)
                 if completed and status < 400 and tap.end is ReplyEnd.FINAL:
                     lease.end_run()  # the agent's run is over: its window goes at once, not after its quiet lifetime
             if not completed:

@@ -35,7 +35,7 @@ class TurnLease(Protocol):
 
     def release(self, served: bool = True) -> None: ...
 
-    def learn(self, prompt_tokens: int, cached_tokens: int | None) -> None: ...
+    def learn(self, prompt_tokens: int, cached_tokens: int | None, output_tokens: int | None = None) -> None: ...
 
     def end_run(self) -> None: ...  # the reply ended the agent's run: the session's window ends
 
@@ -100,7 +100,7 @@ class _Ungated:
     def release(self, served: bool = True) -> None:
         return None
 
-    def learn(self, prompt_tokens: int, cached_tokens: int | None) -> None:
+    def learn(self, prompt_tokens: int, cached_tokens: int | None, output_tokens: int | None = None) -> None:
         return None
 
     def end_run(self) -> None:

@@ -4,7 +4,8 @@ vLLM reports after the fact how many prompt tokens a request had and how many of
 its prefix cache held (the latter when the server runs with
 `--enable-prompt-tokens-details`). The gate learns a turn's exact size from it without
 a probe (`gate.gate.Lease.learn`). Each API names them its own way:
-- `chat`, `completion`: `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens`;
+- `chat`, `completion`: `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens`
+  (the reply's tokens: `usage.completion_tokens`; `output_tokens` in the other two APIs);
 - `messages` (Anthropic): the prompt is `input_tokens + cache_read_input_tokens +
   cache_creation_input_tokens` (vLLM reports the last two apart from `input_tokens`, as
   Anthropic does, and only with prompt details on); the cached part `cache_read_input_tokens`;
@@ -67,26 +68,32 @@ _EVENT_BYTES = 1 << 22  # the longest Anthropic or Responses event read (a respo
 
 @dataclass(frozen=True, slots=True)
 class PromptUsage:
-    """A served turn's prompt, as the replica counted it. Invariant: 0 <= cached_tokens <= prompt_tokens."""
+    """A served turn's prompt, as the replica counted it, and its reply's length.
+    Invariant: 0 <= cached_tokens <= prompt_tokens."""
 
     prompt_tokens: int
     cached_tokens: int | None  # None: the server does not report prompt_tokens_details
+    output_tokens: int | None = None  # the tokens generated; None: not reported
 
 
 def _count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _usage(prompt: object, cached: object) -> PromptUsage | None:
-    """`prompt` tokens (> 0), `cached` of them (None unless 0 <= cached <= prompt)."""
+def _usage(prompt: object, cached: object, output: object) -> PromptUsage | None:
+    """`prompt` tokens (> 0), `cached` of them (None unless 0 <= cached <= prompt), and
+    `output` tokens generated (None unless a count)."""
     if not _count(prompt) or prompt == 0:
         return None
-    return PromptUsage(prompt, cached if _count(cached) and cached <= prompt else None)
+    return PromptUsage(
+        prompt, cached if _count(cached) and cached <= prompt else None, output if _count(output) else None
+    )
 
 
 def _openai_usage(usage: dict) -> PromptUsage | None:
     details = usage.get("prompt_tokens_details")
-    return _usage(usage.get("prompt_tokens"), details.get("cached_tokens") if isinstance(details, dict) else None)
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return _usage(usage.get("prompt_tokens"), cached, usage.get("completion_tokens"))
 
 
 def _anthropic_usage(usage: dict) -> PromptUsage | None:
@@ -96,12 +103,13 @@ def _anthropic_usage(usage: dict) -> PromptUsage | None:
     created = usage.get("cache_creation_input_tokens")
     if not _count(uncached) or not all(part is None or _count(part) for part in (read, created)):
         return None
-    return _usage(uncached + (read or 0) + (created or 0), read)
+    return _usage(uncached + (read or 0) + (created or 0), read, usage.get("output_tokens"))
 
 
 def _responses_usage(usage: dict) -> PromptUsage | None:
     details = usage.get("input_tokens_details")
-    return _usage(usage.get("input_tokens"), details.get("cached_tokens") if isinstance(details, dict) else None)
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return _usage(usage.get("input_tokens"), cached, usage.get("output_tokens"))
 
 
 _READERS = {"messages": _anthropic_usage, "responses": _responses_usage}

@@ -52,6 +52,7 @@ class GenerationParams:
     offer: ToolOffer = NO_TOOLS  # the function tools the reply may call
     fixed_length: bool = False  # vLLM's `ignore_eos`: exactly max_tokens tokens of text
     max_tokens_given: bool = True  # False: max_tokens is the default cap (the context left)
+    min_tokens: int = 0  # vLLM's `min_tokens`: no stop before this many
 
 
 def _optional(body: dict, key: str, types: tuple, what: str):
@@ -102,6 +103,9 @@ def parse_generation(kind: str, body, served_model: str, max_model_len: int) -> 
             max_tokens = value
             break
     given = max_tokens is not None
+    min_tokens = _optional(body, "min_tokens", (int,), "an integer") or 0
+    if min_tokens < 0 or max_tokens is not None and min_tokens > max_tokens:
+        raise ApiError(f"'min_tokens' must be between 0 and max_tokens, got {min_tokens}", param="min_tokens")
     prompt_len = len(prompt_ids)
     if prompt_len >= max_model_len:
         raise ApiError(
@@ -124,7 +128,18 @@ def parse_generation(kind: str, body, served_model: str, max_model_len: int) -> 
         tool_offer(function_tools(body.get("tools"), "chat"), body.get("tool_choice")) if kind == "chat" else NO_TOOLS
     )
     return GenerationParams(
-        kind, model, prompt_ids, max_tokens, stream, include_usage, cache_salt, priority, offer, fixed_length, given
+        kind,
+        model,
+        prompt_ids,
+        max_tokens,
+        stream,
+        include_usage,
+        cache_salt,
+        priority,
+        offer,
+        fixed_length,
+        given,
+        min(min_tokens, max_tokens),
     )
 
 

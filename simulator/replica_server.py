@@ -151,6 +151,7 @@ def _start(app: web.Application, params: GenerationParams, body) -> tuple[ReplyP
         params.offer,
         params.fixed_length,
         params.max_tokens_given,
+        params.min_tokens,
     )
     engine = app[ENGINE_KEY]
     return plan, engine.add_request(

@@ -14,7 +14,11 @@ Invariants:
   way; only what the API shows for them differs.
 - A reply cut by the cap is text with finish reason `length` (never a truncated call).
 - `lengths="max_tokens"` (or vLLM's `ignore_eos` on the request) is the fixed-length
-  answer the benchmarks rely on: exactly `max_tokens` tokens of text, finish `length`.
+  answer the benchmarks rely on: exactly `max_tokens` tokens of text, finish `length`;
+  with `lengths="max_tokens"`, a request's `min_tokens` (vLLM's floor) ends it there
+  instead, finish `stop`: a model that stops as soon as it may, under a cap far above
+  its reply (an agent client's max_tokens).
+- A sampled reply is never shorter than `min_tokens`.
 """
 
 from __future__ import annotations
@@ -131,15 +135,18 @@ def plan_reply(
     offer: ToolOffer = NO_TOOLS,
     fixed: bool = False,
     max_tokens_given: bool = True,
+    min_tokens: int = 0,
 ) -> ReplyPlan:
-    """The answer to a prompt capped at `max_tokens` (module doc); `fixed`: the request
-    asked for exactly `max_tokens` (vLLM's `ignore_eos`). An exact-length reply to a
-    request without max_tokens (`max_tokens_given` False: the cap is the context left)
-    is `FIXED_DEFAULT_TOKENS` long."""
+    """The answer to a prompt capped at `max_tokens`, never shorter than `min_tokens`
+    (module doc); `fixed`: the request asked for exactly `max_tokens` (vLLM's
+    `ignore_eos`). An exact-length reply to a request without max_tokens
+    (`max_tokens_given` False: the cap is the context left) is `FIXED_DEFAULT_TOKENS` long."""
+    if model.lengths == "max_tokens" and not fixed and 0 < min_tokens < max_tokens:
+        return ReplyPlan(min_tokens, natural_stop=True)
     if fixed or model.lengths == "max_tokens":
         return ReplyPlan(max_tokens if max_tokens_given else min(FIXED_DEFAULT_TOKENS, max_tokens), natural_stop=False)
     rng = _rng(model.seed, prompt_token_ids, max_tokens)
-    length = max(1, round(rng.lognormvariate(math.log(model.median_tokens), model.sigma)))
+    length = max(1, min_tokens, round(rng.lognormvariate(math.log(model.median_tokens), model.sigma)))
     if length >= max_tokens:
         return ReplyPlan(max_tokens, natural_stop=False)
     candidates = offer.candidates()

@@ -37,11 +37,16 @@ def turn_request(
     replies: list[str],
     reply_tokens: int,
     previous_response_id: str | None,
+    max_tokens: int | None = None,
 ) -> tuple[dict, dict]:
     """(body, headers) of turn `turn_index` of `session` in `api` (finish header not included).
 
-    `responses` continues `previous_response_id` (the last turn's response) from turn 2 on."""
+    `responses` continues `previous_response_id` (the last turn's response) from turn 2 on.
+    `max_tokens`: the cap the turn sends, its reply still `reply_tokens` long (vLLM's
+    `min_tokens`, where simulated replicas stop: chat only); None: the reply's length."""
     messages = build_messages(session, replies, turn_index)
+    if max_tokens is not None and api != "chat":
+        raise ValueError(f"a workload with max_tokens runs the chat api only (got {api!r})")
     if api == "chat":
         body = {
             "model": model,
@@ -51,6 +56,8 @@ def turn_request(
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if max_tokens is not None:
+            body["max_tokens"], body["min_tokens"] = max_tokens, reply_tokens
         return body, {SESSION_HEADER: session.session_id}
     if api == "messages":
         system, *conversation = messages

@@ -169,6 +169,7 @@ class WorkloadDriver:
             replies,
             self.workload.reply_tokens(turn),
             previous_response_id[0],
+            self.workload.spec.max_tokens,
         )
         if turn.index == len(session.turns) and self.workload.spec.send_finish:
             headers[FINISH_HEADER] = "true"

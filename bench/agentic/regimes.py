@@ -316,8 +316,28 @@ REGIMES.update(
         ),
     }
 )
+# The cap the capped regimes' turns send: far above their replies, as agent clients send
+# one (Claude Code: 32,000), and within the regimes' max_model_len beside their longest prompts.
+AGENT_MAX_TOKENS = 1024
+
+
+def _capped(base: Regime) -> Regime:
+    """`base` with every turn sending max_tokens AGENT_MAX_TOKENS, its replies as long as before."""
+    assert isinstance(base.workload, WorkloadSpec), "an agent trace's turns send their own replies' lengths"
+    return Regime(
+        base.name + "-capped",
+        f"{base.name}, every turn sending max_tokens {AGENT_MAX_TOKENS} as agent clients send a cap "
+        f"far above their replies, which stay {base.workload.reply_tokens} tokens",
+        base.workload.replace(max_tokens=AGENT_MAX_TOKENS),
+        base.shape,
+        base.replicas,
+    )
+
+
 REGIMES.update(
     {
+        "thrash-capped": _capped(REGIMES["thrash"]),
+        "prefill-bound-capped": _capped(REGIMES["prefill-bound"]),
         "no-pressure-no-finish": _silent(REGIMES["no-pressure"]),
         "thrash-no-finish": _silent(REGIMES["thrash"], ": windows must end when sessions go quiet"),
         "cheap-prefill-no-finish": _silent(REGIMES["cheap-prefill"]),

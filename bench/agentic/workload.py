@@ -46,7 +46,10 @@ class WorkloadSpec:
     task_words: int = 100
     tool_result_words_min: int = 100
     tool_result_words_max: int = 300
-    reply_tokens: int = 16  # max_tokens of every turn: the replica's reply length
+    reply_tokens: int = 16  # the replica's reply length: every turn's max_tokens, unless max_tokens is set
+    # The max_tokens every turn sends, as agent clients send a cap far above their replies
+    # (None: each turn's reply length); the replies stay `reply_tokens` long.
+    max_tokens: int | None = None
     tool_latency_median_s: float = 0.2  # lognormal body of the tool-latency distribution
     tool_latency_sigma: float = 0.5
     tool_tail_prob: float = 0.0  # share of tool calls in the heavy tail
@@ -69,6 +72,7 @@ class WorkloadSpec:
             ("tool_result_words_min", self.tool_result_words_min >= 1),
             ("tool_result_words_max", self.tool_result_words_max >= self.tool_result_words_min),
             ("reply_tokens", self.reply_tokens >= 1),
+            ("max_tokens", self.max_tokens is None or self.max_tokens >= self.reply_tokens),
             ("tool_latency_median_s", self.tool_latency_median_s >= 0),
             ("tool_latency_sigma", self.tool_latency_sigma >= 0),
             ("tool_tail_prob", 0 <= self.tool_tail_prob <= 1),

@@ -230,7 +230,7 @@ class FrontDoor:
             # The replica served the prompt and reports its usage, as vLLM's answer does:
             # the gate learns the turn's exact size and its hit from it.
             if self.learns_usage:
-                lease.learn(request.num_prompt_tokens, request.num_cached_prompt_tokens)
+                lease.learn(request.num_prompt_tokens, request.num_cached_prompt_tokens, request.num_output_tokens)
             hold.served = True
         if self.controller is not None:
             entry = self._sessions.get(session_id) or self._sessions.setdefault(session_id, SessionEntry(0.0))

@@ -142,7 +142,7 @@ class TurnRecord:
     hit_tokens: int
     ceiling_tokens: int  # prompt tokens an infinite cache would hit
     shared_tokens: int = 0  # the part of those every session of its shared prefix has (one copy serves them all)
-    output_tokens: int = 0  # its reply's tokens (its max_tokens: simulated replicas reply that long); 0: failed
+    output_tokens: int = 0  # its reply's tokens (simulated replicas reply that long, whatever its cap); 0: failed
 
 
 def session_turns(turns: Iterable[TurnRecord]) -> list[list[TurnRecord]]:
@@ -267,7 +267,7 @@ class _Cluster:
                     size,
                     session.shared_prefix,
                 )
-                body = TurnBody(request, session.body_bytes[k], reply)
+                body = TurnBody(request, session.body_bytes[k], max(reply, session.max_tokens or 0))
                 outcome = await self.front.turn(
                     session.session_id, direct_index, request, body, last and config.send_finish
                 )

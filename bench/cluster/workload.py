@@ -36,7 +36,8 @@ TOOL_RESULT_LABEL = "Tool result: "
 class SessionTokens:
     """One session: `prompts[k]` tokens and `body_bytes[k]` JSON bytes for turn k+1,
     `tool_latency_s[k]` seconds of tool call after it, `replies[k]` tokens of its reply;
-    `shared_prefix` = (prefix id, tokens every session of that prefix starts with)."""
+    `shared_prefix` = (prefix id, tokens every session of that prefix starts with);
+    `max_tokens`: the cap its turns send (None: each turn its reply's length)."""
 
     sequence_id: int
     session_id: str
@@ -45,6 +46,7 @@ class SessionTokens:
     body_bytes: tuple[int, ...]
     tool_latency_s: tuple[float, ...]
     replies: tuple[int, ...]
+    max_tokens: int | None = None
 
     @property
     def turns(self) -> int:
@@ -56,9 +58,9 @@ def _reply_text(start: int, count: int) -> str:
     return "".join(tokenizer.decode_token(tokenizer.output_token(position)) for position in range(start, start + count))
 
 
-def _chat_body(messages: list[dict], reply_tokens: int) -> dict:
+def _chat_body(messages: list[dict], reply_tokens: int, max_tokens: int | None) -> dict:
     """The benchmark's chat turn body (bench.agentic.apis.turn_request, api chat)."""
-    return {
+    body = {
         "model": "sim",
         "messages": messages,
         "max_tokens": reply_tokens,
@@ -66,6 +68,9 @@ def _chat_body(messages: list[dict], reply_tokens: int) -> dict:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if max_tokens is not None:
+        body["max_tokens"], body["min_tokens"] = max_tokens, reply_tokens
+    return body
 
 
 def sessions_of(workload: Workload) -> list[SessionTokens]:
@@ -86,7 +91,7 @@ def sessions_of(workload: Workload) -> list[SessionTokens]:
                 tool = tokenizer.encode(TOOL_RESULT_LABEL + (earlier.tool_result or ""))
                 prompt += reply + len(tool) + TURN_MARKER_TOKENS
             prompts.append(prompt)
-            sizes.append(len(orjson.dumps(_chat_body(messages, reply))))
+            sizes.append(len(orjson.dumps(_chat_body(messages, reply, workload.spec.max_tokens))))
             replies.append(_reply_text(prompt, reply))
         latencies = tuple(turn.tool_latency_s for turn in session.turns)
         out.append(
@@ -98,6 +103,7 @@ def sessions_of(workload: Workload) -> list[SessionTokens]:
                 tuple(sizes),
                 latencies,
                 (reply,) * len(prompts),
+                workload.spec.max_tokens,
             )
         )
     return out
@@ -196,4 +202,5 @@ class AgentSessions:
             tuple(sizes),
             tuple(latencies),
             (reply,) * turns,
+            None if spec.max_tokens is None else scaled(spec.max_tokens),
         )

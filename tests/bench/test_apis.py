@@ -27,6 +27,13 @@ def test_chat_sends_the_history_and_the_session_header():
     assert headers == {"x-session-id": SESSION.session_id}
 
 
+def test_a_capped_workloads_chat_turn_sends_the_cap_and_its_reply_as_min_tokens():
+    body, _ = turn_request("chat", "m", SESSION, 3, REPLIES, 3, None, max_tokens=1024)
+    assert (body["max_tokens"], body["min_tokens"]) == (1024, 3)
+    with pytest.raises(ValueError, match="chat api only"):
+        turn_request("messages", "m", SESSION, 3, REPLIES, 3, None, max_tokens=1024)
+
+
 def test_messages_sends_the_same_conversation_as_claude_code():
     body, headers = turn_request("messages", "m", SESSION, 3, REPLIES, 3, None)
     chat = build_messages(SESSION, REPLIES, 3)

@@ -164,11 +164,11 @@ def test_an_agent_trace_regime_runs_its_sessions_on_its_cost_preset(tmp_path):
 
 @pytest.mark.parametrize("policy", ["working_set", "sticky"])
 def test_every_served_turn_teaches_the_gate_its_usage_as_behind_the_proxy(policy, monkeypatch):
-    """The cluster runs the proxy's turn path: each served turn's usage (its prompt tokens and
-    prefix-cache hit) goes to its lease, as `proxy.forward` does with vLLM's answer."""
+    """The cluster runs the proxy's turn path: each served turn's usage (its prompt tokens,
+    prefix-cache hit and reply tokens) goes to its lease, as `proxy.forward` does with vLLM's answer."""
     from kvgate.gate.gate import Lease
 
-    learned: list[tuple[int, int | None]] = []
+    learned: list[tuple[int, int | None, int | None]] = []
     original = Lease.learn
     monkeypatch.setattr(Lease, "learn", lambda lease, *usage: (learned.append(usage), original(lease, *usage))[1])
     config = small_agents(2, 4, 40.0, turns=(2, 3), seed=3)
@@ -178,8 +178,8 @@ def test_every_served_turn_teaches_the_gate_its_usage_as_behind_the_proxy(policy
     if policy == "sticky":  # the gate is off: its leases learn nothing (proxy.forward asks none)
         assert learned == []
         return
-    assert sorted(learned) == sorted((turn.prompt_tokens, turn.hit_tokens) for turn in served)
-    assert any(cached for _, cached in learned), "later turns of a session hit their prefix"
+    assert sorted(learned) == sorted((turn.prompt_tokens, turn.hit_tokens, turn.output_tokens) for turn in served)
+    assert any(cached for _, cached, _ in learned), "later turns of a session hit their prefix"
 
 
 def test_gate_settings_on_the_command_line_reach_the_gate_policies_runs(tmp_path):

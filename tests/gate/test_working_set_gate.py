@@ -469,3 +469,30 @@ async def test_a_holder_at_its_upper_bound_does_not_crowd_a_younger_window_out(m
     for session in ("old", "young"):
         gate.finish_session(session)
     assert_clean(gate, clock)
+
+
+async def test_a_cap_far_above_the_replies_is_priced_at_the_replicas_recent_replies(metrics, clock):
+    """Agent clients send a max_tokens far above their replies (Claude Code: 32,000). Before
+    the replica's first reply a turn is priced at its cap; once usage has said how long the
+    replies are, a served turn's window is priced at the reply it took, and later turns at
+    the longest recent reply (never above their own cap), so a second session fits beside
+    the first where two caps would not."""
+    gate, probe = working_set_gate(metrics, clock, total=100, free=100)
+    probe.block_size = 16
+    probe.set_prefix("s1", total=4, hit=0, tokens=60)
+    first = await gate.acquire("s1", "chat", body("s1", max_tokens=1024))
+    assert first.reason == "window_fits" and window_price(gate, "s1") == 68  # ceil((60 + 1024) / 16)
+    first.learn(60, 0, 8)
+    assert window_price(gate, "s1") == 5  # ceil((60 + 8) / 16): the reply it took
+    first.release()
+
+    probe.set_prefix("s2", total=4, hit=0, tokens=60)
+    second = await gate.acquire("s2", "chat", body("s2", max_tokens=1024))
+    assert second.reason == "window_fits" and window_price(gate, "s2") < 68  # at its cap it would not fit
+    second.learn(60, 0, 30)
+    second.release()
+    assert gate._book.output_price(1024) == 30 and gate._book.output_price(20) == 20  # never above the cap
+    assert gate._book.output_price(0) == 30  # no cap given: the longest recent reply
+    for session in ("s1", "s2"):
+        gate.finish_session(session)
+    assert_clean(gate, clock)

@@ -29,7 +29,7 @@ class RecordedLease:
         self.releases += 1
         self.served.append(served)
 
-    def learn(self, prompt_tokens, cached_tokens):
+    def learn(self, prompt_tokens, cached_tokens, output_tokens=None):
         self.learned.append((prompt_tokens, cached_tokens))
 
 

@@ -126,7 +126,7 @@ def test_a_chat_streams_end_is_read_in_pieces_of_any_size(strip, reason, end):
     data = chat_stream(reason)
     for cut in range(1, len(data) + 1, 7):
         out, tap = tapped(data, "chat", strip, cut)
-        assert tap.end is end and tap.usage == PromptUsage(30, 16)
+        assert tap.end is end and tap.usage == PromptUsage(30, 16, 4)
         assert out == (
             data
             if not strip
@@ -153,7 +153,7 @@ def test_an_anthropic_or_responses_streams_end_is_read_off_its_usage_event(data,
 def test_a_json_answers_end_and_usage_are_read_in_one_parse():
     tap = UsageTap(False, "chat", read_end=True)
     tap.whole(orjson.dumps({**chat_answer("stop"), "usage": USAGE}))
-    assert (tap.end, tap.usage) == (ReplyEnd.FINAL, PromptUsage(30, 16))
+    assert (tap.end, tap.usage) == (ReplyEnd.FINAL, PromptUsage(30, 16, 4))
     tap = UsageTap(False, "chat", read_end=True)
     tap.whole(b"{not json")
     assert (tap.end, tap.usage) == (ReplyEnd.UNKNOWN, None)

@@ -50,8 +50,8 @@ class CountedLease:
         self.releases.append(served)
         self.lease.release(served)
 
-    def learn(self, prompt_tokens: int, cached_tokens: int | None) -> None:
-        self.lease.learn(prompt_tokens, cached_tokens)
+    def learn(self, prompt_tokens: int, cached_tokens: int | None, output_tokens: int | None = None) -> None:
+        self.lease.learn(prompt_tokens, cached_tokens, output_tokens)
 
 
 class CountedAdmission:

@@ -105,14 +105,14 @@ async def test_a_client_that_asks_for_its_usage_gets_it(stack):
 
 
 @pytest.fixture
-def taught(monkeypatch) -> list[tuple[int, int | None]]:
-    """Every (prompt_tokens, cached_tokens) a gate is taught by a turn's usage, in order."""
-    seen: list[tuple[int, int | None]] = []
+def taught(monkeypatch) -> list[tuple[int, int | None, int | None]]:
+    """Every (prompt_tokens, cached_tokens, output_tokens) a gate is taught by a turn's usage, in order."""
+    seen: list[tuple[int, int | None, int | None]] = []
     learn = Repricer.learn
 
-    def spy(repricer, record, turn, prompt_tokens, cached_tokens):
-        seen.append((prompt_tokens, cached_tokens))
-        learn(repricer, record, turn, prompt_tokens, cached_tokens)
+    def spy(repricer, record, turn, prompt_tokens, cached_tokens, output_tokens=None):
+        seen.append((prompt_tokens, cached_tokens, output_tokens))
+        learn(repricer, record, turn, prompt_tokens, cached_tokens, output_tokens)
 
     monkeypatch.setattr(Repricer, "learn", spy)
     return seen
@@ -162,7 +162,7 @@ async def test_anthropic_messages_teach_the_gate_their_prompt_and_cache_reads(st
         prompt, cached = anthropic_prompt(usage)
         # the first turn's prefix is read from the cache, each turn writes its new full blocks
         assert usage.cache_creation_input_tokens > 0 and (cached > 0) == (turn == 2)
-        assert learned(controller, "claude") == prompt and taught[-1] == (prompt, cached)
+        assert learned(controller, "claude") == prompt and taught[-1] == (prompt, cached, usage.output_tokens)
         history += [{"role": "assistant", "content": text}, {"role": "user", "content": NEXT}]
     assert len(taught) == 2
     await api.close()
@@ -184,7 +184,8 @@ async def test_responses_teach_the_gate_their_prompt_and_cache_reads(stack, taug
         usage = response.usage
         cached = usage.input_tokens_details.cached_tokens
         assert (cached > 0) == (turn == 2)  # the chain's first turn is the prefix of its second
-        assert learned(controller, "codex") == usage.input_tokens and taught[-1] == (usage.input_tokens, cached)
+        assert learned(controller, "codex") == usage.input_tokens
+        assert taught[-1] == (usage.input_tokens, cached, usage.output_tokens)
         previous = response.id
     assert len(taught) == 2
     await api.close()
@@ -240,7 +241,7 @@ async def test_a_client_gone_after_the_last_event_still_teaches_the_gate(taught,
         await asyncio.sleep(0.1)
         done.set()
         await settled(controller)
-        assert taught == [(40, 16)]
+        assert taught == [(40, 16, 1)]
         controller.finish_session("gone")
         assert controller._gates["r"].counts() == CLEAN
     finally:

@@ -39,7 +39,7 @@ def relay(tap: UsageTap, pieces: list[bytes]) -> bytes:
 def test_stripping_removes_exactly_the_usage_event_however_the_stream_is_cut(cut):
     tap = UsageTap(strip=True)
     assert relay(tap, [STREAM[:cut], STREAM[cut:]]) == b"".join(CHUNKS) + DONE
-    assert tap.usage == PromptUsage(120, 96)
+    assert tap.usage == PromptUsage(120, 96, 2)
 
 
 def test_stripping_passes_whole_events_on_at_once():
@@ -53,7 +53,7 @@ def test_without_stripping_every_chunk_passes_as_it_came():
     tap = UsageTap(strip=False)
     pieces = [STREAM[i : i + 7] for i in range(0, len(STREAM), 7)]
     assert [tap.feed(piece) for piece in pieces] == pieces
-    assert tap.finish() == b"" and tap.usage == PromptUsage(120, 96)
+    assert tap.finish() == b"" and tap.usage == PromptUsage(120, 96, 2)
 
 
 def test_a_stream_without_a_usage_event_has_no_usage_and_is_untouched():
@@ -76,6 +76,9 @@ def test_a_content_chunk_that_mentions_usage_is_kept():
         ({"usage": {"prompt_tokens": 10}}, PromptUsage(10, None)),  # a server without prompt_tokens_details
         ({"usage": {"prompt_tokens": 10, "prompt_tokens_details": None}}, PromptUsage(10, None)),
         ({"usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 11}}}, PromptUsage(10, None)),
+        ({"usage": {"prompt_tokens": 10, "completion_tokens": 7}}, PromptUsage(10, None, 7)),  # the reply's length
+        ({"usage": {"prompt_tokens": 10, "completion_tokens": -1}}, PromptUsage(10, None)),  # not a count: unknown
+        ({"usage": {"prompt_tokens": 10, "completion_tokens": "7"}}, PromptUsage(10, None)),
         ({"usage": {"prompt_tokens": 0}}, None),
         ({"usage": {"prompt_tokens": True}}, None),
         ({"usage": None}, None),
@@ -111,7 +114,7 @@ def test_a_server_that_sends_usage_unasked_keeps_its_usage_event():
     content = sse({"id": "c", "choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": {"prompt_tokens": 120}})
     stream = content + USAGE_EVENT + DONE
     tap = UsageTap(strip=True)
-    assert relay(tap, [stream]) == stream and tap.usage == PromptUsage(120, 96)
+    assert relay(tap, [stream]) == stream and tap.usage == PromptUsage(120, 96, 2)
 
 
 def event(name: str, doc: object) -> bytes:
@@ -166,6 +169,7 @@ def responses_stream(text: str) -> bytes:
             PromptUsage(51, 32),
         ),
         ("messages", {"usage": {"input_tokens": 3, "cache_read_input_tokens": None}}, PromptUsage(3, None)),
+        ("messages", {"usage": {"input_tokens": 3, "output_tokens": 9}}, PromptUsage(3, None, 9)),
         ("messages", {"usage": {"input_tokens": 0, "cache_read_input_tokens": 16}}, PromptUsage(16, 16)),
         ("messages", {"usage": {"input_tokens": 3, "cache_read_input_tokens": "16"}}, None),
         ("messages", {"usage": {"input_tokens": 0}}, None),
@@ -177,6 +181,7 @@ def responses_stream(text: str) -> bytes:
             PromptUsage(50, 48),
         ),
         ("responses", {"usage": {"input_tokens": 50}}, PromptUsage(50, None)),
+        ("responses", {"usage": {"input_tokens": 50, "output_tokens": 12}}, PromptUsage(50, None, 12)),
         (
             "responses",
             {"type": "response.completed", "response": {"usage": {"input_tokens": 50}}},
@@ -197,7 +202,7 @@ def test_an_anthropic_stream_passes_as_it_came_and_its_message_delta_has_the_usa
     tap = UsageTap(strip=False, kind="messages")
     pieces = [MESSAGES_STREAM[:cut], MESSAGES_STREAM[cut:]]
     assert [tap.feed(piece) for piece in pieces] == pieces and tap.finish() == b""
-    assert tap.usage == PromptUsage(120, 96)
+    assert tap.usage == PromptUsage(120, 96, 2)
 
 
 @pytest.mark.parametrize("size", [10, 100_000])
@@ -207,7 +212,7 @@ def test_a_responses_stream_has_its_usage_in_response_completed_however_long(siz
     pieces = [stream[i : i + 4096] for i in range(0, len(stream), 4096)]
     tap = UsageTap(strip=False, kind="responses")
     assert [tap.feed(piece) for piece in pieces] == pieces and tap.finish() == b""
-    assert tap.usage == PromptUsage(120, 96)
+    assert tap.usage == PromptUsage(120, 96, 2)
 
 
 def test_an_event_too_long_to_hold_is_not_held(monkeypatch):
@@ -216,7 +221,7 @@ def test_an_event_too_long_to_hold_is_not_held(monkeypatch):
     tap = UsageTap(strip=False, kind="responses")
     assert tap.feed(stream[:3000]) == stream[:3000] and not tap._held
     assert tap.feed(stream[3000:]) == stream[3000:] and tap.finish() == b""
-    assert tap.usage == PromptUsage(120, 96)  # read from the stream's last bytes, as a chat stream's
+    assert tap.usage == PromptUsage(120, 96, 2)  # read from the stream's last bytes, as a chat stream's
 
 
 def test_json_answers_of_each_api():
@@ -236,7 +241,7 @@ def test_crlf_framed_events_pass_at_once_and_their_usage_event_is_stripped(cut):
     tap = UsageTap(strip=True)
     out = tap.feed(CRLF_STREAM[:cut]) + tap.feed(CRLF_STREAM[cut:]) + tap.finish()
     assert out == b"".join(CHUNKS).replace(b"\n", b"\r\n") + DONE.replace(b"\n", b"\r\n")
-    assert tap.usage == PromptUsage(120, 96)
+    assert tap.usage == PromptUsage(120, 96, 2)
 
 
 def test_crlf_framed_events_are_passed_on_as_each_ends():
@@ -255,7 +260,7 @@ def test_an_event_too_long_to_hold_is_passed_on_unread_when_stripping(monkeypatc
         out.append(tap.feed(stream[i : i + 300]))
         assert len(tap._held) <= 1000 + 300  # never more than the cap and one chunk
     assert b"".join(out) + tap.finish() == long_event + b"".join(CHUNKS) + DONE
-    assert tap.usage == PromptUsage(120, 96)  # the events after the long one are read again
+    assert tap.usage == PromptUsage(120, 96, 2)  # the events after the long one are read again
 
 
 @pytest.mark.parametrize("crlf", [False, True])
@@ -268,4 +273,4 @@ def test_the_events_after_an_over_long_one_are_read_however_the_stream_is_cut(mo
         tap = UsageTap(strip=True)
         out = tap.feed(stream[:cut]) + tap.feed(stream[cut:]) + tap.finish()
         assert out == long_event + DONE.replace(b"\n\n", end), cut
-        assert tap.usage == PromptUsage(120, 96), cut
+        assert tap.usage == PromptUsage(120, 96, 2), cut

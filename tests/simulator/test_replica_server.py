@@ -82,6 +82,8 @@ async def test_completions_streaming_and_token_id_prompt(replica_client):
         ("/v1/chat/completions", orjson.dumps(CHAT | {"max_tokens": "5"}), "max_tokens"),
         ("/v1/chat/completions", orjson.dumps(CHAT | {"stream": "yes"}), "stream"),
         ("/v1/chat/completions", orjson.dumps(CHAT | {"n": 2}), "n=1"),
+        ("/v1/chat/completions", orjson.dumps(CHAT | {"max_tokens": 5, "min_tokens": 6}), "min_tokens"),
+        ("/v1/chat/completions", orjson.dumps(CHAT | {"min_tokens": -1}), "min_tokens"),
         ("/v1/chat/completions", orjson.dumps(CHAT | {"max_tokens": 5000}), "maximum context length is 1024"),
         ("/v1/completions", orjson.dumps({"prompt": "word " * 2000}), "longer than the maximum model length"),
         ("/v1/completions", orjson.dumps({"max_tokens": 3}), "prompt"),

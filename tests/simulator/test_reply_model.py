@@ -109,6 +109,16 @@ def test_fixed_lengths_answer_exactly_max_tokens_as_before():
         assert plan == ReplyPlan(7, natural_stop=False)
 
 
+def test_min_tokens_ends_a_fixed_reply_under_a_higher_cap_and_floors_a_sampled_one():
+    """An agent's cap far above its reply: fixed lengths stop at vLLM's `min_tokens`, as a
+    model that ends as soon as it may; `ignore_eos` still runs to the cap; a sampled reply
+    is never shorter than the floor."""
+    assert plan_reply(FIXED_LENGTHS, [1, 2], 1024, OFFER, min_tokens=8) == ReplyPlan(8, natural_stop=True)
+    assert plan_reply(FIXED_LENGTHS, [1, 2], 8, OFFER, min_tokens=8) == ReplyPlan(8, natural_stop=False)
+    assert plan_reply(FIXED_LENGTHS, [1, 2], 1024, OFFER, fixed=True, min_tokens=8) == ReplyPlan(1024, False)
+    assert plan_reply(ReplyModel(median_tokens=1), [1, 2], 1024, min_tokens=40).tokens == 40
+
+
 def test_a_streamed_call_spreads_its_arguments_over_the_reply():
     call = ToolCall("0" * 24, "Read", '{"file_path":"src/main.py"}')
     total = 9
