@@ -258,6 +258,8 @@ def build_plan(args) -> tuple[RunPlan, str]:
     replicas = args.replicas if args.replicas is not None else regime.replicas
     if replicas < 1:
         raise ValueError("--replicas must be >= 1")
+    if workload.spec.max_tokens is not None and args.api != "chat":
+        raise ValueError(f"regime {regime.name} sends a max_tokens cap, which only --api chat can (got {args.api})")
     plan = RunPlan(
         workload=workload,
         modes=modes,

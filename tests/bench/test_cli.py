@@ -53,6 +53,7 @@ def test_a_real_vllm_regime_runs_its_server_or_the_simulated_replica_that_stands
         (("--sessions", "0"), "sessions"),
         (("--repeat", "0"), "--repeat"),
         (("--replicas", "0"), "--replicas"),
+        (("--regime", "thrash-capped", "--api", "responses"), "only --api chat"),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(argv, message, capsys):
