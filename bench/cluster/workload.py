@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from kvgate.bench.agentic.apis import turn_request
 from kvgate.bench.agentic.workload import Workload, WorkloadSpec, build_messages, sample_tool_latency
 from kvgate.simulator import tokenizer
 from kvgate.simulator.agent_trace import AgentTrace
@@ -58,21 +59,6 @@ def _reply_text(start: int, count: int) -> str:
     return "".join(tokenizer.decode_token(tokenizer.output_token(position)) for position in range(start, start + count))
 
 
-def _chat_body(messages: list[dict], reply_tokens: int, max_tokens: int | None) -> dict:
-    """The benchmark's chat turn body (bench.agentic.apis.turn_request, api chat)."""
-    body = {
-        "model": "sim",
-        "messages": messages,
-        "max_tokens": reply_tokens,
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if max_tokens is not None:
-        body["max_tokens"], body["min_tokens"] = max_tokens, reply_tokens
-    return body
-
-
 def sessions_of(workload: Workload) -> list[SessionTokens]:
     """The benchmark workload's sessions, rendered exactly (the replica's tokenizer and template)."""
     reply = workload.spec.reply_tokens
@@ -85,13 +71,13 @@ def sessions_of(workload: Workload) -> list[SessionTokens]:
         prompts, sizes = [], []
         prompt = len(first)
         for turn in session.turns:
-            messages = build_messages(session, replies, turn.index)
             if turn.index > 1:
                 earlier = session.turns[turn.index - 2]
                 tool = tokenizer.encode(TOOL_RESULT_LABEL + (earlier.tool_result or ""))
                 prompt += reply + len(tool) + TURN_MARKER_TOKENS
             prompts.append(prompt)
-            sizes.append(len(orjson.dumps(_chat_body(messages, reply, workload.spec.max_tokens))))
+            body, _ = turn_request("chat", "sim", session, turn.index, replies, reply, None, workload.spec.max_tokens)
+            sizes.append(len(orjson.dumps(body)))
             replies.append(_reply_text(prompt, reply))
         latencies = tuple(turn.tool_latency_s for turn in session.turns)
         out.append(
