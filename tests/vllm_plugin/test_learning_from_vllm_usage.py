@@ -7,7 +7,9 @@ Anthropic messages and Responses turns:
 - kvgate asked for it upstream all the same, and learned the turn's exact prompt size:
   after vLLM's prefix cache is emptied, the session's next turn is counted as
   re-prefilling the whole of that prompt (full blocks) in
-  `kvgate_reprefill_tokens_estimated_total`, with no prefix probe made for that turn.
+  `kvgate_reprefill_tokens_estimated_total`, with no prefix probe made for that turn;
+- a turn sent with a max_tokens far above its reply leaves a window priced at the reply
+  vLLM's usage counted, not at the cap.
 """
 
 from __future__ import annotations
@@ -212,3 +214,35 @@ def test_anthropic_and_responses_turns_teach_the_gate_their_prompt(vllm_server, 
     finally:
         proxy.stop()
         direct.close()
+
+
+def test_a_turn_under_a_cap_far_above_its_reply_is_priced_at_the_reply(vllm_server, tmp_path):
+    """An agent's max_tokens is a cap (Claude Code sends 32,000): a turn sent with a cap of
+    1,024 whose reply ends in a few tokens (a stop string the random model meets at once)
+    leaves its session a window priced at its prompt and the reply vLLM's usage counted,
+    not at the cap, and the replica's next turns are priced at that reply, not at their cap."""
+    proxy = usage_proxy(vllm_server, tmp_path)
+    proxy.start()
+    try:
+        block = vllm_server.block_size
+        via = openai.OpenAI(base_url=proxy.url + "/v1", api_key="k", max_retries=0)
+        for session in ("capped-1", "capped-2"):
+            messages = [{"role": "user", "content": f"{session}: " + words(40, session)}]
+            # sampled, as test_final_reply_on_vllm's turns: the random model's text meets a stop within a few tokens
+            stream = via.chat.completions.create(
+                model=MODEL,
+                messages=messages,
+                max_tokens=1024,
+                stop=[" ", "e", "a", "t"],
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_headers={"x-session-id": session},
+            )
+            usage = [chunk.model_dump() for chunk in stream][-1]["usage"]
+            assert usage["completion_tokens"] < 64, usage  # the reply stopped long before its cap
+            gate = settled_gate(proxy.url)
+            priced = gate["sessions"][session]["footprint_blocks"]
+            assert priced == -(-(usage["prompt_tokens"] + usage["completion_tokens"]) // block), (priced, usage)
+        via.close()
+    finally:
+        proxy.stop()
