@@ -5,6 +5,7 @@ request only, so a request kvgate itself refuses before forwarding (an unknown r
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,6 +22,16 @@ class Request:
     method: str
     path: str
     status: int
+    max_tokens: int | None = None  # the body's max_tokens (its output cap), if it is JSON and has one
+
+
+def _max_tokens(body: bytes) -> int | None:
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    value = document.get("max_tokens") if isinstance(document, dict) else None
+    return value if isinstance(value, int) else None
 
 
 @asynccontextmanager
@@ -34,7 +45,7 @@ async def recording_relay(target: str) -> AsyncIterator[tuple[str, list[Request]
         headers = {key: value for key, value in request.headers.items() if key.lower() not in _DROPPED}
         body = await request.read()
         async with http.request(request.method, target + request.path_qs, headers=headers, data=body) as upstream:
-            requests.append(Request(request.method, request.path, upstream.status))
+            requests.append(Request(request.method, request.path, upstream.status, _max_tokens(body)))
             answer = web.StreamResponse(
                 status=upstream.status,
                 headers={key: value for key, value in upstream.headers.items() if key.lower() not in _DROPPED},

@@ -2,7 +2,8 @@
 cache) runs one session of five prompts with its read-only tools through `kvgate serve`
 on the embedded default (docs/clients.md has the same setup). From kvgate's access log:
 every turn is in the session, on one replica, the later ones holding its window, and
-nothing fails.
+nothing fails. From the gate's books: the session's window is priced at the replies it
+got, far below the `max_tokens` Claude Code caps every turn with.
 
 Side routes: with non-essential traffic off (QUIET_ENV), Claude Code 2.1.332 sends
 kvgate nothing but `/v1/messages` (no `count_tokens`); the test asserts that any side
@@ -28,6 +29,8 @@ from client_harness import (
     run_client,
     task_folder,
 )
+
+from kvgate.simulator.config import EngineConfig
 
 pytestmark = NPM_CLIENT
 
@@ -80,4 +83,10 @@ async def test_claude_code_session_runs_through_kvgate(embedded_kvgate, recorded
     # session goes on after final replies and its later ones kept the window.
     ends, sessions = await gate_sessions(embedded_kvgate[0])
     assert ends["final_reply"] == 1 and sessions[session_id]["goes_on_after_reply"], (ends, sessions)
-    print(f"claude code: {len(records)} turns over {len(PROMPTS)} prompts in {elapsed:.1f}s")
+    # Claude Code caps its replies far above their length: the session's window is priced at
+    # the replies the replica gave, not at the cap (docs/decisions/output-priced-at-recent-replies.md)
+    cap = min(r.max_tokens for r in requests if r.path == "/v1/messages" and r.max_tokens is not None)
+    assert sessions[session_id]["footprint_blocks"] * EngineConfig.block_size < cap, (cap, sessions[session_id])
+    window = sessions[session_id]["footprint_blocks"]
+    print(f"claude code: {len(records)} turns over {len(PROMPTS)} prompts in {elapsed:.1f}s", end="; ")
+    print(f"max_tokens {cap}, window {window} blocks")
