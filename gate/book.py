@@ -312,6 +312,12 @@ class SessionBook:
         """A served turn generated `output_tokens` (its usage said so)."""
         self._reply_tokens.add(output_tokens)
 
+    @property
+    def reply_tokens(self) -> int | None:
+        """The longest of the replica's recent replies (None before any was served)."""
+        longest = self._reply_tokens.value
+        return None if longest is None else int(longest)
+
     def output_price(self, allowance: int) -> int:
         """The output tokens a turn of output `allowance` (its max_tokens; 0: none given) is
         priced at: the longest of the replica's recent replies, never above the allowance
@@ -319,10 +325,10 @@ class SessionBook:
         cap (Claude Code sends 32,000 for replies of a few hundred tokens), and a window
         priced at it would fill the books at a fraction of the cache
         (docs/decisions/output-priced-at-recent-replies.md)."""
-        longest = self._reply_tokens.value
+        longest = self.reply_tokens
         if longest is None:
             return allowance
-        return int(longest) if not allowance else min(allowance, int(longest))
+        return longest if not allowance else min(allowance, longest)
 
     def record_size(self, rec: SessionRecord, prompt_tokens: int | None, prompt_bound: int | None = None) -> None:
         """Record an admitted turn's prompt size (and the replica's tokens-per-byte ratio)."""

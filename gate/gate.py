@@ -1021,6 +1021,7 @@ class Gate:
             "window_ends": dict(self._book.window_ends),
             "replica_gap_sec": None if self._book.replica_gap_ewma is None else round(self._book.replica_gap_ewma, 3),
             "empty_share": round(self._book.empty_share(now), 3),
+            "reply_tokens": self._book.reply_tokens,
             "holding": self._book.holding.state(),
         }
 

@@ -480,6 +480,7 @@ async def test_a_cap_far_above_the_replies_is_priced_at_the_replicas_recent_repl
     gate, probe = working_set_gate(metrics, clock, total=100, free=100)
     probe.block_size = 16
     probe.set_prefix("s1", total=4, hit=0, tokens=60)
+    assert gate.state()["reply_tokens"] is None  # no reply served yet
     first = await gate.acquire("s1", "chat", body("s1", max_tokens=1024))
     assert first.reason == "window_fits" and window_price(gate, "s1") == 68  # ceil((60 + 1024) / 16)
     first.learn(60, 0, 8)
@@ -491,6 +492,7 @@ async def test_a_cap_far_above_the_replies_is_priced_at_the_replicas_recent_repl
     assert second.reason == "window_fits" and window_price(gate, "s2") < 68  # at its cap it would not fit
     second.learn(60, 0, 30)
     second.release()
+    assert gate.state()["reply_tokens"] == 30  # the longest recent reply, as /admin/state shows it
     assert gate._book.output_price(1024) == 30 and gate._book.output_price(20) == 20  # never above the cap
     assert gate._book.output_price(0) == 30  # no cap given: the longest recent reply
     for session in ("s1", "s2"):
