@@ -157,13 +157,13 @@ class Repricer:
         a turn no prefix reading priced, counts its re-prefill. The reply's length goes
         into the replica's recent replies (`SessionBook.output_price`)."""
         self._unpriced.pop(record, None)
+        usage = self._usage()
         if output_tokens is not None:
-            output_tokens = min(output_tokens, learned_tokens_cap(None, self._usage()))  # a replica's word, bounded
+            output_tokens = min(output_tokens, learned_tokens_cap(None, usage))  # a replica's word, bounded
             self._book.record_reply(output_tokens)
         if self._book.records.get(record.key) is not record:
             return
         self.learns_usage = True
-        usage = self._usage()
         if turn.bound is not None and prompt_tokens > turn.bound:
             # Its body's bytes did not bound its prompt: media `turn_media` did not see (put into an
             # item of a history it had read). The session's next turns read their histories whole.

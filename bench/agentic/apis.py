@@ -51,13 +51,13 @@ def turn_request(
         body = {
             "model": model,
             "messages": messages,
-            "max_tokens": reply_tokens,
+            "max_tokens": reply_tokens if max_tokens is None else max_tokens,
             "temperature": 0.0,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
         if max_tokens is not None:
-            body["max_tokens"], body["min_tokens"] = max_tokens, reply_tokens
+            body["min_tokens"] = reply_tokens
         return body, {SESSION_HEADER: session.session_id}
     if api == "messages":
         system, *conversation = messages

@@ -86,7 +86,7 @@ async def test_claude_code_session_runs_through_kvgate(embedded_kvgate, recorded
     # Claude Code caps its replies far above their length: the session's window is priced at
     # the replies the replica gave, not at the cap (docs/decisions/output-priced-at-recent-replies.md)
     cap = min(r.max_tokens for r in requests if r.path == "/v1/messages" and r.max_tokens is not None)
-    assert sessions[session_id]["footprint_blocks"] * EngineConfig.block_size < cap, (cap, sessions[session_id])
     window = sessions[session_id]["footprint_blocks"]
+    assert window * EngineConfig.block_size < cap, (cap, sessions[session_id])
     print(f"claude code: {len(records)} turns over {len(PROMPTS)} prompts in {elapsed:.1f}s", end="; ")
     print(f"max_tokens {cap}, window {window} blocks")
