@@ -348,7 +348,12 @@ class SessionBook:
         self.sessions_started += 1
 
     def begin_attempt(
-        self, key: str, attempt: object, now: float, turn: str | Callable[[], str] = ""
+        self,
+        key: str,
+        attempt: object,
+        now: float,
+        turn: str | Callable[[], str] = "",
+        new: SessionRecord | None = None,
     ) -> tuple[SessionRecord, object | None]:
         """Make `attempt` the newest of its `turn` (`request_body.turn_key`); return the record
         and the attempt of the same turn it replaces (a re-sent turn supersedes its waiting
@@ -357,10 +362,14 @@ class SessionBook:
         `turn` as a function names the turn only when it must be told from another: the
         session's only attempt acquiring is kept under UNNAMED_TURN, and named (with the
         newcomer) when a second one arrives, so a turn that is admitted alone never pays
-        for its key (an encoding and a digest of its whole prompt)."""
+        for its key (an encoding and a digest of its whole prompt).
+
+        `new`: the record to book if the book has none for `key` (one its turn made before
+        booking, holding what its body showed: `history_media`); else a fresh one."""
         rec = self.records.get(key)
         if rec is None:
-            rec = self.records[key] = SessionRecord(key)
+            assert new is None or new.key == key, "a record of another session"
+            rec = self.records[key] = new if new is not None else SessionRecord(key)
             self._number(rec)
         self._leave(rec)
         self._turn_arrives(rec, now)

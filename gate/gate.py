@@ -458,7 +458,7 @@ class Gate:
             route_kind, body = turn.route_kind, turn.body
             # the turn's key (a digest of its prompt) is computed only if another attempt of the session acquires
             turn.record, previous = self._book.begin_attempt(
-                turn.record.key, turn.attempt, turn.start, lambda: turn_key(route_kind, body)
+                turn.record.key, turn.attempt, turn.start, lambda: turn_key(route_kind, body), new=turn.record
             )
             if isinstance(previous, Attempt):  # the book keeps this gate's attempts
                 self._supersede(previous)
@@ -1044,6 +1044,7 @@ class Gate:
             "quiet_lifetime_sec": round(self._book.quiet_lifetime(rec), 3),
             "last_window_end": rec.last_window_end,
             "goes_on_after_reply": rec.goes_on_after_reply,
+            "threads": len(rec.history_media),
             "held": next((h for h in map(_held_state, rec.attempts.values()) if h is not None), None),
             "attempts": len(rec.attempts),
         }

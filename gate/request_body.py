@@ -152,11 +152,47 @@ class HistoryMedia:
     last: int = 0
 
 
+# Anthropic's prompt-caching breakpoint on a message or a content block. It changes nothing
+# the model reads, and agents move it every turn: Claude Code marks its newest message
+# (a content list of one text part) and, a turn later, sends that message unmarked (its
+# text as a plain string).
+CACHE_MARK = "cache_control"
+
+
+def _unmarked_part(part: object) -> object:
+    if isinstance(part, dict) and CACHE_MARK in part:
+        return {name: value for name, value in part.items() if name != CACHE_MARK}
+    return part
+
+
+def rendered_item(item: object) -> object:
+    """A history item as its prompt renders it: without prompt-caching marks (CACHE_MARK,
+    on the item or its content's parts), and a content list of one plain text part as its
+    text (the same prompt as a string content, on every route). The item itself when it
+    has neither, as most items have; never changed in place."""
+    if not isinstance(item, dict):
+        return item
+    content = item.get("content")
+    changed = CACHE_MARK in item
+    if isinstance(content, list):
+        if any(isinstance(part, dict) and CACHE_MARK in part for part in content):
+            content, changed = [_unmarked_part(part) for part in content], True
+        part = content[0] if len(content) == 1 else None
+        text = part.get("text") if isinstance(part, dict) and len(part) == 2 and part.get("type") == "text" else None
+        if isinstance(text, str):
+            content, changed = text, True
+    if not changed:
+        return item
+    return {name: content if name == "content" else value for name, value in item.items() if name != CACHE_MARK}
+
+
 def item_digest(item: object) -> int:
-    """A digest of one history item: equal for the same item in the next turn's body (a
-    fresh parse of the same JSON), different for another session thread's item there."""
+    """A digest of one history item as its prompt renders it (`rendered_item`): equal for
+    the same item in the next turn's body (a fresh parse of the same JSON, with or without
+    the prompt-caching mark an agent moved off it), different for another session
+    thread's item there."""
     try:
-        return hash(orjson.dumps(item))
+        return hash(orjson.dumps(rendered_item(item)))
     except TypeError:  # not JSON data (only in-process callers): never taken for the same item
         return hash(id(item))
 

@@ -83,6 +83,9 @@ async def test_claude_code_session_runs_through_kvgate(embedded_kvgate, recorded
     # session goes on after final replies and its later ones kept the window.
     ends, sessions = await gate_sessions(embedded_kvgate[0])
     assert ends["final_reply"] == 1 and sessions[session_id]["goes_on_after_reply"], (ends, sessions)
+    # It moves its prompt-caching mark to its newest message every turn: every turn's body
+    # still continues the one thread of its history (`request_body.rendered_item`)
+    assert sessions[session_id]["threads"] == 1, sessions[session_id]
     # Claude Code caps its replies far above their length: the session's window is priced at
     # the replies the replica gave, not at the cap (docs/decisions/output-priced-at-recent-replies.md)
     cap = min(r.max_tokens for r in requests if r.path == "/v1/messages" and r.max_tokens is not None)

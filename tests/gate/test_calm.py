@@ -69,7 +69,7 @@ async def test_a_calm_turn_builds_no_view_and_reads_no_decision_table(
     monkeypatch.setattr(
         SessionBook,
         "begin_attempt",
-        lambda book, key, *rest: attempts_booked.append(key) or real_begin(book, key, *rest),
+        lambda book, key, *rest, **named: attempts_booked.append(key) or real_begin(book, key, *rest, **named),
     )
     for turn in range(3):  # a newcomer's window, then the holder's renewals
         lease = await gate.acquire("s", "chat", body("s", "hello " * (turn + 1), max_tokens=16))

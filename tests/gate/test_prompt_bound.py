@@ -23,6 +23,7 @@ from kvgate.gate.request_body import (
     holds_media,
     item_digest,
     prompt_token_bound,
+    rendered_item,
     turn_media,
 )
 from kvgate.wire.blocks import cdiv
@@ -150,6 +151,59 @@ def test_interleaved_threads_each_read_only_what_they_add(monkeypatch):
     for n in range(THREADS_KEPT + 1):  # more threads than are kept: the least recent go
         threads = turn_media("chat", {"messages": [{"role": "user", "content": f"task {n}"}]}, threads)[1]
     assert len(threads) == THREADS_KEPT and all(t.items == 1 for t in threads)
+
+
+MARK = {"type": "ephemeral"}
+
+
+def marked(message: dict) -> dict:
+    """`message` as an Anthropic client sends its newest one: a prompt-caching mark on its
+    last content part, a string content sent as a list of one text part."""
+    content = message["content"]
+    parts = [{"type": "text", "text": content}] if isinstance(content, str) else [dict(p) for p in content]
+    parts[-1]["cache_control"] = MARK
+    return {**message, "content": parts}
+
+
+def test_an_item_is_digested_as_its_prompt_renders_it():
+    tool_result = {"type": "tool_result", "tool_use_id": "t", "content": "ok"}
+    assert rendered_item(marked(TEXT)) == TEXT  # a list of one text part is its text
+    results = {"role": "user", "content": [tool_result]}
+    assert rendered_item(marked(results)) == results
+    assert rendered_item({**TEXT, "cache_control": MARK}) == TEXT  # a mark on the message itself
+    two = {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+    assert rendered_item(marked(two)) == two  # two parts stay two parts
+    assert rendered_item(IMAGE) is IMAGE and rendered_item(TEXT) is TEXT  # nothing to take off: the item itself
+    sent = marked(TEXT)
+    rendered_item(sent)
+    assert sent["content"][0]["cache_control"] == MARK  # never changed in place
+    assert item_digest(marked(TEXT)) == item_digest(TEXT)
+    assert item_digest(marked({"role": "user", "content": "other"})) != item_digest(TEXT)
+    assert item_digest(marked(IMAGE)) == item_digest(IMAGE) != item_digest({**IMAGE, "content": IMAGE["content"][:1]})
+
+
+def test_an_agent_that_moves_its_cache_mark_continues_its_thread(monkeypatch):
+    """Claude Code marks its newest message for prompt caching, and sends it unmarked (a
+    string again) a turn later: its bodies still continue one thread, each reading only
+    the items its turn added."""
+    read_items: list[int] = []
+
+    def counted(value: object) -> bool:
+        read_items.append(len(value) if isinstance(value, list) else 1)
+        return holds_media(value)
+
+    monkeypatch.setattr(request_body, "holds_media", counted)
+    call = {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "Bash", "input": {"cmd": "ls"}}]}
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "README.md"}]}
+    history = [TEXT]
+    threads: tuple[HistoryMedia, ...] = ()
+    for turn in range(4):
+        read_items.clear()
+        body = orjson.loads(orjson.dumps({"messages": [*history[:-1], marked(history[-1])]}))  # as parsed off the wire
+        media, threads = turn_media("messages", body, threads)
+        assert not media and len(threads) == 1 and threads[0].items == len(history), (turn, threads)
+        assert sum(read_items) <= 2  # the first turn's two items, or the two a turn added
+        history += [call, result]
 
 
 def test_fields_beside_the_history_are_read_every_turn():
