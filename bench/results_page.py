@@ -123,6 +123,9 @@ ROWS: tuple[ResultRow, ...] = (
     # every turn sends a max_tokens far above its reply, as agent clients do
     ResultRow("thrash-capped", SIMULATED),
     ResultRow("prefill-bound-capped", SIMULATED),
+    # a share of the tool calls run a subagent: a thread of its own history under the session's id
+    ResultRow("thrash-subagents", SIMULATED),
+    ResultRow("prefill-bound-subagents", SIMULATED),
     # holding whole sessions (gate.work_conserving: false) where prefill is dear, and where it is cheap
     ResultRow("prefill-bound", ("makespan<=0.4x",), ("--work-conserving", "no")),
     ResultRow("prefill-bound-no-finish", ("makespan<=0.4x",), ("--work-conserving", "no")),

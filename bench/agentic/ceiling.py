@@ -137,17 +137,18 @@ def placeholder_reply(length: int) -> str:
 
 
 def workload_requests(workload: Workload, model: TokenModel = WORDS, reply_length: int | None = None):
-    """Yield `(prompt_tokens, reply_tokens)` for every turn, session by session.
+    """Yield `(prompt_tokens, reply_tokens)` for every turn, thread by thread (a session's
+    main thread, then its subagents').
 
     The reply of a turn counts `reply_length` tokens (default: the turn's max_tokens,
     which the replicas honour as the reply length). Session order suffices: sessions
     share only the system prompt, which an infinite cache holds after its first use
     whatever the interleaving.
     """
-    for session in workload.sessions:
+    for thread in (thread for session in workload.sessions for thread in session.threads):
         replies: list[str] = []
-        for turn in session.turns:
-            prompt = model.render(build_messages(session, replies, turn.index))
+        for turn in thread.turns:
+            prompt = model.render(build_messages(thread, replies, turn.index))
             reply = placeholder_reply(workload.reply_tokens(turn) if reply_length is None else reply_length)
             yield prompt, model.encode(reply)
             replies.append(reply)

@@ -40,7 +40,7 @@ class AttemptRecord:
     """One HTTP attempt of one turn. Times are seconds since the run started."""
 
     session_index: int
-    turn: int
+    turn: int  # the session's n-th turn (1-based), counted across its threads (main and subagents)
     attempt: int  # 1 = first send, 2 = retry
     start_s: float
     end_s: float
@@ -67,7 +67,7 @@ class TurnRecord:
     """One turn as the agent saw it: from its first send to the reply it used."""
 
     session_index: int
-    turn: int
+    turn: int  # the session's n-th turn (1-based), counted across its threads (main and subagents)
     start_s: float
     end_s: float
     ttft_s: float | None  # from the turn's start to the used attempt's first token
@@ -142,16 +142,28 @@ class WorkloadDriver:
         return self.now()
 
     async def _run_session(self, session: SessionPlan) -> None:
+        await self._run_thread(session, self.target(session), [0], main=True)
+
+    async def _run_thread(self, thread: SessionPlan, base_url: str, turns_run: list[int], main: bool = False) -> bool:
+        """Run one thread of a session: its main thread, or a subagent's that a tool call of it
+        runs (under the same session id) before the main thread goes on. False when a turn
+        failed: that ends the session, as there is no reply to build on. `turns_run` numbers
+        the session's turns across its threads, in the order they are sent."""
         replies: list[str] = []
         previous_response_id: list[str | None] = [None]  # the last used answer's id
-        base_url = self.target(session)
-        for turn in session.turns:
-            text = await self._run_turn(session, turn, replies, base_url, previous_response_id)
+        for turn in thread.turns:
+            turns_run[0] += 1
+            finish = main and turn.index == len(thread.turns) and self.workload.spec.send_finish
+            text = await self._run_turn(thread, turn, replies, base_url, previous_response_id, turns_run[0], finish)
             if text is None:
-                return  # a failed turn ends its session: there is no reply to build on
+                return False
             replies.append(text)
+            subagent = thread.subagent_after(turn.index)
+            if subagent is not None and not await self._run_thread(subagent, base_url, turns_run):
+                return False
             if turn.tool_latency_s > 0:
                 await asyncio.sleep(turn.tool_latency_s)
+        return True
 
     async def _run_turn(
         self,
@@ -160,7 +172,11 @@ class WorkloadDriver:
         replies: list[str],
         base_url: str,
         previous_response_id: list[str | None],
+        number: int,
+        finish: bool,
     ) -> str | None:
+        """Send turn `turn` of the thread `session` (its `number`-th of the session, as the
+        records count it); its reply's text, or None if no attempt succeeded."""
         body, headers = turn_request(
             self.api,
             self.model,
@@ -171,13 +187,13 @@ class WorkloadDriver:
             previous_response_id[0],
             self.workload.spec.max_tokens,
         )
-        if turn.index == len(session.turns) and self.workload.spec.send_finish:
+        if finish:
             headers[FINISH_HEADER] = "true"
         payload = orjson.dumps(body)
         start = self.now()
 
         def launch(attempt: int) -> asyncio.Task:
-            task = asyncio.create_task(self._send(session, turn, attempt, base_url, payload, headers))
+            task = asyncio.create_task(self._send(session, number, attempt, base_url, payload, headers))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             return task
@@ -199,21 +215,21 @@ class WorkloadDriver:
                 attempts = 2
                 retry_at = None
         if used is None:
-            self.turns.append(TurnRecord(session.index, turn.index, start, self.now(), None, False, attempts))
+            self.turns.append(TurnRecord(session.index, number, start, self.now(), None, False, attempts))
             return None
         used.record.used = True
         previous_response_id[0] = used.response_id
         record = used.record
         ttft = None if record.ttft_s is None else record.start_s + record.ttft_s - start
-        self.turns.append(TurnRecord(session.index, turn.index, start, record.end_s, ttft, True, attempts))
+        self.turns.append(TurnRecord(session.index, number, start, record.end_s, ttft, True, attempts))
         return used.text
 
     async def _send(
-        self, session: SessionPlan, turn: TurnPlan, attempt: int, base_url: str, payload: bytes, headers: dict
+        self, session: SessionPlan, number: int, attempt: int, base_url: str, payload: bytes, headers: dict
     ) -> _Outcome:
         start = self.now()
         record = AttemptRecord(
-            session.index, turn.index, attempt, start, start, None, "error", None, None, None, None, None, None
+            session.index, number, attempt, start, start, None, "error", None, None, None, None, None, None
         )
         state = StreamState(self.api)
         try:

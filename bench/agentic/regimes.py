@@ -334,8 +334,28 @@ def _capped(base: Regime) -> Regime:
     )
 
 
+# The share of tool calls that run a subagent in the `-subagents` regimes, and its turns.
+SUBAGENT_PROB = 0.3
+SUBAGENT_TURNS = 3
+
+
+def _subagents(base: Regime) -> Regime:
+    """`base` with SUBAGENT_PROB of its tool calls running a subagent of SUBAGENT_TURNS turns
+    under the session's id, as a coding agent's delegated searches and reviews do."""
+    assert isinstance(base.workload, WorkloadSpec), "an agent trace's sessions have one thread"
+    return replace(
+        base,
+        name=base.name + "-subagents",
+        description=f"{base.name}, and {SUBAGENT_PROB:.0%} of tool calls run a subagent of {SUBAGENT_TURNS} turns "
+        "under the session's id (a thread of its own history): the main thread's prefix waits out its run",
+        workload=base.workload.replace(subagent_prob=SUBAGENT_PROB, subagent_turns=SUBAGENT_TURNS),
+    )
+
+
 REGIMES.update(
     {
+        "thrash-subagents": _subagents(REGIMES["thrash"]),
+        "prefill-bound-subagents": _subagents(REGIMES["prefill-bound"]),
         "thrash-capped": _capped(REGIMES["thrash"]),
         "prefill-bound-capped": _capped(REGIMES["prefill-bound"]),
         "no-pressure-no-finish": _silent(REGIMES["no-pressure"]),

@@ -36,10 +36,10 @@ async def server_token_model(
     """A TokenModel answering from `url`'s tokenizer for exactly the prompts of `workload`."""
     conversations = []
     lengths = set()
-    for session in workload.sessions:
+    for thread in (thread for session in workload.sessions for thread in session.threads):
         replies: list[str] = []
-        for turn in session.turns:
-            conversations.append(build_messages(session, replies, turn.index))
+        for turn in thread.turns:
+            conversations.append(build_messages(thread, replies, turn.index))
             lengths.add(workload.reply_tokens(turn))
             replies.append(placeholder_reply(workload.reply_tokens(turn)))
     limit = asyncio.Semaphore(parallel)

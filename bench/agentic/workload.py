@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from kvgate.simulator.agent_trace import AgentTrace
 
@@ -58,6 +58,11 @@ class WorkloadSpec:
     retry_after_s_min: float = 0.005
     retry_after_s_max: float = 0.05
     send_finish: bool = True  # the last turn carries x-session-finish (False: sessions end silently)
+    # The share of a session's tool calls that run a subagent: a thread of its own under the
+    # session's id (its own system prompt, task and tool results, `subagent_turns` turns),
+    # whose run is the tool call's time; the session's main thread waits for it, then goes on.
+    subagent_prob: float = 0.0
+    subagent_turns: int = 3
 
     def validate(self) -> None:
         """Raise ValueError naming the first field that cannot describe a workload."""
@@ -80,6 +85,8 @@ class WorkloadSpec:
             ("retry_prob", 0 <= self.retry_prob <= 1),
             ("retry_after_s_min", self.retry_after_s_min >= 0),
             ("retry_after_s_max", self.retry_after_s_max >= self.retry_after_s_min),
+            ("subagent_prob", 0 <= self.subagent_prob <= 1),
+            ("subagent_turns", self.subagent_turns >= 1),
         ]
         for name, ok in checks:
             if not ok:
@@ -106,11 +113,24 @@ class TurnPlan:
 
 @dataclass(frozen=True)
 class SessionPlan:
+    """One session's main thread; `subagents`: (turn index, the subagent thread the tool
+    call after that turn runs), under the same session id."""
+
     session_id: str
     index: int
     system_prompt: str
     task: str
     turns: tuple[TurnPlan, ...]
+    subagents: tuple[tuple[int, SessionPlan], ...] = ()
+
+    @property
+    def threads(self) -> tuple[SessionPlan, ...]:
+        """Its main thread (itself), then its subagents' threads."""
+        return (self, *(plan for _, plan in self.subagents))
+
+    def subagent_after(self, turn_index: int) -> SessionPlan | None:
+        """The subagent thread the tool call after turn `turn_index` runs, if it runs one."""
+        return next((plan for after, plan in self.subagents if after == turn_index), None)
 
 
 @dataclass(frozen=True)
@@ -121,7 +141,7 @@ class Workload:
 
     @property
     def num_turns(self) -> int:
-        return sum(len(s.turns) for s in self.sessions)
+        return sum(len(s.turns) + sum(len(sub.turns) for _, sub in s.subagents) for s in self.sessions)
 
     def reply_tokens(self, turn: TurnPlan) -> int:
         """The max_tokens of `turn` (the replicas honour it as the reply length)."""
@@ -173,8 +193,34 @@ def generate_workload(spec: WorkloadSpec, seed: int) -> Workload:
             if spec.retry_prob > 0 and retry_rng.random() < spec.retry_prob:
                 retry_after = retry_rng.uniform(spec.retry_after_s_min, spec.retry_after_s_max)
             turns.append(TurnPlan(turn_index, tool_result, latency, retry_after))
-        sessions.append(SessionPlan(f"s{seed}-{index:04d}", index, system, task, tuple(turns)))
+        session = SessionPlan(f"s{seed}-{index:04d}", index, system, task, tuple(turns))
+        sessions.append(_with_subagents(session, spec, seed) if spec.subagent_prob > 0 else session)
     return Workload(spec, seed, tuple(sessions))
+
+
+def _with_subagents(session: SessionPlan, spec: WorkloadSpec, seed: int) -> SessionPlan:
+    """`session` with a subagent run at each tool call that draws one (`subagent_prob`),
+    from the session's own streams: the main threads stay those of the same spec without
+    subagents. A subagent's run takes its tool call's place (that call's latency is 0)."""
+    rng = random.Random(f"{seed}:{session.index}:subagents")
+    latency_rng = random.Random(f"{seed}:{session.index}:subagents:tool-latency")
+    turns, subagents = list(session.turns), []
+    for k, turn in enumerate(session.turns[:-1]):
+        if rng.random() >= spec.subagent_prob:
+            continue
+        number = len(subagents) + 1
+        sub_turns = []
+        for index in range(1, spec.subagent_turns + 1):
+            last = index == spec.subagent_turns
+            result = (
+                None if last else random_words(rng, rng.randint(spec.tool_result_words_min, spec.tool_result_words_max))
+            )
+            sub_turns.append(TurnPlan(index, result, 0.0 if last else sample_tool_latency(latency_rng, spec), None))
+        system = f"You are subagent {number} of agent {session.index}. " + random_words(rng, spec.system_prompt_words)
+        task = f"Subtask {number}: " + random_words(rng, spec.task_words)
+        subagents.append((turn.index, SessionPlan(session.session_id, session.index, system, task, tuple(sub_turns))))
+        turns[k] = replace(turn, tool_latency_s=0.0)
+    return replace(session, turns=tuple(turns), subagents=tuple(subagents))
 
 
 def workload_from_trace(trace: AgentTrace, send_finish: bool = False) -> Workload:

@@ -43,8 +43,7 @@ from kvgate.simulator.virtual_engine import EngineStopped, SimEngine
 from kvgate.wire.kv_pins import Pin, make_pin
 from kvgate.wire.probe_api import KvAnswer
 
-_CHUNKS = tuple("x" * (1 << k) for k in range(25))  # shared padding strings: a body costs no memory
-_MESSAGE_BYTES = len(b'{"role":"user","content":""},')
+_MESSAGE_BYTES = len(b'{"role":"user","content":""}')
 
 
 class TurnBody(dict):
@@ -52,15 +51,39 @@ class TurnBody(dict):
 
     __slots__ = ("request",)
 
-    def __init__(self, request: SessionRequest, body_bytes: int, max_tokens: int) -> None:
-        super().__init__(model="sim", max_tokens=max_tokens, messages=[])
+    def __init__(self, request: SessionRequest, messages: list[dict], max_tokens: int) -> None:
+        super().__init__(model="sim", max_tokens=max_tokens, messages=messages)
         self.request = request
-        room = body_bytes - len(orjson.dumps(self)) + 1  # +1: the last message has no comma
-        messages = self["messages"]
-        for k in range(len(_CHUNKS) - 1, -1, -1):
-            if room >= (1 << k) + _MESSAGE_BYTES:
-                messages.append({"role": "user", "content": _CHUNKS[k]})
-                room -= (1 << k) + _MESSAGE_BYTES
+
+
+class ThreadHistory:
+    """One thread's chat history as its turns' bodies carry it: the first message names the
+    thread (its sequence id) and each turn appends one message of the bytes its body grew
+    by, so a body has its turn's JSON size and continues its thread's history as an
+    agent's does (the gate reads only what a turn adds, and tells a session's threads
+    apart: `request_body.turn_media`)."""
+
+    def __init__(self, sequence_id: int) -> None:
+        self.sequence_id = sequence_id
+        self.messages: list[dict] = []
+        self._message_bytes = 0  # the JSON of the messages so far, with their commas
+
+    def body(self, turn: int, request: SessionRequest, body_bytes: int, max_tokens: int) -> TurnBody:
+        """Turn `turn`'s body (0-based; a re-sent turn's again), `body_bytes` long where its
+        growth allows (never shorter than its messages)."""
+        if turn == len(self.messages):
+            empty = len(orjson.dumps(TurnBody(request, [], max_tokens)))
+            room = body_bytes - empty - self._message_bytes - _MESSAGE_BYTES - (1 if self.messages else 0)
+            head = f"thread {self.sequence_id} " if not self.messages else ""
+            message = {"role": "user", "content": head + _padding(room - len(head))}
+            self._message_bytes += len(orjson.dumps(message)) + (1 if self.messages else 0)
+            self.messages.append(message)
+        assert turn < len(self.messages), f"turn {turn} of a thread with {len(self.messages)} turns so far"
+        return TurnBody(request, self.messages[: turn + 1], max_tokens)
+
+
+def _padding(length: int) -> str:
+    return "x" * max(0, length)
 
 
 class EngineProbe:

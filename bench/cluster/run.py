@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from kvgate.balancer.registry import ReplicaRegistry
-from kvgate.bench.cluster.front_door import EngineProbe, FrontDoor, TurnBody
+from kvgate.bench.cluster.front_door import EngineProbe, FrontDoor, ThreadHistory
 from kvgate.bench.cluster.workload import AgentSessions, SessionTokens
 from kvgate.gate.admission import AdmissionController
 from kvgate.gate.metrics import GateMetrics
@@ -46,6 +46,8 @@ from kvgate.simulator.virtual_loop import run_virtual
 RETRY_AFTER_SEC = 1.0
 MAX_ATTEMPTS = 3
 RETRYABLE = frozenset({"upstream_failed", "replica_unavailable", "no_replica"})
+# How a thread of a session ended (`_Cluster._run_thread`).
+_COMPLETED, _FAILED, _OUT_OF_TIME = object(), object(), object()
 
 
 # The policy whose engines schedule by priority, with the gate's held turns sent at low priority.
@@ -234,43 +236,65 @@ class _Cluster:
 
     async def run_session(self, session: SessionTokens, direct_index: int) -> bool:
         """Run `session`'s turns; False when the traffic ended before the session did (the agent stops)."""
-        config = self.config
-        size = config.engine.block_size
         index = self.session_count
         self.session_count += 1
         started = self.loop.time()
         record = SessionRecord(index, direct_index, started, started, False)
         self.sessions.append(record)
-        prefix_id, prefix_tokens = session.shared_prefix
+        prefix_id, _ = session.shared_prefix
         prefix_seen = prefix_id in self.prefixes_seen
         self.prefixes_seen.add(prefix_id)
-        for k in range(session.turns):
+        outcome = await self._run_thread(session, record, direct_index, prefix_seen, [0], main=True)
+        if outcome is not _COMPLETED:
+            return outcome is not _OUT_OF_TIME
+        record.completed = True
+        return True
+
+    async def _run_thread(
+        self,
+        thread: SessionTokens,
+        record: SessionRecord,
+        direct_index: int,
+        prefix_seen: bool,
+        turns_run: list[int],
+        main: bool = False,
+    ) -> object:
+        """Run one thread of a session (its main thread, or a subagent's that a tool call of
+        it runs, under the same session id): _COMPLETED, _FAILED (a turn failed: the session
+        ends) or _OUT_OF_TIME. `turns_run` counts the session's turns across its threads;
+        only the main thread's last turn may carry the session's finish."""
+        config = self.config
+        size = config.engine.block_size
+        _, prefix_tokens = thread.shared_prefix
+        history = ThreadHistory(thread.sequence_id)
+        for k in range(thread.turns):
             if config.agent_sessions is not None and self.loop.time() >= config.duration_s:
-                return False
-            prompt = session.prompts[k]
-            reply = session.replies[k]
+                return _OUT_OF_TIME
+            prompt = thread.prompts[k]
+            reply = thread.replies[k]
             if k == 0:
                 ceiling = min(prefix_tokens // size if prefix_seen else 0, (prompt - 1) // size) * size
             else:
-                computed = session.prompts[k - 1] + session.replies[k - 1] - 1  # the last turn's KV
+                computed = thread.prompts[k - 1] + thread.replies[k - 1] - 1  # the last turn's KV
                 ceiling = min(computed // size, (prompt - 1) // size) * size
             shared = min(prefix_tokens // size * size, ceiling)
-            last = k == session.turns - 1
+            last = k == thread.turns - 1
+            subagent = thread.subagent_after(k + 1)
+            turns_run[0] += 1
             start = self.loop.time()
             outcome = None
             for attempt in range(1, MAX_ATTEMPTS + 1):
                 request = SessionRequest(
-                    f"{session.session_id}-{k + 1}-{attempt}",
-                    session.sequence_id,
+                    f"{thread.session_id}-{'' if main else f'{thread.sequence_id}-'}{k + 1}-{attempt}",
+                    thread.sequence_id,
                     prompt,
                     reply,
                     size,
-                    session.shared_prefix,
+                    thread.shared_prefix,
                 )
-                body = TurnBody(request, session.body_bytes[k], max(reply, session.max_tokens or 0))
-                outcome = await self.front.turn(
-                    session.session_id, direct_index, request, body, last and config.send_finish
-                )
+                body = history.body(k, request, thread.body_bytes[k], max(reply, thread.max_tokens or 0))
+                finish = last and main and config.send_finish
+                outcome = await self.front.turn(thread.session_id, direct_index, request, body, finish)
                 if outcome.ok or outcome.status not in RETRYABLE or attempt == MAX_ATTEMPTS:
                     break
                 self.failed[outcome.status] = self.failed.get(outcome.status, 0) + 1
@@ -284,8 +308,8 @@ class _Cluster:
             request = outcome.request
             self.turns.append(
                 TurnRecord(
-                    index,
-                    k + 1,
+                    record.index,
+                    turns_run[0],
                     start,
                     end,
                     None if outcome.first_token_at is None else outcome.first_token_at - start,
@@ -303,16 +327,19 @@ class _Cluster:
             )
             record.end_s = end
             if not outcome.ok:
-                return True  # a failed turn ends its session, not its agent
-            if session.tool_latency_s[k] > 0 and not last:
+                return _FAILED  # a failed turn ends its session, not its agent
+            if subagent is not None:  # the tool call runs a subagent: its thread's turns, then this one goes on
+                ran = await self._run_thread(subagent, record, direct_index, True, turns_run)
+                if ran is not _COMPLETED:
+                    return ran
+            if thread.tool_latency_s[k] > 0 and not last:
                 if (
                     config.agent_sessions is not None
-                    and self.loop.time() + session.tool_latency_s[k] >= config.duration_s
+                    and self.loop.time() + thread.tool_latency_s[k] >= config.duration_s
                 ):
-                    return False  # the next turn would start after the traffic ends
-                await asyncio.sleep(session.tool_latency_s[k])
-        record.completed = True
-        return True
+                    return _OUT_OF_TIME  # the next turn would start after the traffic ends
+                await asyncio.sleep(thread.tool_latency_s[k])
+        return _COMPLETED
 
     async def fixed_sessions(self) -> None:
         config = self.config

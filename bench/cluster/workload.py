@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import orjson
 
 from kvgate.bench.agentic.apis import turn_request
-from kvgate.bench.agentic.workload import Workload, WorkloadSpec, build_messages, sample_tool_latency
+from kvgate.bench.agentic.workload import SessionPlan, Workload, WorkloadSpec, build_messages, sample_tool_latency
 from kvgate.simulator import tokenizer
 from kvgate.simulator.agent_trace import AgentTrace
 
@@ -48,10 +48,15 @@ class SessionTokens:
     tool_latency_s: tuple[float, ...]
     replies: tuple[int, ...]
     max_tokens: int | None = None
+    # (turn index k, the subagent thread the tool call after turn k runs), under `session_id`
+    subagents: tuple[tuple[int, SessionTokens], ...] = ()
 
     @property
     def turns(self) -> int:
         return len(self.prompts)
+
+    def subagent_after(self, turn: int) -> SessionTokens | None:
+        return next((thread for after, thread in self.subagents if after == turn), None)
 
 
 def _reply_text(start: int, count: int) -> str:
@@ -59,40 +64,61 @@ def _reply_text(start: int, count: int) -> str:
     return "".join(tokenizer.decode_token(tokenizer.output_token(position)) for position in range(start, start + count))
 
 
+# A subagent thread's sequence id: its number above these bits, its session's index below.
+_SUBAGENT_SHIFT = 24
+
+
 def sessions_of(workload: Workload) -> list[SessionTokens]:
     """The benchmark workload's sessions, rendered exactly (the replica's tokenizer and template)."""
-    reply = workload.spec.reply_tokens
     firsts = [tokenizer.render_chat({"messages": build_messages(s, [], 1)}) for s in workload.sessions]
     out = []
     for session, first in zip(workload.sessions, firsts):
         # what it shares with another session (session 0, or for session 0 itself session 1)
-        shared = _common_prefix(first, firsts[1 if session.index == 0 else 0]) if len(firsts) > 1 else 0
-        replies: list[str] = []
-        prompts, sizes = [], []
-        prompt = len(first)
-        for turn in session.turns:
-            if turn.index > 1:
-                earlier = session.turns[turn.index - 2]
-                tool = tokenizer.encode(TOOL_RESULT_LABEL + (earlier.tool_result or ""))
-                prompt += reply + len(tool) + TURN_MARKER_TOKENS
-            prompts.append(prompt)
-            body, _ = turn_request("chat", "sim", session, turn.index, replies, reply, None, workload.spec.max_tokens)
-            sizes.append(len(orjson.dumps(body)))
-            replies.append(_reply_text(prompt, reply))
-        latencies = tuple(turn.tool_latency_s for turn in session.turns)
-        out.append(
-            SessionTokens(
-                session.index,
-                session.session_id,
-                (0, shared),
-                tuple(prompts),
-                tuple(sizes),
-                latencies,
-                (reply,) * len(prompts),
-                workload.spec.max_tokens,
-            )
+        other = firsts[1 if session.index == 0 else 0] if len(firsts) > 1 else None
+        subagents = tuple(
+            (after, _thread_of(workload, plan, (number << _SUBAGENT_SHIFT) | session.index, other))
+            for number, (after, plan) in enumerate(session.subagents, start=1)
         )
+        out.append(_thread_of(workload, session, session.index, other, first, subagents))
     return out
+
+
+def _thread_of(
+    workload: Workload,
+    thread: SessionPlan,
+    sequence_id: int,
+    other_first: list[int] | None,
+    first: list[int] | None = None,
+    subagents: tuple[tuple[int, SessionTokens], ...] = (),
+) -> SessionTokens:
+    """One thread of a session (its main thread or a subagent's), rendered exactly."""
+    reply = workload.spec.reply_tokens
+    if first is None:
+        first = tokenizer.render_chat({"messages": build_messages(thread, [], 1)})
+    shared = _common_prefix(first, other_first) if other_first is not None else 0
+    replies: list[str] = []
+    prompts, sizes = [], []
+    prompt = len(first)
+    for turn in thread.turns:
+        if turn.index > 1:
+            earlier = thread.turns[turn.index - 2]
+            tool = tokenizer.encode(TOOL_RESULT_LABEL + (earlier.tool_result or ""))
+            prompt += reply + len(tool) + TURN_MARKER_TOKENS
+        prompts.append(prompt)
+        body, _ = turn_request("chat", "sim", thread, turn.index, replies, reply, None, workload.spec.max_tokens)
+        sizes.append(len(orjson.dumps(body)))
+        replies.append(_reply_text(prompt, reply))
+    return SessionTokens(
+        sequence_id,
+        thread.session_id,
+        (0, shared),
+        tuple(prompts),
+        tuple(sizes),
+        tuple(turn.tool_latency_s for turn in thread.turns),
+        (reply,) * len(prompts),
+        workload.spec.max_tokens,
+        subagents,
+    )
 
 
 # A model token stands for about 4 bytes of English text or code in a request body.
@@ -148,6 +174,10 @@ class AgentSessions:
 
     def __init__(self, spec: WorkloadSpec, seed: int, token_scale: float = 1.0) -> None:
         spec.validate()
+        if spec.subagent_prob > 0:
+            raise ValueError(
+                "endless agents run no subagents (subagent_prob must be 0); run a fixed list of sessions for them"
+            )
         if token_scale < 1:
             raise ValueError(f"token scale must be >= 1 (got {token_scale})")
         self.spec = spec

@@ -76,3 +76,11 @@ def test_shared_system_prompt_raises_the_ceiling():
     private = workload_ceiling(generate_workload(base.replace(shared_system_prompt=False), 1), 16)
     assert private.hit_tokens == 0  # one turn per session, nothing shared: an infinite cache gains nothing
     assert shared.hit_tokens > 0
+
+
+def test_the_ceiling_counts_every_thread_of_a_session():
+    from kvgate.bench.agentic.ceiling import workload_requests
+
+    spec = WorkloadSpec(sessions=3, turns_min=3, turns_max=3, subagent_prob=1.0, subagent_turns=2)
+    workload = generate_workload(spec, 0)
+    assert len(list(workload_requests(workload))) == workload.num_turns == 3 * (3 + 2 * 2)

@@ -11,14 +11,18 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import orjson
 import pytest
 
 from kvgate.bench.cluster.cli import add_cluster_command, build_config
+from kvgate.bench.cluster.front_door import ThreadHistory
 from kvgate.bench.cluster.presets import CODING_AGENTS
-from kvgate.bench.cluster.run import ClusterConfig, parse_event, policy_names, run_policy
+from kvgate.bench.cluster.run import ClusterConfig, parse_event, policy_names, run_policy, session_turns
 from kvgate.bench.cluster.workload import AgentSessions
 from kvgate.cli import main
+from kvgate.gate.request_body import THREADS_KEPT, turn_media
 from kvgate.simulator.config import EngineConfig
+from kvgate.simulator.session_request import SessionRequest
 
 SMALL_FLEET = [
     "--regime", "fleet-small", "--replicas", "3", "--agents", "24", "--duration", "90",
@@ -31,11 +35,11 @@ def _run(out, *options) -> dict:
     return json.loads((out / "report.json").read_text())
 
 
-def thrash_config() -> ClusterConfig:
-    """The `thrash` regime's run, as `kvgate sim cluster --regime thrash` builds it."""
+def thrash_config(regime: str = "thrash") -> ClusterConfig:
+    """The `thrash` regime's run (or `regime`'s), as `kvgate sim cluster --regime thrash` builds it."""
     parser = argparse.ArgumentParser()
     add_cluster_command(parser.add_subparsers())
-    return build_config(parser.parse_args(["cluster", "--regime", "thrash"]), 2)
+    return build_config(parser.parse_args(["cluster", "--regime", regime]), 2)
 
 
 def small_agents(replicas: int, agents: int, duration_s: float, turns=(3, 5), **config) -> ClusterConfig:
@@ -318,3 +322,41 @@ def test_held_turns_move_to_an_idle_replica_at_the_end_of_a_rollout(tmp_path):
     assert moved["turns_failed"] == stayed["turns_failed"] == 0
     assert moved["relocated_turns"] > 0 and stayed["relocated_turns"] == 0
     assert moved["makespan_s"] < 0.8 * stayed["makespan_s"]
+
+
+def test_a_subagent_thread_runs_under_its_sessions_id_between_its_main_threads_turns():
+    """`thrash-subagents`: every thread's turns run, a subagent's between the turns of its
+    main thread, under the session's id; the gate reads each thread's bodies as one
+    history, and no gate state is left behind."""
+    config = thrash_config("thrash-subagents")
+    sessions = config.sessions
+    subagents = sum(len(s.subagents) for s in sessions)
+    assert subagents > 10
+    result = run_policy(config, "working_set")
+    threads = sum(1 + len(s.subagents) for s in sessions)
+    assert len(result.turns) == sum(s.turns + sum(t.turns for _, t in s.subagents) for s in sessions)
+    assert all(turn.ok for turn in result.turns) and all(s.completed for s in result.sessions)
+    assert len(result.sessions) == len(sessions) < threads
+    for turns in session_turns(result.turns):  # a session's turns, numbered across its threads
+        assert [t.turn for t in turns] == list(range(1, len(turns) + 1))
+    assert result.timeline[-1]["gate_waiters"] == 0
+
+
+def test_a_thread_history_is_each_turns_body_at_its_size_continuing_one_history():
+    session = thrash_config("thrash-subagents").sessions[0]
+    threads: tuple = ()
+    for thread in (session, *(sub for _, sub in session.subagents)):
+        history = ThreadHistory(thread.sequence_id)
+        for k in range(thread.turns):
+            request = SessionRequest(f"r{k}", thread.sequence_id, thread.prompts[k], 8, 16)
+            body = history.body(k, request, thread.body_bytes[k], 1024)
+            assert len(orjson.dumps(body)) == thread.body_bytes[k] and body.request is request
+            assert history.body(k, request, thread.body_bytes[k], 1024) == body  # a re-sent turn's, again
+            _, threads = turn_media("chat", body, threads)
+            assert threads[0].items == k + 1  # it continues its thread's history
+    assert len(threads) == min(THREADS_KEPT, 1 + len(session.subagents))
+
+
+def test_endless_agents_refuse_subagents():
+    with pytest.raises(ValueError, match="subagent"):
+        AgentSessions(CODING_AGENTS.replace(subagent_prob=0.2), 0)

@@ -89,3 +89,21 @@ async def test_without_send_finish_no_turn_carries_the_finish_header(scripted_re
     assert len(driver.turns) == 9 and all(t.ok for t in driver.turns)
     assert len(replica.requests) == 9
     assert all("x-session-finish" not in headers for headers, _ in replica.requests)
+
+
+async def test_a_subagent_runs_its_thread_under_the_session_id_before_the_main_thread_goes_on(scripted_replica):
+    replica, url = await scripted_replica()
+    workload = generate_workload(SPEC.replace(sessions=2, subagent_prob=1.0, subagent_turns=2), 4)
+    driver, _ = await drive(url, workload)
+    # 3 main turns, and a subagent of 2 turns at each of the 2 tool calls
+    assert len(driver.turns) == 2 * 7 == workload.num_turns and all(t.ok for t in driver.turns)
+    for session in workload.sessions:
+        sent = [(h, b) for h, b in replica.requests if h["x-session-id"] == session.session_id]
+        threads = [b["messages"][0]["content"] for _, b in sent]
+        (_, first), (_, second) = session.subagents
+        main, one, two = session.system_prompt, first.system_prompt, second.system_prompt
+        assert threads == [main, one, one, main, two, two, main]
+        assert [len(b["messages"]) for _, b in sent] == [2, 2, 4, 4, 2, 4, 6]  # each thread's own history
+        assert [h.get("x-session-finish") for h, _ in sent] == [None] * 6 + ["true"]
+        numbers = sorted(t.turn for t in driver.turns if t.session_index == session.index)
+        assert numbers == list(range(1, 8))

@@ -60,7 +60,15 @@ def test_build_messages_needs_earlier_replies():
 
 
 @pytest.mark.parametrize(
-    "field,value", [("sessions", 0), ("turns_max", 0), ("tool_tail_prob", 1.5), ("retry_after_s_max", 0.0)]
+    "field,value",
+    [
+        ("sessions", 0),
+        ("turns_max", 0),
+        ("tool_tail_prob", 1.5),
+        ("retry_after_s_max", 0.0),
+        ("subagent_prob", -0.1),
+        ("subagent_turns", 0),
+    ],
 )
 def test_bad_spec_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -101,3 +109,29 @@ def test_a_trace_renders_one_word_per_token_and_its_own_reply_lengths():
             t.tool_result_tokens for t in session.turns[:-1]
         ]
         assert [t.tool_latency_s for t in plan.turns] == [t.tool_time_s for t in session.turns]
+
+
+def test_subagents_run_at_some_tool_calls_under_the_session_id_and_keep_the_main_threads():
+    base = SPEC.replace(turns_min=5, turns_max=8)
+    plain = generate_workload(base, 3)
+    workload = generate_workload(base.replace(subagent_prob=0.5, subagent_turns=2), 3)
+    subagents = [sub for session in workload.sessions for sub in session.subagents]
+    assert subagents
+    assert workload.num_turns == plain.num_turns + 2 * len(subagents)
+    for session, alone in zip(workload.sessions, plain.sessions):
+        # the main thread's text is the same with subagents or without
+        assert (session.system_prompt, session.task) == (alone.system_prompt, alone.task)
+        assert [t.tool_result for t in session.turns] == [t.tool_result for t in alone.turns]
+        assert session.threads == (session, *(plan for _, plan in session.subagents))
+        for after, sub in session.subagents:
+            assert 1 <= after < len(session.turns)  # never after the last turn
+            assert session.subagent_after(after) is sub
+            assert session.turns[after - 1].tool_latency_s == 0  # its run is the tool call's time
+            assert sub.session_id == session.session_id and sub.index == session.index
+            assert sub.system_prompt != session.system_prompt and sub.task != session.task
+            assert [t.index for t in sub.turns] == [1, 2] and sub.turns[-1].tool_result is None
+        calls = {after for after, _ in session.subagents}
+        assert [t.tool_latency_s for t in session.turns if t.index not in calls] == [
+            t.tool_latency_s for t in alone.turns if t.index not in calls
+        ]
+    assert generate_workload(base.replace(subagent_prob=0.5, subagent_turns=2), 3) == workload
