@@ -113,8 +113,8 @@ class TurnPlan:
 
 @dataclass(frozen=True)
 class SessionPlan:
-    """One session's main thread; `subagents`: (turn index, the subagent thread the tool
-    call after that turn runs), under the same session id."""
+    """One session's main thread; `subagents`: (turn index, 1-based: the subagent thread
+    the tool call after that turn runs), under the same session id."""
 
     session_id: str
     index: int

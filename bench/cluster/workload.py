@@ -48,7 +48,7 @@ class SessionTokens:
     tool_latency_s: tuple[float, ...]
     replies: tuple[int, ...]
     max_tokens: int | None = None
-    # (turn index k, the subagent thread the tool call after turn k runs), under `session_id`
+    # (turn number n, 1-based: the subagent thread the tool call after turn n runs), under `session_id`
     subagents: tuple[tuple[int, SessionTokens], ...] = ()
 
     @property
@@ -56,6 +56,7 @@ class SessionTokens:
         return len(self.prompts)
 
     def subagent_after(self, turn: int) -> SessionTokens | None:
+        """The subagent thread the tool call after turn `turn` (1-based) runs, if it runs one."""
         return next((thread for after, thread in self.subagents if after == turn), None)
 
 
