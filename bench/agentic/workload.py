@@ -204,7 +204,8 @@ def _with_subagents(session: SessionPlan, spec: WorkloadSpec, seed: int) -> Sess
     subagents. A subagent's run takes its tool call's place (that call's latency is 0)."""
     rng = random.Random(f"{seed}:{session.index}:subagents")
     latency_rng = random.Random(f"{seed}:{session.index}:subagents:tool-latency")
-    turns, subagents = list(session.turns), []
+    turns = list(session.turns)
+    subagents: list[tuple[int, SessionPlan]] = []
     for k, turn in enumerate(session.turns[:-1]):
         if rng.random() >= spec.subagent_prob:
             continue
