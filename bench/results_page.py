@@ -143,6 +143,8 @@ ROWS: tuple[ResultRow, ...] = (
     ResultRow("vllm-prefill", ("makespan<=0.8x",), ("--pinning", "pinned"), real_vllm=True),
     ResultRow("vllm-prefill", (), ("--pinning", "unpinned"), real_vllm=True),
     ResultRow("vllm-prefill-no-finish", ("makespan<=0.8x",), ("--pinning", "pinned"), real_vllm=True),
+    # every turn capped far above its reply, as agent clients send max_tokens
+    ResultRow("vllm-prefill-capped", ("makespan<=0.8x",), ("--pinning", "pinned"), real_vllm=True),
     ResultRow("vllm-prefill-no-finish", (), ("--pinning", "unpinned"), real_vllm=True),
     # holding whole sessions on the real server too (gate.work_conserving: false), as prefill-bound's above
     ResultRow("vllm-prefill", ("makespan<=0.8x",), ("--pinning", "pinned", "--work-conserving", "no"), real_vllm=True),

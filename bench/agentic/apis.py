@@ -18,6 +18,7 @@ first-token time, prompt and cached token counts, the response id, errors.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 import orjson
@@ -29,6 +30,11 @@ API_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "respon
 SESSION_HEADER = "x-session-id"
 
 
+def turn_seed(session: SessionPlan, turn_index: int) -> int:
+    """The sampling seed of a thread's turn: the same in every run of the workload."""
+    return zlib.crc32(f"{session.session_id}|{session.task}|{turn_index}".encode()) & 0x7FFFFFFF
+
+
 def turn_request(
     api: str,
     model: str,
@@ -38,15 +44,22 @@ def turn_request(
     reply_tokens: int,
     previous_response_id: str | None,
     max_tokens: int | None = None,
+    stop: tuple[str, ...] = (),
 ) -> tuple[dict, dict]:
     """(body, headers) of turn `turn_index` of `session` in `api` (finish header not included).
 
     `responses` continues `previous_response_id` (the last turn's response) from turn 2 on.
     `max_tokens`: the cap the turn sends, its reply still `reply_tokens` long (vLLM's
-    `min_tokens`, where simulated replicas stop: chat only); None: the reply's length."""
+    `min_tokens`, where simulated replicas stop: chat only); None: the reply's length.
+    `stop`: stop strings the capped turn sends, which vLLM looks for only after
+    `min_tokens`, so a model that would not end by itself (random weights) ends there; its
+    tokens are then sampled (temperature 1, a seed of its own: every run sends the same),
+    so a stop string comes within a few."""
     messages = build_messages(session, replies, turn_index)
     if max_tokens is not None and api != "chat":
         raise ValueError(f"a workload with max_tokens runs the chat api only (got {api!r})")
+    if stop and max_tokens is None:
+        raise ValueError("stop strings end a capped turn's reply: they need max_tokens")
     if api == "chat":
         body = {
             "model": model,
@@ -58,6 +71,8 @@ def turn_request(
         }
         if max_tokens is not None:
             body["min_tokens"] = reply_tokens
+        if stop:
+            body.update(stop=list(stop), temperature=1.0, seed=turn_seed(session, turn_index))
         return body, {SESSION_HEADER: session.session_id}
     if api == "messages":
         system, *conversation = messages

@@ -186,6 +186,7 @@ class WorkloadDriver:
             self.workload.reply_tokens(turn),
             previous_response_id[0],
             self.workload.spec.max_tokens,
+            self.workload.spec.stop,
         )
         if finish:
             headers[FINISH_HEADER] = "true"

@@ -352,8 +352,30 @@ def _subagents(base: Regime) -> Regime:
     )
 
 
+# The cap of the real-vLLM capped regime: a quarter of its server's 2,016-token context,
+# so its longest prompts still fit beside it (vLLM refuses prompt + max_tokens above it).
+VLLM_MAX_TOKENS = 512
+# Where a random-weight model's sampled text ends a capped reply: characters it meets within a few tokens.
+VLLM_STOP = (" ", "e", "a", "t")
+
+
+def _vllm_capped(base: Regime) -> Regime:
+    """Real-vLLM `base` with every turn sending max_tokens VLLM_MAX_TOKENS, its replies as long
+    as before: vLLM's min_tokens, then the first of VLLM_STOP the sampled text meets."""
+    assert isinstance(base.workload, WorkloadSpec) and base.vllm_model is not None
+    return replace(
+        base,
+        name=base.name + "-capped",
+        description=f"{base.name}, every turn sending max_tokens {VLLM_MAX_TOKENS} as agent clients send a cap far "
+        f"above their replies, which end just after their {base.workload.reply_tokens} tokens (min_tokens, then a "
+        "stop string the sampled text meets)",
+        workload=base.workload.replace(max_tokens=VLLM_MAX_TOKENS, stop=VLLM_STOP),
+    )
+
+
 REGIMES.update(
     {
+        "vllm-prefill-capped": _vllm_capped(REGIMES["vllm-prefill"]),
         "thrash-subagents": _subagents(REGIMES["thrash"]),
         "prefill-bound-subagents": _subagents(REGIMES["prefill-bound"]),
         "thrash-capped": _capped(REGIMES["thrash"]),

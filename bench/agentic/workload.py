@@ -50,6 +50,10 @@ class WorkloadSpec:
     # The max_tokens every turn sends, as agent clients send a cap far above their replies
     # (None: each turn's reply length); the replies stay `reply_tokens` long.
     max_tokens: int | None = None
+    # Stop strings every capped turn sends (with `max_tokens`): where a real model whose
+    # text would not end by itself (random weights) ends its reply, just after vLLM's
+    # min_tokens; its turns are then sampled with a seed each (`apis.turn_request`).
+    stop: tuple[str, ...] = ()
     tool_latency_median_s: float = 0.2  # lognormal body of the tool-latency distribution
     tool_latency_sigma: float = 0.5
     tool_tail_prob: float = 0.0  # share of tool calls in the heavy tail
@@ -78,6 +82,7 @@ class WorkloadSpec:
             ("tool_result_words_max", self.tool_result_words_max >= self.tool_result_words_min),
             ("reply_tokens", self.reply_tokens >= 1),
             ("max_tokens", self.max_tokens is None or self.max_tokens >= self.reply_tokens),
+            ("stop", not self.stop or (self.max_tokens is not None and all(self.stop))),
             ("tool_latency_median_s", self.tool_latency_median_s >= 0),
             ("tool_latency_sigma", self.tool_latency_sigma >= 0),
             ("tool_tail_prob", 0 <= self.tool_tail_prob <= 1),

@@ -106,7 +106,8 @@ def _thread_of(
             tool = tokenizer.encode(TOOL_RESULT_LABEL + (earlier.tool_result or ""))
             prompt += reply + len(tool) + TURN_MARKER_TOKENS
         prompts.append(prompt)
-        body, _ = turn_request("chat", "sim", thread, turn.index, replies, reply, None, workload.spec.max_tokens)
+        spec = workload.spec
+        body, _ = turn_request("chat", "sim", thread, turn.index, replies, reply, None, spec.max_tokens, spec.stop)
         sizes.append(len(orjson.dumps(body)))
         replies.append(_reply_text(prompt, reply))
     return SessionTokens(

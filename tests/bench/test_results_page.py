@@ -148,6 +148,7 @@ def test_a_missed_makespan_target_names_whether_any_policy_could_meet_it():
         "trace-70b-tight",
         "vllm-prefill --pinning pinned",  # its simulation stands for the measured server
         "vllm-prefill-no-finish --pinning pinned",
+        "vllm-prefill-capped --pinning pinned",
         "vllm-prefill --pinning pinned --work-conserving no",
         "vllm-prefill-no-finish --pinning pinned --work-conserving no",
     ]
