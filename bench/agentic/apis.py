@@ -18,7 +18,6 @@ first-token time, prompt and cached token counts, the response id, errors.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 
 import orjson
@@ -28,11 +27,6 @@ from kvgate.bench.agentic.workload import SessionPlan, build_messages
 APIS = ("chat", "messages", "responses")
 API_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
 SESSION_HEADER = "x-session-id"
-
-
-def turn_seed(session: SessionPlan, turn_index: int) -> int:
-    """The sampling seed of a thread's turn: the same in every run of the workload."""
-    return zlib.crc32(f"{session.session_id}|{session.task}|{turn_index}".encode()) & 0x7FFFFFFF
 
 
 def turn_request(
@@ -53,8 +47,9 @@ def turn_request(
     `min_tokens`, where simulated replicas stop: chat only); None: the reply's length.
     `stop`: stop strings the capped turn sends, which vLLM looks for only after
     `min_tokens`, so a model that would not end by itself (random weights) ends there; its
-    tokens are then sampled (temperature 1, a seed of its own: every run sends the same),
-    so a stop string comes within a few."""
+    tokens are then sampled (temperature 1), so a stop string comes within a few. Without a
+    seed: each run's texts differ, their lengths hardly (vLLM 0.32 on CPU kills its engine
+    on a request's own seed: "CPU Generator does not use offset")."""
     messages = build_messages(session, replies, turn_index)
     if max_tokens is not None and api != "chat":
         raise ValueError(f"a workload with max_tokens runs the chat api only (got {api!r})")
@@ -72,7 +67,7 @@ def turn_request(
         if max_tokens is not None:
             body["min_tokens"] = reply_tokens
         if stop:
-            body.update(stop=list(stop), temperature=1.0, seed=turn_seed(session, turn_index))
+            body.update(stop=list(stop), temperature=1.0)
         return body, {SESSION_HEADER: session.session_id}
     if api == "messages":
         system, *conversation = messages

@@ -52,7 +52,7 @@ class WorkloadSpec:
     max_tokens: int | None = None
     # Stop strings every capped turn sends (with `max_tokens`): where a real model whose
     # text would not end by itself (random weights) ends its reply, just after vLLM's
-    # min_tokens; its turns are then sampled with a seed each (`apis.turn_request`).
+    # min_tokens; its turns' texts are then sampled (`apis.turn_request`).
     stop: tuple[str, ...] = ()
     tool_latency_median_s: float = 0.2  # lognormal body of the tool-latency distribution
     tool_latency_sigma: float = 0.5

@@ -34,16 +34,14 @@ def test_a_capped_workloads_chat_turn_sends_the_cap_and_its_reply_as_min_tokens(
         turn_request("messages", "m", SESSION, 3, REPLIES, 3, None, max_tokens=1024)
 
 
-def test_a_capped_turn_with_stop_strings_is_sampled_with_a_seed_of_its_own():
+def test_a_capped_turn_with_stop_strings_is_sampled():
     """Where a random-weight vLLM model's text ends (`vllm-prefill-capped`): the stop strings
-    after min_tokens, sampled, with a seed every run of the workload sends alike."""
+    after min_tokens, its text sampled, without a seed (vLLM 0.32 on CPU dies on one)."""
     body, _ = turn_request("chat", "m", SESSION, 3, REPLIES, 3, None, max_tokens=512, stop=(" ", "e"))
     assert (body["max_tokens"], body["min_tokens"], body["stop"], body["temperature"]) == (512, 3, [" ", "e"], 1.0)
-    again, _ = turn_request("chat", "m", SESSION, 3, REPLIES, 3, None, max_tokens=512, stop=(" ", "e"))
-    second, _ = turn_request("chat", "m", SESSION, 2, REPLIES[:1], 3, None, max_tokens=512, stop=(" ", "e"))
-    assert again["seed"] == body["seed"] != second["seed"]
+    assert "seed" not in body
     plain, _ = turn_request("chat", "m", SESSION, 3, REPLIES, 3, None, max_tokens=512)
-    assert "stop" not in plain and "seed" not in plain and plain["temperature"] == 0.0
+    assert "stop" not in plain and plain["temperature"] == 0.0
     with pytest.raises(ValueError, match="max_tokens"):
         turn_request("chat", "m", SESSION, 3, REPLIES, 3, None, stop=(" ",))
     with pytest.raises(ValueError, match="stop"):
