@@ -107,3 +107,11 @@ async def test_a_subagent_runs_its_thread_under_the_session_id_before_the_main_t
         assert [h.get("x-session-finish") for h, _ in sent] == [None] * 6 + ["true"]
         numbers = sorted(t.turn for t in driver.turns if t.session_index == session.index)
         assert numbers == list(range(1, 8))
+
+
+async def test_a_capped_workload_with_stop_strings_sends_them_with_every_turn(scripted_replica):
+    replica, url = await scripted_replica()
+    workload = generate_workload(SPEC.replace(sessions=1, max_tokens=64, stop=(" ", "e")), 6)
+    driver, _ = await drive(url, workload)
+    assert len(driver.turns) == 3 and all(t.ok for t in driver.turns)
+    assert [(b["max_tokens"], b["min_tokens"], b["stop"]) for _, b in replica.requests] == [(64, 3, [" ", "e"])] * 3
