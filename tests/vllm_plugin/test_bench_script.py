@@ -26,6 +26,7 @@ def flag(command: list[str], name: str) -> str:
 def test_every_real_vllm_regime_names_a_model_and_only_those_are_offered():
     assert run_vllm_bench.VLLM_REGIMES == [
         "vllm-prefill",
+        "vllm-prefill-capped",
         "vllm-prefill-no-finish",
         "vllm-small",
         "vllm-small-no-finish",
@@ -33,6 +34,8 @@ def test_every_real_vllm_regime_names_a_model_and_only_those_are_offered():
     assert {REGIMES[name].vllm_model for name in run_vllm_bench.VLLM_REGIMES} == {"tiny", "prefill"}
     assert REGIMES["vllm-prefill"].workload.send_finish and not REGIMES["vllm-prefill-no-finish"].workload.send_finish
     assert REGIMES["vllm-small"].workload.send_finish and not REGIMES["vllm-small-no-finish"].workload.send_finish
+    capped = REGIMES["vllm-prefill-capped"].workload  # a cap, and stop strings where the random model's text ends
+    assert capped.max_tokens and capped.stop and capped.max_tokens > capped.reply_tokens
 
 
 @pytest.mark.parametrize("regime", ["vllm-small", "vllm-prefill-no-finish"])
