@@ -93,7 +93,8 @@ def _thread_of(
     subagents: tuple[tuple[int, SessionTokens], ...] = (),
 ) -> SessionTokens:
     """One thread of a session (its main thread or a subagent's), rendered exactly."""
-    reply = workload.spec.reply_tokens
+    spec = workload.spec
+    reply = spec.reply_tokens
     if first is None:
         first = tokenizer.render_chat({"messages": build_messages(thread, [], 1)})
     shared = _common_prefix(first, other_first) if other_first is not None else 0
@@ -106,7 +107,6 @@ def _thread_of(
             tool = tokenizer.encode(TOOL_RESULT_LABEL + (earlier.tool_result or ""))
             prompt += reply + len(tool) + TURN_MARKER_TOKENS
         prompts.append(prompt)
-        spec = workload.spec
         body, _ = turn_request("chat", "sim", thread, turn.index, replies, reply, None, spec.max_tokens, spec.stop)
         sizes.append(len(orjson.dumps(body)))
         replies.append(_reply_text(prompt, reply))
@@ -118,7 +118,7 @@ def _thread_of(
         tuple(sizes),
         tuple(turn.tool_latency_s for turn in thread.turns),
         (reply,) * len(prompts),
-        workload.spec.max_tokens,
+        spec.max_tokens,
         subagents,
     )
 
