@@ -19,9 +19,12 @@ state change goes through a `SessionBook` method, which keeps these invariants:
   of the session's recent gaps between turns (its own, else the replica's mean),
   never later than `grace` (the record then lives on, without its window, until
   `grace`). Expired records and windows are purged lazily: `purge(now)` pops due
-  deadlines from a heap, which holds one per idle period at a time (its window's quiet
-  end, then its grace; O(log n) per deadline; entries of a record that became active
-  again are stale and skipped).
+  deadlines from a heap, which holds at most one live entry per record
+  (`deadline_seq`), due no later than the record's next deadline (its window's quiet
+  end, else its grace): a record idle again before its entry is due keeps that entry,
+  and `purge` moves it on to the deadline the record has then. So a session's turns
+  push about one entry per quiet lifetime, not one per turn (O(log n) each); an entry
+  that is no record's live one is stale and skipped.
 - A session's *gap* is the time from the end of its last turn (its last lease
   released) to the start of its next attempt; `gap_ewma` / `last_gap` are the
   session's, `replica_gap_ewma` the replica's over every session. A turn's *service
@@ -122,7 +125,10 @@ class SessionRecord:
     gap_ewma: float | None = None  # its gaps between turns: smoothed, and the last one
     last_gap: float | None = None
     quiet_deadline: float | None = None  # while idle with a window: when the window ends
-    idle_gen: int = 0  # bumped at every idle period: heap entries of older periods are stale
+    # Its live entry in the book's deadline heap: the entry's sequence number (-1: none) and
+    # when it is due (no later than the record's next deadline; see the module docstring).
+    deadline_seq: int = -1
+    deadline_at: float = 0.0
     opener: object | None = None  # the attempt whose admission opened the window, until a turn of it is served
     last_window_end: WindowEnd | None = None  # the cause its last window ended with
     # A reply ended its agent's run, and its window with it (`end_run`), until its next turn arrives.
@@ -171,7 +177,7 @@ class SessionBook:
         self.quiet_factor = quiet_factor
         self.quiet_floor = quiet_floor  # an idle window's shortest life (`quiet_lifetime`)
         self.late_floor = late_floor  # a session's shortest idle time before it is late (`late_after`)
-        self._deadlines: list[tuple[float, int, str, int]] = []  # (when, seq, key, idle_gen)
+        self._deadlines: list[tuple[float, int, str]] = []  # (when, seq, key)
         self._seq = 0
         self.sessions_started = 0  # records booked so far: the next one's `started`
         self.replica_gap_ewma: float | None = None
@@ -217,7 +223,6 @@ class SessionBook:
                 self.idle_window_blocks += rec.footprint
         if rec.is_idle:
             rec.idle_since = now
-            rec.idle_gen += 1
             self.idle[rec.key] = rec
             rec.quiet_deadline = None
             # One deadline at a time per idle period: the window's quiet end, then (pushed
@@ -230,8 +235,28 @@ class SessionBook:
                 self._schedule(rec, now + self.grace)
 
     def _schedule(self, rec: SessionRecord, when: float) -> None:
+        """Make sure the record has a heap entry due by `when`: its live one if that is due no
+        later (`purge` moves it on when it pops), else a new one (the old one goes stale)."""
+        if rec.deadline_seq >= 0 and rec.deadline_at <= when:
+            return
         self._seq += 1
-        heapq.heappush(self._deadlines, (when, self._seq, rec.key, rec.idle_gen))
+        rec.deadline_seq, rec.deadline_at = self._seq, when
+        heapq.heappush(self._deadlines, (when, self._seq, rec.key))
+
+    def _next_deadline(self, rec: SessionRecord) -> float:
+        """When an idle record is next due: its window's quiet end, else its grace."""
+        if rec.has_window and rec.quiet_deadline is not None:
+            return rec.quiet_deadline
+        return rec.idle_since + self.grace
+
+    def _live_entry(self, seq: int, key: str) -> SessionRecord | None:
+        """The record whose live heap entry is (`seq`, `key`), taken off it (the entry is
+        popped); None for a stale entry."""
+        rec = self.records.get(key)
+        if rec is None or rec.deadline_seq != seq:
+            return None
+        rec.deadline_seq = -1
+        return rec
 
     def quiet_lifetime(self, rec: SessionRecord) -> float:
         """How long the record's window may stay idle (`window_lifetime.quiet_lifetime`)."""
@@ -647,10 +672,10 @@ class SessionBook:
         windows_ended = False
         heap = self._deadlines
         while heap and heap[0][0] <= now:
-            _, _, key, gen = heapq.heappop(heap)
-            rec = self.records.get(key)
-            if rec is None or rec.idle_gen != gen or not rec.is_idle:
-                continue  # stale: the record ended, or became active since
+            _, seq, key = heapq.heappop(heap)
+            rec = self._live_entry(seq, key)
+            if rec is None or not rec.is_idle:
+                continue  # stale, or active: its next idle period schedules its own deadline
             if rec.idle_since + self.grace <= now:  # the grace deadline's own sum: it is due
                 windows_ended |= rec.has_window
                 ended.append(self._end(rec))
@@ -663,8 +688,7 @@ class SessionBook:
                 self._set_window(rec, False)
                 rec.quiet_deadline = None
                 windows_ended = True
-            if not rec.has_window:  # its window ended (quiet, or reclaimed before): its grace is next
-                self._schedule(rec, rec.idle_since + self.grace)
+            self._schedule(rec, self._next_deadline(rec))  # its grace, or a later quiet end
         return ended, windows_ended
 
     def next_expiry(self, now: float) -> float | None:
@@ -673,11 +697,14 @@ class SessionBook:
         deadlines already due are left for `purge`."""
         heap = self._deadlines
         while heap:
-            when, _, key, gen = heap[0]
+            when, seq, key = heap[0]
             if when <= now:
                 return when
             rec = self.records.get(key)
-            if rec is not None and rec.idle_gen == gen and rec.is_idle:
+            if rec is not None and rec.deadline_seq == seq and rec.is_idle and self._next_deadline(rec) <= when:
                 return when
             heapq.heappop(heap)
+            rec = self._live_entry(seq, key)
+            if rec is not None and rec.is_idle:  # due later than its entry: moved on
+                self._schedule(rec, self._next_deadline(rec))
         return None
