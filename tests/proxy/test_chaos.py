@@ -39,9 +39,13 @@ GRACE_SEC = 2.0
 QUIET_FLOOR_SEC = 0.1  # windows end soon after their sessions' last turns ...
 RELEASE_SEC = 0.5  # ... and their pins within this, where only a release (not the ttl) ends them
 assert RELEASE_SEC + QUIET_FLOOR_SEC * 2 < MIN_PIN_TTL_SEC
-# Errors an agent may be answered under pressure: its retry superseded the turn, or it
-# waited past gate.max_wait_sec.
+# Errors an agent may be answered under pressure (their status and `error.code`): its retry
+# superseded the turn, or it waited past gate.max_wait_sec ...
 EXPECTED_ERRORS = {409: "admission_superseded", 503: "admission_timeout"}
+# ... and where a replica stops: a turn it had taken, not answered, is not re-sent (only
+# one that never reached a replica is: docs/proxy.md), and a Responses chain whose
+# previous response lived there is the other replica's 404.
+STOPPED_ERRORS = {**EXPECTED_ERRORS, 502: "upstream_failed", 404: 404}
 HELD_MS = 20.0  # a wait this long is a hold, not the admission's own time
 WORDS = "build test lint grep patch file line error trace diff commit module".split()
 
@@ -50,6 +54,7 @@ WORDS = "build test lint grep patch file line error trace diff commit module".sp
 class Tally:
     """What the agents saw: answers read whole, by status, and turns they gave up on."""
 
+    expected_errors: dict[int, object]
     statuses: dict[int, int] = field(default_factory=dict)
     gave_up: int = 0
     hung_up: int = 0
@@ -96,69 +101,118 @@ async def pressured_stack():
             await replica.stop()
 
 
-def chat_body(messages: list[dict], stream: bool) -> dict:
-    return {"model": "kvgate-sim", "messages": messages, "max_tokens": 6, "stream": stream}
+@dataclass(frozen=True)
+class Api:
+    """One client API: its route, a turn's body, and what a whole answer looks like."""
+
+    path: str
+    stream_end: bytes  # the last event of a whole stream
+
+    def body(self, system: str, history: list[dict], stream: bool, previous_id: str | None) -> dict:
+        if self.path == "/v1/messages":
+            return {"model": MODEL, "system": system, "messages": history, "max_tokens": 6, "stream": stream}
+        if self.path == "/v1/responses":  # a chain sends only its new input after the previous response
+            new = history[-1:] if previous_id else [{"role": "system", "content": system}, *history]
+            body = {"model": MODEL, "input": new, "max_output_tokens": 16, "stream": stream}
+            return {**body, "previous_response_id": previous_id} if previous_id else body
+        messages = [{"role": "system", "content": system}, *history]
+        return {"model": MODEL, "messages": messages, "max_tokens": 6, "stream": stream}
+
+    def check(self, payload: dict) -> str | None:
+        """Assert `payload` is a whole non-streamed answer; its response id (Responses)."""
+        if self.path == "/v1/messages":
+            assert payload["type"] == "message" and payload["stop_reason"], payload
+        elif self.path == "/v1/responses":
+            # the replicas reply exactly the cap: a whole answer stops at max_output_tokens
+            assert (payload["status"], payload["incomplete_details"]) == ("incomplete", {"reason": "max_output_tokens"})
+            return payload["id"]
+        else:
+            assert payload["choices"][0]["finish_reason"], payload
+        return None
 
 
-async def read_answer(resp: aiohttp.ClientResponse, stream: bool) -> None:
-    """Read an answer to its end and check its shape: a whole reply, or an expected error."""
+MODEL = "kvgate-sim"
+CHAT = Api("/v1/chat/completions", b"data: [DONE]")
+MESSAGES = Api("/v1/messages", b"event: message_stop")
+RESPONSES = Api("/v1/responses", b"event: response.completed")
+
+
+async def read_answer(resp: aiohttp.ClientResponse, api: Api, stream: bool, tally: Tally) -> str | None:
+    """Read an answer to its end and check its shape: a whole reply (its response id, for a
+    Responses turn read whole), or an expected error in the API's shape."""
+    raw = await resp.read()
+    tally.saw(resp)
     if resp.status != 200:
-        payload = orjson.loads(await resp.read())
-        assert payload["error"]["code"] == EXPECTED_ERRORS.get(resp.status), (resp.status, payload)
-        return
+        assert orjson.loads(raw)["error"]["code"] == tally.expected_errors.get(resp.status), (resp.status, raw)
+        return None
     if not stream:
-        payload = orjson.loads(await resp.read())
-        assert payload["choices"][0]["message"]["content"] is not None, payload
-        return
-    events = [line for line in (await resp.read()).split(b"\n") if line.startswith(b"data: ")]
-    assert events and events[-1] == b"data: [DONE]", events[-3:]
+        return api.check(orjson.loads(raw))
+    events = [line for line in raw.split(b"\n") if line.startswith((b"data: ", b"event: "))]
+    assert api.stream_end in events[-2:], (api.path, events[-3:])
+    return None
 
 
-async def send(http: aiohttp.ClientSession, session: str, body: dict, finish: bool, tally: Tally) -> None:
-    headers = {"x-session-id": session, **({"x-session-finish": "true"} if finish else {})}
-    async with http.post("/v1/chat/completions", json=body, headers=headers) as resp:
-        await read_answer(resp, body["stream"])
-        tally.saw(resp)
+@dataclass
+class Turn:
+    http: aiohttp.ClientSession
+    api: Api
+    session: str
+    body: dict
+    finish: bool
 
+    async def send(self, tally: Tally) -> str | None:
+        """Send the turn and read its answer whole; the answer's response id, if any."""
+        async with self.http.post(self.api.path, json=self.body, headers=self._headers()) as resp:
+            return await read_answer(resp, self.api, self.body["stream"], tally)
 
-async def hang_up_mid_stream(http: aiohttp.ClientSession, session: str, body: dict, tally: Tally) -> None:
-    """Read a stream's first chunk, then close the connection."""
-    async with http.post("/v1/chat/completions", json=body, headers={"x-session-id": session}) as resp:
-        if resp.status == 200:
+    async def hang_up(self, tally: Tally) -> None:
+        """Read a stream's first chunk, then close the connection."""
+        async with self.http.post(self.api.path, json=self.body, headers=self._headers()) as resp:
+            if resp.status != 200:
+                await read_answer(resp, self.api, True, tally)
+                return
             await resp.content.readany()
             resp.close()
             tally.hung_up += 1
-        else:
-            await read_answer(resp, True)
-            tally.saw(resp)
+
+    def _headers(self) -> dict[str, str]:
+        return {"x-session-id": self.session, **({"x-session-finish": "true"} if self.finish else {})}
+
+
+async def act(turn: Turn, rng: random.Random, tally: Tally) -> str | None:
+    """Send `turn` as the agent's dice say; the response id of an answer read whole, if any."""
+    action = rng.random()
+    if action < 0.15:  # gives up at a random moment: at the gate, before the head, mid-answer
+        try:
+            return await asyncio.wait_for(turn.send(tally), rng.uniform(0.0, 0.15))
+        except TimeoutError:
+            tally.gave_up += 1
+            return None
+    if action < 0.25 and turn.body["stream"]:
+        await turn.hang_up(tally)
+        return None
+    if action < 0.35:  # retries the turn while the first attempt is still out
+        first = asyncio.ensure_future(turn.send(tally))
+        await asyncio.sleep(rng.uniform(0.0, 0.05))
+        return (await asyncio.gather(first, turn.send(tally)))[1]
+    return await turn.send(tally)
 
 
 async def agent(http: aiohttp.ClientSession, index: int, seed: int, tally: Tally) -> None:
-    """One session of 4-7 turns, its history growing by a tool result a turn."""
+    """One session of 4-7 turns on one API, its history growing by a tool result a turn;
+    on the Responses API, a chain of previous_response_id while its answers come whole."""
     rng = random.Random(seed * 1000 + index)
+    api = (CHAT, MESSAGES, RESPONSES)[index % 3]
     session = f"agent-{seed}-{index}"
-    messages = [{"role": "system", "content": " ".join(rng.choices(WORDS, k=40))}]
+    system = " ".join(rng.choices(WORDS, k=40))
+    history: list[dict] = []
+    previous_id = None
     turns = rng.randint(4, 7)
     for number in range(turns):
-        messages.append({"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(50, 100)))})
-        stream = rng.random() < 0.4
-        body = chat_body(messages, stream)
-        finish = number == turns - 1 and rng.random() < 0.5
-        action = rng.random()
-        if action < 0.15:  # gives up at a random moment: at the gate, before the head, mid-answer
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(send(http, session, body, finish, tally), rng.uniform(0.0, 0.15))
-                continue
-            tally.gave_up += 1
-        elif action < 0.25 and stream:
-            await hang_up_mid_stream(http, session, body, tally)
-        elif action < 0.35:  # retries the turn while the first attempt is still out
-            first = asyncio.ensure_future(send(http, session, body, finish, tally))
-            await asyncio.sleep(rng.uniform(0.0, 0.05))
-            await asyncio.gather(first, send(http, session, body, finish, tally))
-        else:
-            await send(http, session, body, finish, tally)
-        messages.append({"role": "assistant", "content": "ok"})
+        history.append({"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(50, 100)))})
+        body = api.body(system, history, rng.random() < 0.4, previous_id)
+        previous_id = await act(Turn(http, api, session, body, number == turns - 1 and rng.random() < 0.5), rng, tally)
+        history.append({"role": "assistant", "content": "ok"})
         await asyncio.sleep(rng.uniform(0.0, 0.05))  # the tool call
 
 
@@ -179,7 +233,7 @@ async def stop_replica(replica, after_sec: float | None) -> None:
 
 @pytest.mark.parametrize(("seed", "stop_at"), [(0, None), (1, None), (2, 0.5)], ids=["seed0", "seed1", "replica-stops"])
 async def test_misbehaving_agents_under_pressure_leave_nothing_behind(seed, stop_at):
-    tally = Tally()
+    tally = Tally(EXPECTED_ERRORS if stop_at is None else STOPPED_ERRORS)
     async with pressured_stack() as (app, http, replicas):
         agents = (agent(http, index, seed, tally) for index in range(SESSIONS))
         await asyncio.gather(stop_replica(replicas[1], stop_at), *agents)
