@@ -1,12 +1,14 @@
 """Agents that misbehave, through the whole path under pressure: nothing is lost, hung or leaked.
 
-The real proxy and gate (defaults: `working_set`, pins) before two simulated replicas whose
-caches hold about a third of their sessions' contexts, so turns are held, windows lost and
-pins yielded. Seeded agents run growing sessions and, now and then:
+The real proxy and gate (`working_set`, pins) before two simulated replicas whose caches
+hold a few of the sessions' contexts at a time, so turns are held, windows lost and pins
+yielded. Seeded agents run growing sessions on the chat, Anthropic messages and Responses
+APIs (a Responses session chained by `previous_response_id`) and, now and then:
 - give up on a turn at a random moment (at the gate, before the answer's head, or
   mid-stream), or read a stream only to its first chunk and hang up;
 - send a turn again while the first is still out (a retry);
 - end the session with `x-session-finish`, or silently.
+In one case a replica stops mid-run.
 
 Every answer a client reads to its end is a whole reply or an error in the API's shape.
 Afterwards no lease, waiter, attempt, request in flight or engine request is left; the
