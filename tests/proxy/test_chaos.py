@@ -8,7 +8,9 @@ APIs (a Responses session chained by `previous_response_id`) and, now and then:
   mid-stream), or read a stream only to its first chunk and hang up;
 - send a turn again while the first is still out (a retry);
 - end the session with `x-session-finish`, or silently.
-In one case a replica stops mid-run.
+In one case a replica stops mid-run; in another, replicas in processes of their own, one
+is killed: a stream it was answering ends with kvgate's error event in the API's shape
+(`upstream_stream_broken`), never with a connection cut short.
 
 Every answer a client reads to its end is a whole reply or an error in the API's shape.
 Afterwards no lease, waiter, attempt, request in flight or engine request is left; the
@@ -28,6 +30,7 @@ import orjson
 import pytest
 
 from kvgate.balancer.settings import ReplicaSettings
+from kvgate.bench.processes import ReplicaShape, ServerGroup
 from kvgate.gate.pins import MIN_PIN_TTL_SEC
 from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
@@ -44,7 +47,7 @@ assert RELEASE_SEC + QUIET_FLOOR_SEC * 2 < MIN_PIN_TTL_SEC
 # Errors an agent may be answered under pressure (their status and `error.code`): its retry
 # superseded the turn, or it waited past gate.max_wait_sec ...
 EXPECTED_ERRORS = {409: "admission_superseded", 503: "admission_timeout"}
-# ... and where a replica stops: a turn it had taken, not answered, is not re-sent (only
+# ... and where a replica stops or crashes: a turn it had taken, not answered, is not re-sent (only
 # one that never reached a replica is: docs/proxy.md), and a Responses chain whose
 # previous response lived there is the other replica's 404.
 STOPPED_ERRORS = {**EXPECTED_ERRORS, 502: "upstream_failed", 404: 404}
@@ -57,7 +60,9 @@ class Tally:
     """What the agents saw: answers read whole, by status, and turns they gave up on."""
 
     expected_errors: dict[int, object]
+    crash: bool = False  # a replica crashes: streams it was answering end in an error event
     statuses: dict[int, int] = field(default_factory=dict)
+    broken: int = 0  # streams the crash broke off, ended by kvgate's error event
     gave_up: int = 0
     hung_up: int = 0
     held: int = 0  # answers the gate held back first (`x-kvgate-wait-ms` of HELD_MS or more)
@@ -67,22 +72,22 @@ class Tally:
         self.held += float(resp.headers.get("x-kvgate-wait-ms", "0")) >= HELD_MS
 
 
+# Replicas whose caches hold a few sessions' contexts at a time, steps a few milliseconds long.
+SHAPE = {
+    "num_blocks": 48,
+    "block_size": 16,
+    "max_num_seqs": 8,
+    "max_num_batched_tokens": 256,
+    "max_model_len": 768,
+    "time_scale": 0.3,
+}
+
+
 @contextlib.asynccontextmanager
-async def pressured_stack():
-    """Two replicas of 48 blocks x 16 tokens, steps a few milliseconds long; kvgate before them."""
-    replicas = await start_simulated_replicas(
-        2,
-        time_scale=0.3,
-        num_blocks=48,
-        block_size=16,
-        max_num_seqs=8,
-        max_num_batched_tokens=256,
-        max_model_len=768,
-        replica_api_key=KEY,
-        reply_model=FIXED_LENGTHS,
-    )
+async def kvgate_before(replicas: list[tuple[str, str]], replica_key: str | None):
+    """kvgate (in this process, its books at hand) before `replicas` (name, url)."""
     settings = Settings(
-        replicas=tuple(ReplicaSettings(r.name, r.url) for r in replicas),
+        replicas=tuple(ReplicaSettings(name, url) for name, url in replicas),
         gate=GateSettings(
             idle_grace_sec=GRACE_SEC,
             quiet_floor_sec=QUIET_FLOOR_SEC,
@@ -90,15 +95,25 @@ async def pressured_stack():
             max_wait_sec=3.0,
             wait_poll_sec=0.2,
         ),
-        upstream=UpstreamSettings(replica_api_key=KEY),
+        upstream=UpstreamSettings(replica_api_key=replica_key),
     )
     app = create_app(settings, health_checks=False)
     try:
         host, port = await app.start("127.0.0.1", 0)
         async with aiohttp.ClientSession(base_url=f"http://{host}:{port}") as http:
-            yield app, http, replicas
+            yield app, http
     finally:
         await app.close()
+
+
+@contextlib.asynccontextmanager
+async def pressured_stack():
+    """Two simulated replicas of SHAPE in this process (their engines at hand), kvgate before them."""
+    replicas = await start_simulated_replicas(2, **SHAPE, replica_api_key=KEY, reply_model=FIXED_LENGTHS)
+    try:
+        async with kvgate_before([(r.name, r.url) for r in replicas], KEY) as (app, http):
+            yield app, http, replicas
+    finally:
         for replica in replicas:
             await replica.stop()
 
@@ -150,6 +165,9 @@ async def read_answer(resp: aiohttp.ClientResponse, api: Api, stream: bool, tall
     if not stream:
         return api.check(orjson.loads(raw))
     events = [line for line in raw.split(b"\n") if line.startswith((b"data: ", b"event: "))]
+    if tally.crash and b'"code":"upstream_stream_broken"' in events[-1]:  # the API's error event, then the end
+        tally.broken += 1
+        return None
     assert api.stream_end in events[-2:], (api.path, events[-3:])
     return None
 
@@ -258,3 +276,44 @@ async def test_misbehaving_agents_under_pressure_leave_nothing_behind(seed, stop
         assert counts() == {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}
     assert tally.statuses.get(200, 0) > SESSIONS * 3, tally
     assert tally.gave_up and tally.hung_up and tally.held, tally  # the chaos and the pressure happened
+
+
+async def kv_answer(http: aiohttp.ClientSession, url: str) -> dict:
+    async with http.get(url + "/v1/kvgate/kv") as resp:
+        return orjson.loads(await resp.read())
+
+
+async def test_a_replica_that_crashes_mid_run_leaves_nothing_behind(tmp_path):
+    """Replicas in processes of their own, one SIGKILLed mid-run: its answers in flight are cut
+    short or answered 502, its sessions move, and nothing is left behind on either side."""
+    tally = Tally(STOPPED_ERRORS, crash=True)
+    async with ServerGroup(tmp_path) as group:
+        shape = ReplicaShape(**SHAPE)
+        replicas = [(name, await group.start_replica(name, shape)) for name in ("r0", "r1")]
+        async with kvgate_before(replicas, None) as (app, http):
+
+            async def crash() -> None:
+                await asyncio.sleep(0.5)
+                group.kill("r1")
+
+            await asyncio.gather(crash(), *(agent(http, index, 3, tally) for index in range(SESSIONS)))
+            counts = app.admission.counts
+
+            def settled() -> bool:
+                now = counts()
+                in_flight = sum(r.in_flight for r in app.registry.all())
+                return (now["leases"], now["waiters"], now["attempts"], in_flight) == (0, 0, 0, 0)
+
+            await until(settled, "every lease, waiter, attempt and request in flight to end")
+            live = replicas[0][1]
+            engine = await kv_answer(http, live)
+            assert (engine["num_running"], engine["num_waiting"]) == (0, 0), engine
+            await until(lambda: counts()["windows"] == 0, "every window to end (its session went quiet)")
+            for _ in range(int(RELEASE_SEC / 0.05)):
+                if (await kv_answer(http, live))["num_pinned_sessions"] == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert (await kv_answer(http, live))["num_pinned_sessions"] == 0
+            await asyncio.sleep(GRACE_SEC + 0.2)
+            assert counts() == {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}
+    assert tally.statuses.get(200, 0) > SESSIONS * 3, tally
