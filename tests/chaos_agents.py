@@ -26,7 +26,7 @@ from kvgate.proxy.app import create_app
 from kvgate.proxy.settings import Settings, UpstreamSettings
 from kvgate.wire.replica_auth import REPLICA_KEY_HEADER
 
-GRACE_SEC = 2.0  # the gates' idle grace: then no session is left
+GRACE_SEC = 1.0  # the gates' idle grace: then no session is left
 QUIET_FLOOR_SEC = 0.1  # windows end soon after their sessions' last turns ...
 RELEASE_SEC = 0.5  # ... and their pins within this, where only a release (not the ttl) ends them
 assert RELEASE_SEC + QUIET_FLOOR_SEC * 2 < MIN_PIN_TTL_SEC

@@ -71,7 +71,7 @@ async def stop_replica(replica, after_sec: float | None) -> None:
         await replica.stop()
 
 
-@pytest.mark.parametrize(("seed", "stop_at"), [(0, None), (1, None), (2, 0.5)], ids=["seed0", "seed1", "replica-stops"])
+@pytest.mark.parametrize(("seed", "stop_at"), [(0, None), (2, 0.5)], ids=["replicas-stay", "replica-stops"])
 async def test_misbehaving_agents_under_pressure_leave_nothing_behind(seed, stop_at):
     tally = Tally(EXPECTED_ERRORS if stop_at is None else STOPPED_ERRORS)
     async with pressured_stack() as (app, http, replicas):
