@@ -225,8 +225,9 @@ class SessionBook:
             rec.idle_since = now
             self.idle[rec.key] = rec
             rec.quiet_deadline = None
-            # One deadline at a time per idle period: the window's quiet end, then (pushed
-            # when that one is purged) the record's grace; a record without a window, its grace.
+            # Its next deadline: the window's quiet end, then (scheduled when that one is
+            # purged) the record's grace; a record without a window, its grace. A live heap
+            # entry due sooner (from an earlier idle period) stands for it (`_schedule`).
             if rec.has_window:
                 rec.quiet_deadline = now + self.quiet_lifetime(rec)
                 self._schedule(rec, rec.quiet_deadline)
