@@ -26,11 +26,20 @@ from kvgate.proxy.app import create_app
 from kvgate.proxy.settings import Settings, UpstreamSettings
 from kvgate.wire.replica_auth import REPLICA_KEY_HEADER
 
-GRACE_SEC = 1.0  # the gates' idle grace: then no session is left
+GRACE_SEC = 0.6  # the gates' idle grace: then no session is left
 QUIET_FLOOR_SEC = 0.1  # windows end soon after their sessions' last turns ...
 RELEASE_SEC = 0.5  # ... and their pins within this, where only a release (not the ttl) ends them
 assert RELEASE_SEC + QUIET_FLOOR_SEC * 2 < MIN_PIN_TTL_SEC
 CLEAN = {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}
+# The gate's defaults but for windows that end soon after their sessions go quiet, and
+# waits and polls bounded for a run of seconds.
+CHAOS_GATE = {
+    "idle_grace_sec": GRACE_SEC,
+    "quiet_floor_sec": QUIET_FLOOR_SEC,
+    "quiet_factor": 2,
+    "max_wait_sec": 3.0,
+    "wait_poll_sec": 0.2,
+}
 
 # Errors an agent may be answered under pressure (their status and `error.code`): its retry
 # superseded the turn, or it waited past gate.max_wait_sec ...
@@ -200,18 +209,11 @@ async def until(condition, what: str, seconds: float = 10.0) -> None:
 
 @contextlib.asynccontextmanager
 async def kvgate_before(replicas: list[tuple[str, str]], replica_key: str | None = None, api_key: str | None = None):
-    """kvgate (in this process, its books at hand) before `replicas` (name, url), with the
-    gate's defaults but for windows that end soon after their sessions go quiet; yields the
-    app and a client session on it."""
+    """kvgate (in this process, its books at hand, its gate CHAOS_GATE) before `replicas`
+    (name, url); yields the app and a client session on it."""
     settings = Settings(
         replicas=tuple(ReplicaSettings(name, url) for name, url in replicas),
-        gate=GateSettings(
-            idle_grace_sec=GRACE_SEC,
-            quiet_floor_sec=QUIET_FLOOR_SEC,
-            quiet_factor=2,
-            max_wait_sec=3.0,
-            wait_poll_sec=0.2,
-        ),
+        gate=GateSettings(**CHAOS_GATE),
         upstream=UpstreamSettings(replica_api_key=replica_key, api_key=api_key),
     )
     app = create_app(settings, health_checks=False)
@@ -230,17 +232,27 @@ async def kv_answer(url: str, headers: dict[str, str]) -> dict:
         return orjson.loads(await resp.read())
 
 
-async def assert_nothing_left(app, live: list[str], replica_key: str | None = None, api_key: str | None = None) -> None:
-    """After the agents: no lease, waiter, attempt or request in flight at kvgate, and no
-    request running or waiting in the `live` replicas' engines; the windows end as their
-    sessions go quiet, releasing their pins in the engines at once (not at the pins' ttl,
-    at least MIN_PIN_TTL_SEC from their turns' ends); after the grace, no session."""
-    counts = app.admission.counts
+async def assert_nothing_left(
+    apps, live: list[str], replica_key: str | None = None, api_key: str | None = None
+) -> None:
+    """After the agents: no lease, waiter, attempt or request in flight at any kvgate of
+    `apps` (one app, or every tier's), and no request running or waiting in the `live`
+    replicas' engines; the windows end as their sessions go quiet, releasing their pins in
+    the engines at once (not at the pins' ttl, at least MIN_PIN_TTL_SEC from their turns'
+    ends); after the grace, no session."""
+    apps = apps if isinstance(apps, list) else [apps]
     headers = {**({REPLICA_KEY_HEADER: replica_key} if replica_key else {})}
     headers.update({"Authorization": f"Bearer {api_key}"} if api_key else {})
 
+    def counts() -> dict[str, int]:
+        total = dict.fromkeys(CLEAN, 0)
+        for app in apps:
+            for key, value in app.admission.counts().items():
+                total[key] += value
+        return total
+
     def settled() -> bool:
-        now, in_flight = counts(), sum(r.in_flight for r in app.registry.all())
+        now, in_flight = counts(), sum(r.in_flight for app in apps for r in app.registry.all())
         return (now["leases"], now["waiters"], now["attempts"], in_flight) == (0, 0, 0, 0)
 
     async def engines(field: str) -> int:

@@ -10,7 +10,8 @@ APIs (a Responses session chained by `previous_response_id`) and, now and then:
 - end the session with `x-session-finish`, or silently.
 In one case a replica stops mid-run; in another, replicas in processes of their own, one
 is killed: a stream it was answering ends with kvgate's error event in the API's shape
-(`upstream_stream_broken`), never with a connection cut short.
+(`upstream_stream_broken`), never with a connection cut short. In a third, the agents go
+through two front doors over a replica gate per replica, and no tier keeps anything.
 
 Every answer a client reads to its end is a whole reply or an error in the API's shape.
 Afterwards no lease, waiter, attempt, request in flight or engine request is left; the
@@ -23,12 +24,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import aiohttp
 import pytest
 
 from kvgate.bench.processes import ReplicaShape, ServerGroup
+from kvgate.bench.tiers import start_tiered
 from kvgate.simulator.replica_server import start_simulated_replicas
 from kvgate.simulator.reply_model import FIXED_LENGTHS
 from tests.chaos_agents import (
+    CHAOS_GATE,
     EXPECTED_ERRORS,
     STOPPED_ERRORS,
     Sessions,
@@ -99,3 +103,24 @@ async def test_a_replica_that_crashes_mid_run_leaves_nothing_behind(tmp_path):
             await asyncio.gather(crash(), *(agent(http, index, 3, tally, SESSION_SHAPE) for index in range(SESSIONS)))
             await assert_nothing_left(app, [replicas[0][1]])
     assert tally.statuses.get(200, 0) > SESSIONS * 3, tally
+
+
+async def test_misbehaving_agents_through_front_doors_leave_nothing_behind_in_any_tier():
+    """The recommended topology (docs/proxy.md): two front doors over a replica gate per
+    replica. Agents spread over both doors; afterwards no tier keeps anything."""
+    tally = Tally(EXPECTED_ERRORS)
+    topology = await start_tiered(2, 2, gate=CHAOS_GATE, **SHAPE)
+    try:
+        doors = [aiohttp.ClientSession(base_url=door.url) for door in topology.front_doors]
+        try:
+            agents = (agent(doors[index % 2], index, 4, tally, SESSION_SHAPE) for index in range(SESSIONS))
+            await asyncio.gather(*agents)
+        finally:
+            for door in doors:
+                await door.close()
+        kvgates = [k.app for k in topology.replica_gates + topology.front_doors]
+        await assert_nothing_left(kvgates, [r.url for r in topology.replicas])
+    finally:
+        await topology.close()
+    assert tally.statuses.get(200, 0) > SESSIONS * 3, tally
+    assert tally.gave_up and tally.hung_up and tally.held, tally
