@@ -5,7 +5,9 @@ Each agent runs one session of growing turns on one API (chat, Anthropic message
 Responses chained by `previous_response_id`) and, as its seeded dice say, gives up on a turn
 at a random moment, hangs up a stream after its first chunk, or sends a turn again while the
 first is still out. Every answer it reads to its end is checked: a whole reply, or an error
-in the API's shape that the `Tally` expects.
+in the API's shape that the `Tally` expects. `kvgate_before` puts a kvgate with the runs'
+gate settings (`CHAOS_GATE`) before replicas; `assert_nothing_left` checks, after the
+agents, every tier's books and the replicas' engines and pins.
 """
 
 from __future__ import annotations
