@@ -25,7 +25,7 @@ from kvgate.balancer.settings import ReplicaSettings
 from kvgate.gate.pins import MIN_PIN_TTL_SEC
 from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
-from kvgate.proxy.settings import Settings, UpstreamSettings
+from kvgate.proxy.settings import AuthSettings, Settings, UpstreamSettings
 from kvgate.wire.replica_auth import REPLICA_KEY_HEADER
 
 GRACE_SEC = 0.6  # the gates' idle grace: then no session is left
@@ -130,6 +130,7 @@ class Turn:
     session: str
     body: dict
     finish: bool
+    client_key: str | None = None  # the kvgate client key it carries (its tenant's)
 
     async def send(self, tally: Tally) -> str | None:
         """Send the turn and read its answer whole; the answer's response id, if any."""
@@ -147,11 +148,13 @@ class Turn:
             tally.hung_up += 1
 
     def _headers(self) -> dict[str, str]:
-        return {"x-session-id": self.session, **({"x-session-finish": "true"} if self.finish else {})}
+        headers = {"x-session-id": self.session, **({"x-session-finish": "true"} if self.finish else {})}
+        return {**headers, "Authorization": f"Bearer {self.client_key}"} if self.client_key else headers
 
 
-async def act(turn: Turn, rng: random.Random, tally: Tally) -> str | None:
-    """Send `turn` as the agent's dice say; the response id of an answer read whole, if any."""
+async def act(turn: Turn, rng: random.Random, tally: Tally, retries: bool = True) -> str | None:
+    """Send `turn` as the agent's dice say (`retries` False: never twice); the response id of
+    an answer read whole, if any."""
     action = rng.random()
     if action < 0.15:  # gives up at a random moment: at the gate, before the head, mid-answer
         try:
@@ -162,7 +165,7 @@ async def act(turn: Turn, rng: random.Random, tally: Tally) -> str | None:
     if action < 0.25 and turn.body["stream"]:
         await turn.hang_up(tally)
         return None
-    if action < 0.35:  # retries the turn while the first attempt is still out
+    if action < 0.35 and retries:  # retries the turn while the first attempt is still out
         first = asyncio.ensure_future(turn.send(tally))
         await asyncio.sleep(rng.uniform(0.0, 0.05))
         return (await asyncio.gather(first, turn.send(tally)))[1]
@@ -177,6 +180,8 @@ class Sessions:
     system_words: int = 40
     result_words: tuple[int, int] = (50, 100)  # a tool result's words, each turn
     turns: tuple[int, int] = (4, 7)
+    client_key: str | None = None  # the kvgate client key its turns carry: a tenant's (docs/security.md)
+    retries: bool = True  # it sends a turn again while the first attempt is out, now and then
 
 
 async def agent(http: aiohttp.ClientSession, index: int, seed: int, tally: Tally, sessions: Sessions) -> None:
@@ -192,7 +197,8 @@ async def agent(http: aiohttp.ClientSession, index: int, seed: int, tally: Tally
     for number in range(turns):
         history.append({"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(*sessions.result_words)))})
         body = api.body(sessions.model, system, history, rng.random() < 0.4, previous_id)
-        previous_id = await act(Turn(http, api, session, body, number == turns - 1 and rng.random() < 0.5), rng, tally)
+        turn = Turn(http, api, session, body, number == turns - 1 and rng.random() < 0.5, sessions.client_key)
+        previous_id = await act(turn, rng, tally, sessions.retries)
         history.append({"role": "assistant", "content": "ok"})
         await asyncio.sleep(rng.uniform(0.0, 0.05))  # the tool call
 
@@ -210,11 +216,18 @@ async def until(condition, what: str, seconds: float = 10.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def kvgate_before(replicas: list[tuple[str, str]], replica_key: str | None = None, api_key: str | None = None):
+async def kvgate_before(
+    replicas: list[tuple[str, str]],
+    replica_key: str | None = None,
+    api_key: str | None = None,
+    client_keys: tuple[str, ...] = (),
+):
     """kvgate (in this process, its books at hand, its gate CHAOS_GATE) before `replicas`
-    (name, url); yields the app and a client session on it."""
+    (name, url), taking `client_keys` (each a tenant) when given; yields the app and a
+    client session on it."""
     settings = Settings(
         replicas=tuple(ReplicaSettings(name, url) for name, url in replicas),
+        auth=AuthSettings(api_keys=client_keys),
         gate=GateSettings(**CHAOS_GATE),
         upstream=UpstreamSettings(replica_api_key=replica_key, api_key=api_key),
     )

@@ -11,7 +11,8 @@ APIs (a Responses session chained by `previous_response_id`) and, now and then:
 In one case a replica stops mid-run; in another, replicas in processes of their own, one
 is killed: a stream it was answering ends with kvgate's error event in the API's shape
 (`upstream_stream_broken`), never with a connection cut short. In a third, the agents go
-through two front doors over a replica gate per replica, and no tier keeps anything.
+through two front doors over a replica gate per replica, and no tier keeps anything. In a
+fourth, two tenants' agents send the same session ids, and neither touches the other's turns.
 
 Every answer a client reads to its end is a whole reply or an error in the API's shape.
 Afterwards no lease, waiter, attempt, request in flight or engine request is left; the
@@ -23,12 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 
 import aiohttp
 import pytest
 
 from kvgate.bench.processes import ReplicaShape, ServerGroup
 from kvgate.bench.tiers import start_tiered
+from kvgate.proxy.tenancy import tenant_tag
 from kvgate.simulator.replica_server import start_simulated_replicas
 from kvgate.simulator.reply_model import FIXED_LENGTHS
 from tests.chaos_agents import (
@@ -57,11 +60,12 @@ SHAPE = {
 
 
 @contextlib.asynccontextmanager
-async def pressured_stack():
-    """Two simulated replicas of SHAPE in this process, kvgate before them."""
+async def pressured_stack(client_keys: tuple[str, ...] = ()):
+    """Two simulated replicas of SHAPE in this process, kvgate before them (taking
+    `client_keys`, when given)."""
     replicas = await start_simulated_replicas(2, **SHAPE, replica_api_key=KEY, reply_model=FIXED_LENGTHS)
     try:
-        async with kvgate_before([(r.name, r.url) for r in replicas], KEY) as (app, http):
+        async with kvgate_before([(r.name, r.url) for r in replicas], KEY, client_keys=client_keys) as (app, http):
             yield app, http, replicas
     finally:
         for replica in replicas:
@@ -124,3 +128,34 @@ async def test_misbehaving_agents_through_front_doors_leave_nothing_behind_in_an
         await topology.close()
     assert tally.statuses.get(200, 0) > SESSIONS * 3, tally
     assert tally.gave_up and tally.hung_up and tally.held, tally
+
+
+async def test_two_tenants_with_the_same_session_ids_never_touch_each_others_turns():
+    """Two client keys, so two tenants (docs/security.md), whose agents send the same session
+    ids and, until one of them retries, the same turns at once. Only the first tenant's
+    agents retry: a 409 admission_superseded may answer them, never the second tenant's;
+    every session the gates book carries its tenant's tag."""
+    keys = ("tenant-one-key", "tenant-two-key")
+    retrying, steady = Tally(EXPECTED_ERRORS), Tally({503: "admission_timeout"})
+    booked: set[str] = set()
+    async with pressured_stack(client_keys=keys) as (app, http, replicas):
+
+        async def watch_the_books() -> None:
+            while True:
+                for gate in app.admission.gates().values():
+                    booked.update(gate.session_keys())
+                await asyncio.sleep(0.02)
+
+        watcher = asyncio.ensure_future(watch_the_books())
+        try:
+            first = replace(SESSION_SHAPE, client_key=keys[0])
+            second = replace(SESSION_SHAPE, client_key=keys[1], retries=False)
+            await asyncio.gather(
+                *(agent(http, index, 5, retrying, first) for index in range(SESSIONS // 2)),
+                *(agent(http, index, 5, steady, second) for index in range(SESSIONS // 2)),
+            )
+        finally:
+            watcher.cancel()
+        await assert_nothing_left(app, [r.url for r in replicas], KEY)
+    assert {key.split(":", 1)[0] for key in booked} == {tenant_tag(key) for key in keys}, sorted(booked)[:4]
+    assert steady.statuses.get(200, 0) > SESSIONS, steady
