@@ -145,7 +145,7 @@ def workload_requests(workload: Workload, model: TokenModel = WORDS, reply_lengt
     share only the system prompt, which an infinite cache holds after its first use
     whatever the interleaving.
     """
-    for thread in (thread for session in workload.sessions for thread in session.threads):
+    for thread in workload.threads:
         replies: list[str] = []
         for turn in thread.turns:
             prompt = model.render(build_messages(thread, replies, turn.index))

@@ -36,7 +36,7 @@ async def server_token_model(
     """A TokenModel answering from `url`'s tokenizer for exactly the prompts of `workload`."""
     conversations = []
     lengths = set()
-    for thread in (thread for session in workload.sessions for thread in session.threads):
+    for thread in workload.threads:
         replies: list[str] = []
         for turn in thread.turns:
             conversations.append(build_messages(thread, replies, turn.index))

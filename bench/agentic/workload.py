@@ -145,8 +145,13 @@ class Workload:
     sessions: tuple[SessionPlan, ...] = field(default_factory=tuple)
 
     @property
+    def threads(self) -> tuple[SessionPlan, ...]:
+        """Every thread of every session: each session's main thread, then its subagents'."""
+        return tuple(thread for session in self.sessions for thread in session.threads)
+
+    @property
     def num_turns(self) -> int:
-        return sum(len(s.turns) + sum(len(sub.turns) for _, sub in s.subagents) for s in self.sessions)
+        return sum(len(thread.turns) for thread in self.threads)
 
     def reply_tokens(self, turn: TurnPlan) -> int:
         """The max_tokens of `turn` (the replicas honour it as the reply length)."""

@@ -281,6 +281,7 @@ class _Cluster:
             last = k == thread.turns - 1
             subagent = thread.subagent_after(k + 1)
             turns_run[0] += 1
+            finish = last and main and config.send_finish
             start = self.loop.time()
             outcome = None
             for attempt in range(1, MAX_ATTEMPTS + 1):
@@ -293,7 +294,6 @@ class _Cluster:
                     thread.shared_prefix,
                 )
                 body = history.body(k, request, thread.body_bytes[k], max(reply, thread.max_tokens or 0))
-                finish = last and main and config.send_finish
                 outcome = await self.front.turn(thread.session_id, direct_index, request, body, finish)
                 if outcome.ok or outcome.status not in RETRYABLE or attempt == MAX_ATTEMPTS:
                     break
