@@ -248,16 +248,16 @@ async def kv_answer(url: str, headers: dict[str, str]) -> dict:
 
 
 async def assert_nothing_left(
-    apps, live: list[str], replica_key: str | None = None, api_key: str | None = None
+    apps: list, live: list[str], replica_key: str | None = None, api_key: str | None = None
 ) -> None:
     """After the agents: no lease, waiter, attempt or request in flight at any kvgate of
-    `apps` (one app, or every tier's), and no request running or waiting in the `live`
+    `apps` (one, or every tier's), and no request running or waiting in the `live`
     replicas' engines; the windows end as their sessions go quiet, releasing their pins in
     the engines at once (not at the pins' ttl, at least MIN_PIN_TTL_SEC from their turns'
     ends); after the grace, no session."""
-    apps = apps if isinstance(apps, list) else [apps]
-    headers = {**({REPLICA_KEY_HEADER: replica_key} if replica_key else {})}
-    headers.update({"Authorization": f"Bearer {api_key}"} if api_key else {})
+    headers = {REPLICA_KEY_HEADER: replica_key} if replica_key else {}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
 
     def counts() -> dict[str, int]:
         total = dict.fromkeys(CLEAN, 0)
@@ -270,14 +270,16 @@ async def assert_nothing_left(
         now, in_flight = counts(), sum(r.in_flight for app in apps for r in app.registry.all())
         return (now["leases"], now["waiters"], now["attempts"], in_flight) == (0, 0, 0, 0)
 
-    async def engines(field: str) -> int:
-        return sum([(await kv_answer(url, headers))[field] or 0 for url in live])
+    async def engines_hold(*fields: str) -> int:
+        """The sum of `fields` over the live replicas' kv answers (one answer each)."""
+        answers = [await kv_answer(url, headers) for url in live]
+        return sum(answer[field] or 0 for answer in answers for field in fields)
 
     async def engines_idle() -> bool:
-        return await engines("num_running") + await engines("num_waiting") == 0
+        return await engines_hold("num_running", "num_waiting") == 0
 
     async def unpinned() -> bool:
-        return await engines("num_pinned_sessions") == 0
+        return await engines_hold("num_pinned_sessions") == 0
 
     await until(settled, "every lease, waiter, attempt and request in flight to end")
     await until(engines_idle, "the engines to run and queue nothing")

@@ -82,7 +82,7 @@ async def test_a_replica_that_stops_mid_run_leaves_nothing_behind():
     async with pressured_stack() as (app, http, replicas):
         agents = (agent(http, index, 2, tally, SESSION_SHAPE) for index in range(SESSIONS))
         await asyncio.gather(stop_replica(replicas[1], 0.5), *agents)
-        await assert_nothing_left(app, [replicas[0].url], KEY)
+        await assert_nothing_left([app], [replicas[0].url], KEY)
     assert tally.statuses.get(200, 0) > SESSIONS * 3, tally
     assert tally.gave_up and tally.hung_up and tally.held, tally  # the chaos and the pressure happened
 
@@ -101,7 +101,7 @@ async def test_a_replica_that_crashes_mid_run_leaves_nothing_behind(tmp_path):
                 group.kill("r1")
 
             await asyncio.gather(crash(), *(agent(http, index, 3, tally, SESSION_SHAPE) for index in range(SESSIONS)))
-            await assert_nothing_left(app, [replicas[0][1]])
+            await assert_nothing_left([app], [replicas[0][1]])
     assert tally.statuses.get(200, 0) > SESSIONS * 3, tally
 
 
@@ -152,7 +152,7 @@ async def test_two_tenants_with_the_same_session_ids_under_pressure_leave_nothin
             )
         finally:
             watcher.cancel()
-        await assert_nothing_left(app, [r.url for r in replicas], KEY)
+        await assert_nothing_left([app], [r.url for r in replicas], KEY)
     assert {key.split(":", 1)[0] for key in booked} == {tenant_tag(key) for key in keys}, sorted(booked)[:4]
     assert retrying.statuses.get(200, 0) + steady.statuses.get(200, 0) > SESSIONS * 3, (retrying, steady)
     assert steady.statuses.get(200, 0) > SESSIONS, steady

@@ -28,6 +28,6 @@ async def test_misbehaving_agents_leave_nothing_behind_in_vllm(keyed_server):
     tally = Tally(EXPECTED_ERRORS)
     async with kvgate_before([("vllm", keyed_server.url)], REPLICA_KEY, VLLM_KEY) as (app, http):
         await asyncio.gather(*(agent(http, index, 0, tally, SESSION_SHAPE) for index in range(AGENTS)))
-        await assert_nothing_left(app, [keyed_server.url], REPLICA_KEY, VLLM_KEY)
+        await assert_nothing_left([app], [keyed_server.url], REPLICA_KEY, VLLM_KEY)
     assert tally.statuses.get(200, 0) >= AGENTS * 2, tally
     assert tally.gave_up + tally.hung_up > 0, tally  # some turns were given up on
