@@ -124,15 +124,16 @@ def waits_delay_turns(waits: dict, fewer: int, sticky_turns: int) -> str:
 
 def cache_limit(bound: dict, target: float) -> str:
     """What the caches' block-seconds allow (`bench.cluster.cache_bound`) against a hit-rate target."""
-    foresight, same_time = bound["foresight"], bound["same_time"]
+    foresight, no_foresight = bound["foresight"], bound["no_foresight"]
     if foresight < target:
         verdict = "no policy meets it"
-    elif same_time < target:
+    elif no_foresight < target:
         verdict = "only a policy that knows how long each tool call takes could meet it"
     else:
         verdict = "within reach of a policy"
     return (
         f"{verdict}: the caches' block-seconds hold at most {foresight:.2f} of the ceiling keeping the "
-        f"windows of the shortest tool calls first, and {same_time:.2f} keeping every window the same time "
+        f"windows of the shortest tool calls first, and {no_foresight:.2f} for a policy that cannot tell how "
+        "long a tool call will take, whatever mix of keep-times it gives the windows "
         "(the relaxation in `bench/cluster/cache_bound.py`)"
     )

@@ -320,13 +320,13 @@ def test_a_missed_fleet_tail_the_gate_did_not_hold_says_so():
 
 
 def test_a_missed_fleet_hit_rate_names_what_the_caches_could_hold():
-    def fleet(of_ceiling, foresight, same_time):
+    def fleet(of_ceiling, foresight, no_foresight):
         return {
             "turn_latency_s": {"p95": 1.0},
             "turns_ok": 1,
             "turns_per_s": 1.0,
             "hit_rate_of_ceiling": of_ceiling,
-            "hit_rate_bound_of_ceiling": {"foresight": foresight, "same_time": same_time},
+            "hit_rate_bound_of_ceiling": {"foresight": foresight, "no_foresight": no_foresight},
         }
 
     def hit_line(gate):
@@ -334,7 +334,7 @@ def test_a_missed_fleet_hit_rate_names_what_the_caches_could_hold():
 
     only = hit_line(fleet(0.50, 0.84, 0.58))
     assert "0.50 (sticky 0.49) **missed**; limited by: only a policy that knows how long each tool call" in only
-    assert "at most 0.84 of the ceiling keeping the windows of the shortest tool calls first, and 0.58" in only
+    assert "at most 0.84 of the ceiling keeping the windows of the shortest tool calls first, and 0.58 for a" in only
     assert "limited by: no policy meets it" in hit_line(fleet(0.50, 0.70, 0.58))
     assert "limited by: within reach of a policy" in hit_line(fleet(0.50, 0.90, 0.80))
     assert hit_line(fleet(0.80, 0.90, 0.80)).endswith("**met**")  # met: no limit to name
