@@ -5,6 +5,7 @@ beating its bound."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -62,8 +63,6 @@ def test_windows_of_no_gap_are_hit_for_nothing():
 
 @pytest.mark.parametrize("seed", range(20))
 def test_the_hull_is_never_below_one_ttl_nor_above_foresight(seed):
-    import random
-
     rng = random.Random(seed)
     windows = [Window(rng.randint(1, 400), rng.lognormvariate(3.0, 1.0)) for _ in range(60)]
     points = ttl_points(windows)
