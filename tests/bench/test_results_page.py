@@ -182,6 +182,7 @@ def test_a_floor_the_gates_placement_reaches_says_so():
     assert "with every prefix kept (an unbounded cache) the gate, placing sessions, takes 0.20x sticky's" in note
 
 
+@pytest.mark.bench_runs
 def test_the_floor_runs_both_simulations_of_a_regime(tmp_path):
     """The real `kvgate sim cluster`, twice, on the `tiny` regime (a second each)."""
     floor = results_floor.run_floor("tiny", results_page.REPO)
@@ -500,6 +501,7 @@ def test_only_cluster_selects_the_fleet_runs_and_no_regime_row():
     assert tier_fleet.options[:3] == fleet.options and "--cpu-tier" in tier_fleet.options and not tier_fleet.sweep
 
 
+@pytest.mark.bench_runs
 def test_the_cluster_rows_run_their_command_and_keep_the_regime_rows(tmp_path, monkeypatch):
     """A run of each kind at a small scale (the real `kvgate sim cluster`; 2 s of the tiny
     regime are a thousand turns): the page shows the command, date and commit and the
@@ -593,6 +595,7 @@ def test_the_agent_body_row_is_a_section_of_its_own_after_the_short_message_one(
     assert selected_rows("overhead-agent", vllm=False) == []  # a row of its own, not a regime
 
 
+@pytest.mark.bench_runs
 def test_the_overhead_row_runs_its_command_and_keeps_the_other_rows(tmp_path):
     """A real `kvgate bench overhead --sessions` at a small scale: its row lands on the page
     beside the rows already stored, rendered from the stored data alone."""
@@ -647,6 +650,7 @@ def test_the_router_row_is_judged_by_kvgates_share_of_direct_against_the_routers
     assert selected_rows("router", vllm=False) == []  # a row of its own, not a regime
 
 
+@pytest.mark.bench_runs
 def test_the_router_row_runs_its_command_and_lands_on_the_page(tmp_path):
     """A real `kvgate bench overhead --router-command` at a small scale, with the benchmark's
     own upstream server standing in for the router (vllm-router is not installed here)."""

@@ -6,7 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 from run_agentic import run_tiny_regime
+
+pytestmark = pytest.mark.bench_runs
 
 
 def test_tiny_regime_tiers_and_naive_detected(tmp_path):

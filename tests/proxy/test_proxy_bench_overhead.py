@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from kvgate.bench.overhead import compare, fmt, format_baseline_table, format_table, summarize
 from kvgate.bench.overhead_load import chat_body
@@ -56,6 +57,7 @@ def test_a_run_without_samples_prints_n_a():
     assert (fmt(None, ">9.3f"), fmt(float("nan"), ".3f"), fmt(1.25, ">9.3f")) == ("      n/a", "n/a", "    1.250")
 
 
+@pytest.mark.bench_runs
 def test_short_run_through_kvgate_prints_the_table_and_writes_json(tmp_path):
     out = tmp_path / "overhead.json"
     result = subprocess.run(
@@ -122,6 +124,7 @@ def test_a_negative_body_size_is_refused_with_a_message(capsys):
     assert "--body-threads must be >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.bench_runs
 def test_baseline_repo_is_measured_in_the_same_run_with_cpu_per_request(tmp_path):
     """The plumbing of --baseline-repo, with this checkout as its own baseline."""
     out = tmp_path / "overhead.json"
@@ -161,6 +164,7 @@ def test_baseline_repo_is_measured_in_the_same_run_with_cpu_per_request(tmp_path
     assert row["proxied"]["cpu_us_per_request"] > 0 and row["baseline"]["cpu_us_per_request"] > 0
 
 
+@pytest.mark.bench_runs
 def test_router_command_errors_say_what_to_fix():
     """Each a usage error (exit 2), said before any server starts."""
 
