@@ -159,27 +159,55 @@ class HistoryMedia:
 CACHE_MARK = "cache_control"
 
 
-def _unmarked_part(part: object) -> object:
-    if isinstance(part, dict) and CACHE_MARK in part:
-        return {name: value for name, value in part.items() if name != CACHE_MARK}
-    return part
+def _without_mark(part: dict) -> dict:
+    return {name: value for name, value in part.items() if name != CACHE_MARK}
+
+
+def _text_of(content: list) -> str | None:
+    """The text of a content list of one plain text part, else None."""
+    part = content[0] if len(content) == 1 else None
+    text = part.get("text") if isinstance(part, dict) and len(part) == 2 and part.get("type") == "text" else None
+    return text if isinstance(text, str) else None
+
+
+def _rendered_content(content: list) -> list | str:
+    """A content list as its prompt renders it: its parts without their marks, and one plain
+    text part as its text; `content` itself when nothing changes."""
+    if any(isinstance(part, dict) and CACHE_MARK in part for part in content):
+        content = [_without_mark(part) if isinstance(part, dict) else part for part in content]
+    text = _text_of(content)
+    return content if text is None else text
+
+
+def _rendered_part(part: object) -> object:
+    """A content part as its prompt renders it: without its mark, and a tool result's own
+    content list (text and image parts, each of which may carry a mark) as
+    `_rendered_content` renders it; `part` itself when nothing changes."""
+    if not isinstance(part, dict):
+        return part
+    inner = part.get("content")
+    rendered = _rendered_content(inner) if isinstance(inner, list) else inner
+    if rendered is inner and CACHE_MARK not in part:
+        return part
+    return {name: rendered if name == "content" else value for name, value in part.items() if name != CACHE_MARK}
 
 
 def rendered_item(item: object) -> object:
     """A history item as its prompt renders it: without prompt-caching marks (CACHE_MARK,
-    on the item or its content's parts), and a content list of one plain text part as its
-    text (the same prompt as a string content, on every route). The item itself when it
-    has neither, as most items have; never changed in place."""
+    on the item, its content's parts or a tool result's own parts), and a content list of
+    one plain text part as its text, the item's and a tool result's (the same prompt as a
+    string content, on every route). The item itself when it has neither, as most items
+    have; never changed in place."""
     if not isinstance(item, dict):
         return item
     content = item.get("content")
     changed = CACHE_MARK in item
     if isinstance(content, list):
-        if any(isinstance(part, dict) and CACHE_MARK in part for part in content):
-            content, changed = [_unmarked_part(part) for part in content], True
-        part = content[0] if len(content) == 1 else None
-        text = part.get("text") if isinstance(part, dict) and len(part) == 2 and part.get("type") == "text" else None
-        if isinstance(text, str):
+        parts = [_rendered_part(part) for part in content]
+        if any(new is not old for new, old in zip(parts, content)):
+            content, changed = parts, True
+        text = _text_of(content)
+        if text is not None:
             content, changed = text, True
     if not changed:
         return item

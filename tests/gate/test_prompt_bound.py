@@ -182,6 +182,27 @@ def test_an_item_is_digested_as_its_prompt_renders_it():
     assert item_digest(marked(IMAGE)) == item_digest(IMAGE) != item_digest({**IMAGE, "content": IMAGE["content"][:1]})
 
 
+def test_a_mark_inside_a_tool_results_own_content_is_taken_off_too():
+    """A tool_result's content may be a list of parts, each of which may carry the mark: the
+    result renders the same prompt marked or not, and as its text when it is one text part."""
+    part = {"type": "text", "text": "README.md"}
+    unmarked = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "README.md"}]}
+    inner_marked = {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{**part, "cache_control": MARK}]}],
+    }
+    assert rendered_item(inner_marked) == unmarked
+    assert item_digest(inner_marked) == item_digest(unmarked)
+    as_list = {"role": "user", "content": [{**unmarked["content"][0], "content": [part]}]}
+    assert item_digest(as_list) == item_digest(unmarked)  # one text part unmarked: its text too
+    two = [part, {"type": "text", "text": "setup.py", "cache_control": MARK}]
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": two}]}
+    clean = [part, {"type": "text", "text": "setup.py"}]
+    assert rendered_item(result) == {"role": "user", "content": [{**result["content"][0], "content": clean}]}
+    assert two[1]["cache_control"] == MARK  # never changed in place
+    assert item_digest(result) != item_digest(unmarked)  # another result
+
+
 def test_an_agent_that_moves_its_cache_mark_continues_its_thread(monkeypatch):
     """Claude Code marks its newest message for prompt caching, and sends it unmarked (a
     string again) a turn later: its bodies still continue one thread, each reading only
