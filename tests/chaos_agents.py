@@ -27,12 +27,12 @@ from kvgate.gate.settings import GateSettings
 from kvgate.proxy.app import create_app
 from kvgate.proxy.settings import AuthSettings, Settings, UpstreamSettings
 from kvgate.wire.replica_auth import REPLICA_KEY_HEADER
+from tests.gate.helpers import CLEAN
 
 GRACE_SEC = 0.6  # the gates' idle grace: then no session is left
 QUIET_FLOOR_SEC = 0.1  # windows end soon after their sessions' last turns ...
 RELEASE_SEC = 0.5  # ... and their pins within this, where only a release (not the ttl) ends them
 assert RELEASE_SEC + QUIET_FLOOR_SEC * 2 < MIN_PIN_TTL_SEC
-CLEAN = {"leases": 0, "windows": 0, "waiters": 0, "attempts": 0, "sessions": 0}
 # The gate's defaults but for windows that end soon after their sessions go quiet, and
 # waits and polls bounded for a run of seconds.
 CHAOS_GATE = {
